@@ -1,0 +1,51 @@
+//! The contract of unicomm: one API for GPU collectives on NVIDIA (NCCL), AMD (RCCL) and a
+//! CPU mock.
+//!
+//! # Layers
+//! - [`Collective`] ([`backend`]) is what a backend implements: untyped operations ([`Op`])
+//!   on byte ranges of its memory, enqueued on its streams. One file per backend crate
+//!   implements it.
+//! - [`Comm`] ([`comm`]) is what users call: typed elements ([`Element`]), views, and the
+//!   ownership rules of registered memory ([`Registered`], [`Window`]).
+//!
+//! # The contract
+//! - **Ordering.** Every collective and every copy is enqueued on a stream the caller
+//!   passes; work on one stream runs in order. Nothing waits on the host except
+//!   `synchronize` and the `copy_to_host` family (which wait for the stream first).
+//! - **Errors.** Argument errors (`InvalidArgument`, naming the argument) are returned by the
+//!   call, before anything is enqueued. Failures of the work itself (a peer that never
+//!   arrives, ranks that disagree about the operation) are returned by the next
+//!   `synchronize` of the stream or by a blocking copy, as on real hardware.
+//! - **Counts** are elements. The typed API derives them from the views: `all_reduce` reduces
+//!   `send.len()` elements; `all_to_all` sends `send.len() / world_size` to each peer.
+//! - **In-place** operations have their own methods (`all_reduce_in_place`, ...); in-place
+//!   all-gather and reduce-scatter use NCCL's layout (this rank's chunk of the larger buffer).
+//! - **Registration.** [`Comm::register`] takes the buffer and returns a [`Registered`] that
+//!   borrows the communicator: the memory cannot be freed and the communicator cannot be
+//!   destroyed while it is registered, yet the registered buffer can still be an output.
+//!   [`Comm::deregister`] gives it back. If any rank passes registered memory to a collective,
+//!   every rank must (the mock checks this and returns `Mismatch`).
+//! - **What is validated where.** [`Comm`] checks what the caller controls: lengths, overflow,
+//!   roots and peers, memory of another device. Backends check what only they can know: the
+//!   library's version for a feature (`Unsupported`), live registration handles, and (on the
+//!   mock) agreement across ranks. Nothing a caller or the environment can cause panics.
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod comm;
+pub mod element;
+mod error;
+pub mod registry;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use backend::{
+    Capabilities, Collective, DeviceMemory, DeviceStream, Op, RawHandle, Slice, Version,
+};
+pub use comm::{
+    Buffer, Comm, DeviceSlice, DeviceSliceMut, RegisterError, Registered, View, ViewMut, Window,
+};
+pub use element::{DataType, Element, ReduceOp};
+pub use error::{Error, Result};
+pub use half::{bf16, f16};
