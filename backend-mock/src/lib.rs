@@ -1,1 +1,705 @@
-//! placeholder
+//! unicomm's CPU backend: ranks are threads of one process, "device" memory is host memory,
+//! and every collective moves and reduces real bytes.
+//!
+//! It is a test double with teeth, not a stub:
+//! - collectives run asynchronously on per-stream worker threads, so errors of the work
+//!   surface at `synchronize`, as on a GPU;
+//! - ranks check that they agree on each collective (operation, count, type, reduction,
+//!   root, and registration all-or-none) and return [`Error::Mismatch`] instead of hanging or
+//!   computing garbage;
+//! - registration is bookkept as NCCL keeps it (deregistering twice or another
+//!   communicator's handle is an error; a buffer partly covered by a registration is an
+//!   error);
+//! - every wait has a deadline ([`MockConfig::timeout`]); faults can be injected
+//!   ([`Fault`]: a rank that fails, a rank that never arrives) so that timeout paths are
+//!   tested.
+//!
+//! Semantics that are NCCL's, not the mock's choice: reductions (`comm_core::ReduceOp`),
+//! in-place layouts, per-peer all-to-all counts. Where the mock is more permissive than
+//! NCCL: collectives issued by one thread for several ranks without a group do not deadlock
+//! (NCCL requires a group there).
+#![warn(missing_docs)]
+
+mod exec;
+mod fabric;
+mod memory;
+mod reduce;
+mod stream;
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use comm_core::registry::{RegKind, Registry};
+use comm_core::{
+    Capabilities, Collective, Comm, DataType, DeviceMemory, Error, Op, RawHandle, Result, Slice,
+    Version,
+};
+
+use exec::{RankCtx, Span, Spec, Task, Work};
+use fabric::{Exchange, LocalFabric, Signature};
+
+pub use memory::MockMemory;
+pub use stream::MockStream;
+
+/// How many ranks `cargo xtask run --vendor mock` and `unicomm::local_comms(Vendor::Mock)` use
+/// when `UNICOMM_MOCK_RANKS` is unset.
+pub const DEFAULT_RANKS: usize = 4;
+
+/// The deadline of every wait when `UNICOMM_MOCK_TIMEOUT_MS` is unset.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A fault to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The operation fails on this rank (an error at its next synchronize); peers time out.
+    Fail,
+    /// The rank never arrives at the operation; peers time out, and so does this rank once
+    /// a peer's timeout poisons the communicator.
+    Hang,
+}
+
+/// Injects `kind` into operation number `op` (counting from 0, every enqueued operation of
+/// the rank) of rank `rank`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// The faulty rank.
+    pub rank: usize,
+    /// Index of the operation among the rank's enqueued operations.
+    pub op: u64,
+    /// What happens.
+    pub kind: FaultKind,
+}
+
+/// Settings of a mock world.
+#[derive(Debug, Clone)]
+pub struct MockConfig {
+    /// Deadline of every wait (peers arriving, buffers becoming free, a stream making
+    /// progress).
+    pub timeout: Duration,
+    /// Faults to inject.
+    pub faults: Vec<Fault>,
+}
+
+impl Default for MockConfig {
+    /// `UNICOMM_MOCK_TIMEOUT_MS` or [`DEFAULT_TIMEOUT`]; no faults.
+    fn default() -> Self {
+        let timeout = std::env::var("UNICOMM_MOCK_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(DEFAULT_TIMEOUT);
+        MockConfig {
+            timeout,
+            faults: Vec::new(),
+        }
+    }
+}
+
+/// The number of ranks from `UNICOMM_MOCK_RANKS`, or [`DEFAULT_RANKS`].
+pub fn ranks_from_env() -> Result<usize> {
+    match std::env::var("UNICOMM_MOCK_RANKS") {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(Error::invalid(
+                "UNICOMM_MOCK_RANKS",
+                format!("{v:?} is not a positive integer"),
+            )),
+        },
+        Err(_) => Ok(DEFAULT_RANKS),
+    }
+}
+
+static NEXT_WORLD: AtomicU64 = AtomicU64::new(1);
+
+const LIVE: u8 = 0;
+const FINALIZED: u8 = 1;
+const ABORTED: u8 = 2;
+
+/// One rank of a mock world.
+pub struct MockComm {
+    ctx: Arc<RankCtx>,
+    world_id: u64,
+    registry: Registry,
+    /// Collective sequence number: ranks that issue the same collectives in the same order
+    /// (NCCL's rule) meet in the same fabric slot.
+    seq: AtomicU64,
+    /// Operations enqueued so far (the index faults refer to).
+    issued: AtomicU64,
+    next_handle: AtomicUsize,
+    state: AtomicU8,
+}
+
+impl std::fmt::Debug for MockComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockComm")
+            .field("world", &self.world_id)
+            .field("rank", &self.ctx.rank)
+            .field("world_size", &self.ctx.world)
+            .finish()
+    }
+}
+
+/// Creates the `n` ranks of a new world (one communicator per rank; hand each to its own
+/// thread, or drive them all from one thread).
+pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
+    if n == 0 {
+        return Err(Error::invalid("n", "a world needs at least one rank"));
+    }
+    let fabric: Arc<dyn Exchange> = Arc::new(LocalFabric::new(n, config.timeout));
+    let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
+    Ok((0..n)
+        .map(|rank| MockComm {
+            ctx: Arc::new(RankCtx {
+                rank,
+                world: n,
+                fabric: fabric.clone(),
+                timeout: config.timeout,
+                faults: config
+                    .faults
+                    .iter()
+                    .filter(|f| f.rank == rank)
+                    .copied()
+                    .collect(),
+            }),
+            world_id,
+            registry: Registry::new(),
+            seq: AtomicU64::new(0),
+            issued: AtomicU64::new(0),
+            next_handle: AtomicUsize::new(1),
+            state: AtomicU8::new(LIVE),
+        })
+        .collect())
+}
+
+/// `n` typed communicators with the default configuration.
+pub fn local_comms(n: usize) -> Result<Vec<Comm<MockComm>>> {
+    local_comms_with(n, MockConfig::default())
+}
+
+/// `n` typed communicators with `config`.
+pub fn local_comms_with(n: usize, config: MockConfig) -> Result<Vec<Comm<MockComm>>> {
+    Ok(world(n, config)?
+        .into_iter()
+        .map(Comm::from_backend)
+        .collect())
+}
+
+thread_local! {
+    static GROUP: RefCell<(usize, Vec<(Arc<stream::Inner>, Task)>)> =
+        const { RefCell::new((0, Vec::new())) };
+}
+
+fn overlap(a: &Slice<'_, MockMemory>, b: &Slice<'_, MockMemory>) -> bool {
+    Arc::ptr_eq(&a.mem.inner, &b.mem.inner)
+        && a.bytes != 0
+        && b.bytes != 0
+        && a.offset < b.offset + b.bytes
+        && b.offset < a.offset + a.bytes
+}
+
+/// Out of place, or in place exactly at `recv + at` (NCCL's layouts); nothing in between.
+fn placement(
+    send: &Slice<'_, MockMemory>,
+    recv: &Slice<'_, MockMemory>,
+    at: Option<usize>,
+) -> Result<()> {
+    if !overlap(send, recv) {
+        return Ok(());
+    }
+    match at {
+        Some(at) if send.offset == recv.offset + at => Ok(()),
+        _ => Err(Error::invalid(
+            "recv",
+            "overlaps send without being NCCL's in-place layout",
+        )),
+    }
+}
+
+fn need(s: &Slice<'_, MockMemory>, elems: usize, dtype: DataType, arg: &'static str) -> Result<()> {
+    let bytes = elems
+        .checked_mul(dtype.size())
+        .ok_or_else(|| Error::invalid(arg, "count x element size overflows"))?;
+    if !s.in_bounds() || s.bytes < bytes {
+        return Err(Error::invalid(
+            arg,
+            format!(
+                "{} bytes at offset {} of a {}-byte allocation cannot hold {elems} x {dtype}",
+                s.bytes,
+                s.offset,
+                s.mem.byte_len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl MockComm {
+    fn owner(&self) -> (u64, usize) {
+        (self.world_id, self.ctx.rank)
+    }
+
+    fn live(&self) -> Result<()> {
+        match self.state.load(Ordering::Acquire) {
+            LIVE => match self.ctx.fabric.poisoned() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            },
+            FINALIZED => Err(Error::invalid("comm", "the communicator was finalized")),
+            _ => Err(Error::Aborted {
+                reason: "the communicator was aborted".into(),
+            }),
+        }
+    }
+
+    fn span(&self, s: &Slice<'_, MockMemory>, write: bool) -> Span {
+        Span {
+            alloc: s.mem.inner.clone(),
+            offset: s.offset,
+            write,
+        }
+    }
+
+    fn reg(&self, s: &Slice<'_, MockMemory>, bytes: usize) -> Result<Option<RegKind>> {
+        self.registry.covering(s.address(), bytes)
+    }
+
+    /// Builds the collective task: signature (with registration state looked up now, as
+    /// NCCL does at the call), spans, and the next sequence number.
+    #[allow(clippy::too_many_arguments)] // one place that assembles every collective
+    fn coll(
+        &self,
+        kind: &'static str,
+        spec: Spec,
+        count: usize,
+        dtype: Option<DataType>,
+        op: Option<comm_core::ReduceOp>,
+        root: Option<usize>,
+        send: Option<(&Slice<'_, MockMemory>, usize)>,
+        recv: Option<(&Slice<'_, MockMemory>, usize)>,
+    ) -> Result<Work> {
+        let send_reg = send.map(|(s, b)| self.reg(s, b)).transpose()?.flatten();
+        let recv_reg = recv.map(|(s, b)| self.reg(s, b)).transpose()?.flatten();
+        let same = matches!((send, recv), (Some((s, _)), Some((r, _))) if Arc::ptr_eq(&s.mem.inner, &r.mem.inner));
+        Ok(Work::Coll {
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            sig: Signature {
+                kind,
+                count,
+                dtype,
+                op,
+                root,
+                send_reg,
+                recv_reg,
+            },
+            spec,
+            // An in-place op locks its one allocation once, for writing.
+            send: send.map(|(s, _)| self.span(s, same)),
+            recv: recv.map(|(r, _)| self.span(r, true)),
+        })
+    }
+
+    fn work(&self, op: Op<'_, MockMemory>) -> Result<Work> {
+        let w = self.ctx.world;
+        let root_ok = |root: usize, arg: &'static str| {
+            if root < w {
+                Ok(())
+            } else {
+                Err(Error::invalid(arg, format!("rank {root} is outside 0..{w}")))
+            }
+        };
+        for s in op_slices(&op) {
+            if s.mem.inner.owner != self.owner() {
+                return Err(foreign_memory(s.mem, self.owner()));
+            }
+        }
+        match op {
+            Op::AllReduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+            } => {
+                need(&send, count, dtype, "send")?;
+                need(&recv, count, dtype, "recv")?;
+                placement(&send, &recv, Some(0))?;
+                let b = count * dtype.size();
+                self.coll(
+                    "AllReduce",
+                    Spec::AllReduce { count, dtype, op },
+                    count,
+                    Some(dtype),
+                    Some(op),
+                    None,
+                    Some((&send, b)),
+                    Some((&recv, b)),
+                )
+            }
+            Op::Broadcast {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            } => {
+                root_ok(root, "root")?;
+                need(&send, count, dtype, "send")?;
+                need(&recv, count, dtype, "recv")?;
+                placement(&send, &recv, Some(0))?;
+                let b = count * dtype.size();
+                self.coll(
+                    "Broadcast",
+                    Spec::Broadcast { count, dtype, root },
+                    count,
+                    Some(dtype),
+                    None,
+                    Some(root),
+                    Some((&send, b)),
+                    Some((&recv, b)),
+                )
+            }
+            Op::Reduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+                root,
+            } => {
+                root_ok(root, "root")?;
+                need(&send, count, dtype, "send")?;
+                need(&recv, count, dtype, "recv")?;
+                placement(&send, &recv, Some(0))?;
+                let b = count * dtype.size();
+                self.coll(
+                    "Reduce",
+                    Spec::Reduce {
+                        count,
+                        dtype,
+                        op,
+                        root,
+                    },
+                    count,
+                    Some(dtype),
+                    Some(op),
+                    Some(root),
+                    Some((&send, b)),
+                    Some((&recv, b)),
+                )
+            }
+            Op::AllGather {
+                send,
+                recv,
+                count,
+                dtype,
+            } => {
+                let total = count
+                    .checked_mul(w)
+                    .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?;
+                need(&send, count, dtype, "send")?;
+                need(&recv, total, dtype, "recv")?;
+                let b = count * dtype.size();
+                placement(&send, &recv, Some(self.ctx.rank * b))?;
+                self.coll(
+                    "AllGather",
+                    Spec::AllGather { count, dtype },
+                    count,
+                    Some(dtype),
+                    None,
+                    None,
+                    Some((&send, b)),
+                    Some((&recv, b * w)),
+                )
+            }
+            Op::ReduceScatter {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+            } => {
+                let total = count
+                    .checked_mul(w)
+                    .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?;
+                need(&send, total, dtype, "send")?;
+                need(&recv, count, dtype, "recv")?;
+                let b = count * dtype.size();
+                // In place, recv is this rank's chunk of send.
+                placement(&recv, &send, Some(self.ctx.rank * b))?;
+                self.coll(
+                    "ReduceScatter",
+                    Spec::ReduceScatter { count, dtype, op },
+                    count,
+                    Some(dtype),
+                    Some(op),
+                    None,
+                    Some((&send, b * w)),
+                    Some((&recv, b)),
+                )
+            }
+            Op::AllToAll {
+                send,
+                recv,
+                count,
+                dtype,
+            } => {
+                let total = count
+                    .checked_mul(w)
+                    .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?;
+                need(&send, total, dtype, "send")?;
+                need(&recv, total, dtype, "recv")?;
+                placement(&send, &recv, None)?;
+                let b = total * dtype.size();
+                self.coll(
+                    "AlltoAll",
+                    Spec::AllToAll { count, dtype },
+                    count,
+                    Some(dtype),
+                    None,
+                    None,
+                    Some((&send, b)),
+                    Some((&recv, b)),
+                )
+            }
+            Op::Barrier => self.coll("Barrier", Spec::Barrier, 0, None, None, None, None, None),
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => {
+                root_ok(peer, "peer")?;
+                need(&buf, count, dtype, "buf")?;
+                Ok(Work::Send {
+                    span: self.span(&buf, false),
+                    count,
+                    dtype,
+                    peer,
+                })
+            }
+            Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => {
+                root_ok(peer, "peer")?;
+                need(&buf, count, dtype, "buf")?;
+                Ok(Work::Recv {
+                    span: self.span(&buf, true),
+                    count,
+                    dtype,
+                    peer,
+                })
+            }
+        }
+    }
+
+    /// A collective the host waits for (window registration is one in NCCL).
+    fn blocking_collective(&self, kind: &'static str, bytes: usize) -> Result<()> {
+        self.live()?;
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let sig = Signature {
+            kind,
+            count: bytes,
+            dtype: None,
+            op: None,
+            root: None,
+            send_reg: None,
+            recv_reg: None,
+        };
+        exec::run_coll(&self.ctx, seq, &sig, Spec::Barrier, None, None)
+    }
+}
+
+fn op_slices<'a, 'b>(op: &'b Op<'a, MockMemory>) -> Vec<&'b Slice<'a, MockMemory>> {
+    match op {
+        Op::AllReduce { send, recv, .. }
+        | Op::Broadcast { send, recv, .. }
+        | Op::Reduce { send, recv, .. }
+        | Op::AllGather { send, recv, .. }
+        | Op::ReduceScatter { send, recv, .. }
+        | Op::AllToAll { send, recv, .. } => vec![send, recv],
+        Op::Send { buf, .. } | Op::Recv { buf, .. } => vec![buf],
+        Op::Barrier => vec![],
+    }
+}
+
+fn foreign_memory(mem: &MockMemory, me: (u64, usize)) -> Error {
+    let (world, rank) = mem.inner.owner;
+    Error::invalid(
+        "buffer",
+        format!(
+            "memory of rank {rank} of mock world {world}, used by rank {} of world {}",
+            me.1, me.0
+        ),
+    )
+}
+
+impl Collective for MockComm {
+    type Stream = MockStream;
+    type Memory = MockMemory;
+
+    fn rank(&self) -> usize {
+        self.ctx.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.ctx.world
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: "mock",
+            library_path: "built-in".into(),
+            version: Version::new(
+                env!("CARGO_PKG_VERSION_MAJOR").parse().unwrap_or(0),
+                env!("CARGO_PKG_VERSION_MINOR").parse().unwrap_or(0),
+                env!("CARGO_PKG_VERSION_PATCH").parse().unwrap_or(0),
+            ),
+            registration: true,
+            windows: true,
+            native_all_to_all: true,
+            graph_capture: false,
+            mem_alloc: true,
+        }
+    }
+
+    fn create_stream(&self) -> Result<MockStream> {
+        self.live()?;
+        MockStream::new(self.owner(), self.ctx.timeout)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<MockMemory> {
+        self.live()?;
+        MockMemory::new(bytes, self.owner())
+    }
+
+    fn check_memory(&self, mem: &MockMemory) -> Result<()> {
+        if mem.inner.owner == self.owner() {
+            Ok(())
+        } else {
+            Err(foreign_memory(mem, self.owner()))
+        }
+    }
+
+    fn register(&self, mem: &MockMemory, offset: usize, bytes: usize) -> Result<RawHandle> {
+        self.live()?;
+        self.check_memory(mem)?;
+        memory::check_range(mem.byte_len(), offset, bytes, "bytes")?;
+        let h = RawHandle(self.next_handle.fetch_add(1, Ordering::Relaxed));
+        self.registry
+            .insert(h, mem.address() + offset, bytes, RegKind::Buffer)?;
+        Ok(h)
+    }
+
+    fn deregister(&self, handle: RawHandle) -> Result<()> {
+        self.registry.remove(handle, RegKind::Buffer)
+    }
+
+    fn register_window(
+        &self,
+        mem: &MockMemory,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<RawHandle> {
+        self.check_memory(mem)?;
+        memory::check_range(mem.byte_len(), offset, bytes, "bytes")?;
+        // Collective, and every rank must offer the same size (the signature's count).
+        self.blocking_collective("WindowRegister", bytes)?;
+        let h = RawHandle(self.next_handle.fetch_add(1, Ordering::Relaxed));
+        self.registry
+            .insert(h, mem.address() + offset, bytes, RegKind::Window)?;
+        Ok(h)
+    }
+
+    fn deregister_window(&self, handle: RawHandle) -> Result<()> {
+        self.registry.check(handle, RegKind::Window)?;
+        self.blocking_collective("WindowDeregister", 0)?;
+        self.registry.remove(handle, RegKind::Window)
+    }
+
+    fn enqueue(&self, op: Op<'_, MockMemory>, stream: &MockStream) -> Result<()> {
+        self.live()?;
+        if stream.owner != self.owner() {
+            return Err(Error::invalid(
+                "stream",
+                format!(
+                    "a stream of rank {} used by rank {}",
+                    stream.owner.1, self.ctx.rank
+                ),
+            ));
+        }
+        let work = self.work(op)?;
+        let task = Task {
+            ctx: self.ctx.clone(),
+            index: self.issued.fetch_add(1, Ordering::Relaxed),
+            work,
+        };
+        let grouped = GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.0 > 0 {
+                g.1.push((stream.inner.clone(), task));
+                None
+            } else {
+                Some(task)
+            }
+        });
+        match grouped {
+            Some(task) => stream.push(Box::new(move || exec::run_batch(vec![task]))),
+            None => Ok(()),
+        }
+    }
+
+    fn group_start(&self) -> Result<()> {
+        GROUP.with(|g| g.borrow_mut().0 += 1);
+        Ok(())
+    }
+
+    fn group_end(&self) -> Result<()> {
+        let pending = GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.0 == 0 {
+                return Err(Error::invalid("group_end", "no group is open on this thread"));
+            }
+            g.0 -= 1;
+            Ok(if g.0 == 0 {
+                std::mem::take(&mut g.1)
+            } else {
+                Vec::new()
+            })
+        })?;
+        // One batch per stream, in the order the streams were first used.
+        let mut batches: Vec<(Arc<stream::Inner>, Vec<Task>)> = Vec::new();
+        for (s, t) in pending {
+            match batches.iter_mut().find(|(b, _)| Arc::ptr_eq(b, &s)) {
+                Some((_, v)) => v.push(t),
+                None => batches.push((s, vec![t])),
+            }
+        }
+        let mut result = Ok(());
+        for (s, tasks) in batches {
+            if let Err(e) = s.push(Box::new(move || exec::run_batch(tasks))) {
+                result = result.and(Err(e));
+            }
+        }
+        result
+    }
+
+    fn finalize(&mut self) -> Result<()> {
+        self.live()?;
+        self.state.store(FINALIZED, Ordering::Release);
+        Ok(())
+    }
+
+    fn abort(&mut self) -> Result<()> {
+        self.state.store(ABORTED, Ordering::Release);
+        // Peers blocked in a collective with this rank learn of it now, not at their deadline.
+        self.ctx.fabric.poison(Error::Aborted {
+            reason: format!("rank {} aborted the communicator", self.ctx.rank),
+        });
+        Ok(())
+    }
+}

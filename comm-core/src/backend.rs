@@ -235,7 +235,78 @@ pub enum Op<'a, M> {
     Barrier,
 }
 
-impl<M> Op<'_, M> {
+impl<'a, M> Op<'a, M> {
+    /// The same operation over another memory type: `f` maps each slice's memory, or
+    /// returns `None` when it belongs to another backend (an `InvalidArgument` error). Used by
+    /// dispatching layers such as the `unicomm` facade.
+    pub fn try_map_mem<N>(self, f: impl Fn(&'a M) -> Option<&'a N>) -> Result<Op<'a, N>> {
+        let m = |s: Slice<'a, M>, arg: &'static str| -> Result<Slice<'a, N>> {
+            Ok(Slice {
+                mem: f(s.mem).ok_or_else(|| {
+                    crate::Error::invalid(arg, "memory of another backend than the communicator's")
+                })?,
+                offset: s.offset,
+                bytes: s.bytes,
+            })
+        };
+        Ok(match self {
+            Op::AllReduce { send, recv, count, dtype, op } => Op::AllReduce {
+                send: m(send, "send")?,
+                recv: m(recv, "recv")?,
+                count,
+                dtype,
+                op,
+            },
+            Op::Broadcast { send, recv, count, dtype, root } => Op::Broadcast {
+                send: m(send, "send")?,
+                recv: m(recv, "recv")?,
+                count,
+                dtype,
+                root,
+            },
+            Op::Reduce { send, recv, count, dtype, op, root } => Op::Reduce {
+                send: m(send, "send")?,
+                recv: m(recv, "recv")?,
+                count,
+                dtype,
+                op,
+                root,
+            },
+            Op::AllGather { send, recv, count, dtype } => Op::AllGather {
+                send: m(send, "send")?,
+                recv: m(recv, "recv")?,
+                count,
+                dtype,
+            },
+            Op::ReduceScatter { send, recv, count, dtype, op } => Op::ReduceScatter {
+                send: m(send, "send")?,
+                recv: m(recv, "recv")?,
+                count,
+                dtype,
+                op,
+            },
+            Op::AllToAll { send, recv, count, dtype } => Op::AllToAll {
+                send: m(send, "send")?,
+                recv: m(recv, "recv")?,
+                count,
+                dtype,
+            },
+            Op::Send { buf, count, dtype, peer } => Op::Send {
+                buf: m(buf, "buf")?,
+                count,
+                dtype,
+                peer,
+            },
+            Op::Recv { buf, count, dtype, peer } => Op::Recv {
+                buf: m(buf, "buf")?,
+                count,
+                dtype,
+                peer,
+            },
+            Op::Barrier => Op::Barrier,
+        })
+    }
+
     /// The operation's name, as NCCL spells it without the prefix.
     pub fn name(&self) -> &'static str {
         match self {

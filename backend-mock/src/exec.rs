@@ -1,0 +1,430 @@
+//! What a mock stream worker does for one operation, or one group of them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use comm_core::{DataType, Error, ReduceOp, Result};
+
+use crate::fabric::{Desc, Exchange, Msg, Signature};
+use crate::memory::{Guard, HostAlloc};
+use crate::reduce::reduce;
+use crate::{Fault, FaultKind};
+
+/// What one rank's work needs to reach its peers.
+pub(crate) struct RankCtx {
+    pub rank: usize,
+    pub world: usize,
+    pub fabric: Arc<dyn Exchange>,
+    pub timeout: Duration,
+    pub faults: Vec<Fault>,
+}
+
+impl RankCtx {
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+}
+
+/// A byte range of one allocation, kept alive by the work that uses it.
+pub(crate) struct Span {
+    pub alloc: Arc<HostAlloc>,
+    pub offset: usize,
+    pub write: bool,
+}
+
+impl Span {
+    fn addr(&self) -> usize {
+        self.alloc.addr() + self.offset
+    }
+}
+
+/// The collective algorithms.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Spec {
+    AllReduce { count: usize, dtype: DataType, op: ReduceOp },
+    Broadcast { count: usize, dtype: DataType, root: usize },
+    Reduce { count: usize, dtype: DataType, op: ReduceOp, root: usize },
+    AllGather { count: usize, dtype: DataType },
+    ReduceScatter { count: usize, dtype: DataType, op: ReduceOp },
+    AllToAll { count: usize, dtype: DataType },
+    Barrier,
+}
+
+pub(crate) enum Work {
+    Coll {
+        seq: u64,
+        sig: Signature,
+        spec: Spec,
+        send: Option<Span>,
+        recv: Option<Span>,
+    },
+    Send {
+        span: Span,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    },
+    Recv {
+        span: Span,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    },
+}
+
+/// One operation as enqueued: the rank, its index among the rank's operations (for fault
+/// injection), and the work.
+pub(crate) struct Task {
+    pub ctx: Arc<RankCtx>,
+    pub index: u64,
+    pub work: Work,
+}
+
+static NEXT_MSG: AtomicU64 = AtomicU64::new(1);
+
+/// Runs a batch (one operation, or a whole group for one stream): sends are posted first,
+/// then collectives and receives run in order, then the sends are awaited, so that grouped
+/// send/recv pairs between the same ranks never deadlock (NCCL's guarantee for groups).
+pub(crate) fn run_batch(tasks: Vec<Task>) -> Result<()> {
+    let Some(ctx) = tasks.first().map(|t| t.ctx.clone()) else {
+        return Ok(());
+    };
+    for t in &tasks {
+        inject(&t.ctx, t.index)?;
+    }
+    if let Some(e) = ctx.fabric.poisoned() {
+        return Err(e);
+    }
+    let _guards = lock_all(&tasks, ctx.timeout)?;
+
+    let mut posted = Vec::new();
+    let mut result = Ok(());
+    for t in &tasks {
+        if let Work::Send {
+            span,
+            count,
+            dtype,
+            peer,
+        } = &t.work
+        {
+            let msg = Msg {
+                id: NEXT_MSG.fetch_add(1, Ordering::Relaxed),
+                addr: span.addr(),
+                count: *count,
+                dtype: *dtype,
+            };
+            let id = msg.id;
+            if let Err(e) = ctx.fabric.post(t.ctx.rank, *peer, msg) {
+                result = Err(e);
+                break;
+            }
+            posted.push((id, *peer));
+        }
+    }
+    if result.is_ok() {
+        for t in &tasks {
+            let r = match &t.work {
+                Work::Coll {
+                    seq,
+                    sig,
+                    spec,
+                    send,
+                    recv,
+                } => run_coll(&t.ctx, *seq, sig, *spec, send.as_ref(), recv.as_ref()),
+                Work::Recv {
+                    span,
+                    count,
+                    dtype,
+                    peer,
+                } => run_recv(&t.ctx, span, *count, *dtype, *peer),
+                Work::Send { .. } => Ok(()),
+            };
+            if let Err(e) = r {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    // Always await posted sends: a receiver may be reading our buffers.
+    for (id, peer) in posted {
+        let r = ctx
+            .fabric
+            .wait_sent(id, peer, ctx.deadline(), ctx.timeout);
+        if result.is_ok() {
+            result = r;
+        }
+    }
+    result
+}
+
+fn inject(ctx: &RankCtx, index: u64) -> Result<()> {
+    for f in ctx.faults.iter().filter(|f| f.op == index) {
+        match f.kind {
+            FaultKind::Fail => {
+                return Err(Error::Device {
+                    runtime: "mock",
+                    call: "injected fault",
+                    code: 999,
+                    name: "InjectedFault".into(),
+                    message: format!("rank {} failed operation #{index} on purpose", ctx.rank),
+                })
+            }
+            FaultKind::Hang => {
+                // Never arrives; wakes only when a peer's timeout poisons the fabric (or,
+                // bounded, after ten deadlines) so the worker thread can still exit.
+                let until = Instant::now() + ctx.timeout * 10;
+                while Instant::now() < until {
+                    if let Some(e) = ctx.fabric.poisoned() {
+                        return Err(e);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                return Err(Error::Aborted {
+                    reason: format!("rank {} hung on purpose at operation #{index}", ctx.rank),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Locks every allocation the batch touches, in address order, each once, exclusively if
+/// any of its uses writes.
+fn lock_all(tasks: &[Task], timeout: Duration) -> Result<Vec<Guard<'_>>> {
+    let mut spans: Vec<&Span> = Vec::new();
+    for t in tasks {
+        match &t.work {
+            Work::Coll { send, recv, .. } => spans.extend(send.iter().chain(recv.iter())),
+            Work::Send { span, .. } | Work::Recv { span, .. } => spans.push(span),
+        }
+    }
+    spans.sort_by_key(|s| s.alloc.addr());
+    let mut guards = Vec::new();
+    let mut i = 0;
+    while i < spans.len() {
+        let alloc = &spans[i].alloc;
+        let mut write = false;
+        while i < spans.len() && Arc::ptr_eq(&spans[i].alloc, alloc) {
+            write |= spans[i].write;
+            i += 1;
+        }
+        guards.push(if write {
+            alloc.write_lock(timeout)?
+        } else {
+            alloc.read_lock(timeout)?
+        });
+    }
+    Ok(guards)
+}
+
+fn agree(all: &[Desc]) -> Result<()> {
+    fn check<T: PartialEq + std::fmt::Debug>(
+        all: &[Desc],
+        what: &'static str,
+        f: impl Fn(&Signature) -> T,
+    ) -> Result<()> {
+        let first = f(&all[0].sig);
+        if all.iter().all(|d| f(&d.sig) == first) {
+            return Ok(());
+        }
+        let detail = all
+            .iter()
+            .enumerate()
+            .map(|(r, d)| format!("rank {r}: {:?}", f(&d.sig)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(Error::Mismatch { what, detail })
+    }
+    check(all, "operation", |s| s.kind)?;
+    check(all, "count", |s| s.count)?;
+    check(all, "data type", |s| s.dtype)?;
+    check(all, "reduction", |s| s.op)?;
+    check(all, "root", |s| s.root)?;
+    check(all, "registration of the send buffer", |s| s.send_reg)?;
+    check(all, "registration of the receive buffer", |s| s.recv_reg)
+}
+
+/// Element range `[lo, hi)` of chunk `k` when `count` elements are cut into `world` chunks.
+fn chunk(count: usize, world: usize, k: usize) -> (usize, usize) {
+    let at = |i: usize| ((count as u128 * i as u128) / world as u128) as usize;
+    (at(k), at(k + 1))
+}
+
+/// Copies `bytes` from `src` to `dst` when they differ.
+///
+/// # Safety
+/// Both point to `bytes` valid bytes that do not overlap unless equal; the caller has the
+/// right to write `dst` and read `src` under the collective protocol.
+unsafe fn copy(src: usize, dst: usize, bytes: usize) {
+    if src != dst && bytes != 0 {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) }
+    }
+}
+
+/// A section that reads or writes peers' memory; ends on drop.
+struct Access<'a> {
+    fabric: &'a dyn Exchange,
+    seq: u64,
+}
+
+impl<'a> Access<'a> {
+    fn enter(fabric: &'a dyn Exchange, seq: u64) -> Result<Self> {
+        fabric.enter(seq)?;
+        Ok(Access { fabric, seq })
+    }
+}
+
+impl Drop for Access<'_> {
+    fn drop(&mut self) {
+        self.fabric.exit(self.seq);
+    }
+}
+
+/// Runs one collective, or, for `spec == None`-like ops (windows), only the agreement.
+pub(crate) fn run_coll(
+    ctx: &RankCtx,
+    seq: u64,
+    sig: &Signature,
+    spec: Spec,
+    send: Option<&Span>,
+    recv: Option<&Span>,
+) -> Result<()> {
+    let desc = Desc {
+        sig: sig.clone(),
+        send: send.map_or(0, Span::addr),
+        recv: recv.map_or(0, Span::addr),
+    };
+    let fabric = &*ctx.fabric;
+    let r = (|| {
+        let all = fabric.gather(seq, ctx.rank, desc, ctx.deadline())?;
+        agree(&all)?;
+        // SAFETY: every rank agreed on the operation, counts and types; each rank's buffers
+        // were checked against its allocation at enqueue time and stay locked and alive until
+        // it leaves the slot, which it does only after the last phase (or, on failure, after
+        // every access in progress ended). Within a phase, each rank writes only its own
+        // receive range, in parts no peer reads in that phase.
+        unsafe { execute(ctx, seq, spec, &all) }
+    })();
+    fabric.leave(seq, r.is_err());
+    r
+}
+
+unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<()> {
+    let (w, r, f) = (ctx.world, ctx.rank, &*ctx.fabric);
+    let me = &all[r];
+    match spec {
+        Spec::Barrier => Ok(()),
+        Spec::AllReduce { count, dtype, op } => {
+            let es = dtype.size();
+            let (lo, hi) = chunk(count, w, r);
+            {
+                let _a = Access::enter(f, seq)?;
+                let srcs = own_first(all, r, |d| d.send + lo * es);
+                // SAFETY: chunk `r` of every rank's send is read only by this rank in this
+                // phase; this rank's receive chunk `r` is written only here.
+                unsafe { reduce(dtype, op, w, (me.recv + lo * es) as *mut u8, &srcs, hi - lo) };
+            }
+            f.phase(seq, r, 1, ctx.deadline())?;
+            {
+                let _a = Access::enter(f, seq)?;
+                for k in (0..w).filter(|&k| k != r) {
+                    let (klo, khi) = chunk(count, w, k);
+                    // SAFETY: rank k's chunk k is final and no longer written; our chunk k is
+                    // read by no one in this phase.
+                    unsafe { copy(all[k].recv + klo * es, me.recv + klo * es, (khi - klo) * es) };
+                }
+            }
+            f.phase(seq, r, 2, ctx.deadline())
+        }
+        Spec::Broadcast { count, dtype, root } => {
+            {
+                let _a = Access::enter(f, seq)?;
+                // SAFETY: root's send is only read; each rank writes its own receive range.
+                unsafe { copy(all[root].send, me.recv, count * dtype.size()) };
+            }
+            f.phase(seq, r, 1, ctx.deadline())
+        }
+        Spec::Reduce {
+            count,
+            dtype,
+            op,
+            root,
+        } => {
+            if r == root {
+                let _a = Access::enter(f, seq)?;
+                let srcs = own_first(all, r, |d| d.send);
+                // SAFETY: sends are only read in this phase; only the root writes, into its
+                // own receive range.
+                unsafe { reduce(dtype, op, w, me.recv as *mut u8, &srcs, count) };
+            }
+            f.phase(seq, r, 1, ctx.deadline())
+        }
+        Spec::AllGather { count, dtype } => {
+            let b = count * dtype.size();
+            {
+                let _a = Access::enter(f, seq)?;
+                for (k, d) in all.iter().enumerate() {
+                    // SAFETY: peers' sends are only read (in place, they are the peers' own
+                    // chunks, which no one writes); we write only our receive range.
+                    unsafe { copy(d.send, me.recv + k * b, b) };
+                }
+            }
+            f.phase(seq, r, 1, ctx.deadline())
+        }
+        Spec::ReduceScatter { count, dtype, op } => {
+            let b = count * dtype.size();
+            {
+                let _a = Access::enter(f, seq)?;
+                let srcs = own_first(all, r, |d| d.send + r * b);
+                // SAFETY: chunk r of every send is read only by us; in place our receive
+                // range is our own chunk r, handled as the first source.
+                unsafe { reduce(dtype, op, w, me.recv as *mut u8, &srcs, count) };
+            }
+            f.phase(seq, r, 1, ctx.deadline())
+        }
+        Spec::AllToAll { count, dtype } => {
+            let b = count * dtype.size();
+            {
+                let _a = Access::enter(f, seq)?;
+                for (p, d) in all.iter().enumerate() {
+                    // SAFETY: sends are only read; send and receive never overlap (checked at
+                    // enqueue); we write only our receive range.
+                    unsafe { copy(d.send + r * b, me.recv + p * b, b) };
+                }
+            }
+            f.phase(seq, r, 1, ctx.deadline())
+        }
+    }
+}
+
+/// Source pointers with this rank's first (so that in place, the output is source 0).
+fn own_first(all: &[Desc], r: usize, at: impl Fn(&Desc) -> usize) -> Vec<*const u8> {
+    std::iter::once(r)
+        .chain((0..all.len()).filter(|&k| k != r))
+        .map(|k| at(&all[k]) as *const u8)
+        .collect()
+}
+
+fn run_recv(ctx: &RankCtx, span: &Span, count: usize, dtype: DataType, peer: usize) -> Result<()> {
+    let msg = ctx
+        .fabric
+        .take(peer, ctx.rank, ctx.deadline(), ctx.timeout)?;
+    if msg.count != count || msg.dtype != dtype {
+        let e = Error::Mismatch {
+            what: "send/recv",
+            detail: format!(
+                "rank {peer} sent {} x {}, rank {} receives {count} x {dtype}",
+                msg.count, msg.dtype, ctx.rank
+            ),
+        };
+        ctx.fabric.complete(msg.id, Some(e.clone()));
+        return Err(e);
+    }
+    // SAFETY: the sender waits (holding its buffer) until `complete`; our span was checked to
+    // hold `count` elements and is locked for writing by this batch.
+    unsafe { copy(msg.addr, span.addr(), count * dtype.size()) };
+    ctx.fabric.complete(msg.id, None);
+    Ok(())
+}

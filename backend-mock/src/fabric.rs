@@ -1,0 +1,331 @@
+//! The rank-to-rank exchange of the mock.
+//!
+//! Ranks agree on each collective through a numbered slot: each deposits a [`Desc`] (what it
+//! was asked to do, and where its buffers are), waits for the others, then reads peers'
+//! buffers directly ("pull") in phases separated by barriers. Every wait has a deadline;
+//! the first rank to miss one poisons the fabric, and every rank waiting then or later gets
+//! the same error instead of hanging.
+//!
+//! [`Exchange`] is the cut for ranks in different processes: an implementation over a shared
+//! memory segment (buffers allocated in it, addresses as offsets) would serve the same
+//! protocol; only [`LocalFabric`], for ranks that are threads of one process, exists today.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use comm_core::registry::RegKind;
+use comm_core::{DataType, Error, ReduceOp, Result};
+
+/// What the ranks must agree on for one collective.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Signature {
+    pub kind: &'static str,
+    pub count: usize,
+    pub dtype: Option<DataType>,
+    pub op: Option<ReduceOp>,
+    pub root: Option<usize>,
+    pub send_reg: Option<RegKind>,
+    pub recv_reg: Option<RegKind>,
+}
+
+/// One rank's part of one collective.
+#[derive(Debug, Clone)]
+pub(crate) struct Desc {
+    pub sig: Signature,
+    /// Address of the first send byte (meaningful only for the ops that send).
+    pub send: usize,
+    /// Address of the first receive byte.
+    pub recv: usize,
+}
+
+/// A posted send, waiting for its receiver.
+#[derive(Debug, Clone)]
+pub(crate) struct Msg {
+    pub id: u64,
+    pub addr: usize,
+    pub count: usize,
+    pub dtype: DataType,
+}
+
+/// The exchange a mock rank needs from its peers.
+pub(crate) trait Exchange: Send + Sync {
+    /// Deposits `desc` for collective `seq` and returns every rank's, once all arrived.
+    fn gather(&self, seq: u64, rank: usize, desc: Desc, deadline: Instant) -> Result<Vec<Desc>>;
+    /// Barrier number `phase` of collective `seq`.
+    fn phase(&self, seq: u64, rank: usize, phase: u32, deadline: Instant) -> Result<()>;
+    /// Marks the start of an access to peers' memory in collective `seq`; fails when the
+    /// fabric is poisoned (then no access may start).
+    fn enter(&self, seq: u64) -> Result<()>;
+    /// Marks the end of an access started by `enter`.
+    fn exit(&self, seq: u64);
+    /// This rank is done with collective `seq`. After an error, waits until no peer is still
+    /// reading or writing memory under `seq` (those accesses are copies that cannot block).
+    fn leave(&self, seq: u64, failed: bool);
+    /// Posts a send from `src` to `dst`.
+    fn post(&self, src: usize, dst: usize, msg: Msg) -> Result<()>;
+    /// Takes the next send from `src` to `dst`.
+    fn take(&self, src: usize, dst: usize, deadline: Instant, after: Duration) -> Result<Msg>;
+    /// Marks a taken send as copied (`None`) or refused (`Some(error)`, given to the sender).
+    fn complete(&self, id: u64, refused: Option<Error>);
+    /// Waits until send `id` was copied by its receiver.
+    fn wait_sent(&self, id: u64, dst: usize, deadline: Instant, after: Duration) -> Result<()>;
+    /// Fails every present and future wait with `e`.
+    fn poison(&self, e: Error);
+    /// The poison, if any.
+    fn poisoned(&self) -> Option<Error>;
+}
+
+#[derive(Default)]
+struct Slot {
+    descs: Vec<Option<Desc>>,
+    arrived: usize,
+    phases: HashMap<u32, usize>,
+    active: usize,
+    left: usize,
+}
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<u64, Slot>,
+    mail: HashMap<(usize, usize), VecDeque<Msg>>,
+    copying: HashSet<u64>,
+    completed: HashMap<u64, Option<Error>>,
+    poison: Option<Error>,
+}
+
+/// The exchange for ranks that are threads of one process.
+pub(crate) struct LocalFabric {
+    world: usize,
+    state: Mutex<State>,
+    cv: Condvar,
+    timeout: Duration,
+}
+
+impl LocalFabric {
+    pub(crate) fn new(world: usize, timeout: Duration) -> Self {
+        LocalFabric {
+            world,
+            state: Mutex::new(State::default()),
+            cv: Condvar::new(),
+            timeout,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn slot<'s>(&self, st: &'s mut State, seq: u64) -> &'s mut Slot {
+        let world = self.world;
+        st.slots.entry(seq).or_insert_with(|| Slot {
+            descs: vec![None; world],
+            ..Slot::default()
+        })
+    }
+
+    /// Waits on the condvar until `done` holds, the fabric is poisoned, or the deadline
+    /// passes (then poisons it with a `Timeout` naming `what`).
+    fn wait_until<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        deadline: Instant,
+        mut done: impl FnMut(&mut State) -> bool,
+        what: impl Fn(&State) -> String,
+    ) -> Result<MutexGuard<'a, State>> {
+        loop {
+            if let Some(e) = &st.poison {
+                return Err(e.clone());
+            }
+            if done(&mut st) {
+                return Ok(st);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let e = Error::Timeout {
+                    what: what(&st),
+                    after: self.timeout,
+                };
+                st.poison = Some(e.clone());
+                drop(st);
+                self.cv.notify_all();
+                return Err(e);
+            }
+            st = self
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+fn missing(slot: Option<&Slot>, world: usize) -> Vec<usize> {
+    match slot {
+        Some(s) => (0..world).filter(|&r| s.descs[r].is_none()).collect(),
+        None => (0..world).collect(),
+    }
+}
+
+impl Exchange for LocalFabric {
+    fn gather(&self, seq: u64, rank: usize, desc: Desc, deadline: Instant) -> Result<Vec<Desc>> {
+        let kind = desc.sig.kind;
+        let mut st = self.lock();
+        if let Some(e) = &st.poison {
+            return Err(e.clone());
+        }
+        let slot = self.slot(&mut st, seq);
+        slot.descs[rank] = Some(desc);
+        slot.arrived += 1;
+        let world = self.world;
+        drop(st);
+        self.cv.notify_all();
+        let st = self.wait_until(
+            self.lock(),
+            deadline,
+            |st| st.slots.get(&seq).is_some_and(|s| s.arrived == world),
+            |st| {
+                format!(
+                    "collective #{seq} ({kind}) on rank {rank}: ranks {:?} never arrived",
+                    missing(st.slots.get(&seq), world)
+                )
+            },
+        )?;
+        Ok(st.slots[&seq].descs.iter().flatten().cloned().collect())
+    }
+
+    fn phase(&self, seq: u64, rank: usize, phase: u32, deadline: Instant) -> Result<()> {
+        let mut st = self.lock();
+        *self.slot(&mut st, seq).phases.entry(phase).or_insert(0) += 1;
+        drop(st);
+        self.cv.notify_all();
+        let world = self.world;
+        self.wait_until(
+            self.lock(),
+            deadline,
+            |st| st.slots.get(&seq).and_then(|s| s.phases.get(&phase)) == Some(&world),
+            |_| format!("collective #{seq} on rank {rank}: a peer never finished phase {phase}"),
+        )
+        .map(drop)
+    }
+
+    fn enter(&self, seq: u64) -> Result<()> {
+        let mut st = self.lock();
+        if let Some(e) = &st.poison {
+            return Err(e.clone());
+        }
+        self.slot(&mut st, seq).active += 1;
+        Ok(())
+    }
+
+    fn exit(&self, seq: u64) {
+        let mut st = self.lock();
+        if let Some(s) = st.slots.get_mut(&seq) {
+            s.active -= 1;
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    fn leave(&self, seq: u64, failed: bool) {
+        let mut st = self.lock();
+        if failed {
+            // Peers may be inside a copy that touches this rank's buffers; those copies
+            // cannot block, so this wait is short and needs no deadline. No new access
+            // starts: the fabric is poisoned or the op failed identically on every rank.
+            while st.slots.get(&seq).is_some_and(|s| s.active > 0) {
+                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        let world = self.world;
+        if let Some(s) = st.slots.get_mut(&seq) {
+            s.left += 1;
+            if s.left == world {
+                st.slots.remove(&seq);
+            }
+        }
+    }
+
+    fn post(&self, src: usize, dst: usize, msg: Msg) -> Result<()> {
+        let mut st = self.lock();
+        if let Some(e) = &st.poison {
+            return Err(e.clone());
+        }
+        st.mail.entry((src, dst)).or_default().push_back(msg);
+        drop(st);
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    fn take(&self, src: usize, dst: usize, deadline: Instant, _after: Duration) -> Result<Msg> {
+        let mut taken = None;
+        let _st = self.wait_until(
+            self.lock(),
+            deadline,
+            |st| {
+                taken = st.mail.get_mut(&(src, dst)).and_then(|q| q.pop_front());
+                if let Some(m) = &taken {
+                    st.copying.insert(m.id);
+                }
+                taken.is_some()
+            },
+            |_| format!("recv on rank {dst}: rank {src} never sent"),
+        )?;
+        taken.ok_or_else(|| Error::Aborted {
+            reason: "mailbox emptied while waiting".into(),
+        })
+    }
+
+    fn complete(&self, id: u64, refused: Option<Error>) {
+        let mut st = self.lock();
+        st.copying.remove(&id);
+        st.completed.insert(id, refused);
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    fn wait_sent(&self, id: u64, dst: usize, deadline: Instant, _after: Duration) -> Result<()> {
+        let mut refused = None;
+        let r = self.wait_until(
+            self.lock(),
+            deadline,
+            |st| match st.completed.remove(&id) {
+                Some(e) => {
+                    refused = e;
+                    true
+                }
+                None => false,
+            },
+            |_| format!("send #{id}: rank {dst} never received it"),
+        );
+        match r {
+            Ok(_) => refused.map_or(Ok(()), Err),
+            Err(e) => {
+                // The receiver may hold the message and be copying from our buffer right now:
+                // wait until it is no longer queued-or-copying. A message still queued is
+                // withdrawn so that no one reads it later.
+                let mut st = self.lock();
+                for q in st.mail.values_mut() {
+                    q.retain(|m| m.id != id);
+                }
+                // A copy in progress cannot block, so this wait needs no deadline.
+                while st.copying.contains(&id) {
+                    st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                }
+                st.completed.remove(&id);
+                Err(e)
+            }
+        }
+    }
+
+    fn poison(&self, e: Error) {
+        let mut st = self.lock();
+        st.poison.get_or_insert(e);
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    fn poisoned(&self) -> Option<Error> {
+        self.lock().poison.clone()
+    }
+}

@@ -1,0 +1,237 @@
+//! Host memory standing in for device memory.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use comm_core::{DeviceMemory, Error, Result};
+
+use crate::stream::MockStream;
+
+/// Alignment of every mock allocation (what cudaMalloc guarantees is 256; a cache line is
+/// enough for host code and keeps f64/u64 accesses aligned).
+const ALIGN: usize = 64;
+
+/// One host allocation. Data is reached only through raw pointers while the lock is held:
+/// a writer holds it exclusively, readers shared, so two streams touching the same buffer
+/// are serialised instead of racing.
+pub(crate) struct HostAlloc {
+    ptr: NonNull<u8>,
+    bytes: usize,
+    lock: Lock,
+    /// (world id, rank) of the communicator whose "device" this is.
+    pub(crate) owner: (u64, usize),
+}
+
+// SAFETY: the allocation is plain bytes owned by this struct; all access to them goes
+// through the lock (or, inside a collective, through the rank-to-rank protocol while the
+// owning rank holds the lock), so sharing the pointer between threads is sound.
+unsafe impl Send for HostAlloc {}
+// SAFETY: as above: `&HostAlloc` only hands out the bytes under the lock.
+unsafe impl Sync for HostAlloc {}
+
+impl HostAlloc {
+    fn new(bytes: usize, owner: (u64, usize)) -> Result<Self> {
+        let ptr = if bytes == 0 {
+            // The empty allocation is never dereferenced.
+            NonNull::<u8>::dangling()
+        } else {
+            let layout = Layout::from_size_align(bytes, ALIGN)
+                .map_err(|e| Error::invalid("bytes", format!("{bytes} bytes: {e}")))?;
+            // SAFETY: the layout has a non-zero size.
+            let p = unsafe { std::alloc::alloc_zeroed(layout) };
+            NonNull::new(p).ok_or_else(|| Error::Device {
+                runtime: "mock",
+                call: "alloc",
+                code: 2,
+                name: "OutOfMemory".into(),
+                message: format!("host allocation of {bytes} bytes failed"),
+            })?
+        };
+        Ok(HostAlloc {
+            ptr,
+            bytes,
+            lock: Lock::default(),
+            owner,
+        })
+    }
+
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// Shared access until the guard drops, waiting at most `timeout` for a writer.
+    pub(crate) fn read_lock(&self, timeout: Duration) -> Result<Guard<'_>> {
+        self.lock.acquire(false, timeout, self.addr())
+    }
+
+    /// Exclusive access until the guard drops, waiting at most `timeout`.
+    pub(crate) fn write_lock(&self, timeout: Duration) -> Result<Guard<'_>> {
+        self.lock.acquire(true, timeout, self.addr())
+    }
+}
+
+/// A readers-writer lock whose waits have a deadline (std's `RwLock` has none, and a stream
+/// that uses one buffer twice in a group must not hang).
+#[derive(Default)]
+pub(crate) struct Lock {
+    state: Mutex<(usize, bool)>,
+    cv: Condvar,
+}
+
+/// Holds a [`Lock`]; releases on drop.
+pub(crate) struct Guard<'a> {
+    lock: &'a Lock,
+    write: bool,
+}
+
+impl Lock {
+    fn acquire(&self, write: bool, timeout: Duration, addr: usize) -> Result<Guard<'_>> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let (readers, writer) = *st;
+            if !writer && (!write || readers == 0) {
+                *st = if write { (0, true) } else { (readers + 1, false) };
+                return Ok(Guard { lock: self, write });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "buffer {addr:#x}, in use by other work of the same rank (the same \
+                         buffer on two streams, or twice in one group)"
+                    ),
+                    after: timeout,
+                });
+            }
+            st = self
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        let mut st = self.lock.state.lock().unwrap_or_else(|e| e.into_inner());
+        if self.write {
+            st.1 = false;
+        } else {
+            st.0 -= 1;
+        }
+        drop(st);
+        self.lock.cv.notify_all();
+    }
+}
+
+impl Drop for HostAlloc {
+    fn drop(&mut self) {
+        if self.bytes != 0 {
+            // SAFETY: allocated in `new` with exactly this layout (valid then, so valid now).
+            unsafe {
+                std::alloc::dealloc(
+                    self.ptr.as_ptr(),
+                    Layout::from_size_align_unchecked(self.bytes, ALIGN),
+                )
+            }
+        }
+    }
+}
+
+/// A mock "device" allocation: host memory, shared with the stream workers that use it so
+/// that it lives until enqueued work is done.
+#[derive(Clone)]
+pub struct MockMemory {
+    pub(crate) inner: Arc<HostAlloc>,
+}
+
+impl std::fmt::Debug for MockMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MockMemory({:#x}, {} bytes, rank {})",
+            self.inner.addr(),
+            self.inner.bytes,
+            self.inner.owner.1
+        )
+    }
+}
+
+impl MockMemory {
+    pub(crate) fn new(bytes: usize, owner: (u64, usize)) -> Result<Self> {
+        Ok(MockMemory {
+            inner: Arc::new(HostAlloc::new(bytes, owner)?),
+        })
+    }
+}
+
+pub(crate) fn check_range(len: usize, offset: usize, bytes: usize, what: &'static str) -> Result<()> {
+    match offset.checked_add(bytes) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(Error::invalid(
+            what,
+            format!("bytes {offset}..+{bytes} are outside the {len}-byte allocation"),
+        )),
+    }
+}
+
+impl DeviceMemory for MockMemory {
+    type Stream = MockStream;
+
+    fn byte_len(&self) -> usize {
+        self.inner.bytes
+    }
+
+    fn address(&self) -> usize {
+        self.inner.addr()
+    }
+
+    fn write(&self, offset: usize, src: &[u8], stream: &MockStream) -> Result<()> {
+        check_range(self.inner.bytes, offset, src.len(), "src")?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // Staged like a pageable cudaMemcpyAsync: the caller may reuse `src` at once.
+        let staged = src.to_vec();
+        let mem = self.inner.clone();
+        let timeout = stream.timeout();
+        stream.push(Box::new(move || {
+            let _g = mem.write_lock(timeout)?;
+            // SAFETY: the range was checked against the allocation above; the write lock
+            // excludes every other access to it; `staged` is a distinct host vector.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    staged.as_ptr(),
+                    mem.ptr.as_ptr().add(offset),
+                    staged.len(),
+                )
+            };
+            Ok(())
+        }))
+    }
+
+    fn read(&self, offset: usize, dst: &mut [u8], stream: &MockStream) -> Result<()> {
+        check_range(self.inner.bytes, offset, dst.len(), "dst")?;
+        // Wait for the stream first (errors of earlier work surface here, as with a blocking
+        // cudaMemcpy), then read on this thread: `dst` never escapes the call.
+        stream.synchronize_inner()?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let _g = self.inner.read_lock(stream.timeout())?;
+        // SAFETY: range checked above; the read lock excludes writers; `dst` is caller memory
+        // distinct from the allocation.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.inner.ptr.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
+    }
+}

@@ -1,0 +1,182 @@
+//! A mock stream: one worker thread that runs enqueued work in order, like a CUDA stream.
+//! Errors of the work are kept and returned by the next `synchronize`.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use comm_core::{DeviceStream, Error, Result};
+
+pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+
+struct State {
+    jobs: VecDeque<Job>,
+    enqueued: u64,
+    done: u64,
+    error: Option<Error>,
+    shutdown: bool,
+}
+
+pub(crate) struct Inner {
+    state: Mutex<State>,
+    /// Signalled when a job is pushed or the stream shuts down (worker side) and when a job
+    /// finishes (waiter side).
+    cv: Condvar,
+    /// How long `synchronize` waits without any job finishing before it reports `Timeout`.
+    idle_timeout: Duration,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn push(&self, job: Job) -> Result<()> {
+        let mut st = self.lock();
+        if st.shutdown {
+            return Err(Error::invalid("stream", "the stream is being destroyed"));
+        }
+        st.jobs.push_back(job);
+        st.enqueued += 1;
+        drop(st);
+        self.cv.notify_all();
+        Ok(())
+    }
+}
+
+/// A stream of the mock backend.
+pub struct MockStream {
+    pub(crate) inner: Arc<Inner>,
+    worker: Option<JoinHandle<()>>,
+    /// (world id, rank) of the communicator that created it.
+    pub(crate) owner: (u64, usize),
+}
+
+impl std::fmt::Debug for MockStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MockStream(rank {})", self.owner.1)
+    }
+}
+
+impl MockStream {
+    pub(crate) fn new(owner: (u64, usize), idle_timeout: Duration) -> Result<Self> {
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State {
+                jobs: VecDeque::new(),
+                enqueued: 0,
+                done: 0,
+                error: None,
+                shutdown: false,
+            }),
+            cv: Condvar::new(),
+            idle_timeout,
+        });
+        let w = inner.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("unicomm-mock-stream-r{}", owner.1))
+            .spawn(move || worker_loop(&w))
+            .map_err(|e| Error::Device {
+                runtime: "mock",
+                call: "create_stream",
+                code: 1,
+                name: "ThreadSpawn".into(),
+                message: e.to_string(),
+            })?;
+        Ok(MockStream {
+            inner,
+            worker: Some(worker),
+            owner,
+        })
+    }
+
+    /// The deadline of every wait of work on this stream.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.inner.idle_timeout
+    }
+
+    /// Enqueues a job.
+    pub(crate) fn push(&self, job: Job) -> Result<()> {
+        self.inner.push(job)
+    }
+
+    /// Waits until every job enqueued so far is done; returns (and clears) the first error.
+    pub(crate) fn synchronize_inner(&self) -> Result<()> {
+        let mut st = self.inner.lock();
+        let target = st.enqueued;
+        let mut last_done = st.done;
+        let mut deadline = Instant::now() + self.inner.idle_timeout;
+        while st.done < target {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "stream of rank {} ({} of {} operations done, none finished within the deadline)",
+                        self.owner.1, st.done, target
+                    ),
+                    after: self.inner.idle_timeout,
+                });
+            }
+            st = self
+                .inner
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            if st.done != last_done {
+                // Progress: the deadline is per operation, not for the whole queue.
+                last_done = st.done;
+                deadline = Instant::now() + self.inner.idle_timeout;
+            }
+        }
+        match st.error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+fn worker_loop(inner: &Inner) {
+    loop {
+        let job = {
+            let mut st = inner.lock();
+            loop {
+                if let Some(j) = st.jobs.pop_front() {
+                    break j;
+                }
+                if st.shutdown {
+                    return;
+                }
+                st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let r = job();
+        let mut st = inner.lock();
+        if let Err(e) = r {
+            // The first error is the one reported, as CUDA reports the first failure.
+            st.error.get_or_insert(e);
+        }
+        st.done += 1;
+        drop(st);
+        inner.cv.notify_all();
+    }
+}
+
+impl DeviceStream for MockStream {
+    fn synchronize(&self) -> Result<()> {
+        self.synchronize_inner()
+    }
+}
+
+impl Drop for MockStream {
+    fn drop(&mut self) {
+        // Pending work still runs (every wait in it has a deadline), as a CUDA stream's work
+        // completes after cudaStreamDestroy; then the worker exits.
+        self.inner.lock().shutdown = true;
+        self.inner.cv.notify_all();
+        if let Some(w) = self.worker.take() {
+            // A worker that panicked has nothing left to clean up; ignore it.
+            let _ = w.join();
+        }
+    }
+}
