@@ -1,0 +1,27 @@
+//! The conformance suite on the mock backend: every world size, both modes.
+
+use backend_mock::MockComm;
+use comm_core::conformance::{Case, Count, Harness, Mode};
+use comm_core::{Comm, Result};
+
+struct Mock;
+
+impl Harness for Mock {
+    type C = MockComm;
+
+    fn comms(&self, world: usize) -> Result<Vec<Comm<MockComm>>> {
+        backend_mock::local_comms(world)
+    }
+
+    /// Both modes, except that 1 Mi-element cases run one thread per rank only: grouping
+    /// does not depend on the count, and the suite must stay within minutes on 2 cores.
+    fn modes(&self, case: &Case) -> &'static [Mode] {
+        if case.count == Count::Large {
+            &[Mode::ThreadPerRank]
+        } else {
+            &[Mode::ThreadPerRank, Mode::SingleThread]
+        }
+    }
+}
+
+comm_core::conformance_suite!(Mock);
