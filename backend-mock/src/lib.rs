@@ -569,7 +569,9 @@ impl Collective for MockComm {
 
     fn create_stream(&self) -> Result<MockStream> {
         self.live()?;
-        MockStream::new(self.owner(), self.ctx.timeout)
+        // Longer than an operation's own deadline, so that a stuck operation reports its own
+        // timeout (naming the ranks that never arrived) before the stream gives up on it.
+        MockStream::new(self.owner(), self.ctx.timeout * 2 + Duration::from_millis(100))
     }
 
     fn alloc(&self, bytes: usize) -> Result<MockMemory> {

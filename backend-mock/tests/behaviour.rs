@@ -1,0 +1,406 @@
+//! The mock's checks and failure paths: cross-rank mismatches, registration rules, bad
+//! input, fault injection and deadlines.
+
+use std::time::{Duration, Instant};
+
+use backend_mock::{Fault, FaultKind, MockComm, MockConfig};
+use comm_core::{Comm, DeviceStream, Error, ReduceOp};
+
+fn world(n: usize) -> Vec<Comm<MockComm>> {
+    backend_mock::local_comms_with(
+        n,
+        MockConfig {
+            timeout: Duration::from_secs(10),
+            faults: vec![],
+        },
+    )
+    .unwrap()
+}
+
+fn fast(n: usize, faults: Vec<Fault>) -> Vec<Comm<MockComm>> {
+    backend_mock::local_comms_with(
+        n,
+        MockConfig {
+            timeout: Duration::from_millis(300),
+            faults,
+        },
+    )
+    .unwrap()
+}
+
+/// Runs `f` on one thread per rank and returns the results in rank order.
+fn each<R: Send>(
+    comms: &[Comm<MockComm>],
+    f: impl Fn(&Comm<MockComm>) -> R + Sync,
+) -> Vec<R> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn ranks_calling_different_ops_get_mismatch_on_every_rank() {
+    let comms = world(3);
+    let out = each(&comms, |c| {
+        let st = c.create_stream().unwrap();
+        let mut b = c.alloc::<f32>(8).unwrap();
+        if c.rank() == 1 {
+            c.broadcast_in_place(&mut b, 0, &st).unwrap();
+        } else {
+            c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+        }
+        st.synchronize()
+    });
+    for r in out {
+        match r {
+            Err(Error::Mismatch { what, detail }) => {
+                assert_eq!(what, "operation");
+                assert!(detail.contains("Broadcast"), "{detail}");
+            }
+            other => panic!("expected Mismatch, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn counts_types_roots_and_ops_must_agree() {
+    let comms = world(2);
+    let cases: [(&str, fn(&Comm<MockComm>) -> comm_core::Result<()>); 4] = [
+        ("count", |c| {
+            let st = c.create_stream()?;
+            let mut b = c.alloc::<f32>(4 + c.rank())?;
+            c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+            st.synchronize()
+        }),
+        ("data type", |c| {
+            let st = c.create_stream()?;
+            if c.rank() == 0 {
+                c.all_reduce_in_place(&mut c.alloc::<f32>(4)?, ReduceOp::Sum, &st)?;
+            } else {
+                c.all_reduce_in_place(&mut c.alloc::<i32>(4)?, ReduceOp::Sum, &st)?;
+            }
+            st.synchronize()
+        }),
+        ("root", |c| {
+            let st = c.create_stream()?;
+            c.broadcast_in_place(&mut c.alloc::<u8>(4)?, c.rank(), &st)?;
+            st.synchronize()
+        }),
+        ("reduction", |c| {
+            let st = c.create_stream()?;
+            let op = if c.rank() == 0 { ReduceOp::Max } else { ReduceOp::Min };
+            c.all_reduce_in_place(&mut c.alloc::<u8>(4)?, op, &st)?;
+            st.synchronize()
+        }),
+    ];
+    for (want, f) in cases {
+        for r in each(&comms, f) {
+            match r {
+                Err(Error::Mismatch { what, .. }) => assert_eq!(what, want),
+                other => panic!("{want}: expected Mismatch, got {other:?}"),
+            }
+        }
+    }
+    // The world still works after mismatches (they are detected before any data moves).
+    let ok = each(&comms, |c| {
+        let st = c.create_stream()?;
+        let mut b = c.alloc::<f32>(4)?;
+        b.copy_from_host(&[1.0; 4], &st)?;
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+        b.copy_to_host(&st)
+    });
+    for r in ok {
+        assert_eq!(r.unwrap(), vec![2.0; 4]);
+    }
+}
+
+#[test]
+fn registration_is_all_or_none_across_ranks() {
+    let comms = world(2);
+    let out = each(&comms, |c| {
+        let st = c.create_stream().unwrap();
+        let buf = c.alloc::<f32>(16).unwrap();
+        if c.rank() == 0 {
+            let mut reg = c.register(buf).unwrap();
+            c.all_reduce_in_place(&mut reg, ReduceOp::Sum, &st).unwrap();
+            let r = st.synchronize();
+            c.deregister(reg).unwrap();
+            r
+        } else {
+            let mut buf = buf;
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum, &st).unwrap();
+            st.synchronize()
+        }
+    });
+    for r in out {
+        match r {
+            Err(Error::Mismatch { what, .. }) => assert!(what.contains("registration"), "{what}"),
+            other => panic!("expected Mismatch, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn handles_of_another_communicator_and_double_deregistration_are_errors() {
+    let comms = world(2);
+    let (a, b) = (&comms[0], &comms[1]);
+    let reg = a.register(a.alloc::<u32>(8).unwrap()).unwrap();
+    let h = reg.handle();
+    match b.deregister(reg) {
+        Err(Error::InvalidArgument { argument, .. }) => assert_eq!(argument, "registration"),
+        other => panic!("expected InvalidArgument, got {:?}", other.map(|_| ())),
+    }
+    // The registration was released by its own communicator when it was dropped.
+    use comm_core::Collective;
+    assert!(matches!(
+        a.backend().deregister(h),
+        Err(Error::InvalidArgument { .. })
+    ));
+    // Raw level: twice is an error, not UB.
+    let mem = a.backend().alloc(64).unwrap();
+    let h = a.backend().register(&mem, 0, 64).unwrap();
+    a.backend().deregister(h).unwrap();
+    assert!(matches!(
+        a.backend().deregister(h),
+        Err(Error::InvalidArgument { .. })
+    ));
+    // Another communicator's raw handle.
+    let h = a.backend().register(&mem, 0, 64).unwrap();
+    assert!(b.backend().deregister(h).is_err());
+    a.backend().deregister(h).unwrap();
+}
+
+#[test]
+fn memory_of_another_rank_is_rejected() {
+    let comms = world(2);
+    let st = comms[0].create_stream().unwrap();
+    let mut foreign = comms[1].alloc::<f32>(4).unwrap();
+    match comms[0].all_reduce_in_place(&mut foreign, ReduceOp::Sum, &st) {
+        Err(Error::InvalidArgument { argument, .. }) => assert_eq!(argument, "buffer"),
+        other => panic!("{other:?}"),
+    }
+    let other_stream = comms[1].create_stream().unwrap();
+    let mut mine = comms[0].alloc::<f32>(4).unwrap();
+    assert!(matches!(
+        comms[0].all_reduce_in_place(&mut mine, ReduceOp::Sum, &other_stream),
+        Err(Error::InvalidArgument { argument: "stream", .. })
+    ));
+}
+
+#[test]
+fn bad_input_is_invalid_argument_naming_the_argument() {
+    let comms = world(3);
+    let c = &comms[0];
+    let st = c.create_stream().unwrap();
+    let arg = |r: comm_core::Result<()>| match r {
+        Err(Error::InvalidArgument { argument, .. }) => argument,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    // count x element size overflows
+    assert_eq!(arg(c.alloc::<f64>(usize::MAX / 4).map(drop)), "len");
+    let send = c.alloc::<f32>(10).unwrap();
+    let mut small = c.alloc::<f32>(9).unwrap();
+    // a receive buffer smaller than the count
+    assert_eq!(arg(c.all_reduce(&send, &mut small, ReduceOp::Sum, &st)), "recv");
+    assert_eq!(arg(c.all_gather(&send, &mut small, &st)), "recv");
+    // counts that do not split over the ranks
+    assert_eq!(arg(c.all_to_all(&send, &mut small, &st)), "send");
+    assert_eq!(arg(c.reduce_scatter(&send, &mut small, ReduceOp::Sum, &st)), "send");
+    // roots and peers out of range
+    let mut b = c.alloc::<f32>(3).unwrap();
+    assert_eq!(arg(c.broadcast_in_place(&mut b, 3, &st)), "root");
+    assert_eq!(arg(c.reduce_in_place(&mut b, ReduceOp::Sum, 7, &st)), "root");
+    assert_eq!(arg(c.send(&b, 3, &st)), "peer");
+    assert_eq!(arg(c.recv(&mut b, usize::MAX, &st)), "peer");
+    // slices out of range, and host copies larger than the buffer
+    assert_eq!(arg(b.slice(2..5).map(drop)), "range");
+    assert_eq!(arg(b.copy_from_host(&[0.0; 4], &st)), "src");
+    // nothing was enqueued by the failed calls
+    st.synchronize().unwrap();
+}
+
+#[test]
+fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
+    use comm_core::{Collective, DataType, Op, Slice};
+    let comms = world(1);
+    let c = comms[0].backend();
+    let st = c.create_stream().unwrap();
+    let mem = c.alloc(64).unwrap();
+    let s = |offset, bytes| Slice { mem: &mem, offset, bytes };
+    let r = c.enqueue(
+        Op::AllReduce { send: s(0, 64), recv: s(0, 64), count: 32, dtype: DataType::F32, op: ReduceOp::Sum },
+        &st,
+    );
+    assert!(matches!(r, Err(Error::InvalidArgument { argument: "send", .. })), "{r:?}");
+    let r = c.enqueue(
+        Op::AllReduce { send: s(0, 32), recv: s(16, 32), count: 8, dtype: DataType::F32, op: ReduceOp::Sum },
+        &st,
+    );
+    assert!(matches!(r, Err(Error::InvalidArgument { argument: "recv", .. })), "{r:?}");
+    let r = c.enqueue(
+        Op::AllToAll { send: s(0, 32), recv: s(0, 32), count: 8, dtype: DataType::F32 },
+        &st,
+    );
+    assert!(r.is_err(), "in-place all-to-all must be rejected");
+}
+
+#[test]
+fn partially_registered_buffer_is_rejected_at_the_call() {
+    let comms = world(1);
+    let c = &comms[0];
+    let st = c.create_stream().unwrap();
+    let mut reg = c.register(c.alloc::<f32>(16).unwrap()).unwrap();
+    // A view inside the registration is fine.
+    c.all_reduce_in_place(&mut reg.slice_mut(4..8).unwrap(), ReduceOp::Sum, &st).unwrap();
+    st.synchronize().unwrap();
+    c.deregister(reg).unwrap();
+}
+
+#[test]
+fn a_rank_that_never_arrives_times_out_the_others() {
+    let comms = fast(3, vec![Fault { rank: 2, op: 0, kind: FaultKind::Hang }]);
+    let t0 = Instant::now();
+    let out = each(&comms, |c| {
+        let st = c.create_stream().unwrap();
+        let mut b = c.alloc::<f32>(4).unwrap();
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+        st.synchronize()
+    });
+    assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+    for (r, res) in out.iter().enumerate() {
+        match res {
+            Err(Error::Timeout { what, .. }) => assert!(what.contains("[2]"), "rank {r}: {what}"),
+            other => panic!("rank {r}: expected Timeout, got {other:?}"),
+        }
+    }
+    // The failure is sticky: later work fails at once instead of hanging.
+    let st = comms[0].create_stream();
+    assert!(st.is_err());
+}
+
+#[test]
+fn a_rank_that_fails_reports_its_error_and_the_others_time_out() {
+    let comms = fast(2, vec![Fault { rank: 1, op: 1, kind: FaultKind::Fail }]);
+    let out = each(&comms, |c| {
+        let st = c.create_stream().unwrap();
+        let mut b = c.alloc::<i32>(4).unwrap();
+        b.copy_from_host(&[1; 4], &st).unwrap();
+        // op 0: succeeds everywhere
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+        st.synchronize().unwrap();
+        // op 1: rank 1 fails; the error surfaces at synchronize, not at the call
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+        st.synchronize()
+    });
+    assert!(matches!(&out[0], Err(Error::Timeout { .. })), "{:?}", out[0]);
+    assert!(matches!(&out[1], Err(Error::Device { name, .. }) if name == "InjectedFault"), "{:?}", out[1]);
+}
+
+#[test]
+fn abort_wakes_peers_blocked_in_a_collective() {
+    let mut comms = world(2);
+    let c1 = comms.pop().unwrap();
+    let c0 = comms.pop().unwrap();
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let st = c0.create_stream().unwrap();
+            let mut b = c0.alloc::<f32>(4).unwrap();
+            c0.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+            st.synchronize()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        c1.abort().unwrap();
+        let r = h.join().unwrap();
+        assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
+    });
+    assert!(t0.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn grouped_send_recv_between_the_same_ranks_does_not_deadlock() {
+    let comms = world(2);
+    let out = each(&comms, |c| {
+        let st = c.create_stream()?;
+        let peer = 1 - c.rank();
+        let mut a = c.alloc::<u64>(1000)?;
+        a.copy_from_host(&vec![c.rank() as u64 + 10; 1000], &st)?;
+        let mut b = c.alloc::<u64>(1000)?;
+        c.group(|| {
+            c.send(&a, peer, &st)?;
+            c.recv(&mut b, peer, &st)
+        })?;
+        let _ = &mut a;
+        b.copy_to_host(&st)
+    });
+    assert_eq!(out[0].as_ref().unwrap()[999], 11);
+    assert_eq!(out[1].as_ref().unwrap()[0], 10);
+}
+
+#[test]
+fn send_recv_count_mismatch_is_reported() {
+    let comms = world(2);
+    let out = each(&comms, |c| {
+        let st = c.create_stream()?;
+        if c.rank() == 0 {
+            c.send(&c.alloc::<f32>(10)?, 1, &st)?;
+        } else {
+            c.recv(&mut c.alloc::<f32>(11)?, 0, &st)?;
+        }
+        st.synchronize()
+    });
+    for r in out {
+        assert!(matches!(r, Err(Error::Mismatch { what: "send/recv", .. })), "{r:?}");
+    }
+}
+
+#[test]
+fn windows_of_different_sizes_are_a_mismatch() {
+    let comms = world(2);
+    let out = each(&comms, |c| {
+        c.register_window(c.alloc::<f32>(8 + c.rank()).unwrap())
+            .map(drop)
+            .map_err(|e| e.error)
+    });
+    for r in out {
+        assert!(matches!(r, Err(Error::Mismatch { what: "count", .. })), "{r:?}");
+    }
+}
+
+#[test]
+fn register_failure_hands_the_buffer_back() {
+    let comms = world(2);
+    let err = comms[0]
+        .register(comms[1].alloc::<f32>(4).unwrap())
+        .err()
+        .expect("foreign memory cannot be registered");
+    assert!(matches!(err.error, Error::InvalidArgument { .. }));
+    assert_eq!(err.buffer.len(), 4);
+}
+
+#[test]
+fn single_thread_drives_every_rank_inside_a_group() {
+    let comms = world(4);
+    let streams: Vec<_> = comms.iter().map(|c| c.create_stream().unwrap()).collect();
+    let mut bufs: Vec<_> = comms
+        .iter()
+        .zip(&streams)
+        .map(|(c, s)| {
+            let mut b = c.alloc::<f64>(5).unwrap();
+            b.copy_from_host(&[c.rank() as f64; 5], s).unwrap();
+            b
+        })
+        .collect();
+    comms[0]
+        .group(|| {
+            for ((c, s), b) in comms.iter().zip(&streams).zip(bufs.iter_mut()) {
+                c.all_reduce_in_place(b, ReduceOp::Max, s)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    for (b, s) in bufs.iter().zip(&streams) {
+        assert_eq!(b.copy_to_host(s).unwrap(), vec![3.0; 5]);
+    }
+}
