@@ -147,13 +147,27 @@ impl Collective for AnyComm {
         each!(self, AnyComm, c => c.deregister_window(handle))
     }
     fn enqueue(&self, op: Op<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
-        pair!(self, AnyComm, stream, AnyStream, "stream", (c, s) => {
-            c.enqueue(op.try_map_mem(|m| match m {
-                AnyMemory::Mock(m) => Some(m),
-                #[allow(unreachable_patterns)]
-                _ => None,
-            })?, s)
-        })
+        // Each arm maps the op's memory to its own backend's (memory of another backend is
+        // an InvalidArgument error naming the argument).
+        macro_rules! mem_of {
+            ($v:ident) => {
+                |m: &AnyMemory| match m {
+                    AnyMemory::$v(m) => Some(m),
+                    #[allow(unreachable_patterns)]
+                    _ => None,
+                }
+            };
+        }
+        match (self, stream) {
+            #[cfg(feature = "mock")]
+            (AnyComm::Mock(c), AnyStream::Mock(s)) => c.enqueue(op.try_map_mem(mem_of!(Mock))?, s),
+            #[cfg(feature = "nccl")]
+            (AnyComm::Nccl(c), AnyStream::Nccl(s)) => c.enqueue(op.try_map_mem(mem_of!(Nccl))?, s),
+            #[cfg(feature = "rccl")]
+            (AnyComm::Rccl(c), AnyStream::Rccl(s)) => c.enqueue(op.try_map_mem(mem_of!(Rccl))?, s),
+            #[allow(unreachable_patterns)]
+            _ => Err(Error::invalid("stream", "belongs to another backend")),
+        }
     }
     fn group_start(&self) -> Result<()> {
         each!(self, AnyComm, c => c.group_start())
@@ -182,3 +196,9 @@ macro_rules! from_variant {
 from_variant!(AnyComm, Mock, "mock", backend_mock::MockComm);
 from_variant!(AnyStream, Mock, "mock", backend_mock::MockStream);
 from_variant!(AnyMemory, Mock, "mock", backend_mock::MockMemory);
+from_variant!(AnyComm, Nccl, "nccl", backend_nccl::NcclComm);
+from_variant!(AnyStream, Nccl, "nccl", backend_nccl::NcclStream);
+from_variant!(AnyMemory, Nccl, "nccl", backend_nccl::NcclMemory);
+from_variant!(AnyComm, Rccl, "rccl", backend_rccl::RcclComm);
+from_variant!(AnyStream, Rccl, "rccl", backend_rccl::RcclStream);
+from_variant!(AnyMemory, Rccl, "rccl", backend_rccl::RcclMemory);

@@ -1,16 +1,21 @@
 //! The conformance suite on the mock backend: every world size, both modes.
 
 use backend_mock::MockComm;
-use comm_core::conformance::{Case, Count, Harness, Mode};
-use comm_core::{Comm, Result};
+use comm_core::conformance::{Case, Count, Failure, Harness, Mode};
+use comm_core::Comm;
 
 struct Mock;
 
 impl Harness for Mock {
     type C = MockComm;
 
-    fn comms(&self, world: usize) -> Result<Vec<Comm<MockComm>>> {
-        backend_mock::local_comms(world)
+    fn with_comms(
+        &self,
+        world: usize,
+        f: &mut dyn FnMut(&[Comm<MockComm>]) -> std::result::Result<(), Failure>,
+    ) -> std::result::Result<(), Failure> {
+        // A fresh world per case: creating one is cheap, and cases stay independent.
+        f(&backend_mock::local_comms(world)?)
     }
 
     /// Both modes, except that 1 Mi-element cases run one thread per rank only: grouping

@@ -101,9 +101,15 @@ pub struct Case {
 pub trait Harness: Sync {
     /// The backend.
     type C: Collective;
-    /// `world` communicators of one world, rank order. A machine that cannot provide them
-    /// returns the error (for example `NoDevice`), which fails the case: nothing is skipped.
-    fn comms(&self, world: usize) -> Result<Vec<Comm<Self::C>>>;
+    /// Runs `f` on `world` communicators of one world, in rank order. The harness may keep
+    /// them across cases (GPU communicators take long to create) and must not run two
+    /// cases on the same communicators at once. A machine that cannot provide them returns
+    /// the error (for example `NoDevice`), which fails the case: nothing is skipped.
+    fn with_comms(
+        &self,
+        world: usize,
+        f: &mut dyn FnMut(&[Comm<Self::C>]) -> std::result::Result<(), Failure>,
+    ) -> std::result::Result<(), Failure>;
     /// The modes to run `case` in (default: both).
     fn modes(&self, case: &Case) -> &'static [Mode] {
         let _ = case;
@@ -728,19 +734,17 @@ pub fn run_case<H: Harness>(h: &H, case: Case) -> std::result::Result<(), Failur
 fn run_modes<T: Sample, H: Harness>(h: &H, case: &Case) -> std::result::Result<(), Failure> {
     let exp = Expected::<T>::new(case);
     for &mode in h.modes(case) {
-        let comms = h.comms(case.world)?;
-        if comms.len() != case.world {
-            return Err(Failure(format!(
-                "harness gave {} communicators for a world of {}",
-                comms.len(),
-                case.world
-            )));
-        }
-        run_typed::<T, H::C>(&comms, case, &exp, mode)
-            .map_err(|e| Failure(format!("{case:?} in {mode:?}: {e}")))?;
-        for c in comms {
-            c.finalize()?;
-        }
+        h.with_comms(case.world, &mut |comms| {
+            if comms.len() != case.world {
+                return Err(Failure(format!(
+                    "harness gave {} communicators for a world of {}",
+                    comms.len(),
+                    case.world
+                )));
+            }
+            run_typed::<T, H::C>(comms, case, &exp, mode)
+                .map_err(|e| Failure(format!("{case:?} in {mode:?}: {e}")))
+        })?;
     }
     Ok(())
 }

@@ -1,0 +1,132 @@
+//! unicomm's cost over NCCL: the same all_reduce and all_to_all through unicomm and through
+//! the raw function table, same buffers, same stream, one thread per GPU, in one run.
+//! Trials alternate between the two paths; the median of 7 trials per path is reported.
+//!
+//! `overhead [--iters-small N]` on a GPU machine (the bundle's run script calls it).
+
+use std::ffi::c_void;
+use std::sync::Barrier;
+use std::time::Instant;
+
+use backend_nccl::NcclComm;
+use comm_core::{Comm, DataType, ReduceOp};
+
+const TRIALS: usize = 7;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Coll {
+    AllReduce,
+    AllToAll,
+}
+
+fn iters(bytes: usize) -> usize {
+    match bytes {
+        0..=65536 => 2000,
+        65537..=4_194_304 => 200,
+        _ => 20,
+    }
+}
+
+fn main() {
+    let comms: Vec<Comm<NcclComm>> = match backend_nccl::local_comms(None) {
+        Ok(c) => c.into_iter().map(Comm::from_backend).collect(),
+        Err(e) => {
+            eprintln!("overhead: no GPU run possible: {e}");
+            std::process::exit(2);
+        }
+    };
+    let w = comms.len();
+    let caps = comms[0].capabilities();
+    println!("# {} GPUs, NCCL {} at {}", w, caps.version, caps.library_path);
+    println!("# {:>10} {:>10} {:>12} {:>12} {:>9} {:>12}", "coll", "bytes", "unicomm_us", "raw_us", "delta", "delta_us");
+    let sizes = [8usize, 1 << 20, 16 << 20, 128 << 20, 512 << 20];
+    let barrier = Barrier::new(w);
+    for coll in [Coll::AllReduce, Coll::AllToAll] {
+        for &bytes in &sizes {
+            let results: Vec<(f64, f64)> = std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .iter()
+                    .map(|c| {
+                        let barrier = &barrier;
+                        s.spawn(move || run(c, coll, bytes, barrier))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            // The slowest rank bounds a collective.
+            let uni = results.iter().map(|r| r.0).fold(0.0, f64::max);
+            let raw = results.iter().map(|r| r.1).fold(0.0, f64::max);
+            let name = if coll == Coll::AllReduce { "all_reduce" } else { "all_to_all" };
+            println!(
+                "  {:>10} {:>10} {:>12.2} {:>12.2} {:>8.2}% {:>12.3}",
+                name,
+                bytes,
+                uni,
+                raw,
+                (uni - raw) / raw * 100.0,
+                uni - raw
+            );
+        }
+    }
+    for c in comms {
+        let _ = c.finalize();
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Per-op microseconds through unicomm and through the raw table.
+fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> (f64, f64) {
+    let w = c.world_size();
+    let count = (bytes / 4).max(1);
+    let count = if coll == Coll::AllToAll { count.div_ceil(w) * w } else { count };
+    let st = c.create_stream().unwrap();
+    let send = c.alloc::<f32>(count).unwrap();
+    let mut recv = c.alloc::<f32>(count).unwrap();
+    let api = c.backend().api().clone();
+    let raw_comm = c.backend().raw_comm();
+    let raw_stream = st.inner().0.cu_stream() as *mut c_void;
+    let (sp, rp) = (send.device_ptr() as *const c_void, recv.device_ptr() as *mut c_void);
+    let n = iters(bytes);
+    let mut uni_path = |k: usize| {
+        for _ in 0..k {
+            match coll {
+                Coll::AllReduce => c.all_reduce(&send, &mut recv, ReduceOp::Sum, &st).unwrap(),
+                Coll::AllToAll => c.all_to_all(&send, &mut recv, &st).unwrap(),
+            }
+        }
+        st.synchronize().unwrap();
+    };
+    let raw_path = |k: usize| {
+        let _ = backend_nccl::cuda().unwrap().context(c.backend().device()).unwrap().bind_to_thread();
+        for _ in 0..k {
+            // SAFETY: the same live communicator, buffers and stream unicomm uses; this
+            // thread is the only one using the communicator.
+            let r = unsafe {
+                match coll {
+                    Coll::AllReduce => (api.fns.all_reduce)(sp, rp, count, DataType::F32.nccl(), ReduceOp::Sum.nccl(), raw_comm, raw_stream),
+                    Coll::AllToAll => (api.all_to_all.expect("native all-to-all"))(sp, rp, count / w, DataType::F32.nccl(), raw_comm, raw_stream),
+                }
+            };
+            assert_eq!(r, 0);
+        }
+        st.synchronize().unwrap();
+    };
+    uni_path(20);
+    raw_path(20);
+    let (mut u, mut r) = (Vec::new(), Vec::new());
+    for _ in 0..TRIALS {
+        barrier.wait();
+        let t = Instant::now();
+        uni_path(n);
+        u.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+        barrier.wait();
+        let t = Instant::now();
+        raw_path(n);
+        r.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+    }
+    (median(u), median(r))
+}

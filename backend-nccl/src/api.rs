@@ -1,0 +1,374 @@
+//! The NCCL-API layer, written once for NCCL and RCCL (they export the same C API): the
+//! run-time loaded function table, library discovery, version gates and error translation.
+//!
+//! Signatures follow `nccl.h` (NVIDIA/nccl `src/nccl.h.in`); RCCL's `rccl.h` matches for
+//! every symbol used here, except that all-to-all is `ncclAllToAll` in RCCL and
+//! `ncclAlltoAll` in NCCL >= 2.28 (older NCCL has none: grouped send/recv instead).
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::path::{Path, PathBuf};
+
+use comm_core::{Error, Result, Version};
+
+/// `ncclComm_t`.
+pub type NcclComm = *mut c_void;
+/// `ncclResult_t`.
+pub type NcclResult = c_int;
+/// `cudaStream_t` / `hipStream_t`.
+pub type RawStream = *mut c_void;
+
+/// `ncclUniqueId`: 128 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UniqueId {
+    /// The bytes every rank of a world must share.
+    pub internal: [c_char; 128],
+}
+
+impl UniqueId {
+    /// The id as bytes (to send to other processes).
+    pub fn to_bytes(&self) -> [u8; 128] {
+        self.internal.map(|c| c as u8)
+    }
+    /// An id received from another process.
+    pub fn from_bytes(b: [u8; 128]) -> Self {
+        UniqueId {
+            internal: b.map(|c| c as c_char),
+        }
+    }
+}
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UniqueId(..)")
+    }
+}
+
+/// `NCCL_WIN_COLL_SYMMETRIC`.
+pub const WIN_COLL_SYMMETRIC: c_int = 0x01;
+
+/// The names of `ncclResult_t` values.
+pub fn result_name(code: NcclResult) -> &'static str {
+    match code {
+        0 => "ncclSuccess",
+        1 => "ncclUnhandledCudaError",
+        2 => "ncclSystemError",
+        3 => "ncclInternalError",
+        4 => "ncclInvalidArgument",
+        5 => "ncclInvalidUsage",
+        6 => "ncclRemoteError",
+        7 => "ncclInProgress",
+        _ => "ncclUnknownResult",
+    }
+}
+
+/// What differs between NCCL and RCCL at the loader level.
+#[derive(Debug)]
+pub struct Flavor {
+    /// "NCCL" or "RCCL".
+    pub library: &'static str,
+    /// The variable that names the library file explicitly.
+    pub env_var: &'static str,
+    /// Directories searched in order (each from an environment variable or a fixed path).
+    pub dirs: fn() -> Vec<PathBuf>,
+    /// File names tried in each directory, then handed to the system loader as sonames.
+    pub sonames: &'static [&'static str],
+    /// The all-to-all symbol, tried in order.
+    pub all_to_all: &'static [&'static str],
+    /// First NCCL-API version with `ncclCommRegister` (NCCL 2.19; RCCL of ROCm 6.2 reports
+    /// NCCL-API 2.20).
+    pub registration_since: Version,
+    /// First version with `ncclCommWindowRegister` (NCCL 2.27).
+    pub windows_since: Version,
+    /// First version with `ncclMemAlloc` (NCCL 2.19).
+    pub mem_alloc_since: Version,
+}
+
+macro_rules! table {
+    (
+        required { $($r:ident : $rs:literal : fn($($ra:ty),*) $(-> $rret:ty)?;)* }
+        optional { $($o:ident : $os:literal : fn($($oa:ty),*) $(-> $oret:ty)?;)* }
+    ) => {
+        /// The function table of one loaded NCCL-API library.
+        #[allow(missing_docs)]
+        pub struct Fns {
+            $(pub $r: unsafe extern "C" fn($($ra),*) $(-> $rret)?,)*
+            $(pub $o: Option<unsafe extern "C" fn($($oa),*) $(-> $oret)?>,)*
+        }
+
+        impl Fns {
+            /// Resolves every symbol: a missing required one is an error, a missing
+            /// optional one is `None`.
+            ///
+            /// # Safety
+            /// `lib` must be an NCCL-API library whose symbols have the signatures above.
+            unsafe fn resolve(lib: &libloading::Library, library: &'static str, path: &str) -> Result<Self> {
+                Ok(Fns {
+                    $($r: {
+                        // SAFETY: the caller guarantees the symbol has this signature.
+                        let s = unsafe { lib.get::<unsafe extern "C" fn($($ra),*) $(-> $rret)?>(concat!($rs, "\0").as_bytes()) };
+                        *s.map_err(|_| Error::MissingSymbol { library, path: path.to_string(), symbol: $rs })?
+                    },)*
+                    $($o: {
+                        // SAFETY: as above.
+                        let s = unsafe { lib.get::<unsafe extern "C" fn($($oa),*) $(-> $oret)?>(concat!($os, "\0").as_bytes()) };
+                        s.ok().map(|s| *s)
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+table! {
+    required {
+        get_version: "ncclGetVersion": fn(*mut c_int) -> NcclResult;
+        get_unique_id: "ncclGetUniqueId": fn(*mut UniqueId) -> NcclResult;
+        comm_init_rank: "ncclCommInitRank": fn(*mut NcclComm, c_int, UniqueId, c_int) -> NcclResult;
+        comm_destroy: "ncclCommDestroy": fn(NcclComm) -> NcclResult;
+        comm_abort: "ncclCommAbort": fn(NcclComm) -> NcclResult;
+        get_error_string: "ncclGetErrorString": fn(NcclResult) -> *const c_char;
+        all_reduce: "ncclAllReduce": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream) -> NcclResult;
+        broadcast: "ncclBroadcast": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream) -> NcclResult;
+        reduce: "ncclReduce": fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, NcclComm, RawStream) -> NcclResult;
+        all_gather: "ncclAllGather": fn(*const c_void, *mut c_void, usize, c_int, NcclComm, RawStream) -> NcclResult;
+        reduce_scatter: "ncclReduceScatter": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream) -> NcclResult;
+        group_start: "ncclGroupStart": fn() -> NcclResult;
+        group_end: "ncclGroupEnd": fn() -> NcclResult;
+    }
+    optional {
+        comm_finalize: "ncclCommFinalize": fn(NcclComm) -> NcclResult;
+        get_last_error: "ncclGetLastError": fn(NcclComm) -> *const c_char;
+        comm_get_async_error: "ncclCommGetAsyncError": fn(NcclComm, *mut NcclResult) -> NcclResult;
+        send: "ncclSend": fn(*const c_void, usize, c_int, c_int, NcclComm, RawStream) -> NcclResult;
+        recv: "ncclRecv": fn(*mut c_void, usize, c_int, c_int, NcclComm, RawStream) -> NcclResult;
+        mem_alloc: "ncclMemAlloc": fn(*mut *mut c_void, usize) -> NcclResult;
+        mem_free: "ncclMemFree": fn(*mut c_void) -> NcclResult;
+        comm_register: "ncclCommRegister": fn(NcclComm, *mut c_void, usize, *mut *mut c_void) -> NcclResult;
+        comm_deregister: "ncclCommDeregister": fn(NcclComm, *mut c_void) -> NcclResult;
+        window_register: "ncclCommWindowRegister": fn(NcclComm, *mut c_void, usize, *mut *mut c_void, c_int) -> NcclResult;
+        window_deregister: "ncclCommWindowDeregister": fn(NcclComm, *mut c_void) -> NcclResult;
+    }
+}
+
+/// One loaded NCCL-API library.
+pub struct Api {
+    /// Which flavour (NCCL or RCCL).
+    pub flavor: &'static Flavor,
+    /// Where it was loaded from.
+    pub path: String,
+    /// `ncclGetVersion`.
+    pub version: Version,
+    /// The function table.
+    pub fns: Fns,
+    /// The all-to-all entry point, under whichever name the library exports it.
+    pub all_to_all: Option<unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, RawStream) -> NcclResult>,
+    // Last: the library outlives every function pointer above.
+    _lib: libloading::Library,
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} at {}", self.flavor.library, self.version, self.path)
+    }
+}
+
+/// The candidates of the search, in order: the explicit variable, the directories, then the
+/// bare sonames for the system loader.
+pub fn candidates(flavor: &Flavor) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(p) = std::env::var_os(flavor.env_var) {
+        out.push(PathBuf::from(p));
+    }
+    for dir in (flavor.dirs)() {
+        for name in flavor.sonames {
+            out.push(dir.join(name));
+        }
+    }
+    for name in flavor.sonames {
+        out.push(PathBuf::from(name));
+    }
+    out
+}
+
+/// `site-packages/<rel>` of every Python installation visible through the usual variables
+/// and paths (virtualenvs, `/usr/lib/python3*`, `/usr/local/lib/python3*`, `/opt/*/.venv`).
+pub fn python_wheel_dirs(rel: &str) -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
+        roots.push(PathBuf::from(v).join("lib"));
+    }
+    if let Some(v) = std::env::var_os("CONDA_PREFIX") {
+        roots.push(PathBuf::from(v).join("lib"));
+    }
+    for base in ["/usr/lib", "/usr/local/lib"] {
+        roots.push(PathBuf::from(base));
+    }
+    if let Ok(rd) = std::fs::read_dir("/opt") {
+        for e in rd.flatten() {
+            roots.push(e.path().join(".venv/lib"));
+            roots.push(e.path().join("venv/lib"));
+            roots.push(e.path().join("lib"));
+        }
+    }
+    let mut out = Vec::new();
+    for root in roots {
+        let Ok(rd) = std::fs::read_dir(&root) else { continue };
+        let mut pys: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")))
+            .collect();
+        pys.sort();
+        for py in pys.into_iter().rev() {
+            for sp in ["site-packages", "dist-packages"] {
+                let d = py.join(sp).join(rel);
+                if d.is_dir() {
+                    out.push(d);
+                }
+            }
+        }
+    }
+    out
+}
+
+impl Api {
+    /// Searches the flavour's candidates in order and loads the first that opens and has
+    /// every required symbol. `LibraryNotFound` lists every candidate with its reason.
+    pub fn load(flavor: &'static Flavor) -> Result<Api> {
+        let mut tried = Vec::new();
+        for cand in candidates(flavor) {
+            let is_path = cand.components().count() > 1;
+            if is_path && !cand.exists() {
+                tried.push(format!("{} (absent)", cand.display()));
+                continue;
+            }
+            match Api::open(flavor, &cand) {
+                Ok(api) => return Ok(api),
+                Err(e @ Error::MissingSymbol { .. }) => tried.push(format!("{} ({e})", cand.display())),
+                Err(e) => tried.push(format!("{} ({e})", cand.display())),
+            }
+        }
+        Err(Error::LibraryNotFound {
+            library: flavor.library,
+            tried,
+        })
+    }
+
+    /// Loads the library at `path` (a path or a soname).
+    pub fn open(flavor: &'static Flavor, path: &Path) -> Result<Api> {
+        // SAFETY: loading a shared library runs its initialisers; NCCL's and RCCL's are
+        // designed to be loaded with dlopen (PyTorch and cudarc do the same).
+        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| Error::LibraryNotFound {
+            library: flavor.library,
+            tried: vec![format!("{} ({e})", path.display())],
+        })?;
+        let shown = path.display().to_string();
+        // SAFETY: the library is an NCCL-API library (it is searched under NCCL's names);
+        // the symbols are declared with nccl.h's signatures.
+        let fns = unsafe { Fns::resolve(&lib, flavor.library, &shown) }?;
+        let mut all_to_all = None;
+        for name in flavor.all_to_all {
+            let sym = format!("{name}\0");
+            // SAFETY: ncclAlltoAll (NCCL) and ncclAllToAll (RCCL) share this signature.
+            let s = unsafe {
+                lib.get::<unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, RawStream) -> NcclResult>(sym.as_bytes())
+            };
+            if let Ok(s) = s {
+                all_to_all = Some(*s);
+                break;
+            }
+        }
+        let mut code: c_int = 0;
+        // SAFETY: ncclGetVersion writes one int.
+        let r = unsafe { (fns.get_version)(&mut code) };
+        let mut api = Api {
+            flavor,
+            path: shown,
+            version: Version::default(),
+            fns,
+            all_to_all,
+            _lib: lib,
+        };
+        api.check("ncclGetVersion", r, None)?;
+        api.version = Version::from_nccl_code(code);
+        Ok(api)
+    }
+
+    /// Turns a result code into `Ok` or a `Library` error carrying the code, its name,
+    /// `ncclGetErrorString` and (when a communicator is given) `ncclGetLastError`.
+    pub fn check(&self, call: &'static str, code: NcclResult, comm: Option<NcclComm>) -> Result<()> {
+        if code == 0 {
+            return Ok(());
+        }
+        // SAFETY: ncclGetErrorString returns a static C string for any code.
+        let message = unsafe { cstr((self.fns.get_error_string)(code)) };
+        let last_error = match self.fns.get_last_error {
+            // SAFETY: ncclGetLastError accepts any communicator, or NULL, and returns a
+            // C string owned by the library, copied at once.
+            Some(f) => unsafe { cstr(f(comm.unwrap_or(std::ptr::null_mut()))) },
+            None => String::new(),
+        };
+        Err(Error::Library {
+            library: self.flavor.library,
+            call,
+            code,
+            name: result_name(code),
+            message,
+            last_error,
+        })
+    }
+
+    /// `Unsupported` unless the library is at least `since`; `what` names the feature.
+    pub fn require(&self, what: &str, since: Version, present: bool) -> Result<()> {
+        if present && self.version >= since {
+            return Ok(());
+        }
+        Err(Error::unsupported(
+            what,
+            format!("{} >= {since}", self.flavor.library),
+            format!(
+                "{} {} at {}{}",
+                self.flavor.library,
+                self.version,
+                self.path,
+                if present { "" } else { " (symbol absent)" }
+            ),
+        ))
+    }
+
+    /// Whether registration is available.
+    pub fn has_registration(&self) -> bool {
+        self.require("", self.flavor.registration_since, self.fns.comm_register.is_some() && self.fns.comm_deregister.is_some()).is_ok()
+    }
+    /// Whether symmetric windows are available.
+    pub fn has_windows(&self) -> bool {
+        self.require("", self.flavor.windows_since, self.fns.window_register.is_some() && self.fns.window_deregister.is_some()).is_ok()
+    }
+    /// Whether `ncclMemAlloc` is available.
+    pub fn has_mem_alloc(&self) -> bool {
+        self.require("", self.flavor.mem_alloc_since, self.fns.mem_alloc.is_some() && self.fns.mem_free.is_some()).is_ok()
+    }
+
+    /// A fresh unique id (`ncclGetUniqueId`).
+    pub fn unique_id(&self) -> Result<UniqueId> {
+        let mut id = UniqueId { internal: [0; 128] };
+        // SAFETY: writes 128 bytes into `id`.
+        let r = unsafe { (self.fns.get_unique_id)(&mut id) };
+        self.check("ncclGetUniqueId", r, None)?;
+        Ok(id)
+    }
+}
+
+/// Copies a C string the library owns.
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string valid for the call.
+unsafe fn cstr(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: per the contract.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}

@@ -1,0 +1,149 @@
+//! The CUDA runtime through cudarc's driver API, loaded at run time.
+//!
+//! cudarc panics when libcuda is absent, so [`CudaRuntime::new`] checks
+//! `is_culib_present` before any other cudarc call and returns `LibraryNotFound` instead.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
+
+use comm_core::{Error, Result};
+
+use crate::runtime::Runtime;
+
+/// The CUDA driver, with one primary context per device (the one NCCL and the CUDA runtime
+/// use).
+pub struct CudaRuntime {
+    contexts: Mutex<Vec<Option<Arc<CudaContext>>>>,
+    count: usize,
+}
+
+impl std::fmt::Debug for CudaRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaRuntime({} devices)", self.count)
+    }
+}
+
+pub(crate) fn cuda_err(call: &'static str, e: DriverError) -> Error {
+    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
+    let message = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    Error::Device { runtime: "CUDA", call, code: e.0 as i32, name, message }
+}
+
+impl CudaRuntime {
+    /// Loads the driver and counts devices: `LibraryNotFound` without libcuda, `NoDevice`
+    /// when it sees no GPU.
+    pub fn new() -> Result<Self> {
+        // SAFETY: only probes whether the library can be opened; no symbol is called.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::LibraryNotFound {
+                library: "CUDA driver",
+                tried: vec!["libcuda.so, libcuda.so.1 and cudarc's other names (system loader)".into()],
+            });
+        }
+        match result::init() {
+            Ok(()) => {}
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => {
+                return Err(Error::NoDevice { vendor: "CUDA", detail: "the driver reports no device (cuInit: CUDA_ERROR_NO_DEVICE)".into() })
+            }
+            Err(e) => return Err(cuda_err("cuInit", e)),
+        }
+        let count = result::device::get_count().map_err(|e| cuda_err("cuDeviceGetCount", e))? as usize;
+        if count == 0 {
+            return Err(Error::NoDevice { vendor: "CUDA", detail: "cuDeviceGetCount returned 0".into() });
+        }
+        Ok(CudaRuntime { contexts: Mutex::new(vec![None; count]), count })
+    }
+
+    /// The primary context of `dev`.
+    pub fn context(&self, dev: usize) -> Result<Arc<CudaContext>> {
+        let mut ctxs = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = ctxs.get_mut(dev).ok_or_else(|| Error::NoDevice { vendor: "CUDA", detail: format!("device {dev} asked for, {} visible", self.count) })?;
+        if let Some(c) = slot {
+            return Ok(c.clone());
+        }
+        let c = CudaContext::new(dev).map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+}
+
+/// A CUDA stream (cudarc's), with the context it belongs to.
+#[derive(Debug, Clone)]
+pub struct CudaStreamHandle(pub Arc<CudaStream>);
+
+impl Runtime for CudaRuntime {
+    const NAME: &'static str = "CUDA";
+    const VENDOR: &'static str = "CUDA";
+    type Stream = CudaStreamHandle;
+
+    fn device_count(&self) -> Result<usize> {
+        Ok(self.count)
+    }
+
+    fn with_device<T>(&self, dev: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let ctx = self.context(dev)?;
+        let prev = result::ctx::get_current().map_err(|e| cuda_err("cuCtxGetCurrent", e))?;
+        ctx.bind_to_thread().map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+        let r = f();
+        if let Some(p) = prev {
+            if p != ctx.cu_ctx() {
+                // SAFETY: `p` was current on this thread a moment ago, so it is a live context.
+                unsafe { result::ctx::set_current(p) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+            }
+        }
+        r
+    }
+
+    fn create_stream(&self, dev: usize) -> Result<CudaStreamHandle> {
+        let ctx = self.context(dev)?;
+        ctx.new_stream().map(CudaStreamHandle).map_err(|e| cuda_err("cuStreamCreate", e))
+    }
+
+    fn raw_stream(s: &CudaStreamHandle) -> *mut std::ffi::c_void {
+        s.0.cu_stream() as *mut std::ffi::c_void
+    }
+
+    fn synchronize(&self, s: &CudaStreamHandle) -> Result<()> {
+        s.0.synchronize().map_err(|e| cuda_err("cuStreamSynchronize", e))
+    }
+
+    fn malloc(&self, dev: usize, bytes: usize) -> Result<usize> {
+        // SAFETY: cuMemAlloc on the device made current by with_device.
+        self.with_device(dev, || unsafe { result::malloc_sync(bytes) }.map(|p| p as usize).map_err(|e| cuda_err("cuMemAlloc", e)))
+    }
+
+    unsafe fn free(&self, dev: usize, ptr: usize) -> Result<()> {
+        // SAFETY: per the trait contract, `ptr` came from malloc on `dev`.
+        self.with_device(dev, || unsafe { result::free_sync(ptr as sys::CUdeviceptr) }.map_err(|e| cuda_err("cuMemFree", e)))
+    }
+
+    unsafe fn htod(&self, dev: usize, dst: usize, src: &[u8], s: &CudaStreamHandle) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: `dst` holds `src.len()` device bytes (trait contract); the copy is
+            // awaited below, before `src` can be released.
+            unsafe { result::memcpy_htod_async(dst as sys::CUdeviceptr, src, s.0.cu_stream()) }
+                .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
+            s.0.synchronize().map_err(|e| cuda_err("cuStreamSynchronize", e))
+        })
+    }
+
+    unsafe fn dtoh(&self, dev: usize, dst: &mut [u8], src: usize, s: &CudaStreamHandle) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: `src` holds `dst.len()` device bytes (trait contract); awaited below.
+            unsafe { result::memcpy_dtoh_async(dst, src as sys::CUdeviceptr, s.0.cu_stream()) }
+                .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
+            s.0.synchronize().map_err(|e| cuda_err("cuStreamSynchronize", e))
+        })
+    }
+
+    fn describe(&self) -> String {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        let drv = unsafe { sys::cuDriverGetVersion(&mut v) }.result().map(|_| format!("{}.{}", v / 1000, (v % 1000) / 10)).unwrap_or_else(|_| "unknown".into());
+        let names: Vec<String> = (0..self.count)
+            .map(|d| self.context(d).and_then(|c| c.name().map_err(|e| cuda_err("cuDeviceGetName", e))).unwrap_or_else(|e| e.to_string()))
+            .collect();
+        format!("CUDA driver API {drv}, {} device(s): {}", self.count, names.join(", "))
+    }
+}

@@ -1,0 +1,105 @@
+//! The loaders on any machine: no panic, and errors that say what was tried.
+
+use backend_nccl::api::{candidates, Api, Flavor};
+use comm_core::{Error, Version};
+
+fn nowhere() -> Vec<std::path::PathBuf> {
+    vec!["/nonexistent/unicomm-test/lib".into()]
+}
+
+static MISSING: Flavor = Flavor {
+    library: "NCCL",
+    env_var: "UNICOMM_TEST_MISSING_NCCL",
+    dirs: nowhere,
+    sonames: &["libunicomm-no-such-nccl.so.2", "libunicomm-no-such-nccl.so"],
+    all_to_all: &["ncclAlltoAll"],
+    registration_since: Version::new(2, 19, 0),
+    windows_since: Version::new(2, 27, 0),
+    mem_alloc_since: Version::new(2, 19, 0),
+};
+
+#[test]
+fn library_not_found_lists_every_path_tried_in_order() {
+    std::env::set_var("UNICOMM_TEST_MISSING_NCCL", "/nonexistent/explicit/libnccl.so.2");
+    let tried = match Api::load(&MISSING) {
+        Err(Error::LibraryNotFound { library, tried }) => {
+            assert_eq!(library, "NCCL");
+            tried
+        }
+        other => panic!("expected LibraryNotFound, got {other:?}"),
+    };
+    let want = [
+        "/nonexistent/explicit/libnccl.so.2",
+        "/nonexistent/unicomm-test/lib/libunicomm-no-such-nccl.so.2",
+        "/nonexistent/unicomm-test/lib/libunicomm-no-such-nccl.so",
+        "libunicomm-no-such-nccl.so.2",
+        "libunicomm-no-such-nccl.so",
+    ];
+    assert_eq!(tried.len(), want.len(), "{tried:?}");
+    for (t, w) in tried.iter().zip(want) {
+        assert!(t.starts_with(w), "{t} should start with {w}");
+    }
+    assert_eq!(candidates(&MISSING).len(), want.len());
+    let msg = Error::LibraryNotFound { library: "NCCL", tried }.to_string();
+    assert!(msg.contains("/nonexistent/explicit/libnccl.so.2"), "{msg}");
+}
+
+#[test]
+fn nccl_search_order_is_env_then_homes_then_wheels_then_sonames() {
+    std::env::set_var("UNICOMM_NCCL_LIBRARY", "/x/explicit.so");
+    std::env::set_var("NCCL_HOME", "/x/nccl");
+    std::env::set_var("CUDA_HOME", "/x/cuda");
+    let c: Vec<String> = candidates(&backend_nccl::NCCL)
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    assert_eq!(c[0], "/x/explicit.so");
+    assert_eq!(c[1], "/x/nccl/lib/libnccl.so.2");
+    assert_eq!(c[2], "/x/nccl/lib/libnccl.so");
+    assert_eq!(c[3], "/x/cuda/lib64/libnccl.so.2");
+    let n = c.len();
+    assert_eq!(c[n - 2], "libnccl.so.2");
+    assert_eq!(c[n - 1], "libnccl.so");
+}
+
+/// Without the vendor's GPU the backend says so, cleanly; with one it says what it found.
+/// Either way a typed answer, never a panic.
+#[test]
+fn probe_reports_a_typed_answer_and_never_panics() {
+    match backend_nccl::probe() {
+        Ok(found) => println!("GPU machine: {found}"),
+        Err(Error::LibraryNotFound { library, tried }) => {
+            println!("no {library} here: {tried:?}");
+            assert!(!tried.is_empty());
+        }
+        Err(Error::NoDevice { vendor, detail }) => println!("no {vendor} device: {detail}"),
+        Err(e) => panic!("unexpected error kind: {e}"),
+    }
+    if let Err(e) = backend_nccl::local_comms(None) {
+        assert!(
+            matches!(e, Error::LibraryNotFound { .. } | Error::NoDevice { .. }),
+            "{e}"
+        );
+    }
+}
+
+/// Where there is no libcuda (CI: `.ci/run` sets `UNICOMM_EXPECT_NO_CUDA=1`), the CUDA
+/// loader says LibraryNotFound; cudarc alone would panic.
+#[test]
+fn without_libcuda_the_error_is_library_not_found() {
+    if std::env::var_os("UNICOMM_EXPECT_NO_CUDA").is_none() {
+        println!("UNICOMM_EXPECT_NO_CUDA unset: not asserting the absence of CUDA here");
+        return;
+    }
+    match backend_nccl::cuda() {
+        Err(Error::LibraryNotFound {
+            library: "CUDA driver",
+            ..
+        }) => {}
+        other => panic!("expected LibraryNotFound for the CUDA driver, got {other:?}"),
+    }
+    assert!(matches!(
+        backend_nccl::local_comms(None),
+        Err(Error::LibraryNotFound { .. })
+    ));
+}
