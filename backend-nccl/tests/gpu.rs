@@ -40,6 +40,12 @@ impl Harness for Nccl {
 
 comm_core::conformance_suite!(Nccl);
 
+/// The world size of the specific tests: `UNICOMM_GPU_WORLD` (the run script sets it to the
+/// machine's GPU count), default 2. A machine with fewer GPUs fails them with `NoDevice`.
+fn world() -> usize {
+    std::env::var("UNICOMM_GPU_WORLD").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+}
+
 fn comms(n: usize) -> Vec<Comm<NcclComm>> {
     new_comms(n).expect("GPU communicators")
 }
@@ -66,8 +72,9 @@ fn capabilities_of_the_loaded_nccl() {
 
 #[test]
 fn registration_rules_hold_on_nccl() {
-    let cs = comms(2);
-    let (a, b) = (&cs[0], &cs[1]);
+    // Two worlds of one rank each: b is "another communicator" for a's registration.
+    let (ca, cb) = (comms(1), comms(1));
+    let (a, b) = (&ca[0], &cb[0]);
     let reg = a.register(a.alloc::<f32>(1024).unwrap()).unwrap();
     assert!(b.deregister(reg).is_err());
     use comm_core::Collective;
@@ -81,7 +88,8 @@ fn registration_rules_hold_on_nccl() {
 #[test]
 fn collectives_captured_into_a_cuda_graph_replay_correctly() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    let cs = comms(2);
+    let w = world();
+    let cs = comms(w);
     let out = each(&cs, |c| -> Result<Vec<f32>> {
         let st = c.create_stream()?;
         let mut buf = c.alloc::<f32>(4096)?;
@@ -104,14 +112,16 @@ fn collectives_captured_into_a_cuda_graph_replay_correctly() {
     });
     for o in out {
         let v = o.unwrap();
-        assert!(v.iter().all(|&x| x == 1024.0), "got {}", v[0]);
+        let want = (w as f32).powi(10);
+        assert!(v.iter().all(|&x| x == want), "got {}, want {want}", v[0]);
     }
 }
 
 /// Item 6: a cudarc stream and cudarc slices used directly, without copies.
 #[test]
 fn cudarc_streams_and_slices_work_directly() {
-    let cs = comms(2);
+    let w = world();
+    let cs = comms(w);
     let out = each(&cs, |c| -> Result<Vec<f32>> {
         let ctx = cudarc::driver::CudaContext::new(c.backend().device()).unwrap();
         let cu_stream = ctx.new_stream().unwrap();
@@ -123,19 +133,21 @@ fn cudarc_streams_and_slices_work_directly() {
         buf.copy_to_host(&st)
     });
     for o in out {
-        assert!(o.unwrap().iter().all(|&x| x == 3.0));
+        let want = (w * (w + 1) / 2) as f32;
+        assert!(o.unwrap().iter().all(|&x| x == want));
     }
 }
 
 /// Item 3: one thread per GPU, each joining with the shared unique id (ncclCommInitRank).
 #[test]
 fn explicit_init_rank_from_one_thread_per_gpu() {
+    let w = world();
     let id = backend_nccl::unique_id().unwrap();
     let out: Vec<Result<f64>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
+        let hs: Vec<_> = (0..w)
             .map(|r| {
                 s.spawn(move || {
-                    let c = Comm::from_backend(backend_nccl::init_rank(id, r, 2, r)?);
+                    let c = Comm::from_backend(backend_nccl::init_rank(id, r, w, r)?);
                     let st = c.create_stream()?;
                     let mut b = c.alloc::<f64>(10)?;
                     b.copy_from_host(&[r as f64 + 1.0; 10], &st)?;
@@ -149,8 +161,9 @@ fn explicit_init_rank_from_one_thread_per_gpu() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    let want: f64 = (1..=w).map(|r| r as f64).product();
     for o in out {
-        assert_eq!(o.unwrap(), 2.0);
+        assert_eq!(o.unwrap(), want);
     }
 }
 
@@ -158,7 +171,8 @@ fn explicit_init_rank_from_one_thread_per_gpu() {
 /// `Unsupported`, which fails this test on a machine that should support them.
 #[test]
 fn symmetric_windows_register_and_reduce() {
-    let cs = comms(2);
+    let w = world();
+    let cs = comms(w);
     let out = each(&cs, |c| -> Result<f32> {
         let st = c.create_stream()?;
         let mut b = c.alloc::<f32>(1 << 16)?;
@@ -171,7 +185,7 @@ fn symmetric_windows_register_and_reduce() {
         Ok(v)
     });
     for o in out {
-        assert_eq!(o.unwrap(), 4.0);
+        assert_eq!(o.unwrap(), 2.0 * w as f32);
     }
 }
 
