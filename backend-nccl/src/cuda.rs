@@ -3,7 +3,7 @@
 //! cudarc panics when libcuda is absent, so [`CudaRuntime::new`] checks
 //! `is_culib_present` before any other cudarc call and returns `LibraryNotFound` instead.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
@@ -14,7 +14,8 @@ use crate::runtime::Runtime;
 /// The CUDA driver, with one primary context per device (the one NCCL and the CUDA runtime
 /// use).
 pub struct CudaRuntime {
-    contexts: Mutex<Vec<Option<Arc<CudaContext>>>>,
+    /// Retained on first use; lock-free afterwards (this sits on every collective's path).
+    contexts: Vec<OnceLock<Arc<CudaContext>>>,
     count: usize,
 }
 
@@ -52,19 +53,21 @@ impl CudaRuntime {
         if count == 0 {
             return Err(Error::NoDevice { vendor: "CUDA", detail: "cuDeviceGetCount returned 0".into() });
         }
-        Ok(CudaRuntime { contexts: Mutex::new(vec![None; count]), count })
+        Ok(CudaRuntime { contexts: (0..count).map(|_| OnceLock::new()).collect(), count })
     }
 
     /// The primary context of `dev`.
     pub fn context(&self, dev: usize) -> Result<Arc<CudaContext>> {
-        let mut ctxs = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = ctxs.get_mut(dev).ok_or_else(|| Error::NoDevice { vendor: "CUDA", detail: format!("device {dev} asked for, {} visible", self.count) })?;
-        if let Some(c) = slot {
-            return Ok(c.clone());
+        self.ctx(dev).cloned()
+    }
+
+    fn ctx(&self, dev: usize) -> Result<&Arc<CudaContext>> {
+        let slot = self.contexts.get(dev).ok_or_else(|| Error::NoDevice { vendor: "CUDA", detail: format!("device {dev} asked for, {} visible", self.count) })?;
+        if let Some(c) = slot.get() {
+            return Ok(c);
         }
         let c = CudaContext::new(dev).map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
-        *slot = Some(c.clone());
-        Ok(c)
+        Ok(slot.get_or_init(|| c))
     }
 }
 
@@ -82,15 +85,18 @@ impl Runtime for CudaRuntime {
     }
 
     fn with_device<T>(&self, dev: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let ctx = self.context(dev)?;
+        let want = self.ctx(dev)?.cu_ctx();
         let prev = result::ctx::get_current().map_err(|e| cuda_err("cuCtxGetCurrent", e))?;
-        ctx.bind_to_thread().map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+        if prev == Some(want) {
+            // The common case (one thread per GPU): one driver call, nothing to restore.
+            return f();
+        }
+        // SAFETY: `want` is the retained primary context of `dev`, alive as long as `self`.
+        unsafe { result::ctx::set_current(want) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
         let r = f();
         if let Some(p) = prev {
-            if p != ctx.cu_ctx() {
-                // SAFETY: `p` was current on this thread a moment ago, so it is a live context.
-                unsafe { result::ctx::set_current(p) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
-            }
+            // SAFETY: `p` was current on this thread a moment ago, so it is a live context.
+            unsafe { result::ctx::set_current(p) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
         }
         r
     }
