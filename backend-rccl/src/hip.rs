@@ -1,0 +1,308 @@
+//! The HIP runtime through a libloading table of `libamdhip64` (not hip-sys: it needs ROCm
+//! headers to build and links the library at build time; see docs/decisions.md).
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::path::PathBuf;
+
+use backend_nccl::Runtime;
+use comm_core::{Error, Result};
+
+type HipError = c_int;
+type HipStream = *mut c_void;
+type HipEvent = *mut c_void;
+
+const HIP_SUCCESS: HipError = 0;
+/// `hipErrorNoDevice`.
+const HIP_ERROR_NO_DEVICE: HipError = 100;
+/// `hipErrorInvalidDevice` (some runtimes answer this instead when no GPU exists).
+const HIP_ERROR_INVALID_DEVICE: HipError = 101;
+/// `hipErrorInsufficientDriver`: the kernel driver (amdgpu/KFD) is missing.
+const HIP_ERROR_INSUFFICIENT_DRIVER: HipError = 35;
+const HIP_MEMCPY_HOST_TO_DEVICE: c_int = 1;
+const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
+const HIP_STREAM_NON_BLOCKING: c_uint = 1;
+
+/// The HIP calls unicomm needs, resolved from `libamdhip64`.
+#[allow(missing_docs)]
+pub struct HipFns {
+    pub get_device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
+    pub set_device: unsafe extern "C" fn(c_int) -> HipError,
+    pub get_device: unsafe extern "C" fn(*mut c_int) -> HipError,
+    pub stream_create_with_flags: unsafe extern "C" fn(*mut HipStream, c_uint) -> HipError,
+    pub stream_destroy: unsafe extern "C" fn(HipStream) -> HipError,
+    pub stream_synchronize: unsafe extern "C" fn(HipStream) -> HipError,
+    pub event_create: unsafe extern "C" fn(*mut HipEvent) -> HipError,
+    pub event_record: unsafe extern "C" fn(HipEvent, HipStream) -> HipError,
+    pub event_synchronize: unsafe extern "C" fn(HipEvent) -> HipError,
+    pub event_destroy: unsafe extern "C" fn(HipEvent) -> HipError,
+    pub malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
+    pub free: unsafe extern "C" fn(*mut c_void) -> HipError,
+    pub memcpy_async: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, HipStream) -> HipError,
+    pub get_error_string: unsafe extern "C" fn(HipError) -> *const c_char,
+    pub get_error_name: unsafe extern "C" fn(HipError) -> *const c_char,
+    pub runtime_get_version: unsafe extern "C" fn(*mut c_int) -> HipError,
+    pub driver_get_version: unsafe extern "C" fn(*mut c_int) -> HipError,
+}
+
+/// The HIP runtime: the loaded library, its table and the device count.
+pub struct HipRuntime {
+    /// Where `libamdhip64` was loaded from.
+    pub path: String,
+    fns: HipFns,
+    count: usize,
+    _lib: libloading::Library,
+}
+
+impl std::fmt::Debug for HipRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HipRuntime({} at {}, {} devices)", "libamdhip64", self.path, self.count)
+    }
+}
+
+/// Where `libamdhip64` is searched: `UNICOMM_HIP_LIBRARY`, `ROCM_PATH/lib`, `HIP_PATH/lib`,
+/// `/opt/rocm/lib`, then the sonames (ROCm 6/7's `.so.6`/`.so.7`, Debian's `.so.5`).
+pub fn hip_candidates() -> Vec<PathBuf> {
+    const NAMES: [&str; 4] = ["libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5"];
+    let mut v = Vec::new();
+    if let Some(p) = std::env::var_os("UNICOMM_HIP_LIBRARY") {
+        v.push(PathBuf::from(p));
+    }
+    for dir in crate::rocm_dirs() {
+        for n in NAMES {
+            v.push(dir.join(n));
+        }
+    }
+    v.extend(NAMES.iter().map(PathBuf::from));
+    v
+}
+
+impl HipRuntime {
+    /// Loads HIP and counts devices: `LibraryNotFound` (every path tried) without the
+    /// library, `NoDevice` when it sees no AMD GPU.
+    pub fn new() -> Result<Self> {
+        let mut tried = Vec::new();
+        for cand in hip_candidates() {
+            if cand.components().count() > 1 && !cand.exists() {
+                tried.push(format!("{} (absent)", cand.display()));
+                continue;
+            }
+            // SAFETY: loading libamdhip64 runs its initialisers, which are made for dlopen
+            // (PyTorch's ROCm build loads it the same way).
+            match unsafe { libloading::Library::new(&cand) } {
+                Ok(lib) => return Self::from_library(lib, cand.display().to_string()),
+                Err(e) => tried.push(format!("{} ({e})", cand.display())),
+            }
+        }
+        Err(Error::LibraryNotFound { library: "HIP runtime", tried })
+    }
+
+    fn from_library(lib: libloading::Library, path: String) -> Result<Self> {
+        macro_rules! sym {
+            ($name:literal) => {{
+                // SAFETY: the symbol is declared with hip_runtime_api.h's signature.
+                let s = unsafe { lib.get(concat!($name, "\0").as_bytes()) };
+                *s.map_err(|_| Error::MissingSymbol { library: "HIP runtime", path: path.clone(), symbol: $name })?
+            }};
+        }
+        let fns = HipFns {
+            get_device_count: sym!("hipGetDeviceCount"),
+            set_device: sym!("hipSetDevice"),
+            get_device: sym!("hipGetDevice"),
+            stream_create_with_flags: sym!("hipStreamCreateWithFlags"),
+            stream_destroy: sym!("hipStreamDestroy"),
+            stream_synchronize: sym!("hipStreamSynchronize"),
+            event_create: sym!("hipEventCreate"),
+            event_record: sym!("hipEventRecord"),
+            event_synchronize: sym!("hipEventSynchronize"),
+            event_destroy: sym!("hipEventDestroy"),
+            malloc: sym!("hipMalloc"),
+            free: sym!("hipFree"),
+            memcpy_async: sym!("hipMemcpyAsync"),
+            get_error_string: sym!("hipGetErrorString"),
+            get_error_name: sym!("hipGetErrorName"),
+            runtime_get_version: sym!("hipRuntimeGetVersion"),
+            driver_get_version: sym!("hipDriverGetVersion"),
+        };
+        let mut rt = HipRuntime { path, fns, count: 0, _lib: lib };
+        let mut n: c_int = 0;
+        // SAFETY: writes one int.
+        let r = unsafe { (rt.fns.get_device_count)(&mut n) };
+        match r {
+            HIP_SUCCESS if n > 0 => {
+                rt.count = n as usize;
+                Ok(rt)
+            }
+            HIP_SUCCESS | HIP_ERROR_NO_DEVICE | HIP_ERROR_INVALID_DEVICE | HIP_ERROR_INSUFFICIENT_DRIVER => Err(Error::NoDevice {
+                vendor: "ROCm",
+                detail: format!(
+                    "HIP runtime at {} (runtime {}) sees no AMD GPU: hipGetDeviceCount returned {} ({n} devices)",
+                    rt.path,
+                    rt.runtime_version(),
+                    rt.err_name(r)
+                ),
+            }),
+            e => Err(rt.err("hipGetDeviceCount", e)),
+        }
+    }
+
+    fn err_name(&self, e: HipError) -> String {
+        // SAFETY: returns a static C string for any code.
+        let p = unsafe { (self.fns.get_error_name)(e) };
+        if p.is_null() {
+            return format!("hipError {e}");
+        }
+        // SAFETY: NUL-terminated, static.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    fn err(&self, call: &'static str, e: HipError) -> Error {
+        // SAFETY: returns a static C string for any code.
+        let p = unsafe { (self.fns.get_error_string)(e) };
+        let message = if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: NUL-terminated, static.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        };
+        Error::Device { runtime: "HIP", call, code: e, name: self.err_name(e), message }
+    }
+
+    fn check(&self, call: &'static str, e: HipError) -> Result<()> {
+        if e == HIP_SUCCESS {
+            Ok(())
+        } else {
+            Err(self.err(call, e))
+        }
+    }
+
+    fn version(&self, f: unsafe extern "C" fn(*mut c_int) -> HipError) -> String {
+        let mut v: c_int = 0;
+        // SAFETY: writes one int.
+        if unsafe { f(&mut v) } != HIP_SUCCESS {
+            return "unknown".into();
+        }
+        // HIP encodes versions as major*10000000 + minor*100000 + patch.
+        format!("{}.{}.{}", v / 10_000_000, (v / 100_000) % 100, v % 100_000)
+    }
+
+    /// `hipRuntimeGetVersion`, decoded.
+    pub fn runtime_version(&self) -> String {
+        self.version(self.fns.runtime_get_version)
+    }
+
+    /// `hipDriverGetVersion`, decoded.
+    pub fn driver_version(&self) -> String {
+        self.version(self.fns.driver_get_version)
+    }
+
+    /// Records an event on `s` and waits for it (stream-ordered completion).
+    pub fn wait_event(&self, s: &HipStreamHandle) -> Result<()> {
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: creates one event, recorded on a live stream, awaited and destroyed here.
+        unsafe {
+            self.check("hipEventCreate", (self.fns.event_create)(&mut ev))?;
+            let r = self
+                .check("hipEventRecord", (self.fns.event_record)(ev, s.0))
+                .and_then(|()| self.check("hipEventSynchronize", (self.fns.event_synchronize)(ev)));
+            (self.fns.event_destroy)(ev);
+            r
+        }
+    }
+}
+
+/// An owned HIP stream.
+#[derive(Debug)]
+pub struct HipStreamHandle(pub *mut c_void, usize);
+
+// SAFETY: a hipStream_t may be used from any thread (HIP streams are not thread-bound).
+unsafe impl Send for HipStreamHandle {}
+// SAFETY: HIP's stream calls are thread-safe.
+unsafe impl Sync for HipStreamHandle {}
+
+impl Runtime for HipRuntime {
+    const NAME: &'static str = "HIP";
+    const VENDOR: &'static str = "ROCm";
+    type Stream = HipStreamHandle;
+
+    fn device_count(&self) -> Result<usize> {
+        Ok(self.count)
+    }
+
+    fn with_device<T>(&self, dev: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let mut prev: c_int = 0;
+        // SAFETY: writes one int.
+        self.check("hipGetDevice", unsafe { (self.fns.get_device)(&mut prev) })?;
+        if prev as usize == dev {
+            return f();
+        }
+        // SAFETY: selects a device index below the count.
+        self.check("hipSetDevice", unsafe { (self.fns.set_device)(dev as c_int) })?;
+        let r = f();
+        // SAFETY: restores the device that was current.
+        self.check("hipSetDevice", unsafe { (self.fns.set_device)(prev) })?;
+        r
+    }
+
+    fn create_stream(&self, dev: usize) -> Result<HipStreamHandle> {
+        self.with_device(dev, || {
+            let mut s = std::ptr::null_mut();
+            // SAFETY: writes one stream handle.
+            self.check("hipStreamCreateWithFlags", unsafe { (self.fns.stream_create_with_flags)(&mut s, HIP_STREAM_NON_BLOCKING) })?;
+            Ok(HipStreamHandle(s, dev))
+        })
+    }
+
+    fn raw_stream(s: &HipStreamHandle) -> *mut c_void {
+        s.0
+    }
+
+    fn synchronize(&self, s: &HipStreamHandle) -> Result<()> {
+        // SAFETY: a live stream.
+        self.check("hipStreamSynchronize", unsafe { (self.fns.stream_synchronize)(s.0) })
+    }
+
+    fn malloc(&self, dev: usize, bytes: usize) -> Result<usize> {
+        self.with_device(dev, || {
+            let mut p = std::ptr::null_mut();
+            // SAFETY: writes one pointer.
+            self.check("hipMalloc", unsafe { (self.fns.malloc)(&mut p, bytes) })?;
+            Ok(p as usize)
+        })
+    }
+
+    unsafe fn free(&self, dev: usize, ptr: usize) -> Result<()> {
+        // SAFETY: per the trait contract.
+        self.with_device(dev, || self.check("hipFree", unsafe { (self.fns.free)(ptr as *mut c_void) }))
+    }
+
+    unsafe fn htod(&self, dev: usize, dst: usize, src: &[u8], s: &HipStreamHandle) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: `dst` holds `src.len()` device bytes (trait contract); awaited below.
+            self.check("hipMemcpyAsync", unsafe { (self.fns.memcpy_async)(dst as *mut c_void, src.as_ptr().cast(), src.len(), HIP_MEMCPY_HOST_TO_DEVICE, s.0) })?;
+            self.synchronize(s)
+        })
+    }
+
+    unsafe fn dtoh(&self, dev: usize, dst: &mut [u8], src: usize, s: &HipStreamHandle) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: `src` holds `dst.len()` device bytes (trait contract); awaited below.
+            self.check("hipMemcpyAsync", unsafe { (self.fns.memcpy_async)(dst.as_mut_ptr().cast(), src as *const c_void, dst.len(), HIP_MEMCPY_DEVICE_TO_HOST, s.0) })?;
+            self.synchronize(s)
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("HIP runtime {} (driver {}) at {}, {} device(s)", self.runtime_version(), self.driver_version(), self.path, self.count)
+    }
+}
+
+impl Drop for HipStreamHandle {
+    fn drop(&mut self) {
+        // The runtime is process-wide (crate::hip()); a stream outliving it cannot exist
+        // because every stream holds the runtime through its ApiStream.
+        if let Ok(rt) = crate::hip() {
+            // SAFETY: a stream created by hipStreamCreateWithFlags, destroyed once.
+            let _ = rt.with_device(self.1, || rt.check("hipStreamDestroy", unsafe { (rt.fns.stream_destroy)(self.0) }));
+        }
+    }
+}

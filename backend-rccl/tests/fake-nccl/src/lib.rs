@@ -1,0 +1,294 @@
+//! Fake NCCL: one-rank worlds over host memory. Every entry point counts its calls
+//! (`unicommFakeCalls`) so tests can see which path the layer took.
+#![allow(clippy::missing_safety_doc)]
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::Mutex;
+
+type R = c_int;
+const OK: R = 0;
+const INVALID_ARGUMENT: R = 4;
+const INVALID_USAGE: R = 5;
+/// A count the fake refuses, to test error translation.
+const REFUSED_COUNT: usize = 2989;
+
+static CALLS: Mutex<Vec<(String, c_int)>> = Mutex::new(Vec::new());
+static LAST: Mutex<String> = Mutex::new(String::new());
+static GROUP: Mutex<(usize, Vec<(bool, usize, usize)>)> = Mutex::new((0, Vec::new()));
+
+fn count(name: &str) {
+    let mut c = CALLS.lock().unwrap();
+    match c.iter_mut().find(|(n, _)| n == name) {
+        Some((_, k)) => *k += 1,
+        None => c.push((name.to_string(), 1)),
+    }
+}
+
+fn fail(code: R, msg: &str) -> R {
+    *LAST.lock().unwrap() = msg.to_string();
+    code
+}
+
+/// `ncclUniqueId`, passed by value.
+#[repr(C)]
+pub struct Id {
+    internal: [u8; 128],
+}
+
+#[repr(C)]
+pub struct Comm {
+    nranks: c_int,
+}
+
+fn size(dtype: c_int) -> usize {
+    match dtype {
+        0 | 1 => 1,
+        6 | 9 => 2,
+        2 | 3 | 7 => 4,
+        _ => 8,
+    }
+}
+
+unsafe fn copy(src: *const c_void, dst: *mut c_void, count: usize, dtype: c_int) -> R {
+    if count == REFUSED_COUNT {
+        return fail(INVALID_USAGE, "fake: count 2989 refused on purpose");
+    }
+    if src != dst as *const c_void && count > 0 {
+        std::ptr::copy(src as *const u8, dst as *mut u8, count * size(dtype));
+    }
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn unicommFakeCalls(name: *const c_char) -> c_int {
+    let n = CStr::from_ptr(name).to_string_lossy();
+    CALLS.lock().unwrap().iter().find(|(k, _)| *k == n).map_or(0, |(_, c)| *c)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetVersion(v: *mut c_int) -> R {
+    count("ncclGetVersion");
+    *v = if cfg!(feature = "nccl228") { 22809 } else { 21803 };
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetUniqueId(id: *mut [u8; 128]) -> R {
+    count("ncclGetUniqueId");
+    (*id) = [7; 128];
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRank(comm: *mut *mut Comm, nranks: c_int, _id: Id, rank: c_int) -> R {
+    count("ncclCommInitRank");
+    if nranks != 1 || rank != 0 {
+        return fail(INVALID_ARGUMENT, "fake: only worlds of one rank");
+    }
+    *comm = Box::into_raw(Box::new(Comm { nranks }));
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommFinalize(_c: *mut Comm) -> R {
+    count("ncclCommFinalize");
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommDestroy(c: *mut Comm) -> R {
+    count("ncclCommDestroy");
+    drop(Box::from_raw(c));
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommAbort(c: *mut Comm) -> R {
+    count("ncclCommAbort");
+    drop(Box::from_raw(c));
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetErrorString(code: R) -> *const c_char {
+    match code {
+        4 => c"fake: invalid argument".as_ptr(),
+        5 => c"fake: invalid usage".as_ptr(),
+        _ => c"fake: other error".as_ptr(),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetLastError(_c: *mut Comm) -> *const c_char {
+    // Leaked on purpose: NCCL's is a static buffer too; tests read it at once.
+    let s = std::ffi::CString::new(LAST.lock().unwrap().clone()).unwrap();
+    s.into_raw()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllReduce(s: *const c_void, r: *mut c_void, n: usize, t: c_int, _op: c_int, c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclAllReduce");
+    assert_eq!((*c).nranks, 1);
+    copy(s, r, n, t)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclBroadcast(s: *const c_void, r: *mut c_void, n: usize, t: c_int, _root: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclBroadcast");
+    copy(s, r, n, t)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclReduce(s: *const c_void, r: *mut c_void, n: usize, t: c_int, _op: c_int, _root: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclReduce");
+    copy(s, r, n, t)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllGather(s: *const c_void, r: *mut c_void, n: usize, t: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclAllGather");
+    copy(s, r, n, t)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclReduceScatter(s: *const c_void, r: *mut c_void, n: usize, t: c_int, _op: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclReduceScatter");
+    copy(s, r, n, t)
+}
+
+#[cfg(feature = "nccl228")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclAlltoAll(s: *const c_void, r: *mut c_void, n: usize, t: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclAlltoAll");
+    copy(s, r, n, t)
+}
+
+#[cfg(feature = "rccl-old")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllToAll(s: *const c_void, r: *mut c_void, n: usize, t: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclAllToAll");
+    copy(s, r, n, t)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupStart() -> R {
+    count("ncclGroupStart");
+    GROUP.lock().unwrap().0 += 1;
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupEnd() -> R {
+    count("ncclGroupEnd");
+    let mut g = GROUP.lock().unwrap();
+    if g.0 == 0 {
+        return fail(INVALID_USAGE, "fake: group end without start");
+    }
+    g.0 -= 1;
+    if g.0 > 0 {
+        return OK;
+    }
+    // Match sends to self with receives, in order.
+    let ops = std::mem::take(&mut g.1);
+    let sends: Vec<_> = ops.iter().filter(|o| o.0).collect();
+    let recvs: Vec<_> = ops.iter().filter(|o| !o.0).collect();
+    if sends.len() != recvs.len() {
+        return fail(INVALID_USAGE, "fake: unmatched send/recv in group");
+    }
+    for (s, r) in sends.iter().zip(recvs) {
+        if s.2 != r.2 {
+            return fail(INVALID_USAGE, "fake: send/recv sizes differ");
+        }
+        std::ptr::copy(s.1 as *const u8, r.1 as *mut u8, s.2);
+    }
+    OK
+}
+
+unsafe fn p2p(send: bool, buf: usize, n: usize, t: c_int, peer: c_int) -> R {
+    if peer != 0 {
+        return fail(INVALID_ARGUMENT, "fake: peer out of range");
+    }
+    let mut g = GROUP.lock().unwrap();
+    if g.0 == 0 {
+        return fail(INVALID_USAGE, "fake: a send to self outside a group would deadlock");
+    }
+    g.1.push((send, buf, n * size(t)));
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclSend(s: *const c_void, n: usize, t: c_int, peer: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclSend");
+    p2p(true, s as usize, n, t, peer)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclRecv(r: *mut c_void, n: usize, t: c_int, peer: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclRecv");
+    p2p(false, r as usize, n, t, peer)
+}
+
+#[cfg(feature = "nccl228")]
+mod registration {
+    use super::*;
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclMemAlloc(p: *mut *mut c_void, n: usize) -> R {
+        count("ncclMemAlloc");
+        let v = vec![0u8; n].into_boxed_slice();
+        *p = Box::into_raw(v) as *mut c_void;
+        // The size is needed to free: remember it.
+        SIZES.lock().unwrap().push((*p as usize, n));
+        OK
+    }
+
+    static SIZES: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclMemFree(p: *mut c_void) -> R {
+        count("ncclMemFree");
+        let mut s = SIZES.lock().unwrap();
+        match s.iter().position(|e| e.0 == p as usize) {
+            Some(i) => {
+                let (_, n) = s.swap_remove(i);
+                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p as *mut u8, n)));
+                OK
+            }
+            None => fail(INVALID_ARGUMENT, "fake: ncclMemFree of an unknown pointer"),
+        }
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclCommRegister(_c: *mut Comm, b: *mut c_void, _n: usize, h: *mut *mut c_void) -> R {
+        count("ncclCommRegister");
+        *h = (b as usize | 1) as *mut c_void;
+        OK
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclCommDeregister(_c: *mut Comm, _h: *mut c_void) -> R {
+        count("ncclCommDeregister");
+        OK
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclCommWindowRegister(_c: *mut Comm, b: *mut c_void, _n: usize, w: *mut *mut c_void, flags: c_int) -> R {
+        count("ncclCommWindowRegister");
+        if flags != 1 {
+            return fail(INVALID_ARGUMENT, "fake: expected NCCL_WIN_COLL_SYMMETRIC");
+        }
+        // FAKE_NCCL_NULL_WINDOW=1: what NCCL does where symmetric memory is unsupported.
+        *w = if std::env::var_os("FAKE_NCCL_NULL_WINDOW").is_some() {
+            std::ptr::null_mut()
+        } else {
+            (b as usize | 2) as *mut c_void
+        };
+        OK
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclCommWindowDeregister(_c: *mut Comm, _w: *mut c_void) -> R {
+        count("ncclCommWindowDeregister");
+        OK
+    }
+}

@@ -1,0 +1,244 @@
+//! The NCCL-API layer of backend-nccl, exercised for both vendors against a fake NCCL-ABI
+//! library built here: one flavour like NCCL 2.28 (ncclAlltoAll, registration, windows,
+//! ncclMemAlloc), one like RCCL before ROCm 6.2 (ncclAllToAll, none of those). Symbol
+//! resolution, version gates, the send/recv fallback and error translation are checked on
+//! both. "Device" memory is host memory (a host Runtime below).
+
+use std::ffi::{c_int, c_void};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use backend_nccl::{Api, ApiComm, Flavor, Runtime};
+use comm_core::{Collective, Comm, DeviceStream as _, Error, ReduceOp, Result, Version};
+
+/// Builds the fake in one flavour (once per test binary) and returns the library's path.
+fn fake(feature: &str) -> PathBuf {
+    static BUILT: OnceLock<std::sync::Mutex<Vec<(String, PathBuf)>>> = OnceLock::new();
+    let built = BUILT.get_or_init(Default::default);
+    let mut b = built.lock().unwrap();
+    if let Some((_, p)) = b.iter().find(|(f, _)| f == feature) {
+        return p.clone();
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-nccl");
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fake-nccl-{feature}"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = Command::new(cargo)
+        .args(["build", "--quiet", "--offline", "--features", feature, "--manifest-path"])
+        .arg(dir.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .expect("run cargo to build the fake NCCL");
+    assert!(st.success(), "building the fake NCCL ({feature}) failed");
+    let p = target.join("debug/libunicomm_fake_nccl.so");
+    b.push((feature.to_string(), p.clone()));
+    p
+}
+
+fn calls(api_path: &Path, name: &str) -> c_int {
+    // SAFETY: the fake, already loaded by the test; unicommFakeCalls takes a C string.
+    unsafe {
+        let lib = libloading::Library::new(api_path).unwrap();
+        let f: libloading::Symbol<unsafe extern "C" fn(*const std::ffi::c_char) -> c_int> =
+            lib.get(b"unicommFakeCalls\0").unwrap();
+        let n = std::ffi::CString::new(name).unwrap();
+        f(n.as_ptr())
+    }
+}
+
+/// Host memory standing in for a device.
+#[derive(Debug)]
+struct Host;
+
+#[derive(Debug)]
+struct HostStream;
+
+impl Runtime for Host {
+    const NAME: &'static str = "host";
+    const VENDOR: &'static str = "host";
+    type Stream = HostStream;
+    fn device_count(&self) -> Result<usize> {
+        Ok(1)
+    }
+    fn with_device<T>(&self, _: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        f()
+    }
+    fn create_stream(&self, _: usize) -> Result<HostStream> {
+        Ok(HostStream)
+    }
+    fn raw_stream(_: &HostStream) -> *mut c_void {
+        std::ptr::null_mut()
+    }
+    fn synchronize(&self, _: &HostStream) -> Result<()> {
+        Ok(())
+    }
+    fn malloc(&self, _: usize, bytes: usize) -> Result<usize> {
+        Ok(Box::into_raw(vec![0u8; bytes].into_boxed_slice()) as *mut u8 as usize)
+    }
+    unsafe fn free(&self, _: usize, _ptr: usize) -> Result<()> {
+        // Leaked: the size is not known here, and the tests are short.
+        Ok(())
+    }
+    unsafe fn htod(&self, _: usize, dst: usize, src: &[u8], _: &HostStream) -> Result<()> {
+        // SAFETY: `dst` holds `src.len()` bytes (trait contract).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+    unsafe fn dtoh(&self, _: usize, dst: &mut [u8], src: usize, _: &HostStream) -> Result<()> {
+        // SAFETY: `src` holds `dst.len()` bytes (trait contract).
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "host".into()
+    }
+}
+
+fn nccl_like(dir: PathBuf) -> Vec<PathBuf> {
+    vec![dir]
+}
+
+/// NCCL's flavour pointed at the fake; and the same without a native all-to-all, to force
+/// the grouped send/recv fallback.
+fn flavors(no_a2a: bool, rccl: bool) -> &'static Flavor {
+    let base: &Flavor = if rccl { &backend_rccl::RCCL } else { &backend_nccl::NCCL };
+    let f = Flavor {
+        library: base.library,
+        env_var: "UNICOMM_FAKE_UNUSED",
+        dirs: || nccl_like("/nonexistent".into()),
+        sonames: base.sonames,
+        all_to_all: if no_a2a { &[] } else { base.all_to_all },
+        registration_since: base.registration_since,
+        windows_since: base.windows_since,
+        mem_alloc_since: base.mem_alloc_since,
+    };
+    Box::leak(Box::new(f))
+}
+
+fn comm(flavor: &'static Flavor, path: &Path) -> Comm<ApiComm<Host>> {
+    let api = Arc::new(Api::open(flavor, path).expect("load the fake"));
+    let mut v = ApiComm::init_local(api, Arc::new(Host), &[0]).expect("init");
+    Comm::from_backend(v.remove(0))
+}
+
+fn round_trip(c: &Comm<ApiComm<Host>>) -> Result<()> {
+    let st = c.create_stream()?;
+    let data: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let mut send = c.alloc::<f32>(64)?;
+    send.copy_from_host(&data, &st)?;
+    let mut recv = c.alloc::<f32>(64)?;
+    c.all_reduce(&send, &mut recv, ReduceOp::Sum, &st)?;
+    assert_eq!(recv.copy_to_host(&st)?, data);
+    let mut recv2 = c.alloc::<f32>(64)?;
+    c.all_to_all(&send, &mut recv2, &st)?;
+    st.synchronize()?;
+    assert_eq!(recv2.copy_to_host(&st)?, data);
+    Ok(())
+}
+
+#[test]
+fn nccl_228_like_library_has_everything() {
+    let path = fake("nccl228");
+    let f = flavors(false, false);
+    let c = comm(f, &path);
+    let caps = c.capabilities();
+    assert_eq!(caps.version, Version::new(2, 28, 9));
+    assert!(caps.registration && caps.windows && caps.native_all_to_all && caps.mem_alloc, "{caps:?}");
+    let before = calls(&path, "ncclAlltoAll");
+    round_trip(&c).unwrap();
+    assert_eq!(calls(&path, "ncclAlltoAll"), before + 1, "native all-to-all used");
+    assert!(calls(&path, "ncclMemAlloc") >= 3, "memory from ncclMemAlloc");
+    // Registration and windows go through the library, and a handle cannot be used twice.
+    let reg = c.register(c.alloc::<f32>(16).unwrap()).unwrap();
+    let h = reg.handle();
+    c.deregister(reg).unwrap();
+    assert!(matches!(c.backend().deregister(h), Err(Error::InvalidArgument { .. })));
+    assert!(calls(&path, "ncclCommDeregister") >= 1);
+    let w = c.register_window(c.alloc::<f32>(16).unwrap()).unwrap();
+    c.deregister_window(w).unwrap();
+}
+
+#[test]
+fn a_null_window_is_unsupported_not_a_window() {
+    let path = fake("nccl228");
+    let c = comm(flavors(false, false), &path);
+    std::env::set_var("FAKE_NCCL_NULL_WINDOW", "1");
+    let r = c.register_window(c.alloc::<f32>(16).unwrap());
+    std::env::remove_var("FAKE_NCCL_NULL_WINDOW");
+    match r {
+        Err(e) => assert!(matches!(e.error, Error::Unsupported { .. }), "{}", e.error),
+        Ok(_) => panic!("a NULL window must not become a Window"),
+    }
+}
+
+#[test]
+fn old_rccl_like_library_gates_features_with_versions() {
+    let path = fake("rccl-old");
+    let c = comm(flavors(false, true), &path);
+    let caps = c.capabilities();
+    assert_eq!(caps.backend, "rccl");
+    assert_eq!(caps.version, Version::new(2, 18, 3));
+    assert!(!caps.registration && !caps.windows && !caps.mem_alloc && caps.native_all_to_all, "{caps:?}");
+    let e = c.register(c.alloc::<f32>(16).unwrap()).err().unwrap().error;
+    match &e {
+        Error::Unsupported { needs, found, .. } => {
+            assert!(needs.contains("RCCL >= 2.20.0"), "{needs}");
+            assert!(found.contains("2.18.3"), "{found}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(c.register_window(c.alloc::<f32>(4).unwrap()).err().unwrap().error, Error::Unsupported { .. }));
+    let before = calls(&path, "ncclAllToAll");
+    round_trip(&c).unwrap();
+    assert_eq!(calls(&path, "ncclAllToAll"), before + 1, "RCCL's spelling found and used");
+    assert_eq!(calls(&path, "ncclMemAlloc"), 0, "no ncclMemAlloc: hipMalloc-style fallback");
+}
+
+#[test]
+fn without_native_all_to_all_the_layer_groups_send_and_recv() {
+    for (feature, rccl) in [("nccl228", false), ("rccl-old", true)] {
+        let path = fake(feature);
+        let c = comm(flavors(true, rccl), &path);
+        assert!(!c.capabilities().native_all_to_all);
+        let (s0, r0) = (calls(&path, "ncclSend"), calls(&path, "ncclRecv"));
+        round_trip(&c).unwrap();
+        assert_eq!(calls(&path, "ncclSend"), s0 + 1, "{feature}");
+        assert_eq!(calls(&path, "ncclRecv"), r0 + 1, "{feature}");
+    }
+}
+
+#[test]
+fn library_errors_keep_code_name_message_and_last_error() {
+    for (feature, rccl) in [("nccl228", false), ("rccl-old", true)] {
+        let path = fake(feature);
+        let c = comm(flavors(false, rccl), &path);
+        let st = c.create_stream().unwrap();
+        let mut b = c.alloc::<u8>(2989).unwrap();
+        match c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st) {
+            Err(Error::Library { library, call, code, name, message, last_error }) => {
+                assert_eq!(library, if rccl { "RCCL" } else { "NCCL" });
+                assert_eq!((call, code, name), ("ncclAllReduce", 5, "ncclInvalidUsage"));
+                assert_eq!(message, "fake: invalid usage");
+                assert_eq!(last_error, "fake: count 2989 refused on purpose");
+            }
+            other => panic!("{feature}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_library_missing_a_required_symbol_is_named() {
+    // The HIP runtime (or any library) is not an NCCL-API library: the first required
+    // symbol is reported, with the path.
+    let path = fake("nccl228");
+    let r = Api::open(&backend_nccl::NCCL, Path::new("libc.so.6"));
+    match r {
+        Err(Error::MissingSymbol { symbol, path, .. }) => {
+            assert_eq!(symbol, "ncclGetVersion");
+            assert_eq!(path, "libc.so.6");
+        }
+        other => panic!("{other:?}"),
+    }
+    let _ = path;
+}

@@ -1,0 +1,63 @@
+//! The HIP loader, for real: CI installs Debian's `libamdhip64-5` (HIP 5.2), which loads,
+//! finds no AMD GPU, and must say so as `NoDevice`; with no HIP library at all the error is
+//! `LibraryNotFound` with the paths tried. `UNICOMM_EXPECT_HIP=1` (set by `.ci/run` after
+//! installing the package) makes the first test require the real library.
+
+use backend_rccl::hip::hip_candidates;
+use comm_core::Error;
+
+#[test]
+fn real_hip_runtime_without_an_amd_gpu_is_no_device() {
+    let must = std::env::var_os("UNICOMM_EXPECT_HIP").is_some();
+    match backend_rccl::HipRuntime::new() {
+        Err(Error::NoDevice { vendor, detail }) => {
+            assert_eq!(vendor, "ROCm");
+            assert!(detail.contains("hipGetDeviceCount"), "{detail}");
+            println!("{detail}");
+        }
+        Err(Error::LibraryNotFound { tried, .. }) if !must => {
+            println!("no HIP library on this machine (tried {tried:?}); set UNICOMM_EXPECT_HIP=1 where it is installed");
+        }
+        Ok(rt) => {
+            use backend_nccl::Runtime;
+            println!("an AMD GPU is here: {}", rt.describe());
+        }
+        other => panic!("expected NoDevice from the real HIP runtime, got {other:?}"),
+    }
+}
+
+#[test]
+fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
+    // Run the search with a bogus explicit path and bogus ROCm dirs in a child process, so
+    // that this process's environment stays as it is; the sonames may still resolve if the
+    // library is installed, so only the listed paths are checked here.
+    std::env::set_var("UNICOMM_HIP_LIBRARY", "/nonexistent/libamdhip64.so");
+    std::env::set_var("ROCM_PATH", "/nonexistent/rocm");
+    let c: Vec<String> = hip_candidates().iter().map(|p| p.display().to_string()).collect();
+    assert_eq!(c[0], "/nonexistent/libamdhip64.so");
+    assert_eq!(c[1], "/nonexistent/rocm/lib/libamdhip64.so");
+    assert!(c.contains(&"/opt/rocm/lib/libamdhip64.so".to_string()));
+    assert!(c.contains(&"libamdhip64.so.5".to_string()));
+    let installed = c.iter().filter(|p| !p.starts_with('/')).any(|n| {
+        // SAFETY: probing whether a soname resolves; dropped at once.
+        unsafe { libloading::Library::new(n) }.is_ok()
+    });
+    match backend_rccl::HipRuntime::new() {
+        Err(Error::LibraryNotFound { library, tried }) => {
+            assert!(!installed);
+            assert_eq!(library, "HIP runtime");
+            assert!(tried[0].starts_with("/nonexistent/libamdhip64.so"), "{tried:?}");
+            assert_eq!(tried.len(), c.len());
+        }
+        Err(Error::NoDevice { .. }) => assert!(installed, "NoDevice means a HIP library loaded"),
+        other => panic!("{other:?}"),
+    }
+    // The RCCL library is absent here (no Debian package has it): LibraryNotFound.
+    match backend_rccl::rccl() {
+        Err(Error::LibraryNotFound { library: "RCCL", tried }) => {
+            assert!(tried.iter().any(|t| t.starts_with("/opt/rocm/lib/librccl.so.1")), "{tried:?}");
+        }
+        Ok(api) => println!("RCCL present: {api:?}"),
+        Err(e) => panic!("{e}"),
+    }
+}
