@@ -11,7 +11,15 @@ use unicomm::{ReduceOp, Vendor};
 
 const COUNT: usize = 1 << 20;
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    // One line per failure, with its causes, and a non-zero exit; no backtrace noise.
+    if let Err(e) = run() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let mut vendor = Vendor::Auto;
     let mut ranks = None;
     let mut args = std::env::args().skip(1);

@@ -19,7 +19,15 @@ fn value(s: usize, h: usize, d: usize) -> bf16 {
     bf16::from_f32(((s * 7 + h * 3 + d) % 251) as f32)
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    // One line per failure, with its causes, and a non-zero exit; no backtrace noise.
+    if let Err(e) = run() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let mut vendor = Vendor::Auto;
     let mut ranks = None;
     let mut args = std::env::args().skip(1);

@@ -133,6 +133,32 @@ pub fn resolve(vendor: Vendor) -> (Vendor, String) {
     (Vendor::Mock, format!("falling back to mock ({})", why.join("; ")))
 }
 
+/// What the machine offers for `vendor`: one line naming devices, library and version, or
+/// the reason it is unusable (`NoDevice`, `LibraryNotFound`, or a backend not compiled in).
+pub fn probe(vendor: Vendor) -> Result<String> {
+    match vendor {
+        Vendor::Auto => Ok(resolve(Vendor::Auto).1),
+        #[cfg(feature = "nccl")]
+        Vendor::Cuda => backend_nccl::probe(),
+        #[cfg(feature = "rccl")]
+        Vendor::Rocm => backend_rccl::probe(),
+        #[cfg(feature = "mock")]
+        Vendor::Mock => Ok(format!(
+            "CPU threads as ranks ({} by default, UNICOMM_MOCK_RANKS)",
+            backend_mock::DEFAULT_RANKS
+        )),
+        #[allow(unreachable_patterns)]
+        v => Err(not_compiled(
+            match v {
+                Vendor::Cuda => "nccl",
+                Vendor::Rocm => "rccl",
+                _ => "mock",
+            },
+            "this vendor",
+        )),
+    }
+}
+
 /// One communicator per visible device of `vendor`, in one process (hand each to its own
 /// thread, or drive them all from one thread inside [`comm_core::Comm::group`]). The mock
 /// has no devices: it takes `UNICOMM_MOCK_RANKS` ranks (default 4).

@@ -1,0 +1,20 @@
+#!/bin/bash
+# Written by `cargo xtask bundle`: runs every GPU test and benchmark of the bundle on a
+# machine without a Rust toolchain. Logs go to $OUT (or ./logs). NVLink multicast stays off.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-$PWD/logs}; mkdir -p "$OUT"
+cd "$(dirname "$0")"
+step() { echo "== $*"; }
+rc=0
+export UNICOMM_GPU_WORLD=$(nvidia-smi -L | grep -c "^GPU")
+SKIP="--skip world_3_3 --skip world_4_4 --skip world_5_8"; [ "$UNICOMM_GPU_WORLD" -lt 2 ] && SKIP="$SKIP --skip world_2_2"
+step loader;      ./loader --test-threads=1 --nocapture 2>&1 | tee "$OUT/loader.log" | tail -3 || rc=1
+step gpu-specific; timeout 300 ./gpu --test-threads=1 --skip conformance:: --nocapture 2>&1 | tee "$OUT/gpu_specific.log" | grep -E "^test |test result|panicked|as NCCL" ; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+step doctor;      ./doctor 2>&1 | tee "$OUT/doctor.log"
+step allreduce_ub; timeout 120 ./allreduce_ub --vendor cuda 2>&1 | tee "$OUT/allreduce_ub.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+step alltoall_ub;  timeout 120 ./alltoall_ub --vendor cuda 2>&1 | tee "$OUT/alltoall_ub.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+step overhead;     timeout 300 ./overhead 2>&1 | tee "$OUT/overhead.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+step conformance;  timeout ${CONF_TIMEOUT:-400} ./gpu --test-threads=1 conformance:: $SKIP > "$OUT/conformance.log" 2>&1; c=$?
+grep -E "test result|^failures:|FAILED" "$OUT/conformance.log" | head -20; grep -c " ok$" "$OUT/conformance.log"; [ $c -eq 0 ] || rc=1
+echo "overall rc=$rc"
+exit $rc
