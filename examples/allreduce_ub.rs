@@ -70,13 +70,18 @@ fn run() -> anyhow::Result<()> {
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked"))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+            })
             .collect()
     });
     let mut failed = false;
     for r in &results {
         match r {
-            Ok((rank, us)) => println!("rank {rank}: all_reduce of {COUNT} floats (registered) correct, {us:.1} us"),
+            Ok((rank, us)) => println!(
+                "rank {rank}: all_reduce of {COUNT} floats (registered) correct, {us:.1} us"
+            ),
             Err(e) => {
                 failed = true;
                 println!("FAILED: {e:#}");

@@ -104,7 +104,10 @@ fn run() -> anyhow::Result<()> {
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked"))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+            })
             .collect()
     });
     let mut failed = false;

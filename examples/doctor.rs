@@ -4,7 +4,11 @@
 
 fn main() {
     println!("unicomm {} doctor", env!("CARGO_PKG_VERSION"));
-    for vendor in [unicomm::Vendor::Cuda, unicomm::Vendor::Rocm, unicomm::Vendor::Mock] {
+    for vendor in [
+        unicomm::Vendor::Cuda,
+        unicomm::Vendor::Rocm,
+        unicomm::Vendor::Mock,
+    ] {
         println!("\n[{vendor}]");
         match unicomm::probe(vendor) {
             Ok(found) => println!("  found: {found}"),
@@ -13,7 +17,10 @@ fn main() {
         match unicomm::local_comms_n(vendor, Some(1)) {
             Ok(comms) => {
                 let caps = comms[0].capabilities();
-                println!("  library: {} {} at {}", caps.backend, caps.version, caps.library_path);
+                println!(
+                    "  library: {} {} at {}",
+                    caps.backend, caps.version, caps.library_path
+                );
                 println!(
                     "  capabilities: registration={} windows={} native_all_to_all={} graph_capture={} mem_alloc={}",
                     caps.registration, caps.windows, caps.native_all_to_all, caps.graph_capture, caps.mem_alloc

@@ -44,8 +44,8 @@ compile_error!("unicomm needs at least one backend feature: mock, nccl or rccl")
 mod dispatch;
 
 pub use comm_core::{
-    backend, bf16, f16, Capabilities, DataType, DeviceSlice, DeviceSliceMut, DeviceStream,
-    Element, Error, Op, RawHandle, ReduceOp, Result, Version,
+    backend, bf16, f16, Capabilities, DataType, DeviceSlice, DeviceSliceMut, DeviceStream, Element,
+    Error, Op, RawHandle, ReduceOp, Result, Version,
 };
 pub use dispatch::{AnyComm, AnyMemory, AnyStream};
 
@@ -130,7 +130,10 @@ pub fn resolve(vendor: Vendor) -> (Vendor, String) {
     }
     #[cfg(not(feature = "rccl"))]
     why.push("rocm: feature `rccl` not compiled in".into());
-    (Vendor::Mock, format!("falling back to mock ({})", why.join("; ")))
+    (
+        Vendor::Mock,
+        format!("falling back to mock ({})", why.join("; ")),
+    )
 }
 
 /// What the machine offers for `vendor`: one line naming devices, library and version, or

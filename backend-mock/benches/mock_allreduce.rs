@@ -57,9 +57,15 @@ fn main() {
     let t = times.iter().cloned().fold(0.0, f64::max);
     let algbw = BYTES as f64 / t / 1e9;
     let ratio = algbw / memcpy;
-    println!("machine: {} cores", std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!(
+        "machine: {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
     println!("single-thread memcpy, 64 MiB:        {memcpy:8.2} GB/s");
-    println!("mock all_reduce f32 64 MiB, {RANKS} ranks: {algbw:8.2} GB/s algbw ({:.2} ms)", t * 1e3);
+    println!(
+        "mock all_reduce f32 64 MiB, {RANKS} ranks: {algbw:8.2} GB/s algbw ({:.2} ms)",
+        t * 1e3
+    );
     println!("ratio all_reduce / memcpy:            {ratio:8.2} (goal >= 0.25)");
     if ratio < 0.25 {
         eprintln!("below the goal");

@@ -42,12 +42,35 @@ impl Span {
 /// The collective algorithms.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Spec {
-    AllReduce { count: usize, dtype: DataType, op: ReduceOp },
-    Broadcast { count: usize, dtype: DataType, root: usize },
-    Reduce { count: usize, dtype: DataType, op: ReduceOp, root: usize },
-    AllGather { count: usize, dtype: DataType },
-    ReduceScatter { count: usize, dtype: DataType, op: ReduceOp },
-    AllToAll { count: usize, dtype: DataType },
+    AllReduce {
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    },
+    Broadcast {
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    },
+    Reduce {
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    },
+    AllGather {
+        count: usize,
+        dtype: DataType,
+    },
+    ReduceScatter {
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    },
+    AllToAll {
+        count: usize,
+        dtype: DataType,
+    },
     Barrier,
 }
 
@@ -148,9 +171,7 @@ pub(crate) fn run_batch(tasks: Vec<Task>) -> Result<()> {
     }
     // Always await posted sends: a receiver may be reading our buffers.
     for (id, peer) in posted {
-        let r = ctx
-            .fabric
-            .wait_sent(id, peer, ctx.deadline(), ctx.timeout);
+        let r = ctx.fabric.wait_sent(id, peer, ctx.deadline(), ctx.timeout);
         if result.is_ok() {
             result = r;
         }
@@ -159,7 +180,7 @@ pub(crate) fn run_batch(tasks: Vec<Task>) -> Result<()> {
 }
 
 fn inject(ctx: &RankCtx, index: u64) -> Result<()> {
-    for f in ctx.faults.iter().filter(|f| f.op == index) {
+    if let Some(f) = ctx.faults.iter().find(|f| f.op == index) {
         match f.kind {
             FaultKind::Fail => {
                 return Err(Error::Device {

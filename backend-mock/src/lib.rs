@@ -186,9 +186,14 @@ pub fn local_comms_with(n: usize, config: MockConfig) -> Result<Vec<Comm<MockCom
         .collect())
 }
 
+/// This thread's open group: its depth, and the operations held until the group ends.
+struct Group {
+    depth: usize,
+    pending: Vec<(Arc<stream::Inner>, Task)>,
+}
+
 thread_local! {
-    static GROUP: RefCell<(usize, Vec<(Arc<stream::Inner>, Task)>)> =
-        const { RefCell::new((0, Vec::new())) };
+    static GROUP: RefCell<Group> = const { RefCell::new(Group { depth: 0, pending: Vec::new() }) };
 }
 
 fn overlap(a: &Slice<'_, MockMemory>, b: &Slice<'_, MockMemory>) -> bool {
@@ -306,7 +311,10 @@ impl MockComm {
             if root < w {
                 Ok(())
             } else {
-                Err(Error::invalid(arg, format!("rank {root} is outside 0..{w}")))
+                Err(Error::invalid(
+                    arg,
+                    format!("rank {root} is outside 0..{w}"),
+                ))
             }
         };
         for s in op_slices(&op) {
@@ -571,7 +579,10 @@ impl Collective for MockComm {
         self.live()?;
         // Longer than an operation's own deadline, so that a stuck operation reports its own
         // timeout (naming the ranks that never arrived) before the stream gives up on it.
-        MockStream::new(self.owner(), self.ctx.timeout * 2 + Duration::from_millis(100))
+        MockStream::new(
+            self.owner(),
+            self.ctx.timeout * 2 + Duration::from_millis(100),
+        )
     }
 
     fn alloc(&self, bytes: usize) -> Result<MockMemory> {
@@ -601,12 +612,7 @@ impl Collective for MockComm {
         self.registry.remove(handle, RegKind::Buffer)
     }
 
-    fn register_window(
-        &self,
-        mem: &MockMemory,
-        offset: usize,
-        bytes: usize,
-    ) -> Result<RawHandle> {
+    fn register_window(&self, mem: &MockMemory, offset: usize, bytes: usize) -> Result<RawHandle> {
         self.check_memory(mem)?;
         memory::check_range(mem.byte_len(), offset, bytes, "bytes")?;
         // Collective, and every rank must offer the same size (the signature's count).
@@ -642,8 +648,8 @@ impl Collective for MockComm {
         };
         let grouped = GROUP.with(|g| {
             let mut g = g.borrow_mut();
-            if g.0 > 0 {
-                g.1.push((stream.inner.clone(), task));
+            if g.depth > 0 {
+                g.pending.push((stream.inner.clone(), task));
                 None
             } else {
                 Some(task)
@@ -656,19 +662,22 @@ impl Collective for MockComm {
     }
 
     fn group_start(&self) -> Result<()> {
-        GROUP.with(|g| g.borrow_mut().0 += 1);
+        GROUP.with(|g| g.borrow_mut().depth += 1);
         Ok(())
     }
 
     fn group_end(&self) -> Result<()> {
         let pending = GROUP.with(|g| {
             let mut g = g.borrow_mut();
-            if g.0 == 0 {
-                return Err(Error::invalid("group_end", "no group is open on this thread"));
+            if g.depth == 0 {
+                return Err(Error::invalid(
+                    "group_end",
+                    "no group is open on this thread",
+                ));
             }
-            g.0 -= 1;
-            Ok(if g.0 == 0 {
-                std::mem::take(&mut g.1)
+            g.depth -= 1;
+            Ok(if g.depth == 0 {
+                std::mem::take(&mut g.pending)
             } else {
                 Vec::new()
             })

@@ -93,7 +93,11 @@ impl Lock {
         loop {
             let (readers, writer) = *st;
             if !writer && (!write || readers == 0) {
-                *st = if write { (0, true) } else { (readers + 1, false) };
+                *st = if write {
+                    (0, true)
+                } else {
+                    (readers + 1, false)
+                };
                 return Ok(Guard { lock: self, write });
             }
             let now = Instant::now();
@@ -169,7 +173,12 @@ impl MockMemory {
     }
 }
 
-pub(crate) fn check_range(len: usize, offset: usize, bytes: usize, what: &'static str) -> Result<()> {
+pub(crate) fn check_range(
+    len: usize,
+    offset: usize,
+    bytes: usize,
+    what: &'static str,
+) -> Result<()> {
     match offset.checked_add(bytes) {
         Some(end) if end <= len => Ok(()),
         _ => Err(Error::invalid(

@@ -111,7 +111,13 @@ fn combine<T: Arith>(o: &mut [T], s: &[T], f: impl Fn(T, T) -> T) {
     }
 }
 
-unsafe fn reduce_t<T: Arith>(op: ReduceOp, world: usize, out: *mut T, srcs: &[*const u8], count: usize) {
+unsafe fn reduce_t<T: Arith>(
+    op: ReduceOp,
+    world: usize,
+    out: *mut T,
+    srcs: &[*const u8],
+    count: usize,
+) {
     let Some((&first, rest)) = srcs.split_first() else {
         return;
     };

@@ -29,10 +29,7 @@ fn fast(n: usize, faults: Vec<Fault>) -> Vec<Comm<MockComm>> {
 }
 
 /// Runs `f` on one thread per rank and returns the results in rank order.
-fn each<R: Send>(
-    comms: &[Comm<MockComm>],
-    f: impl Fn(&Comm<MockComm>) -> R + Sync,
-) -> Vec<R> {
+fn each<R: Send>(comms: &[Comm<MockComm>], f: impl Fn(&Comm<MockComm>) -> R + Sync) -> Vec<R> {
     std::thread::scope(|s| {
         let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -66,7 +63,8 @@ fn ranks_calling_different_ops_get_mismatch_on_every_rank() {
 #[test]
 fn counts_types_roots_and_ops_must_agree() {
     let comms = world(2);
-    let cases: [(&str, fn(&Comm<MockComm>) -> comm_core::Result<()>); 4] = [
+    type Case = (&'static str, fn(&Comm<MockComm>) -> comm_core::Result<()>);
+    let cases: [Case; 4] = [
         ("count", |c| {
             let st = c.create_stream()?;
             let mut b = c.alloc::<f32>(4 + c.rank())?;
@@ -89,7 +87,11 @@ fn counts_types_roots_and_ops_must_agree() {
         }),
         ("reduction", |c| {
             let st = c.create_stream()?;
-            let op = if c.rank() == 0 { ReduceOp::Max } else { ReduceOp::Min };
+            let op = if c.rank() == 0 {
+                ReduceOp::Max
+            } else {
+                ReduceOp::Min
+            };
             c.all_reduce_in_place(&mut c.alloc::<u8>(4)?, op, &st)?;
             st.synchronize()
         }),
@@ -184,7 +186,10 @@ fn memory_of_another_rank_is_rejected() {
     let mut mine = comms[0].alloc::<f32>(4).unwrap();
     assert!(matches!(
         comms[0].all_reduce_in_place(&mut mine, ReduceOp::Sum, &other_stream),
-        Err(Error::InvalidArgument { argument: "stream", .. })
+        Err(Error::InvalidArgument {
+            argument: "stream",
+            ..
+        })
     ));
 }
 
@@ -202,15 +207,24 @@ fn bad_input_is_invalid_argument_naming_the_argument() {
     let send = c.alloc::<f32>(10).unwrap();
     let mut small = c.alloc::<f32>(9).unwrap();
     // a receive buffer smaller than the count
-    assert_eq!(arg(c.all_reduce(&send, &mut small, ReduceOp::Sum, &st)), "recv");
+    assert_eq!(
+        arg(c.all_reduce(&send, &mut small, ReduceOp::Sum, &st)),
+        "recv"
+    );
     assert_eq!(arg(c.all_gather(&send, &mut small, &st)), "recv");
     // counts that do not split over the ranks
     assert_eq!(arg(c.all_to_all(&send, &mut small, &st)), "send");
-    assert_eq!(arg(c.reduce_scatter(&send, &mut small, ReduceOp::Sum, &st)), "send");
+    assert_eq!(
+        arg(c.reduce_scatter(&send, &mut small, ReduceOp::Sum, &st)),
+        "send"
+    );
     // roots and peers out of range
     let mut b = c.alloc::<f32>(3).unwrap();
     assert_eq!(arg(c.broadcast_in_place(&mut b, 3, &st)), "root");
-    assert_eq!(arg(c.reduce_in_place(&mut b, ReduceOp::Sum, 7, &st)), "root");
+    assert_eq!(
+        arg(c.reduce_in_place(&mut b, ReduceOp::Sum, 7, &st)),
+        "root"
+    );
     assert_eq!(arg(c.send(&b, 3, &st)), "peer");
     assert_eq!(arg(c.recv(&mut b, usize::MAX, &st)), "peer");
     // slices out of range, and host copies larger than the buffer
@@ -227,19 +241,58 @@ fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
     let c = comms[0].backend();
     let st = c.create_stream().unwrap();
     let mem = c.alloc(64).unwrap();
-    let s = |offset, bytes| Slice { mem: &mem, offset, bytes };
+    let s = |offset, bytes| Slice {
+        mem: &mem,
+        offset,
+        bytes,
+    };
     let r = c.enqueue(
-        Op::AllReduce { send: s(0, 64), recv: s(0, 64), count: 32, dtype: DataType::F32, op: ReduceOp::Sum },
+        Op::AllReduce {
+            send: s(0, 64),
+            recv: s(0, 64),
+            count: 32,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+        },
         &st,
     );
-    assert!(matches!(r, Err(Error::InvalidArgument { argument: "send", .. })), "{r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(Error::InvalidArgument {
+                argument: "send",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
     let r = c.enqueue(
-        Op::AllReduce { send: s(0, 32), recv: s(16, 32), count: 8, dtype: DataType::F32, op: ReduceOp::Sum },
+        Op::AllReduce {
+            send: s(0, 32),
+            recv: s(16, 32),
+            count: 8,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+        },
         &st,
     );
-    assert!(matches!(r, Err(Error::InvalidArgument { argument: "recv", .. })), "{r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(Error::InvalidArgument {
+                argument: "recv",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
     let r = c.enqueue(
-        Op::AllToAll { send: s(0, 32), recv: s(0, 32), count: 8, dtype: DataType::F32 },
+        Op::AllToAll {
+            send: s(0, 32),
+            recv: s(0, 32),
+            count: 8,
+            dtype: DataType::F32,
+        },
         &st,
     );
     assert!(r.is_err(), "in-place all-to-all must be rejected");
@@ -252,14 +305,22 @@ fn partially_registered_buffer_is_rejected_at_the_call() {
     let st = c.create_stream().unwrap();
     let mut reg = c.register(c.alloc::<f32>(16).unwrap()).unwrap();
     // A view inside the registration is fine.
-    c.all_reduce_in_place(&mut reg.slice_mut(4..8).unwrap(), ReduceOp::Sum, &st).unwrap();
+    c.all_reduce_in_place(&mut reg.slice_mut(4..8).unwrap(), ReduceOp::Sum, &st)
+        .unwrap();
     st.synchronize().unwrap();
     c.deregister(reg).unwrap();
 }
 
 #[test]
 fn a_rank_that_never_arrives_times_out_the_others() {
-    let comms = fast(3, vec![Fault { rank: 2, op: 0, kind: FaultKind::Hang }]);
+    let comms = fast(
+        3,
+        vec![Fault {
+            rank: 2,
+            op: 0,
+            kind: FaultKind::Hang,
+        }],
+    );
     let t0 = Instant::now();
     let out = each(&comms, |c| {
         let st = c.create_stream().unwrap();
@@ -267,7 +328,11 @@ fn a_rank_that_never_arrives_times_out_the_others() {
         c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
         st.synchronize()
     });
-    assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
     for (r, res) in out.iter().enumerate() {
         match res {
             Err(Error::Timeout { what, .. }) => assert!(what.contains("[2]"), "rank {r}: {what}"),
@@ -281,7 +346,14 @@ fn a_rank_that_never_arrives_times_out_the_others() {
 
 #[test]
 fn a_rank_that_fails_reports_its_error_and_the_others_time_out() {
-    let comms = fast(2, vec![Fault { rank: 1, op: 1, kind: FaultKind::Fail }]);
+    let comms = fast(
+        2,
+        vec![Fault {
+            rank: 1,
+            op: 1,
+            kind: FaultKind::Fail,
+        }],
+    );
     let out = each(&comms, |c| {
         let st = c.create_stream().unwrap();
         let mut b = c.alloc::<i32>(4).unwrap();
@@ -293,8 +365,16 @@ fn a_rank_that_fails_reports_its_error_and_the_others_time_out() {
         c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
         st.synchronize()
     });
-    assert!(matches!(&out[0], Err(Error::Timeout { .. })), "{:?}", out[0]);
-    assert!(matches!(&out[1], Err(Error::Device { name, .. }) if name == "InjectedFault"), "{:?}", out[1]);
+    assert!(
+        matches!(&out[0], Err(Error::Timeout { .. })),
+        "{:?}",
+        out[0]
+    );
+    assert!(
+        matches!(&out[1], Err(Error::Device { name, .. }) if name == "InjectedFault"),
+        "{:?}",
+        out[1]
+    );
 }
 
 #[test]
@@ -351,7 +431,16 @@ fn send_recv_count_mismatch_is_reported() {
         st.synchronize()
     });
     for r in out {
-        assert!(matches!(r, Err(Error::Mismatch { what: "send/recv", .. })), "{r:?}");
+        assert!(
+            matches!(
+                r,
+                Err(Error::Mismatch {
+                    what: "send/recv",
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
     }
 }
 
@@ -364,7 +453,10 @@ fn windows_of_different_sizes_are_a_mismatch() {
             .map_err(|e| e.error)
     });
     for r in out {
-        assert!(matches!(r, Err(Error::Mismatch { what: "count", .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(Error::Mismatch { what: "count", .. })),
+            "{r:?}"
+        );
     }
 }
 

@@ -1,8 +1,7 @@
 //! The conformance suite on the mock backend: every world size, both modes.
 
 use backend_mock::MockComm;
-use comm_core::conformance::{Case, Count, Failure, Harness, Mode};
-use comm_core::Comm;
+use comm_core::conformance::{Case, CaseFn, Count, Failure, Harness, Mode};
 
 struct Mock;
 
@@ -12,7 +11,7 @@ impl Harness for Mock {
     fn with_comms(
         &self,
         world: usize,
-        f: &mut dyn FnMut(&[Comm<MockComm>]) -> std::result::Result<(), Failure>,
+        f: &mut CaseFn<'_, MockComm>,
     ) -> std::result::Result<(), Failure> {
         // A fresh world per case: creating one is cheap, and cases stay independent.
         f(&backend_mock::local_comms(world)?)

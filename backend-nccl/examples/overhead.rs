@@ -37,8 +37,14 @@ fn main() {
     };
     let w = comms.len();
     let caps = comms[0].capabilities();
-    println!("# {} GPUs, NCCL {} at {}", w, caps.version, caps.library_path);
-    println!("# {:>10} {:>10} {:>12} {:>12} {:>9} {:>12}", "coll", "bytes", "unicomm_us", "raw_us", "delta", "delta_us");
+    println!(
+        "# {} GPUs, NCCL {} at {}",
+        w, caps.version, caps.library_path
+    );
+    println!(
+        "# {:>10} {:>10} {:>12} {:>12} {:>9} {:>12}",
+        "coll", "bytes", "unicomm_us", "raw_us", "delta", "delta_us"
+    );
     let sizes = [8usize, 1 << 20, 16 << 20, 128 << 20, 512 << 20];
     let barrier = Barrier::new(w);
     for coll in [Coll::AllReduce, Coll::AllToAll] {
@@ -56,7 +62,11 @@ fn main() {
             // The slowest rank bounds a collective.
             let uni = results.iter().map(|r| r.0).fold(0.0, f64::max);
             let raw = results.iter().map(|r| r.1).fold(0.0, f64::max);
-            let name = if coll == Coll::AllReduce { "all_reduce" } else { "all_to_all" };
+            let name = if coll == Coll::AllReduce {
+                "all_reduce"
+            } else {
+                "all_to_all"
+            };
             println!(
                 "  {:>10} {:>10} {:>12.2} {:>12.2} {:>8.2}% {:>12.3}",
                 name,
@@ -82,14 +92,21 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> (f64, f64) {
     let w = c.world_size();
     let count = (bytes / 4).max(1);
-    let count = if coll == Coll::AllToAll { count.div_ceil(w) * w } else { count };
+    let count = if coll == Coll::AllToAll {
+        count.div_ceil(w) * w
+    } else {
+        count
+    };
     let st = c.create_stream().unwrap();
     let send = c.alloc::<f32>(count).unwrap();
     let mut recv = c.alloc::<f32>(count).unwrap();
     let api = c.backend().api().clone();
     let raw_comm = c.backend().raw_comm();
     let raw_stream = st.inner().0.cu_stream() as *mut c_void;
-    let (sp, rp) = (send.device_ptr() as *const c_void, recv.device_ptr() as *mut c_void);
+    let (sp, rp) = (
+        send.device_ptr() as *const c_void,
+        recv.device_ptr() as *mut c_void,
+    );
     let n = iters(bytes);
     let mut uni_path = |k: usize| {
         for _ in 0..k {
@@ -101,14 +118,33 @@ fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> (f64,
         st.synchronize().unwrap();
     };
     let raw_path = |k: usize| {
-        let _ = backend_nccl::cuda().unwrap().context(c.backend().device()).unwrap().bind_to_thread();
+        let _ = backend_nccl::cuda()
+            .unwrap()
+            .context(c.backend().device())
+            .unwrap()
+            .bind_to_thread();
         for _ in 0..k {
             // SAFETY: the same live communicator, buffers and stream unicomm uses; this
             // thread is the only one using the communicator.
             let r = unsafe {
                 match coll {
-                    Coll::AllReduce => (api.fns.all_reduce)(sp, rp, count, DataType::F32.nccl(), ReduceOp::Sum.nccl(), raw_comm, raw_stream),
-                    Coll::AllToAll => (api.all_to_all.expect("native all-to-all"))(sp, rp, count / w, DataType::F32.nccl(), raw_comm, raw_stream),
+                    Coll::AllReduce => (api.fns.all_reduce)(
+                        sp,
+                        rp,
+                        count,
+                        DataType::F32.nccl(),
+                        ReduceOp::Sum.nccl(),
+                        raw_comm,
+                        raw_stream,
+                    ),
+                    Coll::AllToAll => (api.all_to_all.expect("native all-to-all"))(
+                        sp,
+                        rp,
+                        count / w,
+                        DataType::F32.nccl(),
+                        raw_comm,
+                        raw_stream,
+                    ),
                 }
             };
             assert_eq!(r, 0);

@@ -162,14 +162,27 @@ pub struct Api {
     /// The function table.
     pub fns: Fns,
     /// The all-to-all entry point, under whichever name the library exports it.
-    pub all_to_all: Option<unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, RawStream) -> NcclResult>,
+    pub all_to_all: Option<
+        unsafe extern "C" fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            c_int,
+            NcclComm,
+            RawStream,
+        ) -> NcclResult,
+    >,
     // Last: the library outlives every function pointer above.
     _lib: libloading::Library,
 }
 
 impl std::fmt::Debug for Api {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} at {}", self.flavor.library, self.version, self.path)
+        write!(
+            f,
+            "{} {} at {}",
+            self.flavor.library, self.version, self.path
+        )
     }
 }
 
@@ -213,11 +226,17 @@ pub fn python_wheel_dirs(rel: &str) -> Vec<PathBuf> {
     }
     let mut out = Vec::new();
     for root in roots {
-        let Ok(rd) = std::fs::read_dir(&root) else { continue };
+        let Ok(rd) = std::fs::read_dir(&root) else {
+            continue;
+        };
         let mut pys: Vec<PathBuf> = rd
             .flatten()
             .map(|e| e.path())
-            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("python3"))
+            })
             .collect();
         pys.sort();
         for py in pys.into_iter().rev() {
@@ -245,7 +264,9 @@ impl Api {
             }
             match Api::open(flavor, &cand) {
                 Ok(api) => return Ok(api),
-                Err(e @ Error::MissingSymbol { .. }) => tried.push(format!("{} ({e})", cand.display())),
+                Err(e @ Error::MissingSymbol { .. }) => {
+                    tried.push(format!("{} ({e})", cand.display()))
+                }
                 Err(e) => tried.push(format!("{} ({e})", cand.display())),
             }
         }
@@ -259,10 +280,11 @@ impl Api {
     pub fn open(flavor: &'static Flavor, path: &Path) -> Result<Api> {
         // SAFETY: loading a shared library runs its initialisers; NCCL's and RCCL's are
         // designed to be loaded with dlopen (PyTorch and cudarc do the same).
-        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| Error::LibraryNotFound {
-            library: flavor.library,
-            tried: vec![format!("{} ({e})", path.display())],
-        })?;
+        let lib =
+            unsafe { libloading::Library::new(path) }.map_err(|e| Error::LibraryNotFound {
+                library: flavor.library,
+                tried: vec![format!("{} ({e})", path.display())],
+            })?;
         let shown = path.display().to_string();
         // SAFETY: the library is an NCCL-API library (it is searched under NCCL's names);
         // the symbols are declared with nccl.h's signatures.
@@ -272,7 +294,14 @@ impl Api {
             let sym = format!("{name}\0");
             // SAFETY: ncclAlltoAll (NCCL) and ncclAllToAll (RCCL) share this signature.
             let s = unsafe {
-                lib.get::<unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, RawStream) -> NcclResult>(sym.as_bytes())
+                lib.get::<unsafe extern "C" fn(
+                    *const c_void,
+                    *mut c_void,
+                    usize,
+                    c_int,
+                    NcclComm,
+                    RawStream,
+                ) -> NcclResult>(sym.as_bytes())
             };
             if let Ok(s) = s {
                 all_to_all = Some(*s);
@@ -297,7 +326,12 @@ impl Api {
 
     /// Turns a result code into `Ok` or a `Library` error carrying the code, its name,
     /// `ncclGetErrorString` and (when a communicator is given) `ncclGetLastError`.
-    pub fn check(&self, call: &'static str, code: NcclResult, comm: Option<NcclComm>) -> Result<()> {
+    pub fn check(
+        &self,
+        call: &'static str,
+        code: NcclResult,
+        comm: Option<NcclComm>,
+    ) -> Result<()> {
         if code == 0 {
             return Ok(());
         }
@@ -339,15 +373,30 @@ impl Api {
 
     /// Whether registration is available.
     pub fn has_registration(&self) -> bool {
-        self.require("", self.flavor.registration_since, self.fns.comm_register.is_some() && self.fns.comm_deregister.is_some()).is_ok()
+        self.require(
+            "",
+            self.flavor.registration_since,
+            self.fns.comm_register.is_some() && self.fns.comm_deregister.is_some(),
+        )
+        .is_ok()
     }
     /// Whether symmetric windows are available.
     pub fn has_windows(&self) -> bool {
-        self.require("", self.flavor.windows_since, self.fns.window_register.is_some() && self.fns.window_deregister.is_some()).is_ok()
+        self.require(
+            "",
+            self.flavor.windows_since,
+            self.fns.window_register.is_some() && self.fns.window_deregister.is_some(),
+        )
+        .is_ok()
     }
     /// Whether `ncclMemAlloc` is available.
     pub fn has_mem_alloc(&self) -> bool {
-        self.require("", self.flavor.mem_alloc_since, self.fns.mem_alloc.is_some() && self.fns.mem_free.is_some()).is_ok()
+        self.require(
+            "",
+            self.flavor.mem_alloc_since,
+            self.fns.mem_alloc.is_some() && self.fns.mem_free.is_some(),
+        )
+        .is_ok()
     }
 
     /// A fresh unique id (`ncclGetUniqueId`).

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use comm_core::registry::{RegKind, Registry};
 use comm_core::{
-    Capabilities, Collective, DataType, DeviceMemory, DeviceStream, Error, Op, RawHandle,
-    ReduceOp, Result,
+    Capabilities, Collective, DataType, DeviceMemory, DeviceStream, Error, Op, RawHandle, ReduceOp,
+    Result,
 };
 
 use crate::api::{Api, NcclComm, UniqueId, WIN_COLL_SYMMETRIC};
@@ -73,7 +73,14 @@ pub struct ApiMemory<R: Runtime> {
 
 impl<R: Runtime> std::fmt::Debug for ApiMemory<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} memory {:#x} ({} bytes) on device {}", R::NAME, self.ptr, self.bytes, self.dev)
+        write!(
+            f,
+            "{} memory {:#x} ({} bytes) on device {}",
+            R::NAME,
+            self.ptr,
+            self.bytes,
+            self.dev
+        )
     }
 }
 
@@ -91,12 +98,21 @@ impl<R: Runtime> ApiMemory<R> {
         keep: Option<Box<dyn Any + Send + Sync>>,
     ) -> Result<Self> {
         if ptr == 0 && bytes != 0 {
-            return Err(Error::invalid("ptr", "a NULL device pointer with a non-zero size"));
+            return Err(Error::invalid(
+                "ptr",
+                "a NULL device pointer with a non-zero size",
+            ));
         }
         if ptr.checked_add(bytes).is_none() {
             return Err(Error::invalid("bytes", "pointer + size overflows"));
         }
-        Ok(ApiMemory { ptr, bytes, dev, owner: Owner::Borrowed(keep), rt })
+        Ok(ApiMemory {
+            ptr,
+            bytes,
+            dev,
+            owner: Owner::Borrowed(keep),
+            rt,
+        })
     }
 
     /// The device.
@@ -107,7 +123,13 @@ impl<R: Runtime> ApiMemory<R> {
     fn range(&self, offset: usize, len: usize, what: &'static str) -> Result<usize> {
         match offset.checked_add(len) {
             Some(end) if end <= self.bytes => Ok(self.ptr + offset),
-            _ => Err(Error::invalid(what, format!("bytes {offset}..+{len} are outside the {}-byte allocation", self.bytes))),
+            _ => Err(Error::invalid(
+                what,
+                format!(
+                    "bytes {offset}..+{len} are outside the {}-byte allocation",
+                    self.bytes
+                ),
+            )),
         }
     }
 }
@@ -122,7 +144,9 @@ impl<R: Runtime> Drop for ApiMemory<R> {
         let _ = match &self.owner {
             Owner::Nccl(api) => match api.fns.mem_free {
                 // SAFETY: `ptr` came from ncclMemAlloc on `dev`; it is freed once, here.
-                Some(free) => self.rt.with_device(dev, || api.check("ncclMemFree", unsafe { free(ptr as *mut c_void) }, None)),
+                Some(free) => self.rt.with_device(dev, || {
+                    api.check("ncclMemFree", unsafe { free(ptr as *mut c_void) }, None)
+                }),
                 None => Ok(()),
             },
             // SAFETY: `ptr` came from the runtime's malloc on `dev`; freed once, here.
@@ -191,7 +215,15 @@ unsafe impl<R: Runtime> Sync for ApiComm<R> {}
 
 impl<R: Runtime> std::fmt::Debug for ApiComm<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} rank {}/{} on {} device {}", self.api.flavor.library, self.rank, self.world, R::NAME, self.dev)
+        write!(
+            f,
+            "{} rank {}/{} on {} device {}",
+            self.api.flavor.library,
+            self.rank,
+            self.world,
+            R::NAME,
+            self.dev
+        )
     }
 }
 
@@ -200,10 +232,20 @@ fn ptr<R: Runtime>(s: &comm_core::Slice<'_, ApiMemory<R>>) -> *mut c_void {
     s.address() as *mut c_void
 }
 
-fn bounds<R: Runtime>(s: &comm_core::Slice<'_, ApiMemory<R>>, elems: usize, dtype: DataType, arg: &'static str) -> Result<()> {
-    let need = elems.checked_mul(dtype.size()).ok_or_else(|| Error::invalid(arg, "count x element size overflows"))?;
+fn bounds<R: Runtime>(
+    s: &comm_core::Slice<'_, ApiMemory<R>>,
+    elems: usize,
+    dtype: DataType,
+    arg: &'static str,
+) -> Result<()> {
+    let need = elems
+        .checked_mul(dtype.size())
+        .ok_or_else(|| Error::invalid(arg, "count x element size overflows"))?;
     if !s.in_bounds() || s.bytes < need {
-        return Err(Error::invalid(arg, format!("{} bytes cannot hold {elems} x {dtype}", s.bytes)));
+        return Err(Error::invalid(
+            arg,
+            format!("{} bytes cannot hold {elems} x {dtype}", s.bytes),
+        ));
     }
     Ok(())
 }
@@ -218,7 +260,10 @@ impl<R: Runtime> ApiComm<R> {
         }
         let count = rt.device_count()?;
         if let Some(&d) = devs.iter().find(|&&d| d >= count) {
-            return Err(Error::NoDevice { vendor: R::VENDOR, detail: format!("device {d} asked for, {count} visible") });
+            return Err(Error::NoDevice {
+                vendor: R::VENDOR,
+                detail: format!("device {d} asked for, {count} visible"),
+            });
         }
         let id = api.unique_id()?;
         let mut raw = vec![std::ptr::null_mut(); n];
@@ -254,33 +299,71 @@ impl<R: Runtime> ApiComm<R> {
     /// The explicit form, for one rank per thread or per process: joins the world of
     /// `world` ranks identified by `id` as `rank`, on device `dev`. Blocks until every rank
     /// has called it.
-    pub fn init_rank(api: Arc<Api>, rt: Arc<R>, id: UniqueId, rank: usize, world: usize, dev: usize) -> Result<Self> {
+    pub fn init_rank(
+        api: Arc<Api>,
+        rt: Arc<R>,
+        id: UniqueId,
+        rank: usize,
+        world: usize,
+        dev: usize,
+    ) -> Result<Self> {
         if rank >= world {
-            return Err(Error::invalid("rank", format!("{rank} is outside 0..{world}")));
+            return Err(Error::invalid(
+                "rank",
+                format!("{rank} is outside 0..{world}"),
+            ));
         }
         let count = rt.device_count()?;
         if dev >= count {
-            return Err(Error::NoDevice { vendor: R::VENDOR, detail: format!("device {dev} asked for, {count} visible") });
+            return Err(Error::NoDevice {
+                vendor: R::VENDOR,
+                detail: format!("device {dev} asked for, {count} visible"),
+            });
         }
         let mut c = std::ptr::null_mut();
         rt.with_device(dev, || {
             // SAFETY: `c` receives the communicator.
-            let code = unsafe { (api.fns.comm_init_rank)(&mut c, world as c_int, id, rank as c_int) };
+            let code =
+                unsafe { (api.fns.comm_init_rank)(&mut c, world as c_int, id, rank as c_int) };
             api.check("ncclCommInitRank", code, None)
         })?;
         Self::wrap(api, rt, c, dev, rank, world)
     }
 
-    fn wrap(api: Arc<Api>, rt: Arc<R>, comm: NcclComm, dev: usize, rank: usize, world: usize) -> Result<Self> {
+    fn wrap(
+        api: Arc<Api>,
+        rt: Arc<R>,
+        comm: NcclComm,
+        dev: usize,
+        rank: usize,
+        world: usize,
+    ) -> Result<Self> {
         let barrier = match rt.malloc(dev, 4) {
-            Ok(p) => ApiMemory { ptr: p, bytes: 4, dev, owner: Owner::Runtime, rt: rt.clone() },
+            Ok(p) => ApiMemory {
+                ptr: p,
+                bytes: 4,
+                dev,
+                owner: Owner::Runtime,
+                rt: rt.clone(),
+            },
             Err(e) => {
                 // SAFETY: the communicator was just created and is not used elsewhere.
                 unsafe { (api.fns.comm_destroy)(comm) };
                 return Err(e);
             }
         };
-        Ok(ApiComm { api, rt, comm, dev, rank, world, registry: Registry::new(), barrier, lock: Mutex::new(()), state: AtomicU8::new(LIVE) })
+        Ok(ApiComm {
+            api,
+            rt,
+            comm,
+            dev,
+            rank,
+            world,
+            registry: Registry::new(),
+            barrier,
+            lock: Mutex::new(()),
+            state: AtomicU8::new(LIVE),
+        })
     }
 
     /// The loaded library.
@@ -307,7 +390,10 @@ impl<R: Runtime> ApiComm<R> {
     /// rank's device current.
     fn call<T>(&self, f: impl FnOnce(NcclComm) -> Result<T>) -> Result<T> {
         if self.state.load(Ordering::Acquire) != LIVE {
-            return Err(Error::invalid("comm", "the communicator was finalized or aborted"));
+            return Err(Error::invalid(
+                "comm",
+                "the communicator was finalized or aborted",
+            ));
         }
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         self.rt.with_device(self.dev, || f(self.comm))
@@ -317,10 +403,27 @@ impl<R: Runtime> ApiComm<R> {
         self.api.check(call, code, Some(self.comm))
     }
 
-    fn send_recv(&self, buf: *mut c_void, count: usize, dtype: DataType, peer: usize, stream: *mut c_void, send: bool) -> Result<()> {
+    fn send_recv(
+        &self,
+        buf: *mut c_void,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: *mut c_void,
+        send: bool,
+    ) -> Result<()> {
         let (s, r) = match (self.api.fns.send, self.api.fns.recv) {
             (Some(s), Some(r)) => (s, r),
-            _ => return Err(self.api.require("point-to-point send/recv", comm_core::Version::new(2, 7, 0), false).unwrap_err()),
+            _ => {
+                return Err(self
+                    .api
+                    .require(
+                        "point-to-point send/recv",
+                        comm_core::Version::new(2, 7, 0),
+                        false,
+                    )
+                    .unwrap_err())
+            }
         };
         // SAFETY: device pointers of this rank's memory holding `count` elements (checked by
         // the caller); the stream belongs to this device.
@@ -336,10 +439,18 @@ impl<R: Runtime> ApiComm<R> {
 
     fn group<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         // SAFETY: no arguments.
-        self.api.check("ncclGroupStart", unsafe { (self.api.fns.group_start)() }, None)?;
+        self.api.check(
+            "ncclGroupStart",
+            unsafe { (self.api.fns.group_start)() },
+            None,
+        )?;
         let r = f();
         // SAFETY: closes the group opened above.
-        let end = self.api.check("ncclGroupEnd", unsafe { (self.api.fns.group_end)() }, Some(self.comm));
+        let end = self.api.check(
+            "ncclGroupEnd",
+            unsafe { (self.api.fns.group_end)() },
+            Some(self.comm),
+        );
         let r = r?;
         end?;
         Ok(r)
@@ -357,7 +468,11 @@ impl<R: Runtime> ApiComm<R> {
                     api.check("ncclCommFinalize", unsafe { f(comm) }, Some(comm))?;
                 }
                 // SAFETY: a live communicator, destroyed once.
-                api.check("ncclCommDestroy", unsafe { (api.fns.comm_destroy)(comm) }, None)
+                api.check(
+                    "ncclCommDestroy",
+                    unsafe { (api.fns.comm_destroy)(comm) },
+                    None,
+                )
             } else {
                 // SAFETY: a live communicator, aborted once.
                 api.check("ncclCommAbort", unsafe { (api.fns.comm_abort)(comm) }, None)
@@ -390,7 +505,11 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            backend: if self.api.flavor.library == "RCCL" { "rccl" } else { "nccl" },
+            backend: if self.api.flavor.library == "RCCL" {
+                "rccl"
+            } else {
+                "nccl"
+            },
             library_path: self.api.path.clone(),
             version: self.api.version,
             registration: self.api.has_registration(),
@@ -402,40 +521,78 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn create_stream(&self) -> Result<ApiStream<R>> {
-        Ok(ApiStream { s: self.rt.create_stream(self.dev)?, dev: self.dev, rt: self.rt.clone() })
+        Ok(ApiStream {
+            s: self.rt.create_stream(self.dev)?,
+            dev: self.dev,
+            rt: self.rt.clone(),
+        })
     }
 
     fn alloc(&self, bytes: usize) -> Result<ApiMemory<R>> {
         let (rt, dev) = (self.rt.clone(), self.dev);
         if bytes == 0 {
-            return Ok(ApiMemory { ptr: 0, bytes: 0, dev, owner: Owner::Runtime, rt });
+            return Ok(ApiMemory {
+                ptr: 0,
+                bytes: 0,
+                dev,
+                owner: Owner::Runtime,
+                rt,
+            });
         }
         if let (true, Some(alloc)) = (self.api.has_mem_alloc(), self.api.fns.mem_alloc) {
             let mut p = std::ptr::null_mut();
             self.rt.with_device(dev, || {
                 // SAFETY: ncclMemAlloc writes one pointer, on the current device.
-                self.api.check("ncclMemAlloc", unsafe { alloc(&mut p, bytes) }, None)
+                self.api
+                    .check("ncclMemAlloc", unsafe { alloc(&mut p, bytes) }, None)
             })?;
-            return Ok(ApiMemory { ptr: p as usize, bytes, dev, owner: Owner::Nccl(self.api.clone()), rt });
+            return Ok(ApiMemory {
+                ptr: p as usize,
+                bytes,
+                dev,
+                owner: Owner::Nccl(self.api.clone()),
+                rt,
+            });
         }
         // Libraries without ncclMemAlloc (NCCL < 2.19, RCCL before ROCm 6.2): plain device
         // memory; registration still works where the library has it.
         let p = self.rt.malloc(dev, bytes)?;
-        Ok(ApiMemory { ptr: p, bytes, dev, owner: Owner::Runtime, rt })
+        Ok(ApiMemory {
+            ptr: p,
+            bytes,
+            dev,
+            owner: Owner::Runtime,
+            rt,
+        })
     }
 
     fn check_memory(&self, mem: &ApiMemory<R>) -> Result<()> {
         if mem.dev == self.dev {
             Ok(())
         } else {
-            Err(Error::invalid("buffer", format!("memory of device {}, used by the communicator of device {}", mem.dev, self.dev)))
+            Err(Error::invalid(
+                "buffer",
+                format!(
+                    "memory of device {}, used by the communicator of device {}",
+                    mem.dev, self.dev
+                ),
+            ))
         }
     }
 
     fn register(&self, mem: &ApiMemory<R>, offset: usize, bytes: usize) -> Result<RawHandle> {
         let f = match (self.api.has_registration(), self.api.fns.comm_register) {
             (true, Some(f)) => f,
-            _ => return Err(self.api.require("user-buffer registration (ncclCommRegister)", self.api.flavor.registration_since, false).unwrap_err()),
+            _ => {
+                return Err(self
+                    .api
+                    .require(
+                        "user-buffer registration (ncclCommRegister)",
+                        self.api.flavor.registration_since,
+                        false,
+                    )
+                    .unwrap_err())
+            }
         };
         self.check_memory(mem)?;
         let addr = mem.range(offset, bytes, "bytes")?;
@@ -447,7 +604,9 @@ impl<R: Runtime> Collective for ApiComm<R> {
         let h = self.call(|c| {
             let mut h = std::ptr::null_mut();
             // SAFETY: `addr..addr+bytes` is device memory of this rank; `h` receives the handle.
-            self.check("ncclCommRegister", unsafe { f(c, addr as *mut c_void, bytes, &mut h) })?;
+            self.check("ncclCommRegister", unsafe {
+                f(c, addr as *mut c_void, bytes, &mut h)
+            })?;
             Ok(RawHandle(h as usize))
         })?;
         self.registry.insert(h, addr, bytes, RegKind::Buffer)?;
@@ -457,17 +616,39 @@ impl<R: Runtime> Collective for ApiComm<R> {
     fn deregister(&self, handle: RawHandle) -> Result<()> {
         self.registry.check(handle, RegKind::Buffer)?;
         if handle.0 < usize::MAX / 2 {
-            let f = self.api.fns.comm_deregister.ok_or_else(|| Error::invalid("handle", "the library cannot deregister"))?;
+            let f = self
+                .api
+                .fns
+                .comm_deregister
+                .ok_or_else(|| Error::invalid("handle", "the library cannot deregister"))?;
             // SAFETY: a live handle of this communicator (checked above), deregistered once.
-            self.call(|c| self.check("ncclCommDeregister", unsafe { f(c, handle.0 as *mut c_void) }))?;
+            self.call(|c| {
+                self.check("ncclCommDeregister", unsafe {
+                    f(c, handle.0 as *mut c_void)
+                })
+            })?;
         }
         self.registry.remove(handle, RegKind::Buffer)
     }
 
-    fn register_window(&self, mem: &ApiMemory<R>, offset: usize, bytes: usize) -> Result<RawHandle> {
+    fn register_window(
+        &self,
+        mem: &ApiMemory<R>,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<RawHandle> {
         let f = match (self.api.has_windows(), self.api.fns.window_register) {
             (true, Some(f)) => f,
-            _ => return Err(self.api.require("symmetric windows (ncclCommWindowRegister)", self.api.flavor.windows_since, false).unwrap_err()),
+            _ => {
+                return Err(self
+                    .api
+                    .require(
+                        "symmetric windows (ncclCommWindowRegister)",
+                        self.api.flavor.windows_since,
+                        false,
+                    )
+                    .unwrap_err())
+            }
         };
         self.check_memory(mem)?;
         let addr = mem.range(offset, bytes, "bytes")?;
@@ -479,7 +660,9 @@ impl<R: Runtime> Collective for ApiComm<R> {
         let win = self.call(|c| {
             let mut w = std::ptr::null_mut();
             // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives the window.
-            self.check("ncclCommWindowRegister", unsafe { f(c, addr as *mut c_void, bytes, &mut w, WIN_COLL_SYMMETRIC) })?;
+            self.check("ncclCommWindowRegister", unsafe {
+                f(c, addr as *mut c_void, bytes, &mut w, WIN_COLL_SYMMETRIC)
+            })?;
             Ok(w)
         })?;
         if win.is_null() {
@@ -498,57 +681,162 @@ impl<R: Runtime> Collective for ApiComm<R> {
     fn deregister_window(&self, handle: RawHandle) -> Result<()> {
         self.registry.check(handle, RegKind::Window)?;
         if handle.0 < usize::MAX / 2 {
-            let f = self.api.fns.window_deregister.ok_or_else(|| Error::invalid("handle", "the library cannot deregister windows"))?;
+            let f =
+                self.api.fns.window_deregister.ok_or_else(|| {
+                    Error::invalid("handle", "the library cannot deregister windows")
+                })?;
             // SAFETY: a live window of this communicator (checked above), deregistered once.
-            self.call(|c| self.check("ncclCommWindowDeregister", unsafe { f(c, handle.0 as *mut c_void) }))?;
+            self.call(|c| {
+                self.check("ncclCommWindowDeregister", unsafe {
+                    f(c, handle.0 as *mut c_void)
+                })
+            })?;
         }
         self.registry.remove(handle, RegKind::Window)
     }
 
     fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
         if stream.dev != self.dev {
-            return Err(Error::invalid("stream", format!("a stream of device {} used by the communicator of device {}", stream.dev, self.dev)));
+            return Err(Error::invalid(
+                "stream",
+                format!(
+                    "a stream of device {} used by the communicator of device {}",
+                    stream.dev, self.dev
+                ),
+            ));
         }
         let st = R::raw_stream(&stream.s);
         let w = self.world;
         let fns = &self.api.fns;
         match op {
-            Op::AllReduce { send, recv, count, dtype, op } => {
+            Op::AllReduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+            } => {
                 bounds(&send, count, dtype, "send")?;
                 bounds(&recv, count, dtype, "recv")?;
                 // SAFETY: both ranges hold `count` elements of this rank's device memory.
-                self.call(|c| self.check("ncclAllReduce", unsafe { (fns.all_reduce)(ptr(&send), ptr(&recv), count, dtype.nccl(), op.nccl(), c, st) }))
+                self.call(|c| {
+                    self.check("ncclAllReduce", unsafe {
+                        (fns.all_reduce)(
+                            ptr(&send),
+                            ptr(&recv),
+                            count,
+                            dtype.nccl(),
+                            op.nccl(),
+                            c,
+                            st,
+                        )
+                    })
+                })
             }
-            Op::Broadcast { send, recv, count, dtype, root } => {
+            Op::Broadcast {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            } => {
                 bounds(&send, count, dtype, "send")?;
                 bounds(&recv, count, dtype, "recv")?;
                 // SAFETY: as above.
-                self.call(|c| self.check("ncclBroadcast", unsafe { (fns.broadcast)(ptr(&send), ptr(&recv), count, dtype.nccl(), root as c_int, c, st) }))
+                self.call(|c| {
+                    self.check("ncclBroadcast", unsafe {
+                        (fns.broadcast)(
+                            ptr(&send),
+                            ptr(&recv),
+                            count,
+                            dtype.nccl(),
+                            root as c_int,
+                            c,
+                            st,
+                        )
+                    })
+                })
             }
-            Op::Reduce { send, recv, count, dtype, op, root } => {
+            Op::Reduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+                root,
+            } => {
                 bounds(&send, count, dtype, "send")?;
                 bounds(&recv, count, dtype, "recv")?;
                 // SAFETY: as above.
-                self.call(|c| self.check("ncclReduce", unsafe { (fns.reduce)(ptr(&send), ptr(&recv), count, dtype.nccl(), op.nccl(), root as c_int, c, st) }))
+                self.call(|c| {
+                    self.check("ncclReduce", unsafe {
+                        (fns.reduce)(
+                            ptr(&send),
+                            ptr(&recv),
+                            count,
+                            dtype.nccl(),
+                            op.nccl(),
+                            root as c_int,
+                            c,
+                            st,
+                        )
+                    })
+                })
             }
-            Op::AllGather { send, recv, count, dtype } => {
+            Op::AllGather {
+                send,
+                recv,
+                count,
+                dtype,
+            } => {
                 bounds(&send, count, dtype, "send")?;
                 bounds(&recv, count.saturating_mul(w), dtype, "recv")?;
                 // SAFETY: send holds `count`, recv `count * world` elements.
-                self.call(|c| self.check("ncclAllGather", unsafe { (fns.all_gather)(ptr(&send), ptr(&recv), count, dtype.nccl(), c, st) }))
+                self.call(|c| {
+                    self.check("ncclAllGather", unsafe {
+                        (fns.all_gather)(ptr(&send), ptr(&recv), count, dtype.nccl(), c, st)
+                    })
+                })
             }
-            Op::ReduceScatter { send, recv, count, dtype, op } => {
+            Op::ReduceScatter {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+            } => {
                 bounds(&send, count.saturating_mul(w), dtype, "send")?;
                 bounds(&recv, count, dtype, "recv")?;
                 // SAFETY: send holds `count * world`, recv `count` elements.
-                self.call(|c| self.check("ncclReduceScatter", unsafe { (fns.reduce_scatter)(ptr(&send), ptr(&recv), count, dtype.nccl(), op.nccl(), c, st) }))
+                self.call(|c| {
+                    self.check("ncclReduceScatter", unsafe {
+                        (fns.reduce_scatter)(
+                            ptr(&send),
+                            ptr(&recv),
+                            count,
+                            dtype.nccl(),
+                            op.nccl(),
+                            c,
+                            st,
+                        )
+                    })
+                })
             }
-            Op::AllToAll { send, recv, count, dtype } => {
+            Op::AllToAll {
+                send,
+                recv,
+                count,
+                dtype,
+            } => {
                 bounds(&send, count.saturating_mul(w), dtype, "send")?;
                 bounds(&recv, count.saturating_mul(w), dtype, "recv")?;
                 if let Some(a2a) = self.api.all_to_all {
                     // SAFETY: both hold `count * world` elements.
-                    return self.call(|c| self.check("ncclAlltoAll", unsafe { a2a(ptr(&send), ptr(&recv), count, dtype.nccl(), c, st) }));
+                    return self.call(|c| {
+                        self.check("ncclAlltoAll", unsafe {
+                            a2a(ptr(&send), ptr(&recv), count, dtype.nccl(), c, st)
+                        })
+                    });
                 }
                 // No native all-to-all (NCCL < 2.28): one send and one receive per peer in a
                 // group, as nccl-tests' alltoall does.
@@ -556,37 +844,73 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 self.call(|_| {
                     self.group(|| {
                         for p in 0..w {
-                            self.send_recv((send.address() + p * b) as *mut c_void, count, dtype, p, st, true)?;
-                            self.send_recv((recv.address() + p * b) as *mut c_void, count, dtype, p, st, false)?;
+                            self.send_recv(
+                                (send.address() + p * b) as *mut c_void,
+                                count,
+                                dtype,
+                                p,
+                                st,
+                                true,
+                            )?;
+                            self.send_recv(
+                                (recv.address() + p * b) as *mut c_void,
+                                count,
+                                dtype,
+                                p,
+                                st,
+                                false,
+                            )?;
                         }
                         Ok(())
                     })
                 })
             }
-            Op::Send { buf, count, dtype, peer } => {
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => {
                 bounds(&buf, count, dtype, "buf")?;
                 self.call(|_| self.send_recv(ptr(&buf), count, dtype, peer, st, true))
             }
-            Op::Recv { buf, count, dtype, peer } => {
+            Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => {
                 bounds(&buf, count, dtype, "buf")?;
                 self.call(|_| self.send_recv(ptr(&buf), count, dtype, peer, st, false))
             }
             Op::Barrier => {
                 let b = self.barrier.ptr as *mut c_void;
                 // SAFETY: the communicator's own 4-byte buffer, one f32 element, in place.
-                self.call(|c| self.check("ncclAllReduce", unsafe { (fns.all_reduce)(b, b, 1, DataType::F32.nccl(), ReduceOp::Sum.nccl(), c, st) }))
+                self.call(|c| {
+                    self.check("ncclAllReduce", unsafe {
+                        (fns.all_reduce)(b, b, 1, DataType::F32.nccl(), ReduceOp::Sum.nccl(), c, st)
+                    })
+                })
             }
         }
     }
 
     fn group_start(&self) -> Result<()> {
         // SAFETY: no arguments.
-        self.api.check("ncclGroupStart", unsafe { (self.api.fns.group_start)() }, None)
+        self.api.check(
+            "ncclGroupStart",
+            unsafe { (self.api.fns.group_start)() },
+            None,
+        )
     }
 
     fn group_end(&self) -> Result<()> {
         // SAFETY: no arguments; NCCL reports a group_end without group_start as an error.
-        self.api.check("ncclGroupEnd", unsafe { (self.api.fns.group_end)() }, Some(self.comm))
+        self.api.check(
+            "ncclGroupEnd",
+            unsafe { (self.api.fns.group_end)() },
+            Some(self.comm),
+        )
     }
 
     fn finalize(&mut self) -> Result<()> {

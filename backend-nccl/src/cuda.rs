@@ -26,9 +26,21 @@ impl std::fmt::Debug for CudaRuntime {
 }
 
 pub(crate) fn cuda_err(call: &'static str, e: DriverError) -> Error {
-    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
-    let message = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    Error::Device { runtime: "CUDA", call, code: e.0 as i32, name, message }
+    let name = e
+        .error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    let message = e
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Error::Device {
+        runtime: "CUDA",
+        call,
+        code: e.0 as i32,
+        name,
+        message,
+    }
 }
 
 impl CudaRuntime {
@@ -39,21 +51,33 @@ impl CudaRuntime {
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::LibraryNotFound {
                 library: "CUDA driver",
-                tried: vec!["libcuda.so, libcuda.so.1 and cudarc's other names (system loader)".into()],
+                tried: vec![
+                    "libcuda.so, libcuda.so.1 and cudarc's other names (system loader)".into(),
+                ],
             });
         }
         match result::init() {
             Ok(()) => {}
             Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => {
-                return Err(Error::NoDevice { vendor: "CUDA", detail: "the driver reports no device (cuInit: CUDA_ERROR_NO_DEVICE)".into() })
+                return Err(Error::NoDevice {
+                    vendor: "CUDA",
+                    detail: "the driver reports no device (cuInit: CUDA_ERROR_NO_DEVICE)".into(),
+                })
             }
             Err(e) => return Err(cuda_err("cuInit", e)),
         }
-        let count = result::device::get_count().map_err(|e| cuda_err("cuDeviceGetCount", e))? as usize;
+        let count =
+            result::device::get_count().map_err(|e| cuda_err("cuDeviceGetCount", e))? as usize;
         if count == 0 {
-            return Err(Error::NoDevice { vendor: "CUDA", detail: "cuDeviceGetCount returned 0".into() });
+            return Err(Error::NoDevice {
+                vendor: "CUDA",
+                detail: "cuDeviceGetCount returned 0".into(),
+            });
         }
-        Ok(CudaRuntime { contexts: (0..count).map(|_| OnceLock::new()).collect(), count })
+        Ok(CudaRuntime {
+            contexts: (0..count).map(|_| OnceLock::new()).collect(),
+            count,
+        })
     }
 
     /// The primary context of `dev`.
@@ -62,7 +86,10 @@ impl CudaRuntime {
     }
 
     fn ctx(&self, dev: usize) -> Result<&Arc<CudaContext>> {
-        let slot = self.contexts.get(dev).ok_or_else(|| Error::NoDevice { vendor: "CUDA", detail: format!("device {dev} asked for, {} visible", self.count) })?;
+        let slot = self.contexts.get(dev).ok_or_else(|| Error::NoDevice {
+            vendor: "CUDA",
+            detail: format!("device {dev} asked for, {} visible", self.count),
+        })?;
         if let Some(c) = slot.get() {
             return Ok(c);
         }
@@ -103,7 +130,9 @@ impl Runtime for CudaRuntime {
 
     fn create_stream(&self, dev: usize) -> Result<CudaStreamHandle> {
         let ctx = self.context(dev)?;
-        ctx.new_stream().map(CudaStreamHandle).map_err(|e| cuda_err("cuStreamCreate", e))
+        ctx.new_stream()
+            .map(CudaStreamHandle)
+            .map_err(|e| cuda_err("cuStreamCreate", e))
     }
 
     fn raw_stream(s: &CudaStreamHandle) -> *mut std::ffi::c_void {
@@ -111,17 +140,25 @@ impl Runtime for CudaRuntime {
     }
 
     fn synchronize(&self, s: &CudaStreamHandle) -> Result<()> {
-        s.0.synchronize().map_err(|e| cuda_err("cuStreamSynchronize", e))
+        s.0.synchronize()
+            .map_err(|e| cuda_err("cuStreamSynchronize", e))
     }
 
     fn malloc(&self, dev: usize, bytes: usize) -> Result<usize> {
         // SAFETY: cuMemAlloc on the device made current by with_device.
-        self.with_device(dev, || unsafe { result::malloc_sync(bytes) }.map(|p| p as usize).map_err(|e| cuda_err("cuMemAlloc", e)))
+        self.with_device(dev, || {
+            unsafe { result::malloc_sync(bytes) }
+                .map(|p| p as usize)
+                .map_err(|e| cuda_err("cuMemAlloc", e))
+        })
     }
 
     unsafe fn free(&self, dev: usize, ptr: usize) -> Result<()> {
         // SAFETY: per the trait contract, `ptr` came from malloc on `dev`.
-        self.with_device(dev, || unsafe { result::free_sync(ptr as sys::CUdeviceptr) }.map_err(|e| cuda_err("cuMemFree", e)))
+        self.with_device(dev, || {
+            unsafe { result::free_sync(ptr as sys::CUdeviceptr) }
+                .map_err(|e| cuda_err("cuMemFree", e))
+        })
     }
 
     unsafe fn htod(&self, dev: usize, dst: usize, src: &[u8], s: &CudaStreamHandle) -> Result<()> {
@@ -130,26 +167,45 @@ impl Runtime for CudaRuntime {
             // awaited below, before `src` can be released.
             unsafe { result::memcpy_htod_async(dst as sys::CUdeviceptr, src, s.0.cu_stream()) }
                 .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
-            s.0.synchronize().map_err(|e| cuda_err("cuStreamSynchronize", e))
+            s.0.synchronize()
+                .map_err(|e| cuda_err("cuStreamSynchronize", e))
         })
     }
 
-    unsafe fn dtoh(&self, dev: usize, dst: &mut [u8], src: usize, s: &CudaStreamHandle) -> Result<()> {
+    unsafe fn dtoh(
+        &self,
+        dev: usize,
+        dst: &mut [u8],
+        src: usize,
+        s: &CudaStreamHandle,
+    ) -> Result<()> {
         self.with_device(dev, || {
             // SAFETY: `src` holds `dst.len()` device bytes (trait contract); awaited below.
             unsafe { result::memcpy_dtoh_async(dst, src as sys::CUdeviceptr, s.0.cu_stream()) }
                 .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
-            s.0.synchronize().map_err(|e| cuda_err("cuStreamSynchronize", e))
+            s.0.synchronize()
+                .map_err(|e| cuda_err("cuStreamSynchronize", e))
         })
     }
 
     fn describe(&self) -> String {
         let mut v = 0;
         // SAFETY: writes one int.
-        let drv = unsafe { sys::cuDriverGetVersion(&mut v) }.result().map(|_| format!("{}.{}", v / 1000, (v % 1000) / 10)).unwrap_or_else(|_| "unknown".into());
+        let drv = unsafe { sys::cuDriverGetVersion(&mut v) }
+            .result()
+            .map(|_| format!("{}.{}", v / 1000, (v % 1000) / 10))
+            .unwrap_or_else(|_| "unknown".into());
         let names: Vec<String> = (0..self.count)
-            .map(|d| self.context(d).and_then(|c| c.name().map_err(|e| cuda_err("cuDeviceGetName", e))).unwrap_or_else(|e| e.to_string()))
+            .map(|d| {
+                self.context(d)
+                    .and_then(|c| c.name().map_err(|e| cuda_err("cuDeviceGetName", e)))
+                    .unwrap_or_else(|e| e.to_string())
+            })
             .collect();
-        format!("CUDA driver API {drv}, {} device(s): {}", self.count, names.join(", "))
+        format!(
+            "CUDA driver API {drv}, {} device(s): {}",
+            self.count,
+            names.join(", ")
+        )
     }
 }

@@ -70,7 +70,12 @@ pub fn cuda() -> Result<Arc<CudaRuntime>> {
 pub fn probe() -> Result<String> {
     let rt = cuda()?;
     let api = nccl()?;
-    Ok(format!("{}; NCCL {} at {}", rt.describe(), api.version, api.path))
+    Ok(format!(
+        "{}; NCCL {} at {}",
+        rt.describe(),
+        api.version,
+        api.path
+    ))
 }
 
 /// One communicator per visible GPU (or the first `n`), created from this thread.
@@ -80,7 +85,10 @@ pub fn local_comms(n: Option<usize>) -> Result<Vec<NcclComm>> {
     let count = rt.device_count()?;
     let n = n.unwrap_or(count);
     if n > count {
-        return Err(Error::NoDevice { vendor: "CUDA", detail: format!("{n} ranks asked for, {count} GPU(s) visible") });
+        return Err(Error::NoDevice {
+            vendor: "CUDA",
+            detail: format!("{n} ranks asked for, {count} GPU(s) visible"),
+        });
     }
     let devs: Vec<usize> = (0..n).collect();
     ApiComm::init_local(api, rt, &devs)

@@ -7,7 +7,7 @@
 use backend_nccl::NcclComm;
 use std::sync::Mutex;
 
-use comm_core::conformance::{Failure, Harness};
+use comm_core::conformance::{CaseFn, Failure, Harness};
 use comm_core::{Comm, ReduceOp, Result};
 
 struct Nccl;
@@ -26,7 +26,7 @@ impl Harness for Nccl {
     fn with_comms(
         &self,
         world: usize,
-        f: &mut dyn FnMut(&[Comm<NcclComm>]) -> std::result::Result<(), Failure>,
+        f: &mut CaseFn<'_, NcclComm>,
     ) -> std::result::Result<(), Failure> {
         static WORLDS: Mutex<Vec<(usize, Vec<Comm<NcclComm>>)>> = Mutex::new(Vec::new());
         let mut worlds = WORLDS.lock().unwrap_or_else(|e| e.into_inner());
@@ -43,7 +43,10 @@ comm_core::conformance_suite!(Nccl);
 /// The world size of the specific tests: `UNICOMM_GPU_WORLD` (the run script sets it to the
 /// machine's GPU count), default 2. A machine with fewer GPUs fails them with `NoDevice`.
 fn world() -> usize {
-    std::env::var("UNICOMM_GPU_WORLD").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+    std::env::var("UNICOMM_GPU_WORLD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
 }
 
 fn comms(n: usize) -> Vec<Comm<NcclComm>> {
@@ -81,7 +84,10 @@ fn registration_rules_hold_on_nccl() {
     let mem = a.backend().alloc(4096).unwrap();
     let h = a.backend().register(&mem, 0, 4096).unwrap();
     a.backend().deregister(h).unwrap();
-    assert!(matches!(a.backend().deregister(h), Err(comm_core::Error::InvalidArgument { .. })));
+    assert!(matches!(
+        a.backend().deregister(h),
+        Err(comm_core::Error::InvalidArgument { .. })
+    ));
 }
 
 /// Item 7: ten all-reduces captured into a CUDA graph, replayed once.
@@ -106,7 +112,9 @@ fn collectives_captured_into_a_cuda_graph_replay_correctly() {
             .ok_or_else(|| comm_core::Error::invalid("capture", "empty graph"))?;
         // Nothing ran during capture.
         assert_eq!(buf.copy_to_host(&st)?[0], 1.0);
-        graph.launch().map_err(|e| comm_core::Error::invalid("launch", format!("{e:?}")))?;
+        graph
+            .launch()
+            .map_err(|e| comm_core::Error::invalid("launch", format!("{e:?}")))?;
         st.synchronize()?;
         buf.copy_to_host(&st)
     });
@@ -125,7 +133,9 @@ fn cudarc_streams_and_slices_work_directly() {
     let out = each(&cs, |c| -> Result<Vec<f32>> {
         let ctx = cudarc::driver::CudaContext::new(c.backend().device()).unwrap();
         let cu_stream = ctx.new_stream().unwrap();
-        let slice = cu_stream.clone_htod(&vec![c.rank() as f32 + 1.0; 256]).unwrap();
+        let slice = cu_stream
+            .clone_htod(&vec![c.rank() as f32 + 1.0; 256])
+            .unwrap();
         let st = backend_nccl::stream_from_cudarc(cu_stream)?;
         let mem = backend_nccl::memory_from_cudarc(slice)?;
         let mut buf = comm_core::Buffer::<f32, NcclComm>::from_memory(mem, 256)?;
@@ -193,7 +203,13 @@ fn symmetric_windows_register_and_reduce() {
 fn nccl_errors_carry_code_name_and_message() {
     let api = backend_nccl::nccl().unwrap();
     match api.check("ncclAllReduce", 4, None) {
-        Err(comm_core::Error::Library { library, code, name, message, .. }) => {
+        Err(comm_core::Error::Library {
+            library,
+            code,
+            name,
+            message,
+            ..
+        }) => {
             assert_eq!((library, code, name), ("NCCL", 4, "ncclInvalidArgument"));
             assert!(!message.is_empty(), "ncclGetErrorString gave nothing");
             println!("as NCCL says it: {message}");

@@ -20,7 +20,10 @@ static MISSING: Flavor = Flavor {
 
 #[test]
 fn library_not_found_lists_every_path_tried_in_order() {
-    std::env::set_var("UNICOMM_TEST_MISSING_NCCL", "/nonexistent/explicit/libnccl.so.2");
+    std::env::set_var(
+        "UNICOMM_TEST_MISSING_NCCL",
+        "/nonexistent/explicit/libnccl.so.2",
+    );
     let tried = match Api::load(&MISSING) {
         Err(Error::LibraryNotFound { library, tried }) => {
             assert_eq!(library, "NCCL");
@@ -40,7 +43,11 @@ fn library_not_found_lists_every_path_tried_in_order() {
         assert!(t.starts_with(w), "{t} should start with {w}");
     }
     assert_eq!(candidates(&MISSING).len(), want.len());
-    let msg = Error::LibraryNotFound { library: "NCCL", tried }.to_string();
+    let msg = Error::LibraryNotFound {
+        library: "NCCL",
+        tried,
+    }
+    .to_string();
     assert!(msg.contains("/nonexistent/explicit/libnccl.so.2"), "{msg}");
 }
 

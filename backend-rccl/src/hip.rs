@@ -37,7 +37,8 @@ pub struct HipFns {
     pub event_destroy: unsafe extern "C" fn(HipEvent) -> HipError,
     pub malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
     pub free: unsafe extern "C" fn(*mut c_void) -> HipError,
-    pub memcpy_async: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, HipStream) -> HipError,
+    pub memcpy_async:
+        unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, HipStream) -> HipError,
     pub get_error_string: unsafe extern "C" fn(HipError) -> *const c_char,
     pub get_error_name: unsafe extern "C" fn(HipError) -> *const c_char,
     pub runtime_get_version: unsafe extern "C" fn(*mut c_int) -> HipError,
@@ -55,14 +56,23 @@ pub struct HipRuntime {
 
 impl std::fmt::Debug for HipRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HipRuntime({} at {}, {} devices)", "libamdhip64", self.path, self.count)
+        write!(
+            f,
+            "HipRuntime(libamdhip64 at {}, {} devices)",
+            self.path, self.count
+        )
     }
 }
 
 /// Where `libamdhip64` is searched: `UNICOMM_HIP_LIBRARY`, `ROCM_PATH/lib`, `HIP_PATH/lib`,
 /// `/opt/rocm/lib`, then the sonames (ROCm 6/7's `.so.6`/`.so.7`, Debian's `.so.5`).
 pub fn hip_candidates() -> Vec<PathBuf> {
-    const NAMES: [&str; 4] = ["libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5"];
+    const NAMES: [&str; 4] = [
+        "libamdhip64.so",
+        "libamdhip64.so.7",
+        "libamdhip64.so.6",
+        "libamdhip64.so.5",
+    ];
     let mut v = Vec::new();
     if let Some(p) = std::env::var_os("UNICOMM_HIP_LIBRARY") {
         v.push(PathBuf::from(p));
@@ -93,7 +103,10 @@ impl HipRuntime {
                 Err(e) => tried.push(format!("{} ({e})", cand.display())),
             }
         }
-        Err(Error::LibraryNotFound { library: "HIP runtime", tried })
+        Err(Error::LibraryNotFound {
+            library: "HIP runtime",
+            tried,
+        })
     }
 
     fn from_library(lib: libloading::Library, path: String) -> Result<Self> {
@@ -101,7 +114,11 @@ impl HipRuntime {
             ($name:literal) => {{
                 // SAFETY: the symbol is declared with hip_runtime_api.h's signature.
                 let s = unsafe { lib.get(concat!($name, "\0").as_bytes()) };
-                *s.map_err(|_| Error::MissingSymbol { library: "HIP runtime", path: path.clone(), symbol: $name })?
+                *s.map_err(|_| Error::MissingSymbol {
+                    library: "HIP runtime",
+                    path: path.clone(),
+                    symbol: $name,
+                })?
             }};
         }
         let fns = HipFns {
@@ -123,7 +140,12 @@ impl HipRuntime {
             runtime_get_version: sym!("hipRuntimeGetVersion"),
             driver_get_version: sym!("hipDriverGetVersion"),
         };
-        let mut rt = HipRuntime { path, fns, count: 0, _lib: lib };
+        let mut rt = HipRuntime {
+            path,
+            fns,
+            count: 0,
+            _lib: lib,
+        };
         let mut n: c_int = 0;
         // SAFETY: writes one int.
         let r = unsafe { (rt.fns.get_device_count)(&mut n) };
@@ -164,7 +186,13 @@ impl HipRuntime {
             // SAFETY: NUL-terminated, static.
             unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
         };
-        Error::Device { runtime: "HIP", call, code: e, name: self.err_name(e), message }
+        Error::Device {
+            runtime: "HIP",
+            call,
+            code: e,
+            name: self.err_name(e),
+            message,
+        }
     }
 
     fn check(&self, call: &'static str, e: HipError) -> Result<()> {
@@ -236,7 +264,9 @@ impl Runtime for HipRuntime {
             return f();
         }
         // SAFETY: selects a device index below the count.
-        self.check("hipSetDevice", unsafe { (self.fns.set_device)(dev as c_int) })?;
+        self.check("hipSetDevice", unsafe {
+            (self.fns.set_device)(dev as c_int)
+        })?;
         let r = f();
         // SAFETY: restores the device that was current.
         self.check("hipSetDevice", unsafe { (self.fns.set_device)(prev) })?;
@@ -247,7 +277,9 @@ impl Runtime for HipRuntime {
         self.with_device(dev, || {
             let mut s = std::ptr::null_mut();
             // SAFETY: writes one stream handle.
-            self.check("hipStreamCreateWithFlags", unsafe { (self.fns.stream_create_with_flags)(&mut s, HIP_STREAM_NON_BLOCKING) })?;
+            self.check("hipStreamCreateWithFlags", unsafe {
+                (self.fns.stream_create_with_flags)(&mut s, HIP_STREAM_NON_BLOCKING)
+            })?;
             Ok(HipStreamHandle(s, dev))
         })
     }
@@ -258,7 +290,9 @@ impl Runtime for HipRuntime {
 
     fn synchronize(&self, s: &HipStreamHandle) -> Result<()> {
         // SAFETY: a live stream.
-        self.check("hipStreamSynchronize", unsafe { (self.fns.stream_synchronize)(s.0) })
+        self.check("hipStreamSynchronize", unsafe {
+            (self.fns.stream_synchronize)(s.0)
+        })
     }
 
     fn malloc(&self, dev: usize, bytes: usize) -> Result<usize> {
@@ -272,27 +306,57 @@ impl Runtime for HipRuntime {
 
     unsafe fn free(&self, dev: usize, ptr: usize) -> Result<()> {
         // SAFETY: per the trait contract.
-        self.with_device(dev, || self.check("hipFree", unsafe { (self.fns.free)(ptr as *mut c_void) }))
+        self.with_device(dev, || {
+            self.check("hipFree", unsafe { (self.fns.free)(ptr as *mut c_void) })
+        })
     }
 
     unsafe fn htod(&self, dev: usize, dst: usize, src: &[u8], s: &HipStreamHandle) -> Result<()> {
         self.with_device(dev, || {
             // SAFETY: `dst` holds `src.len()` device bytes (trait contract); awaited below.
-            self.check("hipMemcpyAsync", unsafe { (self.fns.memcpy_async)(dst as *mut c_void, src.as_ptr().cast(), src.len(), HIP_MEMCPY_HOST_TO_DEVICE, s.0) })?;
+            self.check("hipMemcpyAsync", unsafe {
+                (self.fns.memcpy_async)(
+                    dst as *mut c_void,
+                    src.as_ptr().cast(),
+                    src.len(),
+                    HIP_MEMCPY_HOST_TO_DEVICE,
+                    s.0,
+                )
+            })?;
             self.synchronize(s)
         })
     }
 
-    unsafe fn dtoh(&self, dev: usize, dst: &mut [u8], src: usize, s: &HipStreamHandle) -> Result<()> {
+    unsafe fn dtoh(
+        &self,
+        dev: usize,
+        dst: &mut [u8],
+        src: usize,
+        s: &HipStreamHandle,
+    ) -> Result<()> {
         self.with_device(dev, || {
             // SAFETY: `src` holds `dst.len()` device bytes (trait contract); awaited below.
-            self.check("hipMemcpyAsync", unsafe { (self.fns.memcpy_async)(dst.as_mut_ptr().cast(), src as *const c_void, dst.len(), HIP_MEMCPY_DEVICE_TO_HOST, s.0) })?;
+            self.check("hipMemcpyAsync", unsafe {
+                (self.fns.memcpy_async)(
+                    dst.as_mut_ptr().cast(),
+                    src as *const c_void,
+                    dst.len(),
+                    HIP_MEMCPY_DEVICE_TO_HOST,
+                    s.0,
+                )
+            })?;
             self.synchronize(s)
         })
     }
 
     fn describe(&self) -> String {
-        format!("HIP runtime {} (driver {}) at {}, {} device(s)", self.runtime_version(), self.driver_version(), self.path, self.count)
+        format!(
+            "HIP runtime {} (driver {}) at {}, {} device(s)",
+            self.runtime_version(),
+            self.driver_version(),
+            self.path,
+            self.count
+        )
     }
 }
 
@@ -302,7 +366,11 @@ impl Drop for HipStreamHandle {
         // because every stream holds the runtime through its ApiStream.
         if let Ok(rt) = crate::hip() {
             // SAFETY: a stream created by hipStreamCreateWithFlags, destroyed once.
-            let _ = rt.with_device(self.1, || rt.check("hipStreamDestroy", unsafe { (rt.fns.stream_destroy)(self.0) }));
+            let _ = rt.with_device(self.1, || {
+                rt.check("hipStreamDestroy", unsafe {
+                    (rt.fns.stream_destroy)(self.0)
+                })
+            });
         }
     }
 }

@@ -70,7 +70,12 @@ pub fn hip() -> Result<Arc<HipRuntime>> {
 pub fn probe() -> Result<String> {
     let rt = hip()?;
     let api = rccl()?;
-    Ok(format!("{}; RCCL (NCCL API {}) at {}", rt.describe(), api.version, api.path))
+    Ok(format!(
+        "{}; RCCL (NCCL API {}) at {}",
+        rt.describe(),
+        api.version,
+        api.path
+    ))
 }
 
 /// One communicator per visible AMD GPU (or the first `n`), created from this thread.
@@ -80,7 +85,10 @@ pub fn local_comms(n: Option<usize>) -> Result<Vec<RcclComm>> {
     let count = rt.device_count()?;
     let n = n.unwrap_or(count);
     if n > count {
-        return Err(Error::NoDevice { vendor: "ROCm", detail: format!("{n} ranks asked for, {count} GPU(s) visible") });
+        return Err(Error::NoDevice {
+            vendor: "ROCm",
+            detail: format!("{n} ranks asked for, {count} GPU(s) visible"),
+        });
     }
     ApiComm::init_local(api, rt, &(0..n).collect::<Vec<_>>())
 }

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
 use backend_nccl::{Api, ApiComm, Flavor, Runtime};
-use comm_core::{Collective, Comm, DeviceStream as _, Error, ReduceOp, Result, Version};
+use comm_core::{Collective, Comm, Error, ReduceOp, Result, Version};
 
 /// Builds the fake in one flavour (once per test binary) and returns the library's path.
 fn fake(feature: &str) -> PathBuf {
@@ -24,7 +24,14 @@ fn fake(feature: &str) -> PathBuf {
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fake-nccl-{feature}"));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = Command::new(cargo)
-        .args(["build", "--quiet", "--offline", "--features", feature, "--manifest-path"])
+        .args([
+            "build",
+            "--quiet",
+            "--offline",
+            "--features",
+            feature,
+            "--manifest-path",
+        ])
         .arg(dir.join("Cargo.toml"))
         .arg("--target-dir")
         .arg(&target)
@@ -102,7 +109,11 @@ fn nccl_like(dir: PathBuf) -> Vec<PathBuf> {
 /// NCCL's flavour pointed at the fake; and the same without a native all-to-all, to force
 /// the grouped send/recv fallback.
 fn flavors(no_a2a: bool, rccl: bool) -> &'static Flavor {
-    let base: &Flavor = if rccl { &backend_rccl::RCCL } else { &backend_nccl::NCCL };
+    let base: &Flavor = if rccl {
+        &backend_rccl::RCCL
+    } else {
+        &backend_nccl::NCCL
+    };
     let f = Flavor {
         library: base.library,
         env_var: "UNICOMM_FAKE_UNUSED",
@@ -144,16 +155,29 @@ fn nccl_228_like_library_has_everything() {
     let c = comm(f, &path);
     let caps = c.capabilities();
     assert_eq!(caps.version, Version::new(2, 28, 9));
-    assert!(caps.registration && caps.windows && caps.native_all_to_all && caps.mem_alloc, "{caps:?}");
+    assert!(
+        caps.registration && caps.windows && caps.native_all_to_all && caps.mem_alloc,
+        "{caps:?}"
+    );
     let before = calls(&path, "ncclAlltoAll");
     round_trip(&c).unwrap();
-    assert_eq!(calls(&path, "ncclAlltoAll"), before + 1, "native all-to-all used");
-    assert!(calls(&path, "ncclMemAlloc") >= 3, "memory from ncclMemAlloc");
+    assert_eq!(
+        calls(&path, "ncclAlltoAll"),
+        before + 1,
+        "native all-to-all used"
+    );
+    assert!(
+        calls(&path, "ncclMemAlloc") >= 3,
+        "memory from ncclMemAlloc"
+    );
     // Registration and windows go through the library, and a handle cannot be used twice.
     let reg = c.register(c.alloc::<f32>(16).unwrap()).unwrap();
     let h = reg.handle();
     c.deregister(reg).unwrap();
-    assert!(matches!(c.backend().deregister(h), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        c.backend().deregister(h),
+        Err(Error::InvalidArgument { .. })
+    ));
     assert!(calls(&path, "ncclCommDeregister") >= 1);
     let w = c.register_window(c.alloc::<f32>(16).unwrap()).unwrap();
     c.deregister_window(w).unwrap();
@@ -179,7 +203,10 @@ fn old_rccl_like_library_gates_features_with_versions() {
     let caps = c.capabilities();
     assert_eq!(caps.backend, "rccl");
     assert_eq!(caps.version, Version::new(2, 18, 3));
-    assert!(!caps.registration && !caps.windows && !caps.mem_alloc && caps.native_all_to_all, "{caps:?}");
+    assert!(
+        !caps.registration && !caps.windows && !caps.mem_alloc && caps.native_all_to_all,
+        "{caps:?}"
+    );
     let e = c.register(c.alloc::<f32>(16).unwrap()).err().unwrap().error;
     match &e {
         Error::Unsupported { needs, found, .. } => {
@@ -188,11 +215,25 @@ fn old_rccl_like_library_gates_features_with_versions() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(matches!(c.register_window(c.alloc::<f32>(4).unwrap()).err().unwrap().error, Error::Unsupported { .. }));
+    assert!(matches!(
+        c.register_window(c.alloc::<f32>(4).unwrap())
+            .err()
+            .unwrap()
+            .error,
+        Error::Unsupported { .. }
+    ));
     let before = calls(&path, "ncclAllToAll");
     round_trip(&c).unwrap();
-    assert_eq!(calls(&path, "ncclAllToAll"), before + 1, "RCCL's spelling found and used");
-    assert_eq!(calls(&path, "ncclMemAlloc"), 0, "no ncclMemAlloc: hipMalloc-style fallback");
+    assert_eq!(
+        calls(&path, "ncclAllToAll"),
+        before + 1,
+        "RCCL's spelling found and used"
+    );
+    assert_eq!(
+        calls(&path, "ncclMemAlloc"),
+        0,
+        "no ncclMemAlloc: hipMalloc-style fallback"
+    );
 }
 
 #[test]
@@ -216,7 +257,14 @@ fn library_errors_keep_code_name_message_and_last_error() {
         let st = c.create_stream().unwrap();
         let mut b = c.alloc::<u8>(2989).unwrap();
         match c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st) {
-            Err(Error::Library { library, call, code, name, message, last_error }) => {
+            Err(Error::Library {
+                library,
+                call,
+                code,
+                name,
+                message,
+                last_error,
+            }) => {
                 assert_eq!(library, if rccl { "RCCL" } else { "NCCL" });
                 assert_eq!((call, code, name), ("ncclAllReduce", 5, "ncclInvalidUsage"));
                 assert_eq!(message, "fake: invalid usage");

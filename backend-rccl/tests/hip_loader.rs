@@ -33,7 +33,10 @@ fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
     // library is installed, so only the listed paths are checked here.
     std::env::set_var("UNICOMM_HIP_LIBRARY", "/nonexistent/libamdhip64.so");
     std::env::set_var("ROCM_PATH", "/nonexistent/rocm");
-    let c: Vec<String> = hip_candidates().iter().map(|p| p.display().to_string()).collect();
+    let c: Vec<String> = hip_candidates()
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     assert_eq!(c[0], "/nonexistent/libamdhip64.so");
     assert_eq!(c[1], "/nonexistent/rocm/lib/libamdhip64.so");
     assert!(c.contains(&"/opt/rocm/lib/libamdhip64.so".to_string()));
@@ -46,7 +49,10 @@ fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
         Err(Error::LibraryNotFound { library, tried }) => {
             assert!(!installed);
             assert_eq!(library, "HIP runtime");
-            assert!(tried[0].starts_with("/nonexistent/libamdhip64.so"), "{tried:?}");
+            assert!(
+                tried[0].starts_with("/nonexistent/libamdhip64.so"),
+                "{tried:?}"
+            );
             assert_eq!(tried.len(), c.len());
         }
         Err(Error::NoDevice { .. }) => assert!(installed, "NoDevice means a HIP library loaded"),
@@ -54,8 +60,16 @@ fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
     }
     // The RCCL library is absent here (no Debian package has it): LibraryNotFound.
     match backend_rccl::rccl() {
-        Err(Error::LibraryNotFound { library: "RCCL", tried }) => {
-            assert!(tried.iter().any(|t| t.starts_with("/opt/rocm/lib/librccl.so.1")), "{tried:?}");
+        Err(Error::LibraryNotFound {
+            library: "RCCL",
+            tried,
+        }) => {
+            assert!(
+                tried
+                    .iter()
+                    .any(|t| t.starts_with("/opt/rocm/lib/librccl.so.1")),
+                "{tried:?}"
+            );
         }
         Ok(api) => println!("RCCL present: {api:?}"),
         Err(e) => panic!("{e}"),

@@ -250,21 +250,40 @@ impl<'a, M> Op<'a, M> {
             })
         };
         Ok(match self {
-            Op::AllReduce { send, recv, count, dtype, op } => Op::AllReduce {
+            Op::AllReduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+            } => Op::AllReduce {
                 send: m(send, "send")?,
                 recv: m(recv, "recv")?,
                 count,
                 dtype,
                 op,
             },
-            Op::Broadcast { send, recv, count, dtype, root } => Op::Broadcast {
+            Op::Broadcast {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            } => Op::Broadcast {
                 send: m(send, "send")?,
                 recv: m(recv, "recv")?,
                 count,
                 dtype,
                 root,
             },
-            Op::Reduce { send, recv, count, dtype, op, root } => Op::Reduce {
+            Op::Reduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+                root,
+            } => Op::Reduce {
                 send: m(send, "send")?,
                 recv: m(recv, "recv")?,
                 count,
@@ -272,32 +291,58 @@ impl<'a, M> Op<'a, M> {
                 op,
                 root,
             },
-            Op::AllGather { send, recv, count, dtype } => Op::AllGather {
+            Op::AllGather {
+                send,
+                recv,
+                count,
+                dtype,
+            } => Op::AllGather {
                 send: m(send, "send")?,
                 recv: m(recv, "recv")?,
                 count,
                 dtype,
             },
-            Op::ReduceScatter { send, recv, count, dtype, op } => Op::ReduceScatter {
+            Op::ReduceScatter {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+            } => Op::ReduceScatter {
                 send: m(send, "send")?,
                 recv: m(recv, "recv")?,
                 count,
                 dtype,
                 op,
             },
-            Op::AllToAll { send, recv, count, dtype } => Op::AllToAll {
+            Op::AllToAll {
+                send,
+                recv,
+                count,
+                dtype,
+            } => Op::AllToAll {
                 send: m(send, "send")?,
                 recv: m(recv, "recv")?,
                 count,
                 dtype,
             },
-            Op::Send { buf, count, dtype, peer } => Op::Send {
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => Op::Send {
                 buf: m(buf, "buf")?,
                 count,
                 dtype,
                 peer,
             },
-            Op::Recv { buf, count, dtype, peer } => Op::Recv {
+            Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => Op::Recv {
                 buf: m(buf, "buf")?,
                 count,
                 dtype,

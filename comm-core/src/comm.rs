@@ -174,7 +174,11 @@ impl<'a, T: Element, C: Collective> View<'a, T, C> {
         if dst.len() != self.len {
             return Err(Error::invalid(
                 "dst",
-                format!("holds {} elements, the device range {}", dst.len(), self.len),
+                format!(
+                    "holds {} elements, the device range {}",
+                    dst.len(),
+                    self.len
+                ),
             ));
         }
         let off = self.offset * std::mem::size_of::<T>();
@@ -237,7 +241,11 @@ impl<'a, T: Element, C: Collective> ViewMut<'a, T, C> {
         if src.len() > self.len {
             return Err(Error::invalid(
                 "src",
-                format!("holds {} elements, the device range only {}", src.len(), self.len),
+                format!(
+                    "holds {} elements, the device range only {}",
+                    src.len(),
+                    self.len
+                ),
             ));
         }
         let off = self.offset * std::mem::size_of::<T>();
@@ -714,7 +722,9 @@ impl<C: Collective> Comm<C> {
         let whole = b.as_view();
         self.run(
             Op::AllGather {
-                send: whole.slice(self.rank() * count..(self.rank() + 1) * count)?.raw(),
+                send: whole
+                    .slice(self.rank() * count..(self.rank() + 1) * count)?
+                    .raw(),
                 recv: whole.raw(),
                 count,
                 dtype: T::DTYPE,
@@ -873,7 +883,10 @@ impl<C: Collective> Comm<C> {
 
     fn times_world(&self, n: usize, argument: &'static str) -> Result<usize> {
         n.checked_mul(self.world_size()).ok_or_else(|| {
-            Error::invalid(argument, format!("{n} x {} ranks overflows", self.world_size()))
+            Error::invalid(
+                argument,
+                format!("{n} x {} ranks overflows", self.world_size()),
+            )
         })
     }
 

@@ -13,7 +13,9 @@
 
 use std::fmt;
 
-use crate::{bf16, f16, Buffer, Collective, Comm, DataType, DeviceStream, Element, ReduceOp, Result};
+use crate::{
+    bf16, f16, Buffer, Collective, Comm, DataType, DeviceStream, Element, ReduceOp, Result,
+};
 
 /// How ranks are driven.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +99,9 @@ pub struct Case {
     pub world: usize,
 }
 
+/// What a harness runs on a world's communicators: one case in one mode.
+pub type CaseFn<'a, C> = dyn FnMut(&[Comm<C>]) -> std::result::Result<(), Failure> + 'a;
+
 /// How a backend's tests make communicators.
 pub trait Harness: Sync {
     /// The backend.
@@ -108,7 +113,7 @@ pub trait Harness: Sync {
     fn with_comms(
         &self,
         world: usize,
-        f: &mut dyn FnMut(&[Comm<Self::C>]) -> std::result::Result<(), Failure>,
+        f: &mut CaseFn<'_, Self::C>,
     ) -> std::result::Result<(), Failure>;
     /// The modes to run `case` in (default: both).
     fn modes(&self, case: &Case) -> &'static [Mode] {
@@ -260,7 +265,10 @@ fn reference<T: Sample>(op: ReduceOp, vals: &[i64]) -> T {
 }
 
 /// The exact expected value, or for float averages the exact mean and its tolerance.
-fn reference_or_tolerance<T: Sample>(op: ReduceOp, vals: &[i64]) -> std::result::Result<T, (f64, f64)> {
+fn reference_or_tolerance<T: Sample>(
+    op: ReduceOp,
+    vals: &[i64],
+) -> std::result::Result<T, (f64, f64)> {
     if op == ReduceOp::Avg && T::DTYPE.is_float() {
         // NCCL pre-multiplies each input by 1/n (rounded) and sums: 2n-1 roundings of values
         // of magnitude < 4, each within half an ulp, so within 4*n*eps of the exact mean.
@@ -388,7 +396,11 @@ struct Expected<T> {
 impl<T: Sample> Expected<T> {
     fn new(case: &Case) -> Self {
         let s = shape(case);
-        let op = if reduces(case.coll) { case.op } else { ReduceOp::Sum };
+        let op = if reduces(case.coll) {
+            case.op
+        } else {
+            ReduceOp::Sum
+        };
         let len = s.send_len.max(s.recv_len);
         let inputs: Vec<Vec<i8>> = (0..case.world)
             .map(|k| (0..len).map(|i| input::<T>(op, k, i) as i8).collect())
@@ -433,7 +445,12 @@ impl<T: Sample> Expected<T> {
 }
 
 /// Checks rank `r`'s output against the reference.
-fn verify<T: Sample>(case: &Case, exp: &Expected<T>, r: usize, out: &[T]) -> std::result::Result<(), String> {
+fn verify<T: Sample>(
+    case: &Case,
+    exp: &Expected<T>,
+    r: usize,
+    out: &[T],
+) -> std::result::Result<(), String> {
     let s = shape(case);
     let w = case.world;
     let inp = |rank: usize, i: usize| exp.inputs[rank][i] as i64;
@@ -459,7 +476,11 @@ fn verify<T: Sample>(case: &Case, exp: &Expected<T>, r: usize, out: &[T]) -> std
                 expect(got, T::from_i64(inp(k, idx)))
             }
             Coll::ReduceScatter => {
-                let base = if case.place == Place::In { r * s.count } else { 0 };
+                let base = if case.place == Place::In {
+                    r * s.count
+                } else {
+                    0
+                };
                 if case.place == Place::In && (i < base || i >= base + s.count) {
                     // Outside this rank's chunk the buffer keeps its input.
                     expect(got, T::from_i64(inp(r, i)))
@@ -550,7 +571,11 @@ struct Rank<'c, T: Element, C: Collective> {
     recv: Held<'c, T, C>,
 }
 
-fn setup<'c, T: Sample, C: Collective>(comm: &'c Comm<C>, case: &Case, exp: &Expected<T>) -> Result<Rank<'c, T, C>> {
+fn setup<'c, T: Sample, C: Collective>(
+    comm: &'c Comm<C>,
+    case: &Case,
+    exp: &Expected<T>,
+) -> Result<Rank<'c, T, C>> {
     let s = shape(case);
     let r = comm.rank();
     let stream = comm.create_stream()?;
@@ -592,7 +617,10 @@ fn launch<T: Sample, C: Collective>(rk: &mut Rank<'_, T, C>, case: &Case) -> Res
             c.send(&send.slice().view(), (r + 1) % w, st)?;
             c.recv(&mut recv.view_mut(), (r + w - 1) % w, st)
         }),
-        (Coll::SendRecv, None) => Err(crate::Error::invalid("case", "send/recv is out of place only")),
+        (Coll::SendRecv, None) => Err(crate::Error::invalid(
+            "case",
+            "send/recv is out of place only",
+        )),
         (coll, Some(send)) => {
             let sv = send.slice().view();
             let mut rv = recv.view_mut();
@@ -614,7 +642,10 @@ fn launch<T: Sample, C: Collective>(rk: &mut Rank<'_, T, C>, case: &Case) -> Res
                 Coll::Reduce => c.reduce_in_place(&mut b, case.op, root(case), st),
                 Coll::AllGather => c.all_gather_in_place(&mut b, st),
                 Coll::ReduceScatter => c.reduce_scatter_in_place(&mut b, case.op, st),
-                Coll::AllToAll => Err(crate::Error::invalid("case", "all_to_all is out of place only")),
+                Coll::AllToAll => Err(crate::Error::invalid(
+                    "case",
+                    "all_to_all is out of place only",
+                )),
                 Coll::SendRecv | Coll::Barrier => Ok(()),
             }
         }
@@ -676,17 +707,30 @@ fn run_typed<T: Sample, C: Collective>(
                 }
                 v
             } else {
-                comms.iter().map(|c| setup::<T, C>(c, case, exp)).collect::<Result<_>>()?
+                comms
+                    .iter()
+                    .map(|c| setup::<T, C>(c, case, exp))
+                    .collect::<Result<_>>()?
             };
             let mut ranks = ranks;
             comms[0].group(|| ranks.iter_mut().try_for_each(|rk| launch(rk, case)))?;
-            let mut out: Vec<_> = ranks.iter_mut().map(|rk| check_output(rk, case, exp)).collect();
+            let mut out: Vec<_> = ranks
+                .iter_mut()
+                .map(|rk| check_output(rk, case, exp))
+                .collect();
             // Window deregistration is collective too: one thread per rank.
             let released: Vec<_> = if case.reg == Reg::Window {
                 std::thread::scope(|s| {
-                    let hs: Vec<_> = ranks.into_iter().map(|rk| s.spawn(move || release(rk))).collect();
+                    let hs: Vec<_> = ranks
+                        .into_iter()
+                        .map(|rk| s.spawn(move || release(rk)))
+                        .collect();
                     hs.into_iter()
-                        .map(|h| h.join().unwrap_or_else(|_| Err(Failure("a release thread panicked".into()))))
+                        .map(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                Err(Failure("a release thread panicked".into()))
+                            })
+                        })
                         .collect()
                 })
             } else {
@@ -769,7 +813,15 @@ macro_rules! conformance_suite {
                 reg: Reg,
                 world: usize,
             ) {
-                let case = Case { coll, dtype, op, count, place, reg, world };
+                let case = Case {
+                    coll,
+                    dtype,
+                    op,
+                    count,
+                    place,
+                    reg,
+                    world,
+                };
                 if let Err(e) = run_case(&$harness, case) {
                     panic!("{e}");
                 }
@@ -777,8 +829,27 @@ macro_rules! conformance_suite {
 
             #[::rstest::rstest]
             fn all_reduce(
-                #[values(DataType::F32, DataType::F64, DataType::F16, DataType::Bf16, DataType::I8, DataType::U8, DataType::I32, DataType::U32, DataType::I64, DataType::U64)] dtype: DataType,
-                #[values(ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg)] op: ReduceOp,
+                #[values(
+                    DataType::F32,
+                    DataType::F64,
+                    DataType::F16,
+                    DataType::Bf16,
+                    DataType::I8,
+                    DataType::U8,
+                    DataType::I32,
+                    DataType::U32,
+                    DataType::I64,
+                    DataType::U64
+                )]
+                dtype: DataType,
+                #[values(
+                    ReduceOp::Sum,
+                    ReduceOp::Prod,
+                    ReduceOp::Max,
+                    ReduceOp::Min,
+                    ReduceOp::Avg
+                )]
+                op: ReduceOp,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
                 #[values(Place::Out, Place::In)] place: Place,
                 #[values(Reg::None, Reg::Buffer, Reg::Window)] reg: Reg,
@@ -789,8 +860,27 @@ macro_rules! conformance_suite {
 
             #[::rstest::rstest]
             fn reduce_scatter(
-                #[values(DataType::F32, DataType::F64, DataType::F16, DataType::Bf16, DataType::I8, DataType::U8, DataType::I32, DataType::U32, DataType::I64, DataType::U64)] dtype: DataType,
-                #[values(ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg)] op: ReduceOp,
+                #[values(
+                    DataType::F32,
+                    DataType::F64,
+                    DataType::F16,
+                    DataType::Bf16,
+                    DataType::I8,
+                    DataType::U8,
+                    DataType::I32,
+                    DataType::U32,
+                    DataType::I64,
+                    DataType::U64
+                )]
+                dtype: DataType,
+                #[values(
+                    ReduceOp::Sum,
+                    ReduceOp::Prod,
+                    ReduceOp::Max,
+                    ReduceOp::Min,
+                    ReduceOp::Avg
+                )]
+                op: ReduceOp,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
                 #[values(Place::Out, Place::In)] place: Place,
                 #[values(Reg::None, Reg::Buffer)] reg: Reg,
@@ -801,8 +891,23 @@ macro_rules! conformance_suite {
 
             #[::rstest::rstest]
             fn reduce(
-                #[values(DataType::F32, DataType::F16, DataType::Bf16, DataType::I8, DataType::U32, DataType::I64)] dtype: DataType,
-                #[values(ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg)] op: ReduceOp,
+                #[values(
+                    DataType::F32,
+                    DataType::F16,
+                    DataType::Bf16,
+                    DataType::I8,
+                    DataType::U32,
+                    DataType::I64
+                )]
+                dtype: DataType,
+                #[values(
+                    ReduceOp::Sum,
+                    ReduceOp::Prod,
+                    ReduceOp::Max,
+                    ReduceOp::Min,
+                    ReduceOp::Avg
+                )]
+                op: ReduceOp,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
                 #[values(Place::Out, Place::In)] place: Place,
                 #[values(Reg::None, Reg::Buffer)] reg: Reg,
@@ -813,49 +918,126 @@ macro_rules! conformance_suite {
 
             #[::rstest::rstest]
             fn all_to_all(
-                #[values(DataType::F32, DataType::F64, DataType::F16, DataType::Bf16, DataType::I8, DataType::U8, DataType::I32, DataType::U32, DataType::I64, DataType::U64)] dtype: DataType,
+                #[values(
+                    DataType::F32,
+                    DataType::F64,
+                    DataType::F16,
+                    DataType::Bf16,
+                    DataType::I8,
+                    DataType::U8,
+                    DataType::I32,
+                    DataType::U32,
+                    DataType::I64,
+                    DataType::U64
+                )]
+                dtype: DataType,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
                 #[values(Reg::None, Reg::Buffer, Reg::Window)] reg: Reg,
                 #[values(1, 2, 3, 4, 8)] world: usize,
             ) {
-                run(Coll::AllToAll, dtype, ReduceOp::Sum, count, Place::Out, reg, world)
+                run(
+                    Coll::AllToAll,
+                    dtype,
+                    ReduceOp::Sum,
+                    count,
+                    Place::Out,
+                    reg,
+                    world,
+                )
             }
 
             #[::rstest::rstest]
             fn all_gather(
-                #[values(DataType::F32, DataType::F64, DataType::F16, DataType::Bf16, DataType::I8, DataType::U8, DataType::I32, DataType::U32, DataType::I64, DataType::U64)] dtype: DataType,
+                #[values(
+                    DataType::F32,
+                    DataType::F64,
+                    DataType::F16,
+                    DataType::Bf16,
+                    DataType::I8,
+                    DataType::U8,
+                    DataType::I32,
+                    DataType::U32,
+                    DataType::I64,
+                    DataType::U64
+                )]
+                dtype: DataType,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
                 #[values(Place::Out, Place::In)] place: Place,
                 #[values(Reg::None, Reg::Buffer, Reg::Window)] reg: Reg,
                 #[values(1, 2, 3, 4, 8)] world: usize,
             ) {
-                run(Coll::AllGather, dtype, ReduceOp::Sum, count, place, reg, world)
+                run(
+                    Coll::AllGather,
+                    dtype,
+                    ReduceOp::Sum,
+                    count,
+                    place,
+                    reg,
+                    world,
+                )
             }
 
             #[::rstest::rstest]
             fn broadcast(
-                #[values(DataType::F32, DataType::F64, DataType::F16, DataType::Bf16, DataType::I8, DataType::U8, DataType::I32, DataType::U32, DataType::I64, DataType::U64)] dtype: DataType,
+                #[values(
+                    DataType::F32,
+                    DataType::F64,
+                    DataType::F16,
+                    DataType::Bf16,
+                    DataType::I8,
+                    DataType::U8,
+                    DataType::I32,
+                    DataType::U32,
+                    DataType::I64,
+                    DataType::U64
+                )]
+                dtype: DataType,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
                 #[values(Place::Out, Place::In)] place: Place,
                 #[values(Reg::None, Reg::Buffer)] reg: Reg,
                 #[values(1, 2, 3, 4, 8)] world: usize,
             ) {
-                run(Coll::Broadcast, dtype, ReduceOp::Sum, count, place, reg, world)
+                run(
+                    Coll::Broadcast,
+                    dtype,
+                    ReduceOp::Sum,
+                    count,
+                    place,
+                    reg,
+                    world,
+                )
             }
 
             #[::rstest::rstest]
             fn send_recv(
-                #[values(DataType::F32, DataType::Bf16, DataType::I8, DataType::U64)] dtype: DataType,
+                #[values(DataType::F32, DataType::Bf16, DataType::I8, DataType::U64)]
+                dtype: DataType,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
                 #[values(Reg::None, Reg::Buffer)] reg: Reg,
                 #[values(1, 2, 3, 4, 8)] world: usize,
             ) {
-                run(Coll::SendRecv, dtype, ReduceOp::Sum, count, Place::Out, reg, world)
+                run(
+                    Coll::SendRecv,
+                    dtype,
+                    ReduceOp::Sum,
+                    count,
+                    Place::Out,
+                    reg,
+                    world,
+                )
             }
 
             #[::rstest::rstest]
             fn barrier(#[values(1, 2, 3, 4, 8)] world: usize) {
-                run(Coll::Barrier, DataType::F32, ReduceOp::Sum, Count::Zero, Place::Out, Reg::None, world)
+                run(
+                    Coll::Barrier,
+                    DataType::F32,
+                    ReduceOp::Sum,
+                    Count::Zero,
+                    Place::Out,
+                    Reg::None,
+                    world,
+                )
             }
         }
     };

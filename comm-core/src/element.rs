@@ -151,7 +151,9 @@ mod sealed {
 /// A type that can be an element of a collective: plain old data with a NCCL data type.
 ///
 /// Sealed: the set of types is the set NCCL and RCCL both reduce.
-pub trait Element: sealed::Sealed + Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static {
+pub trait Element:
+    sealed::Sealed + Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static
+{
     /// The matching NCCL data type.
     const DTYPE: DataType;
     /// The zero of the type (used to initialise allocations on the host).

@@ -10,7 +10,10 @@ pub enum Error {
     /// The collective library (NCCL, RCCL) returned an error. `code` is the
     /// `ncclResult_t`, `message` what `ncclGetErrorString` says, and `last_error` what
     /// `ncclGetLastError` said right after the failing call (often the useful part).
-    #[error("{library} call {call} failed with {name} ({code}): {message}{}", detail(last_error))]
+    #[error(
+        "{library} call {call} failed with {name} ({code}): {message}{}",
+        detail(last_error)
+    )]
     Library {
         /// "NCCL" or "RCCL".
         library: &'static str,

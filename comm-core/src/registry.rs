@@ -155,7 +155,8 @@ mod tests {
     #[test]
     fn double_remove_and_partial_cover_are_errors() {
         let r = Registry::new();
-        r.insert(RawHandle(1), 0x1000, 0x100, RegKind::Buffer).unwrap();
+        r.insert(RawHandle(1), 0x1000, 0x100, RegKind::Buffer)
+            .unwrap();
         assert_eq!(r.covering(0x1010, 0x10).unwrap(), Some(RegKind::Buffer));
         assert_eq!(r.covering(0x2000, 0x10).unwrap(), None);
         assert!(r.covering(0x10f0, 0x20).is_err());

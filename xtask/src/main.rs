@@ -10,7 +10,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "unicomm's build, run, test and bundle commands")]
+#[command(
+    name = "cargo xtask",
+    about = "unicomm's build, run, test and bundle commands"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -62,7 +65,10 @@ enum Cmd {
 }
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new(".")).to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap_or(Path::new("."))
+        .to_path_buf()
 }
 
 fn cargo() -> Command {
@@ -75,7 +81,9 @@ fn cargo() -> Command {
 fn step(name: &str, mut cmd: Command) -> Result<()> {
     let shown = format!("{cmd:?}").replace('"', "");
     eprintln!("==> {name}: {shown}");
-    let st = cmd.status().with_context(|| format!("step `{name}`: could not start {shown}"))?;
+    let st = cmd
+        .status()
+        .with_context(|| format!("step `{name}`: could not start {shown}"))?;
     if !st.success() {
         bail!("step `{name}` failed ({st}): {shown}");
     }
@@ -108,7 +116,14 @@ fn with_profile(c: &mut Command, release: bool) {
 
 fn facade(sub: &str, o: &Opts) -> Command {
     let mut c = cargo();
-    c.args([sub, "-p", "unicomm", "--no-default-features", "--features", features(o.vendor)]);
+    c.args([
+        sub,
+        "-p",
+        "unicomm",
+        "--no-default-features",
+        "--features",
+        features(o.vendor),
+    ]);
     with_profile(&mut c, o.release);
     c
 }
@@ -139,21 +154,34 @@ fn xtask(cli: Cli) -> Result<()> {
         }
         Cmd::Run { opts, example } => run_example(&opts, &example),
         Cmd::Doctor(o) => {
-            let o = Opts { vendor: Vendor::Auto, ..o };
+            let o = Opts {
+                vendor: Vendor::Auto,
+                ..o
+            };
             let mut c = facade("run", &o);
             c.args(["--example", "doctor"]);
             step("doctor", c)
         }
         Cmd::Test(o) => {
             // First what the machine has (informational), then the suite.
-            let mut d = facade("run", &Opts { vendor: Vendor::Auto, release: false, args: vec![] });
+            let mut d = facade(
+                "run",
+                &Opts {
+                    vendor: Vendor::Auto,
+                    release: false,
+                    args: vec![],
+                },
+            );
             d.args(["--example", "doctor"]);
             step("probe the machine", d)?;
             let mut t = cargo();
             t.args(["test", "--workspace"]);
             with_profile(&mut t, o.release);
             t.arg("--").args(&o.args);
-            step("workspace tests (mock conformance suite, loaders, fake NCCL ABI)", t)?;
+            step(
+                "workspace tests (mock conformance suite, loaders, fake NCCL ABI)",
+                t,
+            )?;
             match o.vendor {
                 Vendor::Cuda => {
                     let mut g = cargo();
@@ -173,10 +201,21 @@ fn xtask(cli: Cli) -> Result<()> {
             }
             Vendor::Cuda => {
                 let mut c = cargo();
-                c.args(["run", "--release", "-p", "backend-nccl", "--example", "overhead", "--"]).args(&o.args);
+                c.args([
+                    "run",
+                    "--release",
+                    "-p",
+                    "backend-nccl",
+                    "--example",
+                    "overhead",
+                    "--",
+                ])
+                .args(&o.args);
                 step("unicomm overhead over raw NCCL", c)
             }
-            Vendor::Rocm => bail!("no ROCm benchmark yet: no AMD GPU has been available (docs/rocm.md)"),
+            Vendor::Rocm => {
+                bail!("no ROCm benchmark yet: no AMD GPU has been available (docs/rocm.md)")
+            }
         },
         Cmd::Bundle(o) => bundle(&o),
     }
@@ -188,22 +227,51 @@ fn bundle(_o: &Opts) -> Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let mut copies: Vec<(PathBuf, &str)> = Vec::new();
     let mut ex = cargo();
-    ex.args(["build", "--release", "-p", "unicomm", "--features", "nccl,rccl,mock", "--examples"]);
+    ex.args([
+        "build",
+        "--release",
+        "-p",
+        "unicomm",
+        "--features",
+        "nccl,rccl,mock",
+        "--examples",
+    ]);
     step("build release examples", ex)?;
     for e in ["allreduce_ub", "alltoall_ub", "doctor"] {
         copies.push((root().join("target/release/examples").join(e), e));
     }
     let mut ov = cargo();
-    ov.args(["build", "--release", "-p", "backend-nccl", "--example", "overhead"]);
+    ov.args([
+        "build",
+        "--release",
+        "-p",
+        "backend-nccl",
+        "--example",
+        "overhead",
+    ]);
     step("build the overhead benchmark", ov)?;
     copies.push((root().join("target/release/examples/overhead"), "overhead"));
     // Test binaries: their paths come from cargo's JSON messages.
     let mut t = cargo();
-    t.args(["test", "--release", "-p", "backend-nccl", "--features", "gpu-tests", "--no-run", "--message-format=json"]);
+    t.args([
+        "test",
+        "--release",
+        "-p",
+        "backend-nccl",
+        "--features",
+        "gpu-tests",
+        "--no-run",
+        "--message-format=json",
+    ]);
     eprintln!("==> build GPU test binaries: {t:?}");
-    let o = t.output().context("step `build GPU test binaries`: could not start cargo")?;
+    let o = t
+        .output()
+        .context("step `build GPU test binaries`: could not start cargo")?;
     if !o.status.success() {
-        bail!("step `build GPU test binaries` failed: {}", String::from_utf8_lossy(&o.stderr));
+        bail!(
+            "step `build GPU test binaries` failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     let text = String::from_utf8_lossy(&o.stdout);
     let mut found = Vec::new();
@@ -211,7 +279,11 @@ fn bundle(_o: &Opts) -> Result<()> {
         for name in ["gpu", "loader"] {
             let tag = format!("\"name\":\"{name}\"");
             if line.contains(&tag) {
-                if let Some(p) = line.split("\"executable\":\"").nth(1).and_then(|r| r.split('"').next()) {
+                if let Some(p) = line
+                    .split("\"executable\":\"")
+                    .nth(1)
+                    .and_then(|r| r.split('"').next())
+                {
                     found.push((PathBuf::from(p), name));
                 }
             }
@@ -223,7 +295,8 @@ fn bundle(_o: &Opts) -> Result<()> {
     copies.extend(found);
     for (src, name) in &copies {
         let dst = out.join(name);
-        std::fs::copy(src, &dst).with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+        std::fs::copy(src, &dst)
+            .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
         // Smaller transfers; a missing strip only costs size.
         let _ = Command::new("strip").arg(&dst).status();
     }
@@ -234,6 +307,9 @@ fn bundle(_o: &Opts) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
     }
-    eprintln!("bundle ready: {} (copy it to the GPU machine and run ./run.sh)", out.display());
+    eprintln!(
+        "bundle ready: {} (copy it to the GPU machine and run ./run.sh)",
+        out.display()
+    );
     Ok(())
 }
