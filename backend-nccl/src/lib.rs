@@ -1,5 +1,5 @@
 //! unicomm's NVIDIA backend: NCCL through its own run-time loaded table ([`api`]), CUDA
-//! through cudarc ([`cuda`]), and the communicator written once over any NCCL-API library
+//! through cudarc ([`mod@cuda`]), and the communicator written once over any NCCL-API library
 //! and device runtime ([`comm`]), which backend-rccl reuses with HIP.
 //!
 //! Nothing here links a vendor library at build time: a machine without CUDA or NCCL gets

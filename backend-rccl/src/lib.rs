@@ -1,5 +1,5 @@
 //! unicomm's AMD backend: RCCL through the NCCL-API layer of backend-nccl (written once,
-//! not copied), HIP through our own libloading table ([`hip`]).
+//! not copied), HIP through our own libloading table ([`mod@hip`]).
 //!
 //! RCCL's differences from NCCL, handled here:
 //! - all-to-all is `ncclAllToAll` (NCCL >= 2.28 spells it `ncclAlltoAll`);

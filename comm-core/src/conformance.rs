@@ -1,7 +1,7 @@
 //! The conformance suite every backend passes: real data through every collective, checked
 //! against a host reference computed here, independently of any backend.
 //!
-//! A backend's test crate instantiates it with [`conformance_suite!`], which expands to
+//! A backend's test crate instantiates it with [`crate::conformance_suite!`], which expands to
 //! rstest tables over element types x reductions x counts (0, 1, odd, 1 Mi) x in/out of place
 //! x registration (none, buffer, window) x world sizes (1, 2, 3, 4, 8). Every case runs in
 //! each [`Mode`] the [`Harness`] offers.
