@@ -6,30 +6,19 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context};
-use unicomm::{ReduceOp, Vendor};
+use anyhow::{bail, Context as _};
+use unicomm::ReduceOp;
 
 const COUNT: usize = 1 << 20;
 
+mod common;
+
 fn main() {
-    // One line per failure, with its causes, and a non-zero exit; no backtrace noise.
-    if let Err(e) = run() {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
-    }
+    common::main_with(run)
 }
 
 fn run() -> anyhow::Result<()> {
-    let mut vendor = Vendor::Auto;
-    let mut ranks = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--vendor" => vendor = args.next().context("--vendor needs a value")?.parse()?,
-            "--ranks" => ranks = Some(args.next().context("--ranks needs a value")?.parse()?),
-            other => bail!("unknown argument {other} (expected --vendor V, --ranks N)"),
-        }
-    }
+    let common::Args { vendor, ranks } = common::args()?;
     let (resolved, why) = unicomm::resolve(vendor);
     println!("vendor: {resolved} ({why})");
     let comms = unicomm::local_comms_n(resolved, ranks).context("creating communicators")?;

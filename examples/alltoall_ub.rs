@@ -8,8 +8,8 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context};
-use unicomm::{bf16, Vendor};
+use anyhow::bail;
+use unicomm::bf16;
 
 /// (sequence, heads, head_dim) of the two attention inputs.
 const SHAPES: [(usize, usize, usize); 2] = [(4096, 24, 128), (7680, 40, 128)];
@@ -19,25 +19,14 @@ fn value(s: usize, h: usize, d: usize) -> bf16 {
     bf16::from_f32(((s * 7 + h * 3 + d) % 251) as f32)
 }
 
+mod common;
+
 fn main() {
-    // One line per failure, with its causes, and a non-zero exit; no backtrace noise.
-    if let Err(e) = run() {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
-    }
+    common::main_with(run)
 }
 
 fn run() -> anyhow::Result<()> {
-    let mut vendor = Vendor::Auto;
-    let mut ranks = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--vendor" => vendor = args.next().context("--vendor needs a value")?.parse()?,
-            "--ranks" => ranks = Some(args.next().context("--ranks needs a value")?.parse()?),
-            other => bail!("unknown argument {other}"),
-        }
-    }
+    let common::Args { vendor, ranks } = common::args()?;
     let (resolved, why) = unicomm::resolve(vendor);
     println!("vendor: {resolved} ({why})");
     let comms = unicomm::local_comms_n(resolved, ranks)?;

@@ -338,26 +338,35 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
     match spec {
         Spec::Barrier => Ok(()),
         Spec::AllReduce { count, dtype, op } => {
+            // Each rank reduces its chunk from every peer's send buffer and writes the
+            // result straight into every rank's receive buffer (a reduce-scatter and an
+            // all-gather in one pass, one block at a time while it is in cache): every byte
+            // is read once and written once, and one barrier ends it.
             let es = dtype.size();
             let (lo, hi) = chunk(count, w, r);
             {
                 let _a = Access::enter(f, seq)?;
                 let srcs = own_first(all, r, |d| d.send + lo * es);
-                // SAFETY: chunk `r` of every rank's send is read only by this rank in this
-                // phase; this rank's receive chunk `r` is written only here.
-                unsafe { reduce(dtype, op, w, (me.recv + lo * es) as *mut u8, &srcs, hi - lo) };
+                let also: Vec<*mut u8> = (0..w)
+                    .filter(|&k| k != r)
+                    .map(|k| (all[k].recv + lo * es) as *mut u8)
+                    .collect();
+                // SAFETY: chunk `r` of every rank's send and receive buffers is touched only
+                // by this rank in this phase; a peer's in-place buffer is read (as source
+                // k+1) before the same block is written (as `also[k]`).
+                unsafe {
+                    reduce(
+                        dtype,
+                        op,
+                        w,
+                        (me.recv + lo * es) as *mut u8,
+                        &srcs,
+                        hi - lo,
+                        &also,
+                    )
+                };
             }
-            f.phase(seq, r, 1, ctx.deadline())?;
-            {
-                let _a = Access::enter(f, seq)?;
-                for k in (0..w).filter(|&k| k != r) {
-                    let (klo, khi) = chunk(count, w, k);
-                    // SAFETY: rank k's chunk k is final and no longer written; our chunk k is
-                    // read by no one in this phase.
-                    unsafe { copy(all[k].recv + klo * es, me.recv + klo * es, (khi - klo) * es) };
-                }
-            }
-            f.phase(seq, r, 2, ctx.deadline())
+            f.phase(seq, r, 1, ctx.deadline())
         }
         Spec::Broadcast { count, dtype, root } => {
             {
@@ -378,7 +387,7 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
                 let srcs = own_first(all, r, |d| d.send);
                 // SAFETY: sends are only read in this phase; only the root writes, into its
                 // own receive range.
-                unsafe { reduce(dtype, op, w, me.recv as *mut u8, &srcs, count) };
+                unsafe { reduce(dtype, op, w, me.recv as *mut u8, &srcs, count, &[]) };
             }
             f.phase(seq, r, 1, ctx.deadline())
         }
@@ -401,7 +410,7 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
                 let srcs = own_first(all, r, |d| d.send + r * b);
                 // SAFETY: chunk r of every send is read only by us; in place our receive
                 // range is our own chunk r, handled as the first source.
-                unsafe { reduce(dtype, op, w, me.recv as *mut u8, &srcs, count) };
+                unsafe { reduce(dtype, op, w, me.recv as *mut u8, &srcs, count, &[]) };
             }
             f.phase(seq, r, 1, ctx.deadline())
         }

@@ -222,24 +222,6 @@ fn placement(
     }
 }
 
-fn need(s: &Slice<'_, MockMemory>, elems: usize, dtype: DataType, arg: &'static str) -> Result<()> {
-    let bytes = elems
-        .checked_mul(dtype.size())
-        .ok_or_else(|| Error::invalid(arg, "count x element size overflows"))?;
-    if !s.in_bounds() || s.bytes < bytes {
-        return Err(Error::invalid(
-            arg,
-            format!(
-                "{} bytes at offset {} of a {}-byte allocation cannot hold {elems} x {dtype}",
-                s.bytes,
-                s.offset,
-                s.mem.byte_len()
-            ),
-        ));
-    }
-    Ok(())
-}
-
 impl MockComm {
     fn owner(&self) -> (u64, usize) {
         (self.world_id, self.ctx.rank)
@@ -330,8 +312,8 @@ impl MockComm {
                 dtype,
                 op,
             } => {
-                need(&send, count, dtype, "send")?;
-                need(&recv, count, dtype, "recv")?;
+                send.holds(count, dtype, "send")?;
+                recv.holds(count, dtype, "recv")?;
                 placement(&send, &recv, Some(0))?;
                 let b = count * dtype.size();
                 self.coll(
@@ -353,8 +335,8 @@ impl MockComm {
                 root,
             } => {
                 root_ok(root, "root")?;
-                need(&send, count, dtype, "send")?;
-                need(&recv, count, dtype, "recv")?;
+                send.holds(count, dtype, "send")?;
+                recv.holds(count, dtype, "recv")?;
                 placement(&send, &recv, Some(0))?;
                 let b = count * dtype.size();
                 self.coll(
@@ -377,8 +359,8 @@ impl MockComm {
                 root,
             } => {
                 root_ok(root, "root")?;
-                need(&send, count, dtype, "send")?;
-                need(&recv, count, dtype, "recv")?;
+                send.holds(count, dtype, "send")?;
+                recv.holds(count, dtype, "recv")?;
                 placement(&send, &recv, Some(0))?;
                 let b = count * dtype.size();
                 self.coll(
@@ -406,8 +388,8 @@ impl MockComm {
                 let total = count
                     .checked_mul(w)
                     .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?;
-                need(&send, count, dtype, "send")?;
-                need(&recv, total, dtype, "recv")?;
+                send.holds(count, dtype, "send")?;
+                recv.holds(total, dtype, "recv")?;
                 let b = count * dtype.size();
                 placement(&send, &recv, Some(self.ctx.rank * b))?;
                 self.coll(
@@ -431,8 +413,8 @@ impl MockComm {
                 let total = count
                     .checked_mul(w)
                     .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?;
-                need(&send, total, dtype, "send")?;
-                need(&recv, count, dtype, "recv")?;
+                send.holds(total, dtype, "send")?;
+                recv.holds(count, dtype, "recv")?;
                 let b = count * dtype.size();
                 // In place, recv is this rank's chunk of send.
                 placement(&recv, &send, Some(self.ctx.rank * b))?;
@@ -456,8 +438,8 @@ impl MockComm {
                 let total = count
                     .checked_mul(w)
                     .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?;
-                need(&send, total, dtype, "send")?;
-                need(&recv, total, dtype, "recv")?;
+                send.holds(total, dtype, "send")?;
+                recv.holds(total, dtype, "recv")?;
                 placement(&send, &recv, None)?;
                 let b = total * dtype.size();
                 self.coll(
@@ -479,7 +461,7 @@ impl MockComm {
                 peer,
             } => {
                 root_ok(peer, "peer")?;
-                need(&buf, count, dtype, "buf")?;
+                buf.holds(count, dtype, "buf")?;
                 Ok(Work::Send {
                     span: self.span(&buf, false),
                     count,
@@ -494,7 +476,7 @@ impl MockComm {
                 peer,
             } => {
                 root_ok(peer, "peer")?;
-                need(&buf, count, dtype, "buf")?;
+                buf.holds(count, dtype, "buf")?;
                 Ok(Work::Recv {
                     span: self.span(&buf, true),
                     count,

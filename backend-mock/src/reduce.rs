@@ -70,12 +70,15 @@ macro_rules! half_arith {
 }
 half_arith!(f16, bf16);
 
-/// `out[i] = op(srcs[0][i], srcs[1][i], ...)` for `count` elements.
+/// `out[i] = op(srcs[0][i], srcs[1][i], ...)` for `count` elements, and the same result
+/// copied to every `also[k]` block by block, while it is still in cache.
 ///
 /// # Safety
-/// `out` and every `srcs[k]` point to `count` valid, aligned elements of `dtype`; `out` may
-/// equal `srcs[0]` (in-place) but overlaps no other source; nothing else accesses `out`
-/// during the call, and nothing writes the sources.
+/// `out`, every `srcs[k]` and every `also[k]` point to `count` valid, aligned elements of
+/// `dtype`; `out` may equal `srcs[0]` (in-place) but overlaps no other source; `also[k]`
+/// may equal `srcs[k+1]` (a peer's in-place buffer: each block is read before it is
+/// written) but overlaps nothing else; nothing else accesses `out` or `also` during the
+/// call, and nothing else writes the sources.
 pub(crate) unsafe fn reduce(
     dtype: DataType,
     op: ReduceOp,
@@ -83,11 +86,12 @@ pub(crate) unsafe fn reduce(
     out: *mut u8,
     srcs: &[*const u8],
     count: usize,
+    also: &[*mut u8],
 ) {
     macro_rules! go {
         ($t:ty) => {
             // SAFETY: forwarded from this function's contract.
-            unsafe { reduce_t::<$t>(op, world, out.cast(), srcs, count) }
+            unsafe { reduce_t::<$t>(op, world, out.cast(), srcs, count, also) }
         };
     }
     match dtype {
@@ -117,26 +121,29 @@ unsafe fn reduce_t<T: Arith>(
     out: *mut T,
     srcs: &[*const u8],
     count: usize,
+    also: &[*mut u8],
 ) {
     let Some((&first, rest)) = srcs.split_first() else {
         return;
     };
     let first = first.cast::<T>();
+    // The block is reduced in this cache-resident buffer, then streamed to every
+    // destination: the destinations are written once, without being read first.
+    let mut tmp: Vec<T> = Vec::with_capacity(BLOCK.min(count));
     let mut start = 0;
     while start < count {
         let len = BLOCK.min(count - start);
-        // SAFETY: per the contract, `out[start..start+len]` is valid and exclusively ours.
-        let o = unsafe { std::slice::from_raw_parts_mut(out.add(start), len) };
-        if first != out.cast_const() {
-            // SAFETY: a distinct source of `count` valid elements.
-            let s = unsafe { std::slice::from_raw_parts(first.add(start), len) };
-            o.copy_from_slice(s);
-        }
+        // SAFETY: the first source holds `count` valid elements; nobody writes it now (in
+        // place, it is `out`, which only this call writes, after this read).
+        let s0 = unsafe { std::slice::from_raw_parts(first.add(start), len) };
+        tmp.clear();
+        tmp.extend_from_slice(s0);
+        let o = &mut tmp[..];
         if op == ReduceOp::Avg {
             o.iter_mut().for_each(|x| *x = T::premul(*x, world));
         }
         for &src in rest {
-            // SAFETY: a source distinct from `out`, `count` valid elements, not written now.
+            // SAFETY: a source of `count` valid elements, not written during this block.
             let s = unsafe { std::slice::from_raw_parts(src.cast::<T>().add(start), len) };
             match op {
                 ReduceOp::Sum => combine(o, s, T::sum),
@@ -149,6 +156,57 @@ unsafe fn reduce_t<T: Arith>(
         if op == ReduceOp::Avg {
             o.iter_mut().for_each(|x| *x = T::postdiv(*x, world));
         }
+        let bytes = len * std::mem::size_of::<T>();
+        for dst in std::iter::once(out.cast::<u8>()).chain(also.iter().copied()) {
+            // SAFETY: every destination holds `count` elements; this block of it was read
+            // already if it is also a source; no one else touches it now.
+            unsafe {
+                stream_copy(
+                    dst.add(start * std::mem::size_of::<T>()),
+                    o.as_ptr().cast(),
+                    bytes,
+                )
+            };
+        }
         start += len;
     }
+    store_fence();
+}
+
+/// Copies with non-temporal stores where the CPU has them (x86-64: SSE2, always there),
+/// so large destinations are not read into the cache before being overwritten.
+///
+/// # Safety
+/// `dst` and `src` are valid for `n` bytes and do not overlap.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_copy(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    let head = dst.align_offset(16).min(n);
+    // SAFETY: within the `n` bytes of both ranges (contract).
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, head);
+        let mut i = head;
+        while i + 16 <= n {
+            let v = _mm_loadu_si128(src.add(i).cast::<__m128i>());
+            // `dst + i` is 16-byte aligned (after the head).
+            _mm_stream_si128(dst.add(i).cast::<__m128i>(), v);
+            i += 16;
+        }
+        std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i);
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn stream_copy(dst: *mut u8, src: *const u8, n: usize) {
+    // SAFETY: forwarded from the contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) }
+}
+
+/// Orders the non-temporal stores before what follows (the barrier that publishes them).
+fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: sfence has no preconditions; SSE is part of x86-64.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }

@@ -1,6 +1,8 @@
 //! unicomm's cost over NCCL: the same all_reduce and all_to_all through unicomm and through
 //! the raw function table, same buffers, same stream, one thread per GPU, in one run.
-//! Trials alternate between the two paths; the median of 7 trials per path is reported.
+//! Trials alternate between the two paths (and which goes first); the median of 9 trials
+//! per path is reported: the time per call including completion, and the host time per
+//! call spent enqueuing (unicomm's own cost shows there).
 //!
 //! `overhead [--iters-small N]` on a GPU machine (the bundle's run script calls it).
 
@@ -11,7 +13,7 @@ use std::time::Instant;
 use backend_nccl::NcclComm;
 use comm_core::{Comm, DataType, ReduceOp};
 
-const TRIALS: usize = 7;
+const TRIALS: usize = 9;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Coll {
@@ -49,7 +51,7 @@ fn main() {
     let barrier = Barrier::new(w);
     for coll in [Coll::AllReduce, Coll::AllToAll] {
         for &bytes in &sizes {
-            let results: Vec<(f64, f64)> = std::thread::scope(|s| {
+            let results: Vec<[f64; 4]> = std::thread::scope(|s| {
                 let hs: Vec<_> = comms
                     .iter()
                     .map(|c| {
@@ -60,21 +62,23 @@ fn main() {
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });
             // The slowest rank bounds a collective.
-            let uni = results.iter().map(|r| r.0).fold(0.0, f64::max);
-            let raw = results.iter().map(|r| r.1).fold(0.0, f64::max);
+            let worst = |i: usize| results.iter().map(|r| r[i]).fold(0.0, f64::max);
+            let (uni, raw) = (worst(0), worst(1));
             let name = if coll == Coll::AllReduce {
                 "all_reduce"
             } else {
                 "all_to_all"
             };
             println!(
-                "  {:>10} {:>10} {:>12.2} {:>12.2} {:>8.2}% {:>12.3}",
+                "  {:>10} {:>10} {:>12.2} {:>12.2} {:>8.2}% {:>10.3} {:>14.3} {:>14.3}",
                 name,
                 bytes,
                 uni,
                 raw,
                 (uni - raw) / raw * 100.0,
-                uni - raw
+                uni - raw,
+                worst(2),
+                worst(3)
             );
         }
     }
@@ -88,8 +92,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Per-op microseconds through unicomm and through the raw table.
-fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> (f64, f64) {
+/// Per-op microseconds through unicomm and through the raw table, then the host time per
+/// call spent enqueuing on each path.
+fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> [f64; 4] {
     let w = c.world_size();
     let count = (bytes / 4).max(1);
     let count = if coll == Coll::AllToAll {
@@ -109,20 +114,25 @@ fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> (f64,
     );
     let n = iters(bytes);
     let mut uni_path = |k: usize| {
+        let t = Instant::now();
         for _ in 0..k {
             match coll {
                 Coll::AllReduce => c.all_reduce(&send, &mut recv, ReduceOp::Sum, &st).unwrap(),
                 Coll::AllToAll => c.all_to_all(&send, &mut recv, &st).unwrap(),
             }
         }
+        let enq = t.elapsed();
         st.synchronize().unwrap();
+        enq
     };
+    // The raw path runs with this rank's context current, as unicomm leaves it.
+    let _ = backend_nccl::cuda()
+        .unwrap()
+        .context(c.backend().device())
+        .unwrap()
+        .bind_to_thread();
     let raw_path = |k: usize| {
-        let _ = backend_nccl::cuda()
-            .unwrap()
-            .context(c.backend().device())
-            .unwrap()
-            .bind_to_thread();
+        let t = Instant::now();
         for _ in 0..k {
             // SAFETY: the same live communicator, buffers and stream unicomm uses; this
             // thread is the only one using the communicator.
@@ -149,20 +159,26 @@ fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> (f64,
             };
             assert_eq!(r, 0);
         }
+        let enq = t.elapsed();
         st.synchronize().unwrap();
+        enq
     };
     uni_path(20);
     raw_path(20);
-    let (mut u, mut r) = (Vec::new(), Vec::new());
-    for _ in 0..TRIALS {
-        barrier.wait();
-        let t = Instant::now();
-        uni_path(n);
-        u.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
-        barrier.wait();
-        let t = Instant::now();
-        raw_path(n);
-        r.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+    let (mut u, mut r, mut ue, mut re) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n as f64;
+    for trial in 0..TRIALS {
+        for first_uni in [trial % 2 == 0, trial % 2 == 1] {
+            barrier.wait();
+            let t = Instant::now();
+            if first_uni {
+                ue.push(us(uni_path(n)));
+                u.push(us(t.elapsed()));
+            } else {
+                re.push(us(raw_path(n)));
+                r.push(us(t.elapsed()));
+            }
+        }
     }
-    (median(u), median(r))
+    [median(u), median(r), median(ue), median(re)]
 }

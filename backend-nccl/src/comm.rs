@@ -232,25 +232,20 @@ fn ptr<R: Runtime>(s: &comm_core::Slice<'_, ApiMemory<R>>) -> *mut c_void {
     s.address() as *mut c_void
 }
 
-fn bounds<R: Runtime>(
-    s: &comm_core::Slice<'_, ApiMemory<R>>,
-    elems: usize,
-    dtype: DataType,
-    arg: &'static str,
-) -> Result<()> {
-    let need = elems
-        .checked_mul(dtype.size())
-        .ok_or_else(|| Error::invalid(arg, "count x element size overflows"))?;
-    if !s.in_bounds() || s.bytes < need {
-        return Err(Error::invalid(
-            arg,
-            format!("{} bytes cannot hold {elems} x {dtype}", s.bytes),
-        ));
-    }
-    Ok(())
-}
-
 impl<R: Runtime> ApiComm<R> {
+    /// One rank per visible device (or on the first `n`), created from this thread.
+    pub fn local(api: Arc<Api>, rt: Arc<R>, n: Option<usize>) -> Result<Vec<Self>> {
+        let count = rt.device_count()?;
+        let n = n.unwrap_or(count);
+        if n > count {
+            return Err(Error::NoDevice {
+                vendor: R::VENDOR,
+                detail: format!("{n} ranks asked for, {count} GPU(s) visible"),
+            });
+        }
+        Self::init_local(api, rt, &(0..n).collect::<Vec<_>>())
+    }
+
     /// Creates the `devs.len()` ranks of a world in this process from one thread
     /// (`ncclCommInitRank` for every device inside one group).
     pub fn init_local(api: Arc<Api>, rt: Arc<R>, devs: &[usize]) -> Result<Vec<Self>> {
@@ -716,8 +711,8 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 dtype,
                 op,
             } => {
-                bounds(&send, count, dtype, "send")?;
-                bounds(&recv, count, dtype, "recv")?;
+                send.holds(count, dtype, "send")?;
+                recv.holds(count, dtype, "recv")?;
                 // SAFETY: both ranges hold `count` elements of this rank's device memory.
                 self.call(|c| {
                     self.check("ncclAllReduce", unsafe {
@@ -740,8 +735,8 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 dtype,
                 root,
             } => {
-                bounds(&send, count, dtype, "send")?;
-                bounds(&recv, count, dtype, "recv")?;
+                send.holds(count, dtype, "send")?;
+                recv.holds(count, dtype, "recv")?;
                 // SAFETY: as above.
                 self.call(|c| {
                     self.check("ncclBroadcast", unsafe {
@@ -765,8 +760,8 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 op,
                 root,
             } => {
-                bounds(&send, count, dtype, "send")?;
-                bounds(&recv, count, dtype, "recv")?;
+                send.holds(count, dtype, "send")?;
+                recv.holds(count, dtype, "recv")?;
                 // SAFETY: as above.
                 self.call(|c| {
                     self.check("ncclReduce", unsafe {
@@ -789,8 +784,8 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 count,
                 dtype,
             } => {
-                bounds(&send, count, dtype, "send")?;
-                bounds(&recv, count.saturating_mul(w), dtype, "recv")?;
+                send.holds(count, dtype, "send")?;
+                recv.holds(count.saturating_mul(w), dtype, "recv")?;
                 // SAFETY: send holds `count`, recv `count * world` elements.
                 self.call(|c| {
                     self.check("ncclAllGather", unsafe {
@@ -805,8 +800,8 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 dtype,
                 op,
             } => {
-                bounds(&send, count.saturating_mul(w), dtype, "send")?;
-                bounds(&recv, count, dtype, "recv")?;
+                send.holds(count.saturating_mul(w), dtype, "send")?;
+                recv.holds(count, dtype, "recv")?;
                 // SAFETY: send holds `count * world`, recv `count` elements.
                 self.call(|c| {
                     self.check("ncclReduceScatter", unsafe {
@@ -828,8 +823,8 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 count,
                 dtype,
             } => {
-                bounds(&send, count.saturating_mul(w), dtype, "send")?;
-                bounds(&recv, count.saturating_mul(w), dtype, "recv")?;
+                send.holds(count.saturating_mul(w), dtype, "send")?;
+                recv.holds(count.saturating_mul(w), dtype, "recv")?;
                 if let Some(a2a) = self.api.all_to_all {
                     // SAFETY: both hold `count * world` elements.
                     return self.call(|c| {
@@ -871,7 +866,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 dtype,
                 peer,
             } => {
-                bounds(&buf, count, dtype, "buf")?;
+                buf.holds(count, dtype, "buf")?;
                 self.call(|_| self.send_recv(ptr(&buf), count, dtype, peer, st, true))
             }
             Op::Recv {
@@ -880,7 +875,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 dtype,
                 peer,
             } => {
-                bounds(&buf, count, dtype, "buf")?;
+                buf.holds(count, dtype, "buf")?;
                 self.call(|_| self.send_recv(ptr(&buf), count, dtype, peer, st, false))
             }
             Op::Barrier => {

@@ -14,7 +14,7 @@ pub mod runtime;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use comm_core::{Error, Result, Version};
+use comm_core::{Result, Version};
 
 pub use api::{Api, Flavor, UniqueId};
 pub use comm::{ApiComm, ApiMemory, ApiStream};
@@ -80,18 +80,7 @@ pub fn probe() -> Result<String> {
 
 /// One communicator per visible GPU (or the first `n`), created from this thread.
 pub fn local_comms(n: Option<usize>) -> Result<Vec<NcclComm>> {
-    let rt = cuda()?;
-    let api = nccl()?;
-    let count = rt.device_count()?;
-    let n = n.unwrap_or(count);
-    if n > count {
-        return Err(Error::NoDevice {
-            vendor: "CUDA",
-            detail: format!("{n} ranks asked for, {count} GPU(s) visible"),
-        });
-    }
-    let devs: Vec<usize> = (0..n).collect();
-    ApiComm::init_local(api, rt, &devs)
+    ApiComm::local(nccl()?, cuda()?, n)
 }
 
 /// Joins a world as `rank` of `world` on GPU `dev` (one rank per thread or per process);

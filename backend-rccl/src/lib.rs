@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use backend_nccl::{Api, ApiComm, ApiMemory, ApiStream, Flavor, Runtime, UniqueId};
-use comm_core::{Error, Result, Version};
+use comm_core::{Result, Version};
 
 pub use hip::{HipRuntime, HipStreamHandle};
 
@@ -80,17 +80,7 @@ pub fn probe() -> Result<String> {
 
 /// One communicator per visible AMD GPU (or the first `n`), created from this thread.
 pub fn local_comms(n: Option<usize>) -> Result<Vec<RcclComm>> {
-    let rt = hip()?;
-    let api = rccl()?;
-    let count = rt.device_count()?;
-    let n = n.unwrap_or(count);
-    if n > count {
-        return Err(Error::NoDevice {
-            vendor: "ROCm",
-            detail: format!("{n} ranks asked for, {count} GPU(s) visible"),
-        });
-    }
-    ApiComm::init_local(api, rt, &(0..n).collect::<Vec<_>>())
+    ApiComm::local(rccl()?, hip()?, n)
 }
 
 /// Joins a world as `rank` of `world` on GPU `dev`.

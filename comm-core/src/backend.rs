@@ -124,6 +124,26 @@ impl<M: DeviceMemory> Slice<'_, M> {
             .checked_add(self.bytes)
             .is_some_and(|end| end <= self.mem.byte_len())
     }
+
+    /// Checks that the range lies inside its allocation and holds `elems` elements of
+    /// `dtype`; the error names `arg`. Every backend checks this before touching memory.
+    pub fn holds(&self, elems: usize, dtype: DataType, arg: &'static str) -> Result<()> {
+        let need = elems
+            .checked_mul(dtype.size())
+            .ok_or_else(|| crate::Error::invalid(arg, "count x element size overflows"))?;
+        if !self.in_bounds() || self.bytes < need {
+            return Err(crate::Error::invalid(
+                arg,
+                format!(
+                    "{} bytes at offset {} of a {}-byte allocation cannot hold {elems} x {dtype}",
+                    self.bytes,
+                    self.offset,
+                    self.mem.byte_len()
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One operation of the contract, with counts in elements as NCCL takes them.

@@ -521,6 +521,28 @@ impl<C: Collective> Comm<C> {
         self.raw.check_memory(v.mem)
     }
 
+    /// The views of an out-of-place operation, both checked to be this rank's memory.
+    fn views<'a, T: Element>(
+        &self,
+        send: &'a impl DeviceSlice<T, C>,
+        recv: &'a mut impl DeviceSliceMut<T, C>,
+    ) -> Result<(View<'a, T, C>, ViewMut<'a, T, C>)> {
+        let (s, r) = (send.view(), recv.view_mut());
+        self.check(&s)?;
+        self.check(&r.as_view())?;
+        Ok((s, r))
+    }
+
+    /// The view of an in-place operation, checked to be this rank's memory.
+    fn view_mut_of<'a, T: Element>(
+        &self,
+        buf: &'a mut impl DeviceSliceMut<T, C>,
+    ) -> Result<ViewMut<'a, T, C>> {
+        let b = buf.view_mut();
+        self.check(&b.as_view())?;
+        Ok(b)
+    }
+
     fn run(&self, op: Op<'_, C::Memory>, stream: &C::Stream) -> Result<()> {
         self.raw.enqueue(op, stream)
     }
@@ -543,9 +565,7 @@ impl<C: Collective> Comm<C> {
         op: ReduceOp,
         stream: &C::Stream,
     ) -> Result<()> {
-        let (s, r) = (send.view(), recv.view_mut());
-        self.check(&s)?;
-        self.check(&r.as_view())?;
+        let (s, r) = self.views(send, recv)?;
         at_least("recv", r.len, s.len)?;
         let count = s.len;
         self.run(
@@ -567,8 +587,7 @@ impl<C: Collective> Comm<C> {
         op: ReduceOp,
         stream: &C::Stream,
     ) -> Result<()> {
-        let b = buf.view_mut();
-        self.check(&b.as_view())?;
+        let b = self.view_mut_of(buf)?;
         let raw = b.as_view().raw();
         self.run(
             Op::AllReduce {
@@ -592,9 +611,7 @@ impl<C: Collective> Comm<C> {
         stream: &C::Stream,
     ) -> Result<()> {
         self.root(root, "root")?;
-        let (s, r) = (send.view(), recv.view_mut());
-        self.check(&s)?;
-        self.check(&r.as_view())?;
+        let (s, r) = self.views(send, recv)?;
         at_least("recv", r.len, s.len)?;
         let count = s.len;
         self.run(
@@ -617,8 +634,7 @@ impl<C: Collective> Comm<C> {
         stream: &C::Stream,
     ) -> Result<()> {
         self.root(root, "root")?;
-        let b = buf.view_mut();
-        self.check(&b.as_view())?;
+        let b = self.view_mut_of(buf)?;
         let raw = b.as_view().raw();
         self.run(
             Op::Broadcast {
@@ -643,9 +659,7 @@ impl<C: Collective> Comm<C> {
         stream: &C::Stream,
     ) -> Result<()> {
         self.root(root, "root")?;
-        let (s, r) = (send.view(), recv.view_mut());
-        self.check(&s)?;
-        self.check(&r.as_view())?;
+        let (s, r) = self.views(send, recv)?;
         at_least("recv", r.len, s.len)?;
         let count = s.len;
         self.run(
@@ -670,8 +684,7 @@ impl<C: Collective> Comm<C> {
         stream: &C::Stream,
     ) -> Result<()> {
         self.root(root, "root")?;
-        let b = buf.view_mut();
-        self.check(&b.as_view())?;
+        let b = self.view_mut_of(buf)?;
         let raw = b.as_view().raw();
         self.run(
             Op::Reduce {
@@ -693,9 +706,7 @@ impl<C: Collective> Comm<C> {
         recv: &mut impl DeviceSliceMut<T, C>,
         stream: &C::Stream,
     ) -> Result<()> {
-        let (s, r) = (send.view(), recv.view_mut());
-        self.check(&s)?;
-        self.check(&r.as_view())?;
+        let (s, r) = self.views(send, recv)?;
         let total = self.times_world(s.len, "send")?;
         at_least("recv", r.len, total)?;
         self.run(
@@ -716,8 +727,7 @@ impl<C: Collective> Comm<C> {
         buf: &mut impl DeviceSliceMut<T, C>,
         stream: &C::Stream,
     ) -> Result<()> {
-        let b = buf.view_mut();
-        self.check(&b.as_view())?;
+        let b = self.view_mut_of(buf)?;
         let count = self.per_rank(b.len, "buf")?;
         let whole = b.as_view();
         self.run(
@@ -742,9 +752,7 @@ impl<C: Collective> Comm<C> {
         op: ReduceOp,
         stream: &C::Stream,
     ) -> Result<()> {
-        let (s, r) = (send.view(), recv.view_mut());
-        self.check(&s)?;
-        self.check(&r.as_view())?;
+        let (s, r) = self.views(send, recv)?;
         let count = self.per_rank(s.len, "send")?;
         at_least("recv", r.len, count)?;
         self.run(
@@ -766,8 +774,7 @@ impl<C: Collective> Comm<C> {
         op: ReduceOp,
         stream: &C::Stream,
     ) -> Result<()> {
-        let b = buf.view_mut();
-        self.check(&b.as_view())?;
+        let b = self.view_mut_of(buf)?;
         let count = self.per_rank(b.len, "buf")?;
         let whole = b.as_view();
         self.run(
@@ -793,9 +800,7 @@ impl<C: Collective> Comm<C> {
         recv: &mut impl DeviceSliceMut<T, C>,
         stream: &C::Stream,
     ) -> Result<()> {
-        let (s, r) = (send.view(), recv.view_mut());
-        self.check(&s)?;
-        self.check(&r.as_view())?;
+        let (s, r) = self.views(send, recv)?;
         let count = self.per_rank(s.len, "send")?;
         at_least("recv", r.len, s.len)?;
         self.run(
@@ -839,8 +844,7 @@ impl<C: Collective> Comm<C> {
         stream: &C::Stream,
     ) -> Result<()> {
         self.root(peer, "peer")?;
-        let b = buf.view_mut();
-        self.check(&b.as_view())?;
+        let b = self.view_mut_of(buf)?;
         self.run(
             Op::Recv {
                 buf: b.as_view().raw(),
