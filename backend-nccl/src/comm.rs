@@ -398,6 +398,35 @@ impl<R: Runtime> ApiComm<R> {
         self.api.check(call, code, Some(self.comm))
     }
 
+    /// NCCL 2.28.9's symmetric-window all-gather, in place, corrupts the ranks' chunks when
+    /// a chunk is not a multiple of 4 bytes (measured on 2x H200: f16/bf16/i8/u8 with 1001
+    /// elements per rank get garbage from the next 8-byte boundary on; 4- and 8-byte types
+    /// and out-of-place calls are right; so is a world of one). Refused as `Unsupported` rather than computed
+    /// wrong; see docs/results.md.
+    fn check_window_all_gather(
+        &self,
+        send: &comm_core::Slice<'_, ApiMemory<R>>,
+        recv: &comm_core::Slice<'_, ApiMemory<R>>,
+        chunk: usize,
+    ) -> Result<()> {
+        // One rank gathers nothing from peers (and was measured right).
+        if self.world == 1 || chunk % 4 == 0 || send.address() != recv.address() + self.rank * chunk
+        {
+            return Ok(());
+        }
+        if self.registry.covering(recv.address(), chunk * self.world)? != Some(RegKind::Window) {
+            return Ok(());
+        }
+        Err(Error::unsupported(
+            format!("in-place all_gather in a symmetric window with {chunk}-byte chunks"),
+            "chunks that are a multiple of 4 bytes (or out of place, or a non-window buffer)",
+            format!(
+                "{} {}, whose symmetric in-place all-gather corrupts such chunks",
+                self.api.flavor.library, self.api.version
+            ),
+        ))
+    }
+
     fn send_recv(
         &self,
         buf: *mut c_void,
@@ -786,6 +815,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
             } => {
                 send.holds(count, dtype, "send")?;
                 recv.holds(count.saturating_mul(w), dtype, "recv")?;
+                self.check_window_all_gather(&send, &recv, count * dtype.size())?;
                 // SAFETY: send holds `count`, recv `count * world` elements.
                 self.call(|c| {
                     self.check("ncclAllGather", unsafe {

@@ -7,10 +7,20 @@
 use backend_nccl::NcclComm;
 use std::sync::Mutex;
 
-use comm_core::conformance::{CaseFn, Failure, Harness};
+use comm_core::conformance::{Case, CaseFn, Coll, Count, Failure, Harness, Place, Reg};
 use comm_core::{Comm, ReduceOp, Result};
 
 struct Nccl;
+
+/// Elements per rank of a per-rank collective's case (as the suite shapes it).
+fn chunk_elems(case: &Case) -> usize {
+    match case.count {
+        Count::Zero => 0,
+        Count::One => 1,
+        Count::Odd => 1001,
+        Count::Large => (1 << 20) / case.world,
+    }
+}
 
 fn new_comms(world: usize) -> Result<Vec<Comm<NcclComm>>> {
     Ok(backend_nccl::local_comms(Some(world))?
@@ -35,6 +45,16 @@ impl Harness for Nccl {
         }
         let comms = &worlds.iter().find(|(w, _)| *w == world).unwrap().1;
         f(comms)
+    }
+
+    /// NCCL 2.28's symmetric in-place all-gather with chunks that are not a multiple of 4
+    /// bytes is refused by the backend (it corrupts data; docs/results.md).
+    fn unsupported(&self, case: &Case) -> bool {
+        case.coll == Coll::AllGather
+            && case.place == Place::In
+            && case.reg == Reg::Window
+            && case.world > 1
+            && (chunk_elems(case) * case.dtype.size()) % 4 != 0
     }
 }
 
@@ -99,6 +119,10 @@ fn collectives_captured_into_a_cuda_graph_replay_correctly() {
     let out = each(&cs, |c| -> Result<Vec<f32>> {
         let st = c.create_stream()?;
         let mut buf = c.alloc::<f32>(4096)?;
+        buf.copy_from_host(&vec![1.0; 4096], &st)?;
+        // NCCL connects peers lazily, at the first collective, and connecting is not
+        // allowed while a stream captures: one warm-up collective first (NCCL's advice).
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum, &st)?;
         buf.copy_from_host(&vec![1.0; 4096], &st)?;
         let cu = st.inner().0.clone();
         cu.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)

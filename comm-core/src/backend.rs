@@ -61,7 +61,9 @@ pub struct Capabilities {
     /// A native all-to-all call (`ncclAlltoAll` / RCCL's `ncclAllToAll`); without it
     /// all-to-all is grouped send/recv.
     pub native_all_to_all: bool,
-    /// Collectives may be captured into CUDA/HIP graphs.
+    /// Collectives may be captured into CUDA/HIP graphs. NCCL connects peers at the first
+    /// collective and cannot do so during capture: run one collective on the communicator
+    /// before capturing.
     pub graph_capture: bool,
     /// Allocation through the library (`ncclMemAlloc`, cuMem-backed).
     pub mem_alloc: bool,

@@ -115,6 +115,14 @@ pub trait Harness: Sync {
         world: usize,
         f: &mut CaseFn<'_, Self::C>,
     ) -> std::result::Result<(), Failure>;
+    /// Whether the backend refuses `case` as `Unsupported`, by design and documented (a
+    /// behaviour that differs by vendor). Such a case passes only if every rank gets
+    /// `Unsupported`; default: none.
+    fn unsupported(&self, case: &Case) -> bool {
+        let _ = case;
+        false
+    }
+
     /// The modes to run `case` in (default: both).
     fn modes(&self, case: &Case) -> &'static [Mode] {
         let _ = case;
@@ -786,8 +794,19 @@ fn run_modes<T: Sample, H: Harness>(h: &H, case: &Case) -> std::result::Result<(
                     case.world
                 )));
             }
-            run_typed::<T, H::C>(comms, case, &exp, mode)
-                .map_err(|e| Failure(format!("{case:?} in {mode:?}: {e}")))
+            let r = run_typed::<T, H::C>(comms, case, &exp, mode);
+            match (h.unsupported(case), r) {
+                (false, r) => r,
+                // Refused, as documented (one thread driving every rank stops at the first).
+                (true, Err(Failure(e)))
+                    if e.contains("is unsupported") && !e.contains(", element ") =>
+                {
+                    Ok(())
+                }
+                (true, Err(e)) => Err(Failure(format!("expected Unsupported on every rank: {e}"))),
+                (true, Ok(())) => Err(Failure("expected Unsupported, but it ran".into())),
+            }
+            .map_err(|e| Failure(format!("{case:?} in {mode:?}: {e}")))
         })?;
     }
     Ok(())
