@@ -290,3 +290,55 @@ fn a_library_missing_a_required_symbol_is_named() {
     }
     let _ = path;
 }
+
+#[test]
+fn raw_device_pointers_are_checked_before_use() {
+    use backend_nccl::ApiMemory;
+    // A NULL pointer where data is needed, and a range that wraps the address space.
+    // SAFETY: the constructor rejects these before anything could use them.
+    let null = unsafe { ApiMemory::<Host>::borrowed(Arc::new(Host), 0, 0, 64, None) };
+    assert!(matches!(
+        null,
+        Err(Error::InvalidArgument {
+            argument: "ptr",
+            ..
+        })
+    ));
+    // SAFETY: as above.
+    let wraps = unsafe { ApiMemory::<Host>::borrowed(Arc::new(Host), 0, usize::MAX - 8, 64, None) };
+    assert!(matches!(
+        wraps,
+        Err(Error::InvalidArgument {
+            argument: "bytes",
+            ..
+        })
+    ));
+    // Memory too small for the element count, and a count whose byte size overflows.
+    // SAFETY: 16 bytes of a live host allocation, used only for the length checks below.
+    let mut backing = vec![0u8; 16];
+    let mem = unsafe {
+        ApiMemory::<Host>::borrowed(Arc::new(Host), 0, backing.as_mut_ptr() as usize, 16, None)
+    }
+    .unwrap();
+    let r = comm_core::Buffer::<f64, ApiComm<Host>>::from_memory(mem, 3);
+    assert!(matches!(
+        r,
+        Err(Error::InvalidArgument {
+            argument: "len",
+            ..
+        })
+    ));
+    // SAFETY: as above.
+    let mem = unsafe {
+        ApiMemory::<Host>::borrowed(Arc::new(Host), 0, backing.as_mut_ptr() as usize, 16, None)
+    }
+    .unwrap();
+    let r = comm_core::Buffer::<f64, ApiComm<Host>>::from_memory(mem, usize::MAX / 4);
+    assert!(matches!(
+        r,
+        Err(Error::InvalidArgument {
+            argument: "len",
+            ..
+        })
+    ));
+}
