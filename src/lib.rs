@@ -182,6 +182,81 @@ pub fn local_comms_n(vendor: Vendor, n: Option<usize>) -> Result<Vec<Comm>> {
     Ok(raw.into_iter().map(comm_core::Comm::from_backend).collect())
 }
 
+/// One rank per process, launched by torchrun, mpirun or srun: reads the launcher's
+/// variables (`comm_core::bootstrap::LaunchEnv`), shares rank 0's unique id over a TCP
+/// rendezvous on `MASTER_ADDR:MASTER_PORT` (deadline: `UNICOMM_BOOTSTRAP_TIMEOUT_S`, default
+/// 300 s), and joins on GPU `LOCAL_RANK`. The mock has no processes as ranks: `Unsupported`.
+///
+/// (DESIGN.md sketches this as `Comm::from_env`; `Comm` is an alias of a comm-core type, so
+/// the facade offers it as a function.)
+pub fn from_env(vendor: Vendor) -> Result<Comm> {
+    let env = comm_core::bootstrap::LaunchEnv::detect()?;
+    let timeout = std::time::Duration::from_secs(
+        std::env::var("UNICOMM_BOOTSTRAP_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300),
+    );
+    let raw = match resolve(vendor).0 {
+        Vendor::Cuda => nccl_from_env(&env, timeout)?,
+        Vendor::Rocm => rccl_from_env(&env, timeout)?,
+        Vendor::Mock | Vendor::Auto => {
+            return Err(Error::unsupported(
+                "one rank per process on the mock",
+                "a GPU vendor (the mock's ranks are threads: use local_comms)",
+                format!("{} rank {} of {}", env.launcher, env.rank, env.world_size),
+            ))
+        }
+    };
+    Ok(comm_core::Comm::from_backend(raw))
+}
+
+#[cfg(feature = "nccl")]
+fn nccl_from_env(
+    env: &comm_core::bootstrap::LaunchEnv,
+    timeout: std::time::Duration,
+) -> Result<AnyComm> {
+    let id = comm_core::bootstrap::exchange_unique_id(
+        env,
+        || Ok(backend_nccl::unique_id()?.to_bytes()),
+        timeout,
+    )?;
+    let id = backend_nccl::UniqueId::from_bytes(id);
+    Ok(AnyComm::Nccl(backend_nccl::init_rank(
+        id,
+        env.rank,
+        env.world_size,
+        env.local_rank,
+    )?))
+}
+#[cfg(not(feature = "nccl"))]
+fn nccl_from_env(_: &comm_core::bootstrap::LaunchEnv, _: std::time::Duration) -> Result<AnyComm> {
+    Err(not_compiled("nccl", "CUDA/NCCL"))
+}
+
+#[cfg(feature = "rccl")]
+fn rccl_from_env(
+    env: &comm_core::bootstrap::LaunchEnv,
+    timeout: std::time::Duration,
+) -> Result<AnyComm> {
+    let id = comm_core::bootstrap::exchange_unique_id(
+        env,
+        || Ok(backend_rccl::unique_id()?.to_bytes()),
+        timeout,
+    )?;
+    let id = backend_rccl::UniqueId::from_bytes(id);
+    Ok(AnyComm::Rccl(backend_rccl::init_rank(
+        id,
+        env.rank,
+        env.world_size,
+        env.local_rank,
+    )?))
+}
+#[cfg(not(feature = "rccl"))]
+fn rccl_from_env(_: &comm_core::bootstrap::LaunchEnv, _: std::time::Duration) -> Result<AnyComm> {
+    Err(not_compiled("rccl", "ROCm/RCCL"))
+}
+
 fn unreachable_auto() -> Result<Vec<AnyComm>> {
     Err(Error::invalid("vendor", "auto was not resolved"))
 }

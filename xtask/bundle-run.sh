@@ -19,6 +19,11 @@ step gpu-specific; timeout 300 ./gpu --test-threads=1 --skip conformance:: --noc
 step doctor;      ./doctor 2>&1 | tee "$OUT/doctor.log"
 step allreduce_ub; timeout 120 ./allreduce_ub --vendor cuda 2>&1 | tee "$OUT/allreduce_ub.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
 step alltoall_ub;  timeout 120 ./alltoall_ub --vendor cuda 2>&1 | tee "$OUT/alltoall_ub.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+step from_env;     # one rank per process, as torchrun would start them
+if [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then
+  for r in 0 1; do RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 UNICOMM_BOOTSTRAP_TIMEOUT_S=60 timeout 120 ./from_env --vendor cuda & done 2>&1 | tee "$OUT/from_env.log"
+  wait; grep -c PASSED "$OUT/from_env.log" | grep -q '^2$' || rc=1
+else echo "from_env: needs 2 GPUs, $UNICOMM_GPU_WORLD here: not run"; fi
 step overhead;     timeout 300 ./overhead 2>&1 | tee "$OUT/overhead.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
 step conformance;  timeout ${CONF_TIMEOUT:-400} ./gpu --test-threads=1 conformance:: $SKIP > "$OUT/conformance.log" 2>&1; c=$?
 grep -E "test result|^failures:|FAILED" "$OUT/conformance.log" | head -20; grep -c " ok$" "$OUT/conformance.log"; [ $c -eq 0 ] || rc=1

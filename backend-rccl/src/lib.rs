@@ -17,9 +17,10 @@ pub mod hip;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use backend_nccl::{Api, ApiComm, ApiMemory, ApiStream, Flavor, Runtime, UniqueId};
+use backend_nccl::{Api, ApiComm, ApiMemory, ApiStream, Flavor, Runtime};
 use comm_core::{Result, Version};
 
+pub use backend_nccl::UniqueId;
 pub use hip::{HipRuntime, HipStreamHandle};
 
 /// RCCL on HIP.
@@ -81,6 +82,11 @@ pub fn probe() -> Result<String> {
 /// One communicator per visible AMD GPU (or the first `n`), created from this thread.
 pub fn local_comms(n: Option<usize>) -> Result<Vec<RcclComm>> {
     ApiComm::local(rccl()?, hip()?, n)
+}
+
+/// A new world id (`ncclGetUniqueId` of RCCL), to share with every rank.
+pub fn unique_id() -> Result<UniqueId> {
+    rccl()?.unique_id()
 }
 
 /// Joins a world as `rank` of `world` on GPU `dev`.

@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod bootstrap;
 pub mod comm;
 pub mod element;
 mod error;

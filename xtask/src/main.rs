@@ -260,7 +260,7 @@ fn bundle(_o: &Opts) -> Result<()> {
         "--examples",
     ]);
     step("build release examples", ex)?;
-    for e in ["allreduce_ub", "alltoall_ub", "doctor"] {
+    for e in ["allreduce_ub", "alltoall_ub", "doctor", "from_env"] {
         copies.push((root().join("target/release/examples").join(e), e));
     }
     let mut ov = cargo();
