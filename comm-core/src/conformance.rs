@@ -912,11 +912,15 @@ macro_rules! conformance_suite {
             fn reduce(
                 #[values(
                     DataType::F32,
+                    DataType::F64,
                     DataType::F16,
                     DataType::Bf16,
                     DataType::I8,
+                    DataType::U8,
+                    DataType::I32,
                     DataType::U32,
-                    DataType::I64
+                    DataType::I64,
+                    DataType::U64
                 )]
                 dtype: DataType,
                 #[values(
@@ -1029,7 +1033,18 @@ macro_rules! conformance_suite {
 
             #[::rstest::rstest]
             fn send_recv(
-                #[values(DataType::F32, DataType::Bf16, DataType::I8, DataType::U64)]
+                #[values(
+                    DataType::F32,
+                    DataType::F64,
+                    DataType::F16,
+                    DataType::Bf16,
+                    DataType::I8,
+                    DataType::U8,
+                    DataType::I32,
+                    DataType::U32,
+                    DataType::I64,
+                    DataType::U64
+                )]
                 dtype: DataType,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
                 #[values(Reg::None, Reg::Buffer)] reg: Reg,
