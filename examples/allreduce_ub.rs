@@ -30,59 +30,29 @@ fn run() -> anyhow::Result<()> {
         caps.version,
         caps.library_path
     );
-    let results: Vec<anyhow::Result<(usize, f64)>> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .map(|comm| {
-                s.spawn(move || -> anyhow::Result<(usize, f64)> {
-                    let rank = comm.rank();
-                    let stream = comm.create_stream()?;
-                    let mut send = comm.alloc::<f32>(COUNT)?;
-                    send.copy_from_host(&vec![rank as f32; COUNT], &stream)?;
-                    let send = comm.register(send)?;
-                    let mut recv = comm.register(comm.alloc::<f32>(COUNT)?)?;
-                    let t = Instant::now();
-                    comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &stream)?;
-                    stream.synchronize()?;
-                    let us = t.elapsed().as_secs_f64() * 1e6;
-                    let host = recv.copy_to_host(&stream)?;
-                    let w = comm.world_size() as f32;
-                    let want = w * (w - 1.0) / 2.0;
-                    let wrong = host.iter().filter(|&&x| x != want).count();
-                    comm.deregister(send)?;
-                    comm.deregister(recv)?;
-                    if wrong > 0 {
-                        bail!("rank {rank}: {wrong} of {COUNT} elements differ from {want}");
-                    }
-                    Ok((rank, us))
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
-            })
-            .collect()
-    });
-    let mut failed = false;
-    for r in &results {
-        match r {
-            Ok((rank, us)) => println!(
-                "rank {rank}: all_reduce of {COUNT} floats (registered) correct, {us:.1} us"
-            ),
-            Err(e) => {
-                failed = true;
-                println!("FAILED: {e:#}");
-            }
+    let results = common::per_rank(&comms, |comm| {
+        let rank = comm.rank();
+        let stream = comm.create_stream()?;
+        let mut send = comm.alloc::<f32>(COUNT)?;
+        send.copy_from_host(&vec![rank as f32; COUNT], &stream)?;
+        let send = comm.register(send)?;
+        let mut recv = comm.register(comm.alloc::<f32>(COUNT)?)?;
+        let t = Instant::now();
+        comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &stream)?;
+        stream.synchronize()?;
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        let host = recv.copy_to_host(&stream)?;
+        let w = comm.world_size() as f32;
+        let want = w * (w - 1.0) / 2.0;
+        let wrong = host.iter().filter(|&&x| x != want).count();
+        comm.deregister(send)?;
+        comm.deregister(recv)?;
+        if wrong > 0 {
+            bail!("rank {rank}: {wrong} of {COUNT} elements differ from {want}");
         }
-    }
-    for c in comms {
-        c.finalize()?;
-    }
-    if failed {
-        bail!("allreduce_ub: FAILED");
-    }
-    println!("allreduce_ub: PASSED on {resolved}");
-    Ok(())
+        Ok(format!(
+            "rank {rank}: all_reduce of {COUNT} floats (registered) correct, {us:.1} us"
+        ))
+    });
+    common::verdict("allreduce_ub", results, comms, &format!("on {resolved}"))
 }

@@ -36,85 +36,60 @@ fn run() -> anyhow::Result<()> {
             bail!("world size {w} does not divide sequence {seq} and heads {heads}");
         }
     }
-    let results: Vec<anyhow::Result<String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .map(|comm| {
-                s.spawn(move || -> anyhow::Result<String> {
-                    let r = comm.rank();
-                    let stream = comm.create_stream()?;
-                    let mut lines = Vec::new();
-                    for (seq, heads, dim) in SHAPES {
-                        let (sl, hl) = (seq / w, heads / w);
-                        // Input, sequence-sharded, laid out [peer][s_local][h_local][d] so that
-                        // chunk p holds the heads peer p will own.
-                        let mut host = Vec::with_capacity(sl * heads * dim);
-                        for p in 0..w {
-                            for sloc in 0..sl {
-                                for hloc in 0..hl {
-                                    for d in 0..dim {
-                                        host.push(value(r * sl + sloc, p * hl + hloc, d));
-                                    }
-                                }
-                            }
+    let results = common::per_rank(&comms, |comm| {
+        let r = comm.rank();
+        let stream = comm.create_stream()?;
+        let mut lines = Vec::new();
+        for (seq, heads, dim) in SHAPES {
+            let (sl, hl) = (seq / w, heads / w);
+            // Input, sequence-sharded, laid out [peer][s_local][h_local][d] so that
+            // chunk p holds the heads peer p will own.
+            let mut host = Vec::with_capacity(sl * heads * dim);
+            for p in 0..w {
+                for sloc in 0..sl {
+                    for hloc in 0..hl {
+                        for d in 0..dim {
+                            host.push(value(r * sl + sloc, p * hl + hloc, d));
                         }
-                        let mut send = comm.alloc::<bf16>(host.len())?;
-                        send.copy_from_host(&host, &stream)?;
-                        let send = comm.register(send)?;
-                        let mut recv = comm.register(comm.alloc::<bf16>(host.len())?)?;
-                        let t = Instant::now();
-                        comm.all_to_all(&send, &mut recv, &stream)?;
-                        stream.synchronize()?;
-                        let us = t.elapsed().as_secs_f64() * 1e6;
-                        // Output chunk q came from rank q: its sequence shard, our heads.
-                        let out = recv.copy_to_host(&stream)?;
-                        let mut i = 0;
-                        for q in 0..w {
-                            for sloc in 0..sl {
-                                for hloc in 0..hl {
-                                    for d in 0..dim {
-                                        let want = value(q * sl + sloc, r * hl + hloc, d);
-                                        if out[i] != want {
-                                            bail!("rank {r}, shape ({seq},{heads},{dim}): element {i} is {}, want {want}", out[i]);
-                                        }
-                                        i += 1;
-                                    }
-                                }
-                            }
-                        }
-                        comm.deregister(send)?;
-                        comm.deregister(recv)?;
-                        lines.push(format!(
-                            "rank {r}: (1,{sl},{heads},{dim}) -> (1,{seq},{hl},{dim}) bf16 correct, {us:.1} us"
-                        ));
                     }
-                    Ok(lines.join("\n"))
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
-            })
-            .collect()
-    });
-    let mut failed = false;
-    for r in results {
-        match r {
-            Ok(l) => println!("{l}"),
-            Err(e) => {
-                failed = true;
-                println!("FAILED: {e:#}");
+                }
             }
+            let mut send = comm.alloc::<bf16>(host.len())?;
+            send.copy_from_host(&host, &stream)?;
+            let send = comm.register(send)?;
+            let mut recv = comm.register(comm.alloc::<bf16>(host.len())?)?;
+            let t = Instant::now();
+            comm.all_to_all(&send, &mut recv, &stream)?;
+            stream.synchronize()?;
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            // Output chunk q came from rank q: its sequence shard, our heads.
+            let out = recv.copy_to_host(&stream)?;
+            let mut i = 0;
+            for q in 0..w {
+                for sloc in 0..sl {
+                    for hloc in 0..hl {
+                        for d in 0..dim {
+                            let want = value(q * sl + sloc, r * hl + hloc, d);
+                            if out[i] != want {
+                                bail!("rank {r}, shape ({seq},{heads},{dim}): element {i} is {}, want {want}", out[i]);
+                            }
+                            i += 1;
+                        }
+                    }
+                }
+            }
+            comm.deregister(send)?;
+            comm.deregister(recv)?;
+            lines.push(format!(
+                "rank {r}: (1,{sl},{heads},{dim}) -> (1,{seq},{hl},{dim}) bf16 correct, {us:.1} us"
+            ));
         }
-    }
-    for c in comms {
-        c.finalize()?;
-    }
-    if failed {
-        bail!("alltoall_ub: FAILED");
-    }
-    println!("alltoall_ub: PASSED on {resolved} with {w} ranks");
-    Ok(())
+        Ok(lines.join("\n"))
+    });
+    common::verdict(
+        "alltoall_ub",
+        results,
+        comms,
+        &format!("on {resolved} with {w} ranks"),
+    )
 }

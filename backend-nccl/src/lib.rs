@@ -80,7 +80,9 @@ pub fn probe() -> Result<String> {
 
 /// One communicator per visible GPU (or the first `n`), created from this thread.
 pub fn local_comms(n: Option<usize>) -> Result<Vec<NcclComm>> {
-    ApiComm::local(nccl()?, cuda()?, n)
+    // The device first: "no GPU" says more than "no library" on a machine without either.
+    let rt = cuda()?;
+    ApiComm::local(nccl()?, rt, n)
 }
 
 /// Joins a world as `rank` of `world` on GPU `dev` (one rank per thread or per process);

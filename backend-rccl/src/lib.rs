@@ -81,7 +81,9 @@ pub fn probe() -> Result<String> {
 
 /// One communicator per visible AMD GPU (or the first `n`), created from this thread.
 pub fn local_comms(n: Option<usize>) -> Result<Vec<RcclComm>> {
-    ApiComm::local(rccl()?, hip()?, n)
+    // The device first: "no GPU" says more than "no library" on a machine without either.
+    let rt = hip()?;
+    ApiComm::local(rccl()?, rt, n)
 }
 
 /// A new world id (`ncclGetUniqueId` of RCCL), to share with every rank.
