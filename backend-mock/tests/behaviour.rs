@@ -299,16 +299,51 @@ fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
 }
 
 #[test]
-fn partially_registered_buffer_is_rejected_at_the_call() {
+fn a_view_inside_a_registration_counts_as_registered() {
     let comms = world(1);
     let c = &comms[0];
     let st = c.create_stream().unwrap();
     let mut reg = c.register(c.alloc::<f32>(16).unwrap()).unwrap();
-    // A view inside the registration is fine.
     c.all_reduce_in_place(&mut reg.slice_mut(4..8).unwrap(), ReduceOp::Sum, &st)
         .unwrap();
     st.synchronize().unwrap();
     c.deregister(reg).unwrap();
+}
+
+#[test]
+fn partially_registered_buffer_is_rejected_at_the_call() {
+    use comm_core::{Collective, DataType, Op, Slice};
+    let comms = world(1);
+    let c = comms[0].backend();
+    let st = c.create_stream().unwrap();
+    let mem = c.alloc(64).unwrap();
+    let h = c.register(&mem, 0, 32).unwrap();
+    let half = Slice {
+        mem: &mem,
+        offset: 16,
+        bytes: 32,
+    };
+    let r = c.enqueue(
+        Op::AllReduce {
+            send: half,
+            recv: half,
+            count: 8,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+        },
+        &st,
+    );
+    assert!(
+        matches!(
+            r,
+            Err(Error::InvalidArgument {
+                argument: "buffer",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    c.deregister(h).unwrap();
 }
 
 #[test]
