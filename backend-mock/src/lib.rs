@@ -289,16 +289,7 @@ impl MockComm {
 
     fn work(&self, op: Op<'_, MockMemory>) -> Result<Work> {
         let w = self.ctx.world;
-        let root_ok = |root: usize, arg: &'static str| {
-            if root < w {
-                Ok(())
-            } else {
-                Err(Error::invalid(
-                    arg,
-                    format!("rank {root} is outside 0..{w}"),
-                ))
-            }
-        };
+        op.check_bounds(w)?;
         for s in op_slices(&op) {
             if s.mem.inner.owner != self.owner() {
                 return Err(foreign_memory(s.mem, self.owner()));
@@ -312,8 +303,6 @@ impl MockComm {
                 dtype,
                 op,
             } => {
-                send.holds(count, dtype, "send")?;
-                recv.holds(count, dtype, "recv")?;
                 placement(&send, &recv, Some(0))?;
                 let b = count * dtype.size();
                 self.coll(
@@ -334,9 +323,6 @@ impl MockComm {
                 dtype,
                 root,
             } => {
-                root_ok(root, "root")?;
-                send.holds(count, dtype, "send")?;
-                recv.holds(count, dtype, "recv")?;
                 placement(&send, &recv, Some(0))?;
                 let b = count * dtype.size();
                 self.coll(
@@ -358,9 +344,6 @@ impl MockComm {
                 op,
                 root,
             } => {
-                root_ok(root, "root")?;
-                send.holds(count, dtype, "send")?;
-                recv.holds(count, dtype, "recv")?;
                 placement(&send, &recv, Some(0))?;
                 let b = count * dtype.size();
                 self.coll(
@@ -385,11 +368,6 @@ impl MockComm {
                 count,
                 dtype,
             } => {
-                let total = count
-                    .checked_mul(w)
-                    .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?;
-                send.holds(count, dtype, "send")?;
-                recv.holds(total, dtype, "recv")?;
                 let b = count * dtype.size();
                 placement(&send, &recv, Some(self.ctx.rank * b))?;
                 self.coll(
@@ -410,11 +388,6 @@ impl MockComm {
                 dtype,
                 op,
             } => {
-                let total = count
-                    .checked_mul(w)
-                    .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?;
-                send.holds(total, dtype, "send")?;
-                recv.holds(count, dtype, "recv")?;
                 let b = count * dtype.size();
                 // In place, recv is this rank's chunk of send.
                 placement(&recv, &send, Some(self.ctx.rank * b))?;
@@ -435,13 +408,9 @@ impl MockComm {
                 count,
                 dtype,
             } => {
-                let total = count
-                    .checked_mul(w)
-                    .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?;
-                send.holds(total, dtype, "send")?;
-                recv.holds(total, dtype, "recv")?;
+                // check_bounds proved count * world elements fit both ranges.
                 placement(&send, &recv, None)?;
-                let b = total * dtype.size();
+                let b = count * w * dtype.size();
                 self.coll(
                     "AlltoAll",
                     Spec::AllToAll { count, dtype },
@@ -459,31 +428,23 @@ impl MockComm {
                 count,
                 dtype,
                 peer,
-            } => {
-                root_ok(peer, "peer")?;
-                buf.holds(count, dtype, "buf")?;
-                Ok(Work::Send {
-                    span: self.span(&buf, false),
-                    count,
-                    dtype,
-                    peer,
-                })
-            }
+            } => Ok(Work::Send {
+                span: self.span(&buf, false),
+                count,
+                dtype,
+                peer,
+            }),
             Op::Recv {
                 buf,
                 count,
                 dtype,
                 peer,
-            } => {
-                root_ok(peer, "peer")?;
-                buf.holds(count, dtype, "buf")?;
-                Ok(Work::Recv {
-                    span: self.span(&buf, true),
-                    count,
-                    dtype,
-                    peer,
-                })
-            }
+            } => Ok(Work::Recv {
+                span: self.span(&buf, true),
+                count,
+                dtype,
+                peer,
+            }),
         }
     }
 

@@ -353,12 +353,26 @@ impl Api {
         })
     }
 
-    /// `Unsupported` unless the library is at least `since`; `what` names the feature.
+    /// `Unsupported` unless the library is at least `since` and has the symbol(s)
+    /// (`present`); `what` names the feature, the error both versions.
     pub fn require(&self, what: &str, since: Version, present: bool) -> Result<()> {
         if present && self.version >= since {
             return Ok(());
         }
-        Err(Error::unsupported(
+        Err(self.too_old(what, since, present))
+    }
+
+    /// The optional entry point `f` when the library is at least `since` and exports it;
+    /// otherwise the `Unsupported` error of [`Api::require`].
+    pub fn gated<F: Copy>(&self, what: &str, since: Version, f: Option<F>) -> Result<F> {
+        match f {
+            Some(f) if self.version >= since => Ok(f),
+            _ => Err(self.too_old(what, since, f.is_some())),
+        }
+    }
+
+    fn too_old(&self, what: &str, since: Version, present: bool) -> Error {
+        Error::unsupported(
             what,
             format!("{} >= {since}", self.flavor.library),
             format!(
@@ -368,35 +382,26 @@ impl Api {
                 self.path,
                 if present { "" } else { " (symbol absent)" }
             ),
-        ))
+        )
     }
 
     /// Whether registration is available.
     pub fn has_registration(&self) -> bool {
-        self.require(
-            "",
-            self.flavor.registration_since,
-            self.fns.comm_register.is_some() && self.fns.comm_deregister.is_some(),
-        )
-        .is_ok()
+        self.version >= self.flavor.registration_since
+            && self.fns.comm_register.is_some()
+            && self.fns.comm_deregister.is_some()
     }
     /// Whether symmetric windows are available.
     pub fn has_windows(&self) -> bool {
-        self.require(
-            "",
-            self.flavor.windows_since,
-            self.fns.window_register.is_some() && self.fns.window_deregister.is_some(),
-        )
-        .is_ok()
+        self.version >= self.flavor.windows_since
+            && self.fns.window_register.is_some()
+            && self.fns.window_deregister.is_some()
     }
     /// Whether `ncclMemAlloc` is available.
     pub fn has_mem_alloc(&self) -> bool {
-        self.require(
-            "",
-            self.flavor.mem_alloc_since,
-            self.fns.mem_alloc.is_some() && self.fns.mem_free.is_some(),
-        )
-        .is_ok()
+        self.version >= self.flavor.mem_alloc_since
+            && self.fns.mem_alloc.is_some()
+            && self.fns.mem_free.is_some()
     }
 
     /// A fresh unique id (`ncclGetUniqueId`).

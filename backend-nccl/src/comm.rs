@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use comm_core::registry::{RegKind, Registry};
 use comm_core::{
     Capabilities, Collective, DataType, DeviceMemory, DeviceStream, Error, Op, RawHandle, ReduceOp,
-    Result,
+    Result, Version,
 };
 
 use crate::api::{Api, NcclComm, UniqueId, WIN_COLL_SYMMETRIC};
@@ -436,19 +436,10 @@ impl<R: Runtime> ApiComm<R> {
         stream: *mut c_void,
         send: bool,
     ) -> Result<()> {
-        let (s, r) = match (self.api.fns.send, self.api.fns.recv) {
-            (Some(s), Some(r)) => (s, r),
-            _ => {
-                return Err(self
-                    .api
-                    .require(
-                        "point-to-point send/recv",
-                        comm_core::Version::new(2, 7, 0),
-                        false,
-                    )
-                    .unwrap_err())
-            }
-        };
+        let pair = self.api.fns.send.zip(self.api.fns.recv);
+        let (s, r) = self
+            .api
+            .gated("point-to-point send/recv", Version::new(2, 7, 0), pair)?;
         // SAFETY: device pointers of this rank's memory holding `count` elements (checked by
         // the caller); the stream belongs to this device.
         let code = unsafe {
@@ -459,6 +450,48 @@ impl<R: Runtime> ApiComm<R> {
             }
         };
         self.check(if send { "ncclSend" } else { "ncclRecv" }, code)
+    }
+
+    /// Registers `mem[offset..offset+bytes]` through `call` (which gets the communicator and
+    /// the address, and returns the library's handle) and records it; zero bytes never reach
+    /// the library (there is nothing to register).
+    fn register_range(
+        &self,
+        mem: &ApiMemory<R>,
+        offset: usize,
+        bytes: usize,
+        kind: RegKind,
+        call: impl FnOnce(NcclComm, *mut c_void) -> Result<*mut c_void>,
+    ) -> Result<RawHandle> {
+        self.check_memory(mem)?;
+        let addr = mem.range(offset, bytes, "bytes")?;
+        let h = if bytes == 0 {
+            RawHandle(NEXT_EMPTY.fetch_add(1, Ordering::Relaxed))
+        } else {
+            RawHandle(self.call(|c| call(c, addr as *mut c_void))? as usize)
+        };
+        self.registry.insert(h, addr, bytes, kind)?;
+        Ok(h)
+    }
+
+    /// Deregisters a live handle of `kind` with `f` (`ncclCommDeregister` or
+    /// `ncclCommWindowDeregister`), then forgets it.
+    fn deregister_handle(
+        &self,
+        handle: RawHandle,
+        kind: RegKind,
+        name: &'static str,
+        f: Option<unsafe extern "C" fn(NcclComm, *mut c_void) -> c_int>,
+    ) -> Result<()> {
+        self.registry.check(handle, kind)?;
+        if handle.0 < usize::MAX / 2 {
+            let f =
+                f.ok_or_else(|| Error::invalid("handle", format!("the library has no {name}")))?;
+            // SAFETY: a live handle of this kind of this communicator (checked above),
+            // deregistered once.
+            self.call(|c| self.check(name, unsafe { f(c, handle.0 as *mut c_void) }))?;
+        }
+        self.registry.remove(handle, kind)
     }
 
     fn group<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -563,7 +596,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 rt,
             });
         }
-        if let (true, Some(alloc)) = (self.api.has_mem_alloc(), self.api.fns.mem_alloc) {
+        if let Some(alloc) = self.api.fns.mem_alloc.filter(|_| self.api.has_mem_alloc()) {
             let mut p = std::ptr::null_mut();
             self.rt.with_device(dev, || {
                 // SAFETY: ncclMemAlloc writes one pointer, on the current device.
@@ -605,54 +638,23 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn register(&self, mem: &ApiMemory<R>, offset: usize, bytes: usize) -> Result<RawHandle> {
-        let f = match (self.api.has_registration(), self.api.fns.comm_register) {
-            (true, Some(f)) => f,
-            _ => {
-                return Err(self
-                    .api
-                    .require(
-                        "user-buffer registration (ncclCommRegister)",
-                        self.api.flavor.registration_since,
-                        false,
-                    )
-                    .unwrap_err())
-            }
-        };
-        self.check_memory(mem)?;
-        let addr = mem.range(offset, bytes, "bytes")?;
-        if bytes == 0 {
-            let h = RawHandle(NEXT_EMPTY.fetch_add(1, Ordering::Relaxed));
-            self.registry.insert(h, addr, 0, RegKind::Buffer)?;
-            return Ok(h);
-        }
-        let h = self.call(|c| {
+        let fns = &self.api.fns;
+        let f = self.api.gated(
+            "user-buffer registration (ncclCommRegister)",
+            self.api.flavor.registration_since,
+            fns.comm_register.filter(|_| fns.comm_deregister.is_some()),
+        )?;
+        self.register_range(mem, offset, bytes, RegKind::Buffer, |c, addr| {
             let mut h = std::ptr::null_mut();
             // SAFETY: `addr..addr+bytes` is device memory of this rank; `h` receives the handle.
-            self.check("ncclCommRegister", unsafe {
-                f(c, addr as *mut c_void, bytes, &mut h)
-            })?;
-            Ok(RawHandle(h as usize))
-        })?;
-        self.registry.insert(h, addr, bytes, RegKind::Buffer)?;
-        Ok(h)
+            self.check("ncclCommRegister", unsafe { f(c, addr, bytes, &mut h) })?;
+            Ok(h)
+        })
     }
 
     fn deregister(&self, handle: RawHandle) -> Result<()> {
-        self.registry.check(handle, RegKind::Buffer)?;
-        if handle.0 < usize::MAX / 2 {
-            let f = self
-                .api
-                .fns
-                .comm_deregister
-                .ok_or_else(|| Error::invalid("handle", "the library cannot deregister"))?;
-            // SAFETY: a live handle of this communicator (checked above), deregistered once.
-            self.call(|c| {
-                self.check("ncclCommDeregister", unsafe {
-                    f(c, handle.0 as *mut c_void)
-                })
-            })?;
-        }
-        self.registry.remove(handle, RegKind::Buffer)
+        let f = self.api.fns.comm_deregister;
+        self.deregister_handle(handle, RegKind::Buffer, "ncclCommDeregister", f)
     }
 
     fn register_window(
@@ -661,62 +663,34 @@ impl<R: Runtime> Collective for ApiComm<R> {
         offset: usize,
         bytes: usize,
     ) -> Result<RawHandle> {
-        let f = match (self.api.has_windows(), self.api.fns.window_register) {
-            (true, Some(f)) => f,
-            _ => {
-                return Err(self
-                    .api
-                    .require(
-                        "symmetric windows (ncclCommWindowRegister)",
-                        self.api.flavor.windows_since,
-                        false,
-                    )
-                    .unwrap_err())
-            }
-        };
-        self.check_memory(mem)?;
-        let addr = mem.range(offset, bytes, "bytes")?;
-        if bytes == 0 {
-            let h = RawHandle(NEXT_EMPTY.fetch_add(1, Ordering::Relaxed));
-            self.registry.insert(h, addr, 0, RegKind::Window)?;
-            return Ok(h);
-        }
-        let win = self.call(|c| {
+        let fns = &self.api.fns;
+        let f = self.api.gated(
+            "symmetric windows (ncclCommWindowRegister)",
+            self.api.flavor.windows_since,
+            fns.window_register
+                .filter(|_| fns.window_deregister.is_some()),
+        )?;
+        self.register_range(mem, offset, bytes, RegKind::Window, |c, addr| {
             let mut w = std::ptr::null_mut();
             // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives the window.
             self.check("ncclCommWindowRegister", unsafe {
-                f(c, addr as *mut c_void, bytes, &mut w, WIN_COLL_SYMMETRIC)
+                f(c, addr, bytes, &mut w, WIN_COLL_SYMMETRIC)
             })?;
+            if w.is_null() {
+                // NCCL returns success and no window where symmetric memory is unsupported.
+                return Err(Error::unsupported(
+                    "symmetric window",
+                    "symmetric-memory support (cuMem memory from ncclMemAlloc, NVLink or a supported transport)",
+                    format!("{} {} returned a NULL window", self.api.flavor.library, self.api.version),
+                ));
+            }
             Ok(w)
-        })?;
-        if win.is_null() {
-            // NCCL returns success and no window where symmetric memory is unsupported.
-            return Err(Error::unsupported(
-                "symmetric window",
-                "symmetric-memory support (cuMem memory from ncclMemAlloc, NVLink or a supported transport)",
-                format!("{} {} returned a NULL window", self.api.flavor.library, self.api.version),
-            ));
-        }
-        let h = RawHandle(win as usize);
-        self.registry.insert(h, addr, bytes, RegKind::Window)?;
-        Ok(h)
+        })
     }
 
     fn deregister_window(&self, handle: RawHandle) -> Result<()> {
-        self.registry.check(handle, RegKind::Window)?;
-        if handle.0 < usize::MAX / 2 {
-            let f =
-                self.api.fns.window_deregister.ok_or_else(|| {
-                    Error::invalid("handle", "the library cannot deregister windows")
-                })?;
-            // SAFETY: a live window of this communicator (checked above), deregistered once.
-            self.call(|c| {
-                self.check("ncclCommWindowDeregister", unsafe {
-                    f(c, handle.0 as *mut c_void)
-                })
-            })?;
-        }
-        self.registry.remove(handle, RegKind::Window)
+        let f = self.api.fns.window_deregister;
+        self.deregister_handle(handle, RegKind::Window, "ncclCommWindowDeregister", f)
     }
 
     fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
@@ -729,6 +703,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 ),
             ));
         }
+        op.check_bounds(self.world)?;
         let st = R::raw_stream(&stream.s);
         let w = self.world;
         let fns = &self.api.fns;
@@ -740,8 +715,6 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 dtype,
                 op,
             } => {
-                send.holds(count, dtype, "send")?;
-                recv.holds(count, dtype, "recv")?;
                 // SAFETY: both ranges hold `count` elements of this rank's device memory.
                 self.call(|c| {
                     self.check("ncclAllReduce", unsafe {
@@ -764,8 +737,6 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 dtype,
                 root,
             } => {
-                send.holds(count, dtype, "send")?;
-                recv.holds(count, dtype, "recv")?;
                 // SAFETY: as above.
                 self.call(|c| {
                     self.check("ncclBroadcast", unsafe {
@@ -789,8 +760,6 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 op,
                 root,
             } => {
-                send.holds(count, dtype, "send")?;
-                recv.holds(count, dtype, "recv")?;
                 // SAFETY: as above.
                 self.call(|c| {
                     self.check("ncclReduce", unsafe {
@@ -813,8 +782,6 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 count,
                 dtype,
             } => {
-                send.holds(count, dtype, "send")?;
-                recv.holds(count.saturating_mul(w), dtype, "recv")?;
                 self.check_window_all_gather(&send, &recv, count * dtype.size())?;
                 // SAFETY: send holds `count`, recv `count * world` elements.
                 self.call(|c| {
@@ -830,8 +797,6 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 dtype,
                 op,
             } => {
-                send.holds(count.saturating_mul(w), dtype, "send")?;
-                recv.holds(count, dtype, "recv")?;
                 // SAFETY: send holds `count * world`, recv `count` elements.
                 self.call(|c| {
                     self.check("ncclReduceScatter", unsafe {
@@ -853,8 +818,6 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 count,
                 dtype,
             } => {
-                send.holds(count.saturating_mul(w), dtype, "send")?;
-                recv.holds(count.saturating_mul(w), dtype, "recv")?;
                 if let Some(a2a) = self.api.all_to_all {
                     // SAFETY: both hold `count * world` elements.
                     return self.call(|c| {
@@ -895,19 +858,13 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 count,
                 dtype,
                 peer,
-            } => {
-                buf.holds(count, dtype, "buf")?;
-                self.call(|_| self.send_recv(ptr(&buf), count, dtype, peer, st, true))
-            }
+            } => self.call(|_| self.send_recv(ptr(&buf), count, dtype, peer, st, true)),
             Op::Recv {
                 buf,
                 count,
                 dtype,
                 peer,
-            } => {
-                buf.holds(count, dtype, "buf")?;
-                self.call(|_| self.send_recv(ptr(&buf), count, dtype, peer, st, false))
-            }
+            } => self.call(|_| self.send_recv(ptr(&buf), count, dtype, peer, st, false)),
             Op::Barrier => {
                 let b = self.barrier.ptr as *mut c_void;
                 // SAFETY: the communicator's own 4-byte buffer, one f32 element, in place.

@@ -374,6 +374,105 @@ impl<'a, M> Op<'a, M> {
         })
     }
 
+    /// Checks every range against what the operation reads or writes in it (counts per
+    /// NCCL's definitions, `world` ranks), and that roots and peers are ranks. Every backend
+    /// calls this before touching memory.
+    pub fn check_bounds(&self, world: usize) -> Result<()>
+    where
+        M: DeviceMemory,
+    {
+        let total = |count: usize| {
+            count
+                .checked_mul(world)
+                .ok_or_else(|| crate::Error::invalid("count", "count x world size overflows"))
+        };
+        let rank = |r: usize, arg: &'static str| {
+            if r < world {
+                Ok(())
+            } else {
+                Err(crate::Error::invalid(
+                    arg,
+                    format!("rank {r} is outside 0..{world}"),
+                ))
+            }
+        };
+        match self {
+            Op::AllReduce {
+                send,
+                recv,
+                count,
+                dtype,
+                ..
+            } => {
+                send.holds(*count, *dtype, "send")?;
+                recv.holds(*count, *dtype, "recv")
+            }
+            Op::Broadcast {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            }
+            | Op::Reduce {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+                ..
+            } => {
+                rank(*root, "root")?;
+                send.holds(*count, *dtype, "send")?;
+                recv.holds(*count, *dtype, "recv")
+            }
+            Op::AllGather {
+                send,
+                recv,
+                count,
+                dtype,
+            } => {
+                send.holds(*count, *dtype, "send")?;
+                recv.holds(total(*count)?, *dtype, "recv")
+            }
+            Op::ReduceScatter {
+                send,
+                recv,
+                count,
+                dtype,
+                ..
+            } => {
+                send.holds(total(*count)?, *dtype, "send")?;
+                recv.holds(*count, *dtype, "recv")
+            }
+            Op::AllToAll {
+                send,
+                recv,
+                count,
+                dtype,
+            } => {
+                send.holds(total(*count)?, *dtype, "send")?;
+                recv.holds(total(*count)?, *dtype, "recv")
+            }
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+            }
+            | Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => {
+                rank(*peer, "peer")?;
+                buf.holds(*count, *dtype, "buf")
+            }
+            Op::Barrier => Ok(()),
+        }
+    }
+
     /// The operation's name, as NCCL spells it without the prefix.
     pub fn name(&self) -> &'static str {
         match self {
