@@ -19,8 +19,7 @@ fn main() {
 
 fn run() -> anyhow::Result<()> {
     let common::Args { vendor, ranks } = common::args()?;
-    let (resolved, why) = unicomm::resolve(vendor);
-    println!("vendor: {resolved} ({why})");
+    let resolved = common::choose(vendor)?;
     let comms = unicomm::local_comms_n(resolved, ranks).context("creating communicators")?;
     let caps = comms[0].capabilities();
     println!(

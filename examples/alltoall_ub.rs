@@ -27,8 +27,7 @@ fn main() {
 
 fn run() -> anyhow::Result<()> {
     let common::Args { vendor, ranks } = common::args()?;
-    let (resolved, why) = unicomm::resolve(vendor);
-    println!("vendor: {resolved} ({why})");
+    let resolved = common::choose(vendor)?;
     let comms = unicomm::local_comms_n(resolved, ranks)?;
     let w = comms.len();
     for (seq, heads, _) in SHAPES {

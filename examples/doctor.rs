@@ -29,8 +29,10 @@ fn main() {
             Err(e) => println!("  no communicator: {e}"),
         }
     }
-    let (v, why) = unicomm::resolve(unicomm::Vendor::Auto);
-    println!("\n--vendor auto picks {v}: {why}");
+    match unicomm::resolve(unicomm::Vendor::Auto) {
+        Ok((v, why)) => println!("\nVendor::Auto picks {v}: {why}"),
+        Err(e) => println!("\nVendor::Auto: {e}"),
+    }
     println!("\nenvironment:");
     let mut keys: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| {
@@ -43,9 +45,11 @@ fn main() {
                 || k.starts_with("CUDA_")
                 || k.starts_with("NVSHMEM_")
                 || k.starts_with("TORCH_SYMM")
-                || k == "LD_LIBRARY_PATH"
         })
         .collect();
+    if let Some(p) = user_library_path() {
+        keys.push(("LD_LIBRARY_PATH".into(), p));
+    }
     keys.sort();
     if keys.is_empty() {
         println!("  (no NCCL_*, RCCL_*, UNICOMM_*, HIP_*, ROCM_*, HSA_*, CUDA_* variables set)");
@@ -53,4 +57,26 @@ fn main() {
     for (k, v) in keys {
         println!("  {k}={v}");
     }
+}
+
+/// `LD_LIBRARY_PATH` as the user set it: `cargo run` (and so `cargo xtask doctor`) prepends
+/// its own target and toolchain directories, which say nothing about this machine.
+fn user_library_path() -> Option<String> {
+    let p = std::env::var("LD_LIBRARY_PATH").ok()?;
+    let target = std::env::current_exe().ok().and_then(|e| {
+        e.ancestors()
+            .find(|a| a.ends_with("target"))
+            .map(|a| a.to_path_buf())
+    });
+    let kept: Vec<&str> = p
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .filter(|d| {
+            !target
+                .as_ref()
+                .is_some_and(|t| std::path::Path::new(d).starts_with(t))
+        })
+        .filter(|d| !d.contains("/.rustup/toolchains/"))
+        .collect();
+    (!kept.is_empty()).then(|| kept.join(":"))
 }

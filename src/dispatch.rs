@@ -1,87 +1,273 @@
-//! The run-time choice of backend: enums over the compiled-in backends, each implementing
-//! the backend trait by matching (the `burn-dispatch` pattern). Written by hand:
-//! enum_dispatch cannot see a trait of another crate nor handle associated types
-//! (docs/decisions.md).
+//! The run-time choice of backend, generated from one table ([`backends!`] at the bottom):
+//! the enums over the compiled-in backends, their `From` impls, the backend trait
+//! implemented by matching (the `burn-dispatch` pattern), and for each vendor its entry
+//! points or a "not compiled in" error. Adding a backend is one line of the table plus its
+//! [`Backend`] impl. Written by hand, not with enum_dispatch: it cannot see a trait of
+//! another crate nor handle associated types (docs/decisions.md).
 
-use comm_core::{
+use std::time::Duration;
+
+use unicomm_core::bootstrap::LaunchEnv;
+use unicomm_core::{
     Capabilities, Collective, DeviceMemory, DeviceStream, Error, Op, RawHandle, Result,
 };
 
-/// A communicator of any compiled-in backend.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum AnyComm {
-    /// The CPU mock.
-    #[cfg(feature = "mock")]
-    Mock(backend_mock::MockComm),
-    /// NCCL on CUDA.
-    #[cfg(feature = "nccl")]
-    Nccl(backend_nccl::NcclComm),
-    /// RCCL on HIP.
-    #[cfg(feature = "rccl")]
-    Rccl(backend_rccl::RcclComm),
+use crate::Vendor;
+
+/// What the facade needs from each backend crate.
+pub(crate) trait Backend {
+    /// One line naming the devices and library, or why they are unusable.
+    fn probe() -> Result<String>;
+    /// `n` ranks in this process (`None`: every device, or the mock's default).
+    fn local(n: Option<usize>) -> Result<Vec<AnyComm>>;
+    /// One rank of a world launched one rank per process.
+    fn from_env(env: &LaunchEnv, timeout: Duration) -> Result<AnyComm>;
 }
 
-/// A stream of any compiled-in backend.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum AnyStream {
-    /// The CPU mock.
-    #[cfg(feature = "mock")]
-    Mock(backend_mock::MockStream),
-    /// A CUDA stream.
-    #[cfg(feature = "nccl")]
-    Nccl(backend_nccl::NcclStream),
-    /// A HIP stream.
-    #[cfg(feature = "rccl")]
-    Rccl(backend_rccl::RcclStream),
-}
+macro_rules! backends {
+    ($( $variant:ident, $feature:literal, $vendor:ident, $krate:ident,
+        $comm:ident, $stream:ident, $memory:ident, $doc:literal; )*) => {
+        /// A communicator of any compiled-in backend.
+        #[derive(Debug)]
+        #[non_exhaustive]
+        pub enum AnyComm {
+            $( #[doc = $doc] #[cfg(feature = $feature)] $variant($krate::$comm), )*
+        }
 
-/// Device memory of any compiled-in backend.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum AnyMemory {
-    /// Host memory of the mock.
-    #[cfg(feature = "mock")]
-    Mock(backend_mock::MockMemory),
-    /// CUDA device memory.
-    #[cfg(feature = "nccl")]
-    Nccl(backend_nccl::NcclMemory),
-    /// HIP device memory.
-    #[cfg(feature = "rccl")]
-    Rccl(backend_rccl::RcclMemory),
-}
+        /// A stream of any compiled-in backend.
+        #[derive(Debug)]
+        #[non_exhaustive]
+        pub enum AnyStream {
+            $( #[doc = $doc] #[cfg(feature = $feature)] $variant($krate::$stream), )*
+        }
 
-/// Runs `$body` with `$x` bound to the inner value, whatever the backend.
-macro_rules! each {
-    ($e:expr, $ty:ident, $x:ident => $body:expr) => {
-        match $e {
-            #[cfg(feature = "mock")]
-            $ty::Mock($x) => $body,
-            #[cfg(feature = "nccl")]
-            $ty::Nccl($x) => $body,
-            #[cfg(feature = "rccl")]
-            $ty::Rccl($x) => $body,
+        /// Device memory of any compiled-in backend.
+        #[derive(Debug)]
+        #[non_exhaustive]
+        pub enum AnyMemory {
+            $( #[doc = $doc] #[cfg(feature = $feature)] $variant($krate::$memory), )*
+        }
+
+        $(
+            #[cfg(feature = $feature)]
+            impl From<$krate::$comm> for AnyComm {
+                fn from(x: $krate::$comm) -> Self { AnyComm::$variant(x) }
+            }
+            #[cfg(feature = $feature)]
+            impl From<$krate::$stream> for AnyStream {
+                fn from(x: $krate::$stream) -> Self { AnyStream::$variant(x) }
+            }
+            #[cfg(feature = $feature)]
+            impl From<$krate::$memory> for AnyMemory {
+                fn from(x: $krate::$memory) -> Self { AnyMemory::$variant(x) }
+            }
+        )*
+
+        /// Runs `$body` with `$x` bound to the inner value, whatever the backend.
+        macro_rules! each {
+            ($e:expr, $ty:ident, $x:ident => $body:expr) => {
+                match $e {
+                    $( #[cfg(feature = $feature)] $ty::$variant($x) => $body, )*
+                }
+            };
+        }
+
+        /// Runs `$body` with the inner values of two enums of the same backend; a pair of
+        /// different backends is an `InvalidArgument` error naming `$arg`.
+        macro_rules! pair {
+            ($a:expr, $ta:ident, $b:expr, $tb:ident, $arg:expr, ($x:ident, $y:ident) => $body:expr) => {
+                match ($a, $b) {
+                    $( #[cfg(feature = $feature)] ($ta::$variant($x), $tb::$variant($y)) => $body, )*
+                    #[cfg_attr(
+                        not(any(
+                            all(feature = "mock", feature = "nccl"),
+                            all(feature = "mock", feature = "rccl"),
+                            all(feature = "nccl", feature = "rccl")
+                        )),
+                        expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above")
+                    )]
+                    _ => Err(Error::invalid($arg, "belongs to another backend")),
+                }
+            };
+        }
+
+        impl AnyComm {
+            fn enqueue_any(&self, op: Op<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
+                match (self, stream) {
+                    $(
+                        #[cfg(feature = $feature)]
+                        (AnyComm::$variant(c), AnyStream::$variant(s)) => c.enqueue(
+                            op.map_mem(|m| match m {
+                                AnyMemory::$variant(m) => Some(m),
+#[cfg_attr(
+                        not(any(
+                            all(feature = "mock", feature = "nccl"),
+                            all(feature = "mock", feature = "rccl"),
+                            all(feature = "nccl", feature = "rccl")
+                        )),
+                        expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above")
+                    )]
+                                _ => None,
+                            })?,
+                            s,
+                        ),
+                    )*
+                    #[cfg_attr(
+                        not(any(
+                            all(feature = "mock", feature = "nccl"),
+                            all(feature = "mock", feature = "rccl"),
+                            all(feature = "nccl", feature = "rccl")
+                        )),
+                        expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above")
+                    )]
+                    _ => Err(Error::invalid("stream", "belongs to another backend")),
+                }
+            }
+        }
+
+        /// The entry points of `vendor`'s backend, or `Unsupported` naming the feature
+        /// when it is not compiled in. `Auto` must be resolved first.
+        pub(crate) fn probe_vendor(vendor: Vendor) -> Result<String> {
+            match vendor {
+                $(
+                    #[cfg(feature = $feature)]
+                    Vendor::$vendor => <$krate::Facade as Backend>::probe(),
+                    #[cfg(not(feature = $feature))]
+                    Vendor::$vendor => Err(not_compiled($feature)),
+                )*
+                Vendor::Auto => Err(unresolved()),
+            }
+        }
+
+        pub(crate) fn local_vendor(vendor: Vendor, n: Option<usize>) -> Result<Vec<AnyComm>> {
+            match vendor {
+                $(
+                    #[cfg(feature = $feature)]
+                    Vendor::$vendor => <$krate::Facade as Backend>::local(n),
+                    #[cfg(not(feature = $feature))]
+                    Vendor::$vendor => { let _ = n; Err(not_compiled($feature)) }
+                )*
+                Vendor::Auto => Err(unresolved()),
+            }
+        }
+
+        pub(crate) fn from_env_vendor(
+            vendor: Vendor,
+            env: &LaunchEnv,
+            timeout: Duration,
+        ) -> Result<AnyComm> {
+            match vendor {
+                $(
+                    #[cfg(feature = $feature)]
+                    Vendor::$vendor => <$krate::Facade as Backend>::from_env(env, timeout),
+                    #[cfg(not(feature = $feature))]
+                    Vendor::$vendor => { let _ = (env, timeout); Err(not_compiled($feature)) }
+                )*
+                Vendor::Auto => Err(unresolved()),
+            }
         }
     };
 }
 
-/// Runs `$body` with the inner values of a communicator and a stream (or memory) of the same
-/// backend; a pair of different backends is an `InvalidArgument` error.
-macro_rules! pair {
-    ($a:expr, $ta:ident, $b:expr, $tb:ident, $arg:expr, ($x:ident, $y:ident) => $body:expr) => {
-        match ($a, $b) {
-            #[cfg(feature = "mock")]
-            ($ta::Mock($x), $tb::Mock($y)) => $body,
-            #[cfg(feature = "nccl")]
-            ($ta::Nccl($x), $tb::Nccl($y)) => $body,
-            #[cfg(feature = "rccl")]
-            ($ta::Rccl($x), $tb::Rccl($y)) => $body,
-            #[allow(unreachable_patterns)]
-            _ => Err(Error::invalid($arg, "belongs to another backend")),
+#[cfg_attr(
+    all(feature = "mock", feature = "nccl", feature = "rccl"),
+    expect(
+        dead_code,
+        reason = "the stubs are unused when every backend is compiled in"
+    )
+)]
+fn not_compiled(feature: &str) -> Error {
+    Error::unsupported(
+        format!("the `{feature}` backend"),
+        format!("unicomm built with feature `{feature}`"),
+        "a build without it",
+    )
+}
+
+fn unresolved() -> Error {
+    Error::invalid("vendor", "auto must be resolved to a vendor first")
+}
+
+// Each backend's adapter is named `Facade` inside a module named like its crate, so the
+// table can name it from the crate column.
+#[cfg(feature = "mock")]
+mod unicomm_mock {
+    pub(crate) use ::unicomm_mock::{MockComm, MockMemory, MockStream};
+    pub(crate) struct Facade;
+}
+#[cfg(feature = "nccl")]
+mod unicomm_nccl {
+    pub(crate) use ::unicomm_nccl::{NcclComm, NcclMemory, NcclStream};
+    pub(crate) struct Facade;
+}
+#[cfg(feature = "rccl")]
+mod unicomm_rccl {
+    pub(crate) use ::unicomm_rccl::{RcclComm, RcclMemory, RcclStream};
+    pub(crate) struct Facade;
+}
+
+// The one table: variant, cargo feature, `Vendor`, crate, its communicator, stream and
+// memory types, and the doc line.
+backends! {
+    Mock, "mock", Mock, unicomm_mock, MockComm, MockStream, MockMemory, "The CPU mock.";
+    Nccl, "nccl", Cuda, unicomm_nccl, NcclComm, NcclStream, NcclMemory, "NCCL on CUDA.";
+    Rccl, "rccl", Rocm, unicomm_rccl, RcclComm, RcclStream, RcclMemory, "RCCL on HIP.";
+}
+
+#[cfg(feature = "mock")]
+impl Backend for unicomm_mock::Facade {
+    fn probe() -> Result<String> {
+        Ok(format!(
+            "CPU threads as ranks ({} by default, UNICOMM_MOCK_RANKS)",
+            ::unicomm_mock::DEFAULT_RANKS
+        ))
+    }
+    fn local(n: Option<usize>) -> Result<Vec<AnyComm>> {
+        let n = match n {
+            Some(n) => n,
+            None => ::unicomm_mock::ranks_from_env()?,
+        };
+        let world = ::unicomm_mock::world(n, ::unicomm_mock::MockConfig::default())?;
+        Ok(world.into_iter().map(AnyComm::from).collect())
+    }
+    fn from_env(env: &LaunchEnv, _: Duration) -> Result<AnyComm> {
+        Err(Error::unsupported(
+            "one rank per process on the mock",
+            "a GPU vendor (the mock's ranks are threads: use local_comms)",
+            format!("{} rank {} of {}", env.launcher, env.rank, env.world_size),
+        ))
+    }
+}
+
+/// NCCL and RCCL have the same entry points (the shared NCCL-API layer).
+macro_rules! gpu_backend {
+    ($feature:literal, $krate:ident) => {
+        #[cfg(feature = $feature)]
+        impl Backend for $krate::Facade {
+            fn probe() -> Result<String> {
+                ::$krate::probe()
+            }
+            fn local(n: Option<usize>) -> Result<Vec<AnyComm>> {
+                Ok(::$krate::local_comms(n)?
+                    .into_iter()
+                    .map(AnyComm::from)
+                    .collect())
+            }
+            fn from_env(env: &LaunchEnv, timeout: Duration) -> Result<AnyComm> {
+                let id = unicomm_core::bootstrap::exchange_unique_id(
+                    env,
+                    || Ok(::$krate::unique_id()?.to_bytes()),
+                    timeout,
+                )?;
+                let id = ::$krate::UniqueId::from_bytes(id);
+                let comm = ::$krate::init_rank(id, env.rank, env.world_size, env.local_rank)?;
+                Ok(AnyComm::from(comm))
+            }
         }
     };
 }
+gpu_backend!("nccl", unicomm_nccl);
+gpu_backend!("rccl", unicomm_rccl);
 
 impl DeviceStream for AnyStream {
     fn synchronize(&self) -> Result<()> {
@@ -147,27 +333,7 @@ impl Collective for AnyComm {
         each!(self, AnyComm, c => c.deregister_window(handle))
     }
     fn enqueue(&self, op: Op<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
-        // Each arm maps the op's memory to its own backend's (memory of another backend is
-        // an InvalidArgument error naming the argument).
-        macro_rules! mem_of {
-            ($v:ident) => {
-                |m: &AnyMemory| match m {
-                    AnyMemory::$v(m) => Some(m),
-                    #[allow(unreachable_patterns)]
-                    _ => None,
-                }
-            };
-        }
-        match (self, stream) {
-            #[cfg(feature = "mock")]
-            (AnyComm::Mock(c), AnyStream::Mock(s)) => c.enqueue(op.try_map_mem(mem_of!(Mock))?, s),
-            #[cfg(feature = "nccl")]
-            (AnyComm::Nccl(c), AnyStream::Nccl(s)) => c.enqueue(op.try_map_mem(mem_of!(Nccl))?, s),
-            #[cfg(feature = "rccl")]
-            (AnyComm::Rccl(c), AnyStream::Rccl(s)) => c.enqueue(op.try_map_mem(mem_of!(Rccl))?, s),
-            #[allow(unreachable_patterns)]
-            _ => Err(Error::invalid("stream", "belongs to another backend")),
-        }
+        self.enqueue_any(op, stream)
     }
     fn group_start(&self) -> Result<()> {
         each!(self, AnyComm, c => c.group_start())
@@ -178,27 +344,7 @@ impl Collective for AnyComm {
     fn finalize(&mut self) -> Result<()> {
         each!(self, AnyComm, c => c.finalize())
     }
-    fn abort(&mut self) -> Result<()> {
+    fn abort(&self) -> Result<()> {
         each!(self, AnyComm, c => c.abort())
     }
 }
-
-macro_rules! from_variant {
-    ($any:ident, $variant:ident, $feature:literal, $inner:ty) => {
-        #[cfg(feature = $feature)]
-        impl From<$inner> for $any {
-            fn from(x: $inner) -> Self {
-                $any::$variant(x)
-            }
-        }
-    };
-}
-from_variant!(AnyComm, Mock, "mock", backend_mock::MockComm);
-from_variant!(AnyStream, Mock, "mock", backend_mock::MockStream);
-from_variant!(AnyMemory, Mock, "mock", backend_mock::MockMemory);
-from_variant!(AnyComm, Nccl, "nccl", backend_nccl::NcclComm);
-from_variant!(AnyStream, Nccl, "nccl", backend_nccl::NcclStream);
-from_variant!(AnyMemory, Nccl, "nccl", backend_nccl::NcclMemory);
-from_variant!(AnyComm, Rccl, "rccl", backend_rccl::RcclComm);
-from_variant!(AnyStream, Rccl, "rccl", backend_rccl::RcclStream);
-from_variant!(AnyMemory, Rccl, "rccl", backend_rccl::RcclMemory);

@@ -36,43 +36,83 @@
 //!
 //! Backends are cargo features: `mock` (default), `nccl`, `rccl`. Vendor libraries are
 //! loaded at run time, so every backend builds on any machine. See `docs/ARCHITECTURE.md`.
-#![warn(missing_docs)]
+//!
+//! # Choosing the vendor
+//! [`Vendor::Auto`] means a GPU vendor: NVIDIA (NCCL) if usable, else AMD (RCCL); when
+//! neither is, it is an error naming why each was passed over. It never lands on the CPU
+//! mock by itself. A hardware-free CI chooses the mock explicitly, without changing code:
+//! `UNICOMM_VENDOR=mock` is honoured by `Auto`. Vendor strings (`--vendor`,
+//! `UNICOMM_VENDOR`, [`Vendor::from_str`](std::str::FromStr)): `auto`; `cuda` (or
+//! `nvidia`, `nccl`); `rocm` (or `amd`, `hip`, `rccl`); `mock` (or `cpu`). The mock's rank
+//! count is `UNICOMM_MOCK_RANKS` (default 4) or [`local_comms_n`]'s argument.
+//!
+//! # The API
+//! [`Comm`] is [`unicomm_core::Comm`] over whichever backend was chosen at run time: its
+//! methods (`alloc`, `register`, `all_reduce`, `all_to_all`, `group`, `abort`, ...) and the
+//! contract they follow (ordering, when errors surface, what is validated where) are
+//! documented there. The buffer types are likewise [`unicomm_core::Buffer`],
+//! [`unicomm_core::Registration`] and the views.
+//!
+//! # One rank fails
+//! A rank that fails before it enqueues a collective leaves its peers waiting for it: for
+//! the mock's deadline (`UNICOMM_MOCK_TIMEOUT_MS`, 60 s by default), and on NCCL/RCCL
+//! without end. A caller that sees an error on one rank must call [`Comm::abort`] on that
+//! rank's communicator: on the mock its peers then fail at once with `Aborted`; on
+//! NCCL/RCCL the peers must abort too (one thread per process watching for the failure,
+//! as PyTorch's watchdog does). The examples do both.
+//!
+//! # Vendor-specific parts
+//! Each compiled backend is re-exported: [`mock`] (configuration, fault injection),
+//! `nccl` (cudarc interop, `init_rank`/`unique_id`, where NCCL is searched,
+//! `UNICOMM_NCCL_LIBRARY`) and `rccl` (the same for ROCm). See docs/cuda.md and
+//! docs/rocm.md.
 
 #[cfg(not(any(feature = "mock", feature = "nccl", feature = "rccl")))]
 compile_error!("unicomm needs at least one backend feature: mock, nccl or rccl");
 
 mod dispatch;
 
-pub use comm_core::{
+pub use dispatch::{AnyComm, AnyMemory, AnyStream};
+pub use unicomm_core::{
     backend, bf16, f16, Capabilities, DataType, DeviceSlice, DeviceSliceMut, DeviceStream, Element,
     Error, Op, RawHandle, ReduceOp, Result, Version,
 };
-pub use dispatch::{AnyComm, AnyMemory, AnyStream};
 
-/// The backends compiled into this build, by crate.
+/// The contract crate: the generic types behind the aliases below, with their methods.
+pub use unicomm_core as core;
+/// The CPU mock backend (feature `mock`): configuration and fault injection.
 #[cfg(feature = "mock")]
-pub use backend_mock as mock;
+pub use unicomm_mock as mock;
+/// The NVIDIA backend (feature `nccl`): cudarc interop, `init_rank`/`unique_id`, the NCCL
+/// search order and `UNICOMM_NCCL_LIBRARY`.
+#[cfg(feature = "nccl")]
+pub use unicomm_nccl as nccl;
+/// The AMD backend (feature `rccl`): `init_rank`/`unique_id`, the RCCL and HIP search order.
+#[cfg(feature = "rccl")]
+pub use unicomm_rccl as rccl;
 
-/// A communicator of whichever backend was chosen at run time.
-pub type Comm = comm_core::Comm<AnyComm>;
-/// Device memory of `T` elements.
-pub type Buffer<T> = comm_core::Buffer<T, AnyComm>;
-/// A registered buffer (see [`comm_core::Registered`]).
-pub type Registered<'c, T> = comm_core::Registered<'c, T, AnyComm>;
-/// A buffer in a symmetric window (see [`comm_core::Window`]).
-pub type Window<'c, T> = comm_core::Window<'c, T, AnyComm>;
+/// A communicator of whichever backend was chosen at run time. Its methods are those of
+/// [`unicomm_core::Comm`] (`alloc`, `register`, `all_reduce`, `all_to_all`, `group`, ...).
+pub type Comm = unicomm_core::Comm<AnyComm>;
+/// Device memory of `T` elements ([`unicomm_core::Buffer`]).
+pub type Buffer<T> = unicomm_core::Buffer<T, AnyComm>;
+/// A registered buffer ([`unicomm_core::Registration`] of the buffer kind).
+pub type Registered<'c, T> = unicomm_core::Registered<'c, T, AnyComm>;
+/// A buffer in a symmetric window ([`unicomm_core::Registration`] of the window kind).
+pub type Window<'c, T> = unicomm_core::Window<'c, T, AnyComm>;
 /// A stream.
 pub type Stream = AnyStream;
-/// A shared view of device elements.
-pub type View<'a, T> = comm_core::View<'a, T, AnyComm>;
-/// An exclusive view of device elements.
-pub type ViewMut<'a, T> = comm_core::ViewMut<'a, T, AnyComm>;
+/// A shared view of device elements ([`unicomm_core::View`]).
+pub type View<'a, T> = unicomm_core::View<'a, T, AnyComm>;
+/// An exclusive view of device elements ([`unicomm_core::ViewMut`]).
+pub type ViewMut<'a, T> = unicomm_core::ViewMut<'a, T, AnyComm>;
 
 /// Which vendor's GPUs (and library) to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Vendor {
-    /// NVIDIA if a CUDA device and NCCL are usable, else AMD if a HIP device and RCCL are,
-    /// else the mock (if compiled in).
+    /// A GPU vendor: `UNICOMM_VENDOR` if set, else NVIDIA if a CUDA device and NCCL are
+    /// usable, else AMD if a HIP device and RCCL are, else an error. Never the mock unless
+    /// `UNICOMM_VENDOR=mock` asks for it.
     Auto,
     /// NVIDIA GPUs through NCCL (feature `nccl`).
     Cuda,
@@ -96,74 +136,66 @@ impl std::fmt::Display for Vendor {
 impl std::str::FromStr for Vendor {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
+        match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(Vendor::Auto),
             "cuda" | "nvidia" | "nccl" => Ok(Vendor::Cuda),
             "rocm" | "amd" | "hip" | "rccl" => Ok(Vendor::Rocm),
             "mock" | "cpu" => Ok(Vendor::Mock),
             _ => Err(Error::invalid(
                 "vendor",
-                format!("{s:?} is not one of auto, cuda, rocm, mock"),
+                format!("{s:?} is not one of auto, cuda (nvidia, nccl), rocm (amd, hip, rccl), mock (cpu)"),
             )),
         }
     }
 }
 
-/// Decides what [`Vendor::Auto`] means on this machine: the vendor, and one line saying why
-/// (what was found, or why each GPU vendor was passed over).
-pub fn resolve(vendor: Vendor) -> (Vendor, String) {
+/// Decides what `vendor` means on this machine: the concrete vendor and one line saying
+/// why. For [`Vendor::Auto`]: `UNICOMM_VENDOR` when set (an invalid value is an error),
+/// else the first usable GPU vendor; when none is usable, `NoDevice` naming why each GPU
+/// vendor was passed over. Auto never resolves to the mock by itself.
+pub fn resolve(vendor: Vendor) -> Result<(Vendor, String)> {
     if vendor != Vendor::Auto {
-        return (vendor, format!("{vendor} requested"));
+        return Ok((vendor, format!("{vendor} requested")));
     }
-    let mut why: Vec<String> = Vec::new();
-    #[cfg(feature = "nccl")]
-    match backend_nccl::probe() {
-        Ok(p) => return (Vendor::Cuda, format!("cuda: {p}")),
-        Err(e) => why.push(format!("cuda: {e}")),
+    if let Some(v) = std::env::var_os("UNICOMM_VENDOR") {
+        let s = v.to_string_lossy();
+        let chosen: Vendor = s.parse().map_err(|_| {
+            Error::invalid(
+                "UNICOMM_VENDOR",
+                format!("{s:?} is not one of auto, cuda, rocm, mock"),
+            )
+        })?;
+        if chosen != Vendor::Auto {
+            return Ok((chosen, format!("{chosen} chosen by UNICOMM_VENDOR")));
+        }
     }
-    #[cfg(not(feature = "nccl"))]
-    why.push("cuda: feature `nccl` not compiled in".into());
-    #[cfg(feature = "rccl")]
-    match backend_rccl::probe() {
-        Ok(p) => return (Vendor::Rocm, format!("rocm: {p}")),
-        Err(e) => why.push(format!("rocm: {e}")),
+    let mut why = Vec::new();
+    for v in [Vendor::Cuda, Vendor::Rocm] {
+        match dispatch::probe_vendor(v) {
+            Ok(p) => return Ok((v, format!("{v}: {p}"))),
+            Err(e) => why.push(format!("{v}: {e}")),
+        }
     }
-    #[cfg(not(feature = "rccl"))]
-    why.push("rocm: feature `rccl` not compiled in".into());
-    (
-        Vendor::Mock,
-        format!("falling back to mock ({})", why.join("; ")),
-    )
+    Err(Error::NoDevice {
+        vendor: "GPU",
+        detail: format!(
+            "Vendor::Auto found no usable GPU vendor ({}); set UNICOMM_VENDOR=mock to run on CPU threads",
+            why.join("; ")
+        ),
+    })
 }
 
 /// What the machine offers for `vendor`: one line naming devices, library and version, or
 /// the reason it is unusable (`NoDevice`, `LibraryNotFound`, or a backend not compiled in).
 pub fn probe(vendor: Vendor) -> Result<String> {
     match vendor {
-        Vendor::Auto => Ok(resolve(Vendor::Auto).1),
-        #[cfg(feature = "nccl")]
-        Vendor::Cuda => backend_nccl::probe(),
-        #[cfg(feature = "rccl")]
-        Vendor::Rocm => backend_rccl::probe(),
-        #[cfg(feature = "mock")]
-        Vendor::Mock => Ok(format!(
-            "CPU threads as ranks ({} by default, UNICOMM_MOCK_RANKS)",
-            backend_mock::DEFAULT_RANKS
-        )),
-        #[allow(unreachable_patterns)]
-        v => Err(not_compiled(
-            match v {
-                Vendor::Cuda => "nccl",
-                Vendor::Rocm => "rccl",
-                _ => "mock",
-            },
-            "this vendor",
-        )),
+        Vendor::Auto => resolve(Vendor::Auto).map(|(_, why)| why),
+        v => dispatch::probe_vendor(v),
     }
 }
 
 /// One communicator per visible device of `vendor`, in one process (hand each to its own
-/// thread, or drive them all from one thread inside [`comm_core::Comm::group`]). The mock
+/// thread, or drive them all from one thread inside [`unicomm_core::Comm::group`]). The mock
 /// has no devices: it takes `UNICOMM_MOCK_RANKS` ranks (default 4).
 pub fn local_comms(vendor: Vendor) -> Result<Vec<Comm>> {
     local_comms_n(vendor, None)
@@ -172,140 +204,40 @@ pub fn local_comms(vendor: Vendor) -> Result<Vec<Comm>> {
 /// Like [`local_comms`], with `n` ranks (`None`: every device, or `UNICOMM_MOCK_RANKS` on the
 /// mock). On a GPU vendor, `n` may not exceed the visible devices.
 pub fn local_comms_n(vendor: Vendor, n: Option<usize>) -> Result<Vec<Comm>> {
-    let (vendor, _) = resolve(vendor);
-    let raw: Vec<AnyComm> = match vendor {
-        Vendor::Auto => unreachable_auto()?,
-        Vendor::Mock => mock_comms(n)?,
-        Vendor::Cuda => nccl_comms(n)?,
-        Vendor::Rocm => rccl_comms(n)?,
-    };
-    Ok(raw.into_iter().map(comm_core::Comm::from_backend).collect())
+    let (vendor, _) = resolve(vendor)?;
+    let raw = dispatch::local_vendor(vendor, n)?;
+    Ok(raw
+        .into_iter()
+        .map(unicomm_core::Comm::from_backend)
+        .collect())
 }
 
 /// One rank per process, launched by torchrun, mpirun or srun: reads the launcher's
-/// variables (`comm_core::bootstrap::LaunchEnv`), shares rank 0's unique id over a TCP
+/// variables (`unicomm_core::bootstrap::LaunchEnv`), shares rank 0's unique id over a TCP
 /// rendezvous on `MASTER_ADDR:MASTER_PORT` (deadline: `UNICOMM_BOOTSTRAP_TIMEOUT_S`, default
 /// 300 s), and joins on GPU `LOCAL_RANK`. The mock has no processes as ranks: `Unsupported`.
 ///
-/// (DESIGN.md sketches this as `Comm::from_env`; `Comm` is an alias of a comm-core type, so
-/// the facade offers it as a function.)
+/// (DESIGN.md sketches this as `Comm::from_env`; `Comm` is an alias of a unicomm-core type,
+/// so the facade offers it as a function.)
 pub fn from_env(vendor: Vendor) -> Result<Comm> {
-    let env = comm_core::bootstrap::LaunchEnv::detect()?;
-    let timeout = std::time::Duration::from_secs(
-        std::env::var("UNICOMM_BOOTSTRAP_TIMEOUT_S")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(300),
-    );
-    let raw = match resolve(vendor).0 {
-        Vendor::Cuda => nccl_from_env(&env, timeout)?,
-        Vendor::Rocm => rccl_from_env(&env, timeout)?,
-        Vendor::Mock | Vendor::Auto => {
-            return Err(Error::unsupported(
-                "one rank per process on the mock",
-                "a GPU vendor (the mock's ranks are threads: use local_comms)",
-                format!("{} rank {} of {}", env.launcher, env.rank, env.world_size),
-            ))
-        }
-    };
-    Ok(comm_core::Comm::from_backend(raw))
+    let env = unicomm_core::bootstrap::LaunchEnv::detect()?;
+    let timeout = bootstrap_timeout()?;
+    let (vendor, _) = resolve(vendor)?;
+    let raw = dispatch::from_env_vendor(vendor, &env, timeout)?;
+    Ok(unicomm_core::Comm::from_backend(raw))
 }
 
-#[cfg(feature = "nccl")]
-fn nccl_from_env(
-    env: &comm_core::bootstrap::LaunchEnv,
-    timeout: std::time::Duration,
-) -> Result<AnyComm> {
-    let id = comm_core::bootstrap::exchange_unique_id(
-        env,
-        || Ok(backend_nccl::unique_id()?.to_bytes()),
-        timeout,
-    )?;
-    let id = backend_nccl::UniqueId::from_bytes(id);
-    Ok(AnyComm::Nccl(backend_nccl::init_rank(
-        id,
-        env.rank,
-        env.world_size,
-        env.local_rank,
-    )?))
-}
-#[cfg(not(feature = "nccl"))]
-fn nccl_from_env(_: &comm_core::bootstrap::LaunchEnv, _: std::time::Duration) -> Result<AnyComm> {
-    Err(not_compiled("nccl", "CUDA/NCCL"))
-}
-
-#[cfg(feature = "rccl")]
-fn rccl_from_env(
-    env: &comm_core::bootstrap::LaunchEnv,
-    timeout: std::time::Duration,
-) -> Result<AnyComm> {
-    let id = comm_core::bootstrap::exchange_unique_id(
-        env,
-        || Ok(backend_rccl::unique_id()?.to_bytes()),
-        timeout,
-    )?;
-    let id = backend_rccl::UniqueId::from_bytes(id);
-    Ok(AnyComm::Rccl(backend_rccl::init_rank(
-        id,
-        env.rank,
-        env.world_size,
-        env.local_rank,
-    )?))
-}
-#[cfg(not(feature = "rccl"))]
-fn rccl_from_env(_: &comm_core::bootstrap::LaunchEnv, _: std::time::Duration) -> Result<AnyComm> {
-    Err(not_compiled("rccl", "ROCm/RCCL"))
-}
-
-fn unreachable_auto() -> Result<Vec<AnyComm>> {
-    Err(Error::invalid("vendor", "auto was not resolved"))
-}
-
-#[cfg(feature = "mock")]
-fn mock_comms(n: Option<usize>) -> Result<Vec<AnyComm>> {
-    let n = match n {
-        Some(n) => n,
-        None => backend_mock::ranks_from_env()?,
-    };
-    Ok(backend_mock::world(n, backend_mock::MockConfig::default())?
-        .into_iter()
-        .map(AnyComm::Mock)
-        .collect())
-}
-#[cfg(not(feature = "mock"))]
-fn mock_comms(_: Option<usize>) -> Result<Vec<AnyComm>> {
-    Err(not_compiled("mock", "the mock backend"))
-}
-
-#[cfg(feature = "nccl")]
-fn nccl_comms(n: Option<usize>) -> Result<Vec<AnyComm>> {
-    Ok(backend_nccl::local_comms(n)?
-        .into_iter()
-        .map(AnyComm::Nccl)
-        .collect())
-}
-#[cfg(not(feature = "nccl"))]
-fn nccl_comms(_: Option<usize>) -> Result<Vec<AnyComm>> {
-    Err(not_compiled("nccl", "CUDA/NCCL"))
-}
-
-#[cfg(feature = "rccl")]
-fn rccl_comms(n: Option<usize>) -> Result<Vec<AnyComm>> {
-    Ok(backend_rccl::local_comms(n)?
-        .into_iter()
-        .map(AnyComm::Rccl)
-        .collect())
-}
-#[cfg(not(feature = "rccl"))]
-fn rccl_comms(_: Option<usize>) -> Result<Vec<AnyComm>> {
-    Err(not_compiled("rccl", "ROCm/RCCL"))
-}
-
-#[allow(dead_code)] // unused when every backend feature is on
-fn not_compiled(feature: &str, what: &str) -> Error {
-    Error::unsupported(
-        what.to_string(),
-        format!("unicomm built with feature `{feature}`"),
-        "a build without it",
-    )
+/// `UNICOMM_BOOTSTRAP_TIMEOUT_S` (seconds, 1..=86400), default 300.
+fn bootstrap_timeout() -> Result<std::time::Duration> {
+    const VAR: &str = "UNICOMM_BOOTSTRAP_TIMEOUT_S";
+    match std::env::var(VAR) {
+        Err(_) => Ok(std::time::Duration::from_secs(300)),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(s) if (1..=86_400).contains(&s) => Ok(std::time::Duration::from_secs(s)),
+            _ => Err(Error::invalid(
+                VAR,
+                format!("{v:?} is not a whole number of seconds in 1..=86400"),
+            )),
+        },
+    }
 }

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use comm_core::{DeviceStream, ReduceOp};
+use unicomm_core::{DeviceStream, ReduceOp};
 
 const BYTES: usize = 64 << 20;
 const RANKS: usize = 4;
@@ -34,7 +34,7 @@ fn memcpy_gbps() -> f64 {
 
 fn main() {
     let memcpy = memcpy_gbps();
-    let comms = backend_mock::local_comms(RANKS).expect("mock world");
+    let comms = unicomm_mock::local_comms(RANKS).expect("mock world");
     let n = BYTES / 4;
     let times: Vec<f64> = std::thread::scope(|s| {
         let hs: Vec<_> = comms

@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use comm_core::{DataType, Error, ReduceOp, Result};
+use unicomm_core::{DataType, Error, Kind, Result};
+
+use unicomm_core::registry::RegKind;
 
 use crate::fabric::{Desc, Exchange, Msg, Signature};
 use crate::memory::{Guard, HostAlloc};
@@ -39,39 +41,12 @@ impl Span {
     }
 }
 
-/// The collective algorithms.
+/// A collective as the mock runs it: the contract's [`Kind`] with its count and type.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Spec {
-    AllReduce {
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    },
-    Broadcast {
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    },
-    Reduce {
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-    },
-    AllGather {
-        count: usize,
-        dtype: DataType,
-    },
-    ReduceScatter {
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    },
-    AllToAll {
-        count: usize,
-        dtype: DataType,
-    },
-    Barrier,
+pub(crate) struct Spec {
+    pub kind: Kind,
+    pub count: usize,
+    pub dtype: DataType,
 }
 
 pub(crate) enum Work {
@@ -240,11 +215,8 @@ fn lock_all(tasks: &[Task], timeout: Duration) -> Result<Vec<Guard<'_>>> {
 }
 
 fn agree(all: &[Desc]) -> Result<()> {
-    fn check<T: PartialEq + std::fmt::Debug>(
-        all: &[Desc],
-        what: &'static str,
-        f: impl Fn(&Signature) -> T,
-    ) -> Result<()> {
+    // What each rank passed, in words (the message a user reads).
+    fn check(all: &[Desc], what: &'static str, f: impl Fn(&Signature) -> String) -> Result<()> {
         let first = f(&all[0].sig);
         if all.iter().all(|d| f(&d.sig) == first) {
             return Ok(());
@@ -252,18 +224,31 @@ fn agree(all: &[Desc]) -> Result<()> {
         let detail = all
             .iter()
             .enumerate()
-            .map(|(r, d)| format!("rank {r}: {:?}", f(&d.sig)))
+            .map(|(r, d)| format!("rank {r}: {}", f(&d.sig)))
             .collect::<Vec<_>>()
             .join(", ");
         Err(Error::Mismatch { what, detail })
     }
-    check(all, "operation", |s| s.kind)?;
-    check(all, "count", |s| s.count)?;
-    check(all, "data type", |s| s.dtype)?;
-    check(all, "reduction", |s| s.op)?;
-    check(all, "root", |s| s.root)?;
-    check(all, "registration of the send buffer", |s| s.send_reg)?;
-    check(all, "registration of the receive buffer", |s| s.recv_reg)
+    fn or_none<T: std::fmt::Display>(v: Option<T>) -> String {
+        v.map_or_else(|| "none".to_string(), |v| v.to_string())
+    }
+    fn reg(r: Option<RegKind>) -> String {
+        match r {
+            None => "unregistered",
+            Some(RegKind::Buffer) => "registered",
+            Some(RegKind::Window) => "in a window",
+        }
+        .to_string()
+    }
+    check(all, "operation", |s| s.kind.to_string())?;
+    check(all, "count", |s| s.count.to_string())?;
+    check(all, "data type", |s| or_none(s.dtype))?;
+    check(all, "reduction", |s| or_none(s.op))?;
+    check(all, "root", |s| or_none(s.root))?;
+    check(all, "registration of the send buffer", |s| reg(s.send_reg))?;
+    check(all, "registration of the receive buffer", |s| {
+        reg(s.recv_reg)
+    })
 }
 
 /// Element range `[lo, hi)` of chunk `k` when `count` elements are cut into `world` chunks.
@@ -335,9 +320,12 @@ pub(crate) fn run_coll(
 unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<()> {
     let (w, r, f) = (ctx.world, ctx.rank, &*ctx.fabric);
     let me = &all[r];
-    match spec {
-        Spec::Barrier => Ok(()),
-        Spec::AllReduce { count, dtype, op } => {
+    let Spec { kind, count, dtype } = spec;
+    match kind {
+        Kind::Barrier => Ok(()),
+        // Point-to-point operations are not collectives; `Work::Send`/`Work::Recv` run them.
+        Kind::Send { .. } | Kind::Recv { .. } => Ok(()),
+        Kind::AllReduce { op } => {
             // Each rank reduces its chunk from every peer's send buffer and writes the
             // result straight into every rank's receive buffer (a reduce-scatter and an
             // all-gather in one pass, one block at a time while it is in cache): every byte
@@ -368,7 +356,7 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
             }
             f.phase(seq, r, 1, ctx.deadline())
         }
-        Spec::Broadcast { count, dtype, root } => {
+        Kind::Broadcast { root } => {
             {
                 let _a = Access::enter(f, seq)?;
                 // SAFETY: root's send is only read; each rank writes its own receive range.
@@ -376,12 +364,7 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
             }
             f.phase(seq, r, 1, ctx.deadline())
         }
-        Spec::Reduce {
-            count,
-            dtype,
-            op,
-            root,
-        } => {
+        Kind::Reduce { op, root } => {
             if r == root {
                 let _a = Access::enter(f, seq)?;
                 let srcs = own_first(all, r, |d| d.send);
@@ -391,7 +374,7 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
             }
             f.phase(seq, r, 1, ctx.deadline())
         }
-        Spec::AllGather { count, dtype } => {
+        Kind::AllGather => {
             let b = count * dtype.size();
             {
                 let _a = Access::enter(f, seq)?;
@@ -403,7 +386,7 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
             }
             f.phase(seq, r, 1, ctx.deadline())
         }
-        Spec::ReduceScatter { count, dtype, op } => {
+        Kind::ReduceScatter { op } => {
             let b = count * dtype.size();
             {
                 let _a = Access::enter(f, seq)?;
@@ -414,7 +397,7 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
             }
             f.phase(seq, r, 1, ctx.deadline())
         }
-        Spec::AllToAll { count, dtype } => {
+        Kind::AllToAll => {
             let b = count * dtype.size();
             {
                 let _a = Access::enter(f, seq)?;

@@ -14,8 +14,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use comm_core::registry::RegKind;
-use comm_core::{DataType, Error, ReduceOp, Result};
+use unicomm_core::registry::RegKind;
+use unicomm_core::{DataType, Error, ReduceOp, Result};
 
 /// What the ranks must agree on for one collective.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,6 +160,15 @@ impl LocalFabric {
     }
 }
 
+/// Ranks as a user reads them: "1, 3".
+fn list(ranks: &[usize]) -> String {
+    ranks
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn missing(slot: Option<&Slot>, world: usize) -> Vec<usize> {
     match slot {
         Some(s) => (0..world).filter(|&r| s.descs[r].is_none()).collect(),
@@ -186,8 +195,8 @@ impl Exchange for LocalFabric {
             |st| st.slots.get(&seq).is_some_and(|s| s.arrived == world),
             |st| {
                 format!(
-                    "collective #{seq} ({kind}) on rank {rank}: ranks {:?} never arrived",
-                    missing(st.slots.get(&seq), world)
+                    "collective #{seq} ({kind}): rank(s) {} never arrived (rank {rank} gave up waiting)",
+                    list(&missing(st.slots.get(&seq), world))
                 )
             },
         )?;
@@ -204,7 +213,7 @@ impl Exchange for LocalFabric {
             self.lock(),
             deadline,
             |st| st.slots.get(&seq).and_then(|s| s.phases.get(&phase)) == Some(&world),
-            |_| format!("collective #{seq} on rank {rank}: a peer never finished phase {phase}"),
+            |_| format!("collective #{seq}: a peer never finished phase {phase} (rank {rank} gave up waiting)"),
         )
         .map(drop)
     }
@@ -269,7 +278,7 @@ impl Exchange for LocalFabric {
                 }
                 taken.is_some()
             },
-            |_| format!("recv on rank {dst}: rank {src} never sent"),
+            |_| format!("recv of rank {dst} from rank {src}: rank {src} never sent"),
         )?;
         taken.ok_or_else(|| Error::Aborted {
             reason: "mailbox emptied while waiting".into(),

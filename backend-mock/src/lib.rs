@@ -14,12 +14,12 @@
 //!   ([`Fault`]: a rank that fails, a rank that never arrives) so that timeout paths are
 //!   tested.
 //!
-//! Semantics that are NCCL's, not the mock's choice: reductions (`comm_core::ReduceOp`),
+//! Semantics that are NCCL's, not the mock's choice: reductions (`unicomm_core::ReduceOp`),
 //! in-place layouts, per-peer all-to-all counts. Where the mock is more permissive than
 //! NCCL: collectives issued by one thread for several ranks without a group do not deadlock
 //! (NCCL requires a group there).
-#![warn(missing_docs)]
 
+mod config;
 mod exec;
 mod fabric;
 mod memory;
@@ -31,85 +31,18 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use comm_core::registry::{RegKind, Registry};
-use comm_core::{
-    Capabilities, Collective, Comm, DataType, DeviceMemory, Error, Op, RawHandle, Result, Slice,
-    Version,
+use unicomm_core::registry::{RegKind, Registry};
+use unicomm_core::{
+    Capabilities, Collective, Comm, DataType, DeviceMemory, Error, Extent, Kind, Op, RawHandle,
+    Result, Slice, Version,
 };
 
 use exec::{RankCtx, Span, Spec, Task, Work};
 use fabric::{Exchange, LocalFabric, Signature};
 
+pub use config::{ranks_from_env, Fault, FaultKind, MockConfig, DEFAULT_RANKS, DEFAULT_TIMEOUT};
 pub use memory::MockMemory;
 pub use stream::MockStream;
-
-/// How many ranks `cargo xtask run --vendor mock` and `unicomm::local_comms(Vendor::Mock)` use
-/// when `UNICOMM_MOCK_RANKS` is unset.
-pub const DEFAULT_RANKS: usize = 4;
-
-/// The deadline of every wait when `UNICOMM_MOCK_TIMEOUT_MS` is unset.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A fault to inject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultKind {
-    /// The operation fails on this rank (an error at its next synchronize); peers time out.
-    Fail,
-    /// The rank never arrives at the operation; peers time out, and so does this rank once
-    /// a peer's timeout poisons the communicator.
-    Hang,
-}
-
-/// Injects `kind` into operation number `op` (counting from 0, every enqueued operation of
-/// the rank) of rank `rank`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fault {
-    /// The faulty rank.
-    pub rank: usize,
-    /// Index of the operation among the rank's enqueued operations.
-    pub op: u64,
-    /// What happens.
-    pub kind: FaultKind,
-}
-
-/// Settings of a mock world.
-#[derive(Debug, Clone)]
-pub struct MockConfig {
-    /// Deadline of every wait (peers arriving, buffers becoming free, a stream making
-    /// progress).
-    pub timeout: Duration,
-    /// Faults to inject.
-    pub faults: Vec<Fault>,
-}
-
-impl Default for MockConfig {
-    /// `UNICOMM_MOCK_TIMEOUT_MS` or [`DEFAULT_TIMEOUT`]; no faults.
-    fn default() -> Self {
-        let timeout = std::env::var("UNICOMM_MOCK_TIMEOUT_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_millis)
-            .unwrap_or(DEFAULT_TIMEOUT);
-        MockConfig {
-            timeout,
-            faults: Vec::new(),
-        }
-    }
-}
-
-/// The number of ranks from `UNICOMM_MOCK_RANKS`, or [`DEFAULT_RANKS`].
-pub fn ranks_from_env() -> Result<usize> {
-    match std::env::var("UNICOMM_MOCK_RANKS") {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(Error::invalid(
-                "UNICOMM_MOCK_RANKS",
-                format!("{v:?} is not a positive integer"),
-            )),
-        },
-        Err(_) => Ok(DEFAULT_RANKS),
-    }
-}
 
 static NEXT_WORLD: AtomicU64 = AtomicU64::new(1);
 
@@ -252,200 +185,82 @@ impl MockComm {
         self.registry.covering(s.address(), bytes)
     }
 
-    /// Builds the collective task: signature (with registration state looked up now, as
-    /// NCCL does at the call), spans, and the next sequence number.
-    #[allow(clippy::too_many_arguments)] // one place that assembles every collective
-    fn coll(
-        &self,
-        kind: &'static str,
-        spec: Spec,
-        count: usize,
-        dtype: Option<DataType>,
-        op: Option<comm_core::ReduceOp>,
-        root: Option<usize>,
-        send: Option<(&Slice<'_, MockMemory>, usize)>,
-        recv: Option<(&Slice<'_, MockMemory>, usize)>,
-    ) -> Result<Work> {
-        let send_reg = send.map(|(s, b)| self.reg(s, b)).transpose()?.flatten();
-        let recv_reg = recv.map(|(s, b)| self.reg(s, b)).transpose()?.flatten();
-        let same = matches!((send, recv), (Some((s, _)), Some((r, _))) if Arc::ptr_eq(&s.mem.inner, &r.mem.inner));
-        Ok(Work::Coll {
-            seq: self.seq.fetch_add(1, Ordering::Relaxed),
-            sig: Signature {
-                kind,
-                count,
-                dtype,
-                op,
-                root,
-                send_reg,
-                recv_reg,
-            },
-            spec,
-            // An in-place op locks its one allocation once, for writing.
-            send: send.map(|(s, _)| self.span(s, same)),
-            recv: recv.map(|(r, _)| self.span(r, true)),
-        })
-    }
-
+    /// Lowers one operation to the mock's work: checked against its shape and this rank's
+    /// memory, with NCCL's in-place layouts, registration looked up now (as NCCL does at
+    /// the call), and the next sequence number for collectives.
     fn work(&self, op: Op<'_, MockMemory>) -> Result<Work> {
-        let w = self.ctx.world;
-        op.check_bounds(w)?;
-        for s in op_slices(&op) {
+        let (w, rank) = (self.ctx.world, self.ctx.rank);
+        op.check(w)?;
+        for s in op.send.iter().chain(op.recv.iter()) {
             if s.mem.inner.owner != self.owner() {
                 return Err(foreign_memory(s.mem, self.owner()));
             }
         }
-        match op {
-            Op::AllReduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-            } => {
-                placement(&send, &recv, Some(0))?;
-                let b = count * dtype.size();
-                self.coll(
-                    "AllReduce",
-                    Spec::AllReduce { count, dtype, op },
+        let (count, dtype) = (op.count, op.dtype);
+        match (op.kind, op.send, op.recv) {
+            (Kind::Send { peer }, Some(buf), _) => {
+                return Ok(Work::Send {
+                    span: self.span(&buf, false),
                     count,
-                    Some(dtype),
-                    Some(op),
-                    None,
-                    Some((&send, b)),
-                    Some((&recv, b)),
-                )
+                    dtype,
+                    peer,
+                })
             }
-            Op::Broadcast {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            } => {
-                placement(&send, &recv, Some(0))?;
-                let b = count * dtype.size();
-                self.coll(
-                    "Broadcast",
-                    Spec::Broadcast { count, dtype, root },
+            (Kind::Recv { peer }, _, Some(buf)) => {
+                return Ok(Work::Recv {
+                    span: self.span(&buf, true),
                     count,
-                    Some(dtype),
-                    None,
-                    Some(root),
-                    Some((&send, b)),
-                    Some((&recv, b)),
-                )
+                    dtype,
+                    peer,
+                })
             }
-            Op::Reduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-                root,
-            } => {
-                placement(&send, &recv, Some(0))?;
-                let b = count * dtype.size();
-                self.coll(
-                    "Reduce",
-                    Spec::Reduce {
-                        count,
-                        dtype,
-                        op,
-                        root,
-                    },
-                    count,
-                    Some(dtype),
-                    Some(op),
-                    Some(root),
-                    Some((&send, b)),
-                    Some((&recv, b)),
-                )
-            }
-            Op::AllGather {
-                send,
-                recv,
-                count,
-                dtype,
-            } => {
-                let b = count * dtype.size();
-                placement(&send, &recv, Some(self.ctx.rank * b))?;
-                self.coll(
-                    "AllGather",
-                    Spec::AllGather { count, dtype },
-                    count,
-                    Some(dtype),
-                    None,
-                    None,
-                    Some((&send, b)),
-                    Some((&recv, b * w)),
-                )
-            }
-            Op::ReduceScatter {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-            } => {
-                let b = count * dtype.size();
-                // In place, recv is this rank's chunk of send.
-                placement(&recv, &send, Some(self.ctx.rank * b))?;
-                self.coll(
-                    "ReduceScatter",
-                    Spec::ReduceScatter { count, dtype, op },
-                    count,
-                    Some(dtype),
-                    Some(op),
-                    None,
-                    Some((&send, b * w)),
-                    Some((&recv, b)),
-                )
-            }
-            Op::AllToAll {
-                send,
-                recv,
-                count,
-                dtype,
-            } => {
-                // check_bounds proved count * world elements fit both ranges.
-                placement(&send, &recv, None)?;
-                let b = count * w * dtype.size();
-                self.coll(
-                    "AlltoAll",
-                    Spec::AllToAll { count, dtype },
-                    count,
-                    Some(dtype),
-                    None,
-                    None,
-                    Some((&send, b)),
-                    Some((&recv, b)),
-                )
-            }
-            Op::Barrier => self.coll("Barrier", Spec::Barrier, 0, None, None, None, None, None),
-            Op::Send {
-                buf,
-                count,
-                dtype,
-                peer,
-            } => Ok(Work::Send {
-                span: self.span(&buf, false),
-                count,
-                dtype,
-                peer,
-            }),
-            Op::Recv {
-                buf,
-                count,
-                dtype,
-                peer,
-            } => Ok(Work::Recv {
-                span: self.span(&buf, true),
-                count,
-                dtype,
-                peer,
-            }),
+            _ => {}
         }
+        let b = count * dtype.size();
+        if let (Some(s), Some(r)) = (&op.send, &op.recv) {
+            // Out of place, or in place exactly as NCCL lays it out.
+            match op.kind {
+                Kind::AllGather => placement(s, r, Some(rank * b))?,
+                Kind::ReduceScatter { .. } => placement(r, s, Some(rank * b))?,
+                Kind::AllToAll => placement(s, r, None)?,
+                _ => placement(s, r, Some(0))?,
+            }
+        }
+        // `op.check` proved these products fit the ranges, so they do not overflow.
+        let (se, re) = op.kind.extents();
+        let bytes = |e: Extent| e.elems(count, w).unwrap_or(0) * dtype.size();
+        let send_reg = op
+            .send
+            .map(|s| self.reg(&s, bytes(se)))
+            .transpose()?
+            .flatten();
+        let recv_reg = op
+            .recv
+            .map(|r| self.reg(&r, bytes(re)))
+            .transpose()?
+            .flatten();
+        let same = matches!((&op.send, &op.recv), (Some(s), Some(r)) if Arc::ptr_eq(&s.mem.inner, &r.mem.inner));
+        let barrier = op.kind == Kind::Barrier;
+        Ok(Work::Coll {
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            sig: Signature {
+                kind: op.kind.name(),
+                count,
+                dtype: (!barrier).then_some(dtype),
+                op: op.kind.reduction(),
+                root: op.kind.rank_arg().map(|(r, _)| r),
+                send_reg,
+                recv_reg,
+            },
+            spec: Spec {
+                kind: op.kind,
+                count,
+                dtype,
+            },
+            // An in-place op locks its one allocation once, for writing.
+            send: op.send.map(|s| self.span(&s, same)),
+            recv: op.recv.map(|r| self.span(&r, true)),
+        })
     }
 
     /// A collective the host waits for (window registration is one in NCCL).
@@ -461,20 +276,18 @@ impl MockComm {
             send_reg: None,
             recv_reg: None,
         };
-        exec::run_coll(&self.ctx, seq, &sig, Spec::Barrier, None, None)
-    }
-}
-
-fn op_slices<'a, 'b>(op: &'b Op<'a, MockMemory>) -> Vec<&'b Slice<'a, MockMemory>> {
-    match op {
-        Op::AllReduce { send, recv, .. }
-        | Op::Broadcast { send, recv, .. }
-        | Op::Reduce { send, recv, .. }
-        | Op::AllGather { send, recv, .. }
-        | Op::ReduceScatter { send, recv, .. }
-        | Op::AllToAll { send, recv, .. } => vec![send, recv],
-        Op::Send { buf, .. } | Op::Recv { buf, .. } => vec![buf],
-        Op::Barrier => vec![],
+        exec::run_coll(
+            &self.ctx,
+            seq,
+            &sig,
+            Spec {
+                kind: Kind::Barrier,
+                count: 0,
+                dtype: DataType::U8,
+            },
+            None,
+            None,
+        )
     }
 }
 
@@ -648,7 +461,7 @@ impl Collective for MockComm {
         Ok(())
     }
 
-    fn abort(&mut self) -> Result<()> {
+    fn abort(&self) -> Result<()> {
         self.state.store(ABORTED, Ordering::Release);
         // Peers blocked in a collective with this rank learn of it now, not at their deadline.
         self.ctx.fabric.poison(Error::Aborted {

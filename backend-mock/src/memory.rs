@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use comm_core::{DeviceMemory, Error, Result};
+use unicomm_core::{DeviceMemory, Error, Result};
 
 use crate::stream::MockStream;
 

@@ -1,6 +1,6 @@
-//! Reduction kernels with NCCL's semantics (see `comm_core::ReduceOp`).
+//! Reduction kernels with NCCL's semantics (see `unicomm_core::ReduceOp`).
 
-use comm_core::{bf16, f16, DataType, ReduceOp};
+use unicomm_core::{bf16, f16, DataType, ReduceOp};
 
 /// Elements reduced per block: the output block stays in L1 while every source is added.
 const BLOCK: usize = 4096;

@@ -6,7 +6,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use comm_core::{DeviceStream, Error, Result};
+use unicomm_core::{DeviceStream, Error, Result};
 
 pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
 

@@ -3,11 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use backend_mock::{Fault, FaultKind, MockComm, MockConfig};
-use comm_core::{Comm, DeviceStream, Error, ReduceOp};
+use unicomm_core::{Comm, DeviceStream, Error, ReduceOp};
+use unicomm_mock::{Fault, FaultKind, MockComm, MockConfig};
 
 fn world(n: usize) -> Vec<Comm<MockComm>> {
-    backend_mock::local_comms_with(
+    unicomm_mock::local_comms_with(
         n,
         MockConfig {
             timeout: Duration::from_secs(10),
@@ -18,7 +18,7 @@ fn world(n: usize) -> Vec<Comm<MockComm>> {
 }
 
 fn fast(n: usize, faults: Vec<Fault>) -> Vec<Comm<MockComm>> {
-    backend_mock::local_comms_with(
+    unicomm_mock::local_comms_with(
         n,
         MockConfig {
             timeout: Duration::from_millis(300),
@@ -63,7 +63,10 @@ fn ranks_calling_different_ops_get_mismatch_on_every_rank() {
 #[test]
 fn counts_types_roots_and_ops_must_agree() {
     let comms = world(2);
-    type Case = (&'static str, fn(&Comm<MockComm>) -> comm_core::Result<()>);
+    type Case = (
+        &'static str,
+        fn(&Comm<MockComm>) -> unicomm_core::Result<()>,
+    );
     let cases: [Case; 4] = [
         ("count", |c| {
             let st = c.create_stream()?;
@@ -154,7 +157,7 @@ fn handles_of_another_communicator_and_double_deregistration_are_errors() {
         other => panic!("expected InvalidArgument, got {:?}", other.map(|_| ())),
     }
     // The registration was released by its own communicator when it was dropped.
-    use comm_core::Collective;
+    use unicomm_core::Collective;
     assert!(matches!(
         a.backend().deregister(h),
         Err(Error::InvalidArgument { .. })
@@ -198,7 +201,7 @@ fn bad_input_is_invalid_argument_naming_the_argument() {
     let comms = world(3);
     let c = &comms[0];
     let st = c.create_stream().unwrap();
-    let arg = |r: comm_core::Result<()>| match r {
+    let arg = |r: unicomm_core::Result<()>| match r {
         Err(Error::InvalidArgument { argument, .. }) => argument,
         other => panic!("expected InvalidArgument, got {other:?}"),
     };
@@ -236,7 +239,7 @@ fn bad_input_is_invalid_argument_naming_the_argument() {
 
 #[test]
 fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
-    use comm_core::{Collective, DataType, Op, Slice};
+    use unicomm_core::{Collective, DataType, Kind, Op, Slice};
     let comms = world(1);
     let c = comms[0].backend();
     let st = c.create_stream().unwrap();
@@ -247,13 +250,13 @@ fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
         bytes,
     };
     let r = c.enqueue(
-        Op::AllReduce {
-            send: s(0, 64),
-            recv: s(0, 64),
-            count: 32,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
-        },
+        Op::new(
+            Kind::AllReduce { op: ReduceOp::Sum },
+            s(0, 64),
+            s(0, 64),
+            32,
+            DataType::F32,
+        ),
         &st,
     );
     assert!(
@@ -267,13 +270,13 @@ fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
         "{r:?}"
     );
     let r = c.enqueue(
-        Op::AllReduce {
-            send: s(0, 32),
-            recv: s(16, 32),
-            count: 8,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
-        },
+        Op::new(
+            Kind::AllReduce { op: ReduceOp::Sum },
+            s(0, 32),
+            s(16, 32),
+            8,
+            DataType::F32,
+        ),
         &st,
     );
     assert!(
@@ -287,12 +290,7 @@ fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
         "{r:?}"
     );
     let r = c.enqueue(
-        Op::AllToAll {
-            send: s(0, 32),
-            recv: s(0, 32),
-            count: 8,
-            dtype: DataType::F32,
-        },
+        Op::new(Kind::AllToAll, s(0, 32), s(0, 32), 8, DataType::F32),
         &st,
     );
     assert!(r.is_err(), "in-place all-to-all must be rejected");
@@ -312,7 +310,7 @@ fn a_view_inside_a_registration_counts_as_registered() {
 
 #[test]
 fn partially_registered_buffer_is_rejected_at_the_call() {
-    use comm_core::{Collective, DataType, Op, Slice};
+    use unicomm_core::{Collective, DataType, Kind, Op, Slice};
     let comms = world(1);
     let c = comms[0].backend();
     let st = c.create_stream().unwrap();
@@ -324,13 +322,13 @@ fn partially_registered_buffer_is_rejected_at_the_call() {
         bytes: 32,
     };
     let r = c.enqueue(
-        Op::AllReduce {
-            send: half,
-            recv: half,
-            count: 8,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
-        },
+        Op::new(
+            Kind::AllReduce { op: ReduceOp::Sum },
+            half,
+            half,
+            8,
+            DataType::F32,
+        ),
         &st,
     );
     assert!(
@@ -370,7 +368,9 @@ fn a_rank_that_never_arrives_times_out_the_others() {
     );
     for (r, res) in out.iter().enumerate() {
         match res {
-            Err(Error::Timeout { what, .. }) => assert!(what.contains("[2]"), "rank {r}: {what}"),
+            Err(Error::Timeout { what, .. }) => {
+                assert!(what.contains("rank(s) 2 never arrived"), "rank {r}: {what}")
+            }
             other => panic!("rank {r}: expected Timeout, got {other:?}"),
         }
     }
@@ -500,8 +500,7 @@ fn register_failure_hands_the_buffer_back() {
     let comms = world(2);
     let err = comms[0]
         .register(comms[1].alloc::<f32>(4).unwrap())
-        .err()
-        .expect("foreign memory cannot be registered");
+        .expect_err("foreign memory cannot be registered");
     assert!(matches!(err.error, Error::InvalidArgument { .. }));
     assert_eq!(err.buffer.len(), 4);
 }

@@ -1,7 +1,7 @@
 //! The conformance suite on the mock backend: every world size, both modes.
 
-use backend_mock::MockComm;
-use comm_core::conformance::{Case, CaseFn, Count, Failure, Harness, Mode};
+use unicomm_core::conformance::{Case, CaseFn, Count, Failure, Harness, Mode};
+use unicomm_mock::MockComm;
 
 struct Mock;
 
@@ -14,7 +14,7 @@ impl Harness for Mock {
         f: &mut CaseFn<'_, MockComm>,
     ) -> std::result::Result<(), Failure> {
         // A fresh world per case: creating one is cheap, and cases stay independent.
-        f(&backend_mock::local_comms(world)?)
+        f(&unicomm_mock::local_comms(world)?)
     }
 
     /// Both modes, except that 1 Mi-element cases run one thread per rank only: grouping
@@ -28,4 +28,4 @@ impl Harness for Mock {
     }
 }
 
-comm_core::conformance_suite!(Mock);
+unicomm_core::conformance_suite!(Mock);

@@ -10,8 +10,8 @@ use std::ffi::c_void;
 use std::sync::Barrier;
 use std::time::Instant;
 
-use backend_nccl::NcclComm;
-use comm_core::{Comm, DataType, ReduceOp};
+use unicomm_core::{Comm, DataType, ReduceOp};
+use unicomm_nccl::NcclComm;
 
 const TRIALS: usize = 9;
 
@@ -30,7 +30,7 @@ fn iters(bytes: usize) -> usize {
 }
 
 fn main() {
-    let comms: Vec<Comm<NcclComm>> = match backend_nccl::local_comms(None) {
+    let comms: Vec<Comm<NcclComm>> = match unicomm_nccl::local_comms(None) {
         Ok(c) => c.into_iter().map(Comm::from_backend).collect(),
         Err(e) => {
             eprintln!("overhead: no GPU run possible: {e}");
@@ -126,7 +126,7 @@ fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> [f64;
         enq
     };
     // The raw path runs with this rank's context current, as unicomm leaves it.
-    let _ = backend_nccl::cuda()
+    let _ = unicomm_nccl::cuda()
         .unwrap()
         .context(c.backend().device())
         .unwrap()

@@ -1,25 +1,31 @@
-//! unicomm's NVIDIA backend: NCCL through its own run-time loaded table ([`api`]), CUDA
-//! through cudarc ([`mod@cuda`]), and the communicator written once over any NCCL-API library
-//! and device runtime ([`comm`]), which backend-rccl reuses with HIP.
+//! unicomm's NVIDIA backend: CUDA through cudarc ([`runtime`]), the NCCL flavour of the
+//! shared NCCL-API layer ([`NCCL`], over [`unicomm_nccl_api`]), and interop with existing
+//! cudarc code ([`interop`]). The communicator itself is written once, generic over the
+//! device runtime, in `unicomm-nccl-api`; backend-rccl is the same shape over HIP.
 //!
 //! Nothing here links a vendor library at build time: a machine without CUDA or NCCL gets
 //! `LibraryNotFound` (every path tried) or `NoDevice`, never a panic.
-#![warn(missing_docs)]
+//!
+//! # Where NCCL is looked for
+//! `UNICOMM_NCCL_LIBRARY` (a file), then `NCCL_HOME/lib`, `CUDA_HOME/lib64`, Python wheels
+//! (`site-packages/nvidia/nccl/lib`, as PyTorch installs it), then the sonames
+//! `libnccl.so.2` and `libnccl.so` through the system loader (`LD_LIBRARY_PATH`,
+//! `ldconfig`). The first that opens and exports every required symbol wins; the error
+//! lists every candidate and why it was passed over.
 
-pub mod api;
-pub mod comm;
-pub mod cuda;
+pub mod interop;
 pub mod runtime;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use comm_core::{Result, Version};
+use unicomm_core::{Result, Version};
+use unicomm_nccl_api::search::{env_dirs, python_wheel_dirs};
+use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Flavor, Runtime};
 
-pub use api::{Api, Flavor, UniqueId};
-pub use comm::{ApiComm, ApiMemory, ApiStream};
-pub use cuda::{CudaRuntime, CudaStreamHandle};
-pub use runtime::Runtime;
+pub use interop::{memory_from_cudarc, memory_from_raw, stream_from_cudarc};
+pub use runtime::{CudaRuntime, CudaStreamHandle};
+pub use unicomm_nccl_api::UniqueId;
 
 /// NCCL on CUDA.
 pub type NcclComm = ApiComm<CudaRuntime>;
@@ -29,14 +35,8 @@ pub type NcclStream = ApiStream<CudaRuntime>;
 pub type NcclMemory = ApiMemory<CudaRuntime>;
 
 fn nccl_dirs() -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    if let Some(h) = std::env::var_os("NCCL_HOME") {
-        v.push(PathBuf::from(h).join("lib"));
-    }
-    if let Some(h) = std::env::var_os("CUDA_HOME") {
-        v.push(PathBuf::from(h).join("lib64"));
-    }
-    v.extend(api::python_wheel_dirs("nvidia/nccl/lib"));
+    let mut v = env_dirs(&[("NCCL_HOME", "lib"), ("CUDA_HOME", "lib64")]);
+    v.extend(python_wheel_dirs("nvidia/nccl/lib"));
     v
 }
 
@@ -94,36 +94,4 @@ pub fn init_rank(id: UniqueId, rank: usize, world: usize, dev: usize) -> Result<
 /// A new world id (`ncclGetUniqueId`), to share with every rank.
 pub fn unique_id() -> Result<UniqueId> {
     nccl()?.unique_id()
-}
-
-/// Interop: a cudarc stream as a unicomm stream.
-pub fn stream_from_cudarc(s: Arc<cudarc::driver::CudaStream>) -> Result<NcclStream> {
-    let dev = s.context().ordinal();
-    Ok(ApiStream::from_runtime(cuda()?, CudaStreamHandle(s), dev))
-}
-
-/// Interop: a cudarc slice as unicomm memory, without a copy. The slice is kept alive by
-/// the returned memory (and freed with it).
-pub fn memory_from_cudarc<T: cudarc::driver::DeviceRepr + Send + Sync + 'static>(
-    slice: cudarc::driver::CudaSlice<T>,
-) -> Result<NcclMemory> {
-    use cudarc::driver::DevicePtr;
-    let dev = slice.context().ordinal();
-    let bytes = slice.num_bytes();
-    let stream = slice.stream().clone();
-    let (p, sync) = slice.device_ptr(&stream);
-    let p = p as usize;
-    drop(sync);
-    // SAFETY: the slice's memory belongs to device `dev` and is kept alive by `keep`.
-    unsafe { ApiMemory::borrowed(cuda()?, dev, p, bytes, Some(Box::new(slice))) }
-}
-
-/// Interop: raw device memory as unicomm memory, without a copy.
-///
-/// # Safety
-/// `ptr..ptr+bytes` is memory of CUDA device `dev` that outlives the returned value and
-/// every operation enqueued on it.
-pub unsafe fn memory_from_raw(dev: usize, ptr: usize, bytes: usize) -> Result<NcclMemory> {
-    // SAFETY: forwarded from the caller.
-    unsafe { ApiMemory::borrowed(cuda()?, dev, ptr, bytes, None) }
 }

@@ -1,44 +1,211 @@
-//! The device runtime a NCCL-API backend needs: CUDA (cudarc) for NCCL, HIP (our own
-//! table) for RCCL. Everything vendor-specific below the NCCL API goes through this trait.
+//! The CUDA runtime through cudarc's driver API, loaded at run time.
+//!
+//! cudarc panics when libcuda is absent, so [`CudaRuntime::new`] checks
+//! `is_culib_present` before any other cudarc call and returns `LibraryNotFound` instead.
 
-use comm_core::Result;
+use std::sync::{Arc, OnceLock};
 
-/// One vendor's device runtime.
-pub trait Runtime: Send + Sync + Sized + 'static {
-    /// "CUDA" or "HIP" (in error messages).
-    const NAME: &'static str;
-    /// "CUDA" or "ROCm" (in `NoDevice`).
-    const VENDOR: &'static str;
-    /// An owned stream.
-    type Stream: Send + Sync + std::fmt::Debug;
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
-    /// Number of visible devices (`NoDevice` when the driver sees none).
-    fn device_count(&self) -> Result<usize>;
-    /// Runs `f` with `dev` current on this thread, restoring the previous device after.
-    fn with_device<T>(&self, dev: usize, f: impl FnOnce() -> Result<T>) -> Result<T>;
-    /// A new stream on `dev`.
-    fn create_stream(&self, dev: usize) -> Result<Self::Stream>;
-    /// The raw handle (`cudaStream_t` / `hipStream_t`).
-    fn raw_stream(s: &Self::Stream) -> *mut std::ffi::c_void;
-    /// Blocks until the stream is idle.
-    fn synchronize(&self, s: &Self::Stream) -> Result<()>;
-    /// Device memory without the collective library (`cuMemAlloc` / `hipMalloc`).
-    fn malloc(&self, dev: usize, bytes: usize) -> Result<usize>;
-    /// Frees what `malloc` returned.
-    ///
-    /// # Safety
-    /// `ptr` came from `malloc` on `dev` and no pending work uses it.
-    unsafe fn free(&self, dev: usize, ptr: usize) -> Result<()>;
-    /// Copies host bytes to device memory, ordered on `s`; returns when `src` was consumed.
-    ///
-    /// # Safety
-    /// `dst` is device memory of `dev` with `src.len()` writable bytes.
-    unsafe fn htod(&self, dev: usize, dst: usize, src: &[u8], s: &Self::Stream) -> Result<()>;
-    /// Copies device bytes to the host after the work on `s`; returns when `dst` holds them.
-    ///
-    /// # Safety
-    /// `src` is device memory of `dev` with `dst.len()` readable bytes.
-    unsafe fn dtoh(&self, dev: usize, dst: &mut [u8], src: usize, s: &Self::Stream) -> Result<()>;
-    /// One line about the driver and runtime (versions), for `doctor` and errors.
-    fn describe(&self) -> String;
+use unicomm_core::{Error, Result};
+
+use unicomm_nccl_api::Runtime;
+
+/// The CUDA driver, with one primary context per device (the one NCCL and the CUDA runtime
+/// use).
+pub struct CudaRuntime {
+    /// Retained on first use; lock-free afterwards (this sits on every collective's path).
+    contexts: Vec<OnceLock<Arc<CudaContext>>>,
+    count: usize,
+}
+
+impl std::fmt::Debug for CudaRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaRuntime({} devices)", self.count)
+    }
+}
+
+pub(crate) fn cuda_err(call: &'static str, e: DriverError) -> Error {
+    let name = e
+        .error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    let message = e
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Error::Device {
+        runtime: "CUDA",
+        call,
+        code: e.0 as i32,
+        name,
+        message,
+    }
+}
+
+impl CudaRuntime {
+    /// Loads the driver and counts devices: `LibraryNotFound` without libcuda, `NoDevice`
+    /// when it sees no GPU.
+    pub fn new() -> Result<Self> {
+        // SAFETY: only probes whether the library can be opened; no symbol is called.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::LibraryNotFound {
+                library: "CUDA driver",
+                tried: vec![
+                    "libcuda.so, libcuda.so.1 and cudarc's other names (system loader)".into(),
+                ],
+            });
+        }
+        match result::init() {
+            Ok(()) => {}
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => {
+                return Err(Error::NoDevice {
+                    vendor: "CUDA",
+                    detail: "the driver reports no device (cuInit: CUDA_ERROR_NO_DEVICE)".into(),
+                })
+            }
+            Err(e) => return Err(cuda_err("cuInit", e)),
+        }
+        let count =
+            result::device::get_count().map_err(|e| cuda_err("cuDeviceGetCount", e))? as usize;
+        if count == 0 {
+            return Err(Error::NoDevice {
+                vendor: "CUDA",
+                detail: "cuDeviceGetCount returned 0".into(),
+            });
+        }
+        Ok(CudaRuntime {
+            contexts: (0..count).map(|_| OnceLock::new()).collect(),
+            count,
+        })
+    }
+
+    /// The primary context of `dev`.
+    pub fn context(&self, dev: usize) -> Result<Arc<CudaContext>> {
+        self.ctx(dev).cloned()
+    }
+
+    fn ctx(&self, dev: usize) -> Result<&Arc<CudaContext>> {
+        let slot = self.contexts.get(dev).ok_or_else(|| Error::NoDevice {
+            vendor: "CUDA",
+            detail: format!("device {dev} asked for, {} visible", self.count),
+        })?;
+        if let Some(c) = slot.get() {
+            return Ok(c);
+        }
+        let c = CudaContext::new(dev).map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
+        Ok(slot.get_or_init(|| c))
+    }
+}
+
+/// A CUDA stream (cudarc's), with the context it belongs to.
+#[derive(Debug, Clone)]
+pub struct CudaStreamHandle(pub Arc<CudaStream>);
+
+impl Runtime for CudaRuntime {
+    const NAME: &'static str = "CUDA";
+    const VENDOR: &'static str = "CUDA";
+    type Stream = CudaStreamHandle;
+
+    fn device_count(&self) -> Result<usize> {
+        Ok(self.count)
+    }
+
+    fn with_device<T>(&self, dev: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let want = self.ctx(dev)?.cu_ctx();
+        let prev = result::ctx::get_current().map_err(|e| cuda_err("cuCtxGetCurrent", e))?;
+        if prev == Some(want) {
+            // The common case (one thread per GPU): one driver call, nothing to restore.
+            return f();
+        }
+        // SAFETY: `want` is the retained primary context of `dev`, alive as long as `self`.
+        unsafe { result::ctx::set_current(want) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+        let r = f();
+        if let Some(p) = prev {
+            // SAFETY: `p` was current on this thread a moment ago, so it is a live context.
+            unsafe { result::ctx::set_current(p) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+        }
+        r
+    }
+
+    fn create_stream(&self, dev: usize) -> Result<CudaStreamHandle> {
+        let ctx = self.context(dev)?;
+        ctx.new_stream()
+            .map(CudaStreamHandle)
+            .map_err(|e| cuda_err("cuStreamCreate", e))
+    }
+
+    fn raw_stream(s: &CudaStreamHandle) -> *mut std::ffi::c_void {
+        s.0.cu_stream() as *mut std::ffi::c_void
+    }
+
+    fn synchronize(&self, s: &CudaStreamHandle) -> Result<()> {
+        s.0.synchronize()
+            .map_err(|e| cuda_err("cuStreamSynchronize", e))
+    }
+
+    fn malloc(&self, dev: usize, bytes: usize) -> Result<usize> {
+        self.with_device(dev, || {
+            // SAFETY: cuMemAlloc on the device made current by with_device.
+            unsafe { result::malloc_sync(bytes) }
+                .map(|p| p as usize)
+                .map_err(|e| cuda_err("cuMemAlloc", e))
+        })
+    }
+
+    unsafe fn free(&self, dev: usize, ptr: usize) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: per the trait contract, `ptr` came from malloc on `dev`.
+            unsafe { result::free_sync(ptr as sys::CUdeviceptr) }
+                .map_err(|e| cuda_err("cuMemFree", e))
+        })
+    }
+
+    unsafe fn htod(&self, dev: usize, dst: usize, src: &[u8], s: &CudaStreamHandle) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: `dst` holds `src.len()` device bytes (trait contract); the copy is
+            // awaited below, before `src` can be released.
+            unsafe { result::memcpy_htod_async(dst as sys::CUdeviceptr, src, s.0.cu_stream()) }
+                .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
+            s.0.synchronize()
+                .map_err(|e| cuda_err("cuStreamSynchronize", e))
+        })
+    }
+
+    unsafe fn dtoh(
+        &self,
+        dev: usize,
+        dst: &mut [u8],
+        src: usize,
+        s: &CudaStreamHandle,
+    ) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: `src` holds `dst.len()` device bytes (trait contract); awaited below.
+            unsafe { result::memcpy_dtoh_async(dst, src as sys::CUdeviceptr, s.0.cu_stream()) }
+                .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
+            s.0.synchronize()
+                .map_err(|e| cuda_err("cuStreamSynchronize", e))
+        })
+    }
+
+    fn describe(&self) -> String {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        let drv = unsafe { sys::cuDriverGetVersion(&mut v) }
+            .result()
+            .map(|_| format!("{}.{}", v / 1000, (v % 1000) / 10))
+            .unwrap_or_else(|_| "unknown".into());
+        let names: Vec<String> = (0..self.count)
+            .map(|d| {
+                self.context(d)
+                    .and_then(|c| c.name().map_err(|e| cuda_err("cuDeviceGetName", e)))
+                    .unwrap_or_else(|e| e.to_string())
+            })
+            .collect();
+        format!(
+            "CUDA driver API {drv}, {} device(s): {}",
+            self.count,
+            names.join(", ")
+        )
+    }
 }

@@ -1,7 +1,7 @@
 //! The loaders on any machine: no panic, and errors that say what was tried.
 
-use backend_nccl::api::{candidates, Api, Flavor};
-use comm_core::{Error, Version};
+use unicomm_core::{Error, Version};
+use unicomm_nccl_api::{Api, Flavor};
 
 fn nowhere() -> Vec<std::path::PathBuf> {
     vec!["/nonexistent/unicomm-test/lib".into()]
@@ -42,7 +42,7 @@ fn library_not_found_lists_every_path_tried_in_order() {
     for (t, w) in tried.iter().zip(want) {
         assert!(t.starts_with(w), "{t} should start with {w}");
     }
-    assert_eq!(candidates(&MISSING).len(), want.len());
+    assert_eq!(MISSING.search().candidates().len(), want.len());
     let msg = Error::LibraryNotFound {
         library: "NCCL",
         tried,
@@ -56,7 +56,9 @@ fn nccl_search_order_is_env_then_homes_then_wheels_then_sonames() {
     std::env::set_var("UNICOMM_NCCL_LIBRARY", "/x/explicit.so");
     std::env::set_var("NCCL_HOME", "/x/nccl");
     std::env::set_var("CUDA_HOME", "/x/cuda");
-    let c: Vec<String> = candidates(&backend_nccl::NCCL)
+    let c: Vec<String> = unicomm_nccl::NCCL
+        .search()
+        .candidates()
         .iter()
         .map(|p| p.display().to_string())
         .collect();
@@ -73,7 +75,7 @@ fn nccl_search_order_is_env_then_homes_then_wheels_then_sonames() {
 /// Either way a typed answer, never a panic.
 #[test]
 fn probe_reports_a_typed_answer_and_never_panics() {
-    match backend_nccl::probe() {
+    match unicomm_nccl::probe() {
         Ok(found) => println!("GPU machine: {found}"),
         Err(Error::LibraryNotFound { library, tried }) => {
             println!("no {library} here: {tried:?}");
@@ -82,7 +84,7 @@ fn probe_reports_a_typed_answer_and_never_panics() {
         Err(Error::NoDevice { vendor, detail }) => println!("no {vendor} device: {detail}"),
         Err(e) => panic!("unexpected error kind: {e}"),
     }
-    if let Err(e) = backend_nccl::local_comms(None) {
+    if let Err(e) = unicomm_nccl::local_comms(None) {
         assert!(
             matches!(e, Error::LibraryNotFound { .. } | Error::NoDevice { .. }),
             "{e}"
@@ -98,7 +100,7 @@ fn without_libcuda_the_error_is_library_not_found() {
         println!("UNICOMM_EXPECT_NO_CUDA unset: not asserting the absence of CUDA here");
         return;
     }
-    match backend_nccl::cuda() {
+    match unicomm_nccl::cuda() {
         Err(Error::LibraryNotFound {
             library: "CUDA driver",
             ..
@@ -106,7 +108,7 @@ fn without_libcuda_the_error_is_library_not_found() {
         other => panic!("expected LibraryNotFound for the CUDA driver, got {other:?}"),
     }
     assert!(matches!(
-        backend_nccl::local_comms(None),
+        unicomm_nccl::local_comms(None),
         Err(Error::LibraryNotFound { .. })
     ));
 }

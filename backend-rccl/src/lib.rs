@@ -1,5 +1,12 @@
-//! unicomm's AMD backend: RCCL through the NCCL-API layer of backend-nccl (written once,
-//! not copied), HIP through our own libloading table ([`mod@hip`]).
+//! unicomm's AMD backend: HIP through our own libloading table ([`runtime`]) and the RCCL
+//! flavour of the shared NCCL-API layer ([`RCCL`], over [`unicomm_nccl_api`], written once
+//! for both vendors). Cut like backend-nccl: `lib.rs` (flavour and entry points) and
+//! `runtime.rs` (the device runtime); no CUDA crate is compiled for it.
+//!
+//! # Where RCCL and HIP are looked for
+//! RCCL: `UNICOMM_RCCL_LIBRARY`, `ROCM_PATH/lib`, `HIP_PATH/lib`, `/opt/rocm/lib`, then
+//! `librccl.so.1`, `librccl.so`. HIP: `UNICOMM_HIP_LIBRARY`, the same directories, then
+//! `libamdhip64.so` and its versioned sonames.
 //!
 //! RCCL's differences from NCCL, handled here:
 //! - all-to-all is `ncclAllToAll` (NCCL >= 2.28 spells it `ncclAlltoAll`);
@@ -10,18 +17,17 @@
 //! No AMD GPU has run this code yet: what CI proves is the loaders (the real HIP runtime
 //! of Debian's `libamdhip64-5` answering "no device") and the NCCL-API layer against a fake
 //! NCCL-ABI library. See docs/rocm.md.
-#![warn(missing_docs)]
-
-pub mod hip;
+pub mod runtime;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use backend_nccl::{Api, ApiComm, ApiMemory, ApiStream, Flavor, Runtime};
-use comm_core::{Result, Version};
+use unicomm_core::{Result, Version};
+use unicomm_nccl_api::search::env_dirs;
+use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Flavor, Runtime};
 
-pub use backend_nccl::UniqueId;
-pub use hip::{HipRuntime, HipStreamHandle};
+pub use runtime::{HipRuntime, HipStreamHandle};
+pub use unicomm_nccl_api::UniqueId;
 
 /// RCCL on HIP.
 pub type RcclComm = ApiComm<HipRuntime>;
@@ -31,12 +37,7 @@ pub type RcclStream = ApiStream<HipRuntime>;
 pub type RcclMemory = ApiMemory<HipRuntime>;
 
 pub(crate) fn rocm_dirs() -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    for var in ["ROCM_PATH", "HIP_PATH"] {
-        if let Some(p) = std::env::var_os(var) {
-            v.push(PathBuf::from(p).join("lib"));
-        }
-    }
+    let mut v = env_dirs(&[("ROCM_PATH", "lib"), ("HIP_PATH", "lib")]);
     v.push(PathBuf::from("/opt/rocm/lib"));
     v
 }

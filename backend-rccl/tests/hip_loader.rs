@@ -3,13 +3,13 @@
 //! `LibraryNotFound` with the paths tried. `UNICOMM_EXPECT_HIP=1` (set by `.ci/run` after
 //! installing the package) makes the first test require the real library.
 
-use backend_rccl::hip::hip_candidates;
-use comm_core::Error;
+use unicomm_core::Error;
+use unicomm_rccl::runtime::hip_search;
 
 #[test]
 fn real_hip_runtime_without_an_amd_gpu_is_no_device() {
     let must = std::env::var_os("UNICOMM_EXPECT_HIP").is_some();
-    match backend_rccl::HipRuntime::new() {
+    match unicomm_rccl::HipRuntime::new() {
         Err(Error::NoDevice { vendor, detail }) => {
             assert_eq!(vendor, "ROCm");
             assert!(detail.contains("hipGetDeviceCount"), "{detail}");
@@ -19,7 +19,7 @@ fn real_hip_runtime_without_an_amd_gpu_is_no_device() {
             println!("no HIP library on this machine (tried {tried:?}); set UNICOMM_EXPECT_HIP=1 where it is installed");
         }
         Ok(rt) => {
-            use backend_nccl::Runtime;
+            use unicomm_nccl_api::Runtime;
             println!("an AMD GPU is here: {}", rt.describe());
         }
         other => panic!("expected NoDevice from the real HIP runtime, got {other:?}"),
@@ -33,7 +33,8 @@ fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
     // library is installed, so only the listed paths are checked here.
     std::env::set_var("UNICOMM_HIP_LIBRARY", "/nonexistent/libamdhip64.so");
     std::env::set_var("ROCM_PATH", "/nonexistent/rocm");
-    let c: Vec<String> = hip_candidates()
+    let c: Vec<String> = hip_search()
+        .candidates()
         .iter()
         .map(|p| p.display().to_string())
         .collect();
@@ -45,7 +46,7 @@ fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
         // SAFETY: probing whether a soname resolves; dropped at once.
         unsafe { libloading::Library::new(n) }.is_ok()
     });
-    match backend_rccl::HipRuntime::new() {
+    match unicomm_rccl::HipRuntime::new() {
         Err(Error::LibraryNotFound { library, tried }) => {
             assert!(!installed);
             assert_eq!(library, "HIP runtime");
@@ -59,7 +60,7 @@ fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
         other => panic!("{other:?}"),
     }
     // The RCCL library is absent here (no Debian package has it): LibraryNotFound.
-    match backend_rccl::rccl() {
+    match unicomm_rccl::rccl() {
         Err(Error::LibraryNotFound {
             library: "RCCL",
             tried,

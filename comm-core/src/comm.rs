@@ -1,12 +1,13 @@
-//! The typed, safe API: [`Comm`], [`Buffer`], [`Registered`], [`Window`] and views.
+//! [`Comm`]: one rank's communicator with typed collectives and the ownership rules of
+//! registered memory. It validates what the caller controls (lengths, overflow, roots,
+//! peers, memory of another device) and hands one [`Collective`] call to the backend.
 
-use std::marker::PhantomData;
-use std::mem::ManuallyDrop;
-use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::{Capabilities, Collective, DeviceMemory, Op, RawHandle, Slice};
-use crate::element::{as_bytes, as_bytes_mut, Element};
+use crate::backend::{Capabilities, Collective};
+use crate::buffer::{elem_bytes, Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
+use crate::element::Element;
+use crate::registration::{Kind, RegisterError, Registered, Registration, Window};
 use crate::{Error, ReduceOp, Result};
 
 static NEXT_COMM_ID: AtomicU64 = AtomicU64::new(1);
@@ -16,397 +17,6 @@ static NEXT_COMM_ID: AtomicU64 = AtomicU64::new(1);
 pub struct Comm<C: Collective> {
     raw: C,
     id: u64,
-}
-
-/// Device memory of `len` elements of `T`, owned; freed on drop.
-pub struct Buffer<T: Element, C: Collective> {
-    mem: C::Memory,
-    len: usize,
-    _t: PhantomData<T>,
-}
-
-/// A buffer registered with a communicator (`ncclCommRegister`).
-///
-/// It owns the buffer, so the memory cannot be freed while registered, and borrows the
-/// communicator, so the communicator cannot be destroyed while registered; it can still be
-/// the output (`&mut`) of a collective. [`Comm::deregister`] gives the buffer back; dropping
-/// it deregisters and frees.
-pub struct Registered<'c, T: Element, C: Collective> {
-    buf: ManuallyDrop<Buffer<T, C>>,
-    comm: &'c Comm<C>,
-    handle: RawHandle,
-}
-
-/// A buffer in a symmetric window (`ncclCommWindowRegister`, NCCL >= 2.27). Same ownership
-/// rules as [`Registered`]; a different type because windows are registered collectively and
-/// deregistered with a different call.
-pub struct Window<'c, T: Element, C: Collective> {
-    buf: ManuallyDrop<Buffer<T, C>>,
-    comm: &'c Comm<C>,
-    handle: RawHandle,
-}
-
-/// The error of [`Comm::register`] and [`Comm::register_window`]: the cause and the buffer,
-/// handed back unregistered. Converts into [`Error`] with `?` (the buffer is then freed).
-pub struct RegisterError<T: Element, C: Collective> {
-    /// Why registration failed.
-    pub error: Error,
-    /// The buffer, unchanged.
-    pub buffer: Buffer<T, C>,
-}
-
-impl<T: Element, C: Collective> std::fmt::Debug for RegisterError<T, C> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegisterError")
-            .field("error", &self.error)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<T: Element, C: Collective> std::fmt::Display for RegisterError<T, C> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.error.fmt(f)
-    }
-}
-
-impl<T: Element, C: Collective> std::error::Error for RegisterError<T, C> {}
-
-impl<T: Element, C: Collective> From<RegisterError<T, C>> for Error {
-    fn from(e: RegisterError<T, C>) -> Self {
-        e.error
-    }
-}
-
-/// A shared view of `len` elements of some device memory.
-pub struct View<'a, T: Element, C: Collective> {
-    mem: &'a C::Memory,
-    offset: usize,
-    len: usize,
-    _t: PhantomData<T>,
-}
-
-/// An exclusive view of `len` elements of some device memory.
-pub struct ViewMut<'a, T: Element, C: Collective> {
-    mem: &'a C::Memory,
-    offset: usize,
-    len: usize,
-    _t: PhantomData<&'a mut T>,
-}
-
-/// Anything that names device elements a collective may read.
-pub trait DeviceSlice<T: Element, C: Collective> {
-    /// The elements as a view.
-    fn view(&self) -> View<'_, T, C>;
-}
-
-/// Anything that names device elements a collective may write.
-pub trait DeviceSliceMut<T: Element, C: Collective>: DeviceSlice<T, C> {
-    /// The elements as an exclusive view.
-    fn view_mut(&mut self) -> ViewMut<'_, T, C>;
-}
-
-fn elem_bytes<T: Element>(count: usize, argument: &'static str) -> Result<usize> {
-    count.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
-        Error::invalid(
-            argument,
-            format!(
-                "{count} elements of {} overflow the address space",
-                T::DTYPE
-            ),
-        )
-    })
-}
-
-fn range_of(r: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
-    let start = match r.start_bound() {
-        Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.saturating_add(1),
-        Bound::Unbounded => 0,
-    };
-    let end = match r.end_bound() {
-        Bound::Included(&e) => e.saturating_add(1),
-        Bound::Excluded(&e) => e,
-        Bound::Unbounded => len,
-    };
-    if start > end || end > len {
-        return Err(Error::invalid(
-            "range",
-            format!("{start}..{end} is outside 0..{len}"),
-        ));
-    }
-    Ok((start, end - start))
-}
-
-impl<'a, T: Element, C: Collective> View<'a, T, C> {
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Whether the view is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// A sub-range of the view.
-    pub fn slice(&self, r: impl RangeBounds<usize>) -> Result<View<'a, T, C>> {
-        let (start, len) = range_of(r, self.len)?;
-        Ok(View {
-            mem: self.mem,
-            offset: self.offset + start,
-            len,
-            _t: PhantomData,
-        })
-    }
-    fn raw(&self) -> Slice<'a, C::Memory> {
-        Slice {
-            mem: self.mem,
-            offset: self.offset * std::mem::size_of::<T>(),
-            bytes: self.len * std::mem::size_of::<T>(),
-        }
-    }
-    /// Copies the elements to a new host vector, after the work enqueued on `stream`.
-    pub fn copy_to_host(&self, stream: &C::Stream) -> Result<Vec<T>> {
-        let mut out = vec![T::ZERO; self.len];
-        self.copy_to_host_into(&mut out, stream)?;
-        Ok(out)
-    }
-    /// Copies the elements into `dst` (same length), after the work enqueued on `stream`.
-    pub fn copy_to_host_into(&self, dst: &mut [T], stream: &C::Stream) -> Result<()> {
-        if dst.len() != self.len {
-            return Err(Error::invalid(
-                "dst",
-                format!(
-                    "holds {} elements, the device range {}",
-                    dst.len(),
-                    self.len
-                ),
-            ));
-        }
-        let off = self.offset * std::mem::size_of::<T>();
-        self.mem.read(off, as_bytes_mut(dst), stream)
-    }
-}
-
-impl<'a, T: Element, C: Collective> ViewMut<'a, T, C> {
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Whether the view is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// A shared view of the same elements.
-    pub fn as_view(&self) -> View<'_, T, C> {
-        View {
-            mem: self.mem,
-            offset: self.offset,
-            len: self.len,
-            _t: PhantomData,
-        }
-    }
-    /// A sub-range of the view.
-    pub fn slice_mut(&mut self, r: impl RangeBounds<usize>) -> Result<ViewMut<'_, T, C>> {
-        let (start, len) = range_of(r, self.len)?;
-        Ok(ViewMut {
-            mem: self.mem,
-            offset: self.offset + start,
-            len,
-            _t: PhantomData,
-        })
-    }
-    /// Splits into two disjoint exclusive views at `mid`.
-    pub fn split_at_mut(&mut self, mid: usize) -> Result<(ViewMut<'_, T, C>, ViewMut<'_, T, C>)> {
-        if mid > self.len {
-            return Err(Error::invalid(
-                "mid",
-                format!("{mid} is past the end ({})", self.len),
-            ));
-        }
-        let a = ViewMut {
-            mem: self.mem,
-            offset: self.offset,
-            len: mid,
-            _t: PhantomData,
-        };
-        let b = ViewMut {
-            mem: self.mem,
-            offset: self.offset + mid,
-            len: self.len - mid,
-            _t: PhantomData,
-        };
-        Ok((a, b))
-    }
-    /// Enqueues a copy of `src` (at most `len` elements) to the start of the view.
-    pub fn copy_from_host(&mut self, src: &[T], stream: &C::Stream) -> Result<()> {
-        if src.len() > self.len {
-            return Err(Error::invalid(
-                "src",
-                format!(
-                    "holds {} elements, the device range only {}",
-                    src.len(),
-                    self.len
-                ),
-            ));
-        }
-        let off = self.offset * std::mem::size_of::<T>();
-        self.mem.write(off, as_bytes(src), stream)
-    }
-}
-
-impl<T: Element, C: Collective> DeviceSlice<T, C> for View<'_, T, C> {
-    fn view(&self) -> View<'_, T, C> {
-        View {
-            mem: self.mem,
-            offset: self.offset,
-            len: self.len,
-            _t: PhantomData,
-        }
-    }
-}
-impl<T: Element, C: Collective> DeviceSlice<T, C> for ViewMut<'_, T, C> {
-    fn view(&self) -> View<'_, T, C> {
-        self.as_view()
-    }
-}
-impl<T: Element, C: Collective> DeviceSliceMut<T, C> for ViewMut<'_, T, C> {
-    fn view_mut(&mut self) -> ViewMut<'_, T, C> {
-        ViewMut {
-            mem: self.mem,
-            offset: self.offset,
-            len: self.len,
-            _t: PhantomData,
-        }
-    }
-}
-
-impl<T: Element, C: Collective> Buffer<T, C> {
-    /// Wraps backend memory as `len` elements.
-    pub fn from_memory(mem: C::Memory, len: usize) -> Result<Self> {
-        let bytes = elem_bytes::<T>(len, "len")?;
-        if bytes > mem.byte_len() {
-            return Err(Error::invalid(
-                "len",
-                format!(
-                    "{len} elements of {} need {bytes} bytes, the memory holds {}",
-                    T::DTYPE,
-                    mem.byte_len()
-                ),
-            ));
-        }
-        Ok(Buffer {
-            mem,
-            len,
-            _t: PhantomData,
-        })
-    }
-    /// The backend memory.
-    pub fn memory(&self) -> &C::Memory {
-        &self.mem
-    }
-    /// Gives up the typed view and returns the backend memory.
-    pub fn into_memory(self) -> C::Memory {
-        self.mem
-    }
-    /// The device address of the first element.
-    pub fn device_ptr(&self) -> usize {
-        self.mem.address()
-    }
-}
-
-// The methods every owned device buffer has, written once for the three owners.
-macro_rules! owned_buffer_methods {
-    ($ty:ident $(<$lt:lifetime>)?, $self_:ident => $mem:expr, $len:expr) => {
-        impl<$($lt,)? T: Element, C: Collective> $ty<$($lt,)? T, C> {
-            /// Number of elements.
-            pub fn len(&$self_) -> usize {
-                $len
-            }
-            /// Whether the buffer is empty.
-            pub fn is_empty(&$self_) -> bool {
-                $len == 0
-            }
-            /// A shared view of a sub-range.
-            pub fn slice(&$self_, r: impl RangeBounds<usize>) -> Result<View<'_, T, C>> {
-                let (start, len) = range_of(r, $len)?;
-                Ok(View { mem: $mem, offset: start, len, _t: PhantomData })
-            }
-            /// An exclusive view of a sub-range.
-            pub fn slice_mut(&mut $self_, r: impl RangeBounds<usize>) -> Result<ViewMut<'_, T, C>> {
-                let (start, len) = range_of(r, $len)?;
-                Ok(ViewMut { mem: $mem, offset: start, len, _t: PhantomData })
-            }
-            /// Enqueues a copy of `src` (at most `len` elements) to the start of the buffer.
-            pub fn copy_from_host(&mut $self_, src: &[T], stream: &C::Stream) -> Result<()> {
-                DeviceSliceMut::view_mut($self_).copy_from_host(src, stream)
-            }
-            /// Copies the whole buffer to a new host vector after the work enqueued on
-            /// `stream` (waits for it).
-            pub fn copy_to_host(&$self_, stream: &C::Stream) -> Result<Vec<T>> {
-                DeviceSlice::view($self_).copy_to_host(stream)
-            }
-        }
-        impl<$($lt,)? T: Element, C: Collective> DeviceSlice<T, C> for $ty<$($lt,)? T, C> {
-            fn view(&$self_) -> View<'_, T, C> {
-                View { mem: $mem, offset: 0, len: $len, _t: PhantomData }
-            }
-        }
-        impl<$($lt,)? T: Element, C: Collective> DeviceSliceMut<T, C> for $ty<$($lt,)? T, C> {
-            fn view_mut(&mut $self_) -> ViewMut<'_, T, C> {
-                ViewMut { mem: $mem, offset: 0, len: $len, _t: PhantomData }
-            }
-        }
-    };
-}
-
-owned_buffer_methods!(Buffer, self => &self.mem, self.len);
-owned_buffer_methods!(Registered<'c>, self => &self.buf.mem, self.buf.len);
-owned_buffer_methods!(Window<'c>, self => &self.buf.mem, self.buf.len);
-
-impl<T: Element, C: Collective> std::ops::Deref for Registered<'_, T, C> {
-    type Target = Buffer<T, C>;
-    fn deref(&self) -> &Buffer<T, C> {
-        &self.buf
-    }
-}
-impl<T: Element, C: Collective> std::ops::Deref for Window<'_, T, C> {
-    type Target = Buffer<T, C>;
-    fn deref(&self) -> &Buffer<T, C> {
-        &self.buf
-    }
-}
-
-impl<T: Element, C: Collective> Registered<'_, T, C> {
-    /// The backend's registration handle.
-    pub fn handle(&self) -> RawHandle {
-        self.handle
-    }
-}
-impl<T: Element, C: Collective> Window<'_, T, C> {
-    /// The backend's window handle (`ncclWindow_t`).
-    pub fn handle(&self) -> RawHandle {
-        self.handle
-    }
-}
-
-impl<T: Element, C: Collective> Drop for Registered<'_, T, C> {
-    fn drop(&mut self) {
-        // Errors cannot be reported from drop; `Comm::deregister` reports them.
-        if self.comm.raw.deregister(self.handle).is_ok() {
-            // SAFETY: `buf` is never used again; dropping it frees the memory, which is no
-            // longer registered.
-            unsafe { ManuallyDrop::drop(&mut self.buf) }
-        }
-        // On failure the memory is leaked: freeing memory the library may still consider
-        // registered is what NCCL's docs warn against.
-    }
-}
-impl<T: Element, C: Collective> Drop for Window<'_, T, C> {
-    fn drop(&mut self) {
-        if self.comm.raw.deregister_window(self.handle).is_ok() {
-            // SAFETY: as for `Registered`: `buf` is not used again.
-            unsafe { ManuallyDrop::drop(&mut self.buf) }
-        }
-    }
 }
 
 impl<C: Collective> Comm<C> {
@@ -420,6 +30,11 @@ impl<C: Collective> Comm<C> {
     /// The backend communicator.
     pub fn backend(&self) -> &C {
         &self.raw
+    }
+    /// This communicator's number in the process (in error messages about foreign
+    /// registrations).
+    pub fn id(&self) -> u64 {
+        self.id
     }
     /// This rank, `0..world_size()`.
     pub fn rank(&self) -> usize {
@@ -446,26 +61,30 @@ impl<C: Collective> Comm<C> {
         Buffer::from_memory(mem, len)
     }
 
-    /// Registers `buf` with this communicator. Lazy in NCCL: the work happens at the first
-    /// collective that uses it. If any rank passes registered buffers to a collective, all
-    /// ranks must.
-    pub fn register<T: Element>(
+    fn register_as<T: Element, K: Kind>(
         &self,
         buf: Buffer<T, C>,
-    ) -> Result<Registered<'_, T, C>, RegisterError<T, C>> {
+        call: impl FnOnce(&C, &C::Memory, usize) -> Result<crate::RawHandle>,
+    ) -> Result<Registration<'_, T, C, K>, RegisterError<T, C>> {
         let bytes = buf.len * std::mem::size_of::<T>();
         match self
             .raw
             .check_memory(&buf.mem)
-            .and_then(|()| self.raw.register(&buf.mem, 0, bytes))
+            .and_then(|()| call(&self.raw, &buf.mem, bytes))
         {
-            Ok(handle) => Ok(Registered {
-                buf: ManuallyDrop::new(buf),
-                comm: self,
-                handle,
-            }),
+            Ok(handle) => Ok(Registration::new(buf, self, handle)),
             Err(error) => Err(RegisterError { error, buffer: buf }),
         }
+    }
+
+    /// Registers `buf` with this communicator (`ncclCommRegister`). Lazy in NCCL: the work
+    /// happens at the first collective that uses it. If any rank passes registered buffers
+    /// to a collective, all ranks must. On failure the buffer comes back in the error.
+    pub fn register<T: Element>(
+        &self,
+        buf: Buffer<T, C>,
+    ) -> Result<Registered<'_, T, C>, RegisterError<T, C>> {
+        self.register_as(buf, |c, m, bytes| c.register(m, 0, bytes))
     }
 
     /// Deregisters and returns the buffer. A registration of another communicator is an
@@ -473,14 +92,7 @@ impl<C: Collective> Comm<C> {
     /// If the library fails to deregister, the memory is leaked rather than freed while
     /// possibly still registered.
     pub fn deregister<T: Element>(&self, reg: Registered<'_, T, C>) -> Result<Buffer<T, C>> {
-        if reg.comm.id != self.id {
-            return Err(foreign(reg.comm.id, self.id));
-        }
-        let mut reg = ManuallyDrop::new(reg);
-        self.raw.deregister(reg.handle)?;
-        // SAFETY: `reg` is wrapped in ManuallyDrop, so its Drop (which would deregister
-        // again and free) never runs; the buffer is moved out exactly once.
-        Ok(unsafe { ManuallyDrop::take(&mut reg.buf) })
+        reg.release(self)
     }
 
     /// Registers `buf` as a symmetric window (`ncclCommWindowRegister`). Collective: every
@@ -491,46 +103,39 @@ impl<C: Collective> Comm<C> {
         &self,
         buf: Buffer<T, C>,
     ) -> Result<Window<'_, T, C>, RegisterError<T, C>> {
-        let bytes = buf.len * std::mem::size_of::<T>();
-        match self
-            .raw
-            .check_memory(&buf.mem)
-            .and_then(|()| self.raw.register_window(&buf.mem, 0, bytes))
-        {
-            Ok(handle) => Ok(Window {
-                buf: ManuallyDrop::new(buf),
-                comm: self,
-                handle,
-            }),
-            Err(error) => Err(RegisterError { error, buffer: buf }),
-        }
+        self.register_as(buf, |c, m, bytes| c.register_window(m, 0, bytes))
     }
 
-    /// Deregisters a window and returns the buffer (see [`Comm::deregister`]).
+    /// Deregisters a window and returns the buffer (collective, like registration; see
+    /// [`Comm::deregister`]).
     pub fn deregister_window<T: Element>(&self, win: Window<'_, T, C>) -> Result<Buffer<T, C>> {
-        if win.comm.id != self.id {
-            return Err(foreign(win.comm.id, self.id));
-        }
-        let mut win = ManuallyDrop::new(win);
-        self.raw.deregister_window(win.handle)?;
-        // SAFETY: as in `deregister`.
-        Ok(unsafe { ManuallyDrop::take(&mut win.buf) })
+        win.release(self)
     }
 
     fn check<T: Element>(&self, v: &View<'_, T, C>) -> Result<()> {
         self.raw.check_memory(v.mem)
     }
 
-    /// The views of an out-of-place operation, both checked to be this rank's memory.
+    /// The views of an out-of-place operation, both checked to be this rank's memory, the
+    /// output cut to `need(send.len())` elements (`InvalidArgument` when shorter).
     fn views<'a, T: Element>(
         &self,
         send: &'a impl DeviceSlice<T, C>,
         recv: &'a mut impl DeviceSliceMut<T, C>,
-    ) -> Result<(View<'a, T, C>, ViewMut<'a, T, C>)> {
+        need: impl FnOnce(usize) -> Result<usize>,
+    ) -> Result<(View<'a, T, C>, View<'a, T, C>)> {
         let (s, r) = (send.view(), recv.view_mut());
         self.check(&s)?;
-        self.check(&r.as_view())?;
-        Ok((s, r))
+        let r = r.into_view();
+        self.check(&r)?;
+        let n = need(s.len)?;
+        if r.len < n {
+            return Err(Error::invalid(
+                "recv",
+                format!("holds {} elements, the operation needs {n}", r.len),
+            ));
+        }
+        Ok((s, r.slice(..n)?))
     }
 
     /// The view of an in-place operation, checked to be this rank's memory.
@@ -543,15 +148,11 @@ impl<C: Collective> Comm<C> {
         Ok(b)
     }
 
-    fn run(&self, op: Op<'_, C::Memory>, stream: &C::Stream) -> Result<()> {
-        self.raw.enqueue(op, stream)
-    }
-
-    fn root(&self, root: usize, argument: &'static str) -> Result<()> {
-        if root >= self.world_size() {
+    fn rank_arg(&self, r: usize, argument: &'static str) -> Result<()> {
+        if r >= self.world_size() {
             return Err(Error::invalid(
                 argument,
-                format!("rank {root} is outside 0..{}", self.world_size()),
+                format!("rank {r} is outside 0..{}", self.world_size()),
             ));
         }
         Ok(())
@@ -565,19 +166,9 @@ impl<C: Collective> Comm<C> {
         op: ReduceOp,
         stream: &C::Stream,
     ) -> Result<()> {
-        let (s, r) = self.views(send, recv)?;
-        at_least("recv", r.len, s.len)?;
-        let count = s.len;
-        self.run(
-            Op::AllReduce {
-                send: s.raw(),
-                recv: r.as_view().slice(..count)?.raw(),
-                count,
-                dtype: T::DTYPE,
-                op,
-            },
-            stream,
-        )
+        let (s, r) = self.views(send, recv, Ok)?;
+        self.raw
+            .all_reduce(s.raw(), r.raw(), s.len, T::DTYPE, op, stream)
     }
 
     /// In-place all-reduce of every element of `buf`.
@@ -587,18 +178,9 @@ impl<C: Collective> Comm<C> {
         op: ReduceOp,
         stream: &C::Stream,
     ) -> Result<()> {
-        let b = self.view_mut_of(buf)?;
-        let raw = b.as_view().raw();
-        self.run(
-            Op::AllReduce {
-                send: raw,
-                recv: raw,
-                count: b.len,
-                dtype: T::DTYPE,
-                op,
-            },
-            stream,
-        )
+        let b = self.view_mut_of(buf)?.into_view();
+        self.raw
+            .all_reduce(b.raw(), b.raw(), b.len, T::DTYPE, op, stream)
     }
 
     /// Root's `send` (`send.len()` elements) to every rank's `recv`. `send` is read on the
@@ -610,20 +192,10 @@ impl<C: Collective> Comm<C> {
         root: usize,
         stream: &C::Stream,
     ) -> Result<()> {
-        self.root(root, "root")?;
-        let (s, r) = self.views(send, recv)?;
-        at_least("recv", r.len, s.len)?;
-        let count = s.len;
-        self.run(
-            Op::Broadcast {
-                send: s.raw(),
-                recv: r.as_view().slice(..count)?.raw(),
-                count,
-                dtype: T::DTYPE,
-                root,
-            },
-            stream,
-        )
+        self.rank_arg(root, "root")?;
+        let (s, r) = self.views(send, recv, Ok)?;
+        self.raw
+            .broadcast(s.raw(), r.raw(), s.len, T::DTYPE, root, stream)
     }
 
     /// In-place broadcast: root's `buf` overwrites every other rank's.
@@ -633,19 +205,10 @@ impl<C: Collective> Comm<C> {
         root: usize,
         stream: &C::Stream,
     ) -> Result<()> {
-        self.root(root, "root")?;
-        let b = self.view_mut_of(buf)?;
-        let raw = b.as_view().raw();
-        self.run(
-            Op::Broadcast {
-                send: raw,
-                recv: raw,
-                count: b.len,
-                dtype: T::DTYPE,
-                root,
-            },
-            stream,
-        )
+        self.rank_arg(root, "root")?;
+        let b = self.view_mut_of(buf)?.into_view();
+        self.raw
+            .broadcast(b.raw(), b.raw(), b.len, T::DTYPE, root, stream)
     }
 
     /// The reduction of every rank's `send` into root's `recv` (written on the root only;
@@ -658,21 +221,10 @@ impl<C: Collective> Comm<C> {
         root: usize,
         stream: &C::Stream,
     ) -> Result<()> {
-        self.root(root, "root")?;
-        let (s, r) = self.views(send, recv)?;
-        at_least("recv", r.len, s.len)?;
-        let count = s.len;
-        self.run(
-            Op::Reduce {
-                send: s.raw(),
-                recv: r.as_view().slice(..count)?.raw(),
-                count,
-                dtype: T::DTYPE,
-                op,
-                root,
-            },
-            stream,
-        )
+        self.rank_arg(root, "root")?;
+        let (s, r) = self.views(send, recv, Ok)?;
+        self.raw
+            .reduce(s.raw(), r.raw(), s.len, T::DTYPE, op, root, stream)
     }
 
     /// In-place reduce into root's `buf`.
@@ -683,20 +235,10 @@ impl<C: Collective> Comm<C> {
         root: usize,
         stream: &C::Stream,
     ) -> Result<()> {
-        self.root(root, "root")?;
-        let b = self.view_mut_of(buf)?;
-        let raw = b.as_view().raw();
-        self.run(
-            Op::Reduce {
-                send: raw,
-                recv: raw,
-                count: b.len,
-                dtype: T::DTYPE,
-                op,
-                root,
-            },
-            stream,
-        )
+        self.rank_arg(root, "root")?;
+        let b = self.view_mut_of(buf)?.into_view();
+        self.raw
+            .reduce(b.raw(), b.raw(), b.len, T::DTYPE, op, root, stream)
     }
 
     /// `recv[r*n..(r+1)*n] = send of rank r`, `n = send.len()`; `recv` holds `n*world_size`.
@@ -706,18 +248,9 @@ impl<C: Collective> Comm<C> {
         recv: &mut impl DeviceSliceMut<T, C>,
         stream: &C::Stream,
     ) -> Result<()> {
-        let (s, r) = self.views(send, recv)?;
-        let total = self.times_world(s.len, "send")?;
-        at_least("recv", r.len, total)?;
-        self.run(
-            Op::AllGather {
-                send: s.raw(),
-                recv: r.as_view().slice(..total)?.raw(),
-                count: s.len,
-                dtype: T::DTYPE,
-            },
-            stream,
-        )
+        let (s, r) = self.views(send, recv, |n| self.times_world(n, "send"))?;
+        self.raw
+            .all_gather(s.raw(), r.raw(), s.len, T::DTYPE, stream)
     }
 
     /// In-place all-gather: `buf` holds `n*world_size` elements and this rank's input is
@@ -727,20 +260,11 @@ impl<C: Collective> Comm<C> {
         buf: &mut impl DeviceSliceMut<T, C>,
         stream: &C::Stream,
     ) -> Result<()> {
-        let b = self.view_mut_of(buf)?;
-        let count = self.per_rank(b.len, "buf")?;
-        let whole = b.as_view();
-        self.run(
-            Op::AllGather {
-                send: whole
-                    .slice(self.rank() * count..(self.rank() + 1) * count)?
-                    .raw(),
-                recv: whole.raw(),
-                count,
-                dtype: T::DTYPE,
-            },
-            stream,
-        )
+        let whole = self.view_mut_of(buf)?.into_view();
+        let count = self.per_rank(whole.len, "buf")?;
+        let mine = whole.slice(self.rank() * count..(self.rank() + 1) * count)?;
+        self.raw
+            .all_gather(mine.raw(), whole.raw(), count, T::DTYPE, stream)
     }
 
     /// `recv = op(send_r[rank*n..(rank+1)*n] for every rank r)` with `n = send.len() /
@@ -752,19 +276,9 @@ impl<C: Collective> Comm<C> {
         op: ReduceOp,
         stream: &C::Stream,
     ) -> Result<()> {
-        let (s, r) = self.views(send, recv)?;
-        let count = self.per_rank(s.len, "send")?;
-        at_least("recv", r.len, count)?;
-        self.run(
-            Op::ReduceScatter {
-                send: s.raw(),
-                recv: r.as_view().slice(..count)?.raw(),
-                count,
-                dtype: T::DTYPE,
-                op,
-            },
-            stream,
-        )
+        let (s, r) = self.views(send, recv, |n| self.per_rank(n, "send"))?;
+        self.raw
+            .reduce_scatter(s.raw(), r.raw(), r.len, T::DTYPE, op, stream)
     }
 
     /// In-place reduce-scatter: the result lands in `buf[rank*n..(rank+1)*n]`.
@@ -774,21 +288,11 @@ impl<C: Collective> Comm<C> {
         op: ReduceOp,
         stream: &C::Stream,
     ) -> Result<()> {
-        let b = self.view_mut_of(buf)?;
-        let count = self.per_rank(b.len, "buf")?;
-        let whole = b.as_view();
-        self.run(
-            Op::ReduceScatter {
-                send: whole.raw(),
-                recv: whole
-                    .slice(self.rank() * count..(self.rank() + 1) * count)?
-                    .raw(),
-                count,
-                dtype: T::DTYPE,
-                op,
-            },
-            stream,
-        )
+        let whole = self.view_mut_of(buf)?.into_view();
+        let count = self.per_rank(whole.len, "buf")?;
+        let mine = whole.slice(self.rank() * count..(self.rank() + 1) * count)?;
+        self.raw
+            .reduce_scatter(whole.raw(), mine.raw(), count, T::DTYPE, op, stream)
     }
 
     /// All-to-all: with `n = send.len() / world_size` (which must divide), this rank's
@@ -800,18 +304,10 @@ impl<C: Collective> Comm<C> {
         recv: &mut impl DeviceSliceMut<T, C>,
         stream: &C::Stream,
     ) -> Result<()> {
-        let (s, r) = self.views(send, recv)?;
-        let count = self.per_rank(s.len, "send")?;
-        at_least("recv", r.len, s.len)?;
-        self.run(
-            Op::AllToAll {
-                send: s.raw(),
-                recv: r.as_view().slice(..s.len)?.raw(),
-                count,
-                dtype: T::DTYPE,
-            },
-            stream,
-        )
+        let (s, r) = self.views(send, recv, |n| self.per_rank(n, "send").map(|_| n))?;
+        let count = s.len / self.world_size();
+        self.raw
+            .all_to_all(s.raw(), r.raw(), count, T::DTYPE, stream)
     }
 
     /// Sends every element of `buf` to `peer`, which must post a matching `recv`. Inside a
@@ -822,18 +318,10 @@ impl<C: Collective> Comm<C> {
         peer: usize,
         stream: &C::Stream,
     ) -> Result<()> {
-        self.root(peer, "peer")?;
+        self.rank_arg(peer, "peer")?;
         let b = buf.view();
         self.check(&b)?;
-        self.run(
-            Op::Send {
-                buf: b.raw(),
-                count: b.len,
-                dtype: T::DTYPE,
-                peer,
-            },
-            stream,
-        )
+        self.raw.send(b.raw(), b.len, T::DTYPE, peer, stream)
     }
 
     /// Receives `buf.len()` elements from `peer`.
@@ -843,23 +331,15 @@ impl<C: Collective> Comm<C> {
         peer: usize,
         stream: &C::Stream,
     ) -> Result<()> {
-        self.root(peer, "peer")?;
-        let b = self.view_mut_of(buf)?;
-        self.run(
-            Op::Recv {
-                buf: b.as_view().raw(),
-                count: b.len,
-                dtype: T::DTYPE,
-                peer,
-            },
-            stream,
-        )
+        self.rank_arg(peer, "peer")?;
+        let b = self.view_mut_of(buf)?.into_view();
+        self.raw.recv(b.raw(), b.len, T::DTYPE, peer, stream)
     }
 
     /// A stream-ordered barrier: work enqueued after it on `stream` starts once every rank
     /// has reached it. Call `stream.synchronize()` to wait on the host.
     pub fn barrier(&self, stream: &C::Stream) -> Result<()> {
-        self.run(Op::Barrier, stream)
+        self.raw.barrier(stream)
     }
 
     /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd`; the group is closed even when
@@ -880,8 +360,13 @@ impl<C: Collective> Comm<C> {
         self.raw.finalize()
     }
 
-    /// Destroys the communicator without waiting for pending work (`ncclCommAbort`).
-    pub fn abort(mut self) -> Result<()> {
+    /// Aborts the communicator (`ncclCommAbort`) without waiting for pending work. Callable
+    /// from any thread, while other threads use it: this is what a rank that failed (or a
+    /// watchdog) calls so that its peers get an error instead of waiting for it (on the
+    /// mock at once; on NCCL/RCCL the peers must abort too, see the crate docs). Every
+    /// later call on this communicator returns an error; registrations still alive are
+    /// released when dropped.
+    pub fn abort(&self) -> Result<()> {
         self.raw.abort()
     }
 
@@ -904,23 +389,6 @@ impl<C: Collective> Comm<C> {
         }
         Ok(total / w)
     }
-}
-
-fn at_least(argument: &'static str, have: usize, need: usize) -> Result<()> {
-    if have < need {
-        return Err(Error::invalid(
-            argument,
-            format!("holds {have} elements, the operation needs {need}"),
-        ));
-    }
-    Ok(())
-}
-
-fn foreign(owner: u64, this: u64) -> Error {
-    Error::invalid(
-        "registration",
-        format!("belongs to communicator #{owner}, not to #{this}"),
-    )
 }
 
 impl<C: Collective> std::fmt::Debug for Comm<C> {

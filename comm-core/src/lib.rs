@@ -29,24 +29,25 @@
 //!   roots and peers, memory of another device. Backends check what only they can know: the
 //!   library's version for a feature (`Unsupported`), live registration handles, and (on the
 //!   mock) agreement across ranks. Nothing a caller or the environment can cause panics.
-#![warn(missing_docs)]
 
 pub mod backend;
 pub mod bootstrap;
+pub mod buffer;
 pub mod comm;
 pub mod element;
 mod error;
+pub mod op;
+pub mod registration;
 pub mod registry;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use backend::{
-    Capabilities, Collective, DeviceMemory, DeviceStream, Op, RawHandle, Slice, Version,
-};
-pub use comm::{
-    Buffer, Comm, DeviceSlice, DeviceSliceMut, RegisterError, Registered, View, ViewMut, Window,
-};
+pub use backend::{Capabilities, Collective, DeviceMemory, DeviceStream, RawHandle, Version};
+pub use buffer::{Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
+pub use comm::Comm;
 pub use element::{DataType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
+pub use op::{Extent, Kind, Op, Slice};
+pub use registration::{RegisterError, Registered, Registration, Window};

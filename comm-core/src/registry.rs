@@ -71,8 +71,16 @@ impl Registry {
 
     /// Checks that `handle` is a live registration of `kind` without removing it.
     pub fn check(&self, handle: RawHandle, kind: RegKind) -> Result<()> {
-        match self.lock().get(&handle) {
-            Some(e) if e.kind == kind => Ok(()),
+        Self::live_entry(&self.lock(), handle, kind).map(drop)
+    }
+
+    fn live_entry(
+        live: &HashMap<RawHandle, Entry>,
+        handle: RawHandle,
+        kind: RegKind,
+    ) -> Result<Entry> {
+        match live.get(&handle) {
+            Some(e) if e.kind == kind => Ok(*e),
             Some(e) => Err(Error::invalid(
                 "handle",
                 format!("{handle:?} is a {:?} registration, not a {kind:?}", e.kind),
@@ -87,11 +95,34 @@ impl Registry {
         }
     }
 
-    /// Removes `handle`.
+    /// Removes `handle` (check and removal are one step under the lock: of two threads
+    /// removing one handle, exactly one succeeds).
     pub fn remove(&self, handle: RawHandle, kind: RegKind) -> Result<()> {
-        self.check(handle, kind)?;
-        self.lock().remove(&handle);
+        let mut live = self.lock();
+        Self::live_entry(&live, handle, kind)?;
+        live.remove(&handle);
         Ok(())
+    }
+
+    /// Ends a registration with `release` (the library's deregistration call), as one step
+    /// for concurrent callers: the handle is taken out of the table first, so of two threads
+    /// deregistering it only one reaches the library; if the library fails, the handle goes
+    /// back (it may still be registered there) and the error is returned.
+    pub fn release(
+        &self,
+        handle: RawHandle,
+        kind: RegKind,
+        release: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let entry = {
+            let mut live = self.lock();
+            let e = Self::live_entry(&live, handle, kind)?;
+            live.remove(&handle);
+            e
+        };
+        release().inspect_err(|_| {
+            self.lock().insert(handle, entry);
+        })
     }
 
     /// Which registration covers `[address, address+bytes)` entirely: `Ok(Some(kind))`,

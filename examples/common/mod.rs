@@ -1,5 +1,4 @@
 //! What the examples share: their command line and the way they report.
-#![allow(dead_code)] // each example uses part of it
 
 use anyhow::{bail, Context};
 use unicomm::Vendor;
@@ -35,14 +34,45 @@ pub fn main_with(body: impl FnOnce() -> anyhow::Result<()>) {
     }
 }
 
-/// Runs `f` on one thread per rank; a rank that panics is an error, not a crash.
+/// The vendor to run on: `vendor` resolved by the library, except that when `auto` finds no
+/// usable GPU vendor the examples fall back to the mock, explicitly and in one line (the
+/// library's `Vendor::Auto` never does so by itself).
+pub fn choose(vendor: Vendor) -> anyhow::Result<Vendor> {
+    match unicomm::resolve(vendor) {
+        Ok((v, why)) => {
+            println!("vendor: {v} ({why})");
+            Ok(v)
+        }
+        Err(e @ unicomm::Error::NoDevice { .. }) if vendor == Vendor::Auto => {
+            println!("vendor: mock, the examples' fallback ({e})");
+            Ok(Vendor::Mock)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs `f` on one thread per rank; a rank that panics is an error, not a crash. A rank
+/// that fails aborts its communicator, so that its peers stop waiting for it (on the mock
+/// at once; on NCCL/RCCL the abort ends this rank's part and its peers' next waits fail).
 pub fn per_rank<F>(comms: &[unicomm::Comm], f: F) -> Vec<anyhow::Result<String>>
 where
     F: Fn(&unicomm::Comm) -> anyhow::Result<String> + Sync,
 {
     std::thread::scope(|s| {
         let f = &f;
-        let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || f(c))).collect();
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c)))
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("rank {} panicked", c.rank())));
+                    if r.is_err() {
+                        let _ = c.abort();
+                    }
+                    r
+                })
+            })
+            .collect();
         hs.into_iter()
             .map(|h| {
                 h.join()
@@ -71,7 +101,10 @@ pub fn verdict(
         }
     }
     for c in comms {
-        c.finalize()?;
+        // An aborted communicator (a failed rank) has nothing left to finalize.
+        if !failed {
+            c.finalize()?;
+        }
     }
     if failed {
         bail!("{name}: FAILED");

@@ -8,7 +8,9 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
 
-use comm_core::{Error, Result, Version};
+use crate::search::{open_library, Search};
+
+use unicomm_core::{Error, Result, Version};
 
 /// `ncclComm_t`.
 pub type NcclComm = *mut c_void;
@@ -90,7 +92,7 @@ macro_rules! table {
         optional { $($o:ident : $os:literal : fn($($oa:ty),*) $(-> $oret:ty)?;)* }
     ) => {
         /// The function table of one loaded NCCL-API library.
-        #[allow(missing_docs)]
+        #[expect(missing_docs, reason = "each field is the C function it names")]
         pub struct Fns {
             $(pub $r: unsafe extern "C" fn($($ra),*) $(-> $rret)?,)*
             $(pub $o: Option<unsafe extern "C" fn($($oa),*) $(-> $oret)?>,)*
@@ -186,105 +188,28 @@ impl std::fmt::Debug for Api {
     }
 }
 
-/// The candidates of the search, in order: the explicit variable, the directories, then the
-/// bare sonames for the system loader.
-pub fn candidates(flavor: &Flavor) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Some(p) = std::env::var_os(flavor.env_var) {
-        out.push(PathBuf::from(p));
-    }
-    for dir in (flavor.dirs)() {
-        for name in flavor.sonames {
-            out.push(dir.join(name));
+impl Flavor {
+    /// Where this flavour's library is searched, in order.
+    pub fn search(&self) -> Search {
+        Search {
+            library: self.library,
+            env_var: self.env_var,
+            dirs: (self.dirs)(),
+            names: self.sonames,
         }
     }
-    for name in flavor.sonames {
-        out.push(PathBuf::from(name));
-    }
-    out
-}
-
-/// `site-packages/<rel>` of every Python installation visible through the usual variables
-/// and paths (virtualenvs, `/usr/lib/python3*`, `/usr/local/lib/python3*`, `/opt/*/.venv`).
-pub fn python_wheel_dirs(rel: &str) -> Vec<PathBuf> {
-    let mut roots: Vec<PathBuf> = Vec::new();
-    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
-        roots.push(PathBuf::from(v).join("lib"));
-    }
-    if let Some(v) = std::env::var_os("CONDA_PREFIX") {
-        roots.push(PathBuf::from(v).join("lib"));
-    }
-    for base in ["/usr/lib", "/usr/local/lib"] {
-        roots.push(PathBuf::from(base));
-    }
-    if let Ok(rd) = std::fs::read_dir("/opt") {
-        for e in rd.flatten() {
-            roots.push(e.path().join(".venv/lib"));
-            roots.push(e.path().join("venv/lib"));
-            roots.push(e.path().join("lib"));
-        }
-    }
-    let mut out = Vec::new();
-    for root in roots {
-        let Ok(rd) = std::fs::read_dir(&root) else {
-            continue;
-        };
-        let mut pys: Vec<PathBuf> = rd
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("python3"))
-            })
-            .collect();
-        pys.sort();
-        for py in pys.into_iter().rev() {
-            for sp in ["site-packages", "dist-packages"] {
-                let d = py.join(sp).join(rel);
-                if d.is_dir() {
-                    out.push(d);
-                }
-            }
-        }
-    }
-    out
 }
 
 impl Api {
     /// Searches the flavour's candidates in order and loads the first that opens and has
     /// every required symbol. `LibraryNotFound` lists every candidate with its reason.
     pub fn load(flavor: &'static Flavor) -> Result<Api> {
-        let mut tried = Vec::new();
-        for cand in candidates(flavor) {
-            let is_path = cand.components().count() > 1;
-            if is_path && !cand.exists() {
-                tried.push(format!("{} (absent)", cand.display()));
-                continue;
-            }
-            match Api::open(flavor, &cand) {
-                Ok(api) => return Ok(api),
-                Err(e @ Error::MissingSymbol { .. }) => {
-                    tried.push(format!("{} ({e})", cand.display()))
-                }
-                Err(e) => tried.push(format!("{} ({e})", cand.display())),
-            }
-        }
-        Err(Error::LibraryNotFound {
-            library: flavor.library,
-            tried,
-        })
+        flavor.search().load(|cand| Api::open(flavor, cand))
     }
 
     /// Loads the library at `path` (a path or a soname).
     pub fn open(flavor: &'static Flavor, path: &Path) -> Result<Api> {
-        // SAFETY: loading a shared library runs its initialisers; NCCL's and RCCL's are
-        // designed to be loaded with dlopen (PyTorch and cudarc do the same).
-        let lib =
-            unsafe { libloading::Library::new(path) }.map_err(|e| Error::LibraryNotFound {
-                library: flavor.library,
-                tried: vec![format!("{} ({e})", path.display())],
-            })?;
+        let lib = open_library(flavor.library, path)?;
         let shown = path.display().to_string();
         // SAFETY: the library is an NCCL-API library (it is searched under NCCL's names);
         // the symbols are declared with nccl.h's signatures.

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
-use backend_nccl::{Api, ApiComm, Flavor, Runtime};
-use comm_core::{Collective, Comm, Error, ReduceOp, Result, Version};
+use unicomm_core::{Collective, Comm, Error, ReduceOp, Result, Version};
+use unicomm_nccl_api::{Api, ApiComm, Flavor, Runtime};
 
 /// Builds the fake in one flavour (once per test binary) and returns the library's path.
 fn fake(feature: &str) -> PathBuf {
@@ -108,12 +108,32 @@ fn nccl_like(dir: PathBuf) -> Vec<PathBuf> {
 
 /// NCCL's flavour pointed at the fake; and the same without a native all-to-all, to force
 /// the grouped send/recv fallback.
+/// The two vendors' flavours as their crates define them (`unicomm_nccl::NCCL`,
+/// `unicomm_rccl::RCCL`; this crate cannot depend on them): the symbol names and version
+/// floors are what differ.
+static NCCL: Flavor = Flavor {
+    library: "NCCL",
+    env_var: "UNICOMM_FAKE_UNUSED",
+    dirs: Vec::new,
+    sonames: &["libnccl.so.2", "libnccl.so"],
+    all_to_all: &["ncclAlltoAll"],
+    registration_since: Version::new(2, 19, 0),
+    windows_since: Version::new(2, 27, 0),
+    mem_alloc_since: Version::new(2, 19, 0),
+};
+static RCCL: Flavor = Flavor {
+    library: "RCCL",
+    env_var: "UNICOMM_FAKE_UNUSED",
+    dirs: Vec::new,
+    sonames: &["librccl.so.1", "librccl.so"],
+    all_to_all: &["ncclAllToAll", "ncclAlltoAll"],
+    registration_since: Version::new(2, 20, 0),
+    windows_since: Version::new(2, 27, 0),
+    mem_alloc_since: Version::new(2, 20, 0),
+};
+
 fn flavors(no_a2a: bool, rccl: bool) -> &'static Flavor {
-    let base: &Flavor = if rccl {
-        &backend_rccl::RCCL
-    } else {
-        &backend_nccl::NCCL
-    };
+    let base: &Flavor = if rccl { &RCCL } else { &NCCL };
     let f = Flavor {
         library: base.library,
         env_var: "UNICOMM_FAKE_UNUSED",
@@ -280,7 +300,7 @@ fn a_library_missing_a_required_symbol_is_named() {
     // The HIP runtime (or any library) is not an NCCL-API library: the first required
     // symbol is reported, with the path.
     let path = fake("nccl228");
-    let r = Api::open(&backend_nccl::NCCL, Path::new("libc.so.6"));
+    let r = Api::open(&NCCL, Path::new("libc.so.6"));
     match r {
         Err(Error::MissingSymbol { symbol, path, .. }) => {
             assert_eq!(symbol, "ncclGetVersion");
@@ -293,7 +313,7 @@ fn a_library_missing_a_required_symbol_is_named() {
 
 #[test]
 fn raw_device_pointers_are_checked_before_use() {
-    use backend_nccl::ApiMemory;
+    use unicomm_nccl_api::ApiMemory;
     // A NULL pointer where data is needed, and a range that wraps the address space.
     // SAFETY: the constructor rejects these before anything could use them.
     let null = unsafe { ApiMemory::<Host>::borrowed(Arc::new(Host), 0, 0, 64, None) };
@@ -314,13 +334,13 @@ fn raw_device_pointers_are_checked_before_use() {
         })
     ));
     // Memory too small for the element count, and a count whose byte size overflows.
-    // SAFETY: 16 bytes of a live host allocation, used only for the length checks below.
     let mut backing = vec![0u8; 16];
+    // SAFETY: 16 bytes of a live host allocation, used only for the length checks below.
     let mem = unsafe {
         ApiMemory::<Host>::borrowed(Arc::new(Host), 0, backing.as_mut_ptr() as usize, 16, None)
     }
     .unwrap();
-    let r = comm_core::Buffer::<f64, ApiComm<Host>>::from_memory(mem, 3);
+    let r = unicomm_core::Buffer::<f64, ApiComm<Host>>::from_memory(mem, 3);
     assert!(matches!(
         r,
         Err(Error::InvalidArgument {
@@ -333,7 +353,7 @@ fn raw_device_pointers_are_checked_before_use() {
         ApiMemory::<Host>::borrowed(Arc::new(Host), 0, backing.as_mut_ptr() as usize, 16, None)
     }
     .unwrap();
-    let r = comm_core::Buffer::<f64, ApiComm<Host>>::from_memory(mem, usize::MAX / 4);
+    let r = unicomm_core::Buffer::<f64, ApiComm<Host>>::from_memory(mem, usize::MAX / 4);
     assert!(matches!(
         r,
         Err(Error::InvalidArgument {

@@ -2,14 +2,13 @@
 //! headers to build and links the library at build time; see docs/decisions.md).
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::path::PathBuf;
 
-use backend_nccl::Runtime;
-use comm_core::{Error, Result};
+use unicomm_core::{Error, Result};
+use unicomm_nccl_api::search::{open_library, Search};
+use unicomm_nccl_api::Runtime;
 
 type HipError = c_int;
 type HipStream = *mut c_void;
-type HipEvent = *mut c_void;
 
 const HIP_SUCCESS: HipError = 0;
 /// `hipErrorNoDevice`.
@@ -22,8 +21,12 @@ const HIP_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
 const HIP_STREAM_NON_BLOCKING: c_uint = 1;
 
-/// The HIP calls unicomm needs, resolved from `libamdhip64`.
-#[allow(missing_docs)]
+/// The HIP calls unicomm makes, resolved from `libamdhip64`: required are exactly those
+/// the runtime calls; the diagnostics are optional.
+#[expect(
+    missing_docs,
+    reason = "each field is the HIP function of the same name"
+)]
 pub struct HipFns {
     pub get_device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
     pub set_device: unsafe extern "C" fn(c_int) -> HipError,
@@ -31,18 +34,15 @@ pub struct HipFns {
     pub stream_create_with_flags: unsafe extern "C" fn(*mut HipStream, c_uint) -> HipError,
     pub stream_destroy: unsafe extern "C" fn(HipStream) -> HipError,
     pub stream_synchronize: unsafe extern "C" fn(HipStream) -> HipError,
-    pub event_create: unsafe extern "C" fn(*mut HipEvent) -> HipError,
-    pub event_record: unsafe extern "C" fn(HipEvent, HipStream) -> HipError,
-    pub event_synchronize: unsafe extern "C" fn(HipEvent) -> HipError,
-    pub event_destroy: unsafe extern "C" fn(HipEvent) -> HipError,
     pub malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
     pub free: unsafe extern "C" fn(*mut c_void) -> HipError,
     pub memcpy_async:
         unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, HipStream) -> HipError,
     pub get_error_string: unsafe extern "C" fn(HipError) -> *const c_char,
-    pub get_error_name: unsafe extern "C" fn(HipError) -> *const c_char,
-    pub runtime_get_version: unsafe extern "C" fn(*mut c_int) -> HipError,
-    pub driver_get_version: unsafe extern "C" fn(*mut c_int) -> HipError,
+    // Diagnostics only: optional, so a runtime without them still loads.
+    pub get_error_name: Option<unsafe extern "C" fn(HipError) -> *const c_char>,
+    pub runtime_get_version: Option<unsafe extern "C" fn(*mut c_int) -> HipError>,
+    pub driver_get_version: Option<unsafe extern "C" fn(*mut c_int) -> HipError>,
 }
 
 /// The HIP runtime: the loaded library, its table and the device count.
@@ -66,47 +66,28 @@ impl std::fmt::Debug for HipRuntime {
 
 /// Where `libamdhip64` is searched: `UNICOMM_HIP_LIBRARY`, `ROCM_PATH/lib`, `HIP_PATH/lib`,
 /// `/opt/rocm/lib`, then the sonames (ROCm 6/7's `.so.6`/`.so.7`, Debian's `.so.5`).
-pub fn hip_candidates() -> Vec<PathBuf> {
-    const NAMES: [&str; 4] = [
-        "libamdhip64.so",
-        "libamdhip64.so.7",
-        "libamdhip64.so.6",
-        "libamdhip64.so.5",
-    ];
-    let mut v = Vec::new();
-    if let Some(p) = std::env::var_os("UNICOMM_HIP_LIBRARY") {
-        v.push(PathBuf::from(p));
+pub fn hip_search() -> Search {
+    Search {
+        library: "HIP runtime",
+        env_var: "UNICOMM_HIP_LIBRARY",
+        dirs: crate::rocm_dirs(),
+        names: &[
+            "libamdhip64.so",
+            "libamdhip64.so.7",
+            "libamdhip64.so.6",
+            "libamdhip64.so.5",
+        ],
     }
-    for dir in crate::rocm_dirs() {
-        for n in NAMES {
-            v.push(dir.join(n));
-        }
-    }
-    v.extend(NAMES.iter().map(PathBuf::from));
-    v
 }
 
 impl HipRuntime {
     /// Loads HIP and counts devices: `LibraryNotFound` (every path tried) without the
     /// library, `NoDevice` when it sees no AMD GPU.
     pub fn new() -> Result<Self> {
-        let mut tried = Vec::new();
-        for cand in hip_candidates() {
-            if cand.components().count() > 1 && !cand.exists() {
-                tried.push(format!("{} (absent)", cand.display()));
-                continue;
-            }
-            // SAFETY: loading libamdhip64 runs its initialisers, which are made for dlopen
-            // (PyTorch's ROCm build loads it the same way).
-            match unsafe { libloading::Library::new(&cand) } {
-                Ok(lib) => return Self::from_library(lib, cand.display().to_string()),
-                Err(e) => tried.push(format!("{} ({e})", cand.display())),
-            }
-        }
-        Err(Error::LibraryNotFound {
-            library: "HIP runtime",
-            tried,
-        })
+        let (lib, path) = hip_search().load(|cand| {
+            open_library("HIP runtime", cand).map(|l| (l, cand.display().to_string()))
+        })?;
+        Self::from_library(lib, path)
     }
 
     fn from_library(lib: libloading::Library, path: String) -> Result<Self> {
@@ -121,6 +102,13 @@ impl HipRuntime {
                 })?
             }};
         }
+        macro_rules! opt {
+            ($name:literal) => {{
+                // SAFETY: the symbol is declared with hip_runtime_api.h's signature.
+                let s = unsafe { lib.get(concat!($name, "\0").as_bytes()) };
+                s.ok().map(|s| *s)
+            }};
+        }
         let fns = HipFns {
             get_device_count: sym!("hipGetDeviceCount"),
             set_device: sym!("hipSetDevice"),
@@ -128,17 +116,13 @@ impl HipRuntime {
             stream_create_with_flags: sym!("hipStreamCreateWithFlags"),
             stream_destroy: sym!("hipStreamDestroy"),
             stream_synchronize: sym!("hipStreamSynchronize"),
-            event_create: sym!("hipEventCreate"),
-            event_record: sym!("hipEventRecord"),
-            event_synchronize: sym!("hipEventSynchronize"),
-            event_destroy: sym!("hipEventDestroy"),
             malloc: sym!("hipMalloc"),
             free: sym!("hipFree"),
             memcpy_async: sym!("hipMemcpyAsync"),
             get_error_string: sym!("hipGetErrorString"),
-            get_error_name: sym!("hipGetErrorName"),
-            runtime_get_version: sym!("hipRuntimeGetVersion"),
-            driver_get_version: sym!("hipDriverGetVersion"),
+            get_error_name: opt!("hipGetErrorName"),
+            runtime_get_version: opt!("hipRuntimeGetVersion"),
+            driver_get_version: opt!("hipDriverGetVersion"),
         };
         let mut rt = HipRuntime {
             path,
@@ -168,8 +152,11 @@ impl HipRuntime {
     }
 
     fn err_name(&self, e: HipError) -> String {
+        let Some(name) = self.fns.get_error_name else {
+            return format!("hipError {e}");
+        };
         // SAFETY: returns a static C string for any code.
-        let p = unsafe { (self.fns.get_error_name)(e) };
+        let p = unsafe { name(e) };
         if p.is_null() {
             return format!("hipError {e}");
         }
@@ -203,7 +190,10 @@ impl HipRuntime {
         }
     }
 
-    fn version(&self, f: unsafe extern "C" fn(*mut c_int) -> HipError) -> String {
+    fn version(&self, f: Option<unsafe extern "C" fn(*mut c_int) -> HipError>) -> String {
+        let Some(f) = f else {
+            return "unknown".into();
+        };
         let mut v: c_int = 0;
         // SAFETY: writes one int.
         if unsafe { f(&mut v) } != HIP_SUCCESS {
@@ -221,20 +211,6 @@ impl HipRuntime {
     /// `hipDriverGetVersion`, decoded.
     pub fn driver_version(&self) -> String {
         self.version(self.fns.driver_get_version)
-    }
-
-    /// Records an event on `s` and waits for it (stream-ordered completion).
-    pub fn wait_event(&self, s: &HipStreamHandle) -> Result<()> {
-        let mut ev = std::ptr::null_mut();
-        // SAFETY: creates one event, recorded on a live stream, awaited and destroyed here.
-        unsafe {
-            self.check("hipEventCreate", (self.fns.event_create)(&mut ev))?;
-            let r = self
-                .check("hipEventRecord", (self.fns.event_record)(ev, s.0))
-                .and_then(|()| self.check("hipEventSynchronize", (self.fns.event_synchronize)(ev)));
-            (self.fns.event_destroy)(ev);
-            r
-        }
     }
 }
 
@@ -305,8 +281,8 @@ impl Runtime for HipRuntime {
     }
 
     unsafe fn free(&self, dev: usize, ptr: usize) -> Result<()> {
-        // SAFETY: per the trait contract.
         self.with_device(dev, || {
+            // SAFETY: per the trait contract.
             self.check("hipFree", unsafe { (self.fns.free)(ptr as *mut c_void) })
         })
     }
@@ -365,8 +341,8 @@ impl Drop for HipStreamHandle {
         // The runtime is process-wide (crate::hip()); a stream outliving it cannot exist
         // because every stream holds the runtime through its ApiStream.
         if let Ok(rt) = crate::hip() {
-            // SAFETY: a stream created by hipStreamCreateWithFlags, destroyed once.
             let _ = rt.with_device(self.1, || {
+                // SAFETY: a stream created by hipStreamCreateWithFlags, destroyed once.
                 rt.check("hipStreamDestroy", unsafe {
                     (rt.fns.stream_destroy)(self.0)
                 })

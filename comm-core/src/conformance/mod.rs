@@ -1,0 +1,250 @@
+//! The conformance suite every backend passes: real data through every collective, checked
+//! against a host reference computed here, independently of any backend.
+//!
+//! A backend's test crate instantiates it with [`crate::conformance_suite!`], which expands to
+//! rstest tables over element types x reductions x counts (0, 1, odd, 1 Mi) x in/out of place
+//! x registration (none, buffer, window) x world sizes (1, 2, 3, 4, 8). Every case runs in
+//! each [`Mode`] the [`Harness`] offers.
+//!
+//! Reference semantics (NCCL's): integer sum/prod wrap; integer avg is the wrapped sum
+//! divided by the world size, truncated toward zero; float results are exact for the
+//! small-integer data used here, except avg, which is checked against the exact mean with a
+//! tolerance of a few units in the last place (NCCL pre-multiplies by `1/n`).
+
+use std::fmt;
+
+mod reference;
+mod runner;
+mod table;
+
+use crate::{bf16, f16, Collective, Comm, DataType, Error, ReduceOp};
+
+use reference::{Expected, Sample};
+use runner::run_typed;
+
+/// How ranks are driven.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One thread per rank (NCCL's pthread mode).
+    ThreadPerRank,
+    /// One thread drives every rank, each collective issued for all ranks inside one group.
+    SingleThread,
+}
+
+/// Which collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coll {
+    /// all_reduce
+    AllReduce,
+    /// broadcast from the last rank
+    Broadcast,
+    /// reduce to the middle rank
+    Reduce,
+    /// all_gather
+    AllGather,
+    /// reduce_scatter
+    ReduceScatter,
+    /// all_to_all
+    AllToAll,
+    /// a ring of grouped send/recv
+    SendRecv,
+    /// barrier
+    Barrier,
+}
+
+/// The case's element count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// No elements.
+    Zero,
+    /// One element (per rank, for the per-rank collectives).
+    One,
+    /// An odd count: 1001.
+    Odd,
+    /// 1 Mi elements in each buffer (per-rank collectives: 1 Mi / world per rank, rounded down).
+    Large,
+}
+
+/// Registration of the case's buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reg {
+    /// Plain buffers.
+    None,
+    /// `ncclCommRegister` on send and receive buffers.
+    Buffer,
+    /// Symmetric windows for send and receive buffers.
+    Window,
+}
+
+/// In place or out of place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Separate send and receive buffers.
+    Out,
+    /// One buffer (NCCL's in-place layout).
+    In,
+}
+
+/// One case of the suite.
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    /// The collective.
+    pub coll: Coll,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction (ignored by collectives that do not reduce).
+    pub op: ReduceOp,
+    /// Count.
+    pub count: Count,
+    /// Placement.
+    pub place: Place,
+    /// Registration.
+    pub reg: Reg,
+    /// Ranks.
+    pub world: usize,
+}
+
+/// What a harness runs on a world's communicators: one case in one mode.
+pub type CaseFn<'a, C> = dyn FnMut(&[Comm<C>]) -> std::result::Result<(), Failure> + 'a;
+
+/// How a backend's tests make communicators.
+pub trait Harness: Sync {
+    /// The backend.
+    type C: Collective;
+    /// Runs `f` on `world` communicators of one world, in rank order. The harness may keep
+    /// them across cases (GPU communicators take long to create) and must not run two
+    /// cases on the same communicators at once. A machine that cannot provide them returns
+    /// the error (for example `NoDevice`), which fails the case: nothing is skipped.
+    fn with_comms(
+        &self,
+        world: usize,
+        f: &mut CaseFn<'_, Self::C>,
+    ) -> std::result::Result<(), Failure>;
+    /// Whether the backend refuses `case` as `Unsupported`, by design and documented (a
+    /// behaviour that differs by vendor). Such a case passes only if every rank gets
+    /// `Unsupported`; default: none.
+    fn unsupported(&self, case: &Case) -> bool {
+        let _ = case;
+        false
+    }
+
+    /// The modes to run `case` in (default: both).
+    fn modes(&self, case: &Case) -> &'static [Mode] {
+        let _ = case;
+        &[Mode::ThreadPerRank, Mode::SingleThread]
+    }
+}
+
+/// A failed case: what differed, or which call failed, with the error where one was
+/// returned (so an expected vendor difference is matched on its variant, not its text).
+#[derive(Debug)]
+pub struct Failure(pub String, pub Option<Box<crate::Error>>);
+
+impl Failure {
+    /// A failure described by `message` alone (wrong data, a broken harness).
+    pub fn msg(message: impl Into<String>) -> Self {
+        Failure(message.into(), None)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<crate::Error> for Failure {
+    fn from(e: crate::Error) -> Self {
+        Failure(format!("error: {e}"), Some(Box::new(e)))
+    }
+}
+
+/// What a collective supports: the one table the suite follows (the rstest tables of
+/// [`crate::conformance_suite!`] list exactly these, and [`run_case`] refuses the rest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Support {
+    /// An in-place form exists.
+    pub in_place: bool,
+    /// Buffers may be symmetric windows.
+    pub windows: bool,
+    /// It takes a reduction.
+    pub reduces: bool,
+}
+
+impl Coll {
+    /// What this collective supports.
+    pub const fn support(self) -> Support {
+        let (in_place, windows, reduces) = match self {
+            Coll::AllReduce => (true, true, true),
+            Coll::ReduceScatter | Coll::Reduce => (true, false, true),
+            Coll::AllGather => (true, true, false),
+            Coll::AllToAll => (false, true, false),
+            Coll::Broadcast => (true, false, false),
+            Coll::SendRecv => (false, false, false),
+            Coll::Barrier => (false, false, false),
+        };
+        Support {
+            in_place,
+            windows,
+            reduces,
+        }
+    }
+}
+
+/// Runs one case in every mode the harness gives for it.
+pub fn run_case<H: Harness>(h: &H, case: Case) -> std::result::Result<(), Failure> {
+    let support = case.coll.support();
+    if case.place == Place::In && !support.in_place {
+        return Err(Failure::msg(format!(
+            "{:?} has no in-place form",
+            case.coll
+        )));
+    }
+    if case.reg == Reg::Window && !support.windows {
+        return Err(Failure::msg(format!(
+            "{:?} is not tested in windows",
+            case.coll
+        )));
+    }
+    match case.dtype {
+        DataType::F32 => run_modes::<f32, H>(h, &case),
+        DataType::F64 => run_modes::<f64, H>(h, &case),
+        DataType::F16 => run_modes::<f16, H>(h, &case),
+        DataType::Bf16 => run_modes::<bf16, H>(h, &case),
+        DataType::I8 => run_modes::<i8, H>(h, &case),
+        DataType::U8 => run_modes::<u8, H>(h, &case),
+        DataType::I32 => run_modes::<i32, H>(h, &case),
+        DataType::U32 => run_modes::<u32, H>(h, &case),
+        DataType::I64 => run_modes::<i64, H>(h, &case),
+        DataType::U64 => run_modes::<u64, H>(h, &case),
+    }
+}
+
+fn run_modes<T: Sample, H: Harness>(h: &H, case: &Case) -> std::result::Result<(), Failure> {
+    let exp = Expected::<T>::new(case);
+    for &mode in h.modes(case) {
+        h.with_comms(case.world, &mut |comms| {
+            if comms.len() != case.world {
+                return Err(Failure::msg(format!(
+                    "harness gave {} communicators for a world of {}",
+                    comms.len(),
+                    case.world
+                )));
+            }
+            let r = run_typed::<T, H::C>(comms, case, &exp, mode);
+            match (h.unsupported(case), r) {
+                (false, r) => r,
+                // Refused, as documented (one thread driving every rank stops at the first).
+                (true, Err(Failure(_, Some(e)))) if matches!(*e, Error::Unsupported { .. }) => {
+                    Ok(())
+                }
+                (true, Err(e)) => Err(Failure::msg(format!(
+                    "expected Unsupported on every rank: {e}"
+                ))),
+                (true, Ok(())) => Err(Failure::msg("expected Unsupported, but it ran")),
+            }
+            .map_err(|Failure(e, err)| Failure(format!("{case:?} in {mode:?}: {e}"), err))
+        })?;
+    }
+    Ok(())
+}

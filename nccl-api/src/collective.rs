@@ -1,0 +1,278 @@
+//! [`Collective`] for [`ApiComm`]: each operation of the contract as one NCCL-API call.
+
+use std::ffi::{c_int, c_void};
+
+use unicomm_core::registry::RegKind;
+use unicomm_core::{
+    Capabilities, Collective, DataType, Error, Kind, Op, RawHandle, ReduceOp, Result,
+};
+
+use crate::api::WIN_COLL_SYMMETRIC;
+use crate::comm::ApiComm;
+use crate::memory::{ApiMemory, ApiStream, Owner};
+use crate::runtime::Runtime;
+
+impl<R: Runtime> Collective for ApiComm<R> {
+    type Stream = ApiStream<R>;
+    type Memory = ApiMemory<R>;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: if self.api.flavor.library == "RCCL" {
+                "rccl"
+            } else {
+                "nccl"
+            },
+            library_path: self.api.path.clone(),
+            version: self.api.version,
+            registration: self.api.has_registration(),
+            windows: self.api.has_windows(),
+            native_all_to_all: self.api.all_to_all.is_some(),
+            graph_capture: true,
+            mem_alloc: self.api.has_mem_alloc(),
+        }
+    }
+
+    fn create_stream(&self) -> Result<ApiStream<R>> {
+        Ok(ApiStream {
+            s: self.rt.create_stream(self.dev)?,
+            dev: self.dev,
+            rt: self.rt.clone(),
+        })
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<ApiMemory<R>> {
+        let (rt, dev) = (self.rt.clone(), self.dev);
+        if bytes == 0 {
+            return Ok(ApiMemory {
+                ptr: 0,
+                bytes: 0,
+                dev,
+                owner: Owner::Runtime,
+                rt,
+            });
+        }
+        if let Some(alloc) = self.api.fns.mem_alloc.filter(|_| self.api.has_mem_alloc()) {
+            let mut p = std::ptr::null_mut();
+            self.rt.with_device(dev, || {
+                // SAFETY: ncclMemAlloc writes one pointer, on the current device.
+                self.api
+                    .check("ncclMemAlloc", unsafe { alloc(&mut p, bytes) }, None)
+            })?;
+            return Ok(ApiMemory {
+                ptr: p as usize,
+                bytes,
+                dev,
+                owner: Owner::Nccl(self.api.clone()),
+                rt,
+            });
+        }
+        // Libraries without ncclMemAlloc (NCCL < 2.19, RCCL before ROCm 6.2): plain device
+        // memory; registration still works where the library has it.
+        let p = self.rt.malloc(dev, bytes)?;
+        Ok(ApiMemory {
+            ptr: p,
+            bytes,
+            dev,
+            owner: Owner::Runtime,
+            rt,
+        })
+    }
+
+    fn check_memory(&self, mem: &ApiMemory<R>) -> Result<()> {
+        if mem.dev == self.dev {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "buffer",
+                format!(
+                    "memory of device {}, used by the communicator of device {}",
+                    mem.dev, self.dev
+                ),
+            ))
+        }
+    }
+
+    fn register(&self, mem: &ApiMemory<R>, offset: usize, bytes: usize) -> Result<RawHandle> {
+        let fns = &self.api.fns;
+        let f = self.api.gated(
+            "user-buffer registration (ncclCommRegister)",
+            self.api.flavor.registration_since,
+            fns.comm_register.filter(|_| fns.comm_deregister.is_some()),
+        )?;
+        self.register_range(mem, offset, bytes, RegKind::Buffer, |c, addr| {
+            let mut h = std::ptr::null_mut();
+            // SAFETY: `addr..addr+bytes` is device memory of this rank; `h` receives the handle.
+            self.check("ncclCommRegister", unsafe { f(c, addr, bytes, &mut h) })?;
+            Ok(h)
+        })
+    }
+
+    fn deregister(&self, handle: RawHandle) -> Result<()> {
+        let f = self.api.fns.comm_deregister;
+        self.deregister_handle(handle, RegKind::Buffer, "ncclCommDeregister", f)
+    }
+
+    fn register_window(
+        &self,
+        mem: &ApiMemory<R>,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<RawHandle> {
+        let fns = &self.api.fns;
+        let f = self.api.gated(
+            "symmetric windows (ncclCommWindowRegister)",
+            self.api.flavor.windows_since,
+            fns.window_register
+                .filter(|_| fns.window_deregister.is_some()),
+        )?;
+        self.register_range(mem, offset, bytes, RegKind::Window, |c, addr| {
+            let mut w = std::ptr::null_mut();
+            // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives the window.
+            self.check("ncclCommWindowRegister", unsafe {
+                f(c, addr, bytes, &mut w, WIN_COLL_SYMMETRIC)
+            })?;
+            if w.is_null() {
+                // NCCL returns success and no window where symmetric memory is unsupported.
+                return Err(Error::unsupported(
+                    "symmetric window",
+                    "symmetric-memory support (cuMem memory from ncclMemAlloc, NVLink or a supported transport)",
+                    format!("{} {} returned a NULL window", self.api.flavor.library, self.api.version),
+                ));
+            }
+            Ok(w)
+        })
+    }
+
+    fn deregister_window(&self, handle: RawHandle) -> Result<()> {
+        let f = self.api.fns.window_deregister;
+        self.deregister_handle(handle, RegKind::Window, "ncclCommWindowDeregister", f)
+    }
+
+    fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
+        if stream.dev != self.dev {
+            return Err(Error::invalid(
+                "stream",
+                format!(
+                    "a stream of device {} used by the communicator of device {}",
+                    stream.dev, self.dev
+                ),
+            ));
+        }
+        op.check(self.world)?;
+        let st = R::raw_stream(&stream.s);
+        let (count, dt) = (op.count, op.dtype.nccl());
+        let (s, r) = (
+            op.send_address() as *mut c_void,
+            op.recv_address() as *mut c_void,
+        );
+        let fns = &self.api.fns;
+        // SAFETY (every call below): `op.check` proved each pointer is this rank's device
+        // memory holding what the call reads or writes for `count` elements of the type, on
+        // this communicator's device, with roots and peers in range; the stream belongs to
+        // the same device; `call` holds the communicator's lock.
+        match op.kind {
+            Kind::AllReduce { op } => self.call(|c| {
+                // SAFETY: see the comment above the match.
+                let code = unsafe { (fns.all_reduce)(s, r, count, dt, op.nccl(), c, st) };
+                self.check("ncclAllReduce", code)
+            }),
+            Kind::Broadcast { root } => self.call(|c| {
+                // SAFETY: see the comment above the match.
+                let code = unsafe { (fns.broadcast)(s, r, count, dt, root as c_int, c, st) };
+                self.check("ncclBroadcast", code)
+            }),
+            Kind::Reduce { op, root } => self.call(|c| {
+                // SAFETY: see the comment above the match.
+                let code =
+                    unsafe { (fns.reduce)(s, r, count, dt, op.nccl(), root as c_int, c, st) };
+                self.check("ncclReduce", code)
+            }),
+            Kind::AllGather => {
+                let (send, recv) = op.pair()?;
+                self.check_window_all_gather(&send, &recv, count * op.dtype.size())?;
+                self.call(|c| {
+                    // SAFETY: see the comment above the match.
+                    let code = unsafe { (fns.all_gather)(s, r, count, dt, c, st) };
+                    self.check("ncclAllGather", code)
+                })
+            }
+            Kind::ReduceScatter { op } => self.call(|c| {
+                // SAFETY: see the comment above the match.
+                let code = unsafe { (fns.reduce_scatter)(s, r, count, dt, op.nccl(), c, st) };
+                self.check("ncclReduceScatter", code)
+            }),
+            Kind::AllToAll => match self.api.all_to_all {
+                Some(a2a) => self.call(|c| {
+                    // SAFETY: see the comment above the match.
+                    let code = unsafe { a2a(s, r, count, dt, c, st) };
+                    self.check("ncclAlltoAll", code)
+                }),
+                // No native all-to-all (NCCL < 2.28): one send and one receive per peer in a
+                // group, as nccl-tests' alltoall does.
+                None => {
+                    let b = count * op.dtype.size();
+                    self.call(|_| {
+                        self.group(|| {
+                            for p in 0..self.world {
+                                let (ps, pr) =
+                                    (s.wrapping_byte_add(p * b), r.wrapping_byte_add(p * b));
+                                self.send_recv(ps, count, op.dtype, p, st, true)?;
+                                self.send_recv(pr, count, op.dtype, p, st, false)?;
+                            }
+                            Ok(())
+                        })
+                    })
+                }
+            },
+            Kind::Send { peer } => {
+                self.call(|_| self.send_recv(s, count, op.dtype, peer, st, true))
+            }
+            Kind::Recv { peer } => {
+                self.call(|_| self.send_recv(r, count, op.dtype, peer, st, false))
+            }
+            Kind::Barrier => {
+                let b = self.barrier.ptr as *mut c_void;
+                let (f32, sum) = (DataType::F32.nccl(), ReduceOp::Sum.nccl());
+                // The communicator's own 4-byte buffer, one f32 element, in place.
+                self.call(|c| {
+                    // SAFETY: see the comment above the match.
+                    let code = unsafe { (fns.all_reduce)(b, b, 1, f32, sum, c, st) };
+                    self.check("ncclAllReduce", code)
+                })
+            }
+        }
+    }
+
+    fn group_start(&self) -> Result<()> {
+        // SAFETY: no arguments.
+        self.api.check(
+            "ncclGroupStart",
+            unsafe { (self.api.fns.group_start)() },
+            None,
+        )
+    }
+
+    fn group_end(&self) -> Result<()> {
+        // SAFETY: no arguments; NCCL reports a group_end without group_start as an error.
+        self.api.check(
+            "ncclGroupEnd",
+            unsafe { (self.api.fns.group_end)() },
+            Some(self.comm),
+        )
+    }
+
+    fn finalize(&mut self) -> Result<()> {
+        self.destroy(true)
+    }
+
+    fn abort(&self) -> Result<()> {
+        self.destroy(false)
+    }
+}

@@ -1,0 +1,388 @@
+//! The communicator over any NCCL-API library and device runtime ([`ApiComm`]): creation,
+//! registration bookkeeping and destruction. What backend-nccl (NCCL + CUDA) and
+//! backend-rccl (RCCL + HIP) both are; its collectives are in `collective.rs`.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use unicomm_core::registry::{RegKind, Registry};
+use unicomm_core::{Collective, DataType, Error, RawHandle, Result, Version};
+
+use crate::api::{Api, NcclComm, UniqueId};
+use crate::memory::{ApiMemory, Owner};
+use crate::runtime::Runtime;
+
+const LIVE: u8 = 0;
+const FINALIZED: u8 = 1;
+const ABORTED: u8 = 2;
+
+/// Handles for zero-byte registrations, which never reach the library (there is nothing
+/// to register); they live in the upper half of the address space no library hands out.
+static NEXT_EMPTY: AtomicUsize = AtomicUsize::new(usize::MAX / 2);
+
+/// One rank's communicator over an NCCL-API library.
+pub struct ApiComm<R: Runtime> {
+    pub(crate) api: Arc<Api>,
+    pub(crate) rt: Arc<R>,
+    pub(crate) comm: NcclComm,
+    pub(crate) dev: usize,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) registry: Registry,
+    /// 4 device bytes for `barrier` (an all-reduce of one element).
+    pub(crate) barrier: ApiMemory<R>,
+    /// NCCL communicators must not be called from two threads at once.
+    pub(crate) lock: Mutex<()>,
+    pub(crate) state: AtomicU8,
+}
+
+// SAFETY: an NCCL communicator is not bound to the thread that created it (NCCL's pthread
+// and single-thread modes both move them); every call on it goes through `lock`, so it is
+// never used by two threads at once, which is NCCL's rule for sharing one between threads.
+unsafe impl<R: Runtime> Send for ApiComm<R> {}
+// SAFETY: as above: shared access is serialised by `lock`.
+unsafe impl<R: Runtime> Sync for ApiComm<R> {}
+
+impl<R: Runtime> std::fmt::Debug for ApiComm<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} rank {}/{} on {} device {}",
+            self.api.flavor.library,
+            self.rank,
+            self.world,
+            R::NAME,
+            self.dev
+        )
+    }
+}
+
+impl<R: Runtime> ApiComm<R> {
+    /// One rank per visible device (or on the first `n`), created from this thread.
+    pub fn local(api: Arc<Api>, rt: Arc<R>, n: Option<usize>) -> Result<Vec<Self>> {
+        let count = rt.device_count()?;
+        let n = n.unwrap_or(count);
+        if n > count {
+            return Err(Error::NoDevice {
+                vendor: R::VENDOR,
+                detail: format!("{n} ranks asked for, {count} GPU(s) visible"),
+            });
+        }
+        Self::init_local(api, rt, &(0..n).collect::<Vec<_>>())
+    }
+
+    /// Creates the `devs.len()` ranks of a world in this process from one thread
+    /// (`ncclCommInitRank` for every device inside one group).
+    pub fn init_local(api: Arc<Api>, rt: Arc<R>, devs: &[usize]) -> Result<Vec<Self>> {
+        let n = devs.len();
+        if n == 0 {
+            return Err(Error::invalid("devices", "no device given"));
+        }
+        let count = rt.device_count()?;
+        if let Some(&d) = devs.iter().find(|&&d| d >= count) {
+            return Err(Error::NoDevice {
+                vendor: R::VENDOR,
+                detail: format!("device {d} asked for, {count} visible"),
+            });
+        }
+        let id = api.unique_id()?;
+        let mut raw = vec![std::ptr::null_mut(); n];
+        // SAFETY: ncclGroupStart has no arguments.
+        api.check("ncclGroupStart", unsafe { (api.fns.group_start)() }, None)?;
+        let mut first_err = None;
+        for (rank, (&dev, slot)) in devs.iter().zip(raw.iter_mut()).enumerate() {
+            let r = rt.with_device(dev, || {
+                // SAFETY: `slot` receives the communicator; the id is shared by all ranks.
+                let code = unsafe { (api.fns.comm_init_rank)(slot, n as c_int, id, rank as c_int) };
+                api.check("ncclCommInitRank", code, None)
+            });
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        // SAFETY: closes the group opened above.
+        let end = api.check("ncclGroupEnd", unsafe { (api.fns.group_end)() }, None);
+        if let Some(e) = first_err.or(end.err()) {
+            for c in raw.into_iter().filter(|c| !c.is_null()) {
+                // SAFETY: a communicator created above, aborted once.
+                unsafe { (api.fns.comm_abort)(c) };
+            }
+            return Err(e);
+        }
+        raw.into_iter()
+            .zip(devs)
+            .enumerate()
+            .map(|(rank, (c, &dev))| Self::wrap(api.clone(), rt.clone(), c, dev, rank, n))
+            .collect()
+    }
+
+    /// The explicit form, for one rank per thread or per process: joins the world of
+    /// `world` ranks identified by `id` as `rank`, on device `dev`. Blocks until every rank
+    /// has called it.
+    pub fn init_rank(
+        api: Arc<Api>,
+        rt: Arc<R>,
+        id: UniqueId,
+        rank: usize,
+        world: usize,
+        dev: usize,
+    ) -> Result<Self> {
+        if rank >= world {
+            return Err(Error::invalid(
+                "rank",
+                format!("{rank} is outside 0..{world}"),
+            ));
+        }
+        let count = rt.device_count()?;
+        if dev >= count {
+            return Err(Error::NoDevice {
+                vendor: R::VENDOR,
+                detail: format!("device {dev} asked for, {count} visible"),
+            });
+        }
+        let mut c = std::ptr::null_mut();
+        rt.with_device(dev, || {
+            // SAFETY: `c` receives the communicator.
+            let code =
+                unsafe { (api.fns.comm_init_rank)(&mut c, world as c_int, id, rank as c_int) };
+            api.check("ncclCommInitRank", code, None)
+        })?;
+        Self::wrap(api, rt, c, dev, rank, world)
+    }
+
+    fn wrap(
+        api: Arc<Api>,
+        rt: Arc<R>,
+        comm: NcclComm,
+        dev: usize,
+        rank: usize,
+        world: usize,
+    ) -> Result<Self> {
+        let barrier = match rt.malloc(dev, 4) {
+            Ok(p) => ApiMemory {
+                ptr: p,
+                bytes: 4,
+                dev,
+                owner: Owner::Runtime,
+                rt: rt.clone(),
+            },
+            Err(e) => {
+                // SAFETY: the communicator was just created and is not used elsewhere.
+                unsafe { (api.fns.comm_destroy)(comm) };
+                return Err(e);
+            }
+        };
+        Ok(ApiComm {
+            api,
+            rt,
+            comm,
+            dev,
+            rank,
+            world,
+            registry: Registry::new(),
+            barrier,
+            lock: Mutex::new(()),
+            state: AtomicU8::new(LIVE),
+        })
+    }
+
+    /// The loaded library.
+    pub fn api(&self) -> &Arc<Api> {
+        &self.api
+    }
+    /// The device runtime.
+    pub fn runtime(&self) -> &Arc<R> {
+        &self.rt
+    }
+    /// The raw `ncclComm_t`, for calling the library directly (the overhead benchmark does,
+    /// to compare). Using it while this communicator is used from another thread breaks
+    /// NCCL's rule; that is the caller's responsibility.
+    pub fn raw_comm(&self) -> NcclComm {
+        self.comm
+    }
+
+    /// This rank's device.
+    pub fn device(&self) -> usize {
+        self.dev
+    }
+
+    /// Runs `f` on the communicator: not destroyed, not used by another thread, with this
+    /// rank's device current.
+    pub(crate) fn call<T>(&self, f: impl FnOnce(NcclComm) -> Result<T>) -> Result<T> {
+        // The state is read under the lock that `destroy` also takes, so a communicator
+        // aborted by another thread is never used after it was freed.
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        match self.state.load(Ordering::Acquire) {
+            LIVE => self.rt.with_device(self.dev, || f(self.comm)),
+            ABORTED => Err(Error::Aborted {
+                reason: format!("rank {}'s communicator was aborted", self.rank),
+            }),
+            _ => Err(Error::invalid("comm", "the communicator was finalized")),
+        }
+    }
+
+    pub(crate) fn check(&self, call: &'static str, code: c_int) -> Result<()> {
+        self.api.check(call, code, Some(self.comm))
+    }
+
+    /// NCCL 2.28.9's symmetric-window all-gather, in place, corrupts the ranks' chunks when
+    /// a chunk is not a multiple of 4 bytes (measured on 2x H200: f16/bf16/i8/u8 with 1001
+    /// elements per rank get garbage from the next 8-byte boundary on; 4- and 8-byte types
+    /// and out-of-place calls are right; so is a world of one). Refused as `Unsupported` rather than computed
+    /// wrong; see docs/results.md.
+    pub(crate) fn check_window_all_gather(
+        &self,
+        send: &unicomm_core::Slice<'_, ApiMemory<R>>,
+        recv: &unicomm_core::Slice<'_, ApiMemory<R>>,
+        chunk: usize,
+    ) -> Result<()> {
+        // One rank gathers nothing from peers (and was measured right).
+        if self.world == 1 || chunk % 4 == 0 || send.address() != recv.address() + self.rank * chunk
+        {
+            return Ok(());
+        }
+        if self.registry.covering(recv.address(), chunk * self.world)? != Some(RegKind::Window) {
+            return Ok(());
+        }
+        Err(Error::unsupported(
+            format!("in-place all_gather in a symmetric window with {chunk}-byte chunks"),
+            "chunks that are a multiple of 4 bytes (or out of place, or a non-window buffer)",
+            format!(
+                "{} {}, whose symmetric in-place all-gather corrupts such chunks",
+                self.api.flavor.library, self.api.version
+            ),
+        ))
+    }
+
+    pub(crate) fn send_recv(
+        &self,
+        buf: *mut c_void,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: *mut c_void,
+        send: bool,
+    ) -> Result<()> {
+        let pair = self.api.fns.send.zip(self.api.fns.recv);
+        let (s, r) = self
+            .api
+            .gated("point-to-point send/recv", Version::new(2, 7, 0), pair)?;
+        // SAFETY: device pointers of this rank's memory holding `count` elements (checked by
+        // the caller); the stream belongs to this device.
+        let code = unsafe {
+            if send {
+                s(buf, count, dtype.nccl(), peer as c_int, self.comm, stream)
+            } else {
+                r(buf, count, dtype.nccl(), peer as c_int, self.comm, stream)
+            }
+        };
+        self.check(if send { "ncclSend" } else { "ncclRecv" }, code)
+    }
+
+    /// Registers `mem[offset..offset+bytes]` through `call` (which gets the communicator and
+    /// the address, and returns the library's handle) and records it; zero bytes never reach
+    /// the library (there is nothing to register).
+    pub(crate) fn register_range(
+        &self,
+        mem: &ApiMemory<R>,
+        offset: usize,
+        bytes: usize,
+        kind: RegKind,
+        call: impl FnOnce(NcclComm, *mut c_void) -> Result<*mut c_void>,
+    ) -> Result<RawHandle> {
+        self.check_memory(mem)?;
+        let addr = mem.range(offset, bytes, "bytes")?;
+        let h = if bytes == 0 {
+            RawHandle(NEXT_EMPTY.fetch_add(1, Ordering::Relaxed))
+        } else {
+            RawHandle(self.call(|c| call(c, addr as *mut c_void))? as usize)
+        };
+        self.registry.insert(h, addr, bytes, kind)?;
+        Ok(h)
+    }
+
+    /// Deregisters a live handle of `kind` with `f` (`ncclCommDeregister` or
+    /// `ncclCommWindowDeregister`), then forgets it.
+    pub(crate) fn deregister_handle(
+        &self,
+        handle: RawHandle,
+        kind: RegKind,
+        name: &'static str,
+        f: Option<unsafe extern "C" fn(NcclComm, *mut c_void) -> c_int>,
+    ) -> Result<()> {
+        // Taken out of the table before the library call, as one step: of two threads
+        // deregistering one handle, one reaches the library and the other gets an error.
+        self.registry.release(handle, kind, || {
+            if handle.0 >= usize::MAX / 2 {
+                return Ok(()); // a zero-byte registration never reached the library
+            }
+            let f =
+                f.ok_or_else(|| Error::invalid("handle", format!("the library has no {name}")))?;
+            // SAFETY: a live handle of this kind of this communicator, taken out of the
+            // table above, so deregistered once.
+            self.call(|c| self.check(name, unsafe { f(c, handle.0 as *mut c_void) }))
+        })
+    }
+
+    pub(crate) fn group<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.api.check(
+            "ncclGroupStart",
+            // SAFETY: no arguments.
+            unsafe { (self.api.fns.group_start)() },
+            None,
+        )?;
+        let r = f();
+        // SAFETY: closes the group opened above.
+        let end = self.api.check(
+            "ncclGroupEnd",
+            unsafe { (self.api.fns.group_end)() },
+            Some(self.comm),
+        );
+        let r = r?;
+        end?;
+        Ok(r)
+    }
+
+    pub(crate) fn destroy(&self, finalize: bool) -> Result<()> {
+        // Under the lock: no other thread is inside a library call on this communicator.
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let next = if finalize { FINALIZED } else { ABORTED };
+        if self.state.swap(next, Ordering::AcqRel) != LIVE {
+            return Ok(());
+        }
+        let (api, comm) = (self.api.clone(), self.comm);
+        self.rt.with_device(self.dev, || {
+            if finalize {
+                if let Some(f) = api.fns.comm_finalize {
+                    // SAFETY: a live communicator, finalized once.
+                    api.check("ncclCommFinalize", unsafe { f(comm) }, Some(comm))?;
+                }
+                // SAFETY: a live communicator, destroyed once.
+                api.check(
+                    "ncclCommDestroy",
+                    unsafe { (api.fns.comm_destroy)(comm) },
+                    None,
+                )
+            } else {
+                // SAFETY: a live communicator, aborted once.
+                api.check("ncclCommAbort", unsafe { (api.fns.comm_abort)(comm) }, None)
+            }
+        })
+    }
+}
+
+impl<R: Runtime> Drop for ApiComm<R> {
+    fn drop(&mut self) {
+        // Registrations borrow the typed communicator, so none is alive here; a raw user
+        // may have left some: deregister them before the communicator goes (NCCL: after
+        // destroy, deregistering is a use-after-free). Windows are not deregistered one by
+        // one: that call is collective, and one rank's drop cannot make its peers join it;
+        // ncclCommDestroy/ncclCommAbort release a communicator's windows with it (NCCL's
+        // documented lifecycle of communicator resources).
+        for h in self.registry.handles(RegKind::Buffer) {
+            let _ = Collective::deregister(self, h);
+        }
+        let _ = self.destroy(true);
+    }
+}

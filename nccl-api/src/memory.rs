@@ -1,0 +1,181 @@
+//! Streams and device memory of a NCCL-API backend, over its device [`Runtime`].
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use unicomm_core::{DeviceMemory, DeviceStream, Error, Result};
+
+use crate::api::Api;
+use crate::runtime::Runtime;
+
+/// A stream of a NCCL-API backend.
+pub struct ApiStream<R: Runtime> {
+    pub(crate) s: R::Stream,
+    pub(crate) dev: usize,
+    pub(crate) rt: Arc<R>,
+}
+
+impl<R: Runtime> std::fmt::Debug for ApiStream<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} stream on device {}: {:?}", R::NAME, self.dev, self.s)
+    }
+}
+
+impl<R: Runtime> ApiStream<R> {
+    /// Wraps a runtime stream of device `dev` (interop with existing CUDA/HIP code).
+    pub fn from_runtime(rt: Arc<R>, s: R::Stream, dev: usize) -> Self {
+        ApiStream { s, dev, rt }
+    }
+    /// The runtime's stream.
+    pub fn inner(&self) -> &R::Stream {
+        &self.s
+    }
+    /// The device.
+    pub fn device(&self) -> usize {
+        self.dev
+    }
+    /// Blocks until the stream is idle.
+    pub fn synchronize(&self) -> Result<()> {
+        self.rt.synchronize(&self.s)
+    }
+}
+
+impl<R: Runtime> DeviceStream for ApiStream<R> {
+    fn synchronize(&self) -> Result<()> {
+        self.rt.synchronize(&self.s)
+    }
+}
+
+pub(crate) enum Owner {
+    /// `ncclMemFree` on drop.
+    Nccl(Arc<Api>),
+    /// The runtime's free on drop.
+    Runtime,
+    /// Someone else's memory, kept alive by the box (a cudarc slice) or by the caller (raw).
+    Borrowed(
+        #[expect(dead_code, reason = "held only to keep the owner alive until drop")]
+        Option<Box<dyn Any + Send + Sync>>,
+    ),
+}
+
+/// Device memory of a NCCL-API backend.
+pub struct ApiMemory<R: Runtime> {
+    pub(crate) ptr: usize,
+    pub(crate) bytes: usize,
+    pub(crate) dev: usize,
+    pub(crate) owner: Owner,
+    pub(crate) rt: Arc<R>,
+}
+
+impl<R: Runtime> std::fmt::Debug for ApiMemory<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} memory {:#x} ({} bytes) on device {}",
+            R::NAME,
+            self.ptr,
+            self.bytes,
+            self.dev
+        )
+    }
+}
+
+impl<R: Runtime> ApiMemory<R> {
+    /// Wraps device memory owned elsewhere; `keep` (if any) is dropped with this value.
+    ///
+    /// # Safety
+    /// `ptr..ptr+bytes` is device memory of `dev` that stays allocated while this value (and
+    /// any work enqueued on it) lives.
+    pub unsafe fn borrowed(
+        rt: Arc<R>,
+        dev: usize,
+        ptr: usize,
+        bytes: usize,
+        keep: Option<Box<dyn Any + Send + Sync>>,
+    ) -> Result<Self> {
+        if ptr == 0 && bytes != 0 {
+            return Err(Error::invalid(
+                "ptr",
+                "a NULL device pointer with a non-zero size",
+            ));
+        }
+        if ptr.checked_add(bytes).is_none() {
+            return Err(Error::invalid("bytes", "pointer + size overflows"));
+        }
+        Ok(ApiMemory {
+            ptr,
+            bytes,
+            dev,
+            owner: Owner::Borrowed(keep),
+            rt,
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> usize {
+        self.dev
+    }
+
+    pub(crate) fn range(&self, offset: usize, len: usize, what: &'static str) -> Result<usize> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.bytes => Ok(self.ptr + offset),
+            _ => Err(Error::invalid(
+                what,
+                format!(
+                    "bytes {offset}..+{len} are outside the {}-byte allocation",
+                    self.bytes
+                ),
+            )),
+        }
+    }
+}
+
+impl<R: Runtime> Drop for ApiMemory<R> {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let (ptr, dev) = (self.ptr, self.dev);
+        // Errors cannot be reported from drop; a failed free leaks.
+        let _ = match &self.owner {
+            Owner::Nccl(api) => match api.fns.mem_free {
+                Some(free) => self.rt.with_device(dev, || {
+                    // SAFETY: `ptr` came from ncclMemAlloc on `dev`; it is freed once, here.
+                    api.check("ncclMemFree", unsafe { free(ptr as *mut c_void) }, None)
+                }),
+                None => Ok(()),
+            },
+            // SAFETY: `ptr` came from the runtime's malloc on `dev`; freed once, here.
+            Owner::Runtime => unsafe { self.rt.free(dev, ptr) },
+            Owner::Borrowed(_) => Ok(()),
+        };
+    }
+}
+
+impl<R: Runtime> DeviceMemory for ApiMemory<R> {
+    type Stream = ApiStream<R>;
+
+    fn byte_len(&self) -> usize {
+        self.bytes
+    }
+    fn address(&self) -> usize {
+        self.ptr
+    }
+    fn write(&self, offset: usize, src: &[u8], stream: &ApiStream<R>) -> Result<()> {
+        let dst = self.range(offset, src.len(), "src")?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the range lies inside this allocation of device `dev`.
+        unsafe { self.rt.htod(self.dev, dst, src, &stream.s) }
+    }
+    fn read(&self, offset: usize, dst: &mut [u8], stream: &ApiStream<R>) -> Result<()> {
+        let src = self.range(offset, dst.len(), "dst")?;
+        if dst.is_empty() {
+            return stream.synchronize();
+        }
+        // SAFETY: the range lies inside this allocation of device `dev`.
+        unsafe { self.rt.dtoh(self.dev, dst, src, &stream.s) }
+    }
+}

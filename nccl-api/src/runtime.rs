@@ -1,0 +1,44 @@
+//! The device runtime a NCCL-API backend needs: CUDA (cudarc) for NCCL, HIP (our own
+//! table) for RCCL. Everything vendor-specific below the NCCL API goes through this trait.
+
+use unicomm_core::Result;
+
+/// One vendor's device runtime.
+pub trait Runtime: Send + Sync + Sized + 'static {
+    /// "CUDA" or "HIP" (in error messages).
+    const NAME: &'static str;
+    /// "CUDA" or "ROCm" (in `NoDevice`).
+    const VENDOR: &'static str;
+    /// An owned stream.
+    type Stream: Send + Sync + std::fmt::Debug;
+
+    /// Number of visible devices (`NoDevice` when the driver sees none).
+    fn device_count(&self) -> Result<usize>;
+    /// Runs `f` with `dev` current on this thread, restoring the previous device after.
+    fn with_device<T>(&self, dev: usize, f: impl FnOnce() -> Result<T>) -> Result<T>;
+    /// A new stream on `dev`.
+    fn create_stream(&self, dev: usize) -> Result<Self::Stream>;
+    /// The raw handle (`cudaStream_t` / `hipStream_t`).
+    fn raw_stream(s: &Self::Stream) -> *mut std::ffi::c_void;
+    /// Blocks until the stream is idle.
+    fn synchronize(&self, s: &Self::Stream) -> Result<()>;
+    /// Device memory without the collective library (`cuMemAlloc` / `hipMalloc`).
+    fn malloc(&self, dev: usize, bytes: usize) -> Result<usize>;
+    /// Frees what `malloc` returned.
+    ///
+    /// # Safety
+    /// `ptr` came from `malloc` on `dev` and no pending work uses it.
+    unsafe fn free(&self, dev: usize, ptr: usize) -> Result<()>;
+    /// Copies host bytes to device memory, ordered on `s`; returns when `src` was consumed.
+    ///
+    /// # Safety
+    /// `dst` is device memory of `dev` with `src.len()` writable bytes.
+    unsafe fn htod(&self, dev: usize, dst: usize, src: &[u8], s: &Self::Stream) -> Result<()>;
+    /// Copies device bytes to the host after the work on `s`; returns when `dst` holds them.
+    ///
+    /// # Safety
+    /// `src` is device memory of `dev` with `dst.len()` readable bytes.
+    unsafe fn dtoh(&self, dev: usize, dst: &mut [u8], src: usize, s: &Self::Stream) -> Result<()>;
+    /// One line about the driver and runtime (versions), for `doctor` and errors.
+    fn describe(&self) -> String;
+}

@@ -1,0 +1,119 @@
+//! The library search both vendors' loaders use (NCCL, RCCL, and the HIP runtime): an
+//! explicit variable first, then directories, then the bare sonames for the system loader;
+//! every candidate tried is kept, with its reason, for `LibraryNotFound`.
+
+use std::path::{Path, PathBuf};
+
+use unicomm_core::{Error, Result};
+
+/// Where one library is looked for.
+#[derive(Debug, Clone)]
+pub struct Search {
+    /// The library's name in errors ("NCCL", "RCCL", "HIP runtime").
+    pub library: &'static str,
+    /// The variable that names the library file explicitly (tried first).
+    pub env_var: &'static str,
+    /// Directories searched in order.
+    pub dirs: Vec<PathBuf>,
+    /// File names tried in each directory, then handed to the system loader as sonames.
+    pub names: &'static [&'static str],
+}
+
+impl Search {
+    /// The candidates, in order: the explicit variable, every name in every directory, then
+    /// the bare names.
+    pub fn candidates(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        if let Some(p) = std::env::var_os(self.env_var) {
+            out.push(PathBuf::from(p));
+        }
+        for dir in &self.dirs {
+            out.extend(self.names.iter().map(|n| dir.join(n)));
+        }
+        out.extend(self.names.iter().map(PathBuf::from));
+        out
+    }
+
+    /// Tries `open` on every candidate in order and returns the first success. Paths that
+    /// do not exist are not handed to the loader; `LibraryNotFound` lists every candidate
+    /// with why it was passed over (absent, the loader's message, a missing symbol).
+    pub fn load<T>(&self, mut open: impl FnMut(&Path) -> Result<T>) -> Result<T> {
+        let mut tried = Vec::new();
+        for cand in self.candidates() {
+            if cand.components().count() > 1 && !cand.exists() {
+                tried.push(format!("{} (absent)", cand.display()));
+                continue;
+            }
+            match open(&cand) {
+                Ok(t) => return Ok(t),
+                Err(e) => tried.push(format!("{} ({e})", cand.display())),
+            }
+        }
+        Err(Error::LibraryNotFound {
+            library: self.library,
+            tried,
+        })
+    }
+}
+
+/// Opens one shared library, mapping the loader's failure to `LibraryNotFound` for `path`.
+pub fn open_library(library: &'static str, path: &Path) -> Result<libloading::Library> {
+    // SAFETY: loading a shared library runs its initialisers; NCCL's, RCCL's and HIP's are
+    // made to be loaded with dlopen (PyTorch and cudarc load them the same way).
+    unsafe { libloading::Library::new(path) }.map_err(|e| Error::LibraryNotFound {
+        library,
+        tried: vec![format!("{} ({e})", path.display())],
+    })
+}
+
+/// `site-packages/<rel>` of every Python installation visible through the usual variables
+/// and paths (virtualenvs, conda, `/usr/lib/python3*`, `/usr/local/lib/python3*`,
+/// `/opt/*/.venv`): where pip's NCCL wheel (`nvidia/nccl/lib`) lives.
+pub fn python_wheel_dirs(rel: &str) -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(v) = std::env::var_os(var) {
+            roots.push(PathBuf::from(v).join("lib"));
+        }
+    }
+    roots.extend(["/usr/lib", "/usr/local/lib"].map(PathBuf::from));
+    if let Ok(rd) = std::fs::read_dir("/opt") {
+        for e in rd.flatten() {
+            for sub in [".venv/lib", "venv/lib", "lib"] {
+                roots.push(e.path().join(sub));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for root in roots {
+        let Ok(rd) = std::fs::read_dir(&root) else {
+            continue;
+        };
+        let mut pys: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("python3"))
+            })
+            .collect();
+        pys.sort();
+        for py in pys.into_iter().rev() {
+            for sp in ["site-packages", "dist-packages"] {
+                let d = py.join(sp).join(rel);
+                if d.is_dir() {
+                    out.push(d);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Directories from `VAR/suffix` for each variable that is set, in order.
+pub fn env_dirs(vars: &[(&str, &str)]) -> Vec<PathBuf> {
+    vars.iter()
+        .filter_map(|(var, suffix)| std::env::var_os(var).map(|v| PathBuf::from(v).join(suffix)))
+        .collect()
+}
