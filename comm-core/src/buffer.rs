@@ -184,7 +184,9 @@ impl<'a, T: Element, C: Collective> ViewMut<'a, T, C> {
         };
         Ok((a, b))
     }
-    /// Enqueues a copy of `src` (at most `len` elements) to the start of the view.
+    /// Copies `src` (at most `len` elements) to the start of the view, ordered after the
+    /// work enqueued on `stream`; returns once `src` may be reused (see
+    /// [`crate::DeviceMemory::write`]).
     pub fn copy_from_host(&mut self, src: &[T], stream: &C::Stream) -> Result<()> {
         if src.len() > self.len {
             return Err(Error::invalid(
@@ -284,7 +286,9 @@ macro_rules! owned_buffer_methods {
                 let (start, len) = range_of(r, $len)?;
                 Ok(ViewMut { mem: $mem, offset: start, len, _t: PhantomData })
             }
-            /// Enqueues a copy of `src` (at most `len` elements) to the start of the buffer.
+            /// Copies `src` (at most `len` elements) to the start of the buffer, ordered after
+            /// the work enqueued on `stream`. Returns once `src` may be reused: the GPU
+            /// backends wait for the copy (pageable host memory), the mock stages the bytes.
             pub fn copy_from_host(&mut $self_, src: &[T], stream: &C::Stream) -> Result<()> {
                 $crate::buffer::DeviceSliceMut::view_mut($self_).copy_from_host(src, stream)
             }

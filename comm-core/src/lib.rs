@@ -2,16 +2,24 @@
 //! CPU mock.
 //!
 //! # Layers
-//! - [`Collective`] ([`backend`]) is what a backend implements: untyped operations ([`Op`])
-//!   on byte ranges of its memory, enqueued on its streams. One file per backend crate
-//!   implements it.
-//! - [`Comm`] ([`comm`]) is what users call: typed elements ([`Element`]), views, and the
-//!   ownership rules of registered memory ([`Registered`], [`Window`]).
+//! - [`Collective`] ([`backend`]) is what a backend implements: untyped operations ([`Op`],
+//!   a [`Kind`] over byte [`Slice`]s of its memory) enqueued on its streams; the collectives
+//!   are provided methods over `enqueue`, so a backend overrides only what it runs
+//!   differently.
+//! - [`Comm`] ([`comm`]) is what users call: typed elements ([`Element`]), [`buffer`]s and
+//!   views, and the ownership rules of registered memory ([`registration`]: [`Registered`],
+//!   [`Window`]).
 //!
 //! # The contract
-//! - **Ordering.** Every collective and every copy is enqueued on a stream the caller
-//!   passes; work on one stream runs in order. Nothing waits on the host except
-//!   `synchronize` and the `copy_to_host` family (which wait for the stream first).
+//! - **Ordering.** Every collective and every copy is ordered on a stream the caller
+//!   passes; work on one stream runs in order. Collectives never wait on the host; the
+//!   host waits in `synchronize`, the `copy_to_host` family (which wait for the stream
+//!   first), and `copy_from_host`, which returns once its source may be reused (on GPUs,
+//!   after the copy).
+//! - **Failure of one rank.** A rank that fails before it enqueues leaves its peers
+//!   waiting: on the mock until its deadline, on NCCL/RCCL without end. Call
+//!   [`Comm::abort`] on the failing rank (any thread may): mock peers then fail at once
+//!   with `Aborted`; NCCL/RCCL peers must be aborted too.
 //! - **Errors.** Argument errors (`InvalidArgument`, naming the argument) are returned by the
 //!   call, before anything is enqueued. Failures of the work itself (a peer that never
 //!   arrives, ranks that disagree about the operation) are returned by the next

@@ -46,6 +46,10 @@ impl Search {
             }
             match open(&cand) {
                 Ok(t) => return Ok(t),
+                // The loader's own reason for this one path, not a nested "not found".
+                Err(Error::LibraryNotFound { tried: why, .. }) if why.len() == 1 => {
+                    tried.push(format!("{} ({})", cand.display(), why[0]))
+                }
                 Err(e) => tried.push(format!("{} ({e})", cand.display())),
             }
         }
@@ -62,7 +66,7 @@ pub fn open_library(library: &'static str, path: &Path) -> Result<libloading::Li
     // made to be loaded with dlopen (PyTorch and cudarc load them the same way).
     unsafe { libloading::Library::new(path) }.map_err(|e| Error::LibraryNotFound {
         library,
-        tried: vec![format!("{} ({e})", path.display())],
+        tried: vec![e.to_string()],
     })
 }
 

@@ -362,3 +362,45 @@ fn raw_device_pointers_are_checked_before_use() {
         })
     ));
 }
+
+/// Two threads deregister one raw handle at once: the library is called once, one caller
+/// succeeds, the other gets `InvalidArgument` (the table check, the library call and the
+/// removal are one step).
+#[test]
+fn concurrent_deregistration_of_one_handle_calls_the_library_once() {
+    let path = fake("nccl228");
+    let c = comm(flavors(false, false), &path);
+    let raw = c.backend();
+    for round in 0..20 {
+        let mem = raw.alloc(4096).unwrap();
+        let h = raw.register(&mem, 0, 4096).unwrap();
+        // Memory freed in an earlier round may come back at the same address (same handle).
+        let per_handle = format!("ncclCommDeregister:{:#x}", h.0);
+        let before = calls(&path, &per_handle);
+        let barrier = std::sync::Barrier::new(2);
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        raw.deregister(h)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(ok, 1, "round {round}: {results:?}");
+        assert!(
+            results
+                .iter()
+                .any(|r| matches!(r, Err(Error::InvalidArgument { .. }))),
+            "round {round}: {results:?}"
+        );
+        assert_eq!(
+            calls(&path, &per_handle) - before,
+            1,
+            "round {round}: library calls for {h:?}"
+        );
+    }
+}

@@ -182,30 +182,28 @@ fn xtask(cli: Cli) -> Result<()> {
                 "workspace tests (mock conformance suite, loaders, fake NCCL ABI)",
                 t,
             )?;
+            // Vendor::Auto with every backend compiled in and none usable must be an error,
+            // never the mock (issue #9); the default build proves the same with mock only.
+            let mut auto = cargo();
+            auto.args([
+                "test",
+                "-p",
+                "unicomm",
+                "--all-features",
+                "--test",
+                "vendor_auto",
+            ]);
+            step("Vendor::Auto with every backend compiled in", auto)?;
             match o.vendor {
-                Vendor::Cuda => {
-                    let gpus = nvidia_gpus();
-                    let mut g = cargo();
-                    g.args(["test", "--release", "-p", "backend-nccl", "--features", "gpu-tests", "--test", "gpu", "--", "--test-threads=1"]);
-                    // World sizes beyond this machine's GPUs are not run, and we say so.
-                    for (w, name) in [(2, "world_2_2"), (3, "world_3_3"), (4, "world_4_4"), (8, "world_5_8")] {
-                        if gpus < w {
-                            eprintln!("GPU conformance: world size {w} not run ({gpus} GPU(s) here)");
-                            g.args(["--skip", name]);
-                        }
-                    }
-                    g.env("UNICOMM_GPU_WORLD", gpus.max(1).to_string());
-                    g.args(&o.args);
-                    step("GPU tests on NCCL", g)
-                }
-                Vendor::Rocm => bail!("GPU tests on ROCm: none exist yet (no AMD GPU has been available); see docs/rocm.md"),
+                Vendor::Cuda => gpu_tests(GpuVendor::Cuda, &o.args, nvidia_gpus()),
+                Vendor::Rocm => gpu_tests(GpuVendor::Rocm, &o.args, amd_gpus()),
                 Vendor::Auto | Vendor::Mock => Ok(()),
             }
         }
         Cmd::Bench(o) => match o.vendor {
             Vendor::Mock | Vendor::Auto => {
                 let mut c = cargo();
-                c.args(["bench", "-p", "backend-mock", "--bench", "mock_allreduce"]);
+                c.args(["bench", "-p", "unicomm-mock", "--bench", "mock_allreduce"]);
                 step("mock all_reduce speed vs memcpy", c)
             }
             Vendor::Cuda => {
@@ -214,7 +212,7 @@ fn xtask(cli: Cli) -> Result<()> {
                     "run",
                     "--release",
                     "-p",
-                    "backend-nccl",
+                    "unicomm-nccl",
                     "--example",
                     "overhead",
                     "--",
@@ -228,6 +226,86 @@ fn xtask(cli: Cli) -> Result<()> {
         },
         Cmd::Bundle(o) => bundle(&o),
     }
+}
+
+/// The conformance suite's world sizes (comm-core's rstest tables), the one list the xtask
+/// and the bundle's run script use to say which sizes a machine has GPUs for. rstest names
+/// a case by the value's position and value: `world_<index from 1>_<size>`.
+const SUITE_WORLDS: [usize; 5] = [1, 2, 3, 4, 8];
+
+/// `(size, rstest name)` of every suite world larger than `gpus`.
+fn worlds_beyond(gpus: usize) -> Vec<(usize, String)> {
+    SUITE_WORLDS
+        .iter()
+        .enumerate()
+        .filter(|&(_, &w)| w > gpus.max(1))
+        .map(|(i, &w)| (w, format!("world_{}_{w}", i + 1)))
+        .collect()
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum GpuVendor {
+    Cuda,
+    Rocm,
+}
+
+impl GpuVendor {
+    fn package(self) -> &'static str {
+        match self {
+            GpuVendor::Cuda => "unicomm-nccl",
+            GpuVendor::Rocm => "unicomm-rccl",
+        }
+    }
+    fn library(self) -> &'static str {
+        match self {
+            GpuVendor::Cuda => "NCCL",
+            GpuVendor::Rocm => "RCCL",
+        }
+    }
+}
+
+/// The opt-in GPU tests of one vendor: the shared suite (conformance at the world sizes the
+/// machine has GPUs for, registration, windows, init_rank, errors) and the vendor's own.
+/// Without the vendor's GPU they fail with `NoDevice`/`LibraryNotFound`; never skipped.
+fn gpu_tests(v: GpuVendor, args: &[String], gpus: usize) -> Result<()> {
+    let mut g = cargo();
+    g.args([
+        "test",
+        "--release",
+        "-p",
+        v.package(),
+        "--features",
+        "gpu-tests",
+        "--test",
+        "gpu",
+        "--",
+        "--test-threads=1",
+    ]);
+    for (w, name) in worlds_beyond(gpus) {
+        eprintln!("GPU conformance: world size {w} not run ({gpus} GPU(s) here)");
+        g.args(["--skip", &name]);
+    }
+    g.env("UNICOMM_GPU_WORLD", gpus.max(1).to_string());
+    g.args(args);
+    step(&format!("GPU tests on {}", v.library()), g)
+}
+
+/// AMD GPUs visible here (KFD topology nodes with compute units), 0 without ROCm.
+fn amd_gpus() -> usize {
+    std::fs::read_dir("/sys/class/kfd/kfd/topology/nodes")
+        .map(|rd| {
+            rd.flatten()
+                .filter(|n| {
+                    std::fs::read_to_string(n.path().join("properties"))
+                        .map(|p| {
+                            p.lines()
+                                .any(|l| l.starts_with("simd_count") && !l.ends_with(" 0"))
+                        })
+                        .unwrap_or(false)
+                })
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 /// NVIDIA GPUs visible here (`nvidia-smi -L`), 0 when there is no driver.
@@ -244,78 +322,125 @@ fn nvidia_gpus() -> usize {
         .unwrap_or(0)
 }
 
-/// Release binaries (examples, GPU test binaries, overhead bench) and `run.sh`.
-fn bundle(_o: &Opts) -> Result<()> {
+/// Builds test binaries with cargo and returns their paths by target name, read from
+/// cargo's JSON messages with `cargo_metadata`.
+fn test_binaries(pkg: &str, features: &str, names: &[&str]) -> Result<Vec<(PathBuf, String)>> {
+    use cargo_metadata::Message;
+    let mut t = cargo();
+    t.args([
+        "test",
+        "--release",
+        "-p",
+        pkg,
+        "--features",
+        features,
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
+    t.stdout(std::process::Stdio::piped());
+    eprintln!("==> build test binaries of {pkg}: {t:?}");
+    let mut child = t
+        .spawn()
+        .with_context(|| format!("could not start cargo for {pkg}"))?;
+    let stdout = child.stdout.take().context("cargo's stdout")?;
+    let mut found = Vec::new();
+    for m in Message::parse_stream(std::io::BufReader::new(stdout)) {
+        if let Message::CompilerArtifact(a) = m.context("reading cargo's JSON messages")? {
+            if let Some(exe) = a.executable {
+                if a.target.is_kind(cargo_metadata::TargetKind::Test)
+                    && names.contains(&a.target.name.as_str())
+                {
+                    found.push((
+                        exe.into_std_path_buf(),
+                        format!("{}-{}", pkg.trim_start_matches("unicomm-"), a.target.name),
+                    ));
+                }
+            }
+        }
+    }
+    let st = child.wait()?;
+    if !st.success() {
+        bail!("building the test binaries of {pkg} failed ({st})");
+    }
+    if found.len() != names.len() {
+        bail!("expected the test binaries {names:?} of {pkg}, found {found:?}");
+    }
+    Ok(found)
+}
+
+/// Release binaries (examples, GPU test binaries, the overhead benchmark) and `run.sh` in
+/// `dist/unicomm-bundle`, for the vendor asked for (`auto`: both GPU vendors). Always a
+/// release build: timings are part of the run.
+fn bundle(o: &Opts) -> Result<()> {
+    if !o.args.is_empty() {
+        bail!("bundle takes no program arguments (got {:?})", o.args);
+    }
+    let vendors: &[GpuVendor] = match o.vendor {
+        Vendor::Cuda => &[GpuVendor::Cuda],
+        Vendor::Rocm => &[GpuVendor::Rocm],
+        Vendor::Auto => &[GpuVendor::Cuda, GpuVendor::Rocm],
+        Vendor::Mock => bail!("the bundle is for GPU machines: --vendor cuda, rocm or auto"),
+    };
     let out = root().join("dist/unicomm-bundle");
+    if out.exists() {
+        std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
+    }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let mut copies: Vec<(PathBuf, &str)> = Vec::new();
+    let mut copies: Vec<(PathBuf, String)> = Vec::new();
     let mut ex = cargo();
+    let features = if vendors.len() == 2 {
+        "nccl,rccl,mock"
+    } else if vendors[0] == GpuVendor::Cuda {
+        "nccl,mock"
+    } else {
+        "rccl,mock"
+    };
     ex.args([
         "build",
         "--release",
         "-p",
         "unicomm",
         "--features",
-        "nccl,rccl,mock",
+        features,
         "--examples",
     ]);
     step("build release examples", ex)?;
     for e in ["allreduce_ub", "alltoall_ub", "doctor", "from_env"] {
-        copies.push((root().join("target/release/examples").join(e), e));
+        copies.push((
+            root().join("target/release/examples").join(e),
+            e.to_string(),
+        ));
     }
-    let mut ov = cargo();
-    ov.args([
-        "build",
-        "--release",
-        "-p",
-        "backend-nccl",
-        "--example",
-        "overhead",
-    ]);
-    step("build the overhead benchmark", ov)?;
-    copies.push((root().join("target/release/examples/overhead"), "overhead"));
-    // Test binaries: their paths come from cargo's JSON messages.
-    let mut t = cargo();
-    t.args([
-        "test",
-        "--release",
-        "-p",
-        "backend-nccl",
-        "--features",
-        "gpu-tests",
-        "--no-run",
-        "--message-format=json",
-    ]);
-    eprintln!("==> build GPU test binaries: {t:?}");
-    let o = t
-        .output()
-        .context("step `build GPU test binaries`: could not start cargo")?;
-    if !o.status.success() {
-        bail!(
-            "step `build GPU test binaries` failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    let text = String::from_utf8_lossy(&o.stdout);
-    let mut found = Vec::new();
-    for line in text.lines().filter(|l| l.contains("\"executable\":\"")) {
-        for name in ["gpu", "loader"] {
-            let tag = format!("\"name\":\"{name}\"");
-            if line.contains(&tag) {
-                if let Some(p) = line
-                    .split("\"executable\":\"")
-                    .nth(1)
-                    .and_then(|r| r.split('"').next())
-                {
-                    found.push((PathBuf::from(p), name));
-                }
+    for &v in vendors {
+        match v {
+            GpuVendor::Cuda => {
+                let mut ov = cargo();
+                ov.args([
+                    "build",
+                    "--release",
+                    "-p",
+                    "unicomm-nccl",
+                    "--example",
+                    "overhead",
+                ]);
+                step("build the overhead benchmark", ov)?;
+                copies.push((
+                    root().join("target/release/examples/overhead"),
+                    "overhead".into(),
+                ));
+                copies.extend(test_binaries(
+                    "unicomm-nccl",
+                    "gpu-tests",
+                    &["gpu", "loader"],
+                )?);
             }
+            GpuVendor::Rocm => copies.extend(test_binaries(
+                "unicomm-rccl",
+                "gpu-tests",
+                &["gpu", "hip_loader"],
+            )?),
         }
     }
-    if found.len() != 2 {
-        bail!("step `build GPU test binaries`: expected the gpu and loader test binaries, found {found:?}");
-    }
-    copies.extend(found);
     for (src, name) in &copies {
         let dst = out.join(name);
         std::fs::copy(src, &dst)
@@ -323,6 +448,13 @@ fn bundle(_o: &Opts) -> Result<()> {
         // Smaller transfers; a missing strip only costs size.
         let _ = Command::new("strip").arg(&dst).status();
     }
+    // The suite's world sizes for the run script, from the one list above.
+    let worlds: String = SUITE_WORLDS
+        .iter()
+        .enumerate()
+        .map(|(i, w)| format!("{w} world_{}_{w}\n", i + 1))
+        .collect();
+    std::fs::write(out.join("worlds.txt"), worlds).context("writing worlds.txt")?;
     let script = out.join("run.sh");
     std::fs::write(&script, include_str!("../bundle-run.sh")).context("writing run.sh")?;
     #[cfg(unix)]
