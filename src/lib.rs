@@ -47,11 +47,11 @@
 //! count is `UNICOMM_MOCK_RANKS` (default 4) or [`local_comms_n`]'s argument.
 //!
 //! # The API
-//! [`Comm`] is [`unicomm_core::Comm`] over whichever backend was chosen at run time: its
-//! methods (`alloc`, `register`, `all_reduce`, `all_to_all`, `group`, `abort`, ...) and the
-//! contract they follow (ordering, when errors surface, what is validated where) are
-//! documented there. The buffer types are likewise [`unicomm_core::Buffer`],
-//! [`unicomm_core::Registration`] and the views.
+//! [`Comm`] is [`generic::Comm`] over whichever backend was chosen at run time: its methods
+//! (`alloc`, `register`, `all_reduce`, `all_to_all`, `group`, `abort`, ...) are listed on
+//! that page, and the contract they follow (ordering, when errors surface, what is
+//! validated where) on [`core`]'s front page. The buffer types are likewise
+//! [`generic::Buffer`], [`generic::Registration`] and the views.
 //!
 //! # One rank fails
 //! A rank that fails before it enqueues a collective leaves its peers waiting for it: for
@@ -78,8 +78,20 @@ pub use unicomm_core::{
     Error, Op, RawHandle, ReduceOp, Result, Version,
 };
 
-/// The contract crate: the generic types behind the aliases below, with their methods.
+/// The contract crate (`unicomm-core`): the backend trait, the conformance suite, bootstrap.
 pub use unicomm_core as core;
+
+/// The generic types behind the aliases below ([`Comm`], [`Buffer`], [`Registered`],
+/// [`Window`], [`View`], [`ViewMut`]), documented here with all their methods: `C` is the
+/// backend, [`AnyComm`] for the aliases.
+pub mod generic {
+    #[doc(inline)]
+    pub use unicomm_core::registration::{BufferKind, Kind, WindowKind};
+    #[doc(inline)]
+    pub use unicomm_core::{
+        Buffer, Comm, DeviceSlice, DeviceSliceMut, RegisterError, Registration, View, ViewMut,
+    };
+}
 /// The CPU mock backend (feature `mock`): configuration and fault injection.
 #[cfg(feature = "mock")]
 pub use unicomm_mock as mock;
@@ -91,20 +103,21 @@ pub use unicomm_nccl as nccl;
 #[cfg(feature = "rccl")]
 pub use unicomm_rccl as rccl;
 
-/// A communicator of whichever backend was chosen at run time. Its methods are those of
-/// [`unicomm_core::Comm`] (`alloc`, `register`, `all_reduce`, `all_to_all`, `group`, ...).
+/// A communicator of whichever backend was chosen at run time: [`generic::Comm`], whose
+/// page lists its methods (`alloc`, `register`, `all_reduce`, `all_to_all`, `group`,
+/// `abort`, ...) and the contract they follow.
 pub type Comm = unicomm_core::Comm<AnyComm>;
-/// Device memory of `T` elements ([`unicomm_core::Buffer`]).
+/// Device memory of `T` elements: [`generic::Buffer`] (methods there).
 pub type Buffer<T> = unicomm_core::Buffer<T, AnyComm>;
-/// A registered buffer ([`unicomm_core::Registration`] of the buffer kind).
+/// A registered buffer: [`generic::Registration`] of the buffer kind (methods there).
 pub type Registered<'c, T> = unicomm_core::Registered<'c, T, AnyComm>;
-/// A buffer in a symmetric window ([`unicomm_core::Registration`] of the window kind).
+/// A buffer in a symmetric window: [`generic::Registration`] of the window kind.
 pub type Window<'c, T> = unicomm_core::Window<'c, T, AnyComm>;
-/// A stream.
+/// A stream ([`AnyStream`]).
 pub type Stream = AnyStream;
-/// A shared view of device elements ([`unicomm_core::View`]).
+/// A shared view of device elements: [`generic::View`] (methods there).
 pub type View<'a, T> = unicomm_core::View<'a, T, AnyComm>;
-/// An exclusive view of device elements ([`unicomm_core::ViewMut`]).
+/// An exclusive view of device elements: [`generic::ViewMut`] (methods there).
 pub type ViewMut<'a, T> = unicomm_core::ViewMut<'a, T, AnyComm>;
 
 /// Which vendor's GPUs (and library) to use.

@@ -426,11 +426,15 @@ fn abort_wakes_peers_blocked_in_a_collective() {
             st.synchronize()
         });
         std::thread::sleep(Duration::from_millis(100));
+        // A rank that failed before its collective aborts (through a shared reference,
+        // as the examples' runner does) instead of leaving its peer to the deadline.
         c1.abort().unwrap();
         let r = h.join().unwrap();
         assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
     });
     assert!(t0.elapsed() < Duration::from_secs(5));
+    // Every later call on the aborted communicator is an error, not a hang.
+    assert!(matches!(c1.create_stream(), Err(Error::Aborted { .. })));
 }
 
 #[test]

@@ -4,154 +4,14 @@
 //! resolution, version gates, the send/recv fallback and error translation are checked on
 //! both. "Device" memory is host memory (a host Runtime below).
 
-use std::ffi::{c_int, c_void};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Arc, OnceLock};
+mod common;
 
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{calls, comm, fake, flavors, Host};
 use unicomm_core::{Collective, Comm, Error, ReduceOp, Result, Version};
-use unicomm_nccl_api::{Api, ApiComm, Flavor, Runtime};
-
-/// Builds the fake in one flavour (once per test binary) and returns the library's path.
-fn fake(feature: &str) -> PathBuf {
-    static BUILT: OnceLock<std::sync::Mutex<Vec<(String, PathBuf)>>> = OnceLock::new();
-    let built = BUILT.get_or_init(Default::default);
-    let mut b = built.lock().unwrap();
-    if let Some((_, p)) = b.iter().find(|(f, _)| f == feature) {
-        return p.clone();
-    }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-nccl");
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fake-nccl-{feature}"));
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "--offline",
-            "--features",
-            feature,
-            "--manifest-path",
-        ])
-        .arg(dir.join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(&target)
-        .status()
-        .expect("run cargo to build the fake NCCL");
-    assert!(st.success(), "building the fake NCCL ({feature}) failed");
-    let p = target.join("debug/libunicomm_fake_nccl.so");
-    b.push((feature.to_string(), p.clone()));
-    p
-}
-
-fn calls(api_path: &Path, name: &str) -> c_int {
-    // SAFETY: the fake, already loaded by the test; unicommFakeCalls takes a C string.
-    unsafe {
-        let lib = libloading::Library::new(api_path).unwrap();
-        let f: libloading::Symbol<unsafe extern "C" fn(*const std::ffi::c_char) -> c_int> =
-            lib.get(b"unicommFakeCalls\0").unwrap();
-        let n = std::ffi::CString::new(name).unwrap();
-        f(n.as_ptr())
-    }
-}
-
-/// Host memory standing in for a device.
-#[derive(Debug)]
-struct Host;
-
-#[derive(Debug)]
-struct HostStream;
-
-impl Runtime for Host {
-    const NAME: &'static str = "host";
-    const VENDOR: &'static str = "host";
-    type Stream = HostStream;
-    fn device_count(&self) -> Result<usize> {
-        Ok(1)
-    }
-    fn with_device<T>(&self, _: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        f()
-    }
-    fn create_stream(&self, _: usize) -> Result<HostStream> {
-        Ok(HostStream)
-    }
-    fn raw_stream(_: &HostStream) -> *mut c_void {
-        std::ptr::null_mut()
-    }
-    fn synchronize(&self, _: &HostStream) -> Result<()> {
-        Ok(())
-    }
-    fn malloc(&self, _: usize, bytes: usize) -> Result<usize> {
-        Ok(Box::into_raw(vec![0u8; bytes].into_boxed_slice()) as *mut u8 as usize)
-    }
-    unsafe fn free(&self, _: usize, _ptr: usize) -> Result<()> {
-        // Leaked: the size is not known here, and the tests are short.
-        Ok(())
-    }
-    unsafe fn htod(&self, _: usize, dst: usize, src: &[u8], _: &HostStream) -> Result<()> {
-        // SAFETY: `dst` holds `src.len()` bytes (trait contract).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
-        Ok(())
-    }
-    unsafe fn dtoh(&self, _: usize, dst: &mut [u8], src: usize, _: &HostStream) -> Result<()> {
-        // SAFETY: `src` holds `dst.len()` bytes (trait contract).
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
-    }
-    fn describe(&self) -> String {
-        "host".into()
-    }
-}
-
-fn nccl_like(dir: PathBuf) -> Vec<PathBuf> {
-    vec![dir]
-}
-
-/// NCCL's flavour pointed at the fake; and the same without a native all-to-all, to force
-/// the grouped send/recv fallback.
-/// The two vendors' flavours as their crates define them (`unicomm_nccl::NCCL`,
-/// `unicomm_rccl::RCCL`; this crate cannot depend on them): the symbol names and version
-/// floors are what differ.
-static NCCL: Flavor = Flavor {
-    library: "NCCL",
-    env_var: "UNICOMM_FAKE_UNUSED",
-    dirs: Vec::new,
-    sonames: &["libnccl.so.2", "libnccl.so"],
-    all_to_all: &["ncclAlltoAll"],
-    registration_since: Version::new(2, 19, 0),
-    windows_since: Version::new(2, 27, 0),
-    mem_alloc_since: Version::new(2, 19, 0),
-};
-static RCCL: Flavor = Flavor {
-    library: "RCCL",
-    env_var: "UNICOMM_FAKE_UNUSED",
-    dirs: Vec::new,
-    sonames: &["librccl.so.1", "librccl.so"],
-    all_to_all: &["ncclAllToAll", "ncclAlltoAll"],
-    registration_since: Version::new(2, 20, 0),
-    windows_since: Version::new(2, 27, 0),
-    mem_alloc_since: Version::new(2, 20, 0),
-};
-
-fn flavors(no_a2a: bool, rccl: bool) -> &'static Flavor {
-    let base: &Flavor = if rccl { &RCCL } else { &NCCL };
-    let f = Flavor {
-        library: base.library,
-        env_var: "UNICOMM_FAKE_UNUSED",
-        dirs: || nccl_like("/nonexistent".into()),
-        sonames: base.sonames,
-        all_to_all: if no_a2a { &[] } else { base.all_to_all },
-        registration_since: base.registration_since,
-        windows_since: base.windows_since,
-        mem_alloc_since: base.mem_alloc_since,
-    };
-    Box::leak(Box::new(f))
-}
-
-fn comm(flavor: &'static Flavor, path: &Path) -> Comm<ApiComm<Host>> {
-    let api = Arc::new(Api::open(flavor, path).expect("load the fake"));
-    let mut v = ApiComm::init_local(api, Arc::new(Host), &[0]).expect("init");
-    Comm::from_backend(v.remove(0))
-}
+use unicomm_nccl_api::{Api, ApiComm};
 
 fn round_trip(c: &Comm<ApiComm<Host>>) -> Result<()> {
     let st = c.create_stream()?;
@@ -300,7 +160,7 @@ fn a_library_missing_a_required_symbol_is_named() {
     // The HIP runtime (or any library) is not an NCCL-API library: the first required
     // symbol is reported, with the path.
     let path = fake("nccl228");
-    let r = Api::open(&NCCL, Path::new("libc.so.6"));
+    let r = Api::open(&common::NCCL, Path::new("libc.so.6"));
     match r {
         Err(Error::MissingSymbol { symbol, path, .. }) => {
             assert_eq!(symbol, "ncclGetVersion");
