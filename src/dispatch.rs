@@ -78,14 +78,7 @@ macro_rules! backends {
             ($a:expr, $ta:ident, $b:expr, $tb:ident, $arg:expr, ($x:ident, $y:ident) => $body:expr) => {
                 match ($a, $b) {
                     $( #[cfg(feature = $feature)] ($ta::$variant($x), $tb::$variant($y)) => $body, )*
-                    #[cfg_attr(
-                        not(any(
-                            all(feature = "mock", feature = "nccl"),
-                            all(feature = "mock", feature = "rccl"),
-                            all(feature = "nccl", feature = "rccl")
-                        )),
-                        expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above")
-                    )]
+                    #[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
                     _ => Err(Error::invalid($arg, "belongs to another backend")),
                 }
             };
@@ -99,72 +92,35 @@ macro_rules! backends {
                         (AnyComm::$variant(c), AnyStream::$variant(s)) => c.enqueue(
                             op.map_mem(|m| match m {
                                 AnyMemory::$variant(m) => Some(m),
-#[cfg_attr(
-                        not(any(
-                            all(feature = "mock", feature = "nccl"),
-                            all(feature = "mock", feature = "rccl"),
-                            all(feature = "nccl", feature = "rccl")
-                        )),
-                        expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above")
-                    )]
+#[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
                                 _ => None,
                             })?,
                             s,
                         ),
                     )*
-                    #[cfg_attr(
-                        not(any(
-                            all(feature = "mock", feature = "nccl"),
-                            all(feature = "mock", feature = "rccl"),
-                            all(feature = "nccl", feature = "rccl")
-                        )),
-                        expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above")
-                    )]
+                    #[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
                     _ => Err(Error::invalid("stream", "belongs to another backend")),
                 }
             }
         }
 
-        /// The entry points of `vendor`'s backend, or `Unsupported` naming the feature
-        /// when it is not compiled in. `Auto` must be resolved first.
-        pub(crate) fn probe_vendor(vendor: Vendor) -> Result<String> {
-            match vendor {
-                $(
-                    #[cfg(feature = $feature)]
-                    Vendor::$vendor => <$krate::Facade as Backend>::probe(),
-                    #[cfg(not(feature = $feature))]
-                    Vendor::$vendor => Err(not_compiled($feature)),
-                )*
-                Vendor::Auto => Err(unresolved()),
-            }
-        }
-
-        pub(crate) fn local_vendor(vendor: Vendor, n: Option<usize>) -> Result<Vec<AnyComm>> {
-            match vendor {
-                $(
-                    #[cfg(feature = $feature)]
-                    Vendor::$vendor => <$krate::Facade as Backend>::local(n),
-                    #[cfg(not(feature = $feature))]
-                    Vendor::$vendor => { let _ = n; Err(not_compiled($feature)) }
-                )*
-                Vendor::Auto => Err(unresolved()),
-            }
-        }
-
-        pub(crate) fn from_env_vendor(
-            vendor: Vendor,
-            env: &LaunchEnv,
-            timeout: Duration,
-        ) -> Result<AnyComm> {
-            match vendor {
-                $(
-                    #[cfg(feature = $feature)]
-                    Vendor::$vendor => <$krate::Facade as Backend>::from_env(env, timeout),
-                    #[cfg(not(feature = $feature))]
-                    Vendor::$vendor => { let _ = (env, timeout); Err(not_compiled($feature)) }
-                )*
-                Vendor::Auto => Err(unresolved()),
-            }
+        /// Runs `$body` with `$b` the [`Backend`] of `$vendor`, or gives `Unsupported`
+        /// naming the feature when it is not compiled in. `Auto` must be resolved first.
+        macro_rules! on_vendor {
+            ($v:expr, $b:ident => $body:expr) => {
+                match $v {
+                    $(
+                        #[cfg(feature = $feature)]
+                        Vendor::$vendor => {
+                            type $b = $krate::Facade;
+                            $body
+                        }
+                        #[cfg(not(feature = $feature))]
+                        Vendor::$vendor => Err(not_compiled($feature)),
+                    )*
+                    Vendor::Auto => Err(unresolved()),
+                }
+            };
         }
     };
 }
@@ -268,6 +224,25 @@ macro_rules! gpu_backend {
 }
 gpu_backend!("nccl", unicomm_nccl);
 gpu_backend!("rccl", unicomm_rccl);
+
+/// One line naming `vendor`'s devices and library, or why they are unusable.
+pub(crate) fn probe_vendor(vendor: Vendor) -> Result<String> {
+    on_vendor!(vendor, B => B::probe())
+}
+
+/// `n` ranks of `vendor` in this process.
+pub(crate) fn local_vendor(vendor: Vendor, n: Option<usize>) -> Result<Vec<AnyComm>> {
+    on_vendor!(vendor, B => B::local(n))
+}
+
+/// One rank of `vendor` in a world launched one rank per process.
+pub(crate) fn from_env_vendor(
+    vendor: Vendor,
+    env: &LaunchEnv,
+    timeout: Duration,
+) -> Result<AnyComm> {
+    on_vendor!(vendor, B => B::from_env(env, timeout))
+}
 
 impl DeviceStream for AnyStream {
     fn synchronize(&self) -> Result<()> {
