@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use unicomm_core::bootstrap::LaunchEnv;
 use unicomm_core::{
-    Capabilities, Collective, DeviceMemory, DeviceStream, Error, Op, RawHandle, Result,
+    Capabilities, Collective, DeviceMemory, DeviceStream, Error, Marker, Op, RawHandle, Result,
 };
 
 use crate::Vendor;
@@ -248,12 +248,19 @@ impl DeviceStream for AnyStream {
     fn synchronize(&self) -> Result<()> {
         each!(self, AnyStream, s => s.synchronize())
     }
+    fn record(&self) -> Result<Marker> {
+        each!(self, AnyStream, s => s.record())
+    }
 }
 
 impl AnyStream {
     /// Blocks until the work enqueued so far has finished; returns its first error.
     pub fn synchronize(&self) -> Result<()> {
         DeviceStream::synchronize(self)
+    }
+    /// Records a timing marker in stream order (see [`DeviceStream::record`]).
+    pub fn record(&self) -> Result<Marker> {
+        DeviceStream::record(self)
     }
 }
 

@@ -2,11 +2,11 @@
 //! Errors of the work are kept and returned by the next `synchronize`.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use unicomm_core::{DeviceStream, Error, Result};
+use unicomm_core::{DeviceStream, Error, Marker, MarkerTime, Result};
 
 pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
 
@@ -165,6 +165,38 @@ fn worker_loop(inner: &Inner) {
 impl DeviceStream for MockStream {
     fn synchronize(&self) -> Result<()> {
         self.synchronize_inner()
+    }
+
+    fn record(&self) -> Result<Marker> {
+        let at = Arc::new(OnceLock::new());
+        let set = at.clone();
+        self.push(Box::new(move || {
+            let _ = set.set(Instant::now());
+            Ok(())
+        }))?;
+        Ok(Marker::new(MockMarker(at)))
+    }
+}
+
+/// The instant the stream's worker reached the marker (host time: the mock's "device").
+struct MockMarker(Arc<OnceLock<Instant>>);
+
+impl MarkerTime for MockMarker {
+    fn ms_until(&self, later: &dyn MarkerTime) -> Result<f64> {
+        let later = later
+            .as_any()
+            .downcast_ref::<MockMarker>()
+            .ok_or_else(|| Error::invalid("marker", "a marker of another backend"))?;
+        match (self.0.get(), later.0.get()) {
+            (Some(a), Some(b)) => Ok(b.saturating_duration_since(*a).as_secs_f64() * 1e3),
+            _ => Err(Error::invalid(
+                "marker",
+                "not reached yet: synchronize the stream before reading the time",
+            )),
+        }
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

@@ -106,6 +106,60 @@ impl Runtime for CudaRuntime {
     const NAME: &'static str = "CUDA";
     const VENDOR: &'static str = "CUDA";
     type Stream = CudaStreamHandle;
+    type Event = cudarc::driver::CudaEvent;
+
+    fn record(&self, s: &CudaStreamHandle) -> Result<cudarc::driver::CudaEvent> {
+        // Timing events: cudarc's default disables timing.
+        s.0.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| cuda_err("cuEventRecord", e))
+    }
+
+    fn elapsed_ms(
+        &self,
+        a: &cudarc::driver::CudaEvent,
+        b: &cudarc::driver::CudaEvent,
+    ) -> Result<f64> {
+        a.elapsed_ms(b)
+            .map(f64::from)
+            .map_err(|e| cuda_err("cuEventElapsedTime", e))
+    }
+
+    fn enable_peer_access(&self, dev: usize, peer: usize) -> Result<()> {
+        let peer_ctx = self.ctx(peer)?.cu_ctx();
+        self.with_device(dev, || {
+            // SAFETY: `peer_ctx` is the retained primary context of `peer`; the call only
+            // maps it into the current (dev's) context.
+            let r = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) };
+            match r {
+                sys::cudaError_enum::CUDA_SUCCESS
+                | sys::cudaError_enum::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+                e => Err(cuda_err("cuCtxEnablePeerAccess", DriverError(e))),
+            }
+        })
+    }
+
+    unsafe fn copy_async(
+        &self,
+        dev: usize,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        s: &CudaStreamHandle,
+    ) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: the trait contract: both ranges are live device memory reachable from
+            // `dev` (unified addressing, peer access enabled) until the copy completes.
+            unsafe {
+                result::memcpy_dtod_async(
+                    dst as sys::CUdeviceptr,
+                    src as sys::CUdeviceptr,
+                    bytes,
+                    s.0.cu_stream(),
+                )
+            }
+            .map_err(|e| cuda_err("cuMemcpyDtoDAsync", e))
+        })
+    }
 
     fn device_count(&self) -> Result<usize> {
         Ok(self.count)

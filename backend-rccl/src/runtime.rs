@@ -19,7 +19,11 @@ const HIP_ERROR_INVALID_DEVICE: HipError = 101;
 const HIP_ERROR_INSUFFICIENT_DRIVER: HipError = 35;
 const HIP_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
+const HIP_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 const HIP_STREAM_NON_BLOCKING: c_uint = 1;
+/// `hipErrorPeerAccessAlreadyEnabled`.
+const HIP_ERROR_PEER_ACCESS_ALREADY_ENABLED: HipError = 704;
+type HipEvent = *mut c_void;
 
 /// The HIP calls unicomm makes, resolved from `libamdhip64`: required are exactly those
 /// the runtime calls; the diagnostics are optional.
@@ -39,6 +43,12 @@ pub struct HipFns {
     pub memcpy_async:
         unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, HipStream) -> HipError,
     pub get_error_string: unsafe extern "C" fn(HipError) -> *const c_char,
+    pub event_create: unsafe extern "C" fn(*mut HipEvent) -> HipError,
+    pub event_record: unsafe extern "C" fn(HipEvent, HipStream) -> HipError,
+    pub event_synchronize: unsafe extern "C" fn(HipEvent) -> HipError,
+    pub event_elapsed_time: unsafe extern "C" fn(*mut f32, HipEvent, HipEvent) -> HipError,
+    pub event_destroy: unsafe extern "C" fn(HipEvent) -> HipError,
+    pub device_enable_peer_access: unsafe extern "C" fn(c_int, c_uint) -> HipError,
     // Diagnostics only: optional, so a runtime without them still loads.
     pub get_error_name: Option<unsafe extern "C" fn(HipError) -> *const c_char>,
     pub runtime_get_version: Option<unsafe extern "C" fn(*mut c_int) -> HipError>,
@@ -120,6 +130,12 @@ impl HipRuntime {
             free: sym!("hipFree"),
             memcpy_async: sym!("hipMemcpyAsync"),
             get_error_string: sym!("hipGetErrorString"),
+            event_create: sym!("hipEventCreate"),
+            event_record: sym!("hipEventRecord"),
+            event_synchronize: sym!("hipEventSynchronize"),
+            event_elapsed_time: sym!("hipEventElapsedTime"),
+            event_destroy: sym!("hipEventDestroy"),
+            device_enable_peer_access: sym!("hipDeviceEnablePeerAccess"),
             get_error_name: opt!("hipGetErrorName"),
             runtime_get_version: opt!("hipRuntimeGetVersion"),
             driver_get_version: opt!("hipDriverGetVersion"),
@@ -223,10 +239,98 @@ unsafe impl Send for HipStreamHandle {}
 // SAFETY: HIP's stream calls are thread-safe.
 unsafe impl Sync for HipStreamHandle {}
 
+/// A HIP timing event of one device, destroyed on drop.
+#[derive(Debug)]
+pub struct HipEventHandle(HipEvent, usize);
+
+// SAFETY: a hipEvent_t may be recorded, awaited and destroyed from any thread (HIP's
+// event calls are thread-safe).
+unsafe impl Send for HipEventHandle {}
+// SAFETY: as above.
+unsafe impl Sync for HipEventHandle {}
+
+impl Drop for HipEventHandle {
+    fn drop(&mut self) {
+        if let Ok(rt) = crate::hip() {
+            // SAFETY: an event created by hipEventCreate, destroyed once.
+            let _ = rt.with_device(self.1, || {
+                rt.check("hipEventDestroy", unsafe { (rt.fns.event_destroy)(self.0) })
+            });
+        }
+    }
+}
+
 impl Runtime for HipRuntime {
     const NAME: &'static str = "HIP";
     const VENDOR: &'static str = "ROCm";
     type Stream = HipStreamHandle;
+    type Event = HipEventHandle;
+
+    fn record(&self, s: &HipStreamHandle) -> Result<HipEventHandle> {
+        self.with_device(s.1, || {
+            let mut ev = std::ptr::null_mut();
+            // SAFETY: writes one event handle.
+            self.check("hipEventCreate", unsafe {
+                (self.fns.event_create)(&mut ev)
+            })?;
+            let ev = HipEventHandle(ev, s.1);
+            // SAFETY: a live event and a live stream of the same device.
+            self.check("hipEventRecord", unsafe {
+                (self.fns.event_record)(ev.0, s.0)
+            })?;
+            Ok(ev)
+        })
+    }
+
+    fn elapsed_ms(&self, a: &HipEventHandle, b: &HipEventHandle) -> Result<f64> {
+        self.with_device(a.1, || {
+            let mut ms = 0f32;
+            for e in [a, b] {
+                // SAFETY: a live, recorded event.
+                self.check("hipEventSynchronize", unsafe {
+                    (self.fns.event_synchronize)(e.0)
+                })?;
+            }
+            // SAFETY: two live events, both complete; writes one float.
+            self.check("hipEventElapsedTime", unsafe {
+                (self.fns.event_elapsed_time)(&mut ms, a.0, b.0)
+            })?;
+            Ok(f64::from(ms))
+        })
+    }
+
+    fn enable_peer_access(&self, dev: usize, peer: usize) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: maps `peer`'s memory into the current device (`dev`); no pointers.
+            match unsafe { (self.fns.device_enable_peer_access)(peer as c_int, 0) } {
+                HIP_SUCCESS | HIP_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+                e => Err(self.err("hipDeviceEnablePeerAccess", e)),
+            }
+        })
+    }
+
+    unsafe fn copy_async(
+        &self,
+        dev: usize,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        s: &HipStreamHandle,
+    ) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: the trait contract: both ranges are live device memory reachable from
+            // `dev` until the copy completes.
+            self.check("hipMemcpyAsync", unsafe {
+                (self.fns.memcpy_async)(
+                    dst as *mut c_void,
+                    src as *const c_void,
+                    bytes,
+                    HIP_MEMCPY_DEVICE_TO_DEVICE,
+                    s.0,
+                )
+            })
+        })
+    }
 
     fn device_count(&self) -> Result<usize> {
         Ok(self.count)

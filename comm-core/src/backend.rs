@@ -75,6 +75,46 @@ pub trait DeviceStream: Send + Sync {
     /// Blocks until all work enqueued so far has finished, and returns the first
     /// asynchronous error it raised.
     fn synchronize(&self) -> Result<()>;
+
+    /// Records a [`Marker`] in stream order (`cudaEventRecord`): the point after the work
+    /// enqueued so far. The time between two markers of one stream is device time, with no
+    /// host synchronisation in between (how nccl-tests times back-to-back iterations).
+    fn record(&self) -> Result<Marker>;
+}
+
+/// A point in a stream's work, recorded by [`DeviceStream::record`]; a GPU event, or on the
+/// mock the instant its stream worker reached it.
+pub struct Marker(Box<dyn MarkerTime>);
+
+/// What a backend's marker does (implemented by each backend's event type).
+pub trait MarkerTime: Send + Sync + 'static {
+    /// Milliseconds from `self` to `later`, both of the same backend and stream; an error
+    /// when either was not reached yet (synchronize the stream first) or they are of
+    /// different kinds.
+    fn ms_until(&self, later: &dyn MarkerTime) -> Result<f64>;
+    /// For `ms_until` to recognise its own kind.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl Marker {
+    /// Wraps a backend's marker.
+    pub fn new(m: impl MarkerTime) -> Self {
+        Marker(Box::new(m))
+    }
+    /// Milliseconds from this marker to `later` (`cudaEventElapsedTime`).
+    pub fn elapsed_ms(&self, later: &Marker) -> Result<f64> {
+        self.0.ms_until(&*later.0)
+    }
+    /// The backend's marker.
+    pub fn inner(&self) -> &dyn MarkerTime {
+        &*self.0
+    }
+}
+
+impl std::fmt::Debug for Marker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Marker")
+    }
 }
 
 /// One device allocation, owned; freed on drop.

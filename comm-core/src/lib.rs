@@ -51,7 +51,9 @@ pub mod registry;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use backend::{Capabilities, Collective, DeviceMemory, DeviceStream, RawHandle, Version};
+pub use backend::{
+    Capabilities, Collective, DeviceMemory, DeviceStream, Marker, MarkerTime, RawHandle, Version,
+};
 pub use buffer::{Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
 pub use comm::Comm;
 pub use element::{DataType, Element, ReduceOp};

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use unicomm_core::{DeviceMemory, DeviceStream, Error, Result};
+use unicomm_core::{DeviceMemory, DeviceStream, Error, Marker, MarkerTime, Result};
 
 use crate::api::Api;
 use crate::runtime::Runtime;
@@ -44,6 +44,33 @@ impl<R: Runtime> ApiStream<R> {
 impl<R: Runtime> DeviceStream for ApiStream<R> {
     fn synchronize(&self) -> Result<()> {
         self.rt.synchronize(&self.s)
+    }
+
+    fn record(&self) -> Result<Marker> {
+        let ev = self.rt.with_device(self.dev, || self.rt.record(&self.s))?;
+        Ok(Marker::new(ApiMarker {
+            ev,
+            rt: self.rt.clone(),
+        }))
+    }
+}
+
+/// A timing event of a NCCL-API backend's runtime.
+struct ApiMarker<R: Runtime> {
+    ev: R::Event,
+    rt: Arc<R>,
+}
+
+impl<R: Runtime> MarkerTime for ApiMarker<R> {
+    fn ms_until(&self, later: &dyn MarkerTime) -> Result<f64> {
+        let later = later
+            .as_any()
+            .downcast_ref::<ApiMarker<R>>()
+            .ok_or_else(|| Error::invalid("marker", "a marker of another backend"))?;
+        self.rt.elapsed_ms(&self.ev, &later.ev)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

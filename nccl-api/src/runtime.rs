@@ -41,4 +41,31 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     unsafe fn dtoh(&self, dev: usize, dst: &mut [u8], src: usize, s: &Self::Stream) -> Result<()>;
     /// One line about the driver and runtime (versions), for `doctor` and errors.
     fn describe(&self) -> String;
+
+    /// A timing event (`cudaEvent_t` / `hipEvent_t`), destroyed on drop.
+    type Event: Send + Sync + 'static;
+    /// Records a timing event on `s` (`cuEventRecord` / `hipEventRecord`).
+    fn record(&self, s: &Self::Stream) -> Result<Self::Event>;
+    /// Milliseconds from `a` to `b`, waiting for both (`cuEventElapsedTime`).
+    fn elapsed_ms(&self, a: &Self::Event, b: &Self::Event) -> Result<f64>;
+
+    /// Lets device `dev` read and write device `peer`'s memory directly (`cuCtxEnablePeerAccess`
+    /// / `hipDeviceEnablePeerAccess`); already enabled is success. An error when the two
+    /// devices cannot reach each other.
+    fn enable_peer_access(&self, dev: usize, peer: usize) -> Result<()>;
+    /// Copies `bytes` from device address `src` to device address `dst`, ordered on `s`
+    /// (`cuMemcpyDtoDAsync`): with unified addressing and peer access the two may be on
+    /// different devices, and the copy engines move the bytes (no SMs).
+    ///
+    /// # Safety
+    /// `src..src+bytes` is readable and `dst..dst+bytes` writable device memory, reachable
+    /// from `dev`, until the copy completes.
+    unsafe fn copy_async(
+        &self,
+        dev: usize,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        s: &Self::Stream,
+    ) -> Result<()>;
 }

@@ -97,6 +97,29 @@ impl Runtime for Host {
     fn describe(&self) -> String {
         "host".into()
     }
+    type Event = std::time::Instant;
+    fn record(&self, _: &HostStream) -> Result<std::time::Instant> {
+        // The host stream is synchronous: its work is done when enqueued.
+        Ok(std::time::Instant::now())
+    }
+    fn elapsed_ms(&self, a: &std::time::Instant, b: &std::time::Instant) -> Result<f64> {
+        Ok(b.saturating_duration_since(*a).as_secs_f64() * 1e3)
+    }
+    fn enable_peer_access(&self, _: usize, _: usize) -> Result<()> {
+        Ok(())
+    }
+    unsafe fn copy_async(
+        &self,
+        _: usize,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        _: &HostStream,
+    ) -> Result<()> {
+        // SAFETY: the trait contract: both ranges are live for `bytes`.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+        Ok(())
+    }
 }
 
 pub fn nccl_like(dir: PathBuf) -> Vec<PathBuf> {
