@@ -252,8 +252,8 @@ unsafe impl Sync for HipEventHandle {}
 impl Drop for HipEventHandle {
     fn drop(&mut self) {
         if let Ok(rt) = crate::hip() {
-            // SAFETY: an event created by hipEventCreate, destroyed once.
             let _ = rt.with_device(self.1, || {
+                // SAFETY: an event created by hipEventCreate, destroyed once.
                 rt.check("hipEventDestroy", unsafe { (rt.fns.event_destroy)(self.0) })
             });
         }
