@@ -323,6 +323,9 @@ impl Collective for AnyComm {
     fn group_end(&self) -> Result<()> {
         each!(self, AnyComm, c => c.group_end())
     }
+    fn set_copy_engine(&self, on: bool) -> Result<()> {
+        each!(self, AnyComm, c => c.set_copy_engine(on))
+    }
     fn finalize(&mut self) -> Result<()> {
         each!(self, AnyComm, c => c.finalize())
     }

@@ -328,6 +328,7 @@ impl Collective for MockComm {
             native_all_to_all: true,
             graph_capture: false,
             mem_alloc: true,
+            copy_engine: false,
         }
     }
 

@@ -68,6 +68,9 @@ pub struct Capabilities {
     pub graph_capture: bool,
     /// Allocation through the library (`ncclMemAlloc`, cuMem-backed).
     pub mem_alloc: bool,
+    /// The copy-engine path for all-to-all and all-gather (`set_copy_engine`): ranks in one
+    /// process with symmetric windows.
+    pub copy_engine: bool,
 }
 
 /// A stream: an ordered queue of device work.
@@ -205,6 +208,20 @@ pub trait Collective: Send + Sync + Sized + 'static {
     /// that failed, or a watchdog, aborts so that peers stop waiting); every later call on
     /// it is an error.
     fn abort(&self) -> Result<()>;
+
+    /// Turns the copy-engine path for all-to-all and all-gather on or off (see
+    /// [`Capabilities::copy_engine`]); call it on every rank, before registering the windows
+    /// the path writes into. Default: `Unsupported`.
+    fn set_copy_engine(&self, on: bool) -> Result<()> {
+        if !on {
+            return Ok(());
+        }
+        Err(crate::Error::unsupported(
+            "the copy-engine path",
+            "a GPU backend with ranks in one process",
+            self.capabilities().backend,
+        ))
+    }
 
     /// `ncclAllReduce` of `count` elements.
     fn all_reduce(

@@ -112,6 +112,14 @@ impl<C: Collective> Comm<C> {
         win.release(self)
     }
 
+    /// Turns the copy-engine path for all-to-all and all-gather on or off (NCCL/RCCL with
+    /// every rank in this process; [`Capabilities::copy_engine`]). Call it on every rank
+    /// before registering the windows the outputs live in: those outputs then move by copy
+    /// engine (no SMs), between two one-element barriers on the caller's stream.
+    pub fn set_copy_engine(&self, on: bool) -> Result<()> {
+        self.raw.set_copy_engine(on)
+    }
+
     fn check<T: Element>(&self, v: &View<'_, T, C>) -> Result<()> {
         self.raw.check_memory(v.mem)
     }

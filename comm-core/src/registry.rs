@@ -159,6 +159,22 @@ impl Registry {
         }
     }
 
+    /// The window that covers `[address, address+bytes)` entirely, with its base address.
+    pub fn window_covering(
+        &self,
+        address: usize,
+        bytes: usize,
+    ) -> Result<Option<(RawHandle, usize)>> {
+        let live = self.lock();
+        let end = address.saturating_add(bytes);
+        Ok(live
+            .iter()
+            .find(|(_, e)| {
+                e.kind == RegKind::Window && e.address <= address && end <= e.address + e.bytes
+            })
+            .map(|(h, e)| (*h, e.address)))
+    }
+
     /// Number of live registrations.
     pub fn len(&self) -> usize {
         self.lock().len()

@@ -3,12 +3,11 @@
 use std::ffi::{c_int, c_void};
 
 use unicomm_core::registry::RegKind;
-use unicomm_core::{
-    Capabilities, Collective, DataType, Error, Kind, Op, RawHandle, ReduceOp, Result,
-};
+use unicomm_core::{Capabilities, Collective, Error, Kind, Op, RawHandle, Result};
 
 use crate::api::WIN_COLL_SYMMETRIC;
 use crate::comm::ApiComm;
+use crate::copy_engine::GROUP_DEPTH;
 use crate::memory::{ApiMemory, ApiStream, Owner};
 use crate::runtime::Runtime;
 
@@ -36,6 +35,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
             native_all_to_all: self.api.all_to_all.is_some(),
             graph_capture: true,
             mem_alloc: self.api.has_mem_alloc(),
+            copy_engine: self.ce.world.is_some() && self.api.has_windows(),
         }
     }
 
@@ -132,7 +132,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
             fns.window_register
                 .filter(|_| fns.window_deregister.is_some()),
         )?;
-        self.register_range(mem, offset, bytes, RegKind::Window, |c, addr| {
+        let h = self.register_range(mem, offset, bytes, RegKind::Window, |c, addr| {
             let mut w = std::ptr::null_mut();
             // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives the window.
             self.check("ncclCommWindowRegister", unsafe {
@@ -147,12 +147,22 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 ));
             }
             Ok(w)
-        })
+        })?;
+        if self.ce.enabled.load(std::sync::atomic::Ordering::Relaxed) {
+            let addr = mem.range(offset, bytes, "bytes")?;
+            if let Err(e) = self.share_window(h, addr, bytes) {
+                let _ = self.deregister_window(h);
+                return Err(e);
+            }
+        }
+        Ok(h)
     }
 
     fn deregister_window(&self, handle: RawHandle) -> Result<()> {
         let f = self.api.fns.window_deregister;
-        self.deregister_handle(handle, RegKind::Window, "ncclCommWindowDeregister", f)
+        self.deregister_handle(handle, RegKind::Window, "ncclCommWindowDeregister", f)?;
+        self.forget_window(handle);
+        Ok(())
     }
 
     fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
@@ -166,6 +176,9 @@ impl<R: Runtime> Collective for ApiComm<R> {
             ));
         }
         op.check(self.world)?;
+        if let Some(plan) = self.copy_engine_plan(&op)? {
+            return self.run_copy_engine(plan, &stream.s);
+        }
         let st = R::raw_stream(&stream.s);
         let (count, dt) = (op.count, op.dtype.nccl());
         let (s, r) = (
@@ -237,35 +250,27 @@ impl<R: Runtime> Collective for ApiComm<R> {
             Kind::Recv { peer } => {
                 self.call(|_| self.send_recv(r, count, op.dtype, peer, st, false))
             }
-            Kind::Barrier => {
-                let b = self.barrier.ptr as *mut c_void;
-                let (f32, sum) = (DataType::F32.nccl(), ReduceOp::Sum.nccl());
-                // The communicator's own 4-byte buffer, one f32 element, in place.
-                self.call(|c| {
-                    // SAFETY: see the comment above the match.
-                    let code = unsafe { (fns.all_reduce)(b, b, 1, f32, sum, c, st) };
-                    self.check("ncclAllReduce", code)
-                })
-            }
+            Kind::Barrier => self.barrier_on(st),
         }
     }
 
     fn group_start(&self) -> Result<()> {
         // SAFETY: no arguments.
-        self.api.check(
-            "ncclGroupStart",
-            unsafe { (self.api.fns.group_start)() },
-            None,
-        )
+        let code = unsafe { (self.api.fns.group_start)() };
+        self.api.check("ncclGroupStart", code, None)?;
+        GROUP_DEPTH.with(|d| d.set(d.get() + 1));
+        Ok(())
     }
 
     fn group_end(&self) -> Result<()> {
+        GROUP_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
         // SAFETY: no arguments; NCCL reports a group_end without group_start as an error.
-        self.api.check(
-            "ncclGroupEnd",
-            unsafe { (self.api.fns.group_end)() },
-            Some(self.comm),
-        )
+        let code = unsafe { (self.api.fns.group_end)() };
+        self.api.check("ncclGroupEnd", code, Some(self.comm))
+    }
+
+    fn set_copy_engine(&self, on: bool) -> Result<()> {
+        ApiComm::set_copy_engine(self, on)
     }
 
     fn finalize(&mut self) -> Result<()> {

@@ -10,6 +10,7 @@ use unicomm_core::registry::{RegKind, Registry};
 use unicomm_core::{Collective, DataType, Error, RawHandle, Result, Version};
 
 use crate::api::{Api, NcclComm, UniqueId};
+use crate::copy_engine::{CopyEngine, LocalWorld};
 use crate::memory::{ApiMemory, Owner};
 use crate::runtime::Runtime;
 
@@ -35,6 +36,8 @@ pub struct ApiComm<R: Runtime> {
     /// NCCL communicators must not be called from two threads at once.
     pub(crate) lock: Mutex<()>,
     pub(crate) state: AtomicU8,
+    /// The copy-engine path's state (`copy_engine.rs`).
+    pub(crate) ce: CopyEngine,
 }
 
 // SAFETY: an NCCL communicator is not bound to the thread that created it (NCCL's pthread
@@ -110,10 +113,21 @@ impl<R: Runtime> ApiComm<R> {
             }
             return Err(e);
         }
+        let local = Arc::new(LocalWorld::new(n));
         raw.into_iter()
             .zip(devs)
             .enumerate()
-            .map(|(rank, (c, &dev))| Self::wrap(api.clone(), rt.clone(), c, dev, rank, n))
+            .map(|(rank, (c, &dev))| {
+                Self::wrap(
+                    api.clone(),
+                    rt.clone(),
+                    c,
+                    dev,
+                    rank,
+                    n,
+                    Some(local.clone()),
+                )
+            })
             .collect()
     }
 
@@ -148,7 +162,7 @@ impl<R: Runtime> ApiComm<R> {
                 unsafe { (api.fns.comm_init_rank)(&mut c, world as c_int, id, rank as c_int) };
             api.check("ncclCommInitRank", code, None)
         })?;
-        Self::wrap(api, rt, c, dev, rank, world)
+        Self::wrap(api, rt, c, dev, rank, world, None)
     }
 
     fn wrap(
@@ -158,6 +172,7 @@ impl<R: Runtime> ApiComm<R> {
         dev: usize,
         rank: usize,
         world: usize,
+        local: Option<Arc<LocalWorld>>,
     ) -> Result<Self> {
         let barrier = match rt.malloc(dev, 4) {
             Ok(p) => ApiMemory {
@@ -184,6 +199,10 @@ impl<R: Runtime> ApiComm<R> {
             barrier,
             lock: Mutex::new(()),
             state: AtomicU8::new(LIVE),
+            ce: CopyEngine {
+                world: local,
+                ..CopyEngine::default()
+            },
         })
     }
 
@@ -342,6 +361,20 @@ impl<R: Runtime> ApiComm<R> {
         let r = r?;
         end?;
         Ok(r)
+    }
+
+    /// A stream-ordered barrier on `st`: an in-place one-element all-reduce of the
+    /// communicator's own 4 bytes (NCCL has no barrier).
+    pub(crate) fn barrier_on(&self, st: *mut c_void) -> Result<()> {
+        let b = self.barrier.ptr as *mut c_void;
+        let (f32, sum) = (DataType::F32.nccl(), unicomm_core::ReduceOp::Sum.nccl());
+        let all_reduce = self.api.fns.all_reduce;
+        self.call(|c| {
+            // SAFETY: the communicator's own 4-byte device buffer, one f32 element, in
+            // place, on a stream of this device.
+            let code = unsafe { all_reduce(b, b, 1, f32, sum, c, st) };
+            self.check("ncclAllReduce", code)
+        })
     }
 
     pub(crate) fn destroy(&self, finalize: bool) -> Result<()> {

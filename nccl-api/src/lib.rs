@@ -28,6 +28,7 @@
 pub mod api;
 mod collective;
 pub mod comm;
+mod copy_engine;
 #[cfg(feature = "gpu-harness")]
 pub mod gpu_tests;
 pub mod memory;

@@ -1,0 +1,265 @@
+//! The copy-engine path for all-to-all and all-gather: the bytes move by device-to-device
+//! copies (`cuMemcpyDtoDAsync` over NVLink with peer access), which run on the GPUs' copy
+//! engines and use no SMs, so they also overlap compute.
+//!
+//! How it works, for ranks that live in one process (created together by
+//! [`ApiComm::init_local`]):
+//! - registering a symmetric window is collective; when the copy-engine path is on, each
+//!   rank also deposits the window's device address in the world's [`LocalWorld`] table and
+//!   takes its peers' (a rendezvous with a deadline), and enables peer access to their
+//!   devices;
+//! - an all-to-all (or all-gather) whose output lies in such a window, issued outside a
+//!   group, becomes: a barrier (a one-element all-reduce, so every peer's output is free to
+//!   be overwritten), one copy per peer of this rank's chunk straight into the peer's output
+//!   (and a local copy of its own chunk), then a second barrier (so every copy into this
+//!   rank's output has landed before the work after it on the caller's stream). All of it
+//!   is enqueued on the caller's stream, so ordering holds.
+//! - Windows are symmetric: a peer's output is at the same offset of its window as this
+//!   rank's (NCCL's rule for symmetric collectives).
+//!
+//! One rank per process would need the peers' memory exported (cuMem handles); not done:
+//! there the library's own path runs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use unicomm_core::{Error, Kind, Op, RawHandle, Result};
+
+use crate::comm::ApiComm;
+use crate::memory::ApiMemory;
+use crate::runtime::Runtime;
+
+/// One window as every rank sees it: per rank, (device, address, bytes).
+pub(crate) type Peers = Arc<Vec<(usize, usize, usize)>>;
+
+/// The ranks of one world created in one process: a table where window registrations meet.
+#[derive(Debug)]
+pub(crate) struct LocalWorld {
+    world: usize,
+    slots: Mutex<HashMap<u64, Slot>>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    entries: Vec<Option<(usize, usize, usize)>>,
+    taken: usize,
+}
+
+/// How long a rank waits for its peers at a window registration.
+const EXCHANGE_DEADLINE: Duration = Duration::from_secs(60);
+
+impl LocalWorld {
+    pub(crate) fn new(world: usize) -> Self {
+        LocalWorld {
+            world,
+            slots: Mutex::new(HashMap::new()),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Deposits this rank's entry for registration number `seq` and returns every rank's,
+    /// once all arrived (`Timeout` naming the missing ranks after the deadline).
+    pub(crate) fn exchange(
+        &self,
+        seq: u64,
+        rank: usize,
+        entry: (usize, usize, usize),
+    ) -> Result<Peers> {
+        let deadline = Instant::now() + EXCHANGE_DEADLINE;
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let world = self.world;
+        let slot = slots.entry(seq).or_insert_with(|| Slot {
+            entries: vec![None; world],
+            taken: 0,
+        });
+        slot.entries[rank] = Some(entry);
+        self.cv.notify_all();
+        loop {
+            if let Some(s) = slots.get(&seq) {
+                if s.entries.iter().all(Option::is_some) {
+                    break;
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing: Vec<String> = slots
+                    .get(&seq)
+                    .map(|s| {
+                        (0..world)
+                            .filter(|&r| s.entries[r].is_none())
+                            .map(|r| r.to_string())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                return Err(Error::Timeout {
+                    what: format!(
+                        "window registration #{seq}: rank(s) {} never registered theirs",
+                        missing.join(", ")
+                    ),
+                    after: EXCHANGE_DEADLINE,
+                });
+            }
+            slots = self
+                .cv
+                .wait_timeout(slots, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let slot = slots
+            .get_mut(&seq)
+            .ok_or_else(|| Error::invalid("window", "exchange slot vanished"))?;
+        let all: Vec<(usize, usize, usize)> = slot.entries.iter().flatten().copied().collect();
+        slot.taken += 1;
+        if slot.taken == world {
+            slots.remove(&seq);
+        }
+        Ok(Arc::new(all))
+    }
+}
+
+thread_local! {
+    /// Depth of this thread's NCCL group: copies cannot be deferred to the group's end, so
+    /// inside a group the library's path runs.
+    pub(crate) static GROUP_DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// What an all-to-all or all-gather becomes on the copy-engine path.
+pub(crate) struct Plan {
+    /// (destination, source, bytes) per copy, peers' first.
+    copies: Vec<(usize, usize, usize)>,
+}
+
+impl<R: Runtime> ApiComm<R> {
+    /// The copies of `op` on the copy-engine path, or `None` when the library's path runs
+    /// (path off, inside a group, not a local world, output not in a window).
+    pub(crate) fn copy_engine_plan(&self, op: &Op<'_, ApiMemory<R>>) -> Result<Option<Plan>> {
+        if !self.ce.enabled.load(std::sync::atomic::Ordering::Relaxed)
+            || GROUP_DEPTH.with(|d| d.get()) > 0
+            || !matches!(op.kind, Kind::AllToAll | Kind::AllGather)
+        {
+            return Ok(None);
+        }
+        let (send, recv) = op.pair()?;
+        let chunk = op.count * op.dtype.size();
+        let total = chunk * self.world;
+        let Some((handle, base)) = self.registry.window_covering(recv.address(), total)? else {
+            return Ok(None);
+        };
+        let peers = match self
+            .ce
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&handle)
+        {
+            Some(p) => p.clone(),
+            None => return Ok(None),
+        };
+        let off = recv.address() - base;
+        let mut copies = Vec::with_capacity(self.world);
+        for k in 1..=self.world {
+            // Peers first, in a rotating order so the ranks do not all write to one peer at
+            // once; this rank's own chunk last.
+            let p = (self.rank + k) % self.world;
+            let (_, peer_base, peer_bytes) = peers[p];
+            let at = off + self.rank * chunk;
+            if at + chunk > peer_bytes {
+                return Err(Error::invalid(
+                    "recv",
+                    format!(
+                        "rank {p}'s window holds {peer_bytes} bytes, the copy needs {}; symmetric windows need the same size and offsets on every rank",
+                        at + chunk
+                    ),
+                ));
+            }
+            let src = match op.kind {
+                Kind::AllToAll => send.address() + p * chunk,
+                _ => send.address(),
+            };
+            let dst = peer_base + at;
+            if chunk > 0 && src != dst {
+                copies.push((dst, src, chunk));
+            }
+        }
+        Ok(Some(Plan { copies }))
+    }
+
+    /// Runs a plan on `stream`: barrier, copies, barrier.
+    pub(crate) fn run_copy_engine(&self, plan: Plan, stream: &R::Stream) -> Result<()> {
+        let st = R::raw_stream(stream);
+        self.barrier_on(st)?;
+        for (dst, src, bytes) in plan.copies {
+            // SAFETY: `src` lies in this rank's send range (checked by `Op::check`); `dst` in
+            // a peer's window, registered and alive until that peer deregisters it, which
+            // it does only after this operation's closing barrier (window deregistration
+            // follows the rank's stream order); bounds checked against the peer's window.
+            unsafe { self.rt.copy_async(self.dev, dst, src, bytes, stream) }?;
+        }
+        self.barrier_on(st)
+    }
+
+    /// Records a window for the copy-engine path: exchanges its address with the peers
+    /// (collective, like the registration) and enables peer access to their devices.
+    pub(crate) fn share_window(&self, handle: RawHandle, addr: usize, bytes: usize) -> Result<()> {
+        let Some(world) = &self.ce.world else {
+            return Ok(());
+        };
+        let seq = self
+            .ce
+            .windows
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let peers = world.exchange(seq, self.rank, (self.dev, addr, bytes))?;
+        for &(dev, _, _) in peers.iter() {
+            if dev != self.dev {
+                self.rt.enable_peer_access(self.dev, dev)?;
+            }
+        }
+        self.ce
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, peers);
+        Ok(())
+    }
+
+    /// Forgets a window's peers (at deregistration).
+    pub(crate) fn forget_window(&self, handle: RawHandle) {
+        self.ce
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle);
+    }
+
+    /// Turns the copy-engine path for all-to-all and all-gather on or off. It needs the
+    /// ranks in this process (a world from `local_comms`/`init_local`): elsewhere
+    /// `Unsupported`. Windows registered while it is on are shared with the peers; only
+    /// outputs in such windows take the path.
+    pub fn set_copy_engine(&self, on: bool) -> Result<()> {
+        if on && self.ce.world.is_none() {
+            return Err(Error::unsupported(
+                "the copy-engine path",
+                "ranks in one process (local_comms / init_local), where peers' memory is reachable",
+                "a communicator joined with init_rank (one rank per process or thread)",
+            ));
+        }
+        self.ce
+            .enabled
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A communicator's copy-engine state.
+#[derive(Debug, Default)]
+pub(crate) struct CopyEngine {
+    /// The in-process world, when the ranks were created together.
+    pub(crate) world: Option<Arc<LocalWorld>>,
+    pub(crate) enabled: std::sync::atomic::AtomicBool,
+    /// Window registrations so far (the exchange's sequence number).
+    pub(crate) windows: std::sync::atomic::AtomicU64,
+    /// Every rank's (device, address, bytes) per window handle.
+    pub(crate) peers: Mutex<HashMap<RawHandle, Peers>>,
+}
