@@ -8,8 +8,9 @@ OUT=${OUT:-$PWD/logs}; mkdir -p "$OUT"
 cd "$(dirname "$0")"
 step() { echo "== $*"; }
 rc=0
-# PARTS=all (default), quick (everything but the conformance suite) or conformance: the
-# suite alone takes minutes, so a time-limited session can run the two in separate calls.
+# PARTS=all (default), quick (tests, examples, overhead), conformance, or bench (the
+# unicomm-bench sweep and the visualgen preset): each takes minutes, so a time-limited
+# session can run them in separate calls. BENCH_ARGS adds to the sweep's arguments.
 PARTS=${PARTS:-all}
 gpus() { # $1 = cuda|rocm
   if [ "$1" = cuda ]; then nvidia-smi -L 2>/dev/null | grep -c "^GPU"
@@ -28,6 +29,15 @@ for v in nccl rccl; do
   export UNICOMM_GPU_WORLD=$(gpus $vendor); [ "$UNICOMM_GPU_WORLD" -ge 1 ] || UNICOMM_GPU_WORLD=1
   SKIP=$(skips "$UNICOMM_GPU_WORLD")
   loader=$([ $v = nccl ] && echo nccl-loader || echo rccl-hip_loader)
+  if [ "$PARTS" = bench ] || [ "$PARTS" = all ]; then
+    step $v bench sweep; timeout ${BENCH_TIMEOUT:-420} ./unicomm-bench --vendor $vendor -b 8 -e 512M -f 4 -w 5 -n 20 $BENCH_ARGS -J "$OUT/$v-bench.json" --plot "$OUT/$v-bench.svg" > "$OUT/$v-bench.log" 2>&1; [ $? -eq 0 ] || rc=1
+    tail -5 "$OUT/$v-bench.log"
+    for cumem in 0 1; do
+      step $v visualgen NCCL_CUMEM_ENABLE=$cumem
+      NCCL_CUMEM_ENABLE=$cumem timeout 120 ./unicomm-bench --vendor $vendor --preset visualgen -w 5 -n 20 --place out -J "$OUT/$v-visualgen-cumem$cumem.json" > "$OUT/$v-visualgen-cumem$cumem.log" 2>&1; [ $? -eq 0 ] || rc=1
+    done
+  fi
+  if [ "$PARTS" = bench ]; then continue; fi
   if [ "$PARTS" != conformance ]; then
   step $v loader;       ./$loader --test-threads=1 --nocapture 2>&1 | tee "$OUT/$v-loader.log" | tail -3; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   step $v gpu-specific; timeout 300 ./$v-gpu --test-threads=1 --skip conformance:: --nocapture 2>&1 | tee "$OUT/$v-gpu_specific.log" | grep -E "^test |test result|panicked|as the library" ; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1

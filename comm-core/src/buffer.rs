@@ -77,6 +77,13 @@ pub(crate) fn range_of(r: impl RangeBounds<usize>, len: usize) -> Result<(usize,
 }
 
 impl<'a, T: Element, C: Collective> View<'a, T, C> {
+    /// The device address of the first element (for handing to other libraries; using it is
+    /// `unsafe` there).
+    pub fn device_ptr(&self) -> usize {
+        self.mem
+            .address()
+            .wrapping_add(self.offset * std::mem::size_of::<T>())
+    }
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.len

@@ -55,7 +55,7 @@ enum Cmd {
     /// Run the tests: the workspace suite (the mock's conformance suite, the loaders); with
     /// --vendor cuda also the GPU tests.
     Test(Opts),
-    /// Run the benchmark: the mock's speed check, or unicomm's overhead over NCCL on cuda.
+    /// Run unicomm-bench (nccl-tests' method; every mode side by side); arguments after `--`.
     Bench(Opts),
     /// Print what this machine offers: devices, libraries, versions, capabilities, variables.
     Doctor(Opts),
@@ -200,30 +200,25 @@ fn xtask(cli: Cli) -> Result<()> {
                 Vendor::Auto | Vendor::Mock => Ok(()),
             }
         }
-        Cmd::Bench(o) => match o.vendor {
-            Vendor::Mock | Vendor::Auto => {
-                let mut c = cargo();
-                c.args(["bench", "-p", "unicomm-mock", "--bench", "mock_allreduce"]);
-                step("mock all_reduce speed vs memcpy", c)
+        Cmd::Bench(o) => {
+            // unicomm-bench: nccl-tests' method, every mode side by side. Its arguments
+            // follow `--` (`-b 8 -e 512M -f 4 -J out.json --plot out.svg`, `--help`).
+            let mut c = cargo();
+            c.args([
+                "run",
+                "--release",
+                "-p",
+                "unicomm-bench",
+                "--",
+                "--vendor",
+                vendor_arg(o.vendor),
+            ]);
+            c.args(&o.args);
+            if o.vendor == Vendor::Mock && std::env::var_os("UNICOMM_MOCK_RANKS").is_none() {
+                c.env("UNICOMM_MOCK_RANKS", "4");
             }
-            Vendor::Cuda => {
-                let mut c = cargo();
-                c.args([
-                    "run",
-                    "--release",
-                    "-p",
-                    "unicomm-nccl",
-                    "--example",
-                    "overhead",
-                    "--",
-                ])
-                .args(&o.args);
-                step("unicomm overhead over raw NCCL", c)
-            }
-            Vendor::Rocm => {
-                bail!("no ROCm benchmark yet: no AMD GPU has been available (docs/rocm.md)")
-            }
-        },
+            step(&format!("unicomm-bench on {}", vendor_arg(o.vendor)), c)
+        }
         Cmd::Bundle(o) => bundle(&o),
     }
 }

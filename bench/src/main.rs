@@ -1,0 +1,343 @@
+//! `unicomm-bench` (`cargo xtask bench`): unicomm's collectives measured as nccl-tests
+//! measures them, every mode side by side in one run.
+//!
+//! - Sizes from `-b` to `-e` by factor `-f` (default 8 B to 512 MiB by 4); `-d` type, `-o`
+//!   reduction, `-w` warm-up and `-n` timed iterations, `-c 1` data check.
+//! - Timing: device events (`DeviceStream::record`) around `-n` back-to-back iterations, one
+//!   more event between iterations for the per-iteration spread; no host synchronisation
+//!   inside the timed loop. A collective is as slow as its slowest rank: the reported time is
+//!   the maximum over ranks.
+//! - algbw and busbw with nccl-tests' formulas (its doc/PERFORMANCE.md): algbw = size / time;
+//!   busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather, reduce_scatter and
+//!   all_to_all, x 1 for broadcast. `size` is nccl-tests' too: the per-rank buffer for
+//!   all_reduce and broadcast, the whole gathered/scattered/exchanged buffer otherwise.
+//! - Modes (`--modes`): `plain` buffers, `registered` (`ncclCommRegister`), `window`
+//!   (symmetric windows), `raw` (the same NCCL calls through the function table, no unicomm
+//!   layer, plain buffers), `ce` (the copy-engine path in windows; all_to_all and
+//!   all_gather). A mode the backend cannot run is skipped and said so.
+//! - Output: the table on stdout, `-J FILE` JSON, `--plot FILE.svg`, a progress bar on
+//!   stderr. On the mock it is a smoke test: times are host times of thread ranks.
+
+mod report;
+mod run;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Parser, ValueEnum};
+use unicomm::{DataType, ReduceOp, Vendor};
+
+/// The collectives the benchmark runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum Coll {
+    /// ncclAllReduce.
+    AllReduce,
+    /// ncclAlltoAll.
+    AllToAll,
+    /// ncclAllGather.
+    AllGather,
+    /// ncclReduceScatter.
+    ReduceScatter,
+    /// ncclBroadcast (root 0).
+    Broadcast,
+}
+
+impl Coll {
+    /// nccl-tests' bus-bandwidth factor for `n` ranks.
+    pub fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Coll::AllReduce => 2.0 * (n - 1.0) / n,
+            Coll::AllToAll | Coll::AllGather | Coll::ReduceScatter => (n - 1.0) / n,
+            Coll::Broadcast => 1.0,
+        }
+    }
+    /// Whether `size` is the whole buffer of all ranks' chunks (counts are then per rank).
+    pub fn per_rank(self) -> bool {
+        matches!(self, Coll::AllToAll | Coll::AllGather | Coll::ReduceScatter)
+    }
+    /// The name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "all_reduce",
+            Coll::AllToAll => "all_to_all",
+            Coll::AllGather => "all_gather",
+            Coll::ReduceScatter => "reduce_scatter",
+            Coll::Broadcast => "broadcast",
+        }
+    }
+}
+
+/// How buffers are prepared and calls made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Plain buffers (`ncclMemAlloc`).
+    Plain,
+    /// Buffers registered with `ncclCommRegister`.
+    Registered,
+    /// Buffers in symmetric windows.
+    Window,
+    /// The NCCL call through the function table, no unicomm layer (GPU backends).
+    Raw,
+    /// The copy-engine path (windows; all_to_all and all_gather; ranks in one process).
+    Ce,
+}
+
+impl Mode {
+    /// The name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Plain => "plain",
+            Mode::Registered => "registered",
+            Mode::Window => "window",
+            Mode::Raw => "raw",
+            Mode::Ce => "ce",
+        }
+    }
+}
+
+/// Fixed workloads instead of a size sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// Ulysses sequence parallelism of a diffusion model: bf16 all_to_all of (1, 4096/W, 24,
+    /// 128) and (1, 7680/W, 40, 128) per rank, the all_gathers of (1, S/W, H, 128), and a
+    /// (1, 512, 512) all_reduce.
+    Visualgen,
+}
+
+/// The command line (nccl-tests' short options where it has them).
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "unicomm-bench",
+    about = "unicomm's collectives measured as nccl-tests measures them"
+)]
+pub struct Args {
+    /// auto, cuda, rocm or mock.
+    #[arg(long, default_value = "auto")]
+    pub vendor: String,
+    /// Ranks (default: every GPU, or UNICOMM_MOCK_RANKS on the mock).
+    #[arg(long)]
+    pub ranks: Option<usize>,
+    /// Collectives, comma-separated.
+    #[arg(
+        long = "coll",
+        value_delimiter = ',',
+        default_value = "all_reduce,all_to_all,all_gather,reduce_scatter,broadcast"
+    )]
+    pub colls: Vec<Coll>,
+    /// Smallest size (bytes; K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
+    pub min_bytes: usize,
+    /// Largest size.
+    #[arg(short = 'e', long = "maxbytes", default_value = "512M", value_parser = parse_size)]
+    pub max_bytes: usize,
+    /// Size multiplier between steps.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 4)]
+    pub step_factor: usize,
+    /// Element type: float, double, half, bfloat16, int8, uint8, int32, uint32, int64, uint64.
+    #[arg(short = 'd', long = "datatype", default_value = "float", value_parser = parse_dtype)]
+    pub dtype: DataType,
+    /// Reduction: sum, prod, max, min, avg.
+    #[arg(short = 'o', long = "op", default_value = "sum", value_parser = parse_op)]
+    pub op: ReduceOp,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    pub warmup: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    pub iters: usize,
+    /// Check the data (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    pub check: u8,
+    /// Modes, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "plain,registered,window,raw,ce"
+    )]
+    pub modes: Vec<Mode>,
+    /// Placements: out (out of place), in (in place).
+    #[arg(long, value_delimiter = ',', default_value = "out,in")]
+    pub place: Vec<String>,
+    /// One thread drives every rank inside a group (default: one thread per rank).
+    #[arg(long)]
+    pub single_thread: bool,
+    /// Write the results as JSON.
+    #[arg(short = 'J', long = "json")]
+    pub json: Option<PathBuf>,
+    /// Draw bus bandwidth and latency against size, one line per mode, as SVG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// A fixed workload instead of the size sweep.
+    #[arg(long)]
+    pub preset: Option<Preset>,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("{s:?} is not a size (bytes, or with K, M, G)"))
+}
+
+fn parse_dtype(s: &str) -> Result<DataType, String> {
+    Ok(match s {
+        "float" | "f32" => DataType::F32,
+        "double" | "f64" => DataType::F64,
+        "half" | "f16" => DataType::F16,
+        "bfloat16" | "bf16" => DataType::Bf16,
+        "int8" | "i8" => DataType::I8,
+        "uint8" | "u8" => DataType::U8,
+        "int32" | "int" | "i32" => DataType::I32,
+        "uint32" | "u32" => DataType::U32,
+        "int64" | "i64" => DataType::I64,
+        "uint64" | "u64" => DataType::U64,
+        _ => return Err(format!("{s:?} is not a data type")),
+    })
+}
+
+fn parse_op(s: &str) -> Result<ReduceOp, String> {
+    Ok(match s {
+        "sum" => ReduceOp::Sum,
+        "prod" => ReduceOp::Prod,
+        "max" => ReduceOp::Max,
+        "min" => ReduceOp::Min,
+        "avg" => ReduceOp::Avg,
+        _ => return Err(format!("{s:?} is not a reduction")),
+    })
+}
+
+/// One workload: a collective at one size and type.
+#[derive(Debug, Clone, Copy)]
+pub struct Work {
+    /// Which collective.
+    pub coll: Coll,
+    /// nccl-tests' size, bytes.
+    pub bytes: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// A label (the preset's shape), or empty.
+    pub label: &'static str,
+}
+
+/// The workloads: the size sweep for every collective, or the preset's.
+fn workloads(a: &Args, w: usize) -> anyhow::Result<Vec<Work>> {
+    if let Some(Preset::Visualgen) = a.preset {
+        let b = |elems: usize| elems * 2;
+        let mut v = Vec::new();
+        for (s, h, label_a2a, label_ag) in [
+            (
+                4096usize,
+                24usize,
+                "a2a (1,4096/W,24,128)",
+                "ag (1,4096/W,24,128)",
+            ),
+            (7680, 40, "a2a (1,7680/W,40,128)", "ag (1,7680/W,40,128)"),
+        ] {
+            if s % w != 0 || h % w != 0 {
+                bail!("the visualgen preset needs a world size dividing {s} and {h} (got {w})");
+            }
+            // all_to_all: per rank (1, S/W, H, 128) re-split to (1, S, H/W, 128): the
+            // exchanged buffer is S/W * H * 128 elements per rank.
+            v.push(Work {
+                coll: Coll::AllToAll,
+                bytes: b(s / w * h * 128),
+                dtype: DataType::Bf16,
+                label: label_a2a,
+            });
+            // all_gather of (1, S/W, H, 128) into (1, S, H, 128).
+            v.push(Work {
+                coll: Coll::AllGather,
+                bytes: b(s * h * 128),
+                dtype: DataType::Bf16,
+                label: label_ag,
+            });
+        }
+        v.push(Work {
+            coll: Coll::AllReduce,
+            bytes: b(512 * 512),
+            dtype: DataType::Bf16,
+            label: "ar (1,512,512)",
+        });
+        return Ok(v);
+    }
+    if a.step_factor < 2 {
+        bail!("-f must be at least 2");
+    }
+    let mut v = Vec::new();
+    for &coll in &a.colls {
+        let mut bytes = a.min_bytes.max(1);
+        while bytes <= a.max_bytes {
+            v.push(Work {
+                coll,
+                bytes,
+                dtype: a.dtype,
+                label: "",
+            });
+            bytes = match bytes.checked_mul(a.step_factor) {
+                Some(b) => b,
+                None => break,
+            };
+        }
+    }
+    Ok(v)
+}
+
+fn main() {
+    if let Err(e) = bench() {
+        eprintln!("unicomm-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn bench() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let vendor: Vendor = args.vendor.parse()?;
+    let (vendor, why) = unicomm::resolve(vendor).context("choosing the vendor")?;
+    let comms = unicomm::local_comms_n(vendor, args.ranks).context("creating communicators")?;
+    let w = comms.len();
+    let caps = comms[0].capabilities();
+    let work = workloads(&args, w)?;
+    let mut modes = Vec::new();
+    for &m in &args.modes {
+        match run::unsupported(m, &caps) {
+            Some(why) => eprintln!("# mode {}: skipped ({why})", m.name()),
+            None => modes.push(m),
+        }
+    }
+    let places: Vec<bool> = args
+        .place
+        .iter()
+        .map(|p| match p.as_str() {
+            "out" => Ok(false),
+            "in" => Ok(true),
+            _ => bail!("--place takes out and/or in, not {p:?}"),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let header = report::Header::new(&args, vendor, &why, &caps, w);
+    header.print();
+    let results = run::sweep(&comms, &args, &work, &modes, &places)?;
+    report::table(&results, w);
+    let wrong: u64 = results.iter().filter_map(|r| r.wrong).sum();
+    if let Some(p) = &args.json {
+        report::json(p, &header, &results)?;
+    }
+    if let Some(p) = &args.plot {
+        report::plot(p, &header, &results)?;
+    }
+    for c in comms {
+        c.finalize()?;
+    }
+    if wrong > 0 {
+        bail!("{wrong} wrong elements");
+    }
+    Ok(())
+}

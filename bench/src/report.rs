@@ -1,0 +1,321 @@
+//! What a run prints and writes: the nccl-tests-style table, the JSON, the SVG plot.
+
+use std::path::Path;
+
+use anyhow::Context;
+use plotters::prelude::*;
+use serde_json::json;
+use unicomm::{Capabilities, Vendor};
+
+use crate::run::Measure;
+use crate::{Args, Coll, Mode};
+
+/// What identifies a run: machine, library, arguments.
+pub struct Header {
+    /// The command line.
+    pub args: Vec<String>,
+    /// The vendor and why.
+    pub vendor: String,
+    /// The library's capabilities (version, path).
+    pub caps: Capabilities,
+    /// Ranks.
+    pub world: usize,
+    /// Element type and reduction.
+    pub dtype: String,
+    /// The reduction.
+    pub op: String,
+    /// Warm-up and timed iterations.
+    pub iters: (usize, usize),
+    /// The variables that change NCCL's behaviour.
+    pub env: Vec<(String, String)>,
+}
+
+impl Header {
+    /// The header of this run.
+    pub fn new(a: &Args, vendor: Vendor, why: &str, caps: &Capabilities, world: usize) -> Self {
+        let mut env: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| {
+                ["NCCL_", "RCCL_", "UNICOMM_", "CUDA_VISIBLE", "HIP_VISIBLE"]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+            })
+            .collect();
+        env.sort();
+        Header {
+            args: std::env::args().collect(),
+            vendor: format!("{vendor} ({why})"),
+            caps: caps.clone(),
+            world,
+            dtype: a.dtype.to_string(),
+            op: a.op.to_string(),
+            iters: (a.warmup, a.iters),
+            env,
+        }
+    }
+
+    /// The `#` lines above the table.
+    pub fn print(&self) {
+        println!(
+            "# unicomm-bench {}: {}",
+            env!("CARGO_PKG_VERSION"),
+            self.args.join(" ")
+        );
+        println!("# vendor: {}", self.vendor);
+        println!(
+            "# {} ranks, {} {} at {}",
+            self.world, self.caps.backend, self.caps.version, self.caps.library_path
+        );
+        println!(
+            "# {} {}; warm-up {} iterations, timed {} (device events, back to back)",
+            self.dtype, self.op, self.iters.0, self.iters.1
+        );
+        for (k, v) in &self.env {
+            println!("# {k}={v}");
+        }
+    }
+}
+
+fn gbps(bytes: usize, us: f64) -> f64 {
+    if us > 0.0 {
+        bytes as f64 / (us * 1e3)
+    } else {
+        0.0
+    }
+}
+
+fn wrong(w: Option<u64>) -> String {
+    w.map_or_else(|| "-".into(), |n| n.to_string())
+}
+
+/// The table: per collective, one row per size and mode, out-of-place then in-place columns.
+pub fn table(results: &[Measure], world: usize) {
+    let mut colls: Vec<Coll> = Vec::new();
+    for r in results {
+        if !colls.contains(&r.work.coll) {
+            colls.push(r.work.coll);
+        }
+    }
+    for coll in colls {
+        println!("#\n# {}", coll.name());
+        println!(
+            "# {:>12} {:>12} {:>8} {:>10} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}",
+            "size",
+            "count",
+            "type",
+            "mode",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong"
+        );
+        println!(
+            "# {:>12} {:>12} {:>8} {:>10} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}",
+            "(B)",
+            "(elements)",
+            "",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "out",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "in"
+        );
+        let mut keys: Vec<(usize, Mode, &'static str)> = Vec::new();
+        for r in results.iter().filter(|r| r.work.coll == coll) {
+            let k = (r.work.bytes, r.mode, r.work.label);
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        for (bytes, mode, label) in keys {
+            let find = |inp: bool| {
+                results.iter().find(|r| {
+                    r.work.coll == coll
+                        && r.work.bytes == bytes
+                        && r.mode == mode
+                        && r.in_place == inp
+                })
+            };
+            let cell = |m: Option<&Measure>| match m {
+                Some(m) => {
+                    let alg = gbps(bytes, m.time_us);
+                    format!(
+                        "{:>10.2} {:>8.2} {:>8.2} {:>6}",
+                        m.time_us,
+                        alg,
+                        alg * coll.bus_factor(world),
+                        wrong(m.wrong)
+                    )
+                }
+                None => format!("{:>10} {:>8} {:>8} {:>6}", "-", "-", "-", "-"),
+            };
+            let any = find(false).or(find(true));
+            let (count, dtype) =
+                any.map_or((0, String::new()), |m| (m.count, m.work.dtype.to_string()));
+            println!(
+                "  {:>12} {:>12} {:>8} {:>10} | {} | {}{}",
+                bytes,
+                count,
+                dtype,
+                mode.name(),
+                cell(find(false)),
+                cell(find(true)),
+                if label.is_empty() {
+                    String::new()
+                } else {
+                    format!("  {label}")
+                }
+            );
+        }
+    }
+}
+
+fn percentile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    s[((s.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The JSON: nccl-tests' keys where it has them (time, algBw, busBw, wrong, size, count,
+/// type, redop, inPlace), plus the mode and per-iteration min/p50/max.
+pub fn json(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> {
+    let rows: Vec<_> = results
+        .iter()
+        .map(|r| {
+            let alg = gbps(r.work.bytes, r.time_us);
+            json!({
+                "collective": r.work.coll.name(),
+                "mode": r.mode.name(),
+                "label": r.work.label,
+                "size": r.work.bytes,
+                "count": r.count,
+                "type": r.work.dtype.to_string(),
+                "redop": h.op,
+                "inPlace": r.in_place,
+                "time": r.time_us,
+                "algBw": alg,
+                "busBw": alg * r.work.coll.bus_factor(h.world),
+                "wrong": r.wrong,
+                "iterTime": {
+                    "min": percentile(&r.iter_us, 0.0),
+                    "p50": percentile(&r.iter_us, 0.5),
+                    "max": percentile(&r.iter_us, 1.0),
+                },
+            })
+        })
+        .collect();
+    let doc = json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "args": h.args,
+        "env": h.env.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+        "vendor": h.vendor,
+        "library": {
+            "backend": h.caps.backend,
+            "version": h.caps.version.to_string(),
+            "path": h.caps.library_path,
+        },
+        "nranks": h.world,
+        "type": h.dtype,
+        "redop": h.op,
+        "warmupIters": h.iters.0,
+        "iters": h.iters.1,
+        "results": rows,
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// One plotted line: its name and (size, busbw, us) points.
+type Series = (String, Vec<(f64, f64, f64)>);
+
+/// Bus bandwidth and latency against size (log-log), one line per (collective, mode),
+/// out-of-place results; one panel each, side by side.
+pub fn plot(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> {
+    let root = SVGBackend::new(path, (1400, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(700);
+    // Per line: its name and (size, busbw, time) points.
+    let mut series: Vec<Series> = Vec::new();
+    for r in results.iter().filter(|r| !r.in_place) {
+        let name = format!("{} {}", r.work.coll.name(), r.mode.name());
+        let alg = gbps(r.work.bytes, r.time_us);
+        let point = (
+            r.work.bytes as f64,
+            alg * r.work.coll.bus_factor(h.world),
+            r.time_us,
+        );
+        match series.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.push(point),
+            None => series.push((name, vec![point])),
+        }
+    }
+    let xmax = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.0))
+        .fold(8.0, f64::max);
+    let bmax = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.1))
+        .fold(1.0, f64::max);
+    let tmax = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.2))
+        .fold(10.0, f64::max);
+    let title = format!("{} {} {} ranks", h.caps.backend, h.caps.version, h.world);
+    for (area, latency) in [(&left, false), (&right, true)] {
+        let ymax = if latency { tmax * 1.5 } else { bmax * 1.1 };
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                format!(
+                    "{title}: {}",
+                    if latency {
+                        "time per call (us)"
+                    } else {
+                        "bus bandwidth (GB/s)"
+                    }
+                ),
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d((1.0f64..xmax * 1.5).log_scale(), (0.1f64..ymax).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("size (bytes)")
+            .y_desc(if latency { "us" } else { "GB/s" })
+            .draw()?;
+        for (i, (name, pts)) in series.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let data: Vec<(f64, f64)> = pts
+                .iter()
+                .map(|p| (p.0, if latency { p.2 } else { p.1.max(0.1) }))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))?
+                .label(name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+            chart.draw_series(data.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))
+}

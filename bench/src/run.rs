@@ -1,0 +1,545 @@
+//! Running the sweep: per rank, buffers of the largest size prepared once per mode
+//! (allocated, registered or put in windows), then every workload timed with device events.
+
+use std::ffi::c_void;
+
+use anyhow::{bail, Context};
+use half::{bf16, f16};
+use indicatif::{ProgressBar, ProgressStyle};
+use unicomm::generic::DeviceSliceMut;
+use unicomm::{AnyComm, AnyStream, Buffer, Capabilities, DataType, Element, ReduceOp};
+use unicomm_nccl_api::{ApiComm, ApiStream, Runtime};
+
+use crate::{Args, Coll, Mode, Work};
+
+/// One measurement: a workload in one mode and placement, combined over ranks.
+#[derive(Debug, Clone)]
+pub struct Measure {
+    /// The workload.
+    pub work: Work,
+    /// The mode.
+    pub mode: Mode,
+    /// In place.
+    pub in_place: bool,
+    /// The count passed to the call (per rank or per peer where NCCL counts so).
+    pub count: usize,
+    /// Microseconds per iteration: the slowest rank's total over `iters`.
+    pub time_us: f64,
+    /// Per iteration, the slowest rank's microseconds.
+    pub iter_us: Vec<f64>,
+    /// Elements that differ from the reference (summed over ranks); `None`: not checked.
+    pub wrong: Option<u64>,
+}
+
+/// Why `mode` cannot run here, or `None`.
+pub fn unsupported(mode: Mode, caps: &Capabilities) -> Option<String> {
+    let gpu = caps.backend != "mock";
+    match mode {
+        Mode::Plain => None,
+        Mode::Registered if !caps.registration => Some(format!(
+            "{} {} has no registration",
+            caps.backend, caps.version
+        )),
+        Mode::Window if !caps.windows => {
+            Some(format!("{} {} has no windows", caps.backend, caps.version))
+        }
+        Mode::Raw if !gpu => Some("the mock has no NCCL function table".into()),
+        Mode::Ce if !caps.copy_engine => Some(format!(
+            "{} here has no copy-engine path (GPU ranks in one process with windows)",
+            caps.backend
+        )),
+        _ => None,
+    }
+}
+
+/// Element types with the values the check uses (small integers, exact in every type).
+pub trait Val: Element {
+    /// The value of a small integer.
+    fn of(v: i64) -> Self;
+    /// As f64.
+    fn f(self) -> f64;
+}
+macro_rules! val {
+    ($($t:ty),*) => {$(
+        impl Val for $t {
+            fn of(v: i64) -> Self { v as $t }
+            fn f(self) -> f64 { self as f64 }
+        }
+    )*};
+}
+val!(f32, f64, i8, u8, i32, u32, i64, u64);
+impl Val for f16 {
+    fn of(v: i64) -> Self {
+        f16::from_f64(v as f64)
+    }
+    fn f(self) -> f64 {
+        self.to_f64()
+    }
+}
+impl Val for bf16 {
+    fn of(v: i64) -> Self {
+        bf16::from_f64(v as f64)
+    }
+    fn f(self) -> f64 {
+        self.to_f64()
+    }
+}
+
+/// Rank `r`'s input element `i`: small, so every reduction is exact.
+fn input(r: usize, i: usize) -> i64 {
+    (r as i64 + 1) + (i % 3) as i64
+}
+
+fn reduce(op: ReduceOp, vals: impl Iterator<Item = i64>) -> i64 {
+    let v: Vec<i64> = vals.collect();
+    match op {
+        ReduceOp::Max => v.into_iter().max().unwrap_or(0),
+        ReduceOp::Min => v.into_iter().min().unwrap_or(0),
+        _ => v.into_iter().sum(),
+    }
+}
+
+/// Element counts of a workload for `w` ranks: (the call's count, send elements, recv
+/// elements), or `None` when the size is too small to give every rank an element.
+fn shape(work: &Work, w: usize) -> Option<(usize, usize, usize)> {
+    let elems = work.bytes / work.dtype.size();
+    let n = if work.coll.per_rank() {
+        elems / w
+    } else {
+        elems
+    };
+    if n == 0 {
+        return None;
+    }
+    Some(match work.coll {
+        Coll::AllReduce | Coll::Broadcast => (n, n, n),
+        Coll::AllGather => (n, n, n * w),
+        Coll::ReduceScatter => (n, n * w, n),
+        Coll::AllToAll => (n, n * w, n * w),
+    })
+}
+
+/// A rank's buffers in one mode.
+enum Held<'c, T: Val> {
+    Plain(Buffer<T>, Buffer<T>),
+    Reg(unicomm::Registered<'c, T>, unicomm::Registered<'c, T>),
+    Win(unicomm::Window<'c, T>, unicomm::Window<'c, T>),
+}
+
+impl<'c, T: Val> Held<'c, T> {
+    fn new(c: &'c unicomm::Comm, mode: Mode, elems: usize) -> anyhow::Result<Self> {
+        let (s, r) = (c.alloc::<T>(elems)?, c.alloc::<T>(elems)?);
+        Ok(match mode {
+            Mode::Plain | Mode::Raw => Held::Plain(s, r),
+            Mode::Registered => Held::Reg(c.register(s)?, c.register(r)?),
+            Mode::Window | Mode::Ce => Held::Win(c.register_window(s)?, c.register_window(r)?),
+        })
+    }
+    fn bufs(&mut self) -> (&Buffer<T>, &mut dyn DeviceSliceMut<T, AnyComm>) {
+        match self {
+            Held::Plain(s, r) => (s, r),
+            Held::Reg(s, r) => (s, r),
+            Held::Win(s, r) => (s, r),
+        }
+    }
+    fn release(self, c: &unicomm::Comm) -> anyhow::Result<()> {
+        match self {
+            Held::Plain(..) => {}
+            Held::Reg(s, r) => {
+                c.deregister(s)?;
+                c.deregister(r)?;
+            }
+            Held::Win(s, r) => {
+                c.deregister_window(s)?;
+                c.deregister_window(r)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One launch of a workload on one rank.
+struct Call<'a> {
+    coll: Coll,
+    mode: Mode,
+    in_place: bool,
+    count: usize,
+    op: ReduceOp,
+    stream: &'a AnyStream,
+}
+
+fn launch<T: Val>(c: &unicomm::Comm, k: &Call<'_>, held: &mut Held<'_, T>) -> anyhow::Result<()> {
+    let w = c.world_size();
+    let n = k.count;
+    let (send, recv) = held.bufs();
+    if k.mode == Mode::Raw {
+        let rp = recv.view().device_ptr();
+        let sp = if k.in_place {
+            in_place_src(k.coll, rp, c.rank(), n, T::DTYPE)
+        } else {
+            send.device_ptr()
+        };
+        return raw(c, k, sp, rp, T::DTYPE);
+    }
+    let st = k.stream;
+    let r = c.rank();
+    let mut rv = recv.view_mut();
+    match (k.coll, k.in_place) {
+        (Coll::AllReduce, false) => {
+            c.all_reduce(&send.slice(..n)?, &mut rv.slice_mut(..n)?, k.op, st)?
+        }
+        (Coll::AllReduce, true) => c.all_reduce_in_place(&mut rv.slice_mut(..n)?, k.op, st)?,
+        (Coll::Broadcast, false) => {
+            c.broadcast(&send.slice(..n)?, &mut rv.slice_mut(..n)?, 0, st)?
+        }
+        (Coll::Broadcast, true) => c.broadcast_in_place(&mut rv.slice_mut(..n)?, 0, st)?,
+        (Coll::AllGather, false) => {
+            c.all_gather(&send.slice(..n)?, &mut rv.slice_mut(..n * w)?, st)?
+        }
+        (Coll::AllGather, true) => c.all_gather_in_place(&mut rv.slice_mut(..n * w)?, st)?,
+        (Coll::ReduceScatter, false) => {
+            c.reduce_scatter(&send.slice(..n * w)?, &mut rv.slice_mut(..n)?, k.op, st)?
+        }
+        (Coll::ReduceScatter, true) => {
+            c.reduce_scatter_in_place(&mut rv.slice_mut(..n * w)?, k.op, st)?
+        }
+        (Coll::AllToAll, false) => {
+            c.all_to_all(&send.slice(..n * w)?, &mut rv.slice_mut(..n * w)?, st)?
+        }
+        (Coll::AllToAll, true) => bail!("all_to_all has no in-place form (rank {r})"),
+    }
+    Ok(())
+}
+
+/// NCCL's in-place input pointer: the rank's chunk for all_gather, the buffer otherwise.
+fn in_place_src(coll: Coll, base: usize, rank: usize, n: usize, dt: DataType) -> usize {
+    match coll {
+        Coll::AllGather => base + rank * n * dt.size(),
+        _ => base,
+    }
+}
+
+/// The same call through the NCCL function table, with no unicomm layer.
+fn raw(c: &unicomm::Comm, k: &Call<'_>, sp: usize, rp: usize, dt: DataType) -> anyhow::Result<()> {
+    match (c.backend(), k.stream) {
+        (AnyComm::Nccl(a), AnyStream::Nccl(s)) => raw_api(a, s, k, sp, rp, dt),
+        (AnyComm::Rccl(a), AnyStream::Rccl(s)) => raw_api(a, s, k, sp, rp, dt),
+        _ => bail!("raw mode needs a GPU backend"),
+    }
+}
+
+fn raw_api<R: Runtime>(
+    a: &ApiComm<R>,
+    s: &ApiStream<R>,
+    k: &Call<'_>,
+    sp: usize,
+    rp: usize,
+    dt: DataType,
+) -> anyhow::Result<()> {
+    let api = a.api();
+    let (comm, st) = (a.raw_comm(), R::raw_stream(s.inner()));
+    let (sp, rp) = (sp as *const c_void, rp as *mut c_void);
+    let (n, t, op) = (k.count, dt.nccl(), k.op.nccl());
+    let fns = &api.fns;
+    // SAFETY: the buffers are this rank's live device memory holding what the call reads
+    // and writes (the same ranges the unicomm modes pass, checked there); the communicator
+    // and stream are this rank's, used by this thread only; the device is current (the
+    // thread made unicomm calls on it before).
+    let code = unsafe {
+        match k.coll {
+            Coll::AllReduce => (fns.all_reduce)(sp, rp, n, t, op, comm, st),
+            Coll::Broadcast => (fns.broadcast)(sp, rp, n, t, 0, comm, st),
+            Coll::AllGather => (fns.all_gather)(sp, rp, n, t, comm, st),
+            Coll::ReduceScatter => (fns.reduce_scatter)(sp, rp, n, t, op, comm, st),
+            Coll::AllToAll => match api.all_to_all {
+                Some(f) => f(sp, rp, n, t, comm, st),
+                None => bail!("raw all_to_all needs a native ncclAlltoAll"),
+            },
+        }
+    };
+    api.check("raw NCCL call", code, Some(comm))
+        .context("raw mode")
+}
+
+/// Fills the inputs for a check: send (or, in place, the output buffer) with `input`.
+fn fill<T: Val>(
+    c: &unicomm::Comm,
+    k: &Call<'_>,
+    held: &mut Held<'_, T>,
+    send_len: usize,
+    recv_len: usize,
+) -> anyhow::Result<()> {
+    let r = c.rank();
+    let st = k.stream;
+    if k.in_place {
+        let (_, recv) = held.bufs();
+        let len = send_len.max(recv_len);
+        let mut v: Vec<T> = (0..len).map(|i| T::of(input(r, i))).collect();
+        if k.coll == Coll::AllGather {
+            // NCCL's in-place layout: this rank's input is its chunk of the output.
+            let n = k.count;
+            v = (0..len)
+                .map(|i| {
+                    if i / n == r {
+                        T::of(input(r, i % n))
+                    } else {
+                        T::ZERO
+                    }
+                })
+                .collect();
+        }
+        recv.view_mut().slice_mut(..len)?.copy_from_host(&v, st)?;
+    } else {
+        let v: Vec<T> = (0..send_len).map(|i| T::of(input(r, i))).collect();
+        copy_into_send(held, &v, st)?;
+    }
+    Ok(())
+}
+
+fn copy_into_send<T: Val>(held: &mut Held<'_, T>, v: &[T], st: &AnyStream) -> anyhow::Result<()> {
+    match held {
+        Held::Plain(s, _) => s.slice_mut(..v.len())?.copy_from_host(v, st)?,
+        Held::Reg(s, _) => s.slice_mut(..v.len())?.copy_from_host(v, st)?,
+        Held::Win(s, _) => s.slice_mut(..v.len())?.copy_from_host(v, st)?,
+    }
+    Ok(())
+}
+
+/// Elements of this rank's output that differ from the reference.
+fn verify<T: Val>(
+    c: &unicomm::Comm,
+    k: &Call<'_>,
+    held: &mut Held<'_, T>,
+    w: usize,
+) -> anyhow::Result<u64> {
+    let (r, n, op) = (c.rank(), k.count, k.op);
+    let (_, recv) = held.bufs();
+    let (lo, len) = match (k.coll, k.in_place) {
+        (Coll::ReduceScatter, true) => (r * n, n),
+        (Coll::AllGather | Coll::AllToAll, _) => (0, n * w),
+        _ => (0, n),
+    };
+    let out = recv.view().slice(lo..lo + len)?.copy_to_host(k.stream)?;
+    let want = |j: usize| -> i64 {
+        match k.coll {
+            Coll::AllReduce => reduce(op, (0..w).map(|p| input(p, j))),
+            Coll::Broadcast => input(0, j),
+            Coll::AllGather => input(j / n, j % n),
+            Coll::ReduceScatter => reduce(op, (0..w).map(|p| input(p, r * n + j))),
+            Coll::AllToAll => input(j / n, r * n + j % n),
+        }
+    };
+    Ok(out
+        .iter()
+        .enumerate()
+        .filter(|(j, x)| x.f() != T::of(want(*j)).f())
+        .count() as u64)
+}
+
+/// Per rank: for each workload, microseconds per iteration (total over `iters`), per
+/// iteration, and wrong elements.
+type RankOut = Vec<Option<(usize, f64, Vec<f64>, Option<u64>)>>;
+
+/// Everything one rank does in one mode: buffers, then every (workload, placement).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the sweep's whole configuration, in one place"
+)]
+fn rank_mode<T: Val>(
+    c: &unicomm::Comm,
+    a: &Args,
+    works: &[Work],
+    places: &[bool],
+    mode: Mode,
+    cap: usize,
+    st: &AnyStream,
+    tick: &dyn Fn(),
+) -> anyhow::Result<RankOut> {
+    let w = c.world_size();
+    if mode == Mode::Ce {
+        c.set_copy_engine(true)?;
+    }
+    let mut held = Held::<T>::new(c, mode, cap)?;
+    let check = a.check == 1 && matches!(a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min);
+    let mut out = Vec::new();
+    for work in works {
+        for &in_place in places {
+            let skip = (in_place && work.coll == Coll::AllToAll)
+                || (mode == Mode::Ce && !matches!(work.coll, Coll::AllToAll | Coll::AllGather));
+            let Some((count, send_len, recv_len)) = shape(work, w).filter(|_| !skip) else {
+                out.push(None);
+                tick();
+                continue;
+            };
+            let k = Call {
+                coll: work.coll,
+                mode,
+                in_place,
+                count,
+                op: a.op,
+                stream: st,
+            };
+            fill(c, &k, &mut held, send_len, recv_len)?;
+            for _ in 0..a.warmup {
+                launch(c, &k, &mut held)?;
+            }
+            let mut marks = vec![st.record()?];
+            for _ in 0..a.iters {
+                launch(c, &k, &mut held)?;
+                marks.push(st.record()?);
+            }
+            st.synchronize()?;
+            let iter_us: Vec<f64> = marks
+                .windows(2)
+                .map(|m| m[0].elapsed_ms(&m[1]).map(|ms| ms * 1e3))
+                .collect::<unicomm::Result<_>>()?;
+            let total = marks[0].elapsed_ms(&marks[marks.len() - 1])? * 1e3 / a.iters.max(1) as f64;
+            let wrong = if check {
+                fill(c, &k, &mut held, send_len, recv_len)?;
+                launch(c, &k, &mut held)?;
+                st.synchronize()?;
+                Some(verify(c, &k, &mut held, w)?)
+            } else {
+                None
+            };
+            out.push(Some((count, total, iter_us, wrong)));
+            tick();
+        }
+    }
+    held.release(c)?;
+    if mode == Mode::Ce {
+        c.set_copy_engine(false)?;
+    }
+    Ok(out)
+}
+
+/// The largest buffer any workload needs per rank, in elements.
+fn capacity(works: &[Work], w: usize) -> usize {
+    works
+        .iter()
+        .filter_map(|wk| shape(wk, w).map(|(_, s, r)| s.max(r)))
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Runs every mode over every workload and placement; one thread per rank.
+pub fn sweep(
+    comms: &[unicomm::Comm],
+    a: &Args,
+    works: &[Work],
+    modes: &[Mode],
+    places: &[bool],
+) -> anyhow::Result<Vec<Measure>> {
+    if a.single_thread {
+        bail!("--single-thread: not implemented yet in the benchmark (the conformance suite covers that mode)");
+    }
+    let dtype = works.first().map_or(a.dtype, |w| w.dtype);
+    if works.iter().any(|w| w.dtype != dtype) {
+        bail!("one element type per run");
+    }
+    let w = comms.len();
+    let cap = capacity(works, w);
+    let steps = (modes.len() * works.len() * places.len()) as u64;
+    let bar = ProgressBar::new(steps);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut results = Vec::new();
+    for &mode in modes {
+        bar.set_message(mode.name());
+        let per_rank: Vec<anyhow::Result<RankOut>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    let bar = &bar;
+                    s.spawn(move || -> anyhow::Result<RankOut> {
+                        let st = c.create_stream()?;
+                        let tick = || {
+                            if c.rank() == 0 {
+                                bar.inc(1)
+                            }
+                        };
+                        let r = match dtype {
+                            DataType::F32 => {
+                                rank_mode::<f32>(c, a, works, places, mode, cap, &st, &tick)
+                            }
+                            DataType::F64 => {
+                                rank_mode::<f64>(c, a, works, places, mode, cap, &st, &tick)
+                            }
+                            DataType::F16 => {
+                                rank_mode::<f16>(c, a, works, places, mode, cap, &st, &tick)
+                            }
+                            DataType::Bf16 => {
+                                rank_mode::<bf16>(c, a, works, places, mode, cap, &st, &tick)
+                            }
+                            DataType::I8 => {
+                                rank_mode::<i8>(c, a, works, places, mode, cap, &st, &tick)
+                            }
+                            DataType::U8 => {
+                                rank_mode::<u8>(c, a, works, places, mode, cap, &st, &tick)
+                            }
+                            DataType::I32 => {
+                                rank_mode::<i32>(c, a, works, places, mode, cap, &st, &tick)
+                            }
+                            DataType::U32 => {
+                                rank_mode::<u32>(c, a, works, places, mode, cap, &st, &tick)
+                            }
+                            DataType::I64 => {
+                                rank_mode::<i64>(c, a, works, places, mode, cap, &st, &tick)
+                            }
+                            DataType::U64 => {
+                                rank_mode::<u64>(c, a, works, places, mode, cap, &st, &tick)
+                            }
+                        };
+                        if r.is_err() {
+                            // Peers must not wait for this rank (docs: one rank fails).
+                            let _ = c.abort();
+                        }
+                        r
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+                })
+                .collect()
+        });
+        let per_rank: Vec<RankOut> = per_rank
+            .into_iter()
+            .enumerate()
+            .map(|(r, o)| o.with_context(|| format!("rank {r}, mode {}", mode.name())))
+            .collect::<anyhow::Result<_>>()?;
+        let mut i = 0;
+        for work in works {
+            for &in_place in places {
+                let cells: Vec<_> = per_rank.iter().map(|ro| ro[i].clone()).collect();
+                i += 1;
+                let Some(Some((count, _, _, _))) = cells.first().cloned() else {
+                    continue;
+                };
+                let cells: Vec<_> = cells.into_iter().flatten().collect();
+                let time_us = cells.iter().map(|c| c.1).fold(0.0, f64::max);
+                let iters = cells.iter().map(|c| c.2.len()).min().unwrap_or(0);
+                let iter_us = (0..iters)
+                    .map(|k| cells.iter().map(|c| c.2[k]).fold(0.0, f64::max))
+                    .collect();
+                let wrong = cells.iter().map(|c| c.3).sum::<Option<u64>>();
+                results.push(Measure {
+                    work: *work,
+                    mode,
+                    in_place,
+                    count,
+                    time_us,
+                    iter_us,
+                    wrong,
+                });
+            }
+        }
+    }
+    bar.finish_and_clear();
+    Ok(results)
+}

@@ -1,0 +1,60 @@
+//! The benchmark on the mock, as CI runs it: every collective, every mode the mock has, in
+//! and out of place, data checked, JSON and SVG written. A smoke test: no timing assertion.
+
+use std::process::Command;
+
+#[test]
+fn the_benchmark_runs_on_the_mock_and_writes_json_and_svg() {
+    let dir = std::env::temp_dir().join(format!("unicomm-bench-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, svg) = (dir.join("out.json"), dir.join("out.svg"));
+    let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
+        .args([
+            "--vendor", "mock", "--ranks", "3", "-b", "8", "-e", "64K", "-f", "8", "-w", "1", "-n",
+            "2",
+        ])
+        .arg("-J")
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .expect("run unicomm-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for coll in [
+        "all_reduce",
+        "all_to_all",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+    ] {
+        assert!(
+            stdout.contains(&format!("# {coll}")),
+            "{coll} missing:\n{stdout}"
+        );
+    }
+    // The modes the mock cannot run are named, not silently dropped.
+    assert!(stderr.contains("mode raw: skipped"), "{stderr}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = doc["results"].as_array().expect("results");
+    // 5 collectives x sizes x 3 modes x placements, less all_to_all in place.
+    assert!(rows.len() > 50, "{} rows", rows.len());
+    for r in rows {
+        assert_eq!(r["wrong"], 0, "{r}");
+        assert!(r["time"].as_f64().unwrap() > 0.0, "{r}");
+        for k in [
+            "algBw", "busBw", "size", "count", "inPlace", "mode", "iterTime",
+        ] {
+            assert!(!r[k].is_null(), "{k} missing in {r}");
+        }
+    }
+    assert_eq!(doc["nranks"], 3);
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.starts_with("<svg") && plot.contains("bus bandwidth"),
+        "not an SVG plot"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
