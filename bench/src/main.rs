@@ -322,9 +322,17 @@ fn bench() -> anyhow::Result<()> {
             _ => bail!("--place takes out and/or in, not {p:?}"),
         })
         .collect::<anyhow::Result<_>>()?;
-    let header = report::Header::new(&args, vendor, &why, &caps, w);
+    let dtype = work.first().map_or(args.dtype, |w| w.dtype);
+    let header = report::Header::new(&args, dtype, vendor, &why, &caps, w);
     header.print();
-    let results = run::sweep(&comms, &args, &work, &modes, &places)?;
+    let partial = |so_far: &[run::Measure]| {
+        if let Some(p) = &args.json {
+            if let Err(e) = report::json(p, &header, so_far) {
+                eprintln!("# could not write the partial JSON: {e:#}");
+            }
+        }
+    };
+    let results = run::sweep(&comms, &args, &work, &modes, &places, &partial)?;
     report::table(&results, w);
     let wrong: u64 = results.iter().filter_map(|r| r.wrong).sum();
     if let Some(p) = &args.json {

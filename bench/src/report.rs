@@ -32,7 +32,14 @@ pub struct Header {
 
 impl Header {
     /// The header of this run.
-    pub fn new(a: &Args, vendor: Vendor, why: &str, caps: &Capabilities, world: usize) -> Self {
+    pub fn new(
+        a: &Args,
+        dtype: unicomm::DataType,
+        vendor: Vendor,
+        why: &str,
+        caps: &Capabilities,
+        world: usize,
+    ) -> Self {
         let mut env: Vec<(String, String)> = std::env::vars()
             .filter(|(k, _)| {
                 ["NCCL_", "RCCL_", "UNICOMM_", "CUDA_VISIBLE", "HIP_VISIBLE"]
@@ -46,7 +53,7 @@ impl Header {
             vendor: format!("{vendor} ({why})"),
             caps: caps.clone(),
             world,
-            dtype: a.dtype.to_string(),
+            dtype: dtype.to_string(),
             op: a.op.to_string(),
             iters: (a.warmup, a.iters),
             env,

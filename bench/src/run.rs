@@ -90,12 +90,13 @@ fn input(r: usize, i: usize) -> i64 {
     (r as i64 + 1) + (i % 3) as i64
 }
 
-fn reduce(op: ReduceOp, vals: impl Iterator<Item = i64>) -> i64 {
-    let v: Vec<i64> = vals.collect();
+/// The reduction over `w` ranks of `input(p, j)` (closed forms: `input` is `p + 1 + j % 3`).
+fn reduced(op: ReduceOp, w: usize, j: usize) -> i64 {
+    let (w, m) = (w as i64, (j % 3) as i64);
     match op {
-        ReduceOp::Max => v.into_iter().max().unwrap_or(0),
-        ReduceOp::Min => v.into_iter().min().unwrap_or(0),
-        _ => v.into_iter().sum(),
+        ReduceOp::Max => w + m,
+        ReduceOp::Min => 1 + m,
+        _ => w * (w + 1) / 2 + w * m,
     }
 }
 
@@ -261,11 +262,13 @@ fn raw_api<R: Runtime>(
         .context("raw mode")
 }
 
-/// Fills the inputs for a check: send (or, in place, the output buffer) with `input`.
+/// Fills the inputs: send (or, in place, the output buffer) from `base`, this rank's
+/// `input(rank, i)` for every element of the largest buffer (made once per mode).
 fn fill<T: Val>(
     c: &unicomm::Comm,
     k: &Call<'_>,
     held: &mut Held<'_, T>,
+    base: &[T],
     send_len: usize,
     recv_len: usize,
 ) -> anyhow::Result<()> {
@@ -273,25 +276,18 @@ fn fill<T: Val>(
     let st = k.stream;
     if k.in_place {
         let (_, recv) = held.bufs();
-        let len = send_len.max(recv_len);
-        let mut v: Vec<T> = (0..len).map(|i| T::of(input(r, i))).collect();
+        let mut rv = recv.view_mut();
         if k.coll == Coll::AllGather {
             // NCCL's in-place layout: this rank's input is its chunk of the output.
             let n = k.count;
-            v = (0..len)
-                .map(|i| {
-                    if i / n == r {
-                        T::of(input(r, i % n))
-                    } else {
-                        T::ZERO
-                    }
-                })
-                .collect();
+            rv.slice_mut(r * n..(r + 1) * n)?
+                .copy_from_host(&base[..n], st)?;
+        } else {
+            let len = send_len.max(recv_len);
+            rv.slice_mut(..len)?.copy_from_host(&base[..len], st)?;
         }
-        recv.view_mut().slice_mut(..len)?.copy_from_host(&v, st)?;
     } else {
-        let v: Vec<T> = (0..send_len).map(|i| T::of(input(r, i))).collect();
-        copy_into_send(held, &v, st)?;
+        copy_into_send(held, &base[..send_len], st)?;
     }
     Ok(())
 }
@@ -322,10 +318,10 @@ fn verify<T: Val>(
     let out = recv.view().slice(lo..lo + len)?.copy_to_host(k.stream)?;
     let want = |j: usize| -> i64 {
         match k.coll {
-            Coll::AllReduce => reduce(op, (0..w).map(|p| input(p, j))),
+            Coll::AllReduce => reduced(op, w, j),
             Coll::Broadcast => input(0, j),
             Coll::AllGather => input(j / n, j % n),
-            Coll::ReduceScatter => reduce(op, (0..w).map(|p| input(p, r * n + j))),
+            Coll::ReduceScatter => reduced(op, w, r * n + j),
             Coll::AllToAll => input(j / n, r * n + j % n),
         }
     };
@@ -360,6 +356,7 @@ fn rank_mode<T: Val>(
         c.set_copy_engine(true)?;
     }
     let mut held = Held::<T>::new(c, mode, cap)?;
+    let base: Vec<T> = (0..cap).map(|i| T::of(input(c.rank(), i))).collect();
     let check = a.check == 1 && matches!(a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min);
     let mut out = Vec::new();
     for work in works {
@@ -379,7 +376,7 @@ fn rank_mode<T: Val>(
                 op: a.op,
                 stream: st,
             };
-            fill(c, &k, &mut held, send_len, recv_len)?;
+            fill(c, &k, &mut held, &base, send_len, recv_len)?;
             for _ in 0..a.warmup {
                 launch(c, &k, &mut held)?;
             }
@@ -395,7 +392,7 @@ fn rank_mode<T: Val>(
                 .collect::<unicomm::Result<_>>()?;
             let total = marks[0].elapsed_ms(&marks[marks.len() - 1])? * 1e3 / a.iters.max(1) as f64;
             let wrong = if check {
-                fill(c, &k, &mut held, send_len, recv_len)?;
+                fill(c, &k, &mut held, &base, send_len, recv_len)?;
                 launch(c, &k, &mut held)?;
                 st.synchronize()?;
                 Some(verify(c, &k, &mut held, w)?)
@@ -424,12 +421,15 @@ fn capacity(works: &[Work], w: usize) -> usize {
 }
 
 /// Runs every mode over every workload and placement; one thread per rank.
+/// `done` is called with the results so far after every mode (so a run cut short keeps
+/// what it measured).
 pub fn sweep(
     comms: &[unicomm::Comm],
     a: &Args,
     works: &[Work],
     modes: &[Mode],
     places: &[bool],
+    done: &dyn Fn(&[Measure]),
 ) -> anyhow::Result<Vec<Measure>> {
     if a.single_thread {
         bail!("--single-thread: not implemented yet in the benchmark (the conformance suite covers that mode)");
@@ -539,6 +539,7 @@ pub fn sweep(
                 });
             }
         }
+        done(&results);
     }
     bar.finish_and_clear();
     Ok(results)

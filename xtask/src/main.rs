@@ -406,6 +406,13 @@ fn bundle(o: &Opts) -> Result<()> {
             e.to_string(),
         ));
     }
+    let mut b = cargo();
+    b.args(["build", "--release", "-p", "unicomm-bench"]);
+    step("build the benchmark", b)?;
+    copies.push((
+        root().join("target/release/unicomm-bench"),
+        "unicomm-bench".into(),
+    ));
     for &v in vendors {
         match v {
             GpuVendor::Cuda => {
