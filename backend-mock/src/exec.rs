@@ -237,6 +237,7 @@ fn agree(all: &[Desc]) -> Result<()> {
             None => "unregistered",
             Some(RegKind::Buffer) => "registered",
             Some(RegKind::Window) => "in a window",
+            Some(RegKind::Auto) => "registered for the automatic policy",
         }
         .to_string()
     }

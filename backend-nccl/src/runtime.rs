@@ -124,6 +124,12 @@ impl Runtime for CudaRuntime {
             .map_err(|e| cuda_err("cuEventElapsedTime", e))
     }
 
+    fn mem_info(&self, dev: usize) -> Result<(usize, usize)> {
+        self.with_device(dev, || {
+            result::mem_get_info().map_err(|e| cuda_err("cuMemGetInfo", e))
+        })
+    }
+
     fn enable_peer_access(&self, dev: usize, peer: usize) -> Result<()> {
         let peer_ctx = self.ctx(peer)?.cu_ctx();
         self.with_device(dev, || {

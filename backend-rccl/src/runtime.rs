@@ -49,6 +49,7 @@ pub struct HipFns {
     pub event_elapsed_time: unsafe extern "C" fn(*mut f32, HipEvent, HipEvent) -> HipError,
     pub event_destroy: unsafe extern "C" fn(HipEvent) -> HipError,
     pub device_enable_peer_access: unsafe extern "C" fn(c_int, c_uint) -> HipError,
+    pub mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> HipError,
     // Diagnostics only: optional, so a runtime without them still loads.
     pub get_error_name: Option<unsafe extern "C" fn(HipError) -> *const c_char>,
     pub runtime_get_version: Option<unsafe extern "C" fn(*mut c_int) -> HipError>,
@@ -136,6 +137,7 @@ impl HipRuntime {
             event_elapsed_time: sym!("hipEventElapsedTime"),
             event_destroy: sym!("hipEventDestroy"),
             device_enable_peer_access: sym!("hipDeviceEnablePeerAccess"),
+            mem_get_info: sym!("hipMemGetInfo"),
             get_error_name: opt!("hipGetErrorName"),
             runtime_get_version: opt!("hipRuntimeGetVersion"),
             driver_get_version: opt!("hipDriverGetVersion"),
@@ -296,6 +298,17 @@ impl Runtime for HipRuntime {
                 (self.fns.event_elapsed_time)(&mut ms, a.0, b.0)
             })?;
             Ok(f64::from(ms))
+        })
+    }
+
+    fn mem_info(&self, dev: usize) -> Result<(usize, usize)> {
+        self.with_device(dev, || {
+            let (mut free, mut total) = (0usize, 0usize);
+            // SAFETY: writes two size_t values.
+            self.check("hipMemGetInfo", unsafe {
+                (self.fns.mem_get_info)(&mut free, &mut total)
+            })?;
+            Ok((free, total))
         })
     }
 

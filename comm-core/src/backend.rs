@@ -209,6 +209,26 @@ pub trait Collective: Send + Sync + Sized + 'static {
     /// it is an error.
     fn abort(&self) -> Result<()>;
 
+    /// Registers `bytes` at `mem[offset..]` for the automatic policy: collective like a
+    /// window; every later call whose buffers are so registered takes the path the policy
+    /// picks for its collective and size. Default (a backend with one path): a window.
+    fn register_auto(&self, mem: &Self::Memory, offset: usize, bytes: usize) -> Result<RawHandle> {
+        self.register_window(mem, offset, bytes)
+    }
+    /// Ends an automatic registration (collective). Default: a window's deregistration.
+    fn deregister_auto(&self, handle: RawHandle) -> Result<()> {
+        self.deregister_window(handle)
+    }
+    /// Device memory `(free, total)` bytes of this rank's device, for measuring what a mode
+    /// costs. Default: `Unsupported`.
+    fn device_memory(&self) -> Result<(usize, usize)> {
+        Err(crate::Error::unsupported(
+            "device memory figures",
+            "a GPU backend",
+            self.capabilities().backend,
+        ))
+    }
+
     /// Turns the copy-engine path for all-to-all and all-gather on or off (see
     /// [`Capabilities::copy_engine`]); call it on every rank, before registering the windows
     /// the path writes into. Default: `Unsupported`.

@@ -106,6 +106,33 @@ impl<C: Collective> Comm<C> {
         self.register_as(buf, |c, m, bytes| c.register_window(m, 0, bytes))
     }
 
+    /// Registers `buf` for the automatic policy (collective, like a window): each call whose
+    /// buffers are so registered takes the fastest path for its collective and size, from
+    /// thresholds calibrated on the machine (`UNICOMM_TUNE_FILE`, written by `cargo xtask
+    /// tune`) or built-in defaults. On NCCL/RCCL the buffer is a symmetric window of this
+    /// communicator and `ncclCommRegister`ed with a second communicator over the same ranks
+    /// (NCCL picks its algorithm from how a buffer is registered); both paths run on the
+    /// caller's stream, so ordering holds. On the mock it is a window.
+    pub fn register_auto<T: Element>(
+        &self,
+        buf: Buffer<T, C>,
+    ) -> Result<crate::AutoRegistered<'_, T, C>, RegisterError<T, C>> {
+        self.register_as(buf, |c, m, bytes| c.register_auto(m, 0, bytes))
+    }
+
+    /// Ends an automatic registration and returns the buffer (collective).
+    pub fn deregister_auto<T: Element>(
+        &self,
+        reg: crate::AutoRegistered<'_, T, C>,
+    ) -> Result<Buffer<T, C>> {
+        reg.release(self)
+    }
+
+    /// Device memory `(free, total)` bytes of this rank's device (GPU backends).
+    pub fn device_memory(&self) -> Result<(usize, usize)> {
+        self.raw.device_memory()
+    }
+
     /// Deregisters a window and returns the buffer (collective, like registration; see
     /// [`Comm::deregister`]).
     pub fn deregister_window<T: Element>(&self, win: Window<'_, T, C>) -> Result<Buffer<T, C>> {

@@ -60,4 +60,4 @@ pub use element::{DataType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use op::{Extent, Kind, Op, Slice};
-pub use registration::{RegisterError, Registered, Registration, Window};
+pub use registration::{AutoRegistered, RegisterError, Registered, Registration, Window};

@@ -35,8 +35,21 @@ pub enum BufferKind {}
 #[derive(Debug)]
 pub enum WindowKind {}
 
+/// Registered for the backend's automatic policy: every call picks the fastest path for its
+/// collective and size (plain-registered, window, copy engine). Collective, like a window.
+#[derive(Debug)]
+pub enum AutoKind {}
+
 impl sealed::Sealed for BufferKind {}
 impl sealed::Sealed for WindowKind {}
+impl sealed::Sealed for AutoKind {}
+
+impl Kind for AutoKind {
+    const KIND: RegKind = RegKind::Auto;
+    fn deregister<C: Collective>(comm: &C, handle: RawHandle) -> Result<()> {
+        comm.deregister_auto(handle)
+    }
+}
 
 impl Kind for BufferKind {
     const KIND: RegKind = RegKind::Buffer;
@@ -66,6 +79,9 @@ pub struct Registration<'c, T: Element, C: Collective, K: Kind> {
 
 /// A buffer registered with `ncclCommRegister`.
 pub type Registered<'c, T, C> = Registration<'c, T, C, BufferKind>;
+
+/// A buffer registered for the automatic policy ([`Comm::register_auto`]).
+pub type AutoRegistered<'c, T, C> = Registration<'c, T, C, AutoKind>;
 
 /// A buffer in a symmetric window (`ncclCommWindowRegister`, NCCL >= 2.27). Registered and
 /// deregistered collectively: every rank calls, in the same order. Dropping a window

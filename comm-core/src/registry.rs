@@ -15,6 +15,16 @@ pub enum RegKind {
     Buffer,
     /// `ncclCommWindowRegister`.
     Window,
+    /// Registered for every path the backend's automatic policy may pick (on NCCL/RCCL: a
+    /// window, plus `ncclCommRegister` on a second communicator over the same ranks).
+    Auto,
+}
+
+impl RegKind {
+    /// Whether the memory is in a symmetric window (windows and automatic registrations).
+    pub fn is_window(self) -> bool {
+        matches!(self, RegKind::Window | RegKind::Auto)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -159,20 +169,19 @@ impl Registry {
         }
     }
 
-    /// The window that covers `[address, address+bytes)` entirely, with its base address.
+    /// The window (or automatic registration) that covers `[address, address+bytes)`
+    /// entirely: its handle, kind and base address.
     pub fn window_covering(
         &self,
         address: usize,
         bytes: usize,
-    ) -> Result<Option<(RawHandle, usize)>> {
+    ) -> Result<Option<(RawHandle, RegKind, usize)>> {
         let live = self.lock();
         let end = address.saturating_add(bytes);
         Ok(live
             .iter()
-            .find(|(_, e)| {
-                e.kind == RegKind::Window && e.address <= address && end <= e.address + e.bytes
-            })
-            .map(|(h, e)| (*h, e.address)))
+            .find(|(_, e)| e.kind.is_window() && e.address <= address && end <= e.address + e.bytes)
+            .map(|(h, e)| (*h, e.kind, e.address)))
     }
 
     /// Number of live registrations.

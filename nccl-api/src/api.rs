@@ -146,6 +146,7 @@ table! {
         recv: "ncclRecv": fn(*mut c_void, usize, c_int, c_int, NcclComm, RawStream) -> NcclResult;
         mem_alloc: "ncclMemAlloc": fn(*mut *mut c_void, usize) -> NcclResult;
         mem_free: "ncclMemFree": fn(*mut c_void) -> NcclResult;
+        comm_split: "ncclCommSplit": fn(NcclComm, c_int, c_int, *mut NcclComm, *mut c_void) -> NcclResult;
         comm_register: "ncclCommRegister": fn(NcclComm, *mut c_void, usize, *mut *mut c_void) -> NcclResult;
         comm_deregister: "ncclCommDeregister": fn(NcclComm, *mut c_void) -> NcclResult;
         window_register: "ncclCommWindowRegister": fn(NcclComm, *mut c_void, usize, *mut *mut c_void, c_int) -> NcclResult;

@@ -5,10 +5,11 @@ use std::ffi::{c_int, c_void};
 use unicomm_core::registry::RegKind;
 use unicomm_core::{Capabilities, Collective, Error, Kind, Op, RawHandle, Result};
 
-use crate::api::WIN_COLL_SYMMETRIC;
+use crate::api::NcclComm;
 use crate::comm::ApiComm;
 use crate::copy_engine::GROUP_DEPTH;
 use crate::memory::{ApiMemory, ApiStream, Owner};
+use crate::policy::Path;
 use crate::runtime::Runtime;
 
 impl<R: Runtime> Collective for ApiComm<R> {
@@ -125,29 +126,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
         offset: usize,
         bytes: usize,
     ) -> Result<RawHandle> {
-        let fns = &self.api.fns;
-        let f = self.api.gated(
-            "symmetric windows (ncclCommWindowRegister)",
-            self.api.flavor.windows_since,
-            fns.window_register
-                .filter(|_| fns.window_deregister.is_some()),
-        )?;
-        let h = self.register_range(mem, offset, bytes, RegKind::Window, |c, addr| {
-            let mut w = std::ptr::null_mut();
-            // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives the window.
-            self.check("ncclCommWindowRegister", unsafe {
-                f(c, addr, bytes, &mut w, WIN_COLL_SYMMETRIC)
-            })?;
-            if w.is_null() {
-                // NCCL returns success and no window where symmetric memory is unsupported.
-                return Err(Error::unsupported(
-                    "symmetric window",
-                    "symmetric-memory support (cuMem memory from ncclMemAlloc, NVLink or a supported transport)",
-                    format!("{} {} returned a NULL window", self.api.flavor.library, self.api.version),
-                ));
-            }
-            Ok(w)
-        })?;
+        let h = self.window_register(mem, offset, bytes, RegKind::Window)?;
         if self.ce.enabled.load(std::sync::atomic::Ordering::Relaxed) {
             let addr = mem.range(offset, bytes, "bytes")?;
             if let Err(e) = self.share_window(h, addr, bytes) {
@@ -165,6 +144,18 @@ impl<R: Runtime> Collective for ApiComm<R> {
         Ok(())
     }
 
+    fn register_auto(&self, mem: &ApiMemory<R>, offset: usize, bytes: usize) -> Result<RawHandle> {
+        self.register_auto_impl(mem, offset, bytes)
+    }
+
+    fn deregister_auto(&self, handle: RawHandle) -> Result<()> {
+        self.deregister_auto_impl(handle)
+    }
+
+    fn device_memory(&self) -> Result<(usize, usize)> {
+        self.rt.mem_info(self.dev)
+    }
+
     fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
         if stream.dev != self.dev {
             return Err(Error::invalid(
@@ -176,9 +167,24 @@ impl<R: Runtime> Collective for ApiComm<R> {
             ));
         }
         op.check(self.world)?;
-        if let Some(plan) = self.copy_engine_plan(&op)? {
-            return self.run_copy_engine(plan, &stream.s);
+        // Buffers registered for the automatic policy: the path it picks for this size.
+        let mut shadow = None;
+        match self.auto_path(&op)? {
+            Some(Path::CopyEngine) => match self.copy_engine_plan(&op, true)? {
+                Some(plan) => return self.run_copy_engine(plan, &stream.s),
+                // Not possible here (a group, one rank per process): the registered path.
+                None => shadow = self.shadow_comm(),
+            },
+            Some(Path::Registered) => shadow = self.shadow_comm(),
+            Some(Path::Window) => {}
+            None => {
+                if let Some(plan) = self.copy_engine_plan(&op, false)? {
+                    return self.run_copy_engine(plan, &stream.s);
+                }
+            }
         }
+        // The communicator the call goes to (`call` checks this one's state either way).
+        let on = |main: NcclComm| shadow.unwrap_or(main);
         let st = R::raw_stream(&stream.s);
         let (count, dt) = (op.count, op.dtype.nccl());
         let (s, r) = (
@@ -192,16 +198,19 @@ impl<R: Runtime> Collective for ApiComm<R> {
         // the same device; `call` holds the communicator's lock.
         match op.kind {
             Kind::AllReduce { op } => self.call(|c| {
+                let c = on(c);
                 // SAFETY: see the comment above the match.
                 let code = unsafe { (fns.all_reduce)(s, r, count, dt, op.nccl(), c, st) };
                 self.check("ncclAllReduce", code)
             }),
             Kind::Broadcast { root } => self.call(|c| {
+                let c = on(c);
                 // SAFETY: see the comment above the match.
                 let code = unsafe { (fns.broadcast)(s, r, count, dt, root as c_int, c, st) };
                 self.check("ncclBroadcast", code)
             }),
             Kind::Reduce { op, root } => self.call(|c| {
+                let c = on(c);
                 // SAFETY: see the comment above the match.
                 let code =
                     unsafe { (fns.reduce)(s, r, count, dt, op.nccl(), root as c_int, c, st) };
@@ -211,18 +220,21 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 let (send, recv) = op.pair()?;
                 self.check_window_all_gather(&send, &recv, count * op.dtype.size())?;
                 self.call(|c| {
+                    let c = on(c);
                     // SAFETY: see the comment above the match.
                     let code = unsafe { (fns.all_gather)(s, r, count, dt, c, st) };
                     self.check("ncclAllGather", code)
                 })
             }
             Kind::ReduceScatter { op } => self.call(|c| {
+                let c = on(c);
                 // SAFETY: see the comment above the match.
                 let code = unsafe { (fns.reduce_scatter)(s, r, count, dt, op.nccl(), c, st) };
                 self.check("ncclReduceScatter", code)
             }),
             Kind::AllToAll => match self.api.all_to_all {
                 Some(a2a) => self.call(|c| {
+                    let c = on(c);
                     // SAFETY: see the comment above the match.
                     let code = unsafe { a2a(s, r, count, dt, c, st) };
                     self.check("ncclAlltoAll", code)

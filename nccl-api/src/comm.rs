@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use unicomm_core::registry::{RegKind, Registry};
 use unicomm_core::{Collective, DataType, Error, RawHandle, Result, Version};
 
+use crate::api::WIN_COLL_SYMMETRIC;
 use crate::api::{Api, NcclComm, UniqueId};
+use crate::auto::Shadow;
 use crate::copy_engine::{CopyEngine, LocalWorld};
 use crate::memory::{ApiMemory, Owner};
 use crate::runtime::Runtime;
@@ -38,6 +40,8 @@ pub struct ApiComm<R: Runtime> {
     pub(crate) state: AtomicU8,
     /// The copy-engine path's state (`copy_engine.rs`).
     pub(crate) ce: CopyEngine,
+    /// The second communicator of automatic registrations (`auto.rs`), once created.
+    pub(crate) shadow: Mutex<Option<Arc<Shadow>>>,
 }
 
 // SAFETY: an NCCL communicator is not bound to the thread that created it (NCCL's pthread
@@ -203,6 +207,7 @@ impl<R: Runtime> ApiComm<R> {
                 world: local,
                 ..CopyEngine::default()
             },
+            shadow: Mutex::new(None),
         })
     }
 
@@ -261,7 +266,11 @@ impl<R: Runtime> ApiComm<R> {
         {
             return Ok(());
         }
-        if self.registry.covering(recv.address(), chunk * self.world)? != Some(RegKind::Window) {
+        if !self
+            .registry
+            .covering(recv.address(), chunk * self.world)?
+            .is_some_and(RegKind::is_window)
+        {
             return Ok(());
         }
         Err(Error::unsupported(
@@ -363,6 +372,58 @@ impl<R: Runtime> ApiComm<R> {
         Ok(r)
     }
 
+    /// `ncclCommWindowRegister` over `mem[offset..offset+bytes]`, recorded as `kind` (a
+    /// window, or the window of an automatic registration). NULL from the library (no
+    /// symmetric memory here) is `Unsupported`.
+    pub(crate) fn window_register(
+        &self,
+        mem: &ApiMemory<R>,
+        offset: usize,
+        bytes: usize,
+        kind: RegKind,
+    ) -> Result<RawHandle> {
+        let fns = &self.api.fns;
+        let f = self.api.gated(
+            "symmetric windows (ncclCommWindowRegister)",
+            self.api.flavor.windows_since,
+            fns.window_register
+                .filter(|_| fns.window_deregister.is_some()),
+        )?;
+        self.register_range(mem, offset, bytes, kind, |c, addr| {
+            let mut w = std::ptr::null_mut();
+            // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives the window.
+            let code = unsafe { f(c, addr, bytes, &mut w, WIN_COLL_SYMMETRIC) };
+            self.check("ncclCommWindowRegister", code)?;
+            if w.is_null() {
+                // NCCL returns success and no window where symmetric memory is unsupported.
+                return Err(Error::unsupported(
+                    "symmetric window",
+                    "symmetric-memory support (cuMem memory from ncclMemAlloc, NVLink or a supported transport)",
+                    format!("{} {} returned a NULL window", self.api.flavor.library, self.api.version),
+                ));
+            }
+            Ok(w)
+        })
+    }
+
+    /// The library's window deregistration of `h` alone (the caller has taken `h` out of
+    /// the registry).
+    pub(crate) fn window_deregister_raw(&self, h: RawHandle) -> Result<()> {
+        if h.0 >= usize::MAX / 2 {
+            return Ok(()); // a zero-byte registration never reached the library
+        }
+        let f = self.api.fns.window_deregister.ok_or_else(|| {
+            Error::invalid("handle", "the library has no ncclCommWindowDeregister")
+        })?;
+        self.call(|c| {
+            // SAFETY: a live window of this communicator, taken out of the registry by the
+            // caller, so deregistered once.
+            self.check("ncclCommWindowDeregister", unsafe {
+                f(c, h.0 as *mut c_void)
+            })
+        })
+    }
+
     /// A stream-ordered barrier on `st`: an in-place one-element all-reduce of the
     /// communicator's own 4 bytes (NCCL has no barrier).
     pub(crate) fn barrier_on(&self, st: *mut c_void) -> Result<()> {
@@ -385,7 +446,23 @@ impl<R: Runtime> ApiComm<R> {
             return Ok(());
         }
         let (api, comm) = (self.api.clone(), self.comm);
+        let shadow = self.shadow.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.rt.with_device(self.dev, || {
+            // The second communicator goes first, the same way (its registrations with it).
+            if let Some(sh) = shadow {
+                let code = if finalize {
+                    if let Some(f) = api.fns.comm_finalize {
+                        // SAFETY: the live second communicator, finalized once.
+                        let _ = unsafe { f(sh.comm) };
+                    }
+                    // SAFETY: the live second communicator, destroyed once (taken above).
+                    unsafe { (api.fns.comm_destroy)(sh.comm) }
+                } else {
+                    // SAFETY: as above, aborted once.
+                    unsafe { (api.fns.comm_abort)(sh.comm) }
+                };
+                api.check("ncclCommDestroy (second communicator)", code, None)?;
+            }
             if finalize {
                 if let Some(f) = api.fns.comm_finalize {
                     // SAFETY: a live communicator, finalized once.

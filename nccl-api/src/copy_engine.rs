@@ -134,8 +134,13 @@ pub(crate) struct Plan {
 impl<R: Runtime> ApiComm<R> {
     /// The copies of `op` on the copy-engine path, or `None` when the library's path runs
     /// (path off, inside a group, not a local world, output not in a window).
-    pub(crate) fn copy_engine_plan(&self, op: &Op<'_, ApiMemory<R>>) -> Result<Option<Plan>> {
-        if !self.ce.enabled.load(std::sync::atomic::Ordering::Relaxed)
+    /// `forced`: the automatic policy asked for it (the path need not be switched on).
+    pub(crate) fn copy_engine_plan(
+        &self,
+        op: &Op<'_, ApiMemory<R>>,
+        forced: bool,
+    ) -> Result<Option<Plan>> {
+        if !(forced || self.ce.enabled.load(std::sync::atomic::Ordering::Relaxed))
             || GROUP_DEPTH.with(|d| d.get()) > 0
             || !matches!(op.kind, Kind::AllToAll | Kind::AllGather)
         {
@@ -144,7 +149,7 @@ impl<R: Runtime> ApiComm<R> {
         let (send, recv) = op.pair()?;
         let chunk = op.count * op.dtype.size();
         let total = chunk * self.world;
-        let Some((handle, base)) = self.registry.window_covering(recv.address(), total)? else {
+        let Some((handle, _, base)) = self.registry.window_covering(recv.address(), total)? else {
             return Ok(None);
         };
         let peers = match self

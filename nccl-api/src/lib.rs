@@ -26,12 +26,14 @@
 //!   is collective.
 
 pub mod api;
+mod auto;
 mod collective;
 pub mod comm;
 mod copy_engine;
 #[cfg(feature = "gpu-harness")]
 pub mod gpu_tests;
 pub mod memory;
+pub mod policy;
 pub mod runtime;
 pub mod search;
 

@@ -42,6 +42,9 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     /// One line about the driver and runtime (versions), for `doctor` and errors.
     fn describe(&self) -> String;
 
+    /// `(free, total)` bytes of device `dev`'s memory (`cuMemGetInfo` / `hipMemGetInfo`).
+    fn mem_info(&self, dev: usize) -> Result<(usize, usize)>;
+
     /// A timing event (`cudaEvent_t` / `hipEvent_t`), destroyed on drop.
     type Event: Send + Sync + 'static;
     /// Records a timing event on `s` (`cuEventRecord` / `hipEventRecord`).

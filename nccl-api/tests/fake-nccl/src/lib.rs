@@ -41,6 +41,8 @@ pub struct Id {
 #[repr(C)]
 pub struct Comm {
     nranks: c_int,
+    /// Made by ncclCommSplit (calls on it are also counted as `<name>:split`).
+    split: bool,
 }
 
 fn size(dtype: c_int) -> usize {
@@ -88,7 +90,14 @@ pub unsafe extern "C" fn ncclCommInitRank(comm: *mut *mut Comm, nranks: c_int, _
     if nranks != 1 || rank != 0 {
         return fail(INVALID_ARGUMENT, "fake: only worlds of one rank");
     }
-    *comm = Box::into_raw(Box::new(Comm { nranks }));
+    *comm = Box::into_raw(Box::new(Comm { nranks, split: false }));
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommSplit(c: *mut Comm, _color: c_int, _key: c_int, out: *mut *mut Comm, _config: *mut c_void) -> R {
+    count("ncclCommSplit");
+    *out = Box::into_raw(Box::new(Comm { nranks: (*c).nranks, split: true }));
     OK
 }
 
@@ -131,6 +140,9 @@ pub unsafe extern "C" fn ncclGetLastError(_c: *mut Comm) -> *const c_char {
 #[no_mangle]
 pub unsafe extern "C" fn ncclAllReduce(s: *const c_void, r: *mut c_void, n: usize, t: c_int, _op: c_int, c: *mut Comm, _st: *mut c_void) -> R {
     count("ncclAllReduce");
+    if (*c).split {
+        count("ncclAllReduce:split");
+    }
     assert_eq!((*c).nranks, 1);
     copy(s, r, n, t)
 }
@@ -161,8 +173,11 @@ pub unsafe extern "C" fn ncclReduceScatter(s: *const c_void, r: *mut c_void, n: 
 
 #[cfg(feature = "nccl228")]
 #[no_mangle]
-pub unsafe extern "C" fn ncclAlltoAll(s: *const c_void, r: *mut c_void, n: usize, t: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+pub unsafe extern "C" fn ncclAlltoAll(s: *const c_void, r: *mut c_void, n: usize, t: c_int, c: *mut Comm, _st: *mut c_void) -> R {
     count("ncclAlltoAll");
+    if (*c).split {
+        count("ncclAlltoAll:split");
+    }
     copy(s, r, n, t)
 }
 

@@ -1,0 +1,171 @@
+//! Automatic registration ([`unicomm_core::Collective::register_auto`]) on NCCL/RCCL: the
+//! buffer is a symmetric window of this communicator and `ncclCommRegister`ed with a second
+//! communicator over the same ranks (`ncclCommSplit`, created at the first automatic
+//! registration, collective like it). A call whose buffers are so registered runs where
+//! the [`Policy`] says: on this communicator (window kernels), on the second (the
+//! registered path), or on the copy engines. Both communicators take the caller's stream,
+//! so ordering holds; the cost is the second communicator's device memory (measured by
+//! `unicomm-bench --modes auto`, docs/benchmarks.md).
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex};
+
+use unicomm_core::registry::RegKind;
+use unicomm_core::{Error, Kind, Op, RawHandle, Result, Version};
+
+use crate::api::NcclComm;
+use crate::comm::ApiComm;
+use crate::memory::ApiMemory;
+use crate::policy::{Path, Policy};
+use crate::runtime::Runtime;
+
+/// The second communicator of a rank, over the same ranks.
+#[derive(Debug)]
+pub(crate) struct Shadow {
+    pub(crate) comm: NcclComm,
+    /// Automatic handle -> this communicator's `ncclCommRegister` handle.
+    pub(crate) regs: Mutex<HashMap<RawHandle, usize>>,
+}
+
+// SAFETY: like `ApiComm`: the communicator is used only under the owning `ApiComm`'s lock.
+unsafe impl Send for Shadow {}
+// SAFETY: as above.
+unsafe impl Sync for Shadow {}
+
+/// `ncclCommSplit` exists from NCCL 2.18.
+const SPLIT_SINCE: Version = Version::new(2, 18, 0);
+
+impl<R: Runtime> ApiComm<R> {
+    /// The second communicator, created at the first call (collective: `ncclCommSplit`).
+    fn shadow(&self) -> Result<Arc<Shadow>> {
+        let mut slot = self.shadow.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = &*slot {
+            return Ok(s.clone());
+        }
+        let split = self.api.gated(
+            "automatic registration (a second communicator by ncclCommSplit)",
+            SPLIT_SINCE,
+            self.api.fns.comm_split,
+        )?;
+        let rank = self.rank as c_int;
+        let comm = self.call(|c| {
+            let mut out: NcclComm = std::ptr::null_mut();
+            // SAFETY: a live communicator; `out` receives the new one; NULL config means
+            // the parent's settings (nccl.h).
+            let code = unsafe { split(c, 0, rank, &mut out, std::ptr::null_mut()) };
+            self.check("ncclCommSplit", code)?;
+            if out.is_null() {
+                return Err(Error::invalid("comm", "ncclCommSplit gave no communicator"));
+            }
+            Ok(out)
+        })?;
+        let s = Arc::new(Shadow {
+            comm,
+            regs: Mutex::new(HashMap::new()),
+        });
+        *slot = Some(s.clone());
+        Ok(s)
+    }
+
+    /// `register_auto`: a window here, shared for the copy engines in a local world, and
+    /// `ncclCommRegister` on the second communicator.
+    pub(crate) fn register_auto_impl(
+        &self,
+        mem: &ApiMemory<R>,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<RawHandle> {
+        let reg = self.api.gated(
+            "automatic registration (ncclCommRegister)",
+            self.api.flavor.registration_since,
+            self.api.fns.comm_register,
+        )?;
+        let h = self.window_register(mem, offset, bytes, RegKind::Auto)?;
+        let undo = |e: Error| {
+            let _ = self.deregister_auto_impl(h);
+            e
+        };
+        let addr = mem.range(offset, bytes, "bytes")?;
+        if self.ce.world.is_some() {
+            self.share_window(h, addr, bytes).map_err(undo)?;
+        }
+        let sh = self.shadow().map_err(undo)?;
+        if bytes > 0 {
+            let handle = self
+                .call(|_| {
+                    let mut out = std::ptr::null_mut();
+                    // SAFETY: `addr..addr+bytes` is this rank's device memory (checked by
+                    // `range`); `out` receives the handle; the second communicator is live
+                    // (destroyed only with this one, under the lock `call` holds).
+                    let code = unsafe { reg(sh.comm, addr as *mut c_void, bytes, &mut out) };
+                    self.check("ncclCommRegister", code)?;
+                    Ok(out as usize)
+                })
+                .map_err(undo)?;
+            sh.regs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(h, handle);
+        }
+        Ok(h)
+    }
+
+    /// Ends an automatic registration: the second communicator's registration, then the
+    /// window (one step for concurrent callers, like every deregistration).
+    pub(crate) fn deregister_auto_impl(&self, h: RawHandle) -> Result<()> {
+        self.registry.release(h, RegKind::Auto, || {
+            let sh = self
+                .shadow
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(sh) = sh {
+                let taken = sh.regs.lock().unwrap_or_else(|e| e.into_inner()).remove(&h);
+                if let (Some(rh), Some(dereg)) = (taken, self.api.fns.comm_deregister) {
+                    self.call(|_| {
+                        // SAFETY: a live registration of the second communicator, taken out
+                        // of its table above, so deregistered once.
+                        let code = unsafe { dereg(sh.comm, rh as *mut c_void) };
+                        self.check("ncclCommDeregister", code)
+                    })?;
+                }
+            }
+            self.window_deregister_raw(h)
+        })?;
+        self.forget_window(h);
+        Ok(())
+    }
+
+    /// For a call whose every buffer is registered for the automatic policy: the path the
+    /// policy picks for its collective and size (nccl-tests' size), else `None`.
+    pub(crate) fn auto_path(&self, op: &Op<'_, ApiMemory<R>>) -> Result<Option<Path>> {
+        if !op.kind.is_collective() || op.kind == Kind::Barrier {
+            return Ok(None);
+        }
+        let (se, re) = op.kind.extents();
+        let esize = op.dtype.size();
+        for (side, e) in [(op.send, se), (op.recv, re)] {
+            let Some(s) = side else { continue };
+            let bytes = e.elems(op.count, self.world).unwrap_or(0) * esize;
+            if bytes > 0 && self.registry.covering(s.address(), bytes)? != Some(RegKind::Auto) {
+                return Ok(None);
+            }
+        }
+        let per_rank = matches!(
+            op.kind,
+            Kind::AllGather | Kind::AllToAll | Kind::ReduceScatter { .. }
+        );
+        let size = op.count * esize * if per_rank { self.world } else { 1 };
+        Ok(Some(Policy::current()?.choose(op.kind, size)))
+    }
+
+    /// The second communicator's handle, for a call the policy sends there.
+    pub(crate) fn shadow_comm(&self) -> Option<NcclComm> {
+        self.shadow
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.comm)
+    }
+}

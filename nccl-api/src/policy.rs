@@ -1,0 +1,195 @@
+//! The automatic policy: for a call whose buffers are registered for it
+//! ([`unicomm_core::Collective::register_auto`]), which path is fastest for its collective
+//! and size. NCCL picks its algorithm from how a buffer is registered, and no fixed mode
+//! wins at every size (2x H200, NCCL 2.28.9: windows win small all_reduce and lose 20% at
+//! 512 MiB; the copy engines win large all_to_all/all_gather), so the policy switches.
+//!
+//! Thresholds come from `UNICOMM_TUNE_FILE` (written by `cargo xtask tune` on the machine)
+//! or the built-in defaults below. The file is lines of `<collective> <up to bytes|max>
+//! <path>`, `#` comments; for a call of `size` bytes (nccl-tests' size) the first line of
+//! its collective whose bound is >= size wins.
+
+use std::sync::OnceLock;
+
+use unicomm_core::{Error, Kind, Result};
+
+/// A path a call can take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// The library on this communicator, the buffers in symmetric windows.
+    Window,
+    /// The library on the second communicator, where the buffers are `ncclCommRegister`ed.
+    Registered,
+    /// The copy engines (all_to_all, all_gather; ranks in one process).
+    CopyEngine,
+}
+
+impl Path {
+    fn parse(s: &str) -> Option<Path> {
+        match s {
+            "window" => Some(Path::Window),
+            "registered" => Some(Path::Registered),
+            "ce" => Some(Path::CopyEngine),
+            _ => None,
+        }
+    }
+    /// The name in tune files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Window => "window",
+            Path::Registered => "registered",
+            Path::CopyEngine => "ce",
+        }
+    }
+}
+
+/// Per collective, ordered `(up to bytes, path)` rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    rules: Vec<(&'static str, usize, Path)>,
+    /// Where it came from (a file, or "built-in").
+    pub source: String,
+}
+
+/// Collective names as tune files spell them.
+const NAMES: [&str; 6] = [
+    "all_reduce",
+    "all_to_all",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+];
+
+fn name_of(kind: Kind) -> Option<&'static str> {
+    Some(match kind {
+        Kind::AllReduce { .. } => "all_reduce",
+        Kind::AllToAll => "all_to_all",
+        Kind::AllGather => "all_gather",
+        Kind::ReduceScatter { .. } => "reduce_scatter",
+        Kind::Broadcast { .. } => "broadcast",
+        Kind::Reduce { .. } => "reduce",
+        _ => return None,
+    })
+}
+
+/// The built-in defaults, from the 2x H200 measurements (docs/benchmarks.md): windows for
+/// small all_reduce (latency), registration for large; copy engines for large all_to_all
+/// and all_gather.
+const DEFAULTS: &str = "\
+all_reduce 4194304 window
+all_reduce max registered
+all_to_all 1048576 registered
+all_to_all max ce
+all_gather 1048576 registered
+all_gather max ce
+reduce_scatter max registered
+broadcast max registered
+reduce max registered
+";
+
+impl Policy {
+    /// Parses a tune file's text; `source` names it in errors.
+    pub fn parse(text: &str, source: &str) -> Result<Policy> {
+        let mut rules = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let bad = |why: &str| {
+                Error::invalid(
+                    "UNICOMM_TUNE_FILE",
+                    format!("{source} line {}: {why} (want `<collective> <bytes|max> <window|registered|ce>`)", i + 1),
+                )
+            };
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [coll, bound, path] = f[..] else {
+                return Err(bad("three fields"));
+            };
+            let coll = NAMES
+                .iter()
+                .find(|n| **n == coll)
+                .ok_or_else(|| bad(&format!("unknown collective {coll:?}")))?;
+            let bound = match bound {
+                "max" => usize::MAX,
+                b => b
+                    .parse::<usize>()
+                    .map_err(|_| bad(&format!("{b:?} is not a byte count")))?,
+            };
+            let path = Path::parse(path).ok_or_else(|| bad(&format!("unknown path {path:?}")))?;
+            rules.push((*coll, bound, path));
+        }
+        Ok(Policy {
+            rules,
+            source: source.to_string(),
+        })
+    }
+
+    /// `UNICOMM_TUNE_FILE` when set (an unreadable or malformed file is an error, never
+    /// silently the defaults), else the built-in defaults. Read once per process.
+    pub fn current() -> Result<&'static Policy> {
+        static P: OnceLock<Result<Policy>> = OnceLock::new();
+        P.get_or_init(|| match std::env::var_os("UNICOMM_TUNE_FILE") {
+            Some(path) => {
+                let shown = std::path::Path::new(&path).display().to_string();
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    Error::invalid("UNICOMM_TUNE_FILE", format!("cannot read {shown}: {e}"))
+                })?;
+                Policy::parse(&text, &shown)
+            }
+            None => Policy::parse(DEFAULTS, "built-in"),
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+    }
+
+    /// The path for `kind` at `size` bytes (nccl-tests' size), or `Registered` when no rule
+    /// matches.
+    pub fn choose(&self, kind: Kind, size: usize) -> Path {
+        let Some(name) = name_of(kind) else {
+            return Path::Registered;
+        };
+        self.rules
+            .iter()
+            .find(|(c, bound, _)| *c == name && size <= *bound)
+            .map_or(Path::Registered, |r| r.2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use unicomm_core::ReduceOp;
+
+    #[test]
+    fn rules_pick_by_collective_and_size_and_bad_files_are_errors() {
+        let p = Policy::parse(DEFAULTS, "built-in").unwrap();
+        let ar = Kind::AllReduce { op: ReduceOp::Sum };
+        assert_eq!(p.choose(ar, 8), Path::Window);
+        assert_eq!(p.choose(ar, 4 << 20), Path::Window);
+        assert_eq!(p.choose(ar, (4 << 20) + 1), Path::Registered);
+        assert_eq!(p.choose(Kind::AllToAll, 512 << 20), Path::CopyEngine);
+        assert_eq!(p.choose(Kind::Barrier, 8), Path::Registered);
+        for bad in [
+            "all_reduce 8",
+            "allreduce 8 window",
+            "all_reduce x window",
+            "all_reduce 8 fast",
+        ] {
+            let e = Policy::parse(bad, "t").unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidArgument {
+                        argument: "UNICOMM_TUNE_FILE",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        let p = Policy::parse("# comment\nall_to_all max window # trailing\n", "t").unwrap();
+        assert_eq!(p.choose(Kind::AllToAll, 1 << 30), Path::Window);
+    }
+}
