@@ -86,7 +86,7 @@ pub use unicomm_core as core;
 /// backend, [`AnyComm`] for the aliases.
 pub mod generic {
     #[doc(inline)]
-    pub use unicomm_core::registration::{BufferKind, Kind, WindowKind};
+    pub use unicomm_core::registration::{AutoKind, BufferKind, Kind, WindowKind};
     #[doc(inline)]
     pub use unicomm_core::{
         Buffer, Comm, DeviceSlice, DeviceSliceMut, RegisterError, Registration, View, ViewMut,
@@ -111,6 +111,9 @@ pub type Comm = unicomm_core::Comm<AnyComm>;
 pub type Buffer<T> = unicomm_core::Buffer<T, AnyComm>;
 /// A registered buffer: [`generic::Registration`] of the buffer kind (methods there).
 pub type Registered<'c, T> = unicomm_core::Registered<'c, T, AnyComm>;
+/// A buffer registered for the automatic policy (`register_auto`): [`generic::Registration`]
+/// of the automatic kind.
+pub type AutoRegistered<'c, T> = unicomm_core::AutoRegistered<'c, T, AnyComm>;
 /// A buffer in a symmetric window: [`generic::Registration`] of the window kind.
 pub type Window<'c, T> = unicomm_core::Window<'c, T, AnyComm>;
 /// A stream ([`AnyStream`]).

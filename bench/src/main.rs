@@ -14,7 +14,9 @@
 //! - Modes (`--modes`): `plain` buffers, `registered` (`ncclCommRegister`), `window`
 //!   (symmetric windows), `raw` (the same NCCL calls through the function table, no unicomm
 //!   layer, plain buffers), `ce` (the copy-engine path in windows; all_to_all and
-//!   all_gather). A mode the backend cannot run is skipped and said so.
+//!   all_gather), `auto` (`register_auto`: the policy picks a path per call). A mode the
+//!   backend cannot run is skipped and said so. Each mode's device memory beyond its
+//!   buffers (the library's registrations, the second communicator of `auto`) is reported.
 //! - Output: the table on stdout, `-J FILE` JSON, `--plot FILE.svg`, a progress bar on
 //!   stderr. On the mock it is a smoke test: times are host times of thread ranks.
 
@@ -82,6 +84,9 @@ pub enum Mode {
     Raw,
     /// The copy-engine path (windows; all_to_all and all_gather; ranks in one process).
     Ce,
+    /// Buffers registered for the automatic policy: each call takes the path the policy
+    /// picks for its collective and size.
+    Auto,
 }
 
 impl Mode {
@@ -93,6 +98,7 @@ impl Mode {
             Mode::Window => "window",
             Mode::Raw => "raw",
             Mode::Ce => "ce",
+            Mode::Auto => "auto",
         }
     }
 }
@@ -154,7 +160,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "plain,registered,window,raw,ce"
+        default_value = "plain,registered,window,raw,ce,auto"
     )]
     pub modes: Vec<Mode>,
     /// Placements: out (out of place), in (in place).
@@ -172,6 +178,11 @@ pub struct Args {
     /// A fixed workload instead of the size sweep.
     #[arg(long)]
     pub preset: Option<Preset>,
+    /// Write the automatic policy's thresholds measured by this run (the fastest of the
+    /// registered, window and ce modes per collective and size, out of place) to FILE, for
+    /// `UNICOMM_TUNE_FILE` (`cargo xtask tune`).
+    #[arg(long)]
+    pub tune: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -332,14 +343,18 @@ fn bench() -> anyhow::Result<()> {
             }
         }
     };
-    let results = run::sweep(&comms, &args, &work, &modes, &places, &partial)?;
+    let (results, memory) = run::sweep(&comms, &args, &work, &modes, &places, &partial)?;
     report::table(&results, w);
+    report::memory(&memory);
     let wrong: u64 = results.iter().filter_map(|r| r.wrong).sum();
     if let Some(p) = &args.json {
-        report::json(p, &header, &results)?;
+        report::json_with_memory(p, &header, &results, &memory)?;
     }
     if let Some(p) = &args.plot {
         report::plot(p, &header, &results)?;
+    }
+    if let Some(p) = &args.tune {
+        report::tune(p, &header, &results)?;
     }
     for c in comms {
         c.finalize()?;

@@ -193,6 +193,106 @@ fn percentile(v: &[f64], p: f64) -> f64 {
     s[((s.len() - 1) as f64 * p).round() as usize]
 }
 
+/// Each mode's device memory beyond its buffers.
+pub fn memory(m: &[crate::run::ModeMemory]) {
+    for (mode, extra) in m {
+        match extra {
+            Some(b) => println!(
+                "# mode {}: device memory beyond its buffers: {:.1} MiB",
+                mode.name(),
+                *b as f64 / (1 << 20) as f64
+            ),
+            None => println!(
+                "# mode {}: device memory not reported by this backend",
+                mode.name()
+            ),
+        }
+    }
+}
+
+/// [`json`] with each mode's device memory beyond its buffers (`memoryBytes`).
+pub fn json_with_memory(
+    path: &Path,
+    h: &Header,
+    results: &[Measure],
+    m: &[crate::run::ModeMemory],
+) -> anyhow::Result<()> {
+    json(path, h, results)?;
+    let mut doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    doc["memoryBytes"] = m
+        .iter()
+        .map(|(mode, b)| (mode.name().to_string(), json!(b)))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The automatic policy's thresholds this run measured: per collective, the fastest of the
+/// registered, window and ce modes at each size (out of place), as `UNICOMM_TUNE_FILE` rules.
+pub fn tune(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> {
+    let mut out = format!(
+        "# unicomm automatic policy, measured by: {}\n# {} {} at {}, {} ranks\n",
+        h.args.join(" "),
+        h.caps.backend,
+        h.caps.version,
+        h.caps.library_path,
+        h.world
+    );
+    let mut colls: Vec<Coll> = Vec::new();
+    for r in results {
+        if !colls.contains(&r.work.coll) {
+            colls.push(r.work.coll);
+        }
+    }
+    for coll in colls {
+        let mut sizes: Vec<usize> = results
+            .iter()
+            .filter(|r| r.work.coll == coll)
+            .map(|r| r.work.bytes)
+            .collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        // The fastest path per size, then one rule per run of equal paths.
+        let best: Vec<(usize, &'static str)> = sizes
+            .iter()
+            .filter_map(|&b| {
+                results
+                    .iter()
+                    .filter(|r| {
+                        r.work.coll == coll
+                            && r.work.bytes == b
+                            && !r.in_place
+                            && matches!(r.mode, Mode::Registered | Mode::Window | Mode::Ce)
+                    })
+                    .min_by(|x, y| x.time_us.total_cmp(&y.time_us))
+                    .map(|r| {
+                        (
+                            b,
+                            if r.mode == Mode::Ce {
+                                "ce"
+                            } else {
+                                r.mode.name()
+                            },
+                        )
+                    })
+            })
+            .collect();
+        for (i, (b, path)) in best.iter().enumerate() {
+            let last = i + 1 == best.len();
+            if last || best[i + 1].1 != *path {
+                let bound = if last {
+                    "max".to_string()
+                } else {
+                    b.to_string()
+                };
+                out.push_str(&format!("{} {bound} {path}\n", coll.name()));
+            }
+        }
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
 /// The JSON: nccl-tests' keys where it has them (time, algBw, busBw, wrong, size, count,
 /// type, redop, inPlace), plus the mode and per-iteration min/p50/max.
 pub fn json(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> {

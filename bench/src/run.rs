@@ -31,6 +31,10 @@ pub struct Measure {
     pub wrong: Option<u64>,
 }
 
+/// A mode's device memory beyond its buffers (bytes, the largest rank's), where the backend
+/// reports device memory.
+pub type ModeMemory = (Mode, Option<i64>);
+
 /// Why `mode` cannot run here, or `None`.
 pub fn unsupported(mode: Mode, caps: &Capabilities) -> Option<String> {
     let gpu = caps.backend != "mock";
@@ -44,6 +48,10 @@ pub fn unsupported(mode: Mode, caps: &Capabilities) -> Option<String> {
             Some(format!("{} {} has no windows", caps.backend, caps.version))
         }
         Mode::Raw if !gpu => Some("the mock has no NCCL function table".into()),
+        Mode::Auto if gpu && !(caps.registration && caps.windows) => Some(format!(
+            "{} {} lacks registration or windows",
+            caps.backend, caps.version
+        )),
         Mode::Ce if !caps.copy_engine => Some(format!(
             "{} here has no copy-engine path (GPU ranks in one process with windows)",
             caps.backend
@@ -125,6 +133,10 @@ enum Held<'c, T: Val> {
     Plain(Buffer<T>, Buffer<T>),
     Reg(unicomm::Registered<'c, T>, unicomm::Registered<'c, T>),
     Win(unicomm::Window<'c, T>, unicomm::Window<'c, T>),
+    Auto(
+        unicomm::AutoRegistered<'c, T>,
+        unicomm::AutoRegistered<'c, T>,
+    ),
 }
 
 impl<'c, T: Val> Held<'c, T> {
@@ -134,6 +146,7 @@ impl<'c, T: Val> Held<'c, T> {
             Mode::Plain | Mode::Raw => Held::Plain(s, r),
             Mode::Registered => Held::Reg(c.register(s)?, c.register(r)?),
             Mode::Window | Mode::Ce => Held::Win(c.register_window(s)?, c.register_window(r)?),
+            Mode::Auto => Held::Auto(c.register_auto(s)?, c.register_auto(r)?),
         })
     }
     fn bufs(&mut self) -> (&Buffer<T>, &mut dyn DeviceSliceMut<T, AnyComm>) {
@@ -141,6 +154,7 @@ impl<'c, T: Val> Held<'c, T> {
             Held::Plain(s, r) => (s, r),
             Held::Reg(s, r) => (s, r),
             Held::Win(s, r) => (s, r),
+            Held::Auto(s, r) => (s, r),
         }
     }
     fn release(self, c: &unicomm::Comm) -> anyhow::Result<()> {
@@ -153,6 +167,10 @@ impl<'c, T: Val> Held<'c, T> {
             Held::Win(s, r) => {
                 c.deregister_window(s)?;
                 c.deregister_window(r)?;
+            }
+            Held::Auto(s, r) => {
+                c.deregister_auto(s)?;
+                c.deregister_auto(r)?;
             }
         }
         Ok(())
@@ -297,6 +315,7 @@ fn copy_into_send<T: Val>(held: &mut Held<'_, T>, v: &[T], st: &AnyStream) -> an
         Held::Plain(s, _) => s.slice_mut(..v.len())?.copy_from_host(v, st)?,
         Held::Reg(s, _) => s.slice_mut(..v.len())?.copy_from_host(v, st)?,
         Held::Win(s, _) => s.slice_mut(..v.len())?.copy_from_host(v, st)?,
+        Held::Auto(s, _) => s.slice_mut(..v.len())?.copy_from_host(v, st)?,
     }
     Ok(())
 }
@@ -350,11 +369,12 @@ fn rank_mode<T: Val>(
     cap: usize,
     st: &AnyStream,
     tick: &dyn Fn(),
-) -> anyhow::Result<RankOut> {
+) -> anyhow::Result<(RankOut, Option<i64>)> {
     let w = c.world_size();
     if mode == Mode::Ce {
         c.set_copy_engine(true)?;
     }
+    let free_before = c.device_memory().ok().map(|m| m.0);
     let mut held = Held::<T>::new(c, mode, cap)?;
     let base: Vec<T> = (0..cap).map(|i| T::of(input(c.rank(), i))).collect();
     let check = a.check == 1 && matches!(a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min);
@@ -403,11 +423,19 @@ fn rank_mode<T: Val>(
             tick();
         }
     }
+    // What the mode costs beyond its two buffers, after every call of the sweep (NCCL sets
+    // up registrations and the second communicator lazily, at first use).
+    let extra = match (free_before, c.device_memory().ok()) {
+        (Some(before), Some((after, _))) => {
+            Some(before as i64 - after as i64 - 2 * (cap * T::DTYPE.size()) as i64)
+        }
+        _ => None,
+    };
     held.release(c)?;
     if mode == Mode::Ce {
         c.set_copy_engine(false)?;
     }
-    Ok(out)
+    Ok((out, extra))
 }
 
 /// The largest buffer any workload needs per rank, in elements.
@@ -430,7 +458,7 @@ pub fn sweep(
     modes: &[Mode],
     places: &[bool],
     done: &dyn Fn(&[Measure]),
-) -> anyhow::Result<Vec<Measure>> {
+) -> anyhow::Result<(Vec<Measure>, Vec<ModeMemory>)> {
     if a.single_thread {
         bail!("--single-thread: not implemented yet in the benchmark (the conformance suite covers that mode)");
     }
@@ -447,14 +475,15 @@ pub fn sweep(
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut results = Vec::new();
+    let mut memory = Vec::new();
     for &mode in modes {
         bar.set_message(mode.name());
-        let per_rank: Vec<anyhow::Result<RankOut>> = std::thread::scope(|s| {
+        let per_rank: Vec<anyhow::Result<(RankOut, Option<i64>)>> = std::thread::scope(|s| {
             let hs: Vec<_> = comms
                 .iter()
                 .map(|c| {
                     let bar = &bar;
-                    s.spawn(move || -> anyhow::Result<RankOut> {
+                    s.spawn(move || -> anyhow::Result<(RankOut, Option<i64>)> {
                         let st = c.create_stream()?;
                         let tick = || {
                             if c.rank() == 0 {
@@ -508,11 +537,14 @@ pub fn sweep(
                 })
                 .collect()
         });
-        let per_rank: Vec<RankOut> = per_rank
+        let per_rank: Vec<(RankOut, Option<i64>)> = per_rank
             .into_iter()
             .enumerate()
             .map(|(r, o)| o.with_context(|| format!("rank {r}, mode {}", mode.name())))
             .collect::<anyhow::Result<_>>()?;
+        // The largest rank's cost.
+        memory.push((mode, per_rank.iter().filter_map(|p| p.1).max()));
+        let per_rank: Vec<RankOut> = per_rank.into_iter().map(|p| p.0).collect();
         let mut i = 0;
         for work in works {
             for &in_place in places {
@@ -542,5 +574,5 @@ pub fn sweep(
         done(&results);
     }
     bar.finish_and_clear();
-    Ok(results)
+    Ok((results, memory))
 }

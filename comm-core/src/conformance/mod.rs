@@ -74,6 +74,15 @@ pub enum Reg {
     Buffer,
     /// Symmetric windows for send and receive buffers.
     Window,
+    /// Registered for the automatic policy (`register_auto`), which picks a path per call.
+    Auto,
+}
+
+impl Reg {
+    /// Registered collectively (every rank at once): windows and automatic registrations.
+    pub fn is_collective(self) -> bool {
+        matches!(self, Reg::Window | Reg::Auto)
+    }
 }
 
 /// In place or out of place.
@@ -165,7 +174,7 @@ impl From<crate::Error> for Failure {
 pub struct Support {
     /// An in-place form exists.
     pub in_place: bool,
-    /// Buffers may be symmetric windows.
+    /// Buffers may be symmetric windows (and registered for the automatic policy).
     pub windows: bool,
     /// It takes a reduction.
     pub reduces: bool,
@@ -200,7 +209,7 @@ pub fn run_case<H: Harness>(h: &H, case: Case) -> std::result::Result<(), Failur
             case.coll
         )));
     }
-    if case.reg == Reg::Window && !support.windows {
+    if case.reg.is_collective() && !support.windows {
         return Err(Failure::msg(format!(
             "{:?} is not tested in windows",
             case.coll

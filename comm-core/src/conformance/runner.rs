@@ -11,6 +11,7 @@ enum Held<'c, T: Element, C: Collective> {
     Plain(Buffer<T, C>),
     Reg(crate::Registered<'c, T, C>),
     Win(crate::Window<'c, T, C>),
+    Auto(crate::AutoRegistered<'c, T, C>),
 }
 
 impl<'c, T: Element, C: Collective> Held<'c, T, C> {
@@ -19,6 +20,7 @@ impl<'c, T: Element, C: Collective> Held<'c, T, C> {
             Held::Plain(b) => b,
             Held::Reg(b) => b,
             Held::Win(b) => b,
+            Held::Auto(b) => b,
         }
     }
     fn release(self, comm: &'c Comm<C>) -> Result<()> {
@@ -26,6 +28,7 @@ impl<'c, T: Element, C: Collective> Held<'c, T, C> {
             Held::Plain(_) => Ok(()),
             Held::Reg(r) => comm.deregister(r).map(drop),
             Held::Win(w) => comm.deregister_window(w).map(drop),
+            Held::Auto(a) => comm.deregister_auto(a).map(drop),
         }
     }
 }
@@ -53,6 +56,7 @@ fn hold<'c, T: Element, C: Collective>(
         Reg::None => Held::Plain(buf),
         Reg::Buffer => Held::Reg(comm.register(buf)?),
         Reg::Window => Held::Win(comm.register_window(buf)?),
+        Reg::Auto => Held::Auto(comm.register_auto(buf)?),
     })
 }
 
@@ -193,7 +197,7 @@ pub(super) fn run_typed<T: Sample, C: Collective>(
         Mode::SingleThread => {
             // Window registration is collective, so setup runs per rank; every collective is
             // then issued by this one thread for all ranks inside one group.
-            let ranks: Vec<Rank<'_, T, C>> = if case.reg == Reg::Window {
+            let ranks: Vec<Rank<'_, T, C>> = if case.reg.is_collective() {
                 let mut v = Vec::new();
                 for r in per_rank(comms, |c| setup::<T, C>(c, case, exp)) {
                     v.push(r.map_err(|_| Failure::msg("a setup thread panicked"))??);
@@ -212,7 +216,7 @@ pub(super) fn run_typed<T: Sample, C: Collective>(
                 .map(|rk| check_output(rk, case, exp))
                 .collect();
             // Window deregistration is collective too: one thread per rank.
-            let released: Vec<_> = if case.reg == Reg::Window {
+            let released: Vec<_> = if case.reg.is_collective() {
                 std::thread::scope(|s| {
                     let hs: Vec<_> = ranks
                         .into_iter()

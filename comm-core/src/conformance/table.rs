@@ -57,7 +57,7 @@ macro_rules! conformance_suite {
                 op: ReduceOp,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
                 #[values(Place::Out, Place::In)] place: Place,
-                #[values(Reg::None, Reg::Buffer, Reg::Window)] reg: Reg,
+                #[values(Reg::None, Reg::Buffer, Reg::Window, Reg::Auto)] reg: Reg,
                 #[values(1, 2, 3, 4, 8)] world: usize,
             ) {
                 run(Coll::AllReduce, dtype, op, count, place, reg, world)
@@ -141,7 +141,7 @@ macro_rules! conformance_suite {
                 )]
                 dtype: DataType,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
-                #[values(Reg::None, Reg::Buffer, Reg::Window)] reg: Reg,
+                #[values(Reg::None, Reg::Buffer, Reg::Window, Reg::Auto)] reg: Reg,
                 #[values(1, 2, 3, 4, 8)] world: usize,
             ) {
                 run(
@@ -172,7 +172,7 @@ macro_rules! conformance_suite {
                 dtype: DataType,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
                 #[values(Place::Out, Place::In)] place: Place,
-                #[values(Reg::None, Reg::Buffer, Reg::Window)] reg: Reg,
+                #[values(Reg::None, Reg::Buffer, Reg::Window, Reg::Auto)] reg: Reg,
                 #[values(1, 2, 3, 4, 8)] world: usize,
             ) {
                 run(
