@@ -30,12 +30,20 @@ for v in nccl rccl; do
   SKIP=$(skips "$UNICOMM_GPU_WORLD")
   loader=$([ $v = nccl ] && echo nccl-loader || echo rccl-hip_loader)
   if [ "$PARTS" = bench ] || [ "$PARTS" = all ]; then
-    step $v bench sweep; timeout ${BENCH_TIMEOUT:-420} ./unicomm-bench --vendor $vendor -b 8 -e 512M -f 4 -w 5 -n 20 $BENCH_ARGS -J "$OUT/$v-bench.json" --plot "$OUT/$v-bench.svg" > "$OUT/$v-bench.log" 2>&1; [ $? -eq 0 ] || rc=1
-    tail -5 "$OUT/$v-bench.log"
+    # Calibrate the automatic policy (cargo xtask tune), then the sweep with every mode,
+    # auto reading those thresholds, so auto is compared with each fixed mode in one run.
+    step $v tune
+    timeout ${TUNE_TIMEOUT:-150} ./unicomm-bench --vendor $vendor --modes registered,window,ce --place out --coll all_reduce,all_to_all,all_gather -b 8 -e 512M -f 4 -w 5 -n 20 --tune "$OUT/$v-tune.txt" -J "$OUT/$v-tune.json" > "$OUT/$v-tune.log" 2>&1 || rc=1
+    cat "$OUT/$v-tune.txt"
+    export UNICOMM_TUNE_FILE="$OUT/$v-tune.txt"
+    step $v bench sweep
+    timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor -b 8 -e 512M -f 4 -w 5 -n 20 $BENCH_ARGS -J "$OUT/$v-bench.json" --plot "$OUT/$v-bench.svg" > "$OUT/$v-bench.log" 2>&1 || rc=1
+    grep "^# mode" "$OUT/$v-bench.log"
     for cumem in 0 1; do
       step $v visualgen NCCL_CUMEM_ENABLE=$cumem
-      NCCL_CUMEM_ENABLE=$cumem timeout 120 ./unicomm-bench --vendor $vendor --preset visualgen -w 5 -n 20 --place out -J "$OUT/$v-visualgen-cumem$cumem.json" > "$OUT/$v-visualgen-cumem$cumem.log" 2>&1; [ $? -eq 0 ] || rc=1
+      NCCL_CUMEM_ENABLE=$cumem timeout ${PRESET_TIMEOUT:-45} ./unicomm-bench --vendor $vendor --preset visualgen -w 5 -n 20 --place out -J "$OUT/$v-visualgen-cumem$cumem.json" > "$OUT/$v-visualgen-cumem$cumem.log" 2>&1 || rc=1
     done
+    unset UNICOMM_TUNE_FILE
   fi
   if [ "$PARTS" = bench ]; then continue; fi
   if [ "$PARTS" != conformance ]; then

@@ -343,7 +343,7 @@ fn bench() -> anyhow::Result<()> {
             }
         }
     };
-    let (results, memory) = run::sweep(&comms, &args, &work, &modes, &places, &partial)?;
+    let (results, memory, failed) = run::sweep(&comms, &args, &work, &modes, &places, &partial)?;
     report::table(&results, w);
     report::memory(&memory);
     let wrong: u64 = results.iter().filter_map(|r| r.wrong).sum();
@@ -355,6 +355,10 @@ fn bench() -> anyhow::Result<()> {
     }
     if let Some(p) = &args.tune {
         report::tune(p, &header, &results)?;
+    }
+    if let Some(e) = failed {
+        // Communicators were aborted; nothing to finalize.
+        return Err(e.context("the sweep stopped (the results above are what it measured)"));
     }
     for c in comms {
         c.finalize()?;

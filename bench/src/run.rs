@@ -458,7 +458,7 @@ pub fn sweep(
     modes: &[Mode],
     places: &[bool],
     done: &dyn Fn(&[Measure]),
-) -> anyhow::Result<(Vec<Measure>, Vec<ModeMemory>)> {
+) -> anyhow::Result<(Vec<Measure>, Vec<ModeMemory>, Option<anyhow::Error>)> {
     if a.single_thread {
         bail!("--single-thread: not implemented yet in the benchmark (the conformance suite covers that mode)");
     }
@@ -537,11 +537,20 @@ pub fn sweep(
                 })
                 .collect()
         });
-        let per_rank: Vec<(RankOut, Option<i64>)> = per_rank
+        let per_rank: anyhow::Result<Vec<(RankOut, Option<i64>)>> = per_rank
             .into_iter()
             .enumerate()
             .map(|(r, o)| o.with_context(|| format!("rank {r}, mode {}", mode.name())))
-            .collect::<anyhow::Result<_>>()?;
+            .collect();
+        let per_rank = match per_rank {
+            Ok(p) => p,
+            Err(e) => {
+                // The failing rank aborted its communicator: no later mode can run. What
+                // was measured so far is kept and reported.
+                bar.finish_and_clear();
+                return Ok((results, memory, Some(e)));
+            }
+        };
         // The largest rank's cost.
         memory.push((mode, per_rank.iter().filter_map(|p| p.1).max()));
         let per_rank: Vec<RankOut> = per_rank.into_iter().map(|p| p.0).collect();
@@ -574,5 +583,5 @@ pub fn sweep(
         done(&results);
     }
     bar.finish_and_clear();
-    Ok((results, memory))
+    Ok((results, memory, None))
 }

@@ -57,6 +57,16 @@ enum Cmd {
     Test(Opts),
     /// Run unicomm-bench (nccl-tests' method; every mode side by side); arguments after `--`.
     Bench(Opts),
+    /// Calibrate the automatic policy on this machine: time the registered, window and
+    /// copy-engine paths of every collective and size, and write the fastest per size to a
+    /// file for UNICOMM_TUNE_FILE (default unicomm-tune.txt).
+    Tune {
+        #[command(flatten)]
+        opts: Opts,
+        /// Where to write the thresholds.
+        #[arg(long, default_value = "unicomm-tune.txt")]
+        out: PathBuf,
+    },
     /// Print what this machine offers: devices, libraries, versions, capabilities, variables.
     Doctor(Opts),
     /// Build release binaries and a run script into dist/unicomm-bundle for a GPU machine
@@ -218,6 +228,34 @@ fn xtask(cli: Cli) -> Result<()> {
                 c.env("UNICOMM_MOCK_RANKS", "4");
             }
             step(&format!("unicomm-bench on {}", vendor_arg(o.vendor)), c)
+        }
+        Cmd::Tune { opts, out } => {
+            let mut c = cargo();
+            c.args([
+                "run",
+                "--release",
+                "-p",
+                "unicomm-bench",
+                "--",
+                "--vendor",
+                vendor_arg(opts.vendor),
+            ]);
+            c.args([
+                "--modes",
+                "registered,window,ce",
+                "--place",
+                "out",
+                "--coll",
+                "all_reduce,all_to_all,all_gather,reduce_scatter,broadcast",
+            ]);
+            c.arg("--tune").arg(root().join(&out).as_os_str());
+            c.args(&opts.args);
+            step("calibrate the automatic policy", c)?;
+            eprintln!(
+                "thresholds written: export UNICOMM_TUNE_FILE={}",
+                root().join(&out).display()
+            );
+            Ok(())
         }
         Cmd::Bundle(o) => bundle(&o),
     }
