@@ -37,7 +37,7 @@ for v in nccl rccl; do
     cat "$OUT/$v-tune.txt"
     export UNICOMM_TUNE_FILE="$OUT/$v-tune.txt"
     step $v bench sweep
-    timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor -b 8 -e 512M -f 4 -w 5 -n 20 $BENCH_ARGS -J "$OUT/$v-bench.json" --plot "$OUT/$v-bench.svg" > "$OUT/$v-bench.log" 2>&1 || rc=1
+    timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor -b 8 -e 512M -f 4 -w 5 -n 20 ${BENCH_ARGS---coll all_reduce,all_to_all,all_gather --place out} -J "$OUT/$v-bench.json" --plot "$OUT/$v-bench.svg" > "$OUT/$v-bench.log" 2>&1 || rc=1
     grep "^# mode" "$OUT/$v-bench.log"
     for cumem in 0 1; do
       step $v visualgen NCCL_CUMEM_ENABLE=$cumem

@@ -124,6 +124,15 @@ impl Runtime for CudaRuntime {
             .map_err(|e| cuda_err("cuEventElapsedTime", e))
     }
 
+    fn wait_event(
+        &self,
+        _dev: usize,
+        s: &CudaStreamHandle,
+        e: &cudarc::driver::CudaEvent,
+    ) -> Result<()> {
+        s.0.wait(e).map_err(|e| cuda_err("cuStreamWaitEvent", e))
+    }
+
     fn mem_info(&self, dev: usize) -> Result<(usize, usize)> {
         self.with_device(dev, || {
             result::mem_get_info().map_err(|e| cuda_err("cuMemGetInfo", e))

@@ -50,6 +50,7 @@ pub struct HipFns {
     pub event_destroy: unsafe extern "C" fn(HipEvent) -> HipError,
     pub device_enable_peer_access: unsafe extern "C" fn(c_int, c_uint) -> HipError,
     pub mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> HipError,
+    pub stream_wait_event: unsafe extern "C" fn(HipStream, HipEvent, c_uint) -> HipError,
     // Diagnostics only: optional, so a runtime without them still loads.
     pub get_error_name: Option<unsafe extern "C" fn(HipError) -> *const c_char>,
     pub runtime_get_version: Option<unsafe extern "C" fn(*mut c_int) -> HipError>,
@@ -138,6 +139,7 @@ impl HipRuntime {
             event_destroy: sym!("hipEventDestroy"),
             device_enable_peer_access: sym!("hipDeviceEnablePeerAccess"),
             mem_get_info: sym!("hipMemGetInfo"),
+            stream_wait_event: sym!("hipStreamWaitEvent"),
             get_error_name: opt!("hipGetErrorName"),
             runtime_get_version: opt!("hipRuntimeGetVersion"),
             driver_get_version: opt!("hipDriverGetVersion"),
@@ -298,6 +300,15 @@ impl Runtime for HipRuntime {
                 (self.fns.event_elapsed_time)(&mut ms, a.0, b.0)
             })?;
             Ok(f64::from(ms))
+        })
+    }
+
+    fn wait_event(&self, dev: usize, s: &HipStreamHandle, e: &HipEventHandle) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: a live stream and a live, recorded event of the same device.
+            self.check("hipStreamWaitEvent", unsafe {
+                (self.fns.stream_wait_event)(s.0, e.0, 0)
+            })
         })
     }
 

@@ -39,7 +39,7 @@ pub struct ApiComm<R: Runtime> {
     pub(crate) lock: Mutex<()>,
     pub(crate) state: AtomicU8,
     /// The copy-engine path's state (`copy_engine.rs`).
-    pub(crate) ce: CopyEngine,
+    pub(crate) ce: CopyEngine<R::Stream>,
     /// The second communicator of automatic registrations (`auto.rs`), once created.
     pub(crate) shadow: Mutex<Option<Arc<Shadow>>>,
 }

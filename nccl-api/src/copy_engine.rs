@@ -192,17 +192,57 @@ impl<R: Runtime> ApiComm<R> {
     }
 
     /// Runs a plan on `stream`: barrier, copies, barrier.
+    ///
+    /// The local copy (this rank's own chunk, device-local) runs on a side stream forked
+    /// from the caller's by events, so it overlaps the peer copies over NVLink instead of
+    /// adding its time to theirs; the caller's stream waits for it before the closing
+    /// barrier.
     pub(crate) fn run_copy_engine(&self, plan: Plan, stream: &R::Stream) -> Result<()> {
         let st = R::raw_stream(stream);
         self.barrier_on(st)?;
-        for (dst, src, bytes) in plan.copies {
+        let (local, peers): (Vec<_>, Vec<_>) = plan
+            .copies
+            .into_iter()
+            .partition(|&(dst, _, _)| self.is_local(dst));
+        let mut side = self.ce.side.lock().unwrap_or_else(|e| e.into_inner());
+        if !local.is_empty() && side.is_none() {
+            *side = Some(self.rt.create_stream(self.dev)?);
+        }
+        let forked = match (&*side, local.is_empty()) {
+            (Some(s), false) => {
+                let start = self.rt.with_device(self.dev, || self.rt.record(stream))?;
+                self.rt.wait_event(self.dev, s, &start)?;
+                for &(dst, src, bytes) in &local {
+                    // SAFETY: both ranges are this rank's memory (send range and own output
+                    // chunk, checked by `Op::check`); the side stream starts after the
+                    // opening barrier (the event above) and the caller's stream waits for
+                    // it below, before anything after this operation touches them.
+                    unsafe { self.rt.copy_async(self.dev, dst, src, bytes, s) }?;
+                }
+                Some(self.rt.with_device(self.dev, || self.rt.record(s))?)
+            }
+            _ => None,
+        };
+        for (dst, src, bytes) in peers {
             // SAFETY: `src` lies in this rank's send range (checked by `Op::check`); `dst` in
             // a peer's window, registered and alive until that peer deregisters it, which
             // it does only after this operation's closing barrier (window deregistration
             // follows the rank's stream order); bounds checked against the peer's window.
             unsafe { self.rt.copy_async(self.dev, dst, src, bytes, stream) }?;
         }
+        if let Some(done) = forked {
+            self.rt.wait_event(self.dev, stream, &done)?;
+        }
         self.barrier_on(st)
+    }
+
+    /// Whether `addr` is in this rank's own memory (its output chunk), not a peer's.
+    fn is_local(&self, addr: usize) -> bool {
+        let peers = self.ce.peers.lock().unwrap_or_else(|e| e.into_inner());
+        peers.values().any(|p| {
+            p.get(self.rank)
+                .is_some_and(|&(_, base, bytes)| base <= addr && addr < base + bytes)
+        })
     }
 
     /// Records a window for the copy-engine path: exchanges its address with the peers
@@ -257,9 +297,9 @@ impl<R: Runtime> ApiComm<R> {
     }
 }
 
-/// A communicator's copy-engine state.
-#[derive(Debug, Default)]
-pub(crate) struct CopyEngine {
+/// A communicator's copy-engine state (`S`: the runtime's stream).
+#[derive(Debug)]
+pub(crate) struct CopyEngine<S> {
     /// The in-process world, when the ranks were created together.
     pub(crate) world: Option<Arc<LocalWorld>>,
     pub(crate) enabled: std::sync::atomic::AtomicBool,
@@ -267,4 +307,18 @@ pub(crate) struct CopyEngine {
     pub(crate) windows: std::sync::atomic::AtomicU64,
     /// Every rank's (device, address, bytes) per window handle.
     pub(crate) peers: Mutex<HashMap<RawHandle, Peers>>,
+    /// The side stream of the local copies, created at first use.
+    pub(crate) side: Mutex<Option<S>>,
+}
+
+impl<S> Default for CopyEngine<S> {
+    fn default() -> Self {
+        CopyEngine {
+            world: None,
+            enabled: Default::default(),
+            windows: Default::default(),
+            peers: Default::default(),
+            side: Mutex::new(None),
+        }
+    }
 }

@@ -49,6 +49,9 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     type Event: Send + Sync + 'static;
     /// Records a timing event on `s` (`cuEventRecord` / `hipEventRecord`).
     fn record(&self, s: &Self::Stream) -> Result<Self::Event>;
+    /// Makes `s` wait, on the device, for the work recorded in `e` (`cuStreamWaitEvent`);
+    /// the host does not wait.
+    fn wait_event(&self, dev: usize, s: &Self::Stream, e: &Self::Event) -> Result<()>;
     /// Milliseconds from `a` to `b`, waiting for both (`cuEventElapsedTime`).
     fn elapsed_ms(&self, a: &Self::Event, b: &Self::Event) -> Result<f64>;
 

@@ -105,6 +105,9 @@ impl Runtime for Host {
     fn elapsed_ms(&self, a: &std::time::Instant, b: &std::time::Instant) -> Result<f64> {
         Ok(b.saturating_duration_since(*a).as_secs_f64() * 1e3)
     }
+    fn wait_event(&self, _: usize, _: &HostStream, _: &std::time::Instant) -> Result<()> {
+        Ok(())
+    }
     fn mem_info(&self, _: usize) -> Result<(usize, usize)> {
         Ok((0, 0))
     }
