@@ -326,6 +326,17 @@ impl Collective for AnyComm {
     fn set_copy_engine(&self, on: bool) -> Result<()> {
         each!(self, AnyComm, c => c.set_copy_engine(on))
     }
+    // Every provided method a backend may override is forwarded, or the facade would run
+    // the trait's default instead of the backend's own.
+    fn register_auto(&self, mem: &AnyMemory, offset: usize, bytes: usize) -> Result<RawHandle> {
+        pair!(self, AnyComm, mem, AnyMemory, "buffer", (c, m) => c.register_auto(m, offset, bytes))
+    }
+    fn deregister_auto(&self, handle: RawHandle) -> Result<()> {
+        each!(self, AnyComm, c => c.deregister_auto(handle))
+    }
+    fn device_memory(&self) -> Result<(usize, usize)> {
+        each!(self, AnyComm, c => c.device_memory())
+    }
     fn finalize(&mut self) -> Result<()> {
         each!(self, AnyComm, c => c.finalize())
     }
