@@ -33,6 +33,23 @@ unsafe impl Send for Shadow {}
 // SAFETY: as above.
 unsafe impl Sync for Shadow {}
 
+/// `UNICOMM_AUTO_COPY_ENGINE` (`1`, the default, or `0`): whether automatic registrations
+/// in a local world are shared for the copy-engine path (which enables peer access between
+/// the devices). With `0` the policy's copy-engine choices take the registered path.
+fn auto_copy_engine() -> Result<bool> {
+    match std::env::var("UNICOMM_AUTO_COPY_ENGINE") {
+        Err(_) => Ok(true),
+        Ok(v) => match v.trim() {
+            "1" => Ok(true),
+            "0" => Ok(false),
+            _ => Err(Error::invalid(
+                "UNICOMM_AUTO_COPY_ENGINE",
+                format!("{v:?} is not 0 or 1"),
+            )),
+        },
+    }
+}
+
 /// `ncclCommSplit` exists from NCCL 2.18.
 const SPLIT_SINCE: Version = Version::new(2, 18, 0);
 
@@ -87,7 +104,7 @@ impl<R: Runtime> ApiComm<R> {
             e
         };
         let addr = mem.range(offset, bytes, "bytes")?;
-        if self.ce.world.is_some() {
+        if self.ce.world.is_some() && auto_copy_engine().map_err(undo)? {
             self.share_window(h, addr, bytes).map_err(undo)?;
         }
         let sh = self.shadow().map_err(undo)?;
