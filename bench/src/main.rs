@@ -183,6 +183,9 @@ pub struct Args {
     /// `UNICOMM_TUNE_FILE` (`cargo xtask tune`).
     #[arg(long)]
     pub tune: Option<PathBuf>,
+    /// Only re-draw `--plot` from a run's JSON (no measurement).
+    #[arg(long)]
+    pub replot: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -311,6 +314,13 @@ fn main() {
 
 fn bench() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(json) = &args.replot {
+        let out = args
+            .plot
+            .as_ref()
+            .context("--replot needs --plot OUT.svg")?;
+        return report::replot(json, out);
+    }
     let vendor: Vendor = args.vendor.parse()?;
     let (vendor, why) = unicomm::resolve(vendor).context("choosing the vendor")?;
     let comms = unicomm::local_comms_n(vendor, args.ranks).context("creating communicators")?;
