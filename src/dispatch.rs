@@ -183,7 +183,7 @@ impl Backend for unicomm_mock::Facade {
             Some(n) => n,
             None => ::unicomm_mock::ranks_from_env()?,
         };
-        let world = ::unicomm_mock::world(n, ::unicomm_mock::MockConfig::default())?;
+        let world = ::unicomm_mock::world(n, ::unicomm_mock::MockConfig::from_env()?)?;
         Ok(world.into_iter().map(AnyComm::from).collect())
     }
     fn from_env(env: &LaunchEnv, _: Duration) -> Result<AnyComm> {

@@ -45,17 +45,40 @@ pub struct MockConfig {
 }
 
 impl Default for MockConfig {
-    /// `UNICOMM_MOCK_TIMEOUT_MS` or [`DEFAULT_TIMEOUT`]; no faults.
+    /// [`DEFAULT_TIMEOUT`], no faults (the environment is read by [`MockConfig::from_env`]).
     fn default() -> Self {
-        let timeout = std::env::var("UNICOMM_MOCK_TIMEOUT_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_millis)
-            .unwrap_or(DEFAULT_TIMEOUT);
         MockConfig {
-            timeout,
+            timeout: DEFAULT_TIMEOUT,
             faults: Vec::new(),
         }
+    }
+}
+
+/// The most ranks a mock world has (each rank runs its own stream threads).
+pub const MAX_RANKS: usize = 1024;
+
+/// The longest deadline the mock accepts: one day (so no `Instant` arithmetic overflows).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+impl MockConfig {
+    /// The defaults with `UNICOMM_MOCK_TIMEOUT_MS` applied: a whole number of milliseconds
+    /// in 1..=86400000; anything else is `InvalidArgument` naming the variable and range.
+    pub fn from_env() -> Result<Self> {
+        let mut c = MockConfig::default();
+        if let Ok(v) = std::env::var("UNICOMM_MOCK_TIMEOUT_MS") {
+            c.timeout = match v.trim().parse::<u64>() {
+                Ok(ms) if (1..=MAX_TIMEOUT.as_millis() as u64).contains(&ms) => {
+                    Duration::from_millis(ms)
+                }
+                _ => {
+                    return Err(Error::invalid(
+                        "UNICOMM_MOCK_TIMEOUT_MS",
+                        format!("{v:?} is not a whole number of milliseconds in 1..=86400000"),
+                    ))
+                }
+            };
+        }
+        Ok(c)
     }
 }
 
@@ -63,10 +86,10 @@ impl Default for MockConfig {
 pub fn ranks_from_env() -> Result<usize> {
     match std::env::var("UNICOMM_MOCK_RANKS") {
         Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
+            Ok(n) if (1..=MAX_RANKS).contains(&n) => Ok(n),
             _ => Err(Error::invalid(
                 "UNICOMM_MOCK_RANKS",
-                format!("{v:?} is not a positive integer"),
+                format!("{v:?} is not a whole number in 1..={MAX_RANKS}"),
             )),
         },
         Err(_) => Ok(DEFAULT_RANKS),

@@ -40,7 +40,10 @@ use unicomm_core::{
 use exec::{RankCtx, Span, Spec, Task, Work};
 use fabric::{Exchange, LocalFabric, Signature};
 
-pub use config::{ranks_from_env, Fault, FaultKind, MockConfig, DEFAULT_RANKS, DEFAULT_TIMEOUT};
+pub use config::{
+    ranks_from_env, Fault, FaultKind, MockConfig, DEFAULT_RANKS, DEFAULT_TIMEOUT, MAX_RANKS,
+    MAX_TIMEOUT,
+};
 pub use memory::MockMemory;
 pub use stream::MockStream;
 
@@ -77,8 +80,17 @@ impl std::fmt::Debug for MockComm {
 /// Creates the `n` ranks of a new world (one communicator per rank; hand each to its own
 /// thread, or drive them all from one thread).
 pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
-    if n == 0 {
-        return Err(Error::invalid("n", "a world needs at least one rank"));
+    if n == 0 || n > MAX_RANKS {
+        return Err(Error::invalid(
+            "n",
+            format!("{n} ranks: a mock world has 1..={MAX_RANKS} (each rank is threads)"),
+        ));
+    }
+    if config.timeout.is_zero() || config.timeout > MAX_TIMEOUT {
+        return Err(Error::invalid(
+            "timeout",
+            format!("{:?} is outside 1 ms..=1 day", config.timeout),
+        ));
     }
     let fabric: Arc<dyn Exchange> = Arc::new(LocalFabric::new(n, config.timeout));
     let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
@@ -106,9 +118,9 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
         .collect())
 }
 
-/// `n` typed communicators with the default configuration.
+/// `n` typed communicators with the default configuration and `UNICOMM_MOCK_TIMEOUT_MS`.
 pub fn local_comms(n: usize) -> Result<Vec<Comm<MockComm>>> {
-    local_comms_with(n, MockConfig::default())
+    local_comms_with(n, MockConfig::from_env()?)
 }
 
 /// `n` typed communicators with `config`.

@@ -534,3 +534,61 @@ fn single_thread_drives_every_rank_inside_a_group() {
         assert_eq!(b.copy_to_host(s).unwrap(), vec![3.0; 5]);
     }
 }
+
+/// A panic inside `group`, caught by the caller, closes the group: the rank's later
+/// collectives run (they are not deferred to a group that never ends).
+#[test]
+fn a_panic_inside_group_closes_the_group() {
+    let comms = world(1);
+    let c = &comms[0];
+    let st = c.create_stream().unwrap();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = c.group(|| -> unicomm_core::Result<()> { panic!("inside the group") });
+    }));
+    assert!(caught.is_err());
+    let mut b = c.alloc::<f32>(4).unwrap();
+    b.copy_from_host(&[1.0; 4], &st).unwrap();
+    c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+    st.synchronize().unwrap();
+    assert_eq!(b.copy_to_host(&st).unwrap(), vec![1.0; 4]);
+    // And the group nesting is back to zero: a stray group_end is an error.
+    use unicomm_core::Collective;
+    assert!(c.backend().group_end().is_err());
+}
+
+/// A raw operation on a misaligned range is refused before any kernel reads it (the mock's
+/// kernels view buffers as typed slices, which must be aligned).
+#[test]
+fn misaligned_raw_ranges_are_refused() {
+    use unicomm_core::{Collective, DataType, Kind, Op, Slice};
+    let comms = world(1);
+    let c = comms[0].backend();
+    let st = c.create_stream().unwrap();
+    let mem = c.alloc(64).unwrap();
+    let odd = Slice {
+        mem: &mem,
+        offset: 1,
+        bytes: 32,
+    };
+    let r = c.enqueue(
+        Op::new(
+            Kind::AllReduce { op: ReduceOp::Sum },
+            odd,
+            odd,
+            8,
+            DataType::F32,
+        ),
+        &st,
+    );
+    assert!(
+        matches!(
+            r,
+            Err(Error::InvalidArgument {
+                argument: "send",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    st.synchronize().unwrap();
+}

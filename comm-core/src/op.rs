@@ -330,6 +330,19 @@ impl<M: DeviceMemory> Op<'_, M> {
                     ))
                 }
                 (Some(s), e) => {
+                    // Kernels read elements through typed pointers (the mock's as Rust
+                    // slices): a range must start on an element boundary.
+                    if s.address() % self.dtype.size() != 0 {
+                        return Err(Error::invalid(
+                            arg,
+                            format!(
+                                "address {:#x} is not aligned to the {}-byte {}",
+                                s.address(),
+                                self.dtype.size(),
+                                self.dtype
+                            ),
+                        ));
+                    }
                     let elems = e
                         .elems(self.count, world)
                         .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?;
