@@ -210,7 +210,7 @@ pub fn memory(m: &[crate::run::ModeMemory]) {
     }
 }
 
-/// [`json`] with each mode's device memory beyond its buffers (`memoryBytes`).
+/// [`json()`] with each mode's device memory beyond its buffers (`memoryBytes`).
 pub fn json_with_memory(
     path: &Path,
     h: &Header,
