@@ -21,7 +21,16 @@ pub struct LaunchEnv {
     pub master: (String, u16),
     /// Which launcher's variables were read: "torchrun", "mpirun (Open MPI)" or "srun (Slurm)".
     pub launcher: &'static str,
+    /// The job's secret for the rendezvous (both sides prove they hold it), and where it
+    /// came from ([`LaunchEnv::token_source`]).
+    pub token: Vec<u8>,
+    /// `UNICOMM_RENDEZVOUS_TOKEN`, a launcher's job id, or "none" (then only the job's
+    /// address and size: no secret; a process that knows them can join).
+    pub token_source: &'static str,
 }
+
+/// The largest world the rendezvous accepts (its bookkeeping is per rank).
+pub const MAX_WORLD: usize = 1 << 20;
 
 const MAGIC: &[u8; 8] = b"UNICOMM1";
 
@@ -70,6 +79,14 @@ impl LaunchEnv {
         let rank = num(names[0])?.unwrap_or(0);
         let world_size = num(names[1])?.unwrap_or(1);
         let local_rank = num(names[2])?.unwrap_or(0);
+        if world_size > MAX_WORLD {
+            return Err(Error::Bootstrap {
+                reason: format!(
+                    "{}={world_size} is larger than the {MAX_WORLD} ranks unicomm accepts",
+                    names[1]
+                ),
+            });
+        }
         if world_size == 0 || rank >= world_size {
             return Err(Error::Bootstrap {
                 reason: format!("rank {rank} does not fit a world of {world_size} ({launcher})"),
@@ -86,12 +103,32 @@ impl LaunchEnv {
         let port = port.trim().parse::<u16>().map_err(|_| Error::Bootstrap {
             reason: format!("MASTER_PORT={port:?} is not a port number"),
         })?;
+        // The job's secret: explicit, or an id the launcher gives every process of the job
+        // and no other (torchrun's run id, Slurm's job and step, Open MPI's / PMIx's job).
+        let sources: [(&'static str, &[&str]); 5] = [
+            ("UNICOMM_RENDEZVOUS_TOKEN", &["UNICOMM_RENDEZVOUS_TOKEN"]),
+            ("TORCHELASTIC_RUN_ID", &["TORCHELASTIC_RUN_ID"]),
+            ("SLURM_JOB_ID", &["SLURM_JOB_ID", "SLURM_STEP_ID"]),
+            ("OMPI_MCA_ess_base_jobid", &["OMPI_MCA_ess_base_jobid"]),
+            ("PMIX_NAMESPACE", &["PMIX_NAMESPACE"]),
+        ];
+        let (token_source, secret) = sources
+            .iter()
+            .find_map(|(name, vars)| {
+                let first = var(vars[0]).filter(|v| !v.is_empty() && v != "none")?;
+                let rest: String = vars[1..].iter().filter_map(|v| var(v)).collect();
+                Some((*name, format!("{first}/{rest}")))
+            })
+            .unwrap_or(("none", String::new()));
+        let token = format!("{secret}|{addr}:{port}|{world_size}").into_bytes();
         Ok(LaunchEnv {
             rank,
             world_size,
             local_rank,
             master: (addr, port),
             launcher,
+            token,
+            token_source,
         })
     }
 }
@@ -115,66 +152,297 @@ fn io(what: &str, e: std::io::Error) -> Error {
     }
 }
 
-/// Hands rank 0's unique id to every rank: rank 0 calls `make_id` and serves the id to the
-/// other `world_size - 1` ranks; the others connect (retrying until rank 0 listens) and
-/// receive it. Every wait ends by `timeout` with a `Timeout` error; a rank that claims
-/// another world size is a `Bootstrap` error.
+type Mac = hmac::Hmac<sha2::Sha256>;
+
+/// `HMAC-SHA256(token, label || parts...)`.
+fn mac(token: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    use hmac::Mac as _;
+    // HMAC takes keys of any length, so this cannot fail.
+    let mut m = match <Mac as hmac::digest::KeyInit>::new_from_slice(token) {
+        Ok(m) => m,
+        Err(_) => return [0; 32],
+    };
+    m.update(label);
+    for p in parts {
+        m.update(p);
+    }
+    m.finalize().into_bytes().into()
+}
+
+/// Constant-time comparison of two MACs.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+fn nonce() -> Result<[u8; 16]> {
+    let mut n = [0u8; 16];
+    getrandom::fill(&mut n).map_err(|e| Error::Bootstrap {
+        reason: format!("no randomness for the rendezvous: {e}"),
+    })?;
+    Ok(n)
+}
+
+/// A client's first message: magic, rank, world size, nonce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// The rank the client claims.
+    pub rank: usize,
+    /// The world size it claims.
+    pub world: usize,
+    /// Its nonce.
+    pub nonce: [u8; 16],
+}
+
+/// The hello's size on the wire.
+pub const HELLO_LEN: usize = 32;
+
+impl Hello {
+    fn bytes(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[..8].copy_from_slice(MAGIC);
+        b[8..12].copy_from_slice(&(self.rank as u32).to_le_bytes());
+        b[12..16].copy_from_slice(&(self.world as u32).to_le_bytes());
+        b[16..].copy_from_slice(&self.nonce);
+        b
+    }
+
+    /// Parses a hello; anything but this exact format is an error (never a panic: the
+    /// rendezvous listens on the network).
+    pub fn parse(b: &[u8]) -> Result<Hello> {
+        let bad = |why: &str| Error::Bootstrap {
+            reason: format!("malformed hello: {why}"),
+        };
+        if b.len() != HELLO_LEN {
+            return Err(bad(&format!("{} bytes, not {HELLO_LEN}", b.len())));
+        }
+        if &b[..8] != MAGIC {
+            return Err(bad("not unicomm's"));
+        }
+        let word = |r: std::ops::Range<usize>| -> Result<usize> {
+            let a: [u8; 4] = b[r].try_into().map_err(|_| bad("short field"))?;
+            Ok(u32::from_le_bytes(a) as usize)
+        };
+        let mut nonce = [0u8; 16];
+        nonce.copy_from_slice(&b[16..32]);
+        Ok(Hello {
+            rank: word(8..12)?,
+            world: word(12..16)?,
+            nonce,
+        })
+    }
+}
+
+/// The server's answers after a hello.
+const REFUSED: u8 = 0;
+const CHALLENGE: u8 = 1;
+
+/// Reads exactly `buf.len()` bytes before `deadline` (each read's timeout is what is left).
+fn read_until(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut buf[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn write_until(s: &mut TcpStream, buf: &[u8], deadline: Instant) -> std::io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    s.set_write_timeout(Some(left))?;
+    s.write_all(buf)
+}
+
+/// How long one connection may take on the server before it is dropped (so one silent or
+/// dripping client cannot hold the others back for long); never past the deadline.
+const PER_CONNECTION: Duration = Duration::from_secs(2);
+
+/// Rank 0's side of one connection: the handshake, then the id. `Ok(rank)` when the rank
+/// joined; `Err(why)` when the connection was dropped (logged by the caller).
+fn serve(
+    s: &mut TcpStream,
+    env: &LaunchEnv,
+    id: &[u8; 128],
+    served: &[bool],
+    deadline: Instant,
+) -> std::result::Result<usize, String> {
+    let deadline = deadline.min(Instant::now() + PER_CONNECTION);
+    let mut hb = [0u8; HELLO_LEN];
+    read_until(s, &mut hb, deadline).map_err(|e| format!("no complete hello: {e}"))?;
+    let h = Hello::parse(&hb).map_err(|e| e.to_string())?;
+    if h.world != env.world_size || h.rank == 0 || h.rank >= env.world_size || served[h.rank] {
+        let _ = write_until(s, &[REFUSED], deadline);
+        return Err(format!(
+            "refused: claims rank {} of {}; this job is {} ranks{}",
+            h.rank,
+            h.world,
+            env.world_size,
+            if h.rank < served.len() && served[h.rank] {
+                " and that rank already joined"
+            } else {
+                ""
+            }
+        ));
+    }
+    let ns = nonce().map_err(|e| e.to_string())?;
+    let (r, w) = (
+        (h.rank as u32).to_le_bytes(),
+        (h.world as u32).to_le_bytes(),
+    );
+    let server_proof = mac(&env.token, b"server", &[&r, &w, &h.nonce, &ns]);
+    let mut msg = vec![CHALLENGE];
+    msg.extend_from_slice(&ns);
+    msg.extend_from_slice(&server_proof);
+    write_until(s, &msg, deadline).map_err(|e| format!("challenge: {e}"))?;
+    let mut client_proof = [0u8; 32];
+    read_until(s, &mut client_proof, deadline).map_err(|e| format!("no proof: {e}"))?;
+    if !same(
+        &client_proof,
+        &mac(&env.token, b"client", &[&r, &w, &h.nonce, &ns]),
+    ) {
+        return Err("the client does not hold this job's token".into());
+    }
+    // The id travels encrypted with a keystream only holders of the token can derive.
+    let mut sealed = *id;
+    for (k, chunk) in sealed.chunks_mut(32).enumerate() {
+        let ks = mac(&env.token, b"key", &[&h.nonce, &ns, &[k as u8]]);
+        chunk.iter_mut().zip(ks).for_each(|(b, k)| *b ^= k);
+    }
+    write_until(s, &sealed, deadline).map_err(|e| format!("sending the id: {e}"))?;
+    Ok(h.rank)
+}
+
+/// A client's side: hello, check rank 0's proof, prove itself, receive the id.
+fn join(s: &mut TcpStream, env: &LaunchEnv, deadline: Instant) -> Result<[u8; 128]> {
+    let ioe = |what: &str, e: std::io::Error| io(what, e);
+    let h = Hello {
+        rank: env.rank,
+        world: env.world_size,
+        nonce: nonce()?,
+    };
+    write_until(s, &h.bytes(), deadline).map_err(|e| ioe("hello", e))?;
+    let mut kind = [0u8; 1];
+    read_until(s, &mut kind, deadline).map_err(|e| ioe("rank 0's answer", e))?;
+    if kind[0] != CHALLENGE {
+        return Err(Error::Bootstrap {
+            reason: format!(
+                "rank 0 refused rank {} of {} (another world size, or this rank already joined)",
+                env.rank, env.world_size
+            ),
+        });
+    }
+    let mut ch = [0u8; 48];
+    read_until(s, &mut ch, deadline).map_err(|e| ioe("rank 0's challenge", e))?;
+    let mut ns = [0u8; 16];
+    ns.copy_from_slice(&ch[..16]);
+    let mut proof = [0u8; 32];
+    proof.copy_from_slice(&ch[16..]);
+    let (r, w) = (
+        (h.rank as u32).to_le_bytes(),
+        (h.world as u32).to_le_bytes(),
+    );
+    if !same(
+        &proof,
+        &mac(&env.token, b"server", &[&r, &w, &h.nonce, &ns]),
+    ) {
+        return Err(Error::Bootstrap {
+            reason: "the process on the rendezvous port does not hold this job's token \
+                     (another job, or a stranger on the port)"
+                .into(),
+        });
+    }
+    let mine = mac(&env.token, b"client", &[&r, &w, &h.nonce, &ns]);
+    write_until(s, &mine, deadline).map_err(|e| ioe("proof", e))?;
+    let mut id = [0u8; 128];
+    read_until(s, &mut id, deadline).map_err(|e| ioe("receiving the id", e))?;
+    for (k, chunk) in id.chunks_mut(32).enumerate() {
+        let ks = mac(&env.token, b"key", &[&h.nonce, &ns, &[k as u8]]);
+        chunk.iter_mut().zip(ks).for_each(|(b, k)| *b ^= k);
+    }
+    Ok(id)
+}
+
+/// Hands rank 0's unique id to every rank: rank 0 calls `make_id`, listens on exactly
+/// `MASTER_ADDR:MASTER_PORT` and serves the id to each other rank once; the others connect
+/// (retrying until rank 0 listens) and receive it.
+///
+/// Security: both sides prove they hold the job's token (`LaunchEnv::token`, HMAC-SHA256
+/// over fresh nonces), so a stray client gets nothing and a process squatting on the port
+/// cannot hand out a forged id; the id travels encrypted. A malformed or partial hello, a
+/// wrong token or a rank claimed twice is dropped (logged on stderr) and the rendezvous goes
+/// on. Without a launcher job id or `UNICOMM_RENDEZVOUS_TOKEN` the token is only the job's
+/// address and size: say so with [`LaunchEnv::token_source`] "none".
+///
+/// One deadline, `timeout`, bounds the whole exchange, every read and write included; its
+/// `Timeout` names the ranks still missing and the time really waited.
 pub fn exchange_unique_id(
     env: &LaunchEnv,
     make_id: impl FnOnce() -> Result<[u8; 128]>,
     timeout: Duration,
 ) -> Result<[u8; 128]> {
-    let deadline = Instant::now() + timeout;
+    let start = Instant::now();
+    let deadline = start
+        .checked_add(timeout)
+        .ok_or_else(|| Error::invalid("timeout", format!("{timeout:?} overflows the clock")))?;
+    if env.world_size == 0 || env.world_size > MAX_WORLD || env.rank >= env.world_size {
+        return Err(Error::Bootstrap {
+            reason: format!("rank {} of {} is not a valid job", env.rank, env.world_size),
+        });
+    }
     let addr = resolve(env)?;
     if env.rank == 0 {
         let id = make_id()?;
-        let any = SocketAddr::new(
-            if addr.is_ipv4() {
-                [0, 0, 0, 0].into()
-            } else {
-                std::net::Ipv6Addr::UNSPECIFIED.into()
-            },
-            addr.port(),
-        );
-        let listener =
-            TcpListener::bind(any).map_err(|e| io(&format!("rank 0 cannot listen on {any}"), e))?;
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| io(&format!("rank 0 cannot listen on {addr}"), e))?;
         listener
             .set_nonblocking(true)
             .map_err(|e| io("listener", e))?;
         let mut served = vec![false; env.world_size];
         served[0] = true;
-        while served.iter().any(|s| !s) {
+        let mut joined = 1;
+        while joined < env.world_size {
             match listener.accept() {
                 Ok((mut s, peer)) => {
                     s.set_nonblocking(false).map_err(|e| io("socket", e))?;
-                    s.set_read_timeout(Some(Duration::from_secs(5)))
-                        .map_err(|e| io("socket", e))?;
-                    let mut hello = [0u8; 16];
-                    s.read_exact(&mut hello)
-                        .map_err(|e| io(&format!("hello from {peer}"), e))?;
-                    let rank =
-                        u32::from_le_bytes(hello[8..12].try_into().unwrap_or_default()) as usize;
-                    let world =
-                        u32::from_le_bytes(hello[12..16].try_into().unwrap_or_default()) as usize;
-                    if &hello[..8] != MAGIC || world != env.world_size || rank == 0 || rank >= world
-                    {
-                        return Err(Error::Bootstrap {
-                            reason: format!(
-                                "{peer} says rank {rank} of {world}; this job is {} ranks",
-                                env.world_size
-                            ),
-                        });
+                    match serve(&mut s, env, &id, &served, deadline) {
+                        Ok(rank) => {
+                            served[rank] = true;
+                            joined += 1;
+                        }
+                        Err(why) => {
+                            eprintln!("unicomm rendezvous on {addr}: dropped {peer}: {why}")
+                        }
                     }
-                    s.write_all(&id)
-                        .map_err(|e| io(&format!("sending the id to rank {rank}"), e))?;
-                    served[rank] = true;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
-                        let missing: Vec<usize> =
-                            (0..env.world_size).filter(|&r| !served[r]).collect();
+                        let missing: Vec<String> = (0..env.world_size)
+                            .filter(|&r| !served[r])
+                            .take(32)
+                            .map(|r| r.to_string())
+                            .collect();
                         return Err(Error::Timeout {
-                            what: format!("ranks {missing:?} to join the rendezvous on {any}"),
+                            what: format!(
+                                "rank(s) {}{} to join the rendezvous on {addr} (waited {:.1?})",
+                                missing.join(", "),
+                                if env.world_size - joined > 32 {
+                                    ", ..."
+                                } else {
+                                    ""
+                                },
+                                start.elapsed()
+                            ),
                             after: timeout,
                         });
                     }
@@ -185,30 +453,36 @@ pub fn exchange_unique_id(
         }
         return Ok(id);
     }
+    let mut last = String::from("rank 0 never answered");
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::Timeout {
-                what: format!("rank 0's rendezvous on {addr}"),
+                what: format!(
+                    "rank 0's rendezvous on {addr} (waited {:.1?}; last: {last})",
+                    start.elapsed()
+                ),
                 after: timeout,
             });
         }
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(1))) {
-            Ok(mut s) => {
-                s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
-                    .map_err(|e| io("socket", e))?;
-                let mut hello = [0u8; 16];
-                hello[..8].copy_from_slice(MAGIC);
-                hello[8..12].copy_from_slice(&(env.rank as u32).to_le_bytes());
-                hello[12..16].copy_from_slice(&(env.world_size as u32).to_le_bytes());
-                s.write_all(&hello).map_err(|e| io("hello", e))?;
-                let mut id = [0u8; 128];
-                s.read_exact(&mut id)
-                    .map_err(|e| io(&format!("receiving the id from {addr}"), e))?;
-                return Ok(id);
-            }
+            Ok(mut s) => match join(&mut s, env, deadline) {
+                Ok(id) => return Ok(id),
+                // Refused by the real rank 0 (wrong size, rank taken): final.
+                Err(e @ Error::Bootstrap { .. }) if e.to_string().contains("refused") => {
+                    return Err(e)
+                }
+                // A stranger or a broken connection: try again until the deadline.
+                Err(e) => {
+                    last = e.to_string();
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            },
             // Rank 0 is not listening yet: try again until the deadline.
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => {
+                last = e.to_string();
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
     }
 }
@@ -309,6 +583,8 @@ mod tests {
             local_rank: rank,
             master: ("127.0.0.1".into(), port),
             launcher: "test",
+            token: b"job-42".to_vec(),
+            token_source: "test",
         }
     }
 
@@ -361,11 +637,196 @@ mod tests {
             });
             vec![a.join().unwrap(), b.join().unwrap()]
         });
+        // The wrong hello is dropped and the rendezvous goes on: rank 0 waits for its real
+        // rank 1 until the deadline; the impostor is refused.
+        assert!(matches!(out[0], Err(Error::Timeout { .. })), "{:?}", out[0]);
         assert!(
-            matches!(out[0], Err(Error::Bootstrap { .. })),
+            matches!(out[1], Err(Error::Bootstrap { .. })),
             "{:?}",
-            out[0]
+            out[1]
         );
-        assert!(out[1].is_err());
+    }
+
+    /// Runs rank 0 of a 2-rank job on `port` in a thread while `attack` runs, then rank 1.
+    fn with_attacker(
+        port: u16,
+        attack: impl FnOnce(SocketAddr) + Send,
+    ) -> (Result<[u8; 128]>, Result<[u8; 128]>) {
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        std::thread::scope(|s| {
+            let r0 = s.spawn(move || {
+                exchange_unique_id(&env(0, 2, port), || Ok([9; 128]), Duration::from_secs(10))
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            attack(addr);
+            let r1 = exchange_unique_id(&env(1, 2, port), || Ok([0; 128]), Duration::from_secs(10));
+            (r0.join().unwrap(), r1)
+        })
+    }
+
+    #[test]
+    fn strangers_partial_and_malformed_hellos_are_dropped_and_the_job_still_joins() {
+        let port = free_port();
+        let (r0, r1) = with_attacker(port, |addr| {
+            // An HTTP request.
+            let mut s = TcpStream::connect(addr).unwrap();
+            let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+            // Half a hello, then silence (held open while the others come).
+            let mut half = TcpStream::connect(addr).unwrap();
+            let _ = half.write_all(&MAGIC[..]);
+            // A well-formed hello from a process without the token: gets no id.
+            let mut stray = TcpStream::connect(addr).unwrap();
+            let mut e = env(1, 2, addr.port());
+            e.token = b"not-the-job".to_vec();
+            let got = join(&mut stray, &e, Instant::now() + Duration::from_secs(3));
+            assert!(got.is_err(), "a stranger got {got:?}");
+            drop(half);
+        });
+        assert_eq!(r0.unwrap(), [9; 128]);
+        assert_eq!(r1.unwrap(), [9; 128]);
+    }
+
+    #[test]
+    fn a_squatter_on_the_port_cannot_hand_out_a_forged_id() {
+        let port = free_port();
+        // The squatter accepts and answers like rank 0 would, but without the token.
+        let squat = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let fake = std::thread::spawn(move || {
+            for s in squat.incoming().take(10_000).flatten() {
+                let mut s = s;
+                let mut hb = [0u8; HELLO_LEN];
+                if s.read_exact(&mut hb).is_err() {
+                    continue;
+                }
+                let mut msg = vec![CHALLENGE];
+                msg.extend_from_slice(&[0u8; 48]);
+                let _ = s.write_all(&msg);
+                let _ = s.write_all(&[0u8; 32 + 128]);
+            }
+        });
+        let r = exchange_unique_id(
+            &env(1, 2, port),
+            || Ok([0; 128]),
+            Duration::from_millis(600),
+        );
+        match r {
+            Err(Error::Timeout { what, .. }) => assert!(what.contains("token"), "{what}"),
+            other => panic!("expected a timeout naming the token, got {other:?}"),
+        }
+        drop(fake);
+    }
+
+    #[test]
+    fn a_rank_joins_once_and_the_deadline_holds_against_a_dripping_client() {
+        let port = free_port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let t0 = Instant::now();
+        let out = std::thread::scope(|s| {
+            let r0 = s.spawn(move || {
+                exchange_unique_id(
+                    &env(0, 3, port),
+                    || Ok([5; 128]),
+                    Duration::from_millis(1500),
+                )
+            });
+            let r1 = s.spawn(move || {
+                exchange_unique_id(&env(1, 3, port), || Ok([0; 128]), Duration::from_secs(3))
+            });
+            let dup = r1.join().unwrap();
+            // Rank 1 again: refused (each rank joins once).
+            let again =
+                exchange_unique_id(&env(1, 3, port), || Ok([0; 128]), Duration::from_secs(3));
+            // A client that drips one byte a second.
+            let mut drip = TcpStream::connect(addr).unwrap();
+            for b in &MAGIC[..3] {
+                let _ = drip.write_all(&[*b]);
+                std::thread::sleep(Duration::from_millis(400));
+            }
+            (r0.join().unwrap(), dup, again)
+        });
+        assert_eq!(out.1.unwrap(), [5; 128]);
+        assert!(matches!(out.2, Err(Error::Bootstrap { .. })), "{:?}", out.2);
+        match out.0 {
+            Err(Error::Timeout { what, .. }) => assert!(what.contains("rank(s) 2 "), "{what}"),
+            other => panic!("expected rank 2 missing, got {other:?}"),
+        }
+        assert!(
+            t0.elapsed() < Duration::from_millis(3500),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
+
+    #[test]
+    fn rank_zero_listens_only_on_the_address_it_was_given() {
+        let port = free_port();
+        std::thread::scope(|s| {
+            let r0 = s.spawn(move || {
+                exchange_unique_id(
+                    &env(0, 2, port),
+                    || Ok([1; 128]),
+                    Duration::from_millis(800),
+                )
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            // Another loopback address of this machine: nothing listens there.
+            let other = TcpStream::connect_timeout(
+                &format!("127.0.0.2:{port}").parse().unwrap(),
+                Duration::from_millis(200),
+            );
+            assert!(other.is_err(), "rank 0 listens beyond MASTER_ADDR");
+            let _ = r0.join();
+        });
+    }
+
+    #[test]
+    fn the_hello_parser_never_panics() {
+        // A bounded fuzz loop (xorshift): every length 0..=64 and random contents.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for i in 0..200_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 65) as usize;
+            let mut b: Vec<u8> = (0..len)
+                .map(|k| (x >> (k % 8 * 8)) as u8 ^ k as u8)
+                .collect();
+            if i % 3 == 0 && len >= 8 {
+                b[..8].copy_from_slice(MAGIC);
+            }
+            let _ = Hello::parse(&b);
+        }
+        let h = Hello {
+            rank: 3,
+            world: 8,
+            nonce: [7; 16],
+        };
+        assert_eq!(Hello::parse(&h.bytes()).unwrap(), h);
+    }
+
+    #[test]
+    fn token_comes_from_the_launcher_or_the_variable() {
+        let base = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ];
+        let none = LaunchEnv::from_vars(vars(&base)).unwrap();
+        assert_eq!(none.token_source, "none");
+        let mut kv = base.to_vec();
+        kv.push(("TORCHELASTIC_RUN_ID", "run7"));
+        let t = LaunchEnv::from_vars(vars(&kv)).unwrap();
+        assert_eq!(t.token_source, "TORCHELASTIC_RUN_ID");
+        kv.push(("UNICOMM_RENDEZVOUS_TOKEN", "s3cret"));
+        let u = LaunchEnv::from_vars(vars(&kv)).unwrap();
+        assert_eq!(u.token_source, "UNICOMM_RENDEZVOUS_TOKEN");
+        assert_ne!(t.token, u.token);
+        let mut huge = base.to_vec();
+        huge[1] = ("WORLD_SIZE", "1099511627776");
+        assert!(matches!(
+            LaunchEnv::from_vars(vars(&huge)),
+            Err(Error::Bootstrap { .. })
+        ));
     }
 }
