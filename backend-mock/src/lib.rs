@@ -49,6 +49,10 @@ pub use stream::MockStream;
 
 static NEXT_WORLD: AtomicU64 = AtomicU64::new(1);
 
+/// Registration handles are unique in the process, so another communicator's handle is
+/// never mistaken for one of this one's (it is not in this registry: an error).
+static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
+
 const LIVE: u8 = 0;
 const FINALIZED: u8 = 1;
 const ABORTED: u8 = 2;
@@ -63,7 +67,6 @@ pub struct MockComm {
     seq: AtomicU64,
     /// Operations enqueued so far (the index faults refer to).
     issued: AtomicU64,
-    next_handle: AtomicUsize,
     state: AtomicU8,
 }
 
@@ -112,7 +115,7 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
             registry: Registry::new(),
             seq: AtomicU64::new(0),
             issued: AtomicU64::new(0),
-            next_handle: AtomicUsize::new(1),
+
             state: AtomicU8::new(LIVE),
         })
         .collect())
@@ -314,6 +317,26 @@ fn foreign_memory(mem: &MockMemory, me: (u64, usize)) -> Error {
     )
 }
 
+impl Drop for MockComm {
+    fn drop(&mut self) {
+        // A rank that goes away without finalizing (it panicked, or its owner dropped it)
+        // tells its peers at once instead of leaving them to their deadline.
+        if self.state.load(Ordering::Acquire) == LIVE {
+            self.ctx.fabric.poison(Error::Aborted {
+                reason: format!(
+                    "rank {} dropped its communicator without finalizing{}",
+                    self.ctx.rank,
+                    if std::thread::panicking() {
+                        " (it panicked)"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+    }
+}
+
 impl Collective for MockComm {
     type Stream = MockStream;
     type Memory = MockMemory;
@@ -371,7 +394,7 @@ impl Collective for MockComm {
         self.live()?;
         self.check_memory(mem)?;
         memory::check_range(mem.byte_len(), offset, bytes, "bytes")?;
-        let h = RawHandle(self.next_handle.fetch_add(1, Ordering::Relaxed));
+        let h = RawHandle(NEXT_HANDLE.fetch_add(1, Ordering::Relaxed));
         self.registry
             .insert(h, mem.address() + offset, bytes, RegKind::Buffer)?;
         Ok(h)
@@ -386,7 +409,7 @@ impl Collective for MockComm {
         memory::check_range(mem.byte_len(), offset, bytes, "bytes")?;
         // Collective, and every rank must offer the same size (the signature's count).
         self.blocking_collective("WindowRegister", bytes)?;
-        let h = RawHandle(self.next_handle.fetch_add(1, Ordering::Relaxed));
+        let h = RawHandle(NEXT_HANDLE.fetch_add(1, Ordering::Relaxed));
         self.registry
             .insert(h, mem.address() + offset, bytes, RegKind::Window)?;
         Ok(h)

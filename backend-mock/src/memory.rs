@@ -200,6 +200,7 @@ impl DeviceMemory for MockMemory {
     }
 
     fn write(&self, offset: usize, src: &[u8], stream: &MockStream) -> Result<()> {
+        same_rank(self, stream)?;
         check_range(self.inner.bytes, offset, src.len(), "src")?;
         if src.is_empty() {
             return Ok(());
@@ -224,6 +225,7 @@ impl DeviceMemory for MockMemory {
     }
 
     fn read(&self, offset: usize, dst: &mut [u8], stream: &MockStream) -> Result<()> {
+        same_rank(self, stream)?;
         check_range(self.inner.bytes, offset, dst.len(), "dst")?;
         // Wait for the stream first (errors of earlier work surface here, as with a blocking
         // cudaMemcpy), then read on this thread: `dst` never escapes the call.
@@ -242,5 +244,21 @@ impl DeviceMemory for MockMemory {
             )
         };
         Ok(())
+    }
+}
+
+/// A copy is ordered on a stream of the memory's own rank (another rank's stream would not
+/// order it after this rank's work: stale data).
+fn same_rank(mem: &MockMemory, stream: &MockStream) -> Result<()> {
+    if mem.inner.owner == stream.owner {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "stream",
+            format!(
+                "a stream of rank {} used for memory of rank {}",
+                stream.owner.1, mem.inner.owner.1
+            ),
+        ))
     }
 }

@@ -592,3 +592,66 @@ fn misaligned_raw_ranges_are_refused() {
     );
     st.synchronize().unwrap();
 }
+
+/// A raw handle of another communicator is not taken as one's own (handles are unique in
+/// the process), and the owner's registration survives the attempt.
+#[test]
+fn a_foreign_raw_handle_is_an_error_and_leaves_the_owner_registered() {
+    use unicomm_core::Collective;
+    let (a, b) = (world(1), world(1));
+    let (a, b) = (a[0].backend(), b[0].backend());
+    let mem = a.alloc(64).unwrap();
+    let h = a.register(&mem, 0, 64).unwrap();
+    let _other = b.register(&b.alloc(64).unwrap(), 0, 64).unwrap();
+    assert!(matches!(
+        b.deregister(h),
+        Err(Error::InvalidArgument { .. })
+    ));
+    a.deregister(h).unwrap();
+}
+
+/// Host copies must be ordered on a stream of the memory's own rank.
+#[test]
+fn a_copy_on_another_ranks_stream_is_refused() {
+    let comms = world(2);
+    let st1 = comms[1].create_stream().unwrap();
+    let mut b = comms[0].alloc::<f32>(4).unwrap();
+    let r = b.copy_from_host(&[1.0; 4], &st1);
+    assert!(
+        matches!(
+            r,
+            Err(Error::InvalidArgument {
+                argument: "stream",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(matches!(
+        b.copy_to_host(&st1),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+/// A rank that drops its communicator without finalizing (it panicked, say) fails its
+/// peers at once, not at their deadline.
+#[test]
+fn a_dropped_rank_fails_its_peers_at_once() {
+    let mut comms = world(2);
+    let c1 = comms.pop().unwrap();
+    let c0 = comms.pop().unwrap();
+    let t0 = Instant::now();
+    let r = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let st = c0.create_stream().unwrap();
+            let mut b = c0.alloc::<f32>(4).unwrap();
+            c0.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+            st.synchronize()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        drop(c1);
+        h.join().unwrap()
+    });
+    assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}

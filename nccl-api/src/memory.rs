@@ -190,6 +190,7 @@ impl<R: Runtime> DeviceMemory for ApiMemory<R> {
         self.ptr
     }
     fn write(&self, offset: usize, src: &[u8], stream: &ApiStream<R>) -> Result<()> {
+        self.same_device(stream)?;
         let dst = self.range(offset, src.len(), "src")?;
         if src.is_empty() {
             return Ok(());
@@ -198,11 +199,29 @@ impl<R: Runtime> DeviceMemory for ApiMemory<R> {
         unsafe { self.rt.htod(self.dev, dst, src, &stream.s) }
     }
     fn read(&self, offset: usize, dst: &mut [u8], stream: &ApiStream<R>) -> Result<()> {
+        self.same_device(stream)?;
         let src = self.range(offset, dst.len(), "dst")?;
         if dst.is_empty() {
             return stream.synchronize();
         }
         // SAFETY: the range lies inside this allocation of device `dev`.
         unsafe { self.rt.dtoh(self.dev, dst, src, &stream.s) }
+    }
+}
+
+impl<R: Runtime> ApiMemory<R> {
+    /// Copies are ordered on a stream of the memory's own device.
+    fn same_device(&self, stream: &ApiStream<R>) -> Result<()> {
+        if stream.dev == self.dev {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "stream",
+                format!(
+                    "a stream of device {} used for memory of device {}",
+                    stream.dev, self.dev
+                ),
+            ))
+        }
     }
 }
