@@ -1,0 +1,336 @@
+//! Tests of the launcher variables and the rendezvous, attacks included.
+use super::*;
+use std::collections::HashMap;
+
+fn vars(kv: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let m: HashMap<String, String> = kv
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| m.get(k).cloned()
+}
+
+#[test]
+fn reads_each_launcher() {
+    let t = LaunchEnv::from_vars(vars(&[
+        ("RANK", "3"),
+        ("WORLD_SIZE", "8"),
+        ("LOCAL_RANK", "1"),
+        ("MASTER_ADDR", "h"),
+        ("MASTER_PORT", "29500"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        (t.rank, t.world_size, t.local_rank, t.launcher),
+        (3, 8, 1, "torchrun")
+    );
+    let m = LaunchEnv::from_vars(vars(&[
+        ("OMPI_COMM_WORLD_RANK", "1"),
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ("MASTER_ADDR", "h"),
+        ("MASTER_PORT", "1"),
+    ]))
+    .unwrap();
+    assert_eq!((m.rank, m.world_size, m.local_rank), (1, 2, 1));
+    let s = LaunchEnv::from_vars(vars(&[
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "4"),
+        ("SLURM_LOCALID", "0"),
+        ("MASTER_ADDR", "h"),
+        ("MASTER_PORT", "2"),
+    ]))
+    .unwrap();
+    assert_eq!(s.launcher, "srun (Slurm)");
+}
+
+#[test]
+fn bad_or_missing_variables_are_bootstrap_errors() {
+    for kv in [
+        vec![],
+        vec![
+            ("RANK", "x"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ],
+        vec![
+            ("RANK", "2"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ],
+        vec![("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "1")],
+        vec![
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "99999"),
+        ],
+    ] {
+        assert!(
+            matches!(
+                LaunchEnv::from_vars(vars(&kv)),
+                Err(Error::Bootstrap { .. })
+            ),
+            "{kv:?}"
+        );
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn env(rank: usize, world: usize, port: u16) -> LaunchEnv {
+    LaunchEnv {
+        rank,
+        world_size: world,
+        local_rank: rank,
+        master: ("127.0.0.1".into(), port),
+        launcher: "test",
+        token: b"job-42".to_vec(),
+        token_source: "test",
+    }
+}
+
+#[test]
+fn every_rank_gets_rank_zeros_id() {
+    let port = free_port();
+    let ids: Vec<Result<[u8; 128]>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .rev() // the others start before rank 0 listens
+            .map(|r| {
+                s.spawn(move || {
+                    exchange_unique_id(&env(r, 4, port), || Ok([42; 128]), Duration::from_secs(10))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for id in ids {
+        assert_eq!(id.unwrap(), [42; 128]);
+    }
+}
+
+#[test]
+fn a_missing_rank_times_out_and_a_wrong_world_is_refused() {
+    let port = free_port();
+    let r = exchange_unique_id(
+        &env(0, 2, port),
+        || Ok([1; 128]),
+        Duration::from_millis(200),
+    );
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    let port = free_port();
+    let r = exchange_unique_id(
+        &env(1, 2, port),
+        || Ok([1; 128]),
+        Duration::from_millis(200),
+    );
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    let port = free_port();
+    let out: Vec<Result<[u8; 128]>> = std::thread::scope(|s| {
+        let a = s.spawn(move || {
+            exchange_unique_id(&env(0, 2, port), || Ok([1; 128]), Duration::from_secs(5))
+        });
+        let b = s.spawn(move || {
+            exchange_unique_id(&env(1, 3, port), || Ok([1; 128]), Duration::from_secs(5))
+        });
+        vec![a.join().unwrap(), b.join().unwrap()]
+    });
+    // The wrong hello is dropped and the rendezvous goes on: rank 0 waits for its real
+    // rank 1 until the deadline; the impostor is refused.
+    assert!(matches!(out[0], Err(Error::Timeout { .. })), "{:?}", out[0]);
+    assert!(
+        matches!(out[1], Err(Error::Bootstrap { .. })),
+        "{:?}",
+        out[1]
+    );
+}
+
+/// Runs rank 0 of a 2-rank job on `port` in a thread while `attack` runs, then rank 1.
+fn with_attacker(
+    port: u16,
+    attack: impl FnOnce(SocketAddr) + Send,
+) -> (Result<[u8; 128]>, Result<[u8; 128]>) {
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    std::thread::scope(|s| {
+        let r0 = s.spawn(move || {
+            exchange_unique_id(&env(0, 2, port), || Ok([9; 128]), Duration::from_secs(10))
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        attack(addr);
+        let r1 = exchange_unique_id(&env(1, 2, port), || Ok([0; 128]), Duration::from_secs(10));
+        (r0.join().unwrap(), r1)
+    })
+}
+
+#[test]
+fn strangers_partial_and_malformed_hellos_are_dropped_and_the_job_still_joins() {
+    let port = free_port();
+    let (r0, r1) = with_attacker(port, |addr| {
+        // An HTTP request.
+        let mut s = TcpStream::connect(addr).unwrap();
+        let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        // Half a hello, then silence (held open while the others come).
+        let mut half = TcpStream::connect(addr).unwrap();
+        let _ = half.write_all(&MAGIC[..]);
+        // A well-formed hello from a process without the token: gets no id.
+        let mut stray = TcpStream::connect(addr).unwrap();
+        let mut e = env(1, 2, addr.port());
+        e.token = b"not-the-job".to_vec();
+        let got = join(&mut stray, &e, Instant::now() + Duration::from_secs(3));
+        assert!(got.is_err(), "a stranger got {got:?}");
+        drop(half);
+    });
+    assert_eq!(r0.unwrap(), [9; 128]);
+    assert_eq!(r1.unwrap(), [9; 128]);
+}
+
+#[test]
+fn a_squatter_on_the_port_cannot_hand_out_a_forged_id() {
+    let port = free_port();
+    // The squatter accepts and answers like rank 0 would, but without the token.
+    let squat = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let fake = std::thread::spawn(move || {
+        for s in squat.incoming().take(10_000).flatten() {
+            let mut s = s;
+            let mut hb = [0u8; HELLO_LEN];
+            if s.read_exact(&mut hb).is_err() {
+                continue;
+            }
+            let mut msg = vec![CHALLENGE];
+            msg.extend_from_slice(&[0u8; 48]);
+            let _ = s.write_all(&msg);
+            let _ = s.write_all(&[0u8; 32 + 128]);
+        }
+    });
+    let r = exchange_unique_id(
+        &env(1, 2, port),
+        || Ok([0; 128]),
+        Duration::from_millis(600),
+    );
+    match r {
+        Err(Error::Timeout { what, .. }) => assert!(what.contains("token"), "{what}"),
+        other => panic!("expected a timeout naming the token, got {other:?}"),
+    }
+    drop(fake);
+}
+
+#[test]
+fn a_rank_joins_once_and_the_deadline_holds_against_a_dripping_client() {
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let t0 = Instant::now();
+    let out = std::thread::scope(|s| {
+        let r0 = s.spawn(move || {
+            exchange_unique_id(
+                &env(0, 3, port),
+                || Ok([5; 128]),
+                Duration::from_millis(1500),
+            )
+        });
+        let r1 = s.spawn(move || {
+            exchange_unique_id(&env(1, 3, port), || Ok([0; 128]), Duration::from_secs(3))
+        });
+        let dup = r1.join().unwrap();
+        // Rank 1 again: refused (each rank joins once).
+        let again = exchange_unique_id(&env(1, 3, port), || Ok([0; 128]), Duration::from_secs(3));
+        // A client that drips one byte a second.
+        let mut drip = TcpStream::connect(addr).unwrap();
+        for b in &MAGIC[..3] {
+            let _ = drip.write_all(&[*b]);
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        (r0.join().unwrap(), dup, again)
+    });
+    assert_eq!(out.1.unwrap(), [5; 128]);
+    assert!(matches!(out.2, Err(Error::Bootstrap { .. })), "{:?}", out.2);
+    match out.0 {
+        Err(Error::Timeout { what, .. }) => assert!(what.contains("rank(s) 2 "), "{what}"),
+        other => panic!("expected rank 2 missing, got {other:?}"),
+    }
+    assert!(
+        t0.elapsed() < Duration::from_millis(3500),
+        "{:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn rank_zero_listens_only_on_the_address_it_was_given() {
+    let port = free_port();
+    std::thread::scope(|s| {
+        let r0 = s.spawn(move || {
+            exchange_unique_id(
+                &env(0, 2, port),
+                || Ok([1; 128]),
+                Duration::from_millis(800),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        // Another loopback address of this machine: nothing listens there.
+        let other = TcpStream::connect_timeout(
+            &format!("127.0.0.2:{port}").parse().unwrap(),
+            Duration::from_millis(200),
+        );
+        assert!(other.is_err(), "rank 0 listens beyond MASTER_ADDR");
+        let _ = r0.join();
+    });
+}
+
+#[test]
+fn the_hello_parser_never_panics() {
+    // A bounded fuzz loop (xorshift): every length 0..=64 and random contents.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for i in 0..200_000u32 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let len = (x % 65) as usize;
+        let mut b: Vec<u8> = (0..len)
+            .map(|k| (x >> (k % 8 * 8)) as u8 ^ k as u8)
+            .collect();
+        if i % 3 == 0 && len >= 8 {
+            b[..8].copy_from_slice(MAGIC);
+        }
+        let _ = Hello::parse(&b);
+    }
+    let h = Hello {
+        rank: 3,
+        world: 8,
+        nonce: [7; 16],
+    };
+    assert_eq!(Hello::parse(&h.bytes()).unwrap(), h);
+}
+
+#[test]
+fn token_comes_from_the_launcher_or_the_variable() {
+    let base = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "h"),
+        ("MASTER_PORT", "1"),
+    ];
+    let none = LaunchEnv::from_vars(vars(&base)).unwrap();
+    assert_eq!(none.token_source, "none");
+    let mut kv = base.to_vec();
+    kv.push(("TORCHELASTIC_RUN_ID", "run7"));
+    let t = LaunchEnv::from_vars(vars(&kv)).unwrap();
+    assert_eq!(t.token_source, "TORCHELASTIC_RUN_ID");
+    kv.push(("UNICOMM_RENDEZVOUS_TOKEN", "s3cret"));
+    let u = LaunchEnv::from_vars(vars(&kv)).unwrap();
+    assert_eq!(u.token_source, "UNICOMM_RENDEZVOUS_TOKEN");
+    assert_ne!(t.token, u.token);
+    let mut huge = base.to_vec();
+    huge[1] = ("WORLD_SIZE", "1099511627776");
+    assert!(matches!(
+        LaunchEnv::from_vars(vars(&huge)),
+        Err(Error::Bootstrap { .. })
+    ));
+}
