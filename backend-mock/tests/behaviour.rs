@@ -655,3 +655,28 @@ fn a_dropped_rank_fails_its_peers_at_once() {
     assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
 }
+
+/// A window dropped while its thread unwinds does not block for the deadline: the
+/// communicator is aborted (peers learn at once) and the memory is leaked.
+#[test]
+fn a_window_dropped_while_unwinding_does_not_wait_for_the_deadline() {
+    let comms = world(2);
+    let t0 = Instant::now();
+    let out = each(&comms, |c| {
+        let win = c.register_window(c.alloc::<f32>(16).unwrap()).unwrap();
+        if c.rank() == 1 {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let _w = win;
+                panic!("rank 1 fails holding a window");
+            }));
+            assert!(r.is_err());
+            return Err(Error::Aborted {
+                reason: "rank 1 panicked".into(),
+            });
+        }
+        // Rank 0 deregisters collectively: the peer's abort ends its wait.
+        c.deregister_window(win).map(drop)
+    });
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(matches!(out[0], Err(Error::Aborted { .. })), "{:?}", out[0]);
+}

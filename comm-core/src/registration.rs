@@ -24,6 +24,8 @@ mod sealed {
 pub trait Kind: sealed::Sealed + Send + Sync + 'static {
     /// The bookkeeping kind.
     const KIND: RegKind;
+    /// Whether ending it is collective (every rank must take part).
+    const COLLECTIVE: bool = false;
     /// The backend call that ends a registration of this kind.
     fn deregister<C: Collective>(comm: &C, handle: RawHandle) -> Result<()>;
 }
@@ -46,6 +48,7 @@ impl sealed::Sealed for AutoKind {}
 
 impl Kind for AutoKind {
     const KIND: RegKind = RegKind::Auto;
+    const COLLECTIVE: bool = true;
     fn deregister<C: Collective>(comm: &C, handle: RawHandle) -> Result<()> {
         comm.deregister_auto(handle)
     }
@@ -59,6 +62,7 @@ impl Kind for BufferKind {
 }
 impl Kind for WindowKind {
     const KIND: RegKind = RegKind::Window;
+    const COLLECTIVE: bool = true;
     fn deregister<C: Collective>(comm: &C, handle: RawHandle) -> Result<()> {
         comm.deregister_window(handle)
     }
@@ -136,6 +140,13 @@ impl<T: Element, C: Collective, K: Kind> std::ops::Deref for Registration<'_, T,
 
 impl<T: Element, C: Collective, K: Kind> Drop for Registration<'_, T, C, K> {
     fn drop(&mut self) {
+        // A collective deregistration cannot complete on a thread that is unwinding (its
+        // peers are not coming with it): abort the communicator instead, which tells the
+        // peers at once, and leak the memory (the failed deregistration below) rather than
+        // block until the deadline.
+        if K::COLLECTIVE && std::thread::panicking() {
+            let _ = self.comm.backend().abort();
+        }
         // Errors cannot be reported from drop; `Comm::deregister` reports them.
         if K::deregister(self.comm.backend(), self.handle).is_ok() {
             // SAFETY: `buf` is never used again; dropping it frees the memory, which is no
