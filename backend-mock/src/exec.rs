@@ -195,7 +195,9 @@ fn lock_all(tasks: &[Task], timeout: Duration) -> Result<Vec<Guard<'_>>> {
             Work::Send { span, .. } | Work::Recv { span, .. } => spans.push(span),
         }
     }
-    spans.sort_by_key(|s| s.alloc.addr());
+    // By address, then by allocation: distinct empty allocations share one (dangling)
+    // address, and must not interleave, or one would be locked twice and wait for itself.
+    spans.sort_by_key(|s| (s.alloc.addr(), Arc::as_ptr(&s.alloc) as usize));
     let mut guards = Vec::new();
     let mut i = 0;
     while i < spans.len() {

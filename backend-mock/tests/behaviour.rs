@@ -662,8 +662,11 @@ fn a_dropped_rank_fails_its_peers_at_once() {
 fn a_window_dropped_while_unwinding_does_not_wait_for_the_deadline() {
     let comms = world(2);
     let t0 = Instant::now();
+    // Rank 1 fails only once both ranks are past the (collective) registration.
+    let registered = std::sync::Barrier::new(2);
     let out = each(&comms, |c| {
         let win = c.register_window(c.alloc::<f32>(16).unwrap()).unwrap();
+        registered.wait();
         if c.rank() == 1 {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let _w = win;
@@ -679,4 +682,36 @@ fn a_window_dropped_while_unwinding_does_not_wait_for_the_deadline() {
     });
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert!(matches!(out[0], Err(Error::Aborted { .. })), "{:?}", out[0]);
+}
+
+/// Empty buffers in one group (all of them at the same dangling address) do not make the
+/// group wait on itself until the deadline.
+#[test]
+fn empty_buffers_in_one_group_do_not_deadlock() {
+    let comms = unicomm_mock::local_comms_with(
+        2,
+        MockConfig {
+            timeout: Duration::from_secs(3),
+            faults: vec![],
+        },
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let out = each(&comms, |c| {
+        let st = c.create_stream()?;
+        let a = c.alloc::<f32>(0)?;
+        let mut b = c.alloc::<f32>(0)?;
+        let d = c.alloc::<f32>(0)?;
+        let mut e = c.alloc::<f32>(0)?;
+        c.group(|| {
+            c.all_reduce(&a, &mut b, ReduceOp::Sum, &st)?;
+            c.all_reduce(&d, &mut e, ReduceOp::Sum, &st)?;
+            c.all_reduce(&a, &mut e, ReduceOp::Sum, &st)
+        })?;
+        st.synchronize()
+    });
+    for o in out {
+        o.unwrap();
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
 }
