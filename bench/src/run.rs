@@ -149,7 +149,13 @@ impl<'c, T: Val> Held<'c, T> {
             Mode::Auto => Held::Auto(c.register_auto(s)?, c.register_auto(r)?),
         })
     }
-    fn bufs(&mut self) -> (&Buffer<T>, &mut dyn DeviceSliceMut<T, AnyComm>) {
+    /// The send and the receive buffer, whatever holds them.
+    fn bufs(
+        &mut self,
+    ) -> (
+        &mut dyn DeviceSliceMut<T, AnyComm>,
+        &mut dyn DeviceSliceMut<T, AnyComm>,
+    ) {
         match self {
             Held::Plain(s, r) => (s, r),
             Held::Reg(s, r) => (s, r),
@@ -196,7 +202,7 @@ fn launch<T: Val>(c: &unicomm::Comm, k: &Call<'_>, held: &mut Held<'_, T>) -> an
         let sp = if k.in_place {
             in_place_src(k.coll, rp, c.rank(), n, T::DTYPE)
         } else {
-            send.device_ptr()
+            send.view().device_ptr()
         };
         return raw(c, k, sp, rp, T::DTYPE);
     }
@@ -205,26 +211,31 @@ fn launch<T: Val>(c: &unicomm::Comm, k: &Call<'_>, held: &mut Held<'_, T>) -> an
     let mut rv = recv.view_mut();
     match (k.coll, k.in_place) {
         (Coll::AllReduce, false) => {
-            c.all_reduce(&send.slice(..n)?, &mut rv.slice_mut(..n)?, k.op, st)?
+            c.all_reduce(&send.view().slice(..n)?, &mut rv.slice_mut(..n)?, k.op, st)?
         }
         (Coll::AllReduce, true) => c.all_reduce_in_place(&mut rv.slice_mut(..n)?, k.op, st)?,
         (Coll::Broadcast, false) => {
-            c.broadcast(&send.slice(..n)?, &mut rv.slice_mut(..n)?, 0, st)?
+            c.broadcast(&send.view().slice(..n)?, &mut rv.slice_mut(..n)?, 0, st)?
         }
         (Coll::Broadcast, true) => c.broadcast_in_place(&mut rv.slice_mut(..n)?, 0, st)?,
         (Coll::AllGather, false) => {
-            c.all_gather(&send.slice(..n)?, &mut rv.slice_mut(..n * w)?, st)?
+            c.all_gather(&send.view().slice(..n)?, &mut rv.slice_mut(..n * w)?, st)?
         }
         (Coll::AllGather, true) => c.all_gather_in_place(&mut rv.slice_mut(..n * w)?, st)?,
-        (Coll::ReduceScatter, false) => {
-            c.reduce_scatter(&send.slice(..n * w)?, &mut rv.slice_mut(..n)?, k.op, st)?
-        }
+        (Coll::ReduceScatter, false) => c.reduce_scatter(
+            &send.view().slice(..n * w)?,
+            &mut rv.slice_mut(..n)?,
+            k.op,
+            st,
+        )?,
         (Coll::ReduceScatter, true) => {
             c.reduce_scatter_in_place(&mut rv.slice_mut(..n * w)?, k.op, st)?
         }
-        (Coll::AllToAll, false) => {
-            c.all_to_all(&send.slice(..n * w)?, &mut rv.slice_mut(..n * w)?, st)?
-        }
+        (Coll::AllToAll, false) => c.all_to_all(
+            &send.view().slice(..n * w)?,
+            &mut rv.slice_mut(..n * w)?,
+            st,
+        )?,
         (Coll::AllToAll, true) => bail!("all_to_all has no in-place form (rank {r})"),
     }
     Ok(())
@@ -305,17 +316,10 @@ fn fill<T: Val>(
             rv.slice_mut(..len)?.copy_from_host(&base[..len], st)?;
         }
     } else {
-        copy_into_send(held, &base[..send_len], st)?;
-    }
-    Ok(())
-}
-
-fn copy_into_send<T: Val>(held: &mut Held<'_, T>, v: &[T], st: &AnyStream) -> anyhow::Result<()> {
-    match held {
-        Held::Plain(s, _) => s.slice_mut(..v.len())?.copy_from_host(v, st)?,
-        Held::Reg(s, _) => s.slice_mut(..v.len())?.copy_from_host(v, st)?,
-        Held::Win(s, _) => s.slice_mut(..v.len())?.copy_from_host(v, st)?,
-        Held::Auto(s, _) => s.slice_mut(..v.len())?.copy_from_host(v, st)?,
+        let (send, _) = held.bufs();
+        send.view_mut()
+            .slice_mut(..send_len)?
+            .copy_from_host(&base[..send_len], st)?;
     }
     Ok(())
 }

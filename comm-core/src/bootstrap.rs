@@ -323,8 +323,26 @@ fn serve(
     Ok(h.rank)
 }
 
+/// Why a join failed: final (the real rank 0 refused this rank) or worth retrying (a
+/// stranger on the port, a broken connection).
+#[derive(Debug)]
+enum JoinError {
+    Refused(Error),
+    Retry(Error),
+}
+
+impl From<Error> for JoinError {
+    fn from(e: Error) -> Self {
+        JoinError::Retry(e)
+    }
+}
+
 /// A client's side: hello, check rank 0's proof, prove itself, receive the id.
-fn join(s: &mut TcpStream, env: &LaunchEnv, deadline: Instant) -> Result<[u8; 128]> {
+fn join(
+    s: &mut TcpStream,
+    env: &LaunchEnv,
+    deadline: Instant,
+) -> std::result::Result<[u8; 128], JoinError> {
     let ioe = |what: &str, e: std::io::Error| io(what, e);
     let h = Hello {
         rank: env.rank,
@@ -335,12 +353,12 @@ fn join(s: &mut TcpStream, env: &LaunchEnv, deadline: Instant) -> Result<[u8; 12
     let mut kind = [0u8; 1];
     read_until(s, &mut kind, deadline).map_err(|e| ioe("rank 0's answer", e))?;
     if kind[0] != CHALLENGE {
-        return Err(Error::Bootstrap {
+        return Err(JoinError::Refused(Error::Bootstrap {
             reason: format!(
                 "rank 0 refused rank {} of {} (another world size, or this rank already joined)",
                 env.rank, env.world_size
             ),
-        });
+        }));
     }
     let mut ch = [0u8; 48];
     read_until(s, &mut ch, deadline).map_err(|e| ioe("rank 0's challenge", e))?;
@@ -360,7 +378,8 @@ fn join(s: &mut TcpStream, env: &LaunchEnv, deadline: Instant) -> Result<[u8; 12
             reason: "the process on the rendezvous port does not hold this job's token \
                      (another job, or a stranger on the port)"
                 .into(),
-        });
+        }
+        .into());
     }
     let mine = mac(&env.token, b"client", &[&r, &w, &h.nonce, &ns]);
     write_until(s, &mine, deadline).map_err(|e| ioe("proof", e))?;
@@ -469,11 +488,9 @@ pub fn exchange_unique_id(
             Ok(mut s) => match join(&mut s, env, deadline) {
                 Ok(id) => return Ok(id),
                 // Refused by the real rank 0 (wrong size, rank taken): final.
-                Err(e @ Error::Bootstrap { .. }) if e.to_string().contains("refused") => {
-                    return Err(e)
-                }
+                Err(JoinError::Refused(e)) => return Err(e),
                 // A stranger or a broken connection: try again until the deadline.
-                Err(e) => {
+                Err(JoinError::Retry(e)) => {
                     last = e.to_string();
                     std::thread::sleep(Duration::from_millis(50));
                 }

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use unicomm_core::registry::RegKind;
@@ -125,6 +126,7 @@ impl<R: Runtime> ApiComm<R> {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(h, handle);
         }
+        self.autos.fetch_add(1, Ordering::Relaxed);
         Ok(h)
     }
 
@@ -150,6 +152,7 @@ impl<R: Runtime> ApiComm<R> {
             }
             self.window_deregister_raw(h)
         })?;
+        self.autos.fetch_sub(1, Ordering::Relaxed);
         self.forget_window(h);
         Ok(())
     }
@@ -157,7 +160,12 @@ impl<R: Runtime> ApiComm<R> {
     /// For a call whose every buffer is registered for the automatic policy: the path the
     /// policy picks for its collective and size (nccl-tests' size), else `None`.
     pub(crate) fn auto_path(&self, op: &Op<'_, ApiMemory<R>>) -> Result<Option<Path>> {
-        if !op.kind.is_collective() || op.kind == Kind::Barrier {
+        // Every collective passes here: without a live automatic registration (the common
+        // case) no lock is taken.
+        if self.autos.load(Ordering::Relaxed) == 0
+            || !op.kind.is_collective()
+            || op.kind == Kind::Barrier
+        {
             return Ok(None);
         }
         let (se, re) = op.kind.extents();

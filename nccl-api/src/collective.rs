@@ -286,7 +286,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn set_copy_engine(&self, on: bool) -> Result<()> {
-        ApiComm::set_copy_engine(self, on)
+        self.copy_engine_switch(on)
     }
 
     fn finalize(&mut self) -> Result<()> {

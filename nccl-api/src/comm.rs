@@ -42,6 +42,8 @@ pub struct ApiComm<R: Runtime> {
     pub(crate) ce: CopyEngine<R::Stream>,
     /// The second communicator of automatic registrations (`auto.rs`), once created.
     pub(crate) shadow: Mutex<Option<Arc<Shadow>>>,
+    /// Live automatic registrations (so calls without any skip the policy's lookups).
+    pub(crate) autos: AtomicUsize,
 }
 
 // SAFETY: an NCCL communicator is not bound to the thread that created it (NCCL's pthread
@@ -208,6 +210,7 @@ impl<R: Runtime> ApiComm<R> {
                 ..CopyEngine::default()
             },
             shadow: Mutex::new(None),
+            autos: AtomicUsize::new(0),
         })
     }
 

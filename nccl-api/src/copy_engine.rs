@@ -278,11 +278,10 @@ impl<R: Runtime> ApiComm<R> {
             .remove(&handle);
     }
 
-    /// Turns the copy-engine path for all-to-all and all-gather on or off. It needs the
-    /// ranks in this process (a world from `local_comms`/`init_local`): elsewhere
-    /// `Unsupported`. Windows registered while it is on are shared with the peers; only
-    /// outputs in such windows take the path.
-    pub fn set_copy_engine(&self, on: bool) -> Result<()> {
+    /// `set_copy_engine`: needs the ranks in this process (a world from
+    /// `local_comms`/`init_local`), elsewhere `Unsupported`. Windows registered while it is
+    /// on are shared with the peers; only outputs in such windows take the path.
+    pub(crate) fn copy_engine_switch(&self, on: bool) -> Result<()> {
         if on && self.ce.world.is_none() {
             return Err(Error::unsupported(
                 "the copy-engine path",

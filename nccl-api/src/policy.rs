@@ -33,22 +33,12 @@ impl Path {
             _ => None,
         }
     }
-    /// The name in tune files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Path::Window => "window",
-            Path::Registered => "registered",
-            Path::CopyEngine => "ce",
-        }
-    }
 }
 
 /// Per collective, ordered `(up to bytes, path)` rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     rules: Vec<(&'static str, usize, Path)>,
-    /// Where it came from (a file, or "built-in").
-    pub source: String,
 }
 
 /// Collective names as tune files spell them.
@@ -120,10 +110,7 @@ impl Policy {
             let path = Path::parse(path).ok_or_else(|| bad(&format!("unknown path {path:?}")))?;
             rules.push((*coll, bound, path));
         }
-        Ok(Policy {
-            rules,
-            source: source.to_string(),
-        })
+        Ok(Policy { rules })
     }
 
     /// `UNICOMM_TUNE_FILE` when set (an unreadable or malformed file is an error, never

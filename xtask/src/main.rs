@@ -138,6 +138,21 @@ fn facade(sub: &str, o: &Opts) -> Command {
     c
 }
 
+/// `cargo run --release -p unicomm-bench -- --vendor V` (bench and tune add their arguments).
+fn bench_command(v: Vendor) -> Command {
+    let mut c = cargo();
+    c.args([
+        "run",
+        "--release",
+        "-p",
+        "unicomm-bench",
+        "--",
+        "--vendor",
+        vendor_arg(v),
+    ]);
+    c
+}
+
 fn run_example(o: &Opts, example: &str) -> Result<()> {
     let mut c = facade("run", o);
     c.args(["--example", example, "--", "--vendor", vendor_arg(o.vendor)]);
@@ -213,16 +228,7 @@ fn xtask(cli: Cli) -> Result<()> {
         Cmd::Bench(o) => {
             // unicomm-bench: nccl-tests' method, every mode side by side. Its arguments
             // follow `--` (`-b 8 -e 512M -f 4 -J out.json --plot out.svg`, `--help`).
-            let mut c = cargo();
-            c.args([
-                "run",
-                "--release",
-                "-p",
-                "unicomm-bench",
-                "--",
-                "--vendor",
-                vendor_arg(o.vendor),
-            ]);
+            let mut c = bench_command(o.vendor);
             c.args(&o.args);
             if o.vendor == Vendor::Mock && std::env::var_os("UNICOMM_MOCK_RANKS").is_none() {
                 c.env("UNICOMM_MOCK_RANKS", "4");
@@ -230,16 +236,7 @@ fn xtask(cli: Cli) -> Result<()> {
             step(&format!("unicomm-bench on {}", vendor_arg(o.vendor)), c)
         }
         Cmd::Tune { opts, out } => {
-            let mut c = cargo();
-            c.args([
-                "run",
-                "--release",
-                "-p",
-                "unicomm-bench",
-                "--",
-                "--vendor",
-                vendor_arg(opts.vendor),
-            ]);
+            let mut c = bench_command(opts.vendor);
             c.args([
                 "--modes",
                 "registered,window,ce",
