@@ -337,6 +337,15 @@ impl Collective for AnyComm {
     fn device_memory(&self) -> Result<(usize, usize)> {
         each!(self, AnyComm, c => c.device_memory())
     }
+    fn poll_async_error(&self) -> Result<()> {
+        each!(self, AnyComm, c => c.poll_async_error())
+    }
+    fn set_timeout(&self, timeout: std::time::Duration) -> Result<()> {
+        each!(self, AnyComm, c => c.set_timeout(timeout))
+    }
+    fn timeout(&self) -> Option<std::time::Duration> {
+        each!(self, AnyComm, c => c.timeout())
+    }
     fn finalize(&mut self) -> Result<()> {
         each!(self, AnyComm, c => c.finalize())
     }

@@ -245,15 +245,7 @@ pub fn from_env(vendor: Vendor) -> Result<Comm> {
 
 /// `UNICOMM_BOOTSTRAP_TIMEOUT_S` (seconds, 1..=86400), default 300.
 fn bootstrap_timeout() -> Result<std::time::Duration> {
-    const VAR: &str = "UNICOMM_BOOTSTRAP_TIMEOUT_S";
-    match std::env::var(VAR) {
-        Err(_) => Ok(std::time::Duration::from_secs(300)),
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(s) if (1..=86_400).contains(&s) => Ok(std::time::Duration::from_secs(s)),
-            _ => Err(Error::invalid(
-                VAR,
-                format!("{v:?} is not a whole number of seconds in 1..=86400"),
-            )),
-        },
-    }
+    let s =
+        unicomm_core::env::whole_number("UNICOMM_BOOTSTRAP_TIMEOUT_S", 300, 1..=86_400, "seconds")?;
+    Ok(std::time::Duration::from_secs(s))
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use unicomm_core::{Error, Result};
+use unicomm_core::Result;
 
 /// How many ranks `cargo xtask run --vendor mock` and `unicomm::local_comms(Vendor::Mock)` use
 /// when `UNICOMM_MOCK_RANKS` is unset.
@@ -58,40 +58,25 @@ impl Default for MockConfig {
 pub const MAX_RANKS: usize = 1024;
 
 /// The longest deadline the mock accepts: one day (so no `Instant` arithmetic overflows).
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+pub const MAX_TIMEOUT: Duration = unicomm_core::env::MAX_TIMEOUT;
 
 impl MockConfig {
     /// The defaults with `UNICOMM_MOCK_TIMEOUT_MS` applied: a whole number of milliseconds
     /// in 1..=86400000; anything else is `InvalidArgument` naming the variable and range.
     pub fn from_env() -> Result<Self> {
         let mut c = MockConfig::default();
-        if let Ok(v) = std::env::var("UNICOMM_MOCK_TIMEOUT_MS") {
-            c.timeout = match v.trim().parse::<u64>() {
-                Ok(ms) if (1..=MAX_TIMEOUT.as_millis() as u64).contains(&ms) => {
-                    Duration::from_millis(ms)
-                }
-                _ => {
-                    return Err(Error::invalid(
-                        "UNICOMM_MOCK_TIMEOUT_MS",
-                        format!("{v:?} is not a whole number of milliseconds in 1..=86400000"),
-                    ))
-                }
-            };
-        }
+        c.timeout = unicomm_core::env::millis("UNICOMM_MOCK_TIMEOUT_MS", c.timeout)?;
         Ok(c)
     }
 }
 
 /// The number of ranks from `UNICOMM_MOCK_RANKS`, or [`DEFAULT_RANKS`].
 pub fn ranks_from_env() -> Result<usize> {
-    match std::env::var("UNICOMM_MOCK_RANKS") {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if (1..=MAX_RANKS).contains(&n) => Ok(n),
-            _ => Err(Error::invalid(
-                "UNICOMM_MOCK_RANKS",
-                format!("{v:?} is not a whole number in 1..={MAX_RANKS}"),
-            )),
-        },
-        Err(_) => Ok(DEFAULT_RANKS),
-    }
+    let n = unicomm_core::env::whole_number(
+        "UNICOMM_MOCK_RANKS",
+        DEFAULT_RANKS as u64,
+        1..=MAX_RANKS as u64,
+        "ranks",
+    )?;
+    Ok(n as usize)
 }

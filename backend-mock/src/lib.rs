@@ -497,6 +497,10 @@ impl Collective for MockComm {
         Ok(())
     }
 
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.ctx.timeout)
+    }
+
     fn abort(&self) -> Result<()> {
         self.state.store(ABORTED, Ordering::Release);
         // Peers blocked in a collective with this rank learn of it now, not at their deadline.

@@ -12,7 +12,7 @@ use crate::{cuda, NcclMemory, NcclStream};
 /// A cudarc stream as a unicomm stream.
 pub fn stream_from_cudarc(s: Arc<cudarc::driver::CudaStream>) -> Result<NcclStream> {
     let dev = s.context().ordinal();
-    Ok(ApiStream::from_runtime(cuda()?, CudaStreamHandle(s), dev))
+    ApiStream::from_runtime(cuda()?, CudaStreamHandle(s), dev)
 }
 
 /// A cudarc slice as unicomm memory, without a copy. The slice is kept alive by the

@@ -213,6 +213,15 @@ impl Runtime for CudaRuntime {
             .map_err(|e| cuda_err("cuStreamSynchronize", e))
     }
 
+    fn query(&self, s: &CudaStreamHandle) -> Result<bool> {
+        // SAFETY: a live stream of its context (cudarc keeps both alive); no out-pointer.
+        match unsafe { sys::cuStreamQuery(s.0.cu_stream()) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(cuda_err("cuStreamQuery", DriverError(e))),
+        }
+    }
+
     fn malloc(&self, dev: usize, bytes: usize) -> Result<usize> {
         self.with_device(dev, || {
             // SAFETY: cuMemAlloc on the device made current by with_device.

@@ -38,6 +38,7 @@ pub struct HipFns {
     pub stream_create_with_flags: unsafe extern "C" fn(*mut HipStream, c_uint) -> HipError,
     pub stream_destroy: unsafe extern "C" fn(HipStream) -> HipError,
     pub stream_synchronize: unsafe extern "C" fn(HipStream) -> HipError,
+    pub stream_query: unsafe extern "C" fn(HipStream) -> HipError,
     pub malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
     pub free: unsafe extern "C" fn(*mut c_void) -> HipError,
     pub memcpy_async:
@@ -128,6 +129,7 @@ impl HipRuntime {
             stream_create_with_flags: sym!("hipStreamCreateWithFlags"),
             stream_destroy: sym!("hipStreamDestroy"),
             stream_synchronize: sym!("hipStreamSynchronize"),
+            stream_query: sym!("hipStreamQuery"),
             malloc: sym!("hipMalloc"),
             free: sym!("hipFree"),
             memcpy_async: sym!("hipMemcpyAsync"),
@@ -397,6 +399,17 @@ impl Runtime for HipRuntime {
         self.check("hipStreamSynchronize", unsafe {
             (self.fns.stream_synchronize)(s.0)
         })
+    }
+
+    fn query(&self, s: &HipStreamHandle) -> Result<bool> {
+        /// `hipErrorNotReady`.
+        const NOT_READY: HipError = 600;
+        // SAFETY: a live stream; no out-pointer.
+        match unsafe { (self.fns.stream_query)(s.0) } {
+            HIP_SUCCESS => Ok(true),
+            NOT_READY => Ok(false),
+            e => Err(self.err("hipStreamQuery", e)),
+        }
     }
 
     fn malloc(&self, dev: usize, bytes: usize) -> Result<usize> {

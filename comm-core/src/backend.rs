@@ -219,6 +219,31 @@ pub trait Collective: Send + Sync + Sized + 'static {
     fn deregister_auto(&self, handle: RawHandle) -> Result<()> {
         self.deregister_window(handle)
     }
+    /// The first asynchronous error of the communicator (`ncclCommGetAsyncError`): a
+    /// failure of work already enqueued (a peer that died, a network error), which NCCL
+    /// reports here and not at the call. `Ok` while nothing failed (work still running
+    /// included). After an error the communicator cannot be used: abort it. Never blocks
+    /// for long (it waits for a call of another thread on this communicator at most).
+    /// Default: `Ok` (a backend whose errors all surface at the call or the wait).
+    fn poll_async_error(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Sets the deadline of this rank's waits (stream synchronize, copies to and from the
+    /// host; on the GPU backends also non-blocking calls still in progress), 1 ms..=1 day.
+    /// At the deadline the wait aborts the communicator and returns `Timeout`. Default:
+    /// `Unsupported`.
+    fn set_timeout(&self, timeout: std::time::Duration) -> Result<()> {
+        let _ = timeout;
+        Err(crate::Error::unsupported(
+            "setting the deadline of waits",
+            "a backend with per-communicator deadlines",
+            self.capabilities().backend,
+        ))
+    }
+    /// The deadline of this rank's waits, where the backend has one per communicator.
+    fn timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Device memory `(free, total)` bytes of this rank's device, for measuring what a mode
     /// costs. Default: `Unsupported`.
     fn device_memory(&self) -> Result<(usize, usize)> {

@@ -419,6 +419,27 @@ impl<C: Collective> Comm<C> {
         self.raw.abort()
     }
 
+    /// The communicator's first asynchronous error (`ncclCommGetAsyncError`): a failure of
+    /// work already enqueued, such as a peer that died. `Ok` while nothing failed. After an
+    /// error, [`Comm::abort`] it. The waits of the GPU backends poll this themselves (and
+    /// abort); a watchdog thread of the caller can poll it too.
+    pub fn poll_async_error(&self) -> Result<()> {
+        self.raw.poll_async_error()
+    }
+
+    /// Sets the deadline of this rank's waits (1 ms..=1 day; default `UNICOMM_TIMEOUT_MS`,
+    /// else 10 minutes): a `synchronize` or a copy to or from the host that waits longer
+    /// aborts the communicator and returns `Timeout`. On the mock the deadline is
+    /// `MockConfig::timeout` and this is `Unsupported`.
+    pub fn set_timeout(&self, timeout: std::time::Duration) -> Result<()> {
+        self.raw.set_timeout(timeout)
+    }
+
+    /// The deadline of this rank's waits.
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.raw.timeout()
+    }
+
     fn times_world(&self, n: usize, argument: &'static str) -> Result<usize> {
         n.checked_mul(self.world_size()).ok_or_else(|| {
             Error::invalid(

@@ -43,6 +43,7 @@ pub mod bootstrap;
 pub mod buffer;
 pub mod comm;
 pub mod element;
+pub mod env;
 mod error;
 pub mod op;
 pub mod registration;

@@ -20,6 +20,7 @@ use crate::comm::ApiComm;
 use crate::memory::ApiMemory;
 use crate::policy::{Path, Policy};
 use crate::runtime::Runtime;
+use crate::watchdog::settle_raw;
 
 /// The second communicator of a rank, over the same ranks.
 #[derive(Debug)]
@@ -57,8 +58,7 @@ const SPLIT_SINCE: Version = Version::new(2, 18, 0);
 impl<R: Runtime> ApiComm<R> {
     /// The second communicator, created at the first call (collective: `ncclCommSplit`).
     fn shadow(&self) -> Result<Arc<Shadow>> {
-        let mut slot = self.shadow.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = &*slot {
+        if let Some(s) = &*self.core.shadow.lock().unwrap_or_else(|e| e.into_inner()) {
             return Ok(s.clone());
         }
         let split = self.api.gated(
@@ -70,11 +70,19 @@ impl<R: Runtime> ApiComm<R> {
         let comm = self.call(|c| {
             let mut out: NcclComm = std::ptr::null_mut();
             // SAFETY: a live communicator; `out` receives the new one; NULL config means
-            // the parent's settings (nccl.h).
+            // the parent's settings (nccl.h), non-blocking mode included.
             let code = unsafe { split(c, 0, rank, &mut out, std::ptr::null_mut()) };
             self.check("ncclCommSplit", code)?;
             if out.is_null() {
                 return Err(Error::invalid("comm", "ncclCommSplit gave no communicator"));
+            }
+            if self.core.nonblocking {
+                let t = self.core.timeout();
+                if let Err(e) = settle_raw(&self.api, out, "ncclCommSplit", t, &|| false) {
+                    // SAFETY: the communicator just created, aborted once.
+                    unsafe { (self.api.fns.comm_abort)(out) };
+                    return Err(e);
+                }
             }
             Ok(out)
         })?;
@@ -82,8 +90,11 @@ impl<R: Runtime> ApiComm<R> {
             comm,
             regs: Mutex::new(HashMap::new()),
         });
-        *slot = Some(s.clone());
-        Ok(s)
+        let mut slot = self.core.shadow.lock().unwrap_or_else(|e| e.into_inner());
+        // Registrations are collective and ordered, so two threads of one rank do not
+        // create it at once; if they did, the first one kept stays (the other leaks until
+        // the process ends rather than being freed while a peer may still use it).
+        Ok(slot.get_or_insert(s).clone())
     }
 
     /// `register_auto`: a window here, shared for the copy engines in a local world, and
@@ -135,6 +146,7 @@ impl<R: Runtime> ApiComm<R> {
     pub(crate) fn deregister_auto_impl(&self, h: RawHandle) -> Result<()> {
         self.registry.release(h, RegKind::Auto, || {
             let sh = self
+                .core
                 .shadow
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -187,7 +199,8 @@ impl<R: Runtime> ApiComm<R> {
 
     /// The second communicator's handle, for a call the policy sends there.
     pub(crate) fn shadow_comm(&self) -> Option<NcclComm> {
-        self.shadow
+        self.core
+            .shadow
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()

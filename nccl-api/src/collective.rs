@@ -1,6 +1,7 @@
 //! [`Collective`] for [`ApiComm`]: each operation of the contract as one NCCL-API call.
 
 use std::ffi::{c_int, c_void};
+use std::sync::Arc;
 
 use unicomm_core::registry::RegKind;
 use unicomm_core::{Capabilities, Collective, Error, Kind, Op, RawHandle, Result};
@@ -11,6 +12,7 @@ use crate::copy_engine::GROUP_DEPTH;
 use crate::memory::{ApiMemory, ApiStream, Owner};
 use crate::policy::Path;
 use crate::runtime::Runtime;
+use crate::watchdog::{Watched, GROUP_MEMBERS};
 
 impl<R: Runtime> Collective for ApiComm<R> {
     type Stream = ApiStream<R>;
@@ -41,11 +43,15 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn create_stream(&self) -> Result<ApiStream<R>> {
-        Ok(ApiStream {
+        let st = ApiStream {
             s: self.rt.create_stream(self.dev)?,
             dev: self.dev,
             rt: self.rt.clone(),
-        })
+            watch: Default::default(),
+            timeout: self.core.timeout(),
+        };
+        st.watched_by(&(self.core.clone() as Arc<dyn Watched>));
+        Ok(st)
     }
 
     fn alloc(&self, bytes: usize) -> Result<ApiMemory<R>> {
@@ -167,6 +173,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
             ));
         }
         op.check(self.world)?;
+        stream.watched_by(&(self.core.clone() as Arc<dyn Watched>));
         // Buffers registered for the automatic policy: the path it picks for this size.
         let mut shadow = None;
         match self.auto_path(&op)? {
@@ -279,10 +286,40 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn group_end(&self) -> Result<()> {
-        GROUP_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+        let depth = GROUP_DEPTH.with(|d| {
+            d.set(d.get().saturating_sub(1));
+            d.get()
+        });
         // SAFETY: no arguments; NCCL reports a group_end without group_start as an error.
         let code = unsafe { (self.api.fns.group_end)() };
-        self.api.check("ncclGroupEnd", code, Some(self.comm))
+        let end = self.check("ncclGroupEnd", code);
+        if depth > 0 {
+            return end;
+        }
+        // The outermost end launched the group: in non-blocking mode every communicator it
+        // called settles before the caller may wait on a stream (NCCL's rule).
+        let members = GROUP_MEMBERS.with(|m| std::mem::take(&mut *m.borrow_mut()));
+        end?;
+        members
+            .iter()
+            .try_for_each(|m| m.settle("ncclGroupEnd (non-blocking)"))
+    }
+
+    fn poll_async_error(&self) -> Result<()> {
+        let _g = self.core.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.core.async_error_locked()
+    }
+
+    fn set_timeout(&self, timeout: std::time::Duration) -> Result<()> {
+        let t = unicomm_core::env::check_timeout("timeout", timeout)?;
+        self.core
+            .timeout_ms
+            .store(t.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn timeout(&self) -> Option<std::time::Duration> {
+        Some(self.core.timeout())
     }
 
     fn set_copy_engine(&self, on: bool) -> Result<()> {

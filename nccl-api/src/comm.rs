@@ -3,22 +3,19 @@
 //! backend-rccl (RCCL + HIP) both are; its collectives are in `collective.rs`.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use unicomm_core::registry::{RegKind, Registry};
 use unicomm_core::{Collective, DataType, Error, RawHandle, Result, Version};
 
 use crate::api::WIN_COLL_SYMMETRIC;
 use crate::api::{Api, NcclComm, UniqueId};
-use crate::auto::Shadow;
-use crate::copy_engine::{CopyEngine, LocalWorld};
+use crate::copy_engine::{CopyEngine, LocalWorld, GROUP_DEPTH};
 use crate::memory::{ApiMemory, Owner};
 use crate::runtime::Runtime;
-
-const LIVE: u8 = 0;
-const FINALIZED: u8 = 1;
-const ABORTED: u8 = 2;
+use crate::watchdog::{self, Config, Core, Watched, ABORTED, GROUP_MEMBERS, IN_PROGRESS, LIVE};
 
 /// Handles for zero-byte registrations, which never reach the library (there is nothing
 /// to register); they live in the upper half of the address space no library hands out.
@@ -35,20 +32,18 @@ pub struct ApiComm<R: Runtime> {
     pub(crate) registry: Registry,
     /// 4 device bytes for `barrier` (an all-reduce of one element).
     pub(crate) barrier: ApiMemory<R>,
-    /// NCCL communicators must not be called from two threads at once.
-    pub(crate) lock: Mutex<()>,
-    pub(crate) state: AtomicU8,
+    /// The lock, state, second communicator and deadline, shared with the streams that
+    /// wait on this communicator's work (`watchdog.rs`).
+    pub(crate) core: Arc<Core<R>>,
     /// The copy-engine path's state (`copy_engine.rs`).
     pub(crate) ce: CopyEngine<R::Stream>,
-    /// The second communicator of automatic registrations (`auto.rs`), once created.
-    pub(crate) shadow: Mutex<Option<Arc<Shadow>>>,
     /// Live automatic registrations (so calls without any skip the policy's lookups).
     pub(crate) autos: AtomicUsize,
 }
 
 // SAFETY: an NCCL communicator is not bound to the thread that created it (NCCL's pthread
-// and single-thread modes both move them); every call on it goes through `lock`, so it is
-// never used by two threads at once, which is NCCL's rule for sharing one between threads.
+// and single-thread modes both move them); every call on it goes through `core.lock`, so it
+// is never used by two threads at once, which is NCCL's rule for sharing one between threads.
 unsafe impl<R: Runtime> Send for ApiComm<R> {}
 // SAFETY: as above: shared access is serialised by `lock`.
 unsafe impl<R: Runtime> Sync for ApiComm<R> {}
@@ -96,22 +91,27 @@ impl<R: Runtime> ApiComm<R> {
             });
         }
         let id = api.unique_id()?;
+        let (nonblocking, timeout) = Self::mode(&api)?;
         let mut raw = vec![std::ptr::null_mut(); n];
         // SAFETY: ncclGroupStart has no arguments.
         api.check("ncclGroupStart", unsafe { (api.fns.group_start)() }, None)?;
         let mut first_err = None;
         for (rank, (&dev, slot)) in devs.iter().zip(raw.iter_mut()).enumerate() {
             let r = rt.with_device(dev, || {
-                // SAFETY: `slot` receives the communicator; the id is shared by all ranks.
-                let code = unsafe { (api.fns.comm_init_rank)(slot, n as c_int, id, rank as c_int) };
-                api.check("ncclCommInitRank", code, None)
+                Self::init_call(&api, slot, n, id, rank, nonblocking)
             });
             if let Err(e) = r {
                 first_err.get_or_insert(e);
             }
         }
         // SAFETY: closes the group opened above.
-        let end = api.check("ncclGroupEnd", unsafe { (api.fns.group_end)() }, None);
+        let code = unsafe { (api.fns.group_end)() };
+        let mut end = Self::in_progress_ok(&api, "ncclGroupEnd", code, nonblocking);
+        if end.is_ok() && first_err.is_none() && nonblocking {
+            end = raw.iter().try_for_each(|&c| {
+                watchdog::settle_raw(&api, c, "ncclCommInitRank", timeout, &|| false)
+            });
+        }
         if let Some(e) = first_err.or(end.err()) {
             for c in raw.into_iter().filter(|c| !c.is_null()) {
                 // SAFETY: a communicator created above, aborted once.
@@ -129,9 +129,9 @@ impl<R: Runtime> ApiComm<R> {
                     rt.clone(),
                     c,
                     dev,
-                    rank,
-                    n,
+                    (rank, n),
                     Some(local.clone()),
+                    (nonblocking, timeout),
                 )
             })
             .collect()
@@ -161,14 +161,70 @@ impl<R: Runtime> ApiComm<R> {
                 detail: format!("device {dev} asked for, {count} visible"),
             });
         }
+        let (nonblocking, timeout) = Self::mode(&api)?;
         let mut c = std::ptr::null_mut();
         rt.with_device(dev, || {
-            // SAFETY: `c` receives the communicator.
-            let code =
-                unsafe { (api.fns.comm_init_rank)(&mut c, world as c_int, id, rank as c_int) };
-            api.check("ncclCommInitRank", code, None)
+            Self::init_call(&api, &mut c, world, id, rank, nonblocking)?;
+            if nonblocking {
+                if let Err(e) =
+                    watchdog::settle_raw(&api, c, "ncclCommInitRank", timeout, &|| false)
+                {
+                    // SAFETY: the communicator created above, aborted once.
+                    unsafe { (api.fns.comm_abort)(c) };
+                    return Err(e);
+                }
+            }
+            Ok(())
         })?;
-        Self::wrap(api, rt, c, dev, rank, world, None)
+        Self::wrap(api, rt, c, dev, (rank, world), None, (nonblocking, timeout))
+    }
+
+    /// Whether communicators are created non-blocking (`UNICOMM_NONBLOCKING`, where the
+    /// library has `ncclCommInitRankConfig` and `ncclCommGetAsyncError`), and the deadline
+    /// of their waits (`UNICOMM_TIMEOUT_MS`).
+    fn mode(api: &Api) -> Result<(bool, Duration)> {
+        let timeout = unicomm_core::env::timeout()?;
+        let able = api.fns.comm_init_rank_config.is_some()
+            && api.fns.comm_get_async_error.is_some()
+            && api.version >= Version::new(2, 14, 0);
+        Ok((able && watchdog::nonblocking_from_env()?, timeout))
+    }
+
+    /// `ncclCommInitRankConfig` with `blocking = 0` (non-blocking mode), else
+    /// `ncclCommInitRank`; `ncclInProgress` is success here (settled by the caller).
+    fn init_call(
+        api: &Api,
+        slot: &mut NcclComm,
+        world: usize,
+        id: UniqueId,
+        rank: usize,
+        nonblocking: bool,
+    ) -> Result<()> {
+        let (n, r) = (world as c_int, rank as c_int);
+        match api.fns.comm_init_rank_config.filter(|_| nonblocking) {
+            Some(f) => {
+                let mut config = Config::new(false);
+                // SAFETY: `slot` receives the communicator; the id is shared by all ranks;
+                // `config` is an initialised ncclConfig_t of NCCL 2.14's layout that lives
+                // across the call (NCCL copies it).
+                let code = unsafe { f(slot, n, id, r, (&mut config as *mut Config).cast()) };
+                Self::in_progress_ok(api, "ncclCommInitRankConfig", code, true)
+            }
+            None => {
+                // SAFETY: `slot` receives the communicator; the id is shared by all ranks.
+                let code = unsafe { (api.fns.comm_init_rank)(slot, n, id, r) };
+                api.check("ncclCommInitRank", code, None)
+            }
+        }
+    }
+
+    /// `code` as a result, where `ncclInProgress` of a non-blocking call is success.
+    fn in_progress_ok(api: &Api, call: &'static str, code: c_int, nonblocking: bool) -> Result<()> {
+        if nonblocking && code == IN_PROGRESS {
+            Ok(())
+        } else {
+            api.check(call, code, None)
+        }
     }
 
     fn wrap(
@@ -176,9 +232,9 @@ impl<R: Runtime> ApiComm<R> {
         rt: Arc<R>,
         comm: NcclComm,
         dev: usize,
-        rank: usize,
-        world: usize,
+        (rank, world): (usize, usize),
         local: Option<Arc<LocalWorld>>,
+        (nonblocking, timeout): (bool, Duration),
     ) -> Result<Self> {
         let barrier = match rt.malloc(dev, 4) {
             Ok(p) => ApiMemory {
@@ -194,6 +250,19 @@ impl<R: Runtime> ApiComm<R> {
                 return Err(e);
             }
         };
+        let core = Arc::new(Core {
+            api: api.clone(),
+            rt: rt.clone(),
+            comm,
+            dev,
+            rank,
+            lock: Mutex::new(()),
+            state: AtomicU8::new(LIVE),
+            shadow: Mutex::new(None),
+            nonblocking,
+            timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
+            abort_requested: AtomicBool::new(false),
+        });
         Ok(ApiComm {
             api,
             rt,
@@ -203,13 +272,11 @@ impl<R: Runtime> ApiComm<R> {
             world,
             registry: Registry::new(),
             barrier,
-            lock: Mutex::new(()),
-            state: AtomicU8::new(LIVE),
+            core,
             ce: CopyEngine {
                 world: local,
                 ..CopyEngine::default()
             },
-            shadow: Mutex::new(None),
             autos: AtomicUsize::new(0),
         })
     }
@@ -239,17 +306,47 @@ impl<R: Runtime> ApiComm<R> {
     pub(crate) fn call<T>(&self, f: impl FnOnce(NcclComm) -> Result<T>) -> Result<T> {
         // The state is read under the lock that `destroy` also takes, so a communicator
         // aborted by another thread is never used after it was freed.
-        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        match self.state.load(Ordering::Acquire) {
-            LIVE => self.rt.with_device(self.dev, || f(self.comm)),
-            ABORTED => Err(Error::Aborted {
-                reason: format!("rank {}'s communicator was aborted", self.rank),
-            }),
-            _ => Err(Error::invalid("comm", "the communicator was finalized")),
+        let core = &self.core;
+        let _g = core.lock.lock().unwrap_or_else(|e| e.into_inner());
+        match core.state.load(Ordering::Acquire) {
+            LIVE => {}
+            ABORTED => {
+                return Err(Error::Aborted {
+                    reason: format!("rank {}'s communicator was aborted", self.rank),
+                })
+            }
+            _ => return Err(Error::invalid("comm", "the communicator was finalized")),
         }
+        let r = self.rt.with_device(self.dev, || f(self.comm));
+        if core.nonblocking {
+            if GROUP_DEPTH.with(|d| d.get()) > 0 {
+                // Inside a group the library defers the work to ncclGroupEnd, which
+                // settles every communicator the group called.
+                self.join_group();
+            } else {
+                core.settle_locked("a non-blocking call")?;
+            }
+        }
+        r
     }
 
+    /// Remembers this communicator as a member of the thread's open group.
+    fn join_group(&self) {
+        let me: Arc<dyn Watched> = self.core.clone();
+        GROUP_MEMBERS.with(|m| {
+            let mut m = m.borrow_mut();
+            if !m.iter().any(|x| Arc::ptr_eq(x, &me)) {
+                m.push(me);
+            }
+        });
+    }
+
+    /// A library call's result; `ncclInProgress` of a non-blocking communicator is success
+    /// here (`call` settles it).
     pub(crate) fn check(&self, call: &'static str, code: c_int) -> Result<()> {
+        if code == IN_PROGRESS && self.core.nonblocking {
+            return Ok(());
+        }
         self.api.check(call, code, Some(self.comm))
     }
 
@@ -365,11 +462,7 @@ impl<R: Runtime> ApiComm<R> {
         )?;
         let r = f();
         // SAFETY: closes the group opened above.
-        let end = self.api.check(
-            "ncclGroupEnd",
-            unsafe { (self.api.fns.group_end)() },
-            Some(self.comm),
-        );
+        let end = self.check("ncclGroupEnd", unsafe { (self.api.fns.group_end)() });
         let r = r?;
         end?;
         Ok(r)
@@ -442,46 +535,7 @@ impl<R: Runtime> ApiComm<R> {
     }
 
     pub(crate) fn destroy(&self, finalize: bool) -> Result<()> {
-        // Under the lock: no other thread is inside a library call on this communicator.
-        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        let next = if finalize { FINALIZED } else { ABORTED };
-        if self.state.swap(next, Ordering::AcqRel) != LIVE {
-            return Ok(());
-        }
-        let (api, comm) = (self.api.clone(), self.comm);
-        let shadow = self.shadow.lock().unwrap_or_else(|e| e.into_inner()).take();
-        self.rt.with_device(self.dev, || {
-            // The second communicator goes first, the same way (its registrations with it).
-            if let Some(sh) = shadow {
-                let code = if finalize {
-                    if let Some(f) = api.fns.comm_finalize {
-                        // SAFETY: the live second communicator, finalized once.
-                        let _ = unsafe { f(sh.comm) };
-                    }
-                    // SAFETY: the live second communicator, destroyed once (taken above).
-                    unsafe { (api.fns.comm_destroy)(sh.comm) }
-                } else {
-                    // SAFETY: as above, aborted once.
-                    unsafe { (api.fns.comm_abort)(sh.comm) }
-                };
-                api.check("ncclCommDestroy (second communicator)", code, None)?;
-            }
-            if finalize {
-                if let Some(f) = api.fns.comm_finalize {
-                    // SAFETY: a live communicator, finalized once.
-                    api.check("ncclCommFinalize", unsafe { f(comm) }, Some(comm))?;
-                }
-                // SAFETY: a live communicator, destroyed once.
-                api.check(
-                    "ncclCommDestroy",
-                    unsafe { (api.fns.comm_destroy)(comm) },
-                    None,
-                )
-            } else {
-                // SAFETY: a live communicator, aborted once.
-                api.check("ncclCommAbort", unsafe { (api.fns.comm_abort)(comm) }, None)
-            }
-        })
+        self.core.destroy(finalize)
     }
 }
 

@@ -36,6 +36,7 @@ pub mod memory;
 pub mod policy;
 pub mod runtime;
 pub mod search;
+mod watchdog;
 
 pub use api::{Api, Flavor, UniqueId};
 pub use comm::ApiComm;

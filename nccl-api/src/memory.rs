@@ -8,12 +8,18 @@ use unicomm_core::{DeviceMemory, DeviceStream, Error, Marker, MarkerTime, Result
 
 use crate::api::Api;
 use crate::runtime::Runtime;
+use crate::watchdog::{Watched, Watchers};
 
-/// A stream of a NCCL-API backend.
+/// A stream of a NCCL-API backend. Its host waits have a deadline: that of the
+/// communicators that enqueued work on it (`UNICOMM_TIMEOUT_MS` or `set_timeout`), which
+/// they poll for asynchronous errors and abort when it passes.
 pub struct ApiStream<R: Runtime> {
     pub(crate) s: R::Stream,
     pub(crate) dev: usize,
     pub(crate) rt: Arc<R>,
+    pub(crate) watch: Watchers,
+    /// The deadline while no communicator has enqueued work on it.
+    pub(crate) timeout: std::time::Duration,
 }
 
 impl<R: Runtime> std::fmt::Debug for ApiStream<R> {
@@ -23,9 +29,21 @@ impl<R: Runtime> std::fmt::Debug for ApiStream<R> {
 }
 
 impl<R: Runtime> ApiStream<R> {
-    /// Wraps a runtime stream of device `dev` (interop with existing CUDA/HIP code).
-    pub fn from_runtime(rt: Arc<R>, s: R::Stream, dev: usize) -> Self {
-        ApiStream { s, dev, rt }
+    /// Wraps a runtime stream of device `dev` (interop with existing CUDA/HIP code); its
+    /// waits take the deadline of `UNICOMM_TIMEOUT_MS` until a communicator uses it.
+    pub fn from_runtime(rt: Arc<R>, s: R::Stream, dev: usize) -> Result<Self> {
+        Ok(ApiStream {
+            s,
+            dev,
+            rt,
+            watch: Watchers::default(),
+            timeout: unicomm_core::env::timeout()?,
+        })
+    }
+
+    /// A communicator enqueues work on this stream: its waits watch it.
+    pub(crate) fn watched_by(&self, w: &Arc<dyn Watched>) {
+        self.watch.add(w);
     }
     /// The runtime's stream.
     pub fn inner(&self) -> &R::Stream {
@@ -35,15 +53,22 @@ impl<R: Runtime> ApiStream<R> {
     pub fn device(&self) -> usize {
         self.dev
     }
-    /// Blocks until the stream is idle.
+    /// Blocks until the stream is idle, at most until the deadline (then the communicators
+    /// that enqueued work on it are aborted and the error is `Timeout`); an asynchronous
+    /// error of one of them ends the wait early, with that error, after aborting them.
     pub fn synchronize(&self) -> Result<()> {
+        let what = format!("{} stream on device {}", R::NAME, self.dev);
+        self.watch.wait(&what, self.timeout, || {
+            self.rt.with_device(self.dev, || self.rt.query(&self.s))
+        })?;
+        // Idle now: returns at once, with the stream's sticky error if it has one.
         self.rt.synchronize(&self.s)
     }
 }
 
 impl<R: Runtime> DeviceStream for ApiStream<R> {
     fn synchronize(&self) -> Result<()> {
-        self.rt.synchronize(&self.s)
+        ApiStream::synchronize(self)
     }
 
     fn record(&self) -> Result<Marker> {
@@ -195,14 +220,19 @@ impl<R: Runtime> DeviceMemory for ApiMemory<R> {
         if src.is_empty() {
             return Ok(());
         }
+        // The work before the copy first, with the deadline: the copy itself then runs at
+        // once (it must complete before `src` is released; it cannot be abandoned).
+        stream.synchronize()?;
         // SAFETY: the range lies inside this allocation of device `dev`.
         unsafe { self.rt.htod(self.dev, dst, src, &stream.s) }
     }
     fn read(&self, offset: usize, dst: &mut [u8], stream: &ApiStream<R>) -> Result<()> {
         self.same_device(stream)?;
         let src = self.range(offset, dst.len(), "dst")?;
+        // The work before the copy first, with the deadline (as for `write`).
+        stream.synchronize()?;
         if dst.is_empty() {
-            return stream.synchronize();
+            return Ok(());
         }
         // SAFETY: the range lies inside this allocation of device `dev`.
         unsafe { self.rt.dtoh(self.dev, dst, src, &stream.s) }

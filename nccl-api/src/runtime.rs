@@ -20,8 +20,12 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     fn create_stream(&self, dev: usize) -> Result<Self::Stream>;
     /// The raw handle (`cudaStream_t` / `hipStream_t`).
     fn raw_stream(s: &Self::Stream) -> *mut std::ffi::c_void;
-    /// Blocks until the stream is idle.
+    /// Blocks until the stream is idle (unicomm calls it once `query` said so: it returns
+    /// the stream's error, if any, and never waits long).
     fn synchronize(&self, s: &Self::Stream) -> Result<()>;
+    /// Whether all work enqueued on `s` has finished (`cuStreamQuery` / `hipStreamQuery`:
+    /// not-ready is `false`, any other failure an error); never blocks.
+    fn query(&self, s: &Self::Stream) -> Result<bool>;
     /// Device memory without the collective library (`cuMemAlloc` / `hipMalloc`).
     fn malloc(&self, dev: usize, bytes: usize) -> Result<usize>;
     /// Frees what `malloc` returned.

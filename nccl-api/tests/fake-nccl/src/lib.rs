@@ -43,6 +43,69 @@ pub struct Comm {
     nranks: c_int,
     /// Made by ncclCommSplit (calls on it are also counted as `<name>:split`).
     split: bool,
+    /// Created by ncclCommInitRankConfig with `blocking = 0`: calls return ncclInProgress
+    /// and settle after a few polls of ncclCommGetAsyncError.
+    nonblocking: bool,
+    /// Polls of ncclCommGetAsyncError still answered ncclInProgress (`u32::MAX`: forever).
+    pending: u32,
+    /// What ncclCommGetAsyncError reports once settled (`unicommFakeSetAsyncError`).
+    async_error: R,
+}
+
+const IN_PROGRESS: R = 7;
+
+impl Comm {
+    fn new(nranks: c_int, split: bool, nonblocking: bool) -> Self {
+        Comm { nranks, split, nonblocking, pending: 0, async_error: OK }
+    }
+}
+
+/// A non-blocking communicator's call: done, but reported as still running for 3 polls.
+unsafe fn in_progress(c: *mut Comm, code: R) -> R {
+    if code == OK && !c.is_null() && (*c).nonblocking {
+        if (*c).pending != u32::MAX {
+            (*c).pending = 3;
+        }
+        count("inProgress");
+        return IN_PROGRESS;
+    }
+    code
+}
+
+/// Test control: what ncclCommGetAsyncError reports for `c` from now on.
+#[no_mangle]
+pub unsafe extern "C" fn unicommFakeSetAsyncError(c: *mut Comm, code: R) {
+    (*c).async_error = code;
+}
+
+/// Test control: `c`'s calls never settle (ncclInProgress forever).
+#[no_mangle]
+pub unsafe extern "C" fn unicommFakeStickInProgress(c: *mut Comm) {
+    (*c).pending = u32::MAX;
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommGetAsyncError(c: *mut Comm, out: *mut R) -> R {
+    count("ncclCommGetAsyncError");
+    let c = &mut *c;
+    *out = if c.pending > 0 {
+        if c.pending != u32::MAX {
+            c.pending -= 1;
+        }
+        IN_PROGRESS
+    } else {
+        c.async_error
+    };
+    OK
+}
+
+/// `ncclConfig_t`'s header and the field unicomm sets.
+#[repr(C)]
+pub struct Config {
+    size: usize,
+    magic: u32,
+    version: u32,
+    blocking: c_int,
 }
 
 fn size(dtype: c_int) -> usize {
@@ -90,21 +153,38 @@ pub unsafe extern "C" fn ncclCommInitRank(comm: *mut *mut Comm, nranks: c_int, _
     if nranks != 1 || rank != 0 {
         return fail(INVALID_ARGUMENT, "fake: only worlds of one rank");
     }
-    *comm = Box::into_raw(Box::new(Comm { nranks, split: false }));
+    *comm = Box::into_raw(Box::new(Comm::new(nranks, false, false)));
     OK
+}
+
+#[cfg(feature = "nccl228")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankConfig(comm: *mut *mut Comm, nranks: c_int, _id: Id, rank: c_int, config: *mut Config) -> R {
+    count("ncclCommInitRankConfig");
+    if nranks != 1 || rank != 0 {
+        return fail(INVALID_ARGUMENT, "fake: only worlds of one rank");
+    }
+    let cfg = &*config;
+    if cfg.magic != 0xcafe_beef || cfg.size < std::mem::size_of::<Config>() || cfg.version < 21400 {
+        return fail(INVALID_ARGUMENT, "fake: config not from NCCL_CONFIG_INITIALIZER");
+    }
+    let c = Box::into_raw(Box::new(Comm::new(nranks, false, cfg.blocking == 0)));
+    *comm = c;
+    in_progress(c, OK)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommSplit(c: *mut Comm, _color: c_int, _key: c_int, out: *mut *mut Comm, _config: *mut c_void) -> R {
     count("ncclCommSplit");
-    *out = Box::into_raw(Box::new(Comm { nranks: (*c).nranks, split: true }));
-    OK
+    let child = Box::into_raw(Box::new(Comm::new((*c).nranks, true, (*c).nonblocking)));
+    *out = child;
+    in_progress(child, OK)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ncclCommFinalize(_c: *mut Comm) -> R {
+pub unsafe extern "C" fn ncclCommFinalize(c: *mut Comm) -> R {
     count("ncclCommFinalize");
-    OK
+    in_progress(c, OK)
 }
 
 #[no_mangle]
@@ -144,7 +224,7 @@ pub unsafe extern "C" fn ncclAllReduce(s: *const c_void, r: *mut c_void, n: usiz
         count("ncclAllReduce:split");
     }
     assert_eq!((*c).nranks, 1);
-    copy(s, r, n, t)
+    in_progress(c, copy(s, r, n, t))
 }
 
 #[no_mangle]
@@ -178,7 +258,7 @@ pub unsafe extern "C" fn ncclAlltoAll(s: *const c_void, r: *mut c_void, n: usize
     if (*c).split {
         count("ncclAlltoAll:split");
     }
-    copy(s, r, n, t)
+    in_progress(c, copy(s, r, n, t))
 }
 
 #[cfg(feature = "rccl-old")]

@@ -1,0 +1,91 @@
+//! Settings read from the environment, each validated: a bad or absurd value is an
+//! `InvalidArgument` that names the variable and the accepted range, never a panic or a
+//! silent default.
+
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// The deadline of every wait on NCCL/RCCL streams (synchronize, copies to and from the
+/// host), in milliseconds: `UNICOMM_TIMEOUT_MS`.
+pub const TIMEOUT_VAR: &str = "UNICOMM_TIMEOUT_MS";
+/// The deadline when [`TIMEOUT_VAR`] is unset: 10 minutes (PyTorch's NCCL default).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+/// The longest deadline accepted anywhere: one day (so no `Instant` arithmetic overflows).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// `var` as a whole number in `range` (in `unit`s, named in the error), or `default` when
+/// the variable is unset.
+pub fn whole_number(
+    var: &'static str,
+    default: u64,
+    range: RangeInclusive<u64>,
+    unit: &str,
+) -> Result<u64> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(default),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::invalid(
+            var,
+            format!("{v:?} is not a whole number of {unit} in {range:?}"),
+        )),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(n) if range.contains(&n) => Ok(n),
+            _ => Err(Error::invalid(
+                var,
+                format!("{v:?} is not a whole number of {unit} in {range:?}"),
+            )),
+        },
+    }
+}
+
+/// A deadline in milliseconds from `var` (1..=86400000), or `default`.
+pub fn millis(var: &'static str, default: Duration) -> Result<Duration> {
+    let max = MAX_TIMEOUT.as_millis() as u64;
+    whole_number(var, default.as_millis() as u64, 1..=max, "milliseconds")
+        .map(Duration::from_millis)
+}
+
+/// The deadline of waits on GPU streams: [`TIMEOUT_VAR`] or [`DEFAULT_TIMEOUT`].
+pub fn timeout() -> Result<Duration> {
+    millis(TIMEOUT_VAR, DEFAULT_TIMEOUT)
+}
+
+/// A deadline given in code: refused outside 1 ms..=1 day, like the variables.
+pub fn check_timeout(argument: &'static str, d: Duration) -> Result<Duration> {
+    if d >= Duration::from_millis(1) && d <= MAX_TIMEOUT {
+        Ok(d)
+    } else {
+        Err(Error::invalid(
+            argument,
+            format!("{d:?} is outside 1ms..=1 day"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_and_words() {
+        const V: &str = "UNICOMM_TEST_ENV_WHOLE_NUMBER";
+        assert_eq!(whole_number(V, 7, 1..=10, "things").unwrap(), 7);
+        for bad in ["0", "11", "abc", "5ms", "-1", "", "18446744073709551616"] {
+            std::env::set_var(V, bad);
+            let e = whole_number(V, 7, 1..=10, "things").unwrap_err();
+            let s = e.to_string();
+            assert!(s.contains(V) && s.contains("1..=10"), "{s}");
+        }
+        std::env::set_var(V, " 10 ");
+        assert_eq!(whole_number(V, 7, 1..=10, "things").unwrap(), 10);
+        std::env::remove_var(V);
+        assert!(check_timeout("t", Duration::ZERO).is_err());
+        assert!(check_timeout("t", Duration::from_secs(86_401)).is_err());
+        assert!(check_timeout("t", Duration::MAX).is_err());
+        assert_eq!(
+            check_timeout("t", Duration::from_millis(1)).unwrap(),
+            Duration::from_millis(1)
+        );
+    }
+}

@@ -1,0 +1,416 @@
+//! Deadlines and asynchronous errors of NCCL-API communicators: what PyTorch's
+//! `TORCH_NCCL_ASYNC_ERROR_HANDLING` watchdog does, in the waits themselves.
+//!
+//! - Communicators are created non-blocking where the library has `ncclCommInitRankConfig`
+//!   (NCCL >= 2.14, RCCL): a call that returns `ncclInProgress` is settled by polling
+//!   `ncclCommGetAsyncError` until it is done, with the communicator's deadline
+//!   ([`Core::settle`]); `UNICOMM_NONBLOCKING=0` keeps them blocking.
+//! - Every host wait of a stream (synchronize, copies to and from the host) polls the stream
+//!   and the asynchronous errors of the communicators that enqueued work on it; at the
+//!   deadline (`UNICOMM_TIMEOUT_MS`, or `Comm::set_timeout`) it aborts them and returns
+//!   `Timeout`; on an asynchronous error it aborts them and returns that error.
+//! - `abort` from another thread interrupts a settling call and makes a stream wait return.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use unicomm_core::{Error, Result};
+
+use crate::api::{Api, NcclComm};
+use crate::auto::Shadow;
+use crate::runtime::Runtime;
+
+pub(crate) const LIVE: u8 = 0;
+pub(crate) const FINALIZED: u8 = 1;
+pub(crate) const ABORTED: u8 = 2;
+
+/// `ncclInProgress`: a non-blocking call still running.
+pub(crate) const IN_PROGRESS: c_int = 7;
+
+/// `NCCL_API_MAGIC`, checked by `ncclCommInitRankConfig`.
+const API_MAGIC: u32 = 0xcafe_beef;
+/// `NCCL_CONFIG_UNDEF_INT`.
+const UNDEF: c_int = c_int::MIN;
+
+/// `ncclConfig_t` as NCCL 2.14 laid it out; a library reads the fields of the version we
+/// name and takes its defaults for the rest (nccl.h: `size`, `magic`, `version`).
+#[repr(C)]
+pub(crate) struct Config {
+    size: usize,
+    magic: u32,
+    version: u32,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+    min_ctas: c_int,
+    max_ctas: c_int,
+    net_name: *const std::ffi::c_char,
+}
+
+impl Config {
+    /// `NCCL_CONFIG_INITIALIZER` of 2.14 with `blocking` set.
+    pub(crate) fn new(blocking: bool) -> Self {
+        Config {
+            size: std::mem::size_of::<Config>(),
+            magic: API_MAGIC,
+            version: 21400,
+            blocking: c_int::from(blocking),
+            cga_cluster_size: UNDEF,
+            min_ctas: UNDEF,
+            max_ctas: UNDEF,
+            net_name: std::ptr::null(),
+        }
+    }
+}
+
+/// `UNICOMM_NONBLOCKING`: `1` (the default) or `0`.
+pub(crate) fn nonblocking_from_env() -> Result<bool> {
+    match std::env::var("UNICOMM_NONBLOCKING") {
+        Err(_) => Ok(true),
+        Ok(v) => match v.trim() {
+            "1" => Ok(true),
+            "0" => Ok(false),
+            _ => Err(Error::invalid(
+                "UNICOMM_NONBLOCKING",
+                format!("{v:?} is not 0 or 1"),
+            )),
+        },
+    }
+}
+
+/// A pause that starts as a spin (a collective often ends within microseconds) and grows
+/// to 1 ms, so a long wait costs little CPU and a short one little latency.
+pub(crate) struct Backoff(u32);
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Backoff(0)
+    }
+    pub(crate) fn pause(&mut self) {
+        self.0 = self.0.saturating_add(1);
+        match self.0 {
+            0..=64 => std::hint::spin_loop(),
+            65..=256 => std::thread::yield_now(),
+            n => std::thread::sleep(Duration::from_micros(u64::from((n - 256).min(1000)))),
+        }
+    }
+}
+
+/// Polls `ncclCommGetAsyncError(comm)` until the library is done with `comm`'s last call.
+/// `stop` says whether to give up (an abort was asked for) and is checked between polls.
+/// Returns `Ok` when done, the library's error when it failed, `Timeout` at the deadline.
+pub(crate) fn settle_raw(
+    api: &Api,
+    comm: NcclComm,
+    what: &str,
+    timeout: Duration,
+    stop: &dyn Fn() -> bool,
+) -> Result<()> {
+    let Some(get) = api.fns.comm_get_async_error else {
+        return Ok(()); // without it, no call returns ncclInProgress (blocking library)
+    };
+    let start = Instant::now();
+    let mut backoff = Backoff::new();
+    loop {
+        let mut state = 0;
+        // SAFETY: a live communicator of this library (the caller's contract); one int out.
+        let code = unsafe { get(comm, &mut state) };
+        api.check("ncclCommGetAsyncError", code, Some(comm))?;
+        match state {
+            0 => return Ok(()),
+            IN_PROGRESS => {}
+            e => return api.check("ncclCommGetAsyncError (asynchronous error)", e, Some(comm)),
+        }
+        if stop() {
+            return Err(Error::Aborted {
+                reason: format!("{what}: aborted while the library was still working"),
+            });
+        }
+        if start.elapsed() >= timeout {
+            return Err(Error::Timeout {
+                what: format!("{what} (ncclInProgress until the deadline)"),
+                after: start.elapsed(),
+            });
+        }
+        backoff.pause();
+    }
+}
+
+/// What a rank's communicator shares with its streams (which poll it while they wait) and
+/// with the group it takes part in.
+pub(crate) struct Core<R: Runtime> {
+    pub(crate) api: Arc<Api>,
+    pub(crate) rt: Arc<R>,
+    pub(crate) comm: NcclComm,
+    pub(crate) dev: usize,
+    pub(crate) rank: usize,
+    /// NCCL communicators must not be called from two threads at once.
+    pub(crate) lock: Mutex<()>,
+    pub(crate) state: AtomicU8,
+    /// The second communicator of automatic registrations (`auto.rs`), once created.
+    pub(crate) shadow: Mutex<Option<Arc<Shadow>>>,
+    /// Created with `blocking = 0`: calls may return `ncclInProgress`.
+    pub(crate) nonblocking: bool,
+    /// The deadline of every wait, in milliseconds.
+    pub(crate) timeout_ms: AtomicU64,
+    /// Set by `abort` before it takes the lock, so a call settling under the lock gives up.
+    pub(crate) abort_requested: AtomicBool,
+}
+
+// SAFETY: the raw communicators are used only under `lock` (see `ApiComm`'s impls).
+unsafe impl<R: Runtime> Send for Core<R> {}
+// SAFETY: as above.
+unsafe impl<R: Runtime> Sync for Core<R> {}
+
+impl<R: Runtime> Core<R> {
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    fn shadow_handle(&self) -> Option<NcclComm> {
+        self.shadow
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.comm)
+    }
+
+    /// With the lock held: waits until the library is done with the last calls on this
+    /// rank's communicators (non-blocking mode). On an error or at the deadline the
+    /// communicator is aborted (it cannot be used after either).
+    pub(crate) fn settle_locked(&self, what: &str) -> Result<()> {
+        if !self.nonblocking || self.state.load(Ordering::Acquire) != LIVE {
+            return Ok(());
+        }
+        let stop = || self.abort_requested.load(Ordering::Relaxed);
+        let mut r = settle_raw(&self.api, self.comm, what, self.timeout(), &stop);
+        if r.is_ok() {
+            if let Some(sh) = self.shadow_handle() {
+                r = settle_raw(&self.api, sh, what, self.timeout(), &stop);
+            }
+        }
+        if let Err(e) = &r {
+            if !matches!(e, Error::Aborted { .. }) {
+                let _ = self.destroy_locked(false);
+            }
+        }
+        r
+    }
+
+    /// With the lock held: the first asynchronous error of this rank's communicators
+    /// (`ncclCommGetAsyncError`); `ncclInProgress` is not an error.
+    pub(crate) fn async_error_locked(&self) -> Result<()> {
+        let Some(get) = self.api.fns.comm_get_async_error else {
+            return Ok(());
+        };
+        match self.state.load(Ordering::Acquire) {
+            LIVE => {}
+            ABORTED => {
+                return Err(Error::Aborted {
+                    reason: format!("rank {}'s communicator was aborted", self.rank),
+                })
+            }
+            _ => return Ok(()),
+        }
+        for c in std::iter::once(self.comm).chain(self.shadow_handle()) {
+            let mut state = 0;
+            // SAFETY: a live communicator (state checked under the lock); one int out.
+            let code = unsafe { get(c, &mut state) };
+            self.api.check("ncclCommGetAsyncError", code, Some(c))?;
+            if state != 0 && state != IN_PROGRESS {
+                return self.api.check(
+                    "ncclCommGetAsyncError (asynchronous error)",
+                    state,
+                    Some(c),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees the communicator(s) (finalize + destroy, or abort), with the lock held.
+    pub(crate) fn destroy_locked(&self, finalize: bool) -> Result<()> {
+        let next = if finalize { FINALIZED } else { ABORTED };
+        if self.state.swap(next, Ordering::AcqRel) != LIVE {
+            return Ok(());
+        }
+        let (api, comm) = (self.api.clone(), self.comm);
+        let shadow = self.shadow.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let timeout = self.timeout();
+        let settle = |c: NcclComm, what: &str| -> Result<()> {
+            if self.nonblocking {
+                settle_raw(&api, c, what, timeout, &|| false)
+            } else {
+                Ok(())
+            }
+        };
+        self.rt.with_device(self.dev, || {
+            // The second communicator goes first, the same way (its registrations with it).
+            if let Some(sh) = shadow {
+                let code = if finalize {
+                    if let Some(f) = api.fns.comm_finalize {
+                        // SAFETY: the live second communicator, finalized once.
+                        let code = unsafe { f(sh.comm) };
+                        if code == 0 || code == IN_PROGRESS {
+                            let _ = settle(sh.comm, "ncclCommFinalize (second communicator)");
+                        }
+                    }
+                    // SAFETY: the live second communicator, destroyed once (taken above).
+                    unsafe { (api.fns.comm_destroy)(sh.comm) }
+                } else {
+                    // SAFETY: as above, aborted once.
+                    unsafe { (api.fns.comm_abort)(sh.comm) }
+                };
+                api.check("ncclCommDestroy (second communicator)", code, None)?;
+            }
+            if finalize {
+                if let Some(f) = api.fns.comm_finalize {
+                    // SAFETY: a live communicator, finalized once.
+                    let code = unsafe { f(comm) };
+                    if code == IN_PROGRESS {
+                        // A finalize that cannot finish (a dead peer) ends in an abort.
+                        if let Err(e) = settle(comm, "ncclCommFinalize") {
+                            // SAFETY: the communicator is still live; aborted once.
+                            unsafe { (api.fns.comm_abort)(comm) };
+                            return Err(e);
+                        }
+                    } else {
+                        api.check("ncclCommFinalize", code, Some(comm))?;
+                    }
+                }
+                // SAFETY: a live communicator, destroyed once.
+                api.check(
+                    "ncclCommDestroy",
+                    unsafe { (api.fns.comm_destroy)(comm) },
+                    None,
+                )
+            } else {
+                // SAFETY: a live communicator, aborted once.
+                api.check("ncclCommAbort", unsafe { (api.fns.comm_abort)(comm) }, None)
+            }
+        })
+    }
+
+    /// `finalize` or `abort` from any thread. An abort first asks a call settling under the
+    /// lock to give up, so it never waits for that call's deadline.
+    pub(crate) fn destroy(&self, finalize: bool) -> Result<()> {
+        if !finalize {
+            self.abort_requested.store(true, Ordering::Relaxed);
+        }
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.destroy_locked(finalize)
+    }
+}
+
+/// A communicator as its streams see it: polled for asynchronous errors while they wait,
+/// aborted when a wait passes its deadline, settled at the end of a group.
+pub(crate) trait Watched: Send + Sync {
+    /// The deadline of waits on its work.
+    fn timeout(&self) -> Duration;
+    /// Its first asynchronous error, if any; `Ok` while it is busy on another thread.
+    fn poll(&self) -> Result<()>;
+    /// Aborts it (a wait on its work failed or timed out).
+    fn abort_after(&self, why: &Error);
+    /// Waits until the library is done with its last calls (non-blocking mode).
+    fn settle(&self, what: &str) -> Result<()>;
+}
+
+impl<R: Runtime> Watched for Core<R> {
+    fn timeout(&self) -> Duration {
+        Core::timeout(self)
+    }
+    fn poll(&self) -> Result<()> {
+        match self.lock.try_lock() {
+            Ok(_g) => self.async_error_locked(),
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                let _g = p.into_inner();
+                self.async_error_locked()
+            }
+            Err(std::sync::TryLockError::WouldBlock) => Ok(()),
+        }
+    }
+    fn abort_after(&self, _why: &Error) {
+        let _ = self.destroy(false);
+    }
+    fn settle(&self, what: &str) -> Result<()> {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.settle_locked(what)
+    }
+}
+
+/// The communicators that enqueued work on one stream (weakly: a stream may outlive them).
+#[derive(Default)]
+pub(crate) struct Watchers(Mutex<Vec<Weak<dyn Watched>>>);
+
+impl Watchers {
+    /// Adds `w` unless it is there already (the common case: one check under the lock).
+    pub(crate) fn add(&self, w: &Arc<dyn Watched>) {
+        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let p = Arc::as_ptr(w) as *const ();
+        if v.iter().any(|x| x.as_ptr() as *const () == p) {
+            return;
+        }
+        v.retain(|x| x.strong_count() > 0);
+        v.push(Arc::downgrade(w));
+    }
+
+    fn live(&self) -> Vec<Arc<dyn Watched>> {
+        let v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        v.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Polls `idle` (the stream's query) until it says the work is done, watching the
+    /// communicators meanwhile. `default` is the deadline when none is watching.
+    pub(crate) fn wait(
+        &self,
+        what: &str,
+        default: Duration,
+        mut idle: impl FnMut() -> Result<bool>,
+    ) -> Result<()> {
+        let ws = self.live();
+        let timeout = ws.iter().map(|w| w.timeout()).min().unwrap_or(default);
+        let start = Instant::now();
+        let mut backoff = Backoff::new();
+        let mut n: u32 = 0;
+        loop {
+            if idle()? {
+                return Ok(());
+            }
+            n = n.wrapping_add(1);
+            // An asynchronous error ends the wait at once (polled every 64 rounds: the
+            // stream query is the cheap, common exit).
+            if n % 64 == 0 {
+                for w in &ws {
+                    if let Err(e) = w.poll() {
+                        for o in &ws {
+                            o.abort_after(&e);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            if start.elapsed() >= timeout {
+                let e = Error::Timeout {
+                    what: format!(
+                        "{what}; the communicator(s) that enqueued work on it were aborted"
+                    ),
+                    after: start.elapsed(),
+                };
+                for w in &ws {
+                    w.abort_after(&e);
+                }
+                // ncclCommAbort ends the communicators' kernels; what else the stream
+                // holds is the caller's (documented in docs/reliability.md).
+                return Err(e);
+            }
+            backoff.pause();
+        }
+    }
+}
+
+thread_local! {
+    /// The communicators this thread's open group has called (settled at its end).
+    pub(crate) static GROUP_MEMBERS: std::cell::RefCell<Vec<Arc<dyn Watched>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
