@@ -186,12 +186,9 @@ impl Backend for unicomm_mock::Facade {
         let world = ::unicomm_mock::world(n, ::unicomm_mock::MockConfig::from_env()?)?;
         Ok(world.into_iter().map(AnyComm::from).collect())
     }
-    fn from_env(env: &LaunchEnv, _: Duration) -> Result<AnyComm> {
-        Err(Error::unsupported(
-            "one rank per process on the mock",
-            "a GPU vendor (the mock's ranks are threads: use local_comms)",
-            format!("{} rank {} of {}", env.launcher, env.rank, env.world_size),
-        ))
+    fn from_env(env: &LaunchEnv, timeout: Duration) -> Result<AnyComm> {
+        let config = ::unicomm_mock::MockConfig::from_env()?;
+        ::unicomm_mock::join(env, config, timeout).map(AnyComm::from)
     }
 }
 

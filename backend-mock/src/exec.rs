@@ -107,10 +107,12 @@ pub(crate) fn run_batch(tasks: Vec<Task>) -> Result<()> {
         } = &t.work
         {
             let msg = Msg {
-                id: NEXT_MSG.fetch_add(1, Ordering::Relaxed),
+                // Unique across the ranks of a world, in one process or several.
+                id: (t.ctx.rank as u64) << 44 | NEXT_MSG.fetch_add(1, Ordering::Relaxed),
                 addr: span.addr(),
                 count: *count,
                 dtype: *dtype,
+                at: span.alloc.remote(span.offset),
             };
             let id = msg.id;
             if let Err(e) = ctx.fabric.post(t.ctx.rank, *peer, msg) {
@@ -304,6 +306,8 @@ pub(crate) fn run_coll(
         sig: sig.clone(),
         send: send.map_or(0, Span::addr),
         recv: recv.map_or(0, Span::addr),
+        send_at: send.and_then(|s| s.alloc.remote(s.offset)),
+        recv_at: recv.and_then(|s| s.alloc.remote(s.offset)),
     };
     let fabric = &*ctx.fabric;
     let r = (|| {

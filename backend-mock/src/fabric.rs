@@ -6,9 +6,9 @@
 //! the first rank to miss one poisons the fabric, and every rank waiting then or later gets
 //! the same error instead of hanging.
 //!
-//! [`Exchange`] is the cut for ranks in different processes: an implementation over a shared
-//! memory segment (buffers allocated in it, addresses as offsets) would serve the same
-//! protocol; only [`LocalFabric`], for ranks that are threads of one process, exists today.
+//! [`Exchange`] is the cut between ranks: [`LocalFabric`] for ranks that are threads of one
+//! process, and `procs::ProcFabric` for ranks in different processes (the same
+//! `LocalFabric` in rank 0's process, reached over loopback; buffers in shared memory).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -37,6 +37,10 @@ pub(crate) struct Desc {
     pub send: usize,
     /// Address of the first receive byte.
     pub recv: usize,
+    /// Where a peer process finds the send and receive bytes (ranks in different
+    /// processes; `None` in one process, where the addresses are shared).
+    pub send_at: Option<crate::shm::Remote>,
+    pub recv_at: Option<crate::shm::Remote>,
 }
 
 /// A posted send, waiting for its receiver.
@@ -46,6 +50,8 @@ pub(crate) struct Msg {
     pub addr: usize,
     pub count: usize,
     pub dtype: DataType,
+    /// Where a receiver in another process finds the bytes.
+    pub at: Option<crate::shm::Remote>,
 }
 
 /// The exchange a mock rank needs from its peers.
@@ -74,6 +80,12 @@ pub(crate) trait Exchange: Send + Sync {
     fn poison(&self, e: Error);
     /// The poison, if any.
     fn poisoned(&self) -> Option<Error>;
+    /// This rank finalized. Ranks in one process: nothing to do. Across processes, rank 0
+    /// (whose process serves the exchange) waits, at most `timeout`, until the others did.
+    fn depart(&self, timeout: Duration) -> Result<()> {
+        let _ = timeout;
+        Ok(())
+    }
 }
 
 #[derive(Default)]

@@ -1,5 +1,6 @@
-//! unicomm's CPU backend: ranks are threads of one process, "device" memory is host memory,
-//! and every collective moves and reduces real bytes.
+//! unicomm's CPU backend: ranks are threads of one process ([`world`]) or processes of one
+//! machine ([`join`], Linux: buffers in shared memory), "device" memory is host memory, and
+//! every collective moves and reduces real bytes.
 //!
 //! It is a test double with teeth, not a stub:
 //! - collectives run asynchronously on per-stream worker threads, so errors of the work
@@ -23,7 +24,9 @@ mod config;
 mod exec;
 mod fabric;
 mod memory;
+mod procs;
 mod reduce;
+mod shm;
 mod stream;
 
 use std::cell::RefCell;
@@ -60,6 +63,8 @@ const ABORTED: u8 = 2;
 /// One rank of a mock world.
 pub struct MockComm {
     ctx: Arc<RankCtx>,
+    /// Ranks in different processes: allocations go to shared memory.
+    shared: bool,
     world_id: u64,
     registry: Registry,
     /// Collective sequence number: ranks that issue the same collectives in the same order
@@ -111,6 +116,7 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
                     .copied()
                     .collect(),
             }),
+            shared: false,
             world_id,
             registry: Registry::new(),
             seq: AtomicU64::new(0),
@@ -119,6 +125,80 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
             state: AtomicU8::new(LIVE),
         })
         .collect())
+}
+
+/// Joins a world whose ranks are processes of this machine, one rank per process, as
+/// torchrun, mpirun or srun start them (`env`; `unicomm::from_env` calls this for
+/// `Vendor::Mock`). Rank 0's process serves the ranks' agreement on 127.0.0.1 (its port and
+/// a fresh secret travel in the unique id, over the authenticated rendezvous within
+/// `bootstrap_timeout`); buffers live in shared memory (memfd), which the kernel frees with
+/// the processes, even killed ones. A rank whose process dies fails the others' waits at
+/// once. Every check, deadline and fault of `config` is the threaded mock's. Linux only.
+pub fn join(
+    env: &unicomm_core::bootstrap::LaunchEnv,
+    config: MockConfig,
+    bootstrap_timeout: Duration,
+) -> Result<MockComm> {
+    let n = env.world_size;
+    if n == 0 || n > MAX_RANKS || env.rank >= n {
+        return Err(Error::invalid(
+            "WORLD_SIZE",
+            format!(
+                "rank {} of {n}: a mock world has 1..={MAX_RANKS} ranks",
+                env.rank
+            ),
+        ));
+    }
+    if config.timeout.is_zero() || config.timeout > MAX_TIMEOUT {
+        return Err(Error::invalid(
+            "timeout",
+            format!("{:?} is outside 1 ms..=1 day", config.timeout),
+        ));
+    }
+    if !cfg!(target_os = "linux") {
+        return Err(Error::unsupported(
+            "the mock across processes",
+            "Linux (memfd shared memory)",
+            std::env::consts::OS,
+        ));
+    }
+    let fabric: Arc<dyn Exchange> = if env.rank == 0 {
+        let (hub, id) = procs::Hub::start(n, config.timeout)?;
+        unicomm_core::bootstrap::exchange_unique_id(env, || Ok(id.to_bytes()), bootstrap_timeout)?;
+        Arc::new(procs::ProcFabric::hub(hub))
+    } else {
+        let id = unicomm_core::bootstrap::exchange_unique_id(
+            env,
+            || Err(Error::invalid("rank", "only rank 0 makes the id")),
+            bootstrap_timeout,
+        )?;
+        let id = procs::HubId::parse(&id)?;
+        Arc::new(procs::ProcFabric::client(procs::Client::connect(
+            &id,
+            env.rank,
+            bootstrap_timeout,
+        )?))
+    };
+    Ok(MockComm {
+        ctx: Arc::new(RankCtx {
+            rank: env.rank,
+            world: n,
+            fabric,
+            timeout: config.timeout,
+            faults: config
+                .faults
+                .iter()
+                .filter(|f| f.rank == env.rank)
+                .copied()
+                .collect(),
+        }),
+        shared: true,
+        world_id: NEXT_WORLD.fetch_add(1, Ordering::Relaxed),
+        registry: Registry::new(),
+        seq: AtomicU64::new(0),
+        issued: AtomicU64::new(0),
+        state: AtomicU8::new(LIVE),
+    })
 }
 
 /// `n` typed communicators with the default configuration and `UNICOMM_MOCK_TIMEOUT_MS`.
@@ -379,7 +459,7 @@ impl Collective for MockComm {
 
     fn alloc(&self, bytes: usize) -> Result<MockMemory> {
         self.live()?;
-        MockMemory::new(bytes, self.owner())
+        MockMemory::new(bytes, self.owner(), self.shared)
     }
 
     fn check_memory(&self, mem: &MockMemory) -> Result<()> {
@@ -494,7 +574,8 @@ impl Collective for MockComm {
     fn finalize(&mut self) -> Result<()> {
         self.live()?;
         self.state.store(FINALIZED, Ordering::Release);
-        Ok(())
+        // Across processes rank 0 serves the others until they finalized too.
+        self.ctx.fabric.depart(self.ctx.timeout)
     }
 
     fn timeout(&self) -> Option<Duration> {

@@ -22,6 +22,10 @@ pub(crate) struct HostAlloc {
     lock: Lock,
     /// (world id, rank) of the communicator whose "device" this is.
     pub(crate) owner: (u64, usize),
+    /// The shared-memory segment holding the bytes, for ranks in different processes
+    /// (`procs.rs`); `None`: the process's heap.
+    #[cfg(target_os = "linux")]
+    pub(crate) seg: Option<crate::shm::Segment>,
 }
 
 // SAFETY: the allocation is plain bytes owned by this struct; all access to them goes
@@ -32,6 +36,38 @@ unsafe impl Send for HostAlloc {}
 unsafe impl Sync for HostAlloc {}
 
 impl HostAlloc {
+    /// In shared memory (ranks in different processes), where `shared` and there are bytes.
+    #[cfg(target_os = "linux")]
+    fn new_in(bytes: usize, owner: (u64, usize), shared: bool) -> Result<Self> {
+        if !shared || bytes == 0 {
+            return Self::new(bytes, owner);
+        }
+        let seg = crate::shm::Segment::new(bytes)?;
+        Ok(HostAlloc {
+            ptr: NonNull::new(seg.ptr()).ok_or_else(|| Error::invalid("mmap", "NULL"))?,
+            bytes,
+            lock: Lock::default(),
+            owner,
+            seg: Some(seg),
+        })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn new_in(bytes: usize, owner: (u64, usize), _shared: bool) -> Result<Self> {
+        Self::new(bytes, owner)
+    }
+
+    /// Where a peer process finds byte `offset` (`None` in the heap).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn remote(&self, offset: usize) -> Option<crate::shm::Remote> {
+        self.seg.as_ref().map(|s| s.remote(offset))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(crate) fn remote(&self, _offset: usize) -> Option<crate::shm::Remote> {
+        None
+    }
+
     fn new(bytes: usize, owner: (u64, usize)) -> Result<Self> {
         let ptr = if bytes == 0 {
             // The empty allocation is never dereferenced.
@@ -54,6 +90,8 @@ impl HostAlloc {
             bytes,
             lock: Lock::default(),
             owner,
+            #[cfg(target_os = "linux")]
+            seg: None,
         })
     }
 
@@ -134,6 +172,10 @@ impl Drop for Guard<'_> {
 
 impl Drop for HostAlloc {
     fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        if self.seg.is_some() {
+            return; // the segment unmaps and closes itself
+        }
         if self.bytes != 0 {
             // SAFETY: allocated in `new` with exactly this layout (valid then, so valid now).
             unsafe {
@@ -166,9 +208,9 @@ impl std::fmt::Debug for MockMemory {
 }
 
 impl MockMemory {
-    pub(crate) fn new(bytes: usize, owner: (u64, usize)) -> Result<Self> {
+    pub(crate) fn new(bytes: usize, owner: (u64, usize), shared: bool) -> Result<Self> {
         Ok(MockMemory {
-            inner: Arc::new(HostAlloc::new(bytes, owner)?),
+            inner: Arc::new(HostAlloc::new_in(bytes, owner, shared)?),
         })
     }
 }

@@ -229,6 +229,41 @@ pub fn run_case<H: Harness>(h: &H, case: Case) -> std::result::Result<(), Failur
     }
 }
 
+/// Runs one case on this process's rank alone (one rank per process: every process of the
+/// world calls it with the same cases in the same order); checks this rank's output.
+pub fn run_case_on_rank<C: Collective>(
+    comm: &Comm<C>,
+    case: Case,
+) -> std::result::Result<(), Failure> {
+    if comm.world_size() != case.world {
+        return Err(Failure::msg(format!(
+            "a rank of a world of {} given a case for {}",
+            comm.world_size(),
+            case.world
+        )));
+    }
+    fn one<T: Sample, C: Collective>(
+        comm: &Comm<C>,
+        case: &Case,
+    ) -> std::result::Result<(), Failure> {
+        let exp = Expected::<T>::new(case);
+        run_typed::<T, C>(std::slice::from_ref(comm), case, &exp, Mode::ThreadPerRank)
+            .map_err(|Failure(e, err)| Failure(format!("{case:?}: {e}"), err))
+    }
+    match case.dtype {
+        DataType::F32 => one::<f32, C>(comm, &case),
+        DataType::F64 => one::<f64, C>(comm, &case),
+        DataType::F16 => one::<f16, C>(comm, &case),
+        DataType::Bf16 => one::<bf16, C>(comm, &case),
+        DataType::I8 => one::<i8, C>(comm, &case),
+        DataType::U8 => one::<u8, C>(comm, &case),
+        DataType::I32 => one::<i32, C>(comm, &case),
+        DataType::U32 => one::<u32, C>(comm, &case),
+        DataType::I64 => one::<i64, C>(comm, &case),
+        DataType::U64 => one::<u64, C>(comm, &case),
+    }
+}
+
 fn run_modes<T: Sample, H: Harness>(h: &H, case: &Case) -> std::result::Result<(), Failure> {
     let exp = Expected::<T>::new(case);
     for &mode in h.modes(case) {

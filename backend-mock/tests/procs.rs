@@ -1,0 +1,275 @@
+//! The mock across processes (Linux): this test binary starts copies of itself, one rank per
+//! process, with torchrun's variables, as a launcher would. Each copy runs the ignored test
+//! `rank`, which reads the scenario from `UNICOMM_TEST_SCENARIO`.
+#![cfg(target_os = "linux")]
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use unicomm_core::bootstrap::LaunchEnv;
+use unicomm_core::conformance::{run_case_on_rank, Case, Coll, Count, Place, Reg};
+use unicomm_core::{Comm, DataType, DeviceStream, Error, ReduceOp};
+use unicomm_mock::{join, MockComm, MockConfig};
+
+const SCENARIO: &str = "UNICOMM_TEST_SCENARIO";
+
+struct Rank {
+    rank: usize,
+    code: Option<i32>,
+    out: String,
+}
+
+/// Starts `n` ranks of `scenario` and waits for them (killing what is left after 120 s).
+fn launch(n: usize, scenario: &str, env: &[(&str, &str)]) -> Vec<Rank> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let token = format!("procs-test-{}-{port}", std::process::id());
+    let mut kids: Vec<(usize, Child)> = (0..n)
+        .map(|r| {
+            let c = Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "rank",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(SCENARIO, scenario)
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("UNICOMM_RENDEZVOUS_TOKEN", &token)
+                .envs(env.iter().copied())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a rank");
+            (r, c)
+        })
+        .collect();
+    let start = Instant::now();
+    let mut done: Vec<Rank> = Vec::new();
+    while !kids.is_empty() {
+        let mut i = 0;
+        while i < kids.len() {
+            if let Some(st) = kids[i].1.try_wait().unwrap() {
+                let (rank, mut c) = kids.swap_remove(i);
+                let mut out = String::new();
+                c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+                c.stderr.take().unwrap().read_to_string(&mut out).unwrap();
+                done.push(Rank {
+                    rank,
+                    code: st.code(),
+                    out,
+                });
+            } else {
+                i += 1;
+            }
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            for (_, c) in &mut kids {
+                let _ = c.kill();
+            }
+            panic!("ranks still running after 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    done.sort_by_key(|r| r.rank);
+    done
+}
+
+fn all_passed(n: usize, scenario: &str, env: &[(&str, &str)]) {
+    let ranks = launch(n, scenario, env);
+    for r in &ranks {
+        assert!(
+            r.code == Some(0) && r.out.contains("RANK PASSED"),
+            "rank {} of {n} ({scenario}) exited {:?}:\n{}",
+            r.rank,
+            r.code,
+            r.out
+        );
+    }
+}
+
+/// The cases each process runs: every collective, four types, every count, in and out of
+/// place, every registration the collective takes.
+fn cases(world: usize) -> Vec<Case> {
+    let mut v = Vec::new();
+    for coll in [
+        Coll::AllReduce,
+        Coll::Broadcast,
+        Coll::Reduce,
+        Coll::AllGather,
+        Coll::ReduceScatter,
+        Coll::AllToAll,
+        Coll::SendRecv,
+        Coll::Barrier,
+    ] {
+        let s = coll.support();
+        for dtype in [DataType::F32, DataType::Bf16, DataType::I64, DataType::U8] {
+            for count in [Count::Zero, Count::One, Count::Odd, Count::Large] {
+                for place in [Place::Out, Place::In] {
+                    if place == Place::In && !s.in_place {
+                        continue;
+                    }
+                    for reg in [Reg::None, Reg::Buffer, Reg::Window] {
+                        if reg == Reg::Window && !s.windows {
+                            continue;
+                        }
+                        let op = if s.reduces {
+                            ReduceOp::Sum
+                        } else {
+                            ReduceOp::Max
+                        };
+                        v.push(Case {
+                            coll,
+                            dtype,
+                            op,
+                            count,
+                            place,
+                            reg,
+                            world,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+fn joined() -> Comm<MockComm> {
+    let env = LaunchEnv::detect().expect("launcher variables");
+    let config = MockConfig::from_env().expect("mock config");
+    Comm::from_backend(join(&env, config, Duration::from_secs(60)).expect("join"))
+}
+
+/// One rank of a scenario (started by the tests below, never on its own).
+#[test]
+#[ignore = "one rank of the multi-process tests; they start it"]
+fn rank() {
+    let scenario = std::env::var(SCENARIO).expect("started by a multi-process test");
+    let c = joined();
+    let (r, w) = (c.rank(), c.world_size());
+    match scenario.as_str() {
+        "conformance" => {
+            let cases = cases(w);
+            for case in &cases {
+                if let Err(e) = run_case_on_rank(&c, *case) {
+                    panic!("rank {r}: {e}");
+                }
+            }
+            c.finalize().unwrap();
+            println!("rank {r}: {} cases; RANK PASSED", cases.len());
+        }
+        "mismatch" => {
+            // Ranks disagree on the count: every rank gets Mismatch, none hangs.
+            let st = c.create_stream().unwrap();
+            let n = 4 + r;
+            let mut b = c.alloc::<f32>(n).unwrap();
+            c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+            let e = st.synchronize().unwrap_err();
+            assert!(matches!(e, Error::Mismatch { what: "count", .. }), "{e}");
+            println!("rank {r}: {e}; RANK PASSED");
+        }
+        "kill" => {
+            // The last rank kills itself in the middle of a stream of collectives; the
+            // others must fail long before their 60 s deadline.
+            let st = c.create_stream().unwrap();
+            let mut b = c.alloc::<f32>(1 << 18).unwrap();
+            let t = Instant::now();
+            for i in 0..1_000_000u64 {
+                if r == w - 1 && i == 20 {
+                    // SAFETY: kill(2) on this process; nothing after it runs.
+                    unsafe { libc::kill(std::process::id() as i32, libc::SIGKILL) };
+                }
+                let res = c
+                    .all_reduce_in_place(&mut b, ReduceOp::Sum, &st)
+                    .and_then(|_| st.synchronize());
+                if let Err(e) = res {
+                    let waited = t.elapsed();
+                    assert!(matches!(e, Error::Aborted { .. }), "{e}");
+                    assert!(waited < Duration::from_secs(10), "{waited:?}");
+                    println!("rank {r}: after {i} collectives: {e}; RANK PASSED");
+                    return;
+                }
+            }
+            panic!("rank {r}: the killed peer was never noticed");
+        }
+        "skip" => {
+            // Rank 1 skips the second all-reduce; rank 0 times out at its deadline (2 s).
+            let st = c.create_stream().unwrap();
+            let mut b = c.alloc::<f32>(16).unwrap();
+            c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+            st.synchronize().unwrap();
+            if r == 1 {
+                std::thread::sleep(Duration::from_secs(4));
+                let e = st.synchronize().and_then(|_| c.barrier(&st)).unwrap_err();
+                println!("rank {r}: skipped; then {e}; RANK PASSED");
+                return;
+            }
+            let t = Instant::now();
+            c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+            let e = st.synchronize().unwrap_err();
+            let waited = t.elapsed();
+            assert!(matches!(e, Error::Timeout { .. }), "{e}");
+            assert!(
+                waited >= Duration::from_secs(2) && waited < Duration::from_secs(4),
+                "{waited:?}"
+            );
+            println!("rank {r}: {e} after {waited:?}; RANK PASSED");
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+}
+
+#[test]
+fn conformance_subset_in_two_processes() {
+    all_passed(2, "conformance", &[]);
+}
+
+#[test]
+fn conformance_subset_in_three_processes() {
+    all_passed(3, "conformance", &[]);
+}
+
+#[test]
+fn conformance_subset_in_four_processes() {
+    all_passed(4, "conformance", &[]);
+}
+
+#[test]
+fn ranks_that_disagree_get_mismatch_across_processes() {
+    all_passed(3, "mismatch", &[]);
+}
+
+#[test]
+fn a_killed_process_fails_its_peers_at_once() {
+    let ranks = launch(3, "kill", &[]);
+    let killed = &ranks[2];
+    assert_eq!(
+        killed.code, None,
+        "rank 2 was to die by SIGKILL:\n{}",
+        killed.out
+    );
+    for r in &ranks[..2] {
+        assert!(
+            r.code == Some(0) && r.out.contains("RANK PASSED"),
+            "rank {}: {:?}\n{}",
+            r.rank,
+            r.code,
+            r.out
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_skips_a_collective_times_out_its_peer() {
+    all_passed(2, "skip", &[("UNICOMM_MOCK_TIMEOUT_MS", "2000")]);
+}
