@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use unicomm::ReduceOp;
 
 const COUNT: usize = 1 << 20;
@@ -20,11 +20,12 @@ fn main() {
 fn run() -> anyhow::Result<()> {
     let common::Args { vendor, ranks } = common::args()?;
     let resolved = common::choose(vendor)?;
-    let comms = unicomm::local_comms_n(resolved, ranks).context("creating communicators")?;
+    let comms = common::comms(resolved, ranks)?;
     let caps = comms[0].capabilities();
     println!(
-        "{} ranks, {} {} at {}",
+        "{} of {} ranks in this process, {} {} at {}",
         comms.len(),
+        comms[0].world_size(),
         caps.backend,
         caps.version,
         caps.library_path

@@ -28,8 +28,8 @@ fn main() {
 fn run() -> anyhow::Result<()> {
     let common::Args { vendor, ranks } = common::args()?;
     let resolved = common::choose(vendor)?;
-    let comms = unicomm::local_comms_n(resolved, ranks)?;
-    let w = comms.len();
+    let comms = common::comms(resolved, ranks)?;
+    let w = comms[0].world_size();
     for (seq, heads, _) in SHAPES {
         if seq % w != 0 || heads % w != 0 {
             bail!("world size {w} does not divide sequence {seq} and heads {heads}");

@@ -231,7 +231,9 @@ pub fn local_comms_n(vendor: Vendor, n: Option<usize>) -> Result<Vec<Comm>> {
 /// One rank per process, launched by torchrun, mpirun or srun: reads the launcher's
 /// variables (`unicomm_core::bootstrap::LaunchEnv`), shares rank 0's unique id over a TCP
 /// rendezvous on `MASTER_ADDR:MASTER_PORT` (deadline: `UNICOMM_BOOTSTRAP_TIMEOUT_S`, default
-/// 300 s), and joins on GPU `LOCAL_RANK`. The mock has no processes as ranks: `Unsupported`.
+/// 300 s), and joins on GPU `LOCAL_RANK`. On the mock (Linux) the ranks are the processes of
+/// this machine, their buffers in shared memory (`unicomm_mock::join`): a program launched
+/// one rank per process is tested in CI without a GPU.
 ///
 /// (DESIGN.md sketches this as `Comm::from_env`; `Comm` is an alias of a unicomm-core type,
 /// so the facade offers it as a function.)

@@ -19,7 +19,8 @@ pub struct LaunchEnv {
     pub local_rank: usize,
     /// Rendezvous host and port (rank 0 listens there).
     pub master: (String, u16),
-    /// Which launcher's variables were read: "torchrun", "mpirun (Open MPI)" or "srun (Slurm)".
+    /// Which launcher's variables were read (a [`Launcher::name`]: "torchrun",
+    /// "mpirun (Open MPI)", "srun (Slurm)", ...).
     pub launcher: &'static str,
     /// The job's secret for the rendezvous (both sides prove they hold it), and where it
     /// came from ([`LaunchEnv::token_source`]).
@@ -28,6 +29,63 @@ pub struct LaunchEnv {
     /// address and size: no secret; a process that knows them can join).
     pub token_source: &'static str,
 }
+
+/// One launcher's variables: the first of each list that is set is read.
+#[derive(Debug)]
+pub struct Launcher {
+    /// As error messages and [`LaunchEnv::launcher`] name it.
+    pub name: &'static str,
+    /// The global rank.
+    pub rank: &'static [&'static str],
+    /// The number of ranks.
+    pub size: &'static [&'static str],
+    /// The rank on this machine (the GPU to use); 0 when none is set.
+    pub local: &'static [&'static str],
+}
+
+/// The launchers [`LaunchEnv::from_vars`] recognises, in the order it tries them.
+pub const LAUNCHERS: &[Launcher] = &[
+    Launcher {
+        name: "torchrun",
+        rank: &["RANK"],
+        size: &["WORLD_SIZE"],
+        local: &["LOCAL_RANK"],
+    },
+    Launcher {
+        name: "mpirun (Open MPI)",
+        rank: &["OMPI_COMM_WORLD_RANK"],
+        size: &["OMPI_COMM_WORLD_SIZE"],
+        local: &["OMPI_COMM_WORLD_LOCAL_RANK"],
+    },
+    Launcher {
+        name: "mpirun (MVAPICH2)",
+        rank: &["MV2_COMM_WORLD_RANK"],
+        size: &["MV2_COMM_WORLD_SIZE"],
+        local: &["MV2_COMM_WORLD_LOCAL_RANK"],
+    },
+    Launcher {
+        name: "mpiexec (MPICH / Intel MPI, PMI)",
+        rank: &["PMI_RANK"],
+        size: &["PMI_SIZE"],
+        local: &["MPI_LOCALRANKID", "PMI_LOCAL_RANK"],
+    },
+    Launcher {
+        name: "PMIx",
+        rank: &["PMIX_RANK"],
+        size: &["PMIX_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"],
+        local: &[
+            "PMIX_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "SLURM_LOCALID",
+        ],
+    },
+    Launcher {
+        name: "srun (Slurm)",
+        rank: &["SLURM_PROCID"],
+        size: &["SLURM_NTASKS"],
+        local: &["SLURM_LOCALID"],
+    },
+];
 
 /// The largest world the rendezvous accepts (its bookkeeping is per rank).
 pub const MAX_WORLD: usize = 1 << 20;
@@ -40,35 +98,34 @@ impl LaunchEnv {
         Self::from_vars(|k| std::env::var(k).ok())
     }
 
-    /// Reads torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`; or Open MPI's
-    /// `OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK`; or Slurm's `SLURM_PROCID`, `SLURM_NTASKS`,
-    /// `SLURM_LOCALID`. The rendezvous is `MASTER_ADDR:MASTER_PORT` in every case (torchrun
-    /// sets them; under mpirun or srun, export them).
+    /// Reads the first launcher whose variables are set ([`LAUNCHERS`], in that order):
+    /// torchrun's `RANK`/`WORLD_SIZE`/`LOCAL_RANK`; Open MPI's `OMPI_COMM_WORLD_*`;
+    /// MVAPICH2's `MV2_COMM_WORLD_*`; MPICH's and Intel MPI's PMI (`PMI_RANK`, `PMI_SIZE`,
+    /// `MPI_LOCALRANKID`); PMIx's `PMIX_RANK` (its size from `PMIX_SIZE` or the launcher's);
+    /// Slurm's `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID`. The rendezvous is
+    /// `MASTER_ADDR:MASTER_PORT` in every case (torchrun sets them; under the others,
+    /// export them). When none is found the error lists every variable looked for.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let launchers: [(&'static str, [&str; 3]); 3] = [
-            ("torchrun", ["RANK", "WORLD_SIZE", "LOCAL_RANK"]),
-            (
-                "mpirun (Open MPI)",
-                [
-                    "OMPI_COMM_WORLD_RANK",
-                    "OMPI_COMM_WORLD_SIZE",
-                    "OMPI_COMM_WORLD_LOCAL_RANK",
-                ],
+        let first = |names: &[&'static str]| names.iter().copied().find(|n| var(n).is_some());
+        let found = LAUNCHERS.iter().find_map(|l| {
+            let rank = first(l.rank)?;
+            let size = first(l.size)?;
+            Some((l.name, [rank, size, first(l.local).unwrap_or("")]))
+        });
+        let (launcher, names) = found.ok_or_else(|| Error::Bootstrap {
+            reason: format!(
+                "no launcher variables: looked for {}",
+                LAUNCHERS
+                    .iter()
+                    .map(|l| format!("{} ({} and {})", l.name, l.rank.join("/"), l.size.join("/")))
+                    .collect::<Vec<_>>()
+                    .join("; ")
             ),
-            (
-                "srun (Slurm)",
-                ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"],
-            ),
-        ];
-        let (launcher, names) = launchers
-            .iter()
-            .find(|(_, n)| var(n[0]).is_some() && var(n[1]).is_some())
-            .ok_or_else(|| Error::Bootstrap {
-                reason: "no launcher variables: expected torchrun's RANK/WORLD_SIZE, Open MPI's \
-                         OMPI_COMM_WORLD_RANK/SIZE or Slurm's SLURM_PROCID/SLURM_NTASKS"
-                    .into(),
-            })?;
+        })?;
         let num = |name: &str| -> Result<Option<usize>> {
+            if name.is_empty() {
+                return Ok(None);
+            }
             match var(name) {
                 None => Ok(None),
                 Some(v) => v.trim().parse().map(Some).map_err(|_| Error::Bootstrap {

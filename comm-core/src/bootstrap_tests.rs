@@ -42,6 +42,62 @@ fn reads_each_launcher() {
     ]))
     .unwrap();
     assert_eq!(s.launcher, "srun (Slurm)");
+    let base = [("MASTER_ADDR", "h"), ("MASTER_PORT", "3")];
+    for (kv, want) in [
+        (
+            vec![
+                ("PMI_RANK", "2"),
+                ("PMI_SIZE", "3"),
+                ("MPI_LOCALRANKID", "1"),
+            ],
+            (2, 3, 1, "mpiexec (MPICH / Intel MPI, PMI)"),
+        ),
+        (
+            vec![
+                ("MV2_COMM_WORLD_RANK", "1"),
+                ("MV2_COMM_WORLD_SIZE", "5"),
+                ("MV2_COMM_WORLD_LOCAL_RANK", "0"),
+            ],
+            (1, 5, 0, "mpirun (MVAPICH2)"),
+        ),
+        (
+            vec![
+                ("PMIX_RANK", "4"),
+                ("PMIX_SIZE", "6"),
+                ("PMIX_LOCAL_RANK", "2"),
+            ],
+            (4, 6, 2, "PMIx"),
+        ),
+        // PMIx under srun --mpi=pmix: Slurm's size and local rank.
+        (
+            vec![
+                ("PMIX_RANK", "1"),
+                ("SLURM_NTASKS", "2"),
+                ("SLURM_LOCALID", "1"),
+            ],
+            (1, 2, 1, "PMIx"),
+        ),
+    ] {
+        let kv: Vec<_> = kv.into_iter().chain(base).collect();
+        let e = LaunchEnv::from_vars(vars(&kv)).unwrap();
+        assert_eq!(
+            (e.rank, e.world_size, e.local_rank, e.launcher),
+            want,
+            "{kv:?}"
+        );
+    }
+    // None found: the error names what was looked for, every launcher.
+    let e = LaunchEnv::from_vars(vars(&base)).unwrap_err().to_string();
+    for v in [
+        "RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "PMIX_RANK",
+        "SLURM_PROCID",
+        "MV2_COMM_WORLD_RANK",
+    ] {
+        assert!(e.contains(v), "{e}");
+    }
 }
 
 #[test]

@@ -51,6 +51,22 @@ pub fn choose(vendor: Vendor) -> anyhow::Result<Vendor> {
     }
 }
 
+/// The communicators this process drives: its one rank when a launcher started it (torchrun,
+/// mpirun, srun, `cargo xtask run --procs N`: `unicomm::from_env`), else every rank of a
+/// local world (`--ranks N`, or every device).
+pub fn comms(vendor: Vendor, ranks: Option<usize>) -> anyhow::Result<Vec<unicomm::Comm>> {
+    if unicomm::core::bootstrap::LaunchEnv::detect().is_ok() {
+        if ranks.is_some() {
+            bail!(
+                "--ranks is for one process driving every rank; the launcher sets the ranks here"
+            );
+        }
+        let c = unicomm::from_env(vendor).context("joining the job (one rank per process)")?;
+        return Ok(vec![c]);
+    }
+    unicomm::local_comms_n(vendor, ranks).context("creating communicators")
+}
+
 /// Runs `f` on one thread per rank; a rank that panics is an error, not a crash. A rank
 /// that fails aborts its communicator, so that its peers stop waiting for it (on the mock
 /// at once; on NCCL/RCCL the abort ends this rank's part and its peers' next waits fail).

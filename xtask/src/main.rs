@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+
+mod launch;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
@@ -51,6 +53,13 @@ enum Cmd {
         /// The example to run.
         #[arg(long, default_value = "allreduce_ub")]
         example: String,
+        /// One rank per process: start N processes with torchrun's variables (a launcher
+        /// for development; output prefixed by rank, the others stopped when one fails).
+        #[arg(long)]
+        procs: Option<usize>,
+        /// With --procs: stop every rank after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout_s: u64,
     },
     /// Run the tests: the workspace suite (the mock's conformance suite, the loaders); with
     /// --vendor cuda also the GPU tests.
@@ -153,6 +162,42 @@ fn bench_command(v: Vendor) -> Command {
     c
 }
 
+/// Builds an example and returns its executable, read from cargo's JSON messages.
+fn example_binary(o: &Opts, example: &str) -> Result<PathBuf> {
+    use cargo_metadata::Message;
+    let mut c = facade("build", o);
+    c.args([
+        "--example",
+        example,
+        "--message-format=json-render-diagnostics",
+    ]);
+    c.stdout(std::process::Stdio::piped());
+    eprintln!("==> build {example}: {c:?}");
+    let mut child = c.spawn().context("could not start cargo")?;
+    let stdout = child.stdout.take().context("cargo's stdout")?;
+    let mut exe = None;
+    for m in Message::parse_stream(std::io::BufReader::new(stdout)) {
+        if let Message::CompilerArtifact(a) = m.context("reading cargo's JSON messages")? {
+            if a.target.is_kind(cargo_metadata::TargetKind::Example) && a.target.name == example {
+                exe = a.executable.map(|p| p.into_std_path_buf());
+            }
+        }
+    }
+    let st = child.wait()?;
+    if !st.success() {
+        bail!("building {example} failed ({st})");
+    }
+    exe.with_context(|| format!("cargo built no executable for the example {example}"))
+}
+
+/// `run --procs N`: the example as N ranks, one per process.
+fn run_procs(o: &Opts, example: &str, n: usize, timeout_s: u64) -> Result<()> {
+    let exe = example_binary(o, example)?;
+    let mut args = vec!["--vendor".to_string(), vendor_arg(o.vendor).to_string()];
+    args.extend(o.args.iter().cloned());
+    launch::run(&exe, &args, n, std::time::Duration::from_secs(timeout_s))
+}
+
 fn run_example(o: &Opts, example: &str) -> Result<()> {
     let mut c = facade("run", o);
     c.args(["--example", example, "--", "--vendor", vendor_arg(o.vendor)]);
@@ -166,7 +211,9 @@ fn run_example(o: &Opts, example: &str) -> Result<()> {
 fn main() {
     if let Err(e) = xtask(Cli::parse()) {
         eprintln!("xtask: {e:#}");
-        std::process::exit(1);
+        // The launcher exits with its first failed rank's code.
+        let code = e.downcast_ref::<launch::Failed>().map_or(1, |f| f.code);
+        std::process::exit(code);
     }
 }
 
@@ -177,7 +224,13 @@ fn xtask(cli: Cli) -> Result<()> {
             c.args(["--lib", "--examples"]);
             step("build", c)
         }
-        Cmd::Run { opts, example } => run_example(&opts, &example),
+        Cmd::Run {
+            opts,
+            example,
+            procs: Some(n),
+            timeout_s,
+        } => run_procs(&opts, &example, n, timeout_s),
+        Cmd::Run { opts, example, .. } => run_example(&opts, &example),
         Cmd::Doctor(o) => {
             let o = Opts {
                 vendor: Vendor::Auto,
@@ -219,6 +272,19 @@ fn xtask(cli: Cli) -> Result<()> {
                 "vendor_auto",
             ]);
             step("Vendor::Auto with every backend compiled in", auto)?;
+            // One rank per process on the mock, through this launcher: the examples as a
+            // user launched by torchrun would run them.
+            if cfg!(target_os = "linux") {
+                let mock = Opts {
+                    vendor: Vendor::Mock,
+                    release: o.release,
+                    args: vec![],
+                };
+                for (example, n) in [("allreduce_ub", 2), ("alltoall_ub", 4), ("from_env", 3)] {
+                    run_procs(&mock, example, n, 300)
+                        .with_context(|| format!("{example} in {n} processes on the mock"))?;
+                }
+            }
             match o.vendor {
                 Vendor::Cuda => gpu_tests(GpuVendor::Cuda, &o.args, nvidia_gpus()),
                 Vendor::Rocm => gpu_tests(GpuVendor::Rocm, &o.args, amd_gpus()),
