@@ -8,9 +8,11 @@ OUT=${OUT:-$PWD/logs}; mkdir -p "$OUT"
 cd "$(dirname "$0")"
 step() { echo "== $*"; }
 rc=0
-# PARTS=all (default), quick (tests, examples, overhead), conformance, or bench (the
-# unicomm-bench sweep and the visualgen preset): each takes minutes, so a time-limited
-# session can run them in separate calls. BENCH_ARGS adds to the sweep's arguments.
+# PARTS=all (default), quick (tests, examples, overhead), conformance, bench (the
+# unicomm-bench sweep and the visualgen preset), faults (deadlines, a killed rank, resource
+# churn) or procs (one rank per process, default and network transports): each takes
+# minutes, so a time-limited session can run them in separate calls. BENCH_ARGS adds to the
+# sweep's arguments.
 PARTS=${PARTS:-all}
 gpus() { # $1 = cuda|rocm
   if [ "$1" = cuda ]; then nvidia-smi -L 2>/dev/null | grep -c "^GPU"
@@ -46,6 +48,34 @@ for v in nccl rccl; do
     unset UNICOMM_TUNE_FILE
   fi
   if [ "$PARTS" = bench ]; then continue; fi
+  if [ "$PARTS" = faults ] || [ "$PARTS" = all ]; then
+    if [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then
+      # One rank per process through the bundle's launcher (xtask launch = run --procs).
+      step $v faults skip;  UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 --timeout-s 120 -- ./faults --vendor $vendor --scenario skip 2>&1 | tee "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+      step $v faults abort; ./xtask launch --procs 2 --timeout-s 120 -- ./faults --vendor $vendor --scenario abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+      # The killed rank makes the launcher report its SIGKILL; the verdict is rank 0's.
+      step $v faults kill;  UNICOMM_TIMEOUT_MS=20000 ./xtask launch --procs 2 --timeout-s 120 -- ./faults --vendor $vendor --scenario kill 2>&1 | tee -a "$OUT/$v-faults.log"
+      grep -q "rank 0\] faults kill: rank 0: PASSED" "$OUT/$v-faults.log" || { echo "faults kill: rank 0 did not pass"; rc=1; }
+    else echo "faults: needs 2 GPUs, $UNICOMM_GPU_WORLD here: not run"; fi
+    step $v faults churn; timeout ${CHURN_TIMEOUT:-330} ./faults --vendor $vendor --scenario churn --budget-s ${CHURN_BUDGET:-240} 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  fi
+  if [ "$PARTS" = procs ] || [ "$PARTS" = all ]; then
+    if [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then
+      for transport in default net; do
+        if [ $transport = net ]; then export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1; nowin=--no-windows; else nowin=; fi
+        log="$OUT/$v-procs-$transport.log"; : > "$log"
+        for prog in allreduce_ub alltoall_ub "rank_conformance $nowin"; do
+          step $v 2 processes $transport: $prog
+          ./xtask launch --procs 2 --timeout-s 300 -- ./$prog --vendor $vendor 2>&1 | tee -a "$log" | grep -E "PASSED|FAILED|error|NOT run|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+        done
+        step $v bench $transport transports
+        timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor --modes plain,registered -b 8 -e 512M -f 4 -w 5 -n 20 --coll all_reduce,all_to_all,all_gather --place out -J "$OUT/$v-bench-$transport.json" >> "$log" 2>&1 || rc=1
+        grep -E "^#|^ +[0-9]+ " "$log" | tail -3
+        unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE
+      done
+    else echo "procs: needs 2 GPUs, $UNICOMM_GPU_WORLD here: not run"; fi
+  fi
+  if [ "$PARTS" = faults ] || [ "$PARTS" = procs ]; then continue; fi
   if [ "$PARTS" != conformance ]; then
   step $v loader;       ./$loader --test-threads=1 --nocapture 2>&1 | tee "$OUT/$v-loader.log" | tail -3; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   step $v gpu-specific; timeout 300 ./$v-gpu --test-threads=1 --skip conformance:: --nocapture 2>&1 | tee "$OUT/$v-gpu_specific.log" | grep -E "^test |test result|panicked|as the library" ; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1

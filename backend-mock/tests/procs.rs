@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use unicomm_core::bootstrap::LaunchEnv;
-use unicomm_core::conformance::{run_case_on_rank, Case, Coll, Count, Place, Reg};
-use unicomm_core::{Comm, DataType, DeviceStream, Error, ReduceOp};
+use unicomm_core::conformance::{process_subset, run_case_on_rank};
+use unicomm_core::{Comm, DeviceStream, Error, ReduceOp};
 use unicomm_mock::{join, MockComm, MockConfig};
 
 const SCENARIO: &str = "UNICOMM_TEST_SCENARIO";
@@ -97,53 +97,6 @@ fn all_passed(n: usize, scenario: &str, env: &[(&str, &str)]) {
     }
 }
 
-/// The cases each process runs: every collective, four types, every count, in and out of
-/// place, every registration the collective takes.
-fn cases(world: usize) -> Vec<Case> {
-    let mut v = Vec::new();
-    for coll in [
-        Coll::AllReduce,
-        Coll::Broadcast,
-        Coll::Reduce,
-        Coll::AllGather,
-        Coll::ReduceScatter,
-        Coll::AllToAll,
-        Coll::SendRecv,
-        Coll::Barrier,
-    ] {
-        let s = coll.support();
-        for dtype in [DataType::F32, DataType::Bf16, DataType::I64, DataType::U8] {
-            for count in [Count::Zero, Count::One, Count::Odd, Count::Large] {
-                for place in [Place::Out, Place::In] {
-                    if place == Place::In && !s.in_place {
-                        continue;
-                    }
-                    for reg in [Reg::None, Reg::Buffer, Reg::Window] {
-                        if reg == Reg::Window && !s.windows {
-                            continue;
-                        }
-                        let op = if s.reduces {
-                            ReduceOp::Sum
-                        } else {
-                            ReduceOp::Max
-                        };
-                        v.push(Case {
-                            coll,
-                            dtype,
-                            op,
-                            count,
-                            place,
-                            reg,
-                            world,
-                        });
-                    }
-                }
-            }
-        }
-    }
-    v
-}
-
 fn joined() -> Comm<MockComm> {
     let env = LaunchEnv::detect().expect("launcher variables");
     let config = MockConfig::from_env().expect("mock config");
@@ -159,7 +112,7 @@ fn rank() {
     let (r, w) = (c.rank(), c.world_size());
     match scenario.as_str() {
         "conformance" => {
-            let cases = cases(w);
+            let cases = process_subset(w);
             for case in &cases {
                 if let Err(e) = run_case_on_rank(&c, *case) {
                     panic!("rank {r}: {e}");

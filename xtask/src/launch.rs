@@ -74,7 +74,13 @@ fn code(st: ExitStatus) -> i32 {
 
 /// Runs `program args` as `n` ranks on this machine; `Ok(())` when every rank succeeded,
 /// else an error carrying the first failure's exit code.
-pub fn run(program: &Path, args: &[String], n: usize, timeout: Duration) -> Result<()> {
+pub fn run(
+    program: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+    n: usize,
+    timeout: Duration,
+) -> Result<()> {
     if n == 0 || n > 1024 {
         bail!("--procs {n}: 1..=1024 processes");
     }
@@ -95,6 +101,7 @@ pub fn run(program: &Path, args: &[String], n: usize, timeout: Duration) -> Resu
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env("UNICOMM_RENDEZVOUS_TOKEN", &token)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -200,7 +207,14 @@ mod tests {
     #[test]
     fn every_rank_gets_its_variables_and_success_is_success() {
         let script = r#"[ "$WORLD_SIZE" = 3 ] && [ "$LOCAL_RANK" = "$RANK" ] && [ -n "$MASTER_PORT" ] && [ -n "$UNICOMM_RENDEZVOUS_TOKEN" ]"#;
-        run(Path::new("sh"), &sh(script), 3, Duration::from_secs(30)).unwrap();
+        run(
+            Path::new("sh"),
+            &sh(script),
+            &[],
+            3,
+            Duration::from_secs(30),
+        )
+        .unwrap();
     }
 
     #[test]
@@ -209,6 +223,7 @@ mod tests {
         let e = run(
             Path::new("sh"),
             &sh(r#"if [ "$RANK" = 1 ]; then sleep 0.2; exit 3; fi; sleep 60"#),
+            &[],
             3,
             Duration::from_secs(120),
         )
@@ -221,7 +236,14 @@ mod tests {
 
     #[test]
     fn ranks_past_the_deadline_are_stopped() {
-        let e = run(Path::new("sh"), &sh("sleep 60"), 2, Duration::from_secs(1)).unwrap_err();
+        let e = run(
+            Path::new("sh"),
+            &sh("sleep 60"),
+            &[],
+            2,
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
         assert_eq!(e.downcast_ref::<Failed>().map(|f| f.code), Some(124));
     }
 }

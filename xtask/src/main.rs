@@ -81,6 +81,19 @@ enum Cmd {
     /// Build release binaries and a run script into dist/unicomm-bundle for a GPU machine
     /// without a Rust toolchain.
     Bundle(Opts),
+    /// Start any program as N ranks, one per process, with torchrun's variables (what
+    /// `run --procs` does for an example): `cargo xtask launch --procs 2 -- ./prog args`.
+    Launch {
+        /// Number of processes.
+        #[arg(long)]
+        procs: usize,
+        /// Stop every rank after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout_s: u64,
+        /// The program and its arguments.
+        #[arg(last = true, required = true)]
+        program: Vec<String>,
+    },
 }
 
 fn root() -> PathBuf {
@@ -190,12 +203,24 @@ fn example_binary(o: &Opts, example: &str) -> Result<PathBuf> {
     exe.with_context(|| format!("cargo built no executable for the example {example}"))
 }
 
-/// `run --procs N`: the example as N ranks, one per process.
-fn run_procs(o: &Opts, example: &str, n: usize, timeout_s: u64) -> Result<()> {
+/// `run --procs N`: the example as N ranks, one per process (`env` added to theirs).
+fn run_procs(
+    o: &Opts,
+    example: &str,
+    n: usize,
+    timeout_s: u64,
+    env: &[(&str, &str)],
+) -> Result<()> {
     let exe = example_binary(o, example)?;
     let mut args = vec!["--vendor".to_string(), vendor_arg(o.vendor).to_string()];
     args.extend(o.args.iter().cloned());
-    launch::run(&exe, &args, n, std::time::Duration::from_secs(timeout_s))
+    launch::run(
+        &exe,
+        &args,
+        env,
+        n,
+        std::time::Duration::from_secs(timeout_s),
+    )
 }
 
 fn run_example(o: &Opts, example: &str) -> Result<()> {
@@ -229,7 +254,7 @@ fn xtask(cli: Cli) -> Result<()> {
             example,
             procs: Some(n),
             timeout_s,
-        } => run_procs(&opts, &example, n, timeout_s),
+        } => run_procs(&opts, &example, n, timeout_s, &[]),
         Cmd::Run { opts, example, .. } => run_example(&opts, &example),
         Cmd::Doctor(o) => {
             let o = Opts {
@@ -275,14 +300,22 @@ fn xtask(cli: Cli) -> Result<()> {
             // One rank per process on the mock, through this launcher: the examples as a
             // user launched by torchrun would run them.
             if cfg!(target_os = "linux") {
-                let mock = Opts {
+                let mock = |args: &[&str]| Opts {
                     vendor: Vendor::Mock,
                     release: o.release,
-                    args: vec![],
+                    args: args.iter().map(|a| a.to_string()).collect(),
                 };
-                for (example, n) in [("allreduce_ub", 2), ("alltoall_ub", 4), ("from_env", 3)] {
-                    run_procs(&mock, example, n, 300)
-                        .with_context(|| format!("{example} in {n} processes on the mock"))?;
+                let fast = [("UNICOMM_MOCK_TIMEOUT_MS", "3000")];
+                for (example, n, args, env) in [
+                    ("allreduce_ub", 2, &[][..], &[][..]),
+                    ("alltoall_ub", 4, &[], &[]),
+                    ("from_env", 3, &[], &[]),
+                    ("faults", 2, &["--scenario", "skip"], &fast[..]),
+                    ("faults", 2, &["--scenario", "abort"], &[]),
+                ] {
+                    run_procs(&mock(args), example, n, 300, env).with_context(|| {
+                        format!("{example} {args:?} in {n} processes on the mock")
+                    })?;
                 }
             }
             match o.vendor {
@@ -321,6 +354,20 @@ fn xtask(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Bundle(o) => bundle(&o),
+        Cmd::Launch {
+            procs,
+            timeout_s,
+            program,
+        } => {
+            let (prog, args) = program.split_first().context("no program given")?;
+            launch::run(
+                Path::new(prog),
+                args,
+                &[],
+                procs,
+                std::time::Duration::from_secs(timeout_s),
+            )
+        }
     }
 }
 
@@ -501,15 +548,24 @@ fn bundle(o: &Opts) -> Result<()> {
         "--examples",
     ]);
     step("build release examples", ex)?;
-    for e in ["allreduce_ub", "alltoall_ub", "doctor", "from_env"] {
+    for e in [
+        "allreduce_ub",
+        "alltoall_ub",
+        "doctor",
+        "from_env",
+        "faults",
+        "rank_conformance",
+    ] {
         copies.push((
             root().join("target/release/examples").join(e),
             e.to_string(),
         ));
     }
     let mut b = cargo();
-    b.args(["build", "--release", "-p", "unicomm-bench"]);
-    step("build the benchmark", b)?;
+    b.args(["build", "--release", "-p", "unicomm-bench", "-p", "xtask"]);
+    step("build the benchmark and the launcher", b)?;
+    // The launcher (`xtask launch --procs N -- prog`) for one rank per process.
+    copies.push((root().join("target/release/xtask"), "xtask".into()));
     copies.push((
         root().join("target/release/unicomm-bench"),
         "unicomm-bench".into(),

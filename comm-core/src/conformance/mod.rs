@@ -229,6 +229,53 @@ pub fn run_case<H: Harness>(h: &H, case: Case) -> std::result::Result<(), Failur
     }
 }
 
+/// The suite's subset for worlds of one rank per process (every process runs it in this
+/// order): every collective, four types (f32, bf16, i64, u8), every count, in and out of
+/// place, unregistered, registered and (where the collective takes them) in windows.
+pub fn process_subset(world: usize) -> Vec<Case> {
+    let mut v = Vec::new();
+    for coll in [
+        Coll::AllReduce,
+        Coll::Broadcast,
+        Coll::Reduce,
+        Coll::AllGather,
+        Coll::ReduceScatter,
+        Coll::AllToAll,
+        Coll::SendRecv,
+        Coll::Barrier,
+    ] {
+        let s = coll.support();
+        for dtype in [DataType::F32, DataType::Bf16, DataType::I64, DataType::U8] {
+            for count in [Count::Zero, Count::One, Count::Odd, Count::Large] {
+                for place in [Place::Out, Place::In] {
+                    if place == Place::In && !s.in_place {
+                        continue;
+                    }
+                    for reg in [Reg::None, Reg::Buffer, Reg::Window] {
+                        if reg == Reg::Window && !s.windows {
+                            continue;
+                        }
+                        v.push(Case {
+                            coll,
+                            dtype,
+                            op: if s.reduces {
+                                ReduceOp::Sum
+                            } else {
+                                ReduceOp::Max
+                            },
+                            count,
+                            place,
+                            reg,
+                            world,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
 /// Runs one case on this process's rank alone (one rank per process: every process of the
 /// world calls it with the same cases in the same order); checks this rank's output.
 pub fn run_case_on_rank<C: Collective>(

@@ -1,0 +1,301 @@
+//! Fault tests, one rank per process (run under a launcher: `cargo xtask run --procs 2
+//! --example faults -- --scenario skip`), and a resource-churn test in one process.
+//!
+//! - `skip`: rank 1 skips a collective. Rank 0's wait must end with `Timeout` within its
+//!   deadline (`UNICOMM_TIMEOUT_MS`; the mock's `UNICOMM_MOCK_TIMEOUT_MS`), its
+//!   communicator aborted, and the process must exit cleanly.
+//! - `abort`: rank 1 skips a collective; rank 0 waits with a long deadline and a watchdog
+//!   thread of rank 0 aborts the communicator after 3 s: the wait must end at once.
+//! - `kill`: the last rank kills its own process (SIGKILL) in the middle of a stream of
+//!   collectives; the others must get an error within their deadline.
+//! - `churn` (one process, every local device): register/deregister, window and
+//!   communicator create/destroy cycles, with the device's free memory (the driver's
+//!   figure) compared before and after.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use unicomm::{Error, ReduceOp, Vendor};
+
+#[expect(dead_code, reason = "its own arguments: the shared parser is not used")]
+mod common;
+
+struct Args {
+    vendor: Vendor,
+    scenario: String,
+    registrations: usize,
+    windows: usize,
+    comms: usize,
+    budget: Duration,
+}
+
+fn args() -> anyhow::Result<Args> {
+    let mut a = Args {
+        vendor: Vendor::Auto,
+        scenario: String::new(),
+        registrations: 10_000,
+        windows: 1_000,
+        comms: 1_000,
+        budget: Duration::from_secs(240),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--vendor" => a.vendor = val()?.parse()?,
+            "--scenario" => a.scenario = val()?,
+            "--registrations" => a.registrations = val()?.parse()?,
+            "--windows" => a.windows = val()?.parse()?,
+            "--comms" => a.comms = val()?.parse()?,
+            "--budget-s" => a.budget = Duration::from_secs(val()?.parse()?),
+            other => bail!(
+                "unknown argument {other} (expected --vendor V, --scenario skip|abort|kill|churn, \
+                 --registrations N, --windows N, --comms N, --budget-s S)"
+            ),
+        }
+    }
+    Ok(a)
+}
+
+fn main() {
+    common::main_with(run)
+}
+
+fn run() -> anyhow::Result<()> {
+    let a = args()?;
+    let vendor = common::choose(a.vendor)?;
+    match a.scenario.as_str() {
+        "skip" => skip(vendor, false),
+        "abort" => skip(vendor, true),
+        "kill" => kill(vendor),
+        "churn" => churn(vendor, &a),
+        s => bail!("--scenario {s:?}: expected skip, abort, kill or churn"),
+    }
+}
+
+/// The deadline this rank's waits have (GPU: the communicator's; mock: its configuration).
+fn deadline(comm: &unicomm::Comm) -> Duration {
+    comm.timeout().unwrap_or(Duration::from_secs(600))
+}
+
+fn skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    ensure!(w >= 2, "needs at least 2 ranks");
+    if by_abort && comm.set_timeout(Duration::from_secs(120)).is_err() {
+        println!(
+            "faults abort: rank {r}: this backend's deadline is fixed at {:?}",
+            deadline(&comm)
+        );
+    }
+    let st = comm.create_stream()?;
+    let mut b = comm.alloc::<f32>(1 << 20)?;
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+    st.synchronize()?;
+    let limit = deadline(&comm);
+    if r != 0 {
+        // Skips the second collective; stays alive until rank 0 is done, then goes.
+        std::thread::sleep(if by_abort {
+            Duration::from_secs(8)
+        } else {
+            limit + Duration::from_secs(3)
+        });
+        let _ = comm.abort();
+        println!(
+            "faults {}: rank {r} skipped the collective; PASSED",
+            if by_abort { "abort" } else { "skip" }
+        );
+        return Ok(());
+    }
+    let t = Instant::now();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+    let res = std::thread::scope(|s| {
+        if by_abort {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_secs(3));
+                let _ = comm.abort();
+            });
+        }
+        st.synchronize()
+    });
+    let waited = t.elapsed();
+    let e = match res {
+        Ok(()) => bail!("rank 0: the collective completed although rank 1 skipped it"),
+        Err(e) => e,
+    };
+    if by_abort {
+        ensure!(
+            matches!(e, Error::Aborted { .. }),
+            "rank 0: expected Aborted, got {e}"
+        );
+        ensure!(
+            waited < Duration::from_secs(6),
+            "rank 0: the abort took {waited:?} to end the wait"
+        );
+    } else {
+        ensure!(
+            matches!(e, Error::Timeout { .. }),
+            "rank 0: expected Timeout, got {e}"
+        );
+        ensure!(
+            waited >= limit && waited < limit + Duration::from_secs(5),
+            "rank 0: the wait ended after {waited:?}, the deadline is {limit:?}"
+        );
+    }
+    // The communicator is aborted: further work is refused, and the process ends cleanly.
+    let again = comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st);
+    ensure!(
+        again.is_err(),
+        "rank 0: an aborted communicator accepted work"
+    );
+    drop(b);
+    drop(comm);
+    println!(
+        "faults {}: rank 0: {e} after {:.2} s (deadline {:?}); PASSED",
+        if by_abort { "abort" } else { "skip" },
+        waited.as_secs_f64(),
+        limit
+    );
+    Ok(())
+}
+
+fn kill(vendor: Vendor) -> anyhow::Result<()> {
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    let st = comm.create_stream()?;
+    let mut b = comm.alloc::<f32>(16 << 20)?;
+    let limit = deadline(&comm);
+    let mut last_ok = Instant::now();
+    for i in 0..100_000u64 {
+        if r == w - 1 && i == 50 {
+            println!("faults kill: rank {r} kills its own process now");
+            // The launcher or the peers' mock hub see the process vanish; nothing runs after.
+            std::process::Command::new("kill")
+                .args(["-KILL", &std::process::id().to_string()])
+                .status()?;
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)
+            .and_then(|_| if i % 10 == 9 { st.synchronize() } else { Ok(()) })
+            .map(|_| {
+                if i % 10 == 9 {
+                    last_ok = Instant::now();
+                }
+            })
+            .or_else(|e| {
+                let since = last_ok.elapsed();
+                println!(
+                    "faults kill: rank {r}: after {i} collectives: {e} ({:.2} s after the last completed wait, deadline {limit:?})",
+                    since.as_secs_f64()
+                );
+                if since > limit + Duration::from_secs(10) {
+                    return Err(e);
+                }
+                println!("faults kill: rank {r}: PASSED");
+                std::process::exit(0);
+            })?;
+    }
+    bail!("rank {r}: the killed peer was never noticed")
+}
+
+fn churn(vendor: Vendor, a: &Args) -> anyhow::Result<()> {
+    let start = Instant::now();
+    // A communicator held throughout: the device-memory probe, and the baseline.
+    let keep = unicomm::local_comms(vendor).context("creating communicators")?;
+    let free = |cs: &[unicomm::Comm]| -> anyhow::Result<Vec<usize>> {
+        cs.iter().map(|c| Ok(c.device_memory()?.0)).collect()
+    };
+    let report = |what: &str, before: &[usize], after: &[usize], done: usize| {
+        let diff: Vec<i64> = before
+            .iter()
+            .zip(after)
+            .map(|(b, a)| *b as i64 - *a as i64)
+            .collect();
+        println!(
+            "faults churn: {what}: {done} cycles, device memory used vs baseline (bytes, per GPU): {diff:?}"
+        );
+        diff
+    };
+    let warm = |cs: &[unicomm::Comm]| -> anyhow::Result<()> {
+        let rs = common::per_rank(cs, |c| {
+            let st = c.create_stream()?;
+            let mut b = c.alloc::<f32>(1 << 18)?;
+            c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+            st.synchronize()?;
+            Ok(String::new())
+        });
+        rs.into_iter().collect::<anyhow::Result<Vec<_>>>().map(drop)
+    };
+    warm(&keep)?;
+    let mut worst = 0i64;
+    let mut check = |diff: Vec<i64>| worst = worst.max(diff.into_iter().max().unwrap_or(0));
+
+    // 1. register/deregister, each rank on its own thread, one buffer reused.
+    let base = free(&keep)?;
+    let n = a.registrations;
+    let rs = common::per_rank(&keep, |c| {
+        let mut buf = Some(c.alloc::<f32>(1 << 18)?);
+        for _ in 0..n {
+            let reg = c.register(buf.take().context("buffer")?)?;
+            buf = Some(c.deregister(reg)?);
+        }
+        Ok(String::new())
+    });
+    rs.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    check(report("register/deregister", &base, &free(&keep)?, n));
+
+    // 2. windows (collective): every rank registers and deregisters together.
+    let base = free(&keep)?;
+    let n = a.windows;
+    let rs = common::per_rank(&keep, |c| {
+        let mut buf = Some(c.alloc::<f32>(1 << 18)?);
+        for _ in 0..n {
+            let win = c.register_window(buf.take().context("buffer")?)?;
+            buf = Some(c.deregister_window(win)?);
+        }
+        Ok(String::new())
+    });
+    rs.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    check(report(
+        "window register/deregister",
+        &base,
+        &free(&keep)?,
+        n,
+    ));
+
+    // 3. communicators created, used once and finalized, within the time budget.
+    let base = free(&keep)?;
+    let mut done = 0;
+    while done < a.comms && start.elapsed() < a.budget {
+        let cs = unicomm::local_comms(vendor)?;
+        warm(&cs)?;
+        for c in cs {
+            c.finalize()?;
+        }
+        done += 1;
+    }
+    check(report(
+        "communicator create/use/finalize",
+        &base,
+        &free(&keep)?,
+        done,
+    ));
+    // The driver's free memory moves by allocator granularity; a leak of one buffer per
+    // cycle (1 MiB) over hundreds of cycles is far above this bound.
+    let bound = 64i64 << 20;
+    for c in keep {
+        c.finalize()?;
+    }
+    ensure!(
+        worst <= bound,
+        "device memory grew by {worst} bytes (bound {bound})"
+    );
+    if done < a.comms {
+        println!(
+            "faults churn: only {done} of {} communicator cycles fit the {:?} budget",
+            a.comms, a.budget
+        );
+    }
+    println!("faults churn: PASSED (largest growth {worst} bytes, bound {bound})");
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! The conformance suite's subset for one rank per process: run it under a launcher
+//! (`cargo xtask run --procs N --example rank_conformance`, torchrun, mpirun, srun); every
+//! process runs the same cases in the same order and checks its own rank's output.
+
+#[expect(
+    dead_code,
+    reason = "its own arguments and one rank: only main_with is used"
+)]
+mod common;
+
+use anyhow::{bail, Context as _};
+use unicomm::core::conformance::{process_subset, run_case_on_rank};
+
+fn main() {
+    common::main_with(run)
+}
+
+fn run() -> anyhow::Result<()> {
+    // `--vendor V` and `--no-windows` (transports without symmetric memory, such as NCCL's
+    // network transport standing in for two nodes: the window cases are then not run, and
+    // the output says so).
+    let mut vendor = unicomm::Vendor::Auto;
+    let mut windows = true;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--vendor" => vendor = it.next().context("--vendor needs a value")?.parse()?,
+            "--no-windows" => windows = false,
+            other => bail!("unknown argument {other} (expected --vendor V, --no-windows)"),
+        }
+    }
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    let all = process_subset(w);
+    let cases: Vec<_> = all
+        .iter()
+        .copied()
+        .filter(|c| windows || !c.reg.is_collective())
+        .collect();
+    if cases.len() < all.len() {
+        println!(
+            "rank_conformance: rank {r}: --no-windows: {} window cases NOT run",
+            all.len() - cases.len()
+        );
+    }
+    let t = std::time::Instant::now();
+    for (i, case) in cases.iter().enumerate() {
+        if let Err(e) = run_case_on_rank(&comm, *case) {
+            let _ = comm.abort();
+            bail!("rank {r}: case {i} of {}: {e}", cases.len());
+        }
+    }
+    comm.finalize()?;
+    println!(
+        "rank_conformance: rank {r} of {w}: {} cases in {:.1} s on {}; PASSED",
+        cases.len(),
+        t.elapsed().as_secs_f64(),
+        std::env::var("NCCL_P2P_DISABLE").map_or("the default transports".into(), |_| {
+            "NCCL_P2P_DISABLE/SHM_DISABLE".to_string()
+        })
+    );
+    Ok(())
+}
