@@ -73,6 +73,8 @@ impl<R: Runtime> ApiComm<R> {
             // the parent's settings (nccl.h), non-blocking mode included.
             let code = unsafe { split(c, 0, rank, &mut out, std::ptr::null_mut()) };
             self.check("ncclCommSplit", code)?;
+            // Non-blocking: the parent's part settles first (then `out` is written).
+            self.core.settle_locked("ncclCommSplit")?;
             if out.is_null() {
                 return Err(Error::invalid("comm", "ncclCommSplit gave no communicator"));
             }
@@ -129,6 +131,7 @@ impl<R: Runtime> ApiComm<R> {
                     // (destroyed only with this one, under the lock `call` holds).
                     let code = unsafe { reg(sh.comm, addr as *mut c_void, bytes, &mut out) };
                     self.check("ncclCommRegister", code)?;
+                    self.core.settle_locked("ncclCommRegister")?;
                     Ok(out as usize)
                 })
                 .map_err(undo)?;

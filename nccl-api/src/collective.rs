@@ -117,6 +117,8 @@ impl<R: Runtime> Collective for ApiComm<R> {
             let mut h = std::ptr::null_mut();
             // SAFETY: `addr..addr+bytes` is device memory of this rank; `h` receives the handle.
             self.check("ncclCommRegister", unsafe { f(c, addr, bytes, &mut h) })?;
+            // Non-blocking: the handle is written when the call is done.
+            self.core.settle_locked("ncclCommRegister")?;
             Ok(h)
         })
     }

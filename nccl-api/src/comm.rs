@@ -490,6 +490,8 @@ impl<R: Runtime> ApiComm<R> {
             // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives the window.
             let code = unsafe { f(c, addr, bytes, &mut w, WIN_COLL_SYMMETRIC) };
             self.check("ncclCommWindowRegister", code)?;
+            // Non-blocking: the window is written when the call is done.
+            self.core.settle_locked("ncclCommWindowRegister")?;
             if w.is_null() {
                 // NCCL returns success and no window where symmetric memory is unsupported.
                 return Err(Error::unsupported(

@@ -314,6 +314,8 @@ pub(crate) trait Watched: Send + Sync {
     fn abort_after(&self, why: &Error);
     /// Waits until the library is done with its last calls (non-blocking mode).
     fn settle(&self, what: &str) -> Result<()>;
+    /// Whether it was aborted (its work on the stream may have been cut short).
+    fn aborted(&self) -> bool;
 }
 
 impl<R: Runtime> Watched for Core<R> {
@@ -336,6 +338,9 @@ impl<R: Runtime> Watched for Core<R> {
     fn settle(&self, what: &str) -> Result<()> {
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         self.settle_locked(what)
+    }
+    fn aborted(&self) -> bool {
+        self.state.load(Ordering::Acquire) == ABORTED
     }
 }
 
@@ -375,6 +380,16 @@ impl Watchers {
         let mut n: u32 = 0;
         loop {
             if idle()? {
+                // An abort ends the communicator's kernels, so the stream drains: its work
+                // did not complete. Reported once; the stream then forgets that communicator.
+                if let Some(w) = ws.iter().find(|w| w.aborted()) {
+                    let p = Arc::as_ptr(w) as *const ();
+                    self.0
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .retain(|x| x.as_ptr() as *const () != p);
+                    return w.poll();
+                }
                 return Ok(());
             }
             n = n.wrapping_add(1);

@@ -175,9 +175,34 @@ fn an_asynchronous_error_ends_the_wait_early() {
     assert_eq!(calls(&f.0, "ncclCommAbort") - aborts, 1);
 }
 
-/// `abort` from another thread ends a wait blocked on the stream.
+/// `abort` from another thread ends a wait blocked on the stream, and the wait reports it
+/// even when the stream then drains (an abort ends NCCL's kernels: the work did not finish).
 #[test]
 fn abort_from_another_thread_ends_a_blocked_wait() {
+    let _s = serial();
+    let f = loaded();
+    let c = comm(flavors(false, false), &f.0);
+    let st = c.create_stream().unwrap();
+    let mut b = c.alloc::<f32>(4).unwrap();
+    c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+    let _u = Unhang;
+    HANG.store(true, Ordering::SeqCst);
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            c.abort().unwrap();
+            HANG.store(false, Ordering::SeqCst); // the aborted kernels exit
+        });
+        st.synchronize()
+    });
+    assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
+    // Reported once: the stream is usable again for other work.
+    st.synchronize().unwrap();
+}
+
+/// The same with the stream still stuck after the abort.
+#[test]
+fn abort_from_another_thread_ends_a_stuck_wait() {
     let _s = serial();
     let f = loaded();
     let c = comm(flavors(false, false), &f.0);
