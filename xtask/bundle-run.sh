@@ -60,7 +60,7 @@ for v in nccl rccl; do
       for r in 0 1; do RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$kport UNICOMM_TIMEOUT_MS=20000 timeout 120 ./faults --vendor $vendor --scenario kill & done 2>&1 | tee -a "$OUT/$v-faults.log"
       wait; grep -q "faults kill: rank 0: PASSED" "$OUT/$v-faults.log" || { echo "faults kill: rank 0 did not pass"; rc=1; }
     else echo "faults: needs 2 GPUs, $UNICOMM_GPU_WORLD here: not run"; fi
-    step $v faults churn; timeout ${CHURN_TIMEOUT:-330} ./faults --vendor $vendor --scenario churn --budget-s ${CHURN_BUDGET:-240} 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults churn; timeout ${CHURN_TIMEOUT:-330} ./faults --vendor $vendor --scenario churn --comms ${CHURN_COMMS:-1000} --budget-s ${CHURN_BUDGET:-240} 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   fi
   if [ "$PARTS" = procs ] || [ "$PARTS" = all ]; then
     if [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then

@@ -1,10 +1,12 @@
 //! Deadlines and asynchronous errors of NCCL-API communicators: what PyTorch's
 //! `TORCH_NCCL_ASYNC_ERROR_HANDLING` watchdog does, in the waits themselves.
 //!
-//! - Communicators are created non-blocking where the library has `ncclCommInitRankConfig`
-//!   (NCCL >= 2.14, RCCL): a call that returns `ncclInProgress` is settled by polling
-//!   `ncclCommGetAsyncError` until it is done, with the communicator's deadline
-//!   ([`Core::settle`]); `UNICOMM_NONBLOCKING=0` keeps them blocking.
+//! - With `UNICOMM_NONBLOCKING=1`, communicators are created non-blocking where the library
+//!   has `ncclCommInitRankConfig` (NCCL >= 2.14, RCCL): a call that returns
+//!   `ncclInProgress` is settled by polling `ncclCommGetAsyncError` until it is done, with
+//!   the communicator's deadline, so creation and connection waits are bounded too. It is
+//!   not the default: on 2x H200 with NCCL 2.28.9 every collective call then costs about
+//!   50 us more on the host, raw NCCL and unicomm alike (docs/reliability.md).
 //! - Every host wait of a stream (synchronize, copies to and from the host) polls the stream
 //!   and the asynchronous errors of the communicators that enqueued work on it; at the
 //!   deadline (`UNICOMM_TIMEOUT_MS`, or `Comm::set_timeout`) it aborts them and returns
@@ -64,10 +66,10 @@ impl Config {
     }
 }
 
-/// `UNICOMM_NONBLOCKING`: `1` (the default) or `0`.
+/// `UNICOMM_NONBLOCKING`: `0` (the default) or `1`.
 pub(crate) fn nonblocking_from_env() -> Result<bool> {
     match std::env::var("UNICOMM_NONBLOCKING") {
-        Err(_) => Ok(true),
+        Err(_) => Ok(false),
         Ok(v) => match v.trim() {
             "1" => Ok(true),
             "0" => Ok(false),
@@ -388,7 +390,12 @@ impl Watchers {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .retain(|x| x.as_ptr() as *const () != p);
-                    return w.poll();
+                    // Not `poll`: the aborting thread may still hold the lock.
+                    return Err(Error::Aborted {
+                        reason: format!(
+                            "{what}: a communicator with work on it was aborted while it ran"
+                        ),
+                    });
                 }
                 return Ok(());
             }

@@ -14,8 +14,12 @@ use unicomm_nccl_api::{Api, ApiComm};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// One test at a time, each with non-blocking communicators (`UNICOMM_NONBLOCKING=1`)
+/// unless it says otherwise.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+    let g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::set_var("UNICOMM_NONBLOCKING", "1");
+    g
 }
 
 /// Unsticks the host streams even when a test fails.
@@ -80,17 +84,21 @@ fn nonblocking_communicators_settle_every_call() {
     c.finalize().unwrap();
 }
 
-/// `UNICOMM_NONBLOCKING=0` keeps ncclCommInitRank; bad values and a bad
+/// `UNICOMM_NONBLOCKING=0` (the default) keeps ncclCommInitRank; bad values and a bad
 /// `UNICOMM_TIMEOUT_MS` are refused, naming the variable.
 #[test]
 fn the_mode_and_deadline_variables_are_validated() {
     let _s = serial();
     let f = loaded();
     let api = || Arc::new(Api::open(flavors(false, false), &f.0).unwrap());
-    std::env::set_var("UNICOMM_NONBLOCKING", "0");
+    std::env::remove_var("UNICOMM_NONBLOCKING");
     let before = calls(&f.0, "ncclCommInitRank");
     let c = ApiComm::init_local(api(), Arc::new(Host), &[0]).unwrap();
     assert_eq!(calls(&f.0, "ncclCommInitRank") - before, 1);
+    drop(c);
+    std::env::set_var("UNICOMM_NONBLOCKING", "0");
+    let c = ApiComm::init_local(api(), Arc::new(Host), &[0]).unwrap();
+    assert_eq!(calls(&f.0, "ncclCommInitRank") - before, 2);
     drop(c);
     for (var, bad) in [
         ("UNICOMM_NONBLOCKING", "yes"),
@@ -121,6 +129,18 @@ fn the_mode_and_deadline_variables_are_validated() {
 #[test]
 fn a_stuck_stream_times_out_and_aborts() {
     let _s = serial();
+    stuck_stream();
+}
+
+/// The same with a blocking communicator (the default): the deadline is the stream wait's.
+#[test]
+fn a_stuck_stream_times_out_and_aborts_blocking() {
+    let _s = serial();
+    std::env::set_var("UNICOMM_NONBLOCKING", "0");
+    stuck_stream();
+}
+
+fn stuck_stream() {
     let f = loaded();
     let c = comm(flavors(false, false), &f.0);
     let st = c.create_stream().unwrap();
