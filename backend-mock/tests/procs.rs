@@ -114,7 +114,7 @@ fn rank() {
         "conformance" => {
             let cases = process_subset(w);
             for case in &cases {
-                if let Err(e) = run_case_on_rank(&c, *case) {
+                if let Err(e) = run_case_on_rank(&c, *case, false) {
                     panic!("rank {r}: {e}");
                 }
             }

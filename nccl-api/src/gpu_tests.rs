@@ -8,7 +8,7 @@
 
 use std::sync::Mutex;
 
-use unicomm_core::conformance::{Case, CaseFn, Coll, Count, Failure, Harness, Place, Reg};
+use unicomm_core::conformance::{Case, CaseFn, Failure, Harness};
 use unicomm_core::{Comm, Error, ReduceOp, Result, Version};
 
 use crate::{Api, ApiComm, Runtime, UniqueId};
@@ -58,15 +58,6 @@ impl<R: Runtime> Gpu<R> {
 }
 
 /// Elements per rank of a per-rank collective's case (as the suite shapes it).
-fn chunk_elems(case: &Case) -> usize {
-    match case.count {
-        Count::Zero => 0,
-        Count::One => 1,
-        Count::Odd => 1001,
-        Count::Large => (1 << 20) / case.world,
-    }
-}
-
 impl<R: Runtime> Harness for Gpu<R> {
     type C = ApiComm<R>;
 
@@ -89,11 +80,7 @@ impl<R: Runtime> Harness for Gpu<R> {
     /// bytes is refused by the shared layer (it corrupts data; docs/results.md); the same
     /// check applies to RCCL, which reports the NCCL API it implements.
     fn unsupported(&self, case: &Case) -> bool {
-        case.coll == Coll::AllGather
-            && case.place == Place::In
-            && case.reg == Reg::Window
-            && case.world > 1
-            && (chunk_elems(case) * case.dtype.size()) % 4 != 0
+        case.nccl_refuses()
     }
 }
 
