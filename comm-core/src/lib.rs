@@ -17,9 +17,10 @@
 //!   first), and `copy_from_host`, which returns once its source may be reused (on GPUs,
 //!   after the copy).
 //! - **Failure of one rank.** A rank that fails before it enqueues leaves its peers
-//!   waiting: on the mock until its deadline, on NCCL/RCCL without end. Call
-//!   [`Comm::abort`] on the failing rank (any thread may): mock peers then fail at once
-//!   with `Aborted`; NCCL/RCCL peers must be aborted too.
+//!   waiting until their deadline (mock: `UNICOMM_MOCK_TIMEOUT_MS`; NCCL/RCCL:
+//!   `UNICOMM_TIMEOUT_MS`, [`Comm::set_timeout`]), which aborts them and returns `Timeout`.
+//!   Call [`Comm::abort`] on the failing rank (any thread may): mock peers then fail at once
+//!   with `Aborted` (also when a rank's process dies); NCCL/RCCL peers at their deadline.
 //! - **Errors.** Argument errors (`InvalidArgument`, naming the argument) are returned by the
 //!   call, before anything is enqueued. Failures of the work itself (a peer that never
 //!   arrives, ranks that disagree about the operation) are returned by the next
