@@ -28,7 +28,7 @@ fn comms(n: usize) -> Vec<Comm<NcclComm>> {
 #[test]
 fn collectives_captured_into_a_cuda_graph_replay_correctly() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    let w = world();
+    let w = world().expect("UNICOMM_GPU_WORLD");
     let cs = comms(w);
     let out = each(&cs, |c| -> Result<Vec<f32>> {
         let st = c.create_stream()?;
@@ -66,7 +66,7 @@ fn collectives_captured_into_a_cuda_graph_replay_correctly() {
 /// Item 6: a cudarc stream and cudarc slices used directly, without copies.
 #[test]
 fn cudarc_streams_and_slices_work_directly() {
-    let w = world();
+    let w = world().expect("UNICOMM_GPU_WORLD");
     let cs = comms(w);
     let out = each(&cs, |c| -> Result<Vec<f32>> {
         let ctx = cudarc::driver::CudaContext::new(c.backend().device()).unwrap();

@@ -85,13 +85,11 @@ impl<R: Runtime> Harness for Gpu<R> {
 }
 
 /// The world size of the specific tests: `UNICOMM_GPU_WORLD` (the run script sets it to the
-/// machine's GPU count), default 2. A machine with fewer GPUs fails them with `NoDevice`.
-pub fn world() -> usize {
-    std::env::var("UNICOMM_GPU_WORLD")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(2)
+/// machine's GPU count), 1..=1024, default 2. A machine with fewer GPUs fails them with
+/// `NoDevice`; a bad value is `InvalidArgument` naming the variable.
+pub fn world() -> Result<usize> {
+    let n = unicomm_core::env::whole_number("UNICOMM_GPU_WORLD", 2, 1..=1024, "GPUs")?;
+    Ok(n as usize)
 }
 
 /// Runs `f` on one thread per communicator; results in rank order.
@@ -141,7 +139,7 @@ pub fn registration_rules<R: Runtime>(g: &Gpu<R>) -> Result<()> {
 
 /// One thread per GPU, each joining with the shared unique id (`ncclCommInitRank`).
 pub fn init_rank_per_thread<R: Runtime>(g: &Gpu<R>) -> Result<()> {
-    let w = world();
+    let w = world()?;
     let id = (g.vendor.unique_id)()?;
     let init = g.vendor.init_rank;
     let out: Vec<Result<f64>> = std::thread::scope(|s| {
@@ -174,7 +172,7 @@ pub fn init_rank_per_thread<R: Runtime>(g: &Gpu<R>) -> Result<()> {
 /// Windows: registered collectively, used, deregistered; a NULL window would be
 /// `Unsupported`, which fails this test on a machine that should support them.
 pub fn windows<R: Runtime>(g: &Gpu<R>) -> Result<()> {
-    let w = world();
+    let w = world()?;
     let cs = g.comms(w)?;
     let out = each(&cs, |c| -> Result<f32> {
         let st = c.create_stream()?;
