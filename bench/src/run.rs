@@ -442,6 +442,200 @@ fn rank_mode<T: Val>(
     Ok((out, extra))
 }
 
+/// Runs `f` on one scoped thread per communicator (collective set-up and release).
+fn on_each<'c, R: Send>(
+    comms: &'c [unicomm::Comm],
+    f: impl Fn(&'c unicomm::Comm) -> anyhow::Result<R> + Sync,
+) -> anyhow::Result<Vec<R>> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || f(c))).collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+            })
+            .collect()
+    })
+}
+
+/// `--single-thread`: one thread issues every rank's call inside one group per iteration
+/// (how one process drives all its GPUs without threads); each rank's stream is timed with
+/// its own events. Windows and automatic registrations are collective, so they are set up
+/// and released on one thread per rank, as the conformance suite's single-thread mode does.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the sweep's whole configuration, in one place"
+)]
+fn all_mode<T: Val>(
+    comms: &[unicomm::Comm],
+    a: &Args,
+    works: &[Work],
+    places: &[bool],
+    mode: Mode,
+    cap: usize,
+    streams: &[AnyStream],
+    tick: &dyn Fn(),
+) -> anyhow::Result<Vec<(RankOut, Option<i64>)>> {
+    let w = comms.len();
+    if mode == Mode::Ce {
+        bail!("the copy-engine path does not run inside a group: not with --single-thread");
+    }
+    let free_before: Vec<Option<usize>> = comms
+        .iter()
+        .map(|c| c.device_memory().ok().map(|m| m.0))
+        .collect();
+    let mut held: Vec<Held<'_, T>> = on_each(comms, |c| Held::<T>::new(c, mode, cap))?;
+    let bases: Vec<Vec<T>> = (0..w)
+        .map(|r| (0..cap).map(|i| T::of(input(r, i))).collect())
+        .collect();
+    let check = a.check == 1 && matches!(a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min);
+    let mut outs: Vec<RankOut> = vec![Vec::new(); w];
+    for work in works {
+        for &in_place in places {
+            let skip = in_place && work.coll == Coll::AllToAll;
+            let Some((count, send_len, recv_len)) = shape(work, w).filter(|_| !skip) else {
+                outs.iter_mut().for_each(|o| o.push(None));
+                tick();
+                continue;
+            };
+            let calls: Vec<Call<'_>> = streams
+                .iter()
+                .map(|st| Call {
+                    coll: work.coll,
+                    mode,
+                    in_place,
+                    count,
+                    op: a.op,
+                    stream: st,
+                })
+                .collect();
+            let fill_all = |held: &mut [Held<'_, T>]| -> anyhow::Result<()> {
+                for (r, h) in held.iter_mut().enumerate() {
+                    fill(&comms[r], &calls[r], h, &bases[r], send_len, recv_len)?;
+                }
+                Ok(())
+            };
+            // One iteration: every rank's call in one group.
+            let grouped = |held: &mut [Held<'_, T>]| -> anyhow::Result<()> {
+                comms[0].group(|| {
+                    Ok(held
+                        .iter_mut()
+                        .enumerate()
+                        .try_for_each(|(r, h)| launch(&comms[r], &calls[r], h)))
+                })??;
+                Ok(())
+            };
+            fill_all(&mut held)?;
+            for _ in 0..a.warmup {
+                grouped(&mut held)?;
+            }
+            let mut marks: Vec<Vec<unicomm::core::Marker>> = streams
+                .iter()
+                .map(|st| st.record().map(|m| vec![m]))
+                .collect::<unicomm::Result<_>>()?;
+            for _ in 0..a.iters {
+                grouped(&mut held)?;
+                for (m, st) in marks.iter_mut().zip(streams) {
+                    m.push(st.record()?);
+                }
+            }
+            for st in streams {
+                st.synchronize()?;
+            }
+            let mut wrong = vec![None; w];
+            if check {
+                fill_all(&mut held)?;
+                grouped(&mut held)?;
+                for (r, h) in held.iter_mut().enumerate() {
+                    streams[r].synchronize()?;
+                    wrong[r] = Some(verify(&comms[r], &calls[r], h, w)?);
+                }
+            }
+            for (r, m) in marks.iter().enumerate() {
+                let iter_us: Vec<f64> = m
+                    .windows(2)
+                    .map(|p| p[0].elapsed_ms(&p[1]).map(|ms| ms * 1e3))
+                    .collect::<unicomm::Result<_>>()?;
+                let total = m[0].elapsed_ms(&m[m.len() - 1])? * 1e3 / a.iters.max(1) as f64;
+                outs[r].push(Some((count, total, iter_us, wrong[r])));
+            }
+            tick();
+        }
+    }
+    let extra: Vec<Option<i64>> = comms
+        .iter()
+        .zip(&free_before)
+        .map(|(c, before)| match (before, c.device_memory().ok()) {
+            (Some(b), Some((after, _))) => {
+                Some(*b as i64 - after as i64 - 2 * (cap * T::DTYPE.size()) as i64)
+            }
+            _ => None,
+        })
+        .collect();
+    let held: Vec<std::sync::Mutex<Option<Held<'_, T>>>> = held
+        .into_iter()
+        .map(|h| std::sync::Mutex::new(Some(h)))
+        .collect();
+    on_each(comms, |c| {
+        let h = held[c.rank()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        h.map_or(Ok(()), |h| h.release(c))
+    })?;
+    Ok(outs.into_iter().zip(extra).collect())
+}
+
+/// `all_mode` for the element type, its result (or error) given to every rank.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the sweep's whole configuration, in one place"
+)]
+fn single(
+    comms: &[unicomm::Comm],
+    a: &Args,
+    works: &[Work],
+    places: &[bool],
+    mode: Mode,
+    cap: usize,
+    dtype: DataType,
+    tick: &dyn Fn(),
+) -> Vec<anyhow::Result<(RankOut, Option<i64>)>> {
+    let run = || -> anyhow::Result<Vec<(RankOut, Option<i64>)>> {
+        let streams: Vec<AnyStream> = comms
+            .iter()
+            .map(|c| c.create_stream())
+            .collect::<unicomm::Result<_>>()?;
+        let st = &streams[..];
+        match dtype {
+            DataType::F32 => all_mode::<f32>(comms, a, works, places, mode, cap, st, tick),
+            DataType::F64 => all_mode::<f64>(comms, a, works, places, mode, cap, st, tick),
+            DataType::F16 => all_mode::<f16>(comms, a, works, places, mode, cap, st, tick),
+            DataType::Bf16 => all_mode::<bf16>(comms, a, works, places, mode, cap, st, tick),
+            DataType::I8 => all_mode::<i8>(comms, a, works, places, mode, cap, st, tick),
+            DataType::U8 => all_mode::<u8>(comms, a, works, places, mode, cap, st, tick),
+            DataType::I32 => all_mode::<i32>(comms, a, works, places, mode, cap, st, tick),
+            DataType::U32 => all_mode::<u32>(comms, a, works, places, mode, cap, st, tick),
+            DataType::I64 => all_mode::<i64>(comms, a, works, places, mode, cap, st, tick),
+            DataType::U64 => all_mode::<u64>(comms, a, works, places, mode, cap, st, tick),
+        }
+    };
+    match run() {
+        Ok(v) => v.into_iter().map(Ok).collect(),
+        Err(e) => {
+            for c in comms {
+                let _ = c.abort();
+            }
+            let msg = format!("{e:#}");
+            comms
+                .iter()
+                .map(|_| Err(anyhow::anyhow!("{msg}")))
+                .collect()
+        }
+    }
+}
+
 /// The largest buffer any workload needs per rank, in elements.
 fn capacity(works: &[Work], w: usize) -> usize {
     works
@@ -463,9 +657,6 @@ pub fn sweep(
     places: &[bool],
     done: &dyn Fn(&[Measure]),
 ) -> anyhow::Result<(Vec<Measure>, Vec<ModeMemory>, Option<anyhow::Error>)> {
-    if a.single_thread {
-        bail!("--single-thread: not implemented yet in the benchmark (the conformance suite covers that mode)");
-    }
     let dtype = works.first().map_or(a.dtype, |w| w.dtype);
     if works.iter().any(|w| w.dtype != dtype) {
         bail!("one element type per run");
@@ -482,65 +673,69 @@ pub fn sweep(
     let mut memory = Vec::new();
     for &mode in modes {
         bar.set_message(mode.name());
-        let per_rank: Vec<anyhow::Result<(RankOut, Option<i64>)>> = std::thread::scope(|s| {
-            let hs: Vec<_> = comms
-                .iter()
-                .map(|c| {
-                    let bar = &bar;
-                    s.spawn(move || -> anyhow::Result<(RankOut, Option<i64>)> {
-                        let st = c.create_stream()?;
-                        let tick = || {
-                            if c.rank() == 0 {
-                                bar.inc(1)
+        let per_rank: Vec<anyhow::Result<(RankOut, Option<i64>)>> = if a.single_thread {
+            single(comms, a, works, places, mode, cap, dtype, &|| bar.inc(1))
+        } else {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .iter()
+                    .map(|c| {
+                        let bar = &bar;
+                        s.spawn(move || -> anyhow::Result<(RankOut, Option<i64>)> {
+                            let st = c.create_stream()?;
+                            let tick = || {
+                                if c.rank() == 0 {
+                                    bar.inc(1)
+                                }
+                            };
+                            let r = match dtype {
+                                DataType::F32 => {
+                                    rank_mode::<f32>(c, a, works, places, mode, cap, &st, &tick)
+                                }
+                                DataType::F64 => {
+                                    rank_mode::<f64>(c, a, works, places, mode, cap, &st, &tick)
+                                }
+                                DataType::F16 => {
+                                    rank_mode::<f16>(c, a, works, places, mode, cap, &st, &tick)
+                                }
+                                DataType::Bf16 => {
+                                    rank_mode::<bf16>(c, a, works, places, mode, cap, &st, &tick)
+                                }
+                                DataType::I8 => {
+                                    rank_mode::<i8>(c, a, works, places, mode, cap, &st, &tick)
+                                }
+                                DataType::U8 => {
+                                    rank_mode::<u8>(c, a, works, places, mode, cap, &st, &tick)
+                                }
+                                DataType::I32 => {
+                                    rank_mode::<i32>(c, a, works, places, mode, cap, &st, &tick)
+                                }
+                                DataType::U32 => {
+                                    rank_mode::<u32>(c, a, works, places, mode, cap, &st, &tick)
+                                }
+                                DataType::I64 => {
+                                    rank_mode::<i64>(c, a, works, places, mode, cap, &st, &tick)
+                                }
+                                DataType::U64 => {
+                                    rank_mode::<u64>(c, a, works, places, mode, cap, &st, &tick)
+                                }
+                            };
+                            if r.is_err() {
+                                // Peers must not wait for this rank (docs: one rank fails).
+                                let _ = c.abort();
                             }
-                        };
-                        let r = match dtype {
-                            DataType::F32 => {
-                                rank_mode::<f32>(c, a, works, places, mode, cap, &st, &tick)
-                            }
-                            DataType::F64 => {
-                                rank_mode::<f64>(c, a, works, places, mode, cap, &st, &tick)
-                            }
-                            DataType::F16 => {
-                                rank_mode::<f16>(c, a, works, places, mode, cap, &st, &tick)
-                            }
-                            DataType::Bf16 => {
-                                rank_mode::<bf16>(c, a, works, places, mode, cap, &st, &tick)
-                            }
-                            DataType::I8 => {
-                                rank_mode::<i8>(c, a, works, places, mode, cap, &st, &tick)
-                            }
-                            DataType::U8 => {
-                                rank_mode::<u8>(c, a, works, places, mode, cap, &st, &tick)
-                            }
-                            DataType::I32 => {
-                                rank_mode::<i32>(c, a, works, places, mode, cap, &st, &tick)
-                            }
-                            DataType::U32 => {
-                                rank_mode::<u32>(c, a, works, places, mode, cap, &st, &tick)
-                            }
-                            DataType::I64 => {
-                                rank_mode::<i64>(c, a, works, places, mode, cap, &st, &tick)
-                            }
-                            DataType::U64 => {
-                                rank_mode::<u64>(c, a, works, places, mode, cap, &st, &tick)
-                            }
-                        };
-                        if r.is_err() {
-                            // Peers must not wait for this rank (docs: one rank fails).
-                            let _ = c.abort();
-                        }
-                        r
+                            r
+                        })
                     })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
-                })
-                .collect()
-        });
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+                    })
+                    .collect()
+            })
+        };
         let per_rank: anyhow::Result<Vec<(RankOut, Option<i64>)>> = per_rank
             .into_iter()
             .enumerate()

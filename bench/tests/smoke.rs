@@ -58,3 +58,47 @@ fn the_benchmark_runs_on_the_mock_and_writes_json_and_svg() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--single-thread`: one thread drives every rank inside a group per iteration; the data
+/// is checked on every rank, in every mode the mock has.
+#[test]
+fn one_thread_drives_every_rank() {
+    let dir = std::env::temp_dir().join(format!("unicomm-bench-single-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("out.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
+        .args([
+            "--vendor",
+            "mock",
+            "--ranks",
+            "3",
+            "--single-thread",
+            "--modes",
+            "plain,registered,window,auto",
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            "8",
+            "-w",
+            "1",
+            "-n",
+            "2",
+        ])
+        .arg("-J")
+        .arg(&json)
+        .output()
+        .expect("run unicomm-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = doc["results"].as_array().expect("results");
+    assert!(rows.len() > 50, "{} rows", rows.len());
+    for r in rows {
+        assert_eq!(r["wrong"], 0, "{r}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
