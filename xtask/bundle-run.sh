@@ -10,7 +10,8 @@ step() { echo "== $*"; }
 rc=0
 # PARTS=all (default), quick (tests, examples, overhead), conformance, bench (the
 # unicomm-bench sweep and the visualgen preset), faults (deadlines, a killed rank, resource
-# churn) or procs (one rank per process, default and network transports): each takes
+# churn), procs (one rank per process, default and network transports) or overlap (a
+# kernel's slowdown under NCCL's and the copy-engine all_to_all; the single-thread sweep): each takes
 # minutes, so a time-limited session can run them in separate calls. BENCH_ARGS adds to the
 # sweep's arguments.
 PARTS=${PARTS:-all}
@@ -78,7 +79,14 @@ for v in nccl rccl; do
       done
     else echo "procs: needs 2 GPUs, $UNICOMM_GPU_WORLD here: not run"; fi
   fi
-  if [ "$PARTS" = faults ] || [ "$PARTS" = procs ]; then continue; fi
+  if [ "$PARTS" = overlap ] || [ "$PARTS" = all ]; then
+    if [ -x ./overlap ] && [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then
+      step overlap; timeout 200 ./overlap 2>&1 | tee "$OUT/$v-overlap.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+      step bench single-thread; timeout 200 ./unicomm-bench --vendor $vendor --single-thread --modes plain,registered,window -b 8 -e 512M -f 4 -w 5 -n 20 --coll all_reduce,all_to_all --place out -J "$OUT/$v-bench-single.json" > "$OUT/$v-bench-single.log" 2>&1 || rc=1
+      grep -E "^# mode" "$OUT/$v-bench-single.log"
+    fi
+  fi
+  if [ "$PARTS" = faults ] || [ "$PARTS" = procs ] || [ "$PARTS" = overlap ]; then continue; fi
   if [ "$PARTS" != conformance ]; then
   step $v loader;       ./$loader --test-threads=1 --nocapture 2>&1 | tee "$OUT/$v-loader.log" | tail -3; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   step $v gpu-specific; timeout 300 ./$v-gpu --test-threads=1 --skip conformance:: --nocapture 2>&1 | tee "$OUT/$v-gpu_specific.log" | grep -E "^test |test result|panicked|as the library" ; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1

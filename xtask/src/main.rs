@@ -581,12 +581,13 @@ fn bundle(o: &Opts) -> Result<()> {
                     "unicomm-nccl",
                     "--example",
                     "overhead",
+                    "--example",
+                    "overlap",
                 ]);
-                step("build the overhead benchmark", ov)?;
-                copies.push((
-                    root().join("target/release/examples/overhead"),
-                    "overhead".into(),
-                ));
+                step("build the overhead and overlap benchmarks", ov)?;
+                for e in ["overhead", "overlap"] {
+                    copies.push((root().join("target/release/examples").join(e), e.into()));
+                }
                 copies.extend(test_binaries(
                     "unicomm-nccl",
                     "gpu-tests",
