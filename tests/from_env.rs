@@ -21,7 +21,13 @@ fn from_env_on_the_mock() {
     }
     match unicomm::from_env(unicomm::Vendor::Mock) {
         Err(unicomm::Error::Bootstrap { reason }) => {
-            for v in ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"] {
+            for v in [
+                "RANK",
+                "OMPI_COMM_WORLD_RANK",
+                "PMI_RANK",
+                "PMIX_RANK",
+                "SLURM_PROCID",
+            ] {
                 assert!(reason.contains(v), "{reason}");
             }
         }

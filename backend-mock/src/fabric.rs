@@ -146,11 +146,14 @@ impl LocalFabric {
         what: impl Fn(&State) -> String,
     ) -> Result<MutexGuard<'a, State>> {
         loop {
-            if let Some(e) = &st.poison {
-                return Err(e.clone());
-            }
+            // What was awaited counts even if the world was poisoned meanwhile (a rank that
+            // already has its result, a Mismatch say, may fail and poison before this one
+            // wakes); no memory is touched on that basis: `enter` refuses after a poison.
             if done(&mut st) {
                 return Ok(st);
+            }
+            if let Some(e) = &st.poison {
+                return Err(e.clone());
             }
             let now = Instant::now();
             if now >= deadline {

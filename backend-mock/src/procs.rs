@@ -389,6 +389,7 @@ type Open = (Vec<u64>, Vec<u64>);
 pub(crate) struct Hub {
     fabric: LocalFabric,
     world: usize,
+    timeout: Duration,
     secret: [u8; 32],
     lives: Mutex<Vec<Life>>,
     cv: Condvar,
@@ -428,6 +429,7 @@ impl Hub {
         let hub = Arc::new(Hub {
             fabric: LocalFabric::new(world, timeout),
             world,
+            timeout,
             secret,
             lives: Mutex::new(lives),
             cv: Condvar::new(),
@@ -954,6 +956,11 @@ impl ProcFabric {
 impl Drop for ProcFabric {
     fn drop(&mut self) {
         if let Link::Hub(h) = &self.link {
+            // Rank 0's process serves the others: replies they are owed may still be on
+            // their way. Serve until every other rank finalized, died or closed (they do so
+            // at once when rank 0 went without finalizing: the world is poisoned), at most
+            // the mock's deadline.
+            let _ = h.wait_departures(h.timeout);
             h.stop.store(true, Ordering::Relaxed);
         }
     }
