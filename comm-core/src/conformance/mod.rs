@@ -63,6 +63,9 @@ pub enum Count {
     Odd,
     /// 1 Mi elements in each buffer (per-rank collectives: 1 Mi / world per rank, rounded down).
     Large,
+    /// Exactly this many elements (per rank, for the per-rank collectives), as property
+    /// tests draw them.
+    Exactly(usize),
 }
 
 /// Registration of the case's buffers.
@@ -287,6 +290,7 @@ impl Case {
             Count::One => 1,
             Count::Odd => 1001,
             Count::Large => (1 << 20) / self.world,
+            Count::Exactly(n) => n,
         };
         self.coll == Coll::AllGather
             && self.place == Place::In

@@ -173,6 +173,7 @@ pub(super) fn shape(case: &Case) -> Shape {
         Count::One => 1,
         Count::Odd => 1001,
         Count::Large => 1 << 20,
+        Count::Exactly(n) => n,
     };
     let per_rank = |n: usize| if case.count == Count::Large { n / w } else { n };
     match case.coll {
