@@ -21,16 +21,7 @@ impl Harness for Mock {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    let coll = prop::sample::select(vec![
-        Coll::AllReduce,
-        Coll::Broadcast,
-        Coll::Reduce,
-        Coll::AllGather,
-        Coll::ReduceScatter,
-        Coll::AllToAll,
-        Coll::SendRecv,
-        Coll::Barrier,
-    ]);
+    let coll = prop::sample::select(Coll::ALL.to_vec());
     let dtype = prop::sample::select(DataType::ALL.to_vec());
     let op = prop::sample::select(ReduceOp::ALL.to_vec());
     let reg = prop::sample::select(vec![Reg::None, Reg::Buffer, Reg::Window, Reg::Auto]);

@@ -442,6 +442,54 @@ fn rank_mode<T: Val>(
     Ok((out, extra))
 }
 
+/// `$body` with `$t` the element type of `$dtype` (the sweep is generic over it).
+macro_rules! by_type {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            DataType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DataType::F64 => {
+                type $t = f64;
+                $body
+            }
+            DataType::F16 => {
+                type $t = f16;
+                $body
+            }
+            DataType::Bf16 => {
+                type $t = bf16;
+                $body
+            }
+            DataType::I8 => {
+                type $t = i8;
+                $body
+            }
+            DataType::U8 => {
+                type $t = u8;
+                $body
+            }
+            DataType::I32 => {
+                type $t = i32;
+                $body
+            }
+            DataType::U32 => {
+                type $t = u32;
+                $body
+            }
+            DataType::I64 => {
+                type $t = i64;
+                $body
+            }
+            DataType::U64 => {
+                type $t = u64;
+                $body
+            }
+        }
+    };
+}
+
 /// Runs `f` on one scoped thread per communicator (collective set-up and release).
 fn on_each<'c, R: Send>(
     comms: &'c [unicomm::Comm],
@@ -608,18 +656,7 @@ fn single(
             .map(|c| c.create_stream())
             .collect::<unicomm::Result<_>>()?;
         let st = &streams[..];
-        match dtype {
-            DataType::F32 => all_mode::<f32>(comms, a, works, places, mode, cap, st, tick),
-            DataType::F64 => all_mode::<f64>(comms, a, works, places, mode, cap, st, tick),
-            DataType::F16 => all_mode::<f16>(comms, a, works, places, mode, cap, st, tick),
-            DataType::Bf16 => all_mode::<bf16>(comms, a, works, places, mode, cap, st, tick),
-            DataType::I8 => all_mode::<i8>(comms, a, works, places, mode, cap, st, tick),
-            DataType::U8 => all_mode::<u8>(comms, a, works, places, mode, cap, st, tick),
-            DataType::I32 => all_mode::<i32>(comms, a, works, places, mode, cap, st, tick),
-            DataType::U32 => all_mode::<u32>(comms, a, works, places, mode, cap, st, tick),
-            DataType::I64 => all_mode::<i64>(comms, a, works, places, mode, cap, st, tick),
-            DataType::U64 => all_mode::<u64>(comms, a, works, places, mode, cap, st, tick),
-        }
+        by_type!(dtype, T => all_mode::<T>(comms, a, works, places, mode, cap, st, tick))
     };
     match run() {
         Ok(v) => v.into_iter().map(Ok).collect(),
@@ -688,38 +725,7 @@ pub fn sweep(
                                     bar.inc(1)
                                 }
                             };
-                            let r = match dtype {
-                                DataType::F32 => {
-                                    rank_mode::<f32>(c, a, works, places, mode, cap, &st, &tick)
-                                }
-                                DataType::F64 => {
-                                    rank_mode::<f64>(c, a, works, places, mode, cap, &st, &tick)
-                                }
-                                DataType::F16 => {
-                                    rank_mode::<f16>(c, a, works, places, mode, cap, &st, &tick)
-                                }
-                                DataType::Bf16 => {
-                                    rank_mode::<bf16>(c, a, works, places, mode, cap, &st, &tick)
-                                }
-                                DataType::I8 => {
-                                    rank_mode::<i8>(c, a, works, places, mode, cap, &st, &tick)
-                                }
-                                DataType::U8 => {
-                                    rank_mode::<u8>(c, a, works, places, mode, cap, &st, &tick)
-                                }
-                                DataType::I32 => {
-                                    rank_mode::<i32>(c, a, works, places, mode, cap, &st, &tick)
-                                }
-                                DataType::U32 => {
-                                    rank_mode::<u32>(c, a, works, places, mode, cap, &st, &tick)
-                                }
-                                DataType::I64 => {
-                                    rank_mode::<i64>(c, a, works, places, mode, cap, &st, &tick)
-                                }
-                                DataType::U64 => {
-                                    rank_mode::<u64>(c, a, works, places, mode, cap, &st, &tick)
-                                }
-                            };
+                            let r = by_type!(dtype, T => rank_mode::<T>(c, a, works, places, mode, cap, &st, &tick));
                             if r.is_err() {
                                 // Peers must not wait for this rank (docs: one rank fails).
                                 let _ = c.abort();

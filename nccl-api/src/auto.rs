@@ -202,11 +202,6 @@ impl<R: Runtime> ApiComm<R> {
 
     /// The second communicator's handle, for a call the policy sends there.
     pub(crate) fn shadow_comm(&self) -> Option<NcclComm> {
-        self.core
-            .shadow
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|s| s.comm)
+        self.core.shadow_handle()
     }
 }

@@ -170,7 +170,8 @@ impl<R: Runtime> Core<R> {
         Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
     }
 
-    fn shadow_handle(&self) -> Option<NcclComm> {
+    /// The second communicator of automatic registrations, once created.
+    pub(crate) fn shadow_handle(&self) -> Option<NcclComm> {
         self.shadow
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -313,7 +314,7 @@ pub(crate) trait Watched: Send + Sync {
     /// Its first asynchronous error, if any; `Ok` while it is busy on another thread.
     fn poll(&self) -> Result<()>;
     /// Aborts it (a wait on its work failed or timed out).
-    fn abort_after(&self, why: &Error);
+    fn abort(&self);
     /// Waits until the library is done with its last calls (non-blocking mode).
     fn settle(&self, what: &str) -> Result<()>;
     /// Whether it was aborted (its work on the stream may have been cut short).
@@ -334,7 +335,7 @@ impl<R: Runtime> Watched for Core<R> {
             Err(std::sync::TryLockError::WouldBlock) => Ok(()),
         }
     }
-    fn abort_after(&self, _why: &Error) {
+    fn abort(&self) {
         let _ = self.destroy(false);
     }
     fn settle(&self, what: &str) -> Result<()> {
@@ -406,7 +407,7 @@ impl Watchers {
                 for w in &ws {
                     if let Err(e) = w.poll() {
                         for o in &ws {
-                            o.abort_after(&e);
+                            o.abort();
                         }
                         return Err(e);
                     }
@@ -420,7 +421,7 @@ impl Watchers {
                     after: start.elapsed(),
                 };
                 for w in &ws {
-                    w.abort_after(&e);
+                    w.abort();
                 }
                 // ncclCommAbort ends the communicators' kernels; what else the stream
                 // holds is the caller's (documented in docs/reliability.md).

@@ -52,6 +52,20 @@ pub enum Coll {
     Barrier,
 }
 
+impl Coll {
+    /// Every collective of the suite, in its order.
+    pub const ALL: [Coll; 8] = [
+        Coll::AllReduce,
+        Coll::Broadcast,
+        Coll::Reduce,
+        Coll::AllGather,
+        Coll::ReduceScatter,
+        Coll::AllToAll,
+        Coll::SendRecv,
+        Coll::Barrier,
+    ];
+}
+
 /// The case's element count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Count {
@@ -237,16 +251,7 @@ pub fn run_case<H: Harness>(h: &H, case: Case) -> std::result::Result<(), Failur
 /// place, unregistered, registered and (where the collective takes them) in windows.
 pub fn process_subset(world: usize) -> Vec<Case> {
     let mut v = Vec::new();
-    for coll in [
-        Coll::AllReduce,
-        Coll::Broadcast,
-        Coll::Reduce,
-        Coll::AllGather,
-        Coll::ReduceScatter,
-        Coll::AllToAll,
-        Coll::SendRecv,
-        Coll::Barrier,
-    ] {
+    for coll in Coll::ALL {
         let s = coll.support();
         for dtype in [DataType::F32, DataType::Bf16, DataType::I64, DataType::U8] {
             for count in [Count::Zero, Count::One, Count::Odd, Count::Large] {
