@@ -3,8 +3,11 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
+use std::os::fd::{AsRawFd, FromRawFd};
 use unicomm_core::{Error, Result};
 use unicomm_nccl_api::search::{open_library, Search};
+
+use unicomm_nccl_api::runtime::Exported;
 use unicomm_nccl_api::Runtime;
 
 type HipError = c_int;
@@ -56,7 +59,52 @@ pub struct HipFns {
     pub get_error_name: Option<unsafe extern "C" fn(HipError) -> *const c_char>,
     pub runtime_get_version: Option<unsafe extern "C" fn(*mut c_int) -> HipError>,
     pub driver_get_version: Option<unsafe extern "C" fn(*mut c_int) -> HipError>,
+    /// Virtual memory management (the copy-engine path across processes): optional, so a
+    /// runtime without it still loads (that path is then `Unsupported`).
+    pub vmm: Option<HipVmm>,
 }
+
+/// HIP's virtual-memory calls (`hipMem*`), each the function of the same name.
+#[expect(
+    missing_docs,
+    reason = "each field is the HIP function of the same name"
+)]
+#[derive(Clone, Copy)]
+pub struct HipVmm {
+    pub mem_get_address_range: unsafe extern "C" fn(*mut usize, *mut usize, usize) -> HipError,
+    pub mem_retain_allocation_handle:
+        unsafe extern "C" fn(*mut HipMemHandle, *mut c_void) -> HipError,
+    pub mem_export_to_shareable_handle:
+        unsafe extern "C" fn(*mut c_void, HipMemHandle, c_int, u64) -> HipError,
+    pub mem_import_from_shareable_handle:
+        unsafe extern "C" fn(*mut HipMemHandle, *mut c_void, c_int) -> HipError,
+    pub mem_address_reserve:
+        unsafe extern "C" fn(*mut *mut c_void, usize, usize, *mut c_void, u64) -> HipError,
+    pub mem_map: unsafe extern "C" fn(*mut c_void, usize, usize, HipMemHandle, u64) -> HipError,
+    pub mem_set_access:
+        unsafe extern "C" fn(*mut c_void, usize, *const HipMemAccessDesc, usize) -> HipError,
+    pub mem_release: unsafe extern "C" fn(HipMemHandle) -> HipError,
+    pub mem_unmap: unsafe extern "C" fn(*mut c_void, usize) -> HipError,
+    pub mem_address_free: unsafe extern "C" fn(*mut c_void, usize) -> HipError,
+}
+
+/// `hipMemGenericAllocationHandle_t` (an opaque pointer).
+pub type HipMemHandle = *mut c_void;
+/// `hipMemHandleTypePosixFileDescriptor`.
+const HIP_MEM_HANDLE_TYPE_POSIX_FD: c_int = 1;
+
+/// `hipMemAccessDesc`: `{ hipMemLocation { type, id }, flags }`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct HipMemAccessDesc {
+    location_type: c_int,
+    location_id: c_int,
+    flags: c_int,
+}
+/// `hipMemLocationTypeDevice`.
+const HIP_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+/// `hipMemAccessFlagsProtReadWrite`.
+const HIP_MEM_ACCESS_FLAGS_PROT_READ_WRITE: c_int = 3;
 
 /// The HIP runtime: the loaded library, its table and the device count.
 pub struct HipRuntime {
@@ -145,6 +193,20 @@ impl HipRuntime {
             get_error_name: opt!("hipGetErrorName"),
             runtime_get_version: opt!("hipRuntimeGetVersion"),
             driver_get_version: opt!("hipDriverGetVersion"),
+            vmm: (|| {
+                Some(HipVmm {
+                    mem_get_address_range: opt!("hipMemGetAddressRange")?,
+                    mem_retain_allocation_handle: opt!("hipMemRetainAllocationHandle")?,
+                    mem_export_to_shareable_handle: opt!("hipMemExportToShareableHandle")?,
+                    mem_import_from_shareable_handle: opt!("hipMemImportFromShareableHandle")?,
+                    mem_address_reserve: opt!("hipMemAddressReserve")?,
+                    mem_map: opt!("hipMemMap")?,
+                    mem_set_access: opt!("hipMemSetAccess")?,
+                    mem_release: opt!("hipMemRelease")?,
+                    mem_unmap: opt!("hipMemUnmap")?,
+                    mem_address_free: opt!("hipMemAddressFree")?,
+                })
+            })(),
         };
         let mut rt = HipRuntime {
             path,
@@ -171,6 +233,17 @@ impl HipRuntime {
             }),
             e => Err(rt.err("hipGetDeviceCount", e)),
         }
+    }
+
+    /// The virtual-memory calls, or `Unsupported` when this runtime lacks them.
+    fn vmm(&self) -> Result<HipVmm> {
+        self.fns.vmm.ok_or_else(|| {
+            Error::unsupported(
+                "sharing device memory between processes",
+                "HIP's virtual memory calls (hipMemExportToShareableHandle and friends)",
+                format!("the HIP runtime at {}", self.path),
+            )
+        })
     }
 
     fn err_name(&self, e: HipError) -> String {
@@ -322,6 +395,118 @@ impl Runtime for HipRuntime {
                 (self.fns.mem_get_info)(&mut free, &mut total)
             })?;
             Ok((free, total))
+        })
+    }
+
+    fn export_memory(&self, dev: usize, addr: usize) -> Result<Exported> {
+        let v = self.vmm()?;
+        self.with_device(dev, || {
+            let (mut base, mut size) = (0usize, 0usize);
+            // SAFETY: writes the base and size of the allocation holding `addr`.
+            self.check("hipMemGetAddressRange", unsafe {
+                (v.mem_get_address_range)(&mut base, &mut size, addr)
+            })?;
+            let mut h: HipMemHandle = std::ptr::null_mut();
+            // SAFETY: writes the handle backing `addr` (an error for non-VMM memory).
+            self.check("hipMemRetainAllocationHandle", unsafe {
+                (v.mem_retain_allocation_handle)(&mut h, addr as *mut c_void)
+            })?;
+            let mut fd: c_int = -1;
+            // SAFETY: `h` was retained above; a POSIX descriptor is written as an int.
+            let r = unsafe {
+                (v.mem_export_to_shareable_handle)(
+                    (&mut fd as *mut c_int).cast(),
+                    h,
+                    HIP_MEM_HANDLE_TYPE_POSIX_FD,
+                    0,
+                )
+            };
+            // SAFETY: releases the reference retained above; the owner's mapping stays.
+            let _ = unsafe { (v.mem_release)(h) };
+            self.check("hipMemExportToShareableHandle", r)?;
+            if fd < 0 {
+                return Err(Error::invalid(
+                    "export",
+                    "the runtime returned no descriptor",
+                ));
+            }
+            // SAFETY: a descriptor the runtime just created for us; owned from here.
+            let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+            Ok(Exported { fd, base, size })
+        })
+    }
+
+    fn import_memory(
+        &self,
+        dev: usize,
+        fd: std::os::fd::BorrowedFd<'_>,
+        size: usize,
+    ) -> Result<usize> {
+        let v = self.vmm()?;
+        self.with_device(dev, || {
+            let mut h: HipMemHandle = std::ptr::null_mut();
+            // SAFETY: `fd` was exported by hipMemExportToShareableHandle (the runtime checks
+            // it); for POSIX descriptors the handle argument is the descriptor's value (as in
+            // HIP's own IPC tests).
+            self.check("hipMemImportFromShareableHandle", unsafe {
+                (v.mem_import_from_shareable_handle)(
+                    &mut h,
+                    fd.as_raw_fd() as isize as *mut c_void,
+                    HIP_MEM_HANDLE_TYPE_POSIX_FD,
+                )
+            })?;
+            let mut va: *mut c_void = std::ptr::null_mut();
+            // SAFETY: reserves address space only.
+            let r = unsafe { (v.mem_address_reserve)(&mut va, size, 0, std::ptr::null_mut(), 0) };
+            if r != HIP_SUCCESS {
+                // SAFETY: the imported handle, released once.
+                let _ = unsafe { (v.mem_release)(h) };
+                return Err(self.err("hipMemAddressReserve", r));
+            }
+            // SAFETY: maps the whole imported allocation at the reservation above.
+            let mapped = unsafe { (v.mem_map)(va, size, 0, h, 0) };
+            // SAFETY: the imported handle, released once (the mapping keeps the memory).
+            let _ = unsafe { (v.mem_release)(h) };
+            let desc = HipMemAccessDesc {
+                location_type: HIP_MEM_LOCATION_TYPE_DEVICE,
+                location_id: dev as c_int,
+                flags: HIP_MEM_ACCESS_FLAGS_PROT_READ_WRITE,
+            };
+            let access = if mapped == HIP_SUCCESS {
+                // SAFETY: grants `dev` access to the mapping made above.
+                unsafe { (v.mem_set_access)(va, size, &desc, 1) }
+            } else {
+                mapped
+            };
+            if access != HIP_SUCCESS {
+                if mapped == HIP_SUCCESS {
+                    // SAFETY: the mapping made above, unused, unmapped once.
+                    let _ = unsafe { (v.mem_unmap)(va, size) };
+                }
+                // SAFETY: the reservation made above, freed once.
+                let _ = unsafe { (v.mem_address_free)(va, size) };
+                let call = if mapped == HIP_SUCCESS {
+                    "hipMemSetAccess"
+                } else {
+                    "hipMemMap"
+                };
+                return Err(self.err(call, access));
+            }
+            Ok(va as usize)
+        })
+    }
+
+    unsafe fn unmap_imported(&self, dev: usize, addr: usize, size: usize) -> Result<()> {
+        let v = self.vmm()?;
+        self.with_device(dev, || {
+            // SAFETY: the trait contract: a mapping of `import_memory`, idle, unmapped once.
+            self.check("hipMemUnmap", unsafe {
+                (v.mem_unmap)(addr as *mut c_void, size)
+            })?;
+            // SAFETY: its reservation, freed once.
+            self.check("hipMemAddressFree", unsafe {
+                (v.mem_address_free)(addr as *mut c_void, size)
+            })
         })
     }
 

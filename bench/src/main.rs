@@ -323,8 +323,19 @@ fn bench() -> anyhow::Result<()> {
     }
     let vendor: Vendor = args.vendor.parse()?;
     let (vendor, why) = unicomm::resolve(vendor).context("choosing the vendor")?;
-    let comms = unicomm::local_comms_n(vendor, args.ranks).context("creating communicators")?;
-    let w = comms.len();
+    // Under a launcher (torchrun, mpirun, srun, `cargo xtask launch`): this process's one
+    // rank, the figures combined across processes; else every rank of a local world.
+    let comms = if unicomm::core::bootstrap::LaunchEnv::detect().is_ok() {
+        if args.ranks.is_some() {
+            bail!("--ranks is for one process driving every rank; under a launcher the launcher sets the world");
+        }
+        vec![unicomm::from_env(vendor).context("joining the launched world")?]
+    } else {
+        unicomm::local_comms_n(vendor, args.ranks).context("creating communicators")?
+    };
+    let w = comms[0].world_size();
+    // Only rank 0 reports (one process per rank under a launcher).
+    let lead = comms[0].rank() == 0;
     let caps = comms[0].capabilities();
     let work = workloads(&args, w)?;
     let mut modes = Vec::new();
@@ -345,7 +356,9 @@ fn bench() -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     let dtype = work.first().map_or(args.dtype, |w| w.dtype);
     let header = report::Header::new(&args, dtype, vendor, &why, &caps, w);
-    header.print();
+    if lead {
+        header.print();
+    }
     let partial = |so_far: &[run::Measure]| {
         if let Some(p) = &args.json {
             if let Err(e) = report::json(p, &header, so_far) {
@@ -353,18 +366,31 @@ fn bench() -> anyhow::Result<()> {
             }
         }
     };
-    let (results, memory, failed) = run::sweep(&comms, &args, &work, &modes, &places, &partial)?;
-    report::table(&results, w);
-    report::memory(&memory);
+    let (results, memory, failed) = run::sweep(
+        &comms,
+        &args,
+        &work,
+        &modes,
+        &places,
+        &|m: &[run::Measure]| {
+            if lead {
+                partial(m)
+            }
+        },
+    )?;
     let wrong: u64 = results.iter().filter_map(|r| r.wrong).sum();
-    if let Some(p) = &args.json {
-        report::json_with_memory(p, &header, &results, &memory)?;
-    }
-    if let Some(p) = &args.plot {
-        report::plot(p, &header, &results)?;
-    }
-    if let Some(p) = &args.tune {
-        report::tune(p, &header, &results)?;
+    if lead {
+        report::table(&results, w);
+        report::memory(&memory);
+        if let Some(p) = &args.json {
+            report::json_with_memory(p, &header, &results, &memory)?;
+        }
+        if let Some(p) = &args.plot {
+            report::plot(p, &header, &results)?;
+        }
+        if let Some(p) = &args.tune {
+            report::tune(p, &header, &results)?;
+        }
     }
     if let Some(e) = failed {
         // Communicators were aborted; nothing to finalize.

@@ -673,6 +673,66 @@ fn single(
     }
 }
 
+/// One rank per process: every rank's figures made the world's, through the communicator
+/// (an all-reduce of the times with max, of the wrong counts with sum), so every process
+/// holds what one process driving all ranks would: per cell the slowest rank's time, the
+/// slowest rank's time per iteration, the wrong elements of all ranks.
+fn combine(
+    c: &unicomm::Comm,
+    mine: Vec<(RankOut, Option<i64>)>,
+) -> anyhow::Result<Vec<(RankOut, Option<i64>)>> {
+    let mut times = Vec::new();
+    let mut wrongs = Vec::new();
+    for (out, extra) in &mine {
+        times.push(extra.map_or(f64::MIN, |e| e as f64));
+        for (_, total, iters, wrong) in out.iter().flatten() {
+            times.push(*total);
+            times.extend_from_slice(iters);
+            wrongs.push(wrong.map_or(0.0, |w| w as f64));
+        }
+    }
+    let st = c.create_stream()?;
+    let reduce = |v: &[f64], op: ReduceOp| -> anyhow::Result<Vec<f64>> {
+        let mut b = c.alloc::<f64>(v.len().max(1))?;
+        let mut pad = v.to_vec();
+        pad.resize(v.len().max(1), 0.0);
+        b.copy_from_host(&pad, &st)?;
+        c.all_reduce_in_place(&mut b, op, &st)?;
+        let mut r = b.copy_to_host(&st)?;
+        r.truncate(v.len());
+        Ok(r)
+    };
+    let times = reduce(&times, ReduceOp::Max)?;
+    let wrongs = reduce(&wrongs, ReduceOp::Sum)?;
+    let (mut t, mut w) = (times.into_iter(), wrongs.into_iter());
+    let next = |it: &mut std::vec::IntoIter<f64>| {
+        it.next()
+            .context("combining the ranks' figures: ranks disagree on the sweep")
+    };
+    let mut all = Vec::new();
+    for (out, _) in mine {
+        let extra = next(&mut t)?;
+        let extra = (extra > f64::MIN).then_some(extra as i64);
+        let mut cells = Vec::new();
+        for cell in out {
+            cells.push(match cell {
+                None => None,
+                Some((count, _, iters, wrong)) => {
+                    let total = next(&mut t)?;
+                    let iters = iters
+                        .iter()
+                        .map(|_| next(&mut t))
+                        .collect::<anyhow::Result<Vec<f64>>>()?;
+                    let wsum = next(&mut w)?;
+                    Some((count, total, iters, wrong.map(|_| wsum as u64)))
+                }
+            });
+        }
+        all.push((cells, extra));
+    }
+    Ok(all)
+}
+
 /// The largest buffer any workload needs per rank, in elements.
 fn capacity(works: &[Work], w: usize) -> usize {
     works
@@ -698,10 +758,20 @@ pub fn sweep(
     if works.iter().any(|w| w.dtype != dtype) {
         bail!("one element type per run");
     }
-    let w = comms.len();
+    let w = comms.first().map_or(0, |c| c.world_size());
     let cap = capacity(works, w);
+    // One rank per process (under a launcher): every process measures its own rank; the
+    // ranks' figures are combined (slowest time) through the communicator after each mode.
+    let per_process = comms.len() < w;
+    if per_process && a.single_thread {
+        bail!("--single-thread drives every rank from one process; under a launcher each process has one");
+    }
     let steps = (modes.len() * works.len() * places.len()) as u64;
-    let bar = ProgressBar::new(steps);
+    let bar = if comms.first().is_some_and(|c| c.rank() == 0) {
+        ProgressBar::new(steps)
+    } else {
+        ProgressBar::hidden() // the other processes of a launched run
+    };
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -747,7 +817,13 @@ pub fn sweep(
             .enumerate()
             .map(|(r, o)| o.with_context(|| format!("rank {r}, mode {}", mode.name())))
             .collect();
-        let per_rank = match per_rank {
+        let per_rank = match per_rank.and_then(|p| {
+            if per_process {
+                combine(&comms[0], p)
+            } else {
+                Ok(p)
+            }
+        }) {
             Ok(p) => p,
             Err(e) => {
                 // The failing rank aborted its communicator: no later mode can run. What

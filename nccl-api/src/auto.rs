@@ -118,7 +118,7 @@ impl<R: Runtime> ApiComm<R> {
             e
         };
         let addr = mem.range(offset, bytes, "bytes")?;
-        if self.ce.world.is_some() && auto_copy_engine().map_err(undo)? {
+        if self.ce.reachable() && auto_copy_engine().map_err(undo)? {
             self.share_window(h, addr, bytes).map_err(undo)?;
         }
         let sh = self.shadow().map_err(undo)?;

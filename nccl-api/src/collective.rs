@@ -38,7 +38,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
             native_all_to_all: self.api.all_to_all.is_some(),
             graph_capture: true,
             mem_alloc: self.api.has_mem_alloc(),
-            copy_engine: self.ce.world.is_some() && self.api.has_windows(),
+            copy_engine: self.ce.reachable() && self.api.has_windows(),
         }
     }
 

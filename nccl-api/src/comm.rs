@@ -36,7 +36,7 @@ pub struct ApiComm<R: Runtime> {
     /// wait on this communicator's work (`watchdog.rs`).
     pub(crate) core: Arc<Core<R>>,
     /// The copy-engine path's state (`copy_engine.rs`).
-    pub(crate) ce: CopyEngine<R::Stream>,
+    pub(crate) ce: CopyEngine<R>,
     /// Live automatic registrations (so calls without any skip the policy's lookups).
     pub(crate) autos: AtomicUsize,
 }
@@ -176,7 +176,12 @@ impl<R: Runtime> ApiComm<R> {
             }
             Ok(())
         })?;
-        Self::wrap(api, rt, c, dev, (rank, world), None, (nonblocking, timeout))
+        let mut me = Self::wrap(api, rt, c, dev, (rank, world), None, (nonblocking, timeout))?;
+        #[cfg(target_os = "linux")]
+        {
+            me.ce.job = Some(crate::ipc::Job::from_id(&id.to_bytes()));
+        }
+        Ok(me)
     }
 
     /// Whether communicators are created non-blocking (`UNICOMM_NONBLOCKING`, where the
@@ -553,5 +558,12 @@ impl<R: Runtime> Drop for ApiComm<R> {
             let _ = Collective::deregister(self, h);
         }
         let _ = self.destroy(true);
+        // Peers' memory still mapped for windows the communicator took with it.
+        let maps: Vec<(usize, usize)> =
+            std::mem::take(&mut *self.ce.mapped.lock().unwrap_or_else(|e| e.into_inner()))
+                .into_values()
+                .flatten()
+                .collect();
+        self.unmap_peers(maps);
     }
 }

@@ -17,8 +17,14 @@
 //! - Windows are symmetric: a peer's output is at the same offset of its window as this
 //!   rank's (NCCL's rule for symmetric collectives).
 //!
-//! One rank per process would need the peers' memory exported (cuMem handles); not done:
-//! there the library's own path runs.
+//! For one rank per process (communicators joined with [`ApiComm::init_rank`]), the
+//! window's allocation is exported (a cuMem / hipMem POSIX descriptor) and swapped with the
+//! peers on the same host over Unix sockets (`ipc.rs`); each rank maps its peers' windows
+//! into its own address space, and the copies are the same. The ranks agree per window: if
+//! one rank cannot reach, export or map, no rank takes the path for that window and the
+//! library's path runs. Mapped peer memory is unmapped when the window is deregistered,
+//! once the copies that used it have completed (an event per stream, waited for with the
+//! communicator's deadline).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -200,6 +206,12 @@ impl<R: Runtime> ApiComm<R> {
     pub(crate) fn run_copy_engine(&self, plan: Plan, stream: &R::Stream) -> Result<()> {
         let st = R::raw_stream(stream);
         self.barrier_on(st)?;
+        let mapped = !self
+            .ce
+            .mapped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
         let (local, peers): (Vec<_>, Vec<_>) = plan
             .copies
             .into_iter()
@@ -233,6 +245,14 @@ impl<R: Runtime> ApiComm<R> {
         if let Some(done) = forked {
             self.rt.wait_event(self.dev, stream, &done)?;
         }
+        if mapped {
+            // What unmapping the peers' memory waits for (one event per stream).
+            let ev = self.rt.with_device(self.dev, || self.rt.record(stream))?;
+            let mut p = self.ce.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let key = st as usize;
+            p.retain(|(s, _)| *s != key);
+            p.push((key, ev));
+        }
         self.barrier_on(st)
     }
 
@@ -246,8 +266,13 @@ impl<R: Runtime> ApiComm<R> {
     }
 
     /// Records a window for the copy-engine path: exchanges its address with the peers
-    /// (collective, like the registration) and enables peer access to their devices.
+    /// (collective, like the registration) and enables peer access to their devices; for
+    /// one rank per process, exports it and maps the peers' (`share_window_ipc`).
     pub(crate) fn share_window(&self, handle: RawHandle, addr: usize, bytes: usize) -> Result<()> {
+        #[cfg(target_os = "linux")]
+        if let Some(job) = self.ce.job {
+            return self.share_window_ipc(job, handle, addr, bytes);
+        }
         let Some(world) = &self.ce.world else {
             return Ok(());
         };
@@ -269,20 +294,161 @@ impl<R: Runtime> ApiComm<R> {
         Ok(())
     }
 
-    /// Forgets a window's peers (at deregistration).
+    /// Forgets a window's peers (at deregistration), and unmaps the peers' memory mapped
+    /// for it once the copies that used it are done.
     pub(crate) fn forget_window(&self, handle: RawHandle) {
         self.ce
             .peers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&handle);
+        let maps = self
+            .ce
+            .mapped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle);
+        if let Some(maps) = maps {
+            self.unmap_peers(maps);
+        }
+    }
+
+    /// Unmaps peers' memory: after every copy-engine operation that may have used it has
+    /// completed (the last event of each stream it ran on), within the deadline; if that
+    /// wait fails the mappings are left (leaked, never unmapped under a running copy).
+    pub(crate) fn unmap_peers(&self, maps: Vec<(usize, usize)>) {
+        if maps.is_empty() {
+            return;
+        }
+        let idle = (|| -> Result<()> {
+            let pending: Vec<R::Event> =
+                std::mem::take(&mut *self.ce.pending.lock().unwrap_or_else(|e| e.into_inner()))
+                    .into_iter()
+                    .map(|(_, e)| e)
+                    .collect();
+            if pending.is_empty() {
+                return Ok(());
+            }
+            let s = self.rt.create_stream(self.dev)?;
+            for e in &pending {
+                self.rt.wait_event(self.dev, &s, e)?;
+            }
+            let st = crate::memory::ApiStream::from_runtime(self.rt.clone(), s, self.dev)?;
+            st.synchronize()
+        })();
+        match idle {
+            Ok(()) => {
+                for (va, size) in maps {
+                    // SAFETY: a mapping of `import_memory`, taken out of the table (so
+                    // unmapped once); every copy that used it completed (waited for above).
+                    let _ = unsafe { self.rt.unmap_imported(self.dev, va, size) };
+                }
+            }
+            Err(e) => eprintln!(
+                "unicomm: rank {}: {} mapping(s) of peers' windows left mapped: the copies that used them did not finish ({e})",
+                self.rank,
+                maps.len()
+            ),
+        }
+    }
+
+    /// A host-side barrier: a one-element all-reduce on a stream of its own, waited for
+    /// with the communicator's deadline.
+    #[cfg(target_os = "linux")]
+    fn host_barrier(&self) -> Result<()> {
+        let s = self.rt.create_stream(self.dev)?;
+        let st = crate::memory::ApiStream::from_runtime(self.rt.clone(), s, self.dev)?;
+        st.watched_by(&(self.core.clone() as Arc<dyn crate::watchdog::Watched>));
+        self.barrier_on(R::raw_stream(&st.s))?;
+        st.synchronize()
+    }
+
+    /// `share_window` for one rank per process: export this rank's allocation, swap it with
+    /// the peers' (a barrier first, so every rank's listener is bound), map theirs, and
+    /// agree; the window takes the path only where every rank could.
+    #[cfg(target_os = "linux")]
+    fn share_window_ipc(
+        &self,
+        job: crate::ipc::Job,
+        handle: RawHandle,
+        addr: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        use std::os::fd::AsFd;
+        let seq = self
+            .ce
+            .windows
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let listener = crate::ipc::Listener::bind(job, seq, self.rank)?;
+        let exported = self.rt.export_memory(self.dev, addr);
+        self.host_barrier()?;
+        let deadline = Instant::now() + self.core.timeout();
+        let mine = exported.as_ref().ok().map(|x| {
+            (
+                crate::ipc::Offer {
+                    size: x.size as u64,
+                    offset: (addr - x.base) as u64,
+                    bytes: bytes as u64,
+                },
+                x.fd.as_fd(),
+            )
+        });
+        // (rank, mapped address, mapped size, offset, bytes) per peer.
+        let mut maps: Vec<(usize, usize, usize, usize, usize)> = Vec::new();
+        let out = crate::ipc::exchange(&listener, self.world, mine, deadline, |p, o, fd| {
+            let (size, offset, b) = (o.size as usize, o.offset as usize, o.bytes as usize);
+            if offset.checked_add(b).map_or(true, |end| end > size) {
+                return Err(Error::invalid(
+                    "copy-engine exchange",
+                    format!(
+                        "rank {p}'s window ({offset}+{b}) lies outside its allocation ({size})"
+                    ),
+                ));
+            }
+            let va = self.rt.import_memory(self.dev, fd, size)?;
+            maps.push((p, va, size, offset, b));
+            Ok(())
+        });
+        let agreed = match out {
+            Ok(a) => a,
+            Err(e) => {
+                self.unmap_peers(maps.iter().map(|m| (m.1, m.2)).collect());
+                return Err(e);
+            }
+        };
+        if !agreed {
+            // Some rank cannot take the path for this window: none does.
+            if let Err(e) = &exported {
+                eprintln!(
+                    "unicomm: rank {}: window not shared for the copy-engine path: {e}",
+                    self.rank
+                );
+            }
+            self.unmap_peers(maps.iter().map(|m| (m.1, m.2)).collect());
+            return Ok(());
+        }
+        let mut peers = vec![(self.dev, addr, bytes); self.world];
+        for &(p, va, _, offset, b) in &maps {
+            peers[p] = (self.dev, va + offset, b);
+        }
+        self.ce
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, Arc::new(peers));
+        self.ce
+            .mapped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, maps.iter().map(|m| (m.1, m.2)).collect());
+        Ok(())
     }
 
     /// `set_copy_engine`: needs the ranks in this process (a world from
     /// `local_comms`/`init_local`), elsewhere `Unsupported`. Windows registered while it is
     /// on are shared with the peers; only outputs in such windows take the path.
     pub(crate) fn copy_engine_switch(&self, on: bool) -> Result<()> {
-        if on && self.ce.world.is_none() {
+        if on && !self.ce.reachable() {
             return Err(Error::unsupported(
                 "the copy-engine path",
                 "ranks in one process (local_comms / init_local), where peers' memory is reachable",
@@ -296,24 +462,56 @@ impl<R: Runtime> ApiComm<R> {
     }
 }
 
-/// A communicator's copy-engine state (`S`: the runtime's stream).
-#[derive(Debug)]
-pub(crate) struct CopyEngine<S> {
+/// A communicator's copy-engine state.
+pub(crate) struct CopyEngine<R: Runtime> {
     /// The in-process world, when the ranks were created together.
     pub(crate) world: Option<Arc<LocalWorld>>,
+    /// One rank per process (or thread), joined with a unique id: peers' windows are
+    /// exported and mapped (`ipc.rs`).
+    #[cfg(target_os = "linux")]
+    pub(crate) job: Option<crate::ipc::Job>,
+    /// Peers' memory mapped into this process, per window: (address, size).
+    pub(crate) mapped: Mutex<HashMap<RawHandle, Vec<(usize, usize)>>>,
+    /// The last copy-engine operation's event per stream that ran one over mapped memory
+    /// (raw stream, event): what unmapping waits for.
+    pub(crate) pending: Mutex<Vec<(usize, R::Event)>>,
     pub(crate) enabled: std::sync::atomic::AtomicBool,
     /// Window registrations so far (the exchange's sequence number).
     pub(crate) windows: std::sync::atomic::AtomicU64,
     /// Every rank's (device, address, bytes) per window handle.
     pub(crate) peers: Mutex<HashMap<RawHandle, Peers>>,
     /// The side stream of the local copies, created at first use.
-    pub(crate) side: Mutex<Option<S>>,
+    pub(crate) side: Mutex<Option<R::Stream>>,
 }
 
-impl<S> Default for CopyEngine<S> {
+impl<R: Runtime> std::fmt::Debug for CopyEngine<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyEngine")
+            .field("local", &self.world.is_some())
+            .field("enabled", &self.enabled)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Runtime> CopyEngine<R> {
+    /// Whether peers' memory can be reached at all (ranks in this process, or exchanged).
+    pub(crate) fn reachable(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        if self.job.is_some() {
+            return true;
+        }
+        self.world.is_some()
+    }
+}
+
+impl<R: Runtime> Default for CopyEngine<R> {
     fn default() -> Self {
         CopyEngine {
             world: None,
+            #[cfg(target_os = "linux")]
+            job: None,
+            mapped: Default::default(),
+            pending: Default::default(),
             enabled: Default::default(),
             windows: Default::default(),
             peers: Default::default(),

@@ -32,6 +32,8 @@ pub mod comm;
 mod copy_engine;
 #[cfg(feature = "gpu-harness")]
 pub mod gpu_tests;
+#[cfg(target_os = "linux")]
+mod ipc;
 pub mod memory;
 pub mod policy;
 pub mod runtime;

@@ -78,4 +78,55 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         bytes: usize,
         s: &Self::Stream,
     ) -> Result<()>;
+
+    /// Exports the device allocation holding `addr` for another process (the copy-engine
+    /// path with one rank per process): a POSIX file descriptor of the allocation's
+    /// physical memory (`cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`, or
+    /// HIP's), with the allocation's base address and size. `Unsupported` where the memory
+    /// cannot be exported (not cuMem/VMM memory, a runtime without the calls).
+    fn export_memory(&self, dev: usize, addr: usize) -> Result<Exported> {
+        let _ = (dev, addr);
+        Err(unicomm_core::Error::unsupported(
+            "exporting device memory to another process",
+            "a runtime with virtual memory management (cuMem / hipMem)",
+            Self::NAME,
+        ))
+    }
+    /// Maps memory another process exported (`export_memory`'s descriptor and size) into
+    /// this process, readable and writable from device `dev`; returns its address here.
+    /// The mapping keeps the memory alive until [`Runtime::unmap_imported`], whatever its
+    /// owner does meanwhile.
+    fn import_memory(
+        &self,
+        dev: usize,
+        fd: std::os::fd::BorrowedFd<'_>,
+        size: usize,
+    ) -> Result<usize> {
+        let _ = (dev, fd, size);
+        Err(unicomm_core::Error::unsupported(
+            "importing another process's device memory",
+            "a runtime with virtual memory management (cuMem / hipMem)",
+            Self::NAME,
+        ))
+    }
+    /// Unmaps what `import_memory` returned.
+    ///
+    /// # Safety
+    /// `addr`/`size` came from `import_memory` on `dev`, are unmapped once, and no pending
+    /// device work uses them.
+    unsafe fn unmap_imported(&self, dev: usize, addr: usize, size: usize) -> Result<()> {
+        let _ = (dev, addr, size);
+        Ok(())
+    }
+}
+
+/// Device memory exported by [`Runtime::export_memory`].
+#[derive(Debug)]
+pub struct Exported {
+    /// The shareable handle (a POSIX file descriptor), closed on drop.
+    pub fd: std::os::fd::OwnedFd,
+    /// The allocation's base address in the exporting process.
+    pub base: usize,
+    /// The allocation's size in bytes (what the importer maps).
+    pub size: usize,
 }

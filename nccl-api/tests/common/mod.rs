@@ -54,6 +54,12 @@ pub fn calls(api_path: &Path, name: &str) -> c_int {
 /// While set, every host stream reports work still running (a peer that never arrives).
 pub static HANG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Whether the host runtime can export memory to "other processes" (the copy-engine path
+/// for one rank per process); and how many imports and unmaps it saw.
+pub static EXPORT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+pub static IMPORTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+pub static UNMAPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Host memory standing in for a device.
 #[derive(Debug)]
 pub struct Host;
@@ -119,6 +125,40 @@ impl Runtime for Host {
         Ok((0, 0))
     }
     fn enable_peer_access(&self, _: usize, _: usize) -> Result<()> {
+        Ok(())
+    }
+    fn export_memory(&self, _: usize, addr: usize) -> Result<unicomm_nccl_api::runtime::Exported> {
+        if !EXPORT.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(unicomm_core::Error::unsupported(
+                "export",
+                "EXPORT",
+                "this test",
+            ));
+        }
+        // A memfd carrying the address: host "devices" share one address space, so the
+        // importer maps nothing and gets the address back.
+        let fd = nix::sys::memfd::memfd_create(
+            c"unicomm-host-export",
+            nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+        )
+        .map_err(|e| unicomm_core::Error::invalid("memfd", e.to_string()))?;
+        nix::unistd::write(&fd, &addr.to_le_bytes())
+            .map_err(|e| unicomm_core::Error::invalid("memfd", e.to_string()))?;
+        Ok(unicomm_nccl_api::runtime::Exported {
+            fd,
+            base: addr,
+            size: 1 << 20,
+        })
+    }
+    fn import_memory(&self, _: usize, fd: std::os::fd::BorrowedFd<'_>, _: usize) -> Result<usize> {
+        let mut b = [0u8; 8];
+        nix::sys::uio::pread(fd, &mut b, 0)
+            .map_err(|e| unicomm_core::Error::invalid("memfd", e.to_string()))?;
+        IMPORTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(usize::from_le_bytes(b))
+    }
+    unsafe fn unmap_imported(&self, _: usize, _: usize, _: usize) -> Result<()> {
+        UNMAPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
     unsafe fn copy_async(

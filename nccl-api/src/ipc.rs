@@ -1,0 +1,645 @@
+//! Device memory shared between the processes of one job on one host (the copy-engine path
+//! with one rank per process): each rank exports its window's allocation as a POSIX file
+//! descriptor (cuMem / hipMem), and the ranks swap the descriptors over Unix-domain sockets
+//! (`SCM_RIGHTS`), as NCCL itself does for its cuMem buffers.
+//!
+//! Security: a rank's listener lives in the abstract namespace under a name derived from the
+//! communicator's unique id (which only the job's ranks know) and the registration's number;
+//! both ends check the other's user id (`SO_PEERCRED`: only processes of the same user,
+//! which could read this process's memory anyway, are talked to) and every offer carries a
+//! key derived from the unique id. A connection that fails a check is dropped and logged,
+//! and the exchange goes on; one deadline bounds it all.
+//!
+//! Agreement: every rank must come to the same answer (all ranks take the copy-engine path
+//! for a window, or none does), or one rank would wait in a collective its peers never
+//! call. A rank's answer is yes when it reached every peer, exported its own memory and
+//! imported every peer's; it sends that answer back on each connection it accepted and
+//! reads the peers' answers on the connections it opened; the window takes the path when
+//! every answer is yes. Ranks on other hosts are simply unreachable (their names exist on
+//! their own host only): the answer is then no everywhere.
+
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{self, sockopt, ControlMessage, ControlMessageOwned, MsgFlags};
+use unicomm_core::{Error, Result};
+
+/// What identifies one communicator's exchanges: the listener names' tag and the key every
+/// offer carries, both derived from the communicator's unique id.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Job {
+    tag: [u8; 16],
+    key: [u8; 16],
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Job({})", hex(&self.tag)) // never the key
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// FNV-1a over `data` from `seed` (names and keys, not a cryptographic hash: the secret is
+/// the unique id itself, and only the same user's processes are ever talked to).
+fn fnv(seed: u64, data: &[u8]) -> u64 {
+    data.iter().fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl Job {
+    /// The job of the communicator created from `id` (the unique id's bytes).
+    pub(crate) fn from_id(id: &[u8]) -> Job {
+        let part = |i: u64| fnv(i.wrapping_mul(0x9e37_79b9_7f4a_7c15), id).to_le_bytes();
+        let mut tag = [0; 16];
+        let mut key = [0; 16];
+        tag[..8].copy_from_slice(&part(1));
+        tag[8..].copy_from_slice(&part(2));
+        key[..8].copy_from_slice(&part(3));
+        key[8..].copy_from_slice(&part(4));
+        Job { tag, key }
+    }
+
+    fn name(&self, seq: u64, rank: usize) -> String {
+        format!("unicomm-ce-{}-{seq}-{rank}", hex(&self.tag))
+    }
+}
+
+/// One rank's side of an exported allocation, as its peers need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Offer {
+    /// The allocation's size (what the importer maps).
+    pub size: u64,
+    /// Where the window starts in the allocation.
+    pub offset: u64,
+    /// The window's bytes.
+    pub bytes: u64,
+}
+
+const MAGIC: &[u8; 8] = b"UNICOMM1";
+/// How long one accepted connection may take to deliver its offer.
+const PER_OFFER: Duration = Duration::from_secs(2);
+const MSG: usize = 8 + 16 + 8 + 4 + 4 + 4 + 8 + 8 + 8;
+
+/// A rank's listener for registration `seq`, bound before the peers are told to connect.
+pub(crate) struct Listener {
+    sock: UnixListener,
+    job: Job,
+    seq: u64,
+    rank: usize,
+}
+
+impl Listener {
+    /// Binds rank `rank`'s abstract socket for registration `seq`.
+    pub(crate) fn bind(job: Job, seq: u64, rank: usize) -> Result<Listener> {
+        let name = job.name(seq, rank);
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| io("name", e))?;
+        let sock = UnixListener::bind_addr(&addr).map_err(|e| {
+            io(
+                "binding the copy-engine exchange's socket (is another process using this communicator's name?)",
+                e,
+            )
+        })?;
+        sock.set_nonblocking(true).map_err(|e| io("socket", e))?;
+        Ok(Listener {
+            sock,
+            job,
+            seq,
+            rank,
+        })
+    }
+}
+
+fn io(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::invalid("copy-engine exchange", format!("{what}: {e}"))
+}
+
+/// Swaps this rank's offer (`mine`: the offer and its descriptor, `None` when its memory
+/// could not be exported) with every peer's, imports each peer's with `import` (which
+/// keeps what it mapped: on an error or a no, the caller unmaps it), and returns whether
+/// every rank agreed to take the path; at most until `deadline` (then `Timeout`, naming
+/// the ranks that never answered).
+pub(crate) fn exchange(
+    listener: &Listener,
+    world: usize,
+    mine: Option<(Offer, BorrowedFd<'_>)>,
+    deadline: Instant,
+    mut import: impl FnMut(usize, &Offer, BorrowedFd<'_>) -> Result<()>,
+) -> Result<bool> {
+    let (job, seq, rank) = (listener.job, listener.seq, listener.rank);
+    let me = uid();
+    let start = Instant::now();
+    // 1. Offer: to every peer's listener (bound before the barrier that preceded this).
+    let mut outgoing = Vec::new();
+    let mut reached_all = true;
+    for p in (0..world).filter(|&p| p != rank) {
+        match offer_to(job, seq, rank, world, p, mine, me, deadline) {
+            Ok(Some(s)) => outgoing.push((p, s)),
+            Ok(None) => reached_all = false,
+            Err(e) => return Err(e),
+        }
+    }
+    // 2. Accept the peers' offers: as many as this rank reached (reachability is
+    // symmetric: on one host every listener was bound before anyone connected).
+    let mut incoming: Vec<(usize, UnixStream)> = Vec::new();
+    let mut ok = reached_all && mine.is_some();
+    while incoming.len() < outgoing.len() {
+        let (s, _) = match listener.sock.accept() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let heard: Vec<usize> = incoming.iter().map(|x| x.0).collect();
+                    let missing: Vec<String> = outgoing
+                        .iter()
+                        .map(|x| x.0)
+                        .filter(|p| !heard.contains(p))
+                        .map(|p| p.to_string())
+                        .collect();
+                    return Err(Error::Timeout {
+                        what: format!(
+                            "copy-engine exchange #{seq}: rank(s) {} never sent their window",
+                            missing.join(", ")
+                        ),
+                        after: start.elapsed(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            Err(e) => return Err(io("accept", e)),
+        };
+        match read_offer(&s, job, seq, world, me, deadline) {
+            Ok((p, offer, fd)) if p != rank && !incoming.iter().any(|x| x.0 == p) => {
+                match (offer, fd) {
+                    (Some(o), Some(fd)) => match import(p, &o, fd.as_fd()) {
+                        Ok(()) => {}
+                        Err(e) => {
+                            eprintln!("unicomm copy-engine exchange #{seq}: rank {rank} could not map rank {p}'s window: {e}");
+                            ok = false;
+                        }
+                    },
+                    _ => ok = false, // the peer could not export its memory
+                }
+                incoming.push((p, s));
+            }
+            Ok((p, ..)) => {
+                eprintln!(
+                    "unicomm copy-engine exchange #{seq}: dropped a second offer claiming rank {p}"
+                )
+            }
+            Err(why) => {
+                eprintln!("unicomm copy-engine exchange #{seq}: dropped a connection: {why}")
+            }
+        }
+    }
+    // 3. Agree: answer every accepted connection, read every opened one's answer.
+    for (_, s) in &mut incoming {
+        with_deadline(s, deadline)?;
+        s.write_all(&[b'K', u8::from(ok)])
+            .map_err(|e| io("answer", e))?;
+    }
+    let mut agreed = ok;
+    for (p, s) in &mut outgoing {
+        with_deadline(s, deadline)?;
+        let mut a = [0u8; 2];
+        s.read_exact(&mut a).map_err(|e| {
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) {
+                Error::Timeout {
+                    what: format!("copy-engine exchange #{seq}: rank {p} never answered"),
+                    after: start.elapsed(),
+                }
+            } else {
+                io(&format!("rank {p}'s answer"), e)
+            }
+        })?;
+        agreed &= a == [b'K', 1];
+    }
+    Ok(agreed)
+}
+
+fn uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+/// Read and write timeouts of `s`: what is left until `deadline` (at least 1 ms).
+fn with_deadline(s: &UnixStream, deadline: Instant) -> Result<()> {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    s.set_read_timeout(Some(left))
+        .and_then(|_| s.set_write_timeout(Some(left)))
+        .map_err(|e| io("socket", e))
+}
+
+/// Connects to peer `p`'s listener and sends this rank's offer: `None` when `p` is not
+/// reachable from here (no such listener on this host).
+#[expect(clippy::too_many_arguments, reason = "one message's fields")]
+fn offer_to(
+    job: Job,
+    seq: u64,
+    rank: usize,
+    world: usize,
+    p: usize,
+    mine: Option<(Offer, BorrowedFd<'_>)>,
+    me: u32,
+    deadline: Instant,
+) -> Result<Option<UnixStream>> {
+    let addr =
+        SocketAddr::from_abstract_name(job.name(seq, p).as_bytes()).map_err(|e| io("name", e))?;
+    let s = match UnixStream::connect_addr(&addr) {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(io(&format!("connecting to rank {p}"), e)),
+    };
+    let cred =
+        socket::getsockopt(&s, sockopt::PeerCredentials).map_err(|e| io("SO_PEERCRED", e))?;
+    if cred.uid() != me {
+        // Someone else holds this job's name: talk to nobody there.
+        eprintln!(
+            "unicomm copy-engine exchange #{seq}: rank {p}'s socket belongs to user {} (pid {}), not to this job's user {me}: not sent",
+            cred.uid(),
+            cred.pid()
+        );
+        return Ok(None);
+    }
+    with_deadline(&s, deadline)?;
+    let offer = mine.map(|m| m.0).unwrap_or(Offer {
+        size: 0,
+        offset: 0,
+        bytes: 0,
+    });
+    let mut msg = Vec::with_capacity(MSG);
+    msg.extend_from_slice(MAGIC);
+    msg.extend_from_slice(&job.key);
+    msg.extend_from_slice(&seq.to_le_bytes());
+    msg.extend_from_slice(&(rank as u32).to_le_bytes());
+    msg.extend_from_slice(&(world as u32).to_le_bytes());
+    msg.extend_from_slice(&u32::from(mine.is_some()).to_le_bytes());
+    msg.extend_from_slice(&offer.size.to_le_bytes());
+    msg.extend_from_slice(&offer.offset.to_le_bytes());
+    msg.extend_from_slice(&offer.bytes.to_le_bytes());
+    let fds: Vec<RawFd> = mine.iter().map(|m| m.1.as_raw_fd()).collect();
+    let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() {
+        Vec::new()
+    } else {
+        vec![ControlMessage::ScmRights(&fds)]
+    };
+    let n = socket::sendmsg::<()>(
+        s.as_raw_fd(),
+        &[IoSlice::new(&msg)],
+        &cmsgs,
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(|e| io(&format!("sending to rank {p}"), e))?;
+    if n < MSG {
+        (&s).write_all(&msg[n..])
+            .map_err(|e| io(&format!("sending to rank {p}"), e))?;
+    }
+    Ok(Some(s))
+}
+
+/// Reads one offer from an accepted connection: (sender's rank, its offer if it had one,
+/// its descriptor). An error (logged by the caller, the connection dropped) for a stranger:
+/// another user, a wrong key, registration or world, a short or slow message.
+fn read_offer(
+    s: &UnixStream,
+    job: Job,
+    seq: u64,
+    world: usize,
+    me: u32,
+    deadline: Instant,
+) -> std::result::Result<(usize, Option<Offer>, Option<OwnedFd>), String> {
+    let cred = socket::getsockopt(s, sockopt::PeerCredentials).map_err(|e| e.to_string())?;
+    if cred.uid() != me {
+        return Err(format!(
+            "pid {} of user {}, not {me}",
+            cred.pid(),
+            cred.uid()
+        ));
+    }
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    // A peer sends its whole offer as soon as it connects; a stranger that holds the
+    // connection open gets at most `PER_OFFER` of the deadline, not all of it.
+    with_deadline(s, deadline.min(Instant::now() + PER_OFFER)).map_err(|e| e.to_string())?;
+    let mut buf = [0u8; MSG];
+    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
+    let (n, fd) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let m = socket::recvmsg::<()>(
+            s.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|e| e.to_string())?;
+        let mut fd = None;
+        for c in m.cmsgs().map_err(|e| e.to_string())? {
+            if let ControlMessageOwned::ScmRights(fds) = c {
+                for f in fds {
+                    // SAFETY: a descriptor the kernel just installed in this process for
+                    // this message; owned here (closed on drop), once.
+                    let owned = unsafe { OwnedFd::from_raw_fd(f) };
+                    fd.get_or_insert(owned);
+                }
+            }
+        }
+        (m.bytes, fd)
+    };
+    if n == 0 {
+        return Err("closed before its offer".into());
+    }
+    if n < MSG {
+        (&*s)
+            .read_exact(&mut buf[n..])
+            .map_err(|e| format!("a short offer ({n} of {MSG} bytes): {e}"))?;
+    }
+    let u32_at = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
+    let u64_at = |i: usize| {
+        let mut b = [0; 8];
+        b.copy_from_slice(&buf[i..i + 8]);
+        u64::from_le_bytes(b)
+    };
+    if &buf[..8] != MAGIC {
+        return Err("not an offer (bad magic)".into());
+    }
+    if buf[8..24] != job.key {
+        return Err("a wrong key (another job?)".into());
+    }
+    if u64_at(24) != seq {
+        return Err(format!("registration #{} while this is #{seq}", u64_at(24)));
+    }
+    let (r, w, has) = (u32_at(32) as usize, u32_at(36) as usize, u32_at(40));
+    if w != world || r >= world {
+        return Err(format!("rank {r} of {w}, this world has {world}"));
+    }
+    let offer = Offer {
+        size: u64_at(44),
+        offset: u64_at(52),
+        bytes: u64_at(60),
+    };
+    match (has, fd) {
+        (1, Some(fd)) => Ok((r, Some(offer), Some(fd))),
+        (0, _) => Ok((r, None, None)),
+        _ => Err(format!("rank {r}'s offer came without its descriptor")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn job(n: u8) -> Job {
+        Job::from_id(&[n; 128])
+    }
+
+    /// Per rank: (peer, tag) of what it imported, and whether all agreed.
+    type Got = (Vec<(usize, u8)>, bool);
+
+    /// An "export": a memfd holding `tag`, so the importer can tell whose it got.
+    fn exported(tag: u8) -> OwnedFd {
+        let fd =
+            nix::sys::memfd::memfd_create(c"unicomm-test", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+                .expect("memfd");
+        nix::unistd::write(&fd, &[tag]).expect("write");
+        fd
+    }
+
+    fn read_tag(fd: BorrowedFd<'_>) -> u8 {
+        let mut b = [0u8; 1];
+        nix::sys::uio::pread(fd, &mut b, 0).expect("pread");
+        b[0]
+    }
+
+    /// `world` ranks on threads, each exporting a memfd (or not, for ranks in `no_export`);
+    /// returns per rank the exchange's result: (peer, tag) pairs and the agreement.
+    fn run(
+        world: usize,
+        seq: u64,
+        no_export: &[usize],
+        deadline: Duration,
+    ) -> Vec<Result<Got>> {
+        let j = job(7);
+        let ls: Vec<Arc<Listener>> = (0..world)
+            .map(|r| Arc::new(Listener::bind(j, seq, r).expect("bind")))
+            .collect();
+        let no_export = no_export.to_vec();
+        let hs: Vec<_> = (0..world)
+            .map(|r| {
+                let l = ls[r].clone();
+                let skip = no_export.contains(&r);
+                std::thread::spawn(move || {
+                    let fd = exported(r as u8 + 100);
+                    let offer = Offer {
+                        size: 4096,
+                        offset: r as u64,
+                        bytes: 64,
+                    };
+                    let mine = (!skip).then_some((offer, fd.as_fd()));
+                    let mut got = Vec::new();
+                    exchange(&l, world, mine, Instant::now() + deadline, |p, o, fd| {
+                        assert_eq!(o.offset, p as u64);
+                        got.push((p, read_tag(fd)));
+                        Ok(())
+                    })
+                    .map(|agreed| (got, agreed))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    }
+
+    #[test]
+    fn every_rank_gets_every_peers_descriptor_and_all_agree() {
+        for world in [1, 2, 4] {
+            for (r, out) in run(world, 1, &[], Duration::from_secs(10))
+                .into_iter()
+                .enumerate()
+            {
+                let (mut got, agreed) = out.unwrap();
+                got.sort();
+                let want: Vec<(usize, u8)> = (0..world)
+                    .filter(|&p| p != r)
+                    .map(|p| (p, p as u8 + 100))
+                    .collect();
+                assert_eq!(got, want, "rank {r} of {world}");
+                assert!(agreed, "rank {r} of {world}");
+            }
+        }
+    }
+
+    #[test]
+    fn one_rank_without_exportable_memory_makes_every_rank_say_no() {
+        for out in run(3, 2, &[1], Duration::from_secs(10)) {
+            assert!(!out.unwrap().1);
+        }
+    }
+
+    #[test]
+    fn a_rank_on_another_host_is_unreachable_and_every_rank_says_no() {
+        // Rank 2's listener never exists here (it would be on its host).
+        let j = job(8);
+        let ls: Vec<Arc<Listener>> = (0..2)
+            .map(|r| Arc::new(Listener::bind(j, 1, r).unwrap()))
+            .collect();
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let l = ls[r].clone();
+                std::thread::spawn(move || {
+                    let fd = exported(1);
+                    let o = Offer {
+                        size: 1,
+                        offset: 0,
+                        bytes: 1,
+                    };
+                    let start = Instant::now();
+                    let agreed = exchange(
+                        &l,
+                        3,
+                        Some((o, fd.as_fd())),
+                        Instant::now() + Duration::from_secs(20),
+                        |_, _, _| Ok(()),
+                    )
+                    .unwrap();
+                    (agreed, start.elapsed())
+                })
+            })
+            .collect();
+        for h in hs {
+            let (agreed, took) = h.join().unwrap();
+            assert!(!agreed);
+            assert!(
+                took < Duration::from_secs(5),
+                "{took:?}: waited for a rank it cannot reach"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stranger_with_the_wrong_key_is_dropped_and_the_exchange_goes_on() {
+        let j = job(9);
+        let (a, b) = (
+            Listener::bind(j, 5, 0).unwrap(),
+            Listener::bind(j, 5, 1).unwrap(),
+        );
+        // The stranger connects to rank 0 first: a well-formed message with another key,
+        // then a half message that stays open.
+        let addr = SocketAddr::from_abstract_name(j.name(5, 0).as_bytes()).unwrap();
+        let mut s1 = UnixStream::connect_addr(&addr).unwrap();
+        let mut bad = vec![0u8; MSG];
+        bad[..8].copy_from_slice(MAGIC);
+        s1.write_all(&bad).unwrap();
+        let mut s2 = UnixStream::connect_addr(&addr).unwrap();
+        s2.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        let t = std::thread::spawn(move || {
+            let fd = exported(11);
+            let o = Offer {
+                size: 1,
+                offset: 1,
+                bytes: 1,
+            };
+            let mut got = Vec::new();
+            exchange(
+                &b,
+                2,
+                Some((o, fd.as_fd())),
+                Instant::now() + Duration::from_secs(10),
+                |p, _, fd| {
+                    got.push((p, read_tag(fd)));
+                    Ok(())
+                },
+            )
+            .map(|a| (got, a))
+        });
+        let fd = exported(10);
+        let o = Offer {
+            size: 1,
+            offset: 0,
+            bytes: 1,
+        };
+        let start = Instant::now();
+        let mut got = Vec::new();
+        let r0 = exchange(
+            &a,
+            2,
+            Some((o, fd.as_fd())),
+            Instant::now() + Duration::from_secs(8),
+            |p, _, fd| {
+                got.push((p, read_tag(fd)));
+                Ok(())
+            },
+        )
+        .map(|a| (got, a));
+        let r1 = t.join().unwrap();
+        // The half message held rank 0 for one offer's budget (2 s), not its deadline
+        // (8 s); the exchange then completed with the real peer.
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        match (r0, r1) {
+            (Ok((g0, a0)), Ok((g1, a1))) => {
+                assert_eq!(g0, vec![(1, 11)]);
+                assert_eq!(g1, vec![(0, 10)]);
+                assert!(a0 && a1);
+            }
+            (r0, r1) => panic!("rank 0: {:?}, rank 1: {:?}", r0.map(|_| ()), r1.map(|_| ())),
+        }
+        drop((s1, s2));
+    }
+
+    #[test]
+    fn a_missing_peer_is_a_timeout_at_the_deadline_naming_it() {
+        // Rank 1 bound its listener (so rank 0 reached it) but never takes part.
+        let j = job(10);
+        let (a, _b) = (
+            Listener::bind(j, 1, 0).unwrap(),
+            Listener::bind(j, 1, 1).unwrap(),
+        );
+        let fd = exported(1);
+        let o = Offer {
+            size: 1,
+            offset: 0,
+            bytes: 1,
+        };
+        let start = Instant::now();
+        let e = exchange(
+            &a,
+            2,
+            Some((o, fd.as_fd())),
+            Instant::now() + Duration::from_millis(300),
+            |_, _, _| Ok(()),
+        )
+        .expect_err("a timeout");
+        assert!(start.elapsed() < Duration::from_secs(3));
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        assert!(e.to_string().contains("rank(s) 1"), "{e}");
+    }
+
+    #[test]
+    fn a_name_is_bound_once() {
+        let j = job(11);
+        let _a = Listener::bind(j, 1, 0).unwrap();
+        assert!(Listener::bind(j, 1, 0).is_err());
+    }
+}
