@@ -36,11 +36,11 @@ for v in nccl rccl; do
     # Calibrate the automatic policy (cargo xtask tune), then the sweep with every mode,
     # auto reading those thresholds, so auto is compared with each fixed mode in one run.
     step $v tune
-    timeout ${TUNE_TIMEOUT:-150} ./unicomm-bench --vendor $vendor --modes registered,window,ce --place out --coll all_reduce,all_to_all,all_gather -b 8 -e 512M -f 4 -w 5 -n 20 --tune "$OUT/$v-tune.txt" -J "$OUT/$v-tune.json" > "$OUT/$v-tune.log" 2>&1 || rc=1
+    timeout ${TUNE_TIMEOUT:-150} ./unicomm-bench --vendor $vendor --modes registered,window,ce --place out --coll all_reduce,all_to_all,all_gather -b 8 -e 512M -f 4 -w ${BENCH_WARMUP:-20} -n ${BENCH_ITERS:-200} --tune "$OUT/$v-tune.txt" -J "$OUT/$v-tune.json" > "$OUT/$v-tune.log" 2>&1 || rc=1
     cat "$OUT/$v-tune.txt"
     export UNICOMM_TUNE_FILE="$OUT/$v-tune.txt"
     step $v bench sweep
-    timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor -b 8 -e 512M -f 4 -w 5 -n 20 ${BENCH_ARGS---coll all_reduce,all_to_all,all_gather --place out} -J "$OUT/$v-bench.json" --plot "$OUT/$v-bench.svg" > "$OUT/$v-bench.log" 2>&1 || rc=1
+    timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor -b 8 -e 512M -f 4 -w ${BENCH_WARMUP:-20} -n ${BENCH_ITERS:-200} ${BENCH_ARGS---coll all_reduce,all_to_all,all_gather --place out} -J "$OUT/$v-bench.json" --plot "$OUT/$v-bench.svg" > "$OUT/$v-bench.log" 2>&1 || rc=1
     grep "^# mode" "$OUT/$v-bench.log"
     for cumem in 0 1; do
       step $v visualgen NCCL_CUMEM_ENABLE=$cumem
@@ -77,6 +77,11 @@ for v in nccl rccl; do
         grep -E "^#|^ +[0-9]+ " "$log" | tail -3
         unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE
       done
+      # The copy-engine path with one rank per process (windows exported and mapped across
+      # the two processes), beside NCCL's registered and window modes; data checked.
+      step $v bench 2 processes: copy engines
+      ./xtask launch --procs 2 --timeout-s 300 -- ./unicomm-bench --vendor $vendor --modes registered,window,ce --coll all_to_all,all_gather -b 1M -e 512M -f 4 -w 5 -n 20 -c 1 --place out -J "$OUT/$v-bench-procs-ce.json" > "$OUT/$v-bench-procs-ce.log" 2>&1 || rc=1
+      grep -E "mode|512|wrong|error|==>" "$OUT/$v-bench-procs-ce.log" | tail -12
     else echo "procs: needs 2 GPUs, $UNICOMM_GPU_WORLD here: not run"; fi
   fi
   if [ "$PARTS" = overlap ] || [ "$PARTS" = all ]; then

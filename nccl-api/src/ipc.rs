@@ -430,12 +430,7 @@ mod tests {
 
     /// `world` ranks on threads, each exporting a memfd (or not, for ranks in `no_export`);
     /// returns per rank the exchange's result: (peer, tag) pairs and the agreement.
-    fn run(
-        world: usize,
-        seq: u64,
-        no_export: &[usize],
-        deadline: Duration,
-    ) -> Vec<Result<Got>> {
+    fn run(world: usize, seq: u64, no_export: &[usize], deadline: Duration) -> Vec<Result<Got>> {
         let j = job(7);
         let ls: Vec<Arc<Listener>> = (0..world)
             .map(|r| Arc::new(Listener::bind(j, seq, r).expect("bind")))

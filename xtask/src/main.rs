@@ -317,6 +317,41 @@ fn xtask(cli: Cli) -> Result<()> {
                         format!("{example} {args:?} in {n} processes on the mock")
                     })?;
                 }
+                // unicomm-bench with one rank per process (its figures combined through
+                // the communicator), data checked: a smoke test, no timing asserted.
+                let mut b = cargo();
+                b.args(["build", "-p", "unicomm-bench"]);
+                if o.release {
+                    b.arg("--release");
+                }
+                step("build unicomm-bench", b)?;
+                let bench = root()
+                    .join("target")
+                    .join(if o.release { "release" } else { "debug" })
+                    .join("unicomm-bench");
+                let args: Vec<String> = [
+                    "--vendor",
+                    "mock",
+                    "-b",
+                    "8",
+                    "-e",
+                    "64K",
+                    "-f",
+                    "32",
+                    "-w",
+                    "1",
+                    "-n",
+                    "2",
+                    "-c",
+                    "1",
+                    "--coll",
+                    "all_reduce,all_to_all,all_gather",
+                ]
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+                launch::run(&bench, &args, &[], 2, std::time::Duration::from_secs(300))
+                    .context("unicomm-bench in 2 processes on the mock")?;
             }
             match o.vendor {
                 Vendor::Cuda => gpu_tests(GpuVendor::Cuda, &o.args, nvidia_gpus()),
