@@ -306,6 +306,12 @@ impl<R: Runtime> ApiComm<R> {
         self.dev
     }
 
+    /// How many all-to-alls and all-gathers took the copy-engine path so far (the rest
+    /// went to the library).
+    pub fn copy_engine_calls(&self) -> u64 {
+        self.ce.calls.load(Ordering::Relaxed)
+    }
+
     /// Runs `f` on the communicator: not destroyed, not used by another thread, with this
     /// rank's device current.
     pub(crate) fn call<T>(&self, f: impl FnOnce(NcclComm) -> Result<T>) -> Result<T> {

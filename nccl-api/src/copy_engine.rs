@@ -206,6 +206,9 @@ impl<R: Runtime> ApiComm<R> {
     pub(crate) fn run_copy_engine(&self, plan: Plan, stream: &R::Stream) -> Result<()> {
         let st = R::raw_stream(stream);
         self.barrier_on(st)?;
+        self.ce
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mapped = !self
             .ce
             .mapped
@@ -482,6 +485,8 @@ pub(crate) struct CopyEngine<R: Runtime> {
     pub(crate) peers: Mutex<HashMap<RawHandle, Peers>>,
     /// The side stream of the local copies, created at first use.
     pub(crate) side: Mutex<Option<R::Stream>>,
+    /// Operations that took the path.
+    pub(crate) calls: std::sync::atomic::AtomicU64,
 }
 
 impl<R: Runtime> std::fmt::Debug for CopyEngine<R> {
@@ -516,6 +521,7 @@ impl<R: Runtime> Default for CopyEngine<R> {
             windows: Default::default(),
             peers: Default::default(),
             side: Mutex::new(None),
+            calls: Default::default(),
         }
     }
 }

@@ -191,6 +191,108 @@ pub fn windows<R: Runtime>(g: &Gpu<R>) -> Result<()> {
     Ok(())
 }
 
+/// The runtime's export and import (the copy-engine path across processes): a buffer
+/// from the library's allocator, exported and mapped again in this process, shows the same
+/// bytes and takes writes; unmapped after.
+pub fn export_import_round_trip<R: Runtime>(g: &Gpu<R>) -> Result<()> {
+    use unicomm_core::backend::DeviceMemory;
+    let cs = g.comms(1)?;
+    let c = &cs[0];
+    let (rt, dev) = (c.backend().runtime().clone(), c.backend().device());
+    let st = c.create_stream()?;
+    let n = 1 << 20;
+    let mut a = c.alloc::<u32>(n)?;
+    a.copy_from_host(&(0..n as u32).collect::<Vec<u32>>(), &st)?;
+    st.synchronize()?;
+    let addr = a.memory().address();
+    let x = rt.export_memory(dev, addr)?;
+    assert!(
+        x.base <= addr && addr + 4 * n <= x.base + x.size,
+        "{x:?} for {addr:#x}"
+    );
+    let va = rt.import_memory(dev, std::os::fd::AsFd::as_fd(&x.fd), x.size)?;
+    let at = va + (addr - x.base);
+    let b = c.alloc::<u32>(n)?;
+    // SAFETY: `at` maps `a`'s 4n bytes (checked above); `b` holds 4n bytes; both live
+    // until the stream is synchronized below.
+    unsafe { rt.copy_async(dev, b.memory().address(), at, 4 * n, st.inner()) }?;
+    assert_eq!(b.copy_to_host(&st)?, (0..n as u32).collect::<Vec<u32>>());
+    let ones = c.alloc::<u32>(n)?;
+    let mut ones = ones;
+    ones.copy_from_host(&vec![1u32; n], &st)?;
+    // SAFETY: as above, the other way: written through the mapping.
+    unsafe { rt.copy_async(dev, at, ones.memory().address(), 4 * n, st.inner()) }?;
+    assert_eq!(a.copy_to_host(&st)?, vec![1u32; n]);
+    // SAFETY: the mapping made above, idle (the stream was synchronized by copy_to_host).
+    unsafe { rt.unmap_imported(dev, va, x.size) }?;
+    Ok(())
+}
+
+/// The copy-engine path for ranks joined with `init_rank` (one per thread here; the same
+/// code serves one per process): windows are exported, swapped over the exchange and
+/// mapped; all_to_all and all_gather take the path (counted) and move exact data.
+pub fn copy_engine_init_rank<R: Runtime>(g: &Gpu<R>) -> Result<()> {
+    let w = world()?;
+    let id = (g.vendor.unique_id)()?;
+    let init = g.vendor.init_rank;
+    let n = 1001; // elements per rank: not a multiple of anything convenient
+    let out: Vec<Result<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..w)
+            .map(|r| {
+                s.spawn(move || -> Result<u64> {
+                    let c = Comm::from_backend(init(id, r, w, r)?);
+                    assert!(c.capabilities().copy_engine);
+                    c.set_copy_engine(true)?;
+                    let st = c.create_stream()?;
+                    let mut send = c.alloc::<u32>(w * n)?;
+                    let data: Vec<u32> = (0..w * n).map(|i| (r * 1_000_000 + i) as u32).collect();
+                    send.copy_from_host(&data, &st)?;
+                    let mut recv = c.register_window(c.alloc::<u32>(w * n)?)?;
+                    for _ in 0..3 {
+                        c.all_to_all(&send, &mut recv, &st)?;
+                    }
+                    let got = recv.copy_to_host(&st)?;
+                    for p in 0..w {
+                        for i in 0..n {
+                            assert_eq!(
+                                got[p * n + i],
+                                (p * 1_000_000 + r * n + i) as u32,
+                                "all_to_all rank {r} from {p} at {i}"
+                            );
+                        }
+                    }
+                    c.all_gather(&send.slice(..n)?, &mut recv, &st)?;
+                    let got = recv.copy_to_host(&st)?;
+                    for p in 0..w {
+                        for i in 0..n {
+                            assert_eq!(
+                                got[p * n + i],
+                                (p * 1_000_000 + i) as u32,
+                                "all_gather rank {r} from {p} at {i}"
+                            );
+                        }
+                    }
+                    let took = c.backend().copy_engine_calls();
+                    c.deregister_window(recv)?;
+                    drop(send);
+                    c.finalize()?;
+                    Ok(took)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    for o in out {
+        assert_eq!(
+            o?, 4,
+            "every all_to_all and the all_gather took the copy-engine path"
+        );
+    }
+    Ok(())
+}
+
 /// A failing result code becomes `Error::Library` with the code, its name and the
 /// library's own message.
 pub fn errors_carry_code<R: Runtime>(g: &Gpu<R>) -> Result<()> {
@@ -247,6 +349,14 @@ macro_rules! gpu_test_suite {
             #[test]
             fn errors_carry_code_name_and_message() -> ::unicomm_core::Result<()> {
                 t::errors_carry_code(&super::$gpu)
+            }
+            #[test]
+            fn exported_memory_maps_back_with_its_bytes() -> ::unicomm_core::Result<()> {
+                t::export_import_round_trip(&super::$gpu)
+            }
+            #[test]
+            fn copy_engine_path_with_init_rank_moves_exact_data() -> ::unicomm_core::Result<()> {
+                t::copy_engine_init_rank(&super::$gpu)
             }
         }
     };
