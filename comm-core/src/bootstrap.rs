@@ -17,8 +17,12 @@ pub struct LaunchEnv {
     pub world_size: usize,
     /// Rank among the processes of this machine (the GPU to use).
     pub local_rank: usize,
-    /// Rendezvous host and port (rank 0 listens there).
+    /// Rendezvous host and port (rank 0 listens there); unused (empty, 0) with a file
+    /// rendezvous.
     pub master: (String, u16),
+    /// `UNICOMM_RENDEZVOUS_FILE`: the id is handed out through this file on a filesystem
+    /// every rank sees, instead of over TCP ([`exchange_unique_id`]).
+    pub file: Option<std::path::PathBuf>,
     /// Which launcher's variables were read (a [`Launcher::name`]: "torchrun",
     /// "mpirun (Open MPI)", "srun (Slurm)", ...).
     pub launcher: &'static str,
@@ -149,17 +153,36 @@ impl LaunchEnv {
                 reason: format!("rank {rank} does not fit a world of {world_size} ({launcher})"),
             });
         }
-        let addr = var("MASTER_ADDR").ok_or_else(|| Error::Bootstrap {
-            reason: format!(
-                "MASTER_ADDR is not set ({launcher}: export MASTER_ADDR and MASTER_PORT)"
-            ),
-        })?;
-        let port = var("MASTER_PORT").ok_or_else(|| Error::Bootstrap {
-            reason: "MASTER_PORT is not set".into(),
-        })?;
-        let port = port.trim().parse::<u16>().map_err(|_| Error::Bootstrap {
-            reason: format!("MASTER_PORT={port:?} is not a port number"),
-        })?;
+        let file = var("UNICOMM_RENDEZVOUS_FILE")
+            .filter(|f| !f.is_empty())
+            .map(std::path::PathBuf::from);
+        if let Some(f) = &file {
+            if f.file_name().is_none() || f.is_dir() {
+                return Err(Error::invalid(
+                    "UNICOMM_RENDEZVOUS_FILE",
+                    format!(
+                        "{} is not a file path (a path on a filesystem every rank sees)",
+                        f.display()
+                    ),
+                ));
+            }
+        }
+        let (addr, port) = if file.is_some() {
+            (String::new(), 0)
+        } else {
+            let addr = var("MASTER_ADDR").ok_or_else(|| Error::Bootstrap {
+                reason: format!(
+                    "MASTER_ADDR is not set ({launcher}: export MASTER_ADDR and MASTER_PORT, or UNICOMM_RENDEZVOUS_FILE)"
+                ),
+            })?;
+            let port = var("MASTER_PORT").ok_or_else(|| Error::Bootstrap {
+                reason: "MASTER_PORT is not set".into(),
+            })?;
+            let port = port.trim().parse::<u16>().map_err(|_| Error::Bootstrap {
+                reason: format!("MASTER_PORT={port:?} is not a port number"),
+            })?;
+            (addr, port)
+        };
         // The job's secret: explicit, or an id the launcher gives every process of the job
         // and no other (torchrun's run id, Slurm's job and step, Open MPI's / PMIx's job).
         let sources: [(&'static str, &[&str]); 5] = [
@@ -177,12 +200,17 @@ impl LaunchEnv {
                 Some((*name, format!("{first}/{rest}")))
             })
             .unwrap_or(("none", String::new()));
-        let token = format!("{secret}|{addr}:{port}|{world_size}").into_bytes();
+        let place = match &file {
+            Some(f) => format!("file:{}", f.display()),
+            None => format!("{addr}:{port}"),
+        };
+        let token = format!("{secret}|{place}|{world_size}").into_bytes();
         Ok(LaunchEnv {
             rank,
             world_size,
             local_rank,
             master: (addr, port),
+            file,
             launcher,
             token,
             token_source,
@@ -476,6 +504,9 @@ pub fn exchange_unique_id(
             reason: format!("rank {} of {} is not a valid job", env.rank, env.world_size),
         });
     }
+    if let Some(path) = &env.file {
+        return file_exchange(env, path, make_id, start, deadline, timeout);
+    }
     let addr = resolve(env)?;
     if env.rank == 0 {
         let id = make_id()?;
@@ -558,6 +589,175 @@ pub fn exchange_unique_id(
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+    }
+}
+
+const FILE_MAGIC: &[u8; 8] = b"UNICFID1";
+const ACK_MAGIC: &[u8; 8] = b"UNICFAK1";
+const FILE_LEN: usize = 8 + 16 + 4 + 128 + 32;
+const ACK_LEN: usize = 8 + 16 + 4 + 32;
+
+/// Writes `bytes` to `path` all at once: a private temporary file beside it (mode 0600,
+/// created new), synced, then renamed over `path`, so a reader sees all of it or nothing.
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    let n = nonce()?;
+    let hex: String = n.iter().map(|b| format!("{b:02x}")).collect();
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp.{}.{hex}", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    let write = || -> std::io::Result<()> {
+        let mut f = o.open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(&format!("writing {}", path.display()), e)
+    })
+}
+
+fn ack_path(path: &std::path::Path, rank: usize) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".ack.{rank}"));
+    p.into()
+}
+
+/// The file rendezvous (`UNICOMM_RENDEZVOUS_FILE`, a filesystem every rank sees): rank 0
+/// writes the id there, sealed and authenticated with the job's token under a fresh nonce
+/// (mode 0600, written atomically); each other rank polls for a file that proves the token,
+/// takes the id and leaves an authenticated acknowledgement (`<file>.ack.<rank>`); rank 0
+/// returns once every rank has acknowledged and removes the files. A file that fails the
+/// checks (another job's, a torn or foreign one) is ignored and the wait goes on; one
+/// deadline bounds it all. Use a path of this job only (with its job id in it): without a
+/// token, a leftover file of an earlier job of the same size at the same path would be
+/// taken.
+fn file_exchange(
+    env: &LaunchEnv,
+    path: &std::path::Path,
+    make_id: impl FnOnce() -> Result<[u8; 128]>,
+    start: Instant,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<[u8; 128]> {
+    let world = (env.world_size as u32).to_le_bytes();
+    let keystream = |n: &[u8; 16], k: usize| mac(&env.token, b"file-key", &[n, &world, &[k as u8]]);
+    if env.rank == 0 {
+        let id = make_id()?;
+        let n = nonce()?;
+        let mut sealed = id;
+        for (k, chunk) in sealed.chunks_mut(32).enumerate() {
+            chunk
+                .iter_mut()
+                .zip(keystream(&n, k))
+                .for_each(|(b, k)| *b ^= k);
+        }
+        let tag = mac(&env.token, b"file-id", &[&n, &world, &sealed]);
+        let mut bytes = Vec::with_capacity(FILE_LEN);
+        for part in [&FILE_MAGIC[..], &n, &world, &sealed, &tag] {
+            bytes.extend_from_slice(part);
+        }
+        write_atomically(path, &bytes)?;
+        let mut acked = vec![false; env.world_size];
+        acked[0] = true;
+        loop {
+            for (r, a) in acked.iter_mut().enumerate().filter(|(_, a)| !**a) {
+                if let Ok(b) = std::fs::read(ack_path(path, r)) {
+                    let rb = (r as u32).to_le_bytes();
+                    *a = b.len() == ACK_LEN
+                        && &b[..8] == ACK_MAGIC
+                        && b[8..24] == n
+                        && b[24..28] == rb
+                        && b[28..].try_into().is_ok_and(|t: [u8; 32]| {
+                            same(&t, &mac(&env.token, b"file-ack", &[&n, &world, &rb]))
+                        });
+                }
+            }
+            if acked.iter().all(|&a| a) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let missing: Vec<String> = (0..env.world_size)
+                    .filter(|&r| !acked[r])
+                    .take(32)
+                    .map(|r| r.to_string())
+                    .collect();
+                let _ = std::fs::remove_file(path);
+                return Err(Error::Timeout {
+                    what: format!(
+                        "rank(s) {} to take the id from {} (waited {:.1?})",
+                        missing.join(", "),
+                        path.display(),
+                        start.elapsed()
+                    ),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(path);
+        for r in 1..env.world_size {
+            let _ = std::fs::remove_file(ack_path(path, r));
+        }
+        return Ok(id);
+    }
+    let mut last = String::from("no file yet");
+    loop {
+        match std::fs::read(path) {
+            Ok(b) if b.len() == FILE_LEN && &b[..8] == FILE_MAGIC => {
+                let mut n = [0u8; 16];
+                n.copy_from_slice(&b[8..24]);
+                let mut tag = [0u8; 32];
+                tag.copy_from_slice(&b[156..]);
+                if b[24..28] != world {
+                    last = "a file for a world of another size".into();
+                } else if !same(
+                    &tag,
+                    &mac(&env.token, b"file-id", &[&n, &world, &b[28..156]]),
+                ) {
+                    last = "a file that does not prove this job's token (another job's?)".into();
+                } else {
+                    let mut id = [0u8; 128];
+                    id.copy_from_slice(&b[28..156]);
+                    for (k, chunk) in id.chunks_mut(32).enumerate() {
+                        chunk
+                            .iter_mut()
+                            .zip(keystream(&n, k))
+                            .for_each(|(b, k)| *b ^= k);
+                    }
+                    let rb = (env.rank as u32).to_le_bytes();
+                    let mut ack = Vec::with_capacity(ACK_LEN);
+                    for part in [
+                        &ACK_MAGIC[..],
+                        &n,
+                        &rb,
+                        &mac(&env.token, b"file-ack", &[&n, &world, &rb]),
+                    ] {
+                        ack.extend_from_slice(part);
+                    }
+                    write_atomically(&ack_path(path, env.rank), &ack)?;
+                    return Ok(id);
+                }
+            }
+            Ok(b) => last = format!("a file that is not unicomm's ({} bytes)", b.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => last = e.to_string(),
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: format!(
+                    "rank 0's id in {} (waited {:.1?}; last: {last})",
+                    path.display(),
+                    start.elapsed()
+                ),
+                after: timeout,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -148,6 +148,7 @@ fn env(rank: usize, world: usize, port: u16) -> LaunchEnv {
         world_size: world,
         local_rank: rank,
         master: ("127.0.0.1".into(), port),
+        file: None,
         launcher: "test",
         token: b"job-42".to_vec(),
         token_source: "test",
@@ -389,4 +390,170 @@ fn token_comes_from_the_launcher_or_the_variable() {
         LaunchEnv::from_vars(vars(&huge)),
         Err(Error::Bootstrap { .. })
     ));
+}
+
+/// A fresh directory for one file-rendezvous test.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("unicomm-file-rdv-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn file_env(rank: usize, world: usize, path: &std::path::Path, token: &[u8]) -> LaunchEnv {
+    LaunchEnv {
+        file: Some(path.to_path_buf()),
+        master: (String::new(), 0),
+        token: token.to_vec(),
+        ..env(rank, world, 0)
+    }
+}
+
+#[test]
+fn file_rendezvous_hands_every_rank_rank_zeros_id_and_cleans_up() {
+    let d = scratch("all");
+    let path = d.join("job.id");
+    let ids: Vec<Result<[u8; 128]>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|r| {
+                let path = &path;
+                s.spawn(move || {
+                    exchange_unique_id(
+                        &file_env(r, 4, path, b"t"),
+                        || Ok([7; 128]),
+                        Duration::from_secs(10),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for id in ids {
+        assert_eq!(id.unwrap(), [7; 128]);
+    }
+    let left: Vec<_> = std::fs::read_dir(&d).unwrap().collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+}
+
+#[test]
+fn file_rendezvous_ignores_another_jobs_file_and_waits_for_its_own() {
+    let d = scratch("stale");
+    let path = d.join("job.id");
+    // A leftover of a job with another token at the same path.
+    let stale = std::thread::spawn({
+        let path = path.clone();
+        move || {
+            exchange_unique_id(
+                &file_env(0, 2, &path, b"old-job"),
+                || Ok([1; 128]),
+                Duration::from_millis(300),
+            )
+        }
+    });
+    assert!(matches!(stale.join().unwrap(), Err(Error::Timeout { .. })));
+    // Put the stale file back (rank 0 removed it on its timeout) and start rank 1 first.
+    let other = std::thread::spawn({
+        let path = path.clone();
+        move || {
+            exchange_unique_id(
+                &file_env(0, 2, &path, b"old-job"),
+                || Ok([1; 128]),
+                Duration::from_millis(600),
+            )
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let r1 = std::thread::spawn({
+        let path = path.clone();
+        move || {
+            exchange_unique_id(
+                &file_env(1, 2, &path, b"new-job"),
+                || Ok([0; 128]),
+                Duration::from_secs(10),
+            )
+        }
+    });
+    let _ = other.join().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let r0 = exchange_unique_id(
+        &file_env(0, 2, &path, b"new-job"),
+        || Ok([2; 128]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(r0.unwrap(), [2; 128]);
+    assert_eq!(
+        r1.join().unwrap().unwrap(),
+        [2; 128],
+        "rank 1 took the other job's id"
+    );
+}
+
+#[test]
+fn file_rendezvous_deadline_names_the_missing_ranks_and_ignores_garbage() {
+    let d = scratch("missing");
+    let path = d.join("job.id");
+    let start = Instant::now();
+    let e = exchange_unique_id(
+        &file_env(0, 3, &path, b"t"),
+        || Ok([3; 128]),
+        Duration::from_millis(400),
+    )
+    .expect_err("nobody took the id");
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert!(e.to_string().contains("rank(s) 1, 2"), "{e}");
+    assert!(!path.exists(), "the id file outlived the failed rendezvous");
+    // A rank that only ever finds garbage times out, saying what it found.
+    std::fs::write(&path, b"GET / HTTP/1.1").unwrap();
+    let e = exchange_unique_id(
+        &file_env(1, 2, &path, b"t"),
+        || Ok([0; 128]),
+        Duration::from_millis(300),
+    )
+    .expect_err("garbage is no id");
+    assert!(e.to_string().contains("not unicomm's"), "{e}");
+}
+
+#[cfg(unix)]
+#[test]
+fn file_rendezvous_file_is_private_to_its_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = scratch("mode");
+    let path = d.join("job.id");
+    let t = std::thread::spawn({
+        let path = path.clone();
+        move || {
+            exchange_unique_id(
+                &file_env(0, 2, &path, b"t"),
+                || Ok([5; 128]),
+                Duration::from_millis(800),
+            )
+        }
+    });
+    let t0 = Instant::now();
+    while !path.exists() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let _ = t.join();
+}
+
+#[test]
+fn the_file_variable_replaces_master_addr_and_port() {
+    let e = LaunchEnv::from_vars(vars(&[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("UNICOMM_RENDEZVOUS_FILE", "/shared/job-17.id"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        e.file.as_deref(),
+        Some(std::path::Path::new("/shared/job-17.id"))
+    );
+    let bad = LaunchEnv::from_vars(vars(&[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("UNICOMM_RENDEZVOUS_FILE", "/"),
+    ]));
+    assert!(matches!(bad, Err(Error::InvalidArgument { .. })), "{bad:?}");
 }

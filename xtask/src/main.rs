@@ -306,10 +306,16 @@ fn xtask(cli: Cli) -> Result<()> {
                     args: args.iter().map(|a| a.to_string()).collect(),
                 };
                 let fast = [("UNICOMM_MOCK_TIMEOUT_MS", "3000")];
+                // The file rendezvous instead of TCP (a fresh path of this run).
+                let rdv =
+                    std::env::temp_dir().join(format!("unicomm-xtask-{}.id", std::process::id()));
+                let rdv = rdv.to_string_lossy().into_owned();
+                let file = [("UNICOMM_RENDEZVOUS_FILE", rdv.as_str())];
                 for (example, n, args, env) in [
                     ("allreduce_ub", 2, &[][..], &[][..]),
                     ("alltoall_ub", 4, &[], &[]),
                     ("from_env", 3, &[], &[]),
+                    ("from_env", 3, &[], &file[..]),
                     ("faults", 2, &["--scenario", "skip"], &fast[..]),
                     ("faults", 2, &["--scenario", "abort"], &[]),
                 ] {
