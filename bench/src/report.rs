@@ -556,3 +556,74 @@ pub fn replot(json_path: &Path, out: &Path) -> anyhow::Result<()> {
     );
     draw(out, &title, &points)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Coll, Work};
+
+    fn m(bytes: usize, mode: Mode, iters: &[f64]) -> Measure {
+        Measure {
+            work: Work {
+                coll: Coll::AllReduce,
+                bytes,
+                dtype: unicomm::DataType::F32,
+                label: "",
+            },
+            mode,
+            in_place: false,
+            count: bytes / 4,
+            time_us: iters.iter().sum::<f64>() / iters.len() as f64,
+            iter_us: iters.to_vec(),
+            wrong: Some(0),
+        }
+    }
+
+    /// The tuner ranks paths by the median iteration (one slow iteration does not decide)
+    /// and keeps the previous size's path within 3% of the fastest.
+    #[test]
+    fn tune_uses_the_median_and_keeps_a_path_within_the_tolerance() {
+        let h = Header {
+            args: vec!["unicomm-bench".into()],
+            vendor: "test".into(),
+            caps: unicomm::Capabilities {
+                backend: "mock",
+                library_path: "built-in".into(),
+                version: unicomm::Version::new(2, 28, 9),
+                registration: true,
+                windows: true,
+                native_all_to_all: true,
+                graph_capture: false,
+                mem_alloc: true,
+                copy_engine: false,
+            },
+            world: 2,
+            dtype: "float".into(),
+            op: "sum".into(),
+            iters: (1, 4),
+            env: Vec::new(),
+        };
+        let results = vec![
+            // 8 B: the window's mean (29.5) loses to registered (8.0), its median (6) wins.
+            m(8, Mode::Window, &[6.0, 6.0, 6.0, 100.0]),
+            m(8, Mode::Registered, &[8.0, 8.0, 8.0, 8.0]),
+            // 32 B: registered is 2% faster: the window stays.
+            m(32, Mode::Window, &[6.12, 6.12, 6.12, 6.12]),
+            m(32, Mode::Registered, &[6.0, 6.0, 6.0, 6.0]),
+            // 128 B: registered is 20% faster: it takes over.
+            m(128, Mode::Window, &[7.2, 7.2, 7.2, 7.2]),
+            m(128, Mode::Registered, &[6.0, 6.0, 6.0, 6.0]),
+        ];
+        let path =
+            std::env::temp_dir().join(format!("unicomm-tune-test-{}.txt", std::process::id()));
+        tune(&path, &h, &results).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let rules: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            rules,
+            ["all_reduce 32 window", "all_reduce max registered"],
+            "{text}"
+        );
+    }
+}

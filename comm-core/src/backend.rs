@@ -68,8 +68,9 @@ pub struct Capabilities {
     pub graph_capture: bool,
     /// Allocation through the library (`ncclMemAlloc`, cuMem-backed).
     pub mem_alloc: bool,
-    /// The copy-engine path for all-to-all and all-gather (`set_copy_engine`): ranks in one
-    /// process with symmetric windows.
+    /// The copy-engine path for all-to-all and all-gather (`set_copy_engine`): symmetric
+    /// windows, and peers' memory reachable (ranks in one process, or one rank per process
+    /// on one host with exportable cuMem/hipMem memory, agreed per window).
     pub copy_engine: bool,
 }
 
