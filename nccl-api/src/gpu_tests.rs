@@ -228,6 +228,127 @@ pub fn export_import_round_trip<R: Runtime>(g: &Gpu<R>) -> Result<()> {
     Ok(())
 }
 
+/// The variable that makes a re-run of the test binary the second process of
+/// [`export_import_across_processes`] (its value: the exchange's job, in hex).
+const IPC_CHILD: &str = "UNICOMM_GPU_TEST_IPC_CHILD";
+
+/// Memory exported in one process and mapped in another, through the same exchange the
+/// copy-engine path uses (abstract Unix sockets, `SCM_RIGHTS`, agreement): this test
+/// re-runs its own binary as the second process (`test` is its libtest name), on the same
+/// GPU, so one GPU suffices. Each process reads the other's bytes through its mapping; the
+/// child then writes through it and the parent sees the write.
+#[cfg(target_os = "linux")]
+pub fn export_import_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Result<()> {
+    use std::os::fd::AsFd;
+    use std::time::{Duration, Instant};
+    use unicomm_core::backend::DeviceMemory;
+    let child = std::env::var(IPC_CHILD).ok();
+    let me = usize::from(child.is_some());
+    let cs = g.comms(1)?;
+    let c = &cs[0];
+    let (rt, dev) = (c.backend().runtime().clone(), c.backend().device());
+    let st = c.create_stream()?;
+    let n = 1 << 20;
+    let mine = |r: usize| 7 * r as u32 + 1;
+    let mut a = c.alloc::<u32>(n)?;
+    a.copy_from_host(&vec![mine(me); n], &st)?;
+    st.synchronize()?;
+    let addr = a.memory().address();
+    let x = rt.export_memory(dev, addr)?;
+    let seed: Vec<u8> = match &child {
+        Some(h) => (0..h.len() / 2)
+            .filter_map(|i| u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok())
+            .collect(),
+        None => format!("{:?}{}", Instant::now(), std::process::id()).into_bytes(),
+    };
+    let job = crate::ipc::Job::from_id(&seed);
+    let listener = crate::ipc::Listener::bind(job, 0, me)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut kid = None;
+    if me == 0 {
+        let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
+        let exe = std::env::current_exe().map_err(|e| Error::invalid("test", e.to_string()))?;
+        kid = Some(
+            std::process::Command::new(exe)
+                .args(["--exact", test, "--test-threads=1", "--nocapture"])
+                .env(IPC_CHILD, hex)
+                .spawn()
+                .map_err(|e| Error::invalid("test", format!("starting the second process: {e}")))?,
+        );
+        // The child's listener must exist before the exchange (the copy-engine path has a
+        // barrier collective for this).
+        let name = format!("@{}", job.name(0, 1));
+        while !std::fs::read_to_string("/proc/net/unix").is_ok_and(|t| t.contains(&name)) {
+            if Instant::now() >= deadline {
+                return Err(Error::invalid(
+                    "test",
+                    "the second process never bound its socket",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let offer = crate::ipc::Offer {
+        size: x.size as u64,
+        offset: (addr - x.base) as u64,
+        bytes: 4 * n as u64,
+    };
+    let mut mapped = None;
+    let agreed = crate::ipc::exchange(
+        &listener,
+        2,
+        Some((offer, x.fd.as_fd())),
+        deadline,
+        |_, o, fd| {
+            let va = rt.import_memory(dev, fd, o.size as usize)?;
+            mapped = Some((va, o.offset as usize, o.size as usize));
+            Ok(())
+        },
+    )?;
+    assert!(agreed, "process {me}: the two processes did not agree");
+    let (va, off, size) = mapped.expect("the peer's memory was mapped");
+    let b = c.alloc::<u32>(n)?;
+    // SAFETY: `va + off` maps the peer's 4n bytes (its offer); `b` holds 4n bytes; both stay
+    // alive until the stream is synchronized by copy_to_host.
+    unsafe { rt.copy_async(dev, b.memory().address(), va + off, 4 * n, st.inner()) }?;
+    assert_eq!(
+        b.copy_to_host(&st)?,
+        vec![mine(1 - me); n],
+        "process {me} read its peer"
+    );
+    if me == 1 {
+        let mut w = c.alloc::<u32>(n)?;
+        w.copy_from_host(&vec![99; n], &st)?;
+        // SAFETY: as above, written through the mapping; synchronized below.
+        unsafe { rt.copy_async(dev, va + off, w.memory().address(), 4 * n, st.inner()) }?;
+        st.synchronize()?;
+    }
+    // SAFETY: the mapping made above, idle (the stream was synchronized).
+    unsafe { rt.unmap_imported(dev, va, size) }?;
+    if let Some(mut k) = kid {
+        let status = loop {
+            if let Some(s) = k
+                .try_wait()
+                .map_err(|e| Error::invalid("test", e.to_string()))?
+            {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                let _ = k.kill();
+                return Err(Error::invalid("test", "the second process did not finish"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "the second process failed: {status}");
+        assert_eq!(
+            a.copy_to_host(&st)?,
+            vec![99; n],
+            "the child's write through its mapping"
+        );
+    }
+    Ok(())
+}
+
 /// The copy-engine path for ranks joined with `init_rank` (one per thread here; the same
 /// code serves one per process): windows are exported, swapped over the exchange and
 /// mapped; all_to_all and all_gather take the path (counted) and move exact data.
@@ -357,6 +478,14 @@ macro_rules! gpu_test_suite {
             #[test]
             fn copy_engine_path_with_init_rank_moves_exact_data() -> ::unicomm_core::Result<()> {
                 t::copy_engine_init_rank(&super::$gpu)
+            }
+            #[cfg(target_os = "linux")]
+            #[test]
+            fn exported_memory_maps_into_another_process() -> ::unicomm_core::Result<()> {
+                t::export_import_across_processes(
+                    &super::$gpu,
+                    "shared::exported_memory_maps_into_another_process",
+                )
             }
         }
     };

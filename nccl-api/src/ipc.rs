@@ -66,7 +66,7 @@ impl Job {
         Job { tag, key }
     }
 
-    fn name(&self, seq: u64, rank: usize) -> String {
+    pub(crate) fn name(&self, seq: u64, rank: usize) -> String {
         format!("unicomm-ce-{}-{seq}-{rank}", hex(&self.tag))
     }
 }
