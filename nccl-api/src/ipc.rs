@@ -410,9 +410,6 @@ mod tests {
         Job::from_id(&[n; 128])
     }
 
-    /// Per rank: (peer, tag) of what it imported, and whether all agreed.
-    type Got = (Vec<(usize, u8)>, bool);
-
     /// An "export": a memfd holding `tag`, so the importer can tell whose it got.
     fn exported(tag: u8) -> OwnedFd {
         let fd =
@@ -428,33 +425,52 @@ mod tests {
         b[0]
     }
 
-    /// `world` ranks on threads, each exporting a memfd (or not, for ranks in `no_export`);
-    /// returns per rank the exchange's result: (peer, tag) pairs and the agreement.
-    fn run(world: usize, seq: u64, no_export: &[usize], deadline: Duration) -> Vec<Result<Got>> {
-        let j = job(7);
-        let ls: Vec<Arc<Listener>> = (0..world)
-            .map(|r| Arc::new(Listener::bind(j, seq, r).expect("bind")))
+    /// Per rank: (peer, tag) of what it imported, and whether all agreed.
+    type Got = (Vec<(usize, u8)>, bool);
+
+    /// One rank's exchange: it offers a memfd holding `tag` (nothing when `tag` is None,
+    /// as a rank that cannot export), at offset `tag`, and records the peers' tags.
+    fn swap(l: &Listener, world: usize, tag: Option<u8>, within: Duration) -> Result<Got> {
+        let fd = exported(tag.unwrap_or(0));
+        let offer = Offer {
+            size: 4096,
+            offset: u64::from(tag.unwrap_or(0)),
+            bytes: 64,
+        };
+        let mine = tag.map(|_| (offer, fd.as_fd()));
+        let mut got = Vec::new();
+        exchange(l, world, mine, Instant::now() + within, |p, o, fd| {
+            let t = read_tag(fd);
+            assert_eq!(
+                o.offset,
+                u64::from(t),
+                "the offer travels with its descriptor"
+            );
+            got.push((p, t));
+            Ok(())
+        })
+        .map(|agreed| (got, agreed))
+    }
+
+    /// `world` ranks on threads (listeners of ranks in `bound` only; rank r's tag is
+    /// 100 + r, none for ranks in `no_export`), each swapping with a `world`-rank job.
+    fn run(
+        world: usize,
+        bound: usize,
+        no_export: &[usize],
+        within: Duration,
+    ) -> Vec<(Result<Got>, Duration)> {
+        let j = job(world as u8 * 16 + bound as u8 + no_export.len() as u8 * 64);
+        let ls: Vec<Arc<Listener>> = (0..bound)
+            .map(|r| Arc::new(Listener::bind(j, 1, r).expect("bind")))
             .collect();
-        let no_export = no_export.to_vec();
-        let hs: Vec<_> = (0..world)
+        let hs: Vec<_> = (0..bound)
             .map(|r| {
                 let l = ls[r].clone();
-                let skip = no_export.contains(&r);
+                let tag = (!no_export.contains(&r)).then_some(100 + r as u8);
                 std::thread::spawn(move || {
-                    let fd = exported(r as u8 + 100);
-                    let offer = Offer {
-                        size: 4096,
-                        offset: r as u64,
-                        bytes: 64,
-                    };
-                    let mine = (!skip).then_some((offer, fd.as_fd()));
-                    let mut got = Vec::new();
-                    exchange(&l, world, mine, Instant::now() + deadline, |p, o, fd| {
-                        assert_eq!(o.offset, p as u64);
-                        got.push((p, read_tag(fd)));
-                        Ok(())
-                    })
-                    .map(|agreed| (got, agreed))
+                    let start = Instant::now();
+                    (swap(&l, world, tag, within), start.elapsed())
                 })
             })
             .collect();
@@ -466,7 +482,7 @@ mod tests {
     #[test]
     fn every_rank_gets_every_peers_descriptor_and_all_agree() {
         for world in [1, 2, 4] {
-            for (r, out) in run(world, 1, &[], Duration::from_secs(10))
+            for (r, (out, _)) in run(world, world, &[], Duration::from_secs(10))
                 .into_iter()
                 .enumerate()
             {
@@ -484,7 +500,7 @@ mod tests {
 
     #[test]
     fn one_rank_without_exportable_memory_makes_every_rank_say_no() {
-        for out in run(3, 2, &[1], Duration::from_secs(10)) {
+        for (out, _) in run(3, 3, &[1], Duration::from_secs(10)) {
             assert!(!out.unwrap().1);
         }
     }
@@ -492,36 +508,8 @@ mod tests {
     #[test]
     fn a_rank_on_another_host_is_unreachable_and_every_rank_says_no() {
         // Rank 2's listener never exists here (it would be on its host).
-        let j = job(8);
-        let ls: Vec<Arc<Listener>> = (0..2)
-            .map(|r| Arc::new(Listener::bind(j, 1, r).unwrap()))
-            .collect();
-        let hs: Vec<_> = (0..2)
-            .map(|r| {
-                let l = ls[r].clone();
-                std::thread::spawn(move || {
-                    let fd = exported(1);
-                    let o = Offer {
-                        size: 1,
-                        offset: 0,
-                        bytes: 1,
-                    };
-                    let start = Instant::now();
-                    let agreed = exchange(
-                        &l,
-                        3,
-                        Some((o, fd.as_fd())),
-                        Instant::now() + Duration::from_secs(20),
-                        |_, _, _| Ok(()),
-                    )
-                    .unwrap();
-                    (agreed, start.elapsed())
-                })
-            })
-            .collect();
-        for h in hs {
-            let (agreed, took) = h.join().unwrap();
-            assert!(!agreed);
+        for (out, took) in run(3, 2, &[], Duration::from_secs(20)) {
+            assert!(!out.unwrap().1);
             assert!(
                 took < Duration::from_secs(5),
                 "{took:?}: waited for a rank it cannot reach"
@@ -545,45 +533,9 @@ mod tests {
         s1.write_all(&bad).unwrap();
         let mut s2 = UnixStream::connect_addr(&addr).unwrap();
         s2.write_all(b"GET / HTTP/1.1\r\n").unwrap();
-        let t = std::thread::spawn(move || {
-            let fd = exported(11);
-            let o = Offer {
-                size: 1,
-                offset: 1,
-                bytes: 1,
-            };
-            let mut got = Vec::new();
-            exchange(
-                &b,
-                2,
-                Some((o, fd.as_fd())),
-                Instant::now() + Duration::from_secs(10),
-                |p, _, fd| {
-                    got.push((p, read_tag(fd)));
-                    Ok(())
-                },
-            )
-            .map(|a| (got, a))
-        });
-        let fd = exported(10);
-        let o = Offer {
-            size: 1,
-            offset: 0,
-            bytes: 1,
-        };
+        let t = std::thread::spawn(move || swap(&b, 2, Some(11), Duration::from_secs(10)));
         let start = Instant::now();
-        let mut got = Vec::new();
-        let r0 = exchange(
-            &a,
-            2,
-            Some((o, fd.as_fd())),
-            Instant::now() + Duration::from_secs(8),
-            |p, _, fd| {
-                got.push((p, read_tag(fd)));
-                Ok(())
-            },
-        )
-        .map(|a| (got, a));
+        let r0 = swap(&a, 2, Some(10), Duration::from_secs(8));
         let r1 = t.join().unwrap();
         // The half message held rank 0 for one offer's budget (2 s), not its deadline
         // (8 s); the exchange then completed with the real peer.
@@ -592,14 +544,8 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
-        match (r0, r1) {
-            (Ok((g0, a0)), Ok((g1, a1))) => {
-                assert_eq!(g0, vec![(1, 11)]);
-                assert_eq!(g1, vec![(0, 10)]);
-                assert!(a0 && a1);
-            }
-            (r0, r1) => panic!("rank 0: {:?}, rank 1: {:?}", r0.map(|_| ()), r1.map(|_| ())),
-        }
+        assert_eq!(r0.unwrap(), (vec![(1, 11)], true));
+        assert_eq!(r1.unwrap(), (vec![(0, 10)], true));
         drop((s1, s2));
     }
 
@@ -611,21 +557,8 @@ mod tests {
             Listener::bind(j, 1, 0).unwrap(),
             Listener::bind(j, 1, 1).unwrap(),
         );
-        let fd = exported(1);
-        let o = Offer {
-            size: 1,
-            offset: 0,
-            bytes: 1,
-        };
         let start = Instant::now();
-        let e = exchange(
-            &a,
-            2,
-            Some((o, fd.as_fd())),
-            Instant::now() + Duration::from_millis(300),
-            |_, _, _| Ok(()),
-        )
-        .expect_err("a timeout");
+        let e = swap(&a, 2, Some(1), Duration::from_millis(300)).expect_err("a timeout");
         assert!(start.elapsed() < Duration::from_secs(3));
         assert!(matches!(e, Error::Timeout { .. }), "{e}");
         assert!(e.to_string().contains("rank(s) 1"), "{e}");
