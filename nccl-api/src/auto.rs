@@ -36,8 +36,9 @@ unsafe impl Send for Shadow {}
 unsafe impl Sync for Shadow {}
 
 /// `UNICOMM_AUTO_COPY_ENGINE` (`1`, the default, or `0`): whether automatic registrations
-/// in a local world are shared for the copy-engine path (which enables peer access between
-/// the devices). With `0` the policy's copy-engine choices take the registered path.
+/// are shared for the copy-engine path (in a local world: peer access between the devices;
+/// one rank per process: the allocation exported to the peers and theirs mapped here). With
+/// `0` the policy's copy-engine choices take the registered path.
 fn auto_copy_engine() -> Result<bool> {
     match std::env::var("UNICOMM_AUTO_COPY_ENGINE") {
         Err(_) => Ok(true),
