@@ -15,7 +15,9 @@ use crate::api::{Api, NcclComm, UniqueId};
 use crate::copy_engine::{CopyEngine, LocalWorld, GROUP_DEPTH};
 use crate::memory::{ApiMemory, Owner};
 use crate::runtime::Runtime;
-use crate::watchdog::{self, Config, Core, Watched, ABORTED, GROUP_MEMBERS, IN_PROGRESS, LIVE};
+use crate::watchdog::{
+    self, Config, Core, SendComm, Watched, ABORTED, GROUP_MEMBERS, IN_PROGRESS, LIVE,
+};
 
 /// Handles for zero-byte registrations, which never reach the library (there is nothing
 /// to register); they live in the upper half of the address space no library hands out.
@@ -92,32 +94,35 @@ impl<R: Runtime> ApiComm<R> {
         }
         let id = api.unique_id()?;
         let (nonblocking, timeout) = Self::mode(&api)?;
-        let mut raw = vec![std::ptr::null_mut(); n];
-        // SAFETY: ncclGroupStart has no arguments.
-        api.check("ncclGroupStart", unsafe { (api.fns.group_start)() }, None)?;
-        let mut first_err = None;
-        for (rank, (&dev, slot)) in devs.iter().zip(raw.iter_mut()).enumerate() {
-            let r = rt.with_device(dev, || {
-                Self::init_call(&api, slot, n, id, rank, nonblocking)
-            });
-            if let Err(e) = r {
-                first_err.get_or_insert(e);
-            }
+        let create = {
+            let (api, rt, devs) = (api.clone(), rt.clone(), devs.to_vec());
+            move || Self::create_group(&api, &*rt, &devs, id, nonblocking)
+        };
+        let raw: Vec<NcclComm> = if nonblocking {
+            create()?
+        } else {
+            // Blocking: NCCL waits for every rank with no deadline; the call gets one.
+            let late_api = api.clone();
+            watchdog::bounded("ncclCommInitRank (one group)", timeout, create, move |r| {
+                for c in r.into_iter().flatten() {
+                    // SAFETY: a communicator created after the caller gave up; aborted once.
+                    unsafe { (late_api.fns.comm_abort)(c.0) };
+                }
+            })??
         }
-        // SAFETY: closes the group opened above.
-        let code = unsafe { (api.fns.group_end)() };
-        let mut end = Self::in_progress_ok(&api, "ncclGroupEnd", code, nonblocking);
-        if end.is_ok() && first_err.is_none() && nonblocking {
-            end = raw.iter().try_for_each(|&c| {
+        .into_iter()
+        .map(|c| c.0)
+        .collect();
+        if nonblocking {
+            if let Err(e) = raw.iter().try_for_each(|&c| {
                 watchdog::settle_raw(&api, c, "ncclCommInitRank", timeout, &|| false)
-            });
-        }
-        if let Some(e) = first_err.or(end.err()) {
-            for c in raw.into_iter().filter(|c| !c.is_null()) {
-                // SAFETY: a communicator created above, aborted once.
-                unsafe { (api.fns.comm_abort)(c) };
+            }) {
+                for &c in &raw {
+                    // SAFETY: a communicator created above, aborted once.
+                    unsafe { (api.fns.comm_abort)(c) };
+                }
+                return Err(e);
             }
-            return Err(e);
         }
         let local = Arc::new(LocalWorld::new(n));
         raw.into_iter()
@@ -135,6 +140,39 @@ impl<R: Runtime> ApiComm<R> {
                 )
             })
             .collect()
+    }
+
+    /// `ncclCommInitRank` for every device of `devs` inside one group (communicators in
+    /// rank order); on any failure those created are aborted.
+    fn create_group(
+        api: &Api,
+        rt: &R,
+        devs: &[usize],
+        id: UniqueId,
+        nonblocking: bool,
+    ) -> Result<Vec<SendComm>> {
+        let n = devs.len();
+        let mut raw = vec![std::ptr::null_mut(); n];
+        // SAFETY: ncclGroupStart has no arguments.
+        api.check("ncclGroupStart", unsafe { (api.fns.group_start)() }, None)?;
+        let mut first_err = None;
+        for (rank, (&dev, slot)) in devs.iter().zip(raw.iter_mut()).enumerate() {
+            let r = rt.with_device(dev, || Self::init_call(api, slot, n, id, rank, nonblocking));
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        // SAFETY: closes the group opened above.
+        let code = unsafe { (api.fns.group_end)() };
+        let end = Self::in_progress_ok(api, "ncclGroupEnd", code, nonblocking);
+        if let Some(e) = first_err.or(end.err()) {
+            for c in raw.into_iter().filter(|c| !c.is_null()) {
+                // SAFETY: a communicator created above, aborted once.
+                unsafe { (api.fns.comm_abort)(c) };
+            }
+            return Err(e);
+        }
+        Ok(raw.into_iter().map(SendComm).collect())
     }
 
     /// The explicit form, for one rank per thread or per process: joins the world of
@@ -162,10 +200,10 @@ impl<R: Runtime> ApiComm<R> {
             });
         }
         let (nonblocking, timeout) = Self::mode(&api)?;
-        let mut c = std::ptr::null_mut();
-        rt.with_device(dev, || {
-            Self::init_call(&api, &mut c, world, id, rank, nonblocking)?;
-            if nonblocking {
+        let c = if nonblocking {
+            let mut c = std::ptr::null_mut();
+            rt.with_device(dev, || {
+                Self::init_call(&api, &mut c, world, id, rank, true)?;
                 if let Err(e) =
                     watchdog::settle_raw(&api, c, "ncclCommInitRank", timeout, &|| false)
                 {
@@ -173,9 +211,25 @@ impl<R: Runtime> ApiComm<R> {
                     unsafe { (api.fns.comm_abort)(c) };
                     return Err(e);
                 }
-            }
-            Ok(())
-        })?;
+                Ok(())
+            })?;
+            c
+        } else {
+            // Blocking: NCCL waits for every rank with no deadline; the call gets one.
+            let (a, r, late_api) = (api.clone(), rt.clone(), api.clone());
+            let create = move || -> Result<SendComm> {
+                let mut c = std::ptr::null_mut();
+                r.with_device(dev, || Self::init_call(&a, &mut c, world, id, rank, false))?;
+                Ok(SendComm(c))
+            };
+            watchdog::bounded("ncclCommInitRank", timeout, create, move |r| {
+                if let Ok(c) = r {
+                    // SAFETY: a communicator created after the caller gave up; aborted once.
+                    unsafe { (late_api.fns.comm_abort)(c.0) };
+                }
+            })??
+            .0
+        };
         let mut me = Self::wrap(api, rt, c, dev, (rank, world), None, (nonblocking, timeout))?;
         #[cfg(target_os = "linux")]
         {

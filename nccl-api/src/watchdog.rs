@@ -139,6 +139,72 @@ pub(crate) fn settle_raw(
     }
 }
 
+/// A raw communicator handed to the thread of [`bounded`].
+#[derive(Clone, Copy)]
+pub(crate) struct SendComm(pub(crate) NcclComm);
+// SAFETY: a communicator may move between threads (NCCL's rule is one thread at a time,
+// which `bounded`'s callers keep: the caller does not use it while the thread does).
+unsafe impl Send for SendComm {}
+
+/// Runs a blocking library call that waits for the peers on the host (`ncclCommInitRank`,
+/// `ncclCommFinalize` of a blocking communicator: NCCL gives them no deadline) on a thread
+/// of its own, and waits for it at most `timeout`. Past the deadline the result is
+/// `Timeout`, and the call is left to finish on its thread, whose result then goes to
+/// `late` (to free what it created); meanwhile nothing else may use what the call uses.
+pub(crate) fn bounded<T: Send + 'static>(
+    what: &str,
+    timeout: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+    late: impl FnOnce(T) + Send + 'static,
+) -> Result<T> {
+    enum Slot<T> {
+        Waiting,
+        Done(T),
+        Abandoned,
+    }
+    let shared = Arc::new((Mutex::new(Slot::Waiting), std::sync::Condvar::new()));
+    let theirs = shared.clone();
+    std::thread::Builder::new()
+        .name("unicomm-bounded".into())
+        .spawn(move || {
+            let r = f();
+            let (m, cv) = &*theirs;
+            let mut slot = m.lock().unwrap_or_else(|e| e.into_inner());
+            if matches!(*slot, Slot::Abandoned) {
+                drop(slot);
+                late(r);
+            } else {
+                *slot = Slot::Done(r);
+                cv.notify_all();
+            }
+        })
+        .map_err(|e| Error::invalid("thread", format!("{what}: no thread for the call: {e}")))?;
+    let start = Instant::now();
+    let (m, cv) = &*shared;
+    let mut slot = m.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        if let Slot::Done(_) = &*slot {
+            if let Slot::Done(r) = std::mem::replace(&mut *slot, Slot::Waiting) {
+                return Ok(r);
+            }
+        }
+        let left = timeout.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            *slot = Slot::Abandoned;
+            return Err(Error::Timeout {
+                what: format!(
+                    "{what} (a blocking call waiting for the peers; it was left to finish on its own thread)"
+                ),
+                after: start.elapsed(),
+            });
+        }
+        slot = cv
+            .wait_timeout(slot, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
 /// What a rank's communicator shares with its streams (which poll it while they wait) and
 /// with the group it takes part in.
 pub(crate) struct Core<R: Runtime> {
@@ -241,6 +307,38 @@ impl<R: Runtime> Core<R> {
         let (api, comm) = (self.api.clone(), self.comm);
         let shadow = self.shadow.lock().unwrap_or_else(|e| e.into_inner()).take();
         let timeout = self.timeout();
+        if finalize && !self.nonblocking {
+            // A blocking ncclCommFinalize waits for the peers with no deadline of its own
+            // (a dead peer: forever); it gets this communicator's, on a thread of its own.
+            // Past it the communicator is left to that thread (state is FINALIZED already,
+            // so nothing here touches it again) and the caller gets `Timeout`.
+            let (rt, dev) = (self.rt.clone(), self.dev);
+            let (main, second) = (SendComm(comm), shadow.as_ref().map(|s| SendComm(s.comm)));
+            let work = move || -> Result<()> {
+                // Whole values moved in (not their raw fields: those are not Send).
+                let (main, second) = (main, second);
+                rt.with_device(dev, || {
+                    let one = |c: NcclComm, which: &'static str| -> Result<()> {
+                        if let Some(f) = api.fns.comm_finalize {
+                            // SAFETY: a live communicator, finalized once (the state swap
+                            // above lets one caller through).
+                            api.check(which, unsafe { f(c) }, Some(c))?;
+                        }
+                        // SAFETY: the same communicator, destroyed once.
+                        api.check(
+                            "ncclCommDestroy",
+                            unsafe { (api.fns.comm_destroy)(c) },
+                            None,
+                        )
+                    };
+                    if let Some(sh) = second {
+                        one(sh.0, "ncclCommFinalize (second communicator)")?;
+                    }
+                    one(main.0, "ncclCommFinalize")
+                })
+            };
+            return bounded("ncclCommFinalize", timeout, work, |_| {})?;
+        }
         let settle = |c: NcclComm, what: &str| -> Result<()> {
             if self.nonblocking {
                 settle_raw(&api, c, what, timeout, &|| false)

@@ -78,6 +78,24 @@ pub unsafe extern "C" fn unicommFakeSetAsyncError(c: *mut Comm, code: R) {
     (*c).async_error = code;
 }
 
+static INIT_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static FINALIZE_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Test control: blocking ncclCommInitRank and ncclCommFinalize take this long (a peer
+/// that is late or never comes, as NCCL's blocking calls wait for it).
+#[no_mangle]
+pub extern "C" fn unicommFakeDelay(init_ms: u64, finalize_ms: u64) {
+    INIT_DELAY_MS.store(init_ms, std::sync::atomic::Ordering::SeqCst);
+    FINALIZE_DELAY_MS.store(finalize_ms, std::sync::atomic::Ordering::SeqCst);
+}
+
+fn delay(d: &std::sync::atomic::AtomicU64) {
+    let ms = d.load(std::sync::atomic::Ordering::SeqCst);
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
 /// Test control: `c`'s calls never settle (ncclInProgress forever).
 #[no_mangle]
 pub unsafe extern "C" fn unicommFakeStickInProgress(c: *mut Comm) {
@@ -153,6 +171,7 @@ pub unsafe extern "C" fn ncclCommInitRank(comm: *mut *mut Comm, nranks: c_int, _
     if nranks != 1 || rank != 0 {
         return fail(INVALID_ARGUMENT, "fake: only worlds of one rank");
     }
+    delay(&INIT_DELAY_MS);
     *comm = Box::into_raw(Box::new(Comm::new(nranks, false, false)));
     OK
 }
@@ -184,6 +203,9 @@ pub unsafe extern "C" fn ncclCommSplit(c: *mut Comm, _color: c_int, _key: c_int,
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommFinalize(c: *mut Comm) -> R {
     count("ncclCommFinalize");
+    if !(*c).nonblocking {
+        delay(&FINALIZE_DELAY_MS);
+    }
     in_progress(c, OK)
 }
 

@@ -1,0 +1,93 @@
+//! Blocking communicators (the default): NCCL's blocking `ncclCommInitRank` and
+//! `ncclCommFinalize` wait for the peers on the host with no deadline of their own; unicomm
+//! runs them on a thread of their own under the communicator's deadline. Against the fake,
+//! whose calls are made slow on purpose. Alone in its binary (the variable, the counters).
+
+#[allow(dead_code, reason = "the helpers other test binaries use")]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{calls, fake, flavors, Host};
+use unicomm_core::{Comm, Error};
+use unicomm_nccl_api::{Api, ApiComm};
+
+fn delay(path: &std::path::Path, init_ms: u64, finalize_ms: u64) {
+    // SAFETY: the fake, loaded by the test; unicommFakeDelay takes two integers.
+    unsafe {
+        let lib = libloading::Library::new(path).unwrap();
+        let f: libloading::Symbol<unsafe extern "C" fn(u64, u64)> =
+            lib.get(b"unicommFakeDelay\0").unwrap();
+        f(init_ms, finalize_ms);
+    }
+}
+
+#[test]
+fn blocking_init_and_finalize_end_at_the_deadline_and_what_they_made_is_freed_later() {
+    std::env::set_var("UNICOMM_TIMEOUT_MS", "300");
+    std::env::remove_var("UNICOMM_NONBLOCKING");
+    let path = fake("nccl228");
+    let api = Arc::new(Api::open(flavors(false, false), &path).expect("load the fake"));
+    let wait_for = |name: &str, want: i32| {
+        let t = Instant::now();
+        while calls(&path, name) < want && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(calls(&path, name), want, "{name}");
+    };
+
+    // 1. init_rank: a peer that never comes (the call takes 1.5 s, the deadline is 0.3 s).
+    delay(&path, 1500, 0);
+    let aborts = calls(&path, "ncclCommAbort");
+    let id = api.unique_id().unwrap();
+    let t = Instant::now();
+    let e = ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0).expect_err("a timeout");
+    assert!(
+        t.elapsed() < Duration::from_millis(1200),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    // When the late call returns, the communicator it made is aborted (nobody owns it).
+    wait_for("ncclCommAbort", aborts + 1);
+
+    // 2. The same for ranks created together in one process.
+    let t = Instant::now();
+    let e = ApiComm::init_local(api.clone(), Arc::new(Host), &[0]).expect_err("a timeout");
+    assert!(
+        t.elapsed() < Duration::from_millis(1200),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    wait_for("ncclCommAbort", aborts + 2);
+
+    // 3. finalize: a peer that never finishes; the caller gets Timeout at the deadline, the
+    // communicator is destroyed by the thread when the call returns, and never twice.
+    delay(&path, 0, 1500);
+    let c =
+        Comm::from_backend(ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0).unwrap());
+    let destroys = calls(&path, "ncclCommDestroy");
+    let t = Instant::now();
+    let e = c.finalize().expect_err("a timeout");
+    assert!(
+        t.elapsed() < Duration::from_millis(1200),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    wait_for("ncclCommDestroy", destroys + 1);
+    assert_eq!(
+        calls(&path, "ncclCommAbort"),
+        aborts + 2,
+        "no abort of a finalized communicator"
+    );
+
+    // 4. In time, the same calls succeed as before.
+    delay(&path, 100, 100);
+    let c =
+        Comm::from_backend(ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0).unwrap());
+    c.finalize().unwrap();
+    wait_for("ncclCommDestroy", destroys + 2);
+}
