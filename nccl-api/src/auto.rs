@@ -20,7 +20,7 @@ use crate::comm::ApiComm;
 use crate::memory::ApiMemory;
 use crate::policy::{Path, Policy};
 use crate::runtime::Runtime;
-use crate::watchdog::settle_raw;
+use crate::watchdog::{settle_raw, SendComm};
 
 /// The second communicator of a rank, over the same ranks.
 #[derive(Debug)]
@@ -70,9 +70,35 @@ impl<R: Runtime> ApiComm<R> {
         let rank = self.rank as c_int;
         let comm = self.call(|c| {
             let mut out: NcclComm = std::ptr::null_mut();
-            // SAFETY: a live communicator; `out` receives the new one; NULL config means
-            // the parent's settings (nccl.h), non-blocking mode included.
-            let code = unsafe { split(c, 0, rank, &mut out, std::ptr::null_mut()) };
+            let code = if self.core.nonblocking {
+                // SAFETY: a live communicator; `out` receives the new one (written when the
+                // call settles, below); NULL config means the parent's settings (nccl.h),
+                // non-blocking mode included.
+                unsafe { split(c, 0, rank, &mut out, std::ptr::null_mut()) }
+            } else {
+                // Collective: it waits for the peers on the host; bounded by the deadline.
+                let api = self.api.clone();
+                let sc = SendComm(c);
+                let (code, child) = self.core.bounded_locked(
+                    "ncclCommSplit",
+                    move || {
+                        let sc = sc;
+                        let mut out: NcclComm = std::ptr::null_mut();
+                        // SAFETY: as above; the caller holds the lock while this runs and
+                        // gives the parent up if it does not return in time.
+                        let code = unsafe { split(sc.0, 0, rank, &mut out, std::ptr::null_mut()) };
+                        (code, SendComm(out))
+                    },
+                    move |(code, child)| {
+                        if code == 0 && !child.0.is_null() {
+                            // SAFETY: a communicator made after the caller gave up, aborted once.
+                            unsafe { (api.fns.comm_abort)(child.0) };
+                        }
+                    },
+                )?;
+                out = child.0;
+                code
+            };
             self.check("ncclCommSplit", code)?;
             // Non-blocking: the parent's part settles first (then `out` is written).
             self.core.settle_locked("ncclCommSplit")?;

@@ -551,12 +551,34 @@ impl<R: Runtime> ApiComm<R> {
                 .filter(|_| fns.window_deregister.is_some()),
         )?;
         self.register_range(mem, offset, bytes, kind, |c, addr| {
-            let mut w = std::ptr::null_mut();
-            // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives the window.
-            let code = unsafe { f(c, addr, bytes, &mut w, WIN_COLL_SYMMETRIC) };
-            self.check("ncclCommWindowRegister", code)?;
-            // Non-blocking: the window is written when the call is done.
-            self.core.settle_locked("ncclCommWindowRegister")?;
+            let w = if self.core.nonblocking {
+                let mut w = std::ptr::null_mut();
+                // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives
+                // the window and lives until the call settles below.
+                let code = unsafe { f(c, addr, bytes, &mut w, WIN_COLL_SYMMETRIC) };
+                self.check("ncclCommWindowRegister", code)?;
+                // Non-blocking: the window is written when the call is done.
+                self.core.settle_locked("ncclCommWindowRegister")?;
+                w
+            } else {
+                // Collective: it waits for the peers on the host; bounded by the deadline.
+                let (sc, sa) = (SendComm(c), SendComm(addr));
+                let (code, w) = self.core.bounded_locked(
+                    "ncclCommWindowRegister",
+                    move || {
+                        let (sc, sa) = (sc, sa);
+                        let mut w = std::ptr::null_mut();
+                        // SAFETY: as above; the caller holds the communicator's lock
+                        // while this runs, and gives the communicator up if it does not
+                        // return in time.
+                        let code = unsafe { f(sc.0, sa.0, bytes, &mut w, WIN_COLL_SYMMETRIC) };
+                        (code, SendComm(w))
+                    },
+                    |_| {},
+                )?;
+                self.check("ncclCommWindowRegister", code)?;
+                w.0
+            };
             if w.is_null() {
                 // NCCL returns success and no window where symmetric memory is unsupported.
                 return Err(Error::unsupported(

@@ -232,6 +232,37 @@ unsafe impl<R: Runtime> Send for Core<R> {}
 unsafe impl<R: Runtime> Sync for Core<R> {}
 
 impl<R: Runtime> Core<R> {
+    /// A blocking communicator's library call that waits for the peers on the host
+    /// (collective window registration, split), with the lock held: run by [`bounded`]
+    /// under the deadline. Past it the communicator is given up (state `ABORTED`: nothing
+    /// here calls it again, its thread keeps it) and the result is `Timeout`; `late`
+    /// receives the call's result if it ever returns.
+    pub(crate) fn bounded_locked<T: Send + 'static>(
+        &self,
+        what: &str,
+        work: impl FnOnce() -> T + Send + 'static,
+        late: impl FnOnce(T) + Send + 'static,
+    ) -> Result<T> {
+        let (rt, dev) = (self.rt.clone(), self.dev);
+        let r = bounded(
+            what,
+            self.timeout(),
+            move || rt.with_device(dev, || Ok(work())),
+            move |r| {
+                if let Ok(t) = r {
+                    late(t)
+                }
+            },
+        );
+        match r {
+            Ok(inner) => inner,
+            Err(e) => {
+                self.state.store(ABORTED, Ordering::Release);
+                Err(e)
+            }
+        }
+    }
+
     pub(crate) fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
     }

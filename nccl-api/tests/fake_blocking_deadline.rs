@@ -13,13 +13,13 @@ use common::{calls, fake, flavors, Host};
 use unicomm_core::{Comm, Error};
 use unicomm_nccl_api::{Api, ApiComm};
 
-fn delay(path: &std::path::Path, init_ms: u64, finalize_ms: u64) {
-    // SAFETY: the fake, loaded by the test; unicommFakeDelay takes two integers.
+fn delay(path: &std::path::Path, ms: [u64; 4]) {
+    // SAFETY: the fake, loaded by the test; unicommFakeDelay takes four integers (init, finalize, window, split).
     unsafe {
         let lib = libloading::Library::new(path).unwrap();
-        let f: libloading::Symbol<unsafe extern "C" fn(u64, u64)> =
+        let f: libloading::Symbol<unsafe extern "C" fn(u64, u64, u64, u64)> =
             lib.get(b"unicommFakeDelay\0").unwrap();
-        f(init_ms, finalize_ms);
+        f(ms[0], ms[1], ms[2], ms[3]);
     }
 }
 
@@ -38,7 +38,7 @@ fn blocking_init_and_finalize_end_at_the_deadline_and_what_they_made_is_freed_la
     };
 
     // 1. init_rank: a peer that never comes (the call takes 1.5 s, the deadline is 0.3 s).
-    delay(&path, 1500, 0);
+    delay(&path, [1500, 0, 0, 0]);
     let aborts = calls(&path, "ncclCommAbort");
     let id = api.unique_id().unwrap();
     let t = Instant::now();
@@ -65,7 +65,7 @@ fn blocking_init_and_finalize_end_at_the_deadline_and_what_they_made_is_freed_la
 
     // 3. finalize: a peer that never finishes; the caller gets Timeout at the deadline, the
     // communicator is destroyed by the thread when the call returns, and never twice.
-    delay(&path, 0, 1500);
+    delay(&path, [0, 1500, 0, 0]);
     let c =
         Comm::from_backend(ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0).unwrap());
     let destroys = calls(&path, "ncclCommDestroy");
@@ -85,9 +85,53 @@ fn blocking_init_and_finalize_end_at_the_deadline_and_what_they_made_is_freed_la
     );
 
     // 4. In time, the same calls succeed as before.
-    delay(&path, 100, 100);
+    delay(&path, [100, 100, 100, 100]);
     let c =
         Comm::from_backend(ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0).unwrap());
     c.finalize().unwrap();
     wait_for("ncclCommDestroy", destroys + 2);
+
+    // 5. A collective host call (window registration, the split of automatic registration)
+    // whose peers never come: Timeout at the deadline, the communicator given up (Aborted
+    // from then on, never called again); a late split's communicator is aborted.
+    delay(&path, [0, 0, 1500, 0]);
+    let c =
+        Comm::from_backend(ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0).unwrap());
+    let t = Instant::now();
+    let e = c
+        .register_window(c.alloc::<f32>(64).unwrap())
+        .map(|_| ())
+        .expect_err("a timeout")
+        .error;
+    assert!(
+        t.elapsed() < Duration::from_millis(1200),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    let st = c.create_stream().unwrap();
+    let mut b = c.alloc::<f32>(4).unwrap();
+    let e = c
+        .all_reduce_in_place(&mut b, unicomm_core::ReduceOp::Sum, &st)
+        .expect_err("given up");
+    assert!(matches!(e, Error::Aborted { .. }), "{e}");
+    drop((b, c));
+    let c =
+        Comm::from_backend(ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0).unwrap());
+    delay(&path, [0, 0, 0, 1500]);
+    let aborts = calls(&path, "ncclCommAbort");
+    let t = Instant::now();
+    let e = c
+        .register_auto(c.alloc::<f32>(64).unwrap())
+        .map(|_| ())
+        .expect_err("a timeout")
+        .error;
+    assert!(
+        t.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    wait_for("ncclCommAbort", aborts + 1);
+    delay(&path, [0; 4]);
 }

@@ -80,13 +80,18 @@ pub unsafe extern "C" fn unicommFakeSetAsyncError(c: *mut Comm, code: R) {
 
 static INIT_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static FINALIZE_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static COLLECTIVE_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static SPLIT_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Test control: blocking ncclCommInitRank and ncclCommFinalize take this long (a peer
-/// that is late or never comes, as NCCL's blocking calls wait for it).
+/// Test control: blocking ncclCommInitRank, ncclCommFinalize, ncclCommWindowRegister and
+/// ncclCommSplit take this long (a peer that is late or never comes, as NCCL's blocking
+/// calls wait for it).
 #[no_mangle]
-pub extern "C" fn unicommFakeDelay(init_ms: u64, finalize_ms: u64) {
+pub extern "C" fn unicommFakeDelay(init_ms: u64, finalize_ms: u64, window_ms: u64, split_ms: u64) {
+    SPLIT_DELAY_MS.store(split_ms, std::sync::atomic::Ordering::SeqCst);
     INIT_DELAY_MS.store(init_ms, std::sync::atomic::Ordering::SeqCst);
     FINALIZE_DELAY_MS.store(finalize_ms, std::sync::atomic::Ordering::SeqCst);
+    COLLECTIVE_DELAY_MS.store(window_ms, std::sync::atomic::Ordering::SeqCst);
 }
 
 fn delay(d: &std::sync::atomic::AtomicU64) {
@@ -195,6 +200,9 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(comm: *mut *mut Comm, nranks: c_
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommSplit(c: *mut Comm, _color: c_int, _key: c_int, out: *mut *mut Comm, _config: *mut c_void) -> R {
     count("ncclCommSplit");
+    if !(*c).nonblocking {
+        delay(&SPLIT_DELAY_MS);
+    }
     let child = Box::into_raw(Box::new(Comm::new((*c).nranks, true, (*c).nonblocking)));
     *out = child;
     in_progress(child, OK)
@@ -396,8 +404,11 @@ mod registration {
     }
 
     #[no_mangle]
-    pub unsafe extern "C" fn ncclCommWindowRegister(_c: *mut Comm, b: *mut c_void, _n: usize, w: *mut *mut c_void, flags: c_int) -> R {
+    pub unsafe extern "C" fn ncclCommWindowRegister(c: *mut Comm, b: *mut c_void, _n: usize, w: *mut *mut c_void, flags: c_int) -> R {
         count("ncclCommWindowRegister");
+        if !(*c).nonblocking {
+            super::delay(&super::COLLECTIVE_DELAY_MS);
+        }
         if flags != 1 {
             return fail(INVALID_ARGUMENT, "fake: expected NCCL_WIN_COLL_SYMMETRIC");
         }
