@@ -17,6 +17,7 @@ use unicomm_core::{Error, Kind, Op, RawHandle, Result, Version};
 
 use crate::api::NcclComm;
 use crate::comm::ApiComm;
+use crate::copy_engine::GROUP_DEPTH;
 use crate::memory::ApiMemory;
 use crate::policy::{Path, Policy};
 use crate::runtime::Runtime;
@@ -70,7 +71,8 @@ impl<R: Runtime> ApiComm<R> {
         let rank = self.rank as c_int;
         let comm = self.call(|c| {
             let mut out: NcclComm = std::ptr::null_mut();
-            let code = if self.core.nonblocking {
+            // Inside a group the call stays on this thread (groups are per thread).
+            let code = if self.core.nonblocking || GROUP_DEPTH.with(|d| d.get()) > 0 {
                 // SAFETY: a live communicator; `out` receives the new one (written when the
                 // call settles, below); NULL config means the parent's settings (nccl.h),
                 // non-blocking mode included.

@@ -551,7 +551,8 @@ impl<R: Runtime> ApiComm<R> {
                 .filter(|_| fns.window_deregister.is_some()),
         )?;
         self.register_range(mem, offset, bytes, kind, |c, addr| {
-            let w = if self.core.nonblocking {
+            // Inside a group the call stays on this thread (groups are per thread).
+            let w = if self.core.nonblocking || GROUP_DEPTH.with(|d| d.get()) > 0 {
                 let mut w = std::ptr::null_mut();
                 // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives
                 // the window and lives until the call settles below.
