@@ -44,7 +44,8 @@ for v in nccl rccl; do
     grep "^# mode" "$OUT/$v-bench.log"
     for cumem in 0 1; do
       step $v visualgen NCCL_CUMEM_ENABLE=$cumem
-      NCCL_CUMEM_ENABLE=$cumem timeout ${PRESET_TIMEOUT:-45} ./unicomm-bench --vendor $vendor --preset visualgen -w 5 -n 20 --place out -J "$OUT/$v-visualgen-cumem$cumem.json" > "$OUT/$v-visualgen-cumem$cumem.log" 2>&1 || rc=1
+      # A stall becomes a Timeout naming the wait (UNICOMM_TIMEOUT_MS), before `timeout` kills it.
+      NCCL_CUMEM_ENABLE=$cumem UNICOMM_TIMEOUT_MS=${PRESET_DEADLINE_MS:-30000} timeout ${PRESET_TIMEOUT:-60} ./unicomm-bench --vendor $vendor --preset visualgen -w 5 -n 20 --place out -J "$OUT/$v-visualgen-cumem$cumem.json" > "$OUT/$v-visualgen-cumem$cumem.log" 2>&1 || rc=1
     done
     unset UNICOMM_TUNE_FILE
   fi
