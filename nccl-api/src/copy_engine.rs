@@ -383,14 +383,32 @@ impl<R: Runtime> ApiComm<R> {
             .windows
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let listener = crate::ipc::Listener::bind(job, seq, self.rank)?;
-        let exported = self.rt.export_memory(self.dev, addr);
+        // The window must lie inside the exported allocation (the driver says so; a runtime
+        // that said otherwise offers nothing rather than a wrong range).
+        let exported = self.rt.export_memory(self.dev, addr).and_then(|x| {
+            let inside = addr
+                .checked_sub(x.base)
+                .and_then(|off| off.checked_add(bytes))
+                .is_some_and(|end| end <= x.size);
+            if inside {
+                Ok(x)
+            } else {
+                Err(Error::invalid(
+                    "export",
+                    format!(
+                        "the window {addr:#x}+{bytes} is not inside the exported allocation {:#x}+{}",
+                        x.base, x.size
+                    ),
+                ))
+            }
+        });
         self.host_barrier()?;
         let deadline = Instant::now() + self.core.timeout();
         let mine = exported.as_ref().ok().map(|x| {
             (
                 crate::ipc::Offer {
                     size: x.size as u64,
-                    offset: (addr - x.base) as u64,
+                    offset: (addr - x.base) as u64, // checked above
                     bytes: bytes as u64,
                 },
                 x.fd.as_fd(),
