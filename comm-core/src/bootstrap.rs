@@ -534,20 +534,10 @@ pub fn exchange_unique_id(
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
-                        let missing: Vec<String> = (0..env.world_size)
-                            .filter(|&r| !served[r])
-                            .take(32)
-                            .map(|r| r.to_string())
-                            .collect();
                         return Err(Error::Timeout {
                             what: format!(
-                                "rank(s) {}{} to join the rendezvous on {addr} (waited {:.1?})",
-                                missing.join(", "),
-                                if env.world_size - joined > 32 {
-                                    ", ..."
-                                } else {
-                                    ""
-                                },
+                                "rank(s) {} to join the rendezvous on {addr} (waited {:.1?})",
+                                missing(&served),
                                 start.elapsed()
                             ),
                             after: timeout,
@@ -589,6 +579,19 @@ pub fn exchange_unique_id(
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+    }
+}
+
+/// The ranks not yet arrived (`arrived[r]` false), at most 32 of them listed.
+fn missing(arrived: &[bool]) -> String {
+    let all: Vec<String> = (0..arrived.len())
+        .filter(|&r| !arrived[r])
+        .map(|r| r.to_string())
+        .collect();
+    if all.len() > 32 {
+        format!("{}, ...", all[..32].join(", "))
+    } else {
+        all.join(", ")
     }
 }
 
@@ -681,16 +684,11 @@ fn file_exchange(
                 break;
             }
             if Instant::now() >= deadline {
-                let missing: Vec<String> = (0..env.world_size)
-                    .filter(|&r| !acked[r])
-                    .take(32)
-                    .map(|r| r.to_string())
-                    .collect();
                 let _ = std::fs::remove_file(path);
                 return Err(Error::Timeout {
                     what: format!(
                         "rank(s) {} to take the id from {} (waited {:.1?})",
-                        missing.join(", "),
+                        missing(&acked),
                         path.display(),
                         start.elapsed()
                     ),

@@ -23,6 +23,19 @@ fn delay(path: &std::path::Path, ms: [u64; 4]) {
     }
 }
 
+/// Runs `f`, which must fail with `Timeout` well before the slowed call returns (1.5 s):
+/// at the 0.3 s deadline.
+fn times_out<T>(f: impl FnOnce() -> Result<T, Error>) {
+    let t = Instant::now();
+    let e = f().map(|_| ()).expect_err("a timeout");
+    assert!(
+        t.elapsed() < Duration::from_millis(1200),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+}
+
 #[test]
 fn blocking_init_and_finalize_end_at_the_deadline_and_what_they_made_is_freed_later() {
     std::env::set_var("UNICOMM_TIMEOUT_MS", "300");
@@ -41,26 +54,12 @@ fn blocking_init_and_finalize_end_at_the_deadline_and_what_they_made_is_freed_la
     delay(&path, [1500, 0, 0, 0]);
     let aborts = calls(&path, "ncclCommAbort");
     let id = api.unique_id().unwrap();
-    let t = Instant::now();
-    let e = ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0).expect_err("a timeout");
-    assert!(
-        t.elapsed() < Duration::from_millis(1200),
-        "{:?}",
-        t.elapsed()
-    );
-    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    times_out(|| ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0));
     // When the late call returns, the communicator it made is aborted (nobody owns it).
     wait_for("ncclCommAbort", aborts + 1);
 
     // 2. The same for ranks created together in one process.
-    let t = Instant::now();
-    let e = ApiComm::init_local(api.clone(), Arc::new(Host), &[0]).expect_err("a timeout");
-    assert!(
-        t.elapsed() < Duration::from_millis(1200),
-        "{:?}",
-        t.elapsed()
-    );
-    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    times_out(|| ApiComm::init_local(api.clone(), Arc::new(Host), &[0]));
     wait_for("ncclCommAbort", aborts + 2);
 
     // 3. finalize: a peer that never finishes; the caller gets Timeout at the deadline, the
@@ -69,14 +68,7 @@ fn blocking_init_and_finalize_end_at_the_deadline_and_what_they_made_is_freed_la
     let c =
         Comm::from_backend(ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0).unwrap());
     let destroys = calls(&path, "ncclCommDestroy");
-    let t = Instant::now();
-    let e = c.finalize().expect_err("a timeout");
-    assert!(
-        t.elapsed() < Duration::from_millis(1200),
-        "{:?}",
-        t.elapsed()
-    );
-    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    times_out(|| c.finalize());
     wait_for("ncclCommDestroy", destroys + 1);
     assert_eq!(
         calls(&path, "ncclCommAbort"),
@@ -97,18 +89,11 @@ fn blocking_init_and_finalize_end_at_the_deadline_and_what_they_made_is_freed_la
     delay(&path, [0, 0, 1500, 0]);
     let c =
         Comm::from_backend(ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0).unwrap());
-    let t = Instant::now();
-    let e = c
-        .register_window(c.alloc::<f32>(64).unwrap())
-        .map(|_| ())
-        .expect_err("a timeout")
-        .error;
-    assert!(
-        t.elapsed() < Duration::from_millis(1200),
-        "{:?}",
-        t.elapsed()
-    );
-    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    times_out(|| {
+        c.register_window(c.alloc::<f32>(64).unwrap())
+            .map(|_| ())
+            .map_err(|e| e.error)
+    });
     let st = c.create_stream().unwrap();
     let mut b = c.alloc::<f32>(4).unwrap();
     let e = c
@@ -120,18 +105,11 @@ fn blocking_init_and_finalize_end_at_the_deadline_and_what_they_made_is_freed_la
         Comm::from_backend(ApiComm::init_rank(api.clone(), Arc::new(Host), id, 0, 1, 0).unwrap());
     delay(&path, [0, 0, 0, 1500]);
     let aborts = calls(&path, "ncclCommAbort");
-    let t = Instant::now();
-    let e = c
-        .register_auto(c.alloc::<f32>(64).unwrap())
-        .map(|_| ())
-        .expect_err("a timeout")
-        .error;
-    assert!(
-        t.elapsed() < Duration::from_millis(2500),
-        "{:?}",
-        t.elapsed()
-    );
-    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    times_out(|| {
+        c.register_auto(c.alloc::<f32>(64).unwrap())
+            .map(|_| ())
+            .map_err(|e| e.error)
+    });
     wait_for("ncclCommAbort", aborts + 1);
     delay(&path, [0; 4]);
 }
