@@ -12,6 +12,7 @@ type R = c_int;
 const OK: R = 0;
 const INVALID_ARGUMENT: R = 4;
 const INVALID_USAGE: R = 5;
+const INTERNAL_ERROR: R = 3;
 /// A count the fake refuses, to test error translation.
 const REFUSED_COUNT: usize = 2989;
 
@@ -173,7 +174,11 @@ pub unsafe extern "C" fn ncclGetUniqueId(id: *mut [u8; 128]) -> R {
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommInitRank(comm: *mut *mut Comm, nranks: c_int, _id: Id, rank: c_int) -> R {
     count("ncclCommInitRank");
-    if nranks != 1 || rank != 0 {
+    // FAKE_NCCL_BARRIER_WORLDS=1: worlds of several ranks whose only collective is the
+    // one-element in-place all-reduce (a barrier that returns at once: the host "streams"
+    // are synchronous), for the copy-engine tests across ranks.
+    let many = std::env::var_os("FAKE_NCCL_BARRIER_WORLDS").is_some() && nranks >= 1 && rank >= 0 && rank < nranks;
+    if !many && (nranks != 1 || rank != 0) {
         return fail(INVALID_ARGUMENT, "fake: only worlds of one rank");
     }
     delay(&INIT_DELAY_MS);
@@ -247,13 +252,43 @@ pub unsafe extern "C" fn ncclGetLastError(_c: *mut Comm) -> *const c_char {
     s.into_raw()
 }
 
+/// The barrier of a barrier world: (arrived, generation); at most 10 s.
+static BARRIER: Mutex<(usize, u64)> = Mutex::new((0, 0));
+static BARRIER_CV: std::sync::Condvar = std::sync::Condvar::new();
+
+fn barrier(n: usize) -> R {
+    let mut b = BARRIER.lock().unwrap();
+    let gen = b.1;
+    b.0 += 1;
+    if b.0 == n {
+        *b = (0, gen + 1);
+        BARRIER_CV.notify_all();
+        return OK;
+    }
+    let (b, t) = BARRIER_CV
+        .wait_timeout_while(b, std::time::Duration::from_secs(10), |b| b.1 == gen)
+        .unwrap();
+    drop(b);
+    if t.timed_out() {
+        return fail(INTERNAL_ERROR, "fake: barrier timed out");
+    }
+    OK
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ncclAllReduce(s: *const c_void, r: *mut c_void, n: usize, t: c_int, _op: c_int, c: *mut Comm, _st: *mut c_void) -> R {
     count("ncclAllReduce");
     if (*c).split {
         count("ncclAllReduce:split");
     }
-    assert_eq!((*c).nranks, 1);
+    if (*c).nranks != 1 {
+        // A barrier world: only the in-place one-element all-reduce exists, and it is a
+        // real barrier of the world's ranks (threads of this process), on the host.
+        if n != 1 || s != r as *const c_void {
+            return fail(INVALID_USAGE, "fake: a barrier world has only the one-element all-reduce");
+        }
+        return in_progress(c, barrier((*c).nranks as usize));
+    }
     in_progress(c, copy(s, r, n, t))
 }
 
