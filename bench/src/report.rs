@@ -586,17 +586,9 @@ mod tests {
         let h = Header {
             args: vec!["unicomm-bench".into()],
             vendor: "test".into(),
-            caps: unicomm::Capabilities {
-                backend: "mock",
-                library_path: "built-in".into(),
-                version: unicomm::Version::new(2, 28, 9),
-                registration: true,
-                windows: true,
-                native_all_to_all: true,
-                graph_capture: false,
-                mem_alloc: true,
-                copy_engine: false,
-            },
+            caps: unicomm::local_comms_n(unicomm::Vendor::Mock, Some(1))
+                .expect("a mock communicator")[0]
+                .capabilities(),
             world: 2,
             dtype: "float".into(),
             op: "sum".into(),

@@ -17,7 +17,6 @@ use unicomm_core::{Error, Kind, Op, RawHandle, Result, Version};
 
 use crate::api::NcclComm;
 use crate::comm::ApiComm;
-use crate::copy_engine::GROUP_DEPTH;
 use crate::memory::ApiMemory;
 use crate::policy::{Path, Policy};
 use crate::runtime::Runtime;
@@ -68,11 +67,11 @@ impl<R: Runtime> ApiComm<R> {
             SPLIT_SINCE,
             self.api.fns.comm_split,
         )?;
+        self.not_in_group("creating the second communicator of automatic registration")?;
         let rank = self.rank as c_int;
         let comm = self.call(|c| {
             let mut out: NcclComm = std::ptr::null_mut();
-            // Inside a group the call stays on this thread (groups are per thread).
-            let code = if self.core.nonblocking || GROUP_DEPTH.with(|d| d.get()) > 0 {
+            let code = if self.core.nonblocking {
                 // SAFETY: a live communicator; `out` receives the new one (written when the
                 // call settles, below); NULL config means the parent's settings (nccl.h),
                 // non-blocking mode included.

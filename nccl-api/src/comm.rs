@@ -550,9 +550,9 @@ impl<R: Runtime> ApiComm<R> {
             fns.window_register
                 .filter(|_| fns.window_deregister.is_some()),
         )?;
+        self.not_in_group("a symmetric window registration")?;
         self.register_range(mem, offset, bytes, kind, |c, addr| {
-            // Inside a group the call stays on this thread (groups are per thread).
-            let w = if self.core.nonblocking || GROUP_DEPTH.with(|d| d.get()) > 0 {
+            let w = if self.core.nonblocking {
                 let mut w = std::ptr::null_mut();
                 // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives
                 // the window and lives until the call settles below.
@@ -590,6 +590,21 @@ impl<R: Runtime> ApiComm<R> {
             }
             Ok(w)
         })
+    }
+
+    /// Collective registrations (window, the second communicator's split) are refused
+    /// inside `Comm::group`: NCCL would defer them to the group's end and write their
+    /// out-parameter then, after this call returned (a dangling write), and a bounded call
+    /// cannot run on another thread (groups are per thread). The mock accepts them there
+    /// (its registrations are not deferred): documented in docs/reliability.md.
+    pub(crate) fn not_in_group(&self, what: &str) -> Result<()> {
+        if GROUP_DEPTH.with(|d| d.get()) > 0 {
+            return Err(Error::invalid(
+                "group",
+                format!("{what} is collective and cannot be called inside Comm::group on {}; call it before or after the group", self.api.flavor.library),
+            ));
+        }
+        Ok(())
     }
 
     /// The library's window deregistration of `h` alone (the caller has taken `h` out of
