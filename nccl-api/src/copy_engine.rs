@@ -209,12 +209,8 @@ impl<R: Runtime> ApiComm<R> {
         self.ce
             .calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mapped = !self
-            .ce
-            .mapped
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty();
+        // Peers' memory is mapped only for ranks joined by unique id (one per process).
+        let mapped = self.ce.reachable() && self.ce.world.is_none();
         let (local, peers): (Vec<_>, Vec<_>) = plan
             .copies
             .into_iter()
