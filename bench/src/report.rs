@@ -90,6 +90,15 @@ fn gbps(bytes: usize, us: f64) -> f64 {
     }
 }
 
+/// Host-bound: enqueueing the timed iterations took at least this share of their device
+/// time, so the device waited for the host and the time is the host path's.
+const HOST_BOUND: f64 = 0.9;
+
+/// Whether `m`'s time is the host's (see [`HOST_BOUND`]).
+pub fn host_bound(m: &Measure) -> bool {
+    m.time_us > 0.0 && m.host_us >= HOST_BOUND * m.time_us
+}
+
 fn wrong(w: Option<u64>) -> String {
     w.map_or_else(|| "-".into(), |n| n.to_string())
 }
@@ -101,6 +110,12 @@ pub fn table(results: &[Measure], world: usize) {
         if !colls.contains(&r.work.coll) {
             colls.push(r.work.coll);
         }
+    }
+    if results.iter().any(host_bound) {
+        println!(
+            "# time*: host-bound, enqueueing took >= {:.0}% of the time (the device waited for the host)",
+            HOST_BOUND * 100.0
+        );
     }
     for coll in colls {
         println!("#\n# {}", coll.name());
@@ -154,8 +169,9 @@ pub fn table(results: &[Measure], world: usize) {
                 Some(m) => {
                     let alg = gbps(bytes, m.time_us);
                     format!(
-                        "{:>10.2} {:>8.2} {:>8.2} {:>6}",
+                        "{:>9.2}{} {:>8.2} {:>8.2} {:>6}",
                         m.time_us,
+                        if host_bound(m) { '*' } else { ' ' },
                         alg,
                         alg * coll.bus_factor(world),
                         wrong(m.wrong)
@@ -322,7 +338,8 @@ pub fn tune(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> 
 }
 
 /// The JSON: nccl-tests' keys where it has them (time, algBw, busBw, wrong, size, count,
-/// type, redop, inPlace), plus the mode and per-iteration min/p50/max.
+/// type, redop, inPlace), plus the mode, per-iteration min/p50/max and the host's enqueue
+/// time per iteration (`hostTime`, `hostBound`).
 pub fn json(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> {
     let rows: Vec<_> = results
         .iter()
@@ -346,6 +363,8 @@ pub fn json(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> 
                     "p50": percentile(&r.iter_us, 0.5),
                     "max": percentile(&r.iter_us, 1.0),
                 },
+                "hostTime": r.host_us,
+                "hostBound": host_bound(r),
             })
         })
         .collect();
@@ -575,8 +594,23 @@ mod tests {
             count: bytes / 4,
             time_us: iters.iter().sum::<f64>() / iters.len() as f64,
             iter_us: iters.to_vec(),
+            host_us: 0.0,
             wrong: Some(0),
         }
+    }
+
+    #[test]
+    fn host_bound_when_enqueueing_takes_nearly_the_device_time() {
+        let mut r = m(8, Mode::Window, &[10.0, 10.0]);
+        assert!(!host_bound(&r));
+        r.host_us = 8.9;
+        assert!(!host_bound(&r));
+        r.host_us = 9.0;
+        assert!(host_bound(&r));
+        r.host_us = 14.0;
+        assert!(host_bound(&r));
+        r.time_us = 0.0;
+        assert!(!host_bound(&r), "no time measured: not called host-bound");
     }
 
     /// The tuner ranks paths by the median iteration (one slow iteration does not decide)

@@ -27,6 +27,11 @@ pub struct Measure {
     pub time_us: f64,
     /// Per iteration, the slowest rank's microseconds.
     pub iter_us: Vec<f64>,
+    /// Microseconds per iteration the host took to enqueue the timed iterations (the
+    /// slowest rank's): where it nears `time_us` the device waited for the host, and the
+    /// time measures the host path, not the collective (nccl-tests' figures have the same
+    /// floor; it shows where it is reached).
+    pub host_us: f64,
     /// Elements that differ from the reference (summed over ranks); `None`: not checked.
     pub wrong: Option<u64>,
 }
@@ -355,9 +360,23 @@ fn verify<T: Val>(
         .count() as u64)
 }
 
-/// Per rank: for each workload, microseconds per iteration (total over `iters`), per
-/// iteration, and wrong elements.
-type RankOut = Vec<Option<(usize, f64, Vec<f64>, Option<u64>)>>;
+/// One rank's figures for one workload and placement.
+#[derive(Debug, Clone)]
+struct Cell {
+    /// The count passed to the call.
+    count: usize,
+    /// Microseconds per iteration, device events over all timed iterations.
+    total_us: f64,
+    /// Per iteration, microseconds between consecutive events.
+    iter_us: Vec<f64>,
+    /// Microseconds per iteration the host spent enqueueing them.
+    host_us: f64,
+    /// Wrong elements, where checked.
+    wrong: Option<u64>,
+}
+
+/// Per rank: for each workload and placement its figures (`None`: not run).
+type RankOut = Vec<Option<Cell>>;
 
 /// Everything one rank does in one mode: buffers, then every (workload, placement).
 #[expect(
@@ -405,10 +424,12 @@ fn rank_mode<T: Val>(
                 launch(c, &k, &mut held)?;
             }
             let mut marks = vec![st.record()?];
+            let enqueue = std::time::Instant::now();
             for _ in 0..a.iters {
                 launch(c, &k, &mut held)?;
                 marks.push(st.record()?);
             }
+            let host_us = enqueue.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64;
             st.synchronize()?;
             let iter_us: Vec<f64> = marks
                 .windows(2)
@@ -423,7 +444,13 @@ fn rank_mode<T: Val>(
             } else {
                 None
             };
-            out.push(Some((count, total, iter_us, wrong)));
+            out.push(Some(Cell {
+                count,
+                total_us: total,
+                iter_us,
+                host_us,
+                wrong,
+            }));
             tick();
         }
     }
@@ -582,12 +609,15 @@ fn all_mode<T: Val>(
                 .iter()
                 .map(|st| st.record().map(|m| vec![m]))
                 .collect::<unicomm::Result<_>>()?;
+            let enqueue = std::time::Instant::now();
             for _ in 0..a.iters {
                 grouped(&mut held)?;
                 for (m, st) in marks.iter_mut().zip(streams) {
                     m.push(st.record()?);
                 }
             }
+            // One host thread enqueues every rank's calls.
+            let host_us = enqueue.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64;
             for st in streams {
                 st.synchronize()?;
             }
@@ -606,7 +636,13 @@ fn all_mode<T: Val>(
                     .map(|p| p[0].elapsed_ms(&p[1]).map(|ms| ms * 1e3))
                     .collect::<unicomm::Result<_>>()?;
                 let total = m[0].elapsed_ms(&m[m.len() - 1])? * 1e3 / a.iters.max(1) as f64;
-                outs[r].push(Some((count, total, iter_us, wrong[r])));
+                outs[r].push(Some(Cell {
+                    count,
+                    total_us: total,
+                    iter_us,
+                    host_us,
+                    wrong: wrong[r],
+                }));
             }
             tick();
         }
@@ -685,10 +721,11 @@ fn combine(
     let mut wrongs = Vec::new();
     for (out, extra) in &mine {
         times.push(extra.map_or(f64::MIN, |e| e as f64));
-        for (_, total, iters, wrong) in out.iter().flatten() {
-            times.push(*total);
-            times.extend_from_slice(iters);
-            wrongs.push(wrong.map_or(0.0, |w| w as f64));
+        for cell in out.iter().flatten() {
+            times.push(cell.total_us);
+            times.push(cell.host_us);
+            times.extend_from_slice(&cell.iter_us);
+            wrongs.push(cell.wrong.map_or(0.0, |w| w as f64));
         }
     }
     let st = c.create_stream()?;
@@ -717,14 +754,22 @@ fn combine(
         for cell in out {
             cells.push(match cell {
                 None => None,
-                Some((count, _, iters, wrong)) => {
-                    let total = next(&mut t)?;
-                    let iters = iters
+                Some(cell) => {
+                    let total_us = next(&mut t)?;
+                    let host_us = next(&mut t)?;
+                    let iter_us = cell
+                        .iter_us
                         .iter()
                         .map(|_| next(&mut t))
                         .collect::<anyhow::Result<Vec<f64>>>()?;
                     let wsum = next(&mut w)?;
-                    Some((count, total, iters, wrong.map(|_| wsum as u64)))
+                    Some(Cell {
+                        count: cell.count,
+                        total_us,
+                        iter_us,
+                        host_us,
+                        wrong: cell.wrong.map(|_| wsum as u64),
+                    })
                 }
             });
         }
@@ -840,16 +885,17 @@ pub fn sweep(
             for &in_place in places {
                 let cells: Vec<_> = per_rank.iter().map(|ro| ro[i].clone()).collect();
                 i += 1;
-                let Some(Some((count, _, _, _))) = cells.first().cloned() else {
+                let Some(count) = cells.first().and_then(|c| c.as_ref()).map(|c| c.count) else {
                     continue;
                 };
-                let cells: Vec<_> = cells.into_iter().flatten().collect();
-                let time_us = cells.iter().map(|c| c.1).fold(0.0, f64::max);
-                let iters = cells.iter().map(|c| c.2.len()).min().unwrap_or(0);
+                let cells: Vec<Cell> = cells.into_iter().flatten().collect();
+                let time_us = cells.iter().map(|c| c.total_us).fold(0.0, f64::max);
+                let host_us = cells.iter().map(|c| c.host_us).fold(0.0, f64::max);
+                let iters = cells.iter().map(|c| c.iter_us.len()).min().unwrap_or(0);
                 let iter_us = (0..iters)
-                    .map(|k| cells.iter().map(|c| c.2[k]).fold(0.0, f64::max))
+                    .map(|k| cells.iter().map(|c| c.iter_us[k]).fold(0.0, f64::max))
                     .collect();
-                let wrong = cells.iter().map(|c| c.3).sum::<Option<u64>>();
+                let wrong = cells.iter().map(|c| c.wrong).sum::<Option<u64>>();
                 results.push(Measure {
                     work: *work,
                     mode,
@@ -857,6 +903,7 @@ pub fn sweep(
                     count,
                     time_us,
                     iter_us,
+                    host_us,
                     wrong,
                 });
             }

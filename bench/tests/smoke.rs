@@ -44,6 +44,9 @@ fn the_benchmark_runs_on_the_mock_and_writes_json_and_svg() {
     for r in rows {
         assert_eq!(r["wrong"], 0, "{r}");
         assert!(r["time"].as_f64().unwrap() > 0.0, "{r}");
+        // The host's enqueue time is measured (on the mock the host does the work).
+        assert!(r["hostTime"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["hostBound"].is_boolean(), "{r}");
         for k in [
             "algBw", "busBw", "size", "count", "inPlace", "mode", "iterTime",
         ] {

@@ -191,6 +191,47 @@ pub fn windows<R: Runtime>(g: &Gpu<R>) -> Result<()> {
     Ok(())
 }
 
+/// Window and automatic registration inside `Comm::group` are refused before NCCL sees
+/// them (NCCL would defer them to the group's end and write their out-parameter after the
+/// call returned); the communicator stays usable: both work outside, and a collective
+/// inside a group still runs.
+pub fn registration_in_group_refused<R: Runtime>(g: &Gpu<R>) -> Result<()> {
+    let w = world()?;
+    let cs = g.comms(w)?;
+    let out = each(&cs, |c| -> Result<f32> {
+        let refused = c.group(|| {
+            let win = c
+                .register_window(c.alloc::<f32>(256)?)
+                .map_err(|e| e.error)?;
+            c.deregister_window(win).map(|_| ())
+        });
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument { .. })),
+            "window inside a group: {refused:?}"
+        );
+        let refused = c.group(|| {
+            c.register_auto(c.alloc::<f32>(256)?)
+                .map(|_| ())
+                .map_err(|e| e.error)
+        });
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument { .. })),
+            "automatic registration inside a group: {refused:?}"
+        );
+        let st = c.create_stream()?;
+        let mut win = c.register_window(c.alloc::<f32>(256)?)?;
+        win.copy_from_host(&[1.5; 256], &st)?;
+        c.group(|| c.all_reduce_in_place(&mut win, ReduceOp::Sum, &st))?;
+        let v = win.copy_to_host(&st)?[255];
+        c.deregister_window(win)?;
+        Ok(v)
+    });
+    for o in out {
+        assert_eq!(o?, 1.5 * w as f32);
+    }
+    Ok(())
+}
+
 /// The runtime's export and import (the copy-engine path across processes): a buffer
 /// from the library's allocator, exported and mapped again in this process, shows the same
 /// bytes and takes writes; unmapped after.
@@ -466,6 +507,10 @@ macro_rules! gpu_test_suite {
             #[test]
             fn symmetric_windows_register_and_reduce() -> ::unicomm_core::Result<()> {
                 t::windows(&super::$gpu)
+            }
+            #[test]
+            fn registration_inside_a_group_is_refused() -> ::unicomm_core::Result<()> {
+                t::registration_in_group_refused(&super::$gpu)
             }
             #[test]
             fn errors_carry_code_name_and_message() -> ::unicomm_core::Result<()> {
