@@ -103,6 +103,16 @@ impl Mode {
     }
 }
 
+/// The order of the measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Order {
+    /// The modes take turns at each size (a collective at a time): a slow phase of a shared
+    /// host hits every mode of the sizes it overlaps, so the modes' ratios hold.
+    Size,
+    /// Each mode runs every size before the next mode (nccl-tests' order, one mode a run).
+    Mode,
+}
+
 /// Fixed workloads instead of a size sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Preset {
@@ -169,6 +179,10 @@ pub struct Args {
     /// One thread drives every rank inside a group (default: one thread per rank).
     #[arg(long)]
     pub single_thread: bool,
+    /// Measurement order: size (the modes take turns at each size) or mode (each mode
+    /// sweeps every size before the next).
+    #[arg(long, value_enum, default_value = "size")]
+    pub order: Order,
     /// Write the results as JSON.
     #[arg(short = 'J', long = "json")]
     pub json: Option<PathBuf>,
@@ -340,7 +354,12 @@ fn bench() -> anyhow::Result<()> {
     let work = workloads(&args, w)?;
     let mut modes = Vec::new();
     for &m in &args.modes {
-        match run::unsupported(m, &caps) {
+        let why = run::unsupported(m, &caps).or_else(|| {
+            (m == Mode::Ce && args.single_thread).then(|| {
+                "the copy-engine path does not run inside a group: not with --single-thread".into()
+            })
+        });
+        match why {
             Some(why) => eprintln!("# mode {}: skipped ({why})", m.name()),
             None => modes.push(m),
         }

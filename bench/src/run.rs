@@ -10,7 +10,7 @@ use unicomm::generic::DeviceSliceMut;
 use unicomm::{AnyComm, AnyStream, Buffer, Capabilities, DataType, Element, ReduceOp};
 use unicomm_nccl_api::{ApiComm, ApiStream, Runtime};
 
-use crate::{Args, Coll, Mode, Work};
+use crate::{Args, Coll, Mode, Order, Work};
 
 /// One measurement: a workload in one mode and placement, combined over ranks.
 #[derive(Debug, Clone)]
@@ -378,97 +378,6 @@ struct Cell {
 /// Per rank: for each workload and placement its figures (`None`: not run).
 type RankOut = Vec<Option<Cell>>;
 
-/// Everything one rank does in one mode: buffers, then every (workload, placement).
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the sweep's whole configuration, in one place"
-)]
-fn rank_mode<T: Val>(
-    c: &unicomm::Comm,
-    a: &Args,
-    works: &[Work],
-    places: &[bool],
-    mode: Mode,
-    cap: usize,
-    st: &AnyStream,
-    tick: &dyn Fn(),
-) -> anyhow::Result<(RankOut, Option<i64>)> {
-    let w = c.world_size();
-    if mode == Mode::Ce {
-        c.set_copy_engine(true)?;
-    }
-    let free_before = c.device_memory().ok().map(|m| m.0);
-    let mut held = Held::<T>::new(c, mode, cap)?;
-    let base: Vec<T> = (0..cap).map(|i| T::of(input(c.rank(), i))).collect();
-    let check = a.check == 1 && matches!(a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min);
-    let mut out = Vec::new();
-    for work in works {
-        for &in_place in places {
-            let skip = (in_place && work.coll == Coll::AllToAll)
-                || (mode == Mode::Ce && !matches!(work.coll, Coll::AllToAll | Coll::AllGather));
-            let Some((count, send_len, recv_len)) = shape(work, w).filter(|_| !skip) else {
-                out.push(None);
-                tick();
-                continue;
-            };
-            let k = Call {
-                coll: work.coll,
-                mode,
-                in_place,
-                count,
-                op: a.op,
-                stream: st,
-            };
-            fill(c, &k, &mut held, &base, send_len, recv_len)?;
-            for _ in 0..a.warmup {
-                launch(c, &k, &mut held)?;
-            }
-            let mut marks = vec![st.record()?];
-            let enqueue = std::time::Instant::now();
-            for _ in 0..a.iters {
-                launch(c, &k, &mut held)?;
-                marks.push(st.record()?);
-            }
-            let host_us = enqueue.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64;
-            st.synchronize()?;
-            let iter_us: Vec<f64> = marks
-                .windows(2)
-                .map(|m| m[0].elapsed_ms(&m[1]).map(|ms| ms * 1e3))
-                .collect::<unicomm::Result<_>>()?;
-            let total = marks[0].elapsed_ms(&marks[marks.len() - 1])? * 1e3 / a.iters.max(1) as f64;
-            let wrong = if check {
-                fill(c, &k, &mut held, &base, send_len, recv_len)?;
-                launch(c, &k, &mut held)?;
-                st.synchronize()?;
-                Some(verify(c, &k, &mut held, w)?)
-            } else {
-                None
-            };
-            out.push(Some(Cell {
-                count,
-                total_us: total,
-                iter_us,
-                host_us,
-                wrong,
-            }));
-            tick();
-        }
-    }
-    // What the mode costs beyond its two buffers, after every call of the sweep (NCCL sets
-    // up registrations and the second communicator lazily, at first use).
-    let extra = match (free_before, c.device_memory().ok()) {
-        (Some(before), Some((after, _))) => {
-            Some(before as i64 - after as i64 - 2 * (cap * T::DTYPE.size()) as i64)
-        }
-        _ => None,
-    };
-    held.release(c)?;
-    if mode == Mode::Ce {
-        c.set_copy_engine(false)?;
-    }
-    Ok((out, extra))
-}
-
 /// `$body` with `$t` the element type of `$dtype` (the sweep is generic over it).
 macro_rules! by_type {
     ($dtype:expr, $t:ident => $body:expr) => {
@@ -534,189 +443,227 @@ fn on_each<'c, R: Send>(
     })
 }
 
-/// `--single-thread`: one thread issues every rank's call inside one group per iteration
-/// (how one process drives all its GPUs without threads); each rank's stream is timed with
-/// its own events. Windows and automatic registrations are collective, so they are set up
-/// and released on one thread per rank, as the conformance suite's single-thread mode does.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the sweep's whole configuration, in one place"
-)]
-fn all_mode<T: Val>(
-    comms: &[unicomm::Comm],
-    a: &Args,
-    works: &[Work],
-    places: &[bool],
-    mode: Mode,
-    cap: usize,
-    streams: &[AnyStream],
-    tick: &dyn Fn(),
-) -> anyhow::Result<Vec<(RankOut, Option<i64>)>> {
-    let w = comms.len();
-    if mode == Mode::Ce {
-        bail!("the copy-engine path does not run inside a group: not with --single-thread");
-    }
-    let free_before: Vec<Option<usize>> = comms
-        .iter()
-        .map(|c| c.device_memory().ok().map(|m| m.0))
-        .collect();
-    let mut held: Vec<Held<'_, T>> = on_each(comms, |c| Held::<T>::new(c, mode, cap))?;
-    let bases: Vec<Vec<T>> = (0..w)
-        .map(|r| (0..cap).map(|i| T::of(input(r, i))).collect())
-        .collect();
-    let check = a.check == 1 && matches!(a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min);
-    let mut outs: Vec<RankOut> = vec![Vec::new(); w];
-    for work in works {
-        for &in_place in places {
-            let skip = in_place && work.coll == Coll::AllToAll;
-            let Some((count, send_len, recv_len)) = shape(work, w).filter(|_| !skip) else {
-                outs.iter_mut().for_each(|o| o.push(None));
-                tick();
-                continue;
-            };
-            let calls: Vec<Call<'_>> = streams
-                .iter()
-                .map(|st| Call {
-                    coll: work.coll,
-                    mode,
-                    in_place,
-                    count,
-                    op: a.op,
-                    stream: st,
-                })
-                .collect();
-            let fill_all = |held: &mut [Held<'_, T>]| -> anyhow::Result<()> {
-                for (r, h) in held.iter_mut().enumerate() {
-                    fill(&comms[r], &calls[r], h, &bases[r], send_len, recv_len)?;
-                }
-                Ok(())
-            };
-            // One iteration: every rank's call in one group.
-            let grouped = |held: &mut [Held<'_, T>]| -> anyhow::Result<()> {
-                comms[0].group(|| {
-                    Ok(held
-                        .iter_mut()
-                        .enumerate()
-                        .try_for_each(|(r, h)| launch(&comms[r], &calls[r], h)))
-                })??;
-                Ok(())
-            };
-            fill_all(&mut held)?;
-            for _ in 0..a.warmup {
-                grouped(&mut held)?;
-            }
-            let mut marks: Vec<Vec<unicomm::core::Marker>> = streams
-                .iter()
-                .map(|st| st.record().map(|m| vec![m]))
-                .collect::<unicomm::Result<_>>()?;
-            let enqueue = std::time::Instant::now();
-            for _ in 0..a.iters {
-                grouped(&mut held)?;
-                for (m, st) in marks.iter_mut().zip(streams) {
-                    m.push(st.record()?);
-                }
-            }
-            // One host thread enqueues every rank's calls.
-            let host_us = enqueue.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64;
-            for st in streams {
-                st.synchronize()?;
-            }
-            let mut wrong = vec![None; w];
-            if check {
-                fill_all(&mut held)?;
-                grouped(&mut held)?;
-                for (r, h) in held.iter_mut().enumerate() {
-                    streams[r].synchronize()?;
-                    wrong[r] = Some(verify(&comms[r], &calls[r], h, w)?);
-                }
-            }
-            for (r, m) in marks.iter().enumerate() {
-                let iter_us: Vec<f64> = m
-                    .windows(2)
-                    .map(|p| p[0].elapsed_ms(&p[1]).map(|ms| ms * 1e3))
-                    .collect::<unicomm::Result<_>>()?;
-                let total = m[0].elapsed_ms(&m[m.len() - 1])? * 1e3 / a.iters.max(1) as f64;
-                outs[r].push(Some(Cell {
-                    count,
-                    total_us: total,
-                    iter_us,
-                    host_us,
-                    wrong: wrong[r],
-                }));
-            }
-            tick();
-        }
-    }
-    let extra: Vec<Option<i64>> = comms
-        .iter()
-        .zip(&free_before)
-        .map(|(c, before)| match (before, c.device_memory().ok()) {
-            (Some(b), Some((after, _))) => {
-                Some(*b as i64 - after as i64 - 2 * (cap * T::DTYPE.size()) as i64)
-            }
-            _ => None,
-        })
-        .collect();
-    let held: Vec<std::sync::Mutex<Option<Held<'_, T>>>> = held
-        .into_iter()
-        .map(|h| std::sync::Mutex::new(Some(h)))
-        .collect();
-    on_each(comms, |c| {
-        let h = held[c.rank()]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        h.map_or(Ok(()), |h| h.release(c))
-    })?;
-    Ok(outs.into_iter().zip(extra).collect())
+/// One mode's figures on one rank: per (workload, placement) cell, and its device memory
+/// beyond its buffers.
+type ModeOut = (RankOut, Option<i64>);
+
+/// Which thread drives which ranks: one thread per rank (`comms` holds one communicator),
+/// or `--single-thread` (`comms` holds every rank; each iteration is one group of all
+/// their calls, how one process drives all its GPUs without threads).
+struct Driver<'c, 'a> {
+    comms: &'c [unicomm::Comm],
+    streams: &'a [AnyStream],
 }
 
-/// `all_mode` for the element type, its result (or error) given to every rank.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the sweep's whole configuration, in one place"
-)]
-fn single(
-    comms: &[unicomm::Comm],
+impl<'c> Driver<'c, '_> {
+    /// One iteration of `calls` (one per rank driven here).
+    fn launch<T: Val>(&self, calls: &[Call<'_>], held: &mut [Held<'c, T>]) -> anyhow::Result<()> {
+        if let ([c], [k], [h]) = (self.comms, calls, &mut *held) {
+            return launch(c, k, h);
+        }
+        self.comms[0].group(|| {
+            Ok(held
+                .iter_mut()
+                .zip(calls)
+                .zip(self.comms)
+                .try_for_each(|((h, k), c)| launch(c, k, h)))
+        })??;
+        Ok(())
+    }
+
+    /// Sets the copy-engine path on or off on every rank driven here.
+    fn copy_engine(&self, on: bool) -> anyhow::Result<()> {
+        for c in self.comms {
+            c.set_copy_engine(on)?;
+        }
+        Ok(())
+    }
+}
+
+/// Everything the ranks driven by one thread do for a set of modes: each mode's buffers
+/// (allocated, registered or windows; window and automatic registration are collective, so
+/// with several ranks here they are made on one thread per rank), then every (workload,
+/// placement) timed in every mode in turn. Interleaving the modes per workload (`modes`
+/// holding several) means a slow phase of the host (a shared machine's, seconds long) hits
+/// every mode of the workloads it overlaps, not one mode at every size, so the modes'
+/// ratios stay comparable; `modes` of one runs one mode at every size, as nccl-tests does.
+/// Result: per rank driven here, per mode in `modes`.
+fn drive_modes<T: Val>(
+    d: &Driver<'_, '_>,
     a: &Args,
     works: &[Work],
     places: &[bool],
-    mode: Mode,
+    modes: &[Mode],
     cap: usize,
-    dtype: DataType,
     tick: &dyn Fn(),
-) -> Vec<anyhow::Result<(RankOut, Option<i64>)>> {
-    let run = || -> anyhow::Result<Vec<(RankOut, Option<i64>)>> {
-        let streams: Vec<AnyStream> = comms
-            .iter()
-            .map(|c| c.create_stream())
-            .collect::<unicomm::Result<_>>()?;
-        let st = &streams[..];
-        by_type!(dtype, T => all_mode::<T>(comms, a, works, places, mode, cap, st, tick))
+) -> anyhow::Result<Vec<Vec<ModeOut>>> {
+    let comms = d.comms;
+    let (n, w) = (comms.len(), comms[0].world_size());
+    if n > 1 && modes.contains(&Mode::Ce) {
+        bail!("the copy-engine path does not run inside a group: not with --single-thread");
+    }
+    let bases: Vec<Vec<T>> = comms
+        .iter()
+        .map(|c| (0..cap).map(|i| T::of(input(c.rank(), i))).collect())
+        .collect();
+    let check = a.check == 1 && matches!(a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min);
+    // A cell's (count, send elements, receive elements), or `None` where it does not run:
+    // all_to_all has no in-place form, the copy engines move only all_to_all/all_gather.
+    let plan = |mode: Mode, work: &Work, in_place: bool| {
+        let skip = (in_place && work.coll == Coll::AllToAll)
+            || (mode == Mode::Ce && !matches!(work.coll, Coll::AllToAll | Coll::AllGather));
+        shape(work, w).filter(|_| !skip)
     };
-    match run() {
-        Ok(v) => v.into_iter().map(Ok).collect(),
-        Err(e) => {
-            for c in comms {
-                let _ = c.abort();
+    let calls = |mode: Mode, work: &Work, in_place: bool, count: usize| -> Vec<Call<'_>> {
+        d.streams
+            .iter()
+            .map(|stream| Call {
+                coll: work.coll,
+                mode,
+                in_place,
+                count,
+                op: a.op,
+                stream,
+            })
+            .collect()
+    };
+    // Set-up, one mode after the other: its buffers, then one call of each of its cells
+    // (NCCL sets registrations and the second communicator up lazily, at first use), so
+    // each mode's device memory is its own.
+    let mut held: Vec<Vec<Held<'_, T>>> = Vec::new();
+    let mut extra: Vec<Vec<Option<i64>>> = Vec::new();
+    for &mode in modes {
+        d.copy_engine(mode == Mode::Ce)?;
+        let before: Vec<Option<usize>> = comms
+            .iter()
+            .map(|c| c.device_memory().ok().map(|m| m.0))
+            .collect();
+        let mut h = if n == 1 {
+            vec![Held::<T>::new(&comms[0], mode, cap)?]
+        } else {
+            on_each(comms, |c| Held::<T>::new(c, mode, cap))?
+        };
+        for work in works {
+            for &in_place in places {
+                if let Some((count, ..)) = plan(mode, work, in_place) {
+                    d.launch(&calls(mode, work, in_place, count), &mut h)?;
+                }
             }
-            let msg = format!("{e:#}");
+        }
+        for st in d.streams {
+            st.synchronize()?;
+        }
+        extra.push(
             comms
                 .iter()
-                .map(|_| Err(anyhow::anyhow!("{msg}")))
-                .collect()
+                .zip(&before)
+                .map(|(c, b)| match (b, c.device_memory().ok()) {
+                    (Some(b), Some((after, _))) => {
+                        Some(*b as i64 - after as i64 - 2 * (cap * T::DTYPE.size()) as i64)
+                    }
+                    _ => None,
+                })
+                .collect(),
+        );
+        held.push(h);
+    }
+    let mut outs: Vec<Vec<RankOut>> = vec![vec![Vec::new(); modes.len()]; n];
+    for work in works {
+        for &in_place in places {
+            for (m, &mode) in modes.iter().enumerate() {
+                let Some((count, send_len, recv_len)) = plan(mode, work, in_place) else {
+                    outs.iter_mut().for_each(|o| o[m].push(None));
+                    tick();
+                    continue;
+                };
+                d.copy_engine(mode == Mode::Ce)?;
+                let ks = calls(mode, work, in_place, count);
+                let h = &mut held[m];
+                let fill_all = |h: &mut [Held<'_, T>]| -> anyhow::Result<()> {
+                    for (r, hr) in h.iter_mut().enumerate() {
+                        fill(&comms[r], &ks[r], hr, &bases[r], send_len, recv_len)?;
+                    }
+                    Ok(())
+                };
+                fill_all(h)?;
+                for _ in 0..a.warmup {
+                    d.launch(&ks, h)?;
+                }
+                let mut marks: Vec<Vec<unicomm::core::Marker>> = d
+                    .streams
+                    .iter()
+                    .map(|st| st.record().map(|m| vec![m]))
+                    .collect::<unicomm::Result<_>>()?;
+                let enqueue = std::time::Instant::now();
+                for _ in 0..a.iters {
+                    d.launch(&ks, h)?;
+                    for (mk, st) in marks.iter_mut().zip(d.streams) {
+                        mk.push(st.record()?);
+                    }
+                }
+                // The host's time to enqueue them (one thread for the ranks driven here).
+                let host_us = enqueue.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64;
+                for st in d.streams {
+                    st.synchronize()?;
+                }
+                let mut wrong = vec![None; n];
+                if check {
+                    fill_all(h)?;
+                    d.launch(&ks, h)?;
+                    for (r, hr) in h.iter_mut().enumerate() {
+                        d.streams[r].synchronize()?;
+                        wrong[r] = Some(verify(&comms[r], &ks[r], hr, w)?);
+                    }
+                }
+                for (r, mk) in marks.iter().enumerate() {
+                    let iter_us: Vec<f64> = mk
+                        .windows(2)
+                        .map(|p| p[0].elapsed_ms(&p[1]).map(|ms| ms * 1e3))
+                        .collect::<unicomm::Result<_>>()?;
+                    let total = mk[0].elapsed_ms(&mk[mk.len() - 1])? * 1e3 / a.iters.max(1) as f64;
+                    outs[r][m].push(Some(Cell {
+                        count,
+                        total_us: total,
+                        iter_us,
+                        host_us,
+                        wrong: wrong[r],
+                    }));
+                }
+                tick();
+            }
         }
     }
+    d.copy_engine(false)?;
+    // Released collectively, mode by mode.
+    for h in held.into_iter().rev() {
+        if n == 1 {
+            for hr in h {
+                hr.release(&comms[0])?;
+            }
+        } else {
+            let slots: Vec<std::sync::Mutex<Option<Held<'_, T>>>> = h
+                .into_iter()
+                .map(|x| std::sync::Mutex::new(Some(x)))
+                .collect();
+            on_each(comms, |c| {
+                let taken = slots[c.rank()]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                taken.map_or(Ok(()), |x| x.release(c))
+            })?;
+        }
+    }
+    Ok((0..n)
+        .map(|r| outs[r].drain(..).zip(extra.iter().map(|e| e[r])).collect())
+        .collect())
 }
 
 /// One rank per process: every rank's figures made the world's, through the communicator
 /// (an all-reduce of the times with max, of the wrong counts with sum), so every process
 /// holds what one process driving all ranks would: per cell the slowest rank's time, the
 /// slowest rank's time per iteration, the wrong elements of all ranks.
-fn combine(
-    c: &unicomm::Comm,
-    mine: Vec<(RankOut, Option<i64>)>,
-) -> anyhow::Result<Vec<(RankOut, Option<i64>)>> {
+fn combine(c: &unicomm::Comm, mine: Vec<ModeOut>) -> anyhow::Result<Vec<ModeOut>> {
     let mut times = Vec::new();
     let mut wrongs = Vec::new();
     for (out, extra) in &mine {
@@ -788,9 +735,11 @@ fn capacity(works: &[Work], w: usize) -> usize {
         .max(1)
 }
 
-/// Runs every mode over every workload and placement; one thread per rank.
-/// `done` is called with the results so far after every mode (so a run cut short keeps
-/// what it measured).
+/// Runs every mode over every workload and placement; one thread per rank (or one for all
+/// with `--single-thread`). With `--order size` (the default) the modes take turns at each
+/// size, a collective at a time; with `--order mode` each mode runs every size before the
+/// next. `done` is called with the results so far after each unit (a collective, or a
+/// mode), so a run cut short keeps what it measured.
 pub fn sweep(
     comms: &[unicomm::Comm],
     a: &Args,
@@ -804,13 +753,31 @@ pub fn sweep(
         bail!("one element type per run");
     }
     let w = comms.first().map_or(0, |c| c.world_size());
-    let cap = capacity(works, w);
     // One rank per process (under a launcher): every process measures its own rank; the
-    // ranks' figures are combined (slowest time) through the communicator after each mode.
+    // ranks' figures are combined (slowest time) through the communicator after each unit.
     let per_process = comms.len() < w;
     if per_process && a.single_thread {
         bail!("--single-thread drives every rank from one process; under a launcher each process has one");
     }
+    // The units: (workloads, modes) run together.
+    let units: Vec<(Vec<Work>, Vec<Mode>)> = match a.order {
+        Order::Mode => modes.iter().map(|&m| (works.to_vec(), vec![m])).collect(),
+        Order::Size => {
+            let mut colls: Vec<Coll> = Vec::new();
+            for wk in works {
+                if !colls.contains(&wk.coll) {
+                    colls.push(wk.coll);
+                }
+            }
+            colls
+                .into_iter()
+                .map(|c| {
+                    let ws = works.iter().filter(|wk| wk.coll == c).copied().collect();
+                    (ws, modes.to_vec())
+                })
+                .collect()
+        }
+    };
     let steps = (modes.len() * works.len() * places.len()) as u64;
     let bar = if comms.first().is_some_and(|c| c.rank() == 0) {
         ProgressBar::new(steps)
@@ -822,30 +789,70 @@ pub fn sweep(
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut results = Vec::new();
-    let mut memory = Vec::new();
-    for &mode in modes {
-        bar.set_message(mode.name());
-        let per_rank: Vec<anyhow::Result<(RankOut, Option<i64>)>> = if a.single_thread {
-            single(comms, a, works, places, mode, cap, dtype, &|| bar.inc(1))
+    // Per mode, the largest rank's cost in any unit.
+    let mut memory: Vec<ModeMemory> = Vec::new();
+    for (unit_works, unit_modes) in &units {
+        let cap = capacity(unit_works, w);
+        let names: Vec<&str> = unit_modes.iter().map(|m| m.name()).collect();
+        bar.set_message(match a.order {
+            Order::Mode => names.join(","),
+            Order::Size => unit_works
+                .first()
+                .map_or("", |wk| wk.coll.name())
+                .to_string(),
+        });
+        let tick = || bar.inc(1);
+        let per_rank: Vec<anyhow::Result<Vec<ModeOut>>> = if a.single_thread {
+            let run = || -> anyhow::Result<Vec<Vec<ModeOut>>> {
+                let streams: Vec<AnyStream> = comms
+                    .iter()
+                    .map(|c| c.create_stream())
+                    .collect::<unicomm::Result<_>>()?;
+                let d = Driver {
+                    comms,
+                    streams: &streams,
+                };
+                by_type!(dtype, T => drive_modes::<T>(&d, a, unit_works, places, unit_modes, cap, &tick))
+            };
+            match run() {
+                Ok(v) => v.into_iter().map(Ok).collect(),
+                Err(e) => {
+                    for c in comms {
+                        let _ = c.abort();
+                    }
+                    let msg = format!("{e:#}");
+                    comms
+                        .iter()
+                        .map(|_| Err(anyhow::anyhow!("{msg}")))
+                        .collect()
+                }
+            }
         } else {
             std::thread::scope(|s| {
                 let hs: Vec<_> = comms
                     .iter()
                     .map(|c| {
-                        let bar = &bar;
-                        s.spawn(move || -> anyhow::Result<(RankOut, Option<i64>)> {
+                        let tick = &tick;
+                        s.spawn(move || -> anyhow::Result<Vec<ModeOut>> {
                             let st = c.create_stream()?;
-                            let tick = || {
+                            let d = Driver {
+                                comms: std::slice::from_ref(c),
+                                streams: std::slice::from_ref(&st),
+                            };
+                            let rank0 = || {
                                 if c.rank() == 0 {
-                                    bar.inc(1)
+                                    tick()
                                 }
                             };
-                            let r = by_type!(dtype, T => rank_mode::<T>(c, a, works, places, mode, cap, &st, &tick));
-                            if r.is_err() {
-                                // Peers must not wait for this rank (docs: one rank fails).
-                                let _ = c.abort();
+                            let r = by_type!(dtype, T => drive_modes::<T>(&d, a, unit_works, places, unit_modes, cap, &rank0));
+                            match r {
+                                Ok(mut v) => v.pop().context("no figures for this rank"),
+                                Err(e) => {
+                                    // Peers must not wait for this rank (docs: one rank fails).
+                                    let _ = c.abort();
+                                    Err(e)
+                                }
                             }
-                            r
                         })
                     })
                     .collect();
@@ -857,57 +864,67 @@ pub fn sweep(
                     .collect()
             })
         };
-        let per_rank: anyhow::Result<Vec<(RankOut, Option<i64>)>> = per_rank
+        let per_rank: anyhow::Result<Vec<Vec<ModeOut>>> = per_rank
             .into_iter()
             .enumerate()
-            .map(|(r, o)| o.with_context(|| format!("rank {r}, mode {}", mode.name())))
+            .map(|(r, o)| o.with_context(|| format!("rank {r}, modes {}", names.join(","))))
             .collect();
         let per_rank = match per_rank.and_then(|p| {
             if per_process {
-                combine(&comms[0], p)
+                p.into_iter()
+                    .map(|mine| combine(&comms[0], mine))
+                    .collect::<anyhow::Result<Vec<_>>>()
             } else {
                 Ok(p)
             }
         }) {
             Ok(p) => p,
             Err(e) => {
-                // The failing rank aborted its communicator: no later mode can run. What
+                // The failing rank aborted its communicator: nothing later can run. What
                 // was measured so far is kept and reported.
                 bar.finish_and_clear();
                 return Ok((results, memory, Some(e)));
             }
         };
-        // The largest rank's cost.
-        memory.push((mode, per_rank.iter().filter_map(|p| p.1).max()));
-        let per_rank: Vec<RankOut> = per_rank.into_iter().map(|p| p.0).collect();
-        let mut i = 0;
-        for work in works {
-            for &in_place in places {
-                let cells: Vec<_> = per_rank.iter().map(|ro| ro[i].clone()).collect();
-                i += 1;
-                let Some(count) = cells.first().and_then(|c| c.as_ref()).map(|c| c.count) else {
-                    continue;
-                };
-                let cells: Vec<Cell> = cells.into_iter().flatten().collect();
-                let time_us = cells.iter().map(|c| c.total_us).fold(0.0, f64::max);
-                let host_us = cells.iter().map(|c| c.host_us).fold(0.0, f64::max);
-                let iters = cells.iter().map(|c| c.iter_us.len()).min().unwrap_or(0);
-                let iter_us = (0..iters)
-                    .map(|k| cells.iter().map(|c| c.iter_us[k]).fold(0.0, f64::max))
-                    .collect();
-                let wrong = cells.iter().map(|c| c.wrong).sum::<Option<u64>>();
-                results.push(Measure {
-                    work: *work,
-                    mode,
-                    in_place,
-                    count,
-                    time_us,
-                    iter_us,
-                    host_us,
-                    wrong,
-                });
+        let mut unit: Vec<Measure> = Vec::new();
+        for (m, &mode) in unit_modes.iter().enumerate() {
+            let cost = per_rank.iter().filter_map(|p| p[m].1).max();
+            match memory.iter_mut().find(|(mm, _)| *mm == mode) {
+                Some(slot) => slot.1 = slot.1.max(cost),
+                None => memory.push((mode, cost)),
+            }
+            let mut i = 0;
+            for work in unit_works {
+                for &in_place in places {
+                    let cells: Vec<Option<Cell>> =
+                        per_rank.iter().map(|p| p[m].0[i].clone()).collect();
+                    i += 1;
+                    let Some(count) = cells.first().and_then(|c| c.as_ref()).map(|c| c.count)
+                    else {
+                        continue;
+                    };
+                    let cells: Vec<Cell> = cells.into_iter().flatten().collect();
+                    let time_us = cells.iter().map(|c| c.total_us).fold(0.0, f64::max);
+                    let host_us = cells.iter().map(|c| c.host_us).fold(0.0, f64::max);
+                    let iters = cells.iter().map(|c| c.iter_us.len()).min().unwrap_or(0);
+                    let iter_us = (0..iters)
+                        .map(|k| cells.iter().map(|c| c.iter_us[k]).fold(0.0, f64::max))
+                        .collect();
+                    let wrong = cells.iter().map(|c| c.wrong).sum::<Option<u64>>();
+                    unit.push(Measure {
+                        work: *work,
+                        mode,
+                        in_place,
+                        count,
+                        time_us,
+                        iter_us,
+                        host_us,
+                        wrong,
+                    });
+                }
             }
         }
+        results.extend(unit);
         done(&results);
     }
     bar.finish_and_clear();

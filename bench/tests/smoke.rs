@@ -62,17 +62,50 @@ fn the_benchmark_runs_on_the_mock_and_writes_json_and_svg() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Runs unicomm-bench on the mock with `args` and `-J`; the JSON it wrote.
+fn bench_json(tag: &str, args: &[&str]) -> serde_json::Value {
+    let dir = std::env::temp_dir().join(format!("unicomm-bench-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("out.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
+        .args(["--vendor", "mock"])
+        .args(args)
+        .arg("-J")
+        .arg(&json)
+        .output()
+        .expect("run unicomm-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let doc = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    doc
+}
+
+/// The (collective, mode, size, in place) cells of a run, each checked with 0 wrong.
+fn cells(doc: &serde_json::Value) -> Vec<String> {
+    let rows = doc["results"].as_array().expect("results");
+    let mut v: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            assert_eq!(r["wrong"], 0, "{r}");
+            format!(
+                "{} {} {} {}",
+                r["collective"], r["mode"], r["size"], r["inPlace"]
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 /// `--single-thread`: one thread drives every rank inside a group per iteration; the data
 /// is checked on every rank, in every mode the mock has.
 #[test]
 fn one_thread_drives_every_rank() {
-    let dir = std::env::temp_dir().join(format!("unicomm-bench-single-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("out.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
-        .args([
-            "--vendor",
-            "mock",
+    let doc = bench_json(
+        "single",
+        &[
             "--ranks",
             "3",
             "--single-thread",
@@ -88,20 +121,39 @@ fn one_thread_drives_every_rank() {
             "1",
             "-n",
             "2",
-        ])
-        .arg("-J")
-        .arg(&json)
-        .output()
-        .expect("run unicomm-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let rows = doc["results"].as_array().expect("results");
+        ],
+    );
+    let rows = cells(&doc);
     assert!(rows.len() > 50, "{} rows", rows.len());
-    for r in rows {
-        assert_eq!(r["wrong"], 0, "{r}");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The modes taking turns at each size (the default) and one mode after another measure
+/// the same cells, each with its data checked.
+#[test]
+fn both_orders_measure_the_same_cells() {
+    let args = |order: &'static str| {
+        [
+            "--ranks",
+            "2",
+            "--order",
+            order,
+            "--modes",
+            "plain,window,auto",
+            "-b",
+            "8",
+            "-e",
+            "4K",
+            "-f",
+            "8",
+            "-w",
+            "1",
+            "-n",
+            "2",
+        ]
+    };
+    let by_size = cells(&bench_json("order-size", &args("size")));
+    let by_mode = cells(&bench_json("order-mode", &args("mode")));
+    // 5 collectives x 4 sizes x 3 modes x 2 placements, less all_to_all in place.
+    assert_eq!(by_size.len(), 4 * 4 * 3 * 2 + 4 * 3, "{by_size:?}");
+    assert_eq!(by_size, by_mode);
 }
