@@ -183,6 +183,11 @@ pub struct Args {
     /// sweeps every size before the next).
     #[arg(long, value_enum, default_value = "size")]
     pub order: Order,
+    /// With `--order size`: the timed iterations of a size in this many turns of every
+    /// mode (each turn after `-w`/rounds warm-up iterations), so a slow phase of the host
+    /// lands on one turn of one mode. Ignored with `--order mode`.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
     /// Write the results as JSON.
     #[arg(short = 'J', long = "json")]
     pub json: Option<PathBuf>,

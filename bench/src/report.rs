@@ -28,6 +28,8 @@ pub struct Header {
     pub iters: (usize, usize),
     /// The variables that change NCCL's behaviour.
     pub env: Vec<(String, String)>,
+    /// The measurement order, in words.
+    pub order: String,
 }
 
 impl Header {
@@ -57,6 +59,13 @@ impl Header {
             op: a.op.to_string(),
             iters: (a.warmup, a.iters),
             env,
+            order: match a.order {
+                crate::Order::Size => format!(
+                    "modes take turns at each size, in {} rounds",
+                    a.rounds.max(1)
+                ),
+                crate::Order::Mode => "one mode at every size, then the next".into(),
+            },
         }
     }
 
@@ -73,8 +82,8 @@ impl Header {
             self.world, self.caps.backend, self.caps.version, self.caps.library_path
         );
         println!(
-            "# {} {}; warm-up {} iterations, timed {} (device events, back to back)",
-            self.dtype, self.op, self.iters.0, self.iters.1
+            "# {} {}; warm-up {} iterations, timed {} (device events, back to back); {}",
+            self.dtype, self.op, self.iters.0, self.iters.1, self.order
         );
         for (k, v) in &self.env {
             println!("# {k}={v}");
@@ -363,6 +372,7 @@ pub fn json(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> 
                     "p50": percentile(&r.iter_us, 0.5),
                     "max": percentile(&r.iter_us, 1.0),
                 },
+                "iterations": r.iter_us.len(),
                 "hostTime": r.host_us,
                 "hostBound": host_bound(r),
             })
@@ -382,6 +392,7 @@ pub fn json(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> 
         "type": h.dtype,
         "redop": h.op,
         "warmupIters": h.iters.0,
+        "order": h.order,
         "iters": h.iters.1,
         "results": rows,
     });
@@ -628,6 +639,7 @@ mod tests {
             op: "sum".into(),
             iters: (1, 4),
             env: Vec::new(),
+            order: String::new(),
         };
         let results = vec![
             // 8 B: the window's mean (29.5) loses to registered (8.0), its median (6) wins.

@@ -568,64 +568,100 @@ fn drive_modes<T: Val>(
         held.push(h);
     }
     let mut outs: Vec<Vec<RankOut>> = vec![vec![Vec::new(); modes.len()]; n];
+    let rounds = match a.order {
+        Order::Size => a.rounds.max(1),
+        Order::Mode => 1,
+    };
     for work in works {
         for &in_place in places {
+            // The modes that run this cell: (index, mode, count, send, receive elements).
+            let mut active = Vec::new();
             for (m, &mode) in modes.iter().enumerate() {
-                let Some((count, send_len, recv_len)) = plan(mode, work, in_place) else {
-                    outs.iter_mut().for_each(|o| o[m].push(None));
-                    tick();
-                    continue;
-                };
+                match plan(mode, work, in_place) {
+                    Some((count, s, r)) => active.push((m, mode, count, s, r)),
+                    None => {
+                        outs.iter_mut().for_each(|o| o[m].push(None));
+                        tick();
+                    }
+                }
+            }
+            // Per active mode and rank: per-iteration times, total device time; host time.
+            let mut iter_us: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); n]; active.len()];
+            let mut total_us: Vec<Vec<f64>> = vec![vec![0.0; n]; active.len()];
+            let mut host_us: Vec<f64> = vec![0.0; active.len()];
+            for &(m, mode, count, send_len, recv_len) in &active {
                 d.copy_engine(mode == Mode::Ce)?;
                 let ks = calls(mode, work, in_place, count);
-                let h = &mut held[m];
-                let fill_all = |h: &mut [Held<'_, T>]| -> anyhow::Result<()> {
+                for (r, hr) in held[m].iter_mut().enumerate() {
+                    fill(&comms[r], &ks[r], hr, &bases[r], send_len, recv_len)?;
+                }
+            }
+            // The iterations in `rounds` turns of every mode, so that a slow phase of the
+            // host lands on one turn of one mode, not on all of its iterations.
+            for round in 0..rounds {
+                let iters = a.iters / rounds + usize::from(round < a.iters % rounds);
+                if iters == 0 {
+                    continue;
+                }
+                let warmup = if round == 0 {
+                    a.warmup
+                } else {
+                    a.warmup.div_ceil(rounds)
+                };
+                for (j, &(m, mode, count, ..)) in active.iter().enumerate() {
+                    d.copy_engine(mode == Mode::Ce)?;
+                    let ks = calls(mode, work, in_place, count);
+                    let h = &mut held[m];
+                    for _ in 0..warmup {
+                        d.launch(&ks, h)?;
+                    }
+                    let mut marks: Vec<Vec<unicomm::core::Marker>> = d
+                        .streams
+                        .iter()
+                        .map(|st| st.record().map(|mk| vec![mk]))
+                        .collect::<unicomm::Result<_>>()?;
+                    let enqueue = std::time::Instant::now();
+                    for _ in 0..iters {
+                        d.launch(&ks, h)?;
+                        for (mk, st) in marks.iter_mut().zip(d.streams) {
+                            mk.push(st.record()?);
+                        }
+                    }
+                    // The host's time to enqueue them (one thread for the ranks here).
+                    host_us[j] += enqueue.elapsed().as_secs_f64() * 1e6;
+                    for st in d.streams {
+                        st.synchronize()?;
+                    }
+                    for (r, mk) in marks.iter().enumerate() {
+                        for p in mk.windows(2) {
+                            iter_us[j][r].push(p[0].elapsed_ms(&p[1])? * 1e3);
+                        }
+                        total_us[j][r] += mk[0].elapsed_ms(&mk[mk.len() - 1])? * 1e3;
+                    }
+                }
+            }
+            let per_iter = a.iters.max(1) as f64;
+            for (j, &(m, mode, count, send_len, recv_len)) in active.iter().enumerate() {
+                let mut wrong = vec![None; n];
+                if check {
+                    d.copy_engine(mode == Mode::Ce)?;
+                    let ks = calls(mode, work, in_place, count);
+                    let h = &mut held[m];
                     for (r, hr) in h.iter_mut().enumerate() {
                         fill(&comms[r], &ks[r], hr, &bases[r], send_len, recv_len)?;
                     }
-                    Ok(())
-                };
-                fill_all(h)?;
-                for _ in 0..a.warmup {
-                    d.launch(&ks, h)?;
-                }
-                let mut marks: Vec<Vec<unicomm::core::Marker>> = d
-                    .streams
-                    .iter()
-                    .map(|st| st.record().map(|m| vec![m]))
-                    .collect::<unicomm::Result<_>>()?;
-                let enqueue = std::time::Instant::now();
-                for _ in 0..a.iters {
-                    d.launch(&ks, h)?;
-                    for (mk, st) in marks.iter_mut().zip(d.streams) {
-                        mk.push(st.record()?);
-                    }
-                }
-                // The host's time to enqueue them (one thread for the ranks driven here).
-                let host_us = enqueue.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64;
-                for st in d.streams {
-                    st.synchronize()?;
-                }
-                let mut wrong = vec![None; n];
-                if check {
-                    fill_all(h)?;
                     d.launch(&ks, h)?;
                     for (r, hr) in h.iter_mut().enumerate() {
                         d.streams[r].synchronize()?;
                         wrong[r] = Some(verify(&comms[r], &ks[r], hr, w)?);
                     }
                 }
-                for (r, mk) in marks.iter().enumerate() {
-                    let iter_us: Vec<f64> = mk
-                        .windows(2)
-                        .map(|p| p[0].elapsed_ms(&p[1]).map(|ms| ms * 1e3))
-                        .collect::<unicomm::Result<_>>()?;
-                    let total = mk[0].elapsed_ms(&mk[mk.len() - 1])? * 1e3 / a.iters.max(1) as f64;
+                for r in 0..n {
                     outs[r][m].push(Some(Cell {
                         count,
-                        total_us: total,
-                        iter_us,
-                        host_us,
+                        total_us: total_us[j][r] / per_iter,
+                        iter_us: std::mem::take(&mut iter_us[j][r]),
+                        host_us: host_us[j] / per_iter,
                         wrong: wrong[r],
                     }));
                 }

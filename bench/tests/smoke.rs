@@ -137,6 +137,8 @@ fn both_orders_measure_the_same_cells() {
             "2",
             "--order",
             order,
+            "--rounds",
+            "3",
             "--modes",
             "plain,window,auto",
             "-b",
@@ -148,11 +150,16 @@ fn both_orders_measure_the_same_cells() {
             "-w",
             "1",
             "-n",
-            "2",
+            "7",
         ]
     };
-    let by_size = cells(&bench_json("order-size", &args("size")));
+    let size_doc = bench_json("order-size", &args("size"));
+    let by_size = cells(&size_doc);
     let by_mode = cells(&bench_json("order-mode", &args("mode")));
+    // Every cell timed its 7 iterations, in rounds of 3, 2 and 2.
+    for r in size_doc["results"].as_array().unwrap() {
+        assert_eq!(r["iterations"], 7, "{r}");
+    }
     // 5 collectives x 4 sizes x 3 modes x 2 placements, less all_to_all in place.
     assert_eq!(by_size.len(), 4 * 4 * 3 * 2 + 4 * 3, "{by_size:?}");
     assert_eq!(by_size, by_mode);
