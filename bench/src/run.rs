@@ -761,6 +761,39 @@ fn combine(c: &unicomm::Comm, mine: Vec<ModeOut>) -> anyhow::Result<Vec<ModeOut>
     Ok(all)
 }
 
+/// Whether `need` bytes per rank (every mode's two buffers) fit at once: within 3/4 of
+/// each rank's free device memory where the backend reports it (the rest for the library's
+/// own: auto's second communicator, NCCL's buffers), else (the mock: host memory, every rank
+/// of this process) within [`HOST_BUDGET`] in all.
+fn room(comms: &[unicomm::Comm], need: usize) -> Result<(), String> {
+    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+    let mut reported = false;
+    for c in comms {
+        if let Ok((free, _)) = c.device_memory() {
+            reported = true;
+            if need > free / 4 * 3 {
+                return Err(format!(
+                    "every mode's buffers at once need {:.0} MiB per rank, {:.0} MiB free",
+                    mib(need),
+                    mib(free)
+                ));
+            }
+        }
+    }
+    let all = need.saturating_mul(comms.len());
+    if !reported && all > HOST_BUDGET {
+        return Err(format!(
+            "every mode's buffers at once need {:.0} MiB of host memory, more than {:.0} MiB",
+            mib(all),
+            mib(HOST_BUDGET)
+        ));
+    }
+    Ok(())
+}
+
+/// Host memory the buffers of a backend without device memory (the mock) may take at once.
+const HOST_BUDGET: usize = 4 << 30;
+
 /// The largest buffer any workload needs per rank, in elements.
 fn capacity(works: &[Work], w: usize) -> usize {
     works
@@ -805,13 +838,23 @@ pub fn sweep(
                     colls.push(wk.coll);
                 }
             }
-            colls
-                .into_iter()
-                .map(|c| {
-                    let ws = works.iter().filter(|wk| wk.coll == c).copied().collect();
-                    (ws, modes.to_vec())
-                })
-                .collect()
+            let mut units = Vec::new();
+            for c in colls {
+                let ws: Vec<Work> = works.iter().filter(|wk| wk.coll == c).copied().collect();
+                let need = modes.len() * 2 * capacity(&ws, w) * dtype.size();
+                match room(comms, need) {
+                    Ok(()) => units.push((ws, modes.to_vec())),
+                    Err(why) => {
+                        // Taking turns needs every mode's buffers at once; one after
+                        // another needs one mode's.
+                        if comms.first().is_some_and(|c| c.rank() == 0) {
+                            println!("# {}: one mode at a time ({why})", c.name());
+                        }
+                        units.extend(modes.iter().map(|&m| (ws.clone(), vec![m])));
+                    }
+                }
+            }
+            units
         }
     };
     let steps = (modes.len() * works.len() * places.len()) as u64;
@@ -965,4 +1008,20 @@ pub fn sweep(
     }
     bar.finish_and_clear();
     Ok((results, memory, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mock reports no device memory: every mode's buffers of every rank of the process
+    /// must fit the host budget together, or the modes run one after another.
+    #[test]
+    fn room_counts_every_rank_of_the_process_on_the_mock() {
+        let comms = unicomm::local_comms_n(unicomm::Vendor::Mock, Some(2)).expect("mock");
+        assert!(room(&comms, HOST_BUDGET / 2).is_ok());
+        let why = room(&comms, HOST_BUDGET / 2 + 1).expect_err("over the budget");
+        assert!(why.contains("host memory"), "{why}");
+        assert!(room(&comms, usize::MAX).is_err(), "no overflow");
+    }
 }
