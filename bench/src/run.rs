@@ -695,6 +695,19 @@ fn drive_modes<T: Val>(
         .collect())
 }
 
+/// `v` reduced over every rank with `op` through the communicator (one rank per process).
+fn reduce_host(c: &unicomm::Comm, v: &[f64], op: ReduceOp) -> anyhow::Result<Vec<f64>> {
+    let st = c.create_stream()?;
+    let mut b = c.alloc::<f64>(v.len().max(1))?;
+    let mut pad = v.to_vec();
+    pad.resize(v.len().max(1), 0.0);
+    b.copy_from_host(&pad, &st)?;
+    c.all_reduce_in_place(&mut b, op, &st)?;
+    let mut r = b.copy_to_host(&st)?;
+    r.truncate(v.len());
+    Ok(r)
+}
+
 /// One rank per process: every rank's figures made the world's, through the communicator
 /// (an all-reduce of the times with max, of the wrong counts with sum), so every process
 /// holds what one process driving all ranks would: per cell the slowest rank's time, the
@@ -711,19 +724,8 @@ fn combine(c: &unicomm::Comm, mine: Vec<ModeOut>) -> anyhow::Result<Vec<ModeOut>
             wrongs.push(cell.wrong.map_or(0.0, |w| w as f64));
         }
     }
-    let st = c.create_stream()?;
-    let reduce = |v: &[f64], op: ReduceOp| -> anyhow::Result<Vec<f64>> {
-        let mut b = c.alloc::<f64>(v.len().max(1))?;
-        let mut pad = v.to_vec();
-        pad.resize(v.len().max(1), 0.0);
-        b.copy_from_host(&pad, &st)?;
-        c.all_reduce_in_place(&mut b, op, &st)?;
-        let mut r = b.copy_to_host(&st)?;
-        r.truncate(v.len());
-        Ok(r)
-    };
-    let times = reduce(&times, ReduceOp::Max)?;
-    let wrongs = reduce(&wrongs, ReduceOp::Sum)?;
+    let times = reduce_host(c, &times, ReduceOp::Max)?;
+    let wrongs = reduce_host(c, &wrongs, ReduceOp::Sum)?;
     let (mut t, mut w) = (times.into_iter(), wrongs.into_iter());
     let next = |it: &mut std::vec::IntoIter<f64>| {
         it.next()
@@ -842,7 +844,19 @@ pub fn sweep(
             for c in colls {
                 let ws: Vec<Work> = works.iter().filter(|wk| wk.coll == c).copied().collect();
                 let need = modes.len() * 2 * capacity(&ws, w) * dtype.size();
-                match room(comms, need) {
+                let mut fits = room(comms, need);
+                if per_process {
+                    // Every rank must run the same calls: one rank short of room decides.
+                    let short = f64::from(u8::from(fits.is_err()));
+                    let any = reduce_host(&comms[0], &[short], ReduceOp::Max)?;
+                    if fits.is_ok() && any.first().is_some_and(|&s| s > 0.0) {
+                        fits = Err(
+                            "another rank has too little memory for every mode's buffers at once"
+                                .into(),
+                        );
+                    }
+                }
+                match fits {
                     Ok(()) => units.push((ws, modes.to_vec())),
                     Err(why) => {
                         // Taking turns needs every mode's buffers at once; one after
