@@ -43,11 +43,21 @@ for v in nccl rccl; do
     step $v bench sweep
     timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor -b 8 -e 512M -f 4 -w ${BENCH_WARMUP:-20} -n ${BENCH_ITERS:-200} ${BENCH_ARGS---coll all_reduce,all_to_all,all_gather --place out} -J "$OUT/$v-bench.json" --plot "$OUT/$v-bench.svg" > "$OUT/$v-bench.log" 2>&1 || rc=1
     grep "^# mode" "$OUT/$v-bench.log"
-    for cumem in 0 1; do
+    # NCCL_CUMEM_ENABLE unset is NCCL's auto-detection (-2: on where cuMem works, as on H200),
+    # so the sweep above already ran on cuMem; 1 forces it. With 1 NCCL's INIT/P2P/REG log is
+    # kept (the tail) to show where a stall sits (NVIDIA/nccl#2379: a cuMem fd request
+    # through the proxy's Unix socket can wait forever).
+    for cumem in 0 1 auto; do
       step $v visualgen NCCL_CUMEM_ENABLE=$cumem
+      if [ $cumem = auto ]; then unset NCCL_CUMEM_ENABLE; else export NCCL_CUMEM_ENABLE=$cumem; fi
+      dbg=(); [ $cumem = 1 ] && dbg=(env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P,REG NCCL_DEBUG_FILE="$OUT/$v-visualgen-cumem1-nccl.%h.%p.log")
       # A stall becomes a Timeout naming the wait (UNICOMM_TIMEOUT_MS), before `timeout` kills it.
-      NCCL_CUMEM_ENABLE=$cumem UNICOMM_TIMEOUT_MS=${PRESET_DEADLINE_MS:-30000} timeout ${PRESET_TIMEOUT:-60} ./unicomm-bench --vendor $vendor --preset visualgen -w 5 -n 20 --place out -J "$OUT/$v-visualgen-cumem$cumem.json" > "$OUT/$v-visualgen-cumem$cumem.log" 2>&1 || rc=1
+      UNICOMM_TIMEOUT_MS=${PRESET_DEADLINE_MS:-30000} timeout ${PRESET_TIMEOUT:-60} "${dbg[@]}" ./unicomm-bench --vendor $vendor --preset visualgen -w 5 -n 20 --place out -J "$OUT/$v-visualgen-cumem$cumem.json" > "$OUT/$v-visualgen-cumem$cumem.log" 2>&1 || rc=1
+      tail -3 "$OUT/$v-visualgen-cumem$cumem.log"
     done
+    unset NCCL_CUMEM_ENABLE
+    # Keep the NCCL log small enough to come back: its last lines say where it stopped.
+    for f in "$OUT/$v"-visualgen-cumem1-nccl.*.log; do [ -f "$f" ] && tail -200 "$f" > "$f.tail" && rm -f "$f"; done
     unset UNICOMM_TUNE_FILE
   fi
   if [ "$PARTS" = bench ]; then continue; fi
