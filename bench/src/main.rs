@@ -163,6 +163,11 @@ pub struct Args {
     /// Timed iterations per size.
     #[arg(short = 'n', long = "iters", default_value_t = 20)]
     pub iters: usize,
+    /// Capture each turn's timed iterations into a CUDA graph per rank and launch it this
+    /// many times, timing the launches (nccl-tests' -G): the device's time without the
+    /// host's per-call cost. 0: call directly. CUDA only.
+    #[arg(short = 'G', long = "cudagraph", default_value_t = 0)]
+    pub graphs: usize,
     /// Check the data (1) or not (0).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u8,
@@ -356,6 +361,12 @@ fn bench() -> anyhow::Result<()> {
     // Only rank 0 reports (one process per rank under a launcher).
     let lead = comms[0].rank() == 0;
     let caps = comms[0].capabilities();
+    if args.graphs > 0 && caps.backend != "nccl" {
+        bail!(
+            "-G (CUDA graphs) needs the CUDA backend; this run has {}",
+            caps.backend
+        );
+    }
     let work = workloads(&args, w)?;
     let mut modes = Vec::new();
     for &m in &args.modes {

@@ -30,6 +30,8 @@ pub struct Header {
     pub env: Vec<(String, String)>,
     /// The measurement order, in words.
     pub order: String,
+    /// CUDA graph launches per turn (`-G`); 0: direct calls.
+    pub graphs: usize,
 }
 
 impl Header {
@@ -66,6 +68,7 @@ impl Header {
                 ),
                 crate::Order::Mode => "one mode at every size, then the next".into(),
             },
+            graphs: a.graphs,
         }
     }
 
@@ -85,6 +88,12 @@ impl Header {
             "# {} {}; warm-up {} iterations, timed {} (device events, back to back); {}",
             self.dtype, self.op, self.iters.0, self.iters.1, self.order
         );
+        if self.graphs > 0 {
+            println!(
+                "# CUDA graphs: each turn's iterations captured once per rank, the graph launched {} times (time per call = launches' time / calls replayed)",
+                self.graphs
+            );
+        }
         for (k, v) in &self.env {
             println!("# {k}={v}");
         }
@@ -393,6 +402,7 @@ pub fn json(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> 
         "redop": h.op,
         "warmupIters": h.iters.0,
         "order": h.order,
+        "cudaGraphLaunches": h.graphs,
         "iters": h.iters.1,
         "results": rows,
     });
@@ -640,6 +650,7 @@ mod tests {
             iters: (1, 4),
             env: Vec::new(),
             order: String::new(),
+            graphs: 0,
         };
         let results = vec![
             // 8 B: the window's mean (29.5) loses to registered (8.0), its median (6) wins.

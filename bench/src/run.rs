@@ -615,32 +615,20 @@ fn drive_modes<T: Val>(
                     for _ in 0..warmup {
                         d.launch(&ks, h)?;
                     }
-                    let mut marks: Vec<Vec<unicomm::core::Marker>> = d
-                        .streams
-                        .iter()
-                        .map(|st| st.record().map(|mk| vec![mk]))
-                        .collect::<unicomm::Result<_>>()?;
-                    let enqueue = std::time::Instant::now();
-                    for _ in 0..iters {
-                        d.launch(&ks, h)?;
-                        for (mk, st) in marks.iter_mut().zip(d.streams) {
-                            mk.push(st.record()?);
-                        }
-                    }
-                    // The host's time to enqueue them (one thread for the ranks here).
-                    host_us[j] += enqueue.elapsed().as_secs_f64() * 1e6;
-                    for st in d.streams {
-                        st.synchronize()?;
-                    }
-                    for (r, mk) in marks.iter().enumerate() {
-                        for p in mk.windows(2) {
-                            iter_us[j][r].push(p[0].elapsed_ms(&p[1])? * 1e3);
-                        }
-                        total_us[j][r] += mk[0].elapsed_ms(&mk[mk.len() - 1])? * 1e3;
+                    let t = if a.graphs > 0 {
+                        graph_turn(d, &ks, h, iters, a.graphs)?
+                    } else {
+                        direct_turn(d, &ks, h, iters)?
+                    };
+                    host_us[j] += t.host_us;
+                    for r in 0..n {
+                        iter_us[j][r].extend_from_slice(&t.iter_us[r]);
+                        total_us[j][r] += t.total_us[r];
                     }
                 }
             }
-            let per_iter = a.iters.max(1) as f64;
+            // Calls timed per cell: with graphs, every launch replays the turn's iterations.
+            let per_iter = (a.iters * a.graphs.max(1)).max(1) as f64;
             for (j, &(m, mode, count, send_len, recv_len)) in active.iter().enumerate() {
                 let mut wrong = vec![None; n];
                 if check {
@@ -706,6 +694,147 @@ fn reduce_host(c: &unicomm::Comm, v: &[f64], op: ReduceOp) -> anyhow::Result<Vec
     let mut r = b.copy_to_host(&st)?;
     r.truncate(v.len());
     Ok(r)
+}
+
+/// One turn's figures, per rank driven here: per-iteration samples and total device time
+/// (microseconds), and the host's enqueue time.
+struct Turn {
+    iter_us: Vec<Vec<f64>>,
+    total_us: Vec<f64>,
+    host_us: f64,
+}
+
+/// `iters` calls back to back, an event after each (nccl-tests' default).
+fn direct_turn<'c, T: Val>(
+    d: &Driver<'c, '_>,
+    ks: &[Call<'_>],
+    h: &mut [Held<'c, T>],
+    iters: usize,
+) -> anyhow::Result<Turn> {
+    let mut marks: Vec<Vec<unicomm::core::Marker>> = d
+        .streams
+        .iter()
+        .map(|st| st.record().map(|mk| vec![mk]))
+        .collect::<unicomm::Result<_>>()?;
+    let enqueue = std::time::Instant::now();
+    for _ in 0..iters {
+        d.launch(ks, h)?;
+        for (mk, st) in marks.iter_mut().zip(d.streams) {
+            mk.push(st.record()?);
+        }
+    }
+    // The host's time to enqueue them (one thread for the ranks here).
+    let host_us = enqueue.elapsed().as_secs_f64() * 1e6;
+    for st in d.streams {
+        st.synchronize()?;
+    }
+    let mut t = Turn {
+        iter_us: Vec::new(),
+        total_us: Vec::new(),
+        host_us,
+    };
+    for mk in &marks {
+        t.iter_us.push(
+            mk.windows(2)
+                .map(|p| p[0].elapsed_ms(&p[1]).map(|ms| ms * 1e3))
+                .collect::<unicomm::Result<_>>()?,
+        );
+        t.total_us.push(mk[0].elapsed_ms(&mk[mk.len() - 1])? * 1e3);
+    }
+    Ok(t)
+}
+
+/// The CUDA stream under a stream of the CUDA backend.
+fn cuda_stream(st: &AnyStream) -> anyhow::Result<std::sync::Arc<cudarc::driver::CudaStream>> {
+    match st {
+        AnyStream::Nccl(s) => Ok(s.inner().0.clone()),
+        _ => bail!("-G (CUDA graphs) needs the CUDA backend"),
+    }
+}
+
+/// `iters` calls captured into one CUDA graph per rank (its stream), the graph launched
+/// `launches` times back to back with an event after each (nccl-tests' `-G`): the device's
+/// time without the host's per-call cost. Per-iteration samples are per launch, divided by
+/// the calls it replays.
+fn graph_turn<'c, T: Val>(
+    d: &Driver<'c, '_>,
+    ks: &[Call<'_>],
+    h: &mut [Held<'c, T>],
+    iters: usize,
+    launches: usize,
+) -> anyhow::Result<Turn> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let cus: Vec<_> = d
+        .streams
+        .iter()
+        .map(cuda_stream)
+        .collect::<anyhow::Result<_>>()?;
+    let mut capturing = Vec::new();
+    let mut captured = || -> anyhow::Result<()> {
+        for cu in &cus {
+            cu.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| anyhow::anyhow!("cuStreamBeginCapture: {e:?}"))?;
+            capturing.push(cu.clone());
+        }
+        for _ in 0..iters {
+            d.launch(ks, h)?;
+        }
+        Ok(())
+    };
+    let ok = captured();
+    // Every capture begun is ended, failed or not, so the streams leave capture mode.
+    let mut graphs = Vec::new();
+    for cu in &capturing {
+        let g = cu
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        graphs.push(g);
+    }
+    ok.context("capturing the iterations into a CUDA graph")?;
+    let graphs: Vec<cudarc::driver::CudaGraph> = graphs
+        .into_iter()
+        .map(|g| match g {
+            Ok(Some(g)) => Ok(g),
+            Ok(None) => bail!("the captured graph is empty"),
+            Err(e) => bail!("cuStreamEndCapture: {e:?}"),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    for g in &graphs {
+        // One launch before timing: the first uploads the graph.
+        g.launch()
+            .map_err(|e| anyhow::anyhow!("cuGraphLaunch: {e:?}"))?;
+    }
+    let mut marks: Vec<Vec<unicomm::core::Marker>> = d
+        .streams
+        .iter()
+        .map(|st| st.record().map(|mk| vec![mk]))
+        .collect::<unicomm::Result<_>>()?;
+    let enqueue = std::time::Instant::now();
+    for _ in 0..launches {
+        for ((g, mk), st) in graphs.iter().zip(marks.iter_mut()).zip(d.streams) {
+            g.launch()
+                .map_err(|e| anyhow::anyhow!("cuGraphLaunch: {e:?}"))?;
+            mk.push(st.record()?);
+        }
+    }
+    let host_us = enqueue.elapsed().as_secs_f64() * 1e6;
+    for st in d.streams {
+        st.synchronize()?;
+    }
+    let per = iters.max(1) as f64;
+    let mut t = Turn {
+        iter_us: Vec::new(),
+        total_us: Vec::new(),
+        host_us,
+    };
+    for mk in &marks {
+        t.iter_us.push(
+            mk.windows(2)
+                .map(|p| p[0].elapsed_ms(&p[1]).map(|ms| ms * 1e3 / per))
+                .collect::<unicomm::Result<_>>()?,
+        );
+        t.total_us.push(mk[0].elapsed_ms(&mk[mk.len() - 1])? * 1e3);
+    }
+    Ok(t)
 }
 
 /// One rank per process: every rank's figures made the world's, through the communicator

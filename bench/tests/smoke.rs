@@ -164,3 +164,18 @@ fn both_orders_measure_the_same_cells() {
     assert_eq!(by_size.len(), 4 * 4 * 3 * 2 + 4 * 3, "{by_size:?}");
     assert_eq!(by_size, by_mode);
 }
+
+/// `-G` (CUDA graphs) is refused up front on a backend without them, naming the option.
+#[test]
+fn graphs_are_refused_on_the_mock() {
+    let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
+        .args(["--vendor", "mock", "-G", "3", "-b", "8", "-e", "8"])
+        .output()
+        .expect("run unicomm-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("-G (CUDA graphs) needs the CUDA backend"),
+        "{stderr}"
+    );
+}
