@@ -356,8 +356,9 @@ pub fn tune(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> 
 }
 
 /// The JSON: nccl-tests' keys where it has them (time, algBw, busBw, wrong, size, count,
-/// type, redop, inPlace), plus the mode, per-iteration min/p50/max and the host's enqueue
-/// time per iteration (`hostTime`, `hostBound`).
+/// type, redop, inPlace), plus the mode, per-iteration min/p50/max (`iterTime`, from
+/// `iterations` samples: one per call, or with `-G` one per graph launch divided by the calls
+/// it replays) and the host's enqueue time per call (`hostTime`, `hostBound`).
 pub fn json(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> {
     let rows: Vec<_> = results
         .iter()
