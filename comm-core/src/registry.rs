@@ -2,7 +2,7 @@
 //! address ranges, so that a handle deregistered twice or taken from another communicator
 //! is an error, never a call into the library with a dangling pointer.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use crate::backend::RawHandle;
@@ -34,10 +34,69 @@ struct Entry {
     kind: RegKind,
 }
 
+impl Entry {
+    fn end(&self) -> usize {
+        self.address.saturating_add(self.bytes)
+    }
+}
+
+/// The live registrations, by handle and by start address: a call's buffers are looked up
+/// on every collective that may take another path (automatic registration, copy engines),
+/// so the lookup must not grow with the number of registrations (an engine registers
+/// thousands of buffers).
+#[derive(Debug, Default)]
+struct Table {
+    by_handle: HashMap<RawHandle, Entry>,
+    /// The same entries keyed by (start address, handle), ordered: the ones that can
+    /// contain an address are a range of it.
+    by_start: BTreeMap<(usize, usize), Entry>,
+    /// How many live entries have each size; `largest` is the largest of them, which bounds
+    /// how far before an address an entry containing it can start.
+    sizes: BTreeMap<usize, usize>,
+    largest: usize,
+}
+
+impl Table {
+    fn add(&mut self, handle: RawHandle, e: Entry) {
+        self.by_handle.insert(handle, e);
+        self.by_start.insert((e.address, handle.0), e);
+        *self.sizes.entry(e.bytes).or_insert(0) += 1;
+        self.largest = self.largest.max(e.bytes);
+    }
+
+    fn take(&mut self, handle: RawHandle) -> Option<Entry> {
+        let e = self.by_handle.remove(&handle)?;
+        self.by_start.remove(&(e.address, handle.0));
+        if let Some(n) = self.sizes.get_mut(&e.bytes) {
+            *n -= 1;
+            if *n == 0 {
+                self.sizes.remove(&e.bytes);
+                self.largest = self.sizes.keys().next_back().copied().unwrap_or(0);
+            }
+        }
+        Some(e)
+    }
+
+    /// Every entry that can cover or overlap `[address, end)`: those starting at most the
+    /// largest entry's size before `address` (nearest first), then those starting inside
+    /// the range. Callers test each for what they need.
+    fn candidates(
+        &self,
+        address: usize,
+        end: usize,
+    ) -> impl Iterator<Item = (RawHandle, Entry)> + '_ {
+        let from = address.saturating_sub(self.largest);
+        let before = self.by_start.range((from, 0)..=(address, usize::MAX)).rev();
+        let lo = address.saturating_add(1);
+        let inside = self.by_start.range((lo, 0)..(end.max(lo), 0));
+        before.chain(inside).map(|(&(_, h), e)| (RawHandle(h), *e))
+    }
+}
+
 /// The live registrations of one communicator.
 #[derive(Debug, Default)]
 pub struct Registry {
-    live: Mutex<HashMap<RawHandle, Entry>>,
+    live: Mutex<Table>,
 }
 
 impl Registry {
@@ -46,9 +105,9 @@ impl Registry {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RawHandle, Entry>> {
-        // A poisoned lock only means another thread panicked while holding it; the map is
-        // still consistent (every update is a single insert or remove).
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        // A poisoned lock only means another thread panicked while holding it; the table
+        // is still consistent (every update completes under the lock without panicking).
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -62,13 +121,13 @@ impl Registry {
         kind: RegKind,
     ) -> Result<()> {
         let mut live = self.lock();
-        if live.contains_key(&handle) {
+        if live.by_handle.contains_key(&handle) {
             return Err(Error::invalid(
                 "handle",
                 format!("{handle:?} is already registered"),
             ));
         }
-        live.insert(
+        live.add(
             handle,
             Entry {
                 address,
@@ -84,12 +143,8 @@ impl Registry {
         Self::live_entry(&self.lock(), handle, kind).map(drop)
     }
 
-    fn live_entry(
-        live: &HashMap<RawHandle, Entry>,
-        handle: RawHandle,
-        kind: RegKind,
-    ) -> Result<Entry> {
-        match live.get(&handle) {
+    fn live_entry(live: &Table, handle: RawHandle, kind: RegKind) -> Result<Entry> {
+        match live.by_handle.get(&handle) {
             Some(e) if e.kind == kind => Ok(*e),
             Some(e) => Err(Error::invalid(
                 "handle",
@@ -110,7 +165,7 @@ impl Registry {
     pub fn remove(&self, handle: RawHandle, kind: RegKind) -> Result<()> {
         let mut live = self.lock();
         Self::live_entry(&live, handle, kind)?;
-        live.remove(&handle);
+        live.take(handle);
         Ok(())
     }
 
@@ -127,11 +182,11 @@ impl Registry {
         let entry = {
             let mut live = self.lock();
             let e = Self::live_entry(&live, handle, kind)?;
-            live.remove(&handle);
+            live.take(handle);
             e
         };
         release().inspect_err(|_| {
-            self.lock().insert(handle, entry);
+            self.lock().add(handle, entry);
         })
     }
 
@@ -146,13 +201,12 @@ impl Registry {
         let end = address.saturating_add(bytes);
         let live = self.lock();
         let mut partial = None;
-        for e in live.values() {
-            let e_end = e.address + e.bytes;
-            if e.address <= address && end <= e_end {
+        for (_, e) in live.candidates(address, end) {
+            if e.address <= address && end <= e.end() {
                 return Ok(Some(e.kind));
             }
-            if e.address < end && address < e_end {
-                partial = Some(*e);
+            if e.address < end && address < e.end() {
+                partial = partial.or(Some(e));
             }
         }
         match partial {
@@ -162,7 +216,7 @@ impl Registry {
                     "bytes {address:#x}..{end:#x} are only partly covered by the registration \
                      {:#x}..{:#x}",
                     e.address,
-                    e.address + e.bytes
+                    e.end()
                 ),
             )),
             None => Ok(None),
@@ -178,15 +232,15 @@ impl Registry {
     ) -> Result<Option<(RawHandle, RegKind, usize)>> {
         let live = self.lock();
         let end = address.saturating_add(bytes);
-        Ok(live
-            .iter()
-            .find(|(_, e)| e.kind.is_window() && e.address <= address && end <= e.address + e.bytes)
-            .map(|(h, e)| (*h, e.kind, e.address)))
+        let found = live
+            .candidates(address, end)
+            .find(|(_, e)| e.kind.is_window() && e.address <= address && end <= e.end());
+        Ok(found.map(|(h, e)| (h, e.kind, e.address)))
     }
 
     /// Number of live registrations.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().by_handle.len()
     }
 
     /// Whether none is live.
@@ -197,6 +251,7 @@ impl Registry {
     /// Every live handle of `kind` (for cleanup at destroy time).
     pub fn handles(&self, kind: RegKind) -> Vec<RawHandle> {
         self.lock()
+            .by_handle
             .iter()
             .filter(|(_, e)| e.kind == kind)
             .map(|(h, _)| *h)
@@ -222,5 +277,90 @@ mod tests {
             r.remove(RawHandle(1), RegKind::Buffer),
             Err(Error::InvalidArgument { .. })
         ));
+    }
+
+    /// Among thousands of disjoint registrations a lookup examines a handful of entries,
+    /// not all of them.
+    #[test]
+    fn lookups_examine_few_entries() {
+        let r = Registry::new();
+        for k in 0..4000usize {
+            r.insert(RawHandle(k + 1), 0x10_0000 + k * 512, 256, RegKind::Buffer)
+                .unwrap();
+        }
+        let live = r.lock();
+        for k in [0usize, 1, 1999, 3999] {
+            let a = 0x10_0000 + k * 512;
+            for (addr, bytes) in [(a, 256), (a + 8, 16), (a + 300, 100), (a, 4096)] {
+                let n = live.candidates(addr, addr + bytes).count();
+                assert!(n <= 10, "{n} entries examined for {addr:#x}+{bytes}");
+            }
+        }
+    }
+
+    /// The indexed lookups agree with a scan of every entry, over random overlapping and
+    /// nested registrations, insertions and removals (zero-length ranges and the top of the
+    /// address space included).
+    #[test]
+    fn indexed_lookups_agree_with_a_full_scan() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let r = Registry::new();
+        let mut model: Vec<(RawHandle, Entry)> = Vec::new();
+        let kinds = [RegKind::Buffer, RegKind::Window, RegKind::Auto];
+        for step in 0..20_000u64 {
+            if rnd(3) > 0 || model.is_empty() {
+                let e = Entry {
+                    address: if rnd(50) == 0 {
+                        usize::MAX - rnd(64) as usize
+                    } else {
+                        rnd(4096) as usize
+                    },
+                    bytes: rnd(300) as usize,
+                    kind: kinds[rnd(3) as usize],
+                };
+                let h = RawHandle(step as usize + 1);
+                r.insert(h, e.address, e.bytes, e.kind).unwrap();
+                model.push((h, e));
+            } else {
+                let (h, e) = model.swap_remove(rnd(model.len() as u64) as usize);
+                r.remove(h, e.kind).unwrap();
+            }
+            let a = if rnd(20) == 0 {
+                usize::MAX - rnd(128) as usize
+            } else {
+                rnd(4400) as usize
+            };
+            let b = rnd(200) as usize;
+            let end = a.saturating_add(b);
+            let covers = |e: &Entry| e.address <= a && end <= e.end();
+            let overlaps = |e: &Entry| e.address < end && a < e.end();
+            match r.covering(a, b) {
+                Ok(Some(k)) => {
+                    assert!(b > 0 && model.iter().any(|(_, e)| covers(e) && e.kind == k))
+                }
+                Ok(None) => assert!(b == 0 || !model.iter().any(|(_, e)| overlaps(e))),
+                Err(_) => assert!(
+                    !model.iter().any(|(_, e)| covers(e)) && model.iter().any(|(_, e)| overlaps(e))
+                ),
+            }
+            let want = model.iter().any(|(_, e)| e.kind.is_window() && covers(e));
+            match r.window_covering(a, b).unwrap() {
+                Some((h, k, base)) => {
+                    let (_, e) = model
+                        .iter()
+                        .find(|(mh, _)| *mh == h)
+                        .expect("a live handle");
+                    assert!(e.kind.is_window() && covers(e) && e.kind == k && e.address == base);
+                }
+                None => assert!(!want, "a window covers {a:#x}+{b} but none was found"),
+            }
+            assert_eq!(r.len(), model.len());
+        }
     }
 }
