@@ -133,8 +133,8 @@ thread_local! {
 
 /// What an all-to-all or all-gather becomes on the copy-engine path.
 pub(crate) struct Plan {
-    /// (destination, source, bytes) per copy, peers' first.
-    copies: Vec<(usize, usize, usize)>,
+    /// (destination, source, bytes, into this rank's own window) per copy, peers' first.
+    copies: Vec<(usize, usize, usize, bool)>,
 }
 
 impl<R: Runtime> ApiComm<R> {
@@ -191,7 +191,7 @@ impl<R: Runtime> ApiComm<R> {
             };
             let dst = peer_base + at;
             if chunk > 0 && src != dst {
-                copies.push((dst, src, chunk));
+                copies.push((dst, src, chunk, p == self.rank));
             }
         }
         Ok(Some(Plan { copies }))
@@ -211,10 +211,8 @@ impl<R: Runtime> ApiComm<R> {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Peers' memory is mapped only for ranks joined by unique id (one per process).
         let mapped = self.ce.reachable() && self.ce.world.is_none();
-        let (local, peers): (Vec<_>, Vec<_>) = plan
-            .copies
-            .into_iter()
-            .partition(|&(dst, _, _)| self.is_local(dst));
+        let (local, peers): (Vec<_>, Vec<_>) =
+            plan.copies.into_iter().partition(|&(_, _, _, own)| own);
         let mut side = self.ce.side.lock().unwrap_or_else(|e| e.into_inner());
         if !local.is_empty() && side.is_none() {
             *side = Some(self.rt.create_stream(self.dev)?);
@@ -223,7 +221,7 @@ impl<R: Runtime> ApiComm<R> {
             (Some(s), false) => {
                 let start = self.rt.with_device(self.dev, || self.rt.record(stream))?;
                 self.rt.wait_event(self.dev, s, &start)?;
-                for &(dst, src, bytes) in &local {
+                for &(dst, src, bytes, _) in &local {
                     // SAFETY: both ranges are this rank's memory (send range and own output
                     // chunk, checked by `Op::check`); the side stream starts after the
                     // opening barrier (the event above) and the caller's stream waits for
@@ -234,7 +232,7 @@ impl<R: Runtime> ApiComm<R> {
             }
             _ => None,
         };
-        for (dst, src, bytes) in peers {
+        for (dst, src, bytes, _) in peers {
             // SAFETY: `src` lies in this rank's send range (checked by `Op::check`); `dst` in
             // a peer's window, registered and alive until that peer deregisters it, which
             // it does only after this operation's closing barrier (window deregistration
@@ -253,15 +251,6 @@ impl<R: Runtime> ApiComm<R> {
             p.push((key, ev));
         }
         self.barrier_on(st)
-    }
-
-    /// Whether `addr` is in this rank's own memory (its output chunk), not a peer's.
-    fn is_local(&self, addr: usize) -> bool {
-        let peers = self.ce.peers.lock().unwrap_or_else(|e| e.into_inner());
-        peers.values().any(|p| {
-            p.get(self.rank)
-                .is_some_and(|&(_, base, bytes)| base <= addr && addr < base + bytes)
-        })
     }
 
     /// Records a window for the copy-engine path: exchanges its address with the peers
