@@ -471,6 +471,15 @@ impl<'c> Driver<'c, '_> {
         Ok(())
     }
 
+    /// An event on every stream here, each the first of its turn's list.
+    fn mark(&self) -> anyhow::Result<Vec<Vec<unicomm::core::Marker>>> {
+        Ok(self
+            .streams
+            .iter()
+            .map(|st| st.record().map(|mk| vec![mk]))
+            .collect::<unicomm::Result<_>>()?)
+    }
+
     /// Sets the copy-engine path on or off on every rank driven here.
     fn copy_engine(&self, on: bool) -> anyhow::Result<()> {
         for c in self.comms {
@@ -711,11 +720,7 @@ fn direct_turn<'c, T: Val>(
     h: &mut [Held<'c, T>],
     iters: usize,
 ) -> anyhow::Result<Turn> {
-    let mut marks: Vec<Vec<unicomm::core::Marker>> = d
-        .streams
-        .iter()
-        .map(|st| st.record().map(|mk| vec![mk]))
-        .collect::<unicomm::Result<_>>()?;
+    let mut marks = d.mark()?;
     let enqueue = std::time::Instant::now();
     for _ in 0..iters {
         d.launch(ks, h)?;
@@ -725,6 +730,17 @@ fn direct_turn<'c, T: Val>(
     }
     // The host's time to enqueue them (one thread for the ranks here).
     let host_us = enqueue.elapsed().as_secs_f64() * 1e6;
+    settle(d, &marks, 1.0, host_us)
+}
+
+/// Waits for the turn's work and reads its events: per rank, the time between consecutive
+/// events divided by `per` (the calls each interval holds) and the whole turn's time.
+fn settle(
+    d: &Driver<'_, '_>,
+    marks: &[Vec<unicomm::core::Marker>],
+    per: f64,
+    host_us: f64,
+) -> anyhow::Result<Turn> {
     for st in d.streams {
         st.synchronize()?;
     }
@@ -733,10 +749,10 @@ fn direct_turn<'c, T: Val>(
         total_us: Vec::new(),
         host_us,
     };
-    for mk in &marks {
+    for mk in marks {
         t.iter_us.push(
             mk.windows(2)
-                .map(|p| p[0].elapsed_ms(&p[1]).map(|ms| ms * 1e3))
+                .map(|p| p[0].elapsed_ms(&p[1]).map(|ms| ms * 1e3 / per))
                 .collect::<unicomm::Result<_>>()?,
         );
         t.total_us.push(mk[0].elapsed_ms(&mk[mk.len() - 1])? * 1e3);
@@ -803,11 +819,7 @@ fn graph_turn<'c, T: Val>(
         g.launch()
             .map_err(|e| anyhow::anyhow!("cuGraphLaunch: {e:?}"))?;
     }
-    let mut marks: Vec<Vec<unicomm::core::Marker>> = d
-        .streams
-        .iter()
-        .map(|st| st.record().map(|mk| vec![mk]))
-        .collect::<unicomm::Result<_>>()?;
+    let mut marks = d.mark()?;
     let enqueue = std::time::Instant::now();
     for _ in 0..launches {
         for ((g, mk), st) in graphs.iter().zip(marks.iter_mut()).zip(d.streams) {
@@ -817,24 +829,7 @@ fn graph_turn<'c, T: Val>(
         }
     }
     let host_us = enqueue.elapsed().as_secs_f64() * 1e6;
-    for st in d.streams {
-        st.synchronize()?;
-    }
-    let per = iters.max(1) as f64;
-    let mut t = Turn {
-        iter_us: Vec::new(),
-        total_us: Vec::new(),
-        host_us,
-    };
-    for mk in &marks {
-        t.iter_us.push(
-            mk.windows(2)
-                .map(|p| p[0].elapsed_ms(&p[1]).map(|ms| ms * 1e3 / per))
-                .collect::<unicomm::Result<_>>()?,
-        );
-        t.total_us.push(mk[0].elapsed_ms(&mk[mk.len() - 1])? * 1e3);
-    }
-    Ok(t)
+    settle(d, &marks, iters.max(1) as f64, host_us)
 }
 
 /// One rank per process: every rank's figures made the world's, through the communicator
