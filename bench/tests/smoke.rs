@@ -5,23 +5,14 @@ use std::process::Command;
 
 #[test]
 fn the_benchmark_runs_on_the_mock_and_writes_json_and_svg() {
-    let dir = std::env::temp_dir().join(format!("unicomm-bench-smoke-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (json, svg) = (dir.join("out.json"), dir.join("out.svg"));
-    let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
-        .args([
-            "--vendor", "mock", "--ranks", "3", "-b", "8", "-e", "64K", "-f", "8", "-w", "1", "-n",
-            "2",
-        ])
-        .arg("-J")
-        .arg(&json)
-        .arg("--plot")
-        .arg(&svg)
-        .output()
-        .expect("run unicomm-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let run = bench(
+        "smoke",
+        &[
+            "--ranks", "3", "-b", "8", "-e", "64K", "-f", "8", "-w", "1", "-n", "2",
+        ],
+        true,
+    );
+    let (stdout, stderr, doc) = (&run.stdout, &run.stderr, &run.doc);
     for coll in [
         "all_reduce",
         "all_to_all",
@@ -36,8 +27,6 @@ fn the_benchmark_runs_on_the_mock_and_writes_json_and_svg() {
     }
     // The modes the mock cannot run are named, not silently dropped.
     assert!(stderr.contains("mode raw: skipped"), "{stderr}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = doc["results"].as_array().expect("results");
     // 5 collectives x sizes x 3 modes x placements, less all_to_all in place.
     assert!(rows.len() > 50, "{} rows", rows.len());
@@ -54,32 +43,53 @@ fn the_benchmark_runs_on_the_mock_and_writes_json_and_svg() {
         }
     }
     assert_eq!(doc["nranks"], 3);
-    let plot = std::fs::read_to_string(&svg).unwrap();
+    let plot = run.svg.as_deref().unwrap_or("");
     assert!(
         plot.starts_with("<svg") && plot.contains("bus bandwidth"),
         "not an SVG plot"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Runs unicomm-bench on the mock with `args` and `-J`; the JSON it wrote.
-fn bench_json(tag: &str, args: &[&str]) -> serde_json::Value {
+/// What a run of unicomm-bench left: its output, its JSON and (with `--plot`) its SVG.
+struct Run {
+    stdout: String,
+    stderr: String,
+    doc: serde_json::Value,
+    svg: Option<String>,
+}
+
+/// Runs unicomm-bench on the mock with `args`, `-J` and, if `plot`, `--plot`; it must
+/// succeed.
+fn bench(tag: &str, args: &[&str], plot: bool) -> Run {
     let dir = std::env::temp_dir().join(format!("unicomm-bench-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("out.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
-        .args(["--vendor", "mock"])
+    let (json, svg) = (dir.join("out.json"), dir.join("out.svg"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"));
+    cmd.args(["--vendor", "mock"])
         .args(args)
         .arg("-J")
-        .arg(&json)
-        .output()
-        .expect("run unicomm-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        .arg(&json);
+    if plot {
+        cmd.arg("--plot").arg(&svg);
+    }
+    let out = cmd.output().expect("run unicomm-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let doc = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let svg = plot.then(|| std::fs::read_to_string(&svg).unwrap());
     let _ = std::fs::remove_dir_all(&dir);
-    doc
+    Run {
+        stdout,
+        stderr,
+        doc,
+        svg,
+    }
+}
+
+/// The JSON of a run of unicomm-bench on the mock with `args`.
+fn bench_json(tag: &str, args: &[&str]) -> serde_json::Value {
+    bench(tag, args, false).doc
 }
 
 /// The (collective, mode, size, in place) cells of a run, each checked with 0 wrong.
