@@ -334,6 +334,9 @@ impl Collective for AnyComm {
     fn device_memory(&self) -> Result<(usize, usize)> {
         each!(self, AnyComm, c => c.device_memory())
     }
+    fn device_info(&self) -> Result<unicomm_core::DeviceInfo> {
+        each!(self, AnyComm, c => c.device_info())
+    }
     fn poll_async_error(&self) -> Result<()> {
         each!(self, AnyComm, c => c.poll_async_error())
     }

@@ -74,8 +74,8 @@ mod dispatch;
 
 pub use dispatch::{AnyComm, AnyMemory, AnyStream};
 pub use unicomm_core::{
-    backend, bf16, f16, Capabilities, DataType, DeviceSlice, DeviceSliceMut, DeviceStream, Element,
-    Error, Op, RawHandle, ReduceOp, Result, Version,
+    backend, bf16, f16, Capabilities, DataType, DeviceInfo, DeviceSlice, DeviceSliceMut,
+    DeviceStream, Element, Error, Op, RawHandle, ReduceOp, Result, Version,
 };
 
 /// The contract crate (`unicomm-core`): the backend trait, the conformance suite, bootstrap.

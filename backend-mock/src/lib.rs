@@ -429,6 +429,14 @@ impl Collective for MockComm {
         self.ctx.world
     }
 
+    fn device_info(&self) -> Result<unicomm_core::DeviceInfo> {
+        Ok(unicomm_core::DeviceInfo {
+            index: None,
+            name: "host memory (mock)".into(),
+            pci_bus_id: None,
+        })
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: "mock",

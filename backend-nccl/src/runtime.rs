@@ -386,6 +386,25 @@ impl Runtime for CudaRuntime {
         })
     }
 
+    fn device_info(&self, dev: usize) -> Result<(String, Option<String>)> {
+        use sys::CUdevice_attribute as A;
+        let c = self.context(dev)?;
+        let name = c.name().map_err(|e| cuda_err("cuDeviceGetName", e))?;
+        let attr = |a| {
+            c.attribute(a)
+                .map_err(|e| cuda_err("cuDeviceGetAttribute", e))
+        };
+        let bus = (|| -> Result<String> {
+            Ok(format!(
+                "{:04x}:{:02x}:{:02x}",
+                attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?
+            ))
+        })();
+        Ok((name, bus.ok()))
+    }
+
     fn describe(&self) -> String {
         let mut v = 0;
         // SAFETY: writes one int.

@@ -59,6 +59,10 @@ pub struct HipFns {
     pub get_error_name: Option<unsafe extern "C" fn(HipError) -> *const c_char>,
     pub runtime_get_version: Option<unsafe extern "C" fn(*mut c_int) -> HipError>,
     pub driver_get_version: Option<unsafe extern "C" fn(*mut c_int) -> HipError>,
+    /// `hipDeviceGetName(name, len, device)` and `hipDeviceGetPCIBusId(id, len, device)`:
+    /// what a benchmark reports of each rank's device.
+    pub device_get_name: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> HipError>,
+    pub device_get_pci_bus_id: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> HipError>,
     /// Virtual memory management (the copy-engine path across processes): optional, so a
     /// runtime without it still loads (that path is then `Unsupported`).
     pub vmm: Option<HipVmm>,
@@ -193,6 +197,8 @@ impl HipRuntime {
             get_error_name: opt!("hipGetErrorName"),
             runtime_get_version: opt!("hipRuntimeGetVersion"),
             driver_get_version: opt!("hipDriverGetVersion"),
+            device_get_name: opt!("hipDeviceGetName"),
+            device_get_pci_bus_id: opt!("hipDeviceGetPCIBusId"),
             vmm: (|| {
                 Some(HipVmm {
                     mem_get_address_range: opt!("hipMemGetAddressRange")?,
@@ -649,6 +655,34 @@ impl Runtime for HipRuntime {
             })?;
             self.synchronize(s)
         })
+    }
+
+    fn device_info(&self, dev: usize) -> Result<(String, Option<String>)> {
+        let read = |f: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> HipError>,
+                    what: &'static str|
+         -> Result<String> {
+            let f = f.ok_or_else(|| {
+                Error::unsupported("device information", what, "this HIP runtime")
+            })?;
+            let dev = c_int::try_from(dev)
+                .map_err(|_| Error::invalid("device", format!("{dev} is out of range")))?;
+            let mut buf = [0 as c_char; 256];
+            // SAFETY: HIP writes at most `len` bytes, NUL-terminated, into `buf`.
+            self.check(what, unsafe {
+                f(buf.as_mut_ptr(), buf.len() as c_int, dev)
+            })?;
+            let bytes: Vec<u8> = buf
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            Ok(String::from_utf8_lossy(&bytes).into_owned())
+        };
+        let name = read(self.fns.device_get_name, "hipDeviceGetName")?;
+        Ok((
+            name,
+            read(self.fns.device_get_pci_bus_id, "hipDeviceGetPCIBusId").ok(),
+        ))
     }
 
     fn describe(&self) -> String {

@@ -390,7 +390,8 @@ fn bench() -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<_>>()?;
     let dtype = work.first().map_or(args.dtype, |w| w.dtype);
-    let header = report::Header::new(&args, dtype, vendor, &why, &caps, w);
+    let devices = run::devices(&comms).context("gathering every rank's device")?;
+    let header = report::Header::new(&args, dtype, vendor, &why, &caps, w, devices);
     if lead {
         header.print();
     }

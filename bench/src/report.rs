@@ -32,6 +32,8 @@ pub struct Header {
     pub order: String,
     /// CUDA graph launches per turn (`-G`); 0: direct calls.
     pub graphs: usize,
+    /// Every rank's device.
+    pub devices: Vec<crate::run::DeviceRow>,
 }
 
 impl Header {
@@ -43,6 +45,7 @@ impl Header {
         why: &str,
         caps: &Capabilities,
         world: usize,
+        devices: Vec<crate::run::DeviceRow>,
     ) -> Self {
         let mut env: Vec<(String, String)> = std::env::vars()
             .filter(|(k, _)| {
@@ -69,6 +72,7 @@ impl Header {
                 crate::Order::Mode => "one mode at every size, then the next".into(),
             },
             graphs: a.graphs,
+            devices,
         }
     }
 
@@ -92,6 +96,17 @@ impl Header {
             println!(
                 "# CUDA graphs: each turn's iterations captured once per rank, the graph launched {} times (time per call = launches' time / calls replayed)",
                 self.graphs
+            );
+        }
+        for d in &self.devices {
+            println!(
+                "#  Rank {:2} Pid {:6} on {:>10} device {:>2} [{}] {}",
+                d.rank,
+                d.pid,
+                d.hostname,
+                d.device.map_or("-".into(), |i| i.to_string()),
+                d.device_hex.as_deref().unwrap_or("-"),
+                d.device_info
             );
         }
         for (k, v) in &self.env {
@@ -399,6 +414,14 @@ pub fn json(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> 
             "path": h.caps.library_path,
         },
         "nranks": h.world,
+        "devices": h.devices.iter().map(|d| json!({
+            "rank": d.rank,
+            "pid": d.pid,
+            "hostname": d.hostname,
+            "device": d.device,
+            "device_hex": d.device_hex,
+            "device_info": d.device_info,
+        })).collect::<Vec<_>>(),
         "type": h.dtype,
         "redop": h.op,
         "warmupIters": h.iters.0,
@@ -652,6 +675,7 @@ mod tests {
             env: Vec::new(),
             order: String::new(),
             graphs: 0,
+            devices: Vec::new(),
         };
         let results = vec![
             // 8 B: the window's mean (29.5) loses to registered (8.0), its median (6) wins.

@@ -832,6 +832,112 @@ fn graph_turn<'c, T: Val>(
     settle(d, &marks, iters.max(1) as f64, host_us)
 }
 
+/// One rank's device as the header and the JSON report it (nccl-tests' `devices` entries).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceRow {
+    /// The rank.
+    pub rank: usize,
+    /// Its process.
+    pub pid: u32,
+    /// Its host.
+    pub hostname: String,
+    /// The device index in that process (`None`: not a GPU).
+    pub device: Option<usize>,
+    /// The PCI bus id.
+    pub device_hex: Option<String>,
+    /// The device's name.
+    pub device_info: String,
+}
+
+/// Bytes per rank of a device row sent to rank 0 (one rank per process).
+const ROW_BYTES: usize = 512;
+
+impl DeviceRow {
+    fn mine(c: &unicomm::Comm) -> Self {
+        let d = c.device_info().unwrap_or_else(|e| unicomm::DeviceInfo {
+            index: None,
+            name: format!("unknown ({e})"),
+            pci_bus_id: None,
+        });
+        DeviceRow {
+            rank: c.rank(),
+            pid: std::process::id(),
+            hostname: hostname(),
+            device: d.index,
+            device_hex: d.pci_bus_id,
+            device_info: d.name,
+        }
+    }
+
+    /// Tab-separated fields, cut to fit [`ROW_BYTES`] (the name last, cut at a character).
+    fn encode(&self) -> Vec<u8> {
+        let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+        let mut s = format!(
+            "{}\t{}\t{}\t{}\t{}",
+            self.pid,
+            self.hostname.replace(['\t', '\0'], " "),
+            self.device.map_or("-".into(), |d| d.to_string()),
+            opt(&self.device_hex),
+            self.device_info.replace(['\t', '\0'], " ")
+        );
+        while s.len() >= ROW_BYTES {
+            s.pop();
+        }
+        let mut b = s.into_bytes();
+        b.resize(ROW_BYTES, 0);
+        b
+    }
+
+    fn decode(rank: usize, b: &[u8]) -> Self {
+        let end = b.iter().position(|&x| x == 0).unwrap_or(b.len());
+        let s = String::from_utf8_lossy(&b[..end]).into_owned();
+        let mut f = s.splitn(5, '\t');
+        let mut next = || f.next().unwrap_or("").to_string();
+        let (pid, hostname, device, hex, name) = (next(), next(), next(), next(), next());
+        DeviceRow {
+            rank,
+            pid: pid.parse().unwrap_or(0),
+            hostname,
+            device: device.parse().ok(),
+            device_hex: (hex != "-").then_some(hex),
+            device_info: name,
+        }
+    }
+}
+
+/// This host's name (Linux: the kernel's; else `HOSTNAME`), or `unknown`.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Every rank's device, in rank order: read here for the ranks of this process; with one
+/// rank per process gathered through the communicator (collective).
+pub fn devices(comms: &[unicomm::Comm]) -> anyhow::Result<Vec<DeviceRow>> {
+    let Some(c) = comms.first() else {
+        return Ok(Vec::new());
+    };
+    let w = c.world_size();
+    if comms.len() == w {
+        return Ok(comms.iter().map(DeviceRow::mine).collect());
+    }
+    let st = c.create_stream()?;
+    let mut send = c.alloc::<u8>(ROW_BYTES)?;
+    send.copy_from_host(&DeviceRow::mine(c).encode(), &st)?;
+    let mut all = c.alloc::<u8>(ROW_BYTES * w)?;
+    c.all_gather(&send, &mut all, &st)?;
+    let bytes = all.copy_to_host(&st)?;
+    Ok(bytes
+        .chunks(ROW_BYTES)
+        .enumerate()
+        .map(|(r, b)| DeviceRow::decode(r, b))
+        .collect())
+}
+
 /// One rank per process: every rank's figures made the world's, through the communicator
 /// (an all-reduce of the times with max, of the wrong counts with sum), so every process
 /// holds what one process driving all ranks would: per cell the slowest rank's time, the
@@ -1154,6 +1260,38 @@ mod tests {
 
     /// The mock reports no device memory: every mode's buffers of every rank of the process
     /// must fit the host budget together, or the modes run one after another.
+    /// A device row survives the bytes it is gathered as; a long name is cut to fit, at a
+    /// character boundary, and tabs in names do not shift the fields.
+    #[test]
+    fn device_rows_round_trip_through_their_bytes() {
+        let row = DeviceRow {
+            rank: 3,
+            pid: 4242,
+            hostname: "node\t7".into(),
+            device: Some(1),
+            device_hex: Some("0000:1b:00".into()),
+            device_info: "NVIDIA H200".into(),
+        };
+        let back = DeviceRow::decode(3, &row.encode());
+        assert_eq!(back.hostname, "node 7");
+        assert_eq!(
+            (back.pid, back.device, back.device_hex.as_deref()),
+            (4242, Some(1), Some("0000:1b:00"))
+        );
+        assert_eq!(back.device_info, "NVIDIA H200");
+        let long = DeviceRow {
+            device: None,
+            device_hex: None,
+            device_info: "é".repeat(400),
+            ..row
+        };
+        let b = long.encode();
+        assert_eq!(b.len(), ROW_BYTES);
+        let back = DeviceRow::decode(3, &b);
+        assert!(back.device_info.chars().all(|c| c == 'é') && !back.device_info.is_empty());
+        assert_eq!((back.device, back.device_hex), (None, None));
+    }
+
     #[test]
     fn room_counts_every_rank_of_the_process_on_the_mock() {
         let comms = unicomm::local_comms_n(unicomm::Vendor::Mock, Some(2)).expect("mock");

@@ -43,6 +43,20 @@ fn the_benchmark_runs_on_the_mock_and_writes_json_and_svg() {
         }
     }
     assert_eq!(doc["nranks"], 3);
+    // nccl-tests' devices list: one entry per rank, in rank order.
+    let devices = doc["devices"].as_array().expect("devices");
+    assert_eq!(devices.len(), 3);
+    for (r, d) in devices.iter().enumerate() {
+        assert_eq!(d["rank"], r, "{d}");
+        // One process drives the three ranks here.
+        assert_eq!(d["pid"], devices[0]["pid"], "{d}");
+        assert!(d["pid"].as_u64().is_some_and(|p| p > 0), "{d}");
+        assert!(
+            d["hostname"].is_string() && d["device_info"].is_string(),
+            "{d}"
+        );
+    }
+    assert!(stdout.contains("#  Rank  2 Pid"), "{stdout}");
     let plot = run.svg.as_deref().unwrap_or("");
     assert!(
         plot.starts_with("<svg") && plot.contains("bus bandwidth"),

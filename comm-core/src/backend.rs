@@ -74,6 +74,18 @@ pub struct Capabilities {
     pub copy_engine: bool,
 }
 
+/// The device a rank drives, as a benchmark reports it (nccl-tests' `device`,
+/// `device_hex`, `device_info`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device's index among those this process sees (`None`: not a GPU).
+    pub index: Option<usize>,
+    /// The device's name ("NVIDIA H200"), or what stands for it.
+    pub name: String,
+    /// Its PCI bus id (`0000:1b:00`), where the runtime reports one.
+    pub pci_bus_id: Option<String>,
+}
+
 /// A stream: an ordered queue of device work.
 pub trait DeviceStream: Send + Sync {
     /// Blocks until all work enqueued so far has finished, and returns the first
@@ -244,6 +256,15 @@ pub trait Collective: Send + Sync + Sized + 'static {
     /// The deadline of this rank's waits, where the backend has one per communicator.
     fn timeout(&self) -> Option<std::time::Duration> {
         None
+    }
+    /// Which device this rank drives (index, name, PCI bus id), as benchmarks report it.
+    /// Default: `Unsupported`.
+    fn device_info(&self) -> Result<DeviceInfo> {
+        Err(crate::Error::unsupported(
+            "device information",
+            "a GPU backend",
+            self.capabilities().backend,
+        ))
     }
     /// Device memory `(free, total)` bytes of this rank's device, for measuring what a mode
     /// costs. Default: `Unsupported`.

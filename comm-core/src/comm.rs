@@ -133,6 +133,11 @@ impl<C: Collective> Comm<C> {
         self.raw.device_memory()
     }
 
+    /// The device this rank drives: index, name, PCI bus id.
+    pub fn device_info(&self) -> Result<crate::DeviceInfo> {
+        self.raw.device_info()
+    }
+
     /// Deregisters a window and returns the buffer (collective, like registration; see
     /// [`Comm::deregister`]).
     pub fn deregister_window<T: Element>(&self, win: Window<'_, T, C>) -> Result<Buffer<T, C>> {

@@ -54,7 +54,8 @@ pub mod registry;
 pub mod conformance;
 
 pub use backend::{
-    Capabilities, Collective, DeviceMemory, DeviceStream, Marker, MarkerTime, RawHandle, Version,
+    Capabilities, Collective, DeviceInfo, DeviceMemory, DeviceStream, Marker, MarkerTime,
+    RawHandle, Version,
 };
 pub use buffer::{Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
 pub use comm::Comm;

@@ -164,6 +164,15 @@ impl<R: Runtime> Collective for ApiComm<R> {
         self.rt.mem_info(self.dev)
     }
 
+    fn device_info(&self) -> Result<unicomm_core::DeviceInfo> {
+        let (name, pci_bus_id) = self.rt.device_info(self.dev)?;
+        Ok(unicomm_core::DeviceInfo {
+            index: Some(self.dev),
+            name,
+            pci_bus_id,
+        })
+    }
+
     fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
         if stream.dev != self.dev {
             return Err(Error::invalid(

@@ -45,6 +45,15 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     unsafe fn dtoh(&self, dev: usize, dst: &mut [u8], src: usize, s: &Self::Stream) -> Result<()>;
     /// One line about the driver and runtime (versions), for `doctor` and errors.
     fn describe(&self) -> String;
+    /// Device `dev`'s name and PCI bus id (`0000:1b:00`), where the runtime reports them.
+    fn device_info(&self, dev: usize) -> Result<(String, Option<String>)> {
+        let _ = dev;
+        Err(unicomm_core::Error::unsupported(
+            "device information",
+            "a runtime that reports device names",
+            Self::NAME,
+        ))
+    }
 
     /// `(free, total)` bytes of device `dev`'s memory (`cuMemGetInfo` / `hipMemGetInfo`).
     fn mem_info(&self, dev: usize) -> Result<(usize, usize)>;
