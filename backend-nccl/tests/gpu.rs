@@ -16,6 +16,7 @@ static NCCL: Gpu<CudaRuntime> = Gpu::new(Vendor {
     unique_id: unicomm_nccl::unique_id,
     init_rank: unicomm_nccl::init_rank,
     api: unicomm_nccl::nccl,
+    runtime: unicomm_nccl::cuda,
 });
 
 unicomm_nccl_api::gpu_test_suite!(NCCL);

@@ -15,6 +15,7 @@ static RCCL: Gpu<HipRuntime> = Gpu::new(Vendor {
     unique_id: unicomm_rccl::unique_id,
     init_rank: unicomm_rccl::init_rank,
     api: unicomm_rccl::rccl,
+    runtime: unicomm_rccl::hip,
 });
 
 unicomm_nccl_api::gpu_test_suite!(RCCL);

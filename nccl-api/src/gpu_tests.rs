@@ -27,6 +27,8 @@ pub struct Vendor<R: Runtime> {
     pub init_rank: fn(UniqueId, usize, usize, usize) -> Result<ApiComm<R>>,
     /// The loaded library.
     pub api: fn() -> Result<std::sync::Arc<Api>>,
+    /// The device runtime.
+    pub runtime: fn() -> Result<std::sync::Arc<R>>,
 }
 
 /// One world of communicators kept by the harness, by size.
@@ -92,6 +94,21 @@ pub fn world() -> Result<usize> {
     Ok(n as usize)
 }
 
+/// [`world`] for the tests that start one `init_rank` per thread: `NoDevice` at once when
+/// the machine has fewer GPUs (a rank whose GPU is missing fails, and its peers would wait
+/// for it in `ncclCommInitRank` until the deadline).
+fn thread_world<R: Runtime>(g: &Gpu<R>) -> Result<usize> {
+    let w = world()?;
+    let n = (g.vendor.runtime)()?.device_count()?;
+    if w > n {
+        return Err(Error::NoDevice {
+            vendor: R::NAME,
+            detail: format!("UNICOMM_GPU_WORLD={w} ranks need {w} GPUs, {n} visible"),
+        });
+    }
+    Ok(w)
+}
+
 /// Runs `f` on one thread per communicator; results in rank order.
 pub fn each<C: unicomm_core::Collective, T: Send>(
     cs: &[Comm<C>],
@@ -139,7 +156,7 @@ pub fn registration_rules<R: Runtime>(g: &Gpu<R>) -> Result<()> {
 
 /// One thread per GPU, each joining with the shared unique id (`ncclCommInitRank`).
 pub fn init_rank_per_thread<R: Runtime>(g: &Gpu<R>) -> Result<()> {
-    let w = world()?;
+    let w = thread_world(g)?;
     let id = (g.vendor.unique_id)()?;
     let init = g.vendor.init_rank;
     let out: Vec<Result<f64>> = std::thread::scope(|s| {
@@ -394,7 +411,7 @@ pub fn export_import_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Res
 /// code serves one per process): windows are exported, swapped over the exchange and
 /// mapped; all_to_all and all_gather take the path (counted) and move exact data.
 pub fn copy_engine_init_rank<R: Runtime>(g: &Gpu<R>) -> Result<()> {
-    let w = world()?;
+    let w = thread_world(g)?;
     let id = (g.vendor.unique_id)()?;
     let init = g.vendor.init_rank;
     let n = 1001; // elements per rank: not a multiple of anything convenient
