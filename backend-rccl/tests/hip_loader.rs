@@ -76,3 +76,38 @@ fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// The optional symbols the runtime resolves by name exist in a real HIP runtime under
+/// those names (a typo would silently leave them `None`): the device queries behind
+/// `device_info` and the virtual-memory calls of the copy-engine path across processes.
+#[test]
+fn optional_symbols_exist_in_the_real_hip_runtime() {
+    let must = std::env::var_os("UNICOMM_EXPECT_HIP").is_some();
+    let lib = hip_search().candidates().iter().find_map(|p| {
+        // SAFETY: loading the HIP runtime runs its initialisers, as HipRuntime::new does.
+        unsafe { libloading::Library::new(p) }.ok()
+    });
+    let Some(lib) = lib else {
+        assert!(!must, "UNICOMM_EXPECT_HIP is set but no HIP runtime loads");
+        println!("no HIP library on this machine; set UNICOMM_EXPECT_HIP=1 where it is installed");
+        return;
+    };
+    for name in [
+        "hipDeviceGetName",
+        "hipDeviceGetPCIBusId",
+        "hipMemGetAddressRange",
+        "hipMemRetainAllocationHandle",
+        "hipMemExportToShareableHandle",
+        "hipMemImportFromShareableHandle",
+        "hipMemAddressReserve",
+        "hipMemMap",
+        "hipMemSetAccess",
+        "hipMemRelease",
+        "hipMemUnmap",
+        "hipMemAddressFree",
+    ] {
+        // SAFETY: only the symbol's presence is checked; it is never called.
+        let s = unsafe { lib.get::<*const ()>(format!("{name}\0").as_bytes()) };
+        assert!(s.is_ok(), "{name} is not in the HIP runtime");
+    }
+}
