@@ -38,6 +38,11 @@ impl Entry {
     fn end(&self) -> usize {
         self.address.saturating_add(self.bytes)
     }
+
+    /// Whether this registration holds all of `[address, end)`.
+    fn covers(&self, address: usize, end: usize) -> bool {
+        self.address <= address && end <= self.end()
+    }
 }
 
 /// The live registrations, by handle and by start address: a call's buffers are looked up
@@ -202,7 +207,7 @@ impl Registry {
         let live = self.lock();
         let mut partial = None;
         for (_, e) in live.candidates(address, end) {
-            if e.address <= address && end <= e.end() {
+            if e.covers(address, end) {
                 return Ok(Some(e.kind));
             }
             if e.address < end && address < e.end() {
@@ -234,7 +239,7 @@ impl Registry {
         let end = address.saturating_add(bytes);
         let found = live
             .candidates(address, end)
-            .find(|(_, e)| e.kind.is_window() && e.address <= address && end <= e.end());
+            .find(|(_, e)| e.kind.is_window() && e.covers(address, end));
         Ok(found.map(|(h, e)| (h, e.kind, e.address)))
     }
 
