@@ -3,7 +3,6 @@
 //! runs them on a thread of their own under the communicator's deadline. Against the fake,
 //! whose calls are made slow on purpose. Alone in its binary (the variable, the counters).
 
-#[allow(dead_code, reason = "the helpers other test binaries use")]
 mod common;
 
 use std::sync::Arc;

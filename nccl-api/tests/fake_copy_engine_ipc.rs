@@ -5,7 +5,6 @@
 //! limit): the multi-rank exchange itself is tested in the crate (ipc.rs, threads as
 //! ranks), and on GPUs by the per-process runs. Alone in its binary (call counters).
 
-#[allow(dead_code, reason = "the helpers other test binaries use")]
 mod common;
 
 use std::sync::atomic::Ordering;

@@ -2,7 +2,6 @@
 //! them to the group's end and write their out-parameter after the call returned); before
 //! and after the group they work. The mock accepts them (docs/reliability.md).
 
-#[allow(dead_code, reason = "the helpers other test binaries use")]
 mod common;
 
 use common::{comm, fake, flavors};

@@ -4,7 +4,6 @@
 //! fake_registry_cost -- --ignored --nocapture` (CI runs the registry's deterministic tests
 //! instead: `registry::tests`).
 
-#[allow(dead_code, reason = "the helpers other test binaries use")]
 mod common;
 
 use std::time::Instant;

@@ -1,5 +1,6 @@
 //! What the fake-library tests share: building the fake, reading its call counters, a host
 //! "device" runtime, and the two vendors' flavours pointed at the fake.
+#![allow(dead_code, reason = "each test binary uses some of the helpers")]
 
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
@@ -49,6 +50,15 @@ pub fn calls(api_path: &Path, name: &str) -> c_int {
         let n = std::ffi::CString::new(name).unwrap();
         f(n.as_ptr())
     }
+}
+
+/// The fake library's all-to-all and all-gather calls so far: unchanged across an operation
+/// means the copy-engine path moved the data, not the library.
+pub fn library_moves(api_path: &Path) -> (c_int, c_int) {
+    (
+        calls(api_path, "ncclAlltoAll"),
+        calls(api_path, "ncclAllGather"),
+    )
 }
 
 /// While set, every host stream reports work still running (a peer that never arrives).
