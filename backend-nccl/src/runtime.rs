@@ -20,6 +20,9 @@ pub struct CudaRuntime {
     /// Retained on first use; lock-free afterwards (this sits on every collective's path).
     contexts: Vec<OnceLock<Arc<CudaContext>>>,
     count: usize,
+    /// The driver exports the stream memory operations (cudarc panics on a missing
+    /// symbol, so they are looked up once, here, before any call).
+    mem_ops: bool,
 }
 
 impl std::fmt::Debug for CudaRuntime {
@@ -77,9 +80,16 @@ impl CudaRuntime {
                 detail: "cuDeviceGetCount returned 0".into(),
             });
         }
+        let mem_ops = ["cuStreamWaitValue32_v2\0", "cuStreamWriteValue32_v2\0"]
+            .iter()
+            .all(|name| {
+                // SAFETY: looks a symbol up without calling it; the library was found above.
+                unsafe { sys::culib().get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_ok()
+            });
         Ok(CudaRuntime {
             contexts: (0..count).map(|_| OnceLock::new()).collect(),
             count,
+            mem_ops,
         })
     }
 
@@ -99,6 +109,14 @@ impl CudaRuntime {
         let c = CudaContext::new(dev).map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
         Ok(slot.get_or_init(|| c))
     }
+}
+
+fn no_mem_ops() -> Error {
+    Error::unsupported(
+        "stream memory operations",
+        "a CUDA driver exporting cuStreamWaitValue32_v2 and cuStreamWriteValue32_v2 (11.7+)",
+        "a driver without them",
+    )
 }
 
 /// A CUDA stream (cudarc's), with the context it belongs to.
@@ -257,6 +275,75 @@ impl Runtime for CudaRuntime {
                 .result()
                 .map_err(|e| cuda_err("cuMemAddressFree", e))
         })
+    }
+
+    fn stream_memory_ops(&self, _dev: usize) -> bool {
+        // 32-bit waits and writes are supported on every device since CUDA 12 (the
+        // device attribute that gated them is deprecated); the symbols are what can miss.
+        self.mem_ops
+    }
+
+    unsafe fn wait_value32(
+        &self,
+        dev: usize,
+        addr: usize,
+        value: u32,
+        s: &CudaStreamHandle,
+    ) -> Result<()> {
+        if !self.mem_ops {
+            return Err(no_mem_ops());
+        }
+        self.with_device(dev, || {
+            // SAFETY: the trait contract: `addr` is an aligned device word reachable from
+            // `dev`, allocated until the wait completes; `s` is a live stream of `dev`.
+            unsafe {
+                sys::cuStreamWaitValue32_v2(
+                    s.0.cu_stream(),
+                    addr as sys::CUdeviceptr,
+                    value,
+                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as std::ffi::c_uint,
+                )
+            }
+            .result()
+            .map_err(|e| cuda_err("cuStreamWaitValue32", e))
+        })
+    }
+
+    unsafe fn write_value32(
+        &self,
+        dev: usize,
+        addr: usize,
+        value: u32,
+        s: &CudaStreamHandle,
+    ) -> Result<()> {
+        if !self.mem_ops {
+            return Err(no_mem_ops());
+        }
+        self.with_device(dev, || {
+            // SAFETY: as for the wait: an aligned device word reachable from `dev`.
+            // Default flags: a memory barrier before the write (the work before it on the
+            // stream is visible first).
+            unsafe {
+                sys::cuStreamWriteValue32_v2(
+                    s.0.cu_stream(),
+                    addr as sys::CUdeviceptr,
+                    value,
+                    sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT
+                        as std::ffi::c_uint,
+                )
+            }
+            .result()
+            .map_err(|e| cuda_err("cuStreamWriteValue32", e))
+        })
+    }
+
+    fn capturing(&self, s: &CudaStreamHandle) -> Result<bool> {
+        let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream; writes one enum value.
+        unsafe { sys::cuStreamIsCapturing(s.0.cu_stream(), &mut st) }
+            .result()
+            .map_err(|e| cuda_err("cuStreamIsCapturing", e))?;
+        Ok(st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
     fn enable_peer_access(&self, dev: usize, peer: usize) -> Result<()> {

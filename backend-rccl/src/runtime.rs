@@ -66,7 +66,26 @@ pub struct HipFns {
     /// Virtual memory management (the copy-engine path across processes): optional, so a
     /// runtime without it still loads (that path is then `Unsupported`).
     pub vmm: Option<HipVmm>,
+    /// Stream memory operations (the copy-engine path's signals): optional; without them
+    /// the path orders itself with RCCL barriers.
+    pub mem_ops: Option<HipMemOps>,
+    /// `hipStreamIsCapturing(stream, status)`: optional (graphs are then never seen).
+    pub stream_is_capturing: Option<unsafe extern "C" fn(HipStream, *mut c_int) -> HipError>,
 }
+
+/// HIP's stream memory operations, each the function of the same name.
+#[derive(Clone, Copy)]
+pub struct HipMemOps {
+    /// `hipStreamWaitValue32(stream, ptr, value, flags, mask)`.
+    pub wait_value32: unsafe extern "C" fn(HipStream, *mut c_void, u32, c_uint, u32) -> HipError,
+    /// `hipStreamWriteValue32(stream, ptr, value, flags)`.
+    pub write_value32: unsafe extern "C" fn(HipStream, *mut c_void, u32, c_uint) -> HipError,
+}
+
+/// `hipStreamWaitValueEq` (the same value as CUDA's `CU_STREAM_WAIT_VALUE_EQ`).
+const HIP_STREAM_WAIT_VALUE_EQ: c_uint = 0x1;
+/// `hipStreamWriteValueDefault`.
+const HIP_STREAM_WRITE_VALUE_DEFAULT: c_uint = 0;
 
 /// HIP's virtual-memory calls (`hipMem*`), each the function of the same name.
 #[expect(
@@ -213,6 +232,13 @@ impl HipRuntime {
                     mem_address_free: opt!("hipMemAddressFree")?,
                 })
             })(),
+            mem_ops: (|| {
+                Some(HipMemOps {
+                    wait_value32: opt!("hipStreamWaitValue32")?,
+                    write_value32: opt!("hipStreamWriteValue32")?,
+                })
+            })(),
+            stream_is_capturing: opt!("hipStreamIsCapturing"),
         };
         let mut rt = HipRuntime {
             path,
@@ -247,6 +273,17 @@ impl HipRuntime {
             Error::unsupported(
                 "sharing device memory between processes",
                 "HIP's virtual memory calls (hipMemExportToShareableHandle and friends)",
+                format!("the HIP runtime at {}", self.path),
+            )
+        })
+    }
+
+    /// The stream memory operations, or `Unsupported` when this runtime lacks them.
+    fn mem_ops(&self) -> Result<HipMemOps> {
+        self.fns.mem_ops.ok_or_else(|| {
+            Error::unsupported(
+                "stream memory operations",
+                "hipStreamWaitValue32 and hipStreamWriteValue32",
                 format!("the HIP runtime at {}", self.path),
             )
         })
@@ -514,6 +551,64 @@ impl Runtime for HipRuntime {
                 (v.mem_address_free)(addr as *mut c_void, size)
             })
         })
+    }
+
+    fn stream_memory_ops(&self, _dev: usize) -> bool {
+        self.fns.mem_ops.is_some()
+    }
+
+    unsafe fn wait_value32(
+        &self,
+        dev: usize,
+        addr: usize,
+        value: u32,
+        s: &HipStreamHandle,
+    ) -> Result<()> {
+        let ops = self.mem_ops()?;
+        self.with_device(dev, || {
+            // SAFETY: the trait contract: an aligned device word reachable from `dev`,
+            // allocated until the wait completes; all 32 bits compared.
+            self.check("hipStreamWaitValue32", unsafe {
+                (ops.wait_value32)(
+                    s.0,
+                    addr as *mut c_void,
+                    value,
+                    HIP_STREAM_WAIT_VALUE_EQ,
+                    u32::MAX,
+                )
+            })
+        })
+    }
+
+    unsafe fn write_value32(
+        &self,
+        dev: usize,
+        addr: usize,
+        value: u32,
+        s: &HipStreamHandle,
+    ) -> Result<()> {
+        let ops = self.mem_ops()?;
+        self.with_device(dev, || {
+            // SAFETY: as for the wait: an aligned device word reachable from `dev`.
+            self.check("hipStreamWriteValue32", unsafe {
+                (ops.write_value32)(
+                    s.0,
+                    addr as *mut c_void,
+                    value,
+                    HIP_STREAM_WRITE_VALUE_DEFAULT,
+                )
+            })
+        })
+    }
+
+    fn capturing(&self, s: &HipStreamHandle) -> Result<bool> {
+        let Some(f) = self.fns.stream_is_capturing else {
+            return Ok(false);
+        };
+        let mut st: c_int = 0;
+        // SAFETY: a live stream; writes one enum value (hipStreamCaptureStatusNone is 0).
+        self.check("hipStreamIsCapturing", unsafe { f(s.0, &mut st) })?;
+        Ok(st != 0)
     }
 
     fn enable_peer_access(&self, dev: usize, peer: usize) -> Result<()> {

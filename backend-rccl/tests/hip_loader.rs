@@ -105,6 +105,9 @@ fn optional_symbols_exist_in_the_real_hip_runtime() {
         "hipMemRelease",
         "hipMemUnmap",
         "hipMemAddressFree",
+        "hipStreamWaitValue32",
+        "hipStreamWriteValue32",
+        "hipStreamIsCapturing",
     ] {
         // SAFETY: only the symbol's presence is checked; it is never called.
         let s = unsafe { lib.get::<*const ()>(format!("{name}\0").as_bytes()) };

@@ -656,12 +656,30 @@ impl<R: Runtime> Drop for ApiComm<R> {
             let _ = Collective::deregister(self, h);
         }
         let _ = self.destroy(true);
-        // Peers' memory still mapped for windows the communicator took with it.
-        let maps: Vec<(usize, usize)> =
+        // Peers' memory still mapped for windows the communicator took with it, and the
+        // copy-engine signal blocks (peers' mapped, this rank's own), once no copy uses them.
+        let mut maps: Vec<(usize, usize)> =
             std::mem::take(&mut *self.ce.mapped.lock().unwrap_or_else(|e| e.into_inner()))
                 .into_values()
                 .flatten()
                 .collect();
-        self.unmap_peers(maps);
+        let mut own = None;
+        if let Some(crate::signals::Sync::Signals(sig)) = self.ce.sync.get_mut() {
+            maps.append(&mut sig.mapped);
+            own = sig.block.take();
+        }
+        let n = maps.len() + usize::from(own.is_some());
+        let freed = (maps.is_empty() && own.is_none())
+            || self.release_after_copies(n, || {
+                for (va, size) in maps {
+                    // SAFETY: mappings of `import_memory`, taken out of their tables (so
+                    // unmapped once); every copy that used them completed (waited for).
+                    let _ = unsafe { self.rt.unmap_imported(self.dev, va, size) };
+                }
+            });
+        if !freed {
+            // Peers' writes into it may still be pending: leaked, never freed under them.
+            std::mem::forget(own);
+        }
     }
 }

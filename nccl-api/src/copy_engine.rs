@@ -35,9 +35,14 @@ use unicomm_core::{Error, Kind, Op, RawHandle, Result};
 use crate::comm::ApiComm;
 use crate::memory::ApiMemory;
 use crate::runtime::Runtime;
+use crate::signals::{Phase, Sync};
 
 /// One window as every rank sees it: per rank, (device, address, bytes).
 pub(crate) type Peers = Arc<Vec<(usize, usize, usize)>>;
+
+/// Memory swapped between processes: every rank's (device, address here, bytes), and the
+/// peers' allocations mapped into this process for it, (address, size).
+pub(crate) type Swapped = (Vec<(usize, usize, usize)>, Vec<(usize, usize)>);
 
 /// The ranks of one world created in one process: a table where window registrations meet.
 #[derive(Debug)]
@@ -197,20 +202,41 @@ impl<R: Runtime> ApiComm<R> {
         Ok(Some(Plan { copies }))
     }
 
-    /// Runs a plan on `stream`: barrier, copies, barrier.
+    /// Runs a plan on `stream`: the ranks' first phase (every peer's output free), the
+    /// copies, the second phase (every copy into this rank's output landed). The phases are
+    /// signals (`signals.rs`: no kernel) where the ranks agreed on them, else one-element
+    /// all-reduces; a world of one needs neither.
     ///
     /// The local copy (this rank's own chunk, device-local) runs on a side stream forked
     /// from the caller's by events, so it overlaps the peer copies over NVLink instead of
-    /// adding its time to theirs; the caller's stream waits for it before the closing
-    /// barrier.
+    /// adding its time to theirs; it needs no peer, so it starts before the first phase, and
+    /// the caller's stream waits for it before the second.
     pub(crate) fn run_copy_engine(&self, plan: Plan, stream: &R::Stream) -> Result<()> {
         let st = R::raw_stream(stream);
-        self.barrier_on(st)?;
+        let sync = self.ce.sync.get();
+        let signals = match sync {
+            Some(Sync::Signals(s)) => Some(s),
+            _ => None,
+        };
+        // Peers' memory is mapped only for ranks joined by unique id (one per process).
+        let mapped = self.ce.reachable() && self.ce.world.is_none();
+        // Events for what outlives the call (mapped peers' memory, signal blocks) and for
+        // the order between streams; none while a graph is captured (they would be nodes
+        // of the graph, not something to wait for later).
+        let track = (mapped || signals.is_some()) && !self.rt.capturing(stream)?;
+        if track && signals.is_some() {
+            // Signals pair the ranks' operations in issue order: one on another stream
+            // must not overtake the previous one (NCCL orders one communicator's work so).
+            let p = self.ce.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((s, ev)) = p.last() {
+                if *s != st as usize {
+                    self.rt.wait_event(self.dev, stream, ev)?;
+                }
+            }
+        }
         self.ce
             .calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // Peers' memory is mapped only for ranks joined by unique id (one per process).
-        let mapped = self.ce.reachable() && self.ce.world.is_none();
         let (local, peers): (Vec<_>, Vec<_>) =
             plan.copies.into_iter().partition(|&(_, _, _, own)| own);
         let mut side = self.ce.side.lock().unwrap_or_else(|e| e.into_inner());
@@ -223,40 +249,49 @@ impl<R: Runtime> ApiComm<R> {
                 self.rt.wait_event(self.dev, s, &start)?;
                 for &(dst, src, bytes, _) in &local {
                     // SAFETY: both ranges are this rank's memory (send range and own output
-                    // chunk, checked by `Op::check`); the side stream starts after the
-                    // opening barrier (the event above) and the caller's stream waits for
-                    // it below, before anything after this operation touches them.
+                    // chunk, checked by `Op::check`), free by this stream's order (the
+                    // event above); the caller's stream waits for the side stream below,
+                    // before anything after this operation touches them.
                     unsafe { self.rt.copy_async(self.dev, dst, src, bytes, s) }?;
                 }
                 Some(self.rt.with_device(self.dev, || self.rt.record(s))?)
             }
             _ => None,
         };
+        let phase = |ph: Phase| match (signals, sync) {
+            (Some(sig), _) => sig.phase(&*self.rt, self.dev, self.rank, ph, stream),
+            (None, Some(Sync::Alone)) => Ok(()),
+            _ => self.barrier_on(st),
+        };
+        phase(Phase::Ready)?;
         for (dst, src, bytes, _) in peers {
             // SAFETY: `src` lies in this rank's send range (checked by `Op::check`); `dst` in
             // a peer's window, registered and alive until that peer deregisters it, which
-            // it does only after this operation's closing barrier (window deregistration
+            // it does only after this operation's second phase (window deregistration
             // follows the rank's stream order); bounds checked against the peer's window.
             unsafe { self.rt.copy_async(self.dev, dst, src, bytes, stream) }?;
         }
         if let Some(done) = forked {
             self.rt.wait_event(self.dev, stream, &done)?;
         }
-        if mapped {
-            // What unmapping the peers' memory waits for (one event per stream).
+        phase(Phase::Done)?;
+        if track {
+            // What unmapping and freeing wait for (one event per stream, the latest last).
             let ev = self.rt.with_device(self.dev, || self.rt.record(stream))?;
             let mut p = self.ce.pending.lock().unwrap_or_else(|e| e.into_inner());
             let key = st as usize;
             p.retain(|(s, _)| *s != key);
             p.push((key, ev));
         }
-        self.barrier_on(st)
+        Ok(())
     }
 
     /// Records a window for the copy-engine path: exchanges its address with the peers
     /// (collective, like the registration) and enables peer access to their devices; for
     /// one rank per process, exports it and maps the peers' (`share_window_ipc`).
     pub(crate) fn share_window(&self, handle: RawHandle, addr: usize, bytes: usize) -> Result<()> {
+        // The ranks' mechanism first (collective, once per communicator).
+        self.agree_sync()?;
         #[cfg(target_os = "linux")]
         if let Some(job) = self.ce.job {
             return self.share_window_ipc(job, handle, addr, bytes);
@@ -304,10 +339,23 @@ impl<R: Runtime> ApiComm<R> {
     /// Unmaps peers' memory: after every copy-engine operation that may have used it has
     /// completed (the last event of each stream it ran on), within the deadline; if that
     /// wait fails the mappings are left (leaked, never unmapped under a running copy).
-    pub(crate) fn unmap_peers(&self, maps: Vec<(usize, usize)>) {
+    /// Whether the operations were seen complete.
+    pub(crate) fn unmap_peers(&self, maps: Vec<(usize, usize)>) -> bool {
         if maps.is_empty() {
-            return;
+            return true;
         }
+        self.release_after_copies(maps.len(), || {
+            for (va, size) in maps {
+                // SAFETY: a mapping of `import_memory`, taken out of the table (so
+                // unmapped once); every copy that used it completed (waited for before).
+                let _ = unsafe { self.rt.unmap_imported(self.dev, va, size) };
+            }
+        })
+    }
+
+    /// Runs `release` once every copy-engine operation so far has completed (within the
+    /// deadline); otherwise says what is left (`what` things) and leaves them. Whether it ran.
+    pub(crate) fn release_after_copies(&self, what: usize, release: impl FnOnce()) -> bool {
         let idle = (|| -> Result<()> {
             let pending: Vec<R::Event> =
                 std::mem::take(&mut *self.ce.pending.lock().unwrap_or_else(|e| e.into_inner()))
@@ -326,17 +374,16 @@ impl<R: Runtime> ApiComm<R> {
         })();
         match idle {
             Ok(()) => {
-                for (va, size) in maps {
-                    // SAFETY: a mapping of `import_memory`, taken out of the table (so
-                    // unmapped once); every copy that used it completed (waited for above).
-                    let _ = unsafe { self.rt.unmap_imported(self.dev, va, size) };
-                }
+                release();
+                true
             }
-            Err(e) => eprintln!(
-                "unicomm: rank {}: {} mapping(s) of peers' windows left mapped: the copies that used them did not finish ({e})",
-                self.rank,
-                maps.len()
-            ),
+            Err(e) => {
+                eprintln!(
+                    "unicomm: rank {}: {what} mapping(s) or block(s) of the copy-engine path left in place: the copies that used them did not finish ({e})",
+                    self.rank
+                );
+                false
+            }
         }
     }
 
@@ -351,9 +398,8 @@ impl<R: Runtime> ApiComm<R> {
         st.synchronize()
     }
 
-    /// `share_window` for one rank per process: export this rank's allocation, swap it with
-    /// the peers' (a barrier first, so every rank's listener is bound), map theirs, and
-    /// agree; the window takes the path only where every rank could.
+    /// `share_window` for one rank per process: the window swapped with the peers
+    /// (`swap_ipc`); it takes the path only where every rank could export and map.
     #[cfg(target_os = "linux")]
     fn share_window_ipc(
         &self,
@@ -362,31 +408,64 @@ impl<R: Runtime> ApiComm<R> {
         addr: usize,
         bytes: usize,
     ) -> Result<()> {
+        let Some((peers, maps)) = self.swap_ipc(job, addr, bytes, true)? else {
+            return Ok(());
+        };
+        self.ce
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, Arc::new(peers));
+        self.ce
+            .mapped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, maps);
+        Ok(())
+    }
+
+    /// Device memory swapped between processes (collective): export this rank's allocation
+    /// holding `addr..addr+bytes` (unless `offer` is false), swap it with the peers' (a
+    /// barrier first, so every rank's listener is bound), map theirs, and agree. Every
+    /// rank's (device, address here, bytes) and the mappings made, or `None` where some
+    /// rank could not (nothing stays mapped then).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn swap_ipc(
+        &self,
+        job: crate::ipc::Job,
+        addr: usize,
+        bytes: usize,
+        offer: bool,
+    ) -> Result<Option<Swapped>> {
         use std::os::fd::AsFd;
         let seq = self
             .ce
             .windows
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let listener = crate::ipc::Listener::bind(job, seq, self.rank)?;
-        // The window must lie inside the exported allocation (the driver says so; a runtime
+        // The range must lie inside the exported allocation (the driver says so; a runtime
         // that said otherwise offers nothing rather than a wrong range).
-        let exported = self.rt.export_memory(self.dev, addr).and_then(|x| {
-            let inside = addr
-                .checked_sub(x.base)
-                .and_then(|off| off.checked_add(bytes))
-                .is_some_and(|end| end <= x.size);
-            if inside {
-                Ok(x)
-            } else {
-                Err(Error::invalid(
-                    "export",
-                    format!(
-                        "the window {addr:#x}+{bytes} is not inside the exported allocation {:#x}+{}",
-                        x.base, x.size
-                    ),
-                ))
-            }
-        });
+        let exported = if offer {
+            self.rt.export_memory(self.dev, addr).and_then(|x| {
+                let inside = addr
+                    .checked_sub(x.base)
+                    .and_then(|off| off.checked_add(bytes))
+                    .is_some_and(|end| end <= x.size);
+                if inside {
+                    Ok(x)
+                } else {
+                    Err(Error::invalid(
+                        "export",
+                        format!(
+                            "the range {addr:#x}+{bytes} is not inside the exported allocation {:#x}+{}",
+                            x.base, x.size
+                        ),
+                    ))
+                }
+            })
+        } else {
+            Err(Error::invalid("export", "this rank offers nothing"))
+        };
         self.host_barrier()?;
         let deadline = Instant::now() + self.core.timeout();
         let mine = exported.as_ref().ok().map(|x| {
@@ -407,7 +486,7 @@ impl<R: Runtime> ApiComm<R> {
                 return Err(Error::invalid(
                     "copy-engine exchange",
                     format!(
-                        "rank {p}'s window ({offset}+{b}) lies outside its allocation ({size})"
+                        "rank {p}'s memory ({offset}+{b}) lies outside its allocation ({size})"
                     ),
                 ));
             }
@@ -423,31 +502,21 @@ impl<R: Runtime> ApiComm<R> {
             }
         };
         if !agreed {
-            // Some rank cannot take the path for this window: none does.
-            if let Err(e) = &exported {
+            // Some rank cannot take the path for this memory: none does.
+            if let (true, Err(e)) = (offer, &exported) {
                 eprintln!(
-                    "unicomm: rank {}: window not shared for the copy-engine path: {e}",
+                    "unicomm: rank {}: memory not shared for the copy-engine path: {e}",
                     self.rank
                 );
             }
             self.unmap_peers(maps.iter().map(|m| (m.1, m.2)).collect());
-            return Ok(());
+            return Ok(None);
         }
         let mut peers = vec![(self.dev, addr, bytes); self.world];
         for &(p, va, _, offset, b) in &maps {
             peers[p] = (self.dev, va + offset, b);
         }
-        self.ce
-            .peers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(handle, Arc::new(peers));
-        self.ce
-            .mapped
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(handle, maps.iter().map(|m| (m.1, m.2)).collect());
-        Ok(())
+        Ok(Some((peers, maps.iter().map(|m| (m.1, m.2)).collect())))
     }
 
     /// `set_copy_engine`: needs the ranks in this process (a world from
@@ -488,6 +557,8 @@ pub(crate) struct CopyEngine<R: Runtime> {
     pub(crate) peers: Mutex<HashMap<RawHandle, Peers>>,
     /// The side stream of the local copies, created at first use.
     pub(crate) side: Mutex<Option<R::Stream>>,
+    /// How the ranks wait for each other, agreed at the first shared window.
+    pub(crate) sync: std::sync::OnceLock<Sync<R>>,
     /// Operations that took the path.
     pub(crate) calls: std::sync::atomic::AtomicU64,
 }
@@ -524,6 +595,7 @@ impl<R: Runtime> Default for CopyEngine<R> {
             windows: Default::default(),
             peers: Default::default(),
             side: Mutex::new(None),
+            sync: std::sync::OnceLock::new(),
             calls: Default::default(),
         }
     }

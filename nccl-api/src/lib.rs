@@ -38,6 +38,7 @@ pub mod memory;
 pub mod policy;
 pub mod runtime;
 pub mod search;
+mod signals;
 mod watchdog;
 
 pub use api::{Api, Flavor, UniqueId};
@@ -45,3 +46,4 @@ pub use comm::ApiComm;
 pub use memory::{ApiMemory, ApiStream};
 pub use runtime::Runtime;
 pub use search::Search;
+pub use signals::CopyEngineSync;

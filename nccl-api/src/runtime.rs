@@ -88,6 +88,61 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         s: &Self::Stream,
     ) -> Result<()>;
 
+    /// Whether streams of `dev` can wait on and write 32-bit words in device memory
+    /// (`cuStreamWaitValue32` / `hipStreamWaitValue32` and the writes): what orders the
+    /// copy-engine path between ranks without a kernel (`signals.rs`). `false` where the
+    /// runtime lacks the calls; the path then orders itself with NCCL barriers.
+    fn stream_memory_ops(&self, dev: usize) -> bool {
+        let _ = dev;
+        false
+    }
+    /// Enqueues on `s` a wait until the 32-bit word at `addr` equals `value`
+    /// (`cuStreamWaitValue32(.., CU_STREAM_WAIT_VALUE_EQ)`): the work after it on `s` starts
+    /// once the word holds `value`; no SM spins, the host does not wait.
+    ///
+    /// # Safety
+    /// `addr` is a 4-byte aligned word of device memory reachable from `dev` that stays
+    /// allocated until the wait has completed.
+    unsafe fn wait_value32(
+        &self,
+        dev: usize,
+        addr: usize,
+        value: u32,
+        s: &Self::Stream,
+    ) -> Result<()> {
+        let _ = (dev, addr, value, s);
+        Err(unicomm_core::Error::unsupported(
+            "stream memory operations",
+            "a runtime with cuStreamWaitValue32 / hipStreamWaitValue32",
+            Self::NAME,
+        ))
+    }
+    /// Enqueues on `s` a write of `value` into the 32-bit word at `addr`, after the work
+    /// before it on `s` (`cuStreamWriteValue32`, default flags: with a memory barrier).
+    ///
+    /// # Safety
+    /// As [`Runtime::wait_value32`], and nothing else reads the word as anything but a flag.
+    unsafe fn write_value32(
+        &self,
+        dev: usize,
+        addr: usize,
+        value: u32,
+        s: &Self::Stream,
+    ) -> Result<()> {
+        let _ = (dev, addr, value, s);
+        Err(unicomm_core::Error::unsupported(
+            "stream memory operations",
+            "a runtime with cuStreamWriteValue32 / hipStreamWriteValue32",
+            Self::NAME,
+        ))
+    }
+    /// Whether `s` is being captured into a graph (`cuStreamIsCapturing`): events recorded
+    /// during a capture are graph nodes, not something the host can wait for later.
+    fn capturing(&self, s: &Self::Stream) -> Result<bool> {
+        let _ = s;
+        Ok(false)
+    }
+
     /// Exports the device allocation holding `addr` for another process (the copy-engine
     /// path with one rank per process): a POSIX file descriptor of the allocation's
     /// physical memory (`cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`, or

@@ -66,7 +66,8 @@ fn each_call_takes_the_path_the_policy_picks() {
         ),
         (1, 1)
     );
-    // 16 MiB all_to_all: the copy engines (no library all-to-all; two barriers).
+    // 16 MiB all_to_all: the copy engines (no library all-to-all; a world of one waits for
+    // no peer, so no barrier either).
     let ar_before = count("ncclAllReduce");
     c.all_to_all(&a, &mut b, &st).unwrap();
     assert_eq!(
@@ -74,7 +75,11 @@ fn each_call_takes_the_path_the_policy_picks() {
         1,
         "the copy-engine path called the library"
     );
-    assert_eq!(count("ncclAllReduce") - ar_before, 2);
+    assert_eq!(count("ncclAllReduce") - ar_before, 0);
+    assert_eq!(
+        c.backend().copy_engine_sync(),
+        Some(unicomm_nccl_api::CopyEngineSync::Alone)
+    );
     assert_eq!(b.copy_to_host(&st).unwrap(), input);
 
     c.deregister_auto(a).unwrap();

@@ -40,8 +40,12 @@ fn all_to_all_and_all_gather_into_windows_take_the_copy_engine_path() {
     );
     assert_eq!(
         calls(&path, "ncclAllReduce") - ar,
-        4,
-        "two barriers per operation"
+        0,
+        "a world of one waits for no peer"
+    );
+    assert_eq!(
+        c.backend().copy_engine_sync(),
+        Some(unicomm_nccl_api::CopyEngineSync::Alone)
     );
 
     // Inside a group the copies could not wait for the group's end: the library's path.

@@ -5,6 +5,7 @@
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, OnceLock};
 
 use unicomm_core::{Comm, Result, Version};
@@ -69,6 +70,14 @@ pub static HANG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::
 pub static EXPORT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 pub static IMPORTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 pub static UNMAPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+thread_local! {
+    /// Whether the host runtime offers stream memory operations (the copy-engine path's
+    /// signals) to this thread's rank; on by default, as on CUDA 12+.
+    pub static MEM_OPS: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+/// Signal waits the host runtime performed, and writes (re-arms and probes).
+pub static WAITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Host memory standing in for a device.
 #[derive(Debug)]
@@ -179,8 +188,49 @@ impl Runtime for Host {
         bytes: usize,
         _: &HostStream,
     ) -> Result<()> {
+        if bytes == 4 && dst % 4 == 0 && src % 4 == 0 {
+            // A word copy may be a signal that another rank's thread is waiting on: atomic,
+            // so the waiter's loads see it without a data race (the copy engine's write).
+            // SAFETY: the trait contract: both words are live, aligned (checked).
+            let v = unsafe { (*(src as *const std::sync::atomic::AtomicU32)).load(SeqCst) };
+            // SAFETY: as above.
+            unsafe { (*(dst as *const std::sync::atomic::AtomicU32)).store(v, SeqCst) };
+            return Ok(());
+        }
         // SAFETY: the trait contract: both ranges are live for `bytes`.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+        Ok(())
+    }
+    fn stream_memory_ops(&self, _: usize) -> bool {
+        MEM_OPS.with(|m| m.get())
+    }
+    unsafe fn wait_value32(&self, _: usize, addr: usize, value: u32, _: &HostStream) -> Result<()> {
+        // The host stream is synchronous: the wait blocks the enqueuing thread until a peer
+        // thread writes the word (with a deadline, so a broken protocol fails the test).
+        WAITS.fetch_add(1, SeqCst);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        // SAFETY: the trait contract: an aligned live word.
+        let w = unsafe { &*(addr as *const std::sync::atomic::AtomicU32) };
+        while w.load(SeqCst) != value {
+            if std::time::Instant::now() > deadline {
+                return Err(unicomm_core::Error::Timeout {
+                    what: format!("host wait for {value} at {addr:#x}"),
+                    after: std::time::Duration::from_secs(20),
+                });
+            }
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+    unsafe fn write_value32(
+        &self,
+        _: usize,
+        addr: usize,
+        value: u32,
+        _: &HostStream,
+    ) -> Result<()> {
+        // SAFETY: the trait contract: an aligned live word.
+        unsafe { (*(addr as *const std::sync::atomic::AtomicU32)).store(value, SeqCst) };
         Ok(())
     }
 }

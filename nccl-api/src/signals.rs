@@ -1,0 +1,259 @@
+//! How the ranks of the copy-engine path wait for each other without a kernel: stream-ordered
+//! signals (`cuStreamWaitValue32` / `hipStreamWaitValue32` on flags that the peers' copy
+//! engines write), in place of a one-element NCCL all-reduce before and after the copies.
+//!
+//! Why: the all-reduce is a kernel, and beside an SM-bound kernel it waits for SMs, so the
+//! "no SMs" path was not (measured on 2x H200: the copy-engine all_to_all at 159 GB/s beside
+//! a compute kernel against 197 GB/s for NCCL's; docs/benchmarks.md). Stream memory
+//! operations run on the GPU's front end, copies on its copy engines: no SM is involved.
+//! NCCL 2.28's own copy-engine collectives order themselves the same way (`src/ce_coll.cc`):
+//! flags in symmetric memory, written by peers with copies, awaited with stream waits.
+//!
+//! The protocol. Each rank owns a block of device memory: `ready[world]`, `done[world]` and
+//! a word holding 1. One operation is two phases, each on the caller's stream:
+//! - signal: copy the 1 into `phase[me]` of every peer's block (a 4-byte copy-engine copy,
+//!   which starts after everything before it on the stream has completed);
+//! - wait: for every peer `p`, wait until `phase[p]` of this rank's block is 1, then write 0
+//!   back (re-arm).
+//!
+//! `ready` (before the copies) says "my output is free", `done` (after them) "my copies into
+//! you have landed". The re-arm cannot race with the next signal into the same word: a peer
+//! writes `ready[p]` again only after its `done` wait, which needs this rank's `done`
+//! signal, which this stream issues after the re-arm (and likewise for `done`). So one value,
+//! 1, serves every operation, and a CUDA graph that captured the operations replays them
+//! unchanged (NCCL's graph mode uses the same constant-and-reset scheme).
+//!
+//! The ranks agree on the mechanism once per communicator, at the first window shared for
+//! the path (a collective call): every rank must offer a block (the runtime has the calls,
+//! the block was allocated, exported where ranks are processes, and a probe wait on it
+//! completed), else every rank uses the NCCL barriers. `UNICOMM_CE_SYNC=barrier` chooses the
+//! barriers on purpose (one rank asking is enough).
+
+use unicomm_core::{Collective, Error, Result};
+
+use crate::comm::ApiComm;
+use crate::memory::{ApiMemory, ApiStream};
+use crate::runtime::Runtime;
+
+/// How the copy-engine path orders the ranks of one communicator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyEngineSync {
+    /// Stream-ordered flags written by the copy engines (no kernel, no SM).
+    Signals,
+    /// A one-element all-reduce before and after the copies (a library kernel).
+    Barrier,
+    /// A world of one rank: nothing to wait for.
+    Alone,
+}
+
+impl CopyEngineSync {
+    /// The name `UNICOMM_CE_SYNC` and the benchmark use.
+    pub fn name(self) -> &'static str {
+        match self {
+            CopyEngineSync::Signals => "signals",
+            CopyEngineSync::Barrier => "barrier",
+            CopyEngineSync::Alone => "alone",
+        }
+    }
+}
+
+/// `UNICOMM_CE_SYNC`: `signals` (the default) or `barrier`.
+pub(crate) fn wanted() -> Result<CopyEngineSync> {
+    match std::env::var("UNICOMM_CE_SYNC") {
+        Err(std::env::VarError::NotPresent) => Ok(CopyEngineSync::Signals),
+        Ok(v) if v.trim() == "signals" => Ok(CopyEngineSync::Signals),
+        Ok(v) if v.trim() == "barrier" => Ok(CopyEngineSync::Barrier),
+        Ok(v) => Err(Error::invalid(
+            "UNICOMM_CE_SYNC",
+            format!("{v:?} is neither \"signals\" nor \"barrier\""),
+        )),
+        Err(e) => Err(Error::invalid("UNICOMM_CE_SYNC", e.to_string())),
+    }
+}
+
+/// The two phases of one operation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Phase {
+    /// Before the copies: every peer's output is free.
+    Ready = 0,
+    /// After the copies: every copy into this rank's output has landed.
+    Done = 1,
+}
+
+/// Bytes of one rank's block: `ready[world]`, `done[world]`, the constant 1.
+pub(crate) fn block_bytes(world: usize) -> usize {
+    4 * (2 * world + 1)
+}
+
+fn slot(base: usize, world: usize, phase: Phase, rank: usize) -> usize {
+    base + 4 * (phase as usize * world + rank)
+}
+
+fn one(base: usize, world: usize) -> usize {
+    base + 8 * world
+}
+
+/// Peers' memory mapped into this process: (address, size) each.
+type Mappings = Vec<(usize, usize)>;
+
+/// The agreed mechanism of a communicator, fixed at the first shared window.
+pub(crate) enum Sync<R: Runtime> {
+    Barrier,
+    Alone,
+    Signals(Signals<R>),
+}
+
+impl<R: Runtime> Sync<R> {
+    pub(crate) fn kind(&self) -> CopyEngineSync {
+        match self {
+            Sync::Barrier => CopyEngineSync::Barrier,
+            Sync::Alone => CopyEngineSync::Alone,
+            Sync::Signals(_) => CopyEngineSync::Signals,
+        }
+    }
+}
+
+/// This rank's signal block and every rank's, as this rank addresses them.
+pub(crate) struct Signals<R: Runtime> {
+    /// This rank's block; `None` once given up (leaked because work may still use it).
+    pub(crate) block: Option<ApiMemory<R>>,
+    /// Each rank's block base here (this rank's own at its index).
+    pub(crate) bases: Vec<usize>,
+    /// Peers' blocks mapped into this process (one rank per process): (address, size).
+    pub(crate) mapped: Mappings,
+}
+
+impl<R: Runtime> Signals<R> {
+    /// One phase on `s`: signal every peer, then wait for every peer and re-arm.
+    pub(crate) fn phase(
+        &self,
+        rt: &R,
+        dev: usize,
+        rank: usize,
+        phase: Phase,
+        s: &R::Stream,
+    ) -> Result<()> {
+        let world = self.bases.len();
+        let mine = self.bases[rank];
+        let src = one(mine, world);
+        for k in 1..world {
+            // Peers in a rotating order, as the data copies.
+            let p = (rank + k) % world;
+            let dst = slot(self.bases[p], world, phase, rank);
+            // SAFETY: `src` is this rank's constant word, `dst` this rank's word in peer
+            // `p`'s block (peer access or a mapping made at the agreement); both blocks
+            // live until this communicator is dropped, which waits for this stream's copies
+            // (`pending`) before freeing or unmapping them.
+            unsafe { rt.copy_async(dev, dst, src, 4, s) }?;
+        }
+        for k in 1..world {
+            let p = (rank + world - k) % world;
+            let w = slot(mine, world, phase, p);
+            // SAFETY: a word of this rank's own block (aligned: the block is a device
+            // allocation and every word is at a multiple of 4), alive as above.
+            unsafe { rt.wait_value32(dev, w, 1, s) }?;
+            // SAFETY: the same word.
+            unsafe { rt.write_value32(dev, w, 0, s) }?;
+        }
+        Ok(())
+    }
+}
+
+impl<R: Runtime> ApiComm<R> {
+    /// Which mechanism orders this communicator's copy-engine operations (`None` before the
+    /// first window was shared for the path).
+    pub fn copy_engine_sync(&self) -> Option<CopyEngineSync> {
+        self.ce.sync.get().map(Sync::kind)
+    }
+
+    /// This rank's signal block, ready to offer: allocated (with `ncclMemAlloc` where the
+    /// library has it, so it can be exported), zeroed with the constant 1 in place, and
+    /// probed (a write and a wait on it completed), or why not.
+    pub(crate) fn signal_block(&self) -> Result<ApiMemory<R>> {
+        let bytes = block_bytes(self.world);
+        let block = Collective::alloc(self, bytes)?;
+        let s = self.rt.create_stream(self.dev)?;
+        let mut init = vec![0u8; bytes];
+        init[bytes - 4..].copy_from_slice(&1u32.to_ne_bytes());
+        let probe = slot(block.ptr, self.world, Phase::Ready, self.rank);
+        // SAFETY: `block` holds `bytes` device bytes of this device; the probe word is one
+        // of them (aligned, see `Signals::phase`).
+        self.rt.with_device(self.dev, || unsafe {
+            self.rt.htod(self.dev, block.ptr, &init, &s)?;
+            self.rt.write_value32(self.dev, probe, 1, &s)?;
+            self.rt.wait_value32(self.dev, probe, 1, &s)?;
+            self.rt.write_value32(self.dev, probe, 0, &s)
+        })?;
+        // The probe completes at once where the calls work; waited for with the deadline.
+        let st = ApiStream::from_runtime(self.rt.clone(), s, self.dev)?;
+        st.synchronize()?;
+        Ok(block)
+    }
+
+    /// Agrees on the mechanism with the peers (collective; at the first window shared for
+    /// the path): exchanges the signal blocks, in this process's table or across processes.
+    pub(crate) fn agree_sync(&self) -> Result<()> {
+        if self.ce.sync.get().is_some() {
+            return Ok(());
+        }
+        let agreed = if self.world == 1 {
+            Sync::Alone
+        } else {
+            let want = wanted()? == CopyEngineSync::Signals && self.rt.stream_memory_ops(self.dev);
+            let block = if want {
+                self.signal_block().map_err(|e| {
+                    eprintln!(
+                        "unicomm: rank {}: copy-engine signals unavailable, NCCL barriers instead: {e}",
+                        self.rank
+                    );
+                })
+                .ok()
+            } else {
+                None
+            };
+            let addr = block.as_ref().map_or(0, |b| b.ptr);
+            let bytes = block_bytes(self.world);
+            match self.swap_blocks(addr, bytes)? {
+                Some((bases, mapped)) => Sync::Signals(Signals {
+                    block,
+                    bases,
+                    mapped,
+                }),
+                None => Sync::Barrier,
+            }
+        };
+        // Registrations are collective and ordered, so no other thread of this rank agrees
+        // at the same time; if one did, the first result stays.
+        let _ = self.ce.sync.set(agreed);
+        Ok(())
+    }
+
+    /// Swaps `addr` (0: this rank offers nothing) with the peers: every rank's address as
+    /// seen here and the mappings made, or `None` where some rank offered nothing.
+    fn swap_blocks(&self, addr: usize, bytes: usize) -> Result<Option<(Vec<usize>, Mappings)>> {
+        #[cfg(target_os = "linux")]
+        if let Some(job) = self.ce.job {
+            return Ok(self
+                .swap_ipc(job, addr, bytes, addr != 0)?
+                .map(|(peers, maps)| (peers.iter().map(|p| p.1).collect(), maps)));
+        }
+        let Some(world) = &self.ce.world else {
+            return Ok(None);
+        };
+        let seq = self
+            .ce
+            .windows
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let all = world.exchange(seq, self.rank, (self.dev, addr, bytes))?;
+        if all.iter().any(|&(_, a, _)| a == 0) {
+            return Ok(None);
+        }
+        // Peer access was enabled when the first window was shared (the same devices).
+        for &(dev, _, _) in all.iter() {
+            if dev != self.dev {
+                self.rt.enable_peer_access(self.dev, dev)?;
+            }
+        }
+        Ok(Some((all.iter().map(|&(_, a, _)| a).collect(), Vec::new())))
+    }
+}
