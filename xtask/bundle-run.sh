@@ -8,7 +8,8 @@ OUT=${OUT:-$PWD/logs}; mkdir -p "$OUT"
 cd "$(dirname "$0")"
 step() { echo "== $*"; }
 rc=0
-# PARTS=all (default), quick (tests, examples, overhead), conformance, autoprobe (why auto
+# PARTS=all (default), quick (tests, examples, overhead), conformance, cesync (the
+# copy-engine path ordered by signals against barriers), autoprobe (why auto
 # trails the window mode for small all_reduce), bench (the
 # unicomm-bench sweep and the visualgen preset), faults (deadlines, a killed rank, resource
 # churn), procs (one rank per process, default and network transports) or overlap (a
@@ -60,7 +61,17 @@ for v in nccl rccl; do
     for f in "$OUT/$v"-visualgen-cumem1-nccl.*.log; do [ -f "$f" ] && tail -200 "$f" > "$f.tail" && rm -f "$f"; done
     unset UNICOMM_TUNE_FILE
   fi
-  if [ "$PARTS" = bench ]; then continue; fi
+  if [ "$PARTS" = bench ] || [ "$PARTS" = cesync ] || [ "$PARTS" = all ]; then
+    # The copy-engine path ordered by signals (the default: stream waits on flags the peers'
+    # copy engines write, no kernel) against the NCCL barriers it used before, the window
+    # mode as the common reference of the two runs; data checked.
+    for sync in signals barrier; do
+      step $v copy-engine sync $sync
+      UNICOMM_CE_SYNC=$sync timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor --modes window,ce -b 8 -e 512M -f 4 -w ${BENCH_WARMUP:-20} -n ${BENCH_ITERS:-200} -c 1 --coll all_to_all,all_gather --place out -J "$OUT/$v-cesync-$sync.json" > "$OUT/$v-cesync-$sync.log" 2>&1 || rc=1
+      grep -E "^# mode|wrong| 536870912 " "$OUT/$v-cesync-$sync.log" | tail -6
+    done
+  fi
+  if [ "$PARTS" = bench ] || [ "$PARTS" = cesync ]; then continue; fi
   if [ "$PARTS" = autoprobe ]; then
     # Why auto trails the window mode for all_reduce at 8-32 KiB (docs/benchmarks.md): auto
     # forced to the window path, with and without the copy-engine sharing (peer access).
@@ -109,7 +120,9 @@ for v in nccl rccl; do
   fi
   if [ "$PARTS" = overlap ] || [ "$PARTS" = all ]; then
     if [ -x ./overlap ] && [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then
+      # The copy-engine path beside a kernel, ordered by signals (default) and by barriers.
       step overlap; timeout 200 ./overlap 2>&1 | tee "$OUT/$v-overlap.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+      step overlap barrier; UNICOMM_CE_SYNC=barrier timeout 200 ./overlap 2>&1 | tee -a "$OUT/$v-overlap.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
       step bench single-thread; timeout 200 ./unicomm-bench --vendor $vendor --single-thread --modes plain,registered,window -b 8 -e 512M -f 4 -w 5 -n 20 --coll all_reduce,all_to_all --place out -J "$OUT/$v-bench-single.json" > "$OUT/$v-bench-single.log" 2>&1 || rc=1
       grep -E "^# mode" "$OUT/$v-bench-single.log"
     fi

@@ -221,7 +221,7 @@ fn main() -> anyhow::Result<()> {
         caps.version, caps.library_path
     );
     println!(
-        "# {:>8} {:>6} | {:>12} {:>12} {:>9} | {:>12} {:>12} {:>9}",
+        "# {:>8} {:>10} | {:>12} {:>12} {:>9} | {:>12} {:>12} {:>9}",
         "kernel",
         "path",
         "kernel_ms",
@@ -272,6 +272,12 @@ fn rank(
     let elems = bytes / 4;
     let send = c.register_window(c.alloc::<f32>(elems)?)?;
     let mut recv = c.register_window(c.alloc::<f32>(elems)?)?;
+    // How the copy-engine path orders the ranks (UNICOMM_CE_SYNC): "ce/signals" or
+    // "ce/barrier" in the table.
+    let ce_label = format!(
+        "ce/{}",
+        c.backend().copy_engine_sync().map_or("?", |s| s.name())
+    );
     let a2a_busbw = |t_ms: f64| (bytes as f64 / (t_ms / 1e3)) / 1e9 * (w - 1) as f64 / w as f64;
     // The comm loop: `iters` back-to-back all_to_alls, timed by markers on its stream.
     let comm_loop = |recv: &mut unicomm_core::Window<'_, f32, NcclComm>| -> anyhow::Result<(unicomm_core::Marker, unicomm_core::Marker)> {
@@ -299,7 +305,7 @@ fn rank(
         let alone = gpu.time(kernel, kiters, reps)?;
         gpu.stream.synchronize()?;
         let k_alone = ms(alone)? / reps as f64;
-        for (path, ce) in [("nccl", false), ("ce", true)] {
+        for (path, ce) in [("nccl", false), (ce_label.as_str(), true)] {
             c.set_copy_engine(ce)?;
             // Warm-up: the path's lazy set-up (the copy engines' side stream) is not timed.
             barrier.wait();
@@ -319,7 +325,7 @@ fn rank(
             let k_conc = ms(k)? / reps as f64;
             let c_conc = a.elapsed_ms(&b)? / iters as f64;
             out.push(format!(
-                "{:>8} {:>6} | {:>12.4} {:>12.4} {:>8.3}x | {:>12.1} {:>12.1} {:>8.3}x",
+                "{:>8} {:>10} | {:>12.4} {:>12.4} {:>8.3}x | {:>12.1} {:>12.1} {:>8.3}x",
                 format!("{kernel:?}").to_lowercase(),
                 path,
                 k_conc,

@@ -13,6 +13,9 @@ use unicomm_core::{Comm, Error, ReduceOp, Result, Version};
 
 use crate::{Api, ApiComm, Runtime, UniqueId};
 
+mod signals;
+pub use signals::signals_order_two_streams;
+
 /// What a vendor crate hands the harness: its entry points.
 pub struct Vendor<R: Runtime> {
     /// "nccl" or "rccl" (`Capabilities::backend`).
@@ -452,6 +455,18 @@ pub fn copy_engine_init_rank<R: Runtime>(g: &Gpu<R>) -> Result<()> {
                         }
                     }
                     let took = c.backend().copy_engine_calls();
+                    // The ranks' mechanism: signals wherever the runtime has them (the
+                    // default), nothing to wait for in a world of one.
+                    let want = if w == 1 {
+                        crate::CopyEngineSync::Alone
+                    } else if std::env::var("UNICOMM_CE_SYNC").is_ok_and(|v| v == "barrier")
+                        || !(g.vendor.runtime)()?.stream_memory_ops(r)
+                    {
+                        crate::CopyEngineSync::Barrier
+                    } else {
+                        crate::CopyEngineSync::Signals
+                    };
+                    assert_eq!(c.backend().copy_engine_sync(), Some(want), "rank {r}");
                     c.deregister_window(recv)?;
                     drop(send);
                     c.finalize()?;
@@ -540,6 +555,10 @@ macro_rules! gpu_test_suite {
             #[test]
             fn copy_engine_path_with_init_rank_moves_exact_data() -> ::unicomm_core::Result<()> {
                 t::copy_engine_init_rank(&super::$gpu)
+            }
+            #[test]
+            fn copy_engine_signals_order_two_streams() -> ::unicomm_core::Result<()> {
+                t::signals_order_two_streams(&super::$gpu)
             }
             #[cfg(target_os = "linux")]
             #[test]
