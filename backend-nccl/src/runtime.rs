@@ -119,6 +119,22 @@ fn no_mem_ops() -> Error {
     )
 }
 
+impl CudaRuntime {
+    /// A stream memory operation on `dev` (`op` makes the call), or `Unsupported` where the
+    /// driver lacks them.
+    fn mem_op(
+        &self,
+        dev: usize,
+        call: &'static str,
+        op: impl FnOnce() -> sys::CUresult,
+    ) -> Result<()> {
+        if !self.mem_ops {
+            return Err(no_mem_ops());
+        }
+        self.with_device(dev, || op().result().map_err(|e| cuda_err(call, e)))
+    }
+}
+
 /// A CUDA stream (cudarc's), with the context it belongs to.
 #[derive(Debug, Clone)]
 pub struct CudaStreamHandle(pub Arc<CudaStream>);
@@ -290,22 +306,11 @@ impl Runtime for CudaRuntime {
         value: u32,
         s: &CudaStreamHandle,
     ) -> Result<()> {
-        if !self.mem_ops {
-            return Err(no_mem_ops());
-        }
-        self.with_device(dev, || {
-            // SAFETY: the trait contract: `addr` is an aligned device word reachable from
-            // `dev`, allocated until the wait completes; `s` is a live stream of `dev`.
-            unsafe {
-                sys::cuStreamWaitValue32_v2(
-                    s.0.cu_stream(),
-                    addr as sys::CUdeviceptr,
-                    value,
-                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as std::ffi::c_uint,
-                )
-            }
-            .result()
-            .map_err(|e| cuda_err("cuStreamWaitValue32", e))
+        let eq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as std::ffi::c_uint;
+        // SAFETY: the trait contract: `addr` is an aligned device word reachable from
+        // `dev`, allocated until the wait completes; `s` is a live stream of `dev`.
+        self.mem_op(dev, "cuStreamWaitValue32", || unsafe {
+            sys::cuStreamWaitValue32_v2(s.0.cu_stream(), addr as sys::CUdeviceptr, value, eq)
         })
     }
 
@@ -316,24 +321,12 @@ impl Runtime for CudaRuntime {
         value: u32,
         s: &CudaStreamHandle,
     ) -> Result<()> {
-        if !self.mem_ops {
-            return Err(no_mem_ops());
-        }
-        self.with_device(dev, || {
-            // SAFETY: as for the wait: an aligned device word reachable from `dev`.
-            // Default flags: a memory barrier before the write (the work before it on the
-            // stream is visible first).
-            unsafe {
-                sys::cuStreamWriteValue32_v2(
-                    s.0.cu_stream(),
-                    addr as sys::CUdeviceptr,
-                    value,
-                    sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT
-                        as std::ffi::c_uint,
-                )
-            }
-            .result()
-            .map_err(|e| cuda_err("cuStreamWriteValue32", e))
+        // Default flags: a memory barrier before the write (the work before it on the
+        // stream is visible first).
+        let dflt = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as std::ffi::c_uint;
+        // SAFETY: as for the wait: an aligned device word reachable from `dev`.
+        self.mem_op(dev, "cuStreamWriteValue32", || unsafe {
+            sys::cuStreamWriteValue32_v2(s.0.cu_stream(), addr as sys::CUdeviceptr, value, dflt)
         })
     }
 

@@ -278,15 +278,22 @@ impl HipRuntime {
         })
     }
 
-    /// The stream memory operations, or `Unsupported` when this runtime lacks them.
-    fn mem_ops(&self) -> Result<HipMemOps> {
-        self.fns.mem_ops.ok_or_else(|| {
+    /// A stream memory operation on `dev` (`op` makes the call), or `Unsupported` when
+    /// this runtime lacks them.
+    fn mem_op(
+        &self,
+        dev: usize,
+        call: &'static str,
+        op: impl FnOnce(HipMemOps) -> HipError,
+    ) -> Result<()> {
+        let ops = self.fns.mem_ops.ok_or_else(|| {
             Error::unsupported(
                 "stream memory operations",
                 "hipStreamWaitValue32 and hipStreamWriteValue32",
                 format!("the HIP runtime at {}", self.path),
             )
-        })
+        })?;
+        self.with_device(dev, || self.check(call, op(ops)))
     }
 
     fn err_name(&self, e: HipError) -> String {
@@ -564,19 +571,11 @@ impl Runtime for HipRuntime {
         value: u32,
         s: &HipStreamHandle,
     ) -> Result<()> {
-        let ops = self.mem_ops()?;
-        self.with_device(dev, || {
-            // SAFETY: the trait contract: an aligned device word reachable from `dev`,
-            // allocated until the wait completes; all 32 bits compared.
-            self.check("hipStreamWaitValue32", unsafe {
-                (ops.wait_value32)(
-                    s.0,
-                    addr as *mut c_void,
-                    value,
-                    HIP_STREAM_WAIT_VALUE_EQ,
-                    u32::MAX,
-                )
-            })
+        let ptr = addr as *mut c_void;
+        // SAFETY: the trait contract: an aligned device word reachable from `dev`,
+        // allocated until the wait completes; all 32 bits compared.
+        self.mem_op(dev, "hipStreamWaitValue32", |ops| unsafe {
+            (ops.wait_value32)(s.0, ptr, value, HIP_STREAM_WAIT_VALUE_EQ, u32::MAX)
         })
     }
 
@@ -587,17 +586,10 @@ impl Runtime for HipRuntime {
         value: u32,
         s: &HipStreamHandle,
     ) -> Result<()> {
-        let ops = self.mem_ops()?;
-        self.with_device(dev, || {
-            // SAFETY: as for the wait: an aligned device word reachable from `dev`.
-            self.check("hipStreamWriteValue32", unsafe {
-                (ops.write_value32)(
-                    s.0,
-                    addr as *mut c_void,
-                    value,
-                    HIP_STREAM_WRITE_VALUE_DEFAULT,
-                )
-            })
+        let ptr = addr as *mut c_void;
+        // SAFETY: as for the wait: an aligned device word reachable from `dev`.
+        self.mem_op(dev, "hipStreamWriteValue32", |ops| unsafe {
+            (ops.write_value32)(s.0, ptr, value, HIP_STREAM_WRITE_VALUE_DEFAULT)
         })
     }
 

@@ -111,11 +111,7 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         s: &Self::Stream,
     ) -> Result<()> {
         let _ = (dev, addr, value, s);
-        Err(unicomm_core::Error::unsupported(
-            "stream memory operations",
-            "a runtime with cuStreamWaitValue32 / hipStreamWaitValue32",
-            Self::NAME,
-        ))
+        Err(no_mem_ops(Self::NAME))
     }
     /// Enqueues on `s` a write of `value` into the 32-bit word at `addr`, after the work
     /// before it on `s` (`cuStreamWriteValue32`, default flags: with a memory barrier).
@@ -130,11 +126,7 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         s: &Self::Stream,
     ) -> Result<()> {
         let _ = (dev, addr, value, s);
-        Err(unicomm_core::Error::unsupported(
-            "stream memory operations",
-            "a runtime with cuStreamWriteValue32 / hipStreamWriteValue32",
-            Self::NAME,
-        ))
+        Err(no_mem_ops(Self::NAME))
     }
     /// Whether `s` is being captured into a graph (`cuStreamIsCapturing`): events recorded
     /// during a capture are graph nodes, not something the host can wait for later.
@@ -182,6 +174,14 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         let _ = (dev, addr, size);
         Ok(())
     }
+}
+
+fn no_mem_ops(runtime: &'static str) -> unicomm_core::Error {
+    unicomm_core::Error::unsupported(
+        "stream memory operations",
+        "a runtime with cuStreamWaitValue32 / hipStreamWaitValue32 and the writes",
+        runtime,
+    )
 }
 
 /// Device memory exported by [`Runtime::export_memory`].
