@@ -64,6 +64,34 @@ fn collectives_captured_into_a_cuda_graph_replay_correctly() {
     }
 }
 
+/// The copy-engine path's signals captured into a CUDA graph (two streams as two ranks on
+/// one GPU, forked and joined inside the capture) and the graph replayed three times: the
+/// graph re-arms its own flags, so every replay moves every chunk again.
+#[test]
+fn copy_engine_signals_replay_in_a_cuda_graph() -> Result<()> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let err = |what: &'static str| {
+        move |e: cudarc::driver::DriverError| unicomm_core::Error::invalid(what, format!("{e:?}"))
+    };
+    let capture = |origin: &unicomm_nccl::CudaStreamHandle,
+                   body: &mut dyn FnMut() -> Result<()>|
+     -> Result<Box<dyn FnMut() -> Result<()>>> {
+        let cu = origin.0.clone();
+        cu.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(err("begin capture"))?;
+        let enqueued = body();
+        let graph = cu
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .map_err(err("end capture"))?;
+        enqueued?;
+        let graph = graph.ok_or_else(|| unicomm_core::Error::invalid("capture", "empty graph"))?;
+        Ok(Box::new(move || {
+            graph.launch().map_err(err("graph launch"))
+        }))
+    };
+    unicomm_nccl_api::gpu_tests::signals_replay_in_a_graph(&NCCL, &capture)
+}
+
 /// Item 6: a cudarc stream and cudarc slices used directly, without copies.
 #[test]
 fn cudarc_streams_and_slices_work_directly() {

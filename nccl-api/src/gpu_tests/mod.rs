@@ -14,7 +14,7 @@ use unicomm_core::{Comm, Error, ReduceOp, Result, Version};
 use crate::{Api, ApiComm, Runtime, UniqueId};
 
 mod signals;
-pub use signals::signals_order_two_streams;
+pub use signals::{signals_order_two_streams, signals_replay_in_a_graph, Capture};
 
 /// What a vendor crate hands the harness: its entry points.
 pub struct Vendor<R: Runtime> {

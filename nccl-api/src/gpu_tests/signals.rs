@@ -48,6 +48,172 @@ fn idle<R: Runtime>(rt: &R, s: &R::Stream, within: Duration) -> Result<()> {
     Ok(())
 }
 
+const W: usize = 2;
+const ITERS: usize = 2;
+/// u32 per chunk: 4 MiB.
+const N: usize = 1 << 20;
+const CHUNK: usize = 4 * N;
+
+/// What iteration `it` of rank `r` sends to rank `p` at element `i`.
+fn value(it: usize, r: usize, p: usize, i: usize) -> u32 {
+    (it * 100 + r * 10 + p) as u32 * 1_000_000 + i as u32
+}
+
+/// Two "ranks" on device 0: their signal blocks, buffers and streams.
+struct World<'a, R: Runtime> {
+    rt: &'a R,
+    mem: Mem<'a, R>,
+    setup: R::Stream,
+    bases: Vec<usize>,
+    /// send[it][r] (chunk p = `value(it, r, p, ..)`), recv[r], snap[it][r].
+    send: Vec<Vec<usize>>,
+    recv: [usize; W],
+    snap: Vec<Vec<usize>>,
+    streams: [R::Stream; W],
+    sig: Vec<Signals<R>>,
+}
+
+impl<'a, R: Runtime> World<'a, R> {
+    fn new(rt: &'a R) -> Result<Self> {
+        if !rt.stream_memory_ops(0) {
+            return Err(Error::unsupported(
+                "the copy-engine signals",
+                "stream memory operations",
+                format!("{} on device 0", R::NAME),
+            ));
+        }
+        let mut mem = Mem {
+            rt,
+            ptrs: Vec::new(),
+        };
+        let setup = rt.create_stream(0)?;
+        let bytes = block_bytes(W);
+        let mut init = vec![0u8; bytes];
+        init[bytes - 4..].copy_from_slice(&1u32.to_ne_bytes());
+        let mut bases = Vec::new();
+        for _ in 0..W {
+            let b = mem.alloc(bytes)?;
+            // SAFETY: `b` holds `bytes` device bytes.
+            unsafe { rt.htod(0, b, &init, &setup)? };
+            bases.push(b);
+        }
+        let mut send = vec![vec![0usize; W]; ITERS];
+        let mut snap = vec![vec![0usize; W]; ITERS];
+        for it in 0..ITERS {
+            for r in 0..W {
+                let s = mem.alloc(W * CHUNK)?;
+                let host: Vec<u8> = (0..W * N)
+                    .flat_map(|j| value(it, r, j / N, j % N).to_ne_bytes())
+                    .collect();
+                // SAFETY: `s` holds `W * CHUNK` bytes.
+                unsafe { rt.htod(0, s, &host, &setup)? };
+                send[it][r] = s;
+                snap[it][r] = mem.alloc(W * CHUNK)?;
+            }
+        }
+        let recv = [mem.alloc(W * CHUNK)?, mem.alloc(W * CHUNK)?];
+        let streams = [rt.create_stream(0)?, rt.create_stream(0)?];
+        let sig = (0..W)
+            .map(|_| Signals {
+                block: None,
+                bases: bases.clone(),
+                mapped: Vec::new(),
+            })
+            .collect();
+        Ok(World {
+            rt,
+            mem,
+            setup,
+            bases,
+            send,
+            recv,
+            snap,
+            streams,
+            sig,
+        })
+    }
+
+    /// Every iteration of both ranks, as the copy-engine path enqueues an all-to-all: the
+    /// ready phase, the copies, the done phase; then the rank's snapshot of its output.
+    fn enqueue(&self) -> Result<()> {
+        let rt = self.rt;
+        for it in 0..ITERS {
+            for r in 0..W {
+                let s = &self.streams[r];
+                self.sig[r].phase(rt, 0, r, Phase::Ready, s)?;
+                for k in 0..W {
+                    let p = (r + k) % W;
+                    let (dst, src) = (self.recv[p] + r * CHUNK, self.send[it][r] + p * CHUNK);
+                    // SAFETY: chunk p of rank r's send buffer into chunk r of rank p's
+                    // output, both live device memory of device 0 until the end.
+                    unsafe { rt.copy_async(0, dst, src, CHUNK, s)? };
+                }
+                self.sig[r].phase(rt, 0, r, Phase::Done, s)?;
+                // SAFETY: rank r's output into its snapshot of this iteration.
+                unsafe { rt.copy_async(0, self.snap[it][r], self.recv[r], W * CHUNK, s)? };
+            }
+        }
+        Ok(())
+    }
+
+    /// Zeroes the outputs and snapshots (so a replay that did nothing fails the check).
+    fn clear(&self) -> Result<()> {
+        let zero = vec![0u8; W * CHUNK];
+        for &p in self.recv.iter().chain(self.snap.iter().flatten()) {
+            // SAFETY: each holds `W * CHUNK` bytes.
+            unsafe { self.rt.htod(0, p, &zero, &self.setup)? };
+        }
+        Ok(())
+    }
+
+    /// Every snapshot holds both ranks' chunks of its iteration; every flag is re-armed
+    /// and each block's constant intact.
+    fn check(&self, what: &str) -> Result<()> {
+        let rt = self.rt;
+        for (it, snaps) in self.snap.iter().enumerate() {
+            for (r, &shot) in snaps.iter().enumerate() {
+                let mut host = vec![0u8; W * CHUNK];
+                // SAFETY: the snapshot holds `W * CHUNK` bytes.
+                unsafe { rt.dtoh(0, &mut host, shot, &self.setup)? };
+                for (j, w) in host.chunks_exact(4).enumerate() {
+                    let got = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
+                    let (p, i) = (j / N, j % N);
+                    // Chunk p of rank r's output came from rank p's send chunk r.
+                    assert_eq!(
+                        got,
+                        value(it, p, r, i),
+                        "{what}: iteration {it}, rank {r}, chunk {p}, element {i}"
+                    );
+                }
+            }
+        }
+        let bytes = block_bytes(W);
+        for (r, &b) in self.bases.iter().enumerate() {
+            let mut host = vec![0u8; bytes];
+            // SAFETY: the block holds `bytes` bytes.
+            unsafe { rt.dtoh(0, &mut host, b, &self.setup)? };
+            let words: Vec<u32> = host
+                .chunks_exact(4)
+                .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+            let mut want = vec![0u32; 2 * W];
+            want.push(1);
+            assert_eq!(
+                words, want,
+                "{what}: rank {r}'s flags re-armed, its constant intact"
+            );
+        }
+        Ok(())
+    }
+
+    fn idle(&self) -> Result<()> {
+        for s in &self.streams {
+            idle(self.rt, s, Duration::from_secs(10))?;
+        }
+        Ok(())
+    }
+}
+
 /// Two "ranks" on device 0, each with its own stream, run an all-to-all twice exactly as the
 /// copy-engine path does (ready phase, peer copy, done phase), rank 1 held back by a gate
 /// word at first: rank 0's stream must not pass its ready phase until rank 1 signals (the
@@ -56,128 +222,60 @@ fn idle<R: Runtime>(rt: &R, s: &R::Stream, within: Duration) -> Result<()> {
 /// flag is re-armed to 0 afterwards.
 pub fn signals_order_two_streams<R: Runtime>(g: &Gpu<R>) -> Result<()> {
     let rt = (g.vendor.runtime)()?;
-    let rt = &*rt;
-    if !rt.stream_memory_ops(0) {
-        return Err(Error::unsupported(
-            "the copy-engine signals",
-            "stream memory operations",
-            format!("{} on device 0", R::NAME),
-        ));
-    }
-    const W: usize = 2;
-    const ITERS: usize = 2;
-    let n = 1 << 20; // u32 per chunk: 4 MiB
-    let chunk = 4 * n;
-    let mut mem = Mem {
-        rt,
-        ptrs: Vec::new(),
-    };
-    let setup = rt.create_stream(0)?;
-    let bytes = block_bytes(W);
-    let mut init = vec![0u8; bytes];
-    init[bytes - 4..].copy_from_slice(&1u32.to_ne_bytes());
-    let mut bases = Vec::new();
-    for _ in 0..W {
-        let b = mem.alloc(bytes)?;
-        // SAFETY: `b` holds `bytes` device bytes.
-        unsafe { rt.htod(0, b, &init, &setup)? };
-        bases.push(b);
-    }
-    let gate = mem.alloc(4)?;
+    let mut w = World::new(&*rt)?;
+    let gate = w.mem.alloc(4)?;
     // SAFETY: `gate` holds 4 bytes.
-    unsafe { rt.htod(0, gate, &0u32.to_ne_bytes(), &setup)? };
-    // send[it][r] (W chunks, chunk p = (it, r, p) everywhere), recv[r], snap[it][r].
-    let mut send = vec![vec![0usize; W]; ITERS];
-    let mut recv = [0usize; W];
-    let mut snap = vec![vec![0usize; W]; ITERS];
-    let value = |it: usize, r: usize, p: usize, i: usize| {
-        (it * 100 + r * 10 + p) as u32 * 1_000_000 + i as u32
-    };
-    for it in 0..ITERS {
-        for r in 0..W {
-            let s = mem.alloc(W * chunk)?;
-            let host: Vec<u8> = (0..W * n)
-                .flat_map(|j| value(it, r, j / n, j % n).to_ne_bytes())
-                .collect();
-            // SAFETY: `s` holds `W * chunk` bytes.
-            unsafe { rt.htod(0, s, &host, &setup)? };
-            send[it][r] = s;
-            snap[it][r] = mem.alloc(W * chunk)?;
-        }
-    }
-    for r in recv.iter_mut() {
-        *r = mem.alloc(W * chunk)?;
-    }
-    let streams = [rt.create_stream(0)?, rt.create_stream(0)?];
-    let sig: Vec<Signals<R>> = (0..W)
-        .map(|_| Signals {
-            block: None,
-            bases: bases.clone(),
-            mapped: Vec::new(),
-        })
-        .collect();
+    unsafe { rt.htod(0, gate, &0u32.to_ne_bytes(), &w.setup)? };
     // SAFETY: the gate word, alive until the end.
-    unsafe { rt.wait_value32(0, gate, 1, &streams[1])? };
-    for it in 0..ITERS {
-        for r in 0..W {
-            let s = &streams[r];
-            sig[r].phase(rt, 0, r, Phase::Ready, s)?;
-            for k in 0..W {
-                let p = (r + k) % W;
-                // SAFETY: chunk p of rank r's send buffer into chunk r of rank p's output,
-                // both live device memory of device 0 until the end.
-                unsafe {
-                    rt.copy_async(0, recv[p] + r * chunk, send[it][r] + p * chunk, chunk, s)?
-                };
-            }
-            sig[r].phase(rt, 0, r, Phase::Done, s)?;
-            // SAFETY: rank r's output into its snapshot of this iteration.
-            unsafe { rt.copy_async(0, snap[it][r], recv[r], W * chunk, s)? };
-        }
-    }
+    unsafe { rt.wait_value32(0, gate, 1, &w.streams[1])? };
+    w.enqueue()?;
     std::thread::sleep(Duration::from_millis(300));
-    let held = (rt.query(&streams[0])?, rt.query(&streams[1])?);
+    let held = (rt.query(&w.streams[0])?, rt.query(&w.streams[1])?);
     // SAFETY: the gate word.
-    unsafe { rt.htod(0, gate, &1u32.to_ne_bytes(), &setup)? };
-    for s in &streams {
-        idle(rt, s, Duration::from_secs(10))?;
-    }
+    unsafe { rt.htod(0, gate, &1u32.to_ne_bytes(), &w.setup)? };
+    w.idle()?;
     assert_eq!(
         held,
         (false, false),
         "before the gate opened: rank 0 waits for rank 1's ready signal, rank 1 for the gate"
     );
-    for (it, snaps) in snap.iter().enumerate() {
-        for (r, &shot) in snaps.iter().enumerate() {
-            let mut host = vec![0u8; W * chunk];
-            // SAFETY: the snapshot holds `W * chunk` bytes.
-            unsafe { rt.dtoh(0, &mut host, shot, &setup)? };
-            for (j, w) in host.chunks_exact(4).enumerate() {
-                let got = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
-                let (p, i) = (j / n, j % n);
-                // Chunk p of rank r's output came from rank p's send chunk r.
-                assert_eq!(
-                    got,
-                    value(it, p, r, i),
-                    "iteration {it}, rank {r}, chunk {p}, element {i}"
-                );
-            }
+    w.check("direct")
+}
+
+/// What a vendor's graph capture gives the harness: `capture(origin, body)` captures what
+/// `body` enqueues (on `origin` and on streams forked from it) into a graph and returns a
+/// function that launches it on `origin`.
+pub type Capture<'a, R> = &'a dyn Fn(
+    &<R as Runtime>::Stream,
+    &mut dyn FnMut() -> Result<()>,
+) -> Result<Box<dyn FnMut() -> Result<()> + 'a>>;
+
+/// The same two ranks' iterations captured into one graph (both streams forked from an
+/// origin stream and joined back by events) and the graph launched three times, the outputs
+/// cleared between launches: each replay must move every chunk again, which works only if
+/// the graph re-arms its own flags (one value, 1, for every operation: nothing of the
+/// host's is baked into the graph).
+pub fn signals_replay_in_a_graph<R: Runtime>(g: &Gpu<R>, capture: Capture<'_, R>) -> Result<()> {
+    let rt = (g.vendor.runtime)()?;
+    let w = World::new(&*rt)?;
+    let origin = rt.create_stream(0)?;
+    let mut launch = capture(&origin, &mut || {
+        let fork = rt.record(&origin)?;
+        for s in &w.streams {
+            rt.wait_event(0, s, &fork)?;
         }
-    }
-    for (r, &b) in bases.iter().enumerate() {
-        let mut host = vec![0u8; bytes];
-        // SAFETY: the block holds `bytes` bytes.
-        unsafe { rt.dtoh(0, &mut host, b, &setup)? };
-        let words: Vec<u32> = host
-            .chunks_exact(4)
-            .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
-            .collect();
-        let mut want = vec![0u32; 2 * W];
-        want.push(1);
-        assert_eq!(
-            words, want,
-            "rank {r}'s flags re-armed, its constant intact"
-        );
+        w.enqueue()?;
+        for s in &w.streams {
+            let join = rt.record(s)?;
+            rt.wait_event(0, &origin, &join)?;
+        }
+        Ok(())
+    })?;
+    for replay in 0..3 {
+        w.clear()?;
+        launch()?;
+        idle(&*rt, &origin, Duration::from_secs(10))?;
+        w.check(&format!("graph replay {replay}"))?;
     }
     Ok(())
 }
