@@ -151,6 +151,10 @@ impl Runtime for CudaRuntime {
             .map_err(|e| cuda_err("cuEventRecord", e))
     }
 
+    fn record_again(&self, e: &mut cudarc::driver::CudaEvent, s: &CudaStreamHandle) -> Result<()> {
+        e.record(&s.0).map_err(|e| cuda_err("cuEventRecord", e))
+    }
+
     fn elapsed_ms(
         &self,
         a: &cudarc::driver::CudaEvent,

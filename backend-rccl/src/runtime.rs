@@ -411,6 +411,20 @@ impl Runtime for HipRuntime {
         })
     }
 
+    fn record_again(&self, e: &mut HipEventHandle, s: &HipStreamHandle) -> Result<()> {
+        if e.1 != s.1 {
+            // An event of another device: a new one for this stream's.
+            *e = self.record(s)?;
+            return Ok(());
+        }
+        self.with_device(s.1, || {
+            // SAFETY: a live event and a live stream of the same device.
+            self.check("hipEventRecord", unsafe {
+                (self.fns.event_record)(e.0, s.0)
+            })
+        })
+    }
+
     fn elapsed_ms(&self, a: &HipEventHandle, b: &HipEventHandle) -> Result<f64> {
         self.with_device(a.1, || {
             let mut ms = 0f32;

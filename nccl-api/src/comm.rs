@@ -670,13 +670,7 @@ impl<R: Runtime> Drop for ApiComm<R> {
         }
         let n = maps.len() + usize::from(own.is_some());
         let freed = (maps.is_empty() && own.is_none())
-            || self.release_after_copies(n, || {
-                for (va, size) in maps {
-                    // SAFETY: mappings of `import_memory`, taken out of their tables (so
-                    // unmapped once); every copy that used them completed (waited for).
-                    let _ = unsafe { self.rt.unmap_imported(self.dev, va, size) };
-                }
-            });
+            || self.release_after_copies(n, || self.unmap_now(maps));
         if !freed {
             // Peers' writes into it may still be pending: leaked, never freed under them.
             std::mem::forget(own);

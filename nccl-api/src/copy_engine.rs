@@ -214,17 +214,14 @@ impl<R: Runtime> ApiComm<R> {
     pub(crate) fn run_copy_engine(&self, plan: Plan, stream: &R::Stream) -> Result<()> {
         let st = R::raw_stream(stream);
         let sync = self.ce.sync.get();
-        let signals = match sync {
-            Some(Sync::Signals(s)) => Some(s),
-            _ => None,
-        };
+        let signals = matches!(sync, Some(Sync::Signals(_)));
         // Peers' memory is mapped only for ranks joined by unique id (one per process).
         let mapped = self.ce.reachable() && self.ce.world.is_none();
         // Events for what outlives the call (mapped peers' memory, signal blocks) and for
         // the order between streams; none while a graph is captured (they would be nodes
         // of the graph, not something to wait for later).
-        let track = (mapped || signals.is_some()) && !self.rt.capturing(stream)?;
-        if track && signals.is_some() {
+        let track = (mapped || signals) && !self.rt.capturing(stream)?;
+        if track && signals {
             // Signals pair the ranks' operations in issue order: one on another stream
             // must not overtake the previous one (NCCL orders one communicator's work so).
             let p = self.ce.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -258,10 +255,10 @@ impl<R: Runtime> ApiComm<R> {
             }
             _ => None,
         };
-        let phase = |ph: Phase| match (signals, sync) {
-            (Some(sig), _) => sig.phase(&*self.rt, self.dev, self.rank, ph, stream),
-            (None, Some(Sync::Alone)) => Ok(()),
-            _ => self.barrier_on(st),
+        let phase = |ph: Phase| match sync {
+            Some(Sync::Signals(sig)) => sig.phase(&*self.rt, self.dev, self.rank, ph, stream),
+            Some(Sync::Alone) => Ok(()),
+            Some(Sync::Barrier) | None => self.barrier_on(st),
         };
         phase(Phase::Ready)?;
         for (dst, src, bytes, _) in peers {
@@ -276,12 +273,23 @@ impl<R: Runtime> ApiComm<R> {
         }
         phase(Phase::Done)?;
         if track {
-            // What unmapping and freeing wait for (one event per stream, the latest last).
-            let ev = self.rt.with_device(self.dev, || self.rt.record(stream))?;
+            // What unmapping and freeing wait for (one event per stream, the latest last):
+            // the stream's event recorded again (no event created per operation).
             let mut p = self.ce.pending.lock().unwrap_or_else(|e| e.into_inner());
             let key = st as usize;
-            p.retain(|(s, _)| *s != key);
-            p.push((key, ev));
+            match p.iter().position(|(s, _)| *s == key) {
+                Some(i) => {
+                    let mut e = p.remove(i);
+                    let again = self.rt.record_again(&mut e.1, stream);
+                    // On failure the event keeps its last recording: still waited for.
+                    p.push(e);
+                    again?;
+                }
+                None => p.push((
+                    key,
+                    self.rt.with_device(self.dev, || self.rt.record(stream))?,
+                )),
+            }
         }
         Ok(())
     }
@@ -304,16 +312,22 @@ impl<R: Runtime> ApiComm<R> {
             .windows
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let peers = world.exchange(seq, self.rank, (self.dev, addr, bytes))?;
-        for &(dev, _, _) in peers.iter() {
-            if dev != self.dev {
-                self.rt.enable_peer_access(self.dev, dev)?;
-            }
-        }
+        self.enable_peers(&peers)?;
         self.ce
             .peers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(handle, peers);
+        Ok(())
+    }
+
+    /// Lets this rank's device reach every other device in `peers` (in-process worlds).
+    pub(crate) fn enable_peers(&self, peers: &[(usize, usize, usize)]) -> Result<()> {
+        for &(dev, _, _) in peers {
+            if dev != self.dev {
+                self.rt.enable_peer_access(self.dev, dev)?;
+            }
+        }
         Ok(())
     }
 
@@ -344,13 +358,17 @@ impl<R: Runtime> ApiComm<R> {
         if maps.is_empty() {
             return true;
         }
-        self.release_after_copies(maps.len(), || {
-            for (va, size) in maps {
-                // SAFETY: a mapping of `import_memory`, taken out of the table (so
-                // unmapped once); every copy that used it completed (waited for before).
-                let _ = unsafe { self.rt.unmap_imported(self.dev, va, size) };
-            }
-        })
+        self.release_after_copies(maps.len(), || self.unmap_now(maps))
+    }
+
+    /// Unmaps peers' memory at once: only inside [`Self::release_after_copies`], once every
+    /// copy that used it completed.
+    pub(crate) fn unmap_now(&self, maps: Vec<(usize, usize)>) {
+        for (va, size) in maps {
+            // SAFETY: mappings of `import_memory`, taken out of their tables by the caller
+            // (so unmapped once); every copy that used them completed (the caller waited).
+            let _ = unsafe { self.rt.unmap_imported(self.dev, va, size) };
+        }
     }
 
     /// Runs `release` once every copy-engine operation so far has completed (within the

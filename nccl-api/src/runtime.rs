@@ -62,6 +62,13 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     type Event: Send + Sync + 'static;
     /// Records a timing event on `s` (`cuEventRecord` / `hipEventRecord`).
     fn record(&self, s: &Self::Stream) -> Result<Self::Event>;
+    /// Records `e` again on `s`, in place (`cuEventRecord` / `hipEventRecord` on the existing
+    /// event): what a per-call marker costs without creating an event per call. Waits
+    /// already enqueued on `e` keep the recording they saw.
+    fn record_again(&self, e: &mut Self::Event, s: &Self::Stream) -> Result<()> {
+        *e = self.record(s)?;
+        Ok(())
+    }
     /// Makes `s` wait, on the device, for the work recorded in `e` (`cuStreamWaitEvent`);
     /// the host does not wait.
     fn wait_event(&self, dev: usize, s: &Self::Stream, e: &Self::Event) -> Result<()>;

@@ -178,12 +178,12 @@ impl<R: Runtime> ApiComm<R> {
         let probe = slot(block.ptr, self.world, Phase::Ready, self.rank);
         // SAFETY: `block` holds `bytes` device bytes of this device; the probe word is one
         // of them (aligned, see `Signals::phase`).
-        self.rt.with_device(self.dev, || unsafe {
+        unsafe {
             self.rt.htod(self.dev, block.ptr, &init, &s)?;
             self.rt.write_value32(self.dev, probe, 1, &s)?;
             self.rt.wait_value32(self.dev, probe, 1, &s)?;
-            self.rt.write_value32(self.dev, probe, 0, &s)
-        })?;
+            self.rt.write_value32(self.dev, probe, 0, &s)?;
+        }
         // The probe completes at once where the calls work; waited for with the deadline.
         let st = ApiStream::from_runtime(self.rt.clone(), s, self.dev)?;
         st.synchronize()?;
@@ -248,12 +248,9 @@ impl<R: Runtime> ApiComm<R> {
         if all.iter().any(|&(_, a, _)| a == 0) {
             return Ok(None);
         }
-        // Peer access was enabled when the first window was shared (the same devices).
-        for &(dev, _, _) in all.iter() {
-            if dev != self.dev {
-                self.rt.enable_peer_access(self.dev, dev)?;
-            }
-        }
+        // The signals are copied into the peers' blocks: this runs before the first window's
+        // exchange, so peer access is enabled here.
+        self.enable_peers(&all)?;
         Ok(Some((all.iter().map(|&(_, a, _)| a).collect(), Vec::new())))
     }
 }

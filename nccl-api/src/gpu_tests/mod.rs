@@ -459,7 +459,7 @@ pub fn copy_engine_init_rank<R: Runtime>(g: &Gpu<R>) -> Result<()> {
                     // default), nothing to wait for in a world of one.
                     let want = if w == 1 {
                         crate::CopyEngineSync::Alone
-                    } else if std::env::var("UNICOMM_CE_SYNC").is_ok_and(|v| v == "barrier")
+                    } else if crate::signals::wanted()? == crate::CopyEngineSync::Barrier
                         || !(g.vendor.runtime)()?.stream_memory_ops(r)
                     {
                         crate::CopyEngineSync::Barrier
