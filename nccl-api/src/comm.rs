@@ -15,9 +15,7 @@ use crate::api::{Api, NcclComm, UniqueId};
 use crate::copy_engine::{CopyEngine, LocalWorld, GROUP_DEPTH};
 use crate::memory::{ApiMemory, Owner};
 use crate::runtime::Runtime;
-use crate::watchdog::{
-    self, Config, Core, SendComm, Watched, ABORTED, GROUP_MEMBERS, IN_PROGRESS, LIVE,
-};
+use crate::watchdog::{self, Config, Core, SendComm, Watched, GROUP_MEMBERS, IN_PROGRESS, LIVE};
 
 /// Handles for zero-byte registrations, which never reach the library (there is nothing
 /// to register); they live in the upper half of the address space no library hands out.
@@ -321,6 +319,8 @@ impl<R: Runtime> ApiComm<R> {
             nonblocking,
             timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
             abort_requested: AtomicBool::new(false),
+            ce_pending: Mutex::new(Vec::new()),
+            ce_flags: std::sync::OnceLock::new(),
         });
         Ok(ApiComm {
             api,
@@ -373,15 +373,7 @@ impl<R: Runtime> ApiComm<R> {
         // aborted by another thread is never used after it was freed.
         let core = &self.core;
         let _g = core.lock.lock().unwrap_or_else(|e| e.into_inner());
-        match core.state.load(Ordering::Acquire) {
-            LIVE => {}
-            ABORTED => {
-                return Err(Error::Aborted {
-                    reason: format!("rank {}'s communicator was aborted", self.rank),
-                })
-            }
-            _ => return Err(Error::invalid("comm", "the communicator was finalized")),
-        }
+        core.live()?;
         let r = self.rt.with_device(self.dev, || f(self.comm));
         if core.nonblocking {
             if GROUP_DEPTH.with(|d| d.get()) > 0 {

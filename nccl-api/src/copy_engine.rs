@@ -221,11 +221,22 @@ impl<R: Runtime> ApiComm<R> {
         // the order between streams; none while a graph is captured (they would be nodes
         // of the graph, not something to wait for later).
         let track = (mapped || signals) && !self.rt.capturing(stream)?;
-        if track && signals {
+        // With signals the whole operation is enqueued holding the pending events' lock,
+        // after a check that the communicator is live: an abort marks it aborted first,
+        // then takes this lock to see what to release (`Core::release_signals`), so it sees
+        // every operation enqueued before it and none starts after. (The barriers take
+        // `Core::lock`, which comes first in the lock order: they run without this held.)
+        let mut held = signals.then(|| {
+            self.core
+                .ce_pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+        });
+        self.core.live()?;
+        if track {
             // Signals pair the ranks' operations in issue order: one on another stream
             // must not overtake the previous one (NCCL orders one communicator's work so).
-            let p = self.ce.pending.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((s, ev)) = p.last() {
+            if let Some((s, ev)) = held.as_ref().and_then(|p| p.last()) {
                 if *s != st as usize {
                     self.rt.wait_event(self.dev, stream, ev)?;
                 }
@@ -275,7 +286,14 @@ impl<R: Runtime> ApiComm<R> {
         if track {
             // What unmapping and freeing wait for (one event per stream, the latest last):
             // the stream's event recorded again (no event created per operation).
-            let mut p = self.ce.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut p = match held.take() {
+                Some(p) => p,
+                None => self
+                    .core
+                    .ce_pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            };
             let key = st as usize;
             match p.iter().position(|(s, _)| *s == key) {
                 Some(i) => {
@@ -375,11 +393,16 @@ impl<R: Runtime> ApiComm<R> {
     /// deadline); otherwise says what is left (`what` things) and leaves them. Whether it ran.
     pub(crate) fn release_after_copies(&self, what: usize, release: impl FnOnce()) -> bool {
         let idle = (|| -> Result<()> {
-            let pending: Vec<R::Event> =
-                std::mem::take(&mut *self.ce.pending.lock().unwrap_or_else(|e| e.into_inner()))
-                    .into_iter()
-                    .map(|(_, e)| e)
-                    .collect();
+            let pending: Vec<R::Event> = std::mem::take(
+                &mut *self
+                    .core
+                    .ce_pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            )
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
             if pending.is_empty() {
                 return Ok(());
             }
@@ -565,9 +588,6 @@ pub(crate) struct CopyEngine<R: Runtime> {
     pub(crate) job: Option<crate::ipc::Job>,
     /// Peers' memory mapped into this process, per window: (address, size).
     pub(crate) mapped: Mutex<HashMap<RawHandle, Vec<(usize, usize)>>>,
-    /// The last copy-engine operation's event per stream that ran one over mapped memory
-    /// (raw stream, event): what unmapping waits for.
-    pub(crate) pending: Mutex<Vec<(usize, R::Event)>>,
     pub(crate) enabled: std::sync::atomic::AtomicBool,
     /// Window registrations so far (the exchange's sequence number).
     pub(crate) windows: std::sync::atomic::AtomicU64,
@@ -608,7 +628,6 @@ impl<R: Runtime> Default for CopyEngine<R> {
             #[cfg(target_os = "linux")]
             job: None,
             mapped: Default::default(),
-            pending: Default::default(),
             enabled: Default::default(),
             windows: Default::default(),
             peers: Default::default(),

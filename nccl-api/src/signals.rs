@@ -28,12 +28,25 @@
 //! the block was allocated, exported where ranks are processes, and a probe wait on it
 //! completed), else every rank uses the NCCL barriers. `UNICOMM_CE_SYNC=barrier` chooses the
 //! barriers on purpose (one rank asking is enough).
+//!
+//! After a failure. A stream wait is not a kernel, so `ncclCommAbort` does not end it; the
+//! abort releases this rank's waits itself (`Core::release_signals`): it writes 1 into all
+//! of this rank's flags from a stream of its own, again and again (each wait it releases
+//! re-arms its word, and the next operation's wait may be on it), until every copy-engine
+//! operation enqueued before the abort has completed, or a deadline passes. The streams then
+//! drain as they do after an abort of NCCL's kernels: the work after the collective runs on
+//! undefined data, and the caller's wait reports `Aborted` or `Timeout`. Operations
+//! enqueued after the abort are refused (`Aborted`), so nothing is left waiting; a graph
+//! captured earlier and launched after the abort is the caller's.
+
+use std::time::{Duration, Instant};
 
 use unicomm_core::{Collective, Error, Result};
 
 use crate::comm::ApiComm;
 use crate::memory::{ApiMemory, ApiStream};
 use crate::runtime::Runtime;
+use crate::watchdog::{Backoff, Core};
 
 /// How the copy-engine path orders the ranks of one communicator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +156,7 @@ impl<R: Runtime> Signals<R> {
             // SAFETY: `src` is this rank's constant word, `dst` this rank's word in peer
             // `p`'s block (peer access or a mapping made at the agreement); both blocks
             // live until this communicator is dropped, which waits for this stream's copies
-            // (`pending`) before freeing or unmapping them.
+            // (`Core::ce_pending`) before freeing or unmapping them.
             unsafe { rt.copy_async(dev, dst, src, 4, s) }?;
         }
         for k in 1..world {
@@ -156,6 +169,112 @@ impl<R: Runtime> Signals<R> {
             unsafe { rt.write_value32(dev, w, 0, s) }?;
         }
         Ok(())
+    }
+}
+
+/// How long an abort spends releasing its rank's signal waits at most (less where the
+/// communicator's deadline is shorter).
+const RELEASE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Releases the signal waits of `rank` (whose block is at `base`): writes 1 into each of its
+/// flags on a stream of its own, round after round (each once the last is done), until `drained` says the streams that
+/// waited are done (`true`) or `within` has passed (`false`). The flags are left at 1.
+///
+/// # Safety
+/// `base` is the block of `rank` in a world of `world` ranks (`block_bytes(world)` bytes of
+/// device memory of `dev`), alive until the writes have completed: the caller keeps it
+/// until every stream that used it is idle, or leaks it.
+pub(crate) unsafe fn release<R: Runtime>(
+    rt: &R,
+    dev: usize,
+    base: usize,
+    world: usize,
+    rank: usize,
+    within: Duration,
+    mut drained: impl FnMut() -> Result<bool>,
+) -> Result<bool> {
+    let s = rt.create_stream(dev)?;
+    let end = Instant::now() + within;
+    let mut backoff = Backoff::new();
+    loop {
+        // A new round only once the last one was written: on a device that does not move,
+        // the stream never fills up (a full stream would block this thread).
+        if rt.query(&s)? {
+            for p in (0..world).filter(|&p| p != rank) {
+                for ph in [Phase::Ready, Phase::Done] {
+                    // SAFETY: a word of the block (the caller's contract), aligned as in
+                    // `Signals::phase`; nothing reads it but as a flag.
+                    unsafe { rt.write_value32(dev, slot(base, world, ph, p), 1, &s) }?;
+                }
+            }
+        }
+        if drained()? {
+            return Ok(true);
+        }
+        if Instant::now() >= end {
+            return Ok(false);
+        }
+        backoff.pause();
+    }
+}
+
+impl<R: Runtime> Core<R> {
+    /// After an abort (or a finalize that failed): releases this rank's signal waits, until
+    /// every copy-engine operation enqueued before it has completed (`release`). Never
+    /// fails: what it cannot release it reports on stderr, and the communicator's drop then
+    /// leaks the block rather than free it under a waiting stream.
+    pub(crate) fn release_signals(&self) {
+        let Some(&(base, world)) = self.ce_flags.get() else {
+            return;
+        };
+        let within = self.timeout().min(RELEASE_DEADLINE);
+        // What has to complete: every stream's last operation, seen under the lock that
+        // enqueuing holds (the state says aborted already, so no operation starts now).
+        // Taken without blocking, between rounds of writes: an enqueue holding it may
+        // itself be held up by a full stream, which the writes drain.
+        let mut check: Option<R::Stream> = None;
+        let mut drained = || -> Result<bool> {
+            if check.is_none() {
+                let pending = match self.ce_pending.try_lock() {
+                    Ok(p) => p,
+                    Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                    Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
+                };
+                let s = self.rt.create_stream(self.dev)?;
+                for (_, e) in pending.iter() {
+                    self.rt.wait_event(self.dev, &s, e)?;
+                }
+                check = Some(s);
+            }
+            match &check {
+                Some(s) => self.rt.query(s),
+                None => Ok(false),
+            }
+        };
+        // SAFETY: this rank's own block (set at the agreement); the communicator frees it
+        // only after this returns and its pending copies completed, else leaks it.
+        let r = unsafe {
+            release(
+                &*self.rt,
+                self.dev,
+                base,
+                world,
+                self.rank,
+                within,
+                &mut drained,
+            )
+        };
+        match r {
+            Ok(true) => {}
+            Ok(false) => eprintln!(
+                "unicomm: rank {}: copy-engine operations still waiting {within:?} after their signals were released (the device is stuck, or a graph launched them)",
+                self.rank
+            ),
+            Err(e) => eprintln!(
+                "unicomm: rank {}: the copy-engine signal waits could not be released: {e}",
+                self.rank
+            ),
+        }
     }
 }
 
@@ -214,11 +333,14 @@ impl<R: Runtime> ApiComm<R> {
             let addr = block.as_ref().map_or(0, |b| b.ptr);
             let bytes = block_bytes(self.world);
             match self.swap_blocks(addr, bytes)? {
-                Some((bases, mapped)) => Sync::Signals(Signals {
-                    block,
-                    bases,
-                    mapped,
-                }),
+                Some((bases, mapped)) => {
+                    let _ = self.core.ce_flags.set((addr, self.world));
+                    Sync::Signals(Signals {
+                        block,
+                        bases,
+                        mapped,
+                    })
+                }
                 None => Sync::Barrier,
             }
         };

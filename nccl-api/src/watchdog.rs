@@ -224,6 +224,13 @@ pub(crate) struct Core<R: Runtime> {
     pub(crate) timeout_ms: AtomicU64,
     /// Set by `abort` before it takes the lock, so a call settling under the lock gives up.
     pub(crate) abort_requested: AtomicBool,
+    /// The copy-engine path's last operation per stream (raw stream, event): what freeing
+    /// its memory and releasing its signal waits wait for. With signals, held while an
+    /// operation is enqueued. Lock order: `lock` before this one, never the other way.
+    pub(crate) ce_pending: Mutex<Vec<(usize, R::Event)>>,
+    /// This rank's signal block (base address, world), once the ranks agreed on signals:
+    /// the flags an abort writes so the streams waiting on them drain (`signals.rs`).
+    pub(crate) ce_flags: std::sync::OnceLock<(usize, usize)>,
 }
 
 // SAFETY: the raw communicators are used only under `lock` (see `ApiComm`'s impls).
@@ -265,6 +272,18 @@ impl<R: Runtime> Core<R> {
 
     pub(crate) fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// `Ok` while the communicator is live; `Aborted` after an abort, `InvalidArgument`
+    /// after finalize. Read under `lock` where the library is called next.
+    pub(crate) fn live(&self) -> Result<()> {
+        match self.state.load(Ordering::Acquire) {
+            LIVE => Ok(()),
+            ABORTED => Err(Error::Aborted {
+                reason: format!("rank {}'s communicator was aborted", self.rank),
+            }),
+            _ => Err(Error::invalid("comm", "the communicator was finalized")),
+        }
     }
 
     /// The second communicator of automatic registrations, once created.
@@ -329,12 +348,23 @@ impl<R: Runtime> Core<R> {
         Ok(())
     }
 
-    /// Frees the communicator(s) (finalize + destroy, or abort), with the lock held.
+    /// Frees the communicator(s) (finalize + destroy, or abort), with the lock held. After
+    /// an abort, or a finalize that failed (a peer gone), the copy-engine path's signal
+    /// waits of this rank are released, as the abort ends the library's kernels.
     pub(crate) fn destroy_locked(&self, finalize: bool) -> Result<()> {
         let next = if finalize { FINALIZED } else { ABORTED };
         if self.state.swap(next, Ordering::AcqRel) != LIVE {
             return Ok(());
         }
+        let r = self.teardown_locked(finalize);
+        if !finalize || r.is_err() {
+            self.release_signals();
+        }
+        r
+    }
+
+    /// The library calls of [`Core::destroy_locked`], once the state says so.
+    fn teardown_locked(&self, finalize: bool) -> Result<()> {
         let (api, comm) = (self.api.clone(), self.comm);
         let shadow = self.shadow.lock().unwrap_or_else(|e| e.into_inner()).take();
         let timeout = self.timeout();

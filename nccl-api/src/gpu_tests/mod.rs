@@ -14,7 +14,9 @@ use unicomm_core::{Comm, Error, ReduceOp, Result, Version};
 use crate::{Api, ApiComm, Runtime, UniqueId};
 
 mod signals;
-pub use signals::{signals_order_two_streams, signals_replay_in_a_graph, Capture};
+pub use signals::{
+    signals_order_two_streams, signals_released_by_the_host, signals_replay_in_a_graph, Capture,
+};
 
 /// What a vendor crate hands the harness: its entry points.
 pub struct Vendor<R: Runtime> {
@@ -559,6 +561,10 @@ macro_rules! gpu_test_suite {
             #[test]
             fn copy_engine_signals_order_two_streams() -> ::unicomm_core::Result<()> {
                 t::signals_order_two_streams(&super::$gpu)
+            }
+            #[test]
+            fn copy_engine_signals_released_by_the_host() -> ::unicomm_core::Result<()> {
+                t::signals_released_by_the_host(&super::$gpu)
             }
             #[cfg(target_os = "linux")]
             #[test]

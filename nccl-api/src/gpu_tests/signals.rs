@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use unicomm_core::{Error, Result};
 
 use super::Gpu;
-use crate::signals::{block_bytes, Phase, Signals};
+use crate::signals::{block_bytes, release, Phase, Signals};
 use crate::Runtime;
 
 /// Device memory of this test, freed at the end (after the streams are idle).
@@ -136,24 +136,29 @@ impl<'a, R: Runtime> World<'a, R> {
     /// Every iteration of both ranks, as the copy-engine path enqueues an all-to-all: the
     /// ready phase, the copies, the done phase; then the rank's snapshot of its output.
     fn enqueue(&self) -> Result<()> {
-        let rt = self.rt;
         for it in 0..ITERS {
             for r in 0..W {
-                let s = &self.streams[r];
-                self.sig[r].phase(rt, 0, r, Phase::Ready, s)?;
-                for k in 0..W {
-                    let p = (r + k) % W;
-                    let (dst, src) = (self.recv[p] + r * CHUNK, self.send[it][r] + p * CHUNK);
-                    // SAFETY: chunk p of rank r's send buffer into chunk r of rank p's
-                    // output, both live device memory of device 0 until the end.
-                    unsafe { rt.copy_async(0, dst, src, CHUNK, s)? };
-                }
-                self.sig[r].phase(rt, 0, r, Phase::Done, s)?;
-                // SAFETY: rank r's output into its snapshot of this iteration.
-                unsafe { rt.copy_async(0, self.snap[it][r], self.recv[r], W * CHUNK, s)? };
+                self.enqueue_one(it, r)?;
             }
         }
         Ok(())
+    }
+
+    /// Iteration `it` of rank `r` alone, on its stream.
+    fn enqueue_one(&self, it: usize, r: usize) -> Result<()> {
+        let rt = self.rt;
+        let s = &self.streams[r];
+        self.sig[r].phase(rt, 0, r, Phase::Ready, s)?;
+        for k in 0..W {
+            let p = (r + k) % W;
+            let (dst, src) = (self.recv[p] + r * CHUNK, self.send[it][r] + p * CHUNK);
+            // SAFETY: chunk p of rank r's send buffer into chunk r of rank p's output, both
+            // live device memory of device 0 until the end.
+            unsafe { rt.copy_async(0, dst, src, CHUNK, s)? };
+        }
+        self.sig[r].phase(rt, 0, r, Phase::Done, s)?;
+        // SAFETY: rank r's output into its snapshot of this iteration.
+        unsafe { rt.copy_async(0, self.snap[it][r], self.recv[r], W * CHUNK, s) }
     }
 
     /// Zeroes the outputs and snapshots (so a replay that did nothing fails the check).
@@ -240,6 +245,39 @@ pub fn signals_order_two_streams<R: Runtime>(g: &Gpu<R>) -> Result<()> {
         "before the gate opened: rank 0 waits for rank 1's ready signal, rank 1 for the gate"
     );
     w.check("direct")
+}
+
+/// Rank 1 never arrives: rank 0's stream holds at its first wait, on the device, for good;
+/// then the host releases rank 0's waits as an abort does (`signals::release`: the flags
+/// written from a stream of its own, round after round, while every wait it releases
+/// re-arms its word and the next one waits again). Rank 0's two iterations (four waits)
+/// must drain within the release's deadline, and the release must say so.
+pub fn signals_released_by_the_host<R: Runtime>(g: &Gpu<R>) -> Result<()> {
+    let rt = (g.vendor.runtime)()?;
+    let w = World::new(&*rt)?;
+    for it in 0..ITERS {
+        w.enqueue_one(it, 0)?;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let held = !rt.query(&w.streams[0])?;
+    let start = Instant::now();
+    // SAFETY: rank 0's block, alive until `w` drops, after its stream is idle (below).
+    let drained = unsafe {
+        release(&*rt, 0, w.bases[0], W, 0, Duration::from_secs(10), || {
+            rt.query(&w.streams[0])
+        })
+    }?;
+    let took = start.elapsed();
+    w.idle()?;
+    eprintln!(
+        "signals_released_by_the_host: rank 0's stream drained {took:?} after the release began"
+    );
+    assert!(held, "rank 0's stream did not wait for the absent rank 1");
+    assert!(
+        drained,
+        "the release gave up before rank 0's stream drained"
+    );
+    Ok(())
 }
 
 /// What a vendor's graph capture gives the harness: `capture(origin, body)` captures what
