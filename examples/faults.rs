@@ -6,6 +6,13 @@
 //!   communicator aborted, and the process must exit cleanly.
 //! - `abort`: rank 1 skips a collective; rank 0 waits with a long deadline and a watchdog
 //!   thread of rank 0 aborts the communicator after 3 s: the wait must end at once.
+//! - `ce-skip`, `ce-abort`: the same, with the second collective an all-to-all on the
+//!   copy-engine path (its output in a window shared across the processes; GPU backends
+//!   only), whose ranks wait for each other with stream-ordered signals that no
+//!   `ncclCommAbort` ends: the abort must release them (docs/reliability.md).
+//!
+//! After the error, every skip scenario also checks that the stream drained (a second wait
+//! returns at once) and that the aborted communicator refuses work.
 //! - `kill`: the last rank kills its own process (SIGKILL) in the middle of a stream of
 //!   collectives; the others must get an error within their deadline.
 //! - `churn` (one process, every local device): register/deregister, window and
@@ -49,7 +56,7 @@ fn args() -> anyhow::Result<Args> {
             "--comms" => a.comms = val()?.parse()?,
             "--budget-s" => a.budget = Duration::from_secs(val()?.parse()?),
             other => bail!(
-                "unknown argument {other} (expected --vendor V, --scenario skip|abort|kill|churn, \
+                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|kill|churn, \
                  --registrations N, --windows N, --comms N, --budget-s S)"
             ),
         }
@@ -65,11 +72,13 @@ fn run() -> anyhow::Result<()> {
     let a = args()?;
     let vendor = common::choose(a.vendor)?;
     match a.scenario.as_str() {
-        "skip" => skip(vendor, false),
-        "abort" => skip(vendor, true),
+        "skip" => skip(vendor, false, false),
+        "abort" => skip(vendor, true, false),
+        "ce-skip" => skip(vendor, false, true),
+        "ce-abort" => skip(vendor, true, true),
         "kill" => kill(vendor),
         "churn" => churn(vendor, &a),
-        s => bail!("--scenario {s:?}: expected skip, abort, kill or churn"),
+        s => bail!("--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, kill or churn"),
     }
 }
 
@@ -78,20 +87,63 @@ fn deadline(comm: &unicomm::Comm) -> Duration {
     comm.timeout().unwrap_or(Duration::from_secs(600))
 }
 
-fn skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
+/// How the copy-engine path orders this communicator's ranks (`signals`, `barrier`), where
+/// the backend has the path.
+fn ce_sync(comm: &unicomm::Comm) -> &'static str {
+    match comm.backend() {
+        #[cfg(feature = "nccl")]
+        unicomm::AnyComm::Nccl(c) => c.copy_engine_sync().map_or("not agreed", |s| s.name()),
+        #[cfg(feature = "rccl")]
+        unicomm::AnyComm::Rccl(c) => c.copy_engine_sync().map_or("not agreed", |s| s.name()),
+        _ => "no copy-engine path",
+    }
+}
+
+fn skip(vendor: Vendor, by_abort: bool, ce: bool) -> anyhow::Result<()> {
+    let name = match (ce, by_abort) {
+        (false, false) => "skip",
+        (false, true) => "abort",
+        (true, false) => "ce-skip",
+        (true, true) => "ce-abort",
+    };
     let comm = unicomm::from_env(vendor).context("joining the job")?;
     let (r, w) = (comm.rank(), comm.world_size());
     ensure!(w >= 2, "needs at least 2 ranks");
     if by_abort && comm.set_timeout(Duration::from_secs(120)).is_err() {
         println!(
-            "faults abort: rank {r}: this backend's deadline is fixed at {:?}",
+            "faults {name}: rank {r}: this backend's deadline is fixed at {:?}",
             deadline(&comm)
         );
     }
     let st = comm.create_stream()?;
     let mut b = comm.alloc::<f32>(1 << 20)?;
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+    // The copy-engine scenarios: 1 MiB per peer, the output a window shared for the path.
+    let n = 1 << 18;
+    let send = comm.alloc::<f32>(w * n)?;
+    let mut recv = if ce {
+        comm.set_copy_engine(true)
+            .context("the copy-engine path (ce-* scenarios need a GPU backend)")?;
+        Some(
+            comm.register_window(comm.alloc::<f32>(w * n)?)
+                .map_err(|e| e.error)?,
+        )
+    } else {
+        None
+    };
+    let mut collective = |b: &mut unicomm::Buffer<f32>| match &mut recv {
+        Some(win) => comm.all_to_all(&send, win, &st),
+        None => comm.all_reduce_in_place(b, ReduceOp::Sum, &st),
+    };
+    collective(&mut b)?;
     st.synchronize()?;
+    if ce {
+        let how = ce_sync(&comm);
+        println!("faults {name}: rank {r}: the copy-engine path orders the ranks with {how}");
+        ensure!(
+            how == "signals" || how == "barrier",
+            "rank {r}: the all-to-all did not take the copy-engine path ({how})"
+        );
+    }
     let limit = deadline(&comm);
     if r != 0 {
         // Skips the second collective; stays alive until rank 0 is done, then goes.
@@ -101,14 +153,11 @@ fn skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
             limit + Duration::from_secs(3)
         });
         let _ = comm.abort();
-        println!(
-            "faults {}: rank {r} skipped the collective; PASSED",
-            if by_abort { "abort" } else { "skip" }
-        );
+        println!("faults {name}: rank {r} skipped the collective; PASSED");
         return Ok(());
     }
     let t = Instant::now();
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+    collective(&mut b)?;
     let res = std::thread::scope(|s| {
         if by_abort {
             s.spawn(|| {
@@ -142,19 +191,28 @@ fn skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
             "rank 0: the wait ended after {waited:?}, the deadline is {limit:?}"
         );
     }
+    // The abort ended what held the stream (NCCL's kernels; the copy-engine path's signal
+    // waits, released by the abort): a second wait finds it drained.
+    let t2 = Instant::now();
+    let drained = st.synchronize();
+    let drain = t2.elapsed();
+    ensure!(
+        drained.is_ok() && drain < Duration::from_secs(5),
+        "rank 0: the stream did not drain after the abort ({drained:?} after {drain:?})"
+    );
     // The communicator is aborted: further work is refused, and the process ends cleanly.
-    let again = comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st);
+    let again = collective(&mut b);
     ensure!(
         again.is_err(),
         "rank 0: an aborted communicator accepted work"
     );
+    drop(recv);
     drop(b);
     drop(comm);
     println!(
-        "faults {}: rank 0: {e} after {:.2} s (deadline {:?}); PASSED",
-        if by_abort { "abort" } else { "skip" },
+        "faults {name}: rank 0: {e} after {:.2} s (deadline {limit:?}); the stream drained {:.1} ms later; PASSED",
         waited.as_secs_f64(),
-        limit
+        drain.as_secs_f64() * 1e3
     );
     Ok(())
 }

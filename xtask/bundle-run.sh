@@ -88,6 +88,9 @@ for v in nccl rccl; do
       # One rank per process through the bundle's launcher (xtask launch = run --procs).
       step $v faults skip;  UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 --timeout-s 120 -- ./faults --vendor $vendor --scenario skip 2>&1 | tee "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
       step $v faults abort; ./xtask launch --procs 2 --timeout-s 120 -- ./faults --vendor $vendor --scenario abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+      # The same on the copy-engine path (signal waits, which the abort must release).
+      step $v faults ce-skip; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-skip 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+      step $v faults ce-abort; ./xtask launch --procs 2 --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
       # Started by hand, not by the launcher (which would stop rank 0 as soon as rank 1
       # dies): the verdict is rank 0's, on its own.
       step $v faults kill
