@@ -15,7 +15,8 @@ use crate::{Api, ApiComm, Runtime, UniqueId};
 
 mod signals;
 pub use signals::{
-    signals_order_two_streams, signals_released_by_the_host, signals_replay_in_a_graph, Capture,
+    signals_latency_on_one_gpu, signals_order_two_streams, signals_released_by_the_host,
+    signals_replay_in_a_graph, Capture,
 };
 
 /// What a vendor crate hands the harness: its entry points.
@@ -565,6 +566,10 @@ macro_rules! gpu_test_suite {
             #[test]
             fn copy_engine_signals_released_by_the_host() -> ::unicomm_core::Result<()> {
                 t::signals_released_by_the_host(&super::$gpu)
+            }
+            #[test]
+            fn copy_engine_signals_latency_on_one_gpu() -> ::unicomm_core::Result<()> {
+                t::signals_latency_on_one_gpu(&super::$gpu)
             }
             #[cfg(target_os = "linux")]
             #[test]

@@ -280,6 +280,114 @@ pub fn signals_released_by_the_host<R: Runtime>(g: &Gpu<R>) -> Result<()> {
     Ok(())
 }
 
+/// What the signals cost per operation, measured where one GPU is all there is: two streams
+/// as two ranks run `LAT_ITERS` operations of 4 bytes per peer (ready phase, the copy, done
+/// phase), timed with device events around the whole run, against the same copies without
+/// the phases. Prints the two and their difference (the signals' cost per operation on this
+/// GPU's front end and copy engines; between two GPUs the signal copies also cross NVLink);
+/// asserts only that every operation completed and the last one's data landed.
+pub fn signals_latency_on_one_gpu<R: Runtime>(g: &Gpu<R>) -> Result<()> {
+    const LAT_ITERS: usize = 500;
+    let rt = (g.vendor.runtime)()?;
+    if !rt.stream_memory_ops(0) {
+        return Err(Error::unsupported(
+            "the copy-engine signals",
+            "stream memory operations",
+            format!("{} on device 0", R::NAME),
+        ));
+    }
+    let mut mem = Mem {
+        rt: &*rt,
+        ptrs: Vec::new(),
+    };
+    let setup = rt.create_stream(0)?;
+    let bytes = block_bytes(W);
+    let mut init = vec![0u8; bytes];
+    init[bytes - 4..].copy_from_slice(&1u32.to_ne_bytes());
+    let mut bases = Vec::new();
+    let (mut send, mut recv) = (Vec::new(), Vec::new());
+    for r in 0..W {
+        let b = mem.alloc(bytes)?;
+        // SAFETY: `b` holds `bytes` device bytes.
+        unsafe { rt.htod(0, b, &init, &setup)? };
+        bases.push(b);
+        let sb = mem.alloc(4 * W)?;
+        let words: Vec<u8> = (0..W)
+            .flat_map(|p| ((r * 10 + p) as u32).to_ne_bytes())
+            .collect();
+        // SAFETY: `sb` holds `4 * W` bytes.
+        unsafe { rt.htod(0, sb, &words, &setup)? };
+        send.push(sb);
+        recv.push(mem.alloc(4 * W)?);
+    }
+    let sig: Vec<Signals<R>> = (0..W)
+        .map(|_| Signals {
+            block: None,
+            bases: bases.clone(),
+            mapped: Vec::new(),
+        })
+        .collect();
+    let streams = [rt.create_stream(0)?, rt.create_stream(0)?];
+    // One run: both ranks' operations enqueued interleaved (a rank's stream never waits on
+    // work its peer has not enqueued yet, however deep the queues).
+    let run = |phases: bool| -> Result<f64> {
+        let start: Vec<R::Event> = streams
+            .iter()
+            .map(|s| rt.record(s))
+            .collect::<Result<_>>()?;
+        for _ in 0..LAT_ITERS {
+            for r in 0..W {
+                let s = &streams[r];
+                if phases {
+                    sig[r].phase(&*rt, 0, r, Phase::Ready, s)?;
+                }
+                for (p, &out) in recv.iter().enumerate() {
+                    // SAFETY: word p of rank r's send buffer into word r of rank p's
+                    // output, both live device memory of device 0 until the end.
+                    unsafe { rt.copy_async(0, out + 4 * r, send[r] + 4 * p, 4, s)? };
+                }
+                if phases {
+                    sig[r].phase(&*rt, 0, r, Phase::Done, s)?;
+                }
+            }
+        }
+        let end: Vec<R::Event> = streams
+            .iter()
+            .map(|s| rt.record(s))
+            .collect::<Result<_>>()?;
+        for s in &streams {
+            idle(&*rt, s, Duration::from_secs(20))?;
+        }
+        let mut worst = 0f64;
+        for r in 0..W {
+            worst = worst.max(rt.elapsed_ms(&start[r], &end[r])?);
+        }
+        Ok(worst * 1e3 / LAT_ITERS as f64)
+    };
+    run(true)?; // warm-up
+    let with = run(true)?;
+    let without = run(false)?;
+    for (r, &out) in recv.iter().enumerate() {
+        let mut host = vec![0u8; 4 * W];
+        // SAFETY: `out` holds `4 * W` bytes.
+        unsafe { rt.dtoh(0, &mut host, out, &setup)? };
+        for p in 0..W {
+            let got = u32::from_ne_bytes([
+                host[4 * p],
+                host[4 * p + 1],
+                host[4 * p + 2],
+                host[4 * p + 3],
+            ]);
+            assert_eq!(got, (p * 10 + r) as u32, "rank {r}'s word from rank {p}");
+        }
+    }
+    eprintln!(
+        "signals_latency_on_one_gpu: {with:.2} us per operation with the signals, {without:.2} us for the same copies alone: the signals cost {:.2} us per operation ({LAT_ITERS} operations, two streams on device 0)",
+        with - without
+    );
+    Ok(())
+}
+
 /// What a vendor's graph capture gives the harness: `capture(origin, body)` captures what
 /// `body` enqueues (on `origin` and on streams forked from it) into a graph and returns a
 /// function that launches it on `origin`.
