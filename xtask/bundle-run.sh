@@ -64,10 +64,12 @@ for v in nccl rccl; do
   if [ "$PARTS" = bench ] || [ "$PARTS" = cesync ] || [ "$PARTS" = all ]; then
     # The copy-engine path ordered by signals (the default: stream waits on flags the peers'
     # copy engines write, no kernel) against the NCCL barriers it used before, the window
-    # mode as the common reference of the two runs; data checked.
-    for sync in signals barrier; do
+    # mode as the common reference of the runs; data checked. `signals-copy`: the peers
+    # signalled by 4-byte copies (UNICOMM_CE_SIGNAL=copy) instead of stream writes.
+    for sync in signals signals-copy barrier; do
       step $v copy-engine sync $sync
-      UNICOMM_CE_SYNC=$sync timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor --modes window,ce -b 8 -e 512M -f 4 -w ${BENCH_WARMUP:-20} -n ${BENCH_ITERS:-200} -c 1 --coll all_to_all,all_gather --place out -J "$OUT/$v-cesync-$sync.json" > "$OUT/$v-cesync-$sync.log" 2>&1 || rc=1
+      sig=write; [ $sync = signals-copy ] && sig=copy
+      UNICOMM_CE_SIGNAL=$sig UNICOMM_CE_SYNC=${sync%-copy} timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor --modes window,ce -b 8 -e 512M -f 4 -w ${BENCH_WARMUP:-20} -n ${BENCH_ITERS:-200} -c 1 --coll all_to_all,all_gather --place out -J "$OUT/$v-cesync-$sync.json" > "$OUT/$v-cesync-$sync.log" 2>&1 || rc=1
       grep -E "^# mode|wrong| 536870912 " "$OUT/$v-cesync-$sync.log" | tail -6
     done
   fi

@@ -135,6 +135,15 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         let _ = (dev, addr, value, s);
         Err(no_mem_ops(Self::NAME))
     }
+    /// Whether the copy-engine path signals a peer with a stream write into the peer's flag
+    /// (`cuStreamWriteValue32` on peer or imported memory) rather than a 4-byte copy of a
+    /// constant: the write runs on the stream's front end and costs less than a copy-engine
+    /// copy. `false` (copies) where the runtime does not document writes into a peer's
+    /// memory.
+    fn signal_by_write(&self, dev: usize) -> bool {
+        let _ = dev;
+        false
+    }
     /// Whether `s` is being captured into a graph (`cuStreamIsCapturing`): events recorded
     /// during a capture are graph nodes, not something the host can wait for later.
     fn capturing(&self, s: &Self::Stream) -> Result<bool> {

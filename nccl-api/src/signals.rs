@@ -11,8 +11,11 @@
 //!
 //! The protocol. Each rank owns a block of device memory: `ready[world]`, `done[world]` and
 //! a word holding 1. One operation is two phases, each on the caller's stream:
-//! - signal: copy the 1 into `phase[me]` of every peer's block (a 4-byte copy-engine copy,
-//!   which starts after everything before it on the stream has completed);
+//! - signal: write 1 into `phase[me]` of every peer's block, after everything before it on
+//!   the stream has completed: a stream write (`cuStreamWriteValue32` with its memory
+//!   barrier) where the runtime can write into a peer's memory (`Runtime::signal_by_write`:
+//!   CUDA), else a 4-byte copy-engine copy of the constant (HIP, or `UNICOMM_CE_SIGNAL=copy`;
+//!   NCCL's `ce_coll.cc` copies); on one H200 the writes cost half as much (docs/results.md);
 //! - wait: for every peer `p`, wait until `phase[p]` of this rank's block is 1, then write 0
 //!   back (re-arm).
 //!
@@ -84,6 +87,22 @@ pub(crate) fn wanted() -> Result<CopyEngineSync> {
     }
 }
 
+/// `UNICOMM_CE_SIGNAL`: how a rank signals a peer where the runtime can do both: `write`
+/// (the default: a stream write into the peer's flag) or `copy` (a 4-byte copy-engine copy
+/// of the constant, what NCCL's `ce_coll.cc` does). `Ok(true)` for writes.
+pub(crate) fn by_write_wanted() -> Result<bool> {
+    match std::env::var("UNICOMM_CE_SIGNAL") {
+        Err(std::env::VarError::NotPresent) => Ok(true),
+        Ok(v) if v.trim() == "write" => Ok(true),
+        Ok(v) if v.trim() == "copy" => Ok(false),
+        Ok(v) => Err(Error::invalid(
+            "UNICOMM_CE_SIGNAL",
+            format!("{v:?} is neither \"write\" nor \"copy\""),
+        )),
+        Err(e) => Err(Error::invalid("UNICOMM_CE_SIGNAL", e.to_string())),
+    }
+}
+
 /// The two phases of one operation.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Phase {
@@ -134,6 +153,9 @@ pub(crate) struct Signals<R: Runtime> {
     pub(crate) bases: Vec<usize>,
     /// Peers' blocks mapped into this process (one rank per process): (address, size).
     pub(crate) mapped: Mappings,
+    /// Signal a peer with a stream write into its flag (`Runtime::write_value32`) instead
+    /// of a 4-byte copy of the constant (`Runtime::signal_by_write`).
+    pub(crate) by_write: bool,
 }
 
 impl<R: Runtime> Signals<R> {
@@ -153,6 +175,12 @@ impl<R: Runtime> Signals<R> {
             // Peers in a rotating order, as the data copies.
             let p = (rank + k) % world;
             let dst = slot(self.bases[p], world, phase, rank);
+            if self.by_write {
+                // SAFETY: as below; a stream write (with the default memory barrier: the
+                // work before it on the stream is visible to the peer first).
+                unsafe { rt.write_value32(dev, dst, 1, s) }?;
+                continue;
+            }
             // SAFETY: `src` is this rank's constant word, `dst` this rank's word in peer
             // `p`'s block (peer access or a mapping made at the agreement); both blocks
             // live until this communicator is dropped, which waits for this stream's copies
@@ -319,6 +347,8 @@ impl<R: Runtime> ApiComm<R> {
             Sync::Alone
         } else {
             let want = wanted()? == CopyEngineSync::Signals && self.rt.stream_memory_ops(self.dev);
+            // Read before anything is exchanged, so a misspelt value fails every rank alike.
+            let by_write = by_write_wanted()? && self.rt.signal_by_write(self.dev);
             let block = if want {
                 self.signal_block().map_err(|e| {
                     eprintln!(
@@ -339,6 +369,7 @@ impl<R: Runtime> ApiComm<R> {
                         block,
                         bases,
                         mapped,
+                        by_write,
                     })
                 }
                 None => Sync::Barrier,

@@ -12,7 +12,10 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::{calls, fake, flavors, library_moves, Host, EXPORT, IMPORTS, MEM_OPS, UNMAPS, WAITS};
+use common::{
+    calls, fake, flavors, library_moves, Host, BY_WRITE, EXPORT, IMPORTS, MEM_OPS, ONE_WRITES,
+    UNMAPS, WAITS, WORD_COPIES,
+};
 use unicomm_core::Comm;
 use unicomm_nccl_api::{Api, ApiComm, CopyEngineSync};
 
@@ -139,33 +142,76 @@ fn windows_swapped_between_ranks_carry_the_copy_engine_collectives() {
     check_data(&out);
     assert!(out.iter().all(|o| o.3 == Some(CopyEngineSync::Barrier)));
 
+    // 3b. Peers signalled by stream writes instead of copies (what CUDA does): the same
+    //     waits, the same data, still no library collective during the operations; and
+    //     UNICOMM_CE_SIGNAL=copy takes the copies back.
+    for (env, expect_writes) in [(None, true), (Some("copy"), false)] {
+        BY_WRITE.store(true, Ordering::SeqCst);
+        if let Some(v) = env {
+            std::env::set_var("UNICOMM_CE_SIGNAL", v);
+        }
+        let waits = WAITS.load(Ordering::SeqCst);
+        let (copies, ones) = (
+            WORD_COPIES.load(Ordering::SeqCst),
+            ONE_WRITES.load(Ordering::SeqCst),
+        );
+        let out = run(&path, None);
+        let copies = WORD_COPIES.load(Ordering::SeqCst) - copies;
+        let ones = ONE_WRITES.load(Ordering::SeqCst) - ones;
+        std::env::remove_var("UNICOMM_CE_SIGNAL");
+        BY_WRITE.store(false, Ordering::SeqCst);
+        check_data(&out);
+        for (r, o) in out.iter().enumerate() {
+            assert_eq!(o.3, Some(CopyEngineSync::Signals), "rank {r} ({env:?})");
+            assert_eq!(o.4, 0, "rank {r} ({env:?}): library all-reduces");
+        }
+        assert_eq!(
+            WAITS.load(Ordering::SeqCst) - waits,
+            w * (1 + 2 * 2 * (w - 1)),
+            "{env:?}"
+        );
+        // Per rank: one probe write, then one signal per peer, phase and operation.
+        let signals = w * 2 * 2 * (w - 1);
+        if expect_writes {
+            assert_eq!(
+                (copies, ones),
+                (0, w + signals),
+                "{env:?}: signals by write"
+            );
+        } else {
+            assert_eq!((copies, ones), (signals, w), "{env:?}: signals by copy");
+        }
+    }
+
     // 4. A misspelt choice is an error at the registration, on every rank, not a silent
     //    default.
-    std::env::set_var("UNICOMM_CE_SYNC", "flags");
-    let api = Arc::new(Api::open(flavors(false, false), &path).unwrap());
-    let id = api.unique_id().unwrap();
-    let errs: Vec<String> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..w)
-            .map(|r| {
-                let api = api.clone();
-                s.spawn(move || {
-                    let c = Comm::from_backend(
-                        ApiComm::init_rank(api, Arc::new(Host), id, r, w, 0).unwrap(),
-                    );
-                    c.set_copy_engine(true).unwrap();
-                    let e = c
-                        .register_window(c.alloc::<u32>(8).unwrap())
-                        .map(drop)
-                        .expect_err("a bad UNICOMM_CE_SYNC registered");
-                    e.to_string()
+    for (var, bad) in [("UNICOMM_CE_SYNC", "flags"), ("UNICOMM_CE_SIGNAL", "poke")] {
+        std::env::set_var(var, bad);
+        let api = Arc::new(Api::open(flavors(false, false), &path).unwrap());
+        let id = api.unique_id().unwrap();
+        let errs: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..w)
+                .map(|r| {
+                    let api = api.clone();
+                    s.spawn(move || {
+                        let c = Comm::from_backend(
+                            ApiComm::init_rank(api, Arc::new(Host), id, r, w, 0).unwrap(),
+                        );
+                        c.set_copy_engine(true).unwrap();
+                        let e = c
+                            .register_window(c.alloc::<u32>(8).unwrap())
+                            .map(drop)
+                            .expect_err("a bad setting registered");
+                        e.to_string()
+                    })
                 })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    std::env::remove_var("UNICOMM_CE_SYNC");
-    for e in &errs {
-        assert!(e.contains("UNICOMM_CE_SYNC") && e.contains("flags"), "{e}");
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        std::env::remove_var(var);
+        for e in &errs {
+            assert!(e.contains(var) && e.contains(bad), "{e}");
+        }
     }
 
     assert_eq!(

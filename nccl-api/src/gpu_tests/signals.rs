@@ -118,6 +118,7 @@ impl<'a, R: Runtime> World<'a, R> {
                 block: None,
                 bases: bases.clone(),
                 mapped: Vec::new(),
+                by_write: rt.signal_by_write(0),
             })
             .collect();
         Ok(World {
@@ -320,17 +321,22 @@ pub fn signals_latency_on_one_gpu<R: Runtime>(g: &Gpu<R>) -> Result<()> {
         send.push(sb);
         recv.push(mem.alloc(4 * W)?);
     }
-    let sig: Vec<Signals<R>> = (0..W)
-        .map(|_| Signals {
-            block: None,
-            bases: bases.clone(),
-            mapped: Vec::new(),
-        })
-        .collect();
+    // Signalled both ways: by 4-byte copies of the constant, and by stream writes.
+    let sig = |by_write: bool| -> Vec<Signals<R>> {
+        (0..W)
+            .map(|_| Signals {
+                block: None,
+                bases: bases.clone(),
+                mapped: Vec::new(),
+                by_write,
+            })
+            .collect()
+    };
+    let (copies, writes) = (sig(false), sig(true));
     let streams = [rt.create_stream(0)?, rt.create_stream(0)?];
     // One run: both ranks' operations enqueued interleaved (a rank's stream never waits on
     // work its peer has not enqueued yet, however deep the queues).
-    let run = |phases: bool| -> Result<f64> {
+    let run = |phases: Option<&[Signals<R>]>| -> Result<f64> {
         let start: Vec<R::Event> = streams
             .iter()
             .map(|s| rt.record(s))
@@ -338,7 +344,7 @@ pub fn signals_latency_on_one_gpu<R: Runtime>(g: &Gpu<R>) -> Result<()> {
         for _ in 0..LAT_ITERS {
             for r in 0..W {
                 let s = &streams[r];
-                if phases {
+                if let Some(sig) = phases {
                     sig[r].phase(&*rt, 0, r, Phase::Ready, s)?;
                 }
                 for (p, &out) in recv.iter().enumerate() {
@@ -346,7 +352,7 @@ pub fn signals_latency_on_one_gpu<R: Runtime>(g: &Gpu<R>) -> Result<()> {
                     // output, both live device memory of device 0 until the end.
                     unsafe { rt.copy_async(0, out + 4 * r, send[r] + 4 * p, 4, s)? };
                 }
-                if phases {
+                if let Some(sig) = phases {
                     sig[r].phase(&*rt, 0, r, Phase::Done, s)?;
                 }
             }
@@ -364,9 +370,11 @@ pub fn signals_latency_on_one_gpu<R: Runtime>(g: &Gpu<R>) -> Result<()> {
         }
         Ok(worst * 1e3 / LAT_ITERS as f64)
     };
-    run(true)?; // warm-up
-    let with = run(true)?;
-    let without = run(false)?;
+    run(Some(&copies))?; // warm-up
+    run(Some(&writes))?;
+    let by_copy = run(Some(&copies))?;
+    let by_write = run(Some(&writes))?;
+    let without = run(None)?;
     for (r, &out) in recv.iter().enumerate() {
         let mut host = vec![0u8; 4 * W];
         // SAFETY: `out` holds `4 * W` bytes.
@@ -382,8 +390,10 @@ pub fn signals_latency_on_one_gpu<R: Runtime>(g: &Gpu<R>) -> Result<()> {
         }
     }
     eprintln!(
-        "signals_latency_on_one_gpu: {with:.2} us per operation with the signals, {without:.2} us for the same copies alone: the signals cost {:.2} us per operation ({LAT_ITERS} operations, two streams on device 0)",
-        with - without
+        "signals_latency_on_one_gpu: per operation ({LAT_ITERS} operations, two streams on device 0): {without:.2} us for the copies alone; with the signals by 4-byte copies {by_copy:.2} us (+{:.2}), by stream writes {by_write:.2} us (+{:.2}); this runtime signals by {}",
+        by_copy - without,
+        by_write - without,
+        if rt.signal_by_write(0) { "writes" } else { "copies" }
     );
     Ok(())
 }

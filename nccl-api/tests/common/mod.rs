@@ -76,6 +76,13 @@ thread_local! {
     /// signals) to this thread's rank; on by default, as on CUDA 12+.
     pub static MEM_OPS: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
+/// Whether the host runtime signals peers by writes (`Runtime::signal_by_write`); off by
+/// default (copies), as on HIP.
+pub static BY_WRITE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Word copies (4-byte copies: signals by copy) and writes of 1 (probes, signals by
+/// write) the host runtime performed.
+pub static WORD_COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+pub static ONE_WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// Signal waits the host runtime performed, and writes (re-arms and probes).
 pub static WAITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -195,6 +202,7 @@ impl Runtime for Host {
             let v = unsafe { (*(src as *const std::sync::atomic::AtomicU32)).load(SeqCst) };
             // SAFETY: as above.
             unsafe { (*(dst as *const std::sync::atomic::AtomicU32)).store(v, SeqCst) };
+            WORD_COPIES.fetch_add(1, SeqCst);
             return Ok(());
         }
         // SAFETY: the trait contract: both ranges are live for `bytes`.
@@ -203,6 +211,9 @@ impl Runtime for Host {
     }
     fn stream_memory_ops(&self, _: usize) -> bool {
         MEM_OPS.with(|m| m.get())
+    }
+    fn signal_by_write(&self, _: usize) -> bool {
+        BY_WRITE.load(SeqCst)
     }
     unsafe fn wait_value32(&self, _: usize, addr: usize, value: u32, _: &HostStream) -> Result<()> {
         // The host stream is synchronous: the wait blocks the enqueuing thread until a peer
@@ -231,6 +242,9 @@ impl Runtime for Host {
     ) -> Result<()> {
         // SAFETY: the trait contract: an aligned live word.
         unsafe { (*(addr as *const std::sync::atomic::AtomicU32)).store(value, SeqCst) };
+        if value == 1 {
+            ONE_WRITES.fetch_add(1, SeqCst);
+        }
         Ok(())
     }
 }
