@@ -34,6 +34,35 @@ impl<R: Runtime> Drop for Mem<'_, R> {
     }
 }
 
+/// What every signal test starts from: the runtime has stream memory operations, and `W`
+/// signal blocks on device 0 (zeroed, the constant 1 in place), with the memory they live in
+/// and a stream for setting up and reading back.
+fn blocks<R: Runtime>(rt: &R) -> Result<(Mem<'_, R>, R::Stream, Vec<usize>)> {
+    if !rt.stream_memory_ops(0) {
+        return Err(Error::unsupported(
+            "the copy-engine signals",
+            "stream memory operations",
+            format!("{} on device 0", R::NAME),
+        ));
+    }
+    let mut mem = Mem {
+        rt,
+        ptrs: Vec::new(),
+    };
+    let setup = rt.create_stream(0)?;
+    let bytes = block_bytes(W);
+    let mut init = vec![0u8; bytes];
+    init[bytes - 4..].copy_from_slice(&1u32.to_ne_bytes());
+    let mut bases = Vec::new();
+    for _ in 0..W {
+        let b = mem.alloc(bytes)?;
+        // SAFETY: `b` holds `bytes` device bytes.
+        unsafe { rt.htod(0, b, &init, &setup)? };
+        bases.push(b);
+    }
+    Ok((mem, setup, bases))
+}
+
 fn idle<R: Runtime>(rt: &R, s: &R::Stream, within: Duration) -> Result<()> {
     let end = Instant::now() + within;
     while !rt.query(s)? {
@@ -75,28 +104,7 @@ struct World<'a, R: Runtime> {
 
 impl<'a, R: Runtime> World<'a, R> {
     fn new(rt: &'a R) -> Result<Self> {
-        if !rt.stream_memory_ops(0) {
-            return Err(Error::unsupported(
-                "the copy-engine signals",
-                "stream memory operations",
-                format!("{} on device 0", R::NAME),
-            ));
-        }
-        let mut mem = Mem {
-            rt,
-            ptrs: Vec::new(),
-        };
-        let setup = rt.create_stream(0)?;
-        let bytes = block_bytes(W);
-        let mut init = vec![0u8; bytes];
-        init[bytes - 4..].copy_from_slice(&1u32.to_ne_bytes());
-        let mut bases = Vec::new();
-        for _ in 0..W {
-            let b = mem.alloc(bytes)?;
-            // SAFETY: `b` holds `bytes` device bytes.
-            unsafe { rt.htod(0, b, &init, &setup)? };
-            bases.push(b);
-        }
+        let (mut mem, setup, bases) = blocks(rt)?;
         let mut send = vec![vec![0usize; W]; ITERS];
         let mut snap = vec![vec![0usize; W]; ITERS];
         for it in 0..ITERS {
@@ -290,28 +298,9 @@ pub fn signals_released_by_the_host<R: Runtime>(g: &Gpu<R>) -> Result<()> {
 pub fn signals_latency_on_one_gpu<R: Runtime>(g: &Gpu<R>) -> Result<()> {
     const LAT_ITERS: usize = 500;
     let rt = (g.vendor.runtime)()?;
-    if !rt.stream_memory_ops(0) {
-        return Err(Error::unsupported(
-            "the copy-engine signals",
-            "stream memory operations",
-            format!("{} on device 0", R::NAME),
-        ));
-    }
-    let mut mem = Mem {
-        rt: &*rt,
-        ptrs: Vec::new(),
-    };
-    let setup = rt.create_stream(0)?;
-    let bytes = block_bytes(W);
-    let mut init = vec![0u8; bytes];
-    init[bytes - 4..].copy_from_slice(&1u32.to_ne_bytes());
-    let mut bases = Vec::new();
+    let (mut mem, setup, bases) = blocks(&*rt)?;
     let (mut send, mut recv) = (Vec::new(), Vec::new());
     for r in 0..W {
-        let b = mem.alloc(bytes)?;
-        // SAFETY: `b` holds `bytes` device bytes.
-        unsafe { rt.htod(0, b, &init, &setup)? };
-        bases.push(b);
         let sb = mem.alloc(4 * W)?;
         let words: Vec<u8> = (0..W)
             .flat_map(|p| ((r * 10 + p) as u32).to_ne_bytes())
