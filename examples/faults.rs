@@ -118,20 +118,20 @@ fn skip(vendor: Vendor, by_abort: bool, ce: bool) -> anyhow::Result<()> {
     let st = comm.create_stream()?;
     let mut b = comm.alloc::<f32>(1 << 20)?;
     // The copy-engine scenarios: 1 MiB per peer, the output a window shared for the path.
-    let n = 1 << 18;
-    let send = comm.alloc::<f32>(w * n)?;
-    let mut recv = if ce {
+    let mut a2a = if ce {
         comm.set_copy_engine(true)
             .context("the copy-engine path (ce-* scenarios need a GPU backend)")?;
-        Some(
-            comm.register_window(comm.alloc::<f32>(w * n)?)
-                .map_err(|e| e.error)?,
-        )
+        let n = 1 << 18;
+        let send = comm.alloc::<f32>(w * n)?;
+        let recv = comm
+            .register_window(comm.alloc::<f32>(w * n)?)
+            .map_err(|e| e.error)?;
+        Some((send, recv))
     } else {
         None
     };
-    let mut collective = |b: &mut unicomm::Buffer<f32>| match &mut recv {
-        Some(win) => comm.all_to_all(&send, win, &st),
+    let mut collective = |b: &mut unicomm::Buffer<f32>| match &mut a2a {
+        Some((send, recv)) => comm.all_to_all(send, recv, &st),
         None => comm.all_reduce_in_place(b, ReduceOp::Sum, &st),
     };
     collective(&mut b)?;
@@ -206,7 +206,7 @@ fn skip(vendor: Vendor, by_abort: bool, ce: bool) -> anyhow::Result<()> {
         again.is_err(),
         "rank 0: an aborted communicator accepted work"
     );
-    drop(recv);
+    drop(a2a);
     drop(b);
     drop(comm);
     println!(

@@ -117,6 +117,14 @@ pub(crate) fn block_bytes(world: usize) -> usize {
     4 * (2 * world + 1)
 }
 
+/// A block's initial contents: every flag 0, the constant 1 in its last word.
+pub(crate) fn block_image(world: usize) -> Vec<u8> {
+    let bytes = block_bytes(world);
+    let mut init = vec![0u8; bytes];
+    init[bytes - 4..].copy_from_slice(&1u32.to_ne_bytes());
+    init
+}
+
 fn slot(base: usize, world: usize, phase: Phase, rank: usize) -> usize {
     base + 4 * (phase as usize * world + rank)
 }
@@ -170,22 +178,23 @@ impl<R: Runtime> Signals<R> {
     ) -> Result<()> {
         let world = self.bases.len();
         let mine = self.bases[rank];
-        let src = one(mine, world);
         for k in 1..world {
             // Peers in a rotating order, as the data copies.
             let p = (rank + k) % world;
             let dst = slot(self.bases[p], world, phase, rank);
-            if self.by_write {
-                // SAFETY: as below; a stream write (with the default memory barrier: the
-                // work before it on the stream is visible to the peer first).
-                unsafe { rt.write_value32(dev, dst, 1, s) }?;
-                continue;
-            }
-            // SAFETY: `src` is this rank's constant word, `dst` this rank's word in peer
-            // `p`'s block (peer access or a mapping made at the agreement); both blocks
-            // live until this communicator is dropped, which waits for this stream's copies
-            // (`Core::ce_pending`) before freeing or unmapping them.
-            unsafe { rt.copy_async(dev, dst, src, 4, s) }?;
+            // SAFETY: `dst` is this rank's word in peer `p`'s block (peer access or a
+            // mapping made at the agreement), the copy's source this rank's constant word;
+            // both blocks live until this communicator is dropped, which waits for this
+            // stream's work (`Core::ce_pending`) before freeing or unmapping them. A write
+            // has the default memory barrier: the work before it is visible to the peer
+            // first.
+            unsafe {
+                if self.by_write {
+                    rt.write_value32(dev, dst, 1, s)
+                } else {
+                    rt.copy_async(dev, dst, one(mine, world), 4, s)
+                }
+            }?;
         }
         for k in 1..world {
             let p = (rank + world - k) % world;
@@ -205,8 +214,9 @@ impl<R: Runtime> Signals<R> {
 const RELEASE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Releases the signal waits of `rank` (whose block is at `base`): writes 1 into each of its
-/// flags on a stream of its own, round after round (each once the last is done), until `drained` says the streams that
-/// waited are done (`true`) or `within` has passed (`false`). The flags are left at 1.
+/// flags on a stream of its own, round after round (each once the last is done), until
+/// `drained` says the streams that waited are done (`true`) or `within` has passed
+/// (`false`). The flags are left at 1.
 ///
 /// # Safety
 /// `base` is the block of `rank` in a world of `world` ranks (`block_bytes(world)` bytes of
@@ -317,13 +327,11 @@ impl<R: Runtime> ApiComm<R> {
     /// library has it, so it can be exported), zeroed with the constant 1 in place, and
     /// probed (a write and a wait on it completed), or why not.
     pub(crate) fn signal_block(&self) -> Result<ApiMemory<R>> {
-        let bytes = block_bytes(self.world);
-        let block = Collective::alloc(self, bytes)?;
+        let init = block_image(self.world);
+        let block = Collective::alloc(self, init.len())?;
         let s = self.rt.create_stream(self.dev)?;
-        let mut init = vec![0u8; bytes];
-        init[bytes - 4..].copy_from_slice(&1u32.to_ne_bytes());
         let probe = slot(block.ptr, self.world, Phase::Ready, self.rank);
-        // SAFETY: `block` holds `bytes` device bytes of this device; the probe word is one
+        // SAFETY: `block` holds `init.len()` device bytes of this device; the probe word is one
         // of them (aligned, see `Signals::phase`).
         unsafe {
             self.rt.htod(self.dev, block.ptr, &init, &s)?;

@@ -279,10 +279,15 @@ impl<R: Runtime> Core<R> {
     pub(crate) fn live(&self) -> Result<()> {
         match self.state.load(Ordering::Acquire) {
             LIVE => Ok(()),
-            ABORTED => Err(Error::Aborted {
-                reason: format!("rank {}'s communicator was aborted", self.rank),
-            }),
+            ABORTED => Err(self.aborted_error()),
             _ => Err(Error::invalid("comm", "the communicator was finalized")),
+        }
+    }
+
+    /// What every call on an aborted communicator returns.
+    fn aborted_error(&self) -> Error {
+        Error::Aborted {
+            reason: format!("rank {}'s communicator was aborted", self.rank),
         }
     }
 
@@ -325,11 +330,7 @@ impl<R: Runtime> Core<R> {
         };
         match self.state.load(Ordering::Acquire) {
             LIVE => {}
-            ABORTED => {
-                return Err(Error::Aborted {
-                    reason: format!("rank {}'s communicator was aborted", self.rank),
-                })
-            }
+            ABORTED => return Err(self.aborted_error()),
             _ => return Ok(()),
         }
         for c in std::iter::once(self.comm).chain(self.shadow_handle()) {

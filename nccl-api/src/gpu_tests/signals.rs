@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use unicomm_core::{Error, Result};
 
 use super::Gpu;
-use crate::signals::{block_bytes, release, Phase, Signals};
+use crate::signals::{block_bytes, block_image, release, Phase, Signals};
 use crate::Runtime;
 
 /// Device memory of this test, freed at the end (after the streams are idle).
@@ -50,13 +50,11 @@ fn blocks<R: Runtime>(rt: &R) -> Result<(Mem<'_, R>, R::Stream, Vec<usize>)> {
         ptrs: Vec::new(),
     };
     let setup = rt.create_stream(0)?;
-    let bytes = block_bytes(W);
-    let mut init = vec![0u8; bytes];
-    init[bytes - 4..].copy_from_slice(&1u32.to_ne_bytes());
+    let init = block_image(W);
     let mut bases = Vec::new();
     for _ in 0..W {
-        let b = mem.alloc(bytes)?;
-        // SAFETY: `b` holds `bytes` device bytes.
+        let b = mem.alloc(init.len())?;
+        // SAFETY: `b` holds `init.len()` device bytes.
         unsafe { rt.htod(0, b, &init, &setup)? };
         bases.push(b);
     }
