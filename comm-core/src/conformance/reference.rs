@@ -304,16 +304,17 @@ impl<T: Sample> Expected<T> {
     /// Appends elements `start..start + n` of rank `k`'s input to `v`.
     fn extend(&self, v: &mut Vec<T>, k: usize, start: usize, n: usize) {
         let row = &self.inputs[k];
-        let end = v.len() + n;
-        while v.len() < end {
-            let from = (start + n - (end - v.len())) % PERIOD;
-            let take = row.len().saturating_sub(from).min(end - v.len());
+        let mut done = 0;
+        while done < n {
+            let from = (start + done) % PERIOD;
+            let take = row.len().saturating_sub(from).min(n - done);
             if take == 0 {
                 // Beyond the table (a caller's bug): what `verify` reports as wrong data.
-                v.resize(end, sentinel());
-                break;
+                v.resize(v.len() + n - done, sentinel());
+                return;
             }
             v.extend_from_slice(&row[from..from + take]);
+            done += take;
         }
     }
 
