@@ -39,6 +39,27 @@ pub fn whole_number(
     }
 }
 
+/// `var` as one of `choices` (`(name, value)`; the trimmed variable must equal a name), or
+/// `default` when the variable is unset. Anything else, a value that is not Unicode included,
+/// is `InvalidArgument` naming the variable and the names.
+pub fn choice<T: Copy>(var: &'static str, default: T, choices: &[(&str, T)]) -> Result<T> {
+    let v = match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => return Ok(default),
+        Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
+        Ok(v) => v,
+    };
+    match choices.iter().find(|(name, _)| *name == v.trim()) {
+        Some(&(_, value)) => Ok(value),
+        None => {
+            let names: Vec<String> = choices.iter().map(|(n, _)| format!("{n:?}")).collect();
+            Err(Error::invalid(
+                var,
+                format!("{v:?} is not one of {}", names.join(", ")),
+            ))
+        }
+    }
+}
+
 /// A deadline in milliseconds from `var` (1..=86400000), or `default`.
 pub fn millis(var: &'static str, default: Duration) -> Result<Duration> {
     let max = MAX_TIMEOUT.as_millis() as u64;
@@ -87,5 +108,27 @@ mod tests {
             check_timeout("t", Duration::from_millis(1)).unwrap(),
             Duration::from_millis(1)
         );
+    }
+
+    #[test]
+    fn choices() {
+        const V: &str = "UNICOMM_TEST_ENV_CHOICE";
+        let c = [("one", 1), ("two", 2)];
+        std::env::remove_var(V);
+        assert_eq!(choice(V, 0, &c).unwrap(), 0);
+        std::env::set_var(V, " two ");
+        assert_eq!(choice(V, 0, &c).unwrap(), 2);
+        for bad in ["", "three", "One", "one two"] {
+            std::env::set_var(V, bad);
+            let s = choice(V, 0, &c).unwrap_err().to_string();
+            assert!(s.contains(V) && s.contains("\"one\", \"two\""), "{s}");
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStrExt;
+            std::env::set_var(V, std::ffi::OsStr::from_bytes(b"one\xff"));
+            assert!(choice(V, 0, &c).is_err());
+        }
+        std::env::remove_var(V);
     }
 }

@@ -40,17 +40,11 @@ unsafe impl Sync for Shadow {}
 /// one rank per process: the allocation exported to the peers and theirs mapped here). With
 /// `0` the policy's copy-engine choices take the registered path.
 fn auto_copy_engine() -> Result<bool> {
-    match std::env::var("UNICOMM_AUTO_COPY_ENGINE") {
-        Err(_) => Ok(true),
-        Ok(v) => match v.trim() {
-            "1" => Ok(true),
-            "0" => Ok(false),
-            _ => Err(Error::invalid(
-                "UNICOMM_AUTO_COPY_ENGINE",
-                format!("{v:?} is not 0 or 1"),
-            )),
-        },
-    }
+    unicomm_core::env::choice(
+        "UNICOMM_AUTO_COPY_ENGINE",
+        true,
+        &[("1", true), ("0", false)],
+    )
 }
 
 /// `ncclCommSplit` exists from NCCL 2.18.

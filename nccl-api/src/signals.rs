@@ -44,7 +44,7 @@
 
 use std::time::{Duration, Instant};
 
-use unicomm_core::{Collective, Error, Result};
+use unicomm_core::{env, Collective, Result};
 
 use crate::comm::ApiComm;
 use crate::memory::{ApiMemory, ApiStream};
@@ -75,32 +75,23 @@ impl CopyEngineSync {
 
 /// `UNICOMM_CE_SYNC`: `signals` (the default) or `barrier`.
 pub(crate) fn wanted() -> Result<CopyEngineSync> {
-    match std::env::var("UNICOMM_CE_SYNC") {
-        Err(std::env::VarError::NotPresent) => Ok(CopyEngineSync::Signals),
-        Ok(v) if v.trim() == "signals" => Ok(CopyEngineSync::Signals),
-        Ok(v) if v.trim() == "barrier" => Ok(CopyEngineSync::Barrier),
-        Ok(v) => Err(Error::invalid(
-            "UNICOMM_CE_SYNC",
-            format!("{v:?} is neither \"signals\" nor \"barrier\""),
-        )),
-        Err(e) => Err(Error::invalid("UNICOMM_CE_SYNC", e.to_string())),
-    }
+    use CopyEngineSync::*;
+    env::choice(
+        "UNICOMM_CE_SYNC",
+        Signals,
+        &[("signals", Signals), ("barrier", Barrier)],
+    )
 }
 
 /// `UNICOMM_CE_SIGNAL`: how a rank signals a peer where the runtime can do both: `write`
 /// (the default: a stream write into the peer's flag) or `copy` (a 4-byte copy-engine copy
 /// of the constant, what NCCL's `ce_coll.cc` does). `Ok(true)` for writes.
 pub(crate) fn by_write_wanted() -> Result<bool> {
-    match std::env::var("UNICOMM_CE_SIGNAL") {
-        Err(std::env::VarError::NotPresent) => Ok(true),
-        Ok(v) if v.trim() == "write" => Ok(true),
-        Ok(v) if v.trim() == "copy" => Ok(false),
-        Ok(v) => Err(Error::invalid(
-            "UNICOMM_CE_SIGNAL",
-            format!("{v:?} is neither \"write\" nor \"copy\""),
-        )),
-        Err(e) => Err(Error::invalid("UNICOMM_CE_SIGNAL", e.to_string())),
-    }
+    env::choice(
+        "UNICOMM_CE_SIGNAL",
+        true,
+        &[("write", true), ("copy", false)],
+    )
 }
 
 /// The two phases of one operation.

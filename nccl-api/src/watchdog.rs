@@ -68,17 +68,7 @@ impl Config {
 
 /// `UNICOMM_NONBLOCKING`: `0` (the default) or `1`.
 pub(crate) fn nonblocking_from_env() -> Result<bool> {
-    match std::env::var("UNICOMM_NONBLOCKING") {
-        Err(_) => Ok(false),
-        Ok(v) => match v.trim() {
-            "1" => Ok(true),
-            "0" => Ok(false),
-            _ => Err(Error::invalid(
-                "UNICOMM_NONBLOCKING",
-                format!("{v:?} is not 0 or 1"),
-            )),
-        },
-    }
+    unicomm_core::env::choice("UNICOMM_NONBLOCKING", false, &[("1", true), ("0", false)])
 }
 
 /// A pause that starts as a spin (a collective often ends within microseconds) and grows
