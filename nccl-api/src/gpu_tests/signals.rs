@@ -61,6 +61,20 @@ fn blocks<R: Runtime>(rt: &R) -> Result<(Mem<'_, R>, R::Stream, Vec<usize>)> {
     Ok((mem, setup, bases))
 }
 
+/// `n` 4-byte words of device 0 at `addr`, read back through `s`.
+///
+/// # Safety
+/// `addr` holds `4 * n` bytes of live device memory of device 0.
+unsafe fn words<R: Runtime>(rt: &R, addr: usize, n: usize, s: &R::Stream) -> Result<Vec<u32>> {
+    let mut host = vec![0u8; 4 * n];
+    // SAFETY: as the caller promised.
+    unsafe { rt.dtoh(0, &mut host, addr, s)? };
+    Ok(host
+        .chunks_exact(4)
+        .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+        .collect())
+}
+
 fn idle<R: Runtime>(rt: &R, s: &R::Stream, within: Duration) -> Result<()> {
     let end = Instant::now() + within;
     while !rt.query(s)? {
@@ -184,11 +198,9 @@ impl<'a, R: Runtime> World<'a, R> {
         let rt = self.rt;
         for (it, snaps) in self.snap.iter().enumerate() {
             for (r, &shot) in snaps.iter().enumerate() {
-                let mut host = vec![0u8; W * CHUNK];
                 // SAFETY: the snapshot holds `W * CHUNK` bytes.
-                unsafe { rt.dtoh(0, &mut host, shot, &self.setup)? };
-                for (j, w) in host.chunks_exact(4).enumerate() {
-                    let got = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
+                let got = unsafe { words(rt, shot, W * CHUNK / 4, &self.setup)? };
+                for (j, got) in got.into_iter().enumerate() {
                     let (p, i) = (j / N, j % N);
                     // Chunk p of rank r's output came from rank p's send chunk r.
                     assert_eq!(
@@ -199,15 +211,9 @@ impl<'a, R: Runtime> World<'a, R> {
                 }
             }
         }
-        let bytes = block_bytes(W);
         for (r, &b) in self.bases.iter().enumerate() {
-            let mut host = vec![0u8; bytes];
-            // SAFETY: the block holds `bytes` bytes.
-            unsafe { rt.dtoh(0, &mut host, b, &self.setup)? };
-            let words: Vec<u32> = host
-                .chunks_exact(4)
-                .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
-                .collect();
+            // SAFETY: the block holds `block_bytes(W)` bytes.
+            let words = unsafe { words(rt, b, block_bytes(W) / 4, &self.setup)? };
             let mut want = vec![0u32; 2 * W];
             want.push(1);
             assert_eq!(
@@ -363,16 +369,9 @@ pub fn signals_latency_on_one_gpu<R: Runtime>(g: &Gpu<R>) -> Result<()> {
     let by_write = run(Some(&writes))?;
     let without = run(None)?;
     for (r, &out) in recv.iter().enumerate() {
-        let mut host = vec![0u8; 4 * W];
         // SAFETY: `out` holds `4 * W` bytes.
-        unsafe { rt.dtoh(0, &mut host, out, &setup)? };
-        for p in 0..W {
-            let got = u32::from_ne_bytes([
-                host[4 * p],
-                host[4 * p + 1],
-                host[4 * p + 2],
-                host[4 * p + 3],
-            ]);
+        let got = unsafe { words(&*rt, out, W, &setup)? };
+        for (p, &got) in got.iter().enumerate() {
             assert_eq!(got, (p * 10 + r) as u32, "rank {r}'s word from rank {p}");
         }
     }
