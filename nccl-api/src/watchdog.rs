@@ -339,19 +339,45 @@ impl<R: Runtime> Core<R> {
         Ok(())
     }
 
-    /// Frees the communicator(s) (finalize + destroy, or abort), with the lock held. After
-    /// an abort, or a finalize that failed (a peer gone), the copy-engine path's signal
-    /// waits of this rank are released, as the abort ends the library's kernels.
+    /// Frees the communicator(s) (finalize + destroy, or abort), with the lock held. An
+    /// abort, or a finalize that failed (a peer gone), also releases the copy-engine path's
+    /// signal waits of this rank, as the abort ends the library's kernels.
+    ///
+    /// During an abort the release runs on a thread of its own, beside the library's
+    /// teardown: NCCL 2.28's `ncclCommAbort` synchronizes with the device before it returns
+    /// (its streams, its frees), which a signal wait of this rank blocks until it is
+    /// released. Released after the abort, the two waited for each other for good (seen
+    /// with one rank per process: the abort never returned).
     pub(crate) fn destroy_locked(&self, finalize: bool) -> Result<()> {
         let next = if finalize { FINALIZED } else { ABORTED };
         if self.state.swap(next, Ordering::AcqRel) != LIVE {
             return Ok(());
         }
-        let r = self.teardown_locked(finalize);
-        if !finalize || r.is_err() {
-            self.release_signals();
+        if finalize {
+            let r = self.teardown_locked(true);
+            if r.is_err() {
+                self.release_signals();
+            }
+            return r;
         }
-        r
+        if self.ce_flags.get().is_none() {
+            return self.teardown_locked(false);
+        }
+        std::thread::scope(|s| {
+            let beside = std::thread::Builder::new()
+                .name("unicomm-release".into())
+                .spawn_scoped(s, || self.release_signals());
+            let r = self.teardown_locked(false);
+            match beside {
+                // The release ends by its own deadline; it never panics (it reports).
+                Ok(h) => {
+                    let _ = h.join();
+                }
+                // No thread to be had: released after the teardown, as a last resort.
+                Err(_) => self.release_signals(),
+            }
+            r
+        })
     }
 
     /// The library calls of [`Core::destroy_locked`], once the state says so.
@@ -497,29 +523,53 @@ impl<R: Runtime> Watched for Core<R> {
     }
 }
 
-/// The communicators that enqueued work on one stream (weakly: a stream may outlive them).
+/// The communicators that enqueued work on one stream (weakly: a stream may outlive them),
+/// each with whether this stream's waits already reported its abort.
 #[derive(Default)]
-pub(crate) struct Watchers(Mutex<Vec<Weak<dyn Watched>>>);
+pub(crate) struct Watchers(Mutex<Vec<(Weak<dyn Watched>, bool)>>);
+
+fn same(a: &Weak<dyn Watched>, b: &Arc<dyn Watched>) -> bool {
+    a.as_ptr() as *const () == Arc::as_ptr(b) as *const ()
+}
 
 impl Watchers {
     /// Adds `w` unless it is there already (the common case: one check under the lock).
     pub(crate) fn add(&self, w: &Arc<dyn Watched>) {
         let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let p = Arc::as_ptr(w) as *const ();
-        if v.iter().any(|x| x.as_ptr() as *const () == p) {
+        if v.iter().any(|(x, _)| same(x, w)) {
             return;
         }
-        v.retain(|x| x.strong_count() > 0);
-        v.push(Arc::downgrade(w));
+        v.retain(|(x, _)| x.strong_count() > 0);
+        v.push((Arc::downgrade(w), false));
     }
 
-    fn live(&self) -> Vec<Arc<dyn Watched>> {
+    fn live(&self) -> Vec<(Arc<dyn Watched>, bool)> {
         let v = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        v.iter().filter_map(Weak::upgrade).collect()
+        v.iter()
+            .filter_map(|(w, told)| Some((w.upgrade()?, *told)))
+            .collect()
+    }
+
+    /// A wait of this stream reported the abort of `ws` (its `Timeout`, or the
+    /// asynchronous error that made it abort them).
+    fn reported(&self, ws: &[(Arc<dyn Watched>, bool)]) {
+        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (x, told) in v.iter_mut() {
+            if ws.iter().any(|(w, _)| same(x, w)) {
+                *told = true;
+            }
+        }
     }
 
     /// Polls `idle` (the stream's query) until it says the work is done, watching the
     /// communicators meanwhile. `default` is the deadline when none is watching.
+    ///
+    /// Each abort of a communicator with work on the stream is reported once by the
+    /// stream's waits: as the `Timeout` or the asynchronous error that caused it, else as
+    /// `Aborted` by the first wait that finds the stream drained after it; the stream then
+    /// forgets that communicator, and its next waits report only new errors. A stream that
+    /// is still busy after an abort keeps reporting it (the poll of an aborted communicator
+    /// fails at once), so a stuck stream never costs a second deadline.
     pub(crate) fn wait(
         &self,
         what: &str,
@@ -527,38 +577,43 @@ impl Watchers {
         mut idle: impl FnMut() -> Result<bool>,
     ) -> Result<()> {
         let ws = self.live();
-        let timeout = ws.iter().map(|w| w.timeout()).min().unwrap_or(default);
+        let timeout = ws.iter().map(|(w, _)| w.timeout()).min().unwrap_or(default);
         let start = Instant::now();
         let mut backoff = Backoff::new();
         let mut n: u32 = 0;
         loop {
             if idle()? {
                 // An abort ends the communicator's kernels, so the stream drains: its work
-                // did not complete. Reported once; the stream then forgets that communicator.
-                if let Some(w) = ws.iter().find(|w| w.aborted()) {
-                    let p = Arc::as_ptr(w) as *const ();
-                    self.0
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .retain(|x| x.as_ptr() as *const () != p);
-                    // Not `poll`: the aborting thread may still hold the lock.
-                    return Err(Error::Aborted {
-                        reason: format!(
-                            "{what}: a communicator with work on it was aborted while it ran"
-                        ),
-                    });
+                // did not complete.
+                let aborted: Vec<&(Arc<dyn Watched>, bool)> =
+                    ws.iter().filter(|(w, _)| w.aborted()).collect();
+                if aborted.is_empty() {
+                    return Ok(());
                 }
-                return Ok(());
+                self.0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|(x, _)| !aborted.iter().any(|(w, _)| same(x, w)));
+                if aborted.iter().all(|(_, told)| *told) {
+                    return Ok(());
+                }
+                // Not `poll`: the aborting thread may still hold the lock.
+                return Err(Error::Aborted {
+                    reason: format!(
+                        "{what}: a communicator with work on it was aborted while it ran"
+                    ),
+                });
             }
             n = n.wrapping_add(1);
             // An asynchronous error ends the wait at once (polled every 64 rounds: the
             // stream query is the cheap, common exit).
             if n % 64 == 0 {
-                for w in &ws {
+                for (w, _) in &ws {
                     if let Err(e) = w.poll() {
-                        for o in &ws {
+                        for (o, _) in &ws {
                             o.abort();
                         }
+                        self.reported(&ws);
                         return Err(e);
                     }
                 }
@@ -570,9 +625,10 @@ impl Watchers {
                     ),
                     after: start.elapsed(),
                 };
-                for w in &ws {
+                for (w, _) in &ws {
                     w.abort();
                 }
+                self.reported(&ws);
                 // ncclCommAbort ends the communicators' kernels; what else the stream
                 // holds is the caller's (documented in docs/reliability.md).
                 return Err(e);

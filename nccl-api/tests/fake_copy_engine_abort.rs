@@ -5,7 +5,10 @@
 //! signal that never comes. Aborting rank 0 from another thread must release that wait at
 //! once (not at the host runtime's 20 s deadline, which fails the test), its work must then
 //! report `Aborted`, and a later copy-engine operation must be refused before it enqueues a
-//! wait. Alone in its binary (the variables and counters).
+//! wait. The fake's abort here waits for the device as NCCL 2.28's does (for every signal
+//! wait in progress to end): a release after the abort would never come, so the abort must
+//! release the waits beside the library's teardown. Alone in its binary (the variables and
+//! counters).
 
 mod common;
 
@@ -13,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{fake, flavors, Host, EXPORT, IMPORTS, UNMAPS, WAITS};
+use common::{fake, flavors, Host, EXPORT, IMPORTS, UNMAPS, WAITING, WAITS};
 use unicomm_core::{Comm, Error};
 use unicomm_nccl_api::{Api, ApiComm, CopyEngineSync};
 
@@ -23,6 +26,14 @@ fn an_abort_releases_the_copy_engine_signal_waits() {
     EXPORT.store(true, Ordering::SeqCst);
     let path = fake("nccl228");
     let api = Arc::new(Api::open(flavors(false, false), &path).expect("load the fake"));
+    // SAFETY: the fake's test control, loaded above; `WAITING` is a static.
+    unsafe {
+        let lib = libloading::Library::new(&path).unwrap();
+        let s: libloading::Symbol<unsafe extern "C" fn(*const std::sync::atomic::AtomicUsize)> =
+            lib.get(b"unicommFakeAbortWaitsFor\0").unwrap();
+        s(&WAITING);
+        std::mem::forget(lib);
+    }
     let id = api.unique_id().unwrap();
     let (w, n) = (2usize, 1024usize);
     let together = std::sync::Barrier::new(w);

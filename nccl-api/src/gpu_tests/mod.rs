@@ -14,6 +14,8 @@ use unicomm_core::{Comm, Error, ReduceOp, Result, Version};
 use crate::{Api, ApiComm, Runtime, UniqueId};
 
 mod signals;
+#[cfg(target_os = "linux")]
+pub use signals::signals_across_processes;
 pub use signals::{
     signals_latency_on_one_gpu, signals_order_two_streams, signals_released_by_the_host,
     signals_replay_in_a_graph, Capture,
@@ -292,22 +294,141 @@ pub fn export_import_round_trip<R: Runtime>(g: &Gpu<R>) -> Result<()> {
     Ok(())
 }
 
-/// The variable that makes a re-run of the test binary the second process of
-/// [`export_import_across_processes`] (its value: the exchange's job, in hex).
+/// The variable that makes a re-run of the test binary the second process of a [`Pair`]
+/// (its value: the exchange's job, in hex).
 const IPC_CHILD: &str = "UNICOMM_GPU_TEST_IPC_CHILD";
 
-/// Memory exported in one process and mapped in another, through the same exchange the
-/// copy-engine path uses (abstract Unix sockets, `SCM_RIGHTS`, agreement): this test
-/// re-runs its own binary as the second process (`test` is its libtest name), on the same
-/// GPU, so one GPU suffices. Each process reads the other's bytes through its mapping; the
-/// child then writes through it and the parent sees the write.
+/// The two processes of a test on one GPU: the test re-runs its own binary as the second
+/// process (`test` is its libtest name) and the two swap exported memory through the
+/// exchange the copy-engine path uses (abstract Unix sockets, `SCM_RIGHTS`, agreement). One
+/// deadline bounds the whole test.
+#[cfg(target_os = "linux")]
+pub(crate) struct Pair {
+    /// 0 in the process the test harness started, 1 in the one it started itself.
+    pub(crate) me: usize,
+    pub(crate) deadline: std::time::Instant,
+    listener: crate::ipc::Listener,
+    kid: Option<std::process::Child>,
+}
+
+#[cfg(target_os = "linux")]
+impl Pair {
+    /// This process's side: in the first process, starts the second and waits (until the
+    /// deadline) for its socket.
+    pub(crate) fn start(test: &str) -> Result<Pair> {
+        use std::time::{Duration, Instant};
+        let child = std::env::var(IPC_CHILD).ok();
+        let me = usize::from(child.is_some());
+        let seed: Vec<u8> = match &child {
+            Some(h) => (0..h.len() / 2)
+                .filter_map(|i| u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok())
+                .collect(),
+            None => format!("{:?}{}", Instant::now(), std::process::id()).into_bytes(),
+        };
+        let job = crate::ipc::Job::from_id(&seed);
+        let listener = crate::ipc::Listener::bind(job, 0, me)?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut kid = None;
+        if me == 0 {
+            let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
+            let exe = std::env::current_exe().map_err(|e| Error::invalid("test", e.to_string()))?;
+            kid = Some(
+                std::process::Command::new(exe)
+                    .args(["--exact", test, "--test-threads=1", "--nocapture"])
+                    .env(IPC_CHILD, hex)
+                    .spawn()
+                    .map_err(|e| {
+                        Error::invalid("test", format!("starting the second process: {e}"))
+                    })?,
+            );
+            // The child's listener must exist before the exchange (the copy-engine path has a
+            // barrier collective for this).
+            let name = format!("@{}", job.name(0, 1));
+            while !std::fs::read_to_string("/proc/net/unix").is_ok_and(|t| t.contains(&name)) {
+                if Instant::now() >= deadline {
+                    return Err(Error::invalid(
+                        "test",
+                        "the second process never bound its socket",
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(Pair {
+            me,
+            deadline,
+            listener,
+            kid,
+        })
+    }
+
+    /// Offers `bytes` of this process's memory at `addr` (of device `dev`, from the library's
+    /// allocator) and maps the peer's offer: `(mapping, offset of its bytes in it, size)`.
+    pub(crate) fn swap<R: Runtime>(
+        &self,
+        rt: &R,
+        dev: usize,
+        addr: usize,
+        bytes: usize,
+    ) -> Result<(usize, usize, usize)> {
+        let x = rt.export_memory(dev, addr)?;
+        let offer = crate::ipc::Offer {
+            size: x.size as u64,
+            offset: (addr - x.base) as u64,
+            bytes: bytes as u64,
+        };
+        let mut mapped = None;
+        let agreed = crate::ipc::exchange(
+            &self.listener,
+            2,
+            Some((offer, std::os::fd::AsFd::as_fd(&x.fd))),
+            self.deadline,
+            |_, o, fd| {
+                let va = rt.import_memory(dev, fd, o.size as usize)?;
+                mapped = Some((va, o.offset as usize, o.size as usize));
+                Ok(())
+            },
+        )?;
+        assert!(
+            agreed,
+            "process {}: the two processes did not agree",
+            self.me
+        );
+        Ok(mapped.expect("the peer's memory was mapped"))
+    }
+
+    /// In the first process: waits (until the deadline) for the second to pass.
+    pub(crate) fn finish(self) -> Result<()> {
+        use std::time::Duration;
+        let Some(mut k) = self.kid else {
+            return Ok(());
+        };
+        let status = loop {
+            if let Some(s) = k
+                .try_wait()
+                .map_err(|e| Error::invalid("test", e.to_string()))?
+            {
+                break s;
+            }
+            if std::time::Instant::now() >= self.deadline {
+                let _ = k.kill();
+                return Err(Error::invalid("test", "the second process did not finish"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "the second process failed: {status}");
+        Ok(())
+    }
+}
+
+/// Memory exported in one process and mapped in another ([`Pair`]), on the same GPU, so one
+/// GPU suffices. Each process reads the other's bytes through its mapping; the child then
+/// writes through it and the parent sees the write.
 #[cfg(target_os = "linux")]
 pub fn export_import_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Result<()> {
-    use std::os::fd::AsFd;
-    use std::time::{Duration, Instant};
     use unicomm_core::backend::DeviceMemory;
-    let child = std::env::var(IPC_CHILD).ok();
-    let me = usize::from(child.is_some());
+    let pair = Pair::start(test)?;
+    let me = pair.me;
     let cs = g.comms(1)?;
     let c = &cs[0];
     let (rt, dev) = (c.backend().runtime().clone(), c.backend().device());
@@ -317,60 +438,7 @@ pub fn export_import_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Res
     let mut a = c.alloc::<u32>(n)?;
     a.copy_from_host(&vec![mine(me); n], &st)?;
     st.synchronize()?;
-    let addr = a.memory().address();
-    let x = rt.export_memory(dev, addr)?;
-    let seed: Vec<u8> = match &child {
-        Some(h) => (0..h.len() / 2)
-            .filter_map(|i| u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok())
-            .collect(),
-        None => format!("{:?}{}", Instant::now(), std::process::id()).into_bytes(),
-    };
-    let job = crate::ipc::Job::from_id(&seed);
-    let listener = crate::ipc::Listener::bind(job, 0, me)?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut kid = None;
-    if me == 0 {
-        let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
-        let exe = std::env::current_exe().map_err(|e| Error::invalid("test", e.to_string()))?;
-        kid = Some(
-            std::process::Command::new(exe)
-                .args(["--exact", test, "--test-threads=1", "--nocapture"])
-                .env(IPC_CHILD, hex)
-                .spawn()
-                .map_err(|e| Error::invalid("test", format!("starting the second process: {e}")))?,
-        );
-        // The child's listener must exist before the exchange (the copy-engine path has a
-        // barrier collective for this).
-        let name = format!("@{}", job.name(0, 1));
-        while !std::fs::read_to_string("/proc/net/unix").is_ok_and(|t| t.contains(&name)) {
-            if Instant::now() >= deadline {
-                return Err(Error::invalid(
-                    "test",
-                    "the second process never bound its socket",
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-    let offer = crate::ipc::Offer {
-        size: x.size as u64,
-        offset: (addr - x.base) as u64,
-        bytes: 4 * n as u64,
-    };
-    let mut mapped = None;
-    let agreed = crate::ipc::exchange(
-        &listener,
-        2,
-        Some((offer, x.fd.as_fd())),
-        deadline,
-        |_, o, fd| {
-            let va = rt.import_memory(dev, fd, o.size as usize)?;
-            mapped = Some((va, o.offset as usize, o.size as usize));
-            Ok(())
-        },
-    )?;
-    assert!(agreed, "process {me}: the two processes did not agree");
-    let (va, off, size) = mapped.expect("the peer's memory was mapped");
+    let (va, off, size) = pair.swap(&*rt, dev, a.memory().address(), 4 * n)?;
     let b = c.alloc::<u32>(n)?;
     // SAFETY: `va + off` maps the peer's 4n bytes (its offer); `b` holds 4n bytes; both stay
     // alive until the stream is synchronized by copy_to_host.
@@ -389,21 +457,8 @@ pub fn export_import_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Res
     }
     // SAFETY: the mapping made above, idle (the stream was synchronized).
     unsafe { rt.unmap_imported(dev, va, size) }?;
-    if let Some(mut k) = kid {
-        let status = loop {
-            if let Some(s) = k
-                .try_wait()
-                .map_err(|e| Error::invalid("test", e.to_string()))?
-            {
-                break s;
-            }
-            if Instant::now() >= deadline {
-                let _ = k.kill();
-                return Err(Error::invalid("test", "the second process did not finish"));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(status.success(), "the second process failed: {status}");
+    if me == 0 {
+        pair.finish()?;
         assert_eq!(
             a.copy_to_host(&st)?,
             vec![99; n],
@@ -577,6 +632,14 @@ macro_rules! gpu_test_suite {
                 t::export_import_across_processes(
                     &super::$gpu,
                     "shared::exported_memory_maps_into_another_process",
+                )
+            }
+            #[cfg(target_os = "linux")]
+            #[test]
+            fn copy_engine_signals_across_processes() -> ::unicomm_core::Result<()> {
+                t::signals_across_processes(
+                    &super::$gpu,
+                    "shared::copy_engine_signals_across_processes",
                 )
             }
         }

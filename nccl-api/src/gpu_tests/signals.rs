@@ -421,3 +421,154 @@ pub fn signals_replay_in_a_graph<R: Runtime>(g: &Gpu<R>, capture: Capture<'_, R>
     }
     Ok(())
 }
+
+/// The protocol between two processes on one GPU ([`super::Pair`]), as one rank per process
+/// runs it: each process is a rank whose output and signal block live in one allocation from
+/// the library's allocator, exported and mapped by the other (the window and block exchange
+/// of the path), so every signal and data copy into the peer goes through memory imported
+/// from another process. Rank 1's stream is first held by a gate word of its own until rank
+/// 0 opens it with a stream write through its mapping; rank 0's stream must wait on the
+/// device meanwhile. Then each rank runs `ITERS` all-to-alls signalled by stream writes into
+/// the peer's flags (where the runtime signals by writes) and `ITERS` by 4-byte copies:
+/// every iteration's snapshot holds both ranks' chunks, and the flags end re-armed.
+#[cfg(target_os = "linux")]
+pub fn signals_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Result<()> {
+    use unicomm_core::backend::DeviceMemory;
+    let pair = super::Pair::start(test)?;
+    let me = pair.me;
+    let cs = g.comms(1)?;
+    let c = &cs[0];
+    let (rt, dev) = (c.backend().runtime().clone(), c.backend().device());
+    if !rt.stream_memory_ops(dev) {
+        return Err(Error::unsupported(
+            "the copy-engine signals",
+            "stream memory operations",
+            format!("{} on device {dev}", R::NAME),
+        ));
+    }
+    let modes: &[bool] = if rt.signal_by_write(dev) {
+        &[true, false]
+    } else {
+        &[false]
+    };
+    let iters = modes.len() * ITERS;
+    // The shared allocation: the output's W chunks, the signal block, the gate word.
+    let block_off = W * CHUNK;
+    let gate_off = block_off + block_bytes(W);
+    let st = c.create_stream()?;
+    let mut region = c.alloc::<u32>((gate_off + 4) / 4)?;
+    let mut image = vec![0u32; W * N];
+    image.extend(
+        block_image(W)
+            .chunks_exact(4)
+            .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]])),
+    );
+    image.push(0);
+    region.copy_from_host(&image, &st)?;
+    let (mut send, mut snap) = (Vec::new(), Vec::new());
+    for k in 0..iters {
+        let mut b = c.alloc::<u32>(W * N)?;
+        b.copy_from_host(
+            &(0..W * N)
+                .map(|j| value(k, me, j / N, j % N))
+                .collect::<Vec<_>>(),
+            &st,
+        )?;
+        send.push(b);
+        snap.push(c.alloc::<u32>(W * N)?);
+    }
+    st.synchronize()?;
+    let own = region.memory().address();
+    let (va, off, size) = pair.swap(&*rt, dev, own, gate_off + 4)?;
+    let peer = va + off;
+    let out = |r: usize| if r == me { own } else { peer };
+    let bases: Vec<usize> = (0..W).map(|r| out(r) + block_off).collect();
+    let work = c.create_stream()?;
+    let s = work.inner();
+    if me == 1 {
+        // SAFETY: the gate word of this process's region, alive until the end.
+        unsafe { rt.wait_value32(dev, own + gate_off, 1, s) }?;
+    }
+    for (m, &by_write) in modes.iter().enumerate() {
+        let sig = Signals {
+            block: None,
+            bases: bases.clone(),
+            mapped: Vec::new(),
+            by_write,
+        };
+        for it in 0..ITERS {
+            let k = m * ITERS + it;
+            sig.phase(&*rt, dev, me, Phase::Ready, s)?;
+            for q in 0..W {
+                let p = (me + q) % W;
+                let (dst, src) = (out(p) + me * CHUNK, send[k].memory().address() + p * CHUNK);
+                // SAFETY: chunk p of this rank's send buffer into chunk `me` of rank p's
+                // output (this process's region or the mapping of the peer's), both alive
+                // until this stream is idle (below).
+                unsafe { rt.copy_async(dev, dst, src, CHUNK, s) }?;
+            }
+            sig.phase(&*rt, dev, me, Phase::Done, s)?;
+            // SAFETY: this rank's output into its snapshot of iteration k.
+            unsafe { rt.copy_async(dev, snap[k].memory().address(), own, W * CHUNK, s) }?;
+        }
+    }
+    let mut held = true;
+    let opener = c.create_stream()?;
+    if me == 0 {
+        std::thread::sleep(Duration::from_millis(300));
+        held = !rt.query(s)?;
+        // SAFETY: the gate word of the peer's region, through the mapping, alive until it is
+        // unmapped after this stream is idle.
+        unsafe { rt.write_value32(dev, peer + gate_off, 1, opener.inner()) }?;
+    }
+    let done = idle(&*rt, s, Duration::from_secs(20))
+        .and_then(|()| idle(&*rt, opener.inner(), Duration::from_secs(5)));
+    if let Err(e) = done {
+        // Release this rank's waits as an abort does, so nothing is freed under a waiting
+        // stream; what does not drain is leaked.
+        // SAFETY: this rank's block and gate, alive here.
+        let drained = unsafe {
+            rt.write_value32(dev, own + gate_off, 1, opener.inner())?;
+            release(&*rt, dev, bases[me], W, me, Duration::from_secs(10), || {
+                rt.query(s)
+            })?
+        };
+        if !drained {
+            std::mem::forget((region, send, snap));
+        }
+        return Err(e);
+    }
+    assert!(
+        held,
+        "rank 0's stream did not wait for rank 1's ready signal"
+    );
+    for (k, shot) in snap.iter().enumerate() {
+        let got = shot.copy_to_host(&st)?;
+        if let Some(j) = (0..W * N).find(|&j| got[j] != value(k, j / N, me, j % N)) {
+            panic!(
+                "rank {me}, iteration {k} (signals by {}): chunk {} element {} is {}, not rank {}'s {}",
+                if modes[k / ITERS] { "writes" } else { "copies" },
+                j / N,
+                j % N,
+                got[j],
+                j / N,
+                value(k, j / N, me, j % N)
+            );
+        }
+    }
+    let flags = &region.copy_to_host(&st)?[W * N..];
+    let mut want = vec![0u32; 2 * W];
+    want.extend([1, u32::from(me == 1)]);
+    assert_eq!(
+        flags, want,
+        "rank {me}: flags re-armed, the constant intact (and the gate opened)"
+    );
+    // SAFETY: the mapping made by the swap; every stream that used it is idle.
+    unsafe { rt.unmap_imported(dev, va, size) }?;
+    eprintln!(
+        "signals_across_processes: rank {me}: {iters} all-to-alls of {} MiB per peer through the peer's imported memory, signalled by {}",
+        CHUNK >> 20,
+        if modes.len() == 2 { "writes, then copies" } else { "copies" }
+    );
+    pair.finish()
+}

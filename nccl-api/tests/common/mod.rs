@@ -85,6 +85,8 @@ pub static WORD_COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::Atom
 pub static ONE_WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// Signal waits the host runtime performed, and writes (re-arms and probes).
 pub static WAITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Signal waits in progress (a stream held on the device).
+pub static WAITING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Host memory standing in for a device.
 #[derive(Debug)]
@@ -219,19 +221,23 @@ impl Runtime for Host {
         // The host stream is synchronous: the wait blocks the enqueuing thread until a peer
         // thread writes the word (with a deadline, so a broken protocol fails the test).
         WAITS.fetch_add(1, SeqCst);
+        WAITING.fetch_add(1, SeqCst);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         // SAFETY: the trait contract: an aligned live word.
         let w = unsafe { &*(addr as *const std::sync::atomic::AtomicU32) };
+        let mut r = Ok(());
         while w.load(SeqCst) != value {
             if std::time::Instant::now() > deadline {
-                return Err(unicomm_core::Error::Timeout {
+                r = Err(unicomm_core::Error::Timeout {
                     what: format!("host wait for {value} at {addr:#x}"),
                     after: std::time::Duration::from_secs(20),
                 });
+                break;
             }
             std::thread::yield_now();
         }
-        Ok(())
+        WAITING.fetch_sub(1, SeqCst);
+        r
     }
     unsafe fn write_value32(
         &self,

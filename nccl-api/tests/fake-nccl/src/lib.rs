@@ -102,6 +102,18 @@ fn delay(d: &std::sync::atomic::AtomicU64) {
     }
 }
 
+/// The test's count of signal waits in progress (the host runtime's), or null.
+static ABORT_WAITS_FOR: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicUsize> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Test control: ncclCommAbort returns only once `*waiting` is 0 (at most 20 s), as NCCL
+/// 2.28's abort synchronizes with the device before it returns, which a stream held in a
+/// signal wait never lets it do. `waiting` must live as long as the library (a static).
+#[no_mangle]
+pub unsafe extern "C" fn unicommFakeAbortWaitsFor(waiting: *const std::sync::atomic::AtomicUsize) {
+    ABORT_WAITS_FOR.store(waiting.cast_mut(), std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Test control: `c`'s calls never settle (ncclInProgress forever).
 #[no_mangle]
 pub unsafe extern "C" fn unicommFakeStickInProgress(c: *mut Comm) {
@@ -232,6 +244,15 @@ pub unsafe extern "C" fn ncclCommDestroy(c: *mut Comm) -> R {
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommAbort(c: *mut Comm) -> R {
     count("ncclCommAbort");
+    let waiting = ABORT_WAITS_FOR.load(std::sync::atomic::Ordering::SeqCst);
+    if !waiting.is_null() {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while (*waiting).load(std::sync::atomic::Ordering::SeqCst) > 0
+            && std::time::Instant::now() < end
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
     drop(Box::from_raw(c));
     OK
 }
