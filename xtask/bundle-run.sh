@@ -12,7 +12,8 @@ rc=0
 # copy-engine path ordered by signals against barriers), autoprobe (why auto
 # trails the window mode for small all_reduce), bench (the
 # unicomm-bench sweep and the visualgen preset), faults (deadlines, a killed rank, resource
-# churn), procs (one rank per process, default and network transports) or overlap (a
+# churn), procs (one rank per process, default and network transports; with one GPU both
+# ranks share it, for correctness) or overlap (a
 # kernel's slowdown under NCCL's and the copy-engine all_to_all; the single-thread sweep): each takes
 # minutes, so a time-limited session can run them in separate calls. BENCH_ARGS adds to the
 # sweep's arguments.
@@ -86,20 +87,23 @@ for v in nccl rccl; do
     continue
   fi
   if [ "$PARTS" = faults ] || [ "$PARTS" = all ]; then
-    if [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then
-      # One rank per process through the bundle's launcher (xtask launch = run --procs).
-      step $v faults skip;  UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 --timeout-s 120 -- ./faults --vendor $vendor --scenario skip 2>&1 | tee "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
-      step $v faults abort; ./xtask launch --procs 2 --timeout-s 120 -- ./faults --vendor $vendor --scenario abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
-      # The same on the copy-engine path (signal waits, which the abort must release).
-      step $v faults ce-skip; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-skip 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
-      step $v faults ce-abort; ./xtask launch --procs 2 --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
-      # Started by hand, not by the launcher (which would stop rank 0 as soon as rank 1
-      # dies): the verdict is rank 0's, on its own.
-      step $v faults kill
-      kport=$((29600 + RANDOM % 300))
-      for r in 0 1; do RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$kport UNICOMM_TIMEOUT_MS=20000 timeout 120 ./faults --vendor $vendor --scenario kill & done 2>&1 | tee -a "$OUT/$v-faults.log"
-      wait; grep -q "faults kill: rank 0: PASSED" "$OUT/$v-faults.log" || { echo "faults kill: rank 0 did not pass"; rc=1; }
-    else echo "faults: needs 2 GPUs, $UNICOMM_GPU_WORLD here: not run"; fi
+    # One rank per process through the bundle's launcher (xtask launch = run --procs). With
+    # one GPU the two processes share it (--share-gpu: NCCL is told they are on two hosts).
+    if [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then share=; else share=--share-gpu; echo "faults: one GPU here: the two ranks share it (xtask launch --share-gpu)"; fi
+    step $v faults skip;  UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario skip 2>&1 | tee "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults abort; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # The same on the copy-engine path (signal waits, which the abort must release).
+    step $v faults ce-skip; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-skip 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults ce-abort; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # Started by hand, not by the launcher (which would stop rank 0 as soon as rank 1
+    # dies): the verdict is rank 0's, on its own.
+    step $v faults kill
+    kport=$((29600 + RANDOM % 300))
+    for r in 0 1; do
+      if [ -n "$share" ]; then dev=0; hostid="NCCL_HOSTID=unicomm-kill-$kport-$r"; else dev=$r; hostid=; fi
+      env $hostid RANK=$r WORLD_SIZE=2 LOCAL_RANK=$dev MASTER_ADDR=127.0.0.1 MASTER_PORT=$kport UNICOMM_TIMEOUT_MS=20000 timeout 120 ./faults --vendor $vendor --scenario kill &
+    done 2>&1 | tee -a "$OUT/$v-faults.log"
+    wait; grep -q "faults kill: rank 0: PASSED" "$OUT/$v-faults.log" || { echo "faults kill: rank 0 did not pass"; rc=1; }
     step $v faults churn; timeout ${CHURN_TIMEOUT:-330} ./faults --vendor $vendor --scenario churn --comms ${CHURN_COMMS:-1000} --budget-s ${CHURN_BUDGET:-240} 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   fi
   if [ "$PARTS" = procs ] || [ "$PARTS" = all ]; then
@@ -121,7 +125,19 @@ for v in nccl rccl; do
       step $v bench 2 processes: copy engines
       ./xtask launch --procs 2 --timeout-s 300 -- ./unicomm-bench --vendor $vendor --modes registered,window,ce --coll all_to_all,all_gather -b 1M -e 512M -f 4 -w 5 -n 20 -c 1 --place out -J "$OUT/$v-bench-procs-ce.json" > "$OUT/$v-bench-procs-ce.log" 2>&1 || rc=1
       grep -E "mode|512|wrong|error|==>" "$OUT/$v-bench-procs-ce.log" | tail -12
-    else echo "procs: needs 2 GPUs, $UNICOMM_GPU_WORLD here: not run"; fi
+    else
+      # One GPU: the two processes share it (xtask launch --share-gpu), for correctness
+      # only (NCCL joins them over sockets; their contexts time-share the GPU).
+      echo "procs: one GPU here: the two ranks share it (correctness, not speed)"
+      log="$OUT/$v-procs-shared-gpu.log"; : > "$log"
+      for prog in allreduce_ub alltoall_ub rank_conformance; do
+        step $v 2 processes on one GPU: $prog
+        ./xtask launch --procs 2 --share-gpu --timeout-s 300 -- ./$prog --vendor $vendor 2>&1 | tee -a "$log" | grep -E "PASSED|FAILED|error|NOT run|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+      done
+      step $v bench 2 processes on one GPU: copy engines, data checked
+      ./xtask launch --procs 2 --share-gpu --timeout-s 300 -- ./unicomm-bench --vendor $vendor --modes window,ce --coll all_to_all,all_gather -b 8 -e 64M -f 8 -w 2 -n 10 -c 1 --place out,in -J "$OUT/$v-bench-procs-ce.json" > "$OUT/$v-bench-procs-ce.log" 2>&1 || rc=1
+      grep -E "wrong|error|==>" "$OUT/$v-bench-procs-ce.log" | tail -6
+    fi
   fi
   if [ "$PARTS" = overlap ] || [ "$PARTS" = all ]; then
     if [ -x ./overlap ] && [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then

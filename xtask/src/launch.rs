@@ -4,6 +4,15 @@
 //! fresh `UNICOMM_RENDEZVOUS_TOKEN` so that only its own processes can join), prefixes each
 //! line they print with `[rank r]`, stops the others when one fails, and exits with the
 //! first failure's code.
+//!
+//! `--share-gpu` puts every rank on GPU 0 (`LOCAL_RANK=0`) and gives each process a host id
+//! of its own (`NCCL_HOSTID`): NCCL refuses two ranks of one host on one GPU ("Duplicate GPU
+//! detected", 2.28.9), so it then takes them for ranks of different hosts and joins them
+//! over its network transport, while unicomm's own exchanges (the copy-engine path's
+//! abstract Unix sockets, the rendezvous) still find each other on this machine. A machine
+//! with one GPU so runs one-rank-per-process programs (the fault scenarios, the copy-engine
+//! path across processes) for correctness; not for speed (the ranks' contexts time-share the
+//! GPU, NCCL's transport is sockets).
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -72,14 +81,16 @@ fn code(st: ExitStatus) -> i32 {
     st.code().unwrap_or(1)
 }
 
-/// Runs `program args` as `n` ranks on this machine; `Ok(())` when every rank succeeded,
-/// else an error carrying the first failure's exit code.
+/// Runs `program args` as `n` ranks on this machine (all on GPU 0 with `share_gpu`, see the
+/// module's text); `Ok(())` when every rank succeeded, else an error carrying the first
+/// failure's exit code.
 pub fn run(
     program: &Path,
     args: &[String],
     env: &[(&str, &str)],
     n: usize,
     timeout: Duration,
+    share_gpu: bool,
 ) -> Result<()> {
     if n == 0 || n > 1024 {
         bail!("--procs {n}: 1..=1024 processes");
@@ -102,6 +113,17 @@ pub fn run(
             .env("MASTER_PORT", port.to_string())
             .env("UNICOMM_RENDEZVOUS_TOKEN", &token)
             .envs(env.iter().copied())
+            .envs(
+                share_gpu
+                    .then(|| {
+                        [
+                            ("LOCAL_RANK", "0".to_string()),
+                            ("NCCL_HOSTID", format!("{token}-rank-{r}")),
+                        ]
+                    })
+                    .into_iter()
+                    .flatten(),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -213,8 +235,34 @@ mod tests {
             &[],
             3,
             Duration::from_secs(30),
+            false,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn shared_gpu_ranks_are_on_gpu_0_each_with_a_host_id_of_its_own() {
+        // Each rank writes its host id to a file named by its rank; the ids must differ.
+        let dir = std::env::temp_dir().join(format!("xtask-share-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = format!(
+            r#"[ "$LOCAL_RANK" = 0 ] && [ "$WORLD_SIZE" = 3 ] && [ -n "$NCCL_HOSTID" ] && printf %s "$NCCL_HOSTID" > {}/$RANK"#,
+            dir.display()
+        );
+        run(
+            Path::new("sh"),
+            &sh(&script),
+            &[],
+            3,
+            Duration::from_secs(30),
+            true,
+        )
+        .unwrap();
+        let ids: std::collections::BTreeSet<String> = (0..3)
+            .map(|r| std::fs::read_to_string(dir.join(r.to_string())).unwrap())
+            .collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(ids.len(), 3, "{ids:?}");
     }
 
     #[test]
@@ -226,6 +274,7 @@ mod tests {
             &[],
             3,
             Duration::from_secs(120),
+            false,
         )
         .unwrap_err();
         let f = e.downcast_ref::<Failed>().expect("a rank's failure");
@@ -242,6 +291,7 @@ mod tests {
             &[],
             2,
             Duration::from_secs(1),
+            false,
         )
         .unwrap_err();
         assert_eq!(e.downcast_ref::<Failed>().map(|f| f.code), Some(124));

@@ -60,6 +60,11 @@ enum Cmd {
         /// With --procs: stop every rank after this many seconds.
         #[arg(long, default_value_t = 600)]
         timeout_s: u64,
+        /// With --procs: every rank on GPU 0, NCCL told they are on different hosts (a
+        /// machine with one GPU runs one-rank-per-process programs; for correctness, not
+        /// speed).
+        #[arg(long, requires = "procs")]
+        share_gpu: bool,
     },
     /// Run the tests: the workspace suite (the mock's conformance suite, the loaders); with
     /// --vendor cuda also the GPU tests.
@@ -90,6 +95,11 @@ enum Cmd {
         /// Stop every rank after this many seconds.
         #[arg(long, default_value_t = 600)]
         timeout_s: u64,
+        /// Every rank on GPU 0, each process with a host id of its own for NCCL
+        /// (`NCCL_HOSTID`), which refuses two ranks of one host on one GPU: a machine with
+        /// one GPU runs one-rank-per-process programs (for correctness, not speed).
+        #[arg(long)]
+        share_gpu: bool,
         /// The program and its arguments.
         #[arg(last = true, required = true)]
         program: Vec<String>,
@@ -210,6 +220,7 @@ fn run_procs(
     n: usize,
     timeout_s: u64,
     env: &[(&str, &str)],
+    share_gpu: bool,
 ) -> Result<()> {
     let exe = example_binary(o, example)?;
     let mut args = vec!["--vendor".to_string(), vendor_arg(o.vendor).to_string()];
@@ -220,6 +231,7 @@ fn run_procs(
         env,
         n,
         std::time::Duration::from_secs(timeout_s),
+        share_gpu,
     )
 }
 
@@ -254,7 +266,8 @@ fn xtask(cli: Cli) -> Result<()> {
             example,
             procs: Some(n),
             timeout_s,
-        } => run_procs(&opts, &example, n, timeout_s, &[]),
+            share_gpu,
+        } => run_procs(&opts, &example, n, timeout_s, &[], share_gpu),
         Cmd::Run { opts, example, .. } => run_example(&opts, &example),
         Cmd::Doctor(o) => {
             let o = Opts {
@@ -333,7 +346,7 @@ fn xtask(cli: Cli) -> Result<()> {
                     ("faults", 2, &["--scenario", "skip"], &fast[..]),
                     ("faults", 2, &["--scenario", "abort"], &[]),
                 ] {
-                    run_procs(&mock(args), example, n, 300, env).with_context(|| {
+                    run_procs(&mock(args), example, n, 300, env, false).with_context(|| {
                         format!("{example} {args:?} in {n} processes on the mock")
                     })?;
                 }
@@ -370,8 +383,15 @@ fn xtask(cli: Cli) -> Result<()> {
                 .iter()
                 .map(|a| a.to_string())
                 .collect();
-                launch::run(&bench, &args, &[], 2, std::time::Duration::from_secs(300))
-                    .context("unicomm-bench in 2 processes on the mock")?;
+                launch::run(
+                    &bench,
+                    &args,
+                    &[],
+                    2,
+                    std::time::Duration::from_secs(300),
+                    false,
+                )
+                .context("unicomm-bench in 2 processes on the mock")?;
             }
             match o.vendor {
                 Vendor::Cuda => gpu_tests(GpuVendor::Cuda, &o.args, nvidia_gpus()),
@@ -412,6 +432,7 @@ fn xtask(cli: Cli) -> Result<()> {
         Cmd::Launch {
             procs,
             timeout_s,
+            share_gpu,
             program,
         } => {
             let (prog, args) = program.split_first().context("no program given")?;
@@ -421,6 +442,7 @@ fn xtask(cli: Cli) -> Result<()> {
                 &[],
                 procs,
                 std::time::Duration::from_secs(timeout_s),
+                share_gpu,
             )
         }
     }
