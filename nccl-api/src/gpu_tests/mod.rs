@@ -421,7 +421,7 @@ impl Pair {
     }
 }
 
-/// Memory exported in one process and mapped in another ([`Pair`]), on the same GPU, so one
+/// Memory exported in one process and mapped in another (`Pair`), on the same GPU, so one
 /// GPU suffices. Each process reads the other's bytes through its mapping; the child then
 /// writes through it and the parent sees the write.
 #[cfg(target_os = "linux")]

@@ -422,7 +422,7 @@ pub fn signals_replay_in_a_graph<R: Runtime>(g: &Gpu<R>, capture: Capture<'_, R>
     Ok(())
 }
 
-/// The protocol between two processes on one GPU ([`super::Pair`]), as one rank per process
+/// The protocol between two processes on one GPU (`Pair`), as one rank per process
 /// runs it: each process is a rank whose output and signal block live in one allocation from
 /// the library's allocator, exported and mapped by the other (the window and block exchange
 /// of the path), so every signal and data copy into the peer goes through memory imported
