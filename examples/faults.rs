@@ -13,6 +13,12 @@
 //!
 //! After the error, every skip scenario also checks that the stream drained (a second wait
 //! returns at once) and that the aborted communicator refuses work.
+//! - `ce-behind`: `ce-skip` with an all-reduce enqueued before rank 0's second all-to-all:
+//!   its signal waits sit behind a kernel that only the abort ends, so they are released
+//!   while the library's abort runs.
+//! - `ce-drop`: rank 1 skips a copy-engine all-to-all; rank 0 enqueues it and drops its
+//!   communicator without waiting. The drop must end within the deadline (+5 s: it aborts
+//!   where the work did not complete, releasing the signal waits) and the stream drain.
 //! - `kill`: the last rank kills its own process (SIGKILL) in the middle of a stream of
 //!   collectives; the others must get an error within their deadline.
 //! - `churn` (one process, every local device): register/deregister, window and
@@ -56,7 +62,7 @@ fn args() -> anyhow::Result<Args> {
             "--comms" => a.comms = val()?.parse()?,
             "--budget-s" => a.budget = Duration::from_secs(val()?.parse()?),
             other => bail!(
-                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|kill|churn, \
+                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|kill|churn, \
                  --registrations N, --windows N, --comms N, --budget-s S)"
             ),
         }
@@ -76,9 +82,13 @@ fn run() -> anyhow::Result<()> {
         "abort" => skip(vendor, true, false),
         "ce-skip" => skip(vendor, false, true),
         "ce-abort" => skip(vendor, true, true),
+        "ce-behind" => skip_behind(vendor),
+        "ce-drop" => ce_drop(vendor),
         "kill" => kill(vendor),
         "churn" => churn(vendor, &a),
-        s => bail!("--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, kill or churn"),
+        s => bail!(
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, kill or churn"
+        ),
     }
 }
 
@@ -106,6 +116,21 @@ fn skip(vendor: Vendor, by_abort: bool, ce: bool) -> anyhow::Result<()> {
         (true, false) => "ce-skip",
         (true, true) => "ce-abort",
     };
+    skip_with(vendor, name, by_abort, ce, false)
+}
+
+fn skip_behind(vendor: Vendor) -> anyhow::Result<()> {
+    skip_with(vendor, "ce-behind", false, true, true)
+}
+
+/// The skip scenarios; `behind`: rank 0's second all-to-all after an all-reduce.
+fn skip_with(
+    vendor: Vendor,
+    name: &str,
+    by_abort: bool,
+    ce: bool,
+    behind: bool,
+) -> anyhow::Result<()> {
     let comm = unicomm::from_env(vendor).context("joining the job")?;
     let (r, w) = (comm.rank(), comm.world_size());
     ensure!(w >= 2, "needs at least 2 ranks");
@@ -157,6 +182,9 @@ fn skip(vendor: Vendor, by_abort: bool, ce: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     let t = Instant::now();
+    if behind {
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+    }
     collective(&mut b)?;
     let res = std::thread::scope(|s| {
         if by_abort {
@@ -212,6 +240,61 @@ fn skip(vendor: Vendor, by_abort: bool, ce: bool) -> anyhow::Result<()> {
     println!(
         "faults {name}: rank 0: {e} after {:.2} s (deadline {limit:?}); the stream drained {:.1} ms later; PASSED",
         waited.as_secs_f64(),
+        drain.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+fn ce_drop(vendor: Vendor) -> anyhow::Result<()> {
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    ensure!(w >= 2, "needs at least 2 ranks");
+    comm.set_copy_engine(true)
+        .context("the copy-engine path (ce-drop needs a GPU backend)")?;
+    let st = comm.create_stream()?;
+    let n = 1 << 18;
+    let send = comm.alloc::<f32>(w * n)?;
+    let mut recv = comm
+        .register_window(comm.alloc::<f32>(w * n)?)
+        .map_err(|e| e.error)?;
+    comm.all_to_all(&send, &mut recv, &st)?;
+    st.synchronize()?;
+    let how = ce_sync(&comm);
+    println!("faults ce-drop: rank {r}: the copy-engine path orders the ranks with {how}");
+    ensure!(
+        how == "signals" || how == "barrier",
+        "rank {r}: the all-to-all did not take the copy-engine path ({how})"
+    );
+    let limit = deadline(&comm);
+    if r != 0 {
+        std::thread::sleep(limit + Duration::from_secs(8));
+        let _ = comm.abort();
+        println!("faults ce-drop: rank {r} skipped the collective; PASSED");
+        return Ok(());
+    }
+    comm.all_to_all(&send, &mut recv, &st)?;
+    // The window is left to the communicator, whose teardown releases it (deregistering a
+    // window is collective, and the peer would never join); its memory stays allocated, as
+    // the pending copies may still write it.
+    std::mem::forget(recv);
+    let t = Instant::now();
+    drop(comm);
+    let took = t.elapsed();
+    ensure!(
+        took < limit + Duration::from_secs(5),
+        "rank 0: dropping the communicator took {took:?} (deadline {limit:?})"
+    );
+    let t2 = Instant::now();
+    let drained = st.synchronize();
+    let drain = t2.elapsed();
+    ensure!(
+        drained.is_ok() && drain < Duration::from_secs(5),
+        "rank 0: the stream did not drain after the drop ({drained:?} after {drain:?})"
+    );
+    drop(send);
+    println!(
+        "faults ce-drop: rank 0: the drop took {:.2} s (deadline {limit:?}); the stream drained {:.1} ms later; PASSED",
+        took.as_secs_f64(),
         drain.as_secs_f64() * 1e3
     );
     Ok(())

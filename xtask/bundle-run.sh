@@ -95,6 +95,10 @@ for v in nccl rccl; do
     # The same on the copy-engine path (signal waits, which the abort must release).
     step $v faults ce-skip; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-skip 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     step $v faults ce-abort; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # Signal waits behind an all-reduce only the abort ends; a communicator dropped while
+    # its all-to-all waits for a peer that never signals.
+    step $v faults ce-behind; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-behind 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults ce-drop; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-drop 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # Started by hand, not by the launcher (which would stop rank 0 as soon as rank 1
     # dies): the verdict is rank 0's, on its own.
     step $v faults kill

@@ -647,7 +647,19 @@ impl<R: Runtime> Drop for ApiComm<R> {
         for h in self.registry.handles(RegKind::Buffer) {
             let _ = Collective::deregister(self, h);
         }
-        let _ = self.destroy(true);
+        // Finalized where its copy-engine work completed within the deadline; else aborted,
+        // which releases this rank's signal waits beside the library's teardown (a finalize
+        // would wait for the device, which such a wait holds, with no end in non-blocking
+        // mode).
+        let finalize = self.core.live().is_err() || self.copies_done_in_time();
+        if !finalize {
+            eprintln!(
+                "unicomm: rank {}: copy-engine work still waiting at the communicator's drop after {:?}: aborted instead of finalized",
+                self.rank,
+                self.core.timeout()
+            );
+        }
+        let _ = self.destroy(finalize);
         // Peers' memory still mapped for windows the communicator took with it, and the
         // copy-engine signal blocks (peers' mapped, this rank's own), once no copy uses them.
         let mut maps: Vec<(usize, usize)> =

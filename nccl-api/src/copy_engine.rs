@@ -389,6 +389,34 @@ impl<R: Runtime> ApiComm<R> {
         }
     }
 
+    /// Whether every copy-engine operation enqueued so far has completed, waited for at most
+    /// the communicator's deadline (at once where none is pending). The drop asks this
+    /// before it finalizes: an operation held by a signal wait (a peer that never signals)
+    /// would hold the library's teardown too, which waits for the device.
+    pub(crate) fn copies_done_in_time(&self) -> bool {
+        let idle = (|| -> Result<bool> {
+            let s = {
+                let pending = self
+                    .core
+                    .ce_pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if pending.is_empty() {
+                    return Ok(true);
+                }
+                let s = self.rt.create_stream(self.dev)?;
+                for (_, e) in pending.iter() {
+                    self.rt.wait_event(self.dev, &s, e)?;
+                }
+                s
+            };
+            let mut st = crate::memory::ApiStream::from_runtime(self.rt.clone(), s, self.dev)?;
+            st.timeout = self.core.timeout();
+            st.synchronize().map(|()| true)
+        })();
+        idle.unwrap_or(false)
+    }
+
     /// Runs `release` once every copy-engine operation so far has completed (within the
     /// deadline); otherwise says what is left (`what` things) and leaves them. Whether it ran.
     pub(crate) fn release_after_copies(&self, what: usize, release: impl FnOnce()) -> bool {

@@ -253,10 +253,16 @@ impl<R: Runtime> Core<R> {
     /// fails: what it cannot release it reports on stderr, and the communicator's drop then
     /// leaks the block rather than free it under a waiting stream.
     pub(crate) fn release_signals(&self) {
-        let Some(&(base, world)) = self.ce_flags.get() else {
-            return;
-        };
         let within = self.timeout().min(RELEASE_DEADLINE);
+        self.release_signals_within(within, true);
+    }
+
+    /// [`Core::release_signals`] for at most `within`; whether every operation completed
+    /// (also where there is nothing to release). Reports a failure on stderr when `report`.
+    pub(crate) fn release_signals_within(&self, within: Duration, report: bool) -> bool {
+        let Some(&(base, world)) = self.ce_flags.get() else {
+            return true;
+        };
         // What has to complete: every stream's last operation, seen under the lock that
         // enqueuing holds (the state says aborted already, so no operation starts now).
         // Taken without blocking, between rounds of writes: an enqueue holding it may
@@ -294,7 +300,8 @@ impl<R: Runtime> Core<R> {
             )
         };
         match r {
-            Ok(true) => {}
+            Ok(true) => return true,
+            _ if !report => {}
             Ok(false) => eprintln!(
                 "unicomm: rank {}: copy-engine operations still waiting {within:?} after their signals were released (the device is stuck, or a graph launched them)",
                 self.rank
@@ -304,6 +311,7 @@ impl<R: Runtime> Core<R> {
                 self.rank
             ),
         }
+        false
     }
 }
 

@@ -30,6 +30,9 @@ pub(crate) const ABORTED: u8 = 2;
 
 /// `ncclInProgress`: a non-blocking call still running.
 pub(crate) const IN_PROGRESS: c_int = 7;
+/// How long an abort releases the copy-engine signal waits before the library's teardown
+/// (`Core::destroy_locked`): they drain within milliseconds where nothing else holds them.
+const FIRST_RELEASE: Duration = Duration::from_secs(1);
 
 /// `NCCL_API_MAGIC`, checked by `ncclCommInitRankConfig`.
 const API_MAGIC: u32 = 0xcafe_beef;
@@ -343,11 +346,15 @@ impl<R: Runtime> Core<R> {
     /// abort, or a finalize that failed (a peer gone), also releases the copy-engine path's
     /// signal waits of this rank, as the abort ends the library's kernels.
     ///
-    /// During an abort the release runs on a thread of its own, beside the library's
-    /// teardown: NCCL 2.28's `ncclCommAbort` synchronizes with the device before it returns
-    /// (its streams, its frees), which a signal wait of this rank blocks until it is
-    /// released. Released after the abort, the two waited for each other for good (seen
-    /// with one rank per process: the abort never returned).
+    /// During an abort the waits are released before the library's teardown and beside
+    /// it: NCCL 2.28's `ncclCommAbort` synchronizes with the device before it returns (its
+    /// streams, its frees), which a signal wait of this rank blocks until it is released,
+    /// and while it waits for the device, other threads' calls into the driver can wait for
+    /// it too. Released after the abort, the two waited for each other for good (seen with
+    /// one rank per process: the abort never returned). So first the waits that need only
+    /// their signals are released (at most `FIRST_RELEASE`: everything, where no library
+    /// kernel holds a stream ahead of them); what is left waits behind kernels that only
+    /// the abort ends, and is released on a thread of its own during it.
     pub(crate) fn destroy_locked(&self, finalize: bool) -> Result<()> {
         let next = if finalize { FINALIZED } else { ABORTED };
         if self.state.swap(next, Ordering::AcqRel) != LIVE {
@@ -360,7 +367,9 @@ impl<R: Runtime> Core<R> {
             }
             return r;
         }
-        if self.ce_flags.get().is_none() {
+        if self.ce_flags.get().is_none()
+            || self.release_signals_within(FIRST_RELEASE.min(self.timeout()), false)
+        {
             return self.teardown_locked(false);
         }
         std::thread::scope(|s| {
