@@ -109,6 +109,29 @@ fn ce_sync(comm: &unicomm::Comm) -> &'static str {
     }
 }
 
+/// A wait on `st` after `what` returns `Ok` within 5 s (the stream drained); how long it took.
+fn drained_soon(st: &unicomm::Stream, what: &str) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let drained = st.synchronize();
+    let drain = t.elapsed();
+    ensure!(
+        drained.is_ok() && drain < Duration::from_secs(5),
+        "rank 0: the stream did not drain after {what} ({drained:?} after {drain:?})"
+    );
+    Ok(drain)
+}
+
+/// The all-to-all took the copy-engine path (ordered by signals or barriers): says which.
+fn on_the_path(comm: &unicomm::Comm, name: &str) -> anyhow::Result<()> {
+    let (r, how) = (comm.rank(), ce_sync(comm));
+    println!("faults {name}: rank {r}: the copy-engine path orders the ranks with {how}");
+    ensure!(
+        how == "signals" || how == "barrier",
+        "rank {r}: the all-to-all did not take the copy-engine path ({how})"
+    );
+    Ok(())
+}
+
 fn skip(vendor: Vendor, by_abort: bool, ce: bool) -> anyhow::Result<()> {
     let name = match (ce, by_abort) {
         (false, false) => "skip",
@@ -162,12 +185,7 @@ fn skip_with(
     collective(&mut b)?;
     st.synchronize()?;
     if ce {
-        let how = ce_sync(&comm);
-        println!("faults {name}: rank {r}: the copy-engine path orders the ranks with {how}");
-        ensure!(
-            how == "signals" || how == "barrier",
-            "rank {r}: the all-to-all did not take the copy-engine path ({how})"
-        );
+        on_the_path(&comm, name)?;
     }
     let limit = deadline(&comm);
     if r != 0 {
@@ -221,13 +239,7 @@ fn skip_with(
     }
     // The abort ended what held the stream (NCCL's kernels; the copy-engine path's signal
     // waits, released by the abort): a second wait finds it drained.
-    let t2 = Instant::now();
-    let drained = st.synchronize();
-    let drain = t2.elapsed();
-    ensure!(
-        drained.is_ok() && drain < Duration::from_secs(5),
-        "rank 0: the stream did not drain after the abort ({drained:?} after {drain:?})"
-    );
+    let drain = drained_soon(&st, "the abort")?;
     // The communicator is aborted: further work is refused, and the process ends cleanly.
     let again = collective(&mut b);
     ensure!(
@@ -259,12 +271,7 @@ fn ce_drop(vendor: Vendor) -> anyhow::Result<()> {
         .map_err(|e| e.error)?;
     comm.all_to_all(&send, &mut recv, &st)?;
     st.synchronize()?;
-    let how = ce_sync(&comm);
-    println!("faults ce-drop: rank {r}: the copy-engine path orders the ranks with {how}");
-    ensure!(
-        how == "signals" || how == "barrier",
-        "rank {r}: the all-to-all did not take the copy-engine path ({how})"
-    );
+    on_the_path(&comm, "ce-drop")?;
     let limit = deadline(&comm);
     if r != 0 {
         std::thread::sleep(limit + Duration::from_secs(8));
@@ -284,13 +291,7 @@ fn ce_drop(vendor: Vendor) -> anyhow::Result<()> {
         took < limit + Duration::from_secs(5),
         "rank 0: dropping the communicator took {took:?} (deadline {limit:?})"
     );
-    let t2 = Instant::now();
-    let drained = st.synchronize();
-    let drain = t2.elapsed();
-    ensure!(
-        drained.is_ok() && drain < Duration::from_secs(5),
-        "rank 0: the stream did not drain after the drop ({drained:?} after {drain:?})"
-    );
+    let drain = drained_soon(&st, "the drop")?;
     drop(send);
     println!(
         "faults ce-drop: rank 0: the drop took {:.2} s (deadline {limit:?}); the stream drained {:.1} ms later; PASSED",
