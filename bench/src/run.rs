@@ -203,11 +203,11 @@ fn launch<T: Val>(c: &unicomm::Comm, k: &Call<'_>, held: &mut Held<'_, T>) -> an
     let n = k.count;
     let (send, recv) = held.bufs();
     if k.mode == Mode::Raw {
-        let rp = recv.view().device_ptr();
-        let sp = if k.in_place {
-            in_place_src(k.coll, rp, c.rank(), n, T::DTYPE)
+        let base = recv.view().device_ptr();
+        let (sp, rp) = if k.in_place {
+            in_place_ptrs(k.coll, base, c.rank(), n, T::DTYPE)
         } else {
-            send.view().device_ptr()
+            (send.view().device_ptr(), base)
         };
         return raw(c, k, sp, rp, T::DTYPE);
     }
@@ -246,11 +246,15 @@ fn launch<T: Val>(c: &unicomm::Comm, k: &Call<'_>, held: &mut Held<'_, T>) -> an
     Ok(())
 }
 
-/// NCCL's in-place input pointer: the rank's chunk for all_gather, the buffer otherwise.
-fn in_place_src(coll: Coll, base: usize, rank: usize, n: usize, dt: DataType) -> usize {
+/// NCCL's in-place (input, output) pointers in the buffer at `base` (nccl.h: all_gather
+/// reads the rank's chunk, reduce_scatter writes it; the others use the buffer for both).
+/// `n` is the per-rank count.
+fn in_place_ptrs(coll: Coll, base: usize, rank: usize, n: usize, dt: DataType) -> (usize, usize) {
+    let chunk = base + rank * n * dt.size();
     match coll {
-        Coll::AllGather => base + rank * n * dt.size(),
-        _ => base,
+        Coll::AllGather => (chunk, base),
+        Coll::ReduceScatter => (base, chunk),
+        _ => (base, base),
     }
 }
 
@@ -1256,6 +1260,25 @@ pub fn sweep(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn raw_in_place_pointers_are_nccls() {
+        use super::{in_place_ptrs, Coll, DataType};
+        let (base, n, rank) = (0x1000, 10, 3);
+        let chunk = base + rank * n * 4;
+        let dt = DataType::F32;
+        assert_eq!(
+            in_place_ptrs(Coll::AllGather, base, rank, n, dt),
+            (chunk, base)
+        );
+        assert_eq!(
+            in_place_ptrs(Coll::ReduceScatter, base, rank, n, dt),
+            (base, chunk)
+        );
+        for c in [Coll::AllReduce, Coll::Broadcast] {
+            assert_eq!(in_place_ptrs(c, base, rank, n, dt), (base, base));
+        }
+    }
+
     use super::*;
 
     /// The mock reports no device memory: every mode's buffers of every rank of the process
