@@ -1260,9 +1260,10 @@ pub fn sweep(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn raw_in_place_pointers_are_nccls() {
-        use super::{in_place_ptrs, Coll, DataType};
         let (base, n, rank) = (0x1000, 10, 3);
         let chunk = base + rank * n * 4;
         let dt = DataType::F32;
@@ -1279,10 +1280,6 @@ mod tests {
         }
     }
 
-    use super::*;
-
-    /// The mock reports no device memory: every mode's buffers of every rank of the process
-    /// must fit the host budget together, or the modes run one after another.
     /// A device row survives the bytes it is gathered as; a long name is cut to fit, at a
     /// character boundary, and tabs in names do not shift the fields.
     #[test]

@@ -389,58 +389,51 @@ impl<R: Runtime> ApiComm<R> {
         }
     }
 
+    /// Waits until every copy-engine operation enqueued so far has completed: at most
+    /// `timeout` (`None`: a stream's default, `UNICOMM_TIMEOUT_MS`); `take` also empties
+    /// the list of them.
+    fn wait_for_copies(&self, take: bool, timeout: Option<std::time::Duration>) -> Result<()> {
+        let (s, _taken) = {
+            let mut pending = self
+                .core
+                .ce_pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if pending.is_empty() {
+                return Ok(());
+            }
+            let s = self.rt.create_stream(self.dev)?;
+            for (_, e) in pending.iter() {
+                self.rt.wait_event(self.dev, &s, e)?;
+            }
+            // Taken events are kept until the wait below is over.
+            let taken = if take {
+                std::mem::take(&mut *pending)
+            } else {
+                Vec::new()
+            };
+            (s, taken)
+        };
+        let mut st = crate::memory::ApiStream::from_runtime(self.rt.clone(), s, self.dev)?;
+        if let Some(t) = timeout {
+            st.timeout = t;
+        }
+        st.synchronize()
+    }
+
     /// Whether every copy-engine operation enqueued so far has completed, waited for at most
     /// the communicator's deadline (at once where none is pending). The drop asks this
     /// before it finalizes: an operation held by a signal wait (a peer that never signals)
     /// would hold the library's teardown too, which waits for the device.
     pub(crate) fn copies_done_in_time(&self) -> bool {
-        let idle = (|| -> Result<bool> {
-            let s = {
-                let pending = self
-                    .core
-                    .ce_pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                if pending.is_empty() {
-                    return Ok(true);
-                }
-                let s = self.rt.create_stream(self.dev)?;
-                for (_, e) in pending.iter() {
-                    self.rt.wait_event(self.dev, &s, e)?;
-                }
-                s
-            };
-            let mut st = crate::memory::ApiStream::from_runtime(self.rt.clone(), s, self.dev)?;
-            st.timeout = self.core.timeout();
-            st.synchronize().map(|()| true)
-        })();
-        idle.unwrap_or(false)
+        self.wait_for_copies(false, Some(self.core.timeout()))
+            .is_ok()
     }
 
     /// Runs `release` once every copy-engine operation so far has completed (within the
     /// deadline); otherwise says what is left (`what` things) and leaves them. Whether it ran.
     pub(crate) fn release_after_copies(&self, what: usize, release: impl FnOnce()) -> bool {
-        let idle = (|| -> Result<()> {
-            let pending: Vec<R::Event> = std::mem::take(
-                &mut *self
-                    .core
-                    .ce_pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()),
-            )
-            .into_iter()
-            .map(|(_, e)| e)
-            .collect();
-            if pending.is_empty() {
-                return Ok(());
-            }
-            let s = self.rt.create_stream(self.dev)?;
-            for e in &pending {
-                self.rt.wait_event(self.dev, &s, e)?;
-            }
-            let st = crate::memory::ApiStream::from_runtime(self.rt.clone(), s, self.dev)?;
-            st.synchronize()
-        })();
+        let idle = self.wait_for_copies(true, None);
         match idle {
             Ok(()) => {
                 release();

@@ -38,13 +38,7 @@ impl<R: Runtime> Drop for Mem<'_, R> {
 /// signal blocks on device 0 (zeroed, the constant 1 in place), with the memory they live in
 /// and a stream for setting up and reading back.
 fn blocks<R: Runtime>(rt: &R) -> Result<(Mem<'_, R>, R::Stream, Vec<usize>)> {
-    if !rt.stream_memory_ops(0) {
-        return Err(Error::unsupported(
-            "the copy-engine signals",
-            "stream memory operations",
-            format!("{} on device 0", R::NAME),
-        ));
-    }
+    need_memory_ops(rt, 0)?;
     let mut mem = Mem {
         rt,
         ptrs: Vec::new(),
@@ -61,6 +55,26 @@ fn blocks<R: Runtime>(rt: &R) -> Result<(Mem<'_, R>, R::Stream, Vec<usize>)> {
     Ok((mem, setup, bases))
 }
 
+/// Every signal test needs the runtime's stream memory operations on `dev`.
+fn need_memory_ops<R: Runtime>(rt: &R, dev: usize) -> Result<()> {
+    if rt.stream_memory_ops(dev) {
+        return Ok(());
+    }
+    Err(Error::unsupported(
+        "the copy-engine signals",
+        "stream memory operations",
+        format!("{} on device {dev}", R::NAME),
+    ))
+}
+
+/// Bytes as native-endian 4-byte words.
+fn decode(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+        .collect()
+}
+
 /// `n` 4-byte words of device 0 at `addr`, read back through `s`.
 ///
 /// # Safety
@@ -69,10 +83,7 @@ unsafe fn words<R: Runtime>(rt: &R, addr: usize, n: usize, s: &R::Stream) -> Res
     let mut host = vec![0u8; 4 * n];
     // SAFETY: as the caller promised.
     unsafe { rt.dtoh(0, &mut host, addr, s)? };
-    Ok(host
-        .chunks_exact(4)
-        .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
-        .collect())
+    Ok(decode(&host))
 }
 
 fn idle<R: Runtime>(rt: &R, s: &R::Stream, within: Duration) -> Result<()> {
@@ -439,13 +450,7 @@ pub fn signals_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Result<()
     let cs = g.comms(1)?;
     let c = &cs[0];
     let (rt, dev) = (c.backend().runtime().clone(), c.backend().device());
-    if !rt.stream_memory_ops(dev) {
-        return Err(Error::unsupported(
-            "the copy-engine signals",
-            "stream memory operations",
-            format!("{} on device {dev}", R::NAME),
-        ));
-    }
+    need_memory_ops(&*rt, dev)?;
     let modes: &[bool] = if rt.signal_by_write(dev) {
         &[true, false]
     } else {
@@ -458,11 +463,7 @@ pub fn signals_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Result<()
     let st = c.create_stream()?;
     let mut region = c.alloc::<u32>((gate_off + 4) / 4)?;
     let mut image = vec![0u32; W * N];
-    image.extend(
-        block_image(W)
-            .chunks_exact(4)
-            .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]])),
-    );
+    image.extend(decode(&block_image(W)));
     image.push(0);
     region.copy_from_host(&image, &st)?;
     let (mut send, mut snap) = (Vec::new(), Vec::new());
