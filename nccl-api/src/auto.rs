@@ -12,8 +12,9 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use unicomm_core::backend::DeviceMemory;
 use unicomm_core::registry::RegKind;
-use unicomm_core::{Error, Kind, Op, RawHandle, Result, Version};
+use unicomm_core::{Collective, DataType, Error, Kind, Op, RawHandle, ReduceOp, Result, Version};
 
 use crate::api::NcclComm;
 use crate::comm::ApiComm;
@@ -121,6 +122,104 @@ impl<R: Runtime> ApiComm<R> {
         Ok(slot.get_or_insert(s).clone())
     }
 
+    /// The thresholds this communicator's automatic registrations use, in place of
+    /// `UNICOMM_TUNE_FILE` or the built-in defaults (an engine that ships its own tuning).
+    /// Before the first automatic registration, where the ranks agree on the policy: every
+    /// rank must set the same one (else that registration fails on every rank); afterwards
+    /// `InvalidArgument`.
+    pub fn set_auto_policy(&self, policy: Policy) -> Result<()> {
+        let mut wanted = self.wanted_policy.lock().unwrap_or_else(|e| e.into_inner());
+        if self.policy.get().is_some() {
+            return Err(Error::invalid(
+                "policy",
+                "the ranks agreed on the automatic policy at the first automatic registration; set it before that",
+            ));
+        }
+        *wanted = Some(policy);
+        Ok(())
+    }
+
+    /// The automatic policy the ranks agreed on, once an automatic registration has been
+    /// made.
+    pub fn auto_policy(&self) -> Option<&Policy> {
+        self.policy.get()
+    }
+
+    /// The ranks agree on the automatic policy (collective, once, at the first automatic
+    /// registration): a call runs on the path the policy picks, so ranks whose policies
+    /// differ (tune files written on different machines, `set_auto_policy` on some ranks)
+    /// would take different communicators or the copy engines for the same call, and wait
+    /// for each other until the deadline. Every rank offers its policy's digest, one whose
+    /// policy did not load offers "none", and all see whether all offered the same.
+    fn agree_policy(&self) -> Result<()> {
+        if self.policy.get().is_some() {
+            return Ok(());
+        }
+        let wanted = self
+            .wanted_policy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mine = match wanted {
+            Some(p) => Ok(p),
+            None => Policy::current().cloned(),
+        };
+        if self.world > 1 {
+            self.not_in_group("agreeing on the automatic policy")?;
+            let digest = mine.as_ref().map_or(u64::MAX, Policy::digest);
+            let same = self.all_offer(digest)?;
+            let mine = mine?;
+            if !same {
+                return Err(Error::invalid(
+                    "policy",
+                    format!(
+                        "rank {}'s automatic policy (UNICOMM_TUNE_FILE or set_auto_policy, digest {digest:016x}) differs from another rank's; every rank must use the same thresholds (one tune file for the job)",
+                        self.rank
+                    ),
+                ));
+            }
+            let _ = self.policy.set(mine);
+        } else {
+            let _ = self.policy.set(mine?);
+        }
+        Ok(())
+    }
+
+    /// Whether every rank offers `value` (collective): one in-place all-reduce of
+    /// `[value, !value]` with max, which gives `[max, !min]`, waited for with the
+    /// communicator's deadline.
+    fn all_offer(&self, value: u64) -> Result<bool> {
+        let mem = Collective::alloc(self, 16)?;
+        let st = Collective::create_stream(self)?;
+        let mut words = [0u8; 16];
+        words[..8].copy_from_slice(&value.to_ne_bytes());
+        words[8..].copy_from_slice(&(!value).to_ne_bytes());
+        mem.write(0, &words, &st)?;
+        let (p, raw) = (mem.ptr as *mut c_void, R::raw_stream(st.inner()));
+        let (u64t, max) = (DataType::U64.nccl(), ReduceOp::Max.nccl());
+        let all_reduce = self.api.fns.all_reduce;
+        let done = self
+            .call(|c| {
+                // SAFETY: 16 bytes of this rank's device memory, two uint64 in place, on a
+                // stream of this device; `mem` outlives the operation (below).
+                let code = unsafe { all_reduce(p, p, 2, u64t, max, c, raw) };
+                self.check("ncclAllReduce", code)
+            })
+            .and_then(|()| mem.read(0, &mut words, &st));
+        if let Err(e) = done {
+            // The operation may still be pending (a deadline passed, the communicator
+            // aborted): its memory is left to it rather than freed under it.
+            std::mem::forget(mem);
+            return Err(e);
+        }
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&words[i * 8..i * 8 + 8]);
+            u64::from_ne_bytes(w)
+        };
+        Ok(word(0) == value && !word(1) == value)
+    }
+
     /// `register_auto`: a window here, shared for the copy engines in a local world, and
     /// `ncclCommRegister` on the second communicator.
     pub(crate) fn register_auto_impl(
@@ -134,6 +233,7 @@ impl<R: Runtime> ApiComm<R> {
             self.api.flavor.registration_since,
             self.api.fns.comm_register,
         )?;
+        self.agree_policy()?;
         let h = self.window_register(mem, offset, bytes, RegKind::Auto)?;
         let undo = |e: Error| {
             let _ = self.deregister_auto_impl(h);
@@ -219,7 +319,12 @@ impl<R: Runtime> ApiComm<R> {
             Kind::AllGather | Kind::AllToAll | Kind::ReduceScatter { .. }
         );
         let size = op.count * esize * if per_rank { self.world } else { 1 };
-        Ok(Some(Policy::current()?.choose(op.kind, size)))
+        let policy = match self.policy.get() {
+            Some(p) => p,
+            // Not reached: a live automatic registration agreed on one first.
+            None => Policy::current()?,
+        };
+        Ok(Some(policy.choose(op.kind, size)))
     }
 
     /// The second communicator's handle, for a call the policy sends there.

@@ -39,6 +39,10 @@ pub struct ApiComm<R: Runtime> {
     pub(crate) ce: CopyEngine<R>,
     /// Live automatic registrations (so calls without any skip the policy's lookups).
     pub(crate) autos: AtomicUsize,
+    /// The automatic policy this rank proposes (`set_auto_policy`; else the process's).
+    pub(crate) wanted_policy: Mutex<Option<crate::policy::Policy>>,
+    /// The policy the ranks agreed on at the first automatic registration (`auto.rs`).
+    pub(crate) policy: std::sync::OnceLock<crate::policy::Policy>,
 }
 
 // SAFETY: an NCCL communicator is not bound to the thread that created it (NCCL's pthread
@@ -337,6 +341,8 @@ impl<R: Runtime> ApiComm<R> {
                 ..CopyEngine::default()
             },
             autos: AtomicUsize::new(0),
+            wanted_policy: Mutex::new(None),
+            policy: std::sync::OnceLock::new(),
         })
     }
 

@@ -131,6 +131,29 @@ impl Policy {
         .map_err(Clone::clone)
     }
 
+    /// A digest of the rules (FNV-1a over collective, bound and path, in order), the same
+    /// in every process for the same rules; never `u64::MAX`, which stands for "no policy".
+    pub fn digest(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for b in bytes {
+                h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        for (coll, bound, path) in &self.rules {
+            eat(coll.as_bytes());
+            // `max` is the same in a 32-bit process as in a 64-bit one.
+            let b = if *bound == usize::MAX {
+                u64::MAX
+            } else {
+                *bound as u64
+            };
+            eat(&b.to_le_bytes());
+            eat(&[*path as u8]);
+        }
+        h >> 1
+    }
+
     /// The path for `kind` at `size` bytes (nccl-tests' size), or `Registered` when no rule
     /// matches.
     pub fn choose(&self, kind: Kind, size: usize) -> Path {
@@ -178,5 +201,28 @@ mod tests {
         }
         let p = Policy::parse("# comment\nall_to_all max window # trailing\n", "t").unwrap();
         assert_eq!(p.choose(Kind::AllToAll, 1 << 30), Path::Window);
+    }
+
+    #[test]
+    fn digests_tell_policies_apart_and_ignore_comments() {
+        let d = |t: &str| Policy::parse(t, "t").unwrap().digest();
+        let a = "all_reduce 4096 window\nall_reduce max registered\n";
+        assert_eq!(
+            d(a),
+            d("# tuned\nall_reduce  4096 window # latency\nall_reduce max registered")
+        );
+        for other in [
+            "all_reduce 4097 window\nall_reduce max registered\n",
+            "all_reduce 4096 registered\nall_reduce max registered\n",
+            "all_gather 4096 window\nall_reduce max registered\n",
+            "all_reduce max registered\nall_reduce 4096 window\n",
+            "all_reduce 4096 window\n",
+            "",
+        ] {
+            assert_ne!(d(a), d(other), "{other:?}");
+        }
+        // u64::MAX is what a rank without a policy offers.
+        assert_ne!(d(""), u64::MAX);
+        assert_ne!(d(DEFAULTS), u64::MAX);
     }
 }

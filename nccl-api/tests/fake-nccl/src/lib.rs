@@ -273,42 +273,69 @@ pub unsafe extern "C" fn ncclGetLastError(_c: *mut Comm) -> *const c_char {
     s.into_raw()
 }
 
-/// The barrier of a barrier world: (arrived, generation); at most 10 s.
-static BARRIER: Mutex<(usize, u64)> = Mutex::new((0, 0));
-static BARRIER_CV: std::sync::Condvar = std::sync::Condvar::new();
+/// The all-reduce of a barrier world: ranks arrived, generation, the values so far, the
+/// last result; at most 10 s.
+struct World {
+    arrived: usize,
+    gen: u64,
+    acc: Vec<u64>,
+    done: Vec<u64>,
+}
+static WORLD: Mutex<World> = Mutex::new(World { arrived: 0, gen: 0, acc: Vec::new(), done: Vec::new() });
+static WORLD_CV: std::sync::Condvar = std::sync::Condvar::new();
 
-fn barrier(n: usize) -> R {
-    let mut b = BARRIER.lock().unwrap();
-    let gen = b.1;
-    b.0 += 1;
-    if b.0 == n {
-        *b = (0, gen + 1);
-        BARRIER_CV.notify_all();
-        return OK;
+/// An in-place all-reduce of a barrier world, a real barrier of its ranks (threads of this
+/// process) on the host: one f32 summed as a barrier (its data left as it is), or up to 8
+/// uint64 really reduced (sum, max, min), as the library's one-off agreements need.
+unsafe fn world_all_reduce(n: usize, buf: *mut c_void, count: usize, dtype: c_int, op: c_int) -> R {
+    let combine: Option<fn(u64, u64) -> u64> = match (dtype, op, count) {
+        (7, 0, 1) => None,
+        (5, 0, 1..=8) => Some(u64::wrapping_add),
+        (5, 2, 1..=8) => Some(u64::max),
+        (5, 3, 1..=8) => Some(u64::min),
+        _ => return fail(INVALID_USAGE, "fake: a barrier world has only the one-element f32 sum and up to 8 uint64 (sum, max, min)"),
+    };
+    let words = buf as *mut u64;
+    let mine: Vec<u64> = if combine.is_some() { (0..count).map(|i| *words.add(i)).collect() } else { Vec::new() };
+    let mut w = WORLD.lock().unwrap();
+    if w.arrived > 0 && w.acc.len() != mine.len() {
+        return fail(INVALID_USAGE, "fake: the ranks' all-reduces differ in count or type");
     }
-    let (b, t) = BARRIER_CV
-        .wait_timeout_while(b, std::time::Duration::from_secs(10), |b| b.1 == gen)
-        .unwrap();
-    drop(b);
-    if t.timed_out() {
-        return fail(INTERNAL_ERROR, "fake: barrier timed out");
+    w.acc = if w.arrived == 0 { mine } else { w.acc.iter().zip(&mine).map(|(a, b)| combine.map_or(0, |f| f(*a, *b))).collect() };
+    w.arrived += 1;
+    let gen = w.gen;
+    if w.arrived == n {
+        w.done = std::mem::take(&mut w.acc);
+        w.arrived = 0;
+        w.gen += 1;
+        WORLD_CV.notify_all();
+    } else {
+        let (g, t) = WORLD_CV.wait_timeout_while(w, std::time::Duration::from_secs(10), |w| w.gen == gen).unwrap();
+        w = g;
+        if t.timed_out() {
+            return fail(INTERNAL_ERROR, "fake: barrier timed out");
+        }
+    }
+    // A later all-reduce completes only once this rank arrives again: `done` is this one's.
+    for (i, v) in w.done.iter().enumerate() {
+        *words.add(i) = *v;
     }
     OK
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ncclAllReduce(s: *const c_void, r: *mut c_void, n: usize, t: c_int, _op: c_int, c: *mut Comm, _st: *mut c_void) -> R {
+pub unsafe extern "C" fn ncclAllReduce(s: *const c_void, r: *mut c_void, n: usize, t: c_int, op: c_int, c: *mut Comm, _st: *mut c_void) -> R {
     count("ncclAllReduce");
     if (*c).split {
         count("ncclAllReduce:split");
     }
     if (*c).nranks != 1 {
-        // A barrier world: only the in-place one-element all-reduce exists, and it is a
-        // real barrier of the world's ranks (threads of this process), on the host.
-        if n != 1 || s != r as *const c_void {
-            return fail(INVALID_USAGE, "fake: a barrier world has only the one-element all-reduce");
+        // A barrier world: only small in-place all-reduces exist, each a real barrier of
+        // the world's ranks (threads of this process), on the host.
+        if s != r as *const c_void {
+            return fail(INVALID_USAGE, "fake: a barrier world has only in-place all-reduces");
         }
-        return in_progress(c, barrier((*c).nranks as usize));
+        return in_progress(c, world_all_reduce((*c).nranks as usize, r, n, t, op));
     }
     in_progress(c, copy(s, r, n, t))
 }
