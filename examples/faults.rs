@@ -19,6 +19,12 @@
 //! - `ce-drop`: rank 1 skips a copy-engine all-to-all; rank 0 enqueues it and drops its
 //!   communicator without waiting. The drop must end within the deadline (+5 s: it aborts
 //!   where the work did not complete, releasing the signal waits) and the stream drain.
+//! - `policy`: the ranks' automatic policies differ (rank 1 sets thresholds of its own, and
+//!   `UNICOMM_AUTO_COPY_ENGINE=0`): every rank's first `register_auto` must fail at once
+//!   with `InvalidArgument` naming the policy (not wait until the deadline); with one
+//!   policy set on every rank the next succeeds, and since rank 1 does not want the copy
+//!   engines no rank uses them: an all-to-all the policy gives the copy engines moves
+//!   exact data on the registered path (GPU backends only).
 //! - `kill`: the last rank kills its own process (SIGKILL) in the middle of a stream of
 //!   collectives; the others must get an error within their deadline.
 //! - `churn` (one process, every local device): register/deregister, window and
@@ -62,7 +68,7 @@ fn args() -> anyhow::Result<Args> {
             "--comms" => a.comms = val()?.parse()?,
             "--budget-s" => a.budget = Duration::from_secs(val()?.parse()?),
             other => bail!(
-                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|kill|churn, \
+                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|policy|kill|churn, \
                  --registrations N, --windows N, --comms N, --budget-s S)"
             ),
         }
@@ -84,10 +90,11 @@ fn run() -> anyhow::Result<()> {
         "ce-abort" => skip(vendor, true, true),
         "ce-behind" => skip_behind(vendor),
         "ce-drop" => ce_drop(vendor),
+        "policy" => policy(vendor),
         "kill" => kill(vendor),
         "churn" => churn(vendor, &a),
         s => bail!(
-            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, kill or churn"
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, kill or churn"
         ),
     }
 }
@@ -298,6 +305,105 @@ fn ce_drop(vendor: Vendor) -> anyhow::Result<()> {
         took.as_secs_f64(),
         drain.as_secs_f64() * 1e3
     );
+    Ok(())
+}
+
+/// Sets this rank's automatic policy from a tune file's text (NCCL/RCCL backends).
+fn set_policy(comm: &unicomm::Comm, text: &str) -> anyhow::Result<()> {
+    match comm.backend() {
+        #[cfg(feature = "nccl")]
+        unicomm::AnyComm::Nccl(c) => {
+            Ok(c.set_auto_policy(unicomm::nccl::Policy::parse(text, "faults")?)?)
+        }
+        #[cfg(feature = "rccl")]
+        unicomm::AnyComm::Rccl(c) => {
+            Ok(c.set_auto_policy(unicomm::rccl::Policy::parse(text, "faults")?)?)
+        }
+        _ => bail!("the policy scenario needs a GPU backend (the mock has no automatic policy)"),
+    }
+}
+
+/// The operations that took the copy-engine path on this communicator.
+fn ce_calls(comm: &unicomm::Comm) -> u64 {
+    match comm.backend() {
+        #[cfg(feature = "nccl")]
+        unicomm::AnyComm::Nccl(c) => c.copy_engine_calls(),
+        #[cfg(feature = "rccl")]
+        unicomm::AnyComm::Rccl(c) => c.copy_engine_calls(),
+        _ => 0,
+    }
+}
+
+fn policy(vendor: Vendor) -> anyhow::Result<()> {
+    let rank = std::env::var("RANK").unwrap_or_default();
+    if rank == "1" {
+        // Read at the first automatic registration, before any thread of this process.
+        std::env::set_var("UNICOMM_AUTO_COPY_ENGINE", "0");
+    }
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    ensure!(w >= 2, "needs at least 2 ranks");
+    let limit = deadline(&comm);
+    // Everything at 1 MiB and up to the copy engines (where every rank shares them).
+    let shared = "all_to_all 1048575 registered\nall_to_all max ce\nall_reduce max registered\n";
+    if r == 1 {
+        set_policy(&comm, "all_to_all max window\nall_reduce max window\n")?;
+    }
+    let n = 1 << 20; // 4 MiB of u32 per peer
+    let t = Instant::now();
+    let first = comm.register_auto(comm.alloc::<u32>(w * n)?);
+    let took = t.elapsed();
+    match &first {
+        Err(e) => match &e.error {
+            Error::InvalidArgument { argument, .. } if *argument == "policy" => {}
+            other => bail!("rank {r}: the first registration failed with {other}, not the policy"),
+        },
+        Ok(_) => {
+            bail!("rank {r}: the first registration succeeded although the ranks' policies differ")
+        }
+    }
+    ensure!(
+        took < Duration::from_secs(5).min(limit),
+        "rank {r}: the mismatch took {took:?} to be reported (deadline {limit:?})"
+    );
+    println!(
+        "faults policy: rank {r}: {} after {:.3} s",
+        first
+            .as_ref()
+            .err()
+            .map_or(String::new(), |e| e.error.to_string()),
+        took.as_secs_f64()
+    );
+    set_policy(&comm, shared)?;
+    let st = comm.create_stream()?;
+    let mut send = comm
+        .register_auto(comm.alloc::<u32>(w * n)?)
+        .map_err(|e| e.error)?;
+    let mut recv = comm
+        .register_auto(comm.alloc::<u32>(w * n)?)
+        .map_err(|e| e.error)?;
+    let data: Vec<u32> = (0..w * n).map(|i| (r * w * n + i) as u32).collect();
+    send.copy_from_host(&data, &st)?;
+    comm.all_to_all(&send, &mut recv, &st)?;
+    let got = recv.copy_to_host(&st)?;
+    for p in 0..w {
+        for i in 0..n {
+            let want = (p * w * n + r * n + i) as u32;
+            ensure!(
+                got[p * n + i] == want,
+                "rank {r}: element {i} from rank {p} is {} (want {want})",
+                got[p * n + i]
+            );
+        }
+    }
+    let ce = ce_calls(&comm);
+    ensure!(
+        ce == 0,
+        "rank {r}: {ce} operation(s) took the copy engines, which rank 1 does not want"
+    );
+    comm.deregister_auto(send)?;
+    comm.deregister_auto(recv)?;
+    println!("faults policy: rank {r}: agreed on one policy, the all-to-all exact on the registered path (no copy engines: rank 1 declined them); PASSED");
     Ok(())
 }
 

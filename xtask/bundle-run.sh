@@ -99,6 +99,8 @@ for v in nccl rccl; do
     # its all-to-all waits for a peer that never signals.
     step $v faults ce-behind; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-behind 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     step $v faults ce-drop; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-drop 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # The ranks' automatic policies differ (rank 1's thresholds and UNICOMM_AUTO_COPY_ENGINE=0).
+    step $v faults policy; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario policy 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # Started by hand, not by the launcher (which would stop rank 0 as soon as rank 1
     # dies): the verdict is rank 0's, on its own.
     step $v faults kill

@@ -25,7 +25,7 @@ use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Flavor, Runtime};
 
 pub use interop::{memory_from_cudarc, memory_from_raw, stream_from_cudarc};
 pub use runtime::{CudaRuntime, CudaStreamHandle};
-pub use unicomm_nccl_api::UniqueId;
+pub use unicomm_nccl_api::{Policy, UniqueId};
 
 /// NCCL on CUDA.
 pub type NcclComm = ApiComm<CudaRuntime>;

@@ -27,7 +27,7 @@ use unicomm_nccl_api::search::env_dirs;
 use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Flavor, Runtime};
 
 pub use runtime::{HipRuntime, HipStreamHandle};
-pub use unicomm_nccl_api::UniqueId;
+pub use unicomm_nccl_api::{Policy, UniqueId};
 
 /// RCCL on HIP.
 pub type RcclComm = ApiComm<HipRuntime>;

@@ -145,12 +145,16 @@ impl<R: Runtime> ApiComm<R> {
         self.policy.get()
     }
 
-    /// The ranks agree on the automatic policy (collective, once, at the first automatic
-    /// registration): a call runs on the path the policy picks, so ranks whose policies
-    /// differ (tune files written on different machines, `set_auto_policy` on some ranks)
-    /// would take different communicators or the copy engines for the same call, and wait
-    /// for each other until the deadline. Every rank offers its policy's digest, one whose
-    /// policy did not load offers "none", and all see whether all offered the same.
+    /// The ranks agree on the automatic policy and on whether automatic registrations are
+    /// shared for the copy engines (collective, once, at the first automatic registration).
+    /// A call runs on the path the policy picks, so ranks whose policies differ (tune files
+    /// written on different machines, `set_auto_policy` on some ranks) would take different
+    /// communicators or the copy engines for the same call and wait for each other until
+    /// the deadline; ranks that differ on `UNICOMM_AUTO_COPY_ENGINE` would not all enter the
+    /// (collective) sharing of each registration. Every rank offers its policy's digest (one
+    /// whose policy or variable did not load offers "none") and its copy-engine wish: a
+    /// different policy fails the registration on every rank; the copy engines are used
+    /// where every rank wants them.
     fn agree_policy(&self) -> Result<()> {
         if self.policy.get().is_some() {
             return Ok(());
@@ -164,60 +168,67 @@ impl<R: Runtime> ApiComm<R> {
             Some(p) => Ok(p),
             None => Policy::current().cloned(),
         };
+        let ce = auto_copy_engine();
+        // In a world of one there is nobody to differ from.
+        let (mut same, mut ce_everywhere) = (true, true);
+        let mut digest = 0;
         if self.world > 1 {
             self.not_in_group("agreeing on the automatic policy")?;
-            let digest = mine.as_ref().map_or(u64::MAX, Policy::digest);
-            let same = self.all_offer(digest)?;
-            let mine = mine?;
-            if !same {
-                return Err(Error::invalid(
-                    "policy",
-                    format!(
-                        "rank {}'s automatic policy (UNICOMM_TUNE_FILE or set_auto_policy, digest {digest:016x}) differs from another rank's; every rank must use the same thresholds (one tune file for the job)",
-                        self.rank
-                    ),
-                ));
-            }
-            let _ = self.policy.set(mine);
-        } else {
-            let _ = self.policy.set(mine?);
+            digest = match (&mine, &ce) {
+                (Ok(p), Ok(_)) => p.digest(),
+                _ => u64::MAX,
+            };
+            let wish = self.ce.reachable() && matches!(ce, Ok(true));
+            // Max of [d, !d, !wish] is [max d, !min d, !(every rank wishes)].
+            let all = self.all_max(&[digest, !digest, u64::from(!wish)])?;
+            same = all[0] == digest && !all[1] == digest;
+            ce_everywhere = all[2] == 0;
         }
+        // This rank's own error first; its peers see "none" and fail with the mismatch.
+        let (mine, ce) = (mine?, ce?);
+        if !same {
+            return Err(Error::invalid(
+                "policy",
+                format!(
+                    "rank {}'s automatic policy (UNICOMM_TUNE_FILE or set_auto_policy, digest {digest:016x}) differs from another rank's; every rank must use the same thresholds (one tune file for the job)",
+                    self.rank
+                ),
+            ));
+        }
+        self.auto_ce.store(ce && ce_everywhere, Ordering::Relaxed);
+        let _ = self.policy.set(mine);
         Ok(())
     }
 
-    /// Whether every rank offers `value` (collective): one in-place all-reduce of
-    /// `[value, !value]` with max, which gives `[max, !min]`, waited for with the
-    /// communicator's deadline.
-    fn all_offer(&self, value: u64) -> Result<bool> {
-        let mem = Collective::alloc(self, 16)?;
+    /// The element-wise maximum of every rank's `words` (collective): one in-place
+    /// all-reduce of uint64, waited for with the communicator's deadline.
+    fn all_max(&self, words: &[u64]) -> Result<Vec<u64>> {
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let mem = Collective::alloc(self, bytes.len())?;
         let st = Collective::create_stream(self)?;
-        let mut words = [0u8; 16];
-        words[..8].copy_from_slice(&value.to_ne_bytes());
-        words[8..].copy_from_slice(&(!value).to_ne_bytes());
-        mem.write(0, &words, &st)?;
+        mem.write(0, &bytes, &st)?;
         let (p, raw) = (mem.ptr as *mut c_void, R::raw_stream(st.inner()));
-        let (u64t, max) = (DataType::U64.nccl(), ReduceOp::Max.nccl());
+        let (n, u64t, max) = (words.len(), DataType::U64.nccl(), ReduceOp::Max.nccl());
         let all_reduce = self.api.fns.all_reduce;
+        let mut out = vec![0u8; bytes.len()];
         let done = self
             .call(|c| {
-                // SAFETY: 16 bytes of this rank's device memory, two uint64 in place, on a
-                // stream of this device; `mem` outlives the operation (below).
-                let code = unsafe { all_reduce(p, p, 2, u64t, max, c, raw) };
+                // SAFETY: `n` uint64 of this rank's device memory, in place, on a stream of
+                // this device; `mem` outlives the operation (below).
+                let code = unsafe { all_reduce(p, p, n, u64t, max, c, raw) };
                 self.check("ncclAllReduce", code)
             })
-            .and_then(|()| mem.read(0, &mut words, &st));
+            .and_then(|()| mem.read(0, &mut out, &st));
         if let Err(e) = done {
             // The operation may still be pending (a deadline passed, the communicator
             // aborted): its memory is left to it rather than freed under it.
             std::mem::forget(mem);
             return Err(e);
         }
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&words[i * 8..i * 8 + 8]);
-            u64::from_ne_bytes(w)
-        };
-        Ok(word(0) == value && !word(1) == value)
+        Ok(out
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect())
     }
 
     /// `register_auto`: a window here, shared for the copy engines in a local world, and
@@ -240,7 +251,7 @@ impl<R: Runtime> ApiComm<R> {
             e
         };
         let addr = mem.range(offset, bytes, "bytes")?;
-        if self.ce.reachable() && auto_copy_engine().map_err(undo)? {
+        if self.ce.reachable() && self.auto_ce.load(Ordering::Relaxed) {
             self.share_window(h, addr, bytes).map_err(undo)?;
         }
         let sh = self.shadow().map_err(undo)?;

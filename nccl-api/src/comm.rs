@@ -43,6 +43,8 @@ pub struct ApiComm<R: Runtime> {
     pub(crate) wanted_policy: Mutex<Option<crate::policy::Policy>>,
     /// The policy the ranks agreed on at the first automatic registration (`auto.rs`).
     pub(crate) policy: std::sync::OnceLock<crate::policy::Policy>,
+    /// Whether the ranks agreed to share automatic registrations for the copy engines.
+    pub(crate) auto_ce: AtomicBool,
 }
 
 // SAFETY: an NCCL communicator is not bound to the thread that created it (NCCL's pthread
@@ -343,6 +345,7 @@ impl<R: Runtime> ApiComm<R> {
             autos: AtomicUsize::new(0),
             wanted_policy: Mutex::new(None),
             policy: std::sync::OnceLock::new(),
+            auto_ce: AtomicBool::new(false),
         })
     }
 

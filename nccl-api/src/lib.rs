@@ -44,6 +44,7 @@ mod watchdog;
 pub use api::{Api, Flavor, UniqueId};
 pub use comm::ApiComm;
 pub use memory::{ApiMemory, ApiStream};
+pub use policy::Policy;
 pub use runtime::Runtime;
 pub use search::Search;
 pub use signals::CopyEngineSync;
