@@ -1193,8 +1193,12 @@ pub fn sweep(
         };
         let per_rank: anyhow::Result<Vec<Vec<ModeOut>>> = per_rank
             .into_iter()
-            .enumerate()
-            .map(|(r, o)| o.with_context(|| format!("rank {r}, modes {}", names.join(","))))
+            .zip(comms.iter())
+            .map(|(o, c)| {
+                // The communicator's rank, not its index here (one per process: always 0).
+                let r = c.rank();
+                o.with_context(|| format!("rank {r}, modes {}", names.join(",")))
+            })
             .collect();
         let per_rank = match per_rank.and_then(|p| {
             if per_process {
