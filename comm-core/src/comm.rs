@@ -112,7 +112,10 @@ impl<C: Collective> Comm<C> {
     /// tune`) or built-in defaults. On NCCL/RCCL the buffer is a symmetric window of this
     /// communicator and `ncclCommRegister`ed with a second communicator over the same ranks
     /// (NCCL picks its algorithm from how a buffer is registered); both paths run on the
-    /// caller's stream, so ordering holds. On the mock it is a window.
+    /// caller's stream, so ordering holds; at the first one the ranks agree on the
+    /// thresholds, and where they differ (tune files from different machines) it fails on
+    /// every rank with `InvalidArgument` rather than letting one call take different paths.
+    /// On the mock it is a window.
     pub fn register_auto<T: Element>(
         &self,
         buf: Buffer<T, C>,

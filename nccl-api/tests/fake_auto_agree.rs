@@ -23,8 +23,13 @@ type Out = (Result<(), Error>, Result<(), Error>, Option<Policy>);
 /// Three ranks; `first(rank)`: the policy a rank sets before its first automatic
 /// registration (`None`: the process's, here the built-in defaults); `second`: the policy
 /// every rank sets before trying again.
-fn run(path: &std::path::Path, first: fn(usize) -> Option<Policy>, second: &Policy) -> Vec<Out> {
-    let api = Arc::new(Api::open(flavors(false, false), path).expect("load the fake"));
+fn run(
+    path: &std::path::Path,
+    rccl: bool,
+    first: fn(usize) -> Option<Policy>,
+    second: &Policy,
+) -> Vec<Out> {
+    let api = Arc::new(Api::open(flavors(false, rccl), path).expect("load the fake"));
     let id = api.unique_id().unwrap();
     let w = 3usize;
     std::thread::scope(|s| {
@@ -75,25 +80,32 @@ fn ranks_with_different_policies_fail_together_then_agree() {
     let windows = Policy::parse("all_reduce max window\n", "windows").unwrap();
     let defaults = Policy::current().unwrap().clone();
     assert_ne!(windows.digest(), defaults.digest());
+    // NCCL's flavour, then RCCL's (the same code over the other vendor's names).
+    for rccl in [false, true] {
+        agree(&path, rccl, &windows, &defaults);
+    }
+}
 
+fn agree(path: &std::path::Path, rccl: bool, windows: &Policy, defaults: &Policy) {
     // The same policy everywhere (the process's): agreed at the first registration, one
     // second communicator per rank.
-    let splits = calls(&path, "ncclCommSplit");
-    for (r, (a, b, agreed)) in run(&path, |_| None, &windows).into_iter().enumerate() {
+    let splits = calls(path, "ncclCommSplit");
+    for (r, (a, b, agreed)) in run(path, rccl, |_| None, windows).into_iter().enumerate() {
         assert!(a.is_ok() && b.is_ok(), "rank {r}: {a:?} {b:?}");
-        assert_eq!(agreed.as_ref(), Some(&defaults), "rank {r}");
+        assert_eq!(agreed.as_ref(), Some(defaults), "rank {r}");
     }
-    assert_eq!(calls(&path, "ncclCommSplit") - splits, 3);
+    assert_eq!(calls(path, "ncclCommSplit") - splits, 3);
 
     // Rank 2 brings a tune of its own: every rank's registration fails, at once (not at
     // the deadline), naming the policy, and nothing was split; with one policy set on
     // every rank the next registration agrees on it.
-    let splits = calls(&path, "ncclCommSplit");
+    let splits = calls(path, "ncclCommSplit");
     let t = Instant::now();
     let out = run(
-        &path,
+        path,
+        rccl,
         |r| (r == 2).then(|| Policy::parse("all_reduce max registered\n", "rank 2").unwrap()),
-        &windows,
+        windows,
     );
     assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
     for (r, (a, b, agreed)) in out.into_iter().enumerate() {
@@ -105,10 +117,10 @@ fn ranks_with_different_policies_fail_together_then_agree() {
             other => panic!("rank {r}: the first registration gave {other:?}"),
         }
         assert!(b.is_ok(), "rank {r}: {b:?}");
-        assert_eq!(agreed.as_ref(), Some(&windows), "rank {r}");
+        assert_eq!(agreed.as_ref(), Some(windows), "rank {r}");
     }
     assert_eq!(
-        calls(&path, "ncclCommSplit") - splits,
+        calls(path, "ncclCommSplit") - splits,
         3,
         "split only once agreed"
     );
