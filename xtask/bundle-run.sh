@@ -10,7 +10,7 @@ step() { echo "== $*"; }
 rc=0
 # PARTS=all (default), quick (tests, examples, overhead), conformance, cesync (the
 # copy-engine path ordered by signals against barriers), autoprobe (why auto
-# trails the window mode for small all_reduce), bench (the
+# trails the window mode for small all_reduce; auto's memory with shared split resources), bench (the
 # unicomm-bench sweep and the visualgen preset), faults (deadlines, a killed rank, resource
 # churn), procs (one rank per process, default and network transports; with one GPU both
 # ranks share it, for correctness) or overlap (a
@@ -83,6 +83,15 @@ for v in nccl rccl; do
       step $v autoprobe UNICOMM_AUTO_COPY_ENGINE=$ce
       UNICOMM_TUNE_FILE="$OUT/$v-autoprobe-tune.txt" UNICOMM_AUTO_COPY_ENGINE=$ce timeout 120 ./unicomm-bench --vendor $vendor --modes window,auto,registered --coll all_reduce -b 2K -e 128K -f 2 -w 50 -n 500 --place out -J "$OUT/$v-autoprobe-ce$ce.json" > "$OUT/$v-autoprobe-ce$ce.log" 2>&1 || rc=1
       grep -E "float" "$OUT/$v-autoprobe-ce$ce.log"
+    done
+    # Auto's second communicator with NCCL's resource sharing between a communicator and
+    # its splits (NCCL_COMM_SPLIT_SHARE_RESOURCES, read at the parent's creation): its
+    # device memory (window set up first, so auto's figure is the second communicator's)
+    # and whether sharing changes the paths' speed; data checked.
+    for share in 0 1; do
+      step $v auto memory NCCL_COMM_SPLIT_SHARE_RESOURCES=$share
+      NCCL_COMM_SPLIT_SHARE_RESOURCES=$share timeout 150 ./unicomm-bench --vendor $vendor --modes window,auto,registered --coll all_reduce,all_to_all -b 8 -e 512M -f 8 -w 5 -n 20 -c 1 --place out -J "$OUT/$v-autoshare$share.json" > "$OUT/$v-autoshare$share.log" 2>&1 || rc=1
+      grep -E "^# mode|wrong" "$OUT/$v-autoshare$share.log"
     done
     continue
   fi

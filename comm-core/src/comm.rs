@@ -148,9 +148,13 @@ impl<C: Collective> Comm<C> {
     }
 
     /// Turns the copy-engine path for all-to-all and all-gather on or off (NCCL/RCCL with
-    /// every rank in this process; [`Capabilities::copy_engine`]). Call it on every rank
-    /// before registering the windows the outputs live in: those outputs then move by copy
-    /// engine (no SMs), between two one-element barriers on the caller's stream.
+    /// the ranks on one host: in this process, or one per process with exportable memory;
+    /// [`Capabilities::copy_engine`]). Call it alike on every rank before registering the
+    /// windows the outputs live in: their registration then shares them with the peers,
+    /// collectively (a rank that did not turn it on would not join, and the others would
+    /// wait until their deadline). Those outputs then move by copy engine (no SMs), ordered
+    /// on the caller's stream by signals between the ranks (`UNICOMM_CE_SYNC=barrier`: two
+    /// one-element all-reduces).
     pub fn set_copy_engine(&self, on: bool) -> Result<()> {
         self.raw.set_copy_engine(on)
     }

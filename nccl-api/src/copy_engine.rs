@@ -581,15 +581,17 @@ impl<R: Runtime> ApiComm<R> {
         Ok(Some((peers, maps.iter().map(|m| (m.1, m.2)).collect())))
     }
 
-    /// `set_copy_engine`: needs the ranks in this process (a world from
-    /// `local_comms`/`init_local`), elsewhere `Unsupported`. Windows registered while it is
-    /// on are shared with the peers; only outputs in such windows take the path.
+    /// `set_copy_engine`: needs peers' memory within reach (the ranks in this process, a
+    /// world from `local_comms`/`init_local`; or, on Linux, ranks joined with `init_rank`,
+    /// whose windows are exchanged between the processes), elsewhere `Unsupported`. Windows
+    /// registered while it is on are shared with the peers (where every rank can: agreed
+    /// per window); only outputs in such windows take the path.
     pub(crate) fn copy_engine_switch(&self, on: bool) -> Result<()> {
         if on && !self.ce.reachable() {
             return Err(Error::unsupported(
                 "the copy-engine path",
-                "ranks in one process (local_comms / init_local), where peers' memory is reachable",
-                "a communicator joined with init_rank (one rank per process or thread)",
+                "ranks in one process (local_comms / init_local), or joined with init_rank on Linux, where peers' memory is reachable",
+                "a communicator joined with init_rank on a system without the memory exchange (Linux only)",
             ));
         }
         self.ce
