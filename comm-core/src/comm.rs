@@ -115,6 +115,9 @@ impl<C: Collective> Comm<C> {
     /// caller's stream, so ordering holds; at the first one the ranks agree on the
     /// thresholds, and where they differ (tune files from different machines) it fails on
     /// every rank with `InvalidArgument` rather than letting one call take different paths.
+    /// Each rank picks the path from its own buffers, so a call must use automatically
+    /// registered buffers on every rank or on none (a rank whose buffer is plain would
+    /// take another path, and the ranks would wait for each other until their deadline).
     /// On the mock it is a window.
     pub fn register_auto<T: Element>(
         &self,
