@@ -159,13 +159,11 @@ impl<R: Runtime> ApiComm<R> {
         if self.policy.get().is_some() {
             return Ok(());
         }
-        let wanted = self
-            .wanted_policy
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mine = match wanted {
-            Some(p) => Ok(p),
+        // Held until the policy is set, so a `set_auto_policy` meanwhile waits and is refused
+        // rather than accepted and ignored.
+        let wanted = self.wanted_policy.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = match &*wanted {
+            Some(p) => Ok(p.clone()),
             None => Policy::current().cloned(),
         };
         let ce = auto_copy_engine();
@@ -197,6 +195,7 @@ impl<R: Runtime> ApiComm<R> {
         }
         self.auto_ce.store(ce && ce_everywhere, Ordering::Relaxed);
         let _ = self.policy.set(mine);
+        drop(wanted);
         Ok(())
     }
 
