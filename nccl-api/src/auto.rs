@@ -188,7 +188,7 @@ impl<R: Runtime> ApiComm<R> {
             return Err(Error::invalid(
                 "policy",
                 format!(
-                    "rank {}'s automatic policy (UNICOMM_TUNE_FILE or set_auto_policy, digest {digest:016x}) differs from another rank's; every rank must use the same thresholds (one tune file for the job)",
+                    "rank {}'s automatic policy (UNICOMM_TUNE_FILE or set_auto_policy, digest {digest:016x}) differs from another rank's, or another rank could not load its own (UNICOMM_TUNE_FILE, UNICOMM_AUTO_COPY_ENGINE; that rank's error says why); every rank must use the same thresholds (one tune file for the job)",
                     self.rank
                 ),
             ));
