@@ -55,4 +55,5 @@ def main():
         print(f"- {coll} {s} B: {a:.3f} (median {b:.3f})")
 
 
-main()
+if __name__ == "__main__":
+    main()
