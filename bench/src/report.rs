@@ -367,7 +367,14 @@ pub fn tune(path: &Path, h: &Header, results: &[Measure]) -> anyhow::Result<()> 
             }
         }
     }
-    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+    // Read back as the library reads it; its digest is what the ranks of a job compare at
+    // their first automatic registration, so nodes can check their files agree by this line.
+    let shown = path.display().to_string();
+    let digest = unicomm_nccl_api::Policy::parse(&out, &shown)?.digest();
+    out.push_str(&format!(
+        "# digest {digest:016x} (every rank of a job must read rules with the same digest)\n"
+    ));
+    std::fs::write(path, out).with_context(|| format!("writing {shown}"))
 }
 
 /// The JSON: nccl-tests' keys where it has them (time, algBw, busBw, wrong, size, count,
@@ -699,5 +706,10 @@ mod tests {
             ["all_reduce 32 window", "all_reduce max registered"],
             "{text}"
         );
+        // The digest line is the library's digest of the rules as it reads the file.
+        let digest = unicomm_nccl_api::Policy::parse(&text, "t")
+            .unwrap()
+            .digest();
+        assert!(text.contains(&format!("# digest {digest:016x} ")), "{text}");
     }
 }
