@@ -203,6 +203,58 @@ mod tests {
         assert_eq!(p.choose(Kind::AllToAll, 1 << 30), Path::Window);
     }
 
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        /// A tune file is the environment's: any text parses or is refused as
+        /// `InvalidArgument` naming the variable, never a panic; and comments, blank lines
+        /// and spacing do not change what the ranks compare.
+        #[test]
+        fn any_tune_text_parses_or_is_refused_and_layout_keeps_the_digest(
+            lines in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![
+                        8 => proptest::sample::select(NAMES.to_vec()),
+                        1 => proptest::sample::select(vec!["allreduce", "", "#", "x"]),
+                    ],
+                    proptest::prop_oneof![
+                        8 => (0usize..1 << 30).prop_map(|b| b.to_string()),
+                        2 => proptest::strategy::Just("max".to_string()),
+                        1 => proptest::sample::select(vec!["18446744073709551616", "-1", "1e3", "", "ö"]).prop_map(String::from),
+                    ],
+                    proptest::prop_oneof![
+                        8 => proptest::sample::select(vec!["window", "registered", "ce"]),
+                        1 => proptest::sample::select(vec!["fast", "", "# note"]),
+                    ],
+                    proptest::sample::select(vec![" ", "  ", "\t"]),
+                ),
+                0..12,
+            ),
+            junk in proptest::prop_oneof![3 => proptest::strategy::Just(String::new()), 1 => "[ -~\t]{0,40}"],
+        ) {
+            let text: String = lines
+                .iter()
+                .map(|(c, b, p, sp)| format!("{c}{sp}{b}{sp}{p}\n"))
+                .chain(std::iter::once(junk))
+                .collect();
+            match Policy::parse(&text, "t") {
+                Ok(p) => {
+                    let spaced: String = text
+                        .lines()
+                        .map(|l| format!("  {}  # c\n\n", l.split('#').next().unwrap_or("")))
+                        .collect();
+                    let again = Policy::parse(&spaced, "t").unwrap();
+                    proptest::prop_assert_eq!(again.digest(), p.digest());
+                    proptest::prop_assert_ne!(p.digest(), u64::MAX);
+                }
+                Err(e) => proptest::prop_assert!(
+                    matches!(e, Error::InvalidArgument { argument: "UNICOMM_TUNE_FILE", .. }),
+                    "{e}"
+                ),
+            }
+        }
+    }
+
     #[test]
     fn digests_tell_policies_apart_and_ignore_comments() {
         let d = |t: &str| Policy::parse(t, "t").unwrap().digest();
