@@ -12,9 +12,8 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use unicomm_core::backend::DeviceMemory;
 use unicomm_core::registry::RegKind;
-use unicomm_core::{Collective, DataType, Error, Kind, Op, RawHandle, ReduceOp, Result, Version};
+use unicomm_core::{Error, Kind, Op, RawHandle, Result, Version};
 
 use crate::api::NcclComm;
 use crate::comm::ApiComm;
@@ -197,37 +196,6 @@ impl<R: Runtime> ApiComm<R> {
         let _ = self.policy.set(mine);
         drop(wanted);
         Ok(())
-    }
-
-    /// The element-wise maximum of every rank's `words` (collective): one in-place
-    /// all-reduce of uint64, waited for with the communicator's deadline.
-    fn all_max(&self, words: &[u64]) -> Result<Vec<u64>> {
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
-        let mem = Collective::alloc(self, bytes.len())?;
-        let st = Collective::create_stream(self)?;
-        mem.write(0, &bytes, &st)?;
-        let (p, raw) = (mem.ptr as *mut c_void, R::raw_stream(st.inner()));
-        let (n, u64t, max) = (words.len(), DataType::U64.nccl(), ReduceOp::Max.nccl());
-        let all_reduce = self.api.fns.all_reduce;
-        let mut out = vec![0u8; bytes.len()];
-        let done = self
-            .call(|c| {
-                // SAFETY: `n` uint64 of this rank's device memory, in place, on a stream of
-                // this device; `mem` outlives the operation (below).
-                let code = unsafe { all_reduce(p, p, n, u64t, max, c, raw) };
-                self.check("ncclAllReduce", code)
-            })
-            .and_then(|()| mem.read(0, &mut out, &st));
-        if let Err(e) = done {
-            // The operation may still be pending (a deadline passed, the communicator
-            // aborted): its memory is left to it rather than freed under it.
-            std::mem::forget(mem);
-            return Err(e);
-        }
-        Ok(out
-            .chunks_exact(8)
-            .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect())
     }
 
     /// `register_auto`: a window here, shared for the copy engines in a local world, and

@@ -7,6 +7,7 @@ use unicomm_core::registry::RegKind;
 use unicomm_core::{Capabilities, Collective, Error, Kind, Op, RawHandle, Result};
 
 use crate::api::NcclComm;
+use crate::check::CallPath;
 use crate::comm::ApiComm;
 use crate::copy_engine::GROUP_DEPTH;
 use crate::memory::{ApiMemory, ApiStream, Owner};
@@ -187,19 +188,31 @@ impl<R: Runtime> Collective for ApiComm<R> {
         stream.watched_by(&(self.core.clone() as Arc<dyn Watched>));
         // Buffers registered for the automatic policy: the path it picks for this size.
         let mut shadow = None;
-        match self.auto_path(&op)? {
+        let plan = match self.auto_path(&op)? {
             Some(Path::CopyEngine) => match self.copy_engine_plan(&op, true)? {
-                Some(plan) => return self.run_copy_engine(plan, &stream.s),
+                Some(plan) => Some(plan),
                 // Not possible here (a group, one rank per process): the registered path.
-                None => shadow = self.shadow_comm(),
-            },
-            Some(Path::Registered) => shadow = self.shadow_comm(),
-            Some(Path::Window) => {}
-            None => {
-                if let Some(plan) = self.copy_engine_plan(&op, false)? {
-                    return self.run_copy_engine(plan, &stream.s);
+                None => {
+                    shadow = self.shadow_comm();
+                    None
                 }
+            },
+            Some(Path::Registered) => {
+                shadow = self.shadow_comm();
+                None
             }
+            Some(Path::Window) => None,
+            None => self.copy_engine_plan(&op, false)?,
+        };
+        // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its path first.
+        let path = match (&plan, shadow) {
+            (Some(_), _) => CallPath::CopyEngine,
+            (None, Some(_)) => CallPath::Second,
+            (None, None) => CallPath::Library,
+        };
+        self.check_collective(&op, path, stream)?;
+        if let Some(plan) = plan {
+            return self.run_copy_engine(plan, &stream.s);
         }
         // The communicator the call goes to (`call` checks this one's state either way).
         let on = |main: NcclComm| shadow.unwrap_or(main);

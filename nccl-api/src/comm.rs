@@ -17,6 +17,9 @@ use crate::memory::{ApiMemory, Owner};
 use crate::runtime::Runtime;
 use crate::watchdog::{self, Config, Core, SendComm, Watched, GROUP_MEMBERS, IN_PROGRESS, LIVE};
 
+/// Non-blocking creation, the waits' deadline, the collectives checked first.
+type Mode = (bool, Duration, bool);
+
 /// Handles for zero-byte registrations, which never reach the library (there is nothing
 /// to register); they live in the upper half of the address space no library hands out.
 static NEXT_EMPTY: AtomicUsize = AtomicUsize::new(usize::MAX / 2);
@@ -39,6 +42,10 @@ pub struct ApiComm<R: Runtime> {
     pub(crate) ce: CopyEngine<R>,
     /// Live automatic registrations (so calls without any skip the policy's lookups).
     pub(crate) autos: AtomicUsize,
+    /// `UNICOMM_CHECK_COLLECTIVES=1`: the ranks compare every collective first (`check.rs`).
+    pub(crate) check_collectives: bool,
+    /// Device scratch and stream of the ranks' small exchanges (`check.rs`).
+    pub(crate) scratch: crate::check::Scratch<R>,
     /// The automatic policy this rank proposes (`set_auto_policy`; else the process's).
     pub(crate) wanted_policy: Mutex<Option<crate::policy::Policy>>,
     /// The policy the ranks agreed on at the first automatic registration (`auto.rs`).
@@ -97,7 +104,7 @@ impl<R: Runtime> ApiComm<R> {
             });
         }
         let id = api.unique_id()?;
-        let (nonblocking, timeout) = Self::mode(&api)?;
+        let (nonblocking, timeout, check) = Self::mode(&api)?;
         let create = {
             let (api, rt, devs) = (api.clone(), rt.clone(), devs.to_vec());
             move || Self::create_group(&api, &*rt, &devs, id, nonblocking)
@@ -140,7 +147,7 @@ impl<R: Runtime> ApiComm<R> {
                     dev,
                     (rank, n),
                     Some(local.clone()),
-                    (nonblocking, timeout),
+                    (nonblocking, timeout, check),
                 )
             })
             .collect()
@@ -203,7 +210,7 @@ impl<R: Runtime> ApiComm<R> {
                 detail: format!("device {dev} asked for, {count} visible"),
             });
         }
-        let (nonblocking, timeout) = Self::mode(&api)?;
+        let (nonblocking, timeout, check) = Self::mode(&api)?;
         let c = if nonblocking {
             let mut c = std::ptr::null_mut();
             rt.with_device(dev, || {
@@ -234,7 +241,15 @@ impl<R: Runtime> ApiComm<R> {
             })??
             .0
         };
-        let mut me = Self::wrap(api, rt, c, dev, (rank, world), None, (nonblocking, timeout))?;
+        let mut me = Self::wrap(
+            api,
+            rt,
+            c,
+            dev,
+            (rank, world),
+            None,
+            (nonblocking, timeout, check),
+        )?;
         #[cfg(target_os = "linux")]
         {
             me.ce.job = Some(crate::ipc::Job::from_id(&id.to_bytes()));
@@ -243,14 +258,16 @@ impl<R: Runtime> ApiComm<R> {
     }
 
     /// Whether communicators are created non-blocking (`UNICOMM_NONBLOCKING`, where the
-    /// library has `ncclCommInitRankConfig` and `ncclCommGetAsyncError`), and the deadline
-    /// of their waits (`UNICOMM_TIMEOUT_MS`).
-    fn mode(api: &Api) -> Result<(bool, Duration)> {
+    /// library has `ncclCommInitRankConfig` and `ncclCommGetAsyncError`), the deadline of
+    /// their waits (`UNICOMM_TIMEOUT_MS`), and whether the ranks compare every collective
+    /// first (`UNICOMM_CHECK_COLLECTIVES`).
+    fn mode(api: &Api) -> Result<Mode> {
         let timeout = unicomm_core::env::timeout()?;
         let able = api.fns.comm_init_rank_config.is_some()
             && api.fns.comm_get_async_error.is_some()
             && api.version >= Version::new(2, 14, 0);
-        Ok((able && watchdog::nonblocking_from_env()?, timeout))
+        let check = crate::check::check_from_env()?;
+        Ok((able && watchdog::nonblocking_from_env()?, timeout, check))
     }
 
     /// `ncclCommInitRankConfig` with `blocking = 0` (non-blocking mode), else
@@ -297,7 +314,7 @@ impl<R: Runtime> ApiComm<R> {
         dev: usize,
         (rank, world): (usize, usize),
         local: Option<Arc<LocalWorld>>,
-        (nonblocking, timeout): (bool, Duration),
+        (nonblocking, timeout, check_collectives): Mode,
     ) -> Result<Self> {
         let barrier = match rt.malloc(dev, 4) {
             Ok(p) => ApiMemory {
@@ -343,6 +360,8 @@ impl<R: Runtime> ApiComm<R> {
                 ..CopyEngine::default()
             },
             autos: AtomicUsize::new(0),
+            check_collectives,
+            scratch: Mutex::new(None),
             wanted_policy: Mutex::new(None),
             policy: std::sync::OnceLock::new(),
             auto_ce: AtomicBool::new(false),

@@ -27,6 +27,7 @@
 
 pub mod api;
 mod auto;
+mod check;
 mod collective;
 pub mod comm;
 mod copy_engine;

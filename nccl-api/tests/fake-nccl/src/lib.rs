@@ -285,15 +285,15 @@ static WORLD: Mutex<World> = Mutex::new(World { arrived: 0, gen: 0, acc: Vec::ne
 static WORLD_CV: std::sync::Condvar = std::sync::Condvar::new();
 
 /// An in-place all-reduce of a barrier world, a real barrier of its ranks (threads of this
-/// process) on the host: one f32 summed as a barrier (its data left as it is), or up to 8
+/// process) on the host: one f32 summed as a barrier (its data left as it is), or up to 16
 /// uint64 really reduced (sum, max, min), as the library's one-off agreements need.
 unsafe fn world_all_reduce(n: usize, buf: *mut c_void, count: usize, dtype: c_int, op: c_int) -> R {
     let combine: Option<fn(u64, u64) -> u64> = match (dtype, op, count) {
         (7, 0, 1) => None,
-        (5, 0, 1..=8) => Some(u64::wrapping_add),
-        (5, 2, 1..=8) => Some(u64::max),
-        (5, 3, 1..=8) => Some(u64::min),
-        _ => return fail(INVALID_USAGE, "fake: a barrier world has only the one-element f32 sum and up to 8 uint64 (sum, max, min)"),
+        (5, 0, 1..=16) => Some(u64::wrapping_add),
+        (5, 2, 1..=16) => Some(u64::max),
+        (5, 3, 1..=16) => Some(u64::min),
+        _ => return fail(INVALID_USAGE, "fake: a barrier world has only the one-element f32 sum and up to 16 uint64 (sum, max, min)"),
     };
     let words = buf as *mut u64;
     let mine: Vec<u64> = if combine.is_some() { (0..count).map(|i| *words.add(i)).collect() } else { Vec::new() };

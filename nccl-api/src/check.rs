@@ -1,0 +1,167 @@
+//! Agreement between the ranks on small facts, through the communicator itself: the
+//! element-wise maximum of every rank's words (one in-place uint64 all-reduce), which gives
+//! a field's maximum and, offered complemented, its minimum. Used once by the automatic
+//! policy's agreement (`auto.rs`), and before every collective with
+//! `UNICOMM_CHECK_COLLECTIVES=1`: the ranks compare what they are about to call (operation,
+//! reduction, root, type, count, path) and, where they differ, every rank gets
+//! [`Error::Mismatch`] instead of the hang or the corrupted data of mismatched NCCL calls,
+//! as the mock reports it always (PyTorch's `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks the same
+//! way, before the collective, at the cost of a host round trip per call).
+
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use unicomm_core::backend::DeviceMemory;
+use unicomm_core::{Collective, DataType, Error, Kind, Op, ReduceOp, Result};
+
+use crate::comm::ApiComm;
+use crate::copy_engine::GROUP_DEPTH;
+use crate::memory::{ApiMemory, ApiStream};
+use crate::runtime::Runtime;
+
+/// The most words one exchange carries (the fake NCCL's barrier worlds reduce as many).
+const MAX_WORDS: usize = 16;
+
+/// A communicator's device scratch and stream for the exchanges, made at the first.
+pub(crate) type Scratch<R> = Mutex<Option<(ApiMemory<R>, ApiStream<R>)>>;
+
+/// `UNICOMM_CHECK_COLLECTIVES`: `0` (the default) or `1`.
+pub(crate) fn check_from_env() -> Result<bool> {
+    unicomm_core::env::choice(
+        "UNICOMM_CHECK_COLLECTIVES",
+        false,
+        &[("1", true), ("0", false)],
+    )
+}
+
+/// What a rank is about to call, field by field, in the order a mismatch is reported.
+const FIELDS: [&str; 6] = ["operation", "reduction", "root", "type", "count", "path"];
+
+fn kind_code(kind: Kind) -> (u64, u64, u64) {
+    let red = |op: ReduceOp| op.nccl() as u64 + 1;
+    match kind {
+        Kind::AllReduce { op } => (1, red(op), 0),
+        Kind::Broadcast { root } => (2, 0, root as u64),
+        Kind::Reduce { op, root } => (3, red(op), root as u64),
+        Kind::AllGather => (4, 0, 0),
+        Kind::ReduceScatter { op } => (5, red(op), 0),
+        Kind::AllToAll => (6, 0, 0),
+        Kind::Barrier => (7, 0, 0),
+        Kind::Send { .. } | Kind::Recv { .. } => (8, 0, 0),
+    }
+}
+
+/// The path of a call as the check compares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CallPath {
+    /// The library on this communicator.
+    Library = 0,
+    /// The library on the second communicator (automatic registration).
+    Second = 1,
+    /// The copy engines.
+    CopyEngine = 2,
+}
+
+impl<R: Runtime> ApiComm<R> {
+    /// The element-wise maximum of every rank's `words` (collective, at most 16): one
+    /// in-place all-reduce of uint64 on the communicator's scratch, waited for with its
+    /// deadline.
+    pub(crate) fn all_max(&self, words: &[u64]) -> Result<Vec<u64>> {
+        if words.len() > MAX_WORDS {
+            return Err(Error::invalid(
+                "words",
+                format!("at most {MAX_WORDS} per exchange"),
+            ));
+        }
+        // One exchange at a time per rank: the scratch is written, reduced and read back.
+        let mut slot = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            let mem = Collective::alloc(self, MAX_WORDS * 8)?;
+            let st = Collective::create_stream(self)?;
+            *slot = Some((mem, st));
+        }
+        let Some((mem, st)) = slot.as_ref() else {
+            return Err(Error::invalid("scratch", "not made"));
+        };
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let mut out = vec![0u8; bytes.len()];
+        let (p, raw) = (mem.ptr as *mut c_void, R::raw_stream(st.inner()));
+        let (n, u64t, max) = (words.len(), DataType::U64.nccl(), ReduceOp::Max.nccl());
+        let all_reduce = self.api.fns.all_reduce;
+        let done = mem.write(0, &bytes, st).and_then(|()| {
+            self.call(|c| {
+                // SAFETY: `n` (<= 16) uint64 of this rank's 128-byte device scratch, in
+                // place, on a stream of this device; the scratch outlives the operation
+                // (below).
+                let code = unsafe { all_reduce(p, p, n, u64t, max, c, raw) };
+                self.check("ncclAllReduce", code)
+            })?;
+            mem.read(0, &mut out, st)
+        });
+        if let Err(e) = done {
+            // The operation may still be pending (a deadline passed, the communicator
+            // aborted): its memory is left to it rather than freed under it.
+            if let Some(pending) = slot.take() {
+                std::mem::forget(pending);
+            }
+            return Err(e);
+        }
+        Ok(out
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect())
+    }
+
+    /// With `UNICOMM_CHECK_COLLECTIVES=1`: the ranks compare the collective `op` about to
+    /// take `path` (collective; not inside a group, whose calls the library defers, nor
+    /// while `stream` is being captured into a graph, whose replays it would not see).
+    pub(crate) fn check_collective(
+        &self,
+        op: &Op<'_, ApiMemory<R>>,
+        path: CallPath,
+        stream: &ApiStream<R>,
+    ) -> Result<()> {
+        if !self.check_collectives
+            || self.world == 1
+            || !op.kind.is_collective()
+            || GROUP_DEPTH.with(|d| d.get()) > 0
+            || self.rt.capturing(stream.inner())?
+        {
+            return Ok(());
+        }
+        let (kind, red, root) = kind_code(op.kind);
+        let mine = [
+            kind,
+            red,
+            root,
+            op.dtype.nccl() as u64,
+            op.count as u64,
+            path as u64,
+        ];
+        let mut words = mine.to_vec();
+        words.extend(mine.iter().map(|w| !w));
+        let all = self.all_max(&words)?;
+        let n = mine.len();
+        for (i, field) in FIELDS.iter().enumerate() {
+            let (hi, lo) = (all[i], !all[n + i]);
+            if hi != lo {
+                return Err(Error::Mismatch {
+                    what: field,
+                    detail: format!(
+                        "{} here (rank {}, {} of {} {}), from {} to {} across the ranks ({}: {})",
+                        mine[i],
+                        self.rank,
+                        op.kind.name(),
+                        op.count,
+                        op.dtype.name(),
+                        lo,
+                        hi,
+                        FIELDS.join(", "),
+                        "operation 1-7 = AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Barrier; reduction = ncclRedOp_t + 1; type = ncclDataType_t; path 0-2 = this communicator, the second, the copy engines",
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
