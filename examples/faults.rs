@@ -25,6 +25,11 @@
 //!   policy set on every rank the next succeeds, and since rank 1 does not want the copy
 //!   engines no rank uses them: an all-to-all the policy gives the copy engines moves
 //!   exact data on the registered path (GPU backends only).
+//! - `mismatch` (`UNICOMM_CHECK_COLLECTIVES=1`, set here): rank 1 calls an all-reduce with
+//!   another count, then another reduction, then an all-to-all into a plain buffer where
+//!   rank 0's output is a window on the copy-engine path: every call must fail at once on
+//!   both ranks with `Mismatch` naming the field (count, reduction, path), and an agreed
+//!   all-reduce after them must be exact (GPU backends; the mock reports `Mismatch` always).
 //! - `kill`: the last rank kills its own process (SIGKILL) in the middle of a stream of
 //!   collectives; the others must get an error within their deadline.
 //! - `churn` (one process, every local device): register/deregister, window and
@@ -68,7 +73,7 @@ fn args() -> anyhow::Result<Args> {
             "--comms" => a.comms = val()?.parse()?,
             "--budget-s" => a.budget = Duration::from_secs(val()?.parse()?),
             other => bail!(
-                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|policy|kill|churn, \
+                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|policy|mismatch|kill|churn, \
                  --registrations N, --windows N, --comms N, --budget-s S)"
             ),
         }
@@ -91,10 +96,11 @@ fn run() -> anyhow::Result<()> {
         "ce-behind" => skip_behind(vendor),
         "ce-drop" => ce_drop(vendor),
         "policy" => policy(vendor),
+        "mismatch" => mismatch(vendor),
         "kill" => kill(vendor),
         "churn" => churn(vendor, &a),
         s => bail!(
-            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, kill or churn"
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill or churn"
         ),
     }
 }
@@ -404,6 +410,75 @@ fn policy(vendor: Vendor) -> anyhow::Result<()> {
     comm.deregister_auto(send)?;
     comm.deregister_auto(recv)?;
     println!("faults policy: rank {r}: agreed on one policy, the all-to-all exact on the registered path (no copy engines: rank 1 declined them); PASSED");
+    Ok(())
+}
+
+fn mismatch(vendor: Vendor) -> anyhow::Result<()> {
+    // Read when the communicator is made, before any thread of this process.
+    std::env::set_var("UNICOMM_CHECK_COLLECTIVES", "1");
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    ensure!(w >= 2, "needs at least 2 ranks");
+    let st = comm.create_stream()?;
+    let n = 1 << 16;
+    let mut b = comm.alloc::<f32>(n)?;
+    let ones = vec![1.0f32; n];
+    let expect = |what: &str, res: unicomm::Result<()>, took: Duration| -> anyhow::Result<()> {
+        match res {
+            Err(Error::Mismatch { what: got, detail }) if got == what => {
+                ensure!(
+                    took < Duration::from_secs(5),
+                    "rank {r}: the {what} mismatch took {took:?}"
+                );
+                println!(
+                    "faults mismatch: rank {r}: {what}: refused after {:.1} ms ({detail})",
+                    took.as_secs_f64() * 1e3
+                );
+                Ok(())
+            }
+            other => bail!("rank {r}: expected a {what} mismatch, got {other:?}"),
+        }
+    };
+    // Agreed: runs.
+    b.copy_from_host(&ones, &st)?;
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+    st.synchronize()?;
+    // Another count on rank 1, then another reduction.
+    let t = Instant::now();
+    let k = if r == 1 { n / 2 } else { n };
+    let res = comm.all_reduce_in_place(&mut b.slice_mut(..k)?, ReduceOp::Sum, &st);
+    expect("count", res, t.elapsed())?;
+    let t = Instant::now();
+    let op = if r == 1 { ReduceOp::Max } else { ReduceOp::Sum };
+    let res = comm.all_reduce_in_place(&mut b, op, &st);
+    expect("reduction", res, t.elapsed())?;
+    // The copy-engine path on rank 0 (its output a shared window), the library on rank 1
+    // (a plain output): the paths differ.
+    comm.set_copy_engine(true)
+        .context("the copy-engine path (mismatch needs a GPU backend)")?;
+    let m = 1 << 14;
+    let send = comm.alloc::<f32>(w * m)?;
+    let mut win = comm
+        .register_window(comm.alloc::<f32>(w * m)?)
+        .map_err(|e| e.error)?;
+    let mut plain = comm.alloc::<f32>(w * m)?;
+    let t = Instant::now();
+    let res = if r == 0 {
+        comm.all_to_all(&send, &mut win, &st)
+    } else {
+        comm.all_to_all(&send, &mut plain, &st)
+    };
+    expect("path", res, t.elapsed())?;
+    // Still in step: an agreed all-reduce is exact.
+    b.copy_from_host(&ones, &st)?;
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+    let got = b.copy_to_host(&st)?;
+    ensure!(
+        got.iter().all(|&x| x == w as f32),
+        "rank {r}: the agreed all-reduce after the mismatches is wrong"
+    );
+    comm.deregister_window(win)?;
+    println!("faults mismatch: rank {r}: count, reduction and path refused on every rank, the ranks still in step; PASSED");
     Ok(())
 }
 

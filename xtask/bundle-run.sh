@@ -109,6 +109,8 @@ for v in nccl rccl; do
     step $v faults ce-behind; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-behind 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     step $v faults ce-drop; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-drop 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # The ranks' automatic policies differ (rank 1's thresholds and UNICOMM_AUTO_COPY_ENGINE=0).
+    # Calls that differ between the ranks, compared first (UNICOMM_CHECK_COLLECTIVES=1).
+    step $v faults mismatch; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario mismatch 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     step $v faults policy; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario policy 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # Started by hand, not by the launcher (which would stop rank 0 as soon as rank 1
     # dies): the verdict is rank 0's, on its own.
