@@ -51,6 +51,44 @@ fn kind_code(kind: Kind) -> (u64, u64, u64) {
     }
 }
 
+/// Field `i`'s value in words (the codes of `kind_code`, the library's type codes, the
+/// paths), or the number where it is one.
+fn shown(i: usize, v: u64) -> String {
+    const OPS: [&str; 8] = [
+        "AllReduce",
+        "Broadcast",
+        "Reduce",
+        "AllGather",
+        "ReduceScatter",
+        "AlltoAll",
+        "Barrier",
+        "Send/Recv",
+    ];
+    const PATHS: [&str; 3] = [
+        "this communicator",
+        "the second communicator",
+        "the copy engines",
+    ];
+    let named = match i {
+        0 => v
+            .checked_sub(1)
+            .and_then(|k| OPS.get(k as usize))
+            .map(|s| s.to_string()),
+        1 if v == 0 => Some("none".to_string()),
+        1 => ReduceOp::ALL
+            .iter()
+            .find(|o| o.nccl() as u64 + 1 == v)
+            .map(|o| o.name().to_string()),
+        3 => DataType::ALL
+            .iter()
+            .find(|t| t.nccl() as u64 == v)
+            .map(|t| t.name().to_string()),
+        5 => PATHS.get(v as usize).map(|s| s.to_string()),
+        _ => None,
+    };
+    named.unwrap_or_else(|| v.to_string())
+}
+
 /// The path of a call as the check compares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CallPath {
@@ -148,20 +186,42 @@ impl<R: Runtime> ApiComm<R> {
                 return Err(Error::Mismatch {
                     what: field,
                     detail: format!(
-                        "{} here (rank {}, {} of {} {}), from {} to {} across the ranks ({}: {})",
-                        mine[i],
+                        "{} here (rank {}, {} of {} {}); the ranks' values range from {} to {}",
+                        shown(i, mine[i]),
                         self.rank,
                         op.kind.name(),
                         op.count,
                         op.dtype.name(),
-                        lo,
-                        hi,
-                        FIELDS.join(", "),
-                        "operation 1-7 = AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Barrier; reduction = ncclRedOp_t + 1; type = ncclDataType_t; path 0-2 = this communicator, the second, the copy engines",
+                        shown(i, lo),
+                        shown(i, hi),
                     ),
                 });
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_shown_in_words_where_they_have_names() {
+        let (op, red, root) = kind_code(Kind::Reduce {
+            op: ReduceOp::Max,
+            root: 3,
+        });
+        assert_eq!(shown(0, op), "Reduce");
+        assert_eq!(shown(1, red), "max");
+        assert_eq!(shown(2, root), "3");
+        assert_eq!(shown(1, kind_code(Kind::AllGather).1), "none");
+        assert_eq!(shown(3, DataType::Bf16.nccl() as u64), "bfloat16");
+        assert_eq!(shown(4, 1024), "1024");
+        assert_eq!(shown(5, CallPath::CopyEngine as u64), "the copy engines");
+        // A code no rank could send (a peer of another build): the number, no panic.
+        assert_eq!(shown(0, 99), "99");
+        assert_eq!(shown(0, 0), "0");
+        assert_eq!(shown(1, u64::MAX), u64::MAX.to_string());
     }
 }
