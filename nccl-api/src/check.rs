@@ -34,8 +34,16 @@ pub(crate) fn check_from_env() -> Result<bool> {
     )
 }
 
-/// What a rank is about to call, field by field, in the order a mismatch is reported.
-const FIELDS: [&str; 6] = ["operation", "reduction", "root", "type", "count", "path"];
+/// What a rank is about to call, field by field, in the order a mismatch is reported (the
+/// mock's names and order, then the path).
+const FIELDS: [&str; 6] = [
+    "operation",
+    "count",
+    "data type",
+    "reduction",
+    "root",
+    "path",
+];
 
 fn kind_code(kind: Kind) -> (u64, u64, u64) {
     let red = |op: ReduceOp| op.nccl() as u64 + 1;
@@ -74,15 +82,15 @@ fn shown(i: usize, v: u64) -> String {
             .checked_sub(1)
             .and_then(|k| OPS.get(k as usize))
             .map(|s| s.to_string()),
-        1 if v == 0 => Some("none".to_string()),
-        1 => ReduceOp::ALL
-            .iter()
-            .find(|o| o.nccl() as u64 + 1 == v)
-            .map(|o| o.name().to_string()),
-        3 => DataType::ALL
+        2 => DataType::ALL
             .iter()
             .find(|t| t.nccl() as u64 == v)
             .map(|t| t.name().to_string()),
+        3 if v == 0 => Some("none".to_string()),
+        3 => ReduceOp::ALL
+            .iter()
+            .find(|o| o.nccl() as u64 + 1 == v)
+            .map(|o| o.name().to_string()),
         5 => PATHS.get(v as usize).map(|s| s.to_string()),
         _ => None,
     };
@@ -170,10 +178,10 @@ impl<R: Runtime> ApiComm<R> {
         let (kind, red, root) = kind_code(op.kind);
         let mine = [
             kind,
+            op.count as u64,
+            op.dtype.nccl() as u64,
             red,
             root,
-            op.dtype.nccl() as u64,
-            op.count as u64,
             path as u64,
         ];
         let mut words = mine.to_vec();
@@ -213,15 +221,15 @@ mod tests {
             root: 3,
         });
         assert_eq!(shown(0, op), "Reduce");
-        assert_eq!(shown(1, red), "max");
-        assert_eq!(shown(2, root), "3");
-        assert_eq!(shown(1, kind_code(Kind::AllGather).1), "none");
-        assert_eq!(shown(3, DataType::Bf16.nccl() as u64), "bfloat16");
-        assert_eq!(shown(4, 1024), "1024");
+        assert_eq!(shown(3, red), "max");
+        assert_eq!(shown(4, root), "3");
+        assert_eq!(shown(3, kind_code(Kind::AllGather).1), "none");
+        assert_eq!(shown(2, DataType::Bf16.nccl() as u64), "bfloat16");
+        assert_eq!(shown(1, 1024), "1024");
         assert_eq!(shown(5, CallPath::CopyEngine as u64), "the copy engines");
         // A code no rank could send (a peer of another build): the number, no panic.
         assert_eq!(shown(0, 99), "99");
         assert_eq!(shown(0, 0), "0");
-        assert_eq!(shown(1, u64::MAX), u64::MAX.to_string());
+        assert_eq!(shown(3, u64::MAX), u64::MAX.to_string());
     }
 }

@@ -19,6 +19,9 @@ use unicomm_nccl_api::{Api, ApiComm};
 #[derive(Clone, Copy)]
 enum Call {
     AllReduce(usize, ReduceOp),
+    /// The same on 4 uint32 (another data type).
+    AllReduceU32,
+    Broadcast(usize),
     AllGather,
 }
 
@@ -42,6 +45,7 @@ fn run(path: &std::path::Path, calls_of: fn(usize) -> Vec<Call>) -> Vec<Seen> {
                     let st = c.create_stream().unwrap();
                     let mut b = c.alloc::<u64>(4).unwrap();
                     let mut g = c.alloc::<u64>(4 * w).unwrap();
+                    let mut h = c.alloc::<u32>(4).unwrap();
                     let mut seen = Vec::new();
                     for call in calls_of(r) {
                         b.copy_from_host(&[r as u64 + 1, 10, 100, 1000], &st)
@@ -50,6 +54,8 @@ fn run(path: &std::path::Path, calls_of: fn(usize) -> Vec<Call>) -> Vec<Seen> {
                             Call::AllReduce(n, op) => {
                                 c.all_reduce_in_place(&mut b.slice_mut(..n).unwrap(), op, &st)
                             }
+                            Call::AllReduceU32 => c.all_reduce_in_place(&mut h, ReduceOp::Sum, &st),
+                            Call::Broadcast(root) => c.broadcast_in_place(&mut b, root, &st),
                             Call::AllGather => c.all_gather(&b, &mut g, &st),
                         };
                         seen.push(match res {
@@ -86,7 +92,7 @@ fn ranks_that_differ_get_mismatch_and_the_call_does_not_run() {
         vec![
             // Agreed: runs, exact.
             Call::AllReduce(3, ReduceOp::Sum),
-            // Rank 2 with another count, then another reduction, then another operation.
+            // Rank 2 with another count, reduction, operation, data type, root.
             Call::AllReduce(if r == 2 { 2 } else { 3 }, ReduceOp::Sum),
             Call::AllReduce(3, if r == 2 { ReduceOp::Max } else { ReduceOp::Sum }),
             if r == 2 {
@@ -94,6 +100,12 @@ fn ranks_that_differ_get_mismatch_and_the_call_does_not_run() {
             } else {
                 Call::AllReduce(3, ReduceOp::Sum)
             },
+            if r == 2 {
+                Call::AllReduceU32
+            } else {
+                Call::AllReduce(4, ReduceOp::Sum)
+            },
+            Call::Broadcast(if r == 2 { 1 } else { 0 }),
             // The ranks are still in step: agreed again, exact.
             Call::AllReduce(3, ReduceOp::Sum),
         ]
@@ -104,11 +116,13 @@ fn ranks_that_differ_get_mismatch_and_the_call_does_not_run() {
         let mine = untouched(r as u64);
         assert_eq!(seen[1], Err(("count", mine.clone())), "rank {r}");
         assert_eq!(seen[2], Err(("reduction", mine.clone())), "rank {r}");
-        assert_eq!(seen[3], Err(("operation", mine)), "rank {r}");
-        assert_eq!(seen[4], Ok(summed.clone()), "rank {r}");
+        assert_eq!(seen[3], Err(("operation", mine.clone())), "rank {r}");
+        assert_eq!(seen[4], Err(("data type", mine.clone())), "rank {r}");
+        assert_eq!(seen[5], Err(("root", mine)), "rank {r}");
+        assert_eq!(seen[6], Ok(summed.clone()), "rank {r}");
     }
     // Each rank: one exchange per call, and the two agreed calls themselves.
-    assert_eq!(calls(&path, "ncclAllReduce") - before, 3 * (5 + 2));
+    assert_eq!(calls(&path, "ncclAllReduce") - before, 3 * (7 + 2));
 
     // Off (the default): no exchange; a mismatch reaches the library (here the fake's
     // barrier world refuses the all-gather; NCCL would hang or corrupt data).
