@@ -62,26 +62,28 @@ fn kind_code(kind: Kind) -> (u64, u64, u64) {
 /// Field `i`'s value in words (the codes of `kind_code`, the library's type codes, the
 /// paths), or the number where it is one.
 fn shown(i: usize, v: u64) -> String {
-    const OPS: [&str; 8] = [
-        "AllReduce",
-        "Broadcast",
-        "Reduce",
-        "AllGather",
-        "ReduceScatter",
-        "AlltoAll",
-        "Barrier",
-        "Send/Recv",
-    ];
     const PATHS: [&str; 3] = [
         "this communicator",
         "the second communicator",
         "the copy engines",
     ];
     let named = match i {
-        0 => v
-            .checked_sub(1)
-            .and_then(|k| OPS.get(k as usize))
-            .map(|s| s.to_string()),
+        0 => {
+            let (sum, root) = (ReduceOp::Sum, 0);
+            [
+                Kind::AllReduce { op: sum },
+                Kind::Broadcast { root },
+                Kind::Reduce { op: sum, root },
+                Kind::AllGather,
+                Kind::ReduceScatter { op: sum },
+                Kind::AllToAll,
+                Kind::Barrier,
+                Kind::Send { peer: 0 },
+            ]
+            .into_iter()
+            .find(|k| kind_code(*k).0 == v)
+            .map(|k| k.name().to_string())
+        }
         2 => DataType::ALL
             .iter()
             .find(|t| t.nccl() as u64 == v)

@@ -8,13 +8,11 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{calls, fake, flavors, Host};
-use unicomm_core::{Comm, Error};
+use common::{calls, fake, flavors, on_ranks};
+use unicomm_core::Error;
 use unicomm_nccl_api::policy::Policy;
-use unicomm_nccl_api::{Api, ApiComm};
 
 /// What a rank saw: its first registration's result, then (after every rank set
 /// `second`) the second's, and the policy agreed.
@@ -29,43 +27,27 @@ fn run(
     first: fn(usize) -> Option<Policy>,
     second: &Policy,
 ) -> Vec<Out> {
-    let api = Arc::new(Api::open(flavors(false, rccl), path).expect("load the fake"));
-    let id = api.unique_id().unwrap();
-    let w = 3usize;
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..w)
-            .map(|r| {
-                let api = api.clone();
-                s.spawn(move || -> Out {
-                    let c = Comm::from_backend(
-                        ApiComm::init_rank(api, Arc::new(Host), id, r, w, 0).unwrap(),
-                    );
-                    if let Some(p) = first(r) {
-                        c.backend().set_auto_policy(p).unwrap();
-                    }
-                    let a = c
-                        .register_auto(c.alloc::<f32>(64).unwrap())
-                        .map(|b| drop(c.deregister_auto(b).unwrap()))
-                        .map_err(|e| e.error);
-                    if a.is_err() {
-                        c.backend().set_auto_policy(second.clone()).unwrap();
-                    }
-                    let b = c
-                        .register_auto(c.alloc::<f32>(64).unwrap())
-                        .map(|b| drop(c.deregister_auto(b).unwrap()))
-                        .map_err(|e| e.error);
-                    let agreed = c.backend().auto_policy().cloned();
-                    if agreed.is_some() {
-                        // Agreed once: too late to change it.
-                        assert!(c.backend().set_auto_policy(second.clone()).is_err());
-                    }
-                    (a, b, agreed)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
+    on_ranks(flavors(false, rccl), path, 3, |r, c| -> Out {
+        if let Some(p) = first(r) {
+            c.backend().set_auto_policy(p).unwrap();
+        }
+        let a = c
+            .register_auto(c.alloc::<f32>(64).unwrap())
+            .map(|b| drop(c.deregister_auto(b).unwrap()))
+            .map_err(|e| e.error);
+        if a.is_err() {
+            c.backend().set_auto_policy(second.clone()).unwrap();
+        }
+        let b = c
+            .register_auto(c.alloc::<f32>(64).unwrap())
+            .map(|b| drop(c.deregister_auto(b).unwrap()))
+            .map_err(|e| e.error);
+        let agreed = c.backend().auto_policy().cloned();
+        if agreed.is_some() {
+            // Agreed once: too late to change it.
+            assert!(c.backend().set_auto_policy(second.clone()).is_err());
+        }
+        (a, b, agreed)
     })
 }
 

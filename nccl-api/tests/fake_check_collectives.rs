@@ -8,11 +8,8 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{calls, fake, flavors, Host};
-use unicomm_core::{Comm, Error, ReduceOp};
-use unicomm_nccl_api::{Api, ApiComm};
+use common::{calls, fake, flavors, on_ranks};
+use unicomm_core::{Error, ReduceOp};
 
 /// One call of a rank: in-place all-reduce of the first `count` of 4 uint64, or an
 /// all-gather (which the barrier world cannot run: only the check can stop it).
@@ -31,48 +28,30 @@ type Seen = Vec<Result<Vec<u64>, (&'static str, Vec<u64>)>>;
 
 /// Three ranks; `calls(rank)`: the calls each makes, in order.
 fn run(path: &std::path::Path, calls_of: fn(usize) -> Vec<Call>) -> Vec<Seen> {
-    let api = Arc::new(Api::open(flavors(false, false), path).expect("load the fake"));
-    let id = api.unique_id().unwrap();
-    let w = 3usize;
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..w)
-            .map(|r| {
-                let api = api.clone();
-                s.spawn(move || -> Seen {
-                    let c = Comm::from_backend(
-                        ApiComm::init_rank(api, Arc::new(Host), id, r, w, 0).unwrap(),
-                    );
-                    let st = c.create_stream().unwrap();
-                    let mut b = c.alloc::<u64>(4).unwrap();
-                    let mut g = c.alloc::<u64>(4 * w).unwrap();
-                    let mut h = c.alloc::<u32>(4).unwrap();
-                    let mut seen = Vec::new();
-                    for call in calls_of(r) {
-                        b.copy_from_host(&[r as u64 + 1, 10, 100, 1000], &st)
-                            .unwrap();
-                        let res = match call {
-                            Call::AllReduce(n, op) => {
-                                c.all_reduce_in_place(&mut b.slice_mut(..n).unwrap(), op, &st)
-                            }
-                            Call::AllReduceU32 => c.all_reduce_in_place(&mut h, ReduceOp::Sum, &st),
-                            Call::Broadcast(root) => c.broadcast_in_place(&mut b, root, &st),
-                            Call::AllGather => c.all_gather(&b, &mut g, &st),
-                        };
-                        seen.push(match res {
-                            Ok(()) => Ok(b.copy_to_host(&st).unwrap()),
-                            Err(Error::Mismatch { what, .. }) => {
-                                Err((what, b.copy_to_host(&st).unwrap()))
-                            }
-                            Err(e) => panic!("rank {r}: {e}"),
-                        });
-                    }
-                    seen
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
+    on_ranks(flavors(false, false), path, 3, |r, c| -> Seen {
+        let st = c.create_stream().unwrap();
+        let mut b = c.alloc::<u64>(4).unwrap();
+        let mut g = c.alloc::<u64>(4 * c.world_size()).unwrap();
+        let mut h = c.alloc::<u32>(4).unwrap();
+        let mut seen = Vec::new();
+        for call in calls_of(r) {
+            b.copy_from_host(&[r as u64 + 1, 10, 100, 1000], &st)
+                .unwrap();
+            let res = match call {
+                Call::AllReduce(n, op) => {
+                    c.all_reduce_in_place(&mut b.slice_mut(..n).unwrap(), op, &st)
+                }
+                Call::AllReduceU32 => c.all_reduce_in_place(&mut h, ReduceOp::Sum, &st),
+                Call::Broadcast(root) => c.broadcast_in_place(&mut b, root, &st),
+                Call::AllGather => c.all_gather(&b, &mut g, &st),
+            };
+            seen.push(match res {
+                Ok(()) => Ok(b.copy_to_host(&st).unwrap()),
+                Err(Error::Mismatch { what, .. }) => Err((what, b.copy_to_host(&st).unwrap())),
+                Err(e) => panic!("rank {r}: {e}"),
+            });
+        }
+        seen
     })
 }
 

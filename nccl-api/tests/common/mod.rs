@@ -305,3 +305,34 @@ pub fn comm(flavor: &'static Flavor, path: &Path) -> Comm<ApiComm<Host>> {
     let mut v = ApiComm::init_local(api, Arc::new(Host), &[0]).expect("init");
     Comm::from_backend(v.remove(0))
 }
+
+/// `w` ranks on threads, each joined with `init_rank` (as one rank per process would be;
+/// the fake's barrier worlds, `FAKE_NCCL_BARRIER_WORLDS=1`), each running `f(rank, comm)`:
+/// what each returned, in rank order.
+pub fn on_ranks<T: Send>(
+    flavor: &'static Flavor,
+    path: &Path,
+    w: usize,
+    f: impl Fn(usize, Comm<ApiComm<Host>>) -> T + Sync,
+) -> Vec<T> {
+    let api = Arc::new(Api::open(flavor, path).expect("load the fake"));
+    let id = api.unique_id().unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..w)
+            .map(|r| {
+                let (api, f) = (api.clone(), &f);
+                s.spawn(move || {
+                    f(
+                        r,
+                        Comm::from_backend(
+                            ApiComm::init_rank(api, Arc::new(Host), id, r, w, 0).unwrap(),
+                        ),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
