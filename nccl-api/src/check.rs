@@ -62,10 +62,11 @@ fn kind_code(kind: Kind) -> (u64, u64, u64) {
 /// Field `i`'s value in words (the codes of `kind_code`, the library's type codes, the
 /// paths), or the number where it is one.
 fn shown(i: usize, v: u64) -> String {
-    const PATHS: [&str; 3] = [
+    const PATHS: [&str; 4] = [
         "this communicator",
         "the second communicator",
         "the copy engines",
+        "a refusal (the rank's own error)",
     ];
     let named = match i {
         0 => {
@@ -108,6 +109,8 @@ pub(crate) enum CallPath {
     Second = 1,
     /// The copy engines.
     CopyEngine = 2,
+    /// None: the call is refused on this rank (its own error is what it returns).
+    Refused = 3,
 }
 
 impl<R: Runtime> ApiComm<R> {

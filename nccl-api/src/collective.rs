@@ -188,29 +188,35 @@ impl<R: Runtime> Collective for ApiComm<R> {
         stream.watched_by(&(self.core.clone() as Arc<dyn Watched>));
         // Buffers registered for the automatic policy: the path it picks for this size.
         let mut shadow = None;
-        let plan = match self.auto_path(&op)? {
-            Some(Path::CopyEngine) => match self.copy_engine_plan(&op, true)? {
-                Some(plan) => Some(plan),
-                // Not possible here (a group, one rank per process): the registered path.
-                None => {
+        let plan: Result<Option<crate::copy_engine::Plan>> = (|| {
+            Ok(match self.auto_path(&op)? {
+                Some(Path::CopyEngine) => match self.copy_engine_plan(&op, true)? {
+                    Some(plan) => Some(plan),
+                    // Not possible here (a group, one rank per process): the registered path.
+                    None => {
+                        shadow = self.shadow_comm();
+                        None
+                    }
+                },
+                Some(Path::Registered) => {
                     shadow = self.shadow_comm();
                     None
                 }
-            },
-            Some(Path::Registered) => {
-                shadow = self.shadow_comm();
-                None
-            }
-            Some(Path::Window) => None,
-            None => self.copy_engine_plan(&op, false)?,
-        };
-        // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its path first.
+                Some(Path::Window) => None,
+                None => self.copy_engine_plan(&op, false)?,
+            })
+        })();
+        // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its path first; a
+        // rank whose call is refused here still takes part, so its peers do not wait.
         let path = match (&plan, shadow) {
-            (Some(_), _) => CallPath::CopyEngine,
-            (None, Some(_)) => CallPath::Second,
-            (None, None) => CallPath::Library,
+            (Err(_), _) => CallPath::Refused,
+            (Ok(Some(_)), _) => CallPath::CopyEngine,
+            (Ok(None), Some(_)) => CallPath::Second,
+            (Ok(None), None) => CallPath::Library,
         };
-        self.check_collective(&op, path, stream)?;
+        let checked = self.check_collective(&op, path, stream);
+        let plan = plan?;
+        checked?;
         if let Some(plan) = plan {
             return self.run_copy_engine(plan, &stream.s);
         }

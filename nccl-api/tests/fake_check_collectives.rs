@@ -9,7 +9,7 @@
 mod common;
 
 use common::{calls, fake, flavors, on_ranks};
-use unicomm_core::{Error, ReduceOp};
+use unicomm_core::{Collective, Error, ReduceOp};
 
 /// One call of a rank: in-place all-reduce of the first `count` of 4 uint64, or an
 /// all-gather (which the barrier world cannot run: only the check can stop it).
@@ -102,6 +102,35 @@ fn ranks_that_differ_get_mismatch_and_the_call_does_not_run() {
     }
     // Each rank: one exchange per call, and the two agreed calls themselves.
     assert_eq!(calls(&path, "ncclAllReduce") - before, 3 * (7 + 2));
+
+    // A rank whose call is refused before it reaches the library (here: its buffer only
+    // partly registered for the automatic policy) still takes part in the comparison: it
+    // returns its own error, its peers `Mismatch` on the path, at once (without it they
+    // would wait in the comparison for a rank that left).
+    std::env::set_var("UNICOMM_AUTO_COPY_ENGINE", "0");
+    let t = std::time::Instant::now();
+    let out = on_ranks(flavors(false, false), &path, 3, |r, c| {
+        let st = c.create_stream().unwrap();
+        let mut b = c.alloc::<u64>(4).unwrap();
+        b.copy_from_host(&[1, 2, 3, 4], &st).unwrap();
+        let bytes = if r == 2 { 16 } else { 32 };
+        let h = Collective::register_auto(c.backend(), b.memory(), 0, bytes).unwrap();
+        let res = c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st);
+        Collective::deregister_auto(c.backend(), h).unwrap();
+        res
+    });
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        t.elapsed()
+    );
+    for (r, res) in out.iter().enumerate() {
+        match (r, res) {
+            (2, Err(Error::InvalidArgument { argument, .. })) => assert_eq!(*argument, "buffer"),
+            (0 | 1, Err(Error::Mismatch { what, .. })) => assert_eq!(*what, "path"),
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
 
     // Off (the default): no exchange; a mismatch reaches the library (here the fake's
     // barrier world refuses the all-gather; NCCL would hang or corrupt data).
