@@ -27,8 +27,8 @@ enum Call {
 type Seen = Vec<Result<Vec<u64>, (&'static str, Vec<u64>)>>;
 
 /// Three ranks; `calls(rank)`: the calls each makes, in order.
-fn run(path: &std::path::Path, calls_of: fn(usize) -> Vec<Call>) -> Vec<Seen> {
-    on_ranks(flavors(false, false), path, 3, |r, c| -> Seen {
+fn run(path: &std::path::Path, rccl: bool, calls_of: fn(usize) -> Vec<Call>) -> Vec<Seen> {
+    on_ranks(flavors(false, rccl), path, 3, |r, c| -> Seen {
         let st = c.create_stream().unwrap();
         let mut b = c.alloc::<u64>(4).unwrap();
         let mut g = c.alloc::<u64>(4 * c.world_size()).unwrap();
@@ -66,42 +66,45 @@ fn ranks_that_differ_get_mismatch_and_the_call_does_not_run() {
     let untouched = |r: u64| vec![r + 1, 10, 100, 1000];
 
     std::env::set_var("UNICOMM_CHECK_COLLECTIVES", "1");
-    let before = calls(&path, "ncclAllReduce");
-    let out = run(&path, |r| {
-        vec![
-            // Agreed: runs, exact.
-            Call::AllReduce(3, ReduceOp::Sum),
-            // Rank 2 with another count, reduction, operation, data type, root.
-            Call::AllReduce(if r == 2 { 2 } else { 3 }, ReduceOp::Sum),
-            Call::AllReduce(3, if r == 2 { ReduceOp::Max } else { ReduceOp::Sum }),
-            if r == 2 {
-                Call::AllGather
-            } else {
-                Call::AllReduce(3, ReduceOp::Sum)
-            },
-            if r == 2 {
-                Call::AllReduceU32
-            } else {
-                Call::AllReduce(4, ReduceOp::Sum)
-            },
-            Call::Broadcast(if r == 2 { 1 } else { 0 }),
-            // The ranks are still in step: agreed again, exact.
-            Call::AllReduce(3, ReduceOp::Sum),
-        ]
-    });
-    for (r, seen) in out.iter().enumerate() {
-        assert_eq!(seen[0], Ok(summed.clone()), "rank {r}");
-        // Refused on every rank, the buffer as it was written (the call did not run).
-        let mine = untouched(r as u64);
-        assert_eq!(seen[1], Err(("count", mine.clone())), "rank {r}");
-        assert_eq!(seen[2], Err(("reduction", mine.clone())), "rank {r}");
-        assert_eq!(seen[3], Err(("operation", mine.clone())), "rank {r}");
-        assert_eq!(seen[4], Err(("data type", mine.clone())), "rank {r}");
-        assert_eq!(seen[5], Err(("root", mine)), "rank {r}");
-        assert_eq!(seen[6], Ok(summed.clone()), "rank {r}");
+    // NCCL's flavour, then RCCL's (the same code over the other vendor's names).
+    for rccl in [false, true] {
+        let before = calls(&path, "ncclAllReduce");
+        let out = run(&path, rccl, |r| {
+            vec![
+                // Agreed: runs, exact.
+                Call::AllReduce(3, ReduceOp::Sum),
+                // Rank 2 with another count, reduction, operation, data type, root.
+                Call::AllReduce(if r == 2 { 2 } else { 3 }, ReduceOp::Sum),
+                Call::AllReduce(3, if r == 2 { ReduceOp::Max } else { ReduceOp::Sum }),
+                if r == 2 {
+                    Call::AllGather
+                } else {
+                    Call::AllReduce(3, ReduceOp::Sum)
+                },
+                if r == 2 {
+                    Call::AllReduceU32
+                } else {
+                    Call::AllReduce(4, ReduceOp::Sum)
+                },
+                Call::Broadcast(if r == 2 { 1 } else { 0 }),
+                // The ranks are still in step: agreed again, exact.
+                Call::AllReduce(3, ReduceOp::Sum),
+            ]
+        });
+        for (r, seen) in out.iter().enumerate() {
+            assert_eq!(seen[0], Ok(summed.clone()), "rank {r}");
+            // Refused on every rank, the buffer as it was written (the call did not run).
+            let mine = untouched(r as u64);
+            assert_eq!(seen[1], Err(("count", mine.clone())), "rank {r}");
+            assert_eq!(seen[2], Err(("reduction", mine.clone())), "rank {r}");
+            assert_eq!(seen[3], Err(("operation", mine.clone())), "rank {r}");
+            assert_eq!(seen[4], Err(("data type", mine.clone())), "rank {r}");
+            assert_eq!(seen[5], Err(("root", mine)), "rank {r}");
+            assert_eq!(seen[6], Ok(summed.clone()), "rank {r}");
+        }
+        // Each rank: one exchange per call, and the two agreed calls themselves.
+        assert_eq!(calls(&path, "ncclAllReduce") - before, 3 * (7 + 2));
     }
-    // Each rank: one exchange per call, and the two agreed calls themselves.
-    assert_eq!(calls(&path, "ncclAllReduce") - before, 3 * (7 + 2));
 
     // A rank whose call is refused before it reaches the library (here: its buffer only
     // partly registered for the automatic policy) still takes part in the comparison: it
@@ -136,7 +139,7 @@ fn ranks_that_differ_get_mismatch_and_the_call_does_not_run() {
     // barrier world refuses the all-gather; NCCL would hang or corrupt data).
     std::env::set_var("UNICOMM_CHECK_COLLECTIVES", "0");
     let before = calls(&path, "ncclAllReduce");
-    let out = run(&path, |_| vec![Call::AllReduce(3, ReduceOp::Sum)]);
+    let out = run(&path, false, |_| vec![Call::AllReduce(3, ReduceOp::Sum)]);
     for (r, seen) in out.iter().enumerate() {
         assert_eq!(seen[0], Ok(summed.clone()), "rank {r}");
     }
