@@ -44,6 +44,29 @@ use unicomm::{Error, ReduceOp, Vendor};
 #[expect(dead_code, reason = "its own arguments: the shared parser is not used")]
 mod common;
 
+/// `$e` with `$c` the communicator's NCCL or RCCL backend and `$m` that backend's crate
+/// (the same API over both), else `$none` (the mock).
+macro_rules! on_api {
+    ($comm:expr, $c:ident, $m:ident => $e:expr, $none:expr) => {
+        match $comm.backend() {
+            #[cfg(feature = "nccl")]
+            unicomm::AnyComm::Nccl($c) => {
+                #[allow(unused_imports)]
+                use unicomm::nccl as $m;
+                $e
+            }
+            #[cfg(feature = "rccl")]
+            unicomm::AnyComm::Rccl($c) => {
+                #[allow(unused_imports)]
+                use unicomm::rccl as $m;
+                $e
+            }
+            #[allow(unreachable_patterns)]
+            _ => $none,
+        }
+    };
+}
+
 struct Args {
     vendor: Vendor,
     scenario: String,
@@ -113,13 +136,7 @@ fn deadline(comm: &unicomm::Comm) -> Duration {
 /// How the copy-engine path orders this communicator's ranks (`signals`, `barrier`), where
 /// the backend has the path.
 fn ce_sync(comm: &unicomm::Comm) -> &'static str {
-    match comm.backend() {
-        #[cfg(feature = "nccl")]
-        unicomm::AnyComm::Nccl(c) => c.copy_engine_sync().map_or("not agreed", |s| s.name()),
-        #[cfg(feature = "rccl")]
-        unicomm::AnyComm::Rccl(c) => c.copy_engine_sync().map_or("not agreed", |s| s.name()),
-        _ => "no copy-engine path",
-    }
+    on_api!(comm, c, _m => c.copy_engine_sync().map_or("not agreed", |s| s.name()), "no copy-engine path")
 }
 
 /// A wait on `st` after `what` returns `Ok` within 5 s (the stream drained); how long it took.
@@ -316,28 +333,15 @@ fn ce_drop(vendor: Vendor) -> anyhow::Result<()> {
 
 /// Sets this rank's automatic policy from a tune file's text (NCCL/RCCL backends).
 fn set_policy(comm: &unicomm::Comm, text: &str) -> anyhow::Result<()> {
-    match comm.backend() {
-        #[cfg(feature = "nccl")]
-        unicomm::AnyComm::Nccl(c) => {
-            Ok(c.set_auto_policy(unicomm::nccl::Policy::parse(text, "faults")?)?)
-        }
-        #[cfg(feature = "rccl")]
-        unicomm::AnyComm::Rccl(c) => {
-            Ok(c.set_auto_policy(unicomm::rccl::Policy::parse(text, "faults")?)?)
-        }
-        _ => bail!("the policy scenario needs a GPU backend (the mock has no automatic policy)"),
-    }
+    on_api!(comm, c, m => Ok(c.set_auto_policy(m::Policy::parse(text, "faults")?)?), {
+        let _ = text;
+        bail!("the policy scenario needs a GPU backend (the mock has no automatic policy)")
+    })
 }
 
 /// The operations that took the copy-engine path on this communicator.
 fn ce_calls(comm: &unicomm::Comm) -> u64 {
-    match comm.backend() {
-        #[cfg(feature = "nccl")]
-        unicomm::AnyComm::Nccl(c) => c.copy_engine_calls(),
-        #[cfg(feature = "rccl")]
-        unicomm::AnyComm::Rccl(c) => c.copy_engine_calls(),
-        _ => 0,
-    }
+    on_api!(comm, c, _m => c.copy_engine_calls(), 0)
 }
 
 fn policy(vendor: Vendor) -> anyhow::Result<()> {

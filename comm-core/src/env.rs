@@ -60,6 +60,11 @@ pub fn choice<T: Copy>(var: &'static str, default: T, choices: &[(&str, T)]) -> 
     }
 }
 
+/// `var` as a switch, `1` (on) or `0` (off), or `default` when unset ([`choice`]'s rules).
+pub fn switch(var: &'static str, default: bool) -> Result<bool> {
+    choice(var, default, &[("1", true), ("0", false)])
+}
+
 /// A deadline in milliseconds from `var` (1..=86400000), or `default`.
 pub fn millis(var: &'static str, default: Duration) -> Result<Duration> {
     let max = MAX_TIMEOUT.as_millis() as u64;
@@ -129,6 +134,12 @@ mod tests {
             std::env::set_var(V, std::ffi::OsStr::from_bytes(b"one\xff"));
             assert!(choice(V, 0, &c).is_err());
         }
+        std::env::remove_var(V);
+        assert!(switch(V, true).unwrap());
+        std::env::set_var(V, "0");
+        assert!(!switch(V, true).unwrap());
+        std::env::set_var(V, "yes");
+        assert!(switch(V, true).is_err());
         std::env::remove_var(V);
     }
 }

@@ -22,6 +22,24 @@ use crate::policy::{Path, Policy};
 use crate::runtime::Runtime;
 use crate::watchdog::{settle_raw, SendComm};
 
+/// What the ranks agreed on at their first automatic registration.
+#[derive(Debug)]
+pub(crate) struct Agreed {
+    /// The thresholds every rank uses.
+    pub(crate) policy: Policy,
+    /// Whether automatic registrations are shared for the copy engines (every rank wants
+    /// it and can).
+    pub(crate) copy_engine: bool,
+}
+
+/// Where a call goes.
+pub(crate) enum Route {
+    /// The copy engines, by this plan.
+    CopyEngine(crate::copy_engine::Plan),
+    /// The library, on the second communicator (`Some`) or on this one.
+    Library(Option<NcclComm>),
+}
+
 /// The second communicator of a rank, over the same ranks.
 #[derive(Debug)]
 pub(crate) struct Shadow {
@@ -40,11 +58,7 @@ unsafe impl Sync for Shadow {}
 /// one rank per process: the allocation exported to the peers and theirs mapped here). With
 /// `0` the policy's copy-engine choices take the registered path.
 fn auto_copy_engine() -> Result<bool> {
-    unicomm_core::env::choice(
-        "UNICOMM_AUTO_COPY_ENGINE",
-        true,
-        &[("1", true), ("0", false)],
-    )
+    unicomm_core::env::switch("UNICOMM_AUTO_COPY_ENGINE", true)
 }
 
 /// `ncclCommSplit` exists from NCCL 2.18.
@@ -128,7 +142,7 @@ impl<R: Runtime> ApiComm<R> {
     /// `InvalidArgument`.
     pub fn set_auto_policy(&self, policy: Policy) -> Result<()> {
         let mut wanted = self.wanted_policy.lock().unwrap_or_else(|e| e.into_inner());
-        if self.policy.get().is_some() {
+        if self.agreed.get().is_some() {
             return Err(Error::invalid(
                 "policy",
                 "the ranks agreed on the automatic policy at the first automatic registration; set it before that",
@@ -141,7 +155,7 @@ impl<R: Runtime> ApiComm<R> {
     /// The automatic policy the ranks agreed on, once an automatic registration has been
     /// made.
     pub fn auto_policy(&self) -> Option<&Policy> {
-        self.policy.get()
+        self.agreed.get().map(|a| &a.policy)
     }
 
     /// The ranks agree on the automatic policy and on whether automatic registrations are
@@ -155,7 +169,7 @@ impl<R: Runtime> ApiComm<R> {
     /// different policy fails the registration on every rank; the copy engines are used
     /// where every rank wants them.
     fn agree_policy(&self) -> Result<()> {
-        if self.policy.get().is_some() {
+        if self.agreed.get().is_some() {
             return Ok(());
         }
         // Held until the policy is set, so a `set_auto_policy` meanwhile waits and is refused
@@ -192,8 +206,10 @@ impl<R: Runtime> ApiComm<R> {
                 ),
             ));
         }
-        self.auto_ce.store(ce && ce_everywhere, Ordering::Relaxed);
-        let _ = self.policy.set(mine);
+        let _ = self.agreed.set(Agreed {
+            policy: mine,
+            copy_engine: ce && ce_everywhere,
+        });
         drop(wanted);
         Ok(())
     }
@@ -218,7 +234,8 @@ impl<R: Runtime> ApiComm<R> {
             e
         };
         let addr = mem.range(offset, bytes, "bytes")?;
-        if self.ce.reachable() && self.auto_ce.load(Ordering::Relaxed) {
+        let shared = self.agreed.get().is_some_and(|a| a.copy_engine);
+        if self.ce.reachable() && shared {
             self.share_window(h, addr, bytes).map_err(undo)?;
         }
         let sh = self.shadow().map_err(undo)?;
@@ -297,12 +314,28 @@ impl<R: Runtime> ApiComm<R> {
             Kind::AllGather | Kind::AllToAll | Kind::ReduceScatter { .. }
         );
         let size = op.count * esize * if per_rank { self.world } else { 1 };
-        let policy = match self.policy.get() {
-            Some(p) => p,
-            // Not reached: a live automatic registration agreed on one first.
-            None => Policy::current()?,
-        };
-        Ok(Some(policy.choose(op.kind, size)))
+        // A live automatic registration agreed on a policy first.
+        Ok(self.agreed.get().map(|a| a.policy.choose(op.kind, size)))
+    }
+
+    /// Where `op` goes: for buffers registered for the automatic policy, the path it picks
+    /// for this size (the copy engines where they can take it, else the registered path);
+    /// otherwise the copy engines where the path is on and the output is a shared window,
+    /// else the library on this communicator.
+    pub(crate) fn route(&self, op: &Op<'_, ApiMemory<R>>) -> Result<Route> {
+        Ok(match self.auto_path(op)? {
+            Some(Path::CopyEngine) => match self.copy_engine_plan(op, true)? {
+                Some(plan) => Route::CopyEngine(plan),
+                // Not possible here (a group, one rank per process): the registered path.
+                None => Route::Library(self.shadow_comm()),
+            },
+            Some(Path::Registered) => Route::Library(self.shadow_comm()),
+            Some(Path::Window) => Route::Library(None),
+            None => match self.copy_engine_plan(op, false)? {
+                Some(plan) => Route::CopyEngine(plan),
+                None => Route::Library(None),
+            },
+        })
     }
 
     /// The second communicator's handle, for a call the policy sends there.

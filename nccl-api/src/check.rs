@@ -3,7 +3,7 @@
 //! a field's maximum and, offered complemented, its minimum. Used once by the automatic
 //! policy's agreement (`auto.rs`), and before every collective with
 //! `UNICOMM_CHECK_COLLECTIVES=1`: the ranks compare what they are about to call (operation,
-//! reduction, root, type, count, path) and, where they differ, every rank gets
+//! count, data type, reduction, root, path) and, where they differ, every rank gets
 //! [`Error::Mismatch`] instead of the hang or the corrupted data of mismatched NCCL calls,
 //! as the mock reports it always (PyTorch's `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks the same
 //! way, before the collective, at the cost of a host round trip per call).
@@ -27,11 +27,7 @@ pub(crate) type Scratch<R> = Mutex<Option<(ApiMemory<R>, ApiStream<R>)>>;
 
 /// `UNICOMM_CHECK_COLLECTIVES`: `0` (the default) or `1`.
 pub(crate) fn check_from_env() -> Result<bool> {
-    unicomm_core::env::choice(
-        "UNICOMM_CHECK_COLLECTIVES",
-        false,
-        &[("1", true), ("0", false)],
-    )
+    unicomm_core::env::switch("UNICOMM_CHECK_COLLECTIVES", false)
 }
 
 /// What a rank is about to call, field by field, in the order a mismatch is reported (the
@@ -127,7 +123,8 @@ impl<R: Runtime> ApiComm<R> {
         // One exchange at a time per rank: the scratch is written, reduced and read back.
         let mut slot = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if slot.is_none() {
-            let mem = Collective::alloc(self, MAX_WORDS * 8)?;
+            // Plain device memory: the library's allocator would take a whole granule.
+            let mem = ApiMemory::from_runtime_malloc(self.rt.clone(), self.dev, MAX_WORDS * 8)?;
             let st = Collective::create_stream(self)?;
             *slot = Some((mem, st));
         }

@@ -7,11 +7,11 @@ use unicomm_core::registry::RegKind;
 use unicomm_core::{Capabilities, Collective, Error, Kind, Op, RawHandle, Result};
 
 use crate::api::NcclComm;
+use crate::auto::Route;
 use crate::check::CallPath;
 use crate::comm::ApiComm;
 use crate::copy_engine::GROUP_DEPTH;
 use crate::memory::{ApiMemory, ApiStream, Owner};
-use crate::policy::Path;
 use crate::runtime::Runtime;
 use crate::watchdog::{Watched, GROUP_MEMBERS};
 
@@ -83,14 +83,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
         }
         // Libraries without ncclMemAlloc (NCCL < 2.19, RCCL before ROCm 6.2): plain device
         // memory; registration still works where the library has it.
-        let p = self.rt.malloc(dev, bytes)?;
-        Ok(ApiMemory {
-            ptr: p,
-            bytes,
-            dev,
-            owner: Owner::Runtime,
-            rt,
-        })
+        ApiMemory::from_runtime_malloc(rt, dev, bytes)
     }
 
     fn check_memory(&self, mem: &ApiMemory<R>) -> Result<()> {
@@ -186,40 +179,22 @@ impl<R: Runtime> Collective for ApiComm<R> {
         }
         op.check(self.world)?;
         stream.watched_by(&(self.core.clone() as Arc<dyn Watched>));
-        // Buffers registered for the automatic policy: the path it picks for this size.
-        let mut shadow = None;
-        let plan: Result<Option<crate::copy_engine::Plan>> = (|| {
-            Ok(match self.auto_path(&op)? {
-                Some(Path::CopyEngine) => match self.copy_engine_plan(&op, true)? {
-                    Some(plan) => Some(plan),
-                    // Not possible here (a group, one rank per process): the registered path.
-                    None => {
-                        shadow = self.shadow_comm();
-                        None
-                    }
-                },
-                Some(Path::Registered) => {
-                    shadow = self.shadow_comm();
-                    None
-                }
-                Some(Path::Window) => None,
-                None => self.copy_engine_plan(&op, false)?,
-            })
-        })();
-        // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its path first; a
+        // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
         // rank whose call is refused here still takes part, so its peers do not wait.
-        let path = match (&plan, shadow) {
-            (Err(_), _) => CallPath::Refused,
-            (Ok(Some(_)), _) => CallPath::CopyEngine,
-            (Ok(None), Some(_)) => CallPath::Second,
-            (Ok(None), None) => CallPath::Library,
+        let route = self.route(&op);
+        let path = match &route {
+            Err(_) => CallPath::Refused,
+            Ok(Route::CopyEngine(_)) => CallPath::CopyEngine,
+            Ok(Route::Library(Some(_))) => CallPath::Second,
+            Ok(Route::Library(None)) => CallPath::Library,
         };
         let checked = self.check_collective(&op, path, stream);
-        let plan = plan?;
+        let route = route?;
         checked?;
-        if let Some(plan) = plan {
-            return self.run_copy_engine(plan, &stream.s);
-        }
+        let shadow = match route {
+            Route::CopyEngine(plan) => return self.run_copy_engine(plan, &stream.s),
+            Route::Library(shadow) => shadow,
+        };
         // The communicator the call goes to (`call` checks this one's state either way).
         let on = |main: NcclComm| shadow.unwrap_or(main);
         let st = R::raw_stream(&stream.s);

@@ -13,12 +13,20 @@ use unicomm_core::{Collective, DataType, Error, RawHandle, Result, Version};
 use crate::api::WIN_COLL_SYMMETRIC;
 use crate::api::{Api, NcclComm, UniqueId};
 use crate::copy_engine::{CopyEngine, LocalWorld, GROUP_DEPTH};
-use crate::memory::{ApiMemory, Owner};
+use crate::memory::ApiMemory;
 use crate::runtime::Runtime;
 use crate::watchdog::{self, Config, Core, SendComm, Watched, GROUP_MEMBERS, IN_PROGRESS, LIVE};
 
-/// Non-blocking creation, the waits' deadline, the collectives checked first.
-type Mode = (bool, Duration, bool);
+/// How a process's communicators work, from its environment (`ApiComm::mode`).
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    /// Created non-blocking.
+    nonblocking: bool,
+    /// The deadline of their waits.
+    timeout: Duration,
+    /// The ranks compare every collective first.
+    check: bool,
+}
 
 /// Handles for zero-byte registrations, which never reach the library (there is nothing
 /// to register); they live in the upper half of the address space no library hands out.
@@ -48,10 +56,8 @@ pub struct ApiComm<R: Runtime> {
     pub(crate) scratch: crate::check::Scratch<R>,
     /// The automatic policy this rank proposes (`set_auto_policy`; else the process's).
     pub(crate) wanted_policy: Mutex<Option<crate::policy::Policy>>,
-    /// The policy the ranks agreed on at the first automatic registration (`auto.rs`).
-    pub(crate) policy: std::sync::OnceLock<crate::policy::Policy>,
-    /// Whether the ranks agreed to share automatic registrations for the copy engines.
-    pub(crate) auto_ce: AtomicBool,
+    /// What the ranks agreed on at the first automatic registration (`auto.rs`).
+    pub(crate) agreed: std::sync::OnceLock<crate::auto::Agreed>,
 }
 
 // SAFETY: an NCCL communicator is not bound to the thread that created it (NCCL's pthread
@@ -104,7 +110,8 @@ impl<R: Runtime> ApiComm<R> {
             });
         }
         let id = api.unique_id()?;
-        let (nonblocking, timeout, check) = Self::mode(&api)?;
+        let mode = Self::mode(&api)?;
+        let (nonblocking, timeout) = (mode.nonblocking, mode.timeout);
         let create = {
             let (api, rt, devs) = (api.clone(), rt.clone(), devs.to_vec());
             move || Self::create_group(&api, &*rt, &devs, id, nonblocking)
@@ -147,7 +154,7 @@ impl<R: Runtime> ApiComm<R> {
                     dev,
                     (rank, n),
                     Some(local.clone()),
-                    (nonblocking, timeout, check),
+                    mode,
                 )
             })
             .collect()
@@ -210,7 +217,8 @@ impl<R: Runtime> ApiComm<R> {
                 detail: format!("device {dev} asked for, {count} visible"),
             });
         }
-        let (nonblocking, timeout, check) = Self::mode(&api)?;
+        let mode = Self::mode(&api)?;
+        let (nonblocking, timeout) = (mode.nonblocking, mode.timeout);
         let c = if nonblocking {
             let mut c = std::ptr::null_mut();
             rt.with_device(dev, || {
@@ -241,15 +249,7 @@ impl<R: Runtime> ApiComm<R> {
             })??
             .0
         };
-        let mut me = Self::wrap(
-            api,
-            rt,
-            c,
-            dev,
-            (rank, world),
-            None,
-            (nonblocking, timeout, check),
-        )?;
+        let mut me = Self::wrap(api, rt, c, dev, (rank, world), None, mode)?;
         #[cfg(target_os = "linux")]
         {
             me.ce.job = Some(crate::ipc::Job::from_id(&id.to_bytes()));
@@ -266,8 +266,11 @@ impl<R: Runtime> ApiComm<R> {
         let able = api.fns.comm_init_rank_config.is_some()
             && api.fns.comm_get_async_error.is_some()
             && api.version >= Version::new(2, 14, 0);
-        let check = crate::check::check_from_env()?;
-        Ok((able && watchdog::nonblocking_from_env()?, timeout, check))
+        Ok(Mode {
+            nonblocking: able && watchdog::nonblocking_from_env()?,
+            timeout,
+            check: crate::check::check_from_env()?,
+        })
     }
 
     /// `ncclCommInitRankConfig` with `blocking = 0` (non-blocking mode), else
@@ -314,16 +317,14 @@ impl<R: Runtime> ApiComm<R> {
         dev: usize,
         (rank, world): (usize, usize),
         local: Option<Arc<LocalWorld>>,
-        (nonblocking, timeout, check_collectives): Mode,
+        Mode {
+            nonblocking,
+            timeout,
+            check: check_collectives,
+        }: Mode,
     ) -> Result<Self> {
-        let barrier = match rt.malloc(dev, 4) {
-            Ok(p) => ApiMemory {
-                ptr: p,
-                bytes: 4,
-                dev,
-                owner: Owner::Runtime,
-                rt: rt.clone(),
-            },
+        let barrier = match ApiMemory::from_runtime_malloc(rt.clone(), dev, 4) {
+            Ok(m) => m,
             Err(e) => {
                 // SAFETY: the communicator was just created and is not used elsewhere.
                 unsafe { (api.fns.comm_destroy)(comm) };
@@ -363,8 +364,7 @@ impl<R: Runtime> ApiComm<R> {
             check_collectives,
             scratch: Mutex::new(None),
             wanted_policy: Mutex::new(None),
-            policy: std::sync::OnceLock::new(),
-            auto_ce: AtomicBool::new(false),
+            agreed: std::sync::OnceLock::new(),
         })
     }
 

@@ -240,6 +240,20 @@ impl<R: Runtime> DeviceMemory for ApiMemory<R> {
 }
 
 impl<R: Runtime> ApiMemory<R> {
+    /// `bytes` of device memory from the runtime (`cuMemAlloc` / `hipMalloc`), not the
+    /// library: the communicator's own small buffers, and allocations where the library
+    /// cannot allocate. Freed on drop.
+    pub(crate) fn from_runtime_malloc(rt: Arc<R>, dev: usize, bytes: usize) -> Result<Self> {
+        let ptr = rt.malloc(dev, bytes)?;
+        Ok(ApiMemory {
+            ptr,
+            bytes,
+            dev,
+            owner: Owner::Runtime,
+            rt,
+        })
+    }
+
     /// Copies are ordered on a stream of the memory's own device.
     fn same_device(&self, stream: &ApiStream<R>) -> Result<()> {
         if stream.dev == self.dev {

@@ -71,7 +71,7 @@ impl Config {
 
 /// `UNICOMM_NONBLOCKING`: `0` (the default) or `1`.
 pub(crate) fn nonblocking_from_env() -> Result<bool> {
-    unicomm_core::env::choice("UNICOMM_NONBLOCKING", false, &[("1", true), ("0", false)])
+    unicomm_core::env::switch("UNICOMM_NONBLOCKING", false)
 }
 
 /// A pause that starts as a spin (a collective often ends within microseconds) and grows
