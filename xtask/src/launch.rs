@@ -103,27 +103,22 @@ pub fn run(
     );
     let mut kids: Vec<(usize, Child, Vec<std::thread::JoinHandle<()>>)> = Vec::new();
     for r in 0..n {
-        let mut c = Command::new(program)
-            .args(args)
+        // With a shared GPU every rank is on GPU 0, with a host id of its own for NCCL.
+        let local_rank = if share_gpu { 0 } else { r };
+        let mut cmd = Command::new(program);
+        cmd.args(args)
             .env("RANK", r.to_string())
-            .env("LOCAL_RANK", r.to_string())
+            .env("LOCAL_RANK", local_rank.to_string())
             .env("WORLD_SIZE", n.to_string())
             .env("LOCAL_WORLD_SIZE", n.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env("UNICOMM_RENDEZVOUS_TOKEN", &token)
-            .envs(env.iter().copied())
-            .envs(
-                share_gpu
-                    .then(|| {
-                        [
-                            ("LOCAL_RANK", "0".to_string()),
-                            ("NCCL_HOSTID", format!("{token}-rank-{r}")),
-                        ]
-                    })
-                    .into_iter()
-                    .flatten(),
-            )
+            .envs(env.iter().copied());
+        if share_gpu {
+            cmd.env("NCCL_HOSTID", format!("{token}-rank-{r}"));
+        }
+        let mut c = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
