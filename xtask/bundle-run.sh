@@ -6,7 +6,7 @@
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$PWD/logs}; mkdir -p "$OUT"
 cd "$(dirname "$0")"
-step() { echo "== $*"; }
+step() { echo "== [$(date +%T)] $*"; }
 rc=0
 # PARTS=all (default), quick (tests, examples, overhead), conformance, cesync (the
 # copy-engine path ordered by signals against barriers), autoprobe (why auto

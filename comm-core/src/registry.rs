@@ -59,10 +59,38 @@ struct Table {
     /// how far before an address an entry containing it can start.
     sizes: BTreeMap<usize, usize>,
     largest: usize,
+    /// The answers of the last few `covering` queries, exactly as asked (start, end): an
+    /// engine calls with the same buffers every step, so its lookups are answered without
+    /// walking the index. Cleared by every insertion and removal, so an answer here is
+    /// always the one the index would give now.
+    recent: [Option<(usize, usize, Option<RegKind>)>; RECENT],
+    next_recent: usize,
 }
 
+/// How many `covering` answers a table keeps (send and receive buffers of a couple of
+/// alternating calls).
+const RECENT: usize = 4;
+
 impl Table {
+    fn changed(&mut self) {
+        self.recent = [None; RECENT];
+    }
+
+    fn recall(&self, address: usize, end: usize) -> Option<Option<RegKind>> {
+        self.recent
+            .iter()
+            .flatten()
+            .find(|(a, e, _)| *a == address && *e == end)
+            .map(|r| r.2)
+    }
+
+    fn remember(&mut self, address: usize, end: usize, kind: Option<RegKind>) {
+        self.recent[self.next_recent] = Some((address, end, kind));
+        self.next_recent = (self.next_recent + 1) % RECENT;
+    }
+
     fn add(&mut self, handle: RawHandle, e: Entry) {
+        self.changed();
         self.by_handle.insert(handle, e);
         self.by_start.insert((e.address, handle.0), e);
         *self.sizes.entry(e.bytes).or_insert(0) += 1;
@@ -71,6 +99,7 @@ impl Table {
 
     fn take(&mut self, handle: RawHandle) -> Option<Entry> {
         let e = self.by_handle.remove(&handle)?;
+        self.changed();
         self.by_start.remove(&(e.address, handle.0));
         if let Some(n) = self.sizes.get_mut(&e.bytes) {
             *n -= 1;
@@ -80,6 +109,38 @@ impl Table {
             }
         }
         Some(e)
+    }
+
+    /// The registration that covers all of `[address, end)` (the nearest-starting one), or
+    /// an error when none does and one overlaps it in part; remembered for the next ask.
+    fn covering(&mut self, address: usize, end: usize) -> Result<Option<RegKind>> {
+        if let Some(known) = self.recall(address, end) {
+            return Ok(known);
+        }
+        let mut partial = None;
+        let mut found = None;
+        for (_, e) in self.candidates(address, end) {
+            if e.covers(address, end) {
+                found = Some(e.kind);
+                break;
+            }
+            if e.address < end && address < e.end() {
+                partial = partial.or(Some(e));
+            }
+        }
+        if let (None, Some(e)) = (found, partial) {
+            return Err(Error::invalid(
+                "buffer",
+                format!(
+                    "bytes {address:#x}..{end:#x} are only partly covered by the registration \
+                     {:#x}..{:#x}",
+                    e.address,
+                    e.end()
+                ),
+            ));
+        }
+        self.remember(address, end, found);
+        Ok(found)
     }
 
     /// Every entry that can cover or overlap `[address, end)`: those starting at most the
@@ -203,29 +264,24 @@ impl Registry {
         if bytes == 0 {
             return Ok(None);
         }
-        let end = address.saturating_add(bytes);
-        let live = self.lock();
-        let mut partial = None;
-        for (_, e) in live.candidates(address, end) {
-            if e.covers(address, end) {
-                return Ok(Some(e.kind));
-            }
-            if e.address < end && address < e.end() {
-                partial = partial.or(Some(e));
+        self.lock().covering(address, address.saturating_add(bytes))
+    }
+
+    /// Whether every non-empty range is covered by a registration of `kind`, under one
+    /// acquisition of the table's lock (a call's send and receive buffers, on every call).
+    /// The ranges are asked in order, as [`covering`](Self::covering) would be, and the
+    /// first not covered by `kind` ends the question.
+    pub fn all_covered_by(&self, kind: RegKind, ranges: &[(usize, usize)]) -> Result<bool> {
+        if ranges.iter().all(|&(_, bytes)| bytes == 0) {
+            return Ok(true);
+        }
+        let mut live = self.lock();
+        for &(address, bytes) in ranges {
+            if bytes > 0 && live.covering(address, address.saturating_add(bytes))? != Some(kind) {
+                return Ok(false);
             }
         }
-        match partial {
-            Some(e) => Err(Error::invalid(
-                "buffer",
-                format!(
-                    "bytes {address:#x}..{end:#x} are only partly covered by the registration \
-                     {:#x}..{:#x}",
-                    e.address,
-                    e.end()
-                ),
-            )),
-            None => Ok(None),
-        }
+        Ok(true)
     }
 
     /// The window (or automatic registration) that covers `[address, address+bytes)`
@@ -318,6 +374,9 @@ mod tests {
         let r = Registry::new();
         let mut model: Vec<(RawHandle, Entry)> = Vec::new();
         let kinds = [RegKind::Buffer, RegKind::Window, RegKind::Auto];
+        // Earlier queries are asked again after each change (an engine's repeated calls),
+        // so remembered answers are checked against the table as it is now.
+        let mut asked: Vec<(usize, usize)> = Vec::new();
         for step in 0..20_000u64 {
             if rnd(3) > 0 || model.is_empty() {
                 let e = Entry {
@@ -344,15 +403,24 @@ mod tests {
             let b = rnd(200) as usize;
             let end = a.saturating_add(b);
             let covers = |e: &Entry| e.address <= a && end <= e.end();
-            let overlaps = |e: &Entry| e.address < end && a < e.end();
-            match r.covering(a, b) {
-                Ok(Some(k)) => {
-                    assert!(b > 0 && model.iter().any(|(_, e)| covers(e) && e.kind == k))
+            asked.push((a, b));
+            if asked.len() > 6 {
+                asked.remove(0);
+            }
+            for &(qa, qb) in asked.iter().rev().chain(asked.iter()) {
+                let qend = qa.saturating_add(qb);
+                let covers = |e: &Entry| e.address <= qa && qend <= e.end();
+                let overlaps = |e: &Entry| e.address < qend && qa < e.end();
+                match r.covering(qa, qb) {
+                    Ok(Some(k)) => {
+                        assert!(qb > 0 && model.iter().any(|(_, e)| covers(e) && e.kind == k))
+                    }
+                    Ok(None) => assert!(qb == 0 || !model.iter().any(|(_, e)| overlaps(e))),
+                    Err(_) => assert!(
+                        !model.iter().any(|(_, e)| covers(e))
+                            && model.iter().any(|(_, e)| overlaps(e))
+                    ),
                 }
-                Ok(None) => assert!(b == 0 || !model.iter().any(|(_, e)| overlaps(e))),
-                Err(_) => assert!(
-                    !model.iter().any(|(_, e)| covers(e)) && model.iter().any(|(_, e)| overlaps(e))
-                ),
             }
             let want = model.iter().any(|(_, e)| e.kind.is_window() && covers(e));
             match r.window_covering(a, b).unwrap() {

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use unicomm_core::registry::RegKind;
-use unicomm_core::{Error, Kind, Op, RawHandle, Result, Version};
+use unicomm_core::{Error, Extent, Kind, Op, RawHandle, Result, Slice, Version};
 
 use crate::api::NcclComm;
 use crate::comm::ApiComm;
@@ -302,12 +302,18 @@ impl<R: Runtime> ApiComm<R> {
         }
         let (se, re) = op.kind.extents();
         let esize = op.dtype.size();
-        for (side, e) in [(op.send, se), (op.recv, re)] {
-            let Some(s) = side else { continue };
-            let bytes = e.elems(op.count, self.world).unwrap_or(0) * esize;
-            if bytes > 0 && self.registry.covering(s.address(), bytes)? != Some(RegKind::Auto) {
-                return Ok(None);
-            }
+        let range = |side: Option<Slice<'_, ApiMemory<R>>>, e: Extent| {
+            side.map_or((0, 0), |s| {
+                (
+                    s.address(),
+                    e.elems(op.count, self.world).unwrap_or(0) * esize,
+                )
+            })
+        };
+        // Both buffers under one lock: a lookup an engine's every call makes.
+        let ranges = [range(op.send, se), range(op.recv, re)];
+        if !self.registry.all_covered_by(RegKind::Auto, &ranges)? {
+            return Ok(None);
         }
         let per_rank = matches!(
             op.kind,

@@ -1,7 +1,6 @@
 //! [`Collective`] for [`ApiComm`]: each operation of the contract as one NCCL-API call.
 
 use std::ffi::{c_int, c_void};
-use std::sync::Arc;
 
 use unicomm_core::registry::RegKind;
 use unicomm_core::{Capabilities, Collective, Error, Kind, Op, RawHandle, Result};
@@ -13,7 +12,7 @@ use crate::comm::ApiComm;
 use crate::copy_engine::GROUP_DEPTH;
 use crate::memory::{ApiMemory, ApiStream, Owner};
 use crate::runtime::Runtime;
-use crate::watchdog::{Watched, GROUP_MEMBERS};
+use crate::watchdog::GROUP_MEMBERS;
 
 impl<R: Runtime> Collective for ApiComm<R> {
     type Stream = ApiStream<R>;
@@ -51,7 +50,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
             watch: Default::default(),
             timeout: self.core.timeout(),
         };
-        st.watched_by(&(self.core.clone() as Arc<dyn Watched>));
+        st.watched_by(&self.core);
         Ok(st)
     }
 
@@ -178,7 +177,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
             ));
         }
         op.check(self.world)?;
-        stream.watched_by(&(self.core.clone() as Arc<dyn Watched>));
+        stream.watched_by(&self.core);
         // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
         // rank whose call is refused here still takes part, so its peers do not wait.
         let route = self.route(&op);

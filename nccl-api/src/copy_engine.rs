@@ -455,7 +455,7 @@ impl<R: Runtime> ApiComm<R> {
     fn host_barrier(&self) -> Result<()> {
         let s = self.rt.create_stream(self.dev)?;
         let st = crate::memory::ApiStream::from_runtime(self.rt.clone(), s, self.dev)?;
-        st.watched_by(&(self.core.clone() as Arc<dyn crate::watchdog::Watched>));
+        st.watched_by(&self.core);
         self.barrier_on(R::raw_stream(&st.s))?;
         st.synchronize()
     }

@@ -42,7 +42,7 @@ impl<R: Runtime> ApiStream<R> {
     }
 
     /// A communicator enqueues work on this stream: its waits watch it.
-    pub(crate) fn watched_by(&self, w: &Arc<dyn Watched>) {
+    pub(crate) fn watched_by<W: Watched + 'static>(&self, w: &Arc<W>) {
         self.watch.add(w);
     }
     /// The runtime's stream.

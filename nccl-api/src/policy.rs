@@ -35,10 +35,10 @@ impl Path {
     }
 }
 
-/// Per collective, ordered `(up to bytes, path)` rules.
+/// Per collective (its index in `NAMES`), ordered `(up to bytes, path)` rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    rules: Vec<(&'static str, usize, Path)>,
+    rules: Vec<(usize, usize, Path)>,
 }
 
 /// Collective names as tune files spell them.
@@ -51,14 +51,16 @@ const NAMES: [&str; 6] = [
     "reduce",
 ];
 
-fn name_of(kind: Kind) -> Option<&'static str> {
+/// The collective's index in `NAMES` (a rule's first field): asked on every automatic
+/// call, so a number, not a name to compare.
+fn index_of(kind: Kind) -> Option<usize> {
     Some(match kind {
-        Kind::AllReduce { .. } => "all_reduce",
-        Kind::AllToAll => "all_to_all",
-        Kind::AllGather => "all_gather",
-        Kind::ReduceScatter { .. } => "reduce_scatter",
-        Kind::Broadcast { .. } => "broadcast",
-        Kind::Reduce { .. } => "reduce",
+        Kind::AllReduce { .. } => 0,
+        Kind::AllToAll => 1,
+        Kind::AllGather => 2,
+        Kind::ReduceScatter { .. } => 3,
+        Kind::Broadcast { .. } => 4,
+        Kind::Reduce { .. } => 5,
         _ => return None,
     })
 }
@@ -99,7 +101,7 @@ impl Policy {
             };
             let coll = NAMES
                 .iter()
-                .find(|n| **n == coll)
+                .position(|n| *n == coll)
                 .ok_or_else(|| bad(&format!("unknown collective {coll:?}")))?;
             let bound = match bound {
                 "max" => usize::MAX,
@@ -108,7 +110,7 @@ impl Policy {
                     .map_err(|_| bad(&format!("{b:?} is not a byte count")))?,
             };
             let path = Path::parse(path).ok_or_else(|| bad(&format!("unknown path {path:?}")))?;
-            rules.push((*coll, bound, path));
+            rules.push((coll, bound, path));
         }
         Ok(Policy { rules })
     }
@@ -141,7 +143,7 @@ impl Policy {
             }
         };
         for (coll, bound, path) in &self.rules {
-            eat(coll.as_bytes());
+            eat(NAMES[*coll].as_bytes());
             // `max` is the same in a 32-bit process as in a 64-bit one.
             let b = if *bound == usize::MAX {
                 u64::MAX
@@ -157,12 +159,12 @@ impl Policy {
     /// The path for `kind` at `size` bytes (nccl-tests' size), or `Registered` when no rule
     /// matches.
     pub fn choose(&self, kind: Kind, size: usize) -> Path {
-        let Some(name) = name_of(kind) else {
+        let Some(coll) = index_of(kind) else {
             return Path::Registered;
         };
         self.rules
             .iter()
-            .find(|(c, bound, _)| *c == name && size <= *bound)
+            .find(|(c, bound, _)| *c == coll && size <= *bound)
             .map_or(Path::Registered, |r| r.2)
     }
 }
@@ -276,5 +278,34 @@ mod tests {
         // u64::MAX is what a rank without a policy offers.
         assert_ne!(d(""), u64::MAX);
         assert_ne!(d(DEFAULTS), u64::MAX);
+    }
+
+    /// Each collective's rule is found by its index: a file naming one collective steers
+    /// that collective only, whatever the others' rules say.
+    #[test]
+    fn each_collective_reads_its_own_rules() {
+        let kinds = [
+            Kind::AllReduce { op: ReduceOp::Sum },
+            Kind::AllToAll,
+            Kind::AllGather,
+            Kind::ReduceScatter { op: ReduceOp::Max },
+            Kind::Broadcast { root: 0 },
+            Kind::Reduce {
+                op: ReduceOp::Sum,
+                root: 0,
+            },
+        ];
+        for (i, name) in NAMES.iter().enumerate() {
+            let p = Policy::parse(&format!("{name} 100 window\n{name} max ce\n"), "t").unwrap();
+            for (j, k) in kinds.iter().enumerate() {
+                let (small, large) = if i == j {
+                    (Path::Window, Path::CopyEngine)
+                } else {
+                    (Path::Registered, Path::Registered)
+                };
+                assert_eq!(p.choose(*k, 100), small, "{name} rules, {k:?}");
+                assert_eq!(p.choose(*k, 101), large, "{name} rules, {k:?}");
+            }
+        }
     }
 }

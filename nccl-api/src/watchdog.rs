@@ -14,7 +14,7 @@
 //! - `abort` from another thread interrupts a settling call and makes a stream wait return.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -533,27 +533,44 @@ impl<R: Runtime> Watched for Core<R> {
 }
 
 /// The communicators that enqueued work on one stream (weakly: a stream may outlive them),
-/// each with whether this stream's waits already reported its abort.
+/// each with whether this stream's waits already reported its abort; and which one was
+/// added last, so that a communicator enqueuing again and again on its stream (every call
+/// of a training step) takes no lock here.
 #[derive(Default)]
-pub(crate) struct Watchers(Mutex<Vec<(Weak<dyn Watched>, bool)>>);
+pub(crate) struct Watchers {
+    list: Mutex<Vec<(Weak<dyn Watched>, bool)>>,
+    /// The address of the communicator added last (0: none), stored under `list`'s lock.
+    /// While an entry is in the list its `Weak` keeps the communicator's allocation, so no
+    /// other communicator can have that address; every removal clears it.
+    last: AtomicUsize,
+}
 
 fn same(a: &Weak<dyn Watched>, b: &Arc<dyn Watched>) -> bool {
     a.as_ptr() as *const () == Arc::as_ptr(b) as *const ()
 }
 
 impl Watchers {
-    /// Adds `w` unless it is there already (the common case: one check under the lock).
-    pub(crate) fn add(&self, w: &Arc<dyn Watched>) {
-        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if v.iter().any(|(x, _)| same(x, w)) {
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<(Weak<dyn Watched>, bool)>> {
+        self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds `w` unless it is there already (the common case: the one added last, no lock).
+    pub(crate) fn add<W: Watched + 'static>(&self, w: &Arc<W>) {
+        let id = Arc::as_ptr(w) as *const () as usize;
+        if self.last.load(Ordering::Acquire) == id {
             return;
         }
-        v.retain(|(x, _)| x.strong_count() > 0);
-        v.push((Arc::downgrade(w), false));
+        let w: Arc<dyn Watched> = w.clone();
+        let mut v = self.list();
+        if !v.iter().any(|(x, _)| same(x, &w)) {
+            v.retain(|(x, _)| x.strong_count() > 0);
+            v.push((Arc::downgrade(&w), false));
+        }
+        self.last.store(id, Ordering::Release);
     }
 
     fn live(&self) -> Vec<(Arc<dyn Watched>, bool)> {
-        let v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let v = self.list();
         v.iter()
             .filter_map(|(w, told)| Some((w.upgrade()?, *told)))
             .collect()
@@ -562,7 +579,7 @@ impl Watchers {
     /// A wait of this stream reported the abort of `ws` (its `Timeout`, or the
     /// asynchronous error that made it abort them).
     fn reported(&self, ws: &[(Arc<dyn Watched>, bool)]) {
-        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = self.list();
         for (x, told) in v.iter_mut() {
             if ws.iter().any(|(w, _)| same(x, w)) {
                 *told = true;
@@ -599,10 +616,11 @@ impl Watchers {
                 if aborted.is_empty() {
                     return Ok(());
                 }
-                self.0
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .retain(|(x, _)| !aborted.iter().any(|(w, _)| same(x, w)));
+                {
+                    let mut v = self.list();
+                    v.retain(|(x, _)| !aborted.iter().any(|(w, _)| same(x, w)));
+                    self.last.store(0, Ordering::Release);
+                }
                 if aborted.iter().all(|(_, told)| *told) {
                     return Ok(());
                 }
