@@ -84,6 +84,20 @@ for v in nccl rccl; do
       UNICOMM_TUNE_FILE="$OUT/$v-autoprobe-tune.txt" UNICOMM_AUTO_COPY_ENGINE=$ce timeout 120 ./unicomm-bench --vendor $vendor --modes window,auto,registered --coll all_reduce -b 2K -e 128K -f 2 -w 50 -n 500 --place out -J "$OUT/$v-autoprobe-ce$ce.json" > "$OUT/$v-autoprobe-ce$ce.log" 2>&1 || rc=1
       grep -E "float" "$OUT/$v-autoprobe-ce$ce.log"
     done
+    # Which kernel NCCL runs for each mode's calls (NCCL_DEBUG_SUBSYS=TUNING: rank 0 logs
+    # "AllReduce [Symmetric]: N Bytes -> Kernel K" for a symmetric kernel, "AllReduce: N
+    # Bytes -> Algo A proto P" otherwise): whether auto's window path gets the window
+    # mode's kernels. One process per mode; the lines counted per size and kernel (lines of
+    # 8-392 bytes seen once are the benchmark's own exchanges, not its calls).
+    for mode in window auto registered; do
+      step $v autoprobe NCCL kernels: $mode
+      UNICOMM_TUNE_FILE="$OUT/$v-autoprobe-tune.txt" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING NCCL_DEBUG_FILE="$OUT/$v-autoprobe-kernels-$mode.%h.%p.log" timeout 120 ./unicomm-bench --vendor $vendor --modes $mode --coll all_reduce -b 2K -e 128K -f 4 -w 2 -n 10 --rounds 1 -c 0 --place out > /dev/null 2>&1 || rc=1
+      { echo "# $mode: calls per size and kernel (rank 0's NCCL TUNING lines)"
+        cat "$OUT/$v-autoprobe-kernels-$mode".*.log 2>/dev/null | grep -oE "AllReduce( \[Symmetric\])?: [0-9]+ Bytes -> (Kernel [A-Za-z_0-9]+|Algo [A-Za-z_]+ proto [A-Za-z0-9]+)" | sort | uniq -c
+      } >> "$OUT/$v-autoprobe-kernels.txt"
+      rm -f "$OUT/$v-autoprobe-kernels-$mode".*.log
+    done
+    cat "$OUT/$v-autoprobe-kernels.txt"
     # Auto's second communicator with NCCL's resource sharing between a communicator and
     # its splits (NCCL_COMM_SPLIT_SHARE_RESOURCES, read at the parent's creation): its
     # device memory (window set up first, so auto's figure is the second communicator's)

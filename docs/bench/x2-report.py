@@ -80,6 +80,30 @@ def cesync(d):
             print(f"| {coll} | {size} | {fmt(w) if w else '-'} | " + " | ".join(vals) + " |")
 
 
+def autoprobe(d):
+    print("\n### Auto forced to the window path against the window mode (all_reduce, median iteration)\n")
+    docs = {ce: load(os.path.join(d, f"nccl-autoprobe-ce{ce}.json")) for ce in (0, 1)}
+    if all(docs.values()):
+        print("| size | auto / window, UNICOMM_AUTO_COPY_ENGINE=0 | =1 | auto / registered, 0 | 1 |")
+        print("| ---: | ---: | ---: | ---: | ---: |")
+        for r in rows(docs[0]):
+            if r["mode"] != "auto":
+                continue
+            got = [cell(docs[ce], "all_reduce", r["size"], m) for ce in (0, 1) for m in ("auto", "window", "registered")]
+            if not all(got):
+                continue
+            a0, w0, g0, a1, w1, g1 = [c["iterTime"]["p50"] for c in got]
+            print(f"| {r['size']} | {a0 / w0:.3f} | {a1 / w1:.3f} | {a0 / g0:.3f} | {a1 / g1:.3f} |")
+    kernels = os.path.join(d, "nccl-autoprobe-kernels.txt")
+    if os.path.exists(kernels):
+        print("\nNCCL's kernels per mode (rank 0's TUNING lines, `nccl-autoprobe-kernels.txt`):\n")
+        print("```text")
+        print(open(kernels).read().rstrip())
+        print("```")
+    else:
+        print(f"\n{kernels}: missing")
+
+
 def autoshare(d):
     print("\n### Auto with NCCL_COMM_SPLIT_SHARE_RESOURCES 0 and 1\n")
     a, b = load(os.path.join(d, "nccl-autoshare0.json")), load(os.path.join(d, "nccl-autoshare1.json"))
@@ -163,6 +187,7 @@ def main():
         goal3.main()
     cesync(bench)
     visualgen(bench)
+    autoprobe(os.path.join(d, "autoprobe"))
     autoshare(os.path.join(d, "autoprobe"))
     procs(os.path.join(d, "procs"))
 
