@@ -14,47 +14,7 @@ use std::time::{Duration, Instant};
 use common::{comm, fake, flavors};
 use unicomm_core::ReduceOp;
 
-#[test]
-#[ignore = "a timing benchmark; run it with --ignored"]
-fn auto_call_cost_does_not_grow_with_registrations() {
-    let path = fake("nccl228");
-    let c = comm(flavors(false, false), &path);
-    let st = c.create_stream().unwrap();
-    let a = c.register_auto(c.alloc::<f32>(64).unwrap()).unwrap();
-    let mut b = c.register_auto(c.alloc::<f32>(64).unwrap()).unwrap();
-    let mut others = Vec::new();
-    let mut cost = Vec::new();
-    for k in [0usize, 100, 1000, 4000] {
-        while others.len() < k {
-            others.push(c.register(c.alloc::<f32>(64).unwrap()).unwrap());
-        }
-        let n = 100_000;
-        let t = Instant::now();
-        for _ in 0..n {
-            c.all_reduce(
-                &a.slice(..2).unwrap(),
-                &mut b.slice_mut(..2).unwrap(),
-                ReduceOp::Sum,
-                &st,
-            )
-            .unwrap();
-        }
-        let ns = t.elapsed().as_nanos() as f64 / n as f64;
-        println!("{k} other registrations: {ns:.0} ns per automatic all_reduce");
-        cost.push(ns);
-    }
-    assert!(
-        cost[3] < 2.5 * cost[0],
-        "the call's cost grew with the registrations: {cost:?}"
-    );
-    // The fake's deregistration sleeps 20 ms on purpose (4,000 would take 80 s): the
-    // process ends instead.
-    std::mem::forget(others);
-    std::mem::forget((a, b, st));
-    std::mem::forget(c);
-}
-
-/// ns per all_reduce of 2 floats on `a` -> `b`, the median of `rounds` rounds.
+/// The host time of `n` all_reduces of 2 floats from `a` into `b`.
 macro_rules! per_call {
     ($c:expr, $st:expr, $a:expr, $b:expr, $n:expr) => {{
         let t = Instant::now();
@@ -69,6 +29,36 @@ macro_rules! per_call {
         }
         t.elapsed()
     }};
+}
+
+#[test]
+#[ignore = "a timing benchmark; run it with --ignored"]
+fn auto_call_cost_does_not_grow_with_registrations() {
+    let path = fake("nccl228");
+    let c = comm(flavors(false, false), &path);
+    let st = c.create_stream().unwrap();
+    let a = c.register_auto(c.alloc::<f32>(64).unwrap()).unwrap();
+    let mut b = c.register_auto(c.alloc::<f32>(64).unwrap()).unwrap();
+    let mut others = Vec::new();
+    let mut cost = Vec::new();
+    for k in [0usize, 100, 1000, 4000] {
+        while others.len() < k {
+            others.push(c.register(c.alloc::<f32>(64).unwrap()).unwrap());
+        }
+        let n = 100_000u32;
+        let ns = per_call!(c, &st, a, b, n).as_nanos() as f64 / f64::from(n);
+        println!("{k} other registrations: {ns:.0} ns per automatic all_reduce");
+        cost.push(ns);
+    }
+    assert!(
+        cost[3] < 2.5 * cost[0],
+        "the call's cost grew with the registrations: {cost:?}"
+    );
+    // The fake's deregistration sleeps 20 ms on purpose (4,000 would take 80 s): the
+    // process ends instead.
+    std::mem::forget(others);
+    std::mem::forget((a, b, st));
+    std::mem::forget(c);
 }
 
 #[test]
