@@ -670,3 +670,75 @@ thread_local! {
     pub(crate) static GROUP_MEMBERS: std::cell::RefCell<Vec<Arc<dyn Watched>>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A communicator as a stream's waits see it: aborted or not.
+    #[derive(Default)]
+    struct Fake(AtomicBool);
+
+    impl Watched for Fake {
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+        fn poll(&self) -> Result<()> {
+            Ok(())
+        }
+        fn abort(&self) {
+            self.0.store(true, Ordering::Release);
+        }
+        fn settle(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        fn aborted(&self) -> bool {
+            self.0.load(Ordering::Acquire)
+        }
+    }
+
+    fn listed(w: &Watchers) -> usize {
+        w.live().len()
+    }
+
+    /// The lock-free check of the last communicator added never hides one that is not in
+    /// the list: repeated adds keep one entry; another communicator is added; an aborted
+    /// one forgotten by a wait comes back when it enqueues again; a communicator dropped
+    /// while listed keeps its address from any new one until its entry goes.
+    #[test]
+    fn the_last_added_shortcut_never_hides_a_communicator() {
+        let w = Watchers::default();
+        let a = Arc::new(Fake::default());
+        let b = Arc::new(Fake::default());
+        for _ in 0..3 {
+            w.add(&a);
+        }
+        assert_eq!(listed(&w), 1);
+        w.add(&b);
+        w.add(&a);
+        assert_eq!(listed(&w), 2);
+        // A wait on an idle stream after `a`'s abort reports it and forgets it.
+        a.abort();
+        let r = w.wait("test stream", Duration::from_secs(1), || Ok(true));
+        assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
+        assert_eq!(listed(&w), 1);
+        w.add(&a);
+        assert_eq!(
+            listed(&w),
+            2,
+            "a forgotten communicator enqueuing again is listed"
+        );
+        // Dropped while listed: a new communicator cannot take its address.
+        drop(b);
+        for _ in 0..100 {
+            let c = Arc::new(Fake::default());
+            w.add(&c);
+            assert!(
+                w.live()
+                    .iter()
+                    .any(|(x, _)| Arc::as_ptr(x) as *const () == Arc::as_ptr(&c) as *const ()),
+                "a new communicator was taken for one already listed"
+            );
+        }
+    }
+}
