@@ -82,9 +82,39 @@ fn main() {
             );
         }
     }
+    pieces(comms[0].backend().device());
     for c in comms {
         let _ = c.finalize();
     }
+}
+
+/// Host nanoseconds of pieces every unicomm call has and a raw NCCL call does not: making
+/// sure the rank's device is current (one `cuCtxGetCurrent` when it is) and the driver call
+/// alone; the median of 9 runs of 1,000,000.
+fn pieces(dev: usize) {
+    use unicomm_nccl_api::Runtime as _;
+    let rt = unicomm_nccl::cuda().unwrap();
+    let n = 1_000_000u32;
+    let time = |f: &dyn Fn()| {
+        median(
+            (0..TRIALS)
+                .map(|_| {
+                    let t = Instant::now();
+                    for _ in 0..n {
+                        f();
+                    }
+                    t.elapsed().as_nanos() as f64 / f64::from(n)
+                })
+                .collect(),
+        )
+    };
+    let with_device = time(&|| {
+        rt.with_device(dev, || Ok(())).unwrap();
+    });
+    let get_current = time(&|| {
+        std::hint::black_box(cudarc::driver::result::ctx::get_current().unwrap());
+    });
+    println!("# host ns per call: with_device (device already current) {with_device:.1}, cuCtxGetCurrent {get_current:.1}");
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
