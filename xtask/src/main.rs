@@ -588,7 +588,7 @@ fn test_binaries(pkg: &str, features: &str, names: &[&str]) -> Result<Vec<(PathB
     Ok(found)
 }
 
-/// Release binaries (examples, GPU test binaries, the overhead benchmark) and `run.sh` in
+/// Release binaries (examples, GPU test binaries, the overhead benchmark), `run.sh` and `parts.sh` in
 /// `dist/unicomm-bundle`, for the vendor asked for (`auto`: both GPU vendors). Always a
 /// release build: timings are part of the run.
 fn bundle(o: &Opts) -> Result<()> {
@@ -692,15 +692,22 @@ fn bundle(o: &Opts) -> Result<()> {
         .map(|(i, w)| format!("{w} world_{}_{w}\n", i + 1))
         .collect();
     std::fs::write(out.join("worlds.txt"), worlds).context("writing worlds.txt")?;
-    let script = out.join("run.sh");
-    std::fs::write(&script, include_str!("../bundle-run.sh")).context("writing run.sh")?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    // run.sh runs the tests and benchmarks (PARTS picks some); parts.sh runs it once per
+    // part of PARTS_LIST with one tarball of logs each (for calls that bring few files back).
+    for (name, text) in [
+        ("run.sh", include_str!("../bundle-run.sh")),
+        ("parts.sh", include_str!("../bundle-parts.sh")),
+    ] {
+        let script = out.join(name);
+        std::fs::write(&script, text).with_context(|| format!("writing {name}"))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+        }
     }
     eprintln!(
-        "bundle ready: {} (copy it to the GPU machine and run ./run.sh)",
+        "bundle ready: {} (copy it to the GPU machine and run ./run.sh, or PARTS_LIST=\"...\" ./parts.sh)",
         out.display()
     );
     Ok(())
