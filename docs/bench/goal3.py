@@ -2,14 +2,43 @@
 """Goal 3 of issue #10 from a sweep's JSON (unicomm-bench -J): per collective and size, every
 mode's time, the best fixed mode (every mode but auto) and auto's time over it, by the mean
 time (nccl-tests' figure) and by the median iteration. Prints markdown tables and the sizes
-where auto is over 1.03x.
+where auto is over 1.03x. Where the run's tune file lies beside the JSON (nccl-tune.txt or
+rccl-tune.txt, what UNICOMM_TUNE_FILE pointed to), each row also names the path auto took
+by those rules (the library's rule: the first line of the collective whose bound is at
+least the size), so a miss reads as a wrong choice (auto's path is not the best mode) or
+as a cost of the same path (it is).
 
 usage: goal3.py SWEEP.json [--place out|in]
 """
 import json
+import os
 import sys
 
 GOAL = 1.03
+PATH_MODE = {"window": "window", "registered": "registered", "ce": "ce"}
+
+
+def tune_rules(json_path):
+    """The rules of the tune file beside the sweep's JSON: [(collective, bound, path)]."""
+    d = os.path.dirname(os.path.abspath(json_path))
+    for name in ("nccl-tune.txt", "rccl-tune.txt"):
+        f = os.path.join(d, name)
+        if os.path.exists(f):
+            rules = []
+            for line in open(f):
+                fields = line.split("#")[0].split()
+                if len(fields) == 3:
+                    c, b, p = fields
+                    rules.append((c, float("inf") if b == "max" else int(b), p))
+            return f, rules
+    return None, None
+
+
+def auto_path(rules, coll, size):
+    for c, bound, p in rules:
+        if c == coll and size <= bound:
+            return PATH_MODE.get(p, p)
+    return "registered"
 
 
 def main():
@@ -27,32 +56,42 @@ def main():
             r["time"], r["iterTime"]["p50"], r.get("hostBound", False))
     print(f"# {path}: {doc['library']['backend']} {doc['library']['version']}, "
           f"{doc['nranks']} ranks, {doc.get('order', 'one mode at every size')}")
+    tune, rules = tune_rules(path)
+    if tune:
+        print(f"# auto's path per row from {tune}")
     misses = []
     for coll in colls:
         sizes = sorted(s for c, s in cells if c == coll)
         modes = [m for m in ["plain", "registered", "window", "raw", "ce", "auto"]
                  if any(m in cells[(coll, s)] for s in sizes)]
         print(f"\n**{coll}** (time in us, `*` host-bound)\n")
-        print("| size | " + " | ".join(modes) + " | best fixed | auto / best (mean) | (median) |")
-        print("| ---: |" + " ---: |" * len(modes) + " --- | ---: | ---: |")
+        took = " auto took |" if rules else ""
+        print("| size | " + " | ".join(modes) + f" | best fixed |{took} auto / best (mean) | (median) |")
+        print("| ---: |" + " ---: |" * len(modes) + " --- |" + (" --- |" if rules else "") + " ---: | ---: |")
         for s in sizes:
             v = cells[(coll, s)]
             fixed = {m: t for m, t in v.items() if m != "auto"}
             row = [f"{v[m][0]:.2f}{'*' if v[m][2] else ''}" if m in v else "-" for m in modes]
             if not fixed or "auto" not in v:
-                print(f"| {s} | " + " | ".join(row) + " | - | - | - |")
+                print(f"| {s} | " + " | ".join(row) + " | - |" + (" - |" if rules else "") + " - | - |")
                 continue
             best = min(fixed, key=lambda m: fixed[m][0])
             best_med = min(t[1] for t in fixed.values())
             r_mean = v["auto"][0] / fixed[best][0]
             r_med = v["auto"][1] / best_med
             flag = " **miss**" if r_mean > GOAL else ""
+            p = auto_path(rules, coll, s) if rules else None
             if r_mean > GOAL:
-                misses.append((coll, s, r_mean, r_med))
-            print(f"| {s} | " + " | ".join(row) + f" | {best} | {r_mean:.3f}{flag} | {r_med:.3f} |")
+                misses.append((coll, s, r_mean, r_med, p, best))
+            cell = f" {p} |" if rules else ""
+            print(f"| {s} | " + " | ".join(row) + f" | {best} |{cell} {r_mean:.3f}{flag} | {r_med:.3f} |")
     print(f"\nauto over {GOAL}x the best fixed mode (mean): {len(misses)} cells")
-    for coll, s, a, b in misses:
-        print(f"- {coll} {s} B: {a:.3f} (median {b:.3f})")
+    for coll, s, a, b, p, best in misses:
+        why = ""
+        if p:
+            why = (f"; auto took {p}, the best mode's own path" if p == best
+                   else f"; auto took {p}, the best was {best}")
+        print(f"- {coll} {s} B: {a:.3f} (median {b:.3f}){why}")
 
 
 if __name__ == "__main__":
