@@ -122,15 +122,15 @@ impl<R: Runtime> ApiComm<R> {
         }
         // One exchange at a time per rank: the scratch is written, reduced and read back.
         let mut slot = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() {
+        let scratch = match slot.take() {
+            Some(made) => made,
             // Plain device memory: the library's allocator would take a whole granule.
-            let mem = ApiMemory::from_runtime_malloc(self.rt.clone(), self.dev, MAX_WORDS * 8)?;
-            let st = Collective::create_stream(self)?;
-            *slot = Some((mem, st));
-        }
-        let Some((mem, st)) = slot.as_ref() else {
-            return Err(Error::invalid("scratch", "not made"));
+            None => (
+                ApiMemory::from_runtime_malloc(self.rt.clone(), self.dev, MAX_WORDS * 8)?,
+                Collective::create_stream(self)?,
+            ),
         };
+        let (mem, st) = &*slot.insert(scratch);
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
         let mut out = vec![0u8; bytes.len()];
         let (p, raw) = (mem.ptr as *mut c_void, R::raw_stream(st.inner()));
