@@ -253,6 +253,7 @@ impl Api {
 
     /// Turns a result code into `Ok` or a `Library` error carrying the code, its name,
     /// `ncclGetErrorString` and (when a communicator is given) `ncclGetLastError`.
+    #[inline]
     pub fn check(
         &self,
         call: &'static str,
@@ -262,6 +263,13 @@ impl Api {
         if code == 0 {
             return Ok(());
         }
+        Err(self.failure(call, code, comm))
+    }
+
+    /// The error of a failed call (out of the callers' hot paths).
+    #[cold]
+    #[inline(never)]
+    fn failure(&self, call: &'static str, code: NcclResult, comm: Option<NcclComm>) -> Error {
         // SAFETY: ncclGetErrorString returns a static C string for any code.
         let message = unsafe { cstr((self.fns.get_error_string)(code)) };
         let last_error = match self.fns.get_last_error {
@@ -270,14 +278,14 @@ impl Api {
             Some(f) => unsafe { cstr(f(comm.unwrap_or(std::ptr::null_mut()))) },
             None => String::new(),
         };
-        Err(Error::Library {
+        Error::Library {
             library: self.flavor.library,
             call,
             code,
             name: result_name(code),
             message,
             last_error,
-        })
+        }
     }
 
     /// `Unsupported` unless the library is at least `since` and has the symbol(s)

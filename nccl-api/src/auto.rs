@@ -291,6 +291,7 @@ impl<R: Runtime> ApiComm<R> {
 
     /// For a call whose every buffer is registered for the automatic policy: the path the
     /// policy picks for its collective and size (nccl-tests' size), else `None`.
+    #[inline]
     pub(crate) fn auto_path(&self, op: &Op<'_, ApiMemory<R>>) -> Result<Option<Path>> {
         // Every collective passes here: without a live automatic registration (the common
         // case) no lock is taken.
@@ -300,6 +301,12 @@ impl<R: Runtime> ApiComm<R> {
         {
             return Ok(None);
         }
+        self.auto_path_of(op)
+    }
+
+    /// The lookup itself, out of line: only calls while automatic registrations are live.
+    #[inline(never)]
+    fn auto_path_of(&self, op: &Op<'_, ApiMemory<R>>) -> Result<Option<Path>> {
         let (se, re) = op.kind.extents();
         let esize = op.dtype.size();
         let range = |side: Option<Slice<'_, ApiMemory<R>>>, e: Extent| {
@@ -328,6 +335,7 @@ impl<R: Runtime> ApiComm<R> {
     /// for this size (the copy engines where they can take it, else the registered path);
     /// otherwise the copy engines where the path is on and the output is a shared window,
     /// else the library on this communicator.
+    #[inline]
     pub(crate) fn route(&self, op: &Op<'_, ApiMemory<R>>) -> Result<Route> {
         Ok(match self.auto_path(op)? {
             Some(Path::CopyEngine) => match self.copy_engine_plan(op, true)? {

@@ -163,14 +163,27 @@ impl<R: Runtime> ApiComm<R> {
     /// With `UNICOMM_CHECK_COLLECTIVES=1`: the ranks compare the collective `op` about to
     /// take `path` (collective; not inside a group, whose calls the library defers, nor
     /// while `stream` is being captured into a graph, whose replays it would not see).
+    #[inline]
     pub(crate) fn check_collective(
         &self,
         op: &Op<'_, ApiMemory<R>>,
         path: CallPath,
         stream: &ApiStream<R>,
     ) -> Result<()> {
-        if !self.check_collectives
-            || self.world == 1
+        if !self.check_collectives {
+            return Ok(());
+        }
+        self.check_collective_on(op, path, stream)
+    }
+
+    #[inline(never)]
+    fn check_collective_on(
+        &self,
+        op: &Op<'_, ApiMemory<R>>,
+        path: CallPath,
+        stream: &ApiStream<R>,
+    ) -> Result<()> {
+        if self.world == 1
             || !op.kind.is_collective()
             || GROUP_DEPTH.with(|d| d.get()) > 0
             || self.rt.capturing(stream.inner())?

@@ -43,13 +43,12 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn create_stream(&self) -> Result<ApiStream<R>> {
-        let st = ApiStream {
-            s: self.rt.create_stream(self.dev)?,
-            dev: self.dev,
-            rt: self.rt.clone(),
-            watch: Default::default(),
-            timeout: self.core.timeout(),
-        };
+        let st = ApiStream::new(
+            self.rt.clone(),
+            self.rt.create_stream(self.dev)?,
+            self.dev,
+            self.core.timeout(),
+        );
         st.watched_by(&self.core);
         Ok(st)
     }
@@ -196,7 +195,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
         };
         // The communicator the call goes to (`call` checks this one's state either way).
         let on = |main: NcclComm| shadow.unwrap_or(main);
-        let st = R::raw_stream(&stream.s);
+        let st = stream.raw();
         let (count, dt) = (op.count, op.dtype.nccl());
         let (s, r) = (
             op.send_address() as *mut c_void,

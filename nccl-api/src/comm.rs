@@ -33,25 +33,31 @@ struct Mode {
 static NEXT_EMPTY: AtomicUsize = AtomicUsize::new(usize::MAX / 2);
 
 /// One rank's communicator over an NCCL-API library.
+// `repr(C)`, line-aligned: what every collective reads (the shared core, the library's
+// table, the runtime, the handle, device, world, the automatic-registration count, the
+// check switch) comes first, in one cache line; on a GPU host the library's enqueue
+// between two calls leaves these cold, and each line is a miss (docs/benchmarks.md, "The
+// host's cost of a call").
+#[repr(C, align(64))]
 pub struct ApiComm<R: Runtime> {
+    /// The lock, state, second communicator and deadline, shared with the streams that
+    /// wait on this communicator's work (`watchdog.rs`).
+    pub(crate) core: Arc<Core<R>>,
     pub(crate) api: Arc<Api>,
     pub(crate) rt: Arc<R>,
     pub(crate) comm: NcclComm,
     pub(crate) dev: usize,
-    pub(crate) rank: usize,
     pub(crate) world: usize,
-    pub(crate) registry: Registry,
-    /// 4 device bytes for `barrier` (an all-reduce of one element).
-    pub(crate) barrier: ApiMemory<R>,
-    /// The lock, state, second communicator and deadline, shared with the streams that
-    /// wait on this communicator's work (`watchdog.rs`).
-    pub(crate) core: Arc<Core<R>>,
-    /// The copy-engine path's state (`copy_engine.rs`).
-    pub(crate) ce: CopyEngine<R>,
     /// Live automatic registrations (so calls without any skip the policy's lookups).
     pub(crate) autos: AtomicUsize,
     /// `UNICOMM_CHECK_COLLECTIVES=1`: the ranks compare every collective first (`check.rs`).
     pub(crate) check_collectives: bool,
+    pub(crate) rank: usize,
+    pub(crate) registry: Registry,
+    /// 4 device bytes for `barrier` (an all-reduce of one element).
+    pub(crate) barrier: ApiMemory<R>,
+    /// The copy-engine path's state (`copy_engine.rs`).
+    pub(crate) ce: CopyEngine<R>,
     /// Device scratch and stream of the ranks' small exchanges (`check.rs`).
     pub(crate) scratch: crate::check::Scratch<R>,
     /// The automatic policy this rank proposes (`set_auto_policy`; else the process's).
@@ -428,6 +434,7 @@ impl<R: Runtime> ApiComm<R> {
 
     /// A library call's result; `ncclInProgress` of a non-blocking communicator is success
     /// here (`call` settles it).
+    #[inline]
     pub(crate) fn check(&self, call: &'static str, code: c_int) -> Result<()> {
         if code == IN_PROGRESS && self.core.nonblocking {
             return Ok(());

@@ -146,17 +146,26 @@ impl<R: Runtime> ApiComm<R> {
     /// The copies of `op` on the copy-engine path, or `None` when the library's path runs
     /// (path off, inside a group, not a local world, output not in a window).
     /// `forced`: the automatic policy asked for it (the path need not be switched on).
+    #[inline]
     pub(crate) fn copy_engine_plan(
         &self,
         op: &Op<'_, ApiMemory<R>>,
         forced: bool,
     ) -> Result<Option<Plan>> {
-        if !(forced || self.ce.enabled.load(std::sync::atomic::Ordering::Relaxed))
+        // The kind first: it is at hand, the switch and the group depth are a cache line
+        // each for every all-reduce.
+        if !matches!(op.kind, Kind::AllToAll | Kind::AllGather)
+            || !(forced || self.ce.enabled.load(std::sync::atomic::Ordering::Relaxed))
             || GROUP_DEPTH.with(|d| d.get()) > 0
-            || !matches!(op.kind, Kind::AllToAll | Kind::AllGather)
         {
             return Ok(None);
         }
+        self.copy_engine_plan_of(op)
+    }
+
+    /// The plan itself, out of line: only copy-engine candidates get here.
+    #[inline(never)]
+    fn copy_engine_plan_of(&self, op: &Op<'_, ApiMemory<R>>) -> Result<Option<Plan>> {
         let (send, recv) = op.pair()?;
         let chunk = op.count * op.dtype.size();
         let total = chunk * self.world;

@@ -13,11 +13,17 @@ use crate::watchdog::{Watched, Watchers};
 /// A stream of a NCCL-API backend. Its host waits have a deadline: that of the
 /// communicators that enqueued work on it (`UNICOMM_TIMEOUT_MS` or `set_timeout`), which
 /// they poll for asynchronous errors and abort when it passes.
+// `repr(C)`: what a collective reads of its stream (device, raw handle, the watcher
+// shortcut) comes first, in one cache line.
+#[repr(C)]
 pub struct ApiStream<R: Runtime> {
-    pub(crate) s: R::Stream,
     pub(crate) dev: usize,
-    pub(crate) rt: Arc<R>,
+    /// `R::raw_stream(&s)`, read once: the runtime's handle may sit behind a pointer
+    /// (cudarc's `Arc<CudaStream>`), one more cache line per call.
+    pub(crate) raw: usize,
     pub(crate) watch: Watchers,
+    pub(crate) s: R::Stream,
+    pub(crate) rt: Arc<R>,
     /// The deadline while no communicator has enqueued work on it.
     pub(crate) timeout: std::time::Duration,
 }
@@ -32,13 +38,23 @@ impl<R: Runtime> ApiStream<R> {
     /// Wraps a runtime stream of device `dev` (interop with existing CUDA/HIP code); its
     /// waits take the deadline of `UNICOMM_TIMEOUT_MS` until a communicator uses it.
     pub fn from_runtime(rt: Arc<R>, s: R::Stream, dev: usize) -> Result<Self> {
-        Ok(ApiStream {
-            s,
+        Ok(Self::new(rt, s, dev, unicomm_core::env::timeout()?))
+    }
+
+    pub(crate) fn new(rt: Arc<R>, s: R::Stream, dev: usize, timeout: std::time::Duration) -> Self {
+        ApiStream {
             dev,
-            rt,
+            raw: R::raw_stream(&s) as usize,
             watch: Watchers::default(),
-            timeout: unicomm_core::env::timeout()?,
-        })
+            s,
+            rt,
+            timeout,
+        }
+    }
+
+    /// The raw handle (`R::raw_stream`), as read when the stream was wrapped.
+    pub(crate) fn raw(&self) -> *mut std::ffi::c_void {
+        self.raw as *mut std::ffi::c_void
     }
 
     /// A communicator enqueues work on this stream: its waits watch it.

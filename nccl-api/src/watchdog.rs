@@ -200,23 +200,27 @@ pub(crate) fn bounded<T: Send + 'static>(
 
 /// What a rank's communicator shares with its streams (which poll it while they wait) and
 /// with the group it takes part in.
+// `repr(C)` and a line of its own: what every call reads (the lock, the state, whether the
+// communicator is non-blocking, its handle) comes first, in one cache line apart from the
+// `Arc`'s counts, so a call after the library's enqueue (which leaves this cold) misses once.
+#[repr(C, align(64))]
 pub(crate) struct Core<R: Runtime> {
-    pub(crate) api: Arc<Api>,
-    pub(crate) rt: Arc<R>,
-    pub(crate) comm: NcclComm,
-    pub(crate) dev: usize,
-    pub(crate) rank: usize,
     /// NCCL communicators must not be called from two threads at once.
     pub(crate) lock: Mutex<()>,
     pub(crate) state: AtomicU8,
-    /// The second communicator of automatic registrations (`auto.rs`), once created.
-    pub(crate) shadow: Mutex<Option<Arc<Shadow>>>,
     /// Created with `blocking = 0`: calls may return `ncclInProgress`.
     pub(crate) nonblocking: bool,
-    /// The deadline of every wait, in milliseconds.
-    pub(crate) timeout_ms: AtomicU64,
     /// Set by `abort` before it takes the lock, so a call settling under the lock gives up.
     pub(crate) abort_requested: AtomicBool,
+    pub(crate) comm: NcclComm,
+    pub(crate) api: Arc<Api>,
+    pub(crate) rt: Arc<R>,
+    pub(crate) dev: usize,
+    pub(crate) rank: usize,
+    /// The second communicator of automatic registrations (`auto.rs`), once created.
+    pub(crate) shadow: Mutex<Option<Arc<Shadow>>>,
+    /// The deadline of every wait, in milliseconds.
+    pub(crate) timeout_ms: AtomicU64,
     /// The copy-engine path's last operation per stream (raw stream, event): what freeing
     /// its memory and releasing its signal waits wait for. With signals, held while an
     /// operation is enqueued. Lock order: `lock` before this one, never the other way.
@@ -269,6 +273,7 @@ impl<R: Runtime> Core<R> {
 
     /// `Ok` while the communicator is live; `Aborted` after an abort, `InvalidArgument`
     /// after finalize. Read under `lock` where the library is called next.
+    #[inline]
     pub(crate) fn live(&self) -> Result<()> {
         match self.state.load(Ordering::Acquire) {
             LIVE => Ok(()),
@@ -278,6 +283,7 @@ impl<R: Runtime> Core<R> {
     }
 
     /// What every call on an aborted communicator returns.
+    #[cold]
     fn aborted_error(&self) -> Error {
         Error::Aborted {
             reason: format!("rank {}'s communicator was aborted", self.rank),
@@ -537,12 +543,14 @@ impl<R: Runtime> Watched for Core<R> {
 /// added last, so that a communicator enqueuing again and again on its stream (every call
 /// of a training step) takes no lock here.
 #[derive(Default)]
+#[repr(C)]
 pub(crate) struct Watchers {
-    list: Mutex<Vec<(Weak<dyn Watched>, bool)>>,
     /// The address of the communicator added last (0: none), stored under `list`'s lock.
     /// While an entry is in the list its `Weak` keeps the communicator's allocation, so no
-    /// other communicator can have that address; every removal clears it.
+    /// other communicator can have that address; every removal clears it. First: it is
+    /// what every call reads.
     last: AtomicUsize,
+    list: Mutex<Vec<(Weak<dyn Watched>, bool)>>,
 }
 
 fn same(a: &Weak<dyn Watched>, b: &Arc<dyn Watched>) -> bool {
@@ -555,12 +563,17 @@ impl Watchers {
     }
 
     /// Adds `w` unless it is there already (the common case: the one added last, no lock).
+    #[inline]
     pub(crate) fn add<W: Watched + 'static>(&self, w: &Arc<W>) {
         let id = Arc::as_ptr(w) as *const () as usize;
         if self.last.load(Ordering::Acquire) == id {
             return;
         }
-        let w: Arc<dyn Watched> = w.clone();
+        self.add_new(w.clone(), id);
+    }
+
+    #[inline(never)]
+    fn add_new(&self, w: Arc<dyn Watched>, id: usize) {
         let mut v = self.list();
         if !v.iter().any(|(x, _)| same(x, &w)) {
             v.retain(|(x, _)| x.strong_count() > 0);
