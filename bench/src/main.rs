@@ -13,7 +13,8 @@
 //!   all_reduce and broadcast, the whole gathered/scattered/exchanged buffer otherwise.
 //! - Modes (`--modes`): `plain` buffers, `registered` (`ncclCommRegister`), `window`
 //!   (symmetric windows), `raw` (the same NCCL calls through the function table, no unicomm
-//!   layer, plain buffers), `ce` (the copy-engine path in windows; all_to_all and
+//!   layer, plain buffers; `raw-registered` and `raw-window` the same on registered and
+//!   window buffers: every way of calling NCCL by hand), `ce` (the copy-engine path in windows; all_to_all and
 //!   all_gather), `auto` (`register_auto`: the policy picks a path per call). A mode the
 //!   backend cannot run is skipped and said so. Each mode's device memory beyond its
 //!   buffers (the library's registrations, the second communicator of `auto`) is reported.
@@ -82,6 +83,11 @@ pub enum Mode {
     Window,
     /// The NCCL call through the function table, no unicomm layer (GPU backends).
     Raw,
+    /// `raw` on buffers registered with `ncclCommRegister` (through unicomm, once): the
+    /// registered path called by hand.
+    RawRegistered,
+    /// `raw` on buffers in symmetric windows: the window path called by hand.
+    RawWindow,
     /// The copy-engine path (windows; all_to_all and all_gather; ranks in one process).
     Ce,
     /// Buffers registered for the automatic policy: each call takes the path the policy
@@ -97,9 +103,17 @@ impl Mode {
             Mode::Registered => "registered",
             Mode::Window => "window",
             Mode::Raw => "raw",
+            Mode::RawRegistered => "raw-registered",
+            Mode::RawWindow => "raw-window",
             Mode::Ce => "ce",
             Mode::Auto => "auto",
         }
+    }
+
+    /// The NCCL call made by hand through the function table (`raw`, `raw-registered`,
+    /// `raw-window`): the ways of calling NCCL that unicomm's modes are measured against.
+    pub fn is_raw(self) -> bool {
+        matches!(self, Mode::Raw | Mode::RawRegistered | Mode::RawWindow)
     }
 }
 
@@ -175,7 +189,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "plain,registered,window,raw,ce,auto"
+        default_value = "plain,registered,window,raw,raw-registered,raw-window,ce,auto"
     )]
     pub modes: Vec<Mode>,
     /// Placements: out (out of place), in (in place).

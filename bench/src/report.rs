@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use anyhow::Context;
+use clap::ValueEnum;
 use plotters::prelude::*;
 use serde_json::json;
 use unicomm::{Capabilities, Vendor};
@@ -597,16 +598,9 @@ pub fn replot(json_path: &Path, out: &Path) -> anyhow::Result<()> {
             _ => continue,
         };
         let mode: &'static str = match r["mode"].as_str() {
-            Some(m) => [
-                Mode::Plain,
-                Mode::Registered,
-                Mode::Window,
-                Mode::Raw,
-                Mode::Ce,
-                Mode::Auto,
-            ]
-            .into_iter()
-            .map(Mode::name)
+            Some(m) => Mode::value_variants()
+                .iter()
+                .map(|v| v.name())
             .find(|n| *n == m)
             .unwrap_or("?"),
             None => continue,

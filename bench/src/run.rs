@@ -52,7 +52,14 @@ pub fn unsupported(mode: Mode, caps: &Capabilities) -> Option<String> {
         Mode::Window if !caps.windows => {
             Some(format!("{} {} has no windows", caps.backend, caps.version))
         }
-        Mode::Raw if !gpu => Some("the mock has no NCCL function table".into()),
+        m if m.is_raw() && !gpu => Some("the mock has no NCCL function table".into()),
+        Mode::RawRegistered if !caps.registration => Some(format!(
+            "{} {} has no registration",
+            caps.backend, caps.version
+        )),
+        Mode::RawWindow if !caps.windows => {
+            Some(format!("{} {} has no windows", caps.backend, caps.version))
+        }
         Mode::Auto if gpu && !(caps.registration && caps.windows) => Some(format!(
             "{} {} lacks registration or windows",
             caps.backend, caps.version
@@ -149,8 +156,10 @@ impl<'c, T: Val> Held<'c, T> {
         let (s, r) = (c.alloc::<T>(elems)?, c.alloc::<T>(elems)?);
         Ok(match mode {
             Mode::Plain | Mode::Raw => Held::Plain(s, r),
-            Mode::Registered => Held::Reg(c.register(s)?, c.register(r)?),
-            Mode::Window | Mode::Ce => Held::Win(c.register_window(s)?, c.register_window(r)?),
+            Mode::Registered | Mode::RawRegistered => Held::Reg(c.register(s)?, c.register(r)?),
+            Mode::Window | Mode::RawWindow | Mode::Ce => {
+                Held::Win(c.register_window(s)?, c.register_window(r)?)
+            }
             Mode::Auto => Held::Auto(c.register_auto(s)?, c.register_auto(r)?),
         })
     }
@@ -202,7 +211,7 @@ fn launch<T: Val>(c: &unicomm::Comm, k: &Call<'_>, held: &mut Held<'_, T>) -> an
     let w = c.world_size();
     let n = k.count;
     let (send, recv) = held.bufs();
-    if k.mode == Mode::Raw {
+    if k.mode.is_raw() {
         let base = recv.view().device_ptr();
         let (sp, rp) = if k.in_place {
             in_place_ptrs(k.coll, base, c.rank(), n, T::DTYPE)

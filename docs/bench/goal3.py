@@ -6,7 +6,10 @@ where auto is over 1.03x. Where the run's tune file lies beside the JSON (nccl-t
 rccl-tune.txt, what UNICOMM_TUNE_FILE pointed to), each row also names the path auto took
 by those rules (the library's rule: the first line of the collective whose bound is at
 least the size), so a miss reads as a wrong choice (auto's path is not the best mode) or
-as a cost of the same path (it is).
+as a cost of the same path (it is). Where the sweep has the by-hand modes (raw,
+raw-registered, raw-window: the NCCL call through the function table on plain, registered
+and window buffers), a last column gives auto over the best of them: auto against every way
+of calling NCCL by hand.
 
 usage: goal3.py SWEEP.json [--place out|in]
 """
@@ -16,6 +19,8 @@ import sys
 
 GOAL = 1.03
 PATH_MODE = {"window": "window", "registered": "registered", "ce": "ce"}
+MODES = ["plain", "registered", "window", "raw", "raw-registered", "raw-window", "ce", "auto"]
+BY_HAND = ("raw", "raw-registered", "raw-window")
 
 
 def tune_rules(json_path):
@@ -62,18 +67,21 @@ def main():
     misses = []
     for coll in colls:
         sizes = sorted(s for c, s in cells if c == coll)
-        modes = [m for m in ["plain", "registered", "window", "raw", "ce", "auto"]
-                 if any(m in cells[(coll, s)] for s in sizes)]
+        modes = [m for m in MODES if any(m in cells[(coll, s)] for s in sizes)]
+        hand = any(m in modes for m in BY_HAND[1:])
         print(f"\n**{coll}** (time in us, `*` host-bound)\n")
         took = " auto took |" if rules else ""
-        print("| size | " + " | ".join(modes) + f" | best fixed |{took} auto / best (mean) | (median) |")
-        print("| ---: |" + " ---: |" * len(modes) + " --- |" + (" --- |" if rules else "") + " ---: | ---: |")
+        by = " auto / best by hand |" if hand else ""
+        print("| size | " + " | ".join(modes) + f" | best fixed |{took} auto / best (mean) | (median) |{by}")
+        print("| ---: |" + " ---: |" * len(modes) + " --- |" + (" --- |" if rules else "") + " ---: | ---: |"
+              + (" ---: |" if hand else ""))
         for s in sizes:
             v = cells[(coll, s)]
             fixed = {m: t for m, t in v.items() if m != "auto"}
             row = [f"{v[m][0]:.2f}{'*' if v[m][2] else ''}" if m in v else "-" for m in modes]
             if not fixed or "auto" not in v:
-                print(f"| {s} | " + " | ".join(row) + " | - |" + (" - |" if rules else "") + " - | - |")
+                print(f"| {s} | " + " | ".join(row) + " | - |" + (" - |" if rules else "") + " - | - |"
+                      + (" - |" if hand else ""))
                 continue
             best = min(fixed, key=lambda m: fixed[m][0])
             best_med = min(t[1] for t in fixed.values())
@@ -84,7 +92,9 @@ def main():
             if r_mean > GOAL:
                 misses.append((coll, s, r_mean, r_med, p, best))
             cell = f" {p} |" if rules else ""
-            print(f"| {s} | " + " | ".join(row) + f" | {best} |{cell} {r_mean:.3f}{flag} | {r_med:.3f} |")
+            by_hand = [v[m][0] for m in BY_HAND if m in v]
+            by = (f" {v['auto'][0] / min(by_hand):.3f} |" if by_hand else " - |") if hand else ""
+            print(f"| {s} | " + " | ".join(row) + f" | {best} |{cell} {r_mean:.3f}{flag} | {r_med:.3f} |{by}")
     print(f"\nauto over {GOAL}x the best fixed mode (mean): {len(misses)} cells")
     for coll, s, a, b, p, best in misses:
         why = ""

@@ -14,7 +14,7 @@ import sys
 
 LINK = 386.2  # GB/s per direction, both GPUs copying at once (2x H200, NV18)
 GOAL4 = 367.0
-NCCL_MODES = ["plain", "registered", "window", "raw"]
+NCCL_MODES = ["plain", "registered", "window", "raw", "raw-registered", "raw-window"]
 
 
 def load(path):
