@@ -601,8 +601,8 @@ pub fn replot(json_path: &Path, out: &Path) -> anyhow::Result<()> {
             Some(m) => Mode::value_variants()
                 .iter()
                 .map(|v| v.name())
-            .find(|n| *n == m)
-            .unwrap_or("?"),
+                .find(|n| *n == m)
+                .unwrap_or("?"),
             None => continue,
         };
         points.push((
