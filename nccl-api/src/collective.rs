@@ -165,6 +165,9 @@ impl<R: Runtime> Collective for ApiComm<R> {
         })
     }
 
+    // Inlined into the caller (the facade's dispatch): one function, one return path, from
+    // the dispatch to the library call (fewer cold code lines after the library's enqueue).
+    #[inline]
     fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
         if stream.dev != self.dev {
             return Err(Error::invalid(
@@ -309,7 +312,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn poll_async_error(&self) -> Result<()> {
-        let _g = self.core.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.core.lock.lock();
         self.core.async_error_locked()
     }
 

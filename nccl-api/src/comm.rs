@@ -3,7 +3,7 @@
 //! backend-rccl (RCCL + HIP) both are; its collectives are in `collective.rs`.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,8 +48,10 @@ pub struct ApiComm<R: Runtime> {
     pub(crate) comm: NcclComm,
     pub(crate) dev: usize,
     pub(crate) world: usize,
+    /// `rt.device_token(dev)`: what `call` compares with the current device.
+    pub(crate) device_token: usize,
     /// Live automatic registrations (so calls without any skip the policy's lookups).
-    pub(crate) autos: AtomicUsize,
+    pub(crate) autos: AtomicU32,
     /// `UNICOMM_CHECK_COLLECTIVES=1`: the ranks compare every collective first (`check.rs`).
     pub(crate) check_collectives: bool,
     pub(crate) rank: usize,
@@ -329,8 +331,11 @@ impl<R: Runtime> ApiComm<R> {
             check: check_collectives,
         }: Mode,
     ) -> Result<Self> {
-        let barrier = match ApiMemory::from_runtime_malloc(rt.clone(), dev, 4) {
-            Ok(m) => m,
+        let setup = rt
+            .device_token(dev)
+            .and_then(|token| Ok((token, ApiMemory::from_runtime_malloc(rt.clone(), dev, 4)?)));
+        let (device_token, barrier) = match setup {
+            Ok(x) => x,
             Err(e) => {
                 // SAFETY: the communicator was just created and is not used elsewhere.
                 unsafe { (api.fns.comm_destroy)(comm) };
@@ -343,7 +348,7 @@ impl<R: Runtime> ApiComm<R> {
             comm,
             dev,
             rank,
-            lock: Mutex::new(()),
+            lock: crate::lock::CommLock::new(),
             state: AtomicU8::new(LIVE),
             shadow: Mutex::new(None),
             nonblocking,
@@ -359,6 +364,7 @@ impl<R: Runtime> ApiComm<R> {
             dev,
             rank,
             world,
+            device_token,
             registry: Registry::new(),
             barrier,
             core,
@@ -366,7 +372,7 @@ impl<R: Runtime> ApiComm<R> {
                 world: local,
                 ..CopyEngine::default()
             },
-            autos: AtomicUsize::new(0),
+            autos: AtomicU32::new(0),
             check_collectives,
             scratch: Mutex::new(None),
             wanted_policy: Mutex::new(None),
@@ -402,14 +408,20 @@ impl<R: Runtime> ApiComm<R> {
 
     /// Runs `f` on the communicator: not destroyed, not used by another thread, with this
     /// rank's device current.
+    #[inline]
     pub(crate) fn call<T>(&self, f: impl FnOnce(NcclComm) -> Result<T>) -> Result<T> {
         // The state is read under the lock that `destroy` also takes, so a communicator
         // aborted by another thread is never used after it was freed.
         let core = &self.core;
-        let _g = core.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = core.lock.lock();
         core.live()?;
-        let r = self.rt.with_device(self.dev, || f(self.comm));
-        if core.nonblocking {
+        // Read before the library runs: after it, the core's line is cold, and the release
+        // (a plain store) is then the only touch of it.
+        let nonblocking = core.nonblocking;
+        let r = self
+            .rt
+            .with_device_token(self.dev, self.device_token, || f(self.comm));
+        if nonblocking {
             if GROUP_DEPTH.with(|d| d.get()) > 0 {
                 // Inside a group the library defers the work to ncclGroupEnd, which
                 // settles every communicator the group called.

@@ -35,6 +35,7 @@ mod copy_engine;
 pub mod gpu_tests;
 #[cfg(target_os = "linux")]
 mod ipc;
+mod lock;
 pub mod memory;
 pub mod policy;
 pub mod runtime;

@@ -206,7 +206,7 @@ pub(crate) fn bounded<T: Send + 'static>(
 #[repr(C, align(64))]
 pub(crate) struct Core<R: Runtime> {
     /// NCCL communicators must not be called from two threads at once.
-    pub(crate) lock: Mutex<()>,
+    pub(crate) lock: crate::lock::CommLock,
     pub(crate) state: AtomicU8,
     /// Created with `blocking = 0`: calls may return `ncclInProgress`.
     pub(crate) nonblocking: bool,
@@ -492,7 +492,7 @@ impl<R: Runtime> Core<R> {
         if !finalize {
             self.abort_requested.store(true, Ordering::Relaxed);
         }
-        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.lock.lock();
         self.destroy_locked(finalize)
     }
 }
@@ -518,19 +518,15 @@ impl<R: Runtime> Watched for Core<R> {
     }
     fn poll(&self) -> Result<()> {
         match self.lock.try_lock() {
-            Ok(_g) => self.async_error_locked(),
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                let _g = p.into_inner();
-                self.async_error_locked()
-            }
-            Err(std::sync::TryLockError::WouldBlock) => Ok(()),
+            Some(_g) => self.async_error_locked(),
+            None => Ok(()),
         }
     }
     fn abort(&self) {
         let _ = self.destroy(false);
     }
     fn settle(&self, what: &str) -> Result<()> {
-        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.lock.lock();
         self.settle_locked(what)
     }
     fn aborted(&self) -> bool {
