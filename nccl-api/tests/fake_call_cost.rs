@@ -18,7 +18,7 @@ use std::ffi::c_void;
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
-use common::{comm, fake, flavors};
+use common::{comm, fake, flavors, medians_ns};
 use nix::sys::mman::{mmap_anonymous, mprotect, MapFlags, ProtFlags};
 use unicomm_core::{DataType, DeviceSlice, ReduceOp};
 
@@ -129,13 +129,7 @@ fn unicomm_over_the_table_with_cold_caches() {
         .map(|(u, r)| (u.as_nanos() as f64 - r.as_nanos() as f64) / f64::from(n))
         .collect();
     d.sort_by(f64::total_cmp);
-    let ns: Vec<f64> = t
-        .iter_mut()
-        .map(|v| {
-            v.sort();
-            v[v.len() / 2].as_nanos() as f64 / f64::from(n)
-        })
-        .collect();
+    let ns = medians_ns(&mut t, n);
     println!(
         "ns per call, median of {rounds} rounds of {n}: thrash {:.0}, table {:.0} (+{:.0}), unicomm {:.0} (+{:.0}): unicomm over the table {:.0} ns (paired by round: median {:.0}, quartiles {:.0}..{:.0})",
         ns[0],

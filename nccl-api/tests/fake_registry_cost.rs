@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{comm, fake, flavors};
+use common::{comm, fake, flavors, medians_ns};
 use unicomm_core::ReduceOp;
 
 /// The host time of `n` all_reduces of 2 floats from `a` into `b`.
@@ -83,13 +83,7 @@ fn auto_call_costs_about_what_a_window_call_costs() {
         t[2].push(per_call!(c, &st, wa, wb, n));
         t[3].push(per_call!(c, &st, aa, ab, n));
     }
-    let ns: Vec<f64> = t
-        .iter_mut()
-        .map(|v| {
-            v.sort();
-            v[v.len() / 2].as_nanos() as f64 / f64::from(n)
-        })
-        .collect();
+    let ns = medians_ns(&mut t, n);
     println!(
         "ns per all_reduce (the fake library's own cost included): plain {:.0}, registered {:.0}, window {:.0}, auto {:.0}",
         ns[0], ns[1], ns[2], ns[3]

@@ -336,3 +336,14 @@ pub fn on_ranks<T: Send>(
             .collect()
     })
 }
+
+/// The median of each mode's rounds of `n` calls, in nanoseconds per call (the timing
+/// benchmarks).
+pub fn medians_ns(t: &mut [Vec<std::time::Duration>], n: u32) -> Vec<f64> {
+    t.iter_mut()
+        .map(|v| {
+            v.sort();
+            v[v.len() / 2].as_nanos() as f64 / f64::from(n)
+        })
+        .collect()
+}
