@@ -312,7 +312,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn poll_async_error(&self) -> Result<()> {
-        let _g = self.core.lock.lock();
+        let _g = self.core.locked()?;
         self.core.async_error_locked()
     }
 

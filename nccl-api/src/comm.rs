@@ -413,7 +413,7 @@ impl<R: Runtime> ApiComm<R> {
         // The state is read under the lock that `destroy` also takes, so a communicator
         // aborted by another thread is never used after it was freed.
         let core = &self.core;
-        let _g = core.lock.lock();
+        let _g = core.locked()?;
         core.live()?;
         // Read before the library runs: after it, the core's line is cold, and the release
         // (a plain store) is then the only touch of it.

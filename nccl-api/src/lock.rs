@@ -9,11 +9,14 @@
 //! missed before it were a third of the call's own time). The price is paid only under
 //! contention, which NCCL's rule makes rare (a second thread, an abort, a watchdog's poll,
 //! which only tries): a waiter spins briefly, then yields, then sleeps in growing steps of
-//! at most 200 us instead of being woken. A guard dropped while unwinding releases the lock,
-//! as the `Mutex` with its poison ignored did.
+//! at most 200 us instead of being woken, and gives up with `Timeout` at its deadline (the
+//! `Mutex` would have waited for ever behind a stuck holder). A guard dropped while
+//! unwinding releases the lock, as the `Mutex` with its poison ignored did.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use unicomm_core::{Error, Result};
 
 /// Mutual exclusion with a plain-store release (see the module's comment).
 #[derive(Debug, Default)]
@@ -41,26 +44,27 @@ impl CommLock {
             .map(|_| CommGuard(self))
     }
 
-    /// Waits for the lock. Holders are bounded by the communicator's deadlines (a library
-    /// call that waits for peers runs under `Core::bounded_locked`).
+    /// Waits for the lock, at most `within()` (asked only when the lock is taken):
+    /// `Timeout` after it.
     #[inline]
-    pub(crate) fn lock(&self) -> CommGuard<'_> {
+    pub(crate) fn lock(&self, within: impl FnOnce() -> Duration) -> Result<CommGuard<'_>> {
         match self.try_lock() {
-            Some(g) => g,
-            None => self.lock_contended(),
+            Some(g) => Ok(g),
+            None => self.lock_contended(within()),
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn lock_contended(&self) -> CommGuard<'_> {
+    fn lock_contended(&self, within: Duration) -> Result<CommGuard<'_>> {
+        let start = Instant::now();
         let mut tries = 0u32;
         let mut nap = Duration::from_micros(5);
         loop {
             // Read first: a failed compare-and-swap takes the line from the holder.
             if !self.held.load(Ordering::Relaxed) {
                 if let Some(g) = self.try_lock() {
-                    return g;
+                    return Ok(g);
                 }
             }
             tries += 1;
@@ -68,8 +72,13 @@ impl CommLock {
                 std::hint::spin_loop();
             } else if tries < 128 {
                 std::thread::yield_now();
+            } else if start.elapsed() >= within {
+                return Err(Error::Timeout {
+                    what: "the communicator's lock, held by another call".into(),
+                    after: within,
+                });
             } else {
-                std::thread::sleep(nap);
+                std::thread::sleep(nap.min(within.saturating_sub(start.elapsed())));
                 nap = (nap * 2).min(Duration::from_micros(200));
             }
         }
@@ -88,6 +97,8 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
 
+    const LONG: Duration = Duration::from_secs(60);
+
     /// Four threads each add 1 a hundred thousand times by a load and a store that are not
     /// one atomic step: without mutual exclusion increments are lost and the sum falls
     /// short.
@@ -98,7 +109,7 @@ mod tests {
             for _ in 0..4 {
                 s.spawn(|| {
                     for _ in 0..100_000 {
-                        let _g = lock.lock();
+                        let _g = lock.lock(|| LONG).unwrap();
                         let v = n.load(Ordering::Relaxed);
                         std::hint::black_box(v);
                         n.store(v + 1, Ordering::Relaxed);
@@ -112,12 +123,12 @@ mod tests {
     #[test]
     fn try_lock_fails_while_held_and_a_waiter_gets_it_after() {
         let lock = CommLock::new();
-        let g = lock.lock();
+        let g = lock.lock(|| LONG).unwrap();
         assert!(lock.try_lock().is_none());
         let got = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
-                let _g = lock.lock();
+                let _g = lock.lock(|| LONG).unwrap();
                 got.store(true, Ordering::SeqCst);
             });
             std::thread::sleep(Duration::from_millis(50));
@@ -132,10 +143,26 @@ mod tests {
     fn a_panic_while_held_releases_it() {
         let lock = CommLock::new();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _g = lock.lock();
+            let _g = lock.lock(|| LONG).unwrap();
             panic!("while held");
         }));
         assert!(r.is_err());
         assert!(lock.try_lock().is_some());
+    }
+
+    #[test]
+    fn a_wait_past_its_deadline_is_a_timeout() {
+        let lock = CommLock::new();
+        let _g = lock.lock(|| LONG).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let t = Instant::now();
+                let e = lock.lock(|| Duration::from_millis(30)).unwrap_err();
+                assert!(matches!(e, Error::Timeout { .. }), "{e}");
+                let waited = t.elapsed();
+                assert!(waited >= Duration::from_millis(30), "{waited:?}");
+                assert!(waited < Duration::from_secs(5), "{waited:?}");
+            });
+        });
     }
 }

@@ -271,6 +271,14 @@ impl<R: Runtime> Core<R> {
         Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
     }
 
+    /// The lock, waited for at most twice the deadline: a holder waiting for the library is
+    /// bounded by one (`bounded_locked`, the settling of non-blocking calls), so a wait
+    /// past two means it is stuck.
+    #[inline]
+    pub(crate) fn locked(&self) -> Result<crate::lock::CommGuard<'_>> {
+        self.lock.lock(|| self.timeout().saturating_mul(2))
+    }
+
     /// `Ok` while the communicator is live; `Aborted` after an abort, `InvalidArgument`
     /// after finalize. Read under `lock` where the library is called next.
     #[inline]
@@ -492,7 +500,7 @@ impl<R: Runtime> Core<R> {
         if !finalize {
             self.abort_requested.store(true, Ordering::Relaxed);
         }
-        let _g = self.lock.lock();
+        let _g = self.locked()?;
         self.destroy_locked(finalize)
     }
 }
@@ -526,7 +534,7 @@ impl<R: Runtime> Watched for Core<R> {
         let _ = self.destroy(false);
     }
     fn settle(&self, what: &str) -> Result<()> {
-        let _g = self.lock.lock();
+        let _g = self.locked()?;
         self.settle_locked(what)
     }
     fn aborted(&self) -> bool {
