@@ -34,8 +34,8 @@ static NEXT_EMPTY: AtomicUsize = AtomicUsize::new(usize::MAX / 2);
 
 /// One rank's communicator over an NCCL-API library.
 // `repr(C)`, line-aligned: what every collective reads (the shared core, the library's
-// table, the runtime, the handle, device, world, the automatic-registration count, the
-// check switch) comes first, in one cache line; on a GPU host the library's enqueue
+// table, the runtime, the handle, device, world, the device's context token, the
+// automatic-registration count, the check switch) comes first, in one cache line; on a GPU host the library's enqueue
 // between two calls leaves these cold, and each line is a miss (docs/benchmarks.md, "The
 // host's cost of a call").
 #[repr(C, align(64))]
