@@ -95,6 +95,15 @@ pub extern "C" fn unicommFakeDelay(init_ms: u64, finalize_ms: u64, window_ms: u6
     COLLECTIVE_DELAY_MS.store(window_ms, std::sync::atomic::Ordering::SeqCst);
 }
 
+static ALL_REDUCE_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Test control: every ncclAllReduce of a world of one takes this long (a library call
+/// stuck in the driver, with the communicator's lock held by its caller).
+#[no_mangle]
+pub extern "C" fn unicommFakeDelayAllReduce(ms: u64) {
+    ALL_REDUCE_DELAY_MS.store(ms, std::sync::atomic::Ordering::SeqCst);
+}
+
 fn delay(d: &std::sync::atomic::AtomicU64) {
     let ms = d.load(std::sync::atomic::Ordering::SeqCst);
     if ms > 0 {
@@ -337,6 +346,7 @@ pub unsafe extern "C" fn ncclAllReduce(s: *const c_void, r: *mut c_void, n: usiz
         }
         return in_progress(c, world_all_reduce((*c).nranks as usize, r, n, t, op));
     }
+    delay(&ALL_REDUCE_DELAY_MS);
     in_progress(c, copy(s, r, n, t))
 }
 
