@@ -706,7 +706,19 @@ impl<R: Runtime> Drop for ApiComm<R> {
                 self.core.timeout()
             );
         }
-        let _ = self.destroy(finalize);
+        if let Err(e) = self.core.destroy_or_held(finalize) {
+            // Another thread's call (an abort, a settle) still holds the communicator past
+            // twice its deadline: it may still use the copy-engine memory below, so that is
+            // left mapped and allocated, as is the communicator.
+            eprintln!(
+                "unicomm: rank {}: the communicator's drop: {e}; left as it is (not destroyed, its copy-engine memory not freed)",
+                self.rank
+            );
+            if let Some(crate::signals::Sync::Signals(sig)) = self.ce.sync.get_mut() {
+                std::mem::forget(sig.block.take());
+            }
+            return;
+        }
         // Peers' memory still mapped for windows the communicator took with it, and the
         // copy-engine signal blocks (peers' mapped, this rank's own), once no copy uses them.
         let mut maps: Vec<(usize, usize)> =
