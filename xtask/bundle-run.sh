@@ -45,6 +45,13 @@ for v in nccl rccl; do
     step $v bench sweep
     timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor -b 8 -e 512M -f 4 -w ${BENCH_WARMUP:-20} -n ${BENCH_ITERS:-200} ${BENCH_ARGS---coll all_reduce,all_to_all,all_gather --place out} -J "$OUT/$v-bench.json" --plot "$OUT/$v-bench.svg" > "$OUT/$v-bench.log" 2>&1 || rc=1
     grep "^# mode" "$OUT/$v-bench.log"
+    # The small sizes again with CUDA graphs (-G, CUDA only): the device's time without the
+    # host's per-call cost, where direct calls tie at the host's pace (docs/benchmarks.md).
+    if [ $v = nccl ]; then
+      step $v bench graphs, small sizes
+      timeout ${GRAPHS_TIMEOUT:-120} ./unicomm-bench --vendor $vendor -G 20 -b 8 -e 2M -f 4 -w ${BENCH_WARMUP:-20} -n ${BENCH_ITERS:-200} --coll all_reduce,all_to_all,all_gather --place out -J "$OUT/$v-bench-graphs.json" > "$OUT/$v-bench-graphs.log" 2>&1 || rc=1
+      grep -E "^# mode|wrong|error" "$OUT/$v-bench-graphs.log" | tail -12
+    fi
     # NCCL_CUMEM_ENABLE unset is NCCL's auto-detection (-2: on where cuMem works, as on H200),
     # so the sweep above already ran on cuMem; 1 forces it. With 1 NCCL's INIT/P2P/REG log is
     # kept (the tail) to show where a stall sits (NVIDIA/nccl#2379: a cuMem fd request

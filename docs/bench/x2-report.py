@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The tables of docs/benchmarks.md from one 2-GPU round of the bundle, so the doc is
 written from the run's files, not by hand: goal 4 (copy engines at 512 MiB against NCCL's
-best fixed mode and the link), goal 3 (auto over the best fixed mode, via goal3.py), the
+best fixed mode and the link), goal 3 (auto over the best fixed mode, via goal3.py; its
+floor at host-bound sizes, goal3-floor.py; the small sizes with CUDA graphs), the
 copy-engine path under each ordering (signals by writes, by copies, barriers), auto's memory
 and speed with NCCL's split sharing, the visualgen preset, the path across processes.
 
@@ -184,6 +185,15 @@ def main():
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import goal3
         sys.argv = ["goal3.py", sweep_path]
+        goal3.main()
+        import importlib
+        floor = importlib.import_module("goal3-floor")
+        print("\n### Goal 3's ratio at host-bound sizes (goal3-floor.py)\n")
+        floor.main([sweep_path])
+    graphs_path = os.path.join(bench, "nccl-bench-graphs.json")
+    if load(graphs_path):
+        print("\n### Goal 3 with CUDA graphs, small sizes (goal3.py on -G 20)\n")
+        sys.argv = ["goal3.py", graphs_path]
         goal3.main()
     cesync(bench)
     visualgen(bench)
