@@ -3,7 +3,6 @@
 //! cudarc panics when libcuda is absent, so [`CudaRuntime::new`] checks
 //! `is_culib_present` before any other cudarc call and returns `LibraryNotFound` instead.
 
-use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
@@ -20,10 +19,6 @@ use unicomm_nccl_api::Runtime;
 pub struct CudaRuntime {
     /// Retained on first use; lock-free afterwards (this sits on every collective's path).
     contexts: Vec<OnceLock<Arc<CudaContext>>>,
-    /// Each retained context's raw handle (null until retained), beside the others: what
-    /// `with_device` compares with the current context on every call, one cache line for
-    /// all devices instead of a walk through the `Arc` to cudarc's context.
-    raw: Vec<AtomicPtr<sys::CUctx_st>>,
     count: usize,
     /// The driver exports the stream memory operations (cudarc panics on a missing
     /// symbol, so they are looked up once, here, before any call).
@@ -93,9 +88,6 @@ impl CudaRuntime {
             });
         Ok(CudaRuntime {
             contexts: (0..count).map(|_| OnceLock::new()).collect(),
-            raw: (0..count)
-                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
-                .collect(),
             count,
             mem_ops,
         })
@@ -114,31 +106,8 @@ impl CudaRuntime {
         if let Some(c) = slot.get() {
             return Ok(c);
         }
-        self.retain(dev, slot)
-    }
-
-    #[cold]
-    fn retain<'a>(
-        &self,
-        dev: usize,
-        slot: &'a OnceLock<Arc<CudaContext>>,
-    ) -> Result<&'a Arc<CudaContext>> {
         let c = CudaContext::new(dev).map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
-        let c = slot.get_or_init(|| c);
-        // The handle lives as long as `self` holds `c` (the slot is never emptied).
-        if let Some(p) = self.raw.get(dev) {
-            p.store(c.cu_ctx(), Ordering::Release);
-        }
-        Ok(c)
-    }
-
-    /// The raw primary context of `dev`, retaining it on first use.
-    #[inline]
-    fn raw_ctx(&self, dev: usize) -> Result<sys::CUcontext> {
-        match self.raw.get(dev).map(|p| p.load(Ordering::Acquire)) {
-            Some(p) if !p.is_null() => Ok(p),
-            _ => self.ctx(dev).map(|c| c.cu_ctx()),
-        }
+        Ok(slot.get_or_init(|| c))
     }
 }
 
@@ -425,7 +394,8 @@ impl Runtime for CudaRuntime {
     }
 
     fn device_token(&self, dev: usize) -> Result<usize> {
-        Ok(self.raw_ctx(dev)? as usize)
+        // The primary context's raw handle: retained for as long as `self` lives.
+        Ok(self.ctx(dev)?.cu_ctx() as usize)
     }
 
     #[inline]
@@ -444,7 +414,7 @@ impl Runtime for CudaRuntime {
     }
 
     fn with_device<T>(&self, dev: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let want = self.raw_ctx(dev)?;
+        let want = self.ctx(dev)?.cu_ctx();
         let prev = result::ctx::get_current().map_err(|e| cuda_err("cuCtxGetCurrent", e))?;
         if prev == Some(want) {
             // The common case (one thread per GPU): one driver call, nothing to restore.

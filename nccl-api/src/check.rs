@@ -133,7 +133,7 @@ impl<R: Runtime> ApiComm<R> {
         let (mem, st) = &*slot.insert(scratch);
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
         let mut out = vec![0u8; bytes.len()];
-        let (p, raw) = (mem.ptr as *mut c_void, R::raw_stream(st.inner()));
+        let (p, raw) = (mem.ptr as *mut c_void, st.raw());
         let (n, u64t, max) = (words.len(), DataType::U64.nccl(), ReduceOp::Max.nccl());
         let all_reduce = self.api.fns.all_reduce;
         let done = mem.write(0, &bytes, st).and_then(|()| {

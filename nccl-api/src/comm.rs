@@ -35,9 +35,9 @@ static NEXT_EMPTY: AtomicUsize = AtomicUsize::new(usize::MAX / 2);
 /// One rank's communicator over an NCCL-API library.
 // `repr(C)`, line-aligned: what every collective reads (the shared core, the library's
 // table, the runtime, the handle, device, world, the device's context token, the
-// automatic-registration count, the check switch) comes first, in one cache line; on a GPU host the library's enqueue
-// between two calls leaves these cold, and each line is a miss (docs/benchmarks.md, "The
-// host's cost of a call").
+// automatic-registration count, the check switch) comes first, in one cache line; on a GPU
+// host the library's enqueue between two calls leaves these cold, and each line is a miss
+// (docs/benchmarks.md, "The host's cost of a call").
 #[repr(C, align(64))]
 pub struct ApiComm<R: Runtime> {
     /// The lock, state, second communicator and deadline, shared with the streams that
@@ -706,18 +706,23 @@ impl<R: Runtime> Drop for ApiComm<R> {
                 self.core.timeout()
             );
         }
-        if let Err(e) = self.core.destroy_or_held(finalize) {
-            // Another thread's call (an abort, a settle) still holds the communicator past
-            // twice its deadline: it may still use the copy-engine memory below, so that is
-            // left mapped and allocated, as is the communicator.
-            eprintln!(
-                "unicomm: rank {}: the communicator's drop: {e}; left as it is (not destroyed, its copy-engine memory not freed)",
-                self.rank
-            );
-            if let Some(crate::signals::Sync::Signals(sig)) = self.ce.sync.get_mut() {
-                std::mem::forget(sig.block.take());
+        match self.core.locked_for_teardown(finalize) {
+            Ok(_g) => {
+                let _ = self.core.destroy_locked(finalize);
             }
-            return;
+            Err(e) => {
+                // Another thread's call (an abort, a settle) still holds the communicator
+                // past twice its deadline: it may still use the copy-engine memory below, so
+                // that is left mapped and allocated, as is the communicator.
+                eprintln!(
+                    "unicomm: rank {}: the communicator's drop: {e}; left as it is (not destroyed, its copy-engine memory not freed)",
+                    self.rank
+                );
+                if let Some(crate::signals::Sync::Signals(sig)) = self.ce.sync.get_mut() {
+                    std::mem::forget(sig.block.take());
+                }
+                return;
+            }
         }
         // Peers' memory still mapped for windows the communicator took with it, and the
         // copy-engine signal blocks (peers' mapped, this rank's own), once no copy uses them.

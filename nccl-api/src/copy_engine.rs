@@ -465,7 +465,7 @@ impl<R: Runtime> ApiComm<R> {
         let s = self.rt.create_stream(self.dev)?;
         let st = crate::memory::ApiStream::from_runtime(self.rt.clone(), s, self.dev)?;
         st.watched_by(&self.core);
-        self.barrier_on(R::raw_stream(&st.s))?;
+        self.barrier_on(st.raw())?;
         st.synchronize()
     }
 

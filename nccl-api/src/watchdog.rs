@@ -497,17 +497,17 @@ impl<R: Runtime> Core<R> {
     /// `finalize` or `abort` from any thread. An abort first asks a call settling under the
     /// lock to give up, so it never waits for that call's deadline.
     pub(crate) fn destroy(&self, finalize: bool) -> Result<()> {
-        self.destroy_or_held(finalize).unwrap_or_else(Err)
+        let _g = self.locked_for_teardown(finalize)?;
+        self.destroy_locked(finalize)
     }
 
-    /// [`Core::destroy`], telling apart a lock that another thread's call still held at the
-    /// deadline (`Err`: nothing was done) from the teardown's own result (`Ok`).
-    pub(crate) fn destroy_or_held(&self, finalize: bool) -> std::result::Result<Result<()>, Error> {
+    /// The lock for a teardown ([`Core::locked`]'s deadline); an abort first asks a call
+    /// settling under it to give up.
+    pub(crate) fn locked_for_teardown(&self, finalize: bool) -> Result<crate::lock::CommGuard<'_>> {
         if !finalize {
             self.abort_requested.store(true, Ordering::Relaxed);
         }
-        let _g = self.locked()?;
-        Ok(self.destroy_locked(finalize))
+        self.locked()
     }
 }
 
