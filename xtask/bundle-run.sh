@@ -184,6 +184,10 @@ for v in nccl rccl; do
       step overlap barrier; UNICOMM_CE_SYNC=barrier timeout 200 ./overlap 2>&1 | tee -a "$OUT/$v-overlap.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
       step bench single-thread; timeout 200 ./unicomm-bench --vendor $vendor --single-thread --modes plain,registered,window -b 8 -e 512M -f 4 -w 5 -n 20 --coll all_reduce,all_to_all --place out -J "$OUT/$v-bench-single.json" > "$OUT/$v-bench-single.log" 2>&1 || rc=1
       grep -E "^# mode" "$OUT/$v-bench-single.log"
+    else
+      # Never a silent pass: the part was asked for and could not run here.
+      echo "overlap: needs 2 GPUs and the overlap binary, $UNICOMM_GPU_WORLD GPU(s) here: not run"
+      [ "$PARTS" = overlap ] && rc=1
     fi
   fi
   if [ "$PARTS" = faults ] || [ "$PARTS" = procs ] || [ "$PARTS" = overlap ]; then continue; fi
