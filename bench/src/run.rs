@@ -45,19 +45,12 @@ pub fn unsupported(mode: Mode, caps: &Capabilities) -> Option<String> {
     let gpu = caps.backend != "mock";
     match mode {
         Mode::Plain => None,
-        Mode::Registered if !caps.registration => Some(format!(
-            "{} {} has no registration",
-            caps.backend, caps.version
-        )),
-        Mode::Window if !caps.windows => {
-            Some(format!("{} {} has no windows", caps.backend, caps.version))
-        }
         m if m.is_raw() && !gpu => Some("the mock has no NCCL function table".into()),
-        Mode::RawRegistered if !caps.registration => Some(format!(
+        Mode::Registered | Mode::RawRegistered if !caps.registration => Some(format!(
             "{} {} has no registration",
             caps.backend, caps.version
         )),
-        Mode::RawWindow if !caps.windows => {
+        Mode::Window | Mode::RawWindow if !caps.windows => {
             Some(format!("{} {} has no windows", caps.backend, caps.version))
         }
         Mode::Auto if gpu && !(caps.registration && caps.windows) => Some(format!(

@@ -67,7 +67,8 @@ impl CommLock {
                     return Ok(g);
                 }
             }
-            tries += 1;
+            // Saturating: a deadline of days polls more often than a u32 counts.
+            tries = tries.saturating_add(1);
             if tries < 64 {
                 std::hint::spin_loop();
             } else if tries < 128 {
