@@ -393,26 +393,6 @@ impl Runtime for CudaRuntime {
         Ok(self.count)
     }
 
-    fn device_token(&self, dev: usize) -> Result<usize> {
-        // The primary context's raw handle: retained for as long as `self` lives.
-        Ok(self.ctx(dev)?.cu_ctx() as usize)
-    }
-
-    #[inline]
-    fn with_device_token<T>(
-        &self,
-        dev: usize,
-        token: usize,
-        f: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
-        let prev = result::ctx::get_current().map_err(|e| cuda_err("cuCtxGetCurrent", e))?;
-        if prev.is_some_and(|p| p as usize == token) {
-            // `dev`'s primary context is current: the communicator's line held the handle.
-            return f();
-        }
-        self.with_device(dev, f)
-    }
-
     fn with_device<T>(&self, dev: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let want = self.ctx(dev)?.cu_ctx();
         let prev = result::ctx::get_current().map_err(|e| cuda_err("cuCtxGetCurrent", e))?;

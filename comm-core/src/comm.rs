@@ -466,7 +466,7 @@ impl<C: Collective> Comm<C> {
 
     fn per_rank(&self, total: usize, argument: &'static str) -> Result<usize> {
         let w = self.world_size();
-        if total % w != 0 {
+        if !total.is_multiple_of(w) {
             return Err(Error::invalid(
                 argument,
                 format!("{total} elements do not split evenly over {w} ranks"),

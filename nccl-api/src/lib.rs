@@ -1,12 +1,23 @@
 //! The NCCL-API layer unicomm's GPU backends share, written once for NCCL and RCCL (they
-//! export the same C API):
+//! export the same C API). Its layers, each importing only those below it:
 //!
-//! - [`search`]: where a vendor library is looked for (also used by the HIP loader);
-//! - [`api`]: the run-time loaded function table, version gates and error translation;
-//! - [`runtime`]: the [`Runtime`] trait, all a vendor crate supplies (CUDA for NCCL, HIP for
-//!   RCCL);
-//! - [`comm`], [`memory`] and `collective.rs`: [`ApiComm<R>`], the communicator generic
-//!   over the runtime, with its streams and memory.
+//! 1. [`sys`]: the C library: the function table, `ncclConfig_t`, result codes, the
+//!    library search, and the device [`Runtime`] trait (all a vendor crate supplies: CUDA
+//!    for NCCL, HIP for RCCL);
+//! 2. small shared tools: one back-off, the bounded call on a helper thread, the settling
+//!    of non-blocking calls (`wait.rs`), the thread's group (`group.rs`), the stream
+//!    watchers (`watch.rs`), streams and memory ([`memory`]);
+//! 3. one safe `ncclComm_t` (`libcomm.rs`): its lock, state, deadline, creation
+//!    (`create.rs`) and teardown; it names no feature: children and abort hooks are
+//!    registered with it;
+//! 4. helpers over one communicator: the ranks' agreement (`agree.rs`), the registration
+//!    bookkeeping (`base.rs`);
+//! 5. the paths, each with its own state, taking the communicator they run on: the plain
+//!    library call (`plain.rs`), the copy engines (`copy_engine/`), the automatic
+//!    registrations and their [`Policy`] (`auto.rs`, [`policy`]), which alone choose
+//!    between the others;
+//! 6. [`ApiComm`], composed of the parts above, with the one place that decides a call's
+//!    route (`comm/route.rs`).
 //!
 //! # Contract of this layer
 //! - Nothing links a vendor library at build time. A missing library is `LibraryNotFound`
@@ -25,28 +36,27 @@
 //!   `ncclCommAbort`; unicomm does not deregister them one by one at drop because that call
 //!   is collective.
 
-pub mod api;
+mod agree;
 mod auto;
-mod check;
-mod collective;
-pub mod comm;
+mod base;
+mod comm;
 mod copy_engine;
+mod create;
 #[cfg(feature = "gpu-harness")]
 pub mod gpu_tests;
-#[cfg(target_os = "linux")]
-mod ipc;
-mod lock;
+mod group;
+mod libcomm;
 pub mod memory;
+mod plain;
 pub mod policy;
-pub mod runtime;
-pub mod search;
-mod signals;
-mod watchdog;
+pub mod sys;
+mod wait;
+mod watch;
 
-pub use api::{Api, Flavor, UniqueId};
 pub use comm::ApiComm;
+pub use copy_engine::signals::CopyEngineSync;
 pub use memory::{ApiMemory, ApiStream};
 pub use policy::Policy;
-pub use runtime::Runtime;
-pub use search::Search;
-pub use signals::CopyEngineSync;
+pub use sys::api::{Api, Flavor, UniqueId};
+pub use sys::runtime::Runtime;
+pub use sys::{api, config, runtime, search};

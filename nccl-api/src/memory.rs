@@ -6,16 +6,13 @@ use std::sync::Arc;
 
 use unicomm_core::{DeviceMemory, DeviceStream, Error, Marker, MarkerTime, Result};
 
-use crate::api::Api;
-use crate::runtime::Runtime;
-use crate::watchdog::{Watched, Watchers};
+use crate::sys::api::Api;
+use crate::sys::runtime::Runtime;
+use crate::watch::{Watched, Watchers};
 
 /// A stream of a NCCL-API backend. Its host waits have a deadline: that of the
 /// communicators that enqueued work on it (`UNICOMM_TIMEOUT_MS` or `set_timeout`), which
 /// they poll for asynchronous errors and abort when it passes.
-// `repr(C)`: what a collective reads of its stream (device, raw handle, the watcher
-// shortcut) comes first, in one cache line.
-#[repr(C)]
 pub struct ApiStream<R: Runtime> {
     pub(crate) dev: usize,
     /// `R::raw_stream(&s)`, read once: the runtime's handle may sit behind a pointer
@@ -256,6 +253,37 @@ impl<R: Runtime> DeviceMemory for ApiMemory<R> {
 }
 
 impl<R: Runtime> ApiMemory<R> {
+    /// `bytes` of device memory for collectives: `ncclMemAlloc` where the library has it
+    /// (cuMem memory, what registration's zero-copy paths and exports need), else the
+    /// runtime's (NCCL < 2.19, RCCL before ROCm 6.2: registration still works where the
+    /// library has it). Zero bytes allocate nothing.
+    pub(crate) fn alloc(api: &Arc<Api>, rt: Arc<R>, dev: usize, bytes: usize) -> Result<Self> {
+        if bytes == 0 {
+            return Ok(ApiMemory {
+                ptr: 0,
+                bytes: 0,
+                dev,
+                owner: Owner::Runtime,
+                rt,
+            });
+        }
+        if let Some(alloc) = api.fns.mem_alloc.filter(|_| api.has_mem_alloc()) {
+            let mut p = std::ptr::null_mut();
+            rt.with_device(dev, || {
+                // SAFETY: ncclMemAlloc writes one pointer, on the current device.
+                api.check("ncclMemAlloc", unsafe { alloc(&mut p, bytes) }, None)
+            })?;
+            return Ok(ApiMemory {
+                ptr: p as usize,
+                bytes,
+                dev,
+                owner: Owner::Nccl(api.clone()),
+                rt,
+            });
+        }
+        Self::from_runtime_malloc(rt, dev, bytes)
+    }
+
     /// `bytes` of device memory from the runtime (`cuMemAlloc` / `hipMalloc`), not the
     /// library: the communicator's own small buffers, and allocations where the library
     /// cannot allocate. Freed on drop.

@@ -301,7 +301,7 @@ impl Case {
             && self.place == Place::In
             && self.reg == Reg::Window
             && self.world > 1
-            && (chunk * self.dtype.size()) % 4 != 0
+            && !(chunk * self.dtype.size()).is_multiple_of(4)
     }
 }
 

@@ -307,7 +307,7 @@ pub(crate) struct Pair {
     /// 0 in the process the test harness started, 1 in the one it started itself.
     pub(crate) me: usize,
     pub(crate) deadline: std::time::Instant,
-    listener: crate::ipc::Listener,
+    listener: crate::copy_engine::ipc::Listener,
     kid: Option<std::process::Child>,
 }
 
@@ -325,8 +325,8 @@ impl Pair {
                 .collect(),
             None => format!("{:?}{}", Instant::now(), std::process::id()).into_bytes(),
         };
-        let job = crate::ipc::Job::from_id(&seed);
-        let listener = crate::ipc::Listener::bind(job, 0, me)?;
+        let job = crate::copy_engine::ipc::Job::from_id(&seed);
+        let listener = crate::copy_engine::ipc::Listener::bind(job, 0, me)?;
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut kid = None;
         if me == 0 {
@@ -372,13 +372,13 @@ impl Pair {
         bytes: usize,
     ) -> Result<(usize, usize, usize)> {
         let x = rt.export_memory(dev, addr)?;
-        let offer = crate::ipc::Offer {
+        let offer = crate::copy_engine::ipc::Offer {
             size: x.size as u64,
             offset: (addr - x.base) as u64,
             bytes: bytes as u64,
         };
         let mut mapped = None;
-        let agreed = crate::ipc::exchange(
+        let agreed = crate::copy_engine::ipc::exchange(
             &self.listener,
             2,
             Some((offer, std::os::fd::AsFd::as_fd(&x.fd))),
@@ -517,7 +517,8 @@ pub fn copy_engine_init_rank<R: Runtime>(g: &Gpu<R>) -> Result<()> {
                     // default), nothing to wait for in a world of one.
                     let want = if w == 1 {
                         crate::CopyEngineSync::Alone
-                    } else if crate::signals::wanted()? == crate::CopyEngineSync::Barrier
+                    } else if crate::copy_engine::signals::wanted()?
+                        == crate::CopyEngineSync::Barrier
                         || !(g.vendor.runtime)()?.stream_memory_ops(r)
                     {
                         crate::CopyEngineSync::Barrier

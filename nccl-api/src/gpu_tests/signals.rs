@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use unicomm_core::{Error, Result};
 
 use super::Gpu;
-use crate::signals::{block_bytes, block_image, release, Phase, Signals};
+use crate::copy_engine::signals::{block_bytes, block_image, release, Phase, Signals};
 use crate::Runtime;
 
 /// Device memory of this test, freed at the end (after the streams are idle).

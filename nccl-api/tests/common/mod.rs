@@ -197,7 +197,7 @@ impl Runtime for Host {
         bytes: usize,
         _: &HostStream,
     ) -> Result<()> {
-        if bytes == 4 && dst % 4 == 0 && src % 4 == 0 {
+        if bytes == 4 && dst.is_multiple_of(4) && src.is_multiple_of(4) {
             // A word copy may be a signal that another rank's thread is waiting on: atomic,
             // so the waiter's loads see it without a data race (the copy engine's write).
             // SAFETY: the trait contract: both words are live, aligned (checked).

@@ -33,7 +33,7 @@
 //! barriers on purpose (one rank asking is enough).
 //!
 //! After a failure. A stream wait is not a kernel, so `ncclCommAbort` does not end it; the
-//! abort releases this rank's waits itself (`Core::release_signals`): it writes 1 into all
+//! abort releases this rank's waits itself (`SignalRelease`, an abort hook): it writes 1 into all
 //! of this rank's flags from a stream of its own, again and again (each wait it releases
 //! re-arms its word, and the next operation's wait may be on it), until every copy-engine
 //! operation enqueued before the abort has completed, or a deadline passes. The streams then
@@ -42,14 +42,16 @@
 //! enqueued after the abort are refused (`Aborted`), so nothing is left waiting; a graph
 //! captured earlier and launched after the abort is the caller's.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use unicomm_core::{env, Collective, Result};
+use unicomm_core::{env, Result};
 
-use crate::comm::ApiComm;
-use crate::memory::{ApiMemory, ApiStream};
-use crate::runtime::Runtime;
-use crate::watchdog::{Backoff, Core};
+use super::pending::Pending;
+use crate::libcomm::AbortHook;
+use crate::memory::ApiMemory;
+use crate::sys::runtime::Runtime;
+use crate::wait::Backoff;
 
 /// How the copy-engine path orders the ranks of one communicator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,7 +118,7 @@ pub(crate) fn block_image(world: usize) -> Vec<u8> {
     init
 }
 
-fn slot(base: usize, world: usize, phase: Phase, rank: usize) -> usize {
+pub(crate) fn slot(base: usize, world: usize, phase: Phase, rank: usize) -> usize {
     base + 4 * (phase as usize * world + rank)
 }
 
@@ -125,21 +127,21 @@ fn one(base: usize, world: usize) -> usize {
 }
 
 /// Peers' memory mapped into this process: (address, size) each.
-type Mappings = Vec<(usize, usize)>;
+pub(crate) type Mappings = Vec<(usize, usize)>;
 
 /// The agreed mechanism of a communicator, fixed at the first shared window.
-pub(crate) enum Sync<R: Runtime> {
+pub(crate) enum Phases<R: Runtime> {
     Barrier,
     Alone,
     Signals(Signals<R>),
 }
 
-impl<R: Runtime> Sync<R> {
+impl<R: Runtime> Phases<R> {
     pub(crate) fn kind(&self) -> CopyEngineSync {
         match self {
-            Sync::Barrier => CopyEngineSync::Barrier,
-            Sync::Alone => CopyEngineSync::Alone,
-            Sync::Signals(_) => CopyEngineSync::Signals,
+            Phases::Barrier => CopyEngineSync::Barrier,
+            Phases::Alone => CopyEngineSync::Alone,
+            Phases::Signals(_) => CopyEngineSync::Signals,
         }
     }
 }
@@ -176,7 +178,7 @@ impl<R: Runtime> Signals<R> {
             // SAFETY: `dst` is this rank's word in peer `p`'s block (peer access or a
             // mapping made at the agreement), the copy's source this rank's constant word;
             // both blocks live until this communicator is dropped, which waits for this
-            // stream's work (`Core::ce_pending`) before freeing or unmapping them. A write
+            // stream's work (`Pending`) before freeing or unmapping them. A write
             // has the default memory barrier: the work before it is visible to the peer
             // first.
             unsafe {
@@ -247,22 +249,23 @@ pub(crate) unsafe fn release<R: Runtime>(
     }
 }
 
-impl<R: Runtime> Core<R> {
-    /// After an abort (or a finalize that failed): releases this rank's signal waits, until
-    /// every copy-engine operation enqueued before it has completed (`release`). Never
-    /// fails: what it cannot release it reports on stderr, and the communicator's drop then
-    /// leaks the block rather than free it under a waiting stream.
-    pub(crate) fn release_signals(&self) {
-        let within = self.timeout().min(RELEASE_DEADLINE);
-        self.release_signals_within(within, true);
-    }
+/// What an abort of a communicator with signals releases ([`AbortHook`]): this rank's
+/// signal waits, until every copy-engine operation enqueued before the abort has completed
+/// (`release`). What it cannot release it reports on stderr, and the communicator's drop
+/// then leaks the block rather than free it under a waiting stream.
+pub(crate) struct SignalRelease<R: Runtime> {
+    pub(crate) rt: Arc<R>,
+    pub(crate) dev: usize,
+    pub(crate) rank: usize,
+    /// This rank's block: (base address, world).
+    pub(crate) block: (usize, usize),
+    pub(crate) pending: Arc<Pending<R>>,
+}
 
-    /// [`Core::release_signals`] for at most `within`; whether every operation completed
-    /// (also where there is nothing to release). Reports a failure on stderr when `report`.
-    pub(crate) fn release_signals_within(&self, within: Duration, report: bool) -> bool {
-        let Some(&(base, world)) = self.ce_flags.get() else {
-            return true;
-        };
+impl<R: Runtime> AbortHook for SignalRelease<R> {
+    fn release(&self, within: Duration, report: bool) -> bool {
+        let within = within.min(RELEASE_DEADLINE);
+        let (base, world) = self.block;
         // What has to complete: every stream's last operation, seen under the lock that
         // enqueuing holds (the state says aborted already, so no operation starts now).
         // Taken without blocking, between rounds of writes: an enqueue holding it may
@@ -270,16 +273,10 @@ impl<R: Runtime> Core<R> {
         let mut check: Option<R::Stream> = None;
         let mut drained = || -> Result<bool> {
             if check.is_none() {
-                let pending = match self.ce_pending.try_lock() {
-                    Ok(p) => p,
-                    Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                    Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
+                let Some(list) = self.pending.try_lock() else {
+                    return Ok(false);
                 };
-                let s = self.rt.create_stream(self.dev)?;
-                for (_, e) in pending.iter() {
-                    self.rt.wait_event(self.dev, &s, e)?;
-                }
-                check = Some(s);
+                check = Some(self.pending.waiter(&list)?);
             }
             match &check {
                 Some(s) => self.rt.query(s),
@@ -312,105 +309,5 @@ impl<R: Runtime> Core<R> {
             ),
         }
         false
-    }
-}
-
-impl<R: Runtime> ApiComm<R> {
-    /// Which mechanism orders this communicator's copy-engine operations (`None` before the
-    /// first window was shared for the path).
-    pub fn copy_engine_sync(&self) -> Option<CopyEngineSync> {
-        self.ce.sync.get().map(Sync::kind)
-    }
-
-    /// This rank's signal block, ready to offer: allocated (with `ncclMemAlloc` where the
-    /// library has it, so it can be exported), zeroed with the constant 1 in place, and
-    /// probed (a write and a wait on it completed), or why not.
-    pub(crate) fn signal_block(&self) -> Result<ApiMemory<R>> {
-        let init = block_image(self.world);
-        let block = Collective::alloc(self, init.len())?;
-        let s = self.rt.create_stream(self.dev)?;
-        let probe = slot(block.ptr, self.world, Phase::Ready, self.rank);
-        // SAFETY: `block` holds `init.len()` device bytes of this device; the probe word is one
-        // of them (aligned, see `Signals::phase`).
-        unsafe {
-            self.rt.htod(self.dev, block.ptr, &init, &s)?;
-            self.rt.write_value32(self.dev, probe, 1, &s)?;
-            self.rt.wait_value32(self.dev, probe, 1, &s)?;
-            self.rt.write_value32(self.dev, probe, 0, &s)?;
-        }
-        // The probe completes at once where the calls work; waited for with the deadline.
-        let st = ApiStream::from_runtime(self.rt.clone(), s, self.dev)?;
-        st.synchronize()?;
-        Ok(block)
-    }
-
-    /// Agrees on the mechanism with the peers (collective; at the first window shared for
-    /// the path): exchanges the signal blocks, in this process's table or across processes.
-    pub(crate) fn agree_sync(&self) -> Result<()> {
-        if self.ce.sync.get().is_some() {
-            return Ok(());
-        }
-        let agreed = if self.world == 1 {
-            Sync::Alone
-        } else {
-            let want = wanted()? == CopyEngineSync::Signals && self.rt.stream_memory_ops(self.dev);
-            // Read before anything is exchanged, so a misspelt value fails every rank alike.
-            let by_write = by_write_wanted()? && self.rt.signal_by_write(self.dev);
-            let block = if want {
-                self.signal_block().map_err(|e| {
-                    eprintln!(
-                        "unicomm: rank {}: copy-engine signals unavailable, NCCL barriers instead: {e}",
-                        self.rank
-                    );
-                })
-                .ok()
-            } else {
-                None
-            };
-            let addr = block.as_ref().map_or(0, |b| b.ptr);
-            let bytes = block_bytes(self.world);
-            match self.swap_blocks(addr, bytes)? {
-                Some((bases, mapped)) => {
-                    let _ = self.core.ce_flags.set((addr, self.world));
-                    Sync::Signals(Signals {
-                        block,
-                        bases,
-                        mapped,
-                        by_write,
-                    })
-                }
-                None => Sync::Barrier,
-            }
-        };
-        // Registrations are collective and ordered, so no other thread of this rank agrees
-        // at the same time; if one did, the first result stays.
-        let _ = self.ce.sync.set(agreed);
-        Ok(())
-    }
-
-    /// Swaps `addr` (0: this rank offers nothing) with the peers: every rank's address as
-    /// seen here and the mappings made, or `None` where some rank offered nothing.
-    fn swap_blocks(&self, addr: usize, bytes: usize) -> Result<Option<(Vec<usize>, Mappings)>> {
-        #[cfg(target_os = "linux")]
-        if let Some(job) = self.ce.job {
-            return Ok(self
-                .swap_ipc(job, addr, bytes, addr != 0)?
-                .map(|(peers, maps)| (peers.iter().map(|p| p.1).collect(), maps)));
-        }
-        let Some(world) = &self.ce.world else {
-            return Ok(None);
-        };
-        let seq = self
-            .ce
-            .windows
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let all = world.exchange(seq, self.rank, (self.dev, addr, bytes))?;
-        if all.iter().any(|&(_, a, _)| a == 0) {
-            return Ok(None);
-        }
-        // The signals are copied into the peers' blocks: this runs before the first window's
-        // exchange, so peer access is enabled here.
-        self.enable_peers(&all)?;
-        Ok(Some((all.iter().map(|&(_, a, _)| a).collect(), Vec::new())))
     }
 }

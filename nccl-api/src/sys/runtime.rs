@@ -16,25 +16,6 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     fn device_count(&self) -> Result<usize>;
     /// Runs `f` with `dev` current on this thread, restoring the previous device after.
     fn with_device<T>(&self, dev: usize, f: impl FnOnce() -> Result<T>) -> Result<T>;
-    /// What [`Runtime::with_device_token`] compares with the thread's current device,
-    /// looked up once per communicator (CUDA: the raw handle of `dev`'s primary context;
-    /// by default `dev`).
-    fn device_token(&self, dev: usize) -> Result<usize> {
-        Ok(dev)
-    }
-    /// [`Runtime::with_device`] with `dev`'s token at hand (every collective's path): a
-    /// runtime that can tell from the token alone that `dev` is current skips its lookup.
-    /// Any token is safe: one that does not match takes `with_device`.
-    #[inline]
-    fn with_device_token<T>(
-        &self,
-        dev: usize,
-        token: usize,
-        f: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
-        let _ = token;
-        self.with_device(dev, f)
-    }
     /// A new stream on `dev`.
     fn create_stream(&self, dev: usize) -> Result<Self::Stream>;
     /// The raw handle (`cudaStream_t` / `hipStream_t`).

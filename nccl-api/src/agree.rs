@@ -9,25 +9,24 @@
 //! way, before the collective, at the cost of a host round trip per call).
 
 use std::ffi::c_void;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use unicomm_core::backend::DeviceMemory;
-use unicomm_core::{Collective, DataType, Error, Kind, Op, ReduceOp, Result};
+use unicomm_core::{DataType, Error, Kind, Op, ReduceOp, Result};
 
-use crate::comm::ApiComm;
-use crate::copy_engine::GROUP_DEPTH;
+use crate::group;
+use crate::libcomm::LibComm;
 use crate::memory::{ApiMemory, ApiStream};
-use crate::runtime::Runtime;
+use crate::sys::runtime::Runtime;
 
 /// The most words one exchange carries (the fake NCCL's barrier worlds reduce as many).
 const MAX_WORDS: usize = 16;
 
-/// A communicator's device scratch and stream for the exchanges, made at the first.
-pub(crate) type Scratch<R> = Mutex<Option<(ApiMemory<R>, ApiStream<R>)>>;
-
-/// `UNICOMM_CHECK_COLLECTIVES`: `0` (the default) or `1`.
-pub(crate) fn check_from_env() -> Result<bool> {
-    unicomm_core::env::switch("UNICOMM_CHECK_COLLECTIVES", false)
+/// A communicator's agreement: its device scratch and stream for the exchanges (made at
+/// the first), and whether every collective is compared first.
+pub(crate) struct Agreement<R: Runtime> {
+    scratch: Mutex<Option<(ApiMemory<R>, ApiStream<R>)>>,
+    check: bool,
 }
 
 /// What a rank is about to call, field by field, in the order a mismatch is reported (the
@@ -57,13 +56,7 @@ fn kind_code(kind: Kind) -> (u64, u64, u64) {
 
 /// Field `i`'s value in words (the codes of `kind_code`, the library's type codes, the
 /// paths), or the number where it is one.
-fn shown(i: usize, v: u64) -> String {
-    const PATHS: [&str; 4] = [
-        "this communicator",
-        "the second communicator",
-        "the copy engines",
-        "a refusal (the rank's own error)",
-    ];
+fn shown(i: usize, v: u64, paths: &[&str]) -> String {
     let named = match i {
         0 => {
             let (sum, root) = (ReduceOp::Sum, 0);
@@ -90,30 +83,25 @@ fn shown(i: usize, v: u64) -> String {
             .iter()
             .find(|o| o.nccl() as u64 + 1 == v)
             .map(|o| o.name().to_string()),
-        5 => PATHS.get(v as usize).map(|s| s.to_string()),
+        5 => paths.get(v as usize).map(|s| s.to_string()),
         _ => None,
     };
     named.unwrap_or_else(|| v.to_string())
 }
 
-/// The path of a call as the check compares it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CallPath {
-    /// The library on this communicator.
-    Library = 0,
-    /// The library on the second communicator (automatic registration).
-    Second = 1,
-    /// The copy engines.
-    CopyEngine = 2,
-    /// None: the call is refused on this rank (its own error is what it returns).
-    Refused = 3,
-}
+impl<R: Runtime> Agreement<R> {
+    /// `check`: compare every collective first (`UNICOMM_CHECK_COLLECTIVES=1`).
+    pub(crate) fn new(check: bool) -> Self {
+        Agreement {
+            scratch: Mutex::new(None),
+            check,
+        }
+    }
 
-impl<R: Runtime> ApiComm<R> {
     /// The element-wise maximum of every rank's `words` (collective, at most 16): one
     /// in-place all-reduce of uint64 on the communicator's scratch, waited for with its
     /// deadline.
-    pub(crate) fn all_max(&self, words: &[u64]) -> Result<Vec<u64>> {
+    pub(crate) fn all_max(&self, lc: &Arc<LibComm<R>>, words: &[u64]) -> Result<Vec<u64>> {
         if words.len() > MAX_WORDS {
             return Err(Error::invalid(
                 "words",
@@ -126,8 +114,8 @@ impl<R: Runtime> ApiComm<R> {
             Some(made) => made,
             // Plain device memory: the library's allocator would take a whole granule.
             None => (
-                ApiMemory::from_runtime_malloc(self.rt.clone(), self.dev, MAX_WORDS * 8)?,
-                Collective::create_stream(self)?,
+                ApiMemory::from_runtime_malloc(lc.rt.clone(), lc.dev, MAX_WORDS * 8)?,
+                lc.create_stream()?,
             ),
         };
         let (mem, st) = &*slot.insert(scratch);
@@ -135,14 +123,14 @@ impl<R: Runtime> ApiComm<R> {
         let mut out = vec![0u8; bytes.len()];
         let (p, raw) = (mem.ptr as *mut c_void, st.raw());
         let (n, u64t, max) = (words.len(), DataType::U64.nccl(), ReduceOp::Max.nccl());
-        let all_reduce = self.api.fns.all_reduce;
+        let all_reduce = lc.api.fns.all_reduce;
         let done = mem.write(0, &bytes, st).and_then(|()| {
-            self.call(|c| {
+            lc.call(|c| {
                 // SAFETY: `n` (<= 16) uint64 of this rank's 128-byte device scratch, in
                 // place, on a stream of this device; the scratch outlives the operation
                 // (below).
                 let code = unsafe { all_reduce(p, p, n, u64t, max, c, raw) };
-                self.check("ncclAllReduce", code)
+                lc.check("ncclAllReduce", code)
             })?;
             mem.read(0, &mut out, st)
         });
@@ -161,32 +149,35 @@ impl<R: Runtime> ApiComm<R> {
     }
 
     /// With `UNICOMM_CHECK_COLLECTIVES=1`: the ranks compare the collective `op` about to
-    /// take `path` (collective; not inside a group, whose calls the library defers, nor
-    /// while `stream` is being captured into a graph, whose replays it would not see).
+    /// take the path numbered `path` (named by `paths`; collective; not inside a group,
+    /// whose calls the library defers, nor while `stream` is being captured into a graph,
+    /// whose replays it would not see).
     #[inline]
     pub(crate) fn check_collective(
         &self,
+        lc: &Arc<LibComm<R>>,
         op: &Op<'_, ApiMemory<R>>,
-        path: CallPath,
+        (path, paths): (u64, &[&str]),
         stream: &ApiStream<R>,
     ) -> Result<()> {
-        if !self.check_collectives {
+        if !self.check {
             return Ok(());
         }
-        self.check_collective_on(op, path, stream)
+        self.check_collective_on(lc, op, (path, paths), stream)
     }
 
     #[inline(never)]
     fn check_collective_on(
         &self,
+        lc: &Arc<LibComm<R>>,
         op: &Op<'_, ApiMemory<R>>,
-        path: CallPath,
+        (path, paths): (u64, &[&str]),
         stream: &ApiStream<R>,
     ) -> Result<()> {
-        if self.world == 1
+        if lc.world == 1
             || !op.kind.is_collective()
-            || GROUP_DEPTH.with(|d| d.get()) > 0
-            || self.rt.capturing(stream.inner())?
+            || group::in_group()
+            || lc.rt.capturing(stream.inner())?
         {
             return Ok(());
         }
@@ -197,11 +188,11 @@ impl<R: Runtime> ApiComm<R> {
             op.dtype.nccl() as u64,
             red,
             root,
-            path as u64,
+            path,
         ];
         let mut words = mine.to_vec();
         words.extend(mine.iter().map(|w| !w));
-        let all = self.all_max(&words)?;
+        let all = self.all_max(lc, &words)?;
         let n = mine.len();
         for (i, field) in FIELDS.iter().enumerate() {
             let (hi, lo) = (all[i], !all[n + i]);
@@ -210,13 +201,13 @@ impl<R: Runtime> ApiComm<R> {
                     what: field,
                     detail: format!(
                         "{} here (rank {}, {} of {} {}); the ranks' values range from {} to {}",
-                        shown(i, mine[i]),
-                        self.rank,
+                        shown(i, mine[i], paths),
+                        lc.rank,
                         op.kind.name(),
                         op.count,
                         op.dtype.name(),
-                        shown(i, lo),
-                        shown(i, hi),
+                        shown(i, lo, paths),
+                        shown(i, hi, paths),
                     ),
                 });
             }
@@ -235,16 +226,19 @@ mod tests {
             op: ReduceOp::Max,
             root: 3,
         });
-        assert_eq!(shown(0, op), "Reduce");
-        assert_eq!(shown(3, red), "max");
-        assert_eq!(shown(4, root), "3");
-        assert_eq!(shown(3, kind_code(Kind::AllGather).1), "none");
-        assert_eq!(shown(2, DataType::Bf16.nccl() as u64), "bfloat16");
-        assert_eq!(shown(1, 1024), "1024");
-        assert_eq!(shown(5, CallPath::CopyEngine as u64), "the copy engines");
+        assert_eq!(shown(0, op, &[]), "Reduce");
+        assert_eq!(shown(3, red, &[]), "max");
+        assert_eq!(shown(4, root, &[]), "3");
+        assert_eq!(shown(3, kind_code(Kind::AllGather).1, &[]), "none");
+        assert_eq!(shown(2, DataType::Bf16.nccl() as u64, &[]), "bfloat16");
+        assert_eq!(shown(1, 1024, &[]), "1024");
+        assert_eq!(
+            shown(5, 2, &["a", "b", "the copy engines"]),
+            "the copy engines"
+        );
         // A code no rank could send (a peer of another build): the number, no panic.
-        assert_eq!(shown(0, 99), "99");
-        assert_eq!(shown(0, 0), "0");
-        assert_eq!(shown(3, u64::MAX), u64::MAX.to_string());
+        assert_eq!(shown(0, 99, &[]), "99");
+        assert_eq!(shown(0, 0, &[]), "0");
+        assert_eq!(shown(3, u64::MAX, &[]), u64::MAX.to_string());
     }
 }

@@ -8,7 +8,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
 
-use crate::search::{open_library, Search};
+use crate::sys::search::{open_library, Search};
 
 use unicomm_core::{Error, Result, Version};
 
@@ -60,6 +60,7 @@ pub fn result_name(code: NcclResult) -> &'static str {
         5 => "ncclInvalidUsage",
         6 => "ncclRemoteError",
         7 => "ncclInProgress",
+        8 => "ncclTimeout",
         _ => "ncclUnknownResult",
     }
 }

@@ -1,0 +1,197 @@
+//! [`Collective`] for [`ApiComm`]: each operation of the contract, routed (`route.rs`) to
+//! the path that runs it.
+
+use unicomm_core::registry::RegKind;
+use unicomm_core::{Capabilities, Collective, Error, Op, RawHandle, Result};
+
+use super::route::{self, Route};
+use super::ApiComm;
+use crate::group;
+use crate::libcomm::End;
+use crate::memory::{ApiMemory, ApiStream};
+use crate::sys::runtime::Runtime;
+
+impl<R: Runtime> Collective for ApiComm<R> {
+    type Stream = ApiStream<R>;
+    type Memory = ApiMemory<R>;
+
+    fn rank(&self) -> usize {
+        self.base.lc.rank
+    }
+    fn world_size(&self) -> usize {
+        self.base.lc.world
+    }
+    fn capabilities(&self) -> Capabilities {
+        let api = &self.base.lc.api;
+        Capabilities {
+            backend: if api.flavor.library == "RCCL" {
+                "rccl"
+            } else {
+                "nccl"
+            },
+            library_path: api.path.clone(),
+            version: api.version,
+            registration: api.has_registration(),
+            windows: api.has_windows(),
+            native_all_to_all: api.all_to_all.is_some(),
+            graph_capture: true,
+            mem_alloc: api.has_mem_alloc(),
+            copy_engine: self.ce.reachable() && api.has_windows(),
+        }
+    }
+
+    fn create_stream(&self) -> Result<ApiStream<R>> {
+        self.base.lc.create_stream()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<ApiMemory<R>> {
+        let lc = &self.base.lc;
+        ApiMemory::alloc(&lc.api, lc.rt.clone(), lc.dev, bytes)
+    }
+
+    fn check_memory(&self, mem: &ApiMemory<R>) -> Result<()> {
+        self.base.check_memory(mem)
+    }
+
+    fn register(&self, mem: &ApiMemory<R>, offset: usize, bytes: usize) -> Result<RawHandle> {
+        self.base.buffer_register(mem, (offset, bytes))
+    }
+
+    fn deregister(&self, handle: RawHandle) -> Result<()> {
+        let f = self.base.lc.api.fns.comm_deregister;
+        self.base
+            .deregister_handle(handle, RegKind::Buffer, "ncclCommDeregister", f)
+    }
+
+    fn register_window(
+        &self,
+        mem: &ApiMemory<R>,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<RawHandle> {
+        let h = self
+            .base
+            .window_register(mem, (offset, bytes), RegKind::Window)?;
+        if self.ce.enabled() {
+            let addr = mem.range(offset, bytes, "bytes")?;
+            if let Err(e) = self.ce.share_window(&self.base, h, (addr, bytes)) {
+                let _ = self.deregister_window(h);
+                return Err(e);
+            }
+        }
+        Ok(h)
+    }
+
+    fn deregister_window(&self, handle: RawHandle) -> Result<()> {
+        let f = self.base.lc.api.fns.window_deregister;
+        let name = "ncclCommWindowDeregister";
+        self.base
+            .deregister_handle(handle, RegKind::Window, name, f)?;
+        self.ce.forget_window(handle);
+        Ok(())
+    }
+
+    fn register_auto(&self, mem: &ApiMemory<R>, offset: usize, bytes: usize) -> Result<RawHandle> {
+        self.auto
+            .register(&self.base, &self.ce, mem, (offset, bytes))
+    }
+
+    fn deregister_auto(&self, handle: RawHandle) -> Result<()> {
+        self.auto.deregister(&self.base, &self.ce, handle)
+    }
+
+    fn device_memory(&self) -> Result<(usize, usize)> {
+        self.base.lc.rt.mem_info(self.base.lc.dev)
+    }
+
+    fn device_info(&self) -> Result<unicomm_core::DeviceInfo> {
+        let lc = &self.base.lc;
+        let (name, pci_bus_id) = lc.rt.device_info(lc.dev)?;
+        Ok(unicomm_core::DeviceInfo {
+            index: Some(lc.dev),
+            name,
+            pci_bus_id,
+        })
+    }
+
+    fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
+        let b = &self.base;
+        if stream.dev != b.lc.dev {
+            return Err(Error::invalid(
+                "stream",
+                format!(
+                    "a stream of device {} used by the communicator of device {}",
+                    stream.dev, b.lc.dev
+                ),
+            ));
+        }
+        op.check(b.lc.world)?;
+        stream.watched_by(&b.lc);
+        // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
+        // rank whose call is refused here still takes part, so its peers do not wait.
+        let route = route::route(b, &self.ce, &self.auto, &op);
+        let path = (route::code(&route), &route::NAMES[..]);
+        let checked = b.agree.check_collective(&b.lc, &op, path, stream);
+        let route = route?;
+        checked?;
+        let st = stream.raw();
+        match route {
+            Route::CopyEngine(plan) => self.ce.run(b, plan, &stream.s),
+            Route::Second(c) => b.plain.enqueue(&b.lc, &b.registry, Some(c), &op, st),
+            Route::Plain => b.plain.enqueue(&b.lc, &b.registry, None, &op, st),
+        }
+    }
+
+    fn group_start(&self) -> Result<()> {
+        let api = &self.base.lc.api;
+        // SAFETY: no arguments.
+        let code = unsafe { (api.fns.group_start)() };
+        api.check("ncclGroupStart", code, None)?;
+        group::enter();
+        Ok(())
+    }
+
+    fn group_end(&self) -> Result<()> {
+        let members = group::leave();
+        // SAFETY: no arguments; NCCL reports a group_end without group_start as an error.
+        let code = unsafe { (self.base.lc.api.fns.group_end)() };
+        let end = self.base.lc.check("ncclGroupEnd", code);
+        // The outermost end launched the group: in non-blocking mode every communicator it
+        // called settles before the caller may wait on a stream (NCCL's rule).
+        let Some(members) = members else {
+            return end;
+        };
+        end?;
+        members
+            .iter()
+            .try_for_each(|m| m.settle("ncclGroupEnd (non-blocking)"))
+    }
+
+    fn poll_async_error(&self) -> Result<()> {
+        let lc = &self.base.lc;
+        let _g = lc.locked()?;
+        lc.async_error_locked()
+    }
+
+    fn set_timeout(&self, timeout: std::time::Duration) -> Result<()> {
+        let t = unicomm_core::env::check_timeout("timeout", timeout)?;
+        self.base.lc.set_timeout(t);
+        Ok(())
+    }
+
+    fn timeout(&self) -> Option<std::time::Duration> {
+        Some(self.base.lc.timeout())
+    }
+
+    fn set_copy_engine(&self, on: bool) -> Result<()> {
+        self.ce.switch(on)
+    }
+
+    fn finalize(&mut self) -> Result<()> {
+        self.base.lc.destroy(End::Finalize)
+    }
+
+    fn abort(&self) -> Result<()> {
+        self.base.lc.destroy(End::Abort)
+    }
+}

@@ -1,0 +1,262 @@
+//! The communicator the backends hand out ([`ApiComm`]), over any NCCL-API library and
+//! device runtime: what backend-nccl (NCCL + CUDA) and backend-rccl (RCCL + HIP) both are.
+//! It is composed of the parts below it, each owning its state: the communicator every
+//! path runs on ([`Base`]: the library's communicator, its registrations, the ranks'
+//! agreement, the plain path), the copy-engine path and the automatic registrations; a
+//! call's route is decided in `route.rs`, the contract's operations are in `collective.rs`.
+
+mod collective;
+mod route;
+
+use std::sync::Arc;
+
+use unicomm_core::registry::RegKind;
+use unicomm_core::{Collective, Error, Result};
+
+use crate::auto::Auto;
+use crate::base::Base;
+use crate::copy_engine::local::LocalWorld;
+use crate::copy_engine::signals::CopyEngineSync;
+use crate::copy_engine::CopyEngine;
+use crate::create::{self, Mode};
+use crate::libcomm::{End, LibComm};
+use crate::policy::Policy;
+use crate::sys::api::{Api, NcclComm, UniqueId};
+use crate::sys::runtime::Runtime;
+
+/// One rank's communicator over an NCCL-API library.
+pub struct ApiComm<R: Runtime> {
+    base: Base<R>,
+    ce: CopyEngine<R>,
+    auto: Auto,
+}
+
+impl<R: Runtime> std::fmt::Debug for ApiComm<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let lc = &self.base.lc;
+        write!(
+            f,
+            "{} rank {}/{} on {} device {}",
+            lc.api.flavor.library,
+            lc.rank,
+            lc.world,
+            R::NAME,
+            lc.dev
+        )
+    }
+}
+
+impl<R: Runtime> ApiComm<R> {
+    /// One rank per visible device (or on the first `n`), created from this thread.
+    pub fn local(api: Arc<Api>, rt: Arc<R>, n: Option<usize>) -> Result<Vec<Self>> {
+        let count = rt.device_count()?;
+        let n = n.unwrap_or(count);
+        if n > count {
+            return Err(Error::NoDevice {
+                vendor: R::VENDOR,
+                detail: format!("{n} ranks asked for, {count} GPU(s) visible"),
+            });
+        }
+        Self::init_local(api, rt, &(0..n).collect::<Vec<_>>())
+    }
+
+    /// Creates the `devs.len()` ranks of a world in this process from one thread
+    /// (`ncclCommInitRank` for every device inside one group).
+    pub fn init_local(api: Arc<Api>, rt: Arc<R>, devs: &[usize]) -> Result<Vec<Self>> {
+        let n = devs.len();
+        if n == 0 {
+            return Err(Error::invalid("devices", "no device given"));
+        }
+        let count = rt.device_count()?;
+        if let Some(&d) = devs.iter().find(|&&d| d >= count) {
+            return Err(Error::NoDevice {
+                vendor: R::VENDOR,
+                detail: format!("device {d} asked for, {count} visible"),
+            });
+        }
+        let id = api.unique_id()?;
+        let mode = Mode::from_env(&api)?;
+        let raw = create::local_world(&api, &rt, devs, mode, id)?;
+        let local = Arc::new(LocalWorld::new(n));
+        let mut out = Vec::with_capacity(n);
+        let mut raw = raw.into_iter();
+        for (rank, (c, &dev)) in raw.by_ref().zip(devs).enumerate() {
+            let lc = LibComm::new(
+                api.clone(),
+                rt.clone(),
+                c,
+                (dev, rank, n),
+                mode.nonblocking,
+                mode.timeout,
+            );
+            match Self::compose(lc, mode, Some(local.clone()), None) {
+                Ok(me) => out.push(me),
+                Err(e) => {
+                    // The rest were created and are not wrapped: ended here (the wrapped
+                    // ones end with `out`).
+                    for c in raw {
+                        // SAFETY: a communicator created above and never wrapped: aborted once.
+                        unsafe { (api.fns.comm_abort)(c) };
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The explicit form, for one rank per thread or per process: joins the world of
+    /// `world` ranks identified by `id` as `rank`, on device `dev`. Blocks until every rank
+    /// has called it.
+    pub fn init_rank(
+        api: Arc<Api>,
+        rt: Arc<R>,
+        id: UniqueId,
+        rank: usize,
+        world: usize,
+        dev: usize,
+    ) -> Result<Self> {
+        if rank >= world {
+            return Err(Error::invalid(
+                "rank",
+                format!("{rank} is outside 0..{world}"),
+            ));
+        }
+        let count = rt.device_count()?;
+        if dev >= count {
+            return Err(Error::NoDevice {
+                vendor: R::VENDOR,
+                detail: format!("device {dev} asked for, {count} visible"),
+            });
+        }
+        let mode = Mode::from_env(&api)?;
+        let c = create::one_rank(&api, &rt, id, (rank, world, dev), mode)?;
+        let lc = LibComm::new(
+            api,
+            rt,
+            c,
+            (dev, rank, world),
+            mode.nonblocking,
+            mode.timeout,
+        );
+        Self::compose(lc, mode, None, Some(&id.to_bytes()))
+    }
+
+    /// The communicator of a library communicator just created: its parts built over it.
+    /// On failure the library communicator is destroyed.
+    fn compose(
+        lc: LibComm<R>,
+        mode: Mode,
+        world: Option<Arc<LocalWorld>>,
+        job_id: Option<&[u8]>,
+    ) -> Result<Self> {
+        let lc = Arc::new(lc);
+        let base = match Base::new(lc.clone(), mode.check) {
+            Ok(b) => b,
+            Err(e) => {
+                // SAFETY: the communicator was just created and is not used elsewhere.
+                unsafe { (lc.api.fns.comm_destroy)(lc.comm) };
+                return Err(e);
+            }
+        };
+        let ce = CopyEngine::new(&base, world, job_id);
+        Ok(ApiComm {
+            base,
+            ce,
+            auto: Auto::default(),
+        })
+    }
+
+    /// The loaded library.
+    pub fn api(&self) -> &Arc<Api> {
+        &self.base.lc.api
+    }
+    /// The device runtime.
+    pub fn runtime(&self) -> &Arc<R> {
+        &self.base.lc.rt
+    }
+    /// The raw `ncclComm_t`, for calling the library directly (the overhead benchmark does,
+    /// to compare). Using it while this communicator is used from another thread breaks
+    /// NCCL's rule; that is the caller's responsibility.
+    pub fn raw_comm(&self) -> NcclComm {
+        self.base.lc.comm
+    }
+
+    /// This rank's device.
+    pub fn device(&self) -> usize {
+        self.base.lc.dev
+    }
+
+    /// How many all-to-alls and all-gathers took the copy-engine path so far (the rest
+    /// went to the library).
+    pub fn copy_engine_calls(&self) -> u64 {
+        self.ce.calls()
+    }
+
+    /// Which mechanism orders this communicator's copy-engine operations (`None` before the
+    /// first window was shared for the path).
+    pub fn copy_engine_sync(&self) -> Option<CopyEngineSync> {
+        self.ce.sync()
+    }
+
+    /// The thresholds this communicator's automatic registrations use, in place of
+    /// `UNICOMM_TUNE_FILE` or the built-in defaults (an engine that ships its own tuning).
+    /// Before the first automatic registration, where the ranks agree on the policy: every
+    /// rank must set the same one (else that registration fails on every rank); afterwards
+    /// `InvalidArgument`.
+    pub fn set_auto_policy(&self, policy: Policy) -> Result<()> {
+        self.auto.set_policy(policy)
+    }
+
+    /// The automatic policy the ranks agreed on, once an automatic registration has been
+    /// made.
+    pub fn auto_policy(&self) -> Option<&Policy> {
+        self.auto.policy()
+    }
+}
+
+impl<R: Runtime> Drop for ApiComm<R> {
+    fn drop(&mut self) {
+        // Registrations borrow the typed communicator, so none is alive here; a raw user
+        // may have left some: deregister them before the communicator goes (NCCL: after
+        // destroy, deregistering is a use-after-free). Windows are not deregistered one by
+        // one: that call is collective, and one rank's drop cannot make its peers join it;
+        // ncclCommDestroy/ncclCommAbort release a communicator's windows with it (NCCL's
+        // documented lifecycle of communicator resources).
+        for h in self.base.registry.handles(RegKind::Buffer) {
+            let _ = Collective::deregister(self, h);
+        }
+        let lc = self.base.lc.clone();
+        // Finalized where its copy-engine work completed within the deadline; else aborted,
+        // which releases this rank's signal waits beside the library's teardown (a finalize
+        // would wait for the device, which such a wait holds, with no end in non-blocking
+        // mode).
+        let end = if lc.ended() || self.ce.done_within(lc.timeout()) {
+            End::Finalize
+        } else {
+            eprintln!(
+                "unicomm: rank {}: copy-engine work still waiting at the communicator's drop after {:?}: aborted instead of finalized",
+                lc.rank,
+                lc.timeout()
+            );
+            End::Abort
+        };
+        match lc.locked_for_teardown(end) {
+            Ok(_g) => {
+                let _ = lc.destroy_locked(end);
+            }
+            Err(e) => {
+                // Another thread's call (an abort, a settle) still holds the communicator
+                // past twice its deadline: it may still use the copy-engine memory, so that
+                // is left mapped and allocated, as is the communicator.
+                eprintln!(
+                    "unicomm: rank {}: the communicator's drop: {e}; left as it is (not destroyed, its copy-engine memory not freed)",
+                    lc.rank
+                );
+                self.ce.leak_at_drop();
+                return;
+            }
+        }
+        self.ce.release_at_drop();
+    }
+}

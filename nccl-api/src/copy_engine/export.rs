@@ -1,0 +1,116 @@
+//! Device memory swapped between the processes of one host (one rank per process): the
+//! allocation exported (a cuMem / hipMem POSIX descriptor), the descriptors swapped over
+//! Unix sockets (`ipc.rs`), the peers' allocations mapped into this process.
+
+use std::os::fd::AsFd;
+use std::time::Instant;
+
+use unicomm_core::{Error, Result};
+
+use super::ipc;
+use super::pending::Pending;
+use crate::base::Base;
+use crate::sys::runtime::Runtime;
+
+/// Memory swapped between processes: every rank's (device, address here, bytes), and the
+/// peers' allocations mapped into this process for it, (address, size).
+pub(crate) type Swapped = (Vec<(usize, usize, usize)>, Vec<(usize, usize)>);
+
+/// A host-side barrier: a one-element all-reduce on a stream of its own, waited for with
+/// the communicator's deadline.
+fn host_barrier<R: Runtime>(base: &Base<R>) -> Result<()> {
+    let st = base.lc.create_stream()?;
+    base.barrier_on(st.raw())?;
+    st.synchronize()
+}
+
+/// Exchange number `seq` of `job`: export this rank's allocation holding
+/// `addr..addr+bytes` (unless `offer` is false), swap it with the peers' (a barrier first,
+/// so every rank's listener is bound), map theirs, and agree. Every rank's (device, address
+/// here, bytes) and the mappings made, or `None` where some rank could not (nothing stays
+/// mapped then).
+pub(crate) fn swap<R: Runtime>(
+    base: &Base<R>,
+    pending: &Pending<R>,
+    (job, seq): (ipc::Job, u64),
+    (addr, bytes): (usize, usize),
+    offer: bool,
+) -> Result<Option<Swapped>> {
+    let lc = &base.lc;
+    let listener = ipc::Listener::bind(job, seq, lc.rank)?;
+    // The range must lie inside the exported allocation (the driver says so; a runtime
+    // that said otherwise offers nothing rather than a wrong range).
+    let exported = if offer {
+        lc.rt.export_memory(lc.dev, addr).and_then(|x| {
+            let inside = addr
+                .checked_sub(x.base)
+                .and_then(|off| off.checked_add(bytes))
+                .is_some_and(|end| end <= x.size);
+            if inside {
+                Ok(x)
+            } else {
+                Err(Error::invalid(
+                    "export",
+                    format!(
+                        "the range {addr:#x}+{bytes} is not inside the exported allocation {:#x}+{}",
+                        x.base, x.size
+                    ),
+                ))
+            }
+        })
+    } else {
+        Err(Error::invalid("export", "this rank offers nothing"))
+    };
+    host_barrier(base)?;
+    let deadline = Instant::now() + lc.timeout();
+    let mine = exported.as_ref().ok().map(|x| {
+        (
+            ipc::Offer {
+                size: x.size as u64,
+                offset: (addr - x.base) as u64, // checked above
+                bytes: bytes as u64,
+            },
+            x.fd.as_fd(),
+        )
+    });
+    // (rank, mapped address, mapped size, offset, bytes) per peer.
+    let mut maps: Vec<(usize, usize, usize, usize, usize)> = Vec::new();
+    let out = ipc::exchange(&listener, lc.world, mine, deadline, |p, o, fd| {
+        let (size, offset, b) = (o.size as usize, o.offset as usize, o.bytes as usize);
+        if offset.checked_add(b).is_none_or(|end| end > size) {
+            return Err(Error::invalid(
+                "copy-engine exchange",
+                format!("rank {p}'s memory ({offset}+{b}) lies outside its allocation ({size})"),
+            ));
+        }
+        let va = lc.rt.import_memory(lc.dev, fd, size)?;
+        maps.push((p, va, size, offset, b));
+        Ok(())
+    });
+    let mapped = |maps: &[(usize, usize, usize, usize, usize)]| -> Vec<(usize, usize)> {
+        maps.iter().map(|m| (m.1, m.2)).collect()
+    };
+    let agreed = match out {
+        Ok(a) => a,
+        Err(e) => {
+            pending.unmap_after(mapped(&maps));
+            return Err(e);
+        }
+    };
+    if !agreed {
+        // Some rank cannot take the path for this memory: none does.
+        if let (true, Err(e)) = (offer, &exported) {
+            eprintln!(
+                "unicomm: rank {}: memory not shared for the copy-engine path: {e}",
+                lc.rank
+            );
+        }
+        pending.unmap_after(mapped(&maps));
+        return Ok(None);
+    }
+    let mut peers = vec![(lc.dev, addr, bytes); lc.world];
+    for &(p, va, _, offset, b) in &maps {
+        peers[p] = (lc.dev, va + offset, b);
+    }
+    Ok(Some((peers, mapped(&maps))))
+}

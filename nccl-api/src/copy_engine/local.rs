@@ -1,0 +1,93 @@
+//! The ranks of one world created in one process (`ApiComm::init_local`): where their
+//! window registrations meet to swap addresses, with a deadline.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use unicomm_core::{Error, Result};
+
+/// One window as every rank sees it: per rank, (device, address, bytes).
+pub(crate) type Peers = Arc<Vec<(usize, usize, usize)>>;
+
+/// The ranks of one world created in one process: a table where window registrations meet.
+#[derive(Debug)]
+pub(crate) struct LocalWorld {
+    world: usize,
+    slots: Mutex<HashMap<u64, Slot>>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    entries: Vec<Option<(usize, usize, usize)>>,
+    taken: usize,
+}
+
+/// How long a rank waits for its peers at a window registration.
+const EXCHANGE_DEADLINE: Duration = Duration::from_secs(60);
+
+impl LocalWorld {
+    pub(crate) fn new(world: usize) -> Self {
+        LocalWorld {
+            world,
+            slots: Mutex::new(HashMap::new()),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Deposits this rank's entry for registration number `seq` and returns every rank's,
+    /// once all arrived (`Timeout` naming the missing ranks after the deadline).
+    pub(crate) fn exchange(
+        &self,
+        seq: u64,
+        rank: usize,
+        entry: (usize, usize, usize),
+    ) -> Result<Peers> {
+        let deadline = Instant::now() + EXCHANGE_DEADLINE;
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let world = self.world;
+        let slot = slots.entry(seq).or_insert_with(|| Slot {
+            entries: vec![None; world],
+            taken: 0,
+        });
+        slot.entries[rank] = Some(entry);
+        self.cv.notify_all();
+        let complete = |s: &HashMap<u64, Slot>| {
+            s.get(&seq)
+                .is_some_and(|s| s.entries.iter().all(Option::is_some))
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (mut slots, _) = self
+            .cv
+            .wait_timeout_while(slots, left, |s| !complete(s))
+            .unwrap_or_else(|e| e.into_inner());
+        if !complete(&slots) {
+            let missing: Vec<String> = slots
+                .get(&seq)
+                .map(|s| {
+                    (0..world)
+                        .filter(|&r| s.entries[r].is_none())
+                        .map(|r| r.to_string())
+                        .collect()
+                })
+                .unwrap_or_default();
+            return Err(Error::Timeout {
+                what: format!(
+                    "window registration #{seq}: rank(s) {} never registered theirs",
+                    missing.join(", ")
+                ),
+                after: EXCHANGE_DEADLINE,
+            });
+        }
+        let slot = slots
+            .get_mut(&seq)
+            .ok_or_else(|| Error::invalid("window", "exchange slot vanished"))?;
+        let all: Vec<(usize, usize, usize)> = slot.entries.iter().flatten().copied().collect();
+        slot.taken += 1;
+        if slot.taken == world {
+            slots.remove(&seq);
+        }
+        Ok(Arc::new(all))
+    }
+}

@@ -1,0 +1,469 @@
+//! One safe `ncclComm_t` ([`LibComm`]): the library's communicator with what NCCL's rules
+//! ask around it. Its lock (NCCL forbids two threads calling one communicator at once), its
+//! state (live, finalized, aborted: after either end no call reaches the freed handle), its
+//! deadline, its part in the thread's group, and its teardown.
+//!
+//! It names no feature. What a feature must end with it is registered here: child
+//! communicators (created from this one, settled, polled and destroyed with it, first), and
+//! abort hooks (what would hold the library's teardown, released before and beside it).
+//!
+//! - With `UNICOMM_NONBLOCKING=1`, communicators are created non-blocking where the library
+//!   has `ncclCommInitRankConfig` (NCCL >= 2.14, RCCL): a call that returns
+//!   `ncclInProgress` is settled by polling `ncclCommGetAsyncError` until it is done, with
+//!   the communicator's deadline, so creation and connection waits are bounded too. It is
+//!   not the default: on 2x H200 with NCCL 2.28.9 every collective call then costs about
+//!   50 us more on the host, raw NCCL and unicomm alike (docs/reliability.md).
+//! - `abort` from another thread interrupts a settling call and makes a stream wait return.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use unicomm_core::{Error, Result};
+
+use crate::group;
+use crate::memory::ApiStream;
+use crate::sys::api::{Api, NcclComm};
+use crate::sys::config::IN_PROGRESS;
+use crate::sys::runtime::Runtime;
+use crate::wait::{bounded, settle_raw, SendPtr};
+use crate::watch::Watched;
+
+const LIVE: u8 = 0;
+const FINALIZED: u8 = 1;
+const ABORTED: u8 = 2;
+
+/// How long an abort lets its hooks release what holds the device before the library's
+/// teardown: they drain within milliseconds where nothing else holds them.
+const FIRST_RELEASE: Duration = Duration::from_secs(1);
+
+/// How a communicator ends: `ncclCommFinalize` + `ncclCommDestroy`, or `ncclCommAbort`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Flush the work, wait for the peers, free (collective).
+    Finalize,
+    /// Stop the work and free, at once (local).
+    Abort,
+}
+
+/// What a feature must release when the communicator is aborted, or its finalize fails:
+/// work of its own that the library's kernels do not end (a stream wait on a flag) and that
+/// would hold the library's teardown, which waits for the device.
+pub(crate) trait AbortHook: Send + Sync {
+    /// Releases it for at most `within`; whether everything it had completed (also where
+    /// there was nothing). Reports what it could not release (stderr) when `report`.
+    fn release(&self, within: Duration, report: bool) -> bool;
+}
+
+/// One rank's `ncclComm_t`, shared with the streams that wait on its work.
+pub(crate) struct LibComm<R: Runtime> {
+    /// NCCL communicators must not be called from two threads at once; waited for at most
+    /// twice the deadline.
+    lock: parking_lot::Mutex<()>,
+    state: AtomicU8,
+    /// Created with `blocking = 0`: calls may return `ncclInProgress`.
+    pub(crate) nonblocking: bool,
+    /// Set by `abort` before it takes the lock, so a call settling under the lock gives up.
+    abort_requested: AtomicBool,
+    pub(crate) comm: NcclComm,
+    pub(crate) api: Arc<Api>,
+    pub(crate) rt: Arc<R>,
+    pub(crate) dev: usize,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    /// The deadline of every wait, in milliseconds.
+    timeout_ms: AtomicU64,
+    /// Communicators created from this one, ended before it.
+    children: Mutex<Vec<NcclComm>>,
+    hooks: Mutex<Vec<Arc<dyn AbortHook>>>,
+}
+
+// SAFETY: the raw communicators are used only under `lock` (NCCL's rule for a communicator
+// shared between threads is one caller at a time; it is not bound to a thread).
+unsafe impl<R: Runtime> Send for LibComm<R> {}
+// SAFETY: as above.
+unsafe impl<R: Runtime> Sync for LibComm<R> {}
+
+impl<R: Runtime> LibComm<R> {
+    /// Wraps a communicator just created for `rank` of `world` on `dev`.
+    pub(crate) fn new(
+        api: Arc<Api>,
+        rt: Arc<R>,
+        comm: NcclComm,
+        (dev, rank, world): (usize, usize, usize),
+        nonblocking: bool,
+        timeout: Duration,
+    ) -> Self {
+        LibComm {
+            lock: parking_lot::Mutex::new(()),
+            state: AtomicU8::new(LIVE),
+            nonblocking,
+            abort_requested: AtomicBool::new(false),
+            comm,
+            api,
+            rt,
+            dev,
+            rank,
+            world,
+            timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
+            children: Mutex::new(Vec::new()),
+            hooks: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_timeout(&self, t: Duration) {
+        self.timeout_ms
+            .store(t.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// The lock, waited for at most twice the deadline: a holder waiting for the library is
+    /// bounded by one (`bounded_locked`, the settling of non-blocking calls), so a wait
+    /// past two means it is stuck.
+    pub(crate) fn locked(&self) -> Result<parking_lot::MutexGuard<'_, ()>> {
+        let within = self.timeout().saturating_mul(2);
+        self.lock
+            .try_lock_for(within)
+            .ok_or_else(|| Error::Timeout {
+                what: "the communicator's lock, held by another call".into(),
+                after: within,
+            })
+    }
+
+    /// `Ok` while the communicator is live; `Aborted` after an abort, `InvalidArgument`
+    /// after finalize. Read under the lock where the library is called next.
+    pub(crate) fn live(&self) -> Result<()> {
+        match self.state.load(Ordering::Acquire) {
+            LIVE => Ok(()),
+            ABORTED => Err(self.aborted_error()),
+            _ => Err(Error::invalid("comm", "the communicator was finalized")),
+        }
+    }
+
+    #[cold]
+    fn aborted_error(&self) -> Error {
+        Error::Aborted {
+            reason: format!("rank {}'s communicator was aborted", self.rank),
+        }
+    }
+
+    /// A new stream of this rank's device whose waits watch this communicator.
+    pub(crate) fn create_stream(self: &Arc<Self>) -> Result<ApiStream<R>> {
+        let s = self.rt.create_stream(self.dev)?;
+        let st = ApiStream::new(self.rt.clone(), s, self.dev, self.timeout());
+        st.watched_by(self);
+        Ok(st)
+    }
+
+    /// Runs `f` on the communicator: not destroyed, not used by another thread, with this
+    /// rank's device current; a non-blocking call is settled (or, inside a group, left to
+    /// the group's end).
+    pub(crate) fn call<T>(self: &Arc<Self>, f: impl FnOnce(NcclComm) -> Result<T>) -> Result<T> {
+        // The state is read under the lock that the teardown also takes, so a communicator
+        // aborted by another thread is never used after it was freed.
+        let _g = self.locked()?;
+        self.live()?;
+        let r = self.rt.with_device(self.dev, || f(self.comm));
+        if self.nonblocking {
+            if group::in_group() {
+                // Inside a group the library defers the work to ncclGroupEnd, which
+                // settles every communicator the group called.
+                group::join(self.clone());
+            } else {
+                self.settle_locked("a non-blocking call")?;
+            }
+        }
+        r
+    }
+
+    /// A library call's result; `ncclInProgress` of a non-blocking communicator is success
+    /// here (`call` settles it).
+    pub(crate) fn check(&self, call: &'static str, code: c_int) -> Result<()> {
+        if code == IN_PROGRESS && self.nonblocking {
+            return Ok(());
+        }
+        self.api.check(call, code, Some(self.comm))
+    }
+
+    /// A blocking communicator's library call that waits for the peers on the host
+    /// (collective window registration, split), with the lock held: run by [`bounded`]
+    /// under the deadline. Past it the communicator is given up (aborted state: nothing
+    /// here calls it again, its thread keeps it) and the result is `Timeout`; `late`
+    /// receives the call's result if it ever returns.
+    pub(crate) fn bounded_locked<T: Send + 'static>(
+        &self,
+        what: &str,
+        work: impl FnOnce() -> T + Send + 'static,
+        late: impl FnOnce(T) + Send + 'static,
+    ) -> Result<T> {
+        let (rt, dev) = (self.rt.clone(), self.dev);
+        let r = bounded(
+            what,
+            self.timeout(),
+            move || rt.with_device(dev, || Ok(work())),
+            move |r| {
+                if let Ok(t) = r {
+                    late(t)
+                }
+            },
+        );
+        r.inspect_err(|_| self.state.store(ABORTED, Ordering::Release))?
+    }
+
+    /// Adopts a communicator created from this one (split): settled, polled and ended with
+    /// this one, before it.
+    pub(crate) fn adopt_child(&self, child: NcclComm) {
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(child);
+    }
+
+    /// Registers what an abort must release (see [`AbortHook`]).
+    pub(crate) fn add_abort_hook(&self, hook: Arc<dyn AbortHook>) {
+        self.hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(hook);
+    }
+
+    fn children(&self) -> Vec<NcclComm> {
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// With the lock held: waits until the library is done with the last calls on this
+    /// communicator and its children (non-blocking mode). On an error or at the deadline
+    /// the communicator is aborted (it cannot be used after either).
+    pub(crate) fn settle_locked(&self, what: &str) -> Result<()> {
+        if !self.nonblocking || self.state.load(Ordering::Acquire) != LIVE {
+            return Ok(());
+        }
+        let stop = || self.abort_requested.load(Ordering::Relaxed);
+        let r = std::iter::once(self.comm)
+            .chain(self.children())
+            .try_for_each(|c| settle_raw(&self.api, c, what, self.timeout(), &stop));
+        if let Err(e) = &r {
+            if !matches!(e, Error::Aborted { .. }) {
+                let _ = self.destroy_locked(End::Abort);
+            }
+        }
+        r
+    }
+
+    /// With the lock held: the first asynchronous error of this communicator and its
+    /// children (`ncclCommGetAsyncError`); `ncclInProgress` is not an error.
+    pub(crate) fn async_error_locked(&self) -> Result<()> {
+        let Some(get) = self.api.fns.comm_get_async_error else {
+            return Ok(());
+        };
+        match self.state.load(Ordering::Acquire) {
+            LIVE => {}
+            ABORTED => return Err(self.aborted_error()),
+            _ => return Ok(()),
+        }
+        for c in std::iter::once(self.comm).chain(self.children()) {
+            let mut state = 0;
+            // SAFETY: a live communicator (state checked under the lock); one int out.
+            let code = unsafe { get(c, &mut state) };
+            self.api.check("ncclCommGetAsyncError", code, Some(c))?;
+            if state != 0 && state != IN_PROGRESS {
+                let what = "ncclCommGetAsyncError (asynchronous error)";
+                return self.api.check(what, state, Some(c));
+            }
+        }
+        Ok(())
+    }
+
+    fn release_hooks(&self, within: Duration, report: bool) -> bool {
+        let hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // Every hook is asked, also after one that could not release.
+        let mut all = true;
+        for h in &hooks {
+            all &= h.release(within, report);
+        }
+        all
+    }
+
+    /// Ends the communicator and its children, with the lock held. An abort, or a finalize
+    /// that failed (a peer gone), also runs the abort hooks.
+    ///
+    /// During an abort the hooks run before the library's teardown and beside it: NCCL
+    /// 2.28's `ncclCommAbort` synchronizes with the device before it returns (its streams,
+    /// its frees), which a stream wait of this rank blocks until it is released, and while
+    /// it waits for the device, other threads' calls into the driver can wait for it too.
+    /// Released after the abort, the two waited for each other for good (seen with one rank
+    /// per process: the abort never returned). So first what needs only its release goes
+    /// (at most `FIRST_RELEASE`: everything, where no library kernel holds a stream ahead
+    /// of it); what is left waits behind kernels that only the abort ends, and is released
+    /// on a thread of its own during it.
+    pub(crate) fn destroy_locked(&self, end: End) -> Result<()> {
+        let next = if end == End::Finalize {
+            FINALIZED
+        } else {
+            ABORTED
+        };
+        if self.state.swap(next, Ordering::AcqRel) != LIVE {
+            return Ok(());
+        }
+        let full = self.timeout();
+        if end == End::Finalize {
+            let r = self.teardown_locked(End::Finalize);
+            if r.is_err() {
+                self.release_hooks(full, true);
+            }
+            return r;
+        }
+        if self.release_hooks(FIRST_RELEASE.min(full), false) {
+            return self.teardown_locked(End::Abort);
+        }
+        std::thread::scope(|s| {
+            let beside = std::thread::Builder::new()
+                .name("unicomm-release".into())
+                .spawn_scoped(s, || self.release_hooks(full, true));
+            let r = self.teardown_locked(End::Abort);
+            match beside {
+                // The release ends by its own deadline; it never panics (it reports).
+                Ok(h) => {
+                    let _ = h.join();
+                }
+                // No thread to be had: released after the teardown, as a last resort.
+                Err(_) => {
+                    self.release_hooks(full, true);
+                }
+            }
+            r
+        })
+    }
+
+    /// The library calls of [`LibComm::destroy_locked`], once the state says so: the
+    /// children first, then this communicator.
+    fn teardown_locked(&self, end: End) -> Result<()> {
+        let api = self.api.clone();
+        let children =
+            std::mem::take(&mut *self.children.lock().unwrap_or_else(|e| e.into_inner()));
+        let all: Vec<NcclComm> = children.into_iter().chain([self.comm]).collect();
+        let timeout = self.timeout();
+        if end == End::Finalize && !self.nonblocking {
+            // A blocking ncclCommFinalize waits for the peers with no deadline of its own
+            // (a dead peer: forever); it gets this communicator's, on a thread of its own.
+            // Past it the communicator is left to that thread (the state says finalized
+            // already, so nothing here touches it again) and the caller gets `Timeout`.
+            let (rt, dev) = (self.rt.clone(), self.dev);
+            let all: Vec<SendPtr> = all.into_iter().map(SendPtr).collect();
+            let work = move || -> Result<()> {
+                let all = all;
+                rt.with_device(dev, || {
+                    every(all.iter().map(|c| finalize_blocking(&api, c.0)))
+                })
+            };
+            return bounded("ncclCommFinalize", timeout, work, |_| {})?;
+        }
+        self.rt.with_device(self.dev, || {
+            every(all.iter().map(|&c| match end {
+                End::Finalize => finalize_nonblocking(&api, c, timeout),
+                // SAFETY: a live communicator, taken out of its list above: ended once.
+                End::Abort => api.check("ncclCommAbort", unsafe { (api.fns.comm_abort)(c) }, None),
+            }))
+        })
+    }
+
+    /// `finalize` or `abort` from any thread.
+    pub(crate) fn destroy(&self, end: End) -> Result<()> {
+        let _g = self.locked_for_teardown(end)?;
+        self.destroy_locked(end)
+    }
+
+    /// The lock for a teardown ([`LibComm::locked`]'s deadline); an abort first asks a call
+    /// settling under it to give up, so it never waits for that call's deadline.
+    pub(crate) fn locked_for_teardown(&self, end: End) -> Result<parking_lot::MutexGuard<'_, ()>> {
+        if end == End::Abort {
+            self.abort_requested.store(true, Ordering::Relaxed);
+        }
+        self.locked()
+    }
+
+    /// Whether it was finalized or aborted.
+    pub(crate) fn ended(&self) -> bool {
+        self.state.load(Ordering::Acquire) != LIVE
+    }
+}
+
+/// Runs every teardown (one failing must not leave the others' communicators alive) and
+/// returns the first error.
+fn every(results: impl Iterator<Item = Result<()>>) -> Result<()> {
+    let mut first = Ok(());
+    for r in results {
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}
+
+/// `ncclCommFinalize` + `ncclCommDestroy` of a blocking communicator.
+fn finalize_blocking(api: &Api, c: NcclComm) -> Result<()> {
+    if let Some(f) = api.fns.comm_finalize {
+        // SAFETY: a live communicator, finalized once (the state swap lets one caller
+        // through).
+        api.check("ncclCommFinalize", unsafe { f(c) }, Some(c))?;
+    }
+    // SAFETY: the same communicator, destroyed once.
+    api.check(
+        "ncclCommDestroy",
+        unsafe { (api.fns.comm_destroy)(c) },
+        None,
+    )
+}
+
+/// `ncclCommFinalize` settled with the deadline, then `ncclCommDestroy`; a finalize that
+/// cannot finish (a dead peer) ends in an abort.
+fn finalize_nonblocking(api: &Api, c: NcclComm, timeout: Duration) -> Result<()> {
+    if let Some(f) = api.fns.comm_finalize {
+        // SAFETY: a live communicator, finalized once.
+        let code = unsafe { f(c) };
+        if code == IN_PROGRESS {
+            if let Err(e) = settle_raw(api, c, "ncclCommFinalize", timeout, &|| false) {
+                // SAFETY: the communicator is still live; aborted once.
+                unsafe { (api.fns.comm_abort)(c) };
+                return Err(e);
+            }
+        } else {
+            api.check("ncclCommFinalize", code, Some(c))?;
+        }
+    }
+    // SAFETY: a live communicator, destroyed once.
+    api.check(
+        "ncclCommDestroy",
+        unsafe { (api.fns.comm_destroy)(c) },
+        None,
+    )
+}
+
+impl<R: Runtime> Watched for LibComm<R> {
+    fn timeout(&self) -> Duration {
+        LibComm::timeout(self)
+    }
+    fn poll(&self) -> Result<()> {
+        match self.lock.try_lock() {
+            Some(_g) => self.async_error_locked(),
+            None => Ok(()),
+        }
+    }
+    fn abort(&self) {
+        let _ = self.destroy(End::Abort);
+    }
+    fn settle(&self, what: &str) -> Result<()> {
+        let _g = self.locked()?;
+        self.settle_locked(what)
+    }
+    fn aborted(&self) -> bool {
+        self.state.load(Ordering::Acquire) == ABORTED
+    }
+}

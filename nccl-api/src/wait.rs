@@ -1,0 +1,160 @@
+//! The waits every layer above shares: one back-off, the bounded call on a helper thread
+//! (for blocking library calls that wait for the peers with no deadline of their own), and
+//! the settling of a non-blocking call (`ncclInProgress` polled to its end).
+
+use std::ffi::c_void;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use unicomm_core::{Error, Result};
+
+use crate::sys::api::{Api, NcclComm};
+use crate::sys::config::IN_PROGRESS;
+
+/// A pause that starts as a spin (a collective often ends within microseconds) and grows
+/// to 1 ms, so a long wait costs little CPU and a short one little latency.
+pub(crate) struct Backoff(u32);
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Backoff(0)
+    }
+    pub(crate) fn pause(&mut self) {
+        self.0 = self.0.saturating_add(1);
+        match self.0 {
+            0..=64 => std::hint::spin_loop(),
+            65..=256 => std::thread::yield_now(),
+            n => std::thread::sleep(Duration::from_micros(u64::from((n - 256).min(1000)))),
+        }
+    }
+}
+
+/// A raw pointer (a communicator, a device address, a window) handed to the thread of
+/// [`bounded`].
+#[derive(Clone, Copy)]
+pub(crate) struct SendPtr(pub(crate) *mut c_void);
+// SAFETY: a communicator may move between threads (NCCL's rule is one thread at a time,
+// which `bounded`'s callers keep: the caller does not use it while the thread does); device
+// addresses and windows are plain values to the host.
+unsafe impl Send for SendPtr {}
+
+/// Polls `ncclCommGetAsyncError(comm)` until the library is done with `comm`'s last call.
+/// `stop` says whether to give up (an abort was asked for) and is checked between polls.
+/// Returns `Ok` when done, the library's error when it failed, `Timeout` at the deadline.
+pub(crate) fn settle_raw(
+    api: &Api,
+    comm: NcclComm,
+    what: &str,
+    timeout: Duration,
+    stop: &dyn Fn() -> bool,
+) -> Result<()> {
+    let Some(get) = api.fns.comm_get_async_error else {
+        return Ok(()); // without it, no call returns ncclInProgress (blocking library)
+    };
+    let start = Instant::now();
+    let mut backoff = Backoff::new();
+    loop {
+        let mut state = 0;
+        // SAFETY: a live communicator of this library (the caller's contract); one int out.
+        let code = unsafe { get(comm, &mut state) };
+        api.check("ncclCommGetAsyncError", code, Some(comm))?;
+        match state {
+            0 => return Ok(()),
+            IN_PROGRESS => {}
+            e => return api.check("ncclCommGetAsyncError (asynchronous error)", e, Some(comm)),
+        }
+        if stop() {
+            return Err(Error::Aborted {
+                reason: format!("{what}: aborted while the library was still working"),
+            });
+        }
+        if start.elapsed() >= timeout {
+            return Err(Error::Timeout {
+                what: format!("{what} (ncclInProgress until the deadline)"),
+                after: start.elapsed(),
+            });
+        }
+        backoff.pause();
+    }
+}
+
+/// Runs a blocking library call that waits for the peers on the host (`ncclCommInitRank`,
+/// `ncclCommFinalize` of a blocking communicator: NCCL gives them no deadline) on a thread
+/// of its own, and waits for it at most `timeout`. Past the deadline the result is
+/// `Timeout`, and the call is left to finish on its thread, whose result then goes to
+/// `late` (to free what it created); meanwhile nothing else may use what the call uses.
+pub(crate) fn bounded<T: Send + 'static>(
+    what: &str,
+    timeout: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+    late: impl FnOnce(T) + Send + 'static,
+) -> Result<T> {
+    enum Slot<T> {
+        Waiting,
+        Done(T),
+        Abandoned,
+    }
+    let shared = Arc::new((Mutex::new(Slot::Waiting), Condvar::new()));
+    let theirs = shared.clone();
+    std::thread::Builder::new()
+        .name("unicomm-bounded".into())
+        .spawn(move || {
+            let r = f();
+            let (m, cv) = &*theirs;
+            let mut slot = m.lock().unwrap_or_else(|e| e.into_inner());
+            if matches!(*slot, Slot::Abandoned) {
+                drop(slot);
+                late(r);
+            } else {
+                *slot = Slot::Done(r);
+                cv.notify_all();
+            }
+        })
+        .map_err(|e| Error::invalid("thread", format!("{what}: no thread for the call: {e}")))?;
+    let start = Instant::now();
+    let (m, cv) = &*shared;
+    let slot = m.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut slot, _) = cv
+        .wait_timeout_while(slot, timeout, |s| matches!(s, Slot::Waiting))
+        .unwrap_or_else(|e| e.into_inner());
+    match std::mem::replace(&mut *slot, Slot::Abandoned) {
+        Slot::Done(r) => Ok(r),
+        _ => Err(Error::Timeout {
+            what: format!(
+                "{what} (a blocking call waiting for the peers; it was left to finish on its own thread)"
+            ),
+            after: start.elapsed(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_that_returns_in_time_gives_its_result() {
+        let r = bounded("quick", Duration::from_secs(5), || 7, |_| {});
+        assert_eq!(r.ok(), Some(7));
+    }
+
+    /// Past the deadline the caller gets `Timeout` and the late result goes to `late`
+    /// (what frees a communicator created after the caller gave up).
+    #[test]
+    fn a_call_past_its_deadline_is_a_timeout_and_its_late_result_is_handed_on() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let r = bounded(
+            "slow",
+            Duration::from_millis(20),
+            || {
+                std::thread::sleep(Duration::from_millis(200));
+                9
+            },
+            move |v| {
+                let _ = tx.send(v);
+            },
+        );
+        assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).ok(), Some(9));
+    }
+}

@@ -1,0 +1,239 @@
+//! What a stream's host waits watch: the communicators that enqueued work on it, polled
+//! for asynchronous errors while the stream is busy and aborted when the wait passes its
+//! deadline (what PyTorch's `TORCH_NCCL_ASYNC_ERROR_HANDLING` watchdog does, in the waits
+//! themselves).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use unicomm_core::{Error, Result};
+
+use crate::wait::Backoff;
+
+/// A communicator as its streams see it: polled for asynchronous errors while they wait,
+/// aborted when a wait passes its deadline, settled at the end of a group.
+pub(crate) trait Watched: Send + Sync {
+    /// The deadline of waits on its work.
+    fn timeout(&self) -> Duration;
+    /// Its first asynchronous error, if any; `Ok` while it is busy on another thread.
+    fn poll(&self) -> Result<()>;
+    /// Aborts it (a wait on its work failed or timed out).
+    fn abort(&self);
+    /// Waits until the library is done with its last calls (non-blocking mode).
+    fn settle(&self, what: &str) -> Result<()>;
+    /// Whether it was aborted (its work on the stream may have been cut short).
+    fn aborted(&self) -> bool;
+}
+
+/// The communicators that enqueued work on one stream (weakly: a stream may outlive them),
+/// each with whether this stream's waits already reported its abort; and which one was
+/// added last, so that a communicator enqueuing again and again on its stream (every call
+/// of a training step) takes no lock here.
+#[derive(Default)]
+pub(crate) struct Watchers {
+    /// The address of the communicator added last (0: none), stored under `list`'s lock.
+    /// While an entry is in the list its `Weak` keeps the communicator's allocation, so no
+    /// other communicator can have that address; every removal clears it. First: it is
+    /// what every call reads.
+    last: AtomicUsize,
+    list: Mutex<Vec<(Weak<dyn Watched>, bool)>>,
+}
+
+fn same(a: &Weak<dyn Watched>, b: &Arc<dyn Watched>) -> bool {
+    a.as_ptr() as *const () == Arc::as_ptr(b) as *const ()
+}
+
+impl Watchers {
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<(Weak<dyn Watched>, bool)>> {
+        self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds `w` unless it is there already (the common case: the one added last, no lock).
+    #[inline]
+    pub(crate) fn add<W: Watched + 'static>(&self, w: &Arc<W>) {
+        let id = Arc::as_ptr(w) as *const () as usize;
+        if self.last.load(Ordering::Acquire) == id {
+            return;
+        }
+        self.add_new(w.clone(), id);
+    }
+
+    #[inline(never)]
+    fn add_new(&self, w: Arc<dyn Watched>, id: usize) {
+        let mut v = self.list();
+        if !v.iter().any(|(x, _)| same(x, &w)) {
+            v.retain(|(x, _)| x.strong_count() > 0);
+            v.push((Arc::downgrade(&w), false));
+        }
+        self.last.store(id, Ordering::Release);
+    }
+
+    fn live(&self) -> Vec<(Arc<dyn Watched>, bool)> {
+        let v = self.list();
+        v.iter()
+            .filter_map(|(w, told)| Some((w.upgrade()?, *told)))
+            .collect()
+    }
+
+    /// A wait of this stream reported the abort of `ws` (its `Timeout`, or the
+    /// asynchronous error that made it abort them).
+    fn reported(&self, ws: &[(Arc<dyn Watched>, bool)]) {
+        let mut v = self.list();
+        for (x, told) in v.iter_mut() {
+            if ws.iter().any(|(w, _)| same(x, w)) {
+                *told = true;
+            }
+        }
+    }
+
+    /// Polls `idle` (the stream's query) until it says the work is done, watching the
+    /// communicators meanwhile. `default` is the deadline when none is watching.
+    ///
+    /// Each abort of a communicator with work on the stream is reported once by the
+    /// stream's waits: as the `Timeout` or the asynchronous error that caused it, else as
+    /// `Aborted` by the first wait that finds the stream drained after it; the stream then
+    /// forgets that communicator, and its next waits report only new errors. A stream that
+    /// is still busy after an abort keeps reporting it (the poll of an aborted communicator
+    /// fails at once), so a stuck stream never costs a second deadline.
+    pub(crate) fn wait(
+        &self,
+        what: &str,
+        default: Duration,
+        mut idle: impl FnMut() -> Result<bool>,
+    ) -> Result<()> {
+        let ws = self.live();
+        let timeout = ws.iter().map(|(w, _)| w.timeout()).min().unwrap_or(default);
+        let start = Instant::now();
+        let mut backoff = Backoff::new();
+        let mut n: u32 = 0;
+        loop {
+            if idle()? {
+                // An abort ends the communicator's kernels, so the stream drains: its work
+                // did not complete.
+                let aborted: Vec<&(Arc<dyn Watched>, bool)> =
+                    ws.iter().filter(|(w, _)| w.aborted()).collect();
+                if aborted.is_empty() {
+                    return Ok(());
+                }
+                {
+                    let mut v = self.list();
+                    v.retain(|(x, _)| !aborted.iter().any(|(w, _)| same(x, w)));
+                    self.last.store(0, Ordering::Release);
+                }
+                if aborted.iter().all(|(_, told)| *told) {
+                    return Ok(());
+                }
+                // Not `poll`: the aborting thread may still hold the lock.
+                return Err(Error::Aborted {
+                    reason: format!(
+                        "{what}: a communicator with work on it was aborted while it ran"
+                    ),
+                });
+            }
+            n = n.wrapping_add(1);
+            // An asynchronous error ends the wait at once (polled every 64 rounds: the
+            // stream query is the cheap, common exit).
+            if n.is_multiple_of(64) {
+                for (w, _) in &ws {
+                    if let Err(e) = w.poll() {
+                        for (o, _) in &ws {
+                            o.abort();
+                        }
+                        self.reported(&ws);
+                        return Err(e);
+                    }
+                }
+            }
+            if start.elapsed() >= timeout {
+                let e = Error::Timeout {
+                    what: format!(
+                        "{what}; the communicator(s) that enqueued work on it were aborted"
+                    ),
+                    after: start.elapsed(),
+                };
+                for (w, _) in &ws {
+                    w.abort();
+                }
+                self.reported(&ws);
+                // ncclCommAbort ends the communicators' kernels; what else the stream
+                // holds is the caller's (documented in docs/reliability.md).
+                return Err(e);
+            }
+            backoff.pause();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// A communicator as a stream's waits see it: aborted or not.
+    #[derive(Default)]
+    struct Fake(AtomicBool);
+
+    impl Watched for Fake {
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+        fn poll(&self) -> Result<()> {
+            Ok(())
+        }
+        fn abort(&self) {
+            self.0.store(true, Ordering::Release);
+        }
+        fn settle(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        fn aborted(&self) -> bool {
+            self.0.load(Ordering::Acquire)
+        }
+    }
+
+    fn listed(w: &Watchers) -> usize {
+        w.live().len()
+    }
+
+    /// The lock-free check of the last communicator added never hides one that is not in
+    /// the list: repeated adds keep one entry; another communicator is added; an aborted
+    /// one forgotten by a wait comes back when it enqueues again; a communicator dropped
+    /// while listed keeps its address from any new one until its entry goes.
+    #[test]
+    fn the_last_added_shortcut_never_hides_a_communicator() {
+        let w = Watchers::default();
+        let a = Arc::new(Fake::default());
+        let b = Arc::new(Fake::default());
+        for _ in 0..3 {
+            w.add(&a);
+        }
+        assert_eq!(listed(&w), 1);
+        w.add(&b);
+        w.add(&a);
+        assert_eq!(listed(&w), 2);
+        // A wait on an idle stream after `a`'s abort reports it and forgets it.
+        a.abort();
+        let r = w.wait("test stream", Duration::from_secs(1), || Ok(true));
+        assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
+        assert_eq!(listed(&w), 1);
+        w.add(&a);
+        assert_eq!(
+            listed(&w),
+            2,
+            "a forgotten communicator enqueuing again is listed"
+        );
+        // Dropped while listed: a new communicator cannot take its address.
+        drop(b);
+        for _ in 0..100 {
+            let c = Arc::new(Fake::default());
+            w.add(&c);
+            assert!(
+                w.live()
+                    .iter()
+                    .any(|(x, _)| Arc::as_ptr(x) as *const () == Arc::as_ptr(&c) as *const ()),
+                "a new communicator was taken for one already listed"
+            );
+        }
+    }
+}
