@@ -1,0 +1,252 @@
+//! One rank of a mock world ([`MockComm`]): its state, its thread's group, its
+//! registrations and teardown; its collectives are in `collective.rs`.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use unicomm_core::registry::{RegKind, Registry};
+use unicomm_core::{DataType, Error, Extent, Kind, Op, Result, Slice};
+
+use crate::exec::{self, RankCtx, Span, Spec, Task, Work};
+use crate::fabric::Signature;
+use crate::memory::MockMemory;
+use crate::stream::{self};
+
+pub(crate) static NEXT_WORLD: AtomicU64 = AtomicU64::new(1);
+
+/// Registration handles are unique in the process, so another communicator's handle is
+/// never mistaken for one of this one's (it is not in this registry: an error).
+pub(crate) static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
+
+pub(crate) const LIVE: u8 = 0;
+pub(crate) const FINALIZED: u8 = 1;
+pub(crate) const ABORTED: u8 = 2;
+
+/// One rank of a mock world.
+pub struct MockComm {
+    pub(crate) ctx: Arc<RankCtx>,
+    /// Ranks in different processes: allocations go to shared memory.
+    pub(crate) shared: bool,
+    pub(crate) world_id: u64,
+    pub(crate) registry: Registry,
+    /// Collective sequence number: ranks that issue the same collectives in the same order
+    /// (NCCL's rule) meet in the same fabric slot.
+    pub(crate) seq: AtomicU64,
+    /// Operations enqueued so far (the index faults refer to).
+    pub(crate) issued: AtomicU64,
+    pub(crate) state: AtomicU8,
+}
+
+impl std::fmt::Debug for MockComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockComm")
+            .field("world", &self.world_id)
+            .field("rank", &self.ctx.rank)
+            .field("world_size", &self.ctx.world)
+            .finish()
+    }
+}
+
+/// This thread's open group: its depth, and the operations held until the group ends.
+pub(crate) struct Group {
+    pub(crate) depth: usize,
+    pub(crate) pending: Vec<(Arc<stream::Inner>, Task)>,
+}
+
+thread_local! {
+    pub(crate) static GROUP: RefCell<Group> = const { RefCell::new(Group { depth: 0, pending: Vec::new() }) };
+}
+
+pub(crate) fn overlap(a: &Slice<'_, MockMemory>, b: &Slice<'_, MockMemory>) -> bool {
+    Arc::ptr_eq(&a.mem.inner, &b.mem.inner)
+        && a.bytes != 0
+        && b.bytes != 0
+        && a.offset < b.offset + b.bytes
+        && b.offset < a.offset + a.bytes
+}
+
+/// Out of place, or in place exactly at `recv + at` (NCCL's layouts); nothing in between.
+pub(crate) fn placement(
+    send: &Slice<'_, MockMemory>,
+    recv: &Slice<'_, MockMemory>,
+    at: Option<usize>,
+) -> Result<()> {
+    if !overlap(send, recv) {
+        return Ok(());
+    }
+    match at {
+        Some(at) if send.offset == recv.offset + at => Ok(()),
+        _ => Err(Error::invalid(
+            "recv",
+            "overlaps send without being NCCL's in-place layout",
+        )),
+    }
+}
+
+impl MockComm {
+    pub(crate) fn owner(&self) -> (u64, usize) {
+        (self.world_id, self.ctx.rank)
+    }
+
+    pub(crate) fn live(&self) -> Result<()> {
+        match self.state.load(Ordering::Acquire) {
+            LIVE => match self.ctx.fabric.poisoned() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            },
+            FINALIZED => Err(Error::invalid("comm", "the communicator was finalized")),
+            _ => Err(Error::Aborted {
+                reason: "the communicator was aborted".into(),
+            }),
+        }
+    }
+
+    fn span(&self, s: &Slice<'_, MockMemory>, write: bool) -> Span {
+        Span {
+            alloc: s.mem.inner.clone(),
+            offset: s.offset,
+            write,
+        }
+    }
+
+    fn reg(&self, s: &Slice<'_, MockMemory>, bytes: usize) -> Result<Option<RegKind>> {
+        self.registry.covering(s.address(), bytes)
+    }
+
+    /// Lowers one operation to the mock's work: checked against its shape and this rank's
+    /// memory, with NCCL's in-place layouts, registration looked up now (as NCCL does at
+    /// the call), and the next sequence number for collectives.
+    pub(crate) fn work(&self, op: Op<'_, MockMemory>) -> Result<Work> {
+        let (w, rank) = (self.ctx.world, self.ctx.rank);
+        op.check(w)?;
+        for s in op.send.iter().chain(op.recv.iter()) {
+            if s.mem.inner.owner != self.owner() {
+                return Err(foreign_memory(s.mem, self.owner()));
+            }
+        }
+        let (count, dtype) = (op.count, op.dtype);
+        match (op.kind, op.send, op.recv) {
+            (Kind::Send { peer }, Some(buf), _) => {
+                return Ok(Work::Send {
+                    span: self.span(&buf, false),
+                    count,
+                    dtype,
+                    peer,
+                })
+            }
+            (Kind::Recv { peer }, _, Some(buf)) => {
+                return Ok(Work::Recv {
+                    span: self.span(&buf, true),
+                    count,
+                    dtype,
+                    peer,
+                })
+            }
+            _ => {}
+        }
+        let b = count * dtype.size();
+        if let (Some(s), Some(r)) = (&op.send, &op.recv) {
+            // Out of place, or in place exactly as NCCL lays it out.
+            match op.kind {
+                Kind::AllGather => placement(s, r, Some(rank * b))?,
+                Kind::ReduceScatter { .. } => placement(r, s, Some(rank * b))?,
+                Kind::AllToAll => placement(s, r, None)?,
+                _ => placement(s, r, Some(0))?,
+            }
+        }
+        // `op.check` proved these products fit the ranges, so they do not overflow.
+        let (se, re) = op.kind.extents();
+        let bytes = |e: Extent| e.elems(count, w).unwrap_or(0) * dtype.size();
+        let send_reg = op
+            .send
+            .map(|s| self.reg(&s, bytes(se)))
+            .transpose()?
+            .flatten();
+        let recv_reg = op
+            .recv
+            .map(|r| self.reg(&r, bytes(re)))
+            .transpose()?
+            .flatten();
+        let same = matches!((&op.send, &op.recv), (Some(s), Some(r)) if Arc::ptr_eq(&s.mem.inner, &r.mem.inner));
+        let barrier = op.kind == Kind::Barrier;
+        Ok(Work::Coll {
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            sig: Signature {
+                kind: op.kind.name(),
+                count,
+                dtype: (!barrier).then_some(dtype),
+                op: op.kind.reduction(),
+                root: op.kind.rank_arg().map(|(r, _)| r),
+                send_reg,
+                recv_reg,
+            },
+            spec: Spec {
+                kind: op.kind,
+                count,
+                dtype,
+            },
+            // An in-place op locks its one allocation once, for writing.
+            send: op.send.map(|s| self.span(&s, same)),
+            recv: op.recv.map(|r| self.span(&r, true)),
+        })
+    }
+
+    /// A collective the host waits for (window registration is one in NCCL).
+    pub(crate) fn blocking_collective(&self, kind: &'static str, bytes: usize) -> Result<()> {
+        self.live()?;
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let sig = Signature {
+            kind,
+            count: bytes,
+            dtype: None,
+            op: None,
+            root: None,
+            send_reg: None,
+            recv_reg: None,
+        };
+        exec::run_coll(
+            &self.ctx,
+            seq,
+            &sig,
+            Spec {
+                kind: Kind::Barrier,
+                count: 0,
+                dtype: DataType::U8,
+            },
+            None,
+            None,
+        )
+    }
+}
+
+pub(crate) fn foreign_memory(mem: &MockMemory, me: (u64, usize)) -> Error {
+    let (world, rank) = mem.inner.owner;
+    Error::invalid(
+        "buffer",
+        format!(
+            "memory of rank {rank} of mock world {world}, used by rank {} of world {}",
+            me.1, me.0
+        ),
+    )
+}
+
+impl Drop for MockComm {
+    fn drop(&mut self) {
+        // A rank that goes away without finalizing (it panicked, or its owner dropped it)
+        // tells its peers at once instead of leaving them to their deadline.
+        if self.state.load(Ordering::Acquire) == LIVE {
+            self.ctx.fabric.poison(Error::Aborted {
+                reason: format!(
+                    "rank {} dropped its communicator without finalizing{}",
+                    self.ctx.rank,
+                    if std::thread::panicking() {
+                        " (it panicked)"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! The hub, in rank 0's process: the threaded mock's [`LocalFabric`] served to the other
+//! ranks over loopback TCP, each rank's life watched on a connection of its own.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use unicomm_core::{Error, Result};
+
+use super::wire::*;
+use crate::fabric::{Exchange, LocalFabric};
+
+// ---------------------------------------------------------------------------------------
+// The hub, in rank 0's process.
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Life {
+    Absent,
+    Live,
+    Departed,
+    Dead,
+}
+
+/// A rank's collectives entered (sequence numbers) and messages taken (ids), not ended.
+type Open = (Vec<u64>, Vec<u64>);
+
+pub(crate) struct Hub {
+    pub(crate) fabric: LocalFabric,
+    world: usize,
+    pub(crate) timeout: Duration,
+    secret: [u8; 32],
+    lives: Mutex<Vec<Life>>,
+    cv: Condvar,
+    /// Per rank, the collectives whose peer memory it is accessing and the messages it is
+    /// copying: released for it when its process dies (it will never end them itself).
+    open: Mutex<HashMap<usize, Open>>,
+    pub(crate) stop: AtomicBool,
+}
+
+impl Hub {
+    /// Starts the hub: listens on 127.0.0.1 (a port the system picks) until rank 0's
+    /// fabric is dropped.
+    pub(crate) fn start(world: usize, timeout: Duration) -> Result<(Arc<Hub>, HubId)> {
+        let mut secret = [0u8; 32];
+        getrandom::fill(&mut secret).map_err(|e| Error::Bootstrap {
+            reason: format!("no randomness for the mock's hub: {e}"),
+        })?;
+        let listener =
+            TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).map_err(|e| {
+                Error::Bootstrap {
+                    reason: format!("the mock's hub cannot listen on 127.0.0.1: {e}"),
+                }
+            })?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| Error::Bootstrap {
+                reason: format!("the mock's hub: {e}"),
+            })?
+            .port();
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::Bootstrap {
+                reason: format!("the mock's hub: {e}"),
+            })?;
+        let mut lives = vec![Life::Absent; world];
+        lives[0] = Life::Live;
+        let hub = Arc::new(Hub {
+            fabric: LocalFabric::new(world, timeout),
+            world,
+            timeout,
+            secret,
+            lives: Mutex::new(lives),
+            cv: Condvar::new(),
+            open: Mutex::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+        });
+        let weak = Arc::downgrade(&hub);
+        std::thread::Builder::new()
+            .name("unicomm-mock-hub".into())
+            .spawn(move || accept_loop(listener, weak))
+            .map_err(|e| Error::Bootstrap {
+                reason: format!("the mock's hub thread: {e}"),
+            })?;
+        Ok((hub, HubId { port, secret }))
+    }
+
+    fn lives(&self) -> std::sync::MutexGuard<'_, Vec<Life>> {
+        self.lives.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A rank's process is gone without finalizing: its open accesses end, the world is
+    /// poisoned so that every rank's wait fails now.
+    fn died(&self, rank: usize) {
+        let (entered, taking) = self
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&rank)
+            .unwrap_or_default();
+        self.fabric.poison(Error::Aborted {
+            reason: format!(
+                "rank {rank}'s process exited (or dropped its communicator) without finalizing"
+            ),
+        });
+        for seq in entered {
+            self.fabric.exit(seq);
+        }
+        for id in taking {
+            self.fabric.complete(
+                id,
+                Some(Error::Aborted {
+                    reason: format!("rank {rank}'s process exited while receiving"),
+                }),
+            );
+        }
+    }
+
+    /// Rank 0 finalizes: the hub serves until every other rank finalized or died, at most
+    /// `timeout`.
+    pub(crate) fn wait_departures(&self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        let mut lives = self.lives();
+        loop {
+            let waiting: Vec<usize> = (1..self.world)
+                .filter(|&r| lives[r] == Life::Live || lives[r] == Life::Absent)
+                .collect();
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "rank 0's finalize: rank(s) {waiting:?} never finalized (rank 0's process serves the mock's exchange until they do)"
+                    ),
+                    after: start.elapsed(),
+                });
+            }
+            lives = self
+                .cv
+                .wait_timeout(lives, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn track(&self, rank: usize, seq_or_id: u64, entered: bool, add: bool) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let e = open.entry(rank).or_default();
+        let v = if entered { &mut e.0 } else { &mut e.1 };
+        if add {
+            v.push(seq_or_id);
+        } else if let Some(i) = v.iter().position(|&x| x == seq_or_id) {
+            v.swap_remove(i);
+        }
+    }
+
+    /// Serves one request of `rank`.
+    fn serve(&self, rank: usize, req: &[u8]) -> Result<Vec<u8>> {
+        let mut r = R(req);
+        let f = &self.fabric;
+        let mut w = W::default();
+        let within = |ms: u64| Instant::now() + Duration::from_millis(ms.min(86_400_000));
+        match r.u8()? {
+            op::GATHER => {
+                let (seq, ms, desc) = (r.u64()?, r.u64()?, r.desc()?);
+                match f.gather(seq, rank, desc, within(ms)) {
+                    Ok(all) => {
+                        w.u8(0).u64(all.len() as u64);
+                        for d in &all {
+                            w.desc(d);
+                        }
+                    }
+                    Err(e) => {
+                        w.u8(1).error(&e);
+                    }
+                }
+            }
+            op::PHASE => {
+                let (seq, phase, ms) = (r.u64()?, r.u64()?, r.u64()?);
+                let phase = u32::try_from(phase).map_err(|_| bad("phase"))?;
+                w.result(&f.phase(seq, rank, phase, within(ms)));
+            }
+            op::ENTER => {
+                let seq = r.u64()?;
+                let res = f.enter(seq);
+                if res.is_ok() {
+                    self.track(rank, seq, true, true);
+                }
+                w.result(&res);
+            }
+            op::EXIT => {
+                let seq = r.u64()?;
+                self.track(rank, seq, true, false);
+                f.exit(seq);
+                w.result(&Ok(()));
+            }
+            op::LEAVE => {
+                let (seq, failed) = (r.u64()?, r.u8()? != 0);
+                f.leave(seq, failed);
+                w.result(&Ok(()));
+            }
+            op::POST => {
+                let (dst, msg) = (r.usize()?, r.msg()?);
+                w.result(&f.post(rank, dst, msg));
+            }
+            op::TAKE => {
+                let (src, ms, after) = (r.usize()?, r.u64()?, r.u64()?);
+                match f.take(src, rank, within(ms), Duration::from_millis(after)) {
+                    Ok(m) => {
+                        self.track(rank, m.id, false, true);
+                        w.u8(0).msg(&m);
+                    }
+                    Err(e) => {
+                        w.u8(1).error(&e);
+                    }
+                }
+            }
+            op::COMPLETE => {
+                let id = r.u64()?;
+                let refused = r.opt(R::error)?;
+                self.track(rank, id, false, false);
+                f.complete(id, refused);
+                w.result(&Ok(()));
+            }
+            op::WAIT_SENT => {
+                let (id, dst, ms, after) = (r.u64()?, r.usize()?, r.u64()?, r.u64()?);
+                w.result(&f.wait_sent(id, dst, within(ms), Duration::from_millis(after)));
+            }
+            op::POISON => {
+                f.poison(r.error()?);
+                w.result(&Ok(()));
+            }
+            _ => return Err(bad("request")),
+        }
+        Ok(w.0)
+    }
+}
+
+fn accept_loop(listener: TcpListener, hub: Weak<Hub>) {
+    loop {
+        let Some(h) = hub.upgrade() else { return };
+        if h.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        match listener.accept() {
+            Ok((s, peer)) if peer.ip().is_loopback() => {
+                let weak = hub.clone();
+                let _ = std::thread::Builder::new()
+                    .name("unicomm-mock-hub-conn".into())
+                    .spawn(move || connection(s, weak));
+            }
+            Ok(_) => {} // not from this machine: dropped
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                drop(h);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+/// One connection: a hello (secret, rank, kind) within 10 s, then the rank's life or its
+/// requests.
+fn connection(mut s: TcpStream, hub: Weak<Hub>) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_nodelay(true);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let Ok(hello) = recv_frame(&mut s) else {
+        return;
+    };
+    let Some(h) = hub.upgrade() else { return };
+    let mut r = R(&hello);
+    let (Ok(secret), Ok(rank), Ok(kind)) = (r.take(32).map(<[u8]>::to_vec), r.usize(), r.u8())
+    else {
+        eprintln!("unicomm mock hub: a malformed hello was dropped");
+        return;
+    };
+    if !secret_ok(&secret, &h.secret) || rank == 0 || rank >= h.world {
+        eprintln!("unicomm mock hub: a connection without the job's secret (or with rank {rank}) was dropped");
+        return;
+    }
+    match kind {
+        LIFE => {
+            {
+                let mut lives = h.lives();
+                if lives[rank] != Life::Absent {
+                    eprintln!("unicomm mock hub: rank {rank} joined twice; the second was dropped");
+                    return;
+                }
+                lives[rank] = Life::Live;
+            }
+            h.cv.notify_all();
+            if send_frame(&mut s, &[0]).is_err() {
+                return;
+            }
+            drop(h);
+            life(s, hub, rank);
+        }
+        CALLS => {
+            if h.lives()[rank] != Life::Live {
+                return;
+            }
+            drop(h);
+            let _ = s.set_read_timeout(None);
+            while let Ok(req) = recv_frame(&mut s) {
+                let Some(h) = hub.upgrade() else { return };
+                let reply = match h.serve(rank, &req) {
+                    Ok(w) => w,
+                    Err(_) => return,
+                };
+                if send_frame(&mut s, &reply).is_err() {
+                    return;
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A rank's life connection: watches for its end and hands it the world's poison.
+fn life(mut s: TcpStream, hub: Weak<Hub>, rank: usize) {
+    let _ = s.set_read_timeout(Some(Duration::from_millis(50)));
+    let mut told = false;
+    let mut byte = [0u8; 1];
+    loop {
+        let Some(h) = hub.upgrade() else { return };
+        let closed = match s.read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => {
+                if byte[0] == op::BYE {
+                    h.lives()[rank] = Life::Departed;
+                    h.cv.notify_all();
+                }
+                false
+            }
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock
+                    | std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::Interrupted
+            ),
+        };
+        if closed {
+            let mut lives = h.lives();
+            if lives[rank] == Life::Live {
+                lives[rank] = Life::Dead;
+                drop(lives);
+                h.died(rank);
+            }
+            h.cv.notify_all();
+            return;
+        }
+        if !told {
+            if let Some(e) = h.fabric.poisoned() {
+                let mut w = W::default();
+                w.error(&e);
+                told = send_frame(&mut s, &w.0).is_ok();
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A rank in another process.
