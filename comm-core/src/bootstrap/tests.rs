@@ -1,6 +1,10 @@
 //! Tests of the launcher variables and the rendezvous, attacks included.
 use super::*;
+use crate::{Error, Result};
 use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
 
 fn vars(kv: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let m: HashMap<String, String> = kv

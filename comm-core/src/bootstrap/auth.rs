@@ -1,0 +1,91 @@
+//! The rendezvous' authentication: MACs under the job's token over fresh nonces, and the
+//! hello a rank opens with.
+
+use crate::{Error, Result};
+
+pub(crate) const MAGIC: &[u8; 8] = b"UNICOMM1";
+pub(crate) fn io(what: &str, e: std::io::Error) -> Error {
+    Error::Bootstrap {
+        reason: format!("{what}: {e}"),
+    }
+}
+
+pub(crate) type Mac = hmac::Hmac<sha2::Sha256>;
+
+/// `HMAC-SHA256(token, label || parts...)`.
+pub(crate) fn mac(token: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    use hmac::Mac as _;
+    // HMAC takes keys of any length, so this cannot fail.
+    let mut m = match <Mac as hmac::digest::KeyInit>::new_from_slice(token) {
+        Ok(m) => m,
+        Err(_) => return [0; 32],
+    };
+    m.update(label);
+    for p in parts {
+        m.update(p);
+    }
+    m.finalize().into_bytes().into()
+}
+
+/// Constant-time comparison of two MACs.
+pub(crate) fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+pub(crate) fn nonce() -> Result<[u8; 16]> {
+    let mut n = [0u8; 16];
+    getrandom::fill(&mut n).map_err(|e| Error::Bootstrap {
+        reason: format!("no randomness for the rendezvous: {e}"),
+    })?;
+    Ok(n)
+}
+
+/// A client's first message: magic, rank, world size, nonce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// The rank the client claims.
+    pub rank: usize,
+    /// The world size it claims.
+    pub world: usize,
+    /// Its nonce.
+    pub nonce: [u8; 16],
+}
+
+/// The hello's size on the wire.
+pub const HELLO_LEN: usize = 32;
+
+impl Hello {
+    pub(crate) fn bytes(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[..8].copy_from_slice(MAGIC);
+        b[8..12].copy_from_slice(&(self.rank as u32).to_le_bytes());
+        b[12..16].copy_from_slice(&(self.world as u32).to_le_bytes());
+        b[16..].copy_from_slice(&self.nonce);
+        b
+    }
+
+    /// Parses a hello; anything but this exact format is an error (never a panic: the
+    /// rendezvous listens on the network).
+    pub fn parse(b: &[u8]) -> Result<Hello> {
+        let bad = |why: &str| Error::Bootstrap {
+            reason: format!("malformed hello: {why}"),
+        };
+        if b.len() != HELLO_LEN {
+            return Err(bad(&format!("{} bytes, not {HELLO_LEN}", b.len())));
+        }
+        if &b[..8] != MAGIC {
+            return Err(bad("not unicomm's"));
+        }
+        let word = |r: std::ops::Range<usize>| -> Result<usize> {
+            let a: [u8; 4] = b[r].try_into().map_err(|_| bad("short field"))?;
+            Ok(u32::from_le_bytes(a) as usize)
+        };
+        let mut nonce = [0u8; 16];
+        nonce.copy_from_slice(&b[16..32]);
+        Ok(Hello {
+            rank: word(8..12)?,
+            world: word(12..16)?,
+            nonce,
+        })
+    }
+}

@@ -1,0 +1,186 @@
+//! The file rendezvous (`UNICOMM_RENDEZVOUS_FILE`): rank 0 writes the sealed id to a file
+//! on a file system every rank sees, each rank acknowledges it.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use super::auth::*;
+use super::launcher::*;
+use crate::{Error, Result};
+
+pub(crate) const FILE_MAGIC: &[u8; 8] = b"UNICFID1";
+pub(crate) const ACK_MAGIC: &[u8; 8] = b"UNICFAK1";
+pub(crate) const FILE_LEN: usize = 8 + 16 + 4 + 128 + 32;
+pub(crate) const ACK_LEN: usize = 8 + 16 + 4 + 32;
+
+/// Writes `bytes` to `path` all at once: a private temporary file beside it (mode 0600,
+/// created new), synced, then renamed over `path`, so a reader sees all of it or nothing.
+pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    let n = nonce()?;
+    let hex: String = n.iter().map(|b| format!("{b:02x}")).collect();
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp.{}.{hex}", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    let write = || -> std::io::Result<()> {
+        let mut f = o.open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(&format!("writing {}", path.display()), e)
+    })
+}
+
+pub(crate) fn ack_path(path: &std::path::Path, rank: usize) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".ack.{rank}"));
+    p.into()
+}
+
+/// The file rendezvous (`UNICOMM_RENDEZVOUS_FILE`, a filesystem every rank sees): rank 0
+/// writes the id there, sealed and authenticated with the job's token under a fresh nonce
+/// (mode 0600, written atomically); each other rank polls for a file that proves the token,
+/// takes the id and leaves an authenticated acknowledgement (`<file>.ack.<rank>`); rank 0
+/// returns once every rank has acknowledged and removes the files. A file that fails the
+/// checks (another job's, a torn or foreign one) is ignored and the wait goes on; one
+/// deadline bounds it all. Use a path of this job only (with its job id in it): without a
+/// token, a leftover file of an earlier job of the same size at the same path would be
+/// taken.
+pub(crate) fn file_exchange(
+    env: &LaunchEnv,
+    path: &std::path::Path,
+    make_id: impl FnOnce() -> Result<[u8; 128]>,
+    start: Instant,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<[u8; 128]> {
+    let world = (env.world_size as u32).to_le_bytes();
+    let keystream = |n: &[u8; 16], k: usize| mac(&env.token, b"file-key", &[n, &world, &[k as u8]]);
+    if env.rank == 0 {
+        let id = make_id()?;
+        let n = nonce()?;
+        let mut sealed = id;
+        for (k, chunk) in sealed.chunks_mut(32).enumerate() {
+            chunk
+                .iter_mut()
+                .zip(keystream(&n, k))
+                .for_each(|(b, k)| *b ^= k);
+        }
+        let tag = mac(&env.token, b"file-id", &[&n, &world, &sealed]);
+        let mut bytes = Vec::with_capacity(FILE_LEN);
+        for part in [&FILE_MAGIC[..], &n, &world, &sealed, &tag] {
+            bytes.extend_from_slice(part);
+        }
+        write_atomically(path, &bytes)?;
+        let mut acked = vec![false; env.world_size];
+        acked[0] = true;
+        loop {
+            for (r, a) in acked.iter_mut().enumerate().filter(|(_, a)| !**a) {
+                if let Ok(b) = std::fs::read(ack_path(path, r)) {
+                    let rb = (r as u32).to_le_bytes();
+                    *a = b.len() == ACK_LEN
+                        && &b[..8] == ACK_MAGIC
+                        && b[8..24] == n
+                        && b[24..28] == rb
+                        && b[28..].try_into().is_ok_and(|t: [u8; 32]| {
+                            same(&t, &mac(&env.token, b"file-ack", &[&n, &world, &rb]))
+                        });
+                }
+            }
+            if acked.iter().all(|&a| a) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let _ = std::fs::remove_file(path);
+                return Err(Error::Timeout {
+                    what: format!(
+                        "rank(s) {} to take the id from {} (waited {:.1?})",
+                        missing(&acked),
+                        path.display(),
+                        start.elapsed()
+                    ),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(path);
+        for r in 1..env.world_size {
+            let _ = std::fs::remove_file(ack_path(path, r));
+        }
+        return Ok(id);
+    }
+    let mut last = String::from("no file yet");
+    loop {
+        match std::fs::read(path) {
+            Ok(b) if b.len() == FILE_LEN && &b[..8] == FILE_MAGIC => {
+                let mut n = [0u8; 16];
+                n.copy_from_slice(&b[8..24]);
+                let mut tag = [0u8; 32];
+                tag.copy_from_slice(&b[156..]);
+                if b[24..28] != world {
+                    last = "a file for a world of another size".into();
+                } else if !same(
+                    &tag,
+                    &mac(&env.token, b"file-id", &[&n, &world, &b[28..156]]),
+                ) {
+                    last = "a file that does not prove this job's token (another job's?)".into();
+                } else {
+                    let mut id = [0u8; 128];
+                    id.copy_from_slice(&b[28..156]);
+                    for (k, chunk) in id.chunks_mut(32).enumerate() {
+                        chunk
+                            .iter_mut()
+                            .zip(keystream(&n, k))
+                            .for_each(|(b, k)| *b ^= k);
+                    }
+                    let rb = (env.rank as u32).to_le_bytes();
+                    let mut ack = Vec::with_capacity(ACK_LEN);
+                    for part in [
+                        &ACK_MAGIC[..],
+                        &n,
+                        &rb,
+                        &mac(&env.token, b"file-ack", &[&n, &world, &rb]),
+                    ] {
+                        ack.extend_from_slice(part);
+                    }
+                    write_atomically(&ack_path(path, env.rank), &ack)?;
+                    return Ok(id);
+                }
+            }
+            Ok(b) => last = format!("a file that is not unicomm's ({} bytes)", b.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => last = e.to_string(),
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: format!(
+                    "rank 0's id in {} (waited {:.1?}; last: {last})",
+                    path.display(),
+                    start.elapsed()
+                ),
+                after: timeout,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The ranks not yet arrived (`arrived[r]` false), at most 32 of them listed.
+pub(crate) fn missing(arrived: &[bool]) -> String {
+    let all: Vec<String> = (0..arrived.len())
+        .filter(|&r| !arrived[r])
+        .map(|r| r.to_string())
+        .collect();
+    if all.len() > 32 {
+        format!("{}, ...", all[..32].join(", "))
+    } else {
+        all.join(", ")
+    }
+}

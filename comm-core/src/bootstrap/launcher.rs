@@ -1,0 +1,227 @@
+//! Who this rank is, from its launcher's variables (torchrun, Open MPI, Slurm), and where
+//! the rendezvous is.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+
+use crate::{Error, Result};
+
+/// Where this process sits in the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// Global rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Rank among the processes of this machine (the GPU to use).
+    pub local_rank: usize,
+    /// Rendezvous host and port (rank 0 listens there); unused (empty, 0) with a file
+    /// rendezvous.
+    pub master: (String, u16),
+    /// `UNICOMM_RENDEZVOUS_FILE`: the id is handed out through this file on a filesystem
+    /// every rank sees, instead of over TCP ([`exchange_unique_id`]).
+    pub file: Option<std::path::PathBuf>,
+    /// Which launcher's variables were read (a [`Launcher::name`]: "torchrun",
+    /// "mpirun (Open MPI)", "srun (Slurm)", ...).
+    pub launcher: &'static str,
+    /// The job's secret for the rendezvous (both sides prove they hold it), and where it
+    /// came from ([`LaunchEnv::token_source`]).
+    pub token: Vec<u8>,
+    /// `UNICOMM_RENDEZVOUS_TOKEN`, a launcher's job id, or "none" (then only the job's
+    /// address and size: no secret; a process that knows them can join).
+    pub token_source: &'static str,
+}
+
+/// One launcher's variables: the first of each list that is set is read.
+#[derive(Debug)]
+pub struct Launcher {
+    /// As error messages and [`LaunchEnv::launcher`] name it.
+    pub name: &'static str,
+    /// The global rank.
+    pub rank: &'static [&'static str],
+    /// The number of ranks.
+    pub size: &'static [&'static str],
+    /// The rank on this machine (the GPU to use); 0 when none is set.
+    pub local: &'static [&'static str],
+}
+
+/// The launchers [`LaunchEnv::from_vars`] recognises, in the order it tries them.
+pub const LAUNCHERS: &[Launcher] = &[
+    Launcher {
+        name: "torchrun",
+        rank: &["RANK"],
+        size: &["WORLD_SIZE"],
+        local: &["LOCAL_RANK"],
+    },
+    Launcher {
+        name: "mpirun (Open MPI)",
+        rank: &["OMPI_COMM_WORLD_RANK"],
+        size: &["OMPI_COMM_WORLD_SIZE"],
+        local: &["OMPI_COMM_WORLD_LOCAL_RANK"],
+    },
+    Launcher {
+        name: "mpirun (MVAPICH2)",
+        rank: &["MV2_COMM_WORLD_RANK"],
+        size: &["MV2_COMM_WORLD_SIZE"],
+        local: &["MV2_COMM_WORLD_LOCAL_RANK"],
+    },
+    Launcher {
+        name: "mpiexec (MPICH / Intel MPI, PMI)",
+        rank: &["PMI_RANK"],
+        size: &["PMI_SIZE"],
+        local: &["MPI_LOCALRANKID", "PMI_LOCAL_RANK"],
+    },
+    Launcher {
+        name: "PMIx",
+        rank: &["PMIX_RANK"],
+        size: &["PMIX_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"],
+        local: &[
+            "PMIX_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "SLURM_LOCALID",
+        ],
+    },
+    Launcher {
+        name: "srun (Slurm)",
+        rank: &["SLURM_PROCID"],
+        size: &["SLURM_NTASKS"],
+        local: &["SLURM_LOCALID"],
+    },
+];
+
+/// The largest world the rendezvous accepts (its bookkeeping is per rank).
+pub const MAX_WORLD: usize = 1 << 20;
+
+impl LaunchEnv {
+    /// Reads the process's environment (see [`LaunchEnv::from_vars`]).
+    pub fn detect() -> Result<Self> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the first launcher whose variables are set ([`LAUNCHERS`], in that order):
+    /// torchrun's `RANK`/`WORLD_SIZE`/`LOCAL_RANK`; Open MPI's `OMPI_COMM_WORLD_*`;
+    /// MVAPICH2's `MV2_COMM_WORLD_*`; MPICH's and Intel MPI's PMI (`PMI_RANK`, `PMI_SIZE`,
+    /// `MPI_LOCALRANKID`); PMIx's `PMIX_RANK` (its size from `PMIX_SIZE` or the launcher's);
+    /// Slurm's `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID`. The rendezvous is
+    /// `MASTER_ADDR:MASTER_PORT` in every case (torchrun sets them; under the others,
+    /// export them). When none is found the error lists every variable looked for.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let first = |names: &[&'static str]| names.iter().copied().find(|n| var(n).is_some());
+        let found = LAUNCHERS.iter().find_map(|l| {
+            let rank = first(l.rank)?;
+            let size = first(l.size)?;
+            Some((l.name, [rank, size, first(l.local).unwrap_or("")]))
+        });
+        let (launcher, names) = found.ok_or_else(|| Error::Bootstrap {
+            reason: format!(
+                "no launcher variables: looked for {}",
+                LAUNCHERS
+                    .iter()
+                    .map(|l| format!("{} ({} and {})", l.name, l.rank.join("/"), l.size.join("/")))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        })?;
+        let num = |name: &str| -> Result<Option<usize>> {
+            if name.is_empty() {
+                return Ok(None);
+            }
+            match var(name) {
+                None => Ok(None),
+                Some(v) => v.trim().parse().map(Some).map_err(|_| Error::Bootstrap {
+                    reason: format!("{name}={v:?} is not a non-negative integer"),
+                }),
+            }
+        };
+        let rank = num(names[0])?.unwrap_or(0);
+        let world_size = num(names[1])?.unwrap_or(1);
+        let local_rank = num(names[2])?.unwrap_or(0);
+        if world_size > MAX_WORLD {
+            return Err(Error::Bootstrap {
+                reason: format!(
+                    "{}={world_size} is larger than the {MAX_WORLD} ranks unicomm accepts",
+                    names[1]
+                ),
+            });
+        }
+        if world_size == 0 || rank >= world_size {
+            return Err(Error::Bootstrap {
+                reason: format!("rank {rank} does not fit a world of {world_size} ({launcher})"),
+            });
+        }
+        let file = var("UNICOMM_RENDEZVOUS_FILE")
+            .filter(|f| !f.is_empty())
+            .map(std::path::PathBuf::from);
+        if let Some(f) = &file {
+            if f.file_name().is_none() || f.is_dir() {
+                return Err(Error::invalid(
+                    "UNICOMM_RENDEZVOUS_FILE",
+                    format!(
+                        "{} is not a file path (a path on a filesystem every rank sees)",
+                        f.display()
+                    ),
+                ));
+            }
+        }
+        let (addr, port) = if file.is_some() {
+            (String::new(), 0)
+        } else {
+            let addr = var("MASTER_ADDR").ok_or_else(|| Error::Bootstrap {
+                reason: format!(
+                    "MASTER_ADDR is not set ({launcher}: export MASTER_ADDR and MASTER_PORT, or UNICOMM_RENDEZVOUS_FILE)"
+                ),
+            })?;
+            let port = var("MASTER_PORT").ok_or_else(|| Error::Bootstrap {
+                reason: "MASTER_PORT is not set".into(),
+            })?;
+            let port = port.trim().parse::<u16>().map_err(|_| Error::Bootstrap {
+                reason: format!("MASTER_PORT={port:?} is not a port number"),
+            })?;
+            (addr, port)
+        };
+        // The job's secret: explicit, or an id the launcher gives every process of the job
+        // and no other (torchrun's run id, Slurm's job and step, Open MPI's / PMIx's job).
+        let sources: [(&'static str, &[&str]); 5] = [
+            ("UNICOMM_RENDEZVOUS_TOKEN", &["UNICOMM_RENDEZVOUS_TOKEN"]),
+            ("TORCHELASTIC_RUN_ID", &["TORCHELASTIC_RUN_ID"]),
+            ("SLURM_JOB_ID", &["SLURM_JOB_ID", "SLURM_STEP_ID"]),
+            ("OMPI_MCA_ess_base_jobid", &["OMPI_MCA_ess_base_jobid"]),
+            ("PMIX_NAMESPACE", &["PMIX_NAMESPACE"]),
+        ];
+        let (token_source, secret) = sources
+            .iter()
+            .find_map(|(name, vars)| {
+                let first = var(vars[0]).filter(|v| !v.is_empty() && v != "none")?;
+                let rest: String = vars[1..].iter().filter_map(|v| var(v)).collect();
+                Some((*name, format!("{first}/{rest}")))
+            })
+            .unwrap_or(("none", String::new()));
+        let place = match &file {
+            Some(f) => format!("file:{}", f.display()),
+            None => format!("{addr}:{port}"),
+        };
+        let token = format!("{secret}|{place}|{world_size}").into_bytes();
+        Ok(LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            master: (addr, port),
+            file,
+            launcher,
+            token,
+            token_source,
+        })
+    }
+}
+
+pub(crate) fn resolve(env: &LaunchEnv) -> Result<SocketAddr> {
+    let (h, p) = &env.master;
+    (h.as_str(), *p)
+        .to_socket_addrs()
+        .map_err(|e| Error::Bootstrap {
+            reason: format!("cannot resolve {h}:{p}: {e}"),
+        })?
+        .next()
+        .ok_or_else(|| Error::Bootstrap {
+            reason: format!("{h}:{p} resolves to nothing"),
+        })
+}
