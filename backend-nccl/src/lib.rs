@@ -15,6 +15,7 @@
 
 pub mod interop;
 pub mod runtime;
+mod vmm;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
