@@ -13,6 +13,7 @@
 //! `ldconfig`). The first that opens and exports every required symbol wins; the error
 //! lists every candidate and why it was passed over.
 
+mod driver_error;
 pub mod interop;
 pub mod runtime;
 mod vmm;

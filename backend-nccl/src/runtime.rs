@@ -9,6 +9,8 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
 use unicomm_core::{Error, Result};
 
+use crate::driver_error::cuda_err;
+
 use unicomm_nccl_api::runtime::Exported;
 use unicomm_nccl_api::Runtime;
 
@@ -26,24 +28,6 @@ pub struct CudaRuntime {
 impl std::fmt::Debug for CudaRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CudaRuntime({} devices)", self.count)
-    }
-}
-
-pub(crate) fn cuda_err(call: &'static str, e: DriverError) -> Error {
-    let name = e
-        .error_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| format!("{:?}", e.0));
-    let message = e
-        .error_string()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    Error::Device {
-        runtime: "CUDA",
-        call,
-        code: e.0 as i32,
-        name,
-        message,
     }
 }
 

@@ -9,7 +9,7 @@ use cudarc::driver::sys;
 use unicomm_core::{Error, Result};
 use unicomm_nccl_api::runtime::Exported;
 
-use crate::runtime::cuda_err;
+use crate::driver_error::cuda_err;
 
 /// The allocation holding `addr`, exported as a POSIX descriptor.
 pub(crate) fn export(addr: usize) -> Result<Exported> {
