@@ -1,0 +1,165 @@
+//! `bundle`: release binaries and the run scripts in `dist/unicomm-bundle`, for a GPU
+//! machine without a Rust toolchain.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use cargo_metadata::TargetKind;
+
+use crate::cargo::{cargo, executables, named, root};
+use crate::cli::{Opts, Vendor};
+use crate::gpu::{GpuVendor, SUITE_WORLDS};
+
+/// The GPU test binaries of `pkg` (its targets `names`, built with `features`), each named
+/// `<vendor>-<target>` in the bundle.
+fn test_binaries(pkg: &str, features: &str, names: &[&str]) -> Result<Vec<(PathBuf, String)>> {
+    let mut t = cargo();
+    t.args([
+        "test",
+        "--release",
+        "-p",
+        pkg,
+        "--features",
+        features,
+        "--no-run",
+    ]);
+    let short = pkg.trim_start_matches("unicomm-");
+    let found = executables(&format!("build test binaries of {pkg}"), t, |a| {
+        (a.target.is_kind(TargetKind::Test) && names.contains(&a.target.name.as_str()))
+            .then(|| format!("{short}-{}", a.target.name))
+    })?;
+    if found.len() != names.len() {
+        bail!("expected the test binaries {names:?} of {pkg}, found {found:?}");
+    }
+    Ok(found)
+}
+
+/// Release binaries (examples, GPU test binaries, the overhead benchmark), `run.sh` and `parts.sh` in
+/// `dist/unicomm-bundle`, for the vendor asked for (`auto`: both GPU vendors). Always a
+/// release build: timings are part of the run.
+pub(crate) fn bundle(o: &Opts) -> Result<()> {
+    if !o.args.is_empty() {
+        bail!("bundle takes no program arguments (got {:?})", o.args);
+    }
+    let vendors: &[GpuVendor] = match o.vendor {
+        Vendor::Cuda => &[GpuVendor::Cuda],
+        Vendor::Rocm => &[GpuVendor::Rocm],
+        Vendor::Auto => &[GpuVendor::Cuda, GpuVendor::Rocm],
+        Vendor::Mock => bail!("the bundle is for GPU machines: --vendor cuda, rocm or auto"),
+    };
+    let out = root().join("dist/unicomm-bundle");
+    if out.exists() {
+        std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let mut copies: Vec<(PathBuf, String)> = Vec::new();
+    let features = if vendors.len() == 2 {
+        "nccl,rccl,mock"
+    } else if vendors[0] == GpuVendor::Cuda {
+        "nccl,mock"
+    } else {
+        "rccl,mock"
+    };
+    let mut ex = cargo();
+    ex.args([
+        "build",
+        "--release",
+        "-p",
+        "unicomm",
+        "--features",
+        features,
+    ]);
+    let examples = [
+        "allreduce_ub",
+        "alltoall_ub",
+        "doctor",
+        "from_env",
+        "faults",
+        "rank_conformance",
+    ];
+    for e in examples {
+        ex.args(["--example", e]);
+    }
+    copies.extend(named(
+        "build release examples",
+        ex,
+        TargetKind::Example,
+        &examples,
+    )?);
+    let mut b = cargo();
+    b.args(["build", "--release", "-p", "unicomm-bench", "-p", "xtask"]);
+    // The launcher (`xtask launch --procs N -- prog`) for one rank per process.
+    copies.extend(named(
+        "build the benchmark and the launcher",
+        b,
+        TargetKind::Bin,
+        &["unicomm-bench", "xtask"],
+    )?);
+    for &v in vendors {
+        match v {
+            GpuVendor::Cuda => {
+                let mut ov = cargo();
+                ov.args([
+                    "build",
+                    "--release",
+                    "-p",
+                    "unicomm-nccl",
+                    "--example",
+                    "overhead",
+                    "--example",
+                    "overlap",
+                ]);
+                copies.extend(named(
+                    "build the overhead and overlap benchmarks",
+                    ov,
+                    TargetKind::Example,
+                    &["overhead", "overlap"],
+                )?);
+                copies.extend(test_binaries(
+                    "unicomm-nccl",
+                    "gpu-tests",
+                    &["gpu", "loader"],
+                )?);
+            }
+            GpuVendor::Rocm => copies.extend(test_binaries(
+                "unicomm-rccl",
+                "gpu-tests",
+                &["gpu", "hip_loader"],
+            )?),
+        }
+    }
+    for (src, name) in &copies {
+        let dst = out.join(name);
+        std::fs::copy(src, &dst)
+            .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+        // Smaller transfers; a missing strip only costs size.
+        let _ = Command::new("strip").arg(&dst).status();
+    }
+    // The suite's world sizes for the run script, from the one list above.
+    let worlds: String = SUITE_WORLDS
+        .iter()
+        .enumerate()
+        .map(|(i, w)| format!("{w} world_{}_{w}\n", i + 1))
+        .collect();
+    std::fs::write(out.join("worlds.txt"), worlds).context("writing worlds.txt")?;
+    // run.sh runs the tests and benchmarks (PARTS picks some); parts.sh runs it once per
+    // part of PARTS_LIST with one tarball of logs each (for calls that bring few files back).
+    for (name, text) in [
+        ("run.sh", include_str!("../bundle-run.sh")),
+        ("parts.sh", include_str!("../bundle-parts.sh")),
+    ] {
+        let script = out.join(name);
+        std::fs::write(&script, text).with_context(|| format!("writing {name}"))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+        }
+    }
+    eprintln!(
+        "bundle ready: {} (copy it to the GPU machine and run ./run.sh, or PARTS_LIST=\"...\" ./parts.sh)",
+        out.display()
+    );
+    Ok(())
+}

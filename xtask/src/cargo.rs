@@ -1,0 +1,135 @@
+//! Running cargo: the project root, one step shown before it runs, the facade's build for a
+//! vendor, and the artifacts a build made, asked of cargo itself (its JSON messages), so
+//! that a `CARGO_TARGET_DIR` anywhere is honoured.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use cargo_metadata::{Artifact, Message, TargetKind};
+
+use crate::cli::{Opts, Vendor};
+
+/// The workspace root (the xtask's parent folder).
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap_or(Path::new("."))
+        .to_path_buf()
+}
+
+/// `cargo` (the one that runs the xtask), in the workspace root.
+pub(crate) fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// Runs one step, showing it first; a failure names the step and the command.
+pub(crate) fn step(name: &str, mut cmd: Command) -> Result<()> {
+    let shown = format!("{cmd:?}").replace('"', "");
+    eprintln!("==> {name}: {shown}");
+    let st = cmd
+        .status()
+        .with_context(|| format!("step `{name}`: could not start {shown}"))?;
+    if !st.success() {
+        bail!("step `{name}` failed ({st}): {shown}");
+    }
+    Ok(())
+}
+
+pub(crate) fn with_profile(c: &mut Command, release: bool) {
+    if release {
+        c.arg("--release");
+    }
+}
+
+/// `cargo SUB -p unicomm` with the vendor's features.
+pub(crate) fn facade(sub: &str, o: &Opts) -> Command {
+    let mut c = cargo();
+    c.args([
+        sub,
+        "-p",
+        "unicomm",
+        "--no-default-features",
+        "--features",
+        o.vendor.features(),
+    ]);
+    with_profile(&mut c, o.release);
+    c
+}
+
+/// `cargo run --release -p unicomm-bench -- --vendor V` (bench and tune add their arguments).
+pub(crate) fn bench_command(v: Vendor) -> Command {
+    let mut c = cargo();
+    c.args([
+        "run",
+        "--release",
+        "-p",
+        "unicomm-bench",
+        "--",
+        "--vendor",
+        v.arg(),
+    ]);
+    c
+}
+
+/// Runs the build `c` (shown as `what` first) and returns the executables it made that
+/// `pick` names, each with the name `pick` gives it, read from cargo's JSON messages.
+pub(crate) fn executables(
+    what: &str,
+    mut c: Command,
+    pick: impl Fn(&Artifact) -> Option<String>,
+) -> Result<Vec<(PathBuf, String)>> {
+    c.arg("--message-format=json-render-diagnostics");
+    c.stdout(std::process::Stdio::piped());
+    eprintln!("==> {what}: {}", format!("{c:?}").replace('"', ""));
+    let mut child = c.spawn().context("could not start cargo")?;
+    let stdout = child.stdout.take().context("cargo's stdout")?;
+    let mut found = Vec::new();
+    for m in Message::parse_stream(std::io::BufReader::new(stdout)) {
+        if let Message::CompilerArtifact(a) = m.context("reading cargo's JSON messages")? {
+            if let (Some(exe), Some(name)) = (a.executable.clone(), pick(&a)) {
+                found.push((exe.into_std_path_buf(), name));
+            }
+        }
+    }
+    let st = child.wait()?;
+    if !st.success() {
+        bail!("{what} failed ({st})");
+    }
+    Ok(found)
+}
+
+/// The executables of `kind` named in `names` that the build `c` made; every one of them,
+/// or an error naming what is missing.
+pub(crate) fn named(
+    what: &str,
+    c: Command,
+    kind: TargetKind,
+    names: &[&str],
+) -> Result<Vec<(PathBuf, String)>> {
+    let found = executables(what, c, |a| {
+        (a.target.is_kind(kind.clone()) && names.contains(&a.target.name.as_str()))
+            .then(|| a.target.name.clone())
+    })?;
+    for n in names {
+        if !found.iter().any(|(_, f)| f == n) {
+            bail!("{what}: cargo built no executable {n} (found {found:?})");
+        }
+    }
+    Ok(found)
+}
+
+/// Builds an example of the facade and returns its executable.
+pub(crate) fn example_binary(o: &Opts, example: &str) -> Result<PathBuf> {
+    let mut c = facade("build", o);
+    c.args(["--example", example]);
+    let mut found = named(
+        &format!("build {example}"),
+        c,
+        TargetKind::Example,
+        &[example],
+    )?;
+    Ok(found.remove(0).0)
+}

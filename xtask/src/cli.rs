@@ -1,0 +1,122 @@
+//! The command line: the commands and their options.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "unicomm's build, run, test and bundle commands"
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) cmd: Cmd,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
+pub(crate) enum Vendor {
+    Auto,
+    Cuda,
+    Rocm,
+    Mock,
+}
+
+#[derive(clap::Args, Clone)]
+pub(crate) struct Opts {
+    /// Which vendor's backend.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) vendor: Vendor,
+    /// Optimised build.
+    #[arg(long)]
+    pub(crate) release: bool,
+    /// Arguments passed through to the program.
+    #[arg(last = true)]
+    pub(crate) args: Vec<String>,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Cmd {
+    /// Build the library and examples for the vendor.
+    Build(Opts),
+    /// Run an example (allreduce_ub by default) on the vendor.
+    Run {
+        #[command(flatten)]
+        opts: Opts,
+        /// The example to run.
+        #[arg(long, default_value = "allreduce_ub")]
+        example: String,
+        /// One rank per process: start N processes with torchrun's variables (a launcher
+        /// for development; output prefixed by rank, the others stopped when one fails).
+        #[arg(long)]
+        procs: Option<usize>,
+        /// With --procs: stop every rank after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout_s: u64,
+        /// With --procs: every rank on GPU 0, NCCL told they are on different hosts (a
+        /// machine with one GPU runs one-rank-per-process programs; for correctness, not
+        /// speed).
+        #[arg(long, requires = "procs")]
+        share_gpu: bool,
+    },
+    /// Run the tests: the workspace suite (the mock's conformance suite, the loaders); with
+    /// --vendor cuda also the GPU tests.
+    Test(Opts),
+    /// Run unicomm-bench (nccl-tests' method; every mode side by side); arguments after `--`.
+    Bench(Opts),
+    /// Calibrate the automatic policy on this machine: time the registered, window and
+    /// copy-engine paths of every collective and size, and write the fastest per size to a
+    /// file for UNICOMM_TUNE_FILE (default unicomm-tune.txt).
+    Tune {
+        #[command(flatten)]
+        opts: Opts,
+        /// Where to write the thresholds.
+        #[arg(long, default_value = "unicomm-tune.txt")]
+        out: PathBuf,
+    },
+    /// Print what this machine offers: devices, libraries, versions, capabilities, variables.
+    Doctor(Opts),
+    /// Build release binaries and a run script into dist/unicomm-bundle for a GPU machine
+    /// without a Rust toolchain.
+    Bundle(Opts),
+    /// Start any program as N ranks, one per process, with torchrun's variables (what
+    /// `run --procs` does for an example): `cargo xtask launch --procs 2 -- ./prog args`.
+    Launch {
+        /// Number of processes.
+        #[arg(long)]
+        procs: usize,
+        /// Stop every rank after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout_s: u64,
+        /// Every rank on GPU 0, each process with a host id of its own for NCCL
+        /// (`NCCL_HOSTID`), which refuses two ranks of one host on one GPU: a machine with
+        /// one GPU runs one-rank-per-process programs (for correctness, not speed).
+        #[arg(long)]
+        share_gpu: bool,
+        /// The program and its arguments.
+        #[arg(last = true, required = true)]
+        program: Vec<String>,
+    },
+}
+
+impl Vendor {
+    /// The facade's cargo features for this vendor.
+    pub(crate) fn features(self) -> &'static str {
+        match self {
+            Vendor::Auto => "mock,nccl,rccl",
+            Vendor::Cuda => "nccl",
+            Vendor::Rocm => "rccl",
+            Vendor::Mock => "mock",
+        }
+    }
+
+    /// The programs' `--vendor` argument.
+    pub(crate) fn arg(self) -> &'static str {
+        match self {
+            Vendor::Auto => "auto",
+            Vendor::Cuda => "cuda",
+            Vendor::Rocm => "rocm",
+            Vendor::Mock => "mock",
+        }
+    }
+}

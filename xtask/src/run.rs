@@ -1,0 +1,39 @@
+//! `run`: an example on the vendor, in this process or as N ranks, one per process.
+
+use anyhow::Result;
+
+use crate::cargo::{example_binary, facade, step};
+use crate::cli::Opts;
+use crate::launch;
+
+/// `run --procs N`: the example as N ranks, one per process (`env` added to theirs).
+pub(crate) fn run_procs(
+    o: &Opts,
+    example: &str,
+    n: usize,
+    timeout_s: u64,
+    env: &[(&str, &str)],
+    share_gpu: bool,
+) -> Result<()> {
+    let exe = example_binary(o, example)?;
+    let mut args = vec!["--vendor".to_string(), o.vendor.arg().to_string()];
+    args.extend(o.args.iter().cloned());
+    launch::run(
+        &exe,
+        &args,
+        env,
+        n,
+        std::time::Duration::from_secs(timeout_s),
+        share_gpu,
+    )
+}
+
+pub(crate) fn run_example(o: &Opts, example: &str) -> Result<()> {
+    let mut c = facade("run", o);
+    c.args(["--example", example, "--", "--vendor", o.vendor.arg()]);
+    c.args(&o.args);
+    if std::env::var_os("UNICOMM_MOCK_RANKS").is_none() {
+        c.env("UNICOMM_MOCK_RANKS", "4");
+    }
+    step(&format!("run {example} on {}", o.vendor.arg()), c)
+}

@@ -1,0 +1,135 @@
+//! `test`: what the machine has, then the workspace suite (the mock's conformance suite,
+//! the loaders, the fake NCCL), `Vendor::Auto` with every backend compiled in, one rank per
+//! process on the mock through the launcher, and with `--vendor cuda|rocm` the GPU tests.
+
+use anyhow::{Context, Result};
+use cargo_metadata::TargetKind;
+
+use crate::cargo::{cargo, facade, named, step, with_profile};
+use crate::cli::{Opts, Vendor};
+use crate::gpu::{amd_gpus, gpu_tests, nvidia_gpus, GpuVendor};
+use crate::launch;
+use crate::run::run_procs;
+
+/// `cargo xtask test`.
+pub(crate) fn test(o: &Opts) -> Result<()> {
+    // First what the machine has (informational), then the suite.
+    let mut d = facade(
+        "run",
+        &Opts {
+            vendor: Vendor::Auto,
+            release: false,
+            args: vec![],
+        },
+    );
+    d.args(["--example", "doctor"]);
+    step("probe the machine", d)?;
+    let mut t = cargo();
+    t.args(["test", "--workspace"]);
+    // The mock's 1 Mi-element conformance cases allocate ~100 MiB per eight-rank
+    // case; glibc gives freed blocks back to the kernel and page-faults them in
+    // again for the next case (a quarter of the suite's time on 2 cores). Keeping
+    // them in the heap: the whole suite 107 s instead of 152 s (peak RSS 1.2 GiB).
+    // Only where the caller did not set the variables.
+    for (k, v) in [
+        ("MALLOC_MMAP_THRESHOLD_", "33554432"),
+        ("MALLOC_TRIM_THRESHOLD_", "17179869184"),
+        ("MALLOC_TOP_PAD_", "268435456"),
+    ] {
+        if std::env::var_os(k).is_none() {
+            t.env(k, v);
+        }
+    }
+    with_profile(&mut t, o.release);
+    t.arg("--").args(&o.args);
+    step(
+        "workspace tests (mock conformance suite, loaders, fake NCCL ABI)",
+        t,
+    )?;
+    // Vendor::Auto with every backend compiled in and none usable must be an error,
+    // never the mock (a production job never lands on CPU threads); the default build proves the same with mock only.
+    let mut auto = cargo();
+    auto.args([
+        "test",
+        "-p",
+        "unicomm",
+        "--all-features",
+        "--test",
+        "vendor_auto",
+    ]);
+    step("Vendor::Auto with every backend compiled in", auto)?;
+    // One rank per process on the mock, through this launcher: the examples as a
+    // user launched by torchrun would run them.
+    if cfg!(target_os = "linux") {
+        let mock = |args: &[&str]| Opts {
+            vendor: Vendor::Mock,
+            release: o.release,
+            args: args.iter().map(|a| a.to_string()).collect(),
+        };
+        let fast = [("UNICOMM_MOCK_TIMEOUT_MS", "3000")];
+        // The file rendezvous instead of TCP (a fresh path of this run).
+        let rdv = std::env::temp_dir().join(format!("unicomm-xtask-{}.id", std::process::id()));
+        let rdv = rdv.to_string_lossy().into_owned();
+        let file = [("UNICOMM_RENDEZVOUS_FILE", rdv.as_str())];
+        for (example, n, args, env) in [
+            ("allreduce_ub", 2, &[][..], &[][..]),
+            ("alltoall_ub", 4, &[], &[]),
+            ("from_env", 3, &[], &[]),
+            ("from_env", 3, &[], &file[..]),
+            ("faults", 2, &["--scenario", "skip"], &fast[..]),
+            ("faults", 2, &["--scenario", "abort"], &[]),
+        ] {
+            run_procs(&mock(args), example, n, 300, env, false)
+                .with_context(|| format!("{example} {args:?} in {n} processes on the mock"))?;
+        }
+        // unicomm-bench with one rank per process (its figures combined through
+        // the communicator), data checked: a smoke test, no timing asserted.
+        let mut b = cargo();
+        b.args(["build", "-p", "unicomm-bench"]);
+        with_profile(&mut b, o.release);
+        // Where cargo put it (CARGO_TARGET_DIR honoured).
+        let bench = named(
+            "build unicomm-bench",
+            b,
+            TargetKind::Bin,
+            &["unicomm-bench"],
+        )?
+        .remove(0)
+        .0;
+        let args: Vec<String> = [
+            "--vendor",
+            "mock",
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            "32",
+            "-w",
+            "1",
+            "-n",
+            "2",
+            "-c",
+            "1",
+            "--coll",
+            "all_reduce,all_to_all,all_gather",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        launch::run(
+            &bench,
+            &args,
+            &[],
+            2,
+            std::time::Duration::from_secs(300),
+            false,
+        )
+        .context("unicomm-bench in 2 processes on the mock")?;
+    }
+    match o.vendor {
+        Vendor::Cuda => gpu_tests(GpuVendor::Cuda, &o.args, nvidia_gpus()),
+        Vendor::Rocm => gpu_tests(GpuVendor::Rocm, &o.args, amd_gpus()),
+        Vendor::Auto | Vendor::Mock => Ok(()),
+    }
+}
