@@ -1,0 +1,488 @@
+//! Timing: every mode driven over the workloads, direct or in CUDA graphs, device events
+//! over back-to-back iterations (nccl-tests' method).
+
+use anyhow::{bail, Context};
+use unicomm::{AnyStream, ReduceOp};
+
+use super::data::*;
+use super::modes::*;
+use crate::{Args, Coll, Mode, Order, Work};
+
+/// One rank's figures for one workload and placement.
+#[derive(Debug, Clone)]
+pub(crate) struct Cell {
+    /// The count passed to the call.
+    pub(crate) count: usize,
+    /// Microseconds per iteration, device events over all timed iterations.
+    pub(crate) total_us: f64,
+    /// Per iteration, microseconds between consecutive events.
+    pub(crate) iter_us: Vec<f64>,
+    /// Microseconds per iteration the host spent enqueueing them.
+    pub(crate) host_us: f64,
+    /// Wrong elements, where checked.
+    pub(crate) wrong: Option<u64>,
+}
+
+/// Per rank: for each workload and placement its figures (`None`: not run).
+pub(crate) type RankOut = Vec<Option<Cell>>;
+
+/// `$body` with `$t` the element type of `$dtype` (the sweep is generic over it).
+macro_rules! by_type {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            DataType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DataType::F64 => {
+                type $t = f64;
+                $body
+            }
+            DataType::F16 => {
+                type $t = f16;
+                $body
+            }
+            DataType::Bf16 => {
+                type $t = bf16;
+                $body
+            }
+            DataType::I8 => {
+                type $t = i8;
+                $body
+            }
+            DataType::U8 => {
+                type $t = u8;
+                $body
+            }
+            DataType::I32 => {
+                type $t = i32;
+                $body
+            }
+            DataType::U32 => {
+                type $t = u32;
+                $body
+            }
+            DataType::I64 => {
+                type $t = i64;
+                $body
+            }
+            DataType::U64 => {
+                type $t = u64;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use by_type;
+
+/// Runs `f` on one scoped thread per communicator (collective set-up and release).
+pub(crate) fn on_each<'c, R: Send>(
+    comms: &'c [unicomm::Comm],
+    f: impl Fn(&'c unicomm::Comm) -> anyhow::Result<R> + Sync,
+) -> anyhow::Result<Vec<R>> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || f(c))).collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+            })
+            .collect()
+    })
+}
+
+/// One mode's figures on one rank: per (workload, placement) cell, and its device memory
+/// beyond its buffers.
+pub(crate) type ModeOut = (RankOut, Option<i64>);
+
+/// Which thread drives which ranks: one thread per rank (`comms` holds one communicator),
+/// or `--single-thread` (`comms` holds every rank; each iteration is one group of all
+/// their calls, how one process drives all its GPUs without threads).
+pub(crate) struct Driver<'c, 'a> {
+    pub(crate) comms: &'c [unicomm::Comm],
+    pub(crate) streams: &'a [AnyStream],
+}
+
+impl<'c> Driver<'c, '_> {
+    /// One iteration of `calls` (one per rank driven here).
+    pub(crate) fn launch<T: Val>(
+        &self,
+        calls: &[Call<'_>],
+        held: &mut [Held<'c, T>],
+    ) -> anyhow::Result<()> {
+        if let ([c], [k], [h]) = (self.comms, calls, &mut *held) {
+            return launch(c, k, h);
+        }
+        self.comms[0].group(|| {
+            Ok(held
+                .iter_mut()
+                .zip(calls)
+                .zip(self.comms)
+                .try_for_each(|((h, k), c)| launch(c, k, h)))
+        })??;
+        Ok(())
+    }
+
+    /// An event on every stream here, each the first of its turn's list.
+    pub(crate) fn mark(&self) -> anyhow::Result<Vec<Vec<unicomm::core::Marker>>> {
+        Ok(self
+            .streams
+            .iter()
+            .map(|st| st.record().map(|mk| vec![mk]))
+            .collect::<unicomm::Result<_>>()?)
+    }
+
+    /// Sets the copy-engine path on or off on every rank driven here.
+    pub(crate) fn copy_engine(&self, on: bool) -> anyhow::Result<()> {
+        for c in self.comms {
+            c.set_copy_engine(on)?;
+        }
+        Ok(())
+    }
+}
+
+/// Everything the ranks driven by one thread do for a set of modes: each mode's buffers
+/// (allocated, registered or windows; window and automatic registration are collective, so
+/// with several ranks here they are made on one thread per rank), then every (workload,
+/// placement) timed in every mode in turn. Interleaving the modes per workload (`modes`
+/// holding several) means a slow phase of the host (a shared machine's, seconds long) hits
+/// every mode of the workloads it overlaps, not one mode at every size, so the modes'
+/// ratios stay comparable; `modes` of one runs one mode at every size, as nccl-tests does.
+/// Result: per rank driven here, per mode in `modes`.
+pub(crate) fn drive_modes<T: Val>(
+    d: &Driver<'_, '_>,
+    a: &Args,
+    works: &[Work],
+    places: &[bool],
+    modes: &[Mode],
+    cap: usize,
+    tick: &dyn Fn(),
+) -> anyhow::Result<Vec<Vec<ModeOut>>> {
+    let comms = d.comms;
+    let (n, w) = (comms.len(), comms[0].world_size());
+    if n > 1 && modes.contains(&Mode::Ce) {
+        bail!("the copy-engine path does not run inside a group: not with --single-thread");
+    }
+    let bases: Vec<Vec<T>> = comms
+        .iter()
+        .map(|c| (0..cap).map(|i| T::of(input(c.rank(), i))).collect())
+        .collect();
+    let check = a.check == 1 && matches!(a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min);
+    // A cell's (count, send elements, receive elements), or `None` where it does not run:
+    // all_to_all has no in-place form, the copy engines move only all_to_all/all_gather.
+    let plan = |mode: Mode, work: &Work, in_place: bool| {
+        let skip = (in_place && work.coll == Coll::AllToAll)
+            || (mode == Mode::Ce && !matches!(work.coll, Coll::AllToAll | Coll::AllGather));
+        shape(work, w).filter(|_| !skip)
+    };
+    let calls = |mode: Mode, work: &Work, in_place: bool, count: usize| -> Vec<Call<'_>> {
+        d.streams
+            .iter()
+            .map(|stream| Call {
+                coll: work.coll,
+                mode,
+                in_place,
+                count,
+                op: a.op,
+                stream,
+            })
+            .collect()
+    };
+    // Set-up, one mode after the other: its buffers, then one call of each of its cells
+    // (NCCL sets registrations and the second communicator up lazily, at first use), so
+    // each mode's device memory is its own.
+    let mut held: Vec<Vec<Held<'_, T>>> = Vec::new();
+    let mut extra: Vec<Vec<Option<i64>>> = Vec::new();
+    for &mode in modes {
+        d.copy_engine(mode == Mode::Ce)?;
+        let before: Vec<Option<usize>> = comms
+            .iter()
+            .map(|c| c.device_memory().ok().map(|m| m.0))
+            .collect();
+        let mut h = if n == 1 {
+            vec![Held::<T>::new(&comms[0], mode, cap)?]
+        } else {
+            on_each(comms, |c| Held::<T>::new(c, mode, cap))?
+        };
+        for work in works {
+            for &in_place in places {
+                if let Some((count, ..)) = plan(mode, work, in_place) {
+                    d.launch(&calls(mode, work, in_place, count), &mut h)?;
+                }
+            }
+        }
+        for st in d.streams {
+            st.synchronize()?;
+        }
+        extra.push(
+            comms
+                .iter()
+                .zip(&before)
+                .map(|(c, b)| match (b, c.device_memory().ok()) {
+                    (Some(b), Some((after, _))) => {
+                        Some(*b as i64 - after as i64 - 2 * (cap * T::DTYPE.size()) as i64)
+                    }
+                    _ => None,
+                })
+                .collect(),
+        );
+        held.push(h);
+    }
+    let mut outs: Vec<Vec<RankOut>> = vec![vec![Vec::new(); modes.len()]; n];
+    let rounds = match a.order {
+        Order::Size => a.rounds.max(1),
+        Order::Mode => 1,
+    };
+    for work in works {
+        for &in_place in places {
+            // The modes that run this cell: (index, mode, count, send, receive elements).
+            let mut active = Vec::new();
+            for (m, &mode) in modes.iter().enumerate() {
+                match plan(mode, work, in_place) {
+                    Some((count, s, r)) => active.push((m, mode, count, s, r)),
+                    None => {
+                        outs.iter_mut().for_each(|o| o[m].push(None));
+                        tick();
+                    }
+                }
+            }
+            // Per active mode and rank: per-iteration times, total device time; host time.
+            let mut iter_us: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); n]; active.len()];
+            let mut total_us: Vec<Vec<f64>> = vec![vec![0.0; n]; active.len()];
+            let mut host_us: Vec<f64> = vec![0.0; active.len()];
+            for &(m, mode, count, send_len, recv_len) in &active {
+                d.copy_engine(mode == Mode::Ce)?;
+                let ks = calls(mode, work, in_place, count);
+                for (r, hr) in held[m].iter_mut().enumerate() {
+                    fill(&comms[r], &ks[r], hr, &bases[r], send_len, recv_len)?;
+                }
+            }
+            // The iterations in `rounds` turns of every mode, so that a slow phase of the
+            // host lands on one turn of one mode, not on all of its iterations.
+            for round in 0..rounds {
+                let iters = a.iters / rounds + usize::from(round < a.iters % rounds);
+                if iters == 0 {
+                    continue;
+                }
+                let warmup = if round == 0 {
+                    a.warmup
+                } else {
+                    a.warmup.div_ceil(rounds)
+                };
+                for (j, &(m, mode, count, ..)) in active.iter().enumerate() {
+                    d.copy_engine(mode == Mode::Ce)?;
+                    let ks = calls(mode, work, in_place, count);
+                    let h = &mut held[m];
+                    for _ in 0..warmup {
+                        d.launch(&ks, h)?;
+                    }
+                    let t = if a.graphs > 0 {
+                        graph_turn(d, &ks, h, iters, a.graphs)?
+                    } else {
+                        direct_turn(d, &ks, h, iters)?
+                    };
+                    host_us[j] += t.host_us;
+                    for r in 0..n {
+                        iter_us[j][r].extend_from_slice(&t.iter_us[r]);
+                        total_us[j][r] += t.total_us[r];
+                    }
+                }
+            }
+            // Calls timed per cell: with graphs, every launch replays the turn's iterations.
+            let per_iter = (a.iters * a.graphs.max(1)).max(1) as f64;
+            for (j, &(m, mode, count, send_len, recv_len)) in active.iter().enumerate() {
+                let mut wrong = vec![None; n];
+                if check {
+                    d.copy_engine(mode == Mode::Ce)?;
+                    let ks = calls(mode, work, in_place, count);
+                    let h = &mut held[m];
+                    for (r, hr) in h.iter_mut().enumerate() {
+                        fill(&comms[r], &ks[r], hr, &bases[r], send_len, recv_len)?;
+                    }
+                    d.launch(&ks, h)?;
+                    for (r, hr) in h.iter_mut().enumerate() {
+                        d.streams[r].synchronize()?;
+                        wrong[r] = Some(verify(&comms[r], &ks[r], hr, w)?);
+                    }
+                }
+                for r in 0..n {
+                    outs[r][m].push(Some(Cell {
+                        count,
+                        total_us: total_us[j][r] / per_iter,
+                        iter_us: std::mem::take(&mut iter_us[j][r]),
+                        host_us: host_us[j] / per_iter,
+                        wrong: wrong[r],
+                    }));
+                }
+                tick();
+            }
+        }
+    }
+    d.copy_engine(false)?;
+    // Released collectively, mode by mode.
+    for h in held.into_iter().rev() {
+        if n == 1 {
+            for hr in h {
+                hr.release(&comms[0])?;
+            }
+        } else {
+            let slots: Vec<std::sync::Mutex<Option<Held<'_, T>>>> = h
+                .into_iter()
+                .map(|x| std::sync::Mutex::new(Some(x)))
+                .collect();
+            on_each(comms, |c| {
+                let taken = slots[c.rank()]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                taken.map_or(Ok(()), |x| x.release(c))
+            })?;
+        }
+    }
+    Ok((0..n)
+        .map(|r| outs[r].drain(..).zip(extra.iter().map(|e| e[r])).collect())
+        .collect())
+}
+
+/// `v` reduced over every rank with `op` through the communicator (one rank per process).
+pub(crate) fn reduce_host(c: &unicomm::Comm, v: &[f64], op: ReduceOp) -> anyhow::Result<Vec<f64>> {
+    let st = c.create_stream()?;
+    let mut b = c.alloc::<f64>(v.len().max(1))?;
+    let mut pad = v.to_vec();
+    pad.resize(v.len().max(1), 0.0);
+    b.copy_from_host(&pad, &st)?;
+    c.all_reduce_in_place(&mut b, op, &st)?;
+    let mut r = b.copy_to_host(&st)?;
+    r.truncate(v.len());
+    Ok(r)
+}
+
+/// One turn's figures, per rank driven here: per-iteration samples and total device time
+/// (microseconds), and the host's enqueue time.
+pub(crate) struct Turn {
+    iter_us: Vec<Vec<f64>>,
+    total_us: Vec<f64>,
+    host_us: f64,
+}
+
+/// `iters` calls back to back, an event after each (nccl-tests' default).
+pub(crate) fn direct_turn<'c, T: Val>(
+    d: &Driver<'c, '_>,
+    ks: &[Call<'_>],
+    h: &mut [Held<'c, T>],
+    iters: usize,
+) -> anyhow::Result<Turn> {
+    let mut marks = d.mark()?;
+    let enqueue = std::time::Instant::now();
+    for _ in 0..iters {
+        d.launch(ks, h)?;
+        for (mk, st) in marks.iter_mut().zip(d.streams) {
+            mk.push(st.record()?);
+        }
+    }
+    // The host's time to enqueue them (one thread for the ranks here).
+    let host_us = enqueue.elapsed().as_secs_f64() * 1e6;
+    settle(d, &marks, 1.0, host_us)
+}
+
+/// Waits for the turn's work and reads its events: per rank, the time between consecutive
+/// events divided by `per` (the calls each interval holds) and the whole turn's time.
+pub(crate) fn settle(
+    d: &Driver<'_, '_>,
+    marks: &[Vec<unicomm::core::Marker>],
+    per: f64,
+    host_us: f64,
+) -> anyhow::Result<Turn> {
+    for st in d.streams {
+        st.synchronize()?;
+    }
+    let mut t = Turn {
+        iter_us: Vec::new(),
+        total_us: Vec::new(),
+        host_us,
+    };
+    for mk in marks {
+        t.iter_us.push(
+            mk.windows(2)
+                .map(|p| p[0].elapsed_ms(&p[1]).map(|ms| ms * 1e3 / per))
+                .collect::<unicomm::Result<_>>()?,
+        );
+        t.total_us.push(mk[0].elapsed_ms(&mk[mk.len() - 1])? * 1e3);
+    }
+    Ok(t)
+}
+
+/// The CUDA stream under a stream of the CUDA backend.
+pub(crate) fn cuda_stream(
+    st: &AnyStream,
+) -> anyhow::Result<std::sync::Arc<cudarc::driver::CudaStream>> {
+    match st {
+        AnyStream::Nccl(s) => Ok(s.inner().0.clone()),
+        _ => bail!("-G (CUDA graphs) needs the CUDA backend"),
+    }
+}
+
+/// `iters` calls captured into one CUDA graph per rank (its stream), the graph launched
+/// `launches` times back to back with an event after each (nccl-tests' `-G`): the device's
+/// time without the host's per-call cost. Per-iteration samples are per launch, divided by
+/// the calls it replays.
+pub(crate) fn graph_turn<'c, T: Val>(
+    d: &Driver<'c, '_>,
+    ks: &[Call<'_>],
+    h: &mut [Held<'c, T>],
+    iters: usize,
+    launches: usize,
+) -> anyhow::Result<Turn> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let cus: Vec<_> = d
+        .streams
+        .iter()
+        .map(cuda_stream)
+        .collect::<anyhow::Result<_>>()?;
+    let mut capturing = Vec::new();
+    let mut captured = || -> anyhow::Result<()> {
+        for cu in &cus {
+            cu.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| anyhow::anyhow!("cuStreamBeginCapture: {e:?}"))?;
+            capturing.push(cu.clone());
+        }
+        for _ in 0..iters {
+            d.launch(ks, h)?;
+        }
+        Ok(())
+    };
+    let ok = captured();
+    // Every capture begun is ended, failed or not, so the streams leave capture mode.
+    let mut graphs = Vec::new();
+    for cu in &capturing {
+        let g = cu
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        graphs.push(g);
+    }
+    ok.context("capturing the iterations into a CUDA graph")?;
+    let graphs: Vec<cudarc::driver::CudaGraph> = graphs
+        .into_iter()
+        .map(|g| match g {
+            Ok(Some(g)) => Ok(g),
+            Ok(None) => bail!("the captured graph is empty"),
+            Err(e) => bail!("cuStreamEndCapture: {e:?}"),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    for g in &graphs {
+        // One launch before timing: the first uploads the graph.
+        g.launch()
+            .map_err(|e| anyhow::anyhow!("cuGraphLaunch: {e:?}"))?;
+    }
+    let mut marks = d.mark()?;
+    let enqueue = std::time::Instant::now();
+    for _ in 0..launches {
+        for ((g, mk), st) in graphs.iter().zip(marks.iter_mut()).zip(d.streams) {
+            g.launch()
+                .map_err(|e| anyhow::anyhow!("cuGraphLaunch: {e:?}"))?;
+            mk.push(st.record()?);
+        }
+    }
+    let host_us = enqueue.elapsed().as_secs_f64() * 1e6;
+    settle(d, &marks, iters.max(1) as f64, host_us)
+}

@@ -1,0 +1,11 @@
+//! Running the sweep: per rank, buffers of the largest size prepared once per mode
+//! (allocated, registered or put in windows), then every workload timed with device events.
+mod data;
+mod drive;
+mod modes;
+mod ranks;
+mod sweep;
+
+pub use modes::{unsupported, Measure, ModeMemory};
+pub use ranks::{devices, DeviceRow};
+pub use sweep::sweep;

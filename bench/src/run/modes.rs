@@ -1,0 +1,314 @@
+//! The modes: what each mode does to a rank's buffers (plain, registered, windows, auto,
+//! the copy engines, NCCL called by hand), and one call of a workload in it.
+
+use std::ffi::c_void;
+
+use anyhow::{bail, Context};
+use unicomm::generic::DeviceSliceMut;
+use unicomm::{AnyComm, AnyStream, Buffer, Capabilities, DataType, ReduceOp};
+use unicomm_nccl_api::{ApiComm, ApiStream, Runtime};
+
+use super::data::*;
+use crate::{Coll, Mode, Work};
+
+/// One measurement: a workload in one mode and placement, combined over ranks.
+#[derive(Debug, Clone)]
+pub struct Measure {
+    /// The workload.
+    pub work: Work,
+    /// The mode.
+    pub mode: Mode,
+    /// In place.
+    pub in_place: bool,
+    /// The count passed to the call (per rank or per peer where NCCL counts so).
+    pub count: usize,
+    /// Microseconds per iteration: the slowest rank's total over `iters`.
+    pub time_us: f64,
+    /// Per iteration, the slowest rank's microseconds.
+    pub iter_us: Vec<f64>,
+    /// Microseconds per iteration the host took to enqueue the timed iterations (the
+    /// slowest rank's): where it nears `time_us` the device waited for the host, and the
+    /// time measures the host path, not the collective (nccl-tests' figures have the same
+    /// floor; it shows where it is reached).
+    pub host_us: f64,
+    /// Elements that differ from the reference (summed over ranks); `None`: not checked.
+    pub wrong: Option<u64>,
+}
+
+/// A mode's device memory beyond its buffers (bytes, the largest rank's), where the backend
+/// reports device memory.
+pub type ModeMemory = (Mode, Option<i64>);
+
+/// Why `mode` cannot run here, or `None`.
+pub fn unsupported(mode: Mode, caps: &Capabilities) -> Option<String> {
+    let gpu = caps.backend != "mock";
+    match mode {
+        Mode::Plain => None,
+        m if m.is_raw() && !gpu => Some("the mock has no NCCL function table".into()),
+        Mode::Registered | Mode::RawRegistered if !caps.registration => Some(format!(
+            "{} {} has no registration",
+            caps.backend, caps.version
+        )),
+        Mode::Window | Mode::RawWindow if !caps.windows => {
+            Some(format!("{} {} has no windows", caps.backend, caps.version))
+        }
+        Mode::Auto if gpu && !(caps.registration && caps.windows) => Some(format!(
+            "{} {} lacks registration or windows",
+            caps.backend, caps.version
+        )),
+        Mode::Ce if !caps.copy_engine => Some(format!(
+            "{} here has no copy-engine path (GPU ranks in one process with windows)",
+            caps.backend
+        )),
+        _ => None,
+    }
+}
+
+/// A rank's buffers in one mode.
+pub(crate) enum Held<'c, T: Val> {
+    Plain(Buffer<T>, Buffer<T>),
+    Reg(unicomm::Registered<'c, T>, unicomm::Registered<'c, T>),
+    Win(unicomm::Window<'c, T>, unicomm::Window<'c, T>),
+    Auto(
+        unicomm::AutoRegistered<'c, T>,
+        unicomm::AutoRegistered<'c, T>,
+    ),
+}
+
+impl<'c, T: Val> Held<'c, T> {
+    pub(crate) fn new(c: &'c unicomm::Comm, mode: Mode, elems: usize) -> anyhow::Result<Self> {
+        let (s, r) = (c.alloc::<T>(elems)?, c.alloc::<T>(elems)?);
+        Ok(match mode {
+            Mode::Plain | Mode::Raw => Held::Plain(s, r),
+            Mode::Registered | Mode::RawRegistered => Held::Reg(c.register(s)?, c.register(r)?),
+            Mode::Window | Mode::RawWindow | Mode::Ce => {
+                Held::Win(c.register_window(s)?, c.register_window(r)?)
+            }
+            Mode::Auto => Held::Auto(c.register_auto(s)?, c.register_auto(r)?),
+        })
+    }
+    /// The send and the receive buffer, whatever holds them.
+    pub(crate) fn bufs(
+        &mut self,
+    ) -> (
+        &mut dyn DeviceSliceMut<T, AnyComm>,
+        &mut dyn DeviceSliceMut<T, AnyComm>,
+    ) {
+        match self {
+            Held::Plain(s, r) => (s, r),
+            Held::Reg(s, r) => (s, r),
+            Held::Win(s, r) => (s, r),
+            Held::Auto(s, r) => (s, r),
+        }
+    }
+    pub(crate) fn release(self, c: &unicomm::Comm) -> anyhow::Result<()> {
+        match self {
+            Held::Plain(..) => {}
+            Held::Reg(s, r) => {
+                c.deregister(s)?;
+                c.deregister(r)?;
+            }
+            Held::Win(s, r) => {
+                c.deregister_window(s)?;
+                c.deregister_window(r)?;
+            }
+            Held::Auto(s, r) => {
+                c.deregister_auto(s)?;
+                c.deregister_auto(r)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One launch of a workload on one rank.
+pub(crate) struct Call<'a> {
+    pub(crate) coll: Coll,
+    pub(crate) mode: Mode,
+    pub(crate) in_place: bool,
+    pub(crate) count: usize,
+    pub(crate) op: ReduceOp,
+    pub(crate) stream: &'a AnyStream,
+}
+
+pub(crate) fn launch<T: Val>(
+    c: &unicomm::Comm,
+    k: &Call<'_>,
+    held: &mut Held<'_, T>,
+) -> anyhow::Result<()> {
+    let w = c.world_size();
+    let n = k.count;
+    let (send, recv) = held.bufs();
+    if k.mode.is_raw() {
+        let base = recv.view().device_ptr();
+        let (sp, rp) = if k.in_place {
+            in_place_ptrs(k.coll, base, c.rank(), n, T::DTYPE)
+        } else {
+            (send.view().device_ptr(), base)
+        };
+        return raw(c, k, sp, rp, T::DTYPE);
+    }
+    let st = k.stream;
+    let r = c.rank();
+    let mut rv = recv.view_mut();
+    match (k.coll, k.in_place) {
+        (Coll::AllReduce, false) => {
+            c.all_reduce(&send.view().slice(..n)?, &mut rv.slice_mut(..n)?, k.op, st)?
+        }
+        (Coll::AllReduce, true) => c.all_reduce_in_place(&mut rv.slice_mut(..n)?, k.op, st)?,
+        (Coll::Broadcast, false) => {
+            c.broadcast(&send.view().slice(..n)?, &mut rv.slice_mut(..n)?, 0, st)?
+        }
+        (Coll::Broadcast, true) => c.broadcast_in_place(&mut rv.slice_mut(..n)?, 0, st)?,
+        (Coll::AllGather, false) => {
+            c.all_gather(&send.view().slice(..n)?, &mut rv.slice_mut(..n * w)?, st)?
+        }
+        (Coll::AllGather, true) => c.all_gather_in_place(&mut rv.slice_mut(..n * w)?, st)?,
+        (Coll::ReduceScatter, false) => c.reduce_scatter(
+            &send.view().slice(..n * w)?,
+            &mut rv.slice_mut(..n)?,
+            k.op,
+            st,
+        )?,
+        (Coll::ReduceScatter, true) => {
+            c.reduce_scatter_in_place(&mut rv.slice_mut(..n * w)?, k.op, st)?
+        }
+        (Coll::AllToAll, false) => c.all_to_all(
+            &send.view().slice(..n * w)?,
+            &mut rv.slice_mut(..n * w)?,
+            st,
+        )?,
+        (Coll::AllToAll, true) => bail!("all_to_all has no in-place form (rank {r})"),
+    }
+    Ok(())
+}
+
+/// NCCL's in-place (input, output) pointers in the buffer at `base` (nccl.h: all_gather
+/// reads the rank's chunk, reduce_scatter writes it; the others use the buffer for both).
+/// `n` is the per-rank count.
+pub(crate) fn in_place_ptrs(
+    coll: Coll,
+    base: usize,
+    rank: usize,
+    n: usize,
+    dt: DataType,
+) -> (usize, usize) {
+    let chunk = base + rank * n * dt.size();
+    match coll {
+        Coll::AllGather => (chunk, base),
+        Coll::ReduceScatter => (base, chunk),
+        _ => (base, base),
+    }
+}
+
+/// The same call through the NCCL function table, with no unicomm layer.
+pub(crate) fn raw(
+    c: &unicomm::Comm,
+    k: &Call<'_>,
+    sp: usize,
+    rp: usize,
+    dt: DataType,
+) -> anyhow::Result<()> {
+    match (c.backend(), k.stream) {
+        (AnyComm::Nccl(a), AnyStream::Nccl(s)) => raw_api(a, s, k, sp, rp, dt),
+        (AnyComm::Rccl(a), AnyStream::Rccl(s)) => raw_api(a, s, k, sp, rp, dt),
+        _ => bail!("raw mode needs a GPU backend"),
+    }
+}
+
+pub(crate) fn raw_api<R: Runtime>(
+    a: &ApiComm<R>,
+    s: &ApiStream<R>,
+    k: &Call<'_>,
+    sp: usize,
+    rp: usize,
+    dt: DataType,
+) -> anyhow::Result<()> {
+    let api = a.api();
+    let (comm, st) = (a.raw_comm(), R::raw_stream(s.inner()));
+    let (sp, rp) = (sp as *const c_void, rp as *mut c_void);
+    let (n, t, op) = (k.count, dt.nccl(), k.op.nccl());
+    let fns = &api.fns;
+    // SAFETY: the buffers are this rank's live device memory holding what the call reads
+    // and writes (the same ranges the unicomm modes pass, checked there); the communicator
+    // and stream are this rank's, used by this thread only; the device is current (the
+    // thread made unicomm calls on it before).
+    let code = unsafe {
+        match k.coll {
+            Coll::AllReduce => (fns.all_reduce)(sp, rp, n, t, op, comm, st),
+            Coll::Broadcast => (fns.broadcast)(sp, rp, n, t, 0, comm, st),
+            Coll::AllGather => (fns.all_gather)(sp, rp, n, t, comm, st),
+            Coll::ReduceScatter => (fns.reduce_scatter)(sp, rp, n, t, op, comm, st),
+            Coll::AllToAll => match api.all_to_all {
+                Some(f) => f(sp, rp, n, t, comm, st),
+                None => bail!("raw all_to_all needs a native ncclAlltoAll"),
+            },
+        }
+    };
+    api.check("raw NCCL call", code, Some(comm))
+        .context("raw mode")
+}
+
+/// Fills the inputs: send (or, in place, the output buffer) from `base`, this rank's
+/// `input(rank, i)` for every element of the largest buffer (made once per mode).
+pub(crate) fn fill<T: Val>(
+    c: &unicomm::Comm,
+    k: &Call<'_>,
+    held: &mut Held<'_, T>,
+    base: &[T],
+    send_len: usize,
+    recv_len: usize,
+) -> anyhow::Result<()> {
+    let r = c.rank();
+    let st = k.stream;
+    if k.in_place {
+        let (_, recv) = held.bufs();
+        let mut rv = recv.view_mut();
+        if k.coll == Coll::AllGather {
+            // NCCL's in-place layout: this rank's input is its chunk of the output.
+            let n = k.count;
+            rv.slice_mut(r * n..(r + 1) * n)?
+                .copy_from_host(&base[..n], st)?;
+        } else {
+            let len = send_len.max(recv_len);
+            rv.slice_mut(..len)?.copy_from_host(&base[..len], st)?;
+        }
+    } else {
+        let (send, _) = held.bufs();
+        send.view_mut()
+            .slice_mut(..send_len)?
+            .copy_from_host(&base[..send_len], st)?;
+    }
+    Ok(())
+}
+
+/// Elements of this rank's output that differ from the reference.
+pub(crate) fn verify<T: Val>(
+    c: &unicomm::Comm,
+    k: &Call<'_>,
+    held: &mut Held<'_, T>,
+    w: usize,
+) -> anyhow::Result<u64> {
+    let (r, n, op) = (c.rank(), k.count, k.op);
+    let (_, recv) = held.bufs();
+    let (lo, len) = match (k.coll, k.in_place) {
+        (Coll::ReduceScatter, true) => (r * n, n),
+        (Coll::AllGather | Coll::AllToAll, _) => (0, n * w),
+        _ => (0, n),
+    };
+    let out = recv.view().slice(lo..lo + len)?.copy_to_host(k.stream)?;
+    let want = |j: usize| -> i64 {
+        match k.coll {
+            Coll::AllReduce => reduced(op, w, j),
+            Coll::Broadcast => input(0, j),
+            Coll::AllGather => input(j / n, j % n),
+            Coll::ReduceScatter => reduced(op, w, r * n + j),
+            Coll::AllToAll => input(j / n, r * n + j % n),
+        }
+    };
+    Ok(out
+        .iter()
+        .enumerate()
+        .filter(|(j, x)| x.f() != T::of(want(*j)).f())
+        .count() as u64)
+}
