@@ -66,8 +66,22 @@ pub fn open_library(library: &'static str, path: &Path) -> Result<libloading::Li
     // made to be loaded with dlopen (PyTorch and cudarc load them the same way).
     unsafe { libloading::Library::new(path) }.map_err(|e| Error::LibraryNotFound {
         library,
-        tried: vec![e.to_string()],
+        tried: vec![loader_reason(&e)],
     })
+}
+
+/// The loader's failure with its causes: libloading's own message is only "dlopen failed";
+/// the system loader's reason (`file too short`, a missing dependency, a wrong ELF class)
+/// is its source.
+fn loader_reason(e: &libloading::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
 }
 
 /// `site-packages/<rel>` of every Python installation visible through the usual variables
@@ -120,4 +134,36 @@ pub fn env_dirs(vars: &[(&str, &str)]) -> Vec<PathBuf> {
     vars.iter()
         .filter_map(|(var, suffix)| std::env::var_os(var).map(|v| PathBuf::from(v).join(suffix)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file that exists but is no library keeps the system loader's reason in
+    /// `LibraryNotFound` (what a user needs to see a truncated download), not just
+    /// "dlopen failed".
+    #[test]
+    fn a_library_that_exists_but_fails_to_load_keeps_the_loaders_reason() {
+        let dir = std::env::temp_dir().join(format!("unicomm-search-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lib = dir.join("libempty.so");
+        std::fs::write(&lib, b"").unwrap();
+        let search = Search {
+            library: "test library",
+            env_var: "UNICOMM_TEST_LIBRARY_UNSET",
+            dirs: vec![dir.clone()],
+            names: &["libempty.so"],
+        };
+        let r = search.load(|p| open_library("test library", p).map(|_| ()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let Err(Error::LibraryNotFound { tried, .. }) = r else {
+            panic!("expected LibraryNotFound, got {r:?}");
+        };
+        assert!(tried[0].contains("libempty.so"), "{tried:?}");
+        assert!(
+            tried[0].contains("too short") || tried[0].contains("ELF"),
+            "the system loader's reason is lost: {tried:?}"
+        );
+    }
 }
