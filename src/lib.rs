@@ -5,34 +5,31 @@
 //! everything but the GPU itself is tested without hardware.
 //!
 //! ```
-//! use unicomm::{ReduceOp, Vendor};
+//! use unicomm::{each_rank, ReduceOp, Vendor};
 //!
-//! # fn main() -> unicomm::Result<()> {
 //! # std::env::set_var("UNICOMM_MOCK_RANKS", "4");
 //! // one thread per GPU in one process (the NCCL/RCCL user-buffer example's pthread mode)
 //! let comms = unicomm::local_comms(Vendor::Mock)?;       // Vendor::Auto picks the GPU
-//! std::thread::scope(|s| {
-//!     for comm in comms {
-//!         s.spawn(move || -> unicomm::Result<()> {
-//!             let n = 1 << 20;
-//!             let stream = comm.create_stream()?;
-//!             let mut send = comm.alloc::<f32>(n)?;           // ncclMemAlloc / host memory on mock
-//!             send.copy_from_host(&vec![comm.rank() as f32; n], &stream)?;
-//!             let send = comm.register(send)?;                // owns the buffer, borrows comm
-//!             let mut recv = comm.register(comm.alloc::<f32>(n)?)?;
-//!             comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &stream)?;
-//!             let host = recv.copy_to_host(&stream)?;         // waits for the stream
-//!             let w = comm.world_size() as f32;
-//!             assert!(host.iter().all(|&x| x == w * (w - 1.0) / 2.0));
-//!             let _send = comm.deregister(send)?;             // explicit: returns the buffer or
-//!             drop(recv);                                     // the error; drop also deregisters
-//!             Ok(())
-//!         });
-//!     }
-//! });
-//! # Ok(())
-//! # }
+//! each_rank(comms, |comm| -> unicomm::Result<()> {
+//!     let n = 1 << 20;
+//!     let stream = comm.create_stream()?;
+//!     let mut send = comm.alloc::<f32>(n)?;           // ncclMemAlloc / host memory on mock
+//!     send.copy_from_host(&vec![comm.rank() as f32; n], &stream)?;
+//!     let send = comm.register(send)?;                // owns the buffer, borrows comm
+//!     let mut recv = comm.register(comm.alloc::<f32>(n)?)?;
+//!     comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &stream)?;
+//!     let host = recv.copy_to_host(&stream)?;         // waits for the stream
+//!     let w = comm.world_size() as f32;
+//!     assert!(host.iter().all(|&x| x == w * (w - 1.0) / 2.0));
+//!     let _send = comm.deregister(send)?;             // explicit: returns the buffer or
+//!     drop(recv);                                     // the error; drop also deregisters
+//!     Ok(())
+//! })?;                                                // every rank's error is seen
+//! # Ok::<(), unicomm::Error>(())
 //! ```
+//!
+//! More, runnable on the mock: [`guide`] (registration, windows, automatic registration,
+//! every collective family).
 //!
 //! Backends are cargo features: `mock` (default), `nccl`, `rccl`. Vendor libraries are
 //! loaded at run time, so every backend builds on any machine. See `docs/ARCHITECTURE.md`.
@@ -73,6 +70,10 @@ compile_error!("unicomm needs at least one backend feature: mock, nccl or rccl")
 mod dispatch;
 
 pub use dispatch::{AnyComm, AnyMemory, AnyStream};
+pub use unicomm_core::each_rank;
+
+#[doc = include_str!("guide.md")]
+pub mod guide {}
 pub use unicomm_core::{
     backend, bf16, f16, Capabilities, DataType, DeviceInfo, DeviceSlice, DeviceSliceMut,
     DeviceStream, Element, Error, Op, RawHandle, ReduceOp, Result, Version,
@@ -213,6 +214,14 @@ pub fn probe(vendor: Vendor) -> Result<String> {
 /// One communicator per visible device of `vendor`, in one process (hand each to its own
 /// thread, or drive them all from one thread inside [`unicomm_core::Comm::group`]). The mock
 /// has no devices: it takes `UNICOMM_MOCK_RANKS` ranks (default 4).
+///
+/// ```
+/// # std::env::set_var("UNICOMM_MOCK_RANKS", "3");
+/// let comms = unicomm::local_comms(unicomm::Vendor::Mock)?;
+/// assert_eq!(comms.len(), 3);
+/// assert!(comms.iter().enumerate().all(|(r, c)| c.rank() == r && c.world_size() == 3));
+/// # Ok::<(), unicomm::Error>(())
+/// ```
 pub fn local_comms(vendor: Vendor) -> Result<Vec<Comm>> {
     local_comms_n(vendor, None)
 }
@@ -237,6 +246,18 @@ pub fn local_comms_n(vendor: Vendor, n: Option<usize>) -> Result<Vec<Comm>> {
 ///
 /// (DESIGN.md sketches this as `Comm::from_env`; `Comm` is an alias of a unicomm-core type,
 /// so the facade offers it as a function.)
+///
+/// ```
+/// // What torchrun sets for a job of one rank (rank 0 serves the rendezvous).
+/// # let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+/// for (k, v) in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+///                ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", &port.to_string())] {
+///     std::env::set_var(k, v);
+/// }
+/// let comm = unicomm::from_env(unicomm::Vendor::Mock)?;
+/// assert_eq!((comm.rank(), comm.world_size()), (0, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn from_env(vendor: Vendor) -> Result<Comm> {
     let env = unicomm_core::bootstrap::LaunchEnv::detect()?;
     let timeout = bootstrap_timeout()?;

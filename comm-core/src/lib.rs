@@ -47,6 +47,7 @@ pub mod element;
 pub mod env;
 mod error;
 pub mod op;
+mod ranks;
 pub mod registration;
 pub mod registry;
 
@@ -63,4 +64,5 @@ pub use element::{DataType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use op::{Extent, Kind, Op, Slice};
+pub use ranks::each_rank;
 pub use registration::{AutoRegistered, RegisterError, Registered, Registration, Window};
