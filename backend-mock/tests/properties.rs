@@ -1,5 +1,5 @@
-//! Property tests of the collectives on the mock against the host reference (issue #11 item
-//! 7): proptest draws the collective, type, reduction, count, world size, placement and
+//! Property tests of the collectives on the mock against the host reference (the contract's
+//! collectives): proptest draws the collective, type, reduction, count, world size, placement and
 //! registration; every rank's output must equal the reference, in both modes (one thread
 //! per rank, one thread for all). Bounded (`PROPTEST_CASES`, default 96) to keep CI short;
 //! a failure is shrunk to the smallest case and printed.

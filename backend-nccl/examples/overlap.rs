@@ -1,4 +1,5 @@
-//! How much an all_to_all slows a concurrent kernel (issue #10, item 4): NCCL's SM-based
+//! How much an all_to_all slows a concurrent kernel (the copy-engine path's reason to
+//! exist: no SMs): NCCL's SM-based
 //! all_to_all against unicomm's copy-engine path, same window buffers, one thread per GPU.
 //!
 //! Per GPU, a kernel on its own stream (a compute-bound FMA loop, or a memory-bound stream

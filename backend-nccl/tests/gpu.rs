@@ -25,7 +25,7 @@ fn comms(n: usize) -> Vec<Comm<NcclComm>> {
     NCCL.comms(n).expect("GPU communicators")
 }
 
-/// Item 7: ten all-reduces captured into a CUDA graph, replayed once.
+/// CUDA-graph capture (a capability the contract names): ten all-reduces captured into a CUDA graph, replayed once.
 #[test]
 fn collectives_captured_into_a_cuda_graph_replay_correctly() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -92,7 +92,7 @@ fn copy_engine_signals_replay_in_a_cuda_graph() -> Result<()> {
     unicomm_nccl_api::gpu_tests::signals_replay_in_a_graph(&NCCL, &capture)
 }
 
-/// Item 6: a cudarc stream and cudarc slices used directly, without copies.
+/// cudarc interop (the contract's): a cudarc stream and cudarc slices used directly, without copies.
 #[test]
 fn cudarc_streams_and_slices_work_directly() {
     let w = world().expect("UNICOMM_GPU_WORLD");

@@ -205,3 +205,55 @@ fn graphs_are_refused_on_the_mock() {
         "{stderr}"
     );
 }
+
+/// `report` names the path auto took per row by the library's own policy code: with a tune
+/// file that sends all_reduce up to 100 bytes to windows and above to registration, the 8 B
+/// row says window and the 1 KiB row registered, and a cell where auto is over 1.03x the
+/// best fixed mode is listed as a miss.
+#[test]
+fn the_report_names_auto_s_path_by_the_policy_and_lists_its_misses() {
+    let dir = std::env::temp_dir().join(format!("unicomm-report-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let row = |size: u64, mode: &str, time: f64| {
+        serde_json::json!({"collective": "all_reduce", "size": size, "mode": mode,
+            "inPlace": false, "time": time, "iterTime": {"p50": time}})
+    };
+    let doc = serde_json::json!({"library": {"backend": "nccl", "version": "2.28.9"},
+        "nranks": 2, "results": [
+            row(8, "window", 6.0), row(8, "registered", 8.0), row(8, "auto", 6.1),
+            row(1024, "window", 9.0), row(1024, "registered", 8.0), row(1024, "auto", 9.0)]});
+    let json = dir.join("sweep.json");
+    std::fs::write(&json, doc.to_string()).unwrap();
+    let tune = dir.join("tune.txt");
+    std::fs::write(&tune, "all_reduce 100 window\nall_reduce max registered\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
+        .arg("report")
+        .arg(&json)
+        .arg("--tune")
+        .arg(&tune)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |size: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("| {size} |")))
+            .unwrap_or_else(|| panic!("no row for {size}: {text}"))
+            .to_string()
+    };
+    assert!(line("8").contains("| window | window |"), "{text}");
+    assert!(
+        line("1024").contains("| registered | registered |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("auto over 1.03x the best fixed mode (mean): 1 cells"),
+        "{text}"
+    );
+    assert!(text.contains("- all_reduce 1024 B: 1.125"), "{text}");
+}

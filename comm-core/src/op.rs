@@ -129,6 +129,60 @@ impl Extent {
 }
 
 impl Kind {
+    /// Every operation once (reductions as sums, roots and peers 0), in the order of
+    /// [`Kind::code`]: the one list of the collectives that the automatic policy, the ranks'
+    /// agreement, the benchmark and the conformance suite name them by.
+    pub const ALL: [Kind; 9] = [
+        Kind::AllReduce { op: ReduceOp::Sum },
+        Kind::Broadcast { root: 0 },
+        Kind::Reduce {
+            op: ReduceOp::Sum,
+            root: 0,
+        },
+        Kind::AllGather,
+        Kind::ReduceScatter { op: ReduceOp::Sum },
+        Kind::AllToAll,
+        Kind::Barrier,
+        Kind::Send { peer: 0 },
+        Kind::Recv { peer: 0 },
+    ];
+
+    /// A stable number per operation, from 1 (what ranks exchange to compare their calls).
+    pub fn code(self) -> u8 {
+        match self {
+            Kind::AllReduce { .. } => 1,
+            Kind::Broadcast { .. } => 2,
+            Kind::Reduce { .. } => 3,
+            Kind::AllGather => 4,
+            Kind::ReduceScatter { .. } => 5,
+            Kind::AllToAll => 6,
+            Kind::Barrier => 7,
+            Kind::Send { .. } => 8,
+            Kind::Recv { .. } => 9,
+        }
+    }
+
+    /// The operation's name in snake case, as tune files, the benchmark and its reports
+    /// spell it (`all_reduce`, `all_to_all`, ...).
+    pub fn snake_name(self) -> &'static str {
+        match self {
+            Kind::AllReduce { .. } => "all_reduce",
+            Kind::Broadcast { .. } => "broadcast",
+            Kind::Reduce { .. } => "reduce",
+            Kind::AllGather => "all_gather",
+            Kind::ReduceScatter { .. } => "reduce_scatter",
+            Kind::AllToAll => "all_to_all",
+            Kind::Barrier => "barrier",
+            Kind::Send { .. } => "send",
+            Kind::Recv { .. } => "recv",
+        }
+    }
+
+    /// The operation a snake-case name spells (of [`Kind::ALL`]).
+    pub fn from_snake_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.snake_name() == name)
+    }
+
     /// The operation's name, as NCCL spells it without the prefix.
     pub fn name(self) -> &'static str {
         match self {

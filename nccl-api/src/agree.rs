@@ -40,40 +40,22 @@ const FIELDS: [&str; 6] = [
     "path",
 ];
 
+/// `kind`'s fields as words: its code ([`Kind::code`]), its reduction (0: none) and its
+/// root.
 fn kind_code(kind: Kind) -> (u64, u64, u64) {
-    let red = |op: ReduceOp| op.nccl() as u64 + 1;
-    match kind {
-        Kind::AllReduce { op } => (1, red(op), 0),
-        Kind::Broadcast { root } => (2, 0, root as u64),
-        Kind::Reduce { op, root } => (3, red(op), root as u64),
-        Kind::AllGather => (4, 0, 0),
-        Kind::ReduceScatter { op } => (5, red(op), 0),
-        Kind::AllToAll => (6, 0, 0),
-        Kind::Barrier => (7, 0, 0),
-        Kind::Send { .. } | Kind::Recv { .. } => (8, 0, 0),
-    }
+    let red = kind.reduction().map_or(0, |op| op.nccl() as u64 + 1);
+    let root = kind.rank_arg().map_or(0, |(r, _)| r as u64);
+    (u64::from(kind.code()), red, root)
 }
 
 /// Field `i`'s value in words (the codes of `kind_code`, the library's type codes, the
 /// paths), or the number where it is one.
 fn shown(i: usize, v: u64, paths: &[&str]) -> String {
     let named = match i {
-        0 => {
-            let (sum, root) = (ReduceOp::Sum, 0);
-            [
-                Kind::AllReduce { op: sum },
-                Kind::Broadcast { root },
-                Kind::Reduce { op: sum, root },
-                Kind::AllGather,
-                Kind::ReduceScatter { op: sum },
-                Kind::AllToAll,
-                Kind::Barrier,
-                Kind::Send { peer: 0 },
-            ]
+        0 => Kind::ALL
             .into_iter()
-            .find(|k| kind_code(*k).0 == v)
-            .map(|k| k.name().to_string())
-        }
+            .find(|k| u64::from(k.code()) == v)
+            .map(|k| k.name().to_string()),
         2 => DataType::ALL
             .iter()
             .find(|t| t.nccl() as u64 == v)

@@ -35,37 +35,36 @@ impl Path {
     }
 }
 
-/// Per collective (its index in `NAMES`), ordered `(up to bytes, path)` rules.
+/// Per collective (its [`Kind::code`]), ordered `(up to bytes, path)` rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    rules: Vec<(usize, usize, Path)>,
+    rules: Vec<(u8, usize, Path)>,
 }
 
-/// Collective names as tune files spell them.
-const NAMES: [&str; 6] = [
-    "all_reduce",
-    "all_to_all",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "reduce",
-];
-
-/// The collective's index in `NAMES` (a rule's first field): asked on every automatic
-/// call, so a number, not a name to compare.
-fn index_of(kind: Kind) -> Option<usize> {
-    Some(match kind {
-        Kind::AllReduce { .. } => 0,
-        Kind::AllToAll => 1,
-        Kind::AllGather => 2,
-        Kind::ReduceScatter { .. } => 3,
-        Kind::Broadcast { .. } => 4,
-        Kind::Reduce { .. } => 5,
-        _ => return None,
-    })
+/// The collectives a tune file has rules for (those with more than one path).
+fn tunable(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::AllReduce { .. }
+            | Kind::AllToAll
+            | Kind::AllGather
+            | Kind::ReduceScatter { .. }
+            | Kind::Broadcast { .. }
+            | Kind::Reduce { .. }
+    )
 }
 
-/// The built-in defaults, from the 2x H200 measurements (docs/benchmarks.md): windows for
+/// Their names as tune files spell them ([`Kind::snake_name`]).
+#[cfg(test)]
+fn tunable_names() -> Vec<&'static str> {
+    Kind::ALL
+        .into_iter()
+        .filter(|k| tunable(*k))
+        .map(Kind::snake_name)
+        .collect()
+}
+
+/// The built-in defaults, from the 2x H200 measurements (docs/performance.md): windows for
 /// small all_reduce (latency), registration for large; copy engines for large all_to_all
 /// and all_gather.
 const DEFAULTS: &str = "\
@@ -99,10 +98,10 @@ impl Policy {
             let [coll, bound, path] = f[..] else {
                 return Err(bad("three fields"));
             };
-            let coll = NAMES
-                .iter()
-                .position(|n| *n == coll)
-                .ok_or_else(|| bad(&format!("unknown collective {coll:?}")))?;
+            let coll = Kind::from_snake_name(coll)
+                .filter(|k| tunable(*k))
+                .ok_or_else(|| bad(&format!("unknown collective {coll:?}")))?
+                .code();
             let bound = match bound {
                 "max" => usize::MAX,
                 b => b
@@ -143,7 +142,7 @@ impl Policy {
             }
         };
         for (coll, bound, path) in &self.rules {
-            eat(NAMES[*coll].as_bytes());
+            eat(Kind::ALL[usize::from(*coll) - 1].snake_name().as_bytes());
             // `max` is the same in a 32-bit process as in a 64-bit one.
             let b = if *bound == usize::MAX {
                 u64::MAX
@@ -159,9 +158,10 @@ impl Policy {
     /// The path for `kind` at `size` bytes (nccl-tests' size), or `Registered` when no rule
     /// matches.
     pub fn choose(&self, kind: Kind, size: usize) -> Path {
-        let Some(coll) = index_of(kind) else {
+        if !tunable(kind) {
             return Path::Registered;
-        };
+        }
+        let coll = kind.code();
         self.rules
             .iter()
             .find(|(c, bound, _)| *c == coll && size <= *bound)
@@ -216,7 +216,7 @@ mod tests {
             lines in proptest::collection::vec(
                 (
                     proptest::prop_oneof![
-                        8 => proptest::sample::select(NAMES.to_vec()),
+                        8 => proptest::sample::select(tunable_names()),
                         1 => proptest::sample::select(vec!["allreduce", "", "#", "x"]),
                     ],
                     proptest::prop_oneof![
@@ -284,18 +284,16 @@ mod tests {
     /// that collective only, whatever the others' rules say.
     #[test]
     fn each_collective_reads_its_own_rules() {
-        let kinds = [
-            Kind::AllReduce { op: ReduceOp::Sum },
-            Kind::AllToAll,
-            Kind::AllGather,
-            Kind::ReduceScatter { op: ReduceOp::Max },
-            Kind::Broadcast { root: 0 },
-            Kind::Reduce {
-                op: ReduceOp::Sum,
-                root: 0,
-            },
-        ];
-        for (i, name) in NAMES.iter().enumerate() {
+        // Reductions other than the sum choose by the collective alone.
+        let kinds: Vec<Kind> = Kind::ALL
+            .into_iter()
+            .filter(|k| tunable(*k))
+            .map(|k| match k {
+                Kind::ReduceScatter { .. } => Kind::ReduceScatter { op: ReduceOp::Max },
+                k => k,
+            })
+            .collect();
+        for (i, name) in tunable_names().iter().enumerate() {
             let p = Policy::parse(&format!("{name} 100 window\n{name} max ce\n"), "t").unwrap();
             for (j, k) in kinds.iter().enumerate() {
                 let (small, large) = if i == j {

@@ -1,7 +1,7 @@
 //! unicomm's host cost per call over the same library call made through the function table,
 //! with the caches cold as on a GPU host: there a call's 5-10 us inside NCCL and the driver
 //! leave unicomm's code and data out of the first-level caches, so each step costs several
-//! times what it costs in a tight loop (round 11's profile on 1x H200: 0.28 us per call
+//! times what it costs in a tight loop (a profile on 1x H200, 2026-12: 0.28 us per call
 //! against ~60 ns here without the thrash). Between calls this benchmark runs straight-line
 //! code (evicting the instruction cache, as the driver's enqueue does) and writes data (`THRASH_CODE_KIB`, `THRASH_DATA_KIB`, 64 each by default; 0 for a tight
 //! loop; `ROUNDS`, 41). Timing benchmark, so opt-in:
@@ -10,7 +10,7 @@
 //! On the 2-core VM the thrash's own time varies by more than unicomm's cost, so the
 //! rounds are paired (each unicomm round against the table round just before it) and the
 //! median pair reported; with the thrash the quartiles still span ~150 ns, so this finds
-//! regressions, not 20 ns gains (those were measured by `perf` on the GPU host, round 12).
+//! regressions, not 20 ns gains (those were measured by `perf` on the GPU host).
 
 mod common;
 

@@ -1,8 +1,8 @@
 //! Host time of an automatically registered all_reduce against the fake library: with many
 //! other registrations live (the registry's lookup must not grow with their number), and
 //! against the same call on plain, registered and window buffers (auto's choice must cost
-//! next to nothing: at host-bound sizes a call's time is the host's, and goal 3 allows auto
-//! 3% over the best fixed mode). Timing benchmarks, so opt-in: `cargo test --release -p
+//! next to nothing: at host-bound sizes a call's time is the host's, and auto's target is
+//! within 3% of the best fixed mode). Timing benchmarks, so opt-in: `cargo test --release -p
 //! unicomm-nccl-api --test fake_registry_cost -- --ignored --nocapture --test-threads=1`
 //! (one at a time: the fake counts calls under one lock; CI runs the
 //! registry's deterministic tests instead: `registry::tests`).

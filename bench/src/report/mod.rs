@@ -3,12 +3,14 @@
 mod header;
 mod json;
 mod plot;
+mod summary;
 mod table;
 mod tune;
 
 pub use header::Header;
 pub use json::{json, json_with_memory};
 pub use plot::{plot, replot};
+pub use summary::summary;
 pub use table::{memory, table};
 pub use tune::tune;
 
