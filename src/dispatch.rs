@@ -3,7 +3,7 @@
 //! implemented by matching (the `burn-dispatch` pattern), and for each vendor its entry
 //! points or a "not compiled in" error. Adding a backend is one line of the table plus its
 //! [`Backend`] impl. Written by hand, not with enum_dispatch: it cannot see a trait of
-//! another crate nor handle associated types (docs/decisions.md).
+//! another crate nor handle associated types (docs/dev/decisions.md).
 
 use std::time::Duration;
 

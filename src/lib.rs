@@ -32,7 +32,7 @@
 //! every collective family).
 //!
 //! Backends are cargo features: `mock` (default), `nccl`, `rccl`. Vendor libraries are
-//! loaded at run time, so every backend builds on any machine. See `docs/ARCHITECTURE.md`.
+//! loaded at run time, so every backend builds on any machine. See `docs/dev/ARCHITECTURE.md`.
 //!
 //! # Choosing the vendor
 //! [`Vendor::Auto`] means a GPU vendor: NVIDIA (NCCL) if usable, else AMD (RCCL); when

@@ -1,10 +1,10 @@
 #!/bin/bash
 # Written by `cargo xtask bundle`: runs the bundle's run.sh once per part named in
 # PARTS_LIST (e.g. PARTS_LIST="bench autoprobe procs", then "overlap", then "faults
-# conformance quick": each group fits one 10-minute call on 2x H200, docs/benchmarks.md),
+# conformance quick": each group fits one 10-minute call on 2x H200, a2b12b3:docs/benchmarks.md),
 # with each part's logs in one tarball under $OUT (a device call brings back at most 8
 # files), the machine's description and a summary with each part's exit status and time.
-# `python3 docs/bench/x2-report.py DIR` reads the parts once extracted into DIR.
+# The sweep's JSON reads back as tables with `unicomm-bench report DIR/bench/nccl-bench.json`.
 cd "$(dirname "$0")"
 base=${OUT:-$PWD/logs}; mkdir -p "$base"
 : "${PARTS_LIST:?name the parts, e.g. PARTS_LIST=\"bench autoprobe procs\"}"

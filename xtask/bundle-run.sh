@@ -46,7 +46,7 @@ for v in nccl rccl; do
     timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor -b 8 -e 512M -f 4 -w ${BENCH_WARMUP:-20} -n ${BENCH_ITERS:-200} ${BENCH_ARGS---coll all_reduce,all_to_all,all_gather --place out} -J "$OUT/$v-bench.json" --plot "$OUT/$v-bench.svg" > "$OUT/$v-bench.log" 2>&1 || rc=1
     grep "^# mode" "$OUT/$v-bench.log"
     # The small sizes again with CUDA graphs (-G, CUDA only): the device's time without the
-    # host's per-call cost, where direct calls tie at the host's pace (docs/benchmarks.md).
+    # host's per-call cost, where direct calls tie at the host's pace (a2b12b3:docs/benchmarks.md).
     if [ $v = nccl ]; then
       step $v bench graphs, small sizes
       timeout ${GRAPHS_TIMEOUT:-120} ./unicomm-bench --vendor $vendor -G 20 -b 8 -e 2M -f 4 -w ${BENCH_WARMUP:-20} -n ${BENCH_ITERS:-200} --coll all_reduce,all_to_all,all_gather --place out -J "$OUT/$v-bench-graphs.json" > "$OUT/$v-bench-graphs.log" 2>&1 || rc=1
@@ -83,7 +83,7 @@ for v in nccl rccl; do
   fi
   if [ "$PARTS" = bench ] || [ "$PARTS" = cesync ]; then continue; fi
   if [ "$PARTS" = autoprobe ]; then
-    # Why auto trails the window mode for all_reduce at 8-32 KiB (docs/benchmarks.md): auto
+    # Why auto trails the window mode for all_reduce at 8-32 KiB (a2b12b3:docs/benchmarks.md): auto
     # forced to the window path, with and without the copy-engine sharing (peer access).
     printf 'all_reduce max window\n' > "$OUT/$v-autoprobe-tune.txt"
     for ce in 0 1; do

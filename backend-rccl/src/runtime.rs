@@ -1,5 +1,5 @@
 //! The HIP runtime through a libloading table of `libamdhip64` (not hip-sys: it needs ROCm
-//! headers to build and links the library at build time; see docs/decisions.md).
+//! headers to build and links the library at build time; see docs/dev/decisions.md).
 
 use std::ffi::{c_char, c_int, c_void};
 

@@ -147,7 +147,7 @@ pub trait DeviceMemory: Send + Sync {
     /// Copies `src` to `self[offset..offset + src.len()]`, ordered after the work enqueued
     /// on `stream`, and returns once `src` may be reused. The GPU backends return after the
     /// copy completed (so after the work before it on the stream: a host copy is a set-up
-    /// step, not a hot path; docs/decisions.md); the mock stages the bytes and returns.
+    /// step, not a hot path; docs/dev/decisions.md); the mock stages the bytes and returns.
     fn write(&self, offset: usize, src: &[u8], stream: &Self::Stream) -> Result<()>;
 
     /// Copies `self[offset..offset + dst.len()]` into `dst` after all work enqueued on

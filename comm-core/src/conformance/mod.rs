@@ -288,7 +288,7 @@ impl Case {
     /// NCCL's documented difference (2.27-2.28, measured on 2x H200 with 2.28.9): an
     /// in-place all-gather in a symmetric window whose per-rank chunk is not a multiple of
     /// 4 bytes corrupts data, so the NCCL-API backends refuse it as `Unsupported`
-    /// (docs/results.md). True for the cases that are refused so.
+    /// (a2b12b3:docs/results.md). True for the cases that are refused so.
     pub fn nccl_refuses(&self) -> bool {
         let chunk = match self.count {
             Count::Zero => 0,

@@ -90,7 +90,7 @@ impl<R: Runtime> Harness for Gpu<R> {
     }
 
     /// NCCL 2.28's symmetric in-place all-gather with chunks that are not a multiple of 4
-    /// bytes is refused by the shared layer (it corrupts data; docs/results.md); the same
+    /// bytes is refused by the shared layer (it corrupts data; a2b12b3:docs/results.md); the same
     /// check applies to RCCL, which reports the NCCL API it implements.
     fn unsupported(&self, case: &Case) -> bool {
         case.nccl_refuses()
