@@ -79,6 +79,8 @@ pub(crate) enum Cmd {
     /// Build release binaries and a run script into dist/unicomm-bundle for a GPU machine
     /// without a Rust toolchain.
     Bundle(Opts),
+    /// Check that the workspace's rust-version is at least every dependency's.
+    Msrv,
     /// Start any program as N ranks, one per process, with torchrun's variables (what
     /// `run --procs` does for an example): `cargo xtask launch --procs 2 -- ./prog args`.
     Launch {

@@ -8,6 +8,7 @@ mod cargo;
 mod cli;
 mod gpu;
 mod launch;
+mod msrv;
 mod run;
 mod test;
 
@@ -83,6 +84,7 @@ fn xtask(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Bundle(o) => bundle::bundle(&o),
+        Cmd::Msrv => msrv::msrv(),
         Cmd::Launch {
             procs,
             timeout_s,
