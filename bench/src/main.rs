@@ -60,15 +60,23 @@ impl Coll {
     pub fn per_rank(self) -> bool {
         matches!(self, Coll::AllToAll | Coll::AllGather | Coll::ReduceScatter)
     }
-    /// The name in tables and JSON.
-    pub fn name(self) -> &'static str {
+    /// The library's operation (reductions as sums, root 0).
+    pub fn kind(self) -> unicomm::core::Kind {
+        use unicomm::core::Kind;
         match self {
-            Coll::AllReduce => "all_reduce",
-            Coll::AllToAll => "all_to_all",
-            Coll::AllGather => "all_gather",
-            Coll::ReduceScatter => "reduce_scatter",
-            Coll::Broadcast => "broadcast",
+            Coll::AllReduce => Kind::AllReduce { op: ReduceOp::Sum },
+            Coll::AllToAll => Kind::AllToAll,
+            Coll::AllGather => Kind::AllGather,
+            Coll::ReduceScatter => Kind::ReduceScatter { op: ReduceOp::Sum },
+            Coll::Broadcast => Kind::Broadcast { root: 0 },
         }
+    }
+    /// The name in tables, JSON and tune files: the operation's ([`Kind::snake_name`],
+    /// what the automatic policy reads).
+    ///
+    /// [`Kind::snake_name`]: unicomm::core::Kind::snake_name
+    pub fn name(self) -> &'static str {
+        self.kind().snake_name()
     }
 }
 
@@ -472,4 +480,23 @@ fn bench() -> anyhow::Result<()> {
         bail!("{wrong} wrong elements");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The command line, the tables, the JSON and the tune files spell a collective one
+    /// way: clap's snake-case value is the operation's own name, which the policy parses.
+    #[test]
+    fn every_collective_is_spelled_as_the_library_names_it() {
+        for c in Coll::value_variants() {
+            let value = c.to_possible_value().expect("a value");
+            assert_eq!(value.get_name(), c.name());
+            assert_eq!(
+                unicomm::core::Kind::from_snake_name(c.name()),
+                Some(c.kind())
+            );
+        }
+    }
 }

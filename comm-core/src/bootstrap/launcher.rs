@@ -18,7 +18,7 @@ pub struct LaunchEnv {
     /// rendezvous.
     pub master: (String, u16),
     /// `UNICOMM_RENDEZVOUS_FILE`: the id is handed out through this file on a filesystem
-    /// every rank sees, instead of over TCP ([`exchange_unique_id`]).
+    /// every rank sees, instead of over TCP ([`exchange_unique_id`](super::exchange_unique_id)).
     pub file: Option<std::path::PathBuf>,
     /// Which launcher's variables were read (a [`Launcher::name`]: "torchrun",
     /// "mpirun (Open MPI)", "srun (Slurm)", ...).
