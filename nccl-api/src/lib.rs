@@ -42,8 +42,6 @@ mod base;
 mod comm;
 mod copy_engine;
 mod create;
-#[cfg(feature = "gpu-harness")]
-pub mod gpu_tests;
 mod group;
 mod libcomm;
 pub mod memory;
@@ -60,3 +58,15 @@ pub use policy::Policy;
 pub use sys::api::{Api, Flavor, UniqueId};
 pub use sys::runtime::Runtime;
 pub use sys::{api, config, runtime, search};
+
+/// The copy-engine path's building blocks, for the GPU test crate (`unicomm-gpu-tests`) to
+/// run on a real GPU what the fake library cannot reach: not a stable API.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing {
+    #[cfg(target_os = "linux")]
+    pub use crate::copy_engine::ipc::{exchange, Job, Listener, Offer};
+    pub use crate::copy_engine::signals::{
+        block_bytes, block_image, release, wanted, Phase, Signals,
+    };
+}

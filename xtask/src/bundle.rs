@@ -11,23 +11,22 @@ use crate::cargo::{cargo, executables, named, root};
 use crate::cli::{Opts, Vendor};
 use crate::gpu::{GpuVendor, SUITE_WORLDS};
 
-/// The GPU test binaries of `pkg` (its targets `names`, built with `features`), each named
-/// `<vendor>-<target>` in the bundle.
-fn test_binaries(pkg: &str, features: &str, names: &[&str]) -> Result<Vec<(PathBuf, String)>> {
+/// The test binaries of `pkg` (its targets `names`, built with `features`), each named
+/// `<prefix>-<target>` in the bundle.
+fn test_binaries(
+    pkg: &str,
+    features: &str,
+    names: &[&str],
+    prefix: &str,
+) -> Result<Vec<(PathBuf, String)>> {
     let mut t = cargo();
-    t.args([
-        "test",
-        "--release",
-        "-p",
-        pkg,
-        "--features",
-        features,
-        "--no-run",
-    ]);
-    let short = pkg.trim_start_matches("unicomm-");
+    t.args(["test", "--release", "-p", pkg, "--no-run"]);
+    if !features.is_empty() {
+        t.args(["--features", features]);
+    }
     let found = executables(&format!("build test binaries of {pkg}"), t, |a| {
         (a.target.is_kind(TargetKind::Test) && names.contains(&a.target.name.as_str()))
-            .then(|| format!("{short}-{}", a.target.name))
+            .then(|| format!("{prefix}-{}", a.target.name))
     })?;
     if found.len() != names.len() {
         bail!("expected the test binaries {names:?} of {pkg}, found {found:?}");
@@ -116,18 +115,19 @@ pub(crate) fn bundle(o: &Opts) -> Result<()> {
                     TargetKind::Example,
                     &["overhead", "overlap"],
                 )?);
-                copies.extend(test_binaries(
-                    "unicomm-nccl",
-                    "gpu-tests",
-                    &["gpu", "loader"],
-                )?);
+                copies.extend(test_binaries("unicomm-nccl", "", &["loader"], "nccl")?);
             }
-            GpuVendor::Rocm => copies.extend(test_binaries(
-                "unicomm-rccl",
-                "gpu-tests",
-                &["gpu", "hip_loader"],
-            )?),
+            GpuVendor::Rocm => {
+                copies.extend(test_binaries("unicomm-rccl", "", &["hip_loader"], "rccl")?)
+            }
         }
+        // The GPU test crate, one binary per area: `<vendor>-<area>`.
+        copies.extend(test_binaries(
+            "unicomm-gpu-tests",
+            v.feature(),
+            v.areas(),
+            v.feature(),
+        )?);
     }
     for (src, name) in &copies {
         let dst = out.join(name);

@@ -29,10 +29,26 @@ pub(crate) enum GpuVendor {
 }
 
 impl GpuVendor {
-    pub(crate) fn package(self) -> &'static str {
+    /// The GPU test crate's feature for this vendor, and the prefix of its binaries in the
+    /// bundle.
+    pub(crate) fn feature(self) -> &'static str {
         match self {
-            GpuVendor::Cuda => "unicomm-nccl",
-            GpuVendor::Rocm => "unicomm-rccl",
+            GpuVendor::Cuda => "nccl",
+            GpuVendor::Rocm => "rccl",
+        }
+    }
+    /// The GPU test crate's test files (one per area) this vendor builds.
+    pub(crate) fn areas(self) -> &'static [&'static str] {
+        match self {
+            GpuVendor::Cuda => &[
+                "conformance",
+                "registration",
+                "ranks",
+                "ipc",
+                "signals",
+                "cuda",
+            ],
+            GpuVendor::Rocm => &["conformance", "registration", "ranks", "ipc", "signals"],
         }
     }
     pub(crate) fn library(self) -> &'static str {
@@ -43,8 +59,9 @@ impl GpuVendor {
     }
 }
 
-/// The opt-in GPU tests of one vendor: the shared suite (conformance at the world sizes the
-/// machine has GPUs for, registration, windows, init_rank, errors) and the vendor's own.
+/// The opt-in GPU tests of one vendor (the `unicomm-gpu-tests` crate, one file per area):
+/// conformance at the world sizes the machine has GPUs for, registration, windows,
+/// init_rank, the copy engines' exchange and signals, and the vendor's own.
 /// Without the vendor's GPU they fail with `NoDevice`/`LibraryNotFound`; never skipped.
 pub(crate) fn gpu_tests(v: GpuVendor, args: &[String], gpus: usize) -> Result<()> {
     let mut g = cargo();
@@ -52,11 +69,9 @@ pub(crate) fn gpu_tests(v: GpuVendor, args: &[String], gpus: usize) -> Result<()
         "test",
         "--release",
         "-p",
-        v.package(),
+        "unicomm-gpu-tests",
         "--features",
-        "gpu-tests",
-        "--test",
-        "gpu",
+        v.feature(),
         "--",
         "--test-threads=1",
     ]);

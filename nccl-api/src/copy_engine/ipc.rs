@@ -30,7 +30,7 @@ use unicomm_core::{Error, Result};
 /// What identifies one communicator's exchanges: the listener names' tag and the key every
 /// offer carries, both derived from the communicator's unique id.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Job {
+pub struct Job {
     tag: [u8; 16],
     key: [u8; 16],
 }
@@ -55,7 +55,7 @@ fn fnv(seed: u64, data: &[u8]) -> u64 {
 
 impl Job {
     /// The job of the communicator created from `id` (the unique id's bytes).
-    pub(crate) fn from_id(id: &[u8]) -> Job {
+    pub fn from_id(id: &[u8]) -> Job {
         let part = |i: u64| fnv(i.wrapping_mul(0x9e37_79b9_7f4a_7c15), id).to_le_bytes();
         let mut tag = [0; 16];
         let mut key = [0; 16];
@@ -66,14 +66,15 @@ impl Job {
         Job { tag, key }
     }
 
-    pub(crate) fn name(&self, seq: u64, rank: usize) -> String {
+    /// The abstract socket name of `rank`'s listener for exchange number `seq`.
+    pub fn name(&self, seq: u64, rank: usize) -> String {
         format!("unicomm-ce-{}-{seq}-{rank}", hex(&self.tag))
     }
 }
 
 /// One rank's side of an exported allocation, as its peers need it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Offer {
+pub struct Offer {
     /// The allocation's size (what the importer maps).
     pub size: u64,
     /// Where the window starts in the allocation.
@@ -88,7 +89,7 @@ const PER_OFFER: Duration = Duration::from_secs(2);
 const MSG: usize = 8 + 16 + 8 + 4 + 4 + 4 + 8 + 8 + 8;
 
 /// A rank's listener for registration `seq`, bound before the peers are told to connect.
-pub(crate) struct Listener {
+pub struct Listener {
     sock: UnixListener,
     job: Job,
     seq: u64,
@@ -97,7 +98,7 @@ pub(crate) struct Listener {
 
 impl Listener {
     /// Binds rank `rank`'s abstract socket for registration `seq`.
-    pub(crate) fn bind(job: Job, seq: u64, rank: usize) -> Result<Listener> {
+    pub fn bind(job: Job, seq: u64, rank: usize) -> Result<Listener> {
         let name = job.name(seq, rank);
         let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| io("name", e))?;
         let sock = UnixListener::bind_addr(&addr).map_err(|e| {
@@ -125,7 +126,7 @@ fn io(what: &str, e: impl std::fmt::Display) -> Error {
 /// keeps what it mapped: on an error or a no, the caller unmaps it), and returns whether
 /// every rank agreed to take the path; at most until `deadline` (then `Timeout`, naming
 /// the ranks that never answered).
-pub(crate) fn exchange(
+pub fn exchange(
     listener: &Listener,
     world: usize,
     mine: Option<(Offer, BorrowedFd<'_>)>,

@@ -76,7 +76,7 @@ impl CopyEngineSync {
 }
 
 /// `UNICOMM_CE_SYNC`: `signals` (the default) or `barrier`.
-pub(crate) fn wanted() -> Result<CopyEngineSync> {
+pub fn wanted() -> Result<CopyEngineSync> {
     use CopyEngineSync::*;
     env::choice(
         "UNICOMM_CE_SYNC",
@@ -98,7 +98,7 @@ pub(crate) fn by_write_wanted() -> Result<bool> {
 
 /// The two phases of one operation.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Phase {
+pub enum Phase {
     /// Before the copies: every peer's output is free.
     Ready = 0,
     /// After the copies: every copy into this rank's output has landed.
@@ -106,12 +106,12 @@ pub(crate) enum Phase {
 }
 
 /// Bytes of one rank's block: `ready[world]`, `done[world]`, the constant 1.
-pub(crate) fn block_bytes(world: usize) -> usize {
+pub fn block_bytes(world: usize) -> usize {
     4 * (2 * world + 1)
 }
 
 /// A block's initial contents: every flag 0, the constant 1 in its last word.
-pub(crate) fn block_image(world: usize) -> Vec<u8> {
+pub fn block_image(world: usize) -> Vec<u8> {
     let bytes = block_bytes(world);
     let mut init = vec![0u8; bytes];
     init[bytes - 4..].copy_from_slice(&1u32.to_ne_bytes());
@@ -127,7 +127,7 @@ fn one(base: usize, world: usize) -> usize {
 }
 
 /// Peers' memory mapped into this process: (address, size) each.
-pub(crate) type Mappings = Vec<(usize, usize)>;
+pub type Mappings = Vec<(usize, usize)>;
 
 /// The agreed mechanism of a communicator, fixed at the first shared window.
 pub(crate) enum Phases<R: Runtime> {
@@ -147,21 +147,21 @@ impl<R: Runtime> Phases<R> {
 }
 
 /// This rank's signal block and every rank's, as this rank addresses them.
-pub(crate) struct Signals<R: Runtime> {
+pub struct Signals<R: Runtime> {
     /// This rank's block; `None` once given up (leaked because work may still use it).
-    pub(crate) block: Option<ApiMemory<R>>,
+    pub block: Option<ApiMemory<R>>,
     /// Each rank's block base here (this rank's own at its index).
-    pub(crate) bases: Vec<usize>,
+    pub bases: Vec<usize>,
     /// Peers' blocks mapped into this process (one rank per process): (address, size).
-    pub(crate) mapped: Mappings,
+    pub mapped: Mappings,
     /// Signal a peer with a stream write into its flag (`Runtime::write_value32`) instead
     /// of a 4-byte copy of the constant (`Runtime::signal_by_write`).
-    pub(crate) by_write: bool,
+    pub by_write: bool,
 }
 
 impl<R: Runtime> Signals<R> {
     /// One phase on `s`: signal every peer, then wait for every peer and re-arm.
-    pub(crate) fn phase(
+    pub fn phase(
         &self,
         rt: &R,
         dev: usize,
@@ -215,7 +215,7 @@ const RELEASE_DEADLINE: Duration = Duration::from_secs(10);
 /// `base` is the block of `rank` in a world of `world` ranks (`block_bytes(world)` bytes of
 /// device memory of `dev`), alive until the writes have completed: the caller keeps it
 /// until every stream that used it is idle, or leaks it.
-pub(crate) unsafe fn release<R: Runtime>(
+pub unsafe fn release<R: Runtime>(
     rt: &R,
     dev: usize,
     base: usize,

@@ -1,25 +1,10 @@
-//! GPU tests of the NCCL backend: the shared suite of the NCCL-API layer (conformance,
-//! registration, windows, init_rank, errors; `unicomm_nccl_api::gpu_tests`) and what only
-//! CUDA has: CUDA-graph capture and cudarc interop. Opt-in (`--features gpu-tests`), run by
-//! `cargo xtask test --vendor cuda` or the bundle's run script on a GPU machine. Without a
-//! GPU every test here fails with `NoDevice`/`LibraryNotFound`: nothing is skipped.
-#![cfg(feature = "gpu-tests")]
+//! What only CUDA has: CUDA-graph capture (of collectives and of the copy-engine path's
+//! signals) and cudarc interop.
+#![cfg(feature = "nccl")]
 
 use unicomm_core::{Comm, ReduceOp, Result};
-use unicomm_nccl::{CudaRuntime, NcclComm};
-use unicomm_nccl_api::gpu_tests::{each, world, Gpu, Vendor};
-
-static NCCL: Gpu<CudaRuntime> = Gpu::new(Vendor {
-    backend: "nccl",
-    library: "NCCL",
-    local_comms: unicomm_nccl::local_comms,
-    unique_id: unicomm_nccl::unique_id,
-    init_rank: unicomm_nccl::init_rank,
-    api: unicomm_nccl::nccl,
-    runtime: unicomm_nccl::cuda,
-});
-
-unicomm_nccl_api::gpu_test_suite!(NCCL);
+use unicomm_gpu_tests::{each, world, NCCL};
+use unicomm_nccl::NcclComm;
 
 fn comms(n: usize) -> Vec<Comm<NcclComm>> {
     NCCL.comms(n).expect("GPU communicators")
@@ -89,7 +74,7 @@ fn copy_engine_signals_replay_in_a_cuda_graph() -> Result<()> {
             graph.launch().map_err(err("graph launch"))
         }))
     };
-    unicomm_nccl_api::gpu_tests::signals_replay_in_a_graph(&NCCL, &capture)
+    unicomm_gpu_tests::signals_replay_in_a_graph(&NCCL, &capture)
 }
 
 /// cudarc interop (the contract's): a cudarc stream and cudarc slices used directly, without copies.

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use unicomm_core::{Error, Result};
 
 use super::Gpu;
-use crate::copy_engine::signals::{block_bytes, block_image, release, Phase, Signals};
-use crate::Runtime;
+use unicomm_nccl_api::testing::{block_bytes, block_image, release, Phase, Signals};
+use unicomm_nccl_api::Runtime;
 
 /// Device memory of this test, freed at the end (after the streams are idle).
 pub(crate) struct Mem<'a, R: Runtime> {

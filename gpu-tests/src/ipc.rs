@@ -5,7 +5,7 @@
 use unicomm_core::{Comm, Error, Result};
 
 use super::{thread_world, Gpu};
-use crate::Runtime;
+use unicomm_nccl_api::Runtime;
 
 /// The runtime's export and import (the copy-engine path across processes): a buffer
 /// from the library's allocator, exported and mapped again in this process, shows the same
@@ -57,7 +57,7 @@ pub(crate) struct Pair {
     /// 0 in the process the test harness started, 1 in the one it started itself.
     pub(crate) me: usize,
     pub(crate) deadline: std::time::Instant,
-    listener: crate::copy_engine::ipc::Listener,
+    listener: unicomm_nccl_api::testing::Listener,
     kid: Option<std::process::Child>,
 }
 
@@ -75,8 +75,8 @@ impl Pair {
                 .collect(),
             None => format!("{:?}{}", Instant::now(), std::process::id()).into_bytes(),
         };
-        let job = crate::copy_engine::ipc::Job::from_id(&seed);
-        let listener = crate::copy_engine::ipc::Listener::bind(job, 0, me)?;
+        let job = unicomm_nccl_api::testing::Job::from_id(&seed);
+        let listener = unicomm_nccl_api::testing::Listener::bind(job, 0, me)?;
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut kid = None;
         if me == 0 {
@@ -122,13 +122,13 @@ impl Pair {
         bytes: usize,
     ) -> Result<(usize, usize, usize)> {
         let x = rt.export_memory(dev, addr)?;
-        let offer = crate::copy_engine::ipc::Offer {
+        let offer = unicomm_nccl_api::testing::Offer {
             size: x.size as u64,
             offset: (addr - x.base) as u64,
             bytes: bytes as u64,
         };
         let mut mapped = None;
-        let agreed = crate::copy_engine::ipc::exchange(
+        let agreed = unicomm_nccl_api::testing::exchange(
             &self.listener,
             2,
             Some((offer, std::os::fd::AsFd::as_fd(&x.fd))),
@@ -266,14 +266,14 @@ pub fn copy_engine_init_rank<R: Runtime>(g: &Gpu<R>) -> Result<()> {
                     // The ranks' mechanism: signals wherever the runtime has them (the
                     // default), nothing to wait for in a world of one.
                     let want = if w == 1 {
-                        crate::CopyEngineSync::Alone
-                    } else if crate::copy_engine::signals::wanted()?
-                        == crate::CopyEngineSync::Barrier
+                        unicomm_nccl_api::CopyEngineSync::Alone
+                    } else if unicomm_nccl_api::testing::wanted()?
+                        == unicomm_nccl_api::CopyEngineSync::Barrier
                         || !(g.vendor.runtime)()?.stream_memory_ops(r)
                     {
-                        crate::CopyEngineSync::Barrier
+                        unicomm_nccl_api::CopyEngineSync::Barrier
                     } else {
-                        crate::CopyEngineSync::Signals
+                        unicomm_nccl_api::CopyEngineSync::Signals
                     };
                     assert_eq!(c.backend().copy_engine_sync(), Some(want), "rank {r}");
                     c.deregister_window(recv)?;

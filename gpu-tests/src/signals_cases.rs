@@ -7,8 +7,8 @@ use unicomm_core::Result;
 
 use super::signals::*;
 use super::Gpu;
-use crate::copy_engine::signals::{block_bytes, block_image, release, Phase, Signals};
-use crate::Runtime;
+use unicomm_nccl_api::testing::{block_bytes, block_image, release, Phase, Signals};
+use unicomm_nccl_api::Runtime;
 
 /// What the signals cost per operation, measured where one GPU is all there is: two streams
 /// as two ranks run `LAT_ITERS` operations of 4 bytes per peer (ready phase, the copy, done

@@ -1,17 +1,48 @@
-//! The GPU test harness both vendor crates instantiate (feature `gpu-harness`): the
-//! conformance suite over real GPUs and the tests every NCCL-API library must pass
-//! (capabilities, registration rules, one thread per GPU with `init_rank`, windows, error
-//! translation). backend-nccl and backend-rccl each expand [`crate::gpu_test_suite!`] in
-//! their opt-in `tests/gpu.rs`; vendor-only tests (CUDA graphs, cudarc interop) live
-//! beside it there. Without the vendor's GPU every test fails with `NoDevice` or
-//! `LibraryNotFound`: nothing is skipped.
+//! unicomm's GPU tests (not published): the conformance suite over real GPUs and the tests
+//! every NCCL-API library must pass, one test file per area (`tests/`), each generic over
+//! the vendor through one value, [`GPU`]: NCCL on CUDA with `--features nccl`, RCCL on HIP
+//! with `--features rccl` (one vendor per build). Run by `cargo xtask test --vendor
+//! cuda|rocm` or the GPU bundle. Without the vendor's GPU every test fails with `NoDevice`
+//! or `LibraryNotFound`: nothing is skipped. Without either feature the test files are
+//! empty (the workspace's CPU tests build them, and run none).
 
 use std::sync::Mutex;
 
 use unicomm_core::conformance::{Case, CaseFn, Failure, Harness};
 use unicomm_core::{Comm, Error, ReduceOp, Result, Version};
 
-use crate::{Api, ApiComm, Runtime, UniqueId};
+use unicomm_nccl_api::{Api, ApiComm, Runtime, UniqueId};
+
+#[cfg(feature = "nccl")]
+/// NCCL on CUDA.
+pub static NCCL: Gpu<unicomm_nccl::CudaRuntime> = Gpu::new(Vendor {
+    backend: "nccl",
+    library: "NCCL",
+    local_comms: unicomm_nccl::local_comms,
+    unique_id: unicomm_nccl::unique_id,
+    init_rank: unicomm_nccl::init_rank,
+    api: unicomm_nccl::nccl,
+    runtime: unicomm_nccl::cuda,
+});
+
+#[cfg(feature = "rccl")]
+/// RCCL on HIP.
+pub static RCCL: Gpu<unicomm_rccl::HipRuntime> = Gpu::new(Vendor {
+    backend: "rccl",
+    library: "RCCL",
+    local_comms: unicomm_rccl::local_comms,
+    unique_id: unicomm_rccl::unique_id,
+    init_rank: unicomm_rccl::init_rank,
+    api: unicomm_rccl::rccl,
+    runtime: unicomm_rccl::hip,
+});
+
+/// The vendor this build tests (NCCL where both features are on).
+#[cfg(feature = "nccl")]
+pub use NCCL as GPU;
+/// The vendor this build tests.
+#[cfg(all(feature = "rccl", not(feature = "nccl")))]
+pub use RCCL as GPU;
 
 mod ipc;
 mod signals;
@@ -284,78 +315,4 @@ pub fn errors_carry_code<R: Runtime>(g: &Gpu<R>) -> Result<()> {
             format!("expected Library, got {other:?}"),
         )),
     }
-}
-
-/// Expands to the shared GPU tests and the conformance suite for a static [`Gpu`] harness.
-/// The calling crate needs `rstest` as a dev-dependency.
-#[macro_export]
-macro_rules! gpu_test_suite {
-    ($gpu:ident) => {
-        ::unicomm_core::conformance_suite!($gpu);
-
-        mod shared {
-            use $crate::gpu_tests as t;
-
-            #[test]
-            fn capabilities_of_the_loaded_library() -> ::unicomm_core::Result<()> {
-                t::capabilities(&super::$gpu)
-            }
-            #[test]
-            fn registration_rules_hold() -> ::unicomm_core::Result<()> {
-                t::registration_rules(&super::$gpu)
-            }
-            #[test]
-            fn explicit_init_rank_from_one_thread_per_gpu() -> ::unicomm_core::Result<()> {
-                t::init_rank_per_thread(&super::$gpu)
-            }
-            #[test]
-            fn symmetric_windows_register_and_reduce() -> ::unicomm_core::Result<()> {
-                t::windows(&super::$gpu)
-            }
-            #[test]
-            fn registration_inside_a_group_is_refused() -> ::unicomm_core::Result<()> {
-                t::registration_in_group_refused(&super::$gpu)
-            }
-            #[test]
-            fn errors_carry_code_name_and_message() -> ::unicomm_core::Result<()> {
-                t::errors_carry_code(&super::$gpu)
-            }
-            #[test]
-            fn exported_memory_maps_back_with_its_bytes() -> ::unicomm_core::Result<()> {
-                t::export_import_round_trip(&super::$gpu)
-            }
-            #[test]
-            fn copy_engine_path_with_init_rank_moves_exact_data() -> ::unicomm_core::Result<()> {
-                t::copy_engine_init_rank(&super::$gpu)
-            }
-            #[test]
-            fn copy_engine_signals_order_two_streams() -> ::unicomm_core::Result<()> {
-                t::signals_order_two_streams(&super::$gpu)
-            }
-            #[test]
-            fn copy_engine_signals_released_by_the_host() -> ::unicomm_core::Result<()> {
-                t::signals_released_by_the_host(&super::$gpu)
-            }
-            #[test]
-            fn copy_engine_signals_latency_on_one_gpu() -> ::unicomm_core::Result<()> {
-                t::signals_latency_on_one_gpu(&super::$gpu)
-            }
-            #[cfg(target_os = "linux")]
-            #[test]
-            fn exported_memory_maps_into_another_process() -> ::unicomm_core::Result<()> {
-                t::export_import_across_processes(
-                    &super::$gpu,
-                    "shared::exported_memory_maps_into_another_process",
-                )
-            }
-            #[cfg(target_os = "linux")]
-            #[test]
-            fn copy_engine_signals_across_processes() -> ::unicomm_core::Result<()> {
-                t::signals_across_processes(
-                    &super::$gpu,
-                    "shared::copy_engine_signals_across_processes",
-                )
-            }
-        }
-    };
 }
