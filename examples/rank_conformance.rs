@@ -45,8 +45,10 @@ fn run() -> anyhow::Result<()> {
     }
     let t = std::time::Instant::now();
     for (i, case) in cases.iter().enumerate() {
-        // NCCL/RCCL refuse one documented case family (Case::nccl_refuses); the mock runs it.
-        let refused = comm.capabilities().backend != "mock" && case.nccl_refuses();
+        // NCCL/RCCL refuse one documented case family (the GPU test crate's rule); the mock
+        // runs it.
+        let refused =
+            comm.capabilities().backend != "mock" && unicomm_gpu_tests::nccl_refuses(case);
         if let Err(e) = run_case_on_rank(&comm, *case, refused) {
             let _ = comm.abort();
             bail!("rank {r}: case {i} of {}: {e}", cases.len());

@@ -284,32 +284,12 @@ pub fn process_subset(world: usize) -> Vec<Case> {
     v
 }
 
-impl Case {
-    /// NCCL's documented difference (2.27-2.28, measured on 2x H200 with 2.28.9): an
-    /// in-place all-gather in a symmetric window whose per-rank chunk is not a multiple of
-    /// 4 bytes corrupts data, so the NCCL-API backends refuse it as `Unsupported`
-    /// (a2b12b3:docs/results.md). True for the cases that are refused so.
-    pub fn nccl_refuses(&self) -> bool {
-        let chunk = match self.count {
-            Count::Zero => 0,
-            Count::One => 1,
-            Count::Odd => 1001,
-            Count::Large => (1 << 20) / self.world,
-            Count::Exactly(n) => n,
-        };
-        self.coll == Coll::AllGather
-            && self.place == Place::In
-            && self.reg == Reg::Window
-            && self.world > 1
-            && !(chunk * self.dtype.size()).is_multiple_of(4)
-    }
-}
-
 /// Runs one case on this process's rank alone (one rank per process: every process of the
 /// world calls it with the same cases in the same order); checks this rank's output.
 ///
 /// With `unsupported`, the case passes only if the backend refuses it as `Unsupported` (a
-/// documented vendor difference, such as [`Case::nccl_refuses`]).
+/// documented vendor difference, which the vendor's harness names: the GPU test crate's
+/// `nccl_refuses`).
 pub fn run_case_on_rank<C: Collective>(
     comm: &Comm<C>,
     case: Case,
