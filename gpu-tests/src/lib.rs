@@ -156,12 +156,11 @@ pub fn each<C: unicomm_core::Collective, T: Send>(
     cs: &[Comm<C>],
     f: impl Fn(&Comm<C>) -> T + Sync,
 ) -> Vec<T> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = cs.iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    })
+    let f = &f;
+    match unicomm_core::each_rank(cs, |c| Ok::<T, std::convert::Infallible>(f(c))) {
+        Ok(v) => v,
+        Err(never) => match never {},
+    }
 }
 
 /// The loaded library's capabilities are reported truthfully.

@@ -7,7 +7,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use cargo_metadata::TargetKind;
 
-use crate::cargo::{cargo, executables, named, root};
+use crate::cargo::{cargo, named, root};
 use crate::cli::{Opts, Vendor};
 use crate::gpu::{GpuVendor, SUITE_WORLDS};
 
@@ -24,14 +24,11 @@ fn test_binaries(
     if !features.is_empty() {
         t.args(["--features", features]);
     }
-    let found = executables(&format!("build test binaries of {pkg}"), t, |a| {
-        (a.target.is_kind(TargetKind::Test) && names.contains(&a.target.name.as_str()))
-            .then(|| format!("{prefix}-{}", a.target.name))
-    })?;
-    if found.len() != names.len() {
-        bail!("expected the test binaries {names:?} of {pkg}, found {found:?}");
-    }
-    Ok(found)
+    let what = format!("build test binaries of {pkg}");
+    Ok(named(&what, t, TargetKind::Test, names)?
+        .into_iter()
+        .map(|(exe, target)| (exe, format!("{prefix}-{target}")))
+        .collect())
 }
 
 /// Release binaries (examples, GPU test binaries, the overhead benchmark), `run.sh` and `parts.sh` in

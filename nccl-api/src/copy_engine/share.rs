@@ -90,14 +90,29 @@ impl Sharing {
             return Ok(());
         }
         let _ = pending;
+        if let Some(peers) = self.exchange_here(base, (addr, bytes))? {
+            enable_peers(base, &peers)?;
+            self.insert(handle, peers, None);
+        }
+        Ok(())
+    }
+
+    /// Swaps `addr..addr+bytes` with the peers in this process's table (the next exchange's
+    /// number): every rank's (device, address, bytes), or `None` without a local world.
+    fn exchange_here<R: Runtime>(
+        &self,
+        base: &Base<R>,
+        (addr, bytes): (usize, usize),
+    ) -> Result<Option<Peers>> {
         let Some(world) = &self.world else {
-            return Ok(());
+            return Ok(None);
         };
         let seq = self.exchanges.fetch_add(1, Ordering::Relaxed);
-        let peers = world.exchange(seq, base.lc.rank, (base.lc.dev, addr, bytes))?;
-        enable_peers(base, &peers)?;
-        self.insert(handle, peers, None);
-        Ok(())
+        Ok(Some(world.exchange(
+            seq,
+            base.lc.rank,
+            (base.lc.dev, addr, bytes),
+        )?))
     }
 
     fn insert(&self, handle: RawHandle, peers: Peers, maps: Option<Vec<(usize, usize)>>) {
@@ -134,11 +149,9 @@ impl Sharing {
         base: &Base<R>,
         (addr, bytes): (usize, usize),
     ) -> Result<Option<Peers>> {
-        let Some(world) = &self.world else {
+        let Some(all) = self.exchange_here(base, (addr, bytes))? else {
             return Ok(None);
         };
-        let seq = self.exchanges.fetch_add(1, Ordering::Relaxed);
-        let all = world.exchange(seq, base.lc.rank, (base.lc.dev, addr, bytes))?;
         if all.iter().any(|&(_, a, _)| a == 0) {
             return Ok(None);
         }
