@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use unicomm_core::bootstrap::LaunchEnv;
 use unicomm_core::{
-    Capabilities, Collective, DeviceMemory, DeviceStream, Error, Marker, Op, RawHandle, Result,
+    Capabilities, Collective, CommConfig, DeviceMemory, DeviceStream, Error, Marker, Op, RawHandle,
+    Result,
 };
 
 use crate::Vendor;
@@ -19,9 +20,9 @@ pub(crate) trait Backend {
     /// One line naming the devices and library, or why they are unusable.
     fn probe() -> Result<String>;
     /// `n` ranks in this process (`None`: every device, or the mock's default).
-    fn local(n: Option<usize>) -> Result<Vec<AnyComm>>;
+    fn local(n: Option<usize>, config: &CommConfig) -> Result<Vec<AnyComm>>;
     /// One rank of a world launched one rank per process.
-    fn from_env(env: &LaunchEnv, timeout: Duration) -> Result<AnyComm>;
+    fn from_env(env: &LaunchEnv, timeout: Duration, config: &CommConfig) -> Result<AnyComm>;
 }
 
 macro_rules! backends {
@@ -178,7 +179,10 @@ impl Backend for unicomm_mock::Facade {
             ::unicomm_mock::DEFAULT_RANKS
         ))
     }
-    fn local(n: Option<usize>) -> Result<Vec<AnyComm>> {
+    fn local(n: Option<usize>, config: &CommConfig) -> Result<Vec<AnyComm>> {
+        // The mock has no SMs, networks or NCCL internals: a configuration is checked and
+        // otherwise has no effect on it.
+        config.check_values()?;
         let n = match n {
             Some(n) => n,
             None => ::unicomm_mock::ranks_from_env()?,
@@ -186,9 +190,10 @@ impl Backend for unicomm_mock::Facade {
         let world = ::unicomm_mock::world(n, ::unicomm_mock::MockConfig::from_env()?)?;
         Ok(world.into_iter().map(AnyComm::from).collect())
     }
-    fn from_env(env: &LaunchEnv, timeout: Duration) -> Result<AnyComm> {
-        let config = ::unicomm_mock::MockConfig::from_env()?;
-        ::unicomm_mock::join(env, config, timeout).map(AnyComm::from)
+    fn from_env(env: &LaunchEnv, timeout: Duration, config: &CommConfig) -> Result<AnyComm> {
+        config.check_values()?;
+        let mock = ::unicomm_mock::MockConfig::from_env()?;
+        ::unicomm_mock::join(env, mock, timeout).map(AnyComm::from)
     }
 }
 
@@ -200,20 +205,25 @@ macro_rules! gpu_backend {
             fn probe() -> Result<String> {
                 ::$krate::probe()
             }
-            fn local(n: Option<usize>) -> Result<Vec<AnyComm>> {
-                Ok(::$krate::local_comms(n)?
+            fn local(n: Option<usize>, config: &CommConfig) -> Result<Vec<AnyComm>> {
+                Ok(::$krate::local_comms_with(n, config)?
                     .into_iter()
                     .map(AnyComm::from)
                     .collect())
             }
-            fn from_env(env: &LaunchEnv, timeout: Duration) -> Result<AnyComm> {
+            fn from_env(
+                env: &LaunchEnv,
+                timeout: Duration,
+                config: &CommConfig,
+            ) -> Result<AnyComm> {
                 let id = unicomm_core::bootstrap::exchange_unique_id(
                     env,
                     || Ok(::$krate::unique_id()?.to_bytes()),
                     timeout,
                 )?;
                 let id = ::$krate::UniqueId::from_bytes(id);
-                let comm = ::$krate::init_rank(id, env.rank, env.world_size, env.local_rank)?;
+                let where_ = (env.rank, env.world_size, env.local_rank);
+                let comm = ::$krate::init_rank_with(id, where_, config)?;
                 Ok(AnyComm::from(comm))
             }
         }
@@ -228,8 +238,12 @@ pub(crate) fn probe_vendor(vendor: Vendor) -> Result<String> {
 }
 
 /// `n` ranks of `vendor` in this process.
-pub(crate) fn local_vendor(vendor: Vendor, n: Option<usize>) -> Result<Vec<AnyComm>> {
-    on_vendor!(vendor, B => B::local(n))
+pub(crate) fn local_vendor(
+    vendor: Vendor,
+    n: Option<usize>,
+    config: &CommConfig,
+) -> Result<Vec<AnyComm>> {
+    on_vendor!(vendor, B => B::local(n, config))
 }
 
 /// One rank of `vendor` in a world launched one rank per process.
@@ -237,8 +251,9 @@ pub(crate) fn from_env_vendor(
     vendor: Vendor,
     env: &LaunchEnv,
     timeout: Duration,
+    config: &CommConfig,
 ) -> Result<AnyComm> {
-    on_vendor!(vendor, B => B::from_env(env, timeout))
+    on_vendor!(vendor, B => B::from_env(env, timeout, config))
 }
 
 impl DeviceStream for AnyStream {
@@ -248,6 +263,9 @@ impl DeviceStream for AnyStream {
     fn record(&self) -> Result<Marker> {
         each!(self, AnyStream, s => s.record())
     }
+    fn wait(&self, marker: &Marker) -> Result<()> {
+        each!(self, AnyStream, s => s.wait(marker))
+    }
 }
 
 impl AnyStream {
@@ -255,9 +273,15 @@ impl AnyStream {
     pub fn synchronize(&self) -> Result<()> {
         DeviceStream::synchronize(self)
     }
-    /// Records a timing marker in stream order (see [`DeviceStream::record`]).
+    /// Records a marker in stream order (see [`DeviceStream::record`]): for timing, or for
+    /// another stream to [`wait`](AnyStream::wait) for.
     pub fn record(&self) -> Result<Marker> {
         DeviceStream::record(self)
+    }
+    /// Makes this stream's later work wait for `marker`, recorded on another stream of the
+    /// same device (`cudaStreamWaitEvent`); the host does not block.
+    pub fn wait(&self, marker: &Marker) -> Result<()> {
+        DeviceStream::wait(self, marker)
     }
 }
 
@@ -345,6 +369,9 @@ impl Collective for AnyComm {
     }
     fn timeout(&self) -> Option<std::time::Duration> {
         each!(self, AnyComm, c => c.timeout())
+    }
+    fn split(&self, color: Option<u32>, key: i32, config: &CommConfig) -> Result<Option<Self>> {
+        each!(self, AnyComm, c => Ok(c.split(color, key, config)?.map(AnyComm::from)))
     }
     fn finalize(&mut self) -> Result<()> {
         each!(self, AnyComm, c => c.finalize())

@@ -75,9 +75,14 @@ pub use unicomm_core::each_rank;
 #[doc = include_str!("guide.md")]
 pub mod guide {}
 pub use unicomm_core::{
-    backend, bf16, f16, Capabilities, DataType, DeviceInfo, DeviceSlice, DeviceSliceMut,
-    DeviceStream, Element, Error, Op, RawHandle, ReduceOp, Result, Version,
+    backend, bf16, f16, packed_displs, Capabilities, CommConfig, Counts, CtaPolicy, DataType,
+    DeviceInfo, DeviceSlice, DeviceSliceMut, DeviceStream, Element, Error, Marker, Op, RawHandle,
+    ReduceOp, Result, Scalar, Version, F8E4M3, F8E5M2,
 };
+
+/// This rank's communicators along each dimension of a mesh of the world (`dp` x `tp`,
+/// ...), over the backend chosen at run time.
+pub type DeviceMesh = unicomm_core::DeviceMesh<AnyComm>;
 
 /// The contract crate (`unicomm-core`): the backend trait, the conformance suite, bootstrap.
 pub use unicomm_core as core;
@@ -229,8 +234,19 @@ pub fn local_comms(vendor: Vendor) -> Result<Vec<Comm>> {
 /// Like [`local_comms`], with `n` ranks (`None`: every device, or `UNICOMM_MOCK_RANKS` on the
 /// mock). On a GPU vendor, `n` may not exceed the visible devices.
 pub fn local_comms_n(vendor: Vendor, n: Option<usize>) -> Result<Vec<Comm>> {
+    local_comms_with(vendor, n, &CommConfig::default())
+}
+
+/// Like [`local_comms_n`], each communicator created with `config` (NCCL's
+/// `ncclConfig_t`: blocking, CTA counts and policy, names; a field the loaded library
+/// predates is `Unsupported`, naming it). The mock checks it and is otherwise unaffected.
+pub fn local_comms_with(
+    vendor: Vendor,
+    n: Option<usize>,
+    config: &CommConfig,
+) -> Result<Vec<Comm>> {
     let (vendor, _) = resolve(vendor)?;
-    let raw = dispatch::local_vendor(vendor, n)?;
+    let raw = dispatch::local_vendor(vendor, n, config)?;
     Ok(raw
         .into_iter()
         .map(unicomm_core::Comm::from_backend)
@@ -259,10 +275,15 @@ pub fn local_comms_n(vendor: Vendor, n: Option<usize>) -> Result<Vec<Comm>> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn from_env(vendor: Vendor) -> Result<Comm> {
+    from_env_with(vendor, &CommConfig::default())
+}
+
+/// Like [`from_env`], the communicator created with `config`.
+pub fn from_env_with(vendor: Vendor, config: &CommConfig) -> Result<Comm> {
     let env = unicomm_core::bootstrap::LaunchEnv::detect()?;
     let timeout = bootstrap_timeout()?;
     let (vendor, _) = resolve(vendor)?;
-    let raw = dispatch::from_env_vendor(vendor, &env, timeout)?;
+    let raw = dispatch::from_env_vendor(vendor, &env, timeout, config)?;
     Ok(unicomm_core::Comm::from_backend(raw))
 }
 

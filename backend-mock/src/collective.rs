@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use unicomm_core::registry::RegKind;
-use unicomm_core::{Capabilities, Collective, DeviceMemory, Error, Op, RawHandle, Result, Version};
+use unicomm_core::{
+    Capabilities, Collective, CommConfig, DeviceMemory, Error, Op, RawHandle, Result, Version,
+    Zeros,
+};
 
 use crate::comm::*;
 use crate::exec;
@@ -50,6 +53,11 @@ impl Collective for MockComm {
             graph_capture: false,
             mem_alloc: true,
             copy_engine: false,
+            native_split: true,
+            native_gather_scatter: true,
+            native_all_to_all_v: false,
+            fp8_reduce: true,
+            pre_mul_sum: true,
         }
     }
 
@@ -113,10 +121,21 @@ impl Collective for MockComm {
             return Err(Error::invalid(
                 "stream",
                 format!(
-                    "a stream of rank {} used by rank {}",
-                    stream.owner.1, self.ctx.rank
+                    "a stream of device {} (rank {}) used on device {} (rank {})",
+                    stream.owner.0, stream.owner.1, self.device.0, self.ctx.rank
                 ),
             ));
+        }
+        if op.kind.is_var() {
+            // No library has these whole (RCCL's all-to-all-v aside): the mock runs what
+            // NCCL's path runs, a group of send/recv, broadcasts or reduces, keeping the
+            // empty ones so that ranks that disagree on a count report `Mismatch`.
+            op.check(self.ctx.rank, self.ctx.world)?;
+            let ops = op.lower(self.ctx.rank, self.ctx.world, Zeros::Keep)?;
+            self.group_start()?;
+            let r = ops.into_iter().try_for_each(|o| self.enqueue(o, stream));
+            let end = self.group_end();
+            return r.and(end);
         }
         let work = self.work(op)?;
         let task = Task {
@@ -175,6 +194,10 @@ impl Collective for MockComm {
             }
         }
         result
+    }
+
+    fn split(&self, color: Option<u32>, key: i32, config: &CommConfig) -> Result<Option<Self>> {
+        self.split_comm(color, key, config)
     }
 
     fn finalize(&mut self) -> Result<()> {

@@ -15,6 +15,9 @@ use crate::stream::{self};
 
 pub(crate) static NEXT_WORLD: AtomicU64 = AtomicU64::new(1);
 
+/// Numbers the ranks' "devices": one per rank of a world, shared by its children.
+pub(crate) static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
+
 /// Registration handles are unique in the process, so another communicator's handle is
 /// never mistaken for one of this one's (it is not in this registry: an error).
 pub(crate) static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
@@ -29,6 +32,9 @@ pub struct MockComm {
     /// Ranks in different processes: allocations go to shared memory.
     pub(crate) shared: bool,
     pub(crate) world_id: u64,
+    /// This rank's "device" (id, the rank of the world that created it): its streams and
+    /// memory serve every communicator of the rank, parent and children.
+    pub(crate) device: (u64, usize),
     pub(crate) registry: Registry,
     /// Collective sequence number: ranks that issue the same collectives in the same order
     /// (NCCL's rule) meet in the same fabric slot.
@@ -86,7 +92,7 @@ pub(crate) fn placement(
 
 impl MockComm {
     pub(crate) fn owner(&self) -> (u64, usize) {
-        (self.world_id, self.ctx.rank)
+        self.device
     }
 
     pub(crate) fn live(&self) -> Result<()> {
@@ -119,7 +125,7 @@ impl MockComm {
     /// the call), and the next sequence number for collectives.
     pub(crate) fn work(&self, op: Op<'_, MockMemory>) -> Result<Work> {
         let (w, rank) = (self.ctx.world, self.ctx.rank);
-        op.check(w)?;
+        op.check(rank, w)?;
         for s in op.send.iter().chain(op.recv.iter()) {
             if s.mem.inner.owner != self.owner() {
                 return Err(foreign_memory(s.mem, self.owner()));
@@ -147,11 +153,14 @@ impl MockComm {
         }
         let b = count * dtype.size();
         if let (Some(s), Some(r)) = (&op.send, &op.recv) {
+            // Gather and scatter in place: the root's own chunk of the larger buffer.
             // Out of place, or in place exactly as NCCL lays it out.
             match op.kind {
                 Kind::AllGather => placement(s, r, Some(rank * b))?,
                 Kind::ReduceScatter { .. } => placement(r, s, Some(rank * b))?,
                 Kind::AllToAll => placement(s, r, None)?,
+                Kind::Gather { .. } => placement(s, r, Some(rank * b))?,
+                Kind::Scatter { .. } => placement(r, s, Some(rank * b))?,
                 _ => placement(s, r, Some(0))?,
             }
         }
@@ -176,6 +185,8 @@ impl MockComm {
                 kind: op.kind.name(),
                 count,
                 dtype: (!barrier).then_some(dtype),
+                // Each rank of a pre-multiplied sum has its own scalar: the ranks agree on
+                // the reduction's shape, and the kernel reads every rank's scalar.
                 op: op.kind.reduction(),
                 root: op.kind.rank_arg().map(|(r, _)| r),
                 send_reg,
@@ -221,32 +232,36 @@ impl MockComm {
 }
 
 pub(crate) fn foreign_memory(mem: &MockMemory, me: (u64, usize)) -> Error {
-    let (world, rank) = mem.inner.owner;
+    let (device, rank) = mem.inner.owner;
     Error::invalid(
         "buffer",
         format!(
-            "memory of rank {rank} of mock world {world}, used by rank {} of world {}",
-            me.1, me.0
+            "memory of mock device {device} (rank {rank} of its world), used on device {} (rank {})",
+            me.0, me.1
         ),
     )
 }
 
 impl Drop for MockComm {
     fn drop(&mut self) {
-        // A rank that goes away without finalizing (it panicked, or its owner dropped it)
-        // tells its peers at once instead of leaving them to their deadline.
-        if self.state.load(Ordering::Acquire) == LIVE {
+        // NCCL's rule (ncclCommDestroy finalizes a communicator not finalized yet), the GPU
+        // backends' too: a drop finalizes, bounded by the deadline, and peers are not
+        // disturbed. A rank that drops it while panicking will not do its part: it aborts,
+        // so that its peers learn of it at once instead of at their deadline.
+        if self.state.load(Ordering::Acquire) != LIVE {
+            return;
+        }
+        if std::thread::panicking() {
+            self.state.store(ABORTED, Ordering::Release);
             self.ctx.fabric.poison(Error::Aborted {
                 reason: format!(
-                    "rank {} dropped its communicator without finalizing{}",
-                    self.ctx.rank,
-                    if std::thread::panicking() {
-                        " (it panicked)"
-                    } else {
-                        ""
-                    }
+                    "rank {} dropped its communicator while panicking",
+                    self.ctx.rank
                 ),
             });
+        } else {
+            self.state.store(FINALIZED, Ordering::Release);
+            let _ = self.ctx.fabric.depart(self.ctx.timeout);
         }
     }
 }

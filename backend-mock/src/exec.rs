@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use unicomm_core::{DataType, Error, Kind, Result};
+use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Scalar};
 
 use unicomm_core::registry::RegKind;
 
@@ -358,6 +358,7 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
                         &srcs,
                         hi - lo,
                         &also,
+                        &scales(all, r),
                     )
                 };
             }
@@ -377,7 +378,18 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
                 let srcs = own_first(all, r, |d| d.send);
                 // SAFETY: sends are only read in this phase; only the root writes, into its
                 // own receive range.
-                unsafe { reduce(dtype, op, w, me.recv as *mut u8, &srcs, count, &[]) };
+                unsafe {
+                    reduce(
+                        dtype,
+                        op,
+                        w,
+                        me.recv as *mut u8,
+                        &srcs,
+                        count,
+                        &[],
+                        &scales(all, r),
+                    )
+                };
             }
             f.phase(seq, r, 1, ctx.deadline())
         }
@@ -400,10 +412,47 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
                 let srcs = own_first(all, r, |d| d.send + r * b);
                 // SAFETY: chunk r of every send is read only by us; in place our receive
                 // range is our own chunk r, handled as the first source.
-                unsafe { reduce(dtype, op, w, me.recv as *mut u8, &srcs, count, &[]) };
+                unsafe {
+                    reduce(
+                        dtype,
+                        op,
+                        w,
+                        me.recv as *mut u8,
+                        &srcs,
+                        count,
+                        &[],
+                        &scales(all, r),
+                    )
+                };
             }
             f.phase(seq, r, 1, ctx.deadline())
         }
+        Kind::Gather { root } => {
+            let b = count * dtype.size();
+            if r == root {
+                let _a = Access::enter(f, seq)?;
+                for (k, d) in all.iter().enumerate() {
+                    // SAFETY: peers' sends are only read; only the root writes, into its own
+                    // receive range (in place, its own chunk is its send: copy skips it).
+                    unsafe { copy(d.send, me.recv + k * b, b) };
+                }
+            }
+            f.phase(seq, r, 1, ctx.deadline())
+        }
+        Kind::Scatter { root } => {
+            let b = count * dtype.size();
+            {
+                let _a = Access::enter(f, seq)?;
+                // SAFETY: the root's send is only read; each rank writes its own receive range.
+                unsafe { copy(all[root].send + r * b, me.recv, b) };
+            }
+            f.phase(seq, r, 1, ctx.deadline())
+        }
+        // Lowered to send/recv, broadcasts and reduces before they reach a stream.
+        Kind::AllToAllV | Kind::AllGatherV | Kind::ReduceScatterV { .. } => Err(Error::invalid(
+            "op",
+            "a variable-size collective reached the mock's kernels unlowered",
+        )),
         Kind::AllToAll => {
             let b = count * dtype.size();
             {
@@ -417,6 +466,18 @@ unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<(
             f.phase(seq, r, 1, ctx.deadline())
         }
     }
+}
+
+/// Every rank's scalar of a pre-multiplied sum, this rank's first (the order of
+/// [`own_first`]'s sources); empty for the other reductions.
+fn scales(all: &[Desc], r: usize) -> Vec<Scalar> {
+    std::iter::once(r)
+        .chain((0..all.len()).filter(|&k| k != r))
+        .filter_map(|k| match all[k].sig.op {
+            Some(ReduceOp::PreMulSum(x)) => Some(x),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Source pointers with this rank's first (so that in place, the output is source 0).

@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 use unicomm_core::registry::RegKind;
 use unicomm_core::{DataType, Error, ReduceOp, Result};
 
-/// What the ranks must agree on for one collective.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the ranks must agree on for one collective. Equality is agreement: a pre-multiplied
+/// sum's scalar is each rank's own and not compared (the same rule as `exec::agree`, which
+/// decides whether peers' memory is touched).
+#[derive(Debug, Clone)]
 pub(crate) struct Signature {
     pub kind: &'static str,
     pub count: usize,
@@ -28,6 +30,19 @@ pub(crate) struct Signature {
     pub send_reg: Option<RegKind>,
     pub recv_reg: Option<RegKind>,
 }
+
+impl PartialEq for Signature {
+    fn eq(&self, o: &Self) -> bool {
+        self.kind == o.kind
+            && self.count == o.count
+            && self.dtype == o.dtype
+            && self.op.map(ReduceOp::shape) == o.op.map(ReduceOp::shape)
+            && self.root == o.root
+            && self.send_reg == o.send_reg
+            && self.recv_reg == o.recv_reg
+    }
+}
+impl Eq for Signature {}
 
 /// One rank's part of one collective.
 #[derive(Debug, Clone)]

@@ -29,6 +29,7 @@ mod memory;
 mod procs;
 mod reduce;
 mod shm;
+mod split;
 mod stream;
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -49,7 +50,7 @@ pub use config::{
 pub use memory::MockMemory;
 pub use stream::MockStream;
 
-use comm::{LIVE, NEXT_WORLD};
+use comm::{LIVE, NEXT_DEVICE, NEXT_WORLD};
 
 /// Creates the `n` ranks of a new world (one communicator per rank; hand each to its own
 /// thread, or drive them all from one thread).
@@ -84,6 +85,7 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
             }),
             shared: false,
             world_id,
+            device: (NEXT_DEVICE.fetch_add(1, Ordering::Relaxed), rank),
             registry: Registry::new(),
             seq: AtomicU64::new(0),
             issued: AtomicU64::new(0),
@@ -160,6 +162,7 @@ pub fn join(
         }),
         shared: true,
         world_id: NEXT_WORLD.fetch_add(1, Ordering::Relaxed),
+        device: (NEXT_DEVICE.fetch_add(1, Ordering::Relaxed), env.rank),
         registry: Registry::new(),
         seq: AtomicU64::new(0),
         issued: AtomicU64::new(0),

@@ -20,7 +20,8 @@ pub(crate) struct HostAlloc {
     ptr: NonNull<u8>,
     bytes: usize,
     lock: Lock,
-    /// (world id, rank) of the communicator whose "device" this is.
+    /// The "device" this is memory of: (device id, the rank of the world that created it),
+    /// shared by every communicator of that rank (parent and children).
     pub(crate) owner: (u64, usize),
     /// The shared-memory segment holding the bytes, for ranks in different processes
     /// (`procs.rs`); `None`: the process's heap.
@@ -97,6 +98,25 @@ impl HostAlloc {
 
     pub(crate) fn addr(&self) -> usize {
         self.ptr.as_ptr() as usize
+    }
+
+    /// Copies `src` to the start of the allocation, under the write lock (host-side set-up
+    /// of a blocking exchange; `src` must fit).
+    pub(crate) fn fill(&self, src: &[u8], timeout: Duration) -> Result<()> {
+        check_range(self.bytes, 0, src.len(), "src")?;
+        let _g = self.write_lock(timeout)?;
+        // SAFETY: in bounds (checked); the write lock excludes every other access.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr(), src.len()) };
+        Ok(())
+    }
+
+    /// The allocation's bytes, read under the read lock.
+    pub(crate) fn to_vec(&self, timeout: Duration) -> Result<Vec<u8>> {
+        let _g = self.read_lock(timeout)?;
+        let mut v = vec![0u8; self.bytes];
+        // SAFETY: `bytes` valid bytes; the read lock excludes writers.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), v.as_mut_ptr(), self.bytes) };
+        Ok(v)
     }
 
     /// Shared access until the guard drops, waiting at most `timeout` for a writer.

@@ -1,6 +1,6 @@
 //! Reduction kernels with NCCL's semantics (see `unicomm_core::ReduceOp`).
 
-use unicomm_core::{bf16, f16, DataType, ReduceOp};
+use unicomm_core::{bf16, f16, DataType, ReduceOp, Scalar, F8E4M3, F8E5M2};
 
 /// Elements reduced per block: the output block stays in L1 while every source is added.
 const BLOCK: usize = 4096;
@@ -70,8 +70,39 @@ macro_rules! half_arith {
 }
 half_arith!(f16, bf16);
 
+// The 8-bit floats the same way: every sum and product of two of them is exact in f64, so
+// one rounding gives the correctly rounded result.
+macro_rules! fp8_arith {
+    ($($t:ty),*) => {$(
+        impl Arith for $t {
+            #[inline(always)] fn sum(a: Self, b: Self) -> Self { <$t>::from_f64(a.to_f64() + b.to_f64()) }
+            #[inline(always)] fn prod(a: Self, b: Self) -> Self { <$t>::from_f64(a.to_f64() * b.to_f64()) }
+            #[inline(always)] fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
+            #[inline(always)] fn min(a: Self, b: Self) -> Self { if b < a { b } else { a } }
+            #[inline(always)] fn premul(x: Self, world: usize) -> Self {
+                let scale = <$t>::from_f64(1.0 / world as f64);
+                <$t>::from_f64(x.to_f64() * scale.to_f64())
+            }
+            #[inline(always)] fn postdiv(x: Self, _: usize) -> Self { x }
+        }
+    )*};
+}
+fp8_arith!(F8E4M3, F8E5M2);
+
+/// The value of `s` as a `T` (the caller checked that `T` is its element type).
+fn scalar<T: Arith>(s: &Scalar) -> T {
+    let mut buf = [0u8; 8];
+    let b = s.bytes();
+    buf[..b.len()].copy_from_slice(b);
+    const { assert!(std::mem::size_of::<T>() <= 8) };
+    // SAFETY: `buf` holds 8 >= size_of::<T>() initialised bytes (checked at compile time),
+    // every bit pattern is a valid value of every element type, and the read is unaligned.
+    unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<T>()) }
+}
+
 /// `out[i] = op(srcs[0][i], srcs[1][i], ...)` for `count` elements, and the same result
-/// copied to every `also[k]` block by block, while it is still in cache.
+/// copied to every `also[k]` block by block, while it is still in cache. A pre-multiplied
+/// sum takes `scales[k]` for `srcs[k]` (every source's rank's own scalar).
 ///
 /// # Safety
 /// `out`, every `srcs[k]` and every `also[k]` point to `count` valid, aligned elements of
@@ -79,6 +110,10 @@ half_arith!(f16, bf16);
 /// may equal `srcs[k+1]` (a peer's in-place buffer: each block is read before it is
 /// written) but overlaps nothing else; nothing else accesses `out` or `also` during the
 /// call, and nothing else writes the sources.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one kernel, its sources, destinations and scalars"
+)]
 pub(crate) unsafe fn reduce(
     dtype: DataType,
     op: ReduceOp,
@@ -87,11 +122,12 @@ pub(crate) unsafe fn reduce(
     srcs: &[*const u8],
     count: usize,
     also: &[*mut u8],
+    scales: &[Scalar],
 ) {
     macro_rules! go {
         ($t:ty) => {
             // SAFETY: forwarded from this function's contract.
-            unsafe { reduce_t::<$t>(op, world, out.cast(), srcs, count, also) }
+            unsafe { reduce_t::<$t>(op, world, out.cast(), srcs, count, also, scales) }
         };
     }
     match dtype {
@@ -105,6 +141,8 @@ pub(crate) unsafe fn reduce(
         DataType::U32 => go!(u32),
         DataType::I64 => go!(i64),
         DataType::U64 => go!(u64),
+        DataType::F8E4M3 => go!(F8E4M3),
+        DataType::F8E5M2 => go!(F8E5M2),
     }
 }
 
@@ -122,10 +160,17 @@ unsafe fn reduce_t<T: Arith>(
     srcs: &[*const u8],
     count: usize,
     also: &[*mut u8],
+    scales: &[Scalar],
 ) {
     let Some((&first, rest)) = srcs.split_first() else {
         return;
     };
+    let pre = matches!(op, ReduceOp::PreMulSum(_));
+    if pre && scales.len() != srcs.len() {
+        // The callers pass one scalar per source; nothing is written without them.
+        return;
+    }
+    let scale: Vec<T> = scales.iter().map(scalar::<T>).collect();
     let first = first.cast::<T>();
     // The block is reduced in this cache-resident buffer, then streamed to every
     // destination: the destinations are written once, without being read first.
@@ -142,7 +187,10 @@ unsafe fn reduce_t<T: Arith>(
         if op == ReduceOp::Avg {
             o.iter_mut().for_each(|x| *x = T::premul(*x, world));
         }
-        for &src in rest {
+        if pre {
+            o.iter_mut().for_each(|x| *x = T::prod(*x, scale[0]));
+        }
+        for (k, &src) in rest.iter().enumerate() {
             // SAFETY: a source of `count` valid elements, not written during this block.
             let s = unsafe { std::slice::from_raw_parts(src.cast::<T>().add(start), len) };
             match op {
@@ -151,6 +199,10 @@ unsafe fn reduce_t<T: Arith>(
                 ReduceOp::Max => combine(o, s, T::max),
                 ReduceOp::Min => combine(o, s, T::min),
                 ReduceOp::Avg => combine(o, s, |a, b| T::sum(a, T::premul(b, world))),
+                ReduceOp::PreMulSum(_) => {
+                    let c = scale[k + 1];
+                    combine(o, s, |a, b| T::sum(a, T::prod(b, c)))
+                }
             }
         }
         if op == ReduceOp::Avg {

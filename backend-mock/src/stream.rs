@@ -176,6 +176,32 @@ impl DeviceStream for MockStream {
         }))?;
         Ok(Marker::new(MockMarker(at)))
     }
+
+    fn wait(&self, marker: &Marker) -> Result<()> {
+        let at = marker
+            .inner()
+            .as_any()
+            .downcast_ref::<MockMarker>()
+            .ok_or_else(|| Error::invalid("marker", "a marker of another backend"))?
+            .0
+            .clone();
+        let timeout = self.inner.idle_timeout;
+        // The worker holds this stream's later work until the other stream's worker reached
+        // the marker, as a GPU stream waits for an event; bounded by the stream's deadline.
+        self.push(Box::new(move || {
+            let deadline = Instant::now() + timeout;
+            while at.get().is_none() {
+                if Instant::now() >= deadline {
+                    return Err(Error::Timeout {
+                        what: "a stream waiting for a marker of another stream".into(),
+                        after: timeout,
+                    });
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            Ok(())
+        }))
+    }
 }
 
 /// The instant the stream's worker reached the marker (host time: the mock's "device").

@@ -633,10 +633,10 @@ fn a_copy_on_another_ranks_stream_is_refused() {
     ));
 }
 
-/// A rank that drops its communicator without finalizing (it panicked, say) fails its
-/// peers at once, not at their deadline.
+/// A rank that drops its communicator while panicking will not do its part: the drop
+/// aborts, and its peers fail at once, not at their deadline.
 #[test]
-fn a_dropped_rank_fails_its_peers_at_once() {
+fn a_rank_that_panics_holding_its_communicator_fails_its_peers_at_once() {
     let mut comms = world(2);
     let c1 = comms.pop().unwrap();
     let c0 = comms.pop().unwrap();
@@ -649,11 +649,49 @@ fn a_dropped_rank_fails_its_peers_at_once() {
             st.synchronize()
         });
         std::thread::sleep(Duration::from_millis(100));
-        drop(c1);
+        let p = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _c1 = c1;
+            panic!("rank 1 fails holding its communicator");
+        }));
+        assert!(p.is_err());
         h.join().unwrap()
     });
     assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+/// NCCL's rule (ncclCommDestroy finalizes a communicator that was not finalized): a
+/// communicator dropped without `finalize` is finalized; a peer that goes on with its own
+/// work is not disturbed.
+#[test]
+fn a_communicator_dropped_without_finalize_is_finalized_not_aborted() {
+    let mut comms = world(2);
+    let c1 = comms.pop().unwrap();
+    let c0 = comms.pop().unwrap();
+    let out = std::thread::scope(|s| {
+        let h = s.spawn(move || {
+            let st = c1.create_stream().unwrap();
+            let mut b = c1.alloc::<f32>(4).unwrap();
+            c1.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+            st.synchronize().unwrap();
+            drop(b);
+            drop(st);
+            // Dropped, not finalized.
+        });
+        let st = c0.create_stream().unwrap();
+        let mut b = c0.alloc::<f32>(4).unwrap();
+        b.copy_from_host(&[1.0; 4], &st).unwrap();
+        c0.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+        st.synchronize().unwrap();
+        h.join().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        // Rank 0's own work after its peer left still runs (a copy needs no peer).
+        let host = b.copy_to_host(&st);
+        drop(b);
+        (host, c0.finalize())
+    });
+    assert_eq!(out.0.unwrap(), vec![1.0; 4]);
+    out.1.unwrap();
 }
 
 /// A window dropped while its thread unwinds does not block for the deadline: the

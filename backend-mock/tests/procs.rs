@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use unicomm_core::bootstrap::LaunchEnv;
-use unicomm_core::conformance::{process_subset, run_case_on_rank};
+use unicomm_core::conformance::{process_subset, run_case_on_rank, run_groups_on_rank};
 use unicomm_core::{Comm, DeviceStream, Error, ReduceOp};
 use unicomm_mock::{join, MockComm, MockConfig};
 
@@ -121,6 +121,13 @@ fn rank() {
             c.finalize().unwrap();
             println!("rank {r}: {} cases; RANK PASSED", cases.len());
         }
+        "groups" => {
+            if let Err(e) = run_groups_on_rank(&c) {
+                panic!("rank {r}: {e}");
+            }
+            c.finalize().unwrap();
+            println!("rank {r}: RANK PASSED");
+        }
         "mismatch" => {
             // Ranks disagree on the count: every rank gets Mismatch, none hangs.
             let st = c.create_stream().unwrap();
@@ -195,6 +202,21 @@ fn conformance_subset_in_three_processes() {
 #[test]
 fn conformance_subset_in_four_processes() {
     all_passed(4, "conformance", &[]);
+}
+
+#[test]
+fn process_groups_and_variable_exchanges_in_two_processes() {
+    all_passed(2, "groups", &[]);
+}
+
+#[test]
+fn process_groups_and_variable_exchanges_in_three_processes() {
+    all_passed(3, "groups", &[]);
+}
+
+#[test]
+fn process_groups_and_variable_exchanges_in_four_processes() {
+    all_passed(4, "groups", &[]);
 }
 
 #[test]

@@ -173,7 +173,7 @@ fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> [f64;
                         rp,
                         count,
                         DataType::F32.nccl(),
-                        ReduceOp::Sum.nccl(),
+                        0, // ncclSum
                         raw_comm,
                         raw_stream,
                     ),

@@ -20,6 +20,7 @@ mod vmm;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
+use unicomm_core::CommConfig;
 
 use unicomm_core::{Result, Version};
 use unicomm_nccl_api::search::{env_dirs, python_wheel_dirs};
@@ -53,6 +54,8 @@ pub static NCCL: Flavor = Flavor {
     registration_since: Version::new(2, 19, 0),
     windows_since: Version::new(2, 27, 0),
     mem_alloc_since: Version::new(2, 19, 0),
+    gather_since: Version::new(2, 28, 3),
+    fp8_reduce_since: Some(Version::new(2, 24, 3)),
 };
 
 /// The NCCL library, loaded once per process.
@@ -85,6 +88,22 @@ pub fn local_comms(n: Option<usize>) -> Result<Vec<NcclComm>> {
     // The device first: "no GPU" says more than "no library" on a machine without either.
     let rt = cuda()?;
     ApiComm::local(nccl()?, rt, n)
+}
+
+/// [`local_comms`] with a configuration (`ncclCommInitRankConfig`; a field the library
+/// predates is `Unsupported`, naming it and its version).
+pub fn local_comms_with(n: Option<usize>, config: &CommConfig) -> Result<Vec<NcclComm>> {
+    let rt = cuda()?;
+    ApiComm::local_with(nccl()?, rt, n, config)
+}
+
+/// [`init_rank`] with a configuration.
+pub fn init_rank_with(
+    id: UniqueId,
+    (rank, world, dev): (usize, usize, usize),
+    config: &CommConfig,
+) -> Result<NcclComm> {
+    ApiComm::init_rank_with(nccl()?, cuda()?, id, (rank, world, dev), config)
 }
 
 /// Joins a world as `rank` of `world` on GPU `dev` (one rank per thread or per process);

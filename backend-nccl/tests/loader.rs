@@ -16,6 +16,8 @@ static MISSING: Flavor = Flavor {
     registration_since: Version::new(2, 19, 0),
     windows_since: Version::new(2, 27, 0),
     mem_alloc_since: Version::new(2, 19, 0),
+    gather_since: Version::new(2, 28, 3),
+    fp8_reduce_since: Some(Version::new(2, 24, 3)),
 };
 
 #[test]

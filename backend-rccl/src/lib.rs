@@ -23,6 +23,7 @@ pub mod sys;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
+use unicomm_core::CommConfig;
 
 use unicomm_core::{Result, Version};
 use unicomm_nccl_api::search::env_dirs;
@@ -56,6 +57,8 @@ pub static RCCL: Flavor = Flavor {
     registration_since: Version::new(2, 20, 0),
     windows_since: Version::new(2, 27, 0),
     mem_alloc_since: Version::new(2, 20, 0),
+    gather_since: Version::new(2, 0, 0),
+    fp8_reduce_since: None,
 };
 
 /// The RCCL library, loaded once per process.
@@ -87,6 +90,22 @@ pub fn local_comms(n: Option<usize>) -> Result<Vec<RcclComm>> {
     // The device first: "no GPU" says more than "no library" on a machine without either.
     let rt = hip()?;
     ApiComm::local(rccl()?, rt, n)
+}
+
+/// [`local_comms`] with a configuration (`ncclCommInitRankConfig`; a field the library
+/// predates is `Unsupported`, naming it and its version).
+pub fn local_comms_with(n: Option<usize>, config: &CommConfig) -> Result<Vec<RcclComm>> {
+    let rt = hip()?;
+    ApiComm::local_with(rccl()?, rt, n, config)
+}
+
+/// [`init_rank`] with a configuration.
+pub fn init_rank_with(
+    id: UniqueId,
+    (rank, world, dev): (usize, usize, usize),
+    config: &CommConfig,
+) -> Result<RcclComm> {
+    ApiComm::init_rank_with(rccl()?, hip()?, id, (rank, world, dev), config)
 }
 
 /// A new world id (`ncclGetUniqueId` of RCCL), to share with every rank.

@@ -5,7 +5,7 @@
 //! unsound for it to get wrong (bounds of host memory on the mock, unknown handles).
 
 use crate::op::{Kind, Op, Slice};
-use crate::{DataType, ReduceOp, Result};
+use crate::{CommConfig, DataType, ReduceOp, Result};
 
 /// A library version, as `ncclGetVersion` reports it (`major*10000 + minor*100 + patch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -72,6 +72,18 @@ pub struct Capabilities {
     /// windows, and peers' memory reachable (ranks in one process, or one rank per process
     /// on one host with exportable cuMem/hipMem memory, agreed per window).
     pub copy_engine: bool,
+    /// `ncclCommSplit` (NCCL >= 2.18, RCCL since ROCm 6.0); without it [`Collective::split`]
+    /// creates the child from a fresh unique id among its members.
+    pub native_split: bool,
+    /// `ncclGather`/`ncclScatter` (NCCL >= 2.28.3, RCCL); without them, grouped send/recv.
+    pub native_gather_scatter: bool,
+    /// A native all-to-all-v (RCCL's `ncclAllToAllv`); without it, grouped send/recv.
+    pub native_all_to_all_v: bool,
+    /// Reductions of the 8-bit floats (NCCL >= 2.24 on sm90 or newer); moving them works on
+    /// every version.
+    pub fp8_reduce: bool,
+    /// `ReduceOp::PreMulSum` (`ncclRedOpCreatePreMulSum`, NCCL >= 2.11, RCCL ROCm 5.2).
+    pub pre_mul_sum: bool,
 }
 
 /// The device a rank drives, as a benchmark reports it (nccl-tests' `device`,
@@ -96,6 +108,12 @@ pub trait DeviceStream: Send + Sync {
     /// enqueued so far. The time between two markers of one stream is device time, with no
     /// host synchronisation in between (how nccl-tests times back-to-back iterations).
     fn record(&self) -> Result<Marker>;
+
+    /// Makes the work enqueued on this stream after this call wait until `marker` (recorded
+    /// on another stream of the same device) was reached (`cudaStreamWaitEvent` /
+    /// `hipStreamWaitEvent`): how a compute stream and a communication stream overlap
+    /// without the host waiting. The host does not block.
+    fn wait(&self, marker: &Marker) -> Result<()>;
 }
 
 /// A point in a stream's work, recorded by [`DeviceStream::record`]; a GPU event, or on the
@@ -212,6 +230,22 @@ pub trait Collective: Send + Sync + Sized + 'static {
     fn group_start(&self) -> Result<()>;
     /// `ncclGroupEnd`.
     fn group_end(&self) -> Result<()>;
+
+    /// `ncclCommSplit`: collective over this communicator. The ranks that pass the same
+    /// `color` form one new communicator, ranked by `key` (ties by their rank here); a rank
+    /// that passes `None` (`NCCL_SPLIT_NOCOLOR`) takes part and gets `None`. The child is a
+    /// communicator of its own on the same device, with `config` (NCCL: a `None` field is
+    /// the parent's setting where NCCL inherits it). Where the library lacks
+    /// `ncclCommSplit`, the members create the child from a fresh unique id. Default:
+    /// `Unsupported`.
+    fn split(&self, color: Option<u32>, key: i32, config: &CommConfig) -> Result<Option<Self>> {
+        let _ = (color, key, config);
+        Err(crate::Error::unsupported(
+            "splitting a communicator",
+            "a backend with ncclCommSplit or a rendezvous",
+            self.capabilities().backend,
+        ))
+    }
 
     /// `ncclCommFinalize` + `ncclCommDestroy`: flushes pending work, then frees the
     /// communicator. After it, the communicator must not be used; dropping it is a no-op.

@@ -1,5 +1,6 @@
 //! Element types and reduction operations, with NCCL's numeric values.
 
+use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 
 /// The element type of a collective, numbered as `ncclDataType_t` (NCCL and RCCL agree on
@@ -27,11 +28,16 @@ pub enum DataType {
     F64 = 8,
     /// `ncclBfloat16`
     Bf16 = 9,
+    /// `ncclFloat8e4m3` (NCCL >= 2.24; RCCL's `ncclFp8E4M3`, whose MI300 encoding differs:
+    /// see docs/rocm.md): OCP e4m3, as [`float8::F8E4M3`] holds it.
+    F8E4M3 = 10,
+    /// `ncclFloat8e5m2` (NCCL >= 2.24): OCP e5m2, as [`float8::F8E5M2`] holds it.
+    F8E5M2 = 11,
 }
 
 impl DataType {
     /// Every element type of the contract.
-    pub const ALL: [DataType; 10] = [
+    pub const ALL: [DataType; 12] = [
         DataType::F32,
         DataType::F64,
         DataType::F16,
@@ -42,12 +48,14 @@ impl DataType {
         DataType::U32,
         DataType::I64,
         DataType::U64,
+        DataType::F8E4M3,
+        DataType::F8E5M2,
     ];
 
     /// Size of one element in bytes.
     pub const fn size(self) -> usize {
         match self {
-            DataType::I8 | DataType::U8 => 1,
+            DataType::I8 | DataType::U8 | DataType::F8E4M3 | DataType::F8E5M2 => 1,
             DataType::F16 | DataType::Bf16 => 2,
             DataType::I32 | DataType::U32 | DataType::F32 => 4,
             DataType::I64 | DataType::U64 | DataType::F64 => 8,
@@ -63,8 +71,19 @@ impl DataType {
     pub const fn is_float(self) -> bool {
         matches!(
             self,
-            DataType::F16 | DataType::Bf16 | DataType::F32 | DataType::F64
+            DataType::F16
+                | DataType::Bf16
+                | DataType::F32
+                | DataType::F64
+                | DataType::F8E4M3
+                | DataType::F8E5M2
         )
+    }
+
+    /// Whether the type is one of the 8-bit floats, which NCCL reduces from 2.24 on (and
+    /// only on sm90 or newer); moving them is moving bytes, which any version does.
+    pub const fn is_fp8(self) -> bool {
+        matches!(self, DataType::F8E4M3 | DataType::F8E5M2)
     }
 
     /// Short name, as nccl-tests prints it.
@@ -80,6 +99,8 @@ impl DataType {
             DataType::F32 => "float",
             DataType::F64 => "double",
             DataType::Bf16 => "bfloat16",
+            DataType::F8E4M3 => "f8e4m3",
+            DataType::F8E5M2 => "f8e5m2",
         }
     }
 }
@@ -96,23 +117,76 @@ impl std::fmt::Display for DataType {
 /// divided by the world size, truncated toward zero (NCCL's `SumPostDiv`); `Avg` on floats
 /// multiplies every input by `1/world_size` rounded to the element type, then sums
 /// (NCCL's `PreMulSum`), so float averages can differ from `sum / n` in the last bits.
+/// [`ReduceOp::PreMulSum`] multiplies each rank's input by that rank's own scalar (rounded
+/// to the element type, as the product is) and sums: NCCL's `ncclRedOpCreatePreMulSum`
+/// (NCCL >= 2.11, RCCL since ROCm 5.2), which the backends create and cache themselves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(i32)]
 pub enum ReduceOp {
     /// `ncclSum`
-    Sum = 0,
+    Sum,
     /// `ncclProd`
-    Prod = 1,
+    Prod,
     /// `ncclMax`
-    Max = 2,
+    Max,
     /// `ncclMin`
-    Min = 3,
+    Min,
     /// `ncclAvg` (NCCL >= 2.10)
-    Avg = 4,
+    Avg,
+    /// `sum(scalar_r * input_r)`, each rank `r` passing its own scalar, of the collective's
+    /// element type ([`ReduceOp::pre_mul_sum`]).
+    PreMulSum(Scalar),
+}
+
+/// One value of an element type, held by its bytes (what `ncclRedOpCreatePreMulSum` reads
+/// from host memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Scalar {
+    dtype: DataType,
+    bits: [u8; 8],
+}
+
+impl Scalar {
+    /// The scalar `x`.
+    pub fn new<T: Element>(x: T) -> Self {
+        let mut bits = [0u8; 8];
+        let b = as_bytes(std::slice::from_ref(&x));
+        bits[..b.len()].copy_from_slice(b);
+        Scalar {
+            dtype: T::DTYPE,
+            bits,
+        }
+    }
+    /// The scalar of `dtype` held by `bytes` (`dtype.size()` of them, host order).
+    pub fn from_bytes(dtype: DataType, bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != dtype.size() {
+            return None;
+        }
+        let mut bits = [0u8; 8];
+        bits[..bytes.len()].copy_from_slice(bytes);
+        Some(Scalar { dtype, bits })
+    }
+    /// Its element type.
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+    /// Its bytes in host order (`dtype().size()` of them).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bits[..self.dtype.size()]
+    }
+    /// The value as `T`, when `T` is its element type.
+    pub fn get<T: Element>(&self) -> Option<T> {
+        if T::DTYPE != self.dtype {
+            return None;
+        }
+        let mut x = T::ZERO;
+        as_bytes_mut(std::slice::from_mut(&mut x)).copy_from_slice(self.bytes());
+        Some(x)
+    }
 }
 
 impl ReduceOp {
-    /// Every reduction of the contract.
+    /// Every built-in reduction of the contract (not [`ReduceOp::PreMulSum`], which carries
+    /// a value).
     pub const ALL: [ReduceOp; 5] = [
         ReduceOp::Sum,
         ReduceOp::Prod,
@@ -121,9 +195,35 @@ impl ReduceOp {
         ReduceOp::Avg,
     ];
 
-    /// The `ncclRedOp_t` value.
-    pub const fn nccl(self) -> i32 {
-        self as i32
+    /// A sum of every rank's input multiplied by that rank's `scale`, which has the
+    /// collective's element type (NCCL's `ncclRedOpCreatePreMulSum` with a host scalar).
+    pub fn pre_mul_sum<T: Element>(scale: T) -> Self {
+        ReduceOp::PreMulSum(Scalar::new(scale))
+    }
+
+    /// The built-in `ncclRedOp_t` value; `None` for [`ReduceOp::PreMulSum`], a custom
+    /// operation the backend creates on the communicator.
+    pub const fn nccl(self) -> Option<i32> {
+        match self {
+            ReduceOp::Sum => Some(0),
+            ReduceOp::Prod => Some(1),
+            ReduceOp::Max => Some(2),
+            ReduceOp::Min => Some(3),
+            ReduceOp::Avg => Some(4),
+            ReduceOp::PreMulSum(_) => None,
+        }
+    }
+
+    /// The reduction without its per-rank value: what every rank must agree on (each rank
+    /// of a pre-multiplied sum passes its own scalar).
+    pub fn shape(self) -> ReduceOp {
+        match self {
+            ReduceOp::PreMulSum(s) => ReduceOp::PreMulSum(Scalar {
+                dtype: s.dtype,
+                bits: [0; 8],
+            }),
+            op => op,
+        }
     }
 
     /// Short name, as nccl-tests prints it.
@@ -134,6 +234,7 @@ impl ReduceOp {
             ReduceOp::Max => "max",
             ReduceOp::Min => "min",
             ReduceOp::Avg => "avg",
+            ReduceOp::PreMulSum(_) => "premulsum",
         }
     }
 }
@@ -150,7 +251,8 @@ mod sealed {
 
 /// A type that can be an element of a collective: plain old data with a NCCL data type.
 ///
-/// Sealed: the set of types is the set NCCL and RCCL both reduce.
+/// Sealed: the set of types is the set NCCL and RCCL both name (the 8-bit floats reduce
+/// only where the library and device can, see [`DataType::is_fp8`]).
 pub trait Element:
     sealed::Sealed + Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static
 {
@@ -181,6 +283,8 @@ element! {
     u32 => U32, 0;
     i64 => I64, 0;
     u64 => U64, 0;
+    F8E4M3 => F8E4M3, F8E4M3::ZERO;
+    F8E5M2 => F8E5M2, F8E5M2::ZERO;
 }
 
 /// Views a slice of elements as bytes.
@@ -193,6 +297,6 @@ pub fn as_bytes<T: Element>(s: &[T]) -> &[u8] {
 /// Views a mutable slice of elements as bytes.
 pub fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
     // SAFETY: as in `as_bytes`; moreover every bit pattern is a valid value of every
-    // `Element` type (integers, IEEE floats, f16, bf16), so writes through the bytes are sound.
+    // `Element` type (integers, IEEE floats, f16, bf16, the 8-bit floats), so writes through the bytes are sound.
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
 }

@@ -6,6 +6,7 @@
 //! what differs (the reduction, the root, which library call).
 
 use crate::backend::DeviceMemory;
+pub use crate::layout::{Counts, Layout};
 use crate::{DataType, Error, ReduceOp, Result};
 
 /// A byte range of one allocation, as a collective sees it.
@@ -103,6 +104,29 @@ pub enum Kind {
     /// Every rank waits for every other (stream-ordered; NCCL has no barrier, the GPU
     /// backends all-reduce one element).
     Barrier,
+    /// `ncclGather` (NCCL >= 2.28.3): `recv[r*count..][..count] = send_r` on the root only.
+    Gather {
+        /// The receiving rank.
+        root: usize,
+    },
+    /// `ncclScatter` (NCCL >= 2.28.3): `recv = send_root[rank*count..][..count]`.
+    Scatter {
+        /// The sending rank.
+        root: usize,
+    },
+    /// All-to-all with per-peer counts and displacements in elements ([`Layout`] both
+    /// sides; RCCL's `ncclAllToAllv`): `recv[rdispl[p]..][..rcount[p]] =
+    /// send_p[sdispl_p[rank]..][..scount_p[rank]]`.
+    AllToAllV,
+    /// All-gather with per-rank counts ([`Layout::recv`]): `recv[displ[r]..][..count[r]] =
+    /// send_r`, where rank `r` sends `count[r]` elements.
+    AllGatherV,
+    /// Reduce-scatter with per-rank counts ([`Layout::send`]): `recv =
+    /// op(send_p[displ[rank]..][..count[rank]] for every rank p)`.
+    ReduceScatterV {
+        /// Reduction.
+        op: ReduceOp,
+    },
 }
 
 /// How many `count`s of elements a side of an operation holds: none (the side is absent),
@@ -115,15 +139,22 @@ pub enum Extent {
     One,
     /// `count * world_size` elements.
     PerRank,
+    /// `count * world_size` elements on the root; no buffer elsewhere (NCCL reads or writes
+    /// it on the root only).
+    RootPerRank,
+    /// Per-rank counts and displacements ([`Layout`]).
+    Var,
 }
 
 impl Extent {
-    /// Elements for `count` and `world` ranks (`None` when absent or on overflow).
+    /// Elements for `count` and `world` ranks (`None` on overflow, or for [`Extent::Var`],
+    /// whose size is its layout's).
     pub fn elems(self, count: usize, world: usize) -> Option<usize> {
         match self {
             Extent::None => Some(0),
             Extent::One => Some(count),
-            Extent::PerRank => count.checked_mul(world),
+            Extent::PerRank | Extent::RootPerRank => count.checked_mul(world),
+            Extent::Var => None,
         }
     }
 }
@@ -132,7 +163,7 @@ impl Kind {
     /// Every operation once (reductions as sums, roots and peers 0), in the order of
     /// [`Kind::code`]: the one list of the collectives that the automatic policy, the ranks'
     /// agreement, the benchmark and the conformance suite name them by.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 14] = [
         Kind::AllReduce { op: ReduceOp::Sum },
         Kind::Broadcast { root: 0 },
         Kind::Reduce {
@@ -145,6 +176,11 @@ impl Kind {
         Kind::Barrier,
         Kind::Send { peer: 0 },
         Kind::Recv { peer: 0 },
+        Kind::Gather { root: 0 },
+        Kind::Scatter { root: 0 },
+        Kind::AllToAllV,
+        Kind::AllGatherV,
+        Kind::ReduceScatterV { op: ReduceOp::Sum },
     ];
 
     /// A stable number per operation, from 1 (what ranks exchange to compare their calls).
@@ -159,6 +195,11 @@ impl Kind {
             Kind::Barrier => 7,
             Kind::Send { .. } => 8,
             Kind::Recv { .. } => 9,
+            Kind::Gather { .. } => 10,
+            Kind::Scatter { .. } => 11,
+            Kind::AllToAllV => 12,
+            Kind::AllGatherV => 13,
+            Kind::ReduceScatterV { .. } => 14,
         }
     }
 
@@ -175,6 +216,11 @@ impl Kind {
             Kind::Barrier => "barrier",
             Kind::Send { .. } => "send",
             Kind::Recv { .. } => "recv",
+            Kind::Gather { .. } => "gather",
+            Kind::Scatter { .. } => "scatter",
+            Kind::AllToAllV => "all_to_all_v",
+            Kind::AllGatherV => "all_gather_v",
+            Kind::ReduceScatterV { .. } => "reduce_scatter_v",
         }
     }
 
@@ -195,6 +241,11 @@ impl Kind {
             Kind::Send { .. } => "Send",
             Kind::Recv { .. } => "Recv",
             Kind::Barrier => "Barrier",
+            Kind::Gather { .. } => "Gather",
+            Kind::Scatter { .. } => "Scatter",
+            Kind::AllToAllV => "AllToAllv",
+            Kind::AllGatherV => "AllGatherv",
+            Kind::ReduceScatterV { .. } => "ReduceScatterv",
         }
     }
 
@@ -209,15 +260,21 @@ impl Kind {
             Kind::Send { .. } => (One, None),
             Kind::Recv { .. } => (None, One),
             Kind::Barrier => (None, None),
+            Kind::Gather { .. } => (One, RootPerRank),
+            Kind::Scatter { .. } => (RootPerRank, One),
+            Kind::AllToAllV => (Var, Var),
+            Kind::AllGatherV => (One, Var),
+            Kind::ReduceScatterV { .. } => (Var, One),
         }
     }
 
     /// The reduction, for the reducing collectives.
     pub fn reduction(self) -> Option<ReduceOp> {
         match self {
-            Kind::AllReduce { op } | Kind::Reduce { op, .. } | Kind::ReduceScatter { op } => {
-                Some(op)
-            }
+            Kind::AllReduce { op }
+            | Kind::Reduce { op, .. }
+            | Kind::ReduceScatter { op }
+            | Kind::ReduceScatterV { op } => Some(op),
             _ => None,
         }
     }
@@ -225,7 +282,10 @@ impl Kind {
     /// The root (broadcast, reduce) or peer (send, recv) and its argument's name.
     pub fn rank_arg(self) -> Option<(usize, &'static str)> {
         match self {
-            Kind::Broadcast { root } | Kind::Reduce { root, .. } => Some((root, "root")),
+            Kind::Broadcast { root }
+            | Kind::Reduce { root, .. }
+            | Kind::Gather { root }
+            | Kind::Scatter { root } => Some((root, "root")),
             Kind::Send { peer } | Kind::Recv { peer } => Some((peer, "peer")),
             _ => None,
         }
@@ -234,6 +294,14 @@ impl Kind {
     /// Whether every rank takes part (everything but send/recv).
     pub fn is_collective(self) -> bool {
         !matches!(self, Kind::Send { .. } | Kind::Recv { .. })
+    }
+
+    /// Whether the kind has per-rank counts ([`Layout`]).
+    pub fn is_var(self) -> bool {
+        matches!(
+            self,
+            Kind::AllToAllV | Kind::AllGatherV | Kind::ReduceScatterV { .. }
+        )
     }
 }
 
@@ -254,6 +322,8 @@ pub struct Op<'a, M> {
     pub count: usize,
     /// Element type.
     pub dtype: DataType,
+    /// Per-rank counts of the variable-size kinds ([`Kind::is_var`]); empty otherwise.
+    pub layout: Layout<'a>,
 }
 
 impl<M> Clone for Op<'_, M> {
@@ -278,6 +348,27 @@ impl<'a, M> Op<'a, M> {
             recv: Some(recv),
             count,
             dtype,
+            layout: Layout::default(),
+        }
+    }
+
+    /// An operation whose sides may be absent (a gather's output off the root) or whose
+    /// counts are per rank (`layout`).
+    pub fn with(
+        kind: Kind,
+        send: Option<Slice<'a, M>>,
+        recv: Option<Slice<'a, M>>,
+        count: usize,
+        dtype: DataType,
+        layout: Layout<'a>,
+    ) -> Self {
+        Op {
+            kind,
+            send,
+            recv,
+            count,
+            dtype,
+            layout,
         }
     }
 
@@ -289,6 +380,7 @@ impl<'a, M> Op<'a, M> {
             recv: None,
             count,
             dtype,
+            layout: Layout::default(),
         }
     }
 
@@ -300,6 +392,7 @@ impl<'a, M> Op<'a, M> {
             recv: Some(buf),
             count,
             dtype,
+            layout: Layout::default(),
         }
     }
 
@@ -311,6 +404,7 @@ impl<'a, M> Op<'a, M> {
             recv: None,
             count: 0,
             dtype: DataType::U8,
+            layout: Layout::default(),
         }
     }
 
@@ -336,6 +430,7 @@ impl<'a, M> Op<'a, M> {
             recv: m(self.recv, "recv")?,
             count: self.count,
             dtype: self.dtype,
+            layout: self.layout,
         })
     }
 
@@ -355,10 +450,12 @@ fn side<'a, M>(s: Option<Slice<'a, M>>, arg: &'static str) -> Result<Slice<'a, M
 }
 
 impl<M: DeviceMemory> Op<'_, M> {
-    /// Checks the operation against its shape for `world` ranks: each buffer present exactly
-    /// where the kind has one, inside its allocation, holding what the kind reads or writes,
-    /// and roots and peers are ranks. Every backend calls this before touching memory.
-    pub fn check(&self, world: usize) -> Result<()> {
+    /// Checks the operation of rank `rank` against its shape for `world` ranks: each buffer
+    /// present exactly where the kind has one (a gather's output and a scatter's input on
+    /// the root only), inside its allocation, holding what the kind reads or writes, per-rank
+    /// counts in bounds and without overflow, and roots and peers are ranks. Every backend
+    /// calls this before touching memory.
+    pub fn check(&self, rank: usize, world: usize) -> Result<()> {
         if let Some((r, arg)) = self.kind.rank_arg() {
             if r >= world {
                 return Err(Error::invalid(
@@ -367,14 +464,31 @@ impl<M: DeviceMemory> Op<'_, M> {
                 ));
             }
         }
+        if let Some(ReduceOp::PreMulSum(x)) = self.kind.reduction() {
+            if x.dtype() != self.dtype {
+                return Err(Error::invalid(
+                    "op",
+                    format!("a {} scalar for {} elements", x.dtype(), self.dtype),
+                ));
+            }
+        }
+        let at_root = self.kind.rank_arg().is_none_or(|(r, _)| r == rank);
         let (se, re) = self.kind.extents();
-        for (slice, extent, arg) in [(&self.send, se, "send"), (&self.recv, re, "recv")] {
+        let sides = [
+            (&self.send, se, "send", self.layout.send),
+            (&self.recv, re, "recv", self.layout.recv),
+        ];
+        for (slice, extent, arg, counts) in sides {
+            let extent = match extent {
+                Extent::RootPerRank if !at_root => Extent::None,
+                e => e,
+            };
             match (slice, extent) {
                 (None, Extent::None) => {}
                 (Some(_), Extent::None) => {
                     return Err(Error::invalid(
                         arg,
-                        format!("{} takes no {arg} buffer", self.kind.name()),
+                        format!("{} takes no {arg} buffer on this rank", self.kind.name()),
                     ))
                 }
                 (None, _) => {
@@ -387,7 +501,7 @@ impl<M: DeviceMemory> Op<'_, M> {
                     // Kernels read elements through typed pointers (the mock's as Rust
                     // slices): a range must start on an element boundary.
                     // (An empty range reads nothing; empty allocations may have any address.)
-                    if s.bytes > 0 && self.count > 0 && s.address() % self.dtype.size() != 0 {
+                    if s.bytes > 0 && s.address() % self.dtype.size() != 0 {
                         return Err(Error::invalid(
                             arg,
                             format!(
@@ -398,11 +512,40 @@ impl<M: DeviceMemory> Op<'_, M> {
                             ),
                         ));
                     }
-                    let elems = e
-                        .elems(self.count, world)
-                        .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?;
+                    let elems = match (e, counts) {
+                        (Extent::Var, Some(c)) => {
+                            c.check(world, s.bytes / self.dtype.size(), arg)?;
+                            c.extent().unwrap_or(0)
+                        }
+                        (Extent::Var, None) => {
+                            return Err(Error::invalid(
+                                arg,
+                                format!("{} needs per-rank {arg} counts", self.kind.name()),
+                            ))
+                        }
+                        (e, _) => e.elems(self.count, world).ok_or_else(|| {
+                            Error::invalid("count", "count x world size overflows")
+                        })?,
+                    };
                     s.holds(elems, self.dtype, arg)?;
                 }
+            }
+        }
+        // A variable-size kind's own count is its rank's entry of the layout.
+        let own = match self.kind {
+            Kind::AllGatherV => self.layout.recv.map(|c| c.counts[rank]),
+            Kind::ReduceScatterV { .. } => self.layout.send.map(|c| c.counts[rank]),
+            _ => None,
+        };
+        if let Some(n) = own {
+            if n != self.count {
+                return Err(Error::invalid(
+                    "count",
+                    format!(
+                        "{} elements on rank {rank}, whose entry of the counts is {n}",
+                        self.count
+                    ),
+                ));
             }
         }
         Ok(())

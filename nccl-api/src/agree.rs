@@ -40,10 +40,17 @@ const FIELDS: [&str; 6] = [
     "path",
 ];
 
+/// `ncclMax`.
+const RED_MAX: i32 = 2;
+
 /// `kind`'s fields as words: its code ([`Kind::code`]), its reduction (0: none) and its
 /// root.
 fn kind_code(kind: Kind) -> (u64, u64, u64) {
-    let red = kind.reduction().map_or(0, |op| op.nccl() as u64 + 1);
+    // A pre-multiplied sum has no built-in code: it is numbered after them (its scalar is
+    // each rank's own, not compared).
+    let red = kind.reduction().map_or(0, |op| {
+        op.nccl().map_or(ReduceOp::ALL.len() as u64, |c| c as u64) + 1
+    });
     let root = kind.rank_arg().map_or(0, |(r, _)| r as u64);
     (u64::from(kind.code()), red, root)
 }
@@ -63,8 +70,9 @@ fn shown(i: usize, v: u64, paths: &[&str]) -> String {
         3 if v == 0 => Some("none".to_string()),
         3 => ReduceOp::ALL
             .iter()
-            .find(|o| o.nccl() as u64 + 1 == v)
-            .map(|o| o.name().to_string()),
+            .find(|o| o.nccl().map(|c| c as u64 + 1) == Some(v))
+            .map(|o| o.name().to_string())
+            .or_else(|| (v == ReduceOp::ALL.len() as u64 + 1).then(|| "premulsum".to_string())),
         5 => paths.get(v as usize).map(|s| s.to_string()),
         _ => None,
     };
@@ -104,7 +112,7 @@ impl<R: Runtime> Agreement<R> {
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
         let mut out = vec![0u8; bytes.len()];
         let (p, raw) = (mem.ptr as *mut c_void, st.raw());
-        let (n, u64t, max) = (words.len(), DataType::U64.nccl(), ReduceOp::Max.nccl());
+        let (n, u64t, max) = (words.len(), DataType::U64.nccl(), RED_MAX);
         let all_reduce = lc.api.fns.all_reduce;
         let done = mem.write(0, &bytes, st).and_then(|()| {
             lc.call(|c| {
@@ -128,6 +136,11 @@ impl<R: Runtime> Agreement<R> {
             .chunks_exact(8)
             .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
             .collect())
+    }
+
+    /// Whether the ranks compare their collectives (`UNICOMM_CHECK_COLLECTIVES=1`).
+    pub(crate) fn checking(&self) -> bool {
+        self.check
     }
 
     /// With `UNICOMM_CHECK_COLLECTIVES=1`: the ranks compare the collective `op` about to
@@ -193,6 +206,70 @@ impl<R: Runtime> Agreement<R> {
                     ),
                 });
             }
+        }
+        Ok(())
+    }
+}
+
+impl<R: Runtime> Agreement<R> {
+    /// With `UNICOMM_CHECK_COLLECTIVES=1`, for the variable-size kinds: the ranks agree on
+    /// the operation and type, and on the counts: every rank's all-gather-v or
+    /// reduce-scatter-v counts are the same, and what each rank sends a peer in an
+    /// all-to-all-v is what that peer receives from it. A disagreement fails every rank
+    /// with `Mismatch` (naming the peer and both counts where this rank sees it).
+    pub(crate) fn check_layout(
+        &self,
+        lc: &Arc<LibComm<R>>,
+        op: &Op<'_, ApiMemory<R>>,
+        stream: &ApiStream<R>,
+    ) -> Result<()> {
+        if !self.check || lc.world == 1 || group::in_group() || lc.rt.capturing(stream.inner())? {
+            return Ok(());
+        }
+        let shape = Op { count: 0, ..*op };
+        self.check_collective_on(lc, &shape, (0, &["the library"]), stream)?;
+        let (w, me) = (lc.world, lc.rank);
+        let (row, want): (&[usize], Option<&[usize]>) = match op.kind {
+            Kind::AllToAllV => (
+                op.layout.send.map_or(&[][..], |c| c.counts),
+                op.layout.recv.map(|c| c.counts),
+            ),
+            Kind::AllGatherV => (op.layout.recv.map_or(&[][..], |c| c.counts), None),
+            _ => (op.layout.send.map_or(&[][..], |c| c.counts), None),
+        };
+        // Every rank's row, as an all-gather of words through the maximum.
+        let mut matrix = Vec::with_capacity(w * w);
+        for start in (0..w * w).step_by(MAX_WORDS) {
+            let n = (w * w - start).min(MAX_WORDS);
+            let words: Vec<u64> = (start..start + n)
+                .map(|i| if i / w == me { row[i % w] as u64 } else { 0 })
+                .collect();
+            matrix.extend(self.all_max(lc, &words)?);
+        }
+        let at = |r: usize, p: usize| matrix[r * w + p] as usize;
+        let bad = (0..w).find_map(|p| match want {
+            Some(recv) if at(p, me) != recv[p] => Some(format!(
+                "rank {p} sends {} elements to rank {me}, which receives {} from it",
+                at(p, me),
+                recv[p]
+            )),
+            None if (0..w).any(|k| at(p, k) != row[k]) => Some(format!(
+                "rank {p}'s counts differ from rank {me}'s ({:?} here)",
+                row
+            )),
+            _ => None,
+        });
+        let any = self.all_max(lc, &[u64::from(bad.is_some())])?;
+        if any.first() == Some(&1) {
+            return Err(Error::Mismatch {
+                what: "count",
+                detail: bad.unwrap_or_else(|| {
+                    format!(
+                        "{}: another rank's counts disagree with its peers'",
+                        op.kind.name()
+                    )
+                }),
+            });
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use unicomm_core::registry::RegKind;
-use unicomm_core::{Error, Extent, Kind, Op, RawHandle, Result, Slice, Version};
+use unicomm_core::{Error, Extent, Kind, Op, RawHandle, Result, Slice};
 
 use crate::base::Base;
 use crate::copy_engine::CopyEngine;
@@ -21,7 +21,6 @@ use crate::memory::ApiMemory;
 use crate::policy::{Path, Policy};
 use crate::sys::api::NcclComm;
 use crate::sys::runtime::Runtime;
-use crate::wait::{settle_raw, SendPtr};
 
 /// What the ranks agreed on at their first automatic registration.
 #[derive(Debug)]
@@ -67,8 +66,7 @@ fn auto_copy_engine() -> Result<bool> {
     unicomm_core::env::switch("UNICOMM_AUTO_COPY_ENGINE", true)
 }
 
-/// `ncclCommSplit` exists from NCCL 2.18.
-const SPLIT_SINCE: Version = Version::new(2, 18, 0);
+use crate::split::SPLIT_SINCE;
 
 impl Auto {
     /// The second communicator, created at the first call (collective: `ncclCommSplit`)
@@ -84,53 +82,8 @@ impl Auto {
             lc.api.fns.comm_split,
         )?;
         b.not_in_group("creating the second communicator of automatic registration")?;
-        let rank = lc.rank as c_int;
-        let comm = lc.call(|c| {
-            let mut out: NcclComm = std::ptr::null_mut();
-            let code = if lc.nonblocking {
-                // SAFETY: a live communicator; `out` receives the new one (written when the
-                // call settles, below); NULL config means the parent's settings (nccl.h),
-                // non-blocking mode included.
-                unsafe { split(c, 0, rank, &mut out, std::ptr::null_mut()) }
-            } else {
-                // Collective: it waits for the peers on the host; bounded by the deadline.
-                let api = lc.api.clone();
-                let sc = SendPtr(c);
-                let (code, child) = lc.bounded_locked(
-                    "ncclCommSplit",
-                    move || {
-                        let sc = sc;
-                        let mut out: NcclComm = std::ptr::null_mut();
-                        // SAFETY: as above; the caller holds the lock while this runs and
-                        // gives the parent up if it does not return in time.
-                        let code = unsafe { split(sc.0, 0, rank, &mut out, std::ptr::null_mut()) };
-                        (code, SendPtr(out))
-                    },
-                    move |(code, child)| {
-                        if code == 0 && !child.0.is_null() {
-                            // SAFETY: a communicator made after the caller gave up, aborted once.
-                            unsafe { (api.fns.comm_abort)(child.0) };
-                        }
-                    },
-                )?;
-                out = child.0;
-                code
-            };
-            lc.check("ncclCommSplit", code)?;
-            // Non-blocking: the parent's part settles first (then `out` is written).
-            lc.settle_locked("ncclCommSplit")?;
-            if out.is_null() {
-                return Err(Error::invalid("comm", "ncclCommSplit gave no communicator"));
-            }
-            if lc.nonblocking {
-                if let Err(e) = settle_raw(&lc.api, out, "ncclCommSplit", lc.timeout(), &|| false) {
-                    // SAFETY: the communicator just created, aborted once.
-                    unsafe { (lc.api.fns.comm_abort)(out) };
-                    return Err(e);
-                }
-            }
-            Ok(out)
-        })?;
+        let comm = crate::split::split_raw(lc, split, 0, lc.rank as c_int, None)?
+            .ok_or_else(|| Error::invalid("comm", "ncclCommSplit gave no communicator"))?;
         let mut slot = self.second.lock().unwrap_or_else(|e| e.into_inner());
         // Registrations are collective and ordered, so two threads of one rank do not
         // create it at once; if they did, the first one kept stays (the other leaks until

@@ -8,10 +8,11 @@ use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::Duration;
 
-use unicomm_core::{Result, Version};
+use unicomm_core::{CommConfig, Result, Version};
 
+use crate::split::to_config;
 use crate::sys::api::{Api, NcclComm, UniqueId};
-use crate::sys::config::{Config, IN_PROGRESS};
+use crate::sys::config::IN_PROGRESS;
 use crate::sys::runtime::Runtime;
 use crate::wait::{bounded, settle_raw, SendPtr};
 
@@ -28,6 +29,15 @@ pub(crate) struct Mode {
 }
 
 impl Mode {
+    /// The mode of communicators created with `config`, whose `blocking` wins over
+    /// `UNICOMM_NONBLOCKING`.
+    pub(crate) fn with(self, config: &CommConfig) -> Mode {
+        Mode {
+            nonblocking: config.blocking.map_or(self.nonblocking, |b| !b),
+            ..self
+        }
+    }
+
     pub(crate) fn from_env(api: &Api) -> Result<Mode> {
         let timeout = unicomm_core::env::timeout()?;
         let able = api.fns.comm_init_rank_config.is_some()
@@ -49,11 +59,12 @@ pub(crate) fn local_world<R: Runtime + 'static>(
     devs: &[usize],
     mode: Mode,
     id: UniqueId,
+    config: &CommConfig,
 ) -> Result<Vec<NcclComm>> {
     let create = {
         let (api, rt, devs) = (api.clone(), rt.clone(), devs.to_vec());
-        let nonblocking = mode.nonblocking;
-        move || create_group(&api, &*rt, &devs, id, nonblocking)
+        let (nonblocking, config) = (mode.nonblocking, config.clone());
+        move || create_group(&api, &*rt, &devs, id, nonblocking, &config)
     };
     let raw: Vec<NcclComm> = if mode.nonblocking {
         create()?
@@ -94,6 +105,7 @@ fn create_group<R: Runtime>(
     devs: &[usize],
     id: UniqueId,
     nonblocking: bool,
+    config: &CommConfig,
 ) -> Result<Vec<SendPtr>> {
     let n = devs.len();
     let mut raw = vec![std::ptr::null_mut(); n];
@@ -101,7 +113,9 @@ fn create_group<R: Runtime>(
     api.check("ncclGroupStart", unsafe { (api.fns.group_start)() }, None)?;
     let mut first_err = None;
     for (rank, (&dev, slot)) in devs.iter().zip(raw.iter_mut()).enumerate() {
-        let r = rt.with_device(dev, || init_call(api, slot, n, id, rank, nonblocking));
+        let r = rt.with_device(dev, || {
+            init_call(api, slot, n, id, rank, nonblocking, config)
+        });
         if let Err(e) = r {
             first_err.get_or_insert(e);
         }
@@ -127,11 +141,12 @@ pub(crate) fn one_rank<R: Runtime + 'static>(
     id: UniqueId,
     (rank, world, dev): (usize, usize, usize),
     mode: Mode,
+    config: &CommConfig,
 ) -> Result<NcclComm> {
     if mode.nonblocking {
         let mut c = std::ptr::null_mut();
         rt.with_device(dev, || {
-            init_call(api, &mut c, world, id, rank, true)?;
+            init_call(api, &mut c, world, id, rank, true, config)?;
             if let Err(e) = settle_raw(api, c, "ncclCommInitRank", mode.timeout, &|| false) {
                 // SAFETY: the communicator created above, aborted once.
                 unsafe { (api.fns.comm_abort)(c) };
@@ -143,9 +158,12 @@ pub(crate) fn one_rank<R: Runtime + 'static>(
     }
     // Blocking: NCCL waits for every rank with no deadline; the call gets one.
     let (a, r, late_api) = (api.clone(), rt.clone(), api.clone());
+    let config = config.clone();
     let create = move || -> Result<SendPtr> {
         let mut c = std::ptr::null_mut();
-        r.with_device(dev, || init_call(&a, &mut c, world, id, rank, false))?;
+        r.with_device(dev, || {
+            init_call(&a, &mut c, world, id, rank, false, &config)
+        })?;
         Ok(SendPtr(c))
     };
     let c = bounded("ncclCommInitRank", mode.timeout, create, move |r| {
@@ -157,8 +175,9 @@ pub(crate) fn one_rank<R: Runtime + 'static>(
     Ok(c.0)
 }
 
-/// `ncclCommInitRankConfig` with `blocking = 0` (non-blocking mode), else
-/// `ncclCommInitRank`; `ncclInProgress` is success here (settled by the caller).
+/// `ncclCommInitRankConfig` where a configuration is set or non-blocking mode asked for
+/// (`blocking = 0`), else `ncclCommInitRank`; `ncclInProgress` is success here (settled by
+/// the caller). The caller checked `config` against the library's version.
 fn init_call(
     api: &Api,
     slot: &mut NcclComm,
@@ -166,16 +185,22 @@ fn init_call(
     id: UniqueId,
     rank: usize,
     nonblocking: bool,
+    config: &CommConfig,
 ) -> Result<()> {
     let (n, r) = (world as c_int, rank as c_int);
-    match api.fns.comm_init_rank_config.filter(|_| nonblocking) {
-        Some(f) => {
-            let mut config = Config::with_blocking(false);
+    match to_config(config, nonblocking)? {
+        Some(mut cfg) => {
+            let f = api.gated(
+                "creating a communicator with a configuration (ncclCommInitRankConfig)",
+                Version::new(2, 14, 0),
+                api.fns.comm_init_rank_config,
+            )?;
             // SAFETY: `slot` receives the communicator; the id is shared by all ranks;
-            // `config` is an initialised ncclConfig_t with its true size and version that
-            // lives across the call (NCCL copies the fields it knows).
-            let code = unsafe { f(slot, n, id, r, (&mut config as *mut Config).cast()) };
-            in_progress_ok(api, "ncclCommInitRankConfig", code, true)
+            // `cfg` is an initialised ncclConfig_t with its true size and version whose
+            // strings it owns, alive across the call (NCCL copies the fields it knows).
+            let code = unsafe { f(slot, n, id, r, cfg.ptr().cast()) };
+            let blocking = config.blocking.unwrap_or(!nonblocking);
+            in_progress_ok(api, "ncclCommInitRankConfig", code, !blocking)
         }
         None => {
             // SAFETY: `slot` receives the communicator; the id is shared by all ranks.

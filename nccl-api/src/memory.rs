@@ -91,6 +91,16 @@ impl<R: Runtime> DeviceStream for ApiStream<R> {
             rt: self.rt.clone(),
         }))
     }
+
+    fn wait(&self, marker: &Marker) -> Result<()> {
+        let m = marker
+            .inner()
+            .as_any()
+            .downcast_ref::<ApiMarker<R>>()
+            .ok_or_else(|| Error::invalid("marker", "a marker of another backend"))?;
+        // cudaStreamWaitEvent / hipStreamWaitEvent: device-side, the host does not wait.
+        self.rt.wait_event(self.dev, &self.s, &m.ev)
+    }
 }
 
 /// A timing event of a NCCL-API backend's runtime.

@@ -39,7 +39,8 @@ impl<R: Runtime> Plain<R> {
     ) -> Result<()> {
         // The communicator the call goes to (`call` checks `lc`'s state either way).
         let on = |main: NcclComm| child.unwrap_or(main);
-        let (count, dt) = (op.count, op.dtype.nccl());
+        let count = op.count;
+        let dt = wire_type(&lc.api, op.kind, op.dtype)?;
         let (s, r) = (
             op.send_address() as *mut c_void,
             op.recv_address() as *mut c_void,
@@ -47,12 +48,15 @@ impl<R: Runtime> Plain<R> {
         let fns = &lc.api.fns;
         // SAFETY (every call below): `op.check` proved each pointer is this rank's device
         // memory holding what the call reads or writes for `count` elements of the type, on
-        // this communicator's device, with roots and peers in range; the stream belongs to
-        // the same device; `call` holds the communicator's lock.
+        // this communicator's device, with roots and peers in range (a side the kind has not
+        // on this rank is NULL); the stream belongs to the same device; `call` holds the
+        // communicator's lock; a reduction is built-in or created on the same communicator
+        // and destroyed after the call returned (NCCL's rule for ncclRedOpDestroy).
         match op.kind {
-            Kind::AllReduce { op } => lc.call(|c| {
+            Kind::AllReduce { op: red } => lc.call(|c| {
+                let red = RedOp::new(lc, on(c), red, op.dtype)?;
                 // SAFETY: see the comment above the match.
-                let code = unsafe { (fns.all_reduce)(s, r, count, dt, op.nccl(), on(c), st) };
+                let code = unsafe { (fns.all_reduce)(s, r, count, dt, red.code, on(c), st) };
                 lc.check("ncclAllReduce", code)
             }),
             Kind::Broadcast { root } => lc.call(|c| {
@@ -61,10 +65,10 @@ impl<R: Runtime> Plain<R> {
                 let code = unsafe { (fns.broadcast)(s, r, count, dt, root, on(c), st) };
                 lc.check("ncclBroadcast", code)
             }),
-            Kind::Reduce { op, root } => lc.call(|c| {
-                let (red, root) = (op.nccl(), root as c_int);
+            Kind::Reduce { op: red, root } => lc.call(|c| {
+                let (red, root) = (RedOp::new(lc, on(c), red, op.dtype)?, root as c_int);
                 // SAFETY: see the comment above the match.
-                let code = unsafe { (fns.reduce)(s, r, count, dt, red, root, on(c), st) };
+                let code = unsafe { (fns.reduce)(s, r, count, dt, red.code, root, on(c), st) };
                 lc.check("ncclReduce", code)
             }),
             Kind::AllGather => {
@@ -80,10 +84,10 @@ impl<R: Runtime> Plain<R> {
                     lc.check("ncclAllGather", code)
                 })
             }
-            Kind::ReduceScatter { op } => lc.call(|c| {
-                let red = op.nccl();
+            Kind::ReduceScatter { op: red } => lc.call(|c| {
+                let red = RedOp::new(lc, on(c), red, op.dtype)?;
                 // SAFETY: see the comment above the match.
-                let code = unsafe { (fns.reduce_scatter)(s, r, count, dt, red, on(c), st) };
+                let code = unsafe { (fns.reduce_scatter)(s, r, count, dt, red.code, on(c), st) };
                 lc.check("ncclReduceScatter", code)
             }),
             Kind::AllToAll => match lc.api.all_to_all {
@@ -109,6 +113,52 @@ impl<R: Runtime> Plain<R> {
                     })
                 }
             },
+            Kind::Gather { root } => lc.call(|c| {
+                let f = lc.api.fns.gather.filter(|_| lc.api.native_gather_scatter());
+                let f = f.ok_or_else(|| unlowered("ncclGather"))?;
+                // SAFETY: see the comment above the match.
+                let code = unsafe { f(s, r, count, dt, root as c_int, on(c), st) };
+                lc.check("ncclGather", code)
+            }),
+            Kind::Scatter { root } => lc.call(|c| {
+                let f = lc
+                    .api
+                    .fns
+                    .scatter
+                    .filter(|_| lc.api.native_gather_scatter());
+                let f = f.ok_or_else(|| unlowered("ncclScatter"))?;
+                // SAFETY: see the comment above the match.
+                let code = unsafe { f(s, r, count, dt, root as c_int, on(c), st) };
+                lc.check("ncclScatter", code)
+            }),
+            Kind::AllToAllV => {
+                let f = lc
+                    .api
+                    .fns
+                    .all_to_allv
+                    .ok_or_else(|| unlowered("ncclAllToAllv"))?;
+                let (sc, rc) = (op.layout.send, op.layout.recv);
+                let (sc, rc) = sc.zip(rc).ok_or_else(|| unlowered("ncclAllToAllv"))?;
+                lc.call(|c| {
+                    // SAFETY: as above; the four arrays hold `world` counts and
+                    // displacements each (checked) and live across the call.
+                    let code = unsafe {
+                        f(
+                            s,
+                            sc.counts.as_ptr(),
+                            sc.displs.as_ptr(),
+                            r,
+                            rc.counts.as_ptr(),
+                            rc.displs.as_ptr(),
+                            dt,
+                            on(c),
+                            st,
+                        )
+                    };
+                    lc.check("ncclAllToAllv", code)
+                })
+            }
+            Kind::AllGatherV | Kind::ReduceScatterV { .. } => Err(unlowered(op.name())),
             Kind::Send { peer } => {
                 lc.call(|c| send_recv(lc, c, s, (count, op.dtype), peer, st, Dir::Send))
             }
@@ -123,7 +173,7 @@ impl<R: Runtime> Plain<R> {
     /// communicator's own 4 bytes (NCCL has no barrier).
     pub(crate) fn barrier_on(&self, lc: &Arc<LibComm<R>>, st: *mut c_void) -> Result<()> {
         let b = self.barrier.ptr as *mut c_void;
-        let (f32, sum) = (DataType::F32.nccl(), ReduceOp::Sum.nccl());
+        let (f32, sum) = (DataType::F32.nccl(), RED_SUM);
         let all_reduce = lc.api.fns.all_reduce;
         lc.call(|c| {
             // SAFETY: the communicator's own 4-byte device buffer, one f32 element, in
@@ -131,6 +181,89 @@ impl<R: Runtime> Plain<R> {
             let code = unsafe { all_reduce(b, b, 1, f32, sum, c, st) };
             lc.check("ncclAllReduce", code)
         })
+    }
+}
+
+/// `ncclSum`.
+const RED_SUM: c_int = 0;
+/// `ncclScalarHostImmediate`: the scalar is read from host memory at creation.
+const SCALAR_HOST_IMMEDIATE: c_int = 1;
+
+/// A kind the communicator lowers before it reaches the plain path (no native call).
+fn unlowered(call: &str) -> Error {
+    Error::invalid(
+        "op",
+        format!("{call} reached the library without a native call"),
+    )
+}
+
+/// The `ncclDataType_t` an operation is called with. The 8-bit floats move as `ncclUint8`
+/// (the same bytes, on every library version); reductions of them need a library that
+/// reduces them (`Unsupported` otherwise, naming why).
+fn wire_type(api: &crate::sys::api::Api, kind: Kind, dtype: DataType) -> Result<c_int> {
+    if !dtype.is_fp8() {
+        return Ok(dtype.nccl());
+    }
+    if kind.reduction().is_some() {
+        api.fp8_reduce()?;
+        return Ok(dtype.nccl());
+    }
+    Ok(DataType::U8.nccl())
+}
+
+/// The `ncclRedOp_t` of one call: built in, or a pre-multiplied sum created on the
+/// communicator for this call and destroyed when dropped (after the call returned).
+struct RedOp {
+    code: c_int,
+    created: Option<(crate::sys::api::RedOpDestroyFn, NcclComm)>,
+}
+
+impl RedOp {
+    fn new<R: Runtime>(
+        lc: &LibComm<R>,
+        comm: NcclComm,
+        op: ReduceOp,
+        dtype: DataType,
+    ) -> Result<Self> {
+        if let Some(code) = op.nccl() {
+            return Ok(RedOp {
+                code,
+                created: None,
+            });
+        }
+        let ReduceOp::PreMulSum(x) = op else {
+            return Err(Error::invalid("op", "a reduction without a code"));
+        };
+        let (create, destroy) = lc.api.pre_mul_sum()?;
+        let mut scalar = [0u8; 8];
+        scalar[..x.bytes().len()].copy_from_slice(x.bytes());
+        let mut code: c_int = 0;
+        // SAFETY: `scalar` holds one element of `dtype` (the caller checked the scalar's type
+        // is the operation's), read at creation (host immediate); `comm` is live and locked.
+        let r = unsafe {
+            create(
+                &mut code,
+                scalar.as_mut_ptr().cast(),
+                wire_type(&lc.api, Kind::AllReduce { op }, dtype)?,
+                SCALAR_HOST_IMMEDIATE,
+                comm,
+            )
+        };
+        lc.check("ncclRedOpCreatePreMulSum", r)?;
+        Ok(RedOp {
+            code,
+            created: Some((destroy, comm)),
+        })
+    }
+}
+
+impl Drop for RedOp {
+    fn drop(&mut self) {
+        if let Some((destroy, comm)) = self.created {
+            // SAFETY: an operator created on `comm` above, whose last call returned (the
+            // caller still holds the communicator's lock); destroyed once.
+            unsafe { destroy(self.code, comm) };
+        }
     }
 }
 

@@ -100,7 +100,7 @@ fn unicomm_over_the_table_with_cold_caches() {
                     ra as *mut c_void,
                     2,
                     DataType::F32.nccl(),
-                    ReduceOp::Sum.nccl(),
+                    0, // ncclSum
                     raw,
                     std::ptr::null_mut(),
                 )

@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use unicomm_core::registry::RegKind;
-use unicomm_core::{DataType, Error, ReduceOp, Result};
+use unicomm_core::{DataType, Error, ReduceOp, Result, Scalar};
 
 use crate::fabric::{Desc, Msg, Signature};
 use crate::shm::Remote;
@@ -89,8 +89,14 @@ impl W {
         self.opt(s.dtype, |w, t| {
             w.u8(t as u8);
         });
-        self.opt(s.op, |w, o| {
-            w.u8(o as u8);
+        self.opt(s.op, |w, o| match o {
+            ReduceOp::PreMulSum(x) => {
+                w.u8(PRE_MUL_SUM).u8(x.dtype() as u8);
+                w.0.extend_from_slice(x.bytes());
+            }
+            o => {
+                w.u8(o.nccl().unwrap_or(0) as u8);
+            }
         });
         self.opt(s.root, |w, r| {
             w.u64(r as u64);
@@ -160,9 +166,16 @@ pub(crate) const KINDS: &[&str] = &[
     "Send",
     "Recv",
     "Barrier",
+    "Gather",
+    "Scatter",
     "WindowRegister",
     "WindowDeregister",
+    "CommSplit",
+    "CommSplitHub",
 ];
+
+/// The wire code of a pre-multiplied sum (after the built-in reductions' `ncclRedOp_t`s).
+const PRE_MUL_SUM: u8 = 5;
 
 /// The fields a `Mismatch` can name (`exec::agree` and send/recv).
 pub(crate) const MISMATCH: &[&str] = &[
@@ -252,9 +265,16 @@ impl R<'_> {
             dtype: self.opt(R::dtype)?,
             op: self.opt(|r| {
                 let c = r.u8()?;
+                if c == PRE_MUL_SUM {
+                    let t = r.dtype()?;
+                    let b = r.take(t.size())?;
+                    return Scalar::from_bytes(t, b)
+                        .map(ReduceOp::PreMulSum)
+                        .ok_or_else(|| bad("scalar"));
+                }
                 ReduceOp::ALL
                     .into_iter()
-                    .find(|o| *o as u8 == c)
+                    .find(|o| o.nccl() == Some(i32::from(c)))
                     .ok_or_else(|| bad("reduction"))
             })?,
             root: self.opt(R::usize)?,

@@ -73,3 +73,12 @@ pub(crate) fn shape(work: &Work, w: usize) -> Option<(usize, usize, usize)> {
         Coll::AllToAll => (n, n * w, n * w),
     })
 }
+macro_rules! val_fp8 {
+    ($($t:ty),*) => {$(
+        impl Val for $t {
+            fn of(v: i64) -> Self { <$t>::from_f64(v as f64) }
+            fn f(self) -> f64 { self.to_f64() }
+        }
+    )*};
+}
+val_fp8!(unicomm::F8E4M3, unicomm::F8E5M2);

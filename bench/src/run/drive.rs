@@ -70,6 +70,14 @@ macro_rules! by_type {
                 type $t = u64;
                 $body
             }
+            DataType::F8E4M3 => {
+                type $t = unicomm::F8E4M3;
+                $body
+            }
+            DataType::F8E5M2 => {
+                type $t = unicomm::F8E5M2;
+                $body
+            }
         }
     };
 }

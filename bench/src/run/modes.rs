@@ -227,7 +227,13 @@ pub(crate) fn raw_api<R: Runtime>(
     let api = a.api();
     let (comm, st) = (a.raw_comm(), R::raw_stream(s.inner()));
     let (sp, rp) = (sp as *const c_void, rp as *mut c_void);
-    let (n, t, op) = (k.count, dt.nccl(), k.op.nccl());
+    let op = k.op.nccl().ok_or_else(|| {
+        anyhow::anyhow!(
+            "the raw-NCCL baseline takes built-in reductions, not {}",
+            k.op
+        )
+    })?;
+    let (n, t) = (k.count, dt.nccl());
     let fns = &api.fns;
     // SAFETY: the buffers are this rank's live device memory holding what the call reads
     // and writes (the same ranges the unicomm modes pass, checked there); the communicator

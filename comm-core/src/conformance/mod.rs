@@ -13,11 +13,14 @@
 
 use std::fmt;
 
+mod groups;
 mod reference;
 mod runner;
 mod table;
 
-use crate::{bf16, f16, Collective, Comm, DataType, Error, ReduceOp};
+pub use groups::{run_groups, run_groups_on_rank};
+
+use crate::{bf16, f16, Collective, Comm, DataType, Error, ReduceOp, F8E4M3, F8E5M2};
 
 use reference::{Expected, Sample};
 use runner::run_typed;
@@ -243,6 +246,8 @@ pub fn run_case<H: Harness>(h: &H, case: Case) -> std::result::Result<(), Failur
         DataType::U32 => run_modes::<u32, H>(h, &case),
         DataType::I64 => run_modes::<i64, H>(h, &case),
         DataType::U64 => run_modes::<u64, H>(h, &case),
+        DataType::F8E4M3 => run_modes::<F8E4M3, H>(h, &case),
+        DataType::F8E5M2 => run_modes::<F8E5M2, H>(h, &case),
     }
 }
 
@@ -321,6 +326,8 @@ pub fn run_case_on_rank<C: Collective>(
         DataType::U32 => one::<u32, C>(comm, &case),
         DataType::I64 => one::<i64, C>(comm, &case),
         DataType::U64 => one::<u64, C>(comm, &case),
+        DataType::F8E4M3 => one::<F8E4M3, C>(comm, &case),
+        DataType::F8E5M2 => one::<F8E5M2, C>(comm, &case),
     };
     match (unsupported, r) {
         (false, r) => r,

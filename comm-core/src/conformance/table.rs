@@ -47,7 +47,9 @@ macro_rules! conformance_suite {
                     DataType::I32,
                     DataType::U32,
                     DataType::I64,
-                    DataType::U64
+                    DataType::U64,
+                    DataType::F8E4M3,
+                    DataType::F8E5M2
                 )]
                 dtype: DataType,
                 #[values(
@@ -78,7 +80,9 @@ macro_rules! conformance_suite {
                     DataType::I32,
                     DataType::U32,
                     DataType::I64,
-                    DataType::U64
+                    DataType::U64,
+                    DataType::F8E4M3,
+                    DataType::F8E5M2
                 )]
                 dtype: DataType,
                 #[values(
@@ -109,7 +113,9 @@ macro_rules! conformance_suite {
                     DataType::I32,
                     DataType::U32,
                     DataType::I64,
-                    DataType::U64
+                    DataType::U64,
+                    DataType::F8E4M3,
+                    DataType::F8E5M2
                 )]
                 dtype: DataType,
                 #[values(
@@ -140,7 +146,9 @@ macro_rules! conformance_suite {
                     DataType::I32,
                     DataType::U32,
                     DataType::I64,
-                    DataType::U64
+                    DataType::U64,
+                    DataType::F8E4M3,
+                    DataType::F8E5M2
                 )]
                 dtype: DataType,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
@@ -170,7 +178,9 @@ macro_rules! conformance_suite {
                     DataType::I32,
                     DataType::U32,
                     DataType::I64,
-                    DataType::U64
+                    DataType::U64,
+                    DataType::F8E4M3,
+                    DataType::F8E5M2
                 )]
                 dtype: DataType,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
@@ -201,7 +211,9 @@ macro_rules! conformance_suite {
                     DataType::I32,
                     DataType::U32,
                     DataType::I64,
-                    DataType::U64
+                    DataType::U64,
+                    DataType::F8E4M3,
+                    DataType::F8E5M2
                 )]
                 dtype: DataType,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,
@@ -232,7 +244,9 @@ macro_rules! conformance_suite {
                     DataType::I32,
                     DataType::U32,
                     DataType::I64,
-                    DataType::U64
+                    DataType::U64,
+                    DataType::F8E4M3,
+                    DataType::F8E5M2
                 )]
                 dtype: DataType,
                 #[values(Count::Zero, Count::One, Count::Odd, Count::Large)] count: Count,

@@ -2,7 +2,9 @@
 //! the path that runs it.
 
 use unicomm_core::registry::RegKind;
-use unicomm_core::{Capabilities, Collective, Error, Op, RawHandle, Result};
+use unicomm_core::{
+    Capabilities, Collective, CommConfig, Error, Kind, Op, RawHandle, Result, Zeros,
+};
 
 use super::route::{self, Route};
 use super::ApiComm;
@@ -10,6 +12,16 @@ use crate::group;
 use crate::libcomm::End;
 use crate::memory::{ApiMemory, ApiStream};
 use crate::sys::runtime::Runtime;
+
+/// Whether `kind` runs as a composition of other calls on this library.
+fn lowered(api: &crate::sys::api::Api, kind: Kind) -> bool {
+    match kind {
+        Kind::Gather { .. } | Kind::Scatter { .. } => !api.native_gather_scatter(),
+        Kind::AllToAllV => api.fns.all_to_allv.is_none(),
+        Kind::AllGatherV | Kind::ReduceScatterV { .. } => true,
+        _ => false,
+    }
+}
 
 impl<R: Runtime> Collective for ApiComm<R> {
     type Stream = ApiStream<R>;
@@ -37,6 +49,11 @@ impl<R: Runtime> Collective for ApiComm<R> {
             graph_capture: true,
             mem_alloc: api.has_mem_alloc(),
             copy_engine: self.ce.reachable() && api.has_windows(),
+            native_split: api.fns.comm_split.is_some() && api.version >= crate::split::SPLIT_SINCE,
+            native_gather_scatter: api.native_gather_scatter(),
+            native_all_to_all_v: api.fns.all_to_allv.is_some(),
+            fp8_reduce: api.fp8_reduce().is_ok(),
+            pre_mul_sum: api.pre_mul_sum().is_ok(),
         }
     }
 
@@ -125,7 +142,20 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 ),
             ));
         }
-        op.check(b.lc.world)?;
+        op.check(b.lc.rank, b.lc.world)?;
+        if lowered(&b.lc.api, op.kind) {
+            // No native call: NCCL's documented compositions (grouped send/recv, broadcasts,
+            // reduces), empty ones left out, in one group of this communicator.
+            b.agree.check_layout(&b.lc, &op, stream)?;
+            let ops = op.lower(b.lc.rank, b.lc.world, Zeros::Skip)?;
+            self.group_start()?;
+            let r = ops.into_iter().try_for_each(|o| self.enqueue(o, stream));
+            let end = self.group_end();
+            return r.and(end);
+        }
+        if op.kind.is_var() {
+            b.agree.check_layout(&b.lc, &op, stream)?;
+        }
         stream.watched_by(&b.lc);
         // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
         // rank whose call is refused here still takes part, so its peers do not wait.
@@ -185,6 +215,10 @@ impl<R: Runtime> Collective for ApiComm<R> {
 
     fn set_copy_engine(&self, on: bool) -> Result<()> {
         self.ce.switch(on)
+    }
+
+    fn split(&self, color: Option<u32>, key: i32, config: &CommConfig) -> Result<Option<Self>> {
+        self.split_child(color, key, config)
     }
 
     fn finalize(&mut self) -> Result<()> {

@@ -5,13 +5,14 @@
 //! agreement, the plain path), the copy-engine path and the automatic registrations; a
 //! call's route is decided in `route.rs`, the contract's operations are in `collective.rs`.
 
+mod children;
 mod collective;
 mod route;
 
 use std::sync::Arc;
 
 use unicomm_core::registry::RegKind;
-use unicomm_core::{Collective, Error, Result};
+use unicomm_core::{Collective, CommConfig, Error, Result};
 
 use crate::auto::Auto;
 use crate::base::Base;
@@ -49,6 +50,16 @@ impl<R: Runtime> std::fmt::Debug for ApiComm<R> {
 impl<R: Runtime> ApiComm<R> {
     /// One rank per visible device (or on the first `n`), created from this thread.
     pub fn local(api: Arc<Api>, rt: Arc<R>, n: Option<usize>) -> Result<Vec<Self>> {
+        Self::local_with(api, rt, n, &CommConfig::default())
+    }
+
+    /// [`ApiComm::local`] with a configuration.
+    pub fn local_with(
+        api: Arc<Api>,
+        rt: Arc<R>,
+        n: Option<usize>,
+        config: &CommConfig,
+    ) -> Result<Vec<Self>> {
         let count = rt.device_count()?;
         let n = n.unwrap_or(count);
         if n > count {
@@ -57,12 +68,24 @@ impl<R: Runtime> ApiComm<R> {
                 detail: format!("{n} ranks asked for, {count} GPU(s) visible"),
             });
         }
-        Self::init_local(api, rt, &(0..n).collect::<Vec<_>>())
+        Self::init_local_with(api, rt, &(0..n).collect::<Vec<_>>(), config)
     }
 
     /// Creates the `devs.len()` ranks of a world in this process from one thread
     /// (`ncclCommInitRank` for every device inside one group).
     pub fn init_local(api: Arc<Api>, rt: Arc<R>, devs: &[usize]) -> Result<Vec<Self>> {
+        Self::init_local_with(api, rt, devs, &CommConfig::default())
+    }
+
+    /// [`ApiComm::init_local`] with a configuration (`ncclCommInitRankConfig`; a field the
+    /// library predates is `Unsupported`, naming it).
+    pub fn init_local_with(
+        api: Arc<Api>,
+        rt: Arc<R>,
+        devs: &[usize],
+        config: &CommConfig,
+    ) -> Result<Vec<Self>> {
+        config.check_supported(api.flavor.library, api.version)?;
         let n = devs.len();
         if n == 0 {
             return Err(Error::invalid("devices", "no device given"));
@@ -75,8 +98,8 @@ impl<R: Runtime> ApiComm<R> {
             });
         }
         let id = api.unique_id()?;
-        let mode = Mode::from_env(&api)?;
-        let raw = create::local_world(&api, &rt, devs, mode, id)?;
+        let mode = Mode::from_env(&api)?.with(config);
+        let raw = create::local_world(&api, &rt, devs, mode, id, config)?;
         let local = Arc::new(LocalWorld::new(n));
         let mut out = Vec::with_capacity(n);
         let mut raw = raw.into_iter();
@@ -116,6 +139,18 @@ impl<R: Runtime> ApiComm<R> {
         world: usize,
         dev: usize,
     ) -> Result<Self> {
+        Self::init_rank_with(api, rt, id, (rank, world, dev), &CommConfig::default())
+    }
+
+    /// [`ApiComm::init_rank`] with a configuration.
+    pub fn init_rank_with(
+        api: Arc<Api>,
+        rt: Arc<R>,
+        id: UniqueId,
+        (rank, world, dev): (usize, usize, usize),
+        config: &CommConfig,
+    ) -> Result<Self> {
+        config.check_supported(api.flavor.library, api.version)?;
         if rank >= world {
             return Err(Error::invalid(
                 "rank",
@@ -129,8 +164,8 @@ impl<R: Runtime> ApiComm<R> {
                 detail: format!("device {dev} asked for, {count} visible"),
             });
         }
-        let mode = Mode::from_env(&api)?;
-        let c = create::one_rank(&api, &rt, id, (rank, world, dev), mode)?;
+        let mode = Mode::from_env(&api)?.with(config);
+        let c = create::one_rank(&api, &rt, id, (rank, world, dev), mode, config)?;
         let lc = LibComm::new(
             api,
             rt,
@@ -231,7 +266,11 @@ impl<R: Runtime> Drop for ApiComm<R> {
         // which releases this rank's signal waits beside the library's teardown (a finalize
         // would wait for the device, which such a wait holds, with no end in non-blocking
         // mode).
-        let end = if lc.ended() || self.ce.done_within(lc.timeout()) {
+        // A rank that drops it while panicking will not do its part: it aborts (a finalize
+        // would wait for peers that this rank's failure may keep waiting).
+        let end = if std::thread::panicking() {
+            End::Abort
+        } else if lc.ended() || self.ce.done_within(lc.timeout()) {
             End::Finalize
         } else {
             eprintln!(

@@ -85,6 +85,13 @@ pub struct Flavor {
     pub windows_since: Version,
     /// First version with `ncclMemAlloc` (NCCL 2.19).
     pub mem_alloc_since: Version,
+    /// First version with `ncclGather`/`ncclScatter` (NCCL 2.28.3; RCCL has had them since
+    /// ROCm 3.7).
+    pub gather_since: Version,
+    /// First version that reduces the 8-bit floats in the OCP encoding the element types
+    /// hold (NCCL 2.24.3, on sm90 or newer); `None`: refused (RCCL, whose MI300 encoding is
+    /// FNUZ: unicomm does not reinterpret one as the other).
+    pub fp8_reduce_since: Option<Version>,
 }
 
 macro_rules! table {
@@ -153,8 +160,21 @@ table! {
         comm_deregister: "ncclCommDeregister": fn(NcclComm, *mut c_void) -> NcclResult;
         window_register: "ncclCommWindowRegister": fn(NcclComm, *mut c_void, usize, *mut *mut c_void, c_int) -> NcclResult;
         window_deregister: "ncclCommWindowDeregister": fn(NcclComm, *mut c_void) -> NcclResult;
+        comm_count: "ncclCommCount": fn(NcclComm, *mut c_int) -> NcclResult;
+        comm_user_rank: "ncclCommUserRank": fn(NcclComm, *mut c_int) -> NcclResult;
+        gather: "ncclGather": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream) -> NcclResult;
+        scatter: "ncclScatter": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream) -> NcclResult;
+        all_to_allv: "ncclAllToAllv": fn(*const c_void, *const usize, *const usize, *mut c_void, *const usize, *const usize, c_int, NcclComm, RawStream) -> NcclResult;
+        red_op_create_pre_mul_sum: "ncclRedOpCreatePreMulSum": fn(*mut c_int, *mut c_void, c_int, c_int, NcclComm) -> NcclResult;
+        red_op_destroy: "ncclRedOpDestroy": fn(c_int, NcclComm) -> NcclResult;
     }
 }
+
+/// `ncclRedOpCreatePreMulSum`.
+pub type PreMulSumFn =
+    unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, c_int, NcclComm) -> NcclResult;
+/// `ncclRedOpDestroy`.
+pub type RedOpDestroyFn = unsafe extern "C" fn(c_int, NcclComm) -> NcclResult;
 
 /// One loaded NCCL-API library.
 pub struct Api {
@@ -333,6 +353,38 @@ impl Api {
             && self.fns.window_register.is_some()
             && self.fns.window_deregister.is_some()
     }
+    /// Whether `ncclGather` and `ncclScatter` are available.
+    pub fn native_gather_scatter(&self) -> bool {
+        self.version >= self.flavor.gather_since
+            && self.fns.gather.is_some()
+            && self.fns.scatter.is_some()
+    }
+
+    /// Whether reductions of the 8-bit floats are available: `Unsupported` naming why.
+    pub fn fp8_reduce(&self) -> Result<()> {
+        match self.flavor.fp8_reduce_since {
+            Some(since) if self.version >= since => Ok(()),
+            Some(since) => Err(self.too_old("reductions of 8-bit floats", since, true)),
+            None => Err(Error::unsupported(
+                "reductions of OCP 8-bit floats",
+                "a library that reduces the OCP e4m3/e5m2 encoding (NCCL >= 2.24.3)",
+                format!(
+                    "{} {}, whose fp8 on MI300 is the FNUZ encoding (moving fp8 works)",
+                    self.flavor.library, self.version
+                ),
+            )),
+        }
+    }
+
+    /// `ncclRedOpCreatePreMulSum` and `ncclRedOpDestroy` (NCCL >= 2.11, RCCL ROCm 5.2).
+    pub fn pre_mul_sum(&self) -> Result<(PreMulSumFn, RedOpDestroyFn)> {
+        let since = Version::new(2, 11, 0);
+        let what = "a pre-multiplied sum (ncclRedOpCreatePreMulSum)";
+        let create = self.gated(what, since, self.fns.red_op_create_pre_mul_sum)?;
+        let destroy = self.gated(what, since, self.fns.red_op_destroy)?;
+        Ok((create, destroy))
+    }
+
     /// Whether `ncclMemAlloc` is available.
     pub fn has_mem_alloc(&self) -> bool {
         self.version >= self.flavor.mem_alloc_since

@@ -273,6 +273,8 @@ pub static NCCL: Flavor = Flavor {
     registration_since: Version::new(2, 19, 0),
     windows_since: Version::new(2, 27, 0),
     mem_alloc_since: Version::new(2, 19, 0),
+    gather_since: Version::new(2, 28, 3),
+    fp8_reduce_since: Some(Version::new(2, 24, 3)),
 };
 pub static RCCL: Flavor = Flavor {
     library: "RCCL",
@@ -283,6 +285,8 @@ pub static RCCL: Flavor = Flavor {
     registration_since: Version::new(2, 20, 0),
     windows_since: Version::new(2, 27, 0),
     mem_alloc_since: Version::new(2, 20, 0),
+    gather_since: Version::new(2, 0, 0),
+    fp8_reduce_since: None,
 };
 
 pub fn flavors(no_a2a: bool, rccl: bool) -> &'static Flavor {
@@ -296,6 +300,8 @@ pub fn flavors(no_a2a: bool, rccl: bool) -> &'static Flavor {
         registration_since: base.registration_since,
         windows_since: base.windows_since,
         mem_alloc_since: base.mem_alloc_since,
+        gather_since: base.gather_since,
+        fp8_reduce_since: base.fp8_reduce_since,
     };
     Box::leak(Box::new(f))
 }

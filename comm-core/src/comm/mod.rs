@@ -2,13 +2,19 @@
 //! registered memory. It validates what the caller controls (lengths, overflow, roots,
 //! peers, memory of another device) and hands one [`Collective`] call to the backend.
 
+mod collectives;
+mod groups;
+mod var;
+
+pub use var::packed_displs;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::{Capabilities, Collective};
 use crate::buffer::{elem_bytes, Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
 use crate::element::Element;
 use crate::registration::{Kind, RegisterError, Registered, Registration, Window};
-use crate::{Error, ReduceOp, Result};
+use crate::{Error, Result};
 
 static NEXT_COMM_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -162,13 +168,13 @@ impl<C: Collective> Comm<C> {
         self.raw.set_copy_engine(on)
     }
 
-    fn check<T: Element>(&self, v: &View<'_, T, C>) -> Result<()> {
+    pub(crate) fn check<T: Element>(&self, v: &View<'_, T, C>) -> Result<()> {
         self.raw.check_memory(v.mem)
     }
 
     /// The views of an out-of-place operation, both checked to be this rank's memory, the
     /// output cut to `need(send.len())` elements (`InvalidArgument` when shorter).
-    fn views<'a, T: Element>(
+    pub(crate) fn views<'a, T: Element>(
         &self,
         send: &'a impl DeviceSlice<T, C>,
         recv: &'a mut impl DeviceSliceMut<T, C>,
@@ -189,7 +195,7 @@ impl<C: Collective> Comm<C> {
     }
 
     /// The view of an in-place operation, checked to be this rank's memory.
-    fn view_mut_of<'a, T: Element>(
+    pub(crate) fn view_mut_of<'a, T: Element>(
         &self,
         buf: &'a mut impl DeviceSliceMut<T, C>,
     ) -> Result<ViewMut<'a, T, C>> {
@@ -198,7 +204,7 @@ impl<C: Collective> Comm<C> {
         Ok(b)
     }
 
-    fn rank_arg(&self, r: usize, argument: &'static str) -> Result<()> {
+    pub(crate) fn rank_arg(&self, r: usize, argument: &'static str) -> Result<()> {
         if r >= self.world_size() {
             return Err(Error::invalid(
                 argument,
@@ -206,190 +212,6 @@ impl<C: Collective> Comm<C> {
             ));
         }
         Ok(())
-    }
-
-    /// `recv = op(send of every rank)`, `send.len()` elements; `recv` must hold as many.
-    pub fn all_reduce<T: Element>(
-        &self,
-        send: &impl DeviceSlice<T, C>,
-        recv: &mut impl DeviceSliceMut<T, C>,
-        op: ReduceOp,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        let (s, r) = self.views(send, recv, Ok)?;
-        self.raw
-            .all_reduce(s.raw(), r.raw(), s.len, T::DTYPE, op, stream)
-    }
-
-    /// In-place all-reduce of every element of `buf`.
-    pub fn all_reduce_in_place<T: Element>(
-        &self,
-        buf: &mut impl DeviceSliceMut<T, C>,
-        op: ReduceOp,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        let b = self.view_mut_of(buf)?.into_view();
-        self.raw
-            .all_reduce(b.raw(), b.raw(), b.len, T::DTYPE, op, stream)
-    }
-
-    /// Root's `send` (`send.len()` elements) to every rank's `recv`. `send` is read on the
-    /// root only, but every rank passes one of the same length.
-    pub fn broadcast<T: Element>(
-        &self,
-        send: &impl DeviceSlice<T, C>,
-        recv: &mut impl DeviceSliceMut<T, C>,
-        root: usize,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        self.rank_arg(root, "root")?;
-        let (s, r) = self.views(send, recv, Ok)?;
-        self.raw
-            .broadcast(s.raw(), r.raw(), s.len, T::DTYPE, root, stream)
-    }
-
-    /// In-place broadcast: root's `buf` overwrites every other rank's.
-    pub fn broadcast_in_place<T: Element>(
-        &self,
-        buf: &mut impl DeviceSliceMut<T, C>,
-        root: usize,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        self.rank_arg(root, "root")?;
-        let b = self.view_mut_of(buf)?.into_view();
-        self.raw
-            .broadcast(b.raw(), b.raw(), b.len, T::DTYPE, root, stream)
-    }
-
-    /// The reduction of every rank's `send` into root's `recv` (written on the root only;
-    /// every rank passes one at least as long as `send`).
-    pub fn reduce<T: Element>(
-        &self,
-        send: &impl DeviceSlice<T, C>,
-        recv: &mut impl DeviceSliceMut<T, C>,
-        op: ReduceOp,
-        root: usize,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        self.rank_arg(root, "root")?;
-        let (s, r) = self.views(send, recv, Ok)?;
-        self.raw
-            .reduce(s.raw(), r.raw(), s.len, T::DTYPE, op, root, stream)
-    }
-
-    /// In-place reduce into root's `buf`.
-    pub fn reduce_in_place<T: Element>(
-        &self,
-        buf: &mut impl DeviceSliceMut<T, C>,
-        op: ReduceOp,
-        root: usize,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        self.rank_arg(root, "root")?;
-        let b = self.view_mut_of(buf)?.into_view();
-        self.raw
-            .reduce(b.raw(), b.raw(), b.len, T::DTYPE, op, root, stream)
-    }
-
-    /// `recv[r*n..(r+1)*n] = send of rank r`, `n = send.len()`; `recv` holds `n*world_size`.
-    pub fn all_gather<T: Element>(
-        &self,
-        send: &impl DeviceSlice<T, C>,
-        recv: &mut impl DeviceSliceMut<T, C>,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        let (s, r) = self.views(send, recv, |n| self.times_world(n, "send"))?;
-        self.raw
-            .all_gather(s.raw(), r.raw(), s.len, T::DTYPE, stream)
-    }
-
-    /// In-place all-gather: `buf` holds `n*world_size` elements and this rank's input is
-    /// already at `buf[rank*n..(rank+1)*n]` (NCCL's in-place layout).
-    pub fn all_gather_in_place<T: Element>(
-        &self,
-        buf: &mut impl DeviceSliceMut<T, C>,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        let whole = self.view_mut_of(buf)?.into_view();
-        let count = self.per_rank(whole.len, "buf")?;
-        let mine = whole.slice(self.rank() * count..(self.rank() + 1) * count)?;
-        self.raw
-            .all_gather(mine.raw(), whole.raw(), count, T::DTYPE, stream)
-    }
-
-    /// `recv = op(send_r[rank*n..(rank+1)*n] for every rank r)` with `n = send.len() /
-    /// world_size` (which must divide); `recv` holds at least `n`.
-    pub fn reduce_scatter<T: Element>(
-        &self,
-        send: &impl DeviceSlice<T, C>,
-        recv: &mut impl DeviceSliceMut<T, C>,
-        op: ReduceOp,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        let (s, r) = self.views(send, recv, |n| self.per_rank(n, "send"))?;
-        self.raw
-            .reduce_scatter(s.raw(), r.raw(), r.len, T::DTYPE, op, stream)
-    }
-
-    /// In-place reduce-scatter: the result lands in `buf[rank*n..(rank+1)*n]`.
-    pub fn reduce_scatter_in_place<T: Element>(
-        &self,
-        buf: &mut impl DeviceSliceMut<T, C>,
-        op: ReduceOp,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        let whole = self.view_mut_of(buf)?.into_view();
-        let count = self.per_rank(whole.len, "buf")?;
-        let mine = whole.slice(self.rank() * count..(self.rank() + 1) * count)?;
-        self.raw
-            .reduce_scatter(whole.raw(), mine.raw(), count, T::DTYPE, op, stream)
-    }
-
-    /// All-to-all: with `n = send.len() / world_size` (which must divide), this rank's
-    /// `recv[p*n..(p+1)*n]` receives `send_p[rank*n..(rank+1)*n]` from every rank `p`.
-    /// `recv` holds at least `send.len()`.
-    pub fn all_to_all<T: Element>(
-        &self,
-        send: &impl DeviceSlice<T, C>,
-        recv: &mut impl DeviceSliceMut<T, C>,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        let (s, r) = self.views(send, recv, |n| self.per_rank(n, "send").map(|_| n))?;
-        let count = s.len / self.world_size();
-        self.raw
-            .all_to_all(s.raw(), r.raw(), count, T::DTYPE, stream)
-    }
-
-    /// Sends every element of `buf` to `peer`, which must post a matching `recv`. Inside a
-    /// group, sends and receives between the same ranks do not deadlock.
-    pub fn send<T: Element>(
-        &self,
-        buf: &impl DeviceSlice<T, C>,
-        peer: usize,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        self.rank_arg(peer, "peer")?;
-        let b = buf.view();
-        self.check(&b)?;
-        self.raw.send(b.raw(), b.len, T::DTYPE, peer, stream)
-    }
-
-    /// Receives `buf.len()` elements from `peer`.
-    pub fn recv<T: Element>(
-        &self,
-        buf: &mut impl DeviceSliceMut<T, C>,
-        peer: usize,
-        stream: &C::Stream,
-    ) -> Result<()> {
-        self.rank_arg(peer, "peer")?;
-        let b = self.view_mut_of(buf)?.into_view();
-        self.raw.recv(b.raw(), b.len, T::DTYPE, peer, stream)
-    }
-
-    /// A stream-ordered barrier: work enqueued after it on `stream` starts once every rank
-    /// has reached it. Call `stream.synchronize()` to wait on the host.
-    pub fn barrier(&self, stream: &C::Stream) -> Result<()> {
-        self.raw.barrier(stream)
     }
 
     /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd`; the group is closed even when
@@ -455,7 +277,7 @@ impl<C: Collective> Comm<C> {
         self.raw.timeout()
     }
 
-    fn times_world(&self, n: usize, argument: &'static str) -> Result<usize> {
+    pub(crate) fn times_world(&self, n: usize, argument: &'static str) -> Result<usize> {
         n.checked_mul(self.world_size()).ok_or_else(|| {
             Error::invalid(
                 argument,
@@ -464,7 +286,7 @@ impl<C: Collective> Comm<C> {
         })
     }
 
-    fn per_rank(&self, total: usize, argument: &'static str) -> Result<usize> {
+    pub(crate) fn per_rank(&self, total: usize, argument: &'static str) -> Result<usize> {
         let w = self.world_size();
         if !total.is_multiple_of(w) {
             return Err(Error::invalid(

@@ -1,0 +1,346 @@
+//! The suite's process groups and the collectives built on them: split (several color and
+//! key patterns, ranks without a color, reversed keys), the device mesh, gather and
+//! scatter, the variable-size exchanges, scaled sums, the 8-bit floats and the ordering
+//! between streams. Every rank runs the same sequence ([`run_groups_on_rank`]), so it runs
+//! alike with ranks as threads ([`run_groups`]) and as processes; every output is checked
+//! exactly against values computed here.
+
+use crate::{
+    each_rank, packed_displs, Collective, Comm, Counts, DeviceMesh, DeviceStream, Element,
+    ReduceOp, F8E4M3,
+};
+
+use super::reference::Sample;
+use super::Failure;
+
+type Out = std::result::Result<(), Failure>;
+
+/// Every check below on every communicator of one world, one thread per rank.
+pub fn run_groups<C: Collective>(comms: &[Comm<C>]) -> Out {
+    each_rank(comms, run_groups_on_rank).map(drop)
+}
+
+/// Every check below on this rank (every rank of the world calls it, in the same order).
+pub fn run_groups_on_rank<C: Collective>(c: &Comm<C>) -> Out {
+    let ctx = |what: &'static str| {
+        let r = c.rank();
+        move |Failure(m, e): Failure| Failure(format!("rank {r}, {what}: {m}"), e)
+    };
+    splits(c).map_err(ctx("split"))?;
+    mesh(c).map_err(ctx("mesh"))?;
+    gather_scatter::<f32, C>(c).map_err(ctx("gather/scatter f32"))?;
+    gather_scatter::<F8E4M3, C>(c).map_err(ctx("gather/scatter f8e4m3"))?;
+    all_to_all_v::<i32, C>(c).map_err(ctx("all_to_all_v i32"))?;
+    all_to_all_v::<crate::bf16, C>(c).map_err(ctx("all_to_all_v bf16"))?;
+    all_gather_v::<f32, C>(c).map_err(ctx("all_gather_v f32"))?;
+    reduce_scatter_v::<i64, C>(c).map_err(ctx("reduce_scatter_v i64"))?;
+    scaled_sums::<f32, C>(c).map_err(ctx("pre-multiplied sum f32"))?;
+    scaled_sums::<crate::bf16, C>(c).map_err(ctx("pre-multiplied sum bf16"))?;
+    scaled_sums::<F8E4M3, C>(c).map_err(ctx("pre-multiplied sum f8e4m3"))?;
+    streams(c).map_err(ctx("ordering between streams"))?;
+    Ok(())
+}
+
+fn upload<T: Element, C: Collective>(
+    c: &Comm<C>,
+    v: &[T],
+    st: &C::Stream,
+) -> crate::Result<crate::Buffer<T, C>> {
+    let mut b = c.alloc::<T>(v.len())?;
+    b.copy_from_host(v, st)?;
+    Ok(b)
+}
+
+fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) -> Out {
+    match got.iter().zip(want).position(|(g, w)| g != w) {
+        _ if got.len() != want.len() => Err(Failure::msg(format!(
+            "{what}: {} elements, want {}",
+            got.len(),
+            want.len()
+        ))),
+        None => Ok(()),
+        Some(i) => Err(Failure::msg(format!(
+            "{what}: element {i} is {:?}, want {:?}",
+            got[i], want[i]
+        ))),
+    }
+}
+
+/// The child's all-reduce of its members' parent ranks: every member must get their sum.
+fn check_child<C: Collective>(
+    child: &Comm<C>,
+    members: &[usize],
+    parent_rank: usize,
+    what: &str,
+) -> Out {
+    let me = members.iter().position(|&r| r == parent_rank);
+    if me != Some(child.rank()) || child.world_size() != members.len() {
+        return Err(Failure::msg(format!(
+            "{what}: rank {}/{} of the child, want {me:?}/{}",
+            child.rank(),
+            child.world_size(),
+            members.len()
+        )));
+    }
+    let st = child.create_stream()?;
+    let mut b = upload(child, &[parent_rank as i64; 3], &st)?;
+    child.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+    let want = members.iter().map(|&r| r as i64).sum::<i64>();
+    same(&b.copy_to_host(&st)?, &[want; 3], what)
+}
+
+fn splits<C: Collective>(c: &Comm<C>) -> Out {
+    let (r, w) = (c.rank(), c.world_size());
+    // (color of rank p, key of rank p): even/odd, reversed keys, a third without color,
+    // everyone together.
+    type Pattern = (
+        &'static str,
+        fn(usize, usize) -> Option<u32>,
+        fn(usize) -> i32,
+    );
+    let patterns: [Pattern; 4] = [
+        ("even/odd", |p, _| Some(p as u32 % 2), |p| p as i32),
+        ("reversed keys", |_, _| Some(7), |p| -(p as i32)),
+        (
+            "no color for every third rank",
+            |p, _| (p % 3 != 2).then_some(1),
+            |p| p as i32,
+        ),
+        (
+            "halves, equal keys",
+            |p, w| Some((2 * p / w.max(1)) as u32),
+            |_| 0,
+        ),
+    ];
+    for (what, color, key) in patterns {
+        let child = c.split(color(r, w), key(r))?;
+        let mine = color(r, w);
+        match (child, mine) {
+            (None, None) => {}
+            (Some(child), Some(m)) => {
+                // NCCL's order: by key, ties by parent rank.
+                let mut members: Vec<(i32, usize)> = (0..w)
+                    .filter(|&p| color(p, w) == Some(m))
+                    .map(|p| (key(p), p))
+                    .collect();
+                members.sort();
+                let members: Vec<usize> = members.into_iter().map(|(_, p)| p).collect();
+                check_child(&child, &members, r, what)?;
+                child.finalize()?;
+            }
+            (got, _) => {
+                return Err(Failure::msg(format!(
+                    "{what}: a child {} for color {mine:?}",
+                    if got.is_some() { "given" } else { "missing" }
+                )))
+            }
+        }
+    }
+    // The rank-list form, and a child of a child.
+    let evens: Vec<usize> = (0..w).step_by(2).collect();
+    if let Some(child) = c.split_ranks(&evens)? {
+        check_child(&child, &evens, r, "split_ranks")?;
+        let first = child.split_ranks(&[0])?;
+        if let Some(g) = first {
+            check_child(&g, &[0], child.rank(), "a child's child")?;
+            g.finalize()?;
+        }
+        child.finalize()?;
+    } else if r % 2 == 0 {
+        return Err(Failure::msg("split_ranks: an even rank got no child"));
+    }
+    Ok(())
+}
+
+fn mesh<C: Collective>(c: &Comm<C>) -> Out {
+    let w = c.world_size();
+    let dims: Vec<(&str, usize)> = match w {
+        8 => vec![("pp", 2), ("dp", 2), ("tp", 2)],
+        w if w % 2 == 0 => vec![("dp", 2), ("tp", w / 2)],
+        w => vec![("dp", 1), ("tp", w)],
+    };
+    let m = DeviceMesh::new(c, &dims)?;
+    // Row-major: the last dimension fastest.
+    let mut stride = 1;
+    let mut strides = vec![0; dims.len()];
+    for d in (0..dims.len()).rev() {
+        strides[d] = stride;
+        stride *= dims[d].1;
+    }
+    for (d, &(name, size)) in dims.iter().enumerate() {
+        let coord = m.coord(name)?;
+        let base = c.rank() - coord * strides[d];
+        let members: Vec<usize> = (0..size).map(|k| base + k * strides[d]).collect();
+        check_child(m.dim(name)?, &members, c.rank(), name)?;
+    }
+    Ok(m.finalize()?)
+}
+
+/// Small exact values: `v(k)` is an integer in -4..=4 (exact in every element type).
+fn v<T: Sample>(k: usize) -> T {
+    T::from_i64((k % 9) as i64 - 4)
+}
+
+fn gather_scatter<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
+    let (r, w, n) = (c.rank(), c.world_size(), 5);
+    let root = w - 1;
+    let st = c.create_stream()?;
+    let send = upload(
+        c,
+        &(0..n).map(|i| v::<T>(r * 3 + i)).collect::<Vec<_>>(),
+        &st,
+    )?;
+    let mut recv = c.alloc::<T>(if r == root { n * w } else { 1 })?;
+    c.gather(&send, &mut recv, root, &st)?;
+    if r == root {
+        let want: Vec<T> = (0..w * n).map(|i| v(i / n * 3 + i % n)).collect();
+        same(&recv.copy_to_host(&st)?, &want, "gather at the root")?;
+    }
+    let all: Vec<T> = (0..w * n).map(|i| v(i * 5 + 1)).collect();
+    let src = upload(c, if r == root { &all[..] } else { &all[..0] }, &st)?;
+    let mut out = c.alloc::<T>(n)?;
+    c.scatter(&src, &mut out, root, &st)?;
+    same(&out.copy_to_host(&st)?, &all[r * n..(r + 1) * n], "scatter")
+}
+
+/// The counts rank `from` sends rank `to` (zero for some pairs, skewed as MoE routing is).
+fn a2a_count(from: usize, to: usize) -> usize {
+    (from + 2 * to) % 4
+}
+
+fn all_to_all_v<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
+    let (r, w) = (c.rank(), c.world_size());
+    let sc: Vec<usize> = (0..w).map(|p| a2a_count(r, p)).collect();
+    let rc: Vec<usize> = (0..w).map(|p| a2a_count(p, r)).collect();
+    let (sd, rd) = (packed_displs(&sc)?, packed_displs(&rc)?);
+    // Rank `from`'s element `i` for `to`.
+    let val = |from: usize, to: usize, i: usize| v::<T>(from * 5 + to * 3 + i);
+    let send: Vec<T> = (0..w)
+        .flat_map(|p| (0..sc[p]).map(move |i| val(r, p, i)))
+        .collect();
+    let st = c.create_stream()?;
+    let sb = upload(c, &send, &st)?;
+    let total: usize = rc.iter().sum();
+    // One element more than needed, which must stay as it was.
+    let mut rb = upload(c, &vec![T::from_i64(7); total + 1], &st)?;
+    let (scs, rcs) = (
+        Counts {
+            counts: &sc,
+            displs: &sd,
+        },
+        Counts {
+            counts: &rc,
+            displs: &rd,
+        },
+    );
+    c.all_to_all_v(&sb, scs, &mut rb, rcs, &st)?;
+    let mut want: Vec<T> = (0..w)
+        .flat_map(|p| (0..rc[p]).map(move |i| val(p, r, i)))
+        .collect();
+    want.push(T::from_i64(7));
+    same(&rb.copy_to_host(&st)?, &want, "all_to_all_v")
+}
+
+fn all_gather_v<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
+    let (r, w) = (c.rank(), c.world_size());
+    let counts: Vec<usize> = (0..w).map(|p| (p * 2 + 1) % 4).collect();
+    let displs = packed_displs(&counts)?;
+    let st = c.create_stream()?;
+    let send = upload(
+        c,
+        &(0..counts[r])
+            .map(|i| v::<T>(r * 7 + i))
+            .collect::<Vec<_>>(),
+        &st,
+    )?;
+    let total = counts.iter().sum();
+    let mut recv = c.alloc::<T>(total)?;
+    let layout = Counts {
+        counts: &counts,
+        displs: &displs,
+    };
+    c.all_gather_v(&send, &mut recv, layout, &st)?;
+    let want: Vec<T> = (0..w)
+        .flat_map(|p| (0..counts[p]).map(move |i| v(p * 7 + i)))
+        .collect();
+    same(&recv.copy_to_host(&st)?, &want, "all_gather_v")
+}
+
+fn reduce_scatter_v<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
+    let (r, w) = (c.rank(), c.world_size());
+    let counts: Vec<usize> = (0..w).map(|p| (p + 2) % 3).collect();
+    let displs = packed_displs(&counts)?;
+    let total: usize = counts.iter().sum();
+    let st = c.create_stream()?;
+    let send = upload(
+        c,
+        &(0..total).map(|i| v::<T>(r + i)).collect::<Vec<_>>(),
+        &st,
+    )?;
+    let mut recv = c.alloc::<T>(counts[r])?;
+    let layout = Counts {
+        counts: &counts,
+        displs: &displs,
+    };
+    c.reduce_scatter_v(&send, layout, &mut recv, ReduceOp::Sum, &st)?;
+    let want: Vec<T> = (0..counts[r])
+        .map(|i| {
+            T::from_i64(
+                (0..w)
+                    .map(|p| v::<T>(p + displs[r] + i).to_f64() as i64)
+                    .sum(),
+            )
+        })
+        .collect();
+    same(&recv.copy_to_host(&st)?, &want, "reduce_scatter_v")
+}
+
+/// Each rank's input scaled by its own scalar, then summed (`ncclRedOpCreatePreMulSum`):
+/// all-reduce, reduce to the last rank and reduce-scatter. Scalars are 1 and -1 (2 for
+/// the wide types) and inputs in -1..=1, so every partial sum is exact in every type.
+fn scaled_sums<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
+    let (r, w, n) = (c.rank(), c.world_size(), 4);
+    let scale = |p: usize| -> i64 {
+        match (p % 2, T::NARROW) {
+            (0, _) => 1,
+            (_, true) => -1,
+            _ => 2,
+        }
+    };
+    let x = |p: usize, i: usize| ((p + i) % 3) as i64 - 1;
+    let op = ReduceOp::pre_mul_sum(T::from_i64(scale(r)));
+    let st = c.create_stream()?;
+    let input: Vec<T> = (0..n * w).map(|i| T::from_i64(x(r, i))).collect();
+    let reduced = |i: usize| T::from_i64((0..w).map(|p| scale(p) * x(p, i)).sum());
+    let send = upload(c, &input[..n], &st)?;
+    let mut out = c.alloc::<T>(n)?;
+    c.all_reduce(&send, &mut out, op, &st)?;
+    let want: Vec<T> = (0..n).map(reduced).collect();
+    same(&out.copy_to_host(&st)?, &want, "all_reduce")?;
+    c.reduce(&send, &mut out, op, w - 1, &st)?;
+    if r == w - 1 {
+        same(&out.copy_to_host(&st)?, &want, "reduce")?;
+    }
+    let whole = upload(c, &input, &st)?;
+    c.reduce_scatter(&whole, &mut out, op, &st)?;
+    let want: Vec<T> = (r * n..(r + 1) * n).map(reduced).collect();
+    same(&out.copy_to_host(&st)?, &want, "reduce_scatter")
+}
+
+/// A collective on one stream ordered after a copy on another by a marker: the
+/// communication stream waits for the compute stream on the device, not on the host.
+fn streams<C: Collective>(c: &Comm<C>) -> Out {
+    let (r, w, n) = (c.rank(), c.world_size(), 1 << 16);
+    let (compute, comm) = (c.create_stream()?, c.create_stream()?);
+    let mut b = c.alloc::<f32>(n)?;
+    b.copy_from_host(&vec![(r + 1) as f32; n], &compute)?;
+    let ready = compute.record()?;
+    comm.wait(&ready)?;
+    c.all_reduce_in_place(&mut b, ReduceOp::Sum, &comm)?;
+    let want = (w * (w + 1) / 2) as f32;
+    same(
+        &b.copy_to_host(&comm)?,
+        &vec![want; n],
+        "all_reduce after the marker",
+    )
+}

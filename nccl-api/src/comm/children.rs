@@ -1,0 +1,148 @@
+//! Children of a communicator ([`Collective::split`]): `ncclCommSplit` where the library has
+//! it, else a fresh unique id carried to the members by the parent, each child composed
+//! like any communicator (its own registrations, agreement, deadlines).
+
+use std::ffi::c_int;
+
+use unicomm_core::{CommConfig, Error, Result};
+
+use super::ApiComm;
+use crate::create::{self, Mode};
+use crate::libcomm::LibComm;
+use crate::split::{self, NO_COLOR, SPLIT_SINCE};
+use crate::sys::api::NcclComm;
+use crate::sys::runtime::Runtime;
+use crate::wait::settle_raw;
+
+impl<R: Runtime> ApiComm<R> {
+    /// `split` (see [`unicomm_core::Collective::split`]).
+    pub(crate) fn split_child(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        config: &CommConfig,
+    ) -> Result<Option<Self>> {
+        let b = &self.base;
+        let lc = &b.lc;
+        config.check_supported(lc.api.flavor.library, lc.api.version)?;
+        b.not_in_group("splitting a communicator")?;
+        let nonblocking = config.blocking.map_or(lc.nonblocking, |blocking| !blocking);
+        let mode = Mode {
+            nonblocking,
+            timeout: lc.timeout(),
+            check: b.agree.checking(),
+        };
+        let native = lc
+            .api
+            .fns
+            .comm_split
+            .filter(|_| lc.api.version >= SPLIT_SINCE);
+        let (raw, rank, world) = match native {
+            Some(f) => {
+                let color = color.map_or(NO_COLOR, |c| c as c_int);
+                let cfg = split::to_config(config, false)?;
+                let Some(raw) = split::split_raw(lc, f, color, key as c_int, cfg)? else {
+                    return Ok(None);
+                };
+                // A non-blocking child of a blocking parent is settled here (a child of a
+                // non-blocking parent was settled by the split).
+                if nonblocking && !lc.nonblocking {
+                    if let Err(e) =
+                        settle_raw(&lc.api, raw, "ncclCommSplit", lc.timeout(), &|| false)
+                    {
+                        // SAFETY: the child just created, never wrapped: aborted once.
+                        unsafe { (lc.api.fns.comm_abort)(raw) };
+                        return Err(e);
+                    }
+                }
+                match self.rank_and_size(raw) {
+                    Ok((r, n)) => (raw, r, n),
+                    Err(e) => {
+                        // SAFETY: the child just created, never wrapped: aborted once.
+                        unsafe { (lc.api.fns.comm_abort)(raw) };
+                        return Err(e);
+                    }
+                }
+            }
+            None => match self.split_by_unique_id(color, key, config, mode)? {
+                Some(c) => c,
+                None => return Ok(None),
+            },
+        };
+        let lc = LibComm::new(
+            lc.api.clone(),
+            lc.rt.clone(),
+            raw,
+            (lc.dev, rank, world),
+            mode.nonblocking,
+            mode.timeout,
+        );
+        Self::compose(lc, mode, None, None).map(Some)
+    }
+
+    /// A child's rank and size, from the library (`ncclCommUserRank`, `ncclCommCount`).
+    fn rank_and_size(&self, raw: NcclComm) -> Result<(usize, usize)> {
+        let api = &self.base.lc.api;
+        let (Some(user_rank), Some(count)) = (api.fns.comm_user_rank, api.fns.comm_count) else {
+            return Err(Error::invalid(
+                "comm",
+                "the library has no ncclCommUserRank/ncclCommCount",
+            ));
+        };
+        let (mut r, mut n): (c_int, c_int) = (0, 0);
+        // SAFETY: a live communicator just created; the out-parameters are local.
+        api.check(
+            "ncclCommUserRank",
+            unsafe { user_rank(raw, &mut r) },
+            Some(raw),
+        )?;
+        // SAFETY: as above.
+        api.check("ncclCommCount", unsafe { count(raw, &mut n) }, Some(raw))?;
+        Ok((r.max(0) as usize, n.max(0) as usize))
+    }
+
+    /// Without `ncclCommSplit`: every rank's (color, key) and, per group, its first rank's
+    /// fresh unique id go through the parent's all-reduce; the members then create the
+    /// child (`ncclCommInitRank[Config]`) among themselves, bounded by the deadline.
+    fn split_by_unique_id(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        config: &CommConfig,
+        mode: Mode,
+    ) -> Result<Option<(NcclComm, usize, usize)>> {
+        let b = &self.base;
+        let lc = &b.lc;
+        let all_max = |w: &[u64]| b.all_max(w);
+        let all = split::exchange_colors(&all_max, lc.world, lc.rank, color, key)?;
+        // One id per group, in the order of the colors, made by the group's first member.
+        let mut colors: Vec<u32> = all.iter().filter_map(|(c, _)| *c).collect();
+        colors.sort_unstable();
+        colors.dedup();
+        let mut mine = None;
+        for c in colors {
+            let members = split::members(
+                &all,
+                all.iter().position(|(k, _)| *k == Some(c)).unwrap_or(0),
+            )
+            .unwrap_or_default();
+            let first = members.first().copied();
+            let id = if first == Some(lc.rank) {
+                Some(lc.api.unique_id()?)
+            } else {
+                None
+            };
+            let shared = split::share_id(&all_max, id)?;
+            if color == Some(c) {
+                mine = Some((shared, members));
+            }
+        }
+        let Some((id, members)) = mine else {
+            return Ok(None);
+        };
+        let rank = members.iter().position(|&r| r == lc.rank).unwrap_or(0);
+        let world = members.len();
+        let raw = create::one_rank(&lc.api, &lc.rt, id, (rank, world, lc.dev), mode, config)?;
+        Ok(Some((raw, rank, world)))
+    }
+}
