@@ -88,6 +88,9 @@ pub static WAITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsiz
 /// Signal waits in progress (a stream held on the device).
 pub static WAITING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// Stream waits for an event the host runtime was asked for.
+pub static EVENT_WAITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Host memory standing in for a device.
 #[derive(Debug)]
 pub struct Host;
@@ -147,6 +150,7 @@ impl Runtime for Host {
         Ok(b.saturating_duration_since(*a).as_secs_f64() * 1e3)
     }
     fn wait_event(&self, _: usize, _: &HostStream, _: &std::time::Instant) -> Result<()> {
+        EVENT_WAITS.fetch_add(1, SeqCst);
         Ok(())
     }
     fn mem_info(&self, _: usize) -> Result<(usize, usize)> {

@@ -42,6 +42,7 @@ pub struct Id {
 #[repr(C)]
 pub struct Comm {
     nranks: c_int,
+    rank: c_int,
     /// Made by ncclCommSplit (calls on it are also counted as `<name>:split`).
     split: bool,
     /// Created by ncclCommInitRankConfig with `blocking = 0`: calls return ncclInProgress
@@ -57,7 +58,7 @@ const IN_PROGRESS: R = 7;
 
 impl Comm {
     fn new(nranks: c_int, split: bool, nonblocking: bool) -> Self {
-        Comm { nranks, split, nonblocking, pending: 0, async_error: OK }
+        Comm { nranks, rank: 0, split, nonblocking, pending: 0, async_error: OK }
     }
 }
 
@@ -144,17 +145,61 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(c: *mut Comm, out: *mut R) -> R {
     OK
 }
 
-/// `ncclConfig_t`'s header and the field unicomm sets.
+/// `ncclConfig_t` up to the fields of NCCL 2.27 (what the fake reads).
 #[repr(C)]
 pub struct Config {
     size: usize,
     magic: u32,
     version: u32,
     blocking: c_int,
+    cga_cluster_size: c_int,
+    min_ctas: c_int,
+    max_ctas: c_int,
+    net_name: *const c_char,
+    split_share: c_int,
+    traffic_class: c_int,
+    comm_name: *const c_char,
+}
+
+/// What the last configuration named as `commName` and `maxCTAs` ("" / -1: unset).
+static LAST_CONFIG: Mutex<(String, c_int)> = Mutex::new((String::new(), -1));
+
+/// Records what a configuration of a release with these fields (2.27) set.
+#[cfg_attr(feature = "nccl217", allow(dead_code))]
+unsafe fn record_config(cfg: &Config) {
+    let name = if cfg.version >= 22700 && !cfg.comm_name.is_null() {
+        CStr::from_ptr(cfg.comm_name).to_string_lossy().into_owned()
+    } else {
+        String::new()
+    };
+    let max = if cfg.max_ctas == c_int::MIN { -1 } else { cfg.max_ctas };
+    *LAST_CONFIG.lock().unwrap() = (name, max);
+}
+
+/// Test control: the last configuration's `maxCTAs` (-1: unset); its `commName` is copied
+/// into `name` (`cap` bytes, NUL-terminated).
+#[no_mangle]
+pub unsafe extern "C" fn unicommFakeLastConfig(name: *mut c_char, cap: usize) -> c_int {
+    let (n, max) = LAST_CONFIG.lock().unwrap().clone();
+    let b = n.as_bytes();
+    let k = b.len().min(cap.saturating_sub(1));
+    std::ptr::copy_nonoverlapping(b.as_ptr(), name as *mut u8, k);
+    *name.add(k) = 0;
+    max
+}
+
+/// The `ncclDataType_t` of the last data movement (-1: none yet).
+static LAST_TYPE: Mutex<c_int> = Mutex::new(-1);
+
+#[no_mangle]
+pub extern "C" fn unicommFakeLastType() -> c_int {
+    *LAST_TYPE.lock().unwrap()
 }
 
 fn size(dtype: c_int) -> usize {
     match dtype {
+        // The 8-bit floats exist from 2.24 (the 2.18-like fake does not know them).
+        10 | 11 if cfg!(feature = "nccl228") => 1,
         0 | 1 => 1,
         6 | 9 => 2,
         2 | 3 | 7 => 4,
@@ -163,6 +208,10 @@ fn size(dtype: c_int) -> usize {
 }
 
 unsafe fn copy(src: *const c_void, dst: *mut c_void, count: usize, dtype: c_int) -> R {
+    *LAST_TYPE.lock().unwrap() = dtype;
+    if !(0..=9).contains(&dtype) && size(dtype) != 1 {
+        return fail(INVALID_ARGUMENT, "fake: a data type this version does not have");
+    }
     if count == REFUSED_COUNT {
         return fail(INVALID_USAGE, "fake: count 2989 refused on purpose");
     }
@@ -181,7 +230,13 @@ pub unsafe extern "C" fn unicommFakeCalls(name: *const c_char) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ncclGetVersion(v: *mut c_int) -> R {
     count("ncclGetVersion");
-    *v = if cfg!(feature = "nccl228") { 22809 } else { 21803 };
+    *v = if cfg!(feature = "nccl228") {
+        22809
+    } else if cfg!(feature = "nccl217") {
+        21703
+    } else {
+        21803
+    };
     OK
 }
 
@@ -203,7 +258,9 @@ pub unsafe extern "C" fn ncclCommInitRank(comm: *mut *mut Comm, nranks: c_int, _
         return fail(INVALID_ARGUMENT, "fake: only worlds of one rank");
     }
     delay(&INIT_DELAY_MS);
-    *comm = Box::into_raw(Box::new(Comm::new(nranks, false, false)));
+    let mut c = Comm::new(nranks, false, false);
+    c.rank = rank;
+    *comm = Box::into_raw(Box::new(c));
     OK
 }
 
@@ -218,20 +275,129 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(comm: *mut *mut Comm, nranks: c_
     if cfg.magic != 0xcafe_beef || cfg.size < std::mem::size_of::<Config>() || cfg.version < 21400 {
         return fail(INVALID_ARGUMENT, "fake: config not from NCCL_CONFIG_INITIALIZER");
     }
+    record_config(cfg);
     let c = Box::into_raw(Box::new(Comm::new(nranks, false, cfg.blocking == 0)));
     *comm = c;
     in_progress(c, OK)
 }
 
+/// `ncclCommSplit` (from 2.18: the 2.17-like fake has none). `NCCL_SPLIT_NOCOLOR` gives
+/// NULL; a configuration's blocking field is honoured.
+#[cfg(not(feature = "nccl217"))]
 #[no_mangle]
-pub unsafe extern "C" fn ncclCommSplit(c: *mut Comm, _color: c_int, _key: c_int, out: *mut *mut Comm, _config: *mut c_void) -> R {
+pub unsafe extern "C" fn ncclCommSplit(c: *mut Comm, color: c_int, _key: c_int, out: *mut *mut Comm, config: *mut Config) -> R {
     count("ncclCommSplit");
     if !(*c).nonblocking {
         delay(&SPLIT_DELAY_MS);
     }
-    let child = Box::into_raw(Box::new(Comm::new((*c).nranks, true, (*c).nonblocking)));
+    if color == -1 {
+        count("ncclCommSplit:nocolor");
+        *out = std::ptr::null_mut();
+        return in_progress(c, OK);
+    }
+    let nonblocking = if config.is_null() {
+        (*c).nonblocking
+    } else {
+        record_config(&*config);
+        (*config).blocking == 0 || ((*config).blocking == c_int::MIN && (*c).nonblocking)
+    };
+    let child = Box::into_raw(Box::new(Comm::new((*c).nranks, true, nonblocking)));
     *out = child;
     in_progress(child, OK)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCount(c: *mut Comm, n: *mut c_int) -> R {
+    count("ncclCommCount");
+    *n = (*c).nranks;
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommUserRank(c: *mut Comm, r: *mut c_int) -> R {
+    count("ncclCommUserRank");
+    *r = (*c).rank;
+    OK
+}
+
+/// Pre-multiplied sums created and not destroyed: (op, f32 scalar).
+static RED_OPS: Mutex<Vec<(c_int, f32)>> = Mutex::new(Vec::new());
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(op: *mut c_int, scalar: *mut c_void, t: c_int, residence: c_int, c: *mut Comm) -> R {
+    count("ncclRedOpCreatePreMulSum");
+    if c.is_null() || residence != 1 || t != 7 {
+        return fail(INVALID_ARGUMENT, "fake: pre-multiplied sums of host f32 scalars only");
+    }
+    let mut ops = RED_OPS.lock().unwrap();
+    let code = 5 + ops.len() as c_int + calls_of("ncclRedOpDestroy");
+    ops.push((code, *(scalar as *const f32)));
+    *op = code;
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclRedOpDestroy(op: c_int, _c: *mut Comm) -> R {
+    count("ncclRedOpDestroy");
+    let mut ops = RED_OPS.lock().unwrap();
+    match ops.iter().position(|(k, _)| *k == op) {
+        Some(i) => {
+            ops.remove(i);
+            OK
+        }
+        None => fail(INVALID_ARGUMENT, "fake: destroying an operator that does not exist"),
+    }
+}
+
+fn calls_of(name: &str) -> c_int {
+    CALLS.lock().unwrap().iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c)
+}
+
+/// A one-rank all-reduce with a created operator: the input scaled by its scalar (f32).
+unsafe fn scaled(s: *const c_void, r: *mut c_void, n: usize, op: c_int) -> Option<R> {
+    if op < 5 {
+        return None;
+    }
+    let ops = RED_OPS.lock().unwrap();
+    let Some(&(_, k)) = ops.iter().find(|(c, _)| *c == op) else {
+        return Some(fail(INVALID_ARGUMENT, "fake: an operator that was not created (or destroyed)"));
+    };
+    for i in 0..n {
+        *(r as *mut f32).add(i) = *(s as *const f32).add(i) * k;
+    }
+    Some(OK)
+}
+
+#[cfg(feature = "nccl228")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclGather(s: *const c_void, r: *mut c_void, n: usize, t: c_int, root: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclGather");
+    if root != 0 {
+        return fail(INVALID_ARGUMENT, "fake: root out of range");
+    }
+    copy(s, r, n, t)
+}
+
+#[cfg(feature = "nccl228")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclScatter(s: *const c_void, r: *mut c_void, n: usize, t: c_int, root: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclScatter");
+    if root != 0 {
+        return fail(INVALID_ARGUMENT, "fake: root out of range");
+    }
+    copy(s, r, n, t)
+}
+
+/// RCCL's all-to-all-v, for one rank: the one block to itself.
+#[cfg(feature = "rccl-old")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllToAllv(s: *const c_void, sc: *const usize, sd: *const usize, r: *mut c_void, rc: *const usize, rd: *const usize, t: c_int, _c: *mut Comm, _st: *mut c_void) -> R {
+    count("ncclAllToAllv");
+    if *sc != *rc {
+        return fail(INVALID_USAGE, "fake: send and receive counts differ");
+    }
+    let e = size(t);
+    copy((s as *const u8).add(*sd * e).cast(), (r as *mut u8).add(*rd * e).cast(), *sc, t)
 }
 
 #[no_mangle]
@@ -347,6 +513,9 @@ pub unsafe extern "C" fn ncclAllReduce(s: *const c_void, r: *mut c_void, n: usiz
         return in_progress(c, world_all_reduce((*c).nranks as usize, r, n, t, op));
     }
     delay(&ALL_REDUCE_DELAY_MS);
+    if let Some(code) = scaled(s, r, n, op) {
+        return in_progress(c, code);
+    }
     in_progress(c, copy(s, r, n, t))
 }
 
