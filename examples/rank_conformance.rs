@@ -9,7 +9,7 @@
 mod common;
 
 use anyhow::{bail, Context as _};
-use unicomm::core::conformance::{process_subset, run_case_on_rank};
+use unicomm::core::conformance::{process_subset, run_case_on_rank, run_groups_on_rank};
 
 fn main() {
     common::main_with(run)
@@ -19,14 +19,20 @@ fn run() -> anyhow::Result<()> {
     // `--vendor V` and `--no-windows` (transports without symmetric memory, such as NCCL's
     // network transport standing in for two nodes: the window cases are then not run, and
     // the output says so).
+    // `--groups-only`: the process groups' part alone (split, the mesh, gather/scatter, the
+    // variable-size exchanges, scaled sums, fp8, ordering between streams).
     let mut vendor = unicomm::Vendor::Auto;
     let mut windows = true;
+    let mut subset = true;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--vendor" => vendor = it.next().context("--vendor needs a value")?.parse()?,
             "--no-windows" => windows = false,
-            other => bail!("unknown argument {other} (expected --vendor V, --no-windows)"),
+            "--groups-only" => subset = false,
+            other => {
+                bail!("unknown argument {other} (expected --vendor V, --no-windows, --groups-only)")
+            }
         }
     }
     let comm = unicomm::from_env(vendor).context("joining the job")?;
@@ -35,9 +41,9 @@ fn run() -> anyhow::Result<()> {
     let cases: Vec<_> = all
         .iter()
         .copied()
-        .filter(|c| windows || !c.reg.is_collective())
+        .filter(|c| subset && (windows || !c.reg.is_collective()))
         .collect();
-    if cases.len() < all.len() {
+    if cases.len() < all.len() && subset {
         println!(
             "rank_conformance: rank {r}: --no-windows: {} window cases NOT run",
             all.len() - cases.len()
@@ -54,9 +60,13 @@ fn run() -> anyhow::Result<()> {
             bail!("rank {r}: case {i} of {}: {e}", cases.len());
         }
     }
+    if let Err(e) = run_groups_on_rank(&comm) {
+        let _ = comm.abort();
+        bail!("rank {r}: process groups: {e}");
+    }
     comm.finalize()?;
     println!(
-        "rank_conformance: rank {r} of {w}: {} cases in {:.1} s; PASSED",
+        "rank_conformance: rank {r} of {w}: {} cases and the process groups in {:.1} s; PASSED",
         cases.len(),
         t.elapsed().as_secs_f64(),
     );

@@ -14,7 +14,9 @@ rc=0
 # unicomm-bench sweep and the visualgen preset), faults (deadlines, a killed rank, resource
 # churn), procs (one rank per process, default and network transports; with one GPU both
 # ranks share it, for correctness) or overlap (a
-# kernel's slowdown under NCCL's and the copy-engine all_to_all; the single-thread sweep): each takes
+# kernel's slowdown under NCCL's and the copy-engine all_to_all; the single-thread sweep), groups
+# (process groups: split, the mesh, gather/scatter, the variable-size exchanges, fp8, scaled
+# sums, in one process and as 2, 3 and 4 processes; the engine example): each takes
 # minutes, so a time-limited session can run them in separate calls. BENCH_ARGS adds to the
 # sweep's arguments.
 PARTS=${PARTS:-all}
@@ -116,6 +118,21 @@ for v in nccl rccl; do
     done
     continue
   fi
+  if [ "$PARTS" = groups ] || [ "$PARTS" = all ]; then
+    step $v groups in one process
+    timeout 300 ./$v-groups --test-threads=1 --nocapture 2>&1 | tee "$OUT/$v-groups.log" | grep -E "^test |test result|panicked"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # One rank per process; with fewer GPUs than ranks the processes share them
+    # (--share-gpu: NCCL is told they are on separate hosts; correctness, not speed).
+    for n in 2 3 4; do
+      if [ "$UNICOMM_GPU_WORLD" -ge $n ]; then share=; else share=--share-gpu; fi
+      step $v groups: $n processes $share
+      ./xtask launch --procs $n $share --timeout-s 300 -- ./rank_conformance --vendor $vendor --groups-only 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    done
+    if [ "$UNICOMM_GPU_WORLD" -ge 4 ]; then share=; else share=--share-gpu; fi
+    step $v engine_mesh: 4 processes $share
+    ./xtask launch --procs 4 $share --timeout-s 300 -- ./engine_mesh --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  fi
+  if [ "$PARTS" = groups ]; then continue; fi
   if [ "$PARTS" = faults ] || [ "$PARTS" = all ]; then
     # One rank per process through the bundle's launcher (xtask launch = run --procs). With
     # one GPU the two processes share it (--share-gpu: NCCL is told they are on two hosts).

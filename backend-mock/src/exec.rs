@@ -6,8 +6,6 @@ use std::time::{Duration, Instant};
 
 use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Scalar};
 
-use unicomm_core::registry::RegKind;
-
 use crate::fabric::{Desc, Exchange, Msg, Signature};
 use crate::memory::{Guard, HostAlloc};
 use crate::reduce::reduce;
@@ -218,44 +216,6 @@ fn lock_all(tasks: &[Task], timeout: Duration) -> Result<Vec<Guard<'_>>> {
     Ok(guards)
 }
 
-fn agree(all: &[Desc]) -> Result<()> {
-    // What each rank passed, in words (the message a user reads).
-    fn check(all: &[Desc], what: &'static str, f: impl Fn(&Signature) -> String) -> Result<()> {
-        let first = f(&all[0].sig);
-        if all.iter().all(|d| f(&d.sig) == first) {
-            return Ok(());
-        }
-        let detail = all
-            .iter()
-            .enumerate()
-            .map(|(r, d)| format!("rank {r}: {}", f(&d.sig)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        Err(Error::Mismatch { what, detail })
-    }
-    fn or_none<T: std::fmt::Display>(v: Option<T>) -> String {
-        v.map_or_else(|| "none".to_string(), |v| v.to_string())
-    }
-    fn reg(r: Option<RegKind>) -> String {
-        match r {
-            None => "unregistered",
-            Some(RegKind::Buffer) => "registered",
-            Some(RegKind::Window) => "in a window",
-            Some(RegKind::Auto) => "registered for the automatic policy",
-        }
-        .to_string()
-    }
-    check(all, "operation", |s| s.kind.to_string())?;
-    check(all, "count", |s| s.count.to_string())?;
-    check(all, "data type", |s| or_none(s.dtype))?;
-    check(all, "reduction", |s| or_none(s.op))?;
-    check(all, "root", |s| or_none(s.root))?;
-    check(all, "registration of the send buffer", |s| reg(s.send_reg))?;
-    check(all, "registration of the receive buffer", |s| {
-        reg(s.recv_reg)
-    })
-}
-
 /// Element range `[lo, hi)` of chunk `k` when `count` elements are cut into `world` chunks.
 fn chunk(count: usize, world: usize, k: usize) -> (usize, usize) {
     let at = |i: usize| ((count as u128 * i as u128) / world as u128) as usize;
@@ -312,7 +272,7 @@ pub(crate) fn run_coll(
     let fabric = &*ctx.fabric;
     let r = (|| {
         let all = fabric.gather(seq, ctx.rank, desc, ctx.deadline())?;
-        agree(&all)?;
+        crate::agree::agree(&all)?;
         // SAFETY: every rank agreed on the operation, counts and types; each rank's buffers
         // were checked against its allocation at enqueue time and stay locked and alive until
         // it leaves the slot, which it does only after the last phase (or, on failure, after

@@ -20,6 +20,7 @@
 //! NCCL: collectives issued by one thread for several ranks without a group do not deadlock
 //! (NCCL requires a group there).
 
+mod agree;
 mod collective;
 mod comm;
 mod config;

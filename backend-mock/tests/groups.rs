@@ -141,7 +141,7 @@ fn counts_out_of_bounds_are_refused_naming_the_rank() {
     let displs = [0usize, 2];
     let big = [2usize, 3];
     let over = [1usize, usize::MAX];
-    for (counts, displs) in [
+    for (counts, ds) in [
         (&big[..], &displs[..]),
         (&over[..], &[0, 1][..]),
         (&ok[..1], &displs[..1]),
@@ -149,7 +149,7 @@ fn counts_out_of_bounds_are_refused_naming_the_rank() {
         let e = c
             .all_to_all_v(
                 &send,
-                Counts { counts, displs },
+                Counts { counts, displs: ds },
                 &mut recv,
                 Counts {
                     counts: &ok,

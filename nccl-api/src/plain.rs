@@ -41,6 +41,7 @@ impl<R: Runtime> Plain<R> {
         let on = |main: NcclComm| child.unwrap_or(main);
         let count = op.count;
         let dt = wire_type(&lc.api, op.kind, op.dtype)?;
+        one_rank_fp8_premul(lc, op)?;
         let (s, r) = (
             op.send_address() as *mut c_void,
             op.recv_address() as *mut c_void,
@@ -186,6 +187,32 @@ impl<R: Runtime> Plain<R> {
 
 /// `ncclSum`.
 const RED_SUM: c_int = 0;
+
+/// NCCL's one-rank path (`ncclLaunchOneRank`, 2.28.9) has no pre-multiplied-sum kernel for
+/// the 8-bit floats, so a float average or a pre-multiplied sum of fp8 on a communicator of
+/// one rank fails there with `ncclInvalidArgument` (measured on 1x H200): refused first, as
+/// `Unsupported` naming why.
+fn one_rank_fp8_premul<R: Runtime>(lc: &LibComm<R>, op: &Op<'_, ApiMemory<R>>) -> Result<()> {
+    let premul = matches!(
+        op.kind.reduction(),
+        Some(ReduceOp::Avg | ReduceOp::PreMulSum(_))
+    );
+    if lc.world == 1 && op.dtype.is_fp8() && premul {
+        return Err(Error::unsupported(
+            format!(
+                "{} of {} with a pre-multiplied sum (or a float average) on one rank",
+                op.kind.name(),
+                op.dtype
+            ),
+            "a communicator of two or more ranks",
+            format!(
+                "{} {}, whose one-rank path has no fp8 kernel for it",
+                lc.api.flavor.library, lc.api.version
+            ),
+        ));
+    }
+    Ok(())
+}
 /// `ncclScalarHostImmediate`: the scalar is read from host memory at creation.
 const SCALAR_HOST_IMMEDIATE: c_int = 1;
 

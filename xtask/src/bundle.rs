@@ -73,6 +73,7 @@ pub(crate) fn bundle(o: &Opts) -> Result<()> {
         "from_env",
         "faults",
         "rank_conformance",
+        "engine_mesh",
     ];
     for e in examples {
         ex.args(["--example", e]);

@@ -42,13 +42,21 @@ impl GpuVendor {
         match self {
             GpuVendor::Cuda => &[
                 "conformance",
+                "groups",
                 "registration",
                 "ranks",
                 "ipc",
                 "signals",
                 "cuda",
             ],
-            GpuVendor::Rocm => &["conformance", "registration", "ranks", "ipc", "signals"],
+            GpuVendor::Rocm => &[
+                "conformance",
+                "groups",
+                "registration",
+                "ranks",
+                "ipc",
+                "signals",
+            ],
         }
     }
     pub(crate) fn library(self) -> &'static str {

@@ -3,8 +3,8 @@
 
 use crate::backend::Collective;
 use crate::buffer::{DeviceSlice, DeviceSliceMut};
+use crate::counts::{Counts, Layout};
 use crate::element::Element;
-use crate::layout::{Counts, Layout};
 use crate::op::{Kind, Op};
 use crate::{Comm, Error, ReduceOp, Result};
 

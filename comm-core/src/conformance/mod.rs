@@ -16,9 +16,12 @@ use std::fmt;
 mod groups;
 mod reference;
 mod runner;
+mod sample;
 mod table;
 
-pub use groups::{run_groups, run_groups_on_rank};
+pub use groups::{
+    run_groups, run_groups_on_rank, run_groups_on_rank_refusing, run_groups_refusing,
+};
 
 use crate::{bf16, f16, Collective, Comm, DataType, Error, ReduceOp, F8E4M3, F8E5M2};
 
@@ -252,13 +255,19 @@ pub fn run_case<H: Harness>(h: &H, case: Case) -> std::result::Result<(), Failur
 }
 
 /// The suite's subset for worlds of one rank per process (every process runs it in this
-/// order): every collective, four types (f32, bf16, i64, u8), every count, in and out of
-/// place, unregistered, registered and (where the collective takes them) in windows.
+/// order): every collective, five types (f32, bf16, i64, u8, f8e4m3), every count, in and
+/// out of place, unregistered, registered and (where the collective takes them) in windows.
 pub fn process_subset(world: usize) -> Vec<Case> {
     let mut v = Vec::new();
     for coll in Coll::ALL {
         let s = coll.support();
-        for dtype in [DataType::F32, DataType::Bf16, DataType::I64, DataType::U8] {
+        for dtype in [
+            DataType::F32,
+            DataType::Bf16,
+            DataType::I64,
+            DataType::U8,
+            DataType::F8E4M3,
+        ] {
             for count in [Count::Zero, Count::One, Count::Odd, Count::Large] {
                 for place in [Place::Out, Place::In] {
                     if place == Place::In && !s.in_place {

@@ -91,11 +91,8 @@ impl<R: Runtime> ApiComm<R> {
         };
         let (mut r, mut n): (c_int, c_int) = (0, 0);
         // SAFETY: a live communicator just created; the out-parameters are local.
-        api.check(
-            "ncclCommUserRank",
-            unsafe { user_rank(raw, &mut r) },
-            Some(raw),
-        )?;
+        let code = unsafe { user_rank(raw, &mut r) };
+        api.check("ncclCommUserRank", code, Some(raw))?;
         // SAFETY: as above.
         api.check("ncclCommCount", unsafe { count(raw, &mut n) }, Some(raw))?;
         Ok((r.max(0) as usize, n.max(0) as usize))
