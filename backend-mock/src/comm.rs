@@ -177,6 +177,18 @@ impl MockComm {
             .map(|r| self.reg(&r, bytes(re)))
             .transpose()?
             .flatten();
+        // A gather's output and a scatter's input exist on the root only (NCCL reads no
+        // other rank's): their registration is not compared across the ranks.
+        let recv_reg = if matches!(op.kind, Kind::Gather { .. }) {
+            None
+        } else {
+            recv_reg
+        };
+        let send_reg = if matches!(op.kind, Kind::Scatter { .. }) {
+            None
+        } else {
+            send_reg
+        };
         let same = matches!((&op.send, &op.recv), (Some(s), Some(r)) if Arc::ptr_eq(&s.mem.inner, &r.mem.inner));
         let barrier = op.kind == Kind::Barrier;
         Ok(Work::Coll {

@@ -23,6 +23,9 @@
 
 mod report;
 mod run;
+mod workloads;
+
+use workloads::workloads;
 
 use std::path::PathBuf;
 
@@ -44,6 +47,13 @@ pub enum Coll {
     ReduceScatter,
     /// ncclBroadcast (root 0).
     Broadcast,
+    /// ncclGather (root 0; grouped send/recv before NCCL 2.28.3).
+    Gather,
+    /// ncclScatter (root 0).
+    Scatter,
+    /// All-to-all with per-peer counts (skewed as MoE routing is; the `moe` preset's from a
+    /// top-k routing): RCCL's ncclAllToAllv, grouped send/recv on NCCL.
+    AllToAllV,
 }
 
 impl Coll {
@@ -52,13 +62,26 @@ impl Coll {
         let n = n as f64;
         match self {
             Coll::AllReduce => 2.0 * (n - 1.0) / n,
-            Coll::AllToAll | Coll::AllGather | Coll::ReduceScatter => (n - 1.0) / n,
+            Coll::AllToAll
+            | Coll::AllGather
+            | Coll::ReduceScatter
+            | Coll::Gather
+            | Coll::Scatter
+            | Coll::AllToAllV => (n - 1.0) / n,
             Coll::Broadcast => 1.0,
         }
     }
     /// Whether `size` is the whole buffer of all ranks' chunks (counts are then per rank).
     pub fn per_rank(self) -> bool {
-        matches!(self, Coll::AllToAll | Coll::AllGather | Coll::ReduceScatter)
+        matches!(
+            self,
+            Coll::AllToAll
+                | Coll::AllGather
+                | Coll::ReduceScatter
+                | Coll::Gather
+                | Coll::Scatter
+                | Coll::AllToAllV
+        )
     }
     /// The library's operation (reductions as sums, root 0).
     pub fn kind(self) -> unicomm::core::Kind {
@@ -69,6 +92,9 @@ impl Coll {
             Coll::AllGather => Kind::AllGather,
             Coll::ReduceScatter => Kind::ReduceScatter { op: ReduceOp::Sum },
             Coll::Broadcast => Kind::Broadcast { root: 0 },
+            Coll::Gather => Kind::Gather { root: 0 },
+            Coll::Scatter => Kind::Scatter { root: 0 },
+            Coll::AllToAllV => Kind::AllToAllV,
         }
     }
     /// The name in tables, JSON and tune files: the operation's ([`Kind::snake_name`],
@@ -142,6 +168,25 @@ pub enum Preset {
     /// 128) and (1, 7680/W, 40, 128) per rank, the all_gathers of (1, S/W, H, 128), and a
     /// (1, 512, 512) all_reduce.
     Visualgen,
+    /// MoE dispatch without DeepEP, as PyTorch's `all_to_all_single` with split sizes: 4096
+    /// tokens per rank routed top-8 among 256 experts spread over the ranks, the experts'
+    /// popularity skewed (a Zipf-like draw), each token sent once to each rank holding one
+    /// of its experts; hidden 7168 (DeepSeek-V3), in the run's type (`-d bfloat16`, `-d
+    /// f8e4m3`).
+    Moe,
+}
+
+/// A MoE layer's routing, for the all_to_all_v of the `moe` preset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeShape {
+    /// Tokens per rank.
+    pub tokens: usize,
+    /// Elements per token.
+    pub hidden: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Experts in all (spread evenly over the ranks).
+    pub experts: usize,
 }
 
 /// The command line (nccl-tests' short options where it has them).
@@ -173,10 +218,11 @@ pub struct Args {
     /// Size multiplier between steps.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 4)]
     pub step_factor: usize,
-    /// Element type: float, double, half, bfloat16, int8, uint8, int32, uint32, int64, uint64.
+    /// Element type: float, double, half, bfloat16, int8, uint8, int32, uint32, int64, uint64,
+    /// f8e4m3, f8e5m2.
     #[arg(short = 'd', long = "datatype", default_value = "float", value_parser = parse_dtype)]
     pub dtype: DataType,
-    /// Reduction: sum, prod, max, min, avg.
+    /// Reduction: sum, prod, max, min, avg, premulsum (each rank's scalar 1).
     #[arg(short = 'o', long = "op", default_value = "sum", value_parser = parse_op)]
     pub op: ReduceOp,
     /// Warm-up iterations per size.
@@ -260,6 +306,8 @@ fn parse_dtype(s: &str) -> Result<DataType, String> {
         "uint32" | "u32" => DataType::U32,
         "int64" | "i64" => DataType::I64,
         "uint64" | "u64" => DataType::U64,
+        "f8e4m3" | "fp8" => DataType::F8E4M3,
+        "f8e5m2" => DataType::F8E5M2,
         _ => return Err(format!("{s:?} is not a data type")),
     })
 }
@@ -271,6 +319,9 @@ fn parse_op(s: &str) -> Result<ReduceOp, String> {
         "max" => ReduceOp::Max,
         "min" => ReduceOp::Min,
         "avg" => ReduceOp::Avg,
+        // A pre-multiplied sum with each rank's scalar 1 of the run's type (its operator
+        // created and destroyed per call): what the scaled sum costs over a plain sum.
+        "premulsum" => ReduceOp::pre_mul_sum(1u8),
         _ => return Err(format!("{s:?} is not a reduction")),
     })
 }
@@ -286,69 +337,8 @@ pub struct Work {
     pub dtype: DataType,
     /// A label (the preset's shape), or empty.
     pub label: &'static str,
-}
-
-/// The workloads: the size sweep for every collective, or the preset's.
-fn workloads(a: &Args, w: usize) -> anyhow::Result<Vec<Work>> {
-    if let Some(Preset::Visualgen) = a.preset {
-        let b = |elems: usize| elems * 2;
-        let mut v = Vec::new();
-        for (s, h, label_a2a, label_ag) in [
-            (
-                4096usize,
-                24usize,
-                "a2a (1,4096/W,24,128)",
-                "ag (1,4096/W,24,128)",
-            ),
-            (7680, 40, "a2a (1,7680/W,40,128)", "ag (1,7680/W,40,128)"),
-        ] {
-            if s % w != 0 || h % w != 0 {
-                bail!("the visualgen preset needs a world size dividing {s} and {h} (got {w})");
-            }
-            // all_to_all: per rank (1, S/W, H, 128) re-split to (1, S, H/W, 128): the
-            // exchanged buffer is S/W * H * 128 elements per rank.
-            v.push(Work {
-                coll: Coll::AllToAll,
-                bytes: b(s / w * h * 128),
-                dtype: DataType::Bf16,
-                label: label_a2a,
-            });
-            // all_gather of (1, S/W, H, 128) into (1, S, H, 128).
-            v.push(Work {
-                coll: Coll::AllGather,
-                bytes: b(s * h * 128),
-                dtype: DataType::Bf16,
-                label: label_ag,
-            });
-        }
-        v.push(Work {
-            coll: Coll::AllReduce,
-            bytes: b(512 * 512),
-            dtype: DataType::Bf16,
-            label: "ar (1,512,512)",
-        });
-        return Ok(v);
-    }
-    if a.step_factor < 2 {
-        bail!("-f must be at least 2");
-    }
-    let mut v = Vec::new();
-    for &coll in &a.colls {
-        let mut bytes = a.min_bytes.max(1);
-        while bytes <= a.max_bytes {
-            v.push(Work {
-                coll,
-                bytes,
-                dtype: a.dtype,
-                label: "",
-            });
-            bytes = match bytes.checked_mul(a.step_factor) {
-                Some(b) => b,
-                None => break,
-            };
-        }
-    }
-    Ok(v)
+    /// The routing of an all_to_all_v (the `moe` preset), or the sweep's skewed counts.
+    pub moe: Option<MoeShape>,
 }
 
 fn main() {

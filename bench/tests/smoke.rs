@@ -257,3 +257,58 @@ fn the_report_names_auto_s_path_by_the_policy_and_lists_its_misses() {
     );
     assert!(text.contains("- all_reduce 1024 B: 1.125"), "{text}");
 }
+
+/// gather, scatter and all_to_all_v (skewed per-peer counts) are measured and checked, out
+/// of place, in every mode the mock has that takes them.
+#[test]
+fn gather_scatter_and_all_to_all_v_are_measured_and_checked() {
+    let doc = bench_json(
+        "vcolls",
+        &[
+            "--ranks",
+            "3",
+            "--coll",
+            "gather,scatter,all_to_all_v",
+            "-b",
+            "96",
+            "-e",
+            "96K",
+            "-f",
+            "32",
+            "-w",
+            "1",
+            "-n",
+            "2",
+            "--modes",
+            "plain,registered,window",
+        ],
+    );
+    let c = cells(&doc);
+    for coll in ["gather", "scatter", "all_to_all_v"] {
+        for mode in ["plain", "registered", "window"] {
+            assert!(
+                c.iter()
+                    .any(|x| x.starts_with(&format!("\"{coll}\" \"{mode}\""))),
+                "{coll} {mode} missing: {c:?}"
+            );
+        }
+    }
+    // Out of place only: no in-place rows.
+    assert!(c.iter().all(|x| x.ends_with("false")), "{c:?}");
+}
+
+/// The MoE preset: a top-k routing's per-peer token counts, hidden 7168, in fp8; checked.
+#[test]
+fn the_moe_preset_dispatches_routed_tokens_in_fp8() {
+    let doc = bench_json(
+        "moe",
+        &[
+            "--ranks", "4", "--preset", "moe", "-d", "f8e4m3", "-w", "1", "-n", "1", "--modes",
+            "plain", "--place", "out",
+        ],
+    );
+    let rows = doc["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["collective"], "all_to_all_v");
+    assert_eq!(rows[0]["wrong"], 0);
+}

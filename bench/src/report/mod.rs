@@ -29,6 +29,7 @@ mod tests {
                 bytes,
                 dtype: unicomm::DataType::F32,
                 label: "",
+                moe: None,
             },
             mode,
             in_place: false,

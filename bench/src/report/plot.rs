@@ -165,6 +165,9 @@ pub fn replot(json_path: &Path, out: &Path) -> anyhow::Result<()> {
             Some("all_gather") => Coll::AllGather,
             Some("reduce_scatter") => Coll::ReduceScatter,
             Some("broadcast") => Coll::Broadcast,
+            Some("gather") => Coll::Gather,
+            Some("scatter") => Coll::Scatter,
+            Some("all_to_all_v") => Coll::AllToAllV,
             _ => continue,
         };
         let mode: &'static str = match r["mode"].as_str() {

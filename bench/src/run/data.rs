@@ -71,6 +71,12 @@ pub(crate) fn shape(work: &Work, w: usize) -> Option<(usize, usize, usize)> {
         Coll::AllGather => (n, n, n * w),
         Coll::ReduceScatter => (n, n * w, n),
         Coll::AllToAll => (n, n * w, n * w),
+        Coll::Gather => (n, n, n * w),
+        Coll::Scatter => (n, n * w, n),
+        Coll::AllToAllV => {
+            let cap = super::vcounts::A2av::new(work, n, w).cap();
+            (n, cap, cap)
+        }
     })
 }
 macro_rules! val_fp8 {

@@ -176,12 +176,23 @@ pub(crate) fn drive_modes<T: Val>(
         .iter()
         .map(|c| (0..cap).map(|i| T::of(input(c.rank(), i))).collect())
         .collect();
-    let check = a.check == 1 && matches!(a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min);
+    let check = a.check == 1
+        && matches!(
+            a.op,
+            ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min | ReduceOp::PreMulSum(_)
+        );
     // A cell's (count, send elements, receive elements), or `None` where it does not run:
     // all_to_all has no in-place form, the copy engines move only all_to_all/all_gather.
     let plan = |mode: Mode, work: &Work, in_place: bool| {
-        let skip = (in_place && work.coll == Coll::AllToAll)
-            || (mode == Mode::Ce && !matches!(work.coll, Coll::AllToAll | Coll::AllGather));
+        let out_of_place_only = matches!(
+            work.coll,
+            Coll::AllToAll | Coll::Gather | Coll::Scatter | Coll::AllToAllV
+        );
+        let new_colls = matches!(work.coll, Coll::Gather | Coll::Scatter | Coll::AllToAllV);
+        let skip = (in_place && out_of_place_only)
+            || (mode == Mode::Ce && !matches!(work.coll, Coll::AllToAll | Coll::AllGather))
+            // Neither the raw-NCCL baselines nor the copy engines take these.
+            || (mode.is_raw() && new_colls);
         shape(work, w).filter(|_| !skip)
     };
     let calls = |mode: Mode, work: &Work, in_place: bool, count: usize| -> Vec<Call<'_>> {
@@ -194,6 +205,8 @@ pub(crate) fn drive_modes<T: Val>(
                 count,
                 op: a.op,
                 stream,
+                a2av: (work.coll == Coll::AllToAllV)
+                    .then(|| std::sync::Arc::new(super::vcounts::A2av::new(work, count, w))),
             })
             .collect()
     };

@@ -5,7 +5,9 @@ mod drive;
 mod modes;
 mod ranks;
 mod sweep;
+mod vcounts;
 
 pub use modes::{unsupported, Measure, ModeMemory};
 pub use ranks::{devices, DeviceRow};
 pub use sweep::sweep;
+pub(crate) use vcounts::moe_mean_elems;

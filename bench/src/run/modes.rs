@@ -129,6 +129,8 @@ pub(crate) struct Call<'a> {
     pub(crate) count: usize,
     pub(crate) op: ReduceOp,
     pub(crate) stream: &'a AnyStream,
+    /// The per-peer counts of an all_to_all_v.
+    pub(crate) a2av: Option<std::sync::Arc<super::vcounts::A2av>>,
 }
 
 pub(crate) fn launch<T: Val>(
@@ -151,6 +153,16 @@ pub(crate) fn launch<T: Val>(
     let st = k.stream;
     let r = c.rank();
     let mut rv = recv.view_mut();
+    // `premulsum`: the scalar 1 of this run's type.
+    let op = match k.op {
+        ReduceOp::PreMulSum(_) => ReduceOp::pre_mul_sum(T::of(1)),
+        op => op,
+    };
+    let k = &Call {
+        op,
+        a2av: k.a2av.clone(),
+        ..*k
+    };
     match (k.coll, k.in_place) {
         (Coll::AllReduce, false) => {
             c.all_reduce(&send.view().slice(..n)?, &mut rv.slice_mut(..n)?, k.op, st)?
@@ -179,6 +191,34 @@ pub(crate) fn launch<T: Val>(
             st,
         )?,
         (Coll::AllToAll, true) => bail!("all_to_all has no in-place form (rank {r})"),
+        (Coll::Gather, false) => {
+            c.gather(&send.view().slice(..n)?, &mut rv.slice_mut(..n * w)?, 0, st)?
+        }
+        (Coll::Scatter, false) => {
+            c.scatter(&send.view().slice(..n * w)?, &mut rv.slice_mut(..n)?, 0, st)?
+        }
+        (Coll::AllToAllV, false) => {
+            let v = k.a2av.as_ref().context("all_to_all_v without its counts")?;
+            let (sc, rc) = (v.send(r), v.recv(r));
+            let (sd, rd) = (super::vcounts::displs(&sc), super::vcounts::displs(&rc));
+            let (stot, rtot) = (sc.iter().sum::<usize>(), rc.iter().sum::<usize>());
+            c.all_to_all_v(
+                &send.view().slice(..stot)?,
+                unicomm::Counts {
+                    counts: &sc,
+                    displs: &sd,
+                },
+                &mut rv.slice_mut(..rtot)?,
+                unicomm::Counts {
+                    counts: &rc,
+                    displs: &rd,
+                },
+                st,
+            )?
+        }
+        (Coll::Gather | Coll::Scatter | Coll::AllToAllV, true) => {
+            bail!("{} is measured out of place only (rank {r})", k.coll.name())
+        }
     }
     Ok(())
 }
@@ -249,6 +289,9 @@ pub(crate) fn raw_api<R: Runtime>(
                 Some(f) => f(sp, rp, n, t, comm, st),
                 None => bail!("raw all_to_all needs a native ncclAlltoAll"),
             },
+            Coll::Gather | Coll::Scatter | Coll::AllToAllV => {
+                bail!("{} has no raw-NCCL baseline here", k.coll.name())
+            }
         }
     };
     api.check("raw NCCL call", code, Some(comm))
@@ -297,9 +340,22 @@ pub(crate) fn verify<T: Val>(
 ) -> anyhow::Result<u64> {
     let (r, n, op) = (c.rank(), k.count, k.op);
     let (_, recv) = held.bufs();
+    // all_to_all_v: where each received element came from (peer, its send index).
+    let mut from: Vec<(usize, usize)> = Vec::new();
+    if let Some(v) = &k.a2av {
+        let rc = v.recv(r);
+        for (p, &cnt) in rc.iter().enumerate() {
+            let sd = super::vcounts::displs(&v.send(p));
+            from.extend((0..cnt).map(|j| (p, sd[r] + j)));
+        }
+    }
     let (lo, len) = match (k.coll, k.in_place) {
         (Coll::ReduceScatter, true) => (r * n, n),
         (Coll::AllGather | Coll::AllToAll, _) => (0, n * w),
+        (Coll::Gather, _) if r == 0 => (0, n * w),
+        // Off the root a gather writes nothing to check.
+        (Coll::Gather, _) => (0, 0),
+        (Coll::AllToAllV, _) => (0, from.len()),
         _ => (0, n),
     };
     let out = recv.view().slice(lo..lo + len)?.copy_to_host(k.stream)?;
@@ -307,9 +363,11 @@ pub(crate) fn verify<T: Val>(
         match k.coll {
             Coll::AllReduce => reduced(op, w, j),
             Coll::Broadcast => input(0, j),
-            Coll::AllGather => input(j / n, j % n),
+            Coll::AllGather | Coll::Gather => input(j / n, j % n),
             Coll::ReduceScatter => reduced(op, w, r * n + j),
             Coll::AllToAll => input(j / n, r * n + j % n),
+            Coll::Scatter => input(0, r * n + j),
+            Coll::AllToAllV => input(from[j].0, from[j].1),
         }
     };
     Ok(out

@@ -1,0 +1,94 @@
+//! What a run measures: the size sweep of every collective asked for, or a preset's fixed
+//! shapes (the diffusion model's sequence parallelism, a MoE layer's dispatch).
+
+use anyhow::bail;
+use unicomm::DataType;
+
+use crate::{run, Args, Coll, MoeShape, Preset, Work};
+
+/// The workloads: the size sweep for every collective, or the preset's.
+pub(crate) fn workloads(a: &Args, w: usize) -> anyhow::Result<Vec<Work>> {
+    if let Some(Preset::Visualgen) = a.preset {
+        let b = |elems: usize| elems * 2;
+        let mut v = Vec::new();
+        for (s, h, label_a2a, label_ag) in [
+            (
+                4096usize,
+                24usize,
+                "a2a (1,4096/W,24,128)",
+                "ag (1,4096/W,24,128)",
+            ),
+            (7680, 40, "a2a (1,7680/W,40,128)", "ag (1,7680/W,40,128)"),
+        ] {
+            if s % w != 0 || h % w != 0 {
+                bail!("the visualgen preset needs a world size dividing {s} and {h} (got {w})");
+            }
+            // all_to_all: per rank (1, S/W, H, 128) re-split to (1, S, H/W, 128): the
+            // exchanged buffer is S/W * H * 128 elements per rank.
+            v.push(Work {
+                coll: Coll::AllToAll,
+                bytes: b(s / w * h * 128),
+                dtype: DataType::Bf16,
+                label: label_a2a,
+                moe: None,
+            });
+            // all_gather of (1, S/W, H, 128) into (1, S, H, 128).
+            v.push(Work {
+                coll: Coll::AllGather,
+                bytes: b(s * h * 128),
+                dtype: DataType::Bf16,
+                label: label_ag,
+                moe: None,
+            });
+        }
+        v.push(Work {
+            coll: Coll::AllReduce,
+            bytes: b(512 * 512),
+            dtype: DataType::Bf16,
+            label: "ar (1,512,512)",
+            moe: None,
+        });
+        return Ok(v);
+    }
+    if let Some(Preset::Moe) = a.preset {
+        let moe = MoeShape {
+            tokens: 4096,
+            hidden: 7168,
+            top_k: 8,
+            experts: 256,
+        };
+        if moe.experts % w != 0 {
+            bail!("the moe preset spreads 256 experts over the ranks: the world size must divide 256 (got {w})");
+        }
+        // nccl-tests' size: the mean of what a rank sends each peer, times the ranks.
+        let per_peer = run::moe_mean_elems(&moe, w);
+        return Ok(vec![Work {
+            coll: Coll::AllToAllV,
+            bytes: per_peer * w * a.dtype.size(),
+            dtype: a.dtype,
+            label: "moe dispatch (4096 tok, top-8/256, 7168)",
+            moe: Some(moe),
+        }]);
+    }
+    if a.step_factor < 2 {
+        bail!("-f must be at least 2");
+    }
+    let mut v = Vec::new();
+    for &coll in &a.colls {
+        let mut bytes = a.min_bytes.max(1);
+        while bytes <= a.max_bytes {
+            v.push(Work {
+                coll,
+                bytes,
+                dtype: a.dtype,
+                label: "",
+                moe: None,
+            });
+            bytes = match bytes.checked_mul(a.step_factor) {
+                Some(b) => b,
+                None => break,
+            };
+        }
+    }
+    Ok(v)
+}
