@@ -57,7 +57,7 @@ pub(crate) fn workloads(a: &Args, w: usize) -> anyhow::Result<Vec<Work>> {
             top_k: 8,
             experts: 256,
         };
-        if moe.experts % w != 0 {
+        if !moe.experts.is_multiple_of(w) {
             bail!("the moe preset spreads 256 experts over the ranks: the world size must divide 256 (got {w})");
         }
         // nccl-tests' size: the mean of what a rank sends each peer, times the ranks.

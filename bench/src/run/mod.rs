@@ -5,6 +5,7 @@ mod drive;
 mod modes;
 mod ranks;
 mod sweep;
+mod types;
 mod vcounts;
 
 pub use modes::{unsupported, Measure, ModeMemory};
