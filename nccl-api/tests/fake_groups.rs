@@ -366,3 +366,36 @@ impl unicomm_core::MarkerTime for Foreign {
         self
     }
 }
+
+/// A child reaches its peers' memory where its parent does: its all-to-all into a window
+/// of its own takes the copy-engine path (the library's all-to-all never runs).
+#[test]
+fn a_child_takes_the_copy_engine_path_where_its_parent_can() {
+    let _one = serial();
+    let path = fake("nccl228");
+    let c = comm(flavors(false, false), &path);
+    let child = c.split(Some(0), 0).unwrap().expect("a child");
+    assert!(child.capabilities().copy_engine);
+    child.set_copy_engine(true).unwrap();
+    let st = child.create_stream().unwrap();
+    let mut send = child.alloc::<u32>(64).unwrap();
+    send.copy_from_host(&(0..64).collect::<Vec<u32>>(), &st)
+        .unwrap();
+    let mut recv = child
+        .register_window(child.alloc::<u32>(64).unwrap())
+        .unwrap();
+    let moves = common::library_moves(&path);
+    child.all_to_all(&send, &mut recv, &st).unwrap();
+    assert_eq!(
+        recv.copy_to_host(&st).unwrap(),
+        (0..64).collect::<Vec<u32>>()
+    );
+    assert_eq!(
+        common::library_moves(&path),
+        moves,
+        "the library's all-to-all ran"
+    );
+    assert_eq!(child.backend().copy_engine_calls(), 1);
+    child.deregister_window(recv).unwrap();
+    child.finalize().unwrap();
+}

@@ -61,6 +61,7 @@ pub fn run_groups_on_rank_refusing<C: Collective>(
     };
     expect_refusal("split", splits(c))?;
     expect_refusal("mesh", mesh(c))?;
+    expect_refusal("a child as a full communicator", full_child(c))?;
     expect_refusal("gather/scatter f32", gather_scatter::<f32, C>(c))?;
     expect_refusal("gather/scatter f8e4m3", gather_scatter::<F8E4M3, C>(c))?;
     expect_refusal("all_to_all_v i32", all_to_all_v::<i32, C>(c))?;
@@ -207,6 +208,61 @@ fn mesh<C: Collective>(c: &Comm<C>) -> Out {
         check_child(m.dim(name)?, &members, c.rank(), name)?;
     }
     Ok(m.finalize()?)
+}
+
+/// A child registers buffers, windows and automatic registrations, polls its asynchronous
+/// error, and runs collectives in one group with its parent, each exact.
+fn full_child<C: Collective>(c: &Comm<C>) -> Out {
+    let (r, w) = (c.rank(), c.world_size());
+    let child = c
+        .split(Some(0), -(r as i32))?
+        .ok_or_else(|| Failure::msg("no child"))?;
+    let me = (w - 1 - r) as i64;
+    let st = c.create_stream()?;
+    let reg = child
+        .register(upload(&child, &[me; 8], &st)?)
+        .map_err(|e| e.error)?;
+    let mut win = child
+        .register_window(upload(&child, &[0i64; 8], &st)?)
+        .map_err(|e| e.error)?;
+    child.all_reduce(&reg, &mut win, ReduceOp::Sum, &st)?;
+    let want = (w * (w - 1) / 2) as i64;
+    same(
+        &win.copy_to_host(&st)?,
+        &[want; 8],
+        "registered into a window",
+    )?;
+    let mut auto = child
+        .register_auto(upload(&child, &[me; 8], &st)?)
+        .map_err(|e| e.error)?;
+    child.all_reduce_in_place(&mut auto, ReduceOp::Max, &st)?;
+    same(
+        &auto.copy_to_host(&st)?,
+        &[(w - 1) as i64; 8],
+        "automatic registration",
+    )?;
+    child.poll_async_error()?;
+    // One group over parent and child (NCCL's groups span communicators).
+    let mut a = upload(c, &[1i64; 4], &st)?;
+    let mut b = upload(&child, &[2i64; 4], &st)?;
+    c.group(|| {
+        c.all_reduce_in_place(&mut a, ReduceOp::Sum, &st)?;
+        child.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)
+    })?;
+    same(
+        &a.copy_to_host(&st)?,
+        &[w as i64; 4],
+        "the parent in the group",
+    )?;
+    same(
+        &b.copy_to_host(&st)?,
+        &[2 * w as i64; 4],
+        "the child in the group",
+    )?;
+    child.deregister_auto(auto)?;
+    child.deregister_window(win)?;
+    child.deregister(reg)?;
+    Ok(child.finalize()?)
 }
 
 /// Small exact values: `v(k)` is an integer in -4..=4 (exact in every element type).

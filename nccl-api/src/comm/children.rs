@@ -26,6 +26,10 @@ impl<R: Runtime> ApiComm<R> {
         let lc = &b.lc;
         config.check_supported(lc.api.flavor.library, lc.api.version)?;
         b.not_in_group("splitting a communicator")?;
+        // Every rank splits in the same order, so the number names this split on every rank.
+        let split = self
+            .splits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let nonblocking = config.blocking.map_or(lc.nonblocking, |blocking| !blocking);
         let mode = Mode {
             nonblocking,
@@ -77,7 +81,9 @@ impl<R: Runtime> ApiComm<R> {
             mode.nonblocking,
             mode.timeout,
         );
-        Self::compose(lc, mode, None, None).map(Some)
+        // The child reaches its peers' memory where the parent does (the copy-engine path).
+        let sharing = self.ce.child_sharing(split, color.unwrap_or(0), world);
+        Self::compose(lc, mode, sharing).map(Some)
     }
 
     /// A child's rank and size, from the library (`ncclCommUserRank`, `ncclCommCount`).

@@ -18,7 +18,7 @@ use crate::auto::Auto;
 use crate::base::Base;
 use crate::copy_engine::local::LocalWorld;
 use crate::copy_engine::signals::CopyEngineSync;
-use crate::copy_engine::CopyEngine;
+use crate::copy_engine::{CopyEngine, Sharing};
 use crate::create::{self, Mode};
 use crate::libcomm::{End, LibComm};
 use crate::policy::Policy;
@@ -30,6 +30,8 @@ pub struct ApiComm<R: Runtime> {
     base: Base<R>,
     ce: CopyEngine<R>,
     auto: Auto,
+    /// Splits so far (every rank splits in the same order: each child's number).
+    splits: std::sync::atomic::AtomicU64,
 }
 
 impl<R: Runtime> std::fmt::Debug for ApiComm<R> {
@@ -112,7 +114,7 @@ impl<R: Runtime> ApiComm<R> {
                 mode.nonblocking,
                 mode.timeout,
             );
-            match Self::compose(lc, mode, Some(local.clone()), None) {
+            match Self::compose(lc, mode, Sharing::new(Some(local.clone()), None)) {
                 Ok(me) => out.push(me),
                 Err(e) => {
                     // The rest were created and are not wrapped: ended here (the wrapped
@@ -174,17 +176,12 @@ impl<R: Runtime> ApiComm<R> {
             mode.nonblocking,
             mode.timeout,
         );
-        Self::compose(lc, mode, None, Some(&id.to_bytes()))
+        Self::compose(lc, mode, Sharing::new(None, Some(&id.to_bytes())))
     }
 
     /// The communicator of a library communicator just created: its parts built over it.
     /// On failure the library communicator is destroyed.
-    fn compose(
-        lc: LibComm<R>,
-        mode: Mode,
-        world: Option<Arc<LocalWorld>>,
-        job_id: Option<&[u8]>,
-    ) -> Result<Self> {
+    fn compose(lc: LibComm<R>, mode: Mode, sharing: Sharing) -> Result<Self> {
         let lc = Arc::new(lc);
         let base = match Base::new(lc.clone(), mode.check) {
             Ok(b) => b,
@@ -194,11 +191,12 @@ impl<R: Runtime> ApiComm<R> {
                 return Err(e);
             }
         };
-        let ce = CopyEngine::new(&base, world, job_id);
+        let ce = CopyEngine::with_sharing(&base, sharing);
         Ok(ApiComm {
             base,
             ce,
             auto: Auto::default(),
+            splits: std::sync::atomic::AtomicU64::new(0),
         })
     }
 

@@ -66,6 +66,18 @@ impl Job {
         Job { tag, key }
     }
 
+    /// The job of the child of split number `split` with `color` of this job's
+    /// communicator: its own names and key, derived from this job's secret key (which the
+    /// child's members share, and nobody else has).
+    pub fn child(&self, split: u64, color: u32) -> Job {
+        let mut id = Vec::with_capacity(44);
+        id.extend_from_slice(&self.key);
+        id.extend_from_slice(&self.tag);
+        id.extend_from_slice(&split.to_le_bytes());
+        id.extend_from_slice(&color.to_le_bytes());
+        Job::from_id(&id)
+    }
+
     /// The abstract socket name of `rank`'s listener for exchange number `seq`.
     pub fn name(&self, seq: u64, rank: usize) -> String {
         format!("unicomm-ce-{}-{seq}-{rank}", hex(&self.tag))

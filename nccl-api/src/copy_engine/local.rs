@@ -16,6 +16,9 @@ pub(crate) struct LocalWorld {
     world: usize,
     slots: Mutex<HashMap<u64, Slot>>,
     cv: Condvar,
+    /// The worlds of this world's children being made, by (split, color): the world and
+    /// the members still to take it.
+    children: Mutex<HashMap<(u64, u32), (Arc<LocalWorld>, usize)>>,
 }
 
 #[derive(Debug, Default)]
@@ -28,11 +31,27 @@ struct Slot {
 const EXCHANGE_DEADLINE: Duration = Duration::from_secs(60);
 
 impl LocalWorld {
+    /// The world of the child of split `split` with `color` and `members` ranks: made by the
+    /// first member that asks, handed to the others, forgotten once all took it.
+    pub(crate) fn child(&self, split: u64, color: u32, members: usize) -> Arc<LocalWorld> {
+        let mut c = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = c
+            .entry((split, color))
+            .or_insert_with(|| (Arc::new(LocalWorld::new(members)), members));
+        entry.1 = entry.1.saturating_sub(1);
+        let w = entry.0.clone();
+        if entry.1 == 0 {
+            c.remove(&(split, color));
+        }
+        w
+    }
+
     pub(crate) fn new(world: usize) -> Self {
         LocalWorld {
             world,
             slots: Mutex::new(HashMap::new()),
             cv: Condvar::new(),
+            children: Mutex::new(HashMap::new()),
         }
     }
 

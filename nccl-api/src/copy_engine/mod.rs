@@ -33,6 +33,8 @@ pub(crate) mod ipc;
 pub(crate) mod local;
 mod pending;
 mod share;
+
+pub(crate) use share::Sharing;
 pub(crate) mod signals;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,9 +46,7 @@ use crate::base::Base;
 use crate::group;
 use crate::memory::{ApiMemory, ApiStream};
 use crate::sys::runtime::Runtime;
-use local::LocalWorld;
 use pending::Pending;
-use share::Sharing;
 use signals::{CopyEngineSync, Phase, Phases, SignalRelease, Signals};
 
 /// What an all-to-all or all-gather becomes on the copy-engine path.
@@ -78,17 +78,18 @@ impl<R: Runtime> std::fmt::Debug for CopyEngine<R> {
 }
 
 impl<R: Runtime> CopyEngine<R> {
-    /// The path of a rank of `base`: its peers in this process's `world` (created
-    /// together), or, on Linux, in other processes of the job whose unique id is
-    /// `job_id` (joined by id), else none within reach.
-    pub(crate) fn new(
-        base: &Base<R>,
-        world: Option<Arc<LocalWorld>>,
-        job_id: Option<&[u8]>,
-    ) -> Self {
+    /// The path of a child of split number `split` with `color` and `members` ranks: its
+    /// peers are found where this communicator's are (see `Sharing::child`).
+    pub(crate) fn child_sharing(&self, split: u64, color: u32, members: usize) -> Sharing {
+        self.sharing.child(split, color, members)
+    }
+
+    /// The path over `base`, its peers found as `sharing` says (in this process's world, by
+    /// the job's exchange, or nowhere).
+    pub(crate) fn with_sharing(base: &Base<R>, sharing: Sharing) -> Self {
         let lc = &base.lc;
         CopyEngine {
-            sharing: Sharing::new(world, job_id),
+            sharing,
             pending: Arc::new(Pending::new(lc.rt.clone(), lc.dev, lc.rank)),
             phases: OnceLock::new(),
             side: Mutex::new(None),

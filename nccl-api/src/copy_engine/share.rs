@@ -46,6 +46,20 @@ impl Sharing {
         }
     }
 
+    /// Where the peers of the child of split number `split` (this communicator's) with
+    /// `color` and `members` ranks are found: an in-process world of their own, made by the
+    /// first member to arrive (every member is in this process where the parent's are), or
+    /// the parent's job's child (one rank per process).
+    pub(crate) fn child(&self, split: u64, color: u32, members: usize) -> Self {
+        let world = self.world.as_ref().map(|w| w.child(split, color, members));
+        Sharing {
+            world,
+            #[cfg(target_os = "linux")]
+            job: self.job.as_ref().map(|j| j.child(split, color)),
+            ..Sharing::default()
+        }
+    }
+
     /// Whether peers' memory can be reached at all (ranks in this process, or exchanged).
     pub(crate) fn reachable(&self) -> bool {
         #[cfg(target_os = "linux")]
