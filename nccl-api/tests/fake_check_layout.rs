@@ -1,0 +1,79 @@
+//! `UNICOMM_CHECK_COLLECTIVES=1` and the variable-size collectives, against the fake NCCL's
+//! barrier worlds (three ranks on threads; its small uint64 all-reduces are real reductions
+//! of the world's threads): the ranks compare their counts before anything is called, and
+//! a rank that sends a peer another count than the peer receives fails every rank with
+//! `Mismatch` naming both counts. Alone in its binary (the variables).
+
+mod common;
+
+use common::{fake, flavors, on_ranks};
+use unicomm_core::{packed_displs, Counts, Error};
+
+/// The fake's barrier world is one per process: one test at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn ranks_that_disagree_on_all_to_all_v_counts_all_get_mismatch() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::set_var("FAKE_NCCL_BARRIER_WORLDS", "1");
+    std::env::set_var("UNICOMM_CHECK_COLLECTIVES", "1");
+    let path = fake("nccl228");
+    let out = on_ranks(flavors(false, false), &path, 3, |r, c| {
+        let st = c.create_stream().unwrap();
+        // Every rank sends 2 to each peer; rank 2 expects 3 from rank 0.
+        let sc = vec![2usize; 3];
+        let rc = if r == 2 { vec![3, 2, 2] } else { vec![2; 3] };
+        let (sd, rd) = (packed_displs(&sc).unwrap(), packed_displs(&rc).unwrap());
+        let send = c.alloc::<f32>(6).unwrap();
+        let mut recv = c.alloc::<f32>(7).unwrap();
+        let s = Counts {
+            counts: &sc,
+            displs: &sd,
+        };
+        let v = Counts {
+            counts: &rc,
+            displs: &rd,
+        };
+        c.all_to_all_v(&send, s, &mut recv, v, &st)
+    });
+    for (r, res) in out.iter().enumerate() {
+        assert!(
+            matches!(res, Err(Error::Mismatch { what: "count", .. })),
+            "rank {r}: {res:?}"
+        );
+    }
+    // The rank that sees the disagreement names both counts.
+    let Err(Error::Mismatch { detail, .. }) = &out[2] else {
+        unreachable!()
+    };
+    assert!(
+        detail.contains("rank 0 sends 2") && detail.contains("receives 3"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn ranks_whose_all_gather_v_counts_differ_all_get_mismatch() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::set_var("FAKE_NCCL_BARRIER_WORLDS", "1");
+    std::env::set_var("UNICOMM_CHECK_COLLECTIVES", "1");
+    let path = fake("nccl228");
+    let out = on_ranks(flavors(false, false), &path, 3, |r, c| {
+        let st = c.create_stream().unwrap();
+        let counts = if r == 1 { vec![1, 1, 2] } else { vec![1, 1, 1] };
+        let displs = packed_displs(&counts).unwrap();
+        let send = c.alloc::<f32>(counts[r]).unwrap();
+        let mut recv = c.alloc::<f32>(4).unwrap();
+        let layout = Counts {
+            counts: &counts,
+            displs: &displs,
+        };
+        c.all_gather_v(&send, &mut recv, layout, &st)
+    });
+    for (r, res) in out.iter().enumerate() {
+        assert!(
+            matches!(res, Err(Error::Mismatch { what: "count", .. })),
+            "rank {r}: {res:?}"
+        );
+    }
+}
