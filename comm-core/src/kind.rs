@@ -56,14 +56,14 @@ pub enum Kind {
         /// The sending rank.
         root: usize,
     },
-    /// All-to-all with per-peer counts and displacements in elements ([`Layout`] both
+    /// All-to-all with per-peer counts and displacements in elements ([`Layout`](crate::Layout) both
     /// sides; RCCL's `ncclAllToAllv`): `recv[rdispl[p]..][..rcount[p]] =
     /// send_p[sdispl_p[rank]..][..scount_p[rank]]`.
     AllToAllV,
-    /// All-gather with per-rank counts ([`Layout::recv`]): `recv[displ[r]..][..count[r]] =
+    /// All-gather with per-rank counts ([`Layout::recv`](crate::Layout::recv)): `recv[displ[r]..][..count[r]] =
     /// send_r`, where rank `r` sends `count[r]` elements.
     AllGatherV,
-    /// Reduce-scatter with per-rank counts ([`Layout::send`]): `recv =
+    /// Reduce-scatter with per-rank counts ([`Layout::send`](crate::Layout::send)): `recv =
     /// op(send_p[displ[rank]..][..count[rank]] for every rank p)`.
     ReduceScatterV {
         /// Reduction.
@@ -84,7 +84,7 @@ pub enum Extent {
     /// `count * world_size` elements on the root; no buffer elsewhere (NCCL reads or writes
     /// it on the root only).
     RootPerRank,
-    /// Per-rank counts and displacements ([`Layout`]).
+    /// Per-rank counts and displacements ([`Layout`](crate::Layout)).
     Var,
 }
 
@@ -238,7 +238,7 @@ impl Kind {
         !matches!(self, Kind::Send { .. } | Kind::Recv { .. })
     }
 
-    /// Whether the kind has per-rank counts ([`Layout`]).
+    /// Whether the kind has per-rank counts ([`Layout`](crate::Layout)).
     pub fn is_var(self) -> bool {
         matches!(
             self,

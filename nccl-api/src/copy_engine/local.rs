@@ -10,15 +10,17 @@ use unicomm_core::{Error, Result};
 /// One window as every rank sees it: per rank, (device, address, bytes).
 pub(crate) type Peers = Arc<Vec<(usize, usize, usize)>>;
 
+/// A child's world being handed to its members: the world and the members still to take it.
+type Forming = (Arc<LocalWorld>, usize);
+
 /// The ranks of one world created in one process: a table where window registrations meet.
 #[derive(Debug)]
 pub(crate) struct LocalWorld {
     world: usize,
     slots: Mutex<HashMap<u64, Slot>>,
     cv: Condvar,
-    /// The worlds of this world's children being made, by (split, color): the world and
-    /// the members still to take it.
-    children: Mutex<HashMap<(u64, u32), (Arc<LocalWorld>, usize)>>,
+    /// The worlds of this world's children being made, by (split, color).
+    children: Mutex<HashMap<(u64, u32), Forming>>,
 }
 
 #[derive(Debug, Default)]
