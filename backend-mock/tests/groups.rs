@@ -197,3 +197,26 @@ fn a_mesh_whose_sizes_do_not_multiply_to_the_world_is_refused() {
     let e = unicomm_core::DeviceMesh::new(&comms[0], &[("dp", 3), ("tp", 2)]).unwrap_err();
     assert!(e.to_string().contains("multiply"), "{e}");
 }
+
+/// The reverse: a parent's abort fails the parent's peers, not its children, which go on.
+#[test]
+fn a_parents_abort_leaves_its_children_usable() {
+    let comms = world(2);
+    let out = unicomm_core::each_rank(comms, |c| {
+        let child = c.split(Some(0), 0)?.expect("a child");
+        c.abort()?;
+        let refused = c.create_stream().and_then(|s| c.barrier(&s));
+        assert!(refused.is_err(), "the aborted parent refuses work");
+        drop(c);
+        let st = child.create_stream()?;
+        let mut b = child.alloc::<f32>(4)?;
+        b.copy_from_host(&[1.0; 4], &st)?;
+        child.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+        let host = b.copy_to_host(&st)?;
+        drop(b);
+        child.finalize()?;
+        Ok::<_, Error>(host)
+    })
+    .unwrap();
+    assert!(out.iter().all(|h| h == &[2.0; 4]), "{out:?}");
+}
