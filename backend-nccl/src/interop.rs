@@ -15,6 +15,21 @@ pub fn stream_from_cudarc(s: Arc<cudarc::driver::CudaStream>) -> Result<NcclStre
     ApiStream::from_runtime(cuda()?, CudaStreamHandle(s), dev)
 }
 
+/// A raw CUDA stream (`cudaStream_t` / `CUstream` of device `dev`, from another library:
+/// PyTorch's current stream, a framework's compute stream) as a unicomm stream, without
+/// taking it over: dropping the result does not destroy the stream.
+///
+/// # Safety
+/// `stream` is a valid stream of CUDA device `dev`'s primary context that outlives the
+/// returned value and every operation enqueued through it; ordering with work its owner
+/// enqueues is the stream's own order.
+pub unsafe fn stream_from_raw(dev: usize, stream: *mut std::ffi::c_void) -> Result<NcclStream> {
+    let ctx = cuda()?.context(dev)?;
+    // SAFETY: forwarded from the caller (a live stream of this context, kept alive).
+    let s = unsafe { ctx.wrap_borrowed_stream(stream.cast()) };
+    ApiStream::from_runtime(cuda()?, CudaStreamHandle(s), dev)
+}
+
 /// A cudarc slice as unicomm memory, without a copy. The slice is kept alive by the
 /// returned memory (and freed with it).
 pub fn memory_from_cudarc<T: cudarc::driver::DeviceRepr + Send + Sync + 'static>(

@@ -26,7 +26,7 @@ use unicomm_core::{Result, Version};
 use unicomm_nccl_api::search::{env_dirs, python_wheel_dirs};
 use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Flavor, Runtime};
 
-pub use interop::{memory_from_cudarc, memory_from_raw, stream_from_cudarc};
+pub use interop::{memory_from_cudarc, memory_from_raw, stream_from_cudarc, stream_from_raw};
 pub use runtime::{CudaRuntime, CudaStreamHandle};
 pub use unicomm_nccl_api::{Policy, UniqueId};
 

@@ -99,3 +99,31 @@ fn cudarc_streams_and_slices_work_directly() {
         assert!(o.unwrap().iter().all(|&x| x == want));
     }
 }
+
+/// A raw CUDA stream of another library (here a cudarc stream's `CUstream`, as PyTorch's
+/// current stream would be handed over) serves as a unicomm stream: a collective runs on it
+/// after a marker of a unicomm stream it waits for, and the stream outlives the wrapper.
+#[test]
+fn a_raw_cuda_stream_orders_a_collective_after_another_streams_marker() -> Result<()> {
+    use unicomm_core::DeviceStream;
+    let cs = comms(1);
+    let c = &cs[0];
+    let ctx = unicomm_nccl::cuda()?.context(0)?;
+    let owner = ctx
+        .new_stream()
+        .map_err(|e| unicomm_core::Error::invalid("stream", format!("{e:?}")))?;
+    // SAFETY: a live stream of device 0's primary context, kept alive by `owner` below.
+    let raw = unsafe { unicomm_nccl::stream_from_raw(0, owner.cu_stream().cast())? };
+    let compute = c.create_stream()?;
+    let mut b = c.alloc::<f32>(1 << 20)?;
+    b.copy_from_host(&vec![2.0; 1 << 20], &compute)?;
+    raw.wait(&compute.record()?)?;
+    c.all_reduce_in_place(&mut b, ReduceOp::Sum, &raw)?;
+    assert!(b.copy_to_host(&raw)?.iter().all(|&x| x == 2.0));
+    drop(raw);
+    // The stream is still the owner's: it takes work after the wrapper is gone.
+    owner
+        .synchronize()
+        .map_err(|e| unicomm_core::Error::invalid("stream", format!("{e:?}")))?;
+    Ok(())
+}

@@ -170,6 +170,16 @@ fn splits<C: Collective>(c: &Comm<C>) -> Out {
             }
         }
     }
+    // A child sharing its parent's resources (NCCL's splitShare): a communicator like any.
+    let shared = crate::CommConfig {
+        split_share: Some(true),
+        ..crate::CommConfig::default()
+    };
+    let child = c
+        .split_with(Some(0), r as i32, &shared)?
+        .ok_or_else(|| Failure::msg("split_share: no child"))?;
+    check_child(&child, &(0..w).collect::<Vec<_>>(), r, "split_share")?;
+    child.finalize()?;
     // The rank-list form, and a child of a child.
     let evens: Vec<usize> = (0..w).step_by(2).collect();
     if let Some(child) = c.split_ranks(&evens)? {
