@@ -94,6 +94,13 @@ pub const MAX_WORLD: usize = 1 << 20;
 impl LaunchEnv {
     /// Reads the process's environment (see [`LaunchEnv::from_vars`]).
     pub fn detect() -> Result<Self> {
+        // A variable that is set but not UTF-8 is an error naming it, never "unset" (a
+        // non-UTF-8 LOCAL_RANK would otherwise mean GPU 0, a token "no token").
+        for name in read_names() {
+            if let Err(std::env::VarError::NotUnicode(_)) = std::env::var(name) {
+                return Err(Error::invalid(name, "is set but not UTF-8"));
+            }
+        }
         Self::from_vars(|k| std::env::var(k).ok())
     }
 
@@ -148,11 +155,10 @@ impl LaunchEnv {
                 reason: format!("rank {rank} does not fit a world of {world_size} ({launcher})"),
             });
         }
-        let file = var("UNICOMM_RENDEZVOUS_FILE")
-            .filter(|f| !f.is_empty())
-            .map(std::path::PathBuf::from);
+        let file = var("UNICOMM_RENDEZVOUS_FILE").map(std::path::PathBuf::from);
         if let Some(f) = &file {
-            if f.file_name().is_none() || f.is_dir() {
+            let text = f.to_string_lossy();
+            if text.is_empty() || text.ends_with('/') || f.file_name().is_none() || f.is_dir() {
                 return Err(Error::invalid(
                     "UNICOMM_RENDEZVOUS_FILE",
                     format!(
@@ -173,9 +179,18 @@ impl LaunchEnv {
             let port = var("MASTER_PORT").ok_or_else(|| Error::Bootstrap {
                 reason: "MASTER_PORT is not set".into(),
             })?;
-            let port = port.trim().parse::<u16>().map_err(|_| Error::Bootstrap {
-                reason: format!("MASTER_PORT={port:?} is not a port number"),
-            })?;
+            let port = match port.trim().parse::<u16>() {
+                // Port 0 would bind a port nobody else knows: no rank could reach it.
+                Ok(p) if p > 0 => p,
+                _ => {
+                    return Err(Error::Bootstrap {
+                        reason: format!(
+                            "MASTER_PORT={:?} is not a port number in 1..=65535",
+                            short(&port)
+                        ),
+                    })
+                }
+            };
             (addr, port)
         };
         // The job's secret: explicit, or an id the launcher gives every process of the job
@@ -187,6 +202,17 @@ impl LaunchEnv {
             ("OMPI_MCA_ess_base_jobid", &["OMPI_MCA_ess_base_jobid"]),
             ("PMIX_NAMESPACE", &["PMIX_NAMESPACE"]),
         ];
+        if let Some(t) = var("UNICOMM_RENDEZVOUS_TOKEN") {
+            if t.is_empty() || t.eq_ignore_ascii_case("none") {
+                return Err(Error::invalid(
+                    "UNICOMM_RENDEZVOUS_TOKEN",
+                    format!(
+                        "{:?} is no secret: unset it, or set a secret the job's ranks share",
+                        short(&t)
+                    ),
+                ));
+            }
+        }
         let (token_source, secret) = sources
             .iter()
             .find_map(|(name, vars)| {
@@ -211,6 +237,35 @@ impl LaunchEnv {
             token_source,
         })
     }
+}
+
+/// At most the first 64 characters of a value, for an error message (a 10 MiB variable
+/// gives a short error).
+fn short(v: &str) -> String {
+    match v.char_indices().nth(64) {
+        Some((i, _)) => format!("{}...", &v[..i]),
+        None => v.to_string(),
+    }
+}
+
+/// Every variable `from_vars` may read.
+fn read_names() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = LAUNCHERS
+        .iter()
+        .flat_map(|l| l.rank.iter().chain(l.size).chain(l.local).copied())
+        .collect();
+    v.extend([
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "UNICOMM_RENDEZVOUS_FILE",
+        "UNICOMM_RENDEZVOUS_TOKEN",
+        "TORCHELASTIC_RUN_ID",
+        "SLURM_JOB_ID",
+        "SLURM_STEP_ID",
+        "OMPI_MCA_ess_base_jobid",
+        "PMIX_NAMESPACE",
+    ]);
+    v
 }
 
 pub(crate) fn resolve(env: &LaunchEnv) -> Result<SocketAddr> {

@@ -561,3 +561,56 @@ fn the_file_variable_replaces_master_addr_and_port() {
     ]));
     assert!(matches!(bad, Err(Error::InvalidArgument { .. })), "{bad:?}");
 }
+
+/// Values that cannot work are refused when the variables are read, naming them: port 0
+/// (a port nobody else knows), an empty or `none` token (no secret), an empty rendezvous
+/// file or a directory path (never "TCP instead").
+#[test]
+fn values_that_cannot_work_are_refused_at_parse_time() {
+    let base = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "h"),
+        ("MASTER_PORT", "29500"),
+    ];
+    let with = |k: &'static str, v: &'static str| {
+        let mut kv = base.to_vec();
+        kv.retain(|(n, _)| *n != k);
+        kv.push((k, v));
+        LaunchEnv::from_vars(vars(&kv))
+    };
+    assert!(LaunchEnv::from_vars(vars(&base)).is_ok());
+    let e = with("MASTER_PORT", "0").unwrap_err().to_string();
+    assert!(e.contains("MASTER_PORT") && e.contains("1..=65535"), "{e}");
+    for t in ["", "none", "NONE"] {
+        let e = with("UNICOMM_RENDEZVOUS_TOKEN", t).unwrap_err().to_string();
+        assert!(e.contains("UNICOMM_RENDEZVOUS_TOKEN"), "{t:?}: {e}");
+    }
+    for f in ["", "/tmp/unicomm-rdv/", "/"] {
+        let e = with("UNICOMM_RENDEZVOUS_FILE", f).unwrap_err().to_string();
+        assert!(e.contains("UNICOMM_RENDEZVOUS_FILE"), "{f:?}: {e}");
+    }
+    // A huge bad value is quoted short.
+    let long: &'static str = Box::leak("9".repeat(1 << 20).into_boxed_str());
+    let e = with("MASTER_PORT", long).unwrap_err().to_string();
+    assert!(e.len() < 300, "{} bytes", e.len());
+}
+
+/// A launcher variable that is set but not UTF-8 is an error naming it, not "unset".
+#[cfg(unix)]
+#[test]
+fn a_variable_that_is_not_utf8_is_an_error_naming_it() {
+    use std::os::unix::ffi::OsStrExt;
+    // This test owns the variable (nothing else in the binary reads MV2_COMM_WORLD_SIZE).
+    std::env::set_var(
+        "MV2_COMM_WORLD_SIZE",
+        std::ffi::OsStr::from_bytes(b"\xff\xfe"),
+    );
+    let r = LaunchEnv::detect();
+    std::env::remove_var("MV2_COMM_WORLD_SIZE");
+    let e = r.unwrap_err().to_string();
+    assert!(
+        e.contains("MV2_COMM_WORLD_SIZE") && e.contains("UTF-8"),
+        "{e}"
+    );
+}
