@@ -37,6 +37,30 @@ pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(
     })
 }
 
+/// Reads the rendezvous file at `path`, at most `max` bytes, without ever blocking: opened
+/// non-blocking (a FIFO planted at the path would block `open` itself), refused unless it
+/// is a regular file, refused when longer than `max` (`/dev/zero`, a sparse giant): what a
+/// rendezvous file can hold is all that is read. `NotFound` passes through.
+pub(crate) fn read_bounded(path: &std::path::Path, max: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut o, libc::O_NONBLOCK);
+    let f = o.open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file (refused)"));
+    }
+    let mut b = Vec::with_capacity(max + 1);
+    f.take(max as u64 + 1).read_to_end(&mut b)?;
+    if b.len() > max {
+        return Err(std::io::Error::other(format!(
+            "longer than the {max} bytes a rendezvous file holds (refused)"
+        )));
+    }
+    Ok(b)
+}
+
 pub(crate) fn ack_path(path: &std::path::Path, rank: usize) -> std::path::PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(format!(".ack.{rank}"));
@@ -82,7 +106,7 @@ pub(crate) fn file_exchange(
         acked[0] = true;
         loop {
             for (r, a) in acked.iter_mut().enumerate().filter(|(_, a)| !**a) {
-                if let Ok(b) = std::fs::read(ack_path(path, r)) {
+                if let Ok(b) = read_bounded(&ack_path(path, r), ACK_LEN) {
                     let rb = (r as u32).to_le_bytes();
                     *a = b.len() == ACK_LEN
                         && &b[..8] == ACK_MAGIC
@@ -118,7 +142,7 @@ pub(crate) fn file_exchange(
     }
     let mut last = String::from("no file yet");
     loop {
-        match std::fs::read(path) {
+        match read_bounded(path, FILE_LEN) {
             Ok(b) if b.len() == FILE_LEN && &b[..8] == FILE_MAGIC => {
                 let mut n = [0u8; 16];
                 n.copy_from_slice(&b[8..24]);

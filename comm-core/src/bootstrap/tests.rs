@@ -614,3 +614,54 @@ fn a_variable_that_is_not_utf8_is_an_error_naming_it() {
         "{e}"
     );
 }
+
+/// A FIFO planted at the rendezvous path (any user can plant one in a shared sticky
+/// directory) blocked `open` forever: it is opened without blocking and refused as not a
+/// regular file, and the rank times out at its deadline saying so.
+#[cfg(unix)]
+#[test]
+fn file_rendezvous_refuses_a_fifo_within_its_deadline() {
+    let d = scratch("fifo");
+    let path = d.join("job.id");
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo creates the node or fails.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    std::thread::spawn(move || {
+        let r = exchange_unique_id(
+            &file_env(1, 2, &p, b"t"),
+            || Ok([0; 128]),
+            Duration::from_millis(300),
+        );
+        let _ = tx.send(r);
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the rank returned within its deadline (open did not block)");
+    let e = r.expect_err("a FIFO is no id").to_string();
+    assert!(e.contains("not a regular file"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A file at the path larger than a rendezvous file (here a sparse 512 MiB one, as an
+/// attacker would plant) is read at most one byte past what a rendezvous file holds and
+/// refused, not pulled into memory.
+#[test]
+fn file_rendezvous_reads_at_most_what_a_rendezvous_file_holds() {
+    let d = scratch("huge");
+    let path = d.join("job.id");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(512 << 20).unwrap();
+    let e = exchange_unique_id(
+        &file_env(1, 2, &path, b"t"),
+        || Ok([0; 128]),
+        Duration::from_millis(300),
+    )
+    .expect_err("no id in a giant file")
+    .to_string();
+    assert!(e.contains("longer than"), "{e}");
+    let b = super::file::read_bounded(&path, 64);
+    assert!(b.is_err());
+    let _ = std::fs::remove_dir_all(&d);
+}
