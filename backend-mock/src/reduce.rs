@@ -51,8 +51,9 @@ macro_rules! float_arith {
 }
 float_arith!(f32, f64);
 
-// Half types compute in f64 and round once: exact for every sum and product of two halves,
-// hence the correctly rounded result that `__hadd`/`__hmul` give on the GPU.
+// Half types and the 8-bit floats compute in f64 and round once: exact for every sum and
+// product of two of them, hence the correctly rounded result that `__hadd`/`__hmul` give on
+// the GPU.
 macro_rules! half_arith {
     ($($t:ty),*) => {$(
         impl Arith for $t {
@@ -68,26 +69,7 @@ macro_rules! half_arith {
         }
     )*};
 }
-half_arith!(f16, bf16);
-
-// The 8-bit floats the same way: every sum and product of two of them is exact in f64, so
-// one rounding gives the correctly rounded result.
-macro_rules! fp8_arith {
-    ($($t:ty),*) => {$(
-        impl Arith for $t {
-            #[inline(always)] fn sum(a: Self, b: Self) -> Self { <$t>::from_f64(a.to_f64() + b.to_f64()) }
-            #[inline(always)] fn prod(a: Self, b: Self) -> Self { <$t>::from_f64(a.to_f64() * b.to_f64()) }
-            #[inline(always)] fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
-            #[inline(always)] fn min(a: Self, b: Self) -> Self { if b < a { b } else { a } }
-            #[inline(always)] fn premul(x: Self, world: usize) -> Self {
-                let scale = <$t>::from_f64(1.0 / world as f64);
-                <$t>::from_f64(x.to_f64() * scale.to_f64())
-            }
-            #[inline(always)] fn postdiv(x: Self, _: usize) -> Self { x }
-        }
-    )*};
-}
-fp8_arith!(F8E4M3, F8E5M2);
+half_arith!(f16, bf16, F8E4M3, F8E5M2);
 
 /// The value of `s` as a `T` (the caller checked that `T` is its element type).
 fn scalar<T: Arith>(s: &Scalar) -> T {

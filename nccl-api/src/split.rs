@@ -146,10 +146,9 @@ pub(crate) fn to_config(config: &CommConfig, nonblocking: bool) -> Result<Option
     }))
 }
 
-/// The members of this rank's color, in the child's rank order (by key, then parent rank),
-/// from every rank's (color, key); `None` for no color.
-pub(crate) fn members(all: &[(Option<u32>, i32)], me: usize) -> Option<Vec<usize>> {
-    let color = all[me].0?;
+/// The ranks of `color`, in the child's rank order (by key, then parent rank), from every
+/// rank's (color, key).
+pub(crate) fn members(all: &[(Option<u32>, i32)], color: u32) -> Vec<usize> {
     let mut m: Vec<(i32, usize)> = all
         .iter()
         .enumerate()
@@ -157,7 +156,7 @@ pub(crate) fn members(all: &[(Option<u32>, i32)], me: usize) -> Option<Vec<usize
         .map(|(r, (_, k))| (*k, r))
         .collect();
     m.sort();
-    Some(m.into_iter().map(|(_, r)| r).collect())
+    m.into_iter().map(|(_, r)| r).collect()
 }
 
 /// Every rank's (color, key) over the parent: an all-gather through its all-reduce (each

@@ -158,16 +158,11 @@ pub(crate) fn launch<T: Val>(
         ReduceOp::PreMulSum(_) => ReduceOp::pre_mul_sum(T::of(1)),
         op => op,
     };
-    let k = &Call {
-        op,
-        a2av: k.a2av.clone(),
-        ..*k
-    };
     match (k.coll, k.in_place) {
         (Coll::AllReduce, false) => {
-            c.all_reduce(&send.view().slice(..n)?, &mut rv.slice_mut(..n)?, k.op, st)?
+            c.all_reduce(&send.view().slice(..n)?, &mut rv.slice_mut(..n)?, op, st)?
         }
-        (Coll::AllReduce, true) => c.all_reduce_in_place(&mut rv.slice_mut(..n)?, k.op, st)?,
+        (Coll::AllReduce, true) => c.all_reduce_in_place(&mut rv.slice_mut(..n)?, op, st)?,
         (Coll::Broadcast, false) => {
             c.broadcast(&send.view().slice(..n)?, &mut rv.slice_mut(..n)?, 0, st)?
         }
@@ -179,11 +174,11 @@ pub(crate) fn launch<T: Val>(
         (Coll::ReduceScatter, false) => c.reduce_scatter(
             &send.view().slice(..n * w)?,
             &mut rv.slice_mut(..n)?,
-            k.op,
+            op,
             st,
         )?,
         (Coll::ReduceScatter, true) => {
-            c.reduce_scatter_in_place(&mut rv.slice_mut(..n * w)?, k.op, st)?
+            c.reduce_scatter_in_place(&mut rv.slice_mut(..n * w)?, op, st)?
         }
         (Coll::AllToAll, false) => c.all_to_all(
             &send.view().slice(..n * w)?,
@@ -200,7 +195,7 @@ pub(crate) fn launch<T: Val>(
         (Coll::AllToAllV, false) => {
             let v = k.a2av.as_ref().context("all_to_all_v without its counts")?;
             let (sc, rc) = (v.send(r), v.recv(r));
-            let (sd, rd) = (super::vcounts::displs(&sc), super::vcounts::displs(&rc));
+            let (sd, rd) = (unicomm::packed_displs(&sc)?, unicomm::packed_displs(&rc)?);
             let (stot, rtot) = (sc.iter().sum::<usize>(), rc.iter().sum::<usize>());
             c.all_to_all_v(
                 &send.view().slice(..stot)?,
@@ -345,7 +340,7 @@ pub(crate) fn verify<T: Val>(
     if let Some(v) = &k.a2av {
         let rc = v.recv(r);
         for (p, &cnt) in rc.iter().enumerate() {
-            let sd = super::vcounts::displs(&v.send(p));
+            let sd = unicomm::packed_displs(&v.send(p))?;
             from.extend((0..cnt).map(|j| (p, sd[r] + j)));
         }
     }

@@ -100,16 +100,3 @@ pub(crate) fn moe_mean_elems(moe: &MoeShape, w: usize) -> usize {
         .sum();
     (total * moe.hidden / (w * w)).max(1)
 }
-
-/// Exclusive prefix sums.
-pub(crate) fn displs(counts: &[usize]) -> Vec<usize> {
-    let mut at = 0;
-    counts
-        .iter()
-        .map(|&c| {
-            let d = at;
-            at += c;
-            d
-        })
-        .collect()
-}

@@ -124,11 +124,7 @@ impl<R: Runtime> ApiComm<R> {
         colors.dedup();
         let mut mine = None;
         for c in colors {
-            let members = split::members(
-                &all,
-                all.iter().position(|(k, _)| *k == Some(c)).unwrap_or(0),
-            )
-            .unwrap_or_default();
+            let members = split::members(&all, c);
             let first = members.first().copied();
             let id = if first == Some(lc.rank) {
                 Some(lc.api.unique_id()?)
