@@ -68,7 +68,7 @@ pub struct Capabilities {
     pub graph_capture: bool,
     /// Allocation through the library (`ncclMemAlloc`, cuMem-backed).
     pub mem_alloc: bool,
-    /// The copy-engine path for all-to-all and all-gather (`set_copy_engine`): symmetric
+    /// The copy-engine path for all-to-all, all-to-all-v and all-gather (`set_copy_engine`): symmetric
     /// windows, and peers' memory reachable (ranks in one process, or one rank per process
     /// on one host with exportable cuMem/hipMem memory, agreed per window).
     pub copy_engine: bool,
@@ -310,7 +310,7 @@ pub trait Collective: Send + Sync + Sized + 'static {
         ))
     }
 
-    /// Turns the copy-engine path for all-to-all and all-gather on or off (see
+    /// Turns the copy-engine path for all-to-all, all-to-all-v and all-gather on or off (see
     /// [`Capabilities::copy_engine`]); call it on every rank, before registering the windows
     /// the path writes into. Default: `Unsupported`.
     fn set_copy_engine(&self, on: bool) -> Result<()> {

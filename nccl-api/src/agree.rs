@@ -19,8 +19,10 @@ use crate::libcomm::LibComm;
 use crate::memory::{ApiMemory, ApiStream};
 use crate::sys::runtime::Runtime;
 
-/// The most words one exchange carries (the fake NCCL's barrier worlds reduce as many).
-const MAX_WORDS: usize = 16;
+/// The most words one exchange carries (2 KiB of scratch: the copy-engine all-to-all-v's
+/// layouts of up to 12 ranks in one exchange; the fake NCCL's barrier worlds reduce as
+/// many).
+const MAX_WORDS: usize = 256;
 
 /// A communicator's agreement: its device scratch and stream for the exchanges (made at
 /// the first), and whether every collective is compared first.
@@ -88,7 +90,7 @@ impl<R: Runtime> Agreement<R> {
         }
     }
 
-    /// The element-wise maximum of every rank's `words` (collective, at most 16): one
+    /// The element-wise maximum of every rank's `words` (collective, at most 256): one
     /// in-place all-reduce of uint64 on the communicator's scratch, waited for with its
     /// deadline.
     pub(crate) fn all_max(&self, lc: &Arc<LibComm<R>>, words: &[u64]) -> Result<Vec<u64>> {
@@ -116,7 +118,7 @@ impl<R: Runtime> Agreement<R> {
         let all_reduce = lc.api.fns.all_reduce;
         let done = mem.write(0, &bytes, st).and_then(|()| {
             lc.call(|c| {
-                // SAFETY: `n` (<= 16) uint64 of this rank's 128-byte device scratch, in
+                // SAFETY: `n` (<= 256) uint64 of this rank's 2 KiB device scratch, in
                 // place, on a stream of this device; the scratch outlives the operation
                 // (below).
                 let code = unsafe { all_reduce(p, p, n, u64t, max, c, raw) };
@@ -136,6 +138,24 @@ impl<R: Runtime> Agreement<R> {
             .chunks_exact(8)
             .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
             .collect())
+    }
+
+    /// Every rank's `row` (collective; every rank passes as many words): rank `r`'s at
+    /// `r * row.len()..`, as an all-gather through the maximum (each rank fills only its
+    /// own part), in as few exchanges as [`MAX_WORDS`] allows.
+    pub(crate) fn gather(&self, lc: &Arc<LibComm<R>>, row: &[u64]) -> Result<Vec<u64>> {
+        let (w, me, n) = (lc.world, lc.rank, row.len());
+        let total = n
+            .checked_mul(w)
+            .ok_or_else(|| Error::invalid("row", "too long"))?;
+        let mut all = Vec::with_capacity(total);
+        for start in (0..total).step_by(MAX_WORDS) {
+            let words: Vec<u64> = (start..(start + MAX_WORDS).min(total))
+                .map(|i| if i / n == me { row[i % n] } else { 0 })
+                .collect();
+            all.extend(self.all_max(lc, &words)?);
+        }
+        Ok(all)
     }
 
     /// Whether the ranks compare their collectives (`UNICOMM_CHECK_COLLECTIVES=1`).
@@ -237,15 +257,8 @@ impl<R: Runtime> Agreement<R> {
             Kind::AllGatherV => (op.layout.recv.map_or(&[][..], |c| c.counts), None),
             _ => (op.layout.send.map_or(&[][..], |c| c.counts), None),
         };
-        // Every rank's row, as an all-gather of words through the maximum.
-        let mut matrix = Vec::with_capacity(w * w);
-        for start in (0..w * w).step_by(MAX_WORDS) {
-            let n = (w * w - start).min(MAX_WORDS);
-            let words: Vec<u64> = (start..start + n)
-                .map(|i| if i / w == me { row[i % w] as u64 } else { 0 })
-                .collect();
-            matrix.extend(self.all_max(lc, &words)?);
-        }
+        let words: Vec<u64> = row.iter().map(|&c| c as u64).collect();
+        let matrix = self.gather(lc, &words)?;
         let at = |r: usize, p: usize| matrix[r * w + p] as usize;
         let bad = (0..w).find_map(|p| match want {
             Some(recv) if at(p, me) != recv[p] => Some(format!(

@@ -127,7 +127,7 @@ pub(crate) fn drive_modes<T: Val>(
             ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min | ReduceOp::PreMulSum(_)
         );
     // A cell's (count, send elements, receive elements), or `None` where it does not run:
-    // all_to_all has no in-place form, the copy engines move only all_to_all/all_gather.
+    // all_to_all has no in-place form, the copy engines move only all_to_all(_v)/all_gather.
     let plan = |mode: Mode, work: &Work, in_place: bool| {
         let out_of_place_only = matches!(
             work.coll,
@@ -135,7 +135,8 @@ pub(crate) fn drive_modes<T: Val>(
         );
         let new_colls = matches!(work.coll, Coll::Gather | Coll::Scatter | Coll::AllToAllV);
         let skip = (in_place && out_of_place_only)
-            || (mode == Mode::Ce && !matches!(work.coll, Coll::AllToAll | Coll::AllGather))
+            || (mode == Mode::Ce
+                && !matches!(work.coll, Coll::AllToAll | Coll::AllToAllV | Coll::AllGather))
             // Neither the raw-NCCL baselines nor the copy engines take these.
             || (mode.is_raw() && new_colls);
         shape(work, w).filter(|_| !skip)

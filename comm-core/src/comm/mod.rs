@@ -156,7 +156,7 @@ impl<C: Collective> Comm<C> {
         win.release(self)
     }
 
-    /// Turns the copy-engine path for all-to-all and all-gather on or off (NCCL/RCCL with
+    /// Turns the copy-engine path for all-to-all, all-to-all-v and all-gather on or off (NCCL/RCCL with
     /// the ranks on one host: in this process, or one per process with exportable memory;
     /// [`Capabilities::copy_engine`]). Call it alike on every rank before registering the
     /// windows the outputs live in: their registration then shares them with the peers,

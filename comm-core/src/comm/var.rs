@@ -107,6 +107,13 @@ impl<C: Collective> Comm<C> {
     /// sends it (a disagreement is `Mismatch` on the mock and under
     /// `UNICOMM_CHECK_COLLECTIVES=1`). Zero counts are allowed. RCCL's `ncclAllToAllv`
     /// where present, grouped send/recv elsewhere (NCCL has no all-to-all-v).
+    ///
+    /// With the copy-engine path on ([`Comm::set_copy_engine`]) and the output in a shared
+    /// window on every rank, the data moves by copy engine (no SMs: an MoE dispatch beside
+    /// compute): the ranks first exchange their layouts, one host round trip, then each
+    /// copies straight into its peers' windows at their own displacements. A disagreement in
+    /// counts or element type is then `Mismatch` on every rank; if any rank's output is not
+    /// in such a window, every rank takes the library's path.
     pub fn all_to_all_v<T: Element>(
         &self,
         send: &impl DeviceSlice<T, C>,

@@ -5,15 +5,15 @@
 //! alike with ranks as threads ([`run_groups`]) and as processes; every output is checked
 //! exactly against values computed here.
 
-use crate::{
-    each_rank, packed_displs, Collective, Comm, Counts, DeviceMesh, DeviceStream, Element,
-    ReduceOp, F8E4M3,
-};
+use crate::{each_rank, Collective, Comm, DeviceMesh, DeviceStream, Element, ReduceOp, F8E4M3};
 
-use super::reference::Sample;
+use super::var::{
+    all_gather_v, all_to_all_v, all_to_all_v_copy_engine, gather_scatter, reduce_scatter_v,
+    scaled_sums,
+};
 use super::Failure;
 
-type Out = std::result::Result<(), Failure>;
+pub(super) type Out = std::result::Result<(), Failure>;
 
 /// Every check below on every communicator of one world, one thread per rank.
 pub fn run_groups<C: Collective>(comms: &[Comm<C>]) -> Out {
@@ -66,6 +66,10 @@ pub fn run_groups_on_rank_refusing<C: Collective>(
     expect_refusal("gather/scatter f8e4m3", gather_scatter::<F8E4M3, C>(c))?;
     expect_refusal("all_to_all_v i32", all_to_all_v::<i32, C>(c))?;
     expect_refusal("all_to_all_v bf16", all_to_all_v::<crate::bf16, C>(c))?;
+    expect_refusal(
+        "all_to_all_v into a window, copy-engine path",
+        all_to_all_v_copy_engine(c),
+    )?;
     expect_refusal("all_gather_v f32", all_gather_v::<f32, C>(c))?;
     expect_refusal("reduce_scatter_v i64", reduce_scatter_v::<i64, C>(c))?;
     expect_refusal("pre-multiplied sum f32", scaled_sums::<f32, C>(c))?;
@@ -75,7 +79,7 @@ pub fn run_groups_on_rank_refusing<C: Collective>(
     Ok(())
 }
 
-fn upload<T: Element, C: Collective>(
+pub(super) fn upload<T: Element, C: Collective>(
     c: &Comm<C>,
     v: &[T],
     st: &C::Stream,
@@ -85,7 +89,7 @@ fn upload<T: Element, C: Collective>(
     Ok(b)
 }
 
-fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) -> Out {
+pub(super) fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) -> Out {
     match got.iter().zip(want).position(|(g, w)| g != w) {
         _ if got.len() != want.len() => Err(Failure::msg(format!(
             "{what}: {} elements, want {}",
@@ -273,157 +277,6 @@ fn full_child<C: Collective>(c: &Comm<C>) -> Out {
     child.deregister_window(win)?;
     child.deregister(reg)?;
     Ok(child.finalize()?)
-}
-
-/// Small exact values: `v(k)` is an integer in -4..=4 (exact in every element type).
-fn v<T: Sample>(k: usize) -> T {
-    T::from_i64((k % 9) as i64 - 4)
-}
-
-fn gather_scatter<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
-    let (r, w, n) = (c.rank(), c.world_size(), 5);
-    let root = w - 1;
-    let st = c.create_stream()?;
-    let send = upload(
-        c,
-        &(0..n).map(|i| v::<T>(r * 3 + i)).collect::<Vec<_>>(),
-        &st,
-    )?;
-    let mut recv = c.alloc::<T>(if r == root { n * w } else { 1 })?;
-    c.gather(&send, &mut recv, root, &st)?;
-    if r == root {
-        let want: Vec<T> = (0..w * n).map(|i| v(i / n * 3 + i % n)).collect();
-        same(&recv.copy_to_host(&st)?, &want, "gather at the root")?;
-    }
-    let all: Vec<T> = (0..w * n).map(|i| v(i * 5 + 1)).collect();
-    let src = upload(c, if r == root { &all[..] } else { &all[..0] }, &st)?;
-    let mut out = c.alloc::<T>(n)?;
-    c.scatter(&src, &mut out, root, &st)?;
-    same(&out.copy_to_host(&st)?, &all[r * n..(r + 1) * n], "scatter")
-}
-
-/// The counts rank `from` sends rank `to` (zero for some pairs, skewed as MoE routing is).
-fn a2a_count(from: usize, to: usize) -> usize {
-    (from + 2 * to) % 4
-}
-
-fn all_to_all_v<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
-    let (r, w) = (c.rank(), c.world_size());
-    let sc: Vec<usize> = (0..w).map(|p| a2a_count(r, p)).collect();
-    let rc: Vec<usize> = (0..w).map(|p| a2a_count(p, r)).collect();
-    let (sd, rd) = (packed_displs(&sc)?, packed_displs(&rc)?);
-    // Rank `from`'s element `i` for `to`.
-    let val = |from: usize, to: usize, i: usize| v::<T>(from * 5 + to * 3 + i);
-    let send: Vec<T> = (0..w)
-        .flat_map(|p| (0..sc[p]).map(move |i| val(r, p, i)))
-        .collect();
-    let st = c.create_stream()?;
-    let sb = upload(c, &send, &st)?;
-    let total: usize = rc.iter().sum();
-    // One element more than needed, which must stay as it was.
-    let mut rb = upload(c, &vec![T::from_i64(7); total + 1], &st)?;
-    let (scs, rcs) = (
-        Counts {
-            counts: &sc,
-            displs: &sd,
-        },
-        Counts {
-            counts: &rc,
-            displs: &rd,
-        },
-    );
-    c.all_to_all_v(&sb, scs, &mut rb, rcs, &st)?;
-    let mut want: Vec<T> = (0..w)
-        .flat_map(|p| (0..rc[p]).map(move |i| val(p, r, i)))
-        .collect();
-    want.push(T::from_i64(7));
-    same(&rb.copy_to_host(&st)?, &want, "all_to_all_v")
-}
-
-fn all_gather_v<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
-    let (r, w) = (c.rank(), c.world_size());
-    let counts: Vec<usize> = (0..w).map(|p| (p * 2 + 1) % 4).collect();
-    let displs = packed_displs(&counts)?;
-    let st = c.create_stream()?;
-    let send = upload(
-        c,
-        &(0..counts[r])
-            .map(|i| v::<T>(r * 7 + i))
-            .collect::<Vec<_>>(),
-        &st,
-    )?;
-    let total = counts.iter().sum();
-    let mut recv = c.alloc::<T>(total)?;
-    let layout = Counts {
-        counts: &counts,
-        displs: &displs,
-    };
-    c.all_gather_v(&send, &mut recv, layout, &st)?;
-    let want: Vec<T> = (0..w)
-        .flat_map(|p| (0..counts[p]).map(move |i| v(p * 7 + i)))
-        .collect();
-    same(&recv.copy_to_host(&st)?, &want, "all_gather_v")
-}
-
-fn reduce_scatter_v<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
-    let (r, w) = (c.rank(), c.world_size());
-    let counts: Vec<usize> = (0..w).map(|p| (p + 2) % 3).collect();
-    let displs = packed_displs(&counts)?;
-    let total: usize = counts.iter().sum();
-    let st = c.create_stream()?;
-    let send = upload(
-        c,
-        &(0..total).map(|i| v::<T>(r + i)).collect::<Vec<_>>(),
-        &st,
-    )?;
-    let mut recv = c.alloc::<T>(counts[r])?;
-    let layout = Counts {
-        counts: &counts,
-        displs: &displs,
-    };
-    c.reduce_scatter_v(&send, layout, &mut recv, ReduceOp::Sum, &st)?;
-    let want: Vec<T> = (0..counts[r])
-        .map(|i| {
-            T::from_i64(
-                (0..w)
-                    .map(|p| v::<T>(p + displs[r] + i).to_f64() as i64)
-                    .sum(),
-            )
-        })
-        .collect();
-    same(&recv.copy_to_host(&st)?, &want, "reduce_scatter_v")
-}
-
-/// Each rank's input scaled by its own scalar, then summed (`ncclRedOpCreatePreMulSum`):
-/// all-reduce, reduce to the last rank and reduce-scatter. Scalars are 1 and -1 (2 for
-/// the wide types) and inputs in -1..=1, so every partial sum is exact in every type.
-fn scaled_sums<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
-    let (r, w, n) = (c.rank(), c.world_size(), 4);
-    let scale = |p: usize| -> i64 {
-        match (p % 2, T::NARROW) {
-            (0, _) => 1,
-            (_, true) => -1,
-            _ => 2,
-        }
-    };
-    let x = |p: usize, i: usize| ((p + i) % 3) as i64 - 1;
-    let op = ReduceOp::pre_mul_sum(T::from_i64(scale(r)));
-    let st = c.create_stream()?;
-    let input: Vec<T> = (0..n * w).map(|i| T::from_i64(x(r, i))).collect();
-    let reduced = |i: usize| T::from_i64((0..w).map(|p| scale(p) * x(p, i)).sum());
-    let send = upload(c, &input[..n], &st)?;
-    let mut out = c.alloc::<T>(n)?;
-    c.all_reduce(&send, &mut out, op, &st)?;
-    let want: Vec<T> = (0..n).map(reduced).collect();
-    same(&out.copy_to_host(&st)?, &want, "all_reduce")?;
-    c.reduce(&send, &mut out, op, w - 1, &st)?;
-    if r == w - 1 {
-        same(&out.copy_to_host(&st)?, &want, "reduce")?;
-    }
-    let whole = upload(c, &input, &st)?;
-    c.reduce_scatter(&whole, &mut out, op, &st)?;
-    let want: Vec<T> = (r * n..(r + 1) * n).map(reduced).collect();
-    same(&out.copy_to_host(&st)?, &want, "reduce_scatter")
 }
 
 /// A collective on one stream ordered after a copy on another by a marker: the

@@ -18,6 +18,7 @@ mod reference;
 mod runner;
 mod sample;
 mod table;
+mod var;
 
 pub use groups::{
     run_groups, run_groups_on_rank, run_groups_on_rank_refusing, run_groups_refusing,

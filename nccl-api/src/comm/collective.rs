@@ -143,6 +143,10 @@ impl<R: Runtime> Collective for ApiComm<R> {
             ));
         }
         op.check(b.lc.rank, b.lc.world)?;
+        if let Some(plan) = route::route_v(b, &self.ce, &op, stream)? {
+            stream.watched_by(&b.lc);
+            return self.ce.run(b, plan, &stream.s);
+        }
         if lowered(&b.lc.api, op.kind) {
             // No native call: NCCL's documented compositions (grouped send/recv, broadcasts,
             // reduces), empty ones left out, in one group of this communicator.

@@ -8,7 +8,7 @@ use unicomm_core::{Op, Result};
 use crate::auto::Auto;
 use crate::base::Base;
 use crate::copy_engine::{CopyEngine, Plan};
-use crate::memory::ApiMemory;
+use crate::memory::{ApiMemory, ApiStream};
 use crate::policy::Path;
 use crate::sys::api::NcclComm;
 use crate::sys::runtime::Runtime;
@@ -68,4 +68,18 @@ pub(crate) fn route<R: Runtime>(
             None => Route::Plain,
         },
     })
+}
+
+/// Where an all-to-all-v goes before the library's own call or its lowering: the copy
+/// engines where the path is on and every rank's output is a shared window (agreed by the
+/// ranks, `copy_engine/var.rs`), else `None`. The automatic policy never picks it: the ranks'
+/// sizes differ, and the layouts' exchange costs a round trip that only large calls repay.
+#[inline]
+pub(crate) fn route_v<R: Runtime>(
+    base: &Base<R>,
+    ce: &CopyEngine<R>,
+    op: &Op<'_, ApiMemory<R>>,
+    stream: &ApiStream<R>,
+) -> Result<Option<Plan>> {
+    ce.plan_v(base, op, stream)
 }

@@ -1,4 +1,5 @@
-//! The copy-engine path for all-to-all and all-gather: the bytes move by device-to-device
+//! The copy-engine path for all-to-all, all-to-all-v (`var.rs`) and all-gather: the bytes
+//! move by device-to-device
 //! copies (`cuMemcpyDtoDAsync` over NVLink with peer access), which run on the GPUs' copy
 //! engines and use no SMs, so they also overlap compute.
 //!
@@ -33,6 +34,7 @@ pub(crate) mod ipc;
 pub(crate) mod local;
 mod pending;
 mod share;
+mod var;
 
 pub(crate) use share::Sharing;
 pub(crate) mod signals;

@@ -465,10 +465,10 @@ static WORLD_CV: std::sync::Condvar = std::sync::Condvar::new();
 unsafe fn world_all_reduce(n: usize, buf: *mut c_void, count: usize, dtype: c_int, op: c_int) -> R {
     let combine: Option<fn(u64, u64) -> u64> = match (dtype, op, count) {
         (7, 0, 1) => None,
-        (5, 0, 1..=16) => Some(u64::wrapping_add),
-        (5, 2, 1..=16) => Some(u64::max),
-        (5, 3, 1..=16) => Some(u64::min),
-        _ => return fail(INVALID_USAGE, "fake: a barrier world has only the one-element f32 sum and up to 16 uint64 (sum, max, min)"),
+        (5, 0, 1..=256) => Some(u64::wrapping_add),
+        (5, 2, 1..=256) => Some(u64::max),
+        (5, 3, 1..=256) => Some(u64::min),
+        _ => return fail(INVALID_USAGE, "fake: a barrier world has only the one-element f32 sum and up to 256 uint64 (sum, max, min)"),
     };
     let words = buf as *mut u64;
     let mine: Vec<u64> = if combine.is_some() { (0..count).map(|i| *words.add(i)).collect() } else { Vec::new() };
