@@ -26,9 +26,16 @@ pub struct LaunchEnv {
     /// The job's secret for the rendezvous (both sides prove they hold it), and where it
     /// came from ([`LaunchEnv::token_source`]).
     pub token: Vec<u8>,
-    /// `UNICOMM_RENDEZVOUS_TOKEN`, a launcher's job id, or "none" (then only the job's
-    /// address and size: no secret; a process that knows them can join).
+    /// Where the secret comes from: `UNICOMM_RENDEZVOUS_TOKEN`; "key file" (the
+    /// [`LaunchEnv::secret_file`], with the launcher's job id as a label: a job id is public,
+    /// never a secret); or "none" (no token and no home directory for a key file: only the
+    /// job's address, size and id, which a stranger can learn, and so join).
     pub token_source: &'static str,
+    /// The key file that authenticates the rendezvous when `UNICOMM_RENDEZVOUS_TOKEN` is not
+    /// set: `UNICOMM_RENDEZVOUS_SECRET_FILE`, else `$HOME/.unicomm/rendezvous.key`; readable
+    /// by this user only, created by rank 0 if absent (a job across nodes needs it on a file
+    /// system they share).
+    pub secret_file: Option<std::path::PathBuf>,
 }
 
 /// One launcher's variables: the first of each list that is set is read.
@@ -221,6 +228,24 @@ impl LaunchEnv {
                 Some((*name, format!("{first}/{rest}")))
             })
             .unwrap_or(("none", String::new()));
+        let secret_file = match (token_source, var("UNICOMM_RENDEZVOUS_SECRET_FILE")) {
+            ("UNICOMM_RENDEZVOUS_TOKEN", _) => None,
+            (_, Some(f)) if f.is_empty() || f.ends_with('/') => {
+                return Err(Error::invalid(
+                    "UNICOMM_RENDEZVOUS_SECRET_FILE",
+                    format!("{:?} is not a file path", short(&f)),
+                ))
+            }
+            (_, Some(f)) => Some(std::path::PathBuf::from(f)),
+            (_, None) => var("HOME")
+                .filter(|h| !h.is_empty())
+                .map(|h| std::path::Path::new(&h).join(".unicomm/rendezvous.key")),
+        };
+        let token_source = match (&secret_file, token_source) {
+            (Some(_), _) => "key file",
+            (None, "UNICOMM_RENDEZVOUS_TOKEN") => token_source,
+            (None, _) => "none",
+        };
         let place = match &file {
             Some(f) => format!("file:{}", f.display()),
             None => format!("{addr}:{port}"),
@@ -235,6 +260,7 @@ impl LaunchEnv {
             launcher,
             token,
             token_source,
+            secret_file,
         })
     }
 }
@@ -259,6 +285,8 @@ fn read_names() -> Vec<&'static str> {
         "MASTER_PORT",
         "UNICOMM_RENDEZVOUS_FILE",
         "UNICOMM_RENDEZVOUS_TOKEN",
+        "UNICOMM_RENDEZVOUS_SECRET_FILE",
+        "HOME",
         "TORCHELASTIC_RUN_ID",
         "SLURM_JOB_ID",
         "SLURM_STEP_ID",
@@ -279,4 +307,19 @@ pub(crate) fn resolve(env: &LaunchEnv) -> Result<SocketAddr> {
         .ok_or_else(|| Error::Bootstrap {
             reason: format!("{h}:{p} resolves to nothing"),
         })
+}
+
+impl LaunchEnv {
+    /// This environment with its key file's key mixed into the token (rank 0 creates the
+    /// file if absent; the others wait for it until `deadline`), or as it is without one.
+    pub(crate) fn keyed(&self, deadline: std::time::Instant) -> Result<LaunchEnv> {
+        let Some(path) = &self.secret_file else {
+            return Ok(self.clone());
+        };
+        let key = super::secret::key(path, self.rank == 0, deadline)?;
+        Ok(LaunchEnv {
+            token: super::auth::mac(&key, b"job", &[&self.token]).to_vec(),
+            ..self.clone()
+        })
+    }
 }

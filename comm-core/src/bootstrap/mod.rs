@@ -5,6 +5,7 @@
 mod auth;
 mod file;
 mod launcher;
+mod secret;
 mod tcp;
 
 pub use auth::{Hello, HELLO_LEN};
@@ -15,3 +16,5 @@ use {auth::*, tcp::*};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_keys;

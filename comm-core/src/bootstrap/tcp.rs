@@ -3,6 +3,8 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::auth::*;
@@ -50,21 +52,36 @@ pub(crate) fn write_until(s: &mut TcpStream, buf: &[u8], deadline: Instant) -> s
 /// dripping client cannot hold the others back for long); never past the deadline.
 pub(crate) const PER_CONNECTION: Duration = Duration::from_secs(2);
 
+/// The most handshakes rank 0 serves at once; a connection beyond them is closed at once.
+/// Each holds a thread and a few hundred bytes for at most [`PER_CONNECTION`], so a stranger
+/// can make rank 0 hold at most this many of each, and a real rank retries past them.
+pub(crate) const MAX_HANDSHAKES: usize = 64;
+
 /// Rank 0's side of one connection: the handshake, then the id. `Ok(rank)` when the rank
 /// joined; `Err(why)` when the connection was dropped (logged by the caller).
 pub(crate) fn serve(
     s: &mut TcpStream,
     env: &LaunchEnv,
     id: &[u8; 128],
-    served: &[bool],
+    served: &Mutex<Vec<bool>>,
     deadline: Instant,
 ) -> std::result::Result<usize, String> {
     let deadline = deadline.min(Instant::now() + PER_CONNECTION);
     let mut hb = [0u8; HELLO_LEN];
     read_until(s, &mut hb, deadline).map_err(|e| format!("no complete hello: {e}"))?;
     let h = Hello::parse(&hb).map_err(|e| e.to_string())?;
-    if h.world != env.world_size || h.rank == 0 || h.rank >= env.world_size || served[h.rank] {
-        let _ = write_until(s, &[REFUSED], deadline);
+    let (r, w) = (
+        (h.rank as u32).to_le_bytes(),
+        (h.world as u32).to_le_bytes(),
+    );
+    let taken = |rank: usize| served.lock().map_or(true, |v| v.get(rank) != Some(&false));
+    if h.world != env.world_size || h.rank == 0 || h.rank >= env.world_size || taken(h.rank) {
+        // Authenticated under the client's fresh nonce: only a holder of the token can
+        // refuse a rank, so a stranger on the port cannot make it give up.
+        let mut msg = vec![REFUSED];
+        msg.extend_from_slice(&mac(&env.token, b"refused", &[&r, &w, &h.nonce]));
+        let _ = write_until(s, &msg, deadline);
+        let served = served.lock().map(|v| v.clone()).unwrap_or_default();
         return Err(format!(
             "refused: claims rank {} of {}; this job is {} ranks{}",
             h.rank,
@@ -78,10 +95,6 @@ pub(crate) fn serve(
         ));
     }
     let ns = nonce().map_err(|e| e.to_string())?;
-    let (r, w) = (
-        (h.rank as u32).to_le_bytes(),
-        (h.world as u32).to_le_bytes(),
-    );
     let server_proof = mac(&env.token, b"server", &[&r, &w, &h.nonce, &ns]);
     let mut msg = vec![CHALLENGE];
     msg.extend_from_slice(&ns);
@@ -94,6 +107,16 @@ pub(crate) fn serve(
         &mac(&env.token, b"client", &[&r, &w, &h.nonce, &ns]),
     ) {
         return Err("the client does not hold this job's token".into());
+    }
+    // Authenticated: the rank is taken now (two connections of one rank race here).
+    {
+        let mut v = served
+            .lock()
+            .map_err(|_| "the rendezvous' state was poisoned")?;
+        match v.get_mut(h.rank) {
+            Some(t) if !*t => *t = true,
+            _ => return Err(format!("rank {} joined meanwhile", h.rank)),
+        }
     }
     // The id travels encrypted with a keystream only holders of the token can derive.
     let mut sealed = *id;
@@ -134,7 +157,20 @@ pub(crate) fn join(
     write_until(s, &h.bytes(), deadline).map_err(|e| ioe("hello", e))?;
     let mut kind = [0u8; 1];
     read_until(s, &mut kind, deadline).map_err(|e| ioe("rank 0's answer", e))?;
-    if kind[0] != CHALLENGE {
+    let (r, w) = (
+        (h.rank as u32).to_le_bytes(),
+        (h.world as u32).to_le_bytes(),
+    );
+    if kind[0] == REFUSED {
+        let mut proof = [0u8; 32];
+        read_until(s, &mut proof, deadline).map_err(|e| ioe("rank 0's refusal", e))?;
+        // Believed only from a holder of the token: a stranger's refusal is retried.
+        if !same(&proof, &mac(&env.token, b"refused", &[&r, &w, &h.nonce])) {
+            return Err(Error::Bootstrap {
+                reason: "a refusal without this job's token (a stranger on the port)".into(),
+            }
+            .into());
+        }
         return Err(JoinError::Refused(Error::Bootstrap {
             reason: format!(
                 "rank 0 refused rank {} of {} (another world size, or this rank already joined)",
@@ -142,16 +178,21 @@ pub(crate) fn join(
             ),
         }));
     }
+    if kind[0] != CHALLENGE {
+        return Err(Error::Bootstrap {
+            reason: format!(
+                "answer {} is not unicomm's (a stranger on the port)",
+                kind[0]
+            ),
+        }
+        .into());
+    }
     let mut ch = [0u8; 48];
     read_until(s, &mut ch, deadline).map_err(|e| ioe("rank 0's challenge", e))?;
     let mut ns = [0u8; 16];
     ns.copy_from_slice(&ch[..16]);
     let mut proof = [0u8; 32];
     proof.copy_from_slice(&ch[16..]);
-    let (r, w) = (
-        (h.rank as u32).to_le_bytes(),
-        (h.world as u32).to_le_bytes(),
-    );
     if !same(
         &proof,
         &mac(&env.token, b"server", &[&r, &w, &h.nonce, &ns]),
@@ -201,6 +242,7 @@ pub fn exchange_unique_id(
             reason: format!("rank {} of {} is not a valid job", env.rank, env.world_size),
         });
     }
+    let env = &env.keyed(deadline)?;
     if let Some(path) = &env.file {
         return file_exchange(env, path, make_id, start, deadline, timeout);
     }
@@ -214,23 +256,51 @@ pub fn exchange_unique_id(
             .map_err(|e| io("listener", e))?;
         let mut served = vec![false; env.world_size];
         served[0] = true;
+        let served = Arc::new(Mutex::new(served));
+        let live = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = std::sync::mpsc::channel::<usize>();
         let mut joined = 1;
         while joined < env.world_size {
             match listener.accept() {
-                Ok((mut s, peer)) => {
-                    s.set_nonblocking(false).map_err(|e| io("socket", e))?;
-                    match serve(&mut s, env, &id, &served, deadline) {
-                        Ok(rank) => {
-                            served[rank] = true;
-                            joined += 1;
-                        }
-                        Err(why) => {
-                            eprintln!("unicomm rendezvous on {addr}: dropped {peer}: {why}")
-                        }
+                Ok((s, peer)) => {
+                    // Each connection is served on its own thread with its own short deadline,
+                    // so silent or dripping strangers cannot queue the real ranks behind them;
+                    // at most MAX_HANDSHAKES at once, each holding a few hundred bytes.
+                    if live.load(Ordering::Acquire) >= MAX_HANDSHAKES {
+                        eprintln!("unicomm rendezvous on {addr}: dropped {peer}: {MAX_HANDSHAKES} handshakes already under way");
+                        continue;
+                    }
+                    let (env, served, live, tx) =
+                        (env.clone(), served.clone(), live.clone(), tx.clone());
+                    live.fetch_add(1, Ordering::AcqRel);
+                    let spawned = std::thread::Builder::new()
+                        .name("unicomm-rendezvous".into())
+                        .spawn({
+                            let live = live.clone();
+                            move || {
+                                let mut s = s;
+                                let r = s
+                                    .set_nonblocking(false)
+                                    .map_err(|e| e.to_string())
+                                    .and_then(|()| serve(&mut s, &env, &id, &served, deadline));
+                                match r {
+                                    Ok(rank) => {
+                                        let _ = tx.send(rank);
+                                    }
+                                    Err(why) => eprintln!(
+                                        "unicomm rendezvous on {addr}: dropped {peer}: {why}"
+                                    ),
+                                }
+                                live.fetch_sub(1, Ordering::AcqRel);
+                            }
+                        });
+                    if spawned.is_err() {
+                        live.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
+                        let served = served.lock().map(|v| v.clone()).unwrap_or_default();
                         return Err(Error::Timeout {
                             what: format!(
                                 "rank(s) {} to join the rendezvous on {addr} (waited {:.1?})",
@@ -240,9 +310,14 @@ pub fn exchange_unique_id(
                             after: timeout,
                         });
                     }
-                    std::thread::sleep(Duration::from_millis(5));
+                    if rx.recv_timeout(Duration::from_millis(5)).is_ok() {
+                        joined += 1;
+                    }
                 }
                 Err(e) => return Err(io("accept", e)),
+            }
+            while rx.try_recv().is_ok() {
+                joined += 1;
             }
         }
         return Ok(id);

@@ -156,6 +156,7 @@ fn env(rank: usize, world: usize, port: u16) -> LaunchEnv {
         launcher: "test",
         token: b"job-42".to_vec(),
         token_source: "test",
+        secret_file: None,
     }
 }
 
@@ -382,11 +383,20 @@ fn token_comes_from_the_launcher_or_the_variable() {
     assert_eq!(none.token_source, "none");
     let mut kv = base.to_vec();
     kv.push(("TORCHELASTIC_RUN_ID", "run7"));
+    // A job id is public: without a home directory for the key file it is no secret.
     let t = LaunchEnv::from_vars(vars(&kv)).unwrap();
-    assert_eq!(t.token_source, "TORCHELASTIC_RUN_ID");
+    assert_eq!((t.token_source, t.secret_file.as_deref()), ("none", None));
+    kv.push(("HOME", "/home/u"));
+    let t = LaunchEnv::from_vars(vars(&kv)).unwrap();
+    assert_eq!(t.token_source, "key file");
+    assert_eq!(
+        t.secret_file.as_deref(),
+        Some(std::path::Path::new("/home/u/.unicomm/rendezvous.key"))
+    );
     kv.push(("UNICOMM_RENDEZVOUS_TOKEN", "s3cret"));
     let u = LaunchEnv::from_vars(vars(&kv)).unwrap();
     assert_eq!(u.token_source, "UNICOMM_RENDEZVOUS_TOKEN");
+    assert_eq!(u.secret_file, None, "the variable is the secret");
     assert_ne!(t.token, u.token);
     let mut huge = base.to_vec();
     huge[1] = ("WORLD_SIZE", "1099511627776");

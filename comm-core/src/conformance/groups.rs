@@ -5,7 +5,7 @@
 //! alike with ranks as threads ([`run_groups`]) and as processes; every output is checked
 //! exactly against values computed here.
 
-use crate::{each_rank, Collective, Comm, DeviceMesh, DeviceStream, Element, ReduceOp, F8E4M3};
+use crate::{each_rank, Collective, Comm, DeviceMesh, DeviceStream, ReduceOp, F8E4M3};
 
 use super::var::{
     all_gather_v, all_to_all_v, all_to_all_v_copy_engine, gather_scatter, reduce_scatter_v,
@@ -13,7 +13,7 @@ use super::var::{
 };
 use super::Failure;
 
-pub(super) type Out = std::result::Result<(), Failure>;
+use super::exact::{same, upload, Out};
 
 /// Every check below on every communicator of one world, one thread per rank.
 pub fn run_groups<C: Collective>(comms: &[Comm<C>]) -> Out {
@@ -77,31 +77,6 @@ pub fn run_groups_on_rank_refusing<C: Collective>(
     expect_refusal("pre-multiplied sum f8e4m3", scaled_sums::<F8E4M3, C>(c))?;
     expect_refusal("ordering between streams", streams(c))?;
     Ok(())
-}
-
-pub(super) fn upload<T: Element, C: Collective>(
-    c: &Comm<C>,
-    v: &[T],
-    st: &C::Stream,
-) -> crate::Result<crate::Buffer<T, C>> {
-    let mut b = c.alloc::<T>(v.len())?;
-    b.copy_from_host(v, st)?;
-    Ok(b)
-}
-
-pub(super) fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) -> Out {
-    match got.iter().zip(want).position(|(g, w)| g != w) {
-        _ if got.len() != want.len() => Err(Failure::msg(format!(
-            "{what}: {} elements, want {}",
-            got.len(),
-            want.len()
-        ))),
-        None => Ok(()),
-        Some(i) => Err(Failure::msg(format!(
-            "{what}: element {i} is {:?}, want {:?}",
-            got[i], want[i]
-        ))),
-    }
 }
 
 /// The child's all-reduce of its members' parent ranks: every member must get their sum.

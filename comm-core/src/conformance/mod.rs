@@ -13,6 +13,7 @@
 
 use std::fmt;
 
+mod exact;
 mod groups;
 mod reference;
 mod runner;

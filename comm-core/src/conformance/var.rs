@@ -5,7 +5,7 @@
 
 use crate::{packed_displs, Collective, Comm, Counts, Error, ReduceOp};
 
-use super::groups::{same, upload, Out};
+use super::exact::{same, upload, Out};
 use super::reference::Sample;
 use super::Failure;
 

@@ -1,0 +1,186 @@
+//! The rendezvous against strangers who know everything public about the job (its address,
+//! size and launcher job id): a key file only the user can read, handshakes served
+//! concurrently, refusals believed only when authenticated.
+use super::*;
+use crate::Error;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Rank `rank` of a torchrun-like job of `world` on `port`, its key in `key`.
+fn job(rank: usize, world: usize, port: u16, key: &std::path::Path) -> LaunchEnv {
+    let r = rank.to_string();
+    let w = world.to_string();
+    let p = port.to_string();
+    let kv = [
+        ("RANK", r.as_str()),
+        ("WORLD_SIZE", w.as_str()),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", p.as_str()),
+        ("TORCHELASTIC_RUN_ID", "public-run-id"),
+        ("UNICOMM_RENDEZVOUS_SECRET_FILE", key.to_str().unwrap()),
+    ];
+    LaunchEnv::from_vars(|k| kv.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())).unwrap()
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("unicomm-keys-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn rank_zero_creates_a_private_key_file_and_a_stranger_with_the_job_id_cannot_join() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = scratch("create");
+    let key = d.join("sub/rendezvous.key");
+    let port = free_port();
+    let out: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .rev() // the others start before rank 0 made the key
+            .map(|r| {
+                let e = job(r, 3, port, &key);
+                s.spawn(move || exchange_unique_id(&e, || Ok([3; 128]), Duration::from_secs(10)))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for o in out {
+        assert_eq!(o.unwrap(), [3; 128]);
+    }
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    // A stranger knows the address, size and job id, but has another key (its own file).
+    let port = free_port();
+    let other = d.join("stranger.key");
+    std::fs::write(&other, "a-key-of-another-user-0123456789").unwrap();
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (r0, stranger) = std::thread::scope(|s| {
+        let e0 = job(0, 2, port, &key);
+        let r0 =
+            s.spawn(move || exchange_unique_id(&e0, || Ok([4; 128]), Duration::from_millis(1500)));
+        let e1 = job(1, 2, port, &other);
+        let st = exchange_unique_id(&e1, || Ok([0; 128]), Duration::from_millis(1500));
+        (r0.join().unwrap(), st)
+    });
+    assert!(matches!(r0, Err(Error::Timeout { .. })), "{r0:?}");
+    assert!(
+        matches!(stranger, Err(Error::Timeout { .. })),
+        "{stranger:?}"
+    );
+}
+
+#[test]
+fn a_key_file_others_can_read_or_that_is_a_fifo_is_refused_without_blocking() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = scratch("bad");
+    let open = d.join("open.key");
+    std::fs::write(&open, "0123456789abcdef0123456789abcdef").unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let r = exchange_unique_id(
+        &job(1, 2, free_port(), &open),
+        || Ok([0; 128]),
+        Duration::from_secs(5),
+    );
+    match r {
+        Err(Error::Bootstrap { reason }) => assert!(reason.contains("chmod 600"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let fifo = d.join("fifo.key");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C path; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let t0 = Instant::now();
+    let r = exchange_unique_id(
+        &job(0, 2, free_port(), &fifo),
+        || Ok([0; 128]),
+        Duration::from_secs(5),
+    );
+    assert!(matches!(r, Err(Error::Bootstrap { .. })), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn silent_connections_do_not_lock_a_real_rank_out() {
+    let d = scratch("silent");
+    let key = d.join("k");
+    let port = free_port();
+    let t0 = Instant::now();
+    let out = std::thread::scope(|s| {
+        let e0 = job(0, 2, port, &key);
+        let r0 = s.spawn(move || exchange_unique_id(&e0, || Ok([7; 128]), Duration::from_secs(10)));
+        // Sixteen connections that never say a word, opened before the real rank 1; served
+        // one after another they would hold it back 2 s each, past its deadline.
+        let mut silent = Vec::new();
+        while silent.len() < 16 {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(c) => silent.push(c),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        let r1 = exchange_unique_id(
+            &job(1, 2, port, &key),
+            || Ok([0; 128]),
+            Duration::from_secs(10),
+        );
+        drop(silent);
+        (r0.join().unwrap(), r1)
+    });
+    assert_eq!(out.0.unwrap(), [7; 128]);
+    assert_eq!(out.1.unwrap(), [7; 128]);
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn a_refusal_without_the_token_is_not_believed() {
+    let d = scratch("squat");
+    let key = d.join("k");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let port = free_port();
+    // A squatter answers every hello with the refusal byte (and some bytes as its "proof").
+    let squat = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    squat.set_nonblocking(true).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let squatter = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok((mut s, _)) = squat.accept() {
+                    let _ = s.set_nonblocking(false);
+                    let mut hb = [0u8; HELLO_LEN];
+                    if s.read_exact(&mut hb).is_ok() {
+                        let _ = s.write_all(&[REFUSED]);
+                        let _ = s.write_all(&[0u8; 32]);
+                    }
+                } else {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        })
+    };
+    let t0 = Instant::now();
+    let r = exchange_unique_id(
+        &job(1, 2, port, &key),
+        || Ok([0; 128]),
+        Duration::from_millis(800),
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    squatter.join().unwrap();
+    // Retried until the deadline, never taken as rank 0's word.
+    match r {
+        Err(Error::Timeout { what, .. }) => assert!(what.contains("stranger"), "{what}"),
+        other => panic!("expected a timeout naming the stranger, got {other:?}"),
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(800));
+}
