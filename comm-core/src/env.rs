@@ -89,6 +89,39 @@ pub fn check_timeout(argument: &'static str, d: Duration) -> Result<Duration> {
     }
 }
 
+/// Reads the file at `path`, at most `max` bytes, without ever blocking: opened non-blocking
+/// (a FIFO planted at the path would block `open` itself), refused unless it is a regular
+/// file, refused when longer than `max` (`/dev/zero`, a sparse giant): every file a setting
+/// names is read through this. `NotFound` passes through.
+pub fn read_bounded(path: &std::path::Path, max: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut o, libc::O_NONBLOCK);
+    let f = o.open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file (refused)"));
+    }
+    let mut b = Vec::with_capacity(max.min(1 << 16) + 1);
+    f.take(max as u64 + 1).read_to_end(&mut b)?;
+    if b.len() > max {
+        return Err(std::io::Error::other(format!(
+            "longer than the {max} bytes such a file holds (refused)"
+        )));
+    }
+    Ok(b)
+}
+
+/// At most the first 64 characters of a value, for an error message (a 10 MiB value gives
+/// a short error).
+pub fn short(v: &str) -> String {
+    match v.char_indices().nth(64) {
+        Some((i, _)) => format!("{}...", &v[..i]),
+        None => v.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -79,7 +79,57 @@ broadcast max registered
 reduce max registered
 ";
 
+/// A tune file's most bytes: `cargo xtask tune` writes about a kilobyte.
+const MAX_FILE: usize = 64 << 10;
+/// A policy's most rules (every call of a live automatic registration scans them).
+const MAX_RULES: usize = 256;
+/// The first words of a file `cargo xtask tune` wrote: such a file ends with its digest.
+const HEADER: &str = "# unicomm automatic policy";
+
 impl Policy {
+    /// Parses a tune file: its rules ([`Policy::parse`]), and where it is one that `cargo
+    /// xtask tune` wrote (its first line says so), its last line `# digest <hex>` must be
+    /// there and match the rules, so a truncated or edited file is refused rather than
+    /// loaded as other rules.
+    pub fn parse_file(text: &str, source: &str) -> Result<Policy> {
+        let p = Policy::parse(text, source)?;
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        let written = last
+            .strip_prefix("# digest ")
+            .and_then(|r| r.split_whitespace().next())
+            .map(|h| u64::from_str_radix(h, 16));
+        let bad = |why: String| Error::invalid("UNICOMM_TUNE_FILE", format!("{source}: {why}"));
+        match written {
+            Some(Ok(d)) if d == p.digest() => Ok(p),
+            Some(Ok(d)) => Err(bad(format!(
+                "the rules' digest is {:016x}, its digest line says {d:016x} (edited or damaged: run `cargo xtask tune` again, or remove the line)",
+                p.digest()
+            ))),
+            Some(Err(_)) => Err(bad("its digest line is not a hexadecimal number".into())),
+            None if text.starts_with(HEADER) => Err(bad(
+                "written by `cargo xtask tune` but its last line is not the digest (truncated?)"
+                    .into(),
+            )),
+            None => Ok(p),
+        }
+    }
+
+    /// The tune file at `path` ([`Policy::parse_file`]), read without blocking and at most
+    /// 64 KiB (a FIFO, a device or a giant file is refused, never waited on or read whole).
+    pub fn from_file(path: &std::path::Path) -> Result<Policy> {
+        let shown = path.display().to_string();
+        let cannot = |e: &dyn std::fmt::Display| {
+            Error::invalid("UNICOMM_TUNE_FILE", format!("cannot read {shown}: {e}"))
+        };
+        let bytes = unicomm_core::env::read_bounded(path, MAX_FILE).map_err(|e| cannot(&e))?;
+        let text = String::from_utf8(bytes).map_err(|e| cannot(&e))?;
+        Policy::parse_file(&text, &shown)
+    }
+
     /// Parses a tune file's text; `source` names it in errors.
     pub fn parse(text: &str, source: &str) -> Result<Policy> {
         let mut rules = Vec::new();
@@ -98,17 +148,22 @@ impl Policy {
             let [coll, bound, path] = f[..] else {
                 return Err(bad("three fields"));
             };
+            let short = unicomm_core::env::short;
             let coll = Kind::from_snake_name(coll)
                 .filter(|k| tunable(*k))
-                .ok_or_else(|| bad(&format!("unknown collective {coll:?}")))?
+                .ok_or_else(|| bad(&format!("unknown collective {:?}", short(coll))))?
                 .code();
             let bound = match bound {
                 "max" => usize::MAX,
                 b => b
                     .parse::<usize>()
-                    .map_err(|_| bad(&format!("{b:?} is not a byte count")))?,
+                    .map_err(|_| bad(&format!("{:?} is not a byte count", short(b))))?,
             };
-            let path = Path::parse(path).ok_or_else(|| bad(&format!("unknown path {path:?}")))?;
+            let path =
+                Path::parse(path).ok_or_else(|| bad(&format!("unknown path {:?}", short(path))))?;
+            if rules.len() == MAX_RULES {
+                return Err(bad(&format!("more than {MAX_RULES} rules")));
+            }
             rules.push((coll, bound, path));
         }
         Ok(Policy { rules })
@@ -119,13 +174,7 @@ impl Policy {
     pub fn current() -> Result<&'static Policy> {
         static P: OnceLock<Result<Policy>> = OnceLock::new();
         P.get_or_init(|| match std::env::var_os("UNICOMM_TUNE_FILE") {
-            Some(path) => {
-                let shown = std::path::Path::new(&path).display().to_string();
-                let text = std::fs::read_to_string(&path).map_err(|e| {
-                    Error::invalid("UNICOMM_TUNE_FILE", format!("cannot read {shown}: {e}"))
-                })?;
-                Policy::parse(&text, &shown)
-            }
+            Some(path) => Policy::from_file(std::path::Path::new(&path)),
             None => Policy::parse(DEFAULTS, "built-in"),
         })
         .as_ref()
@@ -203,6 +252,54 @@ mod tests {
         }
         let p = Policy::parse("# comment\nall_to_all max window # trailing\n", "t").unwrap();
         assert_eq!(p.choose(Kind::AllToAll, 1 << 30), Path::Window);
+    }
+
+    /// What the tune file's reader refuses: a FIFO (waited on forever before), a device that
+    /// never ends, a truncated or edited file of `cargo xtask tune`, more rules than a call
+    /// should scan; an error quotes a huge token short.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn tune_files_that_would_hang_exhaust_or_mislead_are_refused() {
+        let dir = std::env::temp_dir().join(format!("unicomm-tune-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let t0 = std::time::Instant::now();
+        for p in [fifo.as_path(), std::path::Path::new("/dev/zero")] {
+            let e = Policy::from_file(p).unwrap_err().to_string();
+            assert!(e.contains("regular file"), "{e}");
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(2));
+        let big = dir.join("big");
+        std::fs::write(&big, "all_reduce max window\n".repeat(4000)).unwrap();
+        let e = Policy::from_file(&big).unwrap_err().to_string();
+        assert!(e.contains("longer than"), "{e}");
+        let many = "all_reduce 8 window\n".repeat(MAX_RULES + 1);
+        assert!(Policy::parse(&many, "t").is_err());
+        let e = Policy::parse(&format!("all_reduce {} window", "9x".repeat(5 << 20)), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 400, "{} bytes of error", e.len());
+
+        let rules = "all_reduce 4096 window\nall_reduce max registered\n";
+        let d = Policy::parse(rules, "t").unwrap().digest();
+        let written = format!("{HEADER}, measured by: x\n{rules}# digest {d:016x} (...)\n");
+        assert_eq!(Policy::parse_file(&written, "t").unwrap().digest(), d);
+        // Truncated after the first rule: the digest line is gone.
+        let cut = &written[..written.find("all_reduce max").unwrap()];
+        assert!(Policy::parse_file(cut, "t")
+            .unwrap_err()
+            .to_string()
+            .contains("truncated"));
+        // A bound edited: the rules no longer match the line.
+        let edited = written.replace("4096", "8192");
+        assert!(Policy::parse_file(&edited, "t")
+            .unwrap_err()
+            .to_string()
+            .contains("digest"));
+        // A hand-written file (no header) needs no digest.
+        assert!(Policy::parse_file(rules, "t").is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     use proptest::strategy::Strategy as _;

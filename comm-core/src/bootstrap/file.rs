@@ -37,29 +37,7 @@ pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(
     })
 }
 
-/// Reads the rendezvous file at `path`, at most `max` bytes, without ever blocking: opened
-/// non-blocking (a FIFO planted at the path would block `open` itself), refused unless it
-/// is a regular file, refused when longer than `max` (`/dev/zero`, a sparse giant): what a
-/// rendezvous file can hold is all that is read. `NotFound` passes through.
-pub(crate) fn read_bounded(path: &std::path::Path, max: usize) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut o = std::fs::OpenOptions::new();
-    o.read(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut o, libc::O_NONBLOCK);
-    let f = o.open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file (refused)"));
-    }
-    let mut b = Vec::with_capacity(max + 1);
-    f.take(max as u64 + 1).read_to_end(&mut b)?;
-    if b.len() > max {
-        return Err(std::io::Error::other(format!(
-            "longer than the {max} bytes a rendezvous file holds (refused)"
-        )));
-    }
-    Ok(b)
-}
+pub(crate) use crate::env::read_bounded;
 
 pub(crate) fn ack_path(path: &std::path::Path, rank: usize) -> std::path::PathBuf {
     let mut p = path.as_os_str().to_owned();

@@ -265,14 +265,7 @@ impl LaunchEnv {
     }
 }
 
-/// At most the first 64 characters of a value, for an error message (a 10 MiB variable
-/// gives a short error).
-fn short(v: &str) -> String {
-    match v.char_indices().nth(64) {
-        Some((i, _)) => format!("{}...", &v[..i]),
-        None => v.to_string(),
-    }
-}
+use crate::env::short;
 
 /// Every variable `from_vars` may read.
 fn read_names() -> Vec<&'static str> {

@@ -37,14 +37,33 @@ impl Search {
     /// Tries `open` on every candidate in order and returns the first success. Paths that
     /// do not exist are not handed to the loader; `LibraryNotFound` lists every candidate
     /// with why it was passed over (absent, the loader's message, a missing symbol).
+    ///
+    /// A path the variable names is the only one tried (a typo must not load another
+    /// library silently), and only a regular file is handed to the loader (a FIFO would
+    /// block `dlopen`'s open forever).
     pub fn load<T>(&self, mut open: impl FnMut(&Path) -> Result<T>) -> Result<T> {
         let mut tried = Vec::new();
-        for cand in self.candidates() {
-            if cand.components().count() > 1 && !cand.exists() {
-                tried.push(format!("{} (absent)", cand.display()));
-                continue;
+        let explicit = std::env::var_os(self.env_var).is_some();
+        let cands = self.candidates();
+        let cands = if explicit { &cands[..1] } else { &cands[..] };
+        for cand in cands {
+            if cand.components().count() > 1 {
+                let why = match std::fs::metadata(cand) {
+                    Err(_) => Some("absent"),
+                    Ok(m) if !m.is_file() => Some("not a regular file"),
+                    Ok(_) => None,
+                };
+                if let Some(why) = why {
+                    let only = if explicit {
+                        format!("; {} names the only file tried", self.env_var)
+                    } else {
+                        String::new()
+                    };
+                    tried.push(format!("{} ({why}{only})", cand.display()));
+                    continue;
+                }
             }
-            match open(&cand) {
+            match open(cand) {
                 Ok(t) => return Ok(t),
                 // The loader's own reason for this one path, not a nested "not found".
                 Err(Error::LibraryNotFound { tried: why, .. }) if why.len() == 1 => {
@@ -139,6 +158,54 @@ pub fn env_dirs(vars: &[(&str, &str)]) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A path the variable names is the only one tried: absent, it is an error naming the
+    /// variable (not the default search's library); a FIFO is passed over without blocking.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_named_file_is_the_only_one_tried_and_a_fifo_is_never_opened() {
+        let dir = std::env::temp_dir().join(format!("unicomm-named-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libthere.so"), b"").unwrap();
+        let fifo = dir.join("libfifo.so");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let var = "UNICOMM_TEST_LIBRARY_NAMED";
+        std::env::set_var(var, dir.join("libtypo.so"));
+        let search = Search {
+            library: "test library",
+            env_var: var,
+            dirs: vec![dir.clone()],
+            names: &["libthere.so"],
+        };
+        let mut opened = Vec::new();
+        let r = search.load(|p| {
+            opened.push(p.to_path_buf());
+            Ok(())
+        });
+        let Err(Error::LibraryNotFound { tried, .. }) = r else {
+            panic!("the default search was taken: {r:?}");
+        };
+        assert!(opened.is_empty(), "{opened:?}");
+        assert_eq!(tried.len(), 1, "{tried:?}");
+        assert!(
+            tried[0].contains("absent") && tried[0].contains(var),
+            "{tried:?}"
+        );
+        std::env::set_var(var, &fifo);
+        let t0 = std::time::Instant::now();
+        let r = search.load(|p| {
+            opened.push(p.to_path_buf());
+            Ok(())
+        });
+        std::env::remove_var(var);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(2));
+        let Err(Error::LibraryNotFound { tried, .. }) = r else {
+            panic!("a FIFO was handed to the loader: {r:?}");
+        };
+        assert!(tried[0].contains("not a regular file"), "{tried:?}");
+        assert!(opened.is_empty(), "{opened:?}");
+    }
 
     /// A file that exists but is no library keeps the system loader's reason in
     /// `LibraryNotFound` (what a user needs to see a truncated download), not just
