@@ -224,6 +224,8 @@ macro_rules! gpu_backend {
                 let id = ::$krate::UniqueId::from_bytes(id);
                 let where_ = (env.rank, env.world_size, env.local_rank);
                 let comm = ::$krate::init_rank_with(id, where_, config)?;
+                // After a failure the survivors re-form over the job's rendezvous.
+                comm.set_rejoin(unicomm_core::bootstrap::Rejoin::job(env))?;
                 Ok(AnyComm::from(comm))
             }
         }
@@ -372,6 +374,17 @@ impl Collective for AnyComm {
     }
     fn split(&self, color: Option<u32>, key: i32, config: &CommConfig) -> Result<Option<Self>> {
         each!(self, AnyComm, c => Ok(c.split(color, key, config)?.map(AnyComm::from)))
+    }
+    fn shrink(
+        &self,
+        exclude: &[usize],
+        mode: unicomm_core::ShrinkMode,
+        config: &CommConfig,
+    ) -> Result<Self> {
+        each!(self, AnyComm, c => Ok(AnyComm::from(c.shrink(exclude, mode, config)?)))
+    }
+    fn revoke(&self) -> Result<()> {
+        each!(self, AnyComm, c => c.revoke())
     }
     fn finalize(&mut self) -> Result<()> {
         each!(self, AnyComm, c => c.finalize())

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use unicomm_core::registry::RegKind;
 use unicomm_core::{
-    Capabilities, Collective, CommConfig, DeviceMemory, Error, Op, RawHandle, Result, Version,
-    Zeros,
+    Capabilities, Collective, CommConfig, DeviceMemory, Error, Op, RawHandle, Result, ShrinkMode,
+    Version, Zeros,
 };
 
 use crate::comm::*;
@@ -212,11 +212,11 @@ impl Collective for MockComm {
     }
 
     fn abort(&self) -> Result<()> {
-        self.state.store(ABORTED, Ordering::Release);
-        // Peers blocked in a collective with this rank learn of it now, not at their deadline.
-        self.ctx.fabric.poison(Error::Aborted {
-            reason: format!("rank {} aborted the communicator", self.ctx.rank),
-        });
+        self.abort_comm();
         Ok(())
+    }
+
+    fn shrink(&self, exclude: &[usize], mode: ShrinkMode, config: &CommConfig) -> Result<Self> {
+        self.shrink_comm(exclude, mode, config)
     }
 }

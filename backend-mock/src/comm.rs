@@ -42,6 +42,10 @@ pub struct MockComm {
     /// Operations enqueued so far (the index faults refer to).
     pub(crate) issued: AtomicU64,
     pub(crate) state: AtomicU8,
+    /// Where the survivors meet to re-form after a failure (`shrink`).
+    pub(crate) rejoin: unicomm_core::bootstrap::Rejoin,
+    /// Re-formings so far (each survivor counts the same).
+    pub(crate) shrinks: AtomicU64,
 }
 
 impl std::fmt::Debug for MockComm {
@@ -93,6 +97,15 @@ pub(crate) fn placement(
 impl MockComm {
     pub(crate) fn owner(&self) -> (u64, usize) {
         self.device
+    }
+
+    /// Marks the communicator aborted and tells its peers (those blocked in a collective with
+    /// this rank learn of it now, not at their deadline).
+    pub(crate) fn abort_comm(&self) {
+        self.state.store(ABORTED, Ordering::Release);
+        self.ctx.fabric.poison(Error::Aborted {
+            reason: format!("rank {} aborted the communicator", self.ctx.rank),
+        });
     }
 
     pub(crate) fn live(&self) -> Result<()> {

@@ -30,6 +30,7 @@ mod memory;
 mod procs;
 mod reduce;
 mod shm;
+mod shrink;
 mod split;
 mod stream;
 
@@ -70,6 +71,7 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
     }
     let fabric: Arc<dyn Exchange> = Arc::new(LocalFabric::new(n, config.timeout));
     let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
+    let rejoin = unicomm_core::bootstrap::Rejoin::local();
     Ok((0..n)
         .map(|rank| MockComm {
             ctx: Arc::new(RankCtx {
@@ -90,8 +92,9 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
             registry: Registry::new(),
             seq: AtomicU64::new(0),
             issued: AtomicU64::new(0),
-
             state: AtomicU8::new(LIVE),
+            rejoin: rejoin.clone(),
+            shrinks: AtomicU64::new(0),
         })
         .collect())
 }
@@ -168,6 +171,8 @@ pub fn join(
         seq: AtomicU64::new(0),
         issued: AtomicU64::new(0),
         state: AtomicU8::new(LIVE),
+        rejoin: unicomm_core::bootstrap::Rejoin::job(env),
+        shrinks: AtomicU64::new(0),
     })
 }
 

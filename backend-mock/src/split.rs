@@ -128,6 +128,11 @@ impl MockComm {
             seq: AtomicU64::new(0),
             issued: AtomicU64::new(0),
             state: AtomicU8::new(LIVE),
+            rejoin: self.rejoin.derived(
+                &[b"split".as_slice(), &split_seq.to_le_bytes()].concat(),
+                &members.iter().map(|&(_, r)| r).collect::<Vec<_>>(),
+            ),
+            shrinks: AtomicU64::new(0),
         }))
     }
 

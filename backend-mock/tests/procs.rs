@@ -185,6 +185,43 @@ fn rank() {
             );
             println!("rank {r}: {e} after {waited:?}; RANK PASSED");
         }
+        "shrink" => {
+            // The victim kills itself mid-stream; the survivors see the failure, shrink the
+            // world without it (re-formed over the job's rendezvous, even when the victim
+            // was rank 0, whose process served the old world) and go on, exactly.
+            let victim: usize = std::env::var("UNICOMM_TEST_VICTIM")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let st = c.create_stream().unwrap();
+            let mut b = c.alloc::<f32>(1024).unwrap();
+            let failed = (0..1_000_000u64).find_map(|i| {
+                if r == victim && i == 10 {
+                    // SAFETY: kill(2) on this process; nothing after it runs.
+                    unsafe { libc::kill(std::process::id() as i32, libc::SIGKILL) };
+                }
+                c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)
+                    .and_then(|_| st.synchronize())
+                    .err()
+            });
+            let e = failed.expect("the lost rank was noticed");
+            let small = c
+                .shrink(&[victim], unicomm_core::ShrinkMode::Default)
+                .unwrap();
+            let (nr, nw) = (small.rank(), small.world_size());
+            assert_eq!(nw, w - 1);
+            assert_eq!(nr, if r > victim { r - 1 } else { r });
+            let st = small.create_stream().unwrap();
+            let mut b = small.alloc::<f32>(1024).unwrap();
+            b.copy_from_host(&[(r + 1) as f32; 1024], &st).unwrap();
+            small
+                .all_reduce_in_place(&mut b, ReduceOp::Sum, &st)
+                .unwrap();
+            let want = (1..=w).filter(|&x| x != victim + 1).sum::<usize>() as f32;
+            assert!(b.copy_to_host(&st).unwrap().iter().all(|&x| x == want));
+            small.finalize().unwrap();
+            println!("rank {r} (now {nr} of {nw}): {e}; RANK PASSED");
+        }
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -247,4 +284,31 @@ fn a_killed_process_fails_its_peers_at_once() {
 #[test]
 fn a_rank_that_skips_a_collective_times_out_its_peer() {
     all_passed(2, "skip", &[("UNICOMM_MOCK_TIMEOUT_MS", "2000")]);
+}
+
+/// One rank SIGKILLed mid-stream: the three survivors shrink and go on with exact data,
+/// whether the lost rank was the last or rank 0 (whose process served the old world).
+#[test]
+fn survivors_of_a_killed_rank_shrink_and_go_on() {
+    for victim in ["3", "0"] {
+        let ranks = launch(4, "shrink", &[("UNICOMM_TEST_VICTIM", victim)]);
+        let v: usize = victim.parse().unwrap();
+        for r in &ranks {
+            if r.rank == v {
+                assert_eq!(
+                    r.code, None,
+                    "the victim was killed by its signal:\n{}",
+                    r.out
+                );
+                continue;
+            }
+            assert!(
+                r.code == Some(0) && r.out.contains("RANK PASSED"),
+                "rank {} (victim {v}) exited {:?}:\n{}",
+                r.rank,
+                r.code,
+                r.out
+            );
+        }
+    }
 }

@@ -247,6 +247,34 @@ pub trait Collective: Send + Sync + Sized + 'static {
         ))
     }
 
+    /// A communicator of the ranks left after excluding `exclude` (sorted, checked, never
+    /// this rank); see [`Comm::shrink`](crate::Comm::shrink). Default: `Unsupported`.
+    fn shrink(
+        &self,
+        exclude: &[usize],
+        mode: crate::shrink::ShrinkMode,
+        config: &CommConfig,
+    ) -> Result<Self> {
+        let _ = (exclude, mode, config);
+        Err(crate::Error::unsupported(
+            "shrinking a communicator",
+            "a backend with ncclCommShrink or a way for the survivors to meet",
+            self.capabilities().backend,
+        ))
+    }
+
+    /// `ncclCommRevoke` (NCCL >= 2.28.7): stops the operations in flight on this rank's
+    /// communicator without destroying it, and returns once it is quiescent (bounded by its
+    /// deadline); it can then be shrunk ([`ShrinkMode::Default`](crate::shrink::ShrinkMode)),
+    /// finalized or aborted, and new collectives on it fail. Default: `Unsupported`.
+    fn revoke(&self) -> Result<()> {
+        Err(crate::Error::unsupported(
+            "revoking a communicator",
+            "ncclCommRevoke (NCCL >= 2.28.7)",
+            self.capabilities().backend,
+        ))
+    }
+
     /// `ncclCommFinalize` + `ncclCommDestroy`: flushes pending work, then frees the
     /// communicator. After it, the communicator must not be used; dropping it is a no-op.
     fn finalize(&mut self) -> Result<()>;

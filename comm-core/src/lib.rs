@@ -55,6 +55,7 @@ pub mod op;
 mod ranks;
 pub mod registration;
 pub mod registry;
+pub mod shrink;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -76,3 +77,4 @@ pub use mesh::DeviceMesh;
 pub use op::{Extent, Kind, Op, Slice};
 pub use ranks::each_rank;
 pub use registration::{AutoRegistered, RegisterError, Registered, Registration, Window};
+pub use shrink::ShrinkMode;

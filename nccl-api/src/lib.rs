@@ -47,6 +47,7 @@ mod libcomm;
 pub mod memory;
 mod plain;
 pub mod policy;
+mod shrink;
 mod split;
 pub mod sys;
 mod wait;

@@ -32,7 +32,24 @@ pub(crate) fn split_raw<R: Runtime>(
     split: SplitFn,
     color: c_int,
     key: c_int,
+    config: Option<OwnedConfig>,
+) -> Result<Option<NcclComm>> {
+    derive_raw(lc, "ncclCommSplit", config, move |c, out, cfg| {
+        // SAFETY: a live communicator; `out` receives the new one (written when the call
+        // settles); `cfg` is NULL or a live ncclConfig_t (NCCL copies it).
+        unsafe { split(c, color, key, out, cfg) }
+    })
+}
+
+/// A communicator derived from `lc`'s by `call(parent, &mut child, config)` (`ncclCommSplit`,
+/// `ncclCommShrink`): `None` where the library made none. Blocking: it waits for the peers
+/// on the host, bounded by the deadline (a child made after the caller gave up is aborted);
+/// non-blocking: the parent's part and the child are settled.
+pub(crate) fn derive_raw<R: Runtime>(
+    lc: &Arc<LibComm<R>>,
+    name: &'static str,
     mut config: Option<OwnedConfig>,
+    call: impl Fn(NcclComm, *mut NcclComm, *mut c_void) -> NcclResult + Send + 'static,
 ) -> Result<Option<NcclComm>> {
     lc.call(|c| {
         let mut out: NcclComm = std::ptr::null_mut();
@@ -40,24 +57,21 @@ pub(crate) fn split_raw<R: Runtime>(
             let cfg = config
                 .as_mut()
                 .map_or(std::ptr::null_mut(), |c| c.ptr().cast());
-            // SAFETY: a live communicator; `out` receives the new one (written when the call
-            // settles, below); `cfg` is NULL or a live ncclConfig_t (NCCL copies it).
-            unsafe { split(c, color, key, &mut out, cfg) }
+            call(c, &mut out, cfg)
         } else {
             let api = lc.api.clone();
             let sc = SendPtr(c);
             let (code, child) = lc.bounded_locked(
-                "ncclCommSplit",
+                name,
                 move || {
                     let (sc, mut config) = (sc, config);
                     let mut out: NcclComm = std::ptr::null_mut();
                     let cfg = config
                         .as_mut()
                         .map_or(std::ptr::null_mut(), |c| c.ptr().cast());
-                    // SAFETY: as above; the caller holds the lock while this runs and gives
-                    // the parent up if it does not return in time; the config is owned by
-                    // this closure for the call.
-                    let code = unsafe { split(sc.0, color, key, &mut out, cfg) };
+                    // The caller holds the lock while this runs and gives the parent up if it
+                    // does not return in time; the config is owned by this closure.
+                    let code = call(sc.0, &mut out, cfg);
                     (code, SendPtr(out))
                 },
                 move |(code, child)| {
@@ -70,13 +84,13 @@ pub(crate) fn split_raw<R: Runtime>(
             out = child.0;
             code
         };
-        lc.check("ncclCommSplit", code)?;
-        lc.settle_locked("ncclCommSplit")?;
+        lc.check(name, code)?;
+        lc.settle_locked(name)?;
         if out.is_null() {
             return Ok(None);
         }
         if lc.nonblocking {
-            if let Err(e) = settle_raw(&lc.api, out, "ncclCommSplit", lc.timeout(), &|| false) {
+            if let Err(e) = settle_raw(&lc.api, out, name, lc.timeout(), &|| false) {
                 // SAFETY: the communicator just created, aborted once.
                 unsafe { (lc.api.fns.comm_abort)(out) };
                 return Err(e);

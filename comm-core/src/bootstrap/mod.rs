@@ -5,11 +5,13 @@
 mod auth;
 mod file;
 mod launcher;
+mod rejoin;
 mod secret;
 mod tcp;
 
 pub use auth::{Hello, HELLO_LEN};
 pub use launcher::{LaunchEnv, Launcher, LAUNCHERS, MAX_WORLD};
+pub use rejoin::Rejoin;
 pub use tcp::exchange_unique_id;
 #[cfg(test)]
 use {auth::*, tcp::*};

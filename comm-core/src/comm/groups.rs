@@ -2,7 +2,7 @@
 //! by rank lists, as PyTorch's `new_group`/`split_group` make them.
 
 use crate::backend::Collective;
-use crate::{Comm, CommConfig, Error, Result};
+use crate::{Comm, CommConfig, Error, Result, ShrinkMode};
 
 impl<C: Collective> Comm<C> {
     /// Splits this communicator (collective: every rank calls it, in the same order as its
@@ -88,5 +88,62 @@ impl<C: Collective> Comm<C> {
     /// in the list call it too and get `None`).
     pub fn split_ranks(&self, ranks: &[usize]) -> Result<Option<Comm<C>>> {
         self.split_groups(&[ranks.to_vec()])
+    }
+
+    /// A communicator of the ranks that are left after a failure: every rank of this one
+    /// except `exclude` (which must not call it: they are gone), ranked in the order of
+    /// their ranks here. Collective over the survivors, who must pass the same list.
+    ///
+    /// [`ShrinkMode::Default`] and [`ShrinkMode::Abort`] are `ncclCommShrink`'s modes (from
+    /// NCCL 2.27): no work outstanding on this communicator, or work in flight aborted first
+    /// (this communicator is then aborted, NCCL's rule after the abort mode, and must not be
+    /// used again). Where the library has no `ncclCommShrink` (older NCCL, RCCL), where this
+    /// communicator has already failed (a deadline passed and aborted it, or `abort` was
+    /// called), and with [`ShrinkMode::Reform`], the survivors re-form instead: this
+    /// communicator is aborted, the first survivor makes a fresh unique id and shares it
+    /// over the job's rendezvous (ranks of a launched job) or in this process (a
+    /// `local_comms` world), and the survivors create a new communicator among themselves.
+    /// Re-forming a launched job needs its rendezvous address to be bindable by the first
+    /// survivor (the original rank 0, or a rank on the same host).
+    pub fn shrink(&self, exclude: &[usize], mode: ShrinkMode) -> Result<Comm<C>> {
+        self.shrink_with(exclude, mode, &CommConfig::default())
+    }
+
+    /// [`Comm::shrink`] with the new communicator's configuration.
+    pub fn shrink_with(
+        &self,
+        exclude: &[usize],
+        mode: ShrinkMode,
+        config: &CommConfig,
+    ) -> Result<Comm<C>> {
+        let w = self.world_size();
+        let mut gone = vec![false; w];
+        for &r in exclude {
+            if r >= w {
+                return Err(Error::invalid(
+                    "exclude",
+                    format!("rank {r} is outside 0..{w}"),
+                ));
+            }
+            if std::mem::replace(&mut gone[r], true) {
+                return Err(Error::invalid(
+                    "exclude",
+                    format!("rank {r} is listed twice"),
+                ));
+            }
+        }
+        if gone[self.rank()] {
+            return Err(Error::invalid(
+                "exclude",
+                format!(
+                    "rank {} excludes itself: excluded ranks do not call shrink (NCCL's rule)",
+                    self.rank()
+                ),
+            ));
+        }
+        config.check_values()?;
+        let mut sorted = exclude.to_vec();
+        sorted.sort_unstable();
+        Ok(Comm::from_backend(self.raw.shrink(&sorted, mode, config)?))
     }
 }

@@ -256,6 +256,14 @@ impl<C: Collective> Comm<C> {
         self.raw.abort()
     }
 
+    /// Stops the operations in flight on this rank's communicator without destroying it
+    /// (`ncclCommRevoke`, NCCL >= 2.28.7) and returns once it is quiescent; then
+    /// [`Comm::shrink`] it with [`ShrinkMode::Default`](crate::ShrinkMode::Default), or finalize or abort it. Elsewhere
+    /// `Unsupported` (abort, then shrink re-forms).
+    pub fn revoke(&self) -> Result<()> {
+        self.raw.revoke()
+    }
+
     /// The communicator's first asynchronous error (`ncclCommGetAsyncError`): a failure of
     /// work already enqueued, such as a peer that died. `Ok` while nothing failed. After an
     /// error, [`Comm::abort`] it. The waits of the GPU backends poll this themselves (and

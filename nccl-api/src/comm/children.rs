@@ -83,11 +83,18 @@ impl<R: Runtime> ApiComm<R> {
         );
         // The child reaches its peers' memory where the parent does (the copy-engine path).
         let sharing = self.ce.child_sharing(split, color.unwrap_or(0), world);
-        Self::compose(lc, mode, sharing).map(Some)
+        let step = [
+            b"split".as_slice(),
+            &split.to_le_bytes(),
+            &color.unwrap_or(0).to_le_bytes(),
+        ]
+        .concat();
+        let rejoin = self.rejoin.get().map(|r| r.derived(&step, &[]));
+        Self::compose(lc, mode, sharing, rejoin).map(Some)
     }
 
     /// A child's rank and size, from the library (`ncclCommUserRank`, `ncclCommCount`).
-    fn rank_and_size(&self, raw: NcclComm) -> Result<(usize, usize)> {
+    pub(super) fn rank_and_size(&self, raw: NcclComm) -> Result<(usize, usize)> {
         let api = &self.base.lc.api;
         let (Some(user_rank), Some(count)) = (api.fns.comm_user_rank, api.fns.comm_count) else {
             return Err(Error::invalid(

@@ -3,7 +3,7 @@
 
 use unicomm_core::registry::RegKind;
 use unicomm_core::{
-    Capabilities, Collective, CommConfig, Error, Kind, Op, RawHandle, Result, Zeros,
+    Capabilities, Collective, CommConfig, Error, Kind, Op, RawHandle, Result, ShrinkMode, Zeros,
 };
 
 use super::route::{self, Route};
@@ -223,6 +223,14 @@ impl<R: Runtime> Collective for ApiComm<R> {
 
     fn split(&self, color: Option<u32>, key: i32, config: &CommConfig) -> Result<Option<Self>> {
         self.split_child(color, key, config)
+    }
+
+    fn shrink(&self, exclude: &[usize], mode: ShrinkMode, config: &CommConfig) -> Result<Self> {
+        self.shrink_child(exclude, mode, config)
+    }
+
+    fn revoke(&self) -> Result<()> {
+        self.revoke_comm()
     }
 
     fn finalize(&mut self) -> Result<()> {

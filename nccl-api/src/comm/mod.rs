@@ -8,6 +8,7 @@
 mod children;
 mod collective;
 mod route;
+mod shrink;
 
 use std::sync::Arc;
 
@@ -32,6 +33,10 @@ pub struct ApiComm<R: Runtime> {
     auto: Auto,
     /// Splits so far (every rank splits in the same order: each child's number).
     splits: std::sync::atomic::AtomicU64,
+    /// Shrinks so far (each survivor counts the same).
+    shrinks: std::sync::atomic::AtomicU64,
+    /// Where the survivors meet to re-form (`shrink` without `ncclCommShrink`).
+    rejoin: std::sync::OnceLock<unicomm_core::bootstrap::Rejoin>,
 }
 
 impl<R: Runtime> std::fmt::Debug for ApiComm<R> {
@@ -103,6 +108,7 @@ impl<R: Runtime> ApiComm<R> {
         let mode = Mode::from_env(&api)?.with(config);
         let raw = create::local_world(&api, &rt, devs, mode, id, config)?;
         let local = Arc::new(LocalWorld::new(n));
+        let rejoin = unicomm_core::bootstrap::Rejoin::local();
         let mut out = Vec::with_capacity(n);
         let mut raw = raw.into_iter();
         for (rank, (c, &dev)) in raw.by_ref().zip(devs).enumerate() {
@@ -114,7 +120,8 @@ impl<R: Runtime> ApiComm<R> {
                 mode.nonblocking,
                 mode.timeout,
             );
-            match Self::compose(lc, mode, Sharing::new(Some(local.clone()), None)) {
+            let sharing = Sharing::new(Some(local.clone()), None);
+            match Self::compose(lc, mode, sharing, Some(rejoin.clone())) {
                 Ok(me) => out.push(me),
                 Err(e) => {
                     // The rest were created and are not wrapped: ended here (the wrapped
@@ -176,12 +183,17 @@ impl<R: Runtime> ApiComm<R> {
             mode.nonblocking,
             mode.timeout,
         );
-        Self::compose(lc, mode, Sharing::new(None, Some(&id.to_bytes())))
+        Self::compose(lc, mode, Sharing::new(None, Some(&id.to_bytes())), None)
     }
 
     /// The communicator of a library communicator just created: its parts built over it.
     /// On failure the library communicator is destroyed.
-    fn compose(lc: LibComm<R>, mode: Mode, sharing: Sharing) -> Result<Self> {
+    fn compose(
+        lc: LibComm<R>,
+        mode: Mode,
+        sharing: Sharing,
+        rejoin: Option<unicomm_core::bootstrap::Rejoin>,
+    ) -> Result<Self> {
         let lc = Arc::new(lc);
         let base = match Base::new(lc.clone(), mode.check) {
             Ok(b) => b,
@@ -197,6 +209,8 @@ impl<R: Runtime> ApiComm<R> {
             ce,
             auto: Auto::default(),
             splits: std::sync::atomic::AtomicU64::new(0),
+            shrinks: std::sync::atomic::AtomicU64::new(0),
+            rejoin: rejoin.map(std::sync::OnceLock::from).unwrap_or_default(),
         })
     }
 

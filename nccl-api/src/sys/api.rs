@@ -65,6 +65,35 @@ pub fn result_name(code: NcclResult) -> &'static str {
     }
 }
 
+/// `ncclTimeout`, NCCL 2.30.3's result for an operation past the library's own deadline.
+pub const TIMEOUT: NcclResult = 8;
+
+/// The error of a failed call: `ncclTimeout` is a [`Error::Timeout`] (what a caller already
+/// handles for unicomm's own deadlines; the library's deadline is not known here, so
+/// `after` is zero), every other code [`Error::Library`] with its name and messages.
+pub fn error_of(
+    library: &'static str,
+    call: &'static str,
+    code: NcclResult,
+    message: String,
+    last_error: String,
+) -> Error {
+    if code == TIMEOUT {
+        return Error::Timeout {
+            what: format!("{library} {call}: {message} ({last_error})"),
+            after: std::time::Duration::ZERO,
+        };
+    }
+    Error::Library {
+        library,
+        call,
+        code,
+        name: result_name(code),
+        message,
+        last_error,
+    }
+}
+
 /// What differs between NCCL and RCCL at the loader level.
 #[derive(Debug)]
 pub struct Flavor {
@@ -167,6 +196,8 @@ table! {
         all_to_allv: "ncclAllToAllv": fn(*const c_void, *const usize, *const usize, *mut c_void, *const usize, *const usize, c_int, NcclComm, RawStream) -> NcclResult;
         red_op_create_pre_mul_sum: "ncclRedOpCreatePreMulSum": fn(*mut c_int, *mut c_void, c_int, c_int, NcclComm) -> NcclResult;
         red_op_destroy: "ncclRedOpDestroy": fn(c_int, NcclComm) -> NcclResult;
+        comm_shrink: "ncclCommShrink": fn(NcclComm, *mut c_int, c_int, *mut NcclComm, *mut c_void, c_int) -> NcclResult;
+        comm_revoke: "ncclCommRevoke": fn(NcclComm, c_int) -> NcclResult;
     }
 }
 
@@ -299,14 +330,7 @@ impl Api {
             Some(f) => unsafe { cstr(f(comm.unwrap_or(std::ptr::null_mut()))) },
             None => String::new(),
         };
-        Error::Library {
-            library: self.flavor.library,
-            call,
-            code,
-            name: result_name(code),
-            message,
-            last_error,
-        }
+        error_of(self.flavor.library, call, code, message, last_error)
     }
 
     /// `Unsupported` unless the library is at least `since` and has the symbol(s)
@@ -412,5 +436,43 @@ unsafe fn cstr(p: *const c_char) -> String {
     } else {
         // SAFETY: per the contract.
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+#[cfg(test)]
+mod timeout_tests {
+    use super::*;
+
+    /// NCCL 2.30.3 added `ncclTimeout`: callers that handle unicomm's deadlines as `Timeout`
+    /// get the library's the same way, with its messages kept.
+    #[test]
+    fn the_librarys_own_timeout_is_a_timeout() {
+        let e = error_of(
+            "NCCL",
+            "ncclAllReduce",
+            TIMEOUT,
+            "timed out".into(),
+            "peer 3".into(),
+        );
+        match e {
+            Error::Timeout { what, .. } => {
+                assert!(
+                    what.contains("ncclAllReduce") && what.contains("peer 3"),
+                    "{what}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = error_of("NCCL", "ncclAllReduce", 6, "remote".into(), String::new());
+        assert!(
+            matches!(
+                e,
+                Error::Library {
+                    name: "ncclRemoteError",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     }
 }

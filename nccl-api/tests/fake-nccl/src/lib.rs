@@ -306,6 +306,38 @@ pub unsafe extern "C" fn ncclCommSplit(c: *mut Comm, color: c_int, _key: c_int, 
     in_progress(child, OK)
 }
 
+/// NCCL 2.27's shrink: the survivors' communicator, ranked in their order (ncclCommUserRank
+/// and ncclCommCount answer for it); the abort flag (1) counted apart. A rank that names
+/// itself is refused, as NCCL documents.
+#[cfg(feature = "nccl228")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommShrink(c: *mut Comm, exclude: *mut c_int, n: c_int, out: *mut *mut Comm, _config: *mut Config, flags: c_int) -> R {
+    count("ncclCommShrink");
+    if flags & 1 != 0 {
+        count("ncclCommShrink:abort");
+    }
+    let gone: Vec<c_int> = (0..n.max(0) as usize).map(|i| *exclude.add(i)).collect();
+    if gone.contains(&(*c).rank) {
+        return fail(INVALID_USAGE, "fake: an excluded rank called ncclCommShrink");
+    }
+    let mut child = Comm::new((*c).nranks - gone.len() as c_int, false, (*c).nonblocking);
+    child.rank = (0..(*c).rank).filter(|r| !gone.contains(r)).count() as c_int;
+    *out = Box::into_raw(Box::new(child));
+    in_progress(*out, OK)
+}
+
+/// NCCL 2.28.7's revoke: quiescent after a few polls (ncclInProgress until then).
+#[cfg(feature = "nccl228")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommRevoke(c: *mut Comm, flags: c_int) -> R {
+    count("ncclCommRevoke");
+    if flags != 0 {
+        return fail(INVALID_ARGUMENT, "fake: revoke flags must be 0");
+    }
+    (*c).pending = 3;
+    OK
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommCount(c: *mut Comm, n: *mut c_int) -> R {
     count("ncclCommCount");

@@ -1,0 +1,123 @@
+//! `shrink` on the mock: the survivors re-form (the mock has no library to shrink in
+//! place). They meet without the old fabric, through the communicator's [`Rejoin`]: in one
+//! process the first survivor makes a fabric and posts its number, across processes it
+//! starts a hub and hands its address over the job's rendezvous. The new communicator is
+//! one of the same "device" (streams and memory still serve it), as a split child is.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use unicomm_core::registry::Registry;
+use unicomm_core::{CommConfig, Error, Result, ShrinkMode};
+
+use crate::comm::{MockComm, LIVE, NEXT_WORLD};
+use crate::exec::RankCtx;
+use crate::fabric::{Exchange, LocalFabric};
+use crate::procs;
+
+/// Fabrics made for re-formed worlds in this process, by number, until every survivor took
+/// theirs: (fabric, survivors still to take it).
+type Made = HashMap<u64, (Arc<dyn Exchange>, usize)>;
+
+static MADE: Mutex<Option<Made>> = Mutex::new(None);
+
+impl MockComm {
+    /// `ncclCommShrink` (see `Comm::shrink`), always by re-forming.
+    pub(crate) fn shrink_comm(
+        &self,
+        exclude: &[usize],
+        mode: ShrinkMode,
+        config: &CommConfig,
+    ) -> Result<MockComm> {
+        config.check_values()?;
+        let survivors: Vec<usize> = (0..self.ctx.world)
+            .filter(|r| exclude.binary_search(r).is_err())
+            .collect();
+        let k = survivors.len();
+        let me = survivors
+            .iter()
+            .position(|&r| r == self.ctx.rank)
+            .ok_or_else(|| Error::invalid("exclude", "this rank is excluded"))?;
+        if mode != ShrinkMode::Default {
+            // NCCL's abort mode ends the work in flight; a re-form leaves the old world.
+            self.abort_comm();
+        }
+        let round = self.shrinks.fetch_add(1, Ordering::Relaxed);
+        let timeout = self.ctx.timeout;
+        let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
+        let fabric: Arc<dyn Exchange> = if self.shared {
+            let mut hub = None;
+            let id = self.rejoin.exchange(
+                round,
+                &survivors,
+                self.ctx.rank,
+                || {
+                    let (h, id) = procs::Hub::start(k, timeout)?;
+                    hub = Some(h);
+                    Ok(id.to_bytes())
+                },
+                timeout,
+            )?;
+            match hub {
+                Some(h) => Arc::new(procs::ProcFabric::hub(h)),
+                None => Arc::new(procs::ProcFabric::client(procs::Client::connect(
+                    &procs::HubId::parse(&id)?,
+                    me,
+                    timeout,
+                )?)),
+            }
+        } else {
+            let id = self.rejoin.exchange(
+                round,
+                &survivors,
+                self.ctx.rank,
+                || {
+                    let f: Arc<dyn Exchange> = Arc::new(LocalFabric::new(k, timeout));
+                    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+                    made.get_or_insert_with(HashMap::new)
+                        .insert(world_id, (f, k));
+                    let mut b = [0u8; 128];
+                    b[..8].copy_from_slice(&world_id.to_le_bytes());
+                    Ok(b)
+                },
+                timeout,
+            )?;
+            let n = u64::from_le_bytes(id[..8].try_into().unwrap_or([0; 8]));
+            let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+            let table = made.get_or_insert_with(HashMap::new);
+            let Some((f, left)) = table.get_mut(&n) else {
+                return Err(Error::Bootstrap {
+                    reason: format!("the re-formed world {n} is not in this process"),
+                });
+            };
+            let f = f.clone();
+            *left -= 1;
+            if *left == 0 {
+                table.remove(&n);
+            }
+            f
+        };
+        Ok(MockComm {
+            ctx: Arc::new(RankCtx {
+                rank: me,
+                world: k,
+                fabric,
+                timeout,
+                faults: Vec::new(),
+            }),
+            shared: self.shared,
+            world_id,
+            device: self.device,
+            registry: Registry::new(),
+            seq: AtomicU64::new(0),
+            issued: AtomicU64::new(0),
+            state: AtomicU8::new(LIVE),
+            rejoin: self.rejoin.derived(
+                &[b"shrink".as_slice(), &round.to_le_bytes()].concat(),
+                &survivors,
+            ),
+            shrinks: AtomicU64::new(0),
+        })
+    }
+}

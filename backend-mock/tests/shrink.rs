@@ -1,0 +1,105 @@
+//! `shrink` on the mock's threads: a rank that stops taking part times the others out; the
+//! survivors shrink the world without it, in each mode, and go on with exact data. The
+//! arguments NCCL forbids (an excluded rank calling, ranks out of range or twice) are
+//! refused before anything is called.
+
+use std::time::Duration;
+
+use unicomm_core::{each_rank, Comm, Error, ReduceOp, ShrinkMode};
+use unicomm_mock::{local_comms_with, MockComm, MockConfig};
+
+fn world(n: usize) -> Vec<Comm<MockComm>> {
+    local_comms_with(
+        n,
+        MockConfig {
+            timeout: Duration::from_millis(300),
+            ..MockConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Every rank's sum of `rank + 1` over `c`'s world, through an all-reduce on `c`.
+fn sum_of_ranks(c: &Comm<MockComm>, parent_rank: usize) -> unicomm_core::Result<f32> {
+    let st = c.create_stream()?;
+    let mut b = c.alloc::<f32>(64)?;
+    b.copy_from_host(&[(parent_rank + 1) as f32; 64], &st)?;
+    c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+    let h = b.copy_to_host(&st)?;
+    assert!(h.iter().all(|&x| x == h[0]));
+    Ok(h[0])
+}
+
+#[test]
+fn survivors_shrink_past_a_silent_rank_in_every_mode() {
+    for mode in [ShrinkMode::Default, ShrinkMode::Abort, ShrinkMode::Reform] {
+        let lost = 2;
+        let out = each_rank(
+            world(4),
+            |c| -> unicomm_core::Result<Option<(usize, usize, f32)>> {
+                let r = c.rank();
+                if r == lost {
+                    // Gone: never calls again (its communicator lives on, silent).
+                    std::thread::sleep(Duration::from_millis(900));
+                    return Ok(None);
+                }
+                let e = sum_of_ranks(&c, r).unwrap_err();
+                assert!(
+                    matches!(e, Error::Timeout { .. } | Error::Aborted { .. }),
+                    "{e}"
+                );
+                let small = c.shrink(&[lost], mode)?;
+                let got = sum_of_ranks(&small, r)?;
+                if mode != ShrinkMode::Default {
+                    assert!(c.poll_async_error().is_err() || sum_of_ranks(&c, r).is_err());
+                }
+                Ok(Some((small.rank(), small.world_size(), got)))
+            },
+        )
+        .unwrap();
+        for (r, o) in out.into_iter().enumerate() {
+            if r == lost {
+                continue;
+            }
+            let (nr, nw, got) = o.unwrap();
+            assert_eq!((nr, nw), (if r > lost { r - 1 } else { r }, 3), "{mode:?}");
+            assert_eq!(got, (1 + 2 + 4) as f32, "{mode:?}: rank {r}");
+        }
+    }
+}
+
+#[test]
+fn a_shrunk_world_shrinks_again() {
+    let out = each_rank(world(4), |c| -> unicomm_core::Result<Option<f32>> {
+        let r = c.rank();
+        if r == 0 {
+            return Ok(None);
+        }
+        let three = c.shrink(&[0], ShrinkMode::Reform)?;
+        if three.rank() == 2 {
+            return Ok(None);
+        }
+        let two = three.shrink(&[2], ShrinkMode::Reform)?;
+        Ok(Some(sum_of_ranks(&two, r)?))
+    })
+    .unwrap();
+    assert_eq!(out, vec![None, Some(5.0), Some(5.0), None]);
+}
+
+#[test]
+fn shrink_refuses_what_nccl_forbids_before_calling_anything() {
+    let comms = world(3);
+    let c = &comms[1];
+    for (exclude, what) in [
+        (&[1][..], "excludes itself"),
+        (&[3][..], "outside"),
+        (&[0, 0][..], "twice"),
+    ] {
+        match c.shrink(exclude, ShrinkMode::Default) {
+            Err(Error::InvalidArgument { reason, .. }) => {
+                assert!(reason.contains(what), "{reason}")
+            }
+            other => panic!("{exclude:?}: {other:?}"),
+        }
+    }
+}

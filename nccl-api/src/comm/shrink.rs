@@ -1,0 +1,137 @@
+//! [`Collective::shrink`](unicomm_core::Collective::shrink) and `revoke` for [`ApiComm`]:
+//! `ncclCommShrink` on a live communicator of a library that has it, else the survivors
+//! re-form from a fresh unique id that meets them through the communicator's [`Rejoin`]
+//! (in this process, or over the job's rendezvous).
+
+use std::ffi::c_int;
+
+use unicomm_core::bootstrap::Rejoin;
+use unicomm_core::{CommConfig, Error, Result, ShrinkMode};
+
+use super::ApiComm;
+use crate::create::{self, Mode};
+use crate::libcomm::{End, LibComm};
+use crate::shrink::{self, SHRINK_SINCE};
+use crate::split;
+use crate::sys::api::UniqueId;
+use crate::sys::runtime::Runtime;
+
+/// Shrinks share the children's numbering of the copy-engine path's worlds from here on.
+const SHRINK_WORLDS: u64 = 1 << 63;
+
+impl<R: Runtime> ApiComm<R> {
+    /// Where this communicator's survivors meet to re-form, for one joined with
+    /// `init_rank` (the facade's `from_env` sets the job's rendezvous); worlds made together
+    /// in this process and children have theirs already. Once per communicator.
+    pub fn set_rejoin(&self, rejoin: Rejoin) -> Result<()> {
+        self.rejoin
+            .set(rejoin)
+            .map_err(|_| Error::invalid("rejoin", "already set for this communicator"))
+    }
+
+    /// `shrink` (see [`unicomm_core::Comm::shrink`]); `exclude` sorted and checked.
+    pub(crate) fn shrink_child(
+        &self,
+        exclude: &[usize],
+        mode: ShrinkMode,
+        config: &CommConfig,
+    ) -> Result<Self> {
+        let b = &self.base;
+        let lc = &b.lc;
+        config.check_supported(lc.api.flavor.library, lc.api.version)?;
+        b.not_in_group("shrinking a communicator")?;
+        let survivors: Vec<usize> = (0..lc.world)
+            .filter(|r| exclude.binary_search(r).is_err())
+            .collect();
+        let round = self
+            .shrinks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nonblocking = config.blocking.map_or(lc.nonblocking, |blocking| !blocking);
+        let mode_c = Mode {
+            nonblocking,
+            timeout: lc.timeout(),
+            check: b.agree.checking(),
+        };
+        let native = lc
+            .api
+            .fns
+            .comm_shrink
+            .filter(|_| lc.api.version >= SHRINK_SINCE);
+        let (raw, rank, world) = match native {
+            Some(f) if mode != ShrinkMode::Reform && lc.live().is_ok() => {
+                let cfg = split::to_config(config, false)?;
+                let raw = shrink::shrink_raw(lc, f, exclude, cfg, mode.nccl() as c_int)?
+                    .ok_or_else(|| {
+                        Error::invalid("exclude", "ncclCommShrink made no communicator")
+                    })?;
+                let (r, n) = match self.rank_and_size(raw) {
+                    Ok(rn) => rn,
+                    Err(e) => {
+                        // SAFETY: the communicator just created, never wrapped: aborted once.
+                        unsafe { (lc.api.fns.comm_abort)(raw) };
+                        return Err(e);
+                    }
+                };
+                if mode == ShrinkMode::Abort {
+                    // NCCL's rule after the abort mode: the parent is aborted, not destroyed.
+                    let _ = lc.destroy(End::Abort);
+                }
+                (raw, r, n)
+            }
+            _ => self.reform(&survivors, round, mode_c, config)?,
+        };
+        let lc = LibComm::new(
+            lc.api.clone(),
+            lc.rt.clone(),
+            raw,
+            (lc.dev, rank, world),
+            mode_c.nonblocking,
+            mode_c.timeout,
+        );
+        let sharing = self.ce.child_sharing(SHRINK_WORLDS + round, 0, world);
+        let step = [b"shrink".as_slice(), &round.to_le_bytes()].concat();
+        let rejoin = self.rejoin.get().map(|r| r.derived(&step, &survivors));
+        Self::compose(lc, mode_c, sharing, rejoin)
+    }
+
+    /// Without `ncclCommShrink`, on a failed communicator, or asked for: this communicator
+    /// is aborted, the first survivor makes a unique id, the others get it through the
+    /// rejoin channel, and the survivors create their communicator.
+    fn reform(
+        &self,
+        survivors: &[usize],
+        round: u64,
+        mode: Mode,
+        config: &CommConfig,
+    ) -> Result<(crate::sys::api::NcclComm, usize, usize)> {
+        let lc = &self.base.lc;
+        let Some(rejoin) = self.rejoin.get() else {
+            return Err(Error::unsupported(
+                "re-forming a communicator",
+                "ncclCommShrink, or a way for the survivors to meet: a world from local_comms or from_env (ApiComm::set_rejoin)",
+                "a communicator joined with init_rank and no rejoin channel",
+            ));
+        };
+        // Its work may wait for the lost ranks forever: ended first (an error here means it
+        // had ended already, which is what is wanted).
+        let _ = lc.destroy(End::Abort);
+        let api = lc.api.clone();
+        let id = rejoin.exchange(
+            round,
+            survivors,
+            lc.rank,
+            || Ok(api.unique_id()?.to_bytes()),
+            lc.timeout(),
+        )?;
+        let rank = survivors.iter().position(|&r| r == lc.rank).unwrap_or(0);
+        let world = survivors.len();
+        let id = UniqueId::from_bytes(id);
+        let raw = create::one_rank(&lc.api, &lc.rt, id, (rank, world, lc.dev), mode, config)?;
+        Ok((raw, rank, world))
+    }
+
+    /// `revoke` (see [`unicomm_core::Comm::revoke`]).
+    pub(crate) fn revoke_comm(&self) -> Result<()> {
+        shrink::revoke(&self.base.lc)
+    }
+}
