@@ -16,7 +16,8 @@ rc=0
 # ranks share it, for correctness) or overlap (a
 # kernel's slowdown under NCCL's and the copy-engine all_to_all; the single-thread sweep), groups
 # (process groups: split, the mesh, gather/scatter, the variable-size exchanges, fp8, scaled
-# sums, in one process and as 2, 3 and 4 processes; the engine example): each takes
+# sums, in one process and as 2, 3 and 4 processes; the engine example), shrink (a rank
+# SIGKILLed, the survivors shrink or re-form and go on): each takes
 # minutes, so a time-limited session can run them in separate calls. BENCH_ARGS adds to the
 # sweep's arguments.
 PARTS=${PARTS:-all}
@@ -133,6 +134,20 @@ for v in nccl rccl; do
     ./xtask launch --procs 4 $share --timeout-s 300 -- ./engine_mesh --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   fi
   if [ "$PARTS" = groups ]; then continue; fi
+  if [ "$PARTS" = shrink ] || [ "$PARTS" = all ]; then
+    # Four ranks, one SIGKILLed mid-stream; the survivors shrink and go on, data exact. With
+    # fewer GPUs the processes share them (--share-gpu). 1: the deadline aborts the stuck
+    # communicator, so the survivors re-form; 2: a watchdog revokes it first (NCCL >= 2.28.7),
+    # so ncclCommShrink runs on it; 3: re-forming asked for, rank 0 lost.
+    if [ "$UNICOMM_GPU_WORLD" -ge 4 ]; then share=; else share=--share-gpu; fi
+    step $v shrink: deadline, victim 3
+    UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 4 $share --expect-lost 3 --timeout-s 200 -- ./shrink --vendor $vendor --victim 3 2>&1 | tee "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v shrink: revoke after 3 s, victim 3
+    UNICOMM_TIMEOUT_MS=30000 ./xtask launch --procs 4 $share --expect-lost 3 --timeout-s 200 -- ./shrink --vendor $vendor --victim 3 --revoke-after-ms 3000 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v shrink: re-form asked for, victim 0
+    UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 4 $share --expect-lost 0 --timeout-s 200 -- ./shrink --vendor $vendor --victim 0 --mode reform 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  fi
+  if [ "$PARTS" = shrink ]; then continue; fi
   if [ "$PARTS" = faults ] || [ "$PARTS" = all ]; then
     # One rank per process through the bundle's launcher (xtask launch = run --procs). With
     # one GPU the two processes share it (--share-gpu: NCCL is told they are on two hosts).

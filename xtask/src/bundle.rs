@@ -74,6 +74,7 @@ pub(crate) fn bundle(o: &Opts) -> Result<()> {
         "faults",
         "rank_conformance",
         "engine_mesh",
+        "shrink",
     ];
     for e in examples {
         ex.args(["--example", e]);

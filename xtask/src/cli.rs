@@ -58,6 +58,10 @@ pub(crate) enum Cmd {
         /// speed).
         #[arg(long, requires = "procs")]
         share_gpu: bool,
+        /// With --procs: ranks whose death is expected (a fault test kills them): the others
+        /// go on and the job succeeds if they do.
+        #[arg(long, requires = "procs", value_delimiter = ',')]
+        expect_lost: Vec<usize>,
     },
     /// Run the tests: the workspace suite (the mock's conformance suite, the loaders); with
     /// --vendor cuda also the GPU tests.
@@ -95,6 +99,10 @@ pub(crate) enum Cmd {
         /// one GPU runs one-rank-per-process programs (for correctness, not speed).
         #[arg(long)]
         share_gpu: bool,
+        /// Ranks whose death is expected (a fault test kills them): the others go on and
+        /// the job succeeds if they do.
+        #[arg(long, value_delimiter = ',')]
+        expect_lost: Vec<usize>,
         /// The program and its arguments.
         #[arg(last = true, required = true)]
         program: Vec<String>,

@@ -84,14 +84,25 @@ fn code(st: ExitStatus) -> i32 {
 /// Runs `program args` as `n` ranks on this machine (all on GPU 0 with `share_gpu`, see the
 /// module's text); `Ok(())` when every rank succeeded, else an error carrying the first
 /// failure's exit code.
-pub fn run(
-    program: &Path,
-    args: &[String],
-    env: &[(&str, &str)],
-    n: usize,
-    timeout: Duration,
-    share_gpu: bool,
-) -> Result<()> {
+/// How a program is launched: `n` ranks, stopped after `timeout`; with `share_gpu` all on
+/// GPU 0 (see the module's text); the ranks in `expect_lost` may die (a fault test kills
+/// them) without stopping the others; `env` added to every rank's.
+pub struct Job<'a> {
+    pub n: usize,
+    pub timeout: Duration,
+    pub share_gpu: bool,
+    pub expect_lost: &'a [usize],
+    pub env: &'a [(&'a str, &'a str)],
+}
+
+pub fn run(program: &Path, args: &[String], job: &Job<'_>) -> Result<()> {
+    let Job {
+        n,
+        timeout,
+        share_gpu,
+        expect_lost,
+        env,
+    } = *job;
     if n == 0 || n > 1024 {
         bail!("--procs {n}: 1..=1024 processes");
     }
@@ -136,12 +147,17 @@ pub fn run(
     let mut first_failure: Option<(usize, i32)> = None;
     let mut stopping_since: Option<Instant> = None;
     let mut running = n;
+    let mut lost = std::collections::BTreeSet::new();
     while running > 0 {
         running = 0;
         for (r, c, _) in kids.iter_mut() {
             match c.try_wait()? {
                 Some(st) => {
-                    if !st.success() && first_failure.is_none() {
+                    if !st.success() && expect_lost.contains(r) {
+                        if lost.insert(*r) {
+                            eprintln!("==> rank {r} lost ({st}), as expected; the others go on");
+                        }
+                    } else if !st.success() && first_failure.is_none() {
                         eprintln!("==> rank {r} failed ({st}); stopping the others");
                         first_failure = Some((*r, code(st)));
                     }
@@ -186,8 +202,15 @@ pub fn run(
         }
     }
     match first_failure {
-        None => {
+        None if lost.is_empty() => {
             eprintln!("==> all {n} ranks succeeded");
+            Ok(())
+        }
+        None => {
+            eprintln!(
+                "==> the {} other ranks succeeded (lost, as expected: {lost:?})",
+                n - lost.len()
+            );
             Ok(())
         }
         Some((r, code)) => Err(Failed { rank: r, code }.into()),
@@ -221,16 +244,44 @@ mod tests {
         vec!["-c".into(), script.into()]
     }
 
+    fn job(n: usize, timeout: Duration, share_gpu: bool, expect_lost: &[usize]) -> Job<'_> {
+        Job {
+            n,
+            timeout,
+            share_gpu,
+            expect_lost,
+            env: &[],
+        }
+    }
+
+    #[test]
+    fn a_rank_expected_to_be_lost_does_not_stop_the_others() {
+        // Rank 1 kills itself; the others finish their work after it and succeed.
+        let t = Instant::now();
+        run(
+            Path::new("sh"),
+            &sh(r#"if [ "$RANK" = 1 ]; then kill -KILL $$; fi; sleep 1; exit 0"#),
+            &job(3, Duration::from_secs(60), false, &[1]),
+        )
+        .unwrap();
+        assert!(t.elapsed() >= Duration::from_secs(1));
+        // Another rank's failure still stops the job.
+        let e = run(
+            Path::new("sh"),
+            &sh(r#"if [ "$RANK" = 2 ]; then exit 5; fi; sleep 60"#),
+            &job(3, Duration::from_secs(60), false, &[1]),
+        )
+        .unwrap_err();
+        assert_eq!(e.downcast_ref::<Failed>().map(|f| f.code), Some(5));
+    }
+
     #[test]
     fn every_rank_gets_its_variables_and_success_is_success() {
         let script = r#"[ "$WORLD_SIZE" = 3 ] && [ "$LOCAL_RANK" = "$RANK" ] && [ -n "$MASTER_PORT" ] && [ -n "$UNICOMM_RENDEZVOUS_TOKEN" ]"#;
         run(
             Path::new("sh"),
             &sh(script),
-            &[],
-            3,
-            Duration::from_secs(30),
-            false,
+            &job(3, Duration::from_secs(30), false, &[]),
         )
         .unwrap();
     }
@@ -247,10 +298,7 @@ mod tests {
         run(
             Path::new("sh"),
             &sh(&script),
-            &[],
-            3,
-            Duration::from_secs(30),
-            true,
+            &job(3, Duration::from_secs(30), true, &[]),
         )
         .unwrap();
         let ids: std::collections::BTreeSet<String> = (0..3)
@@ -266,10 +314,7 @@ mod tests {
         let e = run(
             Path::new("sh"),
             &sh(r#"if [ "$RANK" = 1 ]; then sleep 0.2; exit 3; fi; sleep 60"#),
-            &[],
-            3,
-            Duration::from_secs(120),
-            false,
+            &job(3, Duration::from_secs(120), false, &[]),
         )
         .unwrap_err();
         let f = e.downcast_ref::<Failed>().expect("a rank's failure");
@@ -283,10 +328,7 @@ mod tests {
         let e = run(
             Path::new("sh"),
             &sh("sleep 60"),
-            &[],
-            2,
-            Duration::from_secs(1),
-            false,
+            &job(2, Duration::from_secs(1), false, &[]),
         )
         .unwrap_err();
         assert_eq!(e.downcast_ref::<Failed>().map(|f| f.code), Some(124));

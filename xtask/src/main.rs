@@ -42,7 +42,18 @@ fn xtask(cli: Cli) -> Result<()> {
             procs: Some(n),
             timeout_s,
             share_gpu,
-        } => run::run_procs(&opts, &example, n, timeout_s, &[], share_gpu),
+            expect_lost,
+        } => run::run_procs(
+            &opts,
+            &example,
+            &launch::Job {
+                n,
+                timeout: std::time::Duration::from_secs(timeout_s),
+                share_gpu,
+                expect_lost: &expect_lost,
+                env: &[],
+            },
+        ),
         Cmd::Run { opts, example, .. } => run::run_example(&opts, &example),
         Cmd::Doctor(o) => {
             let o = Opts {
@@ -89,17 +100,18 @@ fn xtask(cli: Cli) -> Result<()> {
             procs,
             timeout_s,
             share_gpu,
+            expect_lost,
             program,
         } => {
             let (prog, args) = program.split_first().context("no program given")?;
-            launch::run(
-                Path::new(prog),
-                args,
-                &[],
-                procs,
-                std::time::Duration::from_secs(timeout_s),
+            let job = launch::Job {
+                n: procs,
+                timeout: std::time::Duration::from_secs(timeout_s),
                 share_gpu,
-            )
+                expect_lost: &expect_lost,
+                env: &[],
+            };
+            launch::run(Path::new(prog), args, &job)
         }
     }
 }

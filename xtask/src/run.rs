@@ -6,26 +6,12 @@ use crate::cargo::{example_binary, facade, step};
 use crate::cli::Opts;
 use crate::launch;
 
-/// `run --procs N`: the example as N ranks, one per process (`env` added to theirs).
-pub(crate) fn run_procs(
-    o: &Opts,
-    example: &str,
-    n: usize,
-    timeout_s: u64,
-    env: &[(&str, &str)],
-    share_gpu: bool,
-) -> Result<()> {
+/// `run --procs N`: the example as the ranks of `job`, one per process.
+pub(crate) fn run_procs(o: &Opts, example: &str, job: &launch::Job<'_>) -> Result<()> {
     let exe = example_binary(o, example)?;
     let mut args = vec!["--vendor".to_string(), o.vendor.arg().to_string()];
     args.extend(o.args.iter().cloned());
-    launch::run(
-        &exe,
-        &args,
-        env,
-        n,
-        std::time::Duration::from_secs(timeout_s),
-        share_gpu,
-    )
+    launch::run(&exe, &args, job)
 }
 
 pub(crate) fn run_example(o: &Opts, example: &str) -> Result<()> {

@@ -71,15 +71,38 @@ pub(crate) fn test(o: &Opts) -> Result<()> {
         let rdv = std::env::temp_dir().join(format!("unicomm-xtask-{}.id", std::process::id()));
         let rdv = rdv.to_string_lossy().into_owned();
         let file = [("UNICOMM_RENDEZVOUS_FILE", rdv.as_str())];
-        for (example, n, args, env) in [
-            ("allreduce_ub", 2, &[][..], &[][..]),
-            ("alltoall_ub", 4, &[], &[]),
-            ("from_env", 3, &[], &[]),
-            ("from_env", 3, &[], &file[..]),
-            ("faults", 2, &["--scenario", "skip"], &fast[..]),
-            ("faults", 2, &["--scenario", "abort"], &[]),
+        for (example, n, args, env, expect_lost) in [
+            ("allreduce_ub", 2, &[][..], &[][..], &[][..]),
+            ("alltoall_ub", 4, &[], &[], &[]),
+            ("from_env", 3, &[], &[], &[]),
+            ("from_env", 3, &[], &file[..], &[]),
+            ("faults", 2, &["--scenario", "skip"], &fast[..], &[]),
+            ("faults", 2, &["--scenario", "abort"], &[], &[]),
+            // A rank SIGKILLed; the survivors shrink and go on (also without rank 0, whose
+            // process served the mock's world).
+            (
+                "shrink",
+                4,
+                &["--victim", "3", "--settle-ms", "1000"],
+                &[],
+                &[3],
+            ),
+            (
+                "shrink",
+                4,
+                &["--victim", "0", "--settle-ms", "1000", "--mode", "reform"],
+                &[],
+                &[0],
+            ),
         ] {
-            run_procs(&mock(args), example, n, 300, env, false)
+            let job = launch::Job {
+                n,
+                timeout: std::time::Duration::from_secs(300),
+                share_gpu: false,
+                expect_lost,
+                env,
+            };
+            run_procs(&mock(args), example, &job)
                 .with_context(|| format!("{example} {args:?} in {n} processes on the mock"))?;
         }
         // unicomm-bench with one rank per process (its figures combined through
@@ -117,15 +140,14 @@ pub(crate) fn test(o: &Opts) -> Result<()> {
         .iter()
         .map(|a| a.to_string())
         .collect();
-        launch::run(
-            &bench,
-            &args,
-            &[],
-            2,
-            std::time::Duration::from_secs(300),
-            false,
-        )
-        .context("unicomm-bench in 2 processes on the mock")?;
+        let job = launch::Job {
+            n: 2,
+            timeout: std::time::Duration::from_secs(300),
+            share_gpu: false,
+            expect_lost: &[],
+            env: &[],
+        };
+        launch::run(&bench, &args, &job).context("unicomm-bench in 2 processes on the mock")?;
     }
     match o.vendor {
         Vendor::Cuda => gpu_tests(GpuVendor::Cuda, &o.args, nvidia_gpus()),
