@@ -32,13 +32,7 @@ impl Client {
             life: Mutex::new(None),
             departing: Arc::new(AtomicBool::new(false)),
         };
-        let mut s = c.open(LIFE, timeout)?;
-        let ok = recv_frame(&mut s).map_err(|e| Error::Bootstrap {
-            reason: format!("rank {rank}: the mock's hub refused this rank (claimed twice?): {e}"),
-        })?;
-        if ok != [0] {
-            return Err(bad("hub hello"));
-        }
+        let s = c.open(LIFE, timeout)?;
         let reader = s.try_clone().map_err(|e| Error::Bootstrap {
             reason: format!("the mock's hub connection: {e}"),
         })?;
@@ -53,21 +47,42 @@ impl Client {
         Ok(Arc::new(c))
     }
 
-    /// A new authenticated connection of `kind`.
+    /// A new authenticated connection of `kind`: the hello, then the hub's acknowledgement.
+    /// A connection the hub closed unacknowledged (it was full of strangers' connections,
+    /// each bounded in time) is retried until `timeout`.
     fn open(&self, kind: u8, timeout: Duration) -> Result<TcpStream> {
-        let mut s = TcpStream::connect_timeout(&self.addr, timeout.min(Duration::from_secs(30)))
-            .map_err(|e| Error::Aborted {
-                reason: format!(
-                    "rank {}: cannot reach the mock's hub (rank 0's process) at {}: {e}",
-                    self.rank, self.addr
-                ),
-            })?;
-        let _ = s.set_nodelay(true);
-        let mut w = W::default();
-        w.0.extend_from_slice(&self.secret);
-        w.u64(self.rank as u64).u8(kind);
-        send_frame(&mut s, &w.0).map_err(|e| self.lost(e))?;
-        Ok(s)
+        let deadline = std::time::Instant::now() + timeout.min(Duration::from_secs(30));
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let mut s = TcpStream::connect_timeout(&self.addr, left.max(Duration::from_millis(1)))
+                .map_err(|e| Error::Aborted {
+                    reason: format!(
+                        "rank {}: cannot reach the mock's hub (rank 0's process) at {}: {e}",
+                        self.rank, self.addr
+                    ),
+                })?;
+            let _ = s.set_nodelay(true);
+            let mut w = W::default();
+            w.0.extend_from_slice(&self.secret);
+            w.u64(self.rank as u64).u8(kind);
+            send_frame(&mut s, &w.0).map_err(|e| self.lost(e))?;
+            match recv_frame_within(&mut s, 16, deadline) {
+                Ok(ack) if ack == [0] => {
+                    let _ = s.set_read_timeout(None);
+                    return Ok(s);
+                }
+                Ok(_) => return Err(bad("hub hello")),
+                Err(e) if std::time::Instant::now() >= deadline => {
+                    return Err(Error::Bootstrap {
+                        reason: format!(
+                            "rank {}: the mock's hub did not accept this rank (claimed twice, or busy past the deadline): {e}",
+                            self.rank
+                        ),
+                    })
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
     }
 
     fn lost(&self, e: std::io::Error) -> Error {

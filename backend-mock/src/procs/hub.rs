@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -240,7 +240,25 @@ impl Hub {
     }
 }
 
+/// The most connections the hub holds before they authenticate; one beyond is closed at
+/// once (the job's ranks open two each and retry).
+pub(crate) const MAX_UNAUTHENTICATED: usize = 32;
+/// What a connection may send before it authenticates: its hello (secret, rank, kind).
+const MAX_HELLO: usize = 64;
+/// How long a connection has to authenticate.
+const HELLO_WITHIN: Duration = Duration::from_secs(2);
+
+/// Counts a connection not yet authenticated for as long as it lives.
+struct Unauthenticated(Arc<AtomicUsize>);
+
+impl Drop for Unauthenticated {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 fn accept_loop(listener: TcpListener, hub: Weak<Hub>) {
+    let pending = Arc::new(AtomicUsize::new(0));
     loop {
         let Some(h) = hub.upgrade() else { return };
         if h.stop.load(Ordering::Relaxed) {
@@ -248,10 +266,14 @@ fn accept_loop(listener: TcpListener, hub: Weak<Hub>) {
         }
         match listener.accept() {
             Ok((s, peer)) if peer.ip().is_loopback() => {
-                let weak = hub.clone();
+                if pending.fetch_add(1, Ordering::AcqRel) >= MAX_UNAUTHENTICATED {
+                    pending.fetch_sub(1, Ordering::AcqRel);
+                    continue; // closed: too many strangers at once
+                }
+                let (weak, count) = (hub.clone(), Unauthenticated(pending.clone()));
                 let _ = std::thread::Builder::new()
                     .name("unicomm-mock-hub-conn".into())
-                    .spawn(move || connection(s, weak));
+                    .spawn(move || connection(s, weak, count));
             }
             Ok(_) => {} // not from this machine: dropped
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -263,13 +285,12 @@ fn accept_loop(listener: TcpListener, hub: Weak<Hub>) {
     }
 }
 
-/// One connection: a hello (secret, rank, kind) within 10 s, then the rank's life or its
-/// requests.
-fn connection(mut s: TcpStream, hub: Weak<Hub>) {
+/// One connection: a hello (secret, rank, kind) of at most 64 bytes within 2 s, then the
+/// rank's life or its requests.
+fn connection(mut s: TcpStream, hub: Weak<Hub>, count: Unauthenticated) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_nodelay(true);
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let Ok(hello) = recv_frame(&mut s) else {
+    let Ok(hello) = recv_frame_within(&mut s, MAX_HELLO, Instant::now() + HELLO_WITHIN) else {
         return;
     };
     let Some(h) = hub.upgrade() else { return };
@@ -283,6 +304,8 @@ fn connection(mut s: TcpStream, hub: Weak<Hub>) {
         eprintln!("unicomm mock hub: a connection without the job's secret (or with rank {rank}) was dropped");
         return;
     }
+    // Authenticated: no longer a stranger's slot.
+    drop(count);
     match kind {
         LIFE => {
             {
@@ -306,6 +329,9 @@ fn connection(mut s: TcpStream, hub: Weak<Hub>) {
             }
             drop(h);
             let _ = s.set_read_timeout(None);
+            if send_frame(&mut s, &[0]).is_err() {
+                return;
+            }
             while let Ok(req) = recv_frame(&mut s) {
                 let Some(h) = hub.upgrade() else { return };
                 let reply = match h.serve(rank, &req) {

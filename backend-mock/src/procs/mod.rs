@@ -19,6 +19,8 @@
 
 mod client;
 mod hub;
+#[cfg(all(test, target_os = "linux"))]
+mod hub_tests;
 mod wire;
 
 pub(crate) use client::Client;

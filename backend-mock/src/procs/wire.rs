@@ -372,3 +372,42 @@ pub(crate) const CALLS: u8 = 2;
 pub(crate) fn secret_ok(a: &[u8], b: &[u8; 32]) -> bool {
     a.len() == 32 && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
+
+/// A frame of at most `max` bytes, all of it before `deadline` (each read's timeout is what
+/// is left): what a connection not yet authenticated may send, so a stranger can make the
+/// hub hold neither more memory nor a thread for longer than that.
+pub(crate) fn recv_frame_within(
+    s: &mut TcpStream,
+    max: usize,
+    deadline: std::time::Instant,
+) -> std::io::Result<Vec<u8>> {
+    let mut read = |buf: &mut [u8]| -> std::io::Result<()> {
+        let mut got = 0;
+        while got < buf.len() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            s.set_read_timeout(Some(left))?;
+            match s.read(&mut buf[got..]) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(k) => got += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    };
+    let mut n = [0u8; 4];
+    read(&mut n)?;
+    let n = u32::from_le_bytes(n) as usize;
+    if n > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "frame too large",
+        ));
+    }
+    let mut b = vec![0u8; n];
+    read(&mut b)?;
+    Ok(b)
+}
