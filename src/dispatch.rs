@@ -386,6 +386,9 @@ impl Collective for AnyComm {
     fn revoke(&self) -> Result<()> {
         each!(self, AnyComm, c => c.revoke())
     }
+    fn flight(&self) -> Option<&std::sync::Arc<unicomm_core::flight::FlightRecorder>> {
+        each!(self, AnyComm, c => c.flight())
+    }
     fn finalize(&mut self) -> Result<()> {
         each!(self, AnyComm, c => c.finalize())
     }

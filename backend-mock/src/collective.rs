@@ -116,46 +116,29 @@ impl Collective for MockComm {
     }
 
     fn enqueue(&self, op: Op<'_, MockMemory>, stream: &MockStream) -> Result<()> {
-        self.live()?;
-        if stream.owner != self.owner() {
-            return Err(Error::invalid(
-                "stream",
-                format!(
-                    "a stream of device {} (rank {}) used on device {} (rank {})",
-                    stream.owner.0, stream.owner.1, self.device.0, self.ctx.rank
-                ),
-            ));
-        }
-        if op.kind.is_var() {
-            // No library has these whole (RCCL's all-to-all-v aside): the mock runs what
-            // NCCL's path runs, a group of send/recv, broadcasts or reduces, keeping the
-            // empty ones so that ranks that disagree on a count report `Mismatch`.
-            op.check(self.ctx.rank, self.ctx.world)?;
-            let ops = op.lower(self.ctx.rank, self.ctx.world, Zeros::Keep)?;
-            self.group_start()?;
-            let r = ops.into_iter().try_for_each(|o| self.enqueue(o, stream));
-            let end = self.group_end();
-            return r.and(end);
-        }
-        let work = self.work(op)?;
-        let task = Task {
-            ctx: self.ctx.clone(),
-            index: self.issued.fetch_add(1, Ordering::Relaxed),
-            work,
-        };
-        let grouped = GROUP.with(|g| {
-            let mut g = g.borrow_mut();
-            if g.depth > 0 {
-                g.pending.push((stream.inner.clone(), task));
-                None
+        let f = &self.ctx.flight;
+        if f.on() {
+            let path = if op.kind.is_var() { "lowered" } else { "mock" };
+            let id = Arc::as_ptr(&stream.inner) as u64;
+            let r = self.enqueue_op(op, stream);
+            let done = if f.tracks_completion() {
+                unicomm_core::DeviceStream::record(stream).ok()
             } else {
-                Some(task)
+                None
+            };
+            f.record((op.kind, op.count, op.dtype), path, id, done);
+            if let Err(e) = &r {
+                if matches!(e, Error::Mismatch { .. } | Error::Aborted { .. }) {
+                    f.dump_on(e);
+                }
             }
-        });
-        match grouped {
-            Some(task) => stream.push(Box::new(move || exec::run_batch(vec![task]))),
-            None => Ok(()),
+            return r;
         }
+        self.enqueue_op(op, stream)
+    }
+
+    fn flight(&self) -> Option<&Arc<unicomm_core::flight::FlightRecorder>> {
+        Some(&self.ctx.flight)
     }
 
     fn group_start(&self) -> Result<()> {
@@ -218,5 +201,52 @@ impl Collective for MockComm {
 
     fn shrink(&self, exclude: &[usize], mode: ShrinkMode, config: &CommConfig) -> Result<Self> {
         self.shrink_comm(exclude, mode, config)
+    }
+}
+
+impl MockComm {
+    /// One operation, as the flight recorder's caller records it once (a lowered one's
+    /// parts are not recorded again).
+    fn enqueue_op(&self, op: Op<'_, MockMemory>, stream: &MockStream) -> Result<()> {
+        self.live()?;
+        if stream.owner != self.owner() {
+            return Err(Error::invalid(
+                "stream",
+                format!(
+                    "a stream of device {} (rank {}) used on device {} (rank {})",
+                    stream.owner.0, stream.owner.1, self.device.0, self.ctx.rank
+                ),
+            ));
+        }
+        if op.kind.is_var() {
+            // No library has these whole (RCCL's all-to-all-v aside): the mock runs what
+            // NCCL's path runs, a group of send/recv, broadcasts or reduces, keeping the
+            // empty ones so that ranks that disagree on a count report `Mismatch`.
+            op.check(self.ctx.rank, self.ctx.world)?;
+            let ops = op.lower(self.ctx.rank, self.ctx.world, Zeros::Keep)?;
+            self.group_start()?;
+            let r = ops.into_iter().try_for_each(|o| self.enqueue_op(o, stream));
+            let end = self.group_end();
+            return r.and(end);
+        }
+        let work = self.work(op)?;
+        let task = Task {
+            ctx: self.ctx.clone(),
+            index: self.issued.fetch_add(1, Ordering::Relaxed),
+            work,
+        };
+        let grouped = GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.depth > 0 {
+                g.pending.push((stream.inner.clone(), task));
+                None
+            } else {
+                Some(task)
+            }
+        });
+        match grouped {
+            Some(task) => stream.push(Box::new(move || exec::run_batch(vec![task]))),
+            None => Ok(()),
+        }
     }
 }

@@ -103,9 +103,11 @@ impl MockComm {
     /// this rank learn of it now, not at their deadline).
     pub(crate) fn abort_comm(&self) {
         self.state.store(ABORTED, Ordering::Release);
-        self.ctx.fabric.poison(Error::Aborted {
+        let e = Error::Aborted {
             reason: format!("rank {} aborted the communicator", self.ctx.rank),
-        });
+        };
+        self.ctx.flight.dump_on(&e);
+        self.ctx.fabric.poison(e);
     }
 
     pub(crate) fn live(&self) -> Result<()> {

@@ -18,6 +18,8 @@ pub(crate) struct RankCtx {
     pub fabric: Arc<dyn Exchange>,
     pub timeout: Duration,
     pub faults: Vec<Fault>,
+    /// The communicator's flight recorder (dumped at the first failure of its work).
+    pub flight: Arc<unicomm_core::flight::FlightRecorder>,
 }
 
 impl RankCtx {
@@ -82,7 +84,23 @@ static NEXT_MSG: AtomicU64 = AtomicU64::new(1);
 /// Runs a batch (one operation, or a whole group for one stream): sends are posted first,
 /// then collectives and receives run in order, then the sends are awaited, so that grouped
 /// send/recv pairs between the same ranks never deadlock (NCCL's guarantee for groups).
+/// Runs a batch (one operation, or a group's); a failure that explains a stuck or
+/// divergent job (a deadline, a disagreement, an abort) dumps the flight recorder.
 pub(crate) fn run_batch(tasks: Vec<Task>) -> Result<()> {
+    let ctx = tasks.first().map(|t| t.ctx.clone());
+    let r = run_tasks(tasks);
+    if let (Err(e), Some(ctx)) = (&r, ctx) {
+        if matches!(
+            e,
+            Error::Timeout { .. } | Error::Mismatch { .. } | Error::Aborted { .. }
+        ) {
+            ctx.flight.dump_on(e);
+        }
+    }
+    r
+}
+
+fn run_tasks(tasks: Vec<Task>) -> Result<()> {
     let Some(ctx) = tasks.first().map(|t| t.ctx.clone()) else {
         return Ok(());
     };

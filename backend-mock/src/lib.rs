@@ -38,6 +38,8 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use unicomm_core::flight::FlightRecorder;
+
 use unicomm_core::registry::Registry;
 use unicomm_core::{Comm, Error, Result};
 
@@ -72,31 +74,34 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
     let fabric: Arc<dyn Exchange> = Arc::new(LocalFabric::new(n, config.timeout));
     let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
     let rejoin = unicomm_core::bootstrap::Rejoin::local();
-    Ok((0..n)
-        .map(|rank| MockComm {
-            ctx: Arc::new(RankCtx {
-                rank,
-                world: n,
-                fabric: fabric.clone(),
-                timeout: config.timeout,
-                faults: config
-                    .faults
-                    .iter()
-                    .filter(|f| f.rank == rank)
-                    .copied()
-                    .collect(),
-            }),
-            shared: false,
-            world_id,
-            device: (NEXT_DEVICE.fetch_add(1, Ordering::Relaxed), rank),
-            registry: Registry::new(),
-            seq: AtomicU64::new(0),
-            issued: AtomicU64::new(0),
-            state: AtomicU8::new(LIVE),
-            rejoin: rejoin.clone(),
-            shrinks: AtomicU64::new(0),
+    (0..n)
+        .map(|rank| -> Result<MockComm> {
+            Ok(MockComm {
+                ctx: Arc::new(RankCtx {
+                    rank,
+                    world: n,
+                    fabric: fabric.clone(),
+                    timeout: config.timeout,
+                    faults: config
+                        .faults
+                        .iter()
+                        .filter(|f| f.rank == rank)
+                        .copied()
+                        .collect(),
+                    flight: FlightRecorder::from_env("world", rank, n)?,
+                }),
+                shared: false,
+                world_id,
+                device: (NEXT_DEVICE.fetch_add(1, Ordering::Relaxed), rank),
+                registry: Registry::new(),
+                seq: AtomicU64::new(0),
+                issued: AtomicU64::new(0),
+                state: AtomicU8::new(LIVE),
+                rejoin: rejoin.clone(),
+                shrinks: AtomicU64::new(0),
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// Joins a world whose ranks are processes of this machine, one rank per process, as
@@ -163,6 +168,7 @@ pub fn join(
                 .filter(|f| f.rank == env.rank)
                 .copied()
                 .collect(),
+            flight: FlightRecorder::from_env("world", env.rank, n)?,
         }),
         shared: true,
         world_id: NEXT_WORLD.fetch_add(1, Ordering::Relaxed),

@@ -105,6 +105,7 @@ impl MockComm {
                 fabric,
                 timeout,
                 faults: Vec::new(),
+                flight: self.ctx.flight.derived(&format!("shrink{round}"), me, k),
             }),
             shared: self.shared,
             world_id,

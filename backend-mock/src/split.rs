@@ -120,6 +120,11 @@ impl MockComm {
                 fabric,
                 timeout: self.ctx.timeout,
                 faults: Vec::new(),
+                flight: self.ctx.flight.derived(
+                    &format!("split{split_seq}.c{}", color.unwrap_or(0)),
+                    child_rank,
+                    k,
+                ),
             }),
             shared: self.shared,
             world_id,

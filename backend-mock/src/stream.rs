@@ -224,6 +224,9 @@ impl MarkerTime for MockMarker {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+    fn reached(&self) -> Option<bool> {
+        Some(self.0.get().is_some())
+    }
 }
 
 impl Drop for MockStream {

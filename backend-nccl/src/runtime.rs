@@ -137,6 +137,10 @@ impl Runtime for CudaRuntime {
         e.record(&s.0).map_err(|e| cuda_err("cuEventRecord", e))
     }
 
+    fn event_done(&self, e: &cudarc::driver::CudaEvent) -> Option<bool> {
+        Some(e.is_complete())
+    }
+
     fn elapsed_ms(
         &self,
         a: &cudarc::driver::CudaEvent,

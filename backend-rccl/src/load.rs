@@ -64,6 +64,7 @@ impl HipRuntime {
             driver_get_version: opt!("hipDriverGetVersion"),
             device_get_name: opt!("hipDeviceGetName"),
             device_get_pci_bus_id: opt!("hipDeviceGetPCIBusId"),
+            event_query: opt!("hipEventQuery"),
             vmm: (|| {
                 Some(HipVmm {
                     mem_get_address_range: opt!("hipMemGetAddressRange")?,

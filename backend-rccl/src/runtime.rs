@@ -96,6 +96,17 @@ impl Runtime for HipRuntime {
         })
     }
 
+    fn event_done(&self, e: &HipEventHandle) -> Option<bool> {
+        let query = self.fns.event_query?;
+        // SAFETY: a live event; hipEventQuery only reads its state.
+        match unsafe { query(e.0) } {
+            0 => Some(true),
+            // hipErrorNotReady.
+            600 => Some(false),
+            _ => None,
+        }
+    }
+
     fn elapsed_ms(&self, a: &HipEventHandle, b: &HipEventHandle) -> Result<f64> {
         self.with_device(a.1, || {
             let mut ms = 0f32;

@@ -58,6 +58,9 @@ pub struct HipFns {
     /// what a benchmark reports of each rank's device.
     pub device_get_name: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> HipError>,
     pub device_get_pci_bus_id: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> HipError>,
+    /// `hipEventQuery`: whether an event was reached, without waiting (the flight
+    /// recorder's completion tracking).
+    pub event_query: Option<unsafe extern "C" fn(HipEvent) -> HipError>,
     /// Virtual memory management (the copy-engine path across processes): optional, so a
     /// runtime without it still loads (that path is then `Unsupported`).
     pub vmm: Option<HipVmm>,

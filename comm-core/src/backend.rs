@@ -7,6 +7,8 @@
 use crate::op::{Kind, Op, Slice};
 use crate::{CommConfig, DataType, ReduceOp, Result};
 
+pub use crate::marker::{Marker, MarkerTime};
+
 /// A library version, as `ncclGetVersion` reports it (`major*10000 + minor*100 + patch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Version {
@@ -114,35 +116,6 @@ pub trait DeviceStream: Send + Sync {
     /// `hipStreamWaitEvent`): how a compute stream and a communication stream overlap
     /// without the host waiting. The host does not block.
     fn wait(&self, marker: &Marker) -> Result<()>;
-}
-
-/// A point in a stream's work, recorded by [`DeviceStream::record`]; a GPU event, or on the
-/// mock the instant its stream worker reached it.
-pub struct Marker(Box<dyn MarkerTime>);
-
-/// What a backend's marker does (implemented by each backend's event type).
-pub trait MarkerTime: Send + Sync + 'static {
-    /// Milliseconds from `self` to `later`, both of the same backend and stream; an error
-    /// when either was not reached yet (synchronize the stream first) or they are of
-    /// different kinds.
-    fn ms_until(&self, later: &dyn MarkerTime) -> Result<f64>;
-    /// For `ms_until` to recognise its own kind.
-    fn as_any(&self) -> &dyn std::any::Any;
-}
-
-impl Marker {
-    /// Wraps a backend's marker.
-    pub fn new(m: impl MarkerTime) -> Self {
-        Marker(Box::new(m))
-    }
-    /// Milliseconds from this marker to `later` (`cudaEventElapsedTime`).
-    pub fn elapsed_ms(&self, later: &Marker) -> Result<f64> {
-        self.0.ms_until(&*later.0)
-    }
-    /// The backend's marker.
-    pub fn inner(&self) -> &dyn MarkerTime {
-        &*self.0
-    }
 }
 
 impl std::fmt::Debug for Marker {
@@ -273,6 +246,11 @@ pub trait Collective: Send + Sync + Sized + 'static {
             "ncclCommRevoke (NCCL >= 2.28.7)",
             self.capabilities().backend,
         ))
+    }
+
+    /// This communicator's flight recorder ([`crate::flight`]), where the backend keeps one.
+    fn flight(&self) -> Option<&std::sync::Arc<crate::flight::FlightRecorder>> {
+        None
     }
 
     /// `ncclCommFinalize` + `ncclCommDestroy`: flushes pending work, then frees the

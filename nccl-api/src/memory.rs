@@ -120,6 +120,9 @@ impl<R: Runtime> MarkerTime for ApiMarker<R> {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+    fn reached(&self) -> Option<bool> {
+        self.rt.event_done(&self.ev)
+    }
 }
 
 pub(crate) enum Owner {

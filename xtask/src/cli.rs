@@ -85,6 +85,13 @@ pub(crate) enum Cmd {
     Bundle(Opts),
     /// Check that the workspace's rust-version is at least every dependency's.
     Msrv,
+    /// Read every rank's flight-recorder dump in DIR (UNICOMM_FLIGHT_DIR of a job) and say
+    /// where the ranks part: the first sequence number some never reached, or called
+    /// differently, and what each was doing.
+    Trace {
+        /// The directory of the dumps.
+        dir: PathBuf,
+    },
     /// Start any program as N ranks, one per process, with torchrun's variables (what
     /// `run --procs` does for an example): `cargo xtask launch --procs 2 -- ./prog args`.
     Launch {

@@ -1,4 +1,4 @@
-//! `cargo xtask build|run|test|bench|doctor|bundle [--vendor auto|cuda|rocm|mock] [--release]
+//! `cargo xtask build|run|test|bench|doctor|bundle|trace [--vendor auto|cuda|rocm|mock] [--release]
 //! [-- args]`: the project's commands, per vendor. The vendor picks the cargo features
 //! (cuda -> nccl, rocm -> rccl, mock -> mock); `auto` compiles every backend and lets the
 //! program pick the GPU it finds, falling back to the mock and saying why.
@@ -11,6 +11,7 @@ mod launch;
 mod msrv;
 mod run;
 mod test;
+mod trace;
 
 use std::path::Path;
 
@@ -96,6 +97,7 @@ fn xtask(cli: Cli) -> Result<()> {
         }
         Cmd::Bundle(o) => bundle::bundle(&o),
         Cmd::Msrv => msrv::msrv(),
+        Cmd::Trace { dir } => trace::trace(&dir),
         Cmd::Launch {
             procs,
             timeout_s,

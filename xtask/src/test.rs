@@ -105,6 +105,32 @@ pub(crate) fn test(o: &Opts) -> Result<()> {
             run_procs(&mock(args), example, &job)
                 .with_context(|| format!("{example} {args:?} in {n} processes on the mock"))?;
         }
+        // The flight recorder: a rank skips a collective; every rank's dump, read back the
+        // way `cargo xtask trace` reads it, names the sequence number and the rank.
+        let fl = std::env::temp_dir().join(format!("unicomm-xtask-flight-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&fl);
+        let fl_s = fl.to_string_lossy().into_owned();
+        let env = [
+            ("UNICOMM_MOCK_TIMEOUT_MS", "3000"),
+            ("UNICOMM_FLIGHT_DIR", fl_s.as_str()),
+        ];
+        let job = launch::Job {
+            n: 2,
+            timeout: std::time::Duration::from_secs(300),
+            share_gpu: false,
+            expect_lost: &[],
+            env: &env,
+        };
+        run_procs(&mock(&["--scenario", "skip"]), "faults", &job)
+            .context("faults skip with the flight recorder on the mock")?;
+        let said = crate::trace::analyze(&crate::trace::read_dir(&fl)?).join("\n");
+        let _ = std::fs::remove_dir_all(&fl);
+        println!("{said}");
+        anyhow::ensure!(
+            said.contains("first divergence at sequence number 1")
+                && said.contains("rank(s) 1 never did"),
+            "the flight recorder's dumps do not name the skipped collective:\n{said}"
+        );
         // unicomm-bench with one rank per process (its figures combined through
         // the communicator), data checked: a smoke test, no timing asserted.
         let mut b = cargo();

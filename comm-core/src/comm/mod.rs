@@ -264,6 +264,26 @@ impl<C: Collective> Comm<C> {
         self.raw.revoke()
     }
 
+    /// The flight recorder's state ([`crate::flight`]): this communicator's last operations
+    /// as JSON, `None` where the backend keeps no recorder.
+    pub fn flight_record(&self, reason: &str) -> Option<String> {
+        self.raw.flight().map(|f| f.to_json(reason))
+    }
+
+    /// Writes the flight recorder's dump now (into `UNICOMM_FLIGHT_DIR`) and returns its path;
+    /// `cargo xtask trace DIR` reads every rank's. The backends dump by themselves at a
+    /// deadline, a disagreement, an asynchronous error or an abort.
+    pub fn flight_dump(&self, reason: &str) -> Result<std::path::PathBuf> {
+        match self.raw.flight() {
+            Some(f) => f.dump(reason),
+            None => Err(Error::unsupported(
+                "a flight recorder",
+                "the mock or an NCCL-API backend",
+                self.raw.capabilities().backend,
+            )),
+        }
+    }
+
     /// The communicator's first asynchronous error (`ncclCommGetAsyncError`): a failure of
     /// work already enqueued, such as a peer that died. `Ok` while nothing failed. After an
     /// error, [`Comm::abort`] it. The waits of the GPU backends poll this themselves (and

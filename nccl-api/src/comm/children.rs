@@ -90,7 +90,12 @@ impl<R: Runtime> ApiComm<R> {
         ]
         .concat();
         let rejoin = self.rejoin.get().map(|r| r.derived(&step, &[]));
-        Self::compose(lc, mode, sharing, rejoin).map(Some)
+        let flight = self.flight.derived(
+            &format!("split{split}.c{}", color.unwrap_or(0)),
+            rank,
+            world,
+        );
+        Self::compose(lc, mode, sharing, rejoin, flight).map(Some)
     }
 
     /// A child's rank and size, from the library (`ncclCommUserRank`, `ncclCommCount`).

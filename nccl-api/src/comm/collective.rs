@@ -1,6 +1,9 @@
 //! [`Collective`] for [`ApiComm`]: each operation of the contract, routed (`route.rs`) to
 //! the path that runs it.
 
+use std::sync::Arc;
+
+use unicomm_core::flight::FlightRecorder;
 use unicomm_core::registry::RegKind;
 use unicomm_core::{
     Capabilities, Collective, CommConfig, Error, Kind, Op, RawHandle, Result, ShrinkMode, Zeros,
@@ -132,50 +135,27 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
-        let b = &self.base;
-        if stream.dev != b.lc.dev {
-            return Err(Error::invalid(
-                "stream",
-                format!(
-                    "a stream of device {} used by the communicator of device {}",
-                    stream.dev, b.lc.dev
-                ),
-            ));
+        if !self.flight.on() {
+            return self.enqueue_op(op, stream).map(drop);
         }
-        op.check(b.lc.rank, b.lc.world)?;
-        if let Some(plan) = route::route_v(b, &self.ce, &op, stream)? {
-            stream.watched_by(&b.lc);
-            return self.ce.run(b, plan, &stream.s);
+        let r = self.enqueue_op(op, stream);
+        let path = *r.as_ref().unwrap_or(&"refused");
+        let done = if self.flight.tracks_completion() && r.is_ok() {
+            unicomm_core::DeviceStream::record(stream).ok()
+        } else {
+            None
+        };
+        let what = (op.kind, op.count, op.dtype);
+        self.flight.record(what, path, stream.raw() as u64, done);
+        if let Err(e @ Error::Mismatch { .. }) = &r {
+            self.flight.dump_on(e);
         }
-        if lowered(&b.lc.api, op.kind) {
-            // No native call: NCCL's documented compositions (grouped send/recv, broadcasts,
-            // reduces), empty ones left out, in one group of this communicator.
-            b.agree.check_layout(&b.lc, &op, stream)?;
-            let ops = op.lower(b.lc.rank, b.lc.world, Zeros::Skip)?;
-            self.group_start()?;
-            let r = ops.into_iter().try_for_each(|o| self.enqueue(o, stream));
-            let end = self.group_end();
-            return r.and(end);
-        }
-        if op.kind.is_var() {
-            b.agree.check_layout(&b.lc, &op, stream)?;
-        }
-        stream.watched_by(&b.lc);
-        // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
-        // rank whose call is refused here still takes part, so its peers do not wait.
-        let route = route::route(b, &self.ce, &self.auto, &op);
-        let path = (route::code(&route), &route::NAMES[..]);
-        let checked = b.agree.check_collective(&b.lc, &op, path, stream);
-        let route = route?;
-        checked?;
-        let st = stream.raw();
-        match route {
-            Route::CopyEngine(plan) => self.ce.run(b, plan, &stream.s),
-            Route::Second(c) => b.plain.enqueue(&b.lc, &b.registry, Some(c), &op, st),
-            Route::Plain => b.plain.enqueue(&b.lc, &b.registry, None, &op, st),
-        }
+        r.map(drop)
     }
 
+    fn flight(&self) -> Option<&Arc<FlightRecorder>> {
+        Some(&self.flight)
+    }
     fn group_start(&self) -> Result<()> {
         let api = &self.base.lc.api;
         // SAFETY: no arguments.
@@ -239,5 +219,58 @@ impl<R: Runtime> Collective for ApiComm<R> {
 
     fn abort(&self) -> Result<()> {
         self.base.lc.destroy(End::Abort)
+    }
+}
+
+impl<R: Runtime> ApiComm<R> {
+    /// One operation, recorded once by the caller (a lowered one's parts are not recorded
+    /// again); the path it took, by name.
+    fn enqueue_op(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<&'static str> {
+        let b = &self.base;
+        if stream.dev != b.lc.dev {
+            return Err(Error::invalid(
+                "stream",
+                format!(
+                    "a stream of device {} used by the communicator of device {}",
+                    stream.dev, b.lc.dev
+                ),
+            ));
+        }
+        op.check(b.lc.rank, b.lc.world)?;
+        if let Some(plan) = route::route_v(b, &self.ce, &op, stream)? {
+            stream.watched_by(&b.lc);
+            return self.ce.run(b, plan, &stream.s).map(|()| route::NAMES[2]);
+        }
+        if lowered(&b.lc.api, op.kind) {
+            // No native call: NCCL's documented compositions (grouped send/recv, broadcasts,
+            // reduces), empty ones left out, in one group of this communicator.
+            b.agree.check_layout(&b.lc, &op, stream)?;
+            let ops = op.lower(b.lc.rank, b.lc.world, Zeros::Skip)?;
+            self.group_start()?;
+            let r = ops
+                .into_iter()
+                .try_for_each(|o| self.enqueue_op(o, stream).map(drop));
+            let end = self.group_end();
+            return r.and(end).map(|()| "lowered (NCCL's composition)");
+        }
+        if op.kind.is_var() {
+            b.agree.check_layout(&b.lc, &op, stream)?;
+        }
+        stream.watched_by(&b.lc);
+        // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
+        // rank whose call is refused here still takes part, so its peers do not wait.
+        let route = route::route(b, &self.ce, &self.auto, &op);
+        let path = (route::code(&route), &route::NAMES[..]);
+        let checked = b.agree.check_collective(&b.lc, &op, path, stream);
+        let route = route?;
+        checked?;
+        let st = stream.raw();
+        let name = route::NAMES[path.0 as usize];
+        match route {
+            Route::CopyEngine(plan) => self.ce.run(b, plan, &stream.s),
+            Route::Second(c) => b.plain.enqueue(&b.lc, &b.registry, Some(c), &op, st),
+            Route::Plain => b.plain.enqueue(&b.lc, &b.registry, None, &op, st),
+        }
+        .map(|()| name)
     }
 }

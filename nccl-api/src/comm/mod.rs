@@ -15,6 +15,8 @@ use std::sync::Arc;
 use unicomm_core::registry::RegKind;
 use unicomm_core::{Collective, CommConfig, Error, Result};
 
+use unicomm_core::flight::FlightRecorder;
+
 use crate::auto::Auto;
 use crate::base::Base;
 use crate::copy_engine::local::LocalWorld;
@@ -37,6 +39,23 @@ pub struct ApiComm<R: Runtime> {
     shrinks: std::sync::atomic::AtomicU64,
     /// Where the survivors meet to re-form (`shrink` without `ncclCommShrink`).
     rejoin: std::sync::OnceLock<unicomm_core::bootstrap::Rejoin>,
+    /// Its last operations, dumped when it is aborted (a deadline, an asynchronous error,
+    /// `abort`) or asked to.
+    flight: Arc<FlightRecorder>,
+}
+
+/// The flight recorder's dump at the communicator's abort (registered as an abort hook).
+struct FlightDump(Arc<FlightRecorder>);
+
+impl crate::libcomm::AbortHook for FlightDump {
+    fn release(&self, _within: std::time::Duration, _report: bool) -> bool {
+        self.0.dump_on(&Error::Aborted {
+            reason:
+                "the communicator was aborted (a deadline passed, an asynchronous error, or abort)"
+                    .into(),
+        });
+        true
+    }
 }
 
 impl<R: Runtime> std::fmt::Debug for ApiComm<R> {
@@ -121,7 +140,8 @@ impl<R: Runtime> ApiComm<R> {
                 mode.timeout,
             );
             let sharing = Sharing::new(Some(local.clone()), None);
-            match Self::compose(lc, mode, sharing, Some(rejoin.clone())) {
+            let flight = FlightRecorder::from_env("world", rank, n)?;
+            match Self::compose(lc, mode, sharing, Some(rejoin.clone()), flight) {
                 Ok(me) => out.push(me),
                 Err(e) => {
                     // The rest were created and are not wrapped: ended here (the wrapped
@@ -183,7 +203,14 @@ impl<R: Runtime> ApiComm<R> {
             mode.nonblocking,
             mode.timeout,
         );
-        Self::compose(lc, mode, Sharing::new(None, Some(&id.to_bytes())), None)
+        let flight = FlightRecorder::from_env("world", rank, world)?;
+        Self::compose(
+            lc,
+            mode,
+            Sharing::new(None, Some(&id.to_bytes())),
+            None,
+            flight,
+        )
     }
 
     /// The communicator of a library communicator just created: its parts built over it.
@@ -193,6 +220,7 @@ impl<R: Runtime> ApiComm<R> {
         mode: Mode,
         sharing: Sharing,
         rejoin: Option<unicomm_core::bootstrap::Rejoin>,
+        flight: Arc<FlightRecorder>,
     ) -> Result<Self> {
         let lc = Arc::new(lc);
         let base = match Base::new(lc.clone(), mode.check) {
@@ -204,6 +232,9 @@ impl<R: Runtime> ApiComm<R> {
             }
         };
         let ce = CopyEngine::with_sharing(&base, sharing);
+        if flight.on() {
+            lc.add_abort_hook(Arc::new(FlightDump(flight.clone())));
+        }
         Ok(ApiComm {
             base,
             ce,
@@ -211,6 +242,7 @@ impl<R: Runtime> ApiComm<R> {
             splits: std::sync::atomic::AtomicU64::new(0),
             shrinks: std::sync::atomic::AtomicU64::new(0),
             rejoin: rejoin.map(std::sync::OnceLock::from).unwrap_or_default(),
+            flight,
         })
     }
 

@@ -91,7 +91,8 @@ impl<R: Runtime> ApiComm<R> {
         let sharing = self.ce.child_sharing(SHRINK_WORLDS + round, 0, world);
         let step = [b"shrink".as_slice(), &round.to_le_bytes()].concat();
         let rejoin = self.rejoin.get().map(|r| r.derived(&step, &survivors));
-        Self::compose(lc, mode_c, sharing, rejoin)
+        let flight = self.flight.derived(&format!("shrink{round}"), rank, world);
+        Self::compose(lc, mode_c, sharing, rejoin, flight)
     }
 
     /// Without `ncclCommShrink`, on a failed communicator, or asked for: this communicator

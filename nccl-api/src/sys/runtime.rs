@@ -74,6 +74,12 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     fn wait_event(&self, dev: usize, s: &Self::Stream, e: &Self::Event) -> Result<()>;
     /// Milliseconds from `a` to `b`, waiting for both (`cuEventElapsedTime`).
     fn elapsed_ms(&self, a: &Self::Event, b: &Self::Event) -> Result<f64>;
+    /// Whether `e` was reached, without waiting (`cuEventQuery` / `hipEventQuery`); `None`
+    /// where the runtime cannot tell.
+    fn event_done(&self, e: &Self::Event) -> Option<bool> {
+        let _ = e;
+        None
+    }
 
     /// Lets device `dev` read and write device `peer`'s memory directly (`cuCtxEnablePeerAccess`
     /// / `hipDeviceEnablePeerAccess`); already enabled is success. An error when the two

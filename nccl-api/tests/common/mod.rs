@@ -146,6 +146,9 @@ impl Runtime for Host {
         // The host stream is synchronous: its work is done when enqueued.
         Ok(std::time::Instant::now())
     }
+    fn event_done(&self, _: &std::time::Instant) -> Option<bool> {
+        Some(true)
+    }
     fn elapsed_ms(&self, a: &std::time::Instant, b: &std::time::Instant) -> Result<f64> {
         Ok(b.saturating_duration_since(*a).as_secs_f64() * 1e3)
     }

@@ -1,0 +1,349 @@
+//! The flight recorder: per communicator, a bounded ring of its last operations (PyTorch's
+//! ProcessGroupNCCL keeps one per group), dumped as one JSON file per rank when something
+//! went wrong (a deadline, a disagreement, an asynchronous error, an abort) or on demand,
+//! so that `cargo xtask trace DIR` can name the first operation where the ranks part and
+//! the ranks that never reached it.
+//!
+//! Every backend records each operation when it enqueues it ([`FlightRecorder::record`]);
+//! the always-on part is a lock, a clock read and a ring slot (no allocation once the ring
+//! is full). With `UNICOMM_FLIGHT_COMPLETION=1` each record also holds a marker recorded on
+//! the operation's stream after it, whose state the dump reports: `passed` (the stream moved
+//! past it: done, or failed and drained) or `pending` (the stream is still at it or before
+//! it: where a hang sits).
+//!
+//! Settings: `UNICOMM_FLIGHT_ENTRIES` (ring size, default 1024; 0 switches recording off),
+//! `UNICOMM_FLIGHT_DIR` (where dumps go; unset: automatic dumps are not written, and
+//! [`FlightRecorder::dump`] says so), `UNICOMM_FLIGHT_COMPLETION` (0 or 1).
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::element::DataType;
+use crate::kind::Kind;
+use crate::marker::Marker;
+use crate::{Error, Result};
+
+/// One operation as recorded.
+pub struct Entry {
+    /// Its number on this communicator (every rank numbers the same operations alike).
+    pub seq: u64,
+    /// The operation ([`Kind::snake_name`]).
+    pub kind: &'static str,
+    /// Elements (per rank or per peer, as the operation counts them).
+    pub count: usize,
+    /// Element type name.
+    pub dtype: &'static str,
+    /// The reduction, where it has one.
+    pub op: Option<&'static str>,
+    /// The root or peer, where it has one.
+    pub rank_arg: Option<usize>,
+    /// The path the backend took ("library", "copy engines", "lowered", ...).
+    pub path: &'static str,
+    /// The stream's identity (its handle's address).
+    pub stream: u64,
+    /// When it was enqueued, microseconds since the Unix epoch.
+    pub enqueued_us: u64,
+    /// With completion tracking: the point after it on its stream.
+    pub done: Option<Marker>,
+}
+
+struct Ring {
+    entries: VecDeque<Entry>,
+    next: u64,
+}
+
+/// A communicator's flight recorder (see the module doc).
+pub struct FlightRecorder {
+    name: String,
+    rank: usize,
+    world: usize,
+    cap: usize,
+    completion: bool,
+    dir: Option<PathBuf>,
+    ring: Mutex<Ring>,
+    dumped: AtomicBool,
+}
+
+/// Every live recorder of this process, for [`dump_all`].
+static LIVE: Mutex<Vec<Weak<FlightRecorder>>> = Mutex::new(Vec::new());
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// A JSON string of `s` (quotes, backslashes and control characters escaped).
+fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+impl FlightRecorder {
+    /// The recorder of rank `rank` of `world` of the communicator `name` (the same name on
+    /// every rank: "world", "world.split3.c1", ...), set from the environment.
+    pub fn from_env(name: impl Into<String>, rank: usize, world: usize) -> Result<Arc<Self>> {
+        let cap = crate::env::whole_number("UNICOMM_FLIGHT_ENTRIES", 1024, 0..=1 << 20, "entries")?
+            as usize;
+        let completion = crate::env::switch("UNICOMM_FLIGHT_COMPLETION", false)?;
+        let dir = std::env::var_os("UNICOMM_FLIGHT_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
+        Ok(Self::new(name, rank, world, cap, completion, dir))
+    }
+
+    /// A recorder with explicit settings.
+    pub fn new(
+        name: impl Into<String>,
+        rank: usize,
+        world: usize,
+        cap: usize,
+        completion: bool,
+        dir: Option<PathBuf>,
+    ) -> Arc<Self> {
+        let f = Arc::new(FlightRecorder {
+            name: name.into(),
+            rank,
+            world,
+            cap,
+            completion: completion && cap > 0,
+            dir,
+            ring: Mutex::new(Ring {
+                entries: VecDeque::with_capacity(cap.min(4096)),
+                next: 0,
+            }),
+            dumped: AtomicBool::new(false),
+        });
+        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        live.retain(|w| w.strong_count() > 0);
+        live.push(Arc::downgrade(&f));
+        f
+    }
+
+    /// The recorder of a communicator derived from this one (`step`: "split3.c1",
+    /// "shrink0"), the same settings, named after it.
+    pub fn derived(&self, step: &str, rank: usize, world: usize) -> Arc<Self> {
+        Self::new(
+            format!("{}.{step}", self.name),
+            rank,
+            world,
+            self.cap,
+            self.completion,
+            self.dir.clone(),
+        )
+    }
+
+    /// Whether operations are recorded at all.
+    #[inline]
+    pub fn on(&self) -> bool {
+        self.cap > 0
+    }
+
+    /// Whether each record wants a marker after its operation (`UNICOMM_FLIGHT_COMPLETION`).
+    #[inline]
+    pub fn tracks_completion(&self) -> bool {
+        self.completion
+    }
+
+    /// Records an operation (`kind` of `count` `dtype` elements, an [`Op`](crate::Op)'s
+    /// fields) enqueued on `stream` by `path`; `done` is the marker after it (with
+    /// completion tracking). Returns its sequence number.
+    #[inline]
+    pub fn record(
+        &self,
+        (kind, count, dtype): (Kind, usize, DataType),
+        path: &'static str,
+        stream: u64,
+        done: Option<Marker>,
+    ) -> u64 {
+        if self.cap == 0 {
+            return 0;
+        }
+        let e = Entry {
+            seq: 0,
+            kind: kind.snake_name(),
+            count,
+            dtype: dtype.name(),
+            op: kind.reduction().map(|o| o.name()),
+            rank_arg: kind.rank_arg().map(|(r, _)| r),
+            path,
+            stream,
+            enqueued_us: now_us(),
+            done,
+        };
+        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = ring.next;
+        ring.next += 1;
+        if ring.entries.len() == self.cap {
+            ring.entries.pop_front();
+        }
+        ring.entries.push_back(Entry { seq, ..e });
+        seq
+    }
+
+    /// The recorder's state as JSON, with why it was taken.
+    pub fn to_json(&self, reason: &str) -> String {
+        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut o = format!(
+            "{{\"format\":\"unicomm-flight-1\",\"comm\":{},\"rank\":{},\"world\":{},\"reason\":{},\"dumped_us\":{},\"next_seq\":{},\"entries\":[",
+            json_str(&self.name),
+            self.rank,
+            self.world,
+            json_str(reason),
+            now_us(),
+            ring.next
+        );
+        for (i, e) in ring.entries.iter().enumerate() {
+            // With completion tracking: whether the stream has moved past it (done, or failed
+            // and drained) or is still at it or before it.
+            let state = match e.done.as_ref().and_then(|m| m.inner().reached()) {
+                Some(true) => "passed",
+                Some(false) => "pending",
+                None => "enqueued",
+            };
+            let opt = |v: Option<String>| v.unwrap_or_else(|| "null".into());
+            o.push_str(&format!(
+                "{}{{\"seq\":{},\"kind\":{},\"count\":{},\"dtype\":{},\"op\":{},\"rank_arg\":{},\"path\":{},\"stream\":{},\"enqueued_us\":{},\"state\":{}}}",
+                if i == 0 { "" } else { "," },
+                e.seq,
+                json_str(e.kind),
+                e.count,
+                json_str(e.dtype),
+                opt(e.op.map(json_str)),
+                opt(e.rank_arg.map(|r| r.to_string())),
+                json_str(e.path),
+                e.stream,
+                e.enqueued_us,
+                json_str(state)
+            ));
+        }
+        o.push_str("]}\n");
+        o
+    }
+
+    /// Writes the dump to `UNICOMM_FLIGHT_DIR/unicomm-flight.<comm>.rank<r>.json` (written
+    /// whole, then renamed into place) and returns its path.
+    pub fn dump(&self, reason: &str) -> Result<PathBuf> {
+        let Some(dir) = &self.dir else {
+            return Err(Error::invalid(
+                "UNICOMM_FLIGHT_DIR",
+                "not set: the flight recorder has nowhere to write",
+            ));
+        };
+        let io = |e: std::io::Error| Error::Bootstrap {
+            reason: format!(
+                "writing the flight recorder's dump in {}: {e}",
+                dir.display()
+            ),
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let safe: String = self
+            .name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = dir.join(format!("unicomm-flight.{safe}.rank{}.json", self.rank));
+        let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
+        std::fs::write(&tmp, self.to_json(reason)).map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        Ok(path)
+    }
+
+    /// The automatic dump at a failure: written once per recorder (the first failure is the
+    /// one that explains), where `UNICOMM_FLIGHT_DIR` is set; never an error of its own.
+    pub fn dump_on(&self, error: &Error) {
+        if self.cap == 0 || self.dir.is_none() || self.dumped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _ = self.dump(&error.to_string());
+    }
+}
+
+/// Dumps every live recorder of this process (a program's own signal or watchdog thread
+/// calls this: the library installs no signal handler); the paths written.
+pub fn dump_all(reason: &str) -> Vec<PathBuf> {
+    let live: Vec<Arc<FlightRecorder>> = LIVE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    live.iter().filter_map(|f| f.dump(reason).ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ReduceOp;
+
+    fn op(kind: Kind, count: usize) -> (Kind, usize, DataType) {
+        (kind, count, DataType::F32)
+    }
+
+    #[test]
+    fn the_ring_keeps_the_last_operations_numbered_from_the_first() {
+        let f = FlightRecorder::new("world", 1, 4, 3, false, None);
+        for i in 0..5 {
+            let seq = f.record(
+                op(Kind::AllReduce { op: ReduceOp::Sum }, i),
+                "library",
+                7,
+                None,
+            );
+            assert_eq!(seq, i as u64);
+        }
+        let j = f.to_json("on demand");
+        assert!(j.contains("\"next_seq\":5"), "{j}");
+        assert!(
+            !j.contains("\"seq\":1,") && j.contains("\"seq\":2,") && j.contains("\"seq\":4,"),
+            "{j}"
+        );
+        assert!(
+            j.contains("\"kind\":\"all_reduce\"") && j.contains("\"op\":\"sum\""),
+            "{j}"
+        );
+        // Off: nothing recorded.
+        let off = FlightRecorder::new("world", 0, 1, 0, true, None);
+        off.record(op(Kind::Barrier, 1), "library", 0, None);
+        assert!(off.to_json("x").contains("\"entries\":[]"));
+    }
+
+    #[test]
+    fn a_dump_needs_a_directory_and_names_comm_and_rank() {
+        let f = FlightRecorder::new("world.split0.c1", 2, 4, 8, false, None);
+        assert!(matches!(f.dump("x"), Err(Error::InvalidArgument { .. })));
+        let dir = std::env::temp_dir().join(format!("unicomm-flight-{}", std::process::id()));
+        let f = FlightRecorder::new("world.split0.c1", 2, 4, 8, false, Some(dir.clone()));
+        f.record(op(Kind::Broadcast { root: 3 }, 16), "library", 0, None);
+        let p = f.dump("a \"quoted\" reason").unwrap();
+        assert!(
+            p.ends_with("unicomm-flight.world.split0.c1.rank2.json"),
+            "{p:?}"
+        );
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            text.contains("\"rank_arg\":3") && text.contains("a \\\"quoted\\\" reason"),
+            "{text}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,269 @@
+//! `cargo xtask trace DIR`: reads every rank's flight-recorder dump in DIR
+//! (`unicomm-flight.<comm>.rank<r>.json`, written at a failure or on demand) and says, per
+//! communicator, the first operation where the ranks part: a sequence number some ranks
+//! reached and others never did (and what each was doing then), or one the ranks called
+//! differently. What PyTorch's flight-recorder analyser does for ProcessGroupNCCL.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+/// One dump (the library's `unicomm-flight-1` format).
+#[derive(Debug, Deserialize)]
+pub(crate) struct Dump {
+    pub format: String,
+    pub comm: String,
+    pub rank: usize,
+    pub world: usize,
+    pub reason: String,
+    pub next_seq: u64,
+    pub entries: Vec<Entry>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub(crate) struct Entry {
+    pub seq: u64,
+    pub kind: String,
+    pub count: usize,
+    pub dtype: String,
+    pub op: Option<String>,
+    pub rank_arg: Option<usize>,
+    pub path: String,
+    pub state: String,
+}
+
+impl Entry {
+    /// What the ranks must agree on, in words.
+    fn call(&self) -> String {
+        let mut s = format!("{} of {} {}", self.kind, self.count, self.dtype);
+        if let Some(op) = &self.op {
+            s.push_str(&format!(" ({op})"));
+        }
+        if let Some(r) = self.rank_arg {
+            s.push_str(&format!(" with rank {r}"));
+        }
+        s
+    }
+
+    /// What happened to it, in words.
+    fn fate(&self) -> String {
+        format!("{}, {}, by {}", self.call(), self.state, self.path)
+    }
+}
+
+/// Every dump in `dir`.
+pub(crate) fn read_dir(dir: &Path) -> Result<Vec<Dump>> {
+    let mut out = Vec::new();
+    let rd = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("unicomm-flight.") && name.ends_with(".json")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path())
+            .with_context(|| format!("reading {}", e.path().display()))?;
+        let d: Dump = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a flight-recorder dump", e.path().display()))?;
+        if d.format != "unicomm-flight-1" {
+            bail!("{}: unknown format {:?}", e.path().display(), d.format);
+        }
+        out.push(d);
+    }
+    Ok(out)
+}
+
+/// The analysis, one paragraph per communicator.
+pub(crate) fn analyze(dumps: &[Dump]) -> Vec<String> {
+    let mut by_comm: BTreeMap<&str, Vec<&Dump>> = BTreeMap::new();
+    for d in dumps {
+        by_comm.entry(&d.comm).or_default().push(d);
+    }
+    let mut out = Vec::new();
+    for (comm, mut ds) in by_comm {
+        ds.sort_by_key(|d| d.rank);
+        let world = ds.iter().map(|d| d.world).max().unwrap_or(0);
+        let mut lines = vec![format!(
+            "communicator {comm:?} ({world} ranks): dumps of rank(s) {}",
+            list(ds.iter().map(|d| d.rank))
+        )];
+        let missing: Vec<usize> = (0..world)
+            .filter(|r| !ds.iter().any(|d| d.rank == *r))
+            .collect();
+        if !missing.is_empty() {
+            lines.push(format!(
+                "  no dump from rank(s) {}: they died, hung outside unicomm, or were never told of the failure",
+                list(missing.iter().copied())
+            ));
+        }
+        for d in &ds {
+            lines.push(format!("  rank {}: {}", d.rank, d.reason));
+        }
+        lines.push(verdict(&ds));
+        out.push(lines.join("\n"));
+    }
+    out
+}
+
+/// The first sequence number where the ranks part, in words.
+fn verdict(ds: &[&Dump]) -> String {
+    // Only numbers every dump still holds (the rings keep the last operations).
+    let from = ds
+        .iter()
+        .map(|d| d.entries.first().map_or(d.next_seq, |e| e.seq))
+        .max()
+        .unwrap_or(0);
+    let upto = ds.iter().map(|d| d.next_seq).max().unwrap_or(0);
+    let at = |d: &Dump, seq: u64| d.entries.iter().find(|e| e.seq == seq).cloned();
+    for seq in from..upto {
+        let reached: Vec<(usize, Entry)> = ds
+            .iter()
+            .filter_map(|d| at(d, seq).map(|e| (d.rank, e)))
+            .collect();
+        if reached.len() < ds.len() {
+            let never: Vec<usize> = ds
+                .iter()
+                .filter(|d| at(d, seq).is_none())
+                .map(|d| d.rank)
+                .collect();
+            let mut s = format!(
+                "  first divergence at sequence number {seq}: rank(s) {} reached it ({}); rank(s) {} never did",
+                list(reached.iter().map(|(r, _)| *r)),
+                reached[0].1.fate(),
+                list(never.iter().copied())
+            );
+            for d in ds.iter().filter(|d| never.contains(&d.rank)) {
+                match d.entries.last() {
+                    Some(e) => s.push_str(&format!(
+                        "\n    rank {}'s last operation: sequence number {}, {}",
+                        d.rank,
+                        e.seq,
+                        e.fate()
+                    )),
+                    None => s.push_str(&format!("\n    rank {} recorded no operation", d.rank)),
+                }
+            }
+            return s;
+        }
+        let first = reached[0].1.call();
+        if let Some((r, e)) = reached.iter().find(|(_, e)| e.call() != first) {
+            return format!(
+                "  first divergence at sequence number {seq}: the ranks called different operations: rank {} {first}, rank {r} {}",
+                reached[0].0,
+                e.call()
+            );
+        }
+    }
+    let pending: Vec<String> = ds
+        .iter()
+        .filter_map(|d| {
+            d.entries
+                .iter()
+                .find(|e| e.state == "pending")
+                .map(|e| format!("rank {} at {} ({})", d.rank, e.seq, e.call()))
+        })
+        .collect();
+    if pending.is_empty() {
+        format!(
+            "  no divergence: every rank recorded the same {} operation(s)",
+            upto - from
+        )
+    } else {
+        format!(
+            "  the ranks called the same operations; the first still pending: {}",
+            pending.join(", ")
+        )
+    }
+}
+
+fn list(rs: impl Iterator<Item = usize>) -> String {
+    rs.map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// `cargo xtask trace DIR`.
+pub(crate) fn trace(dir: &Path) -> Result<()> {
+    let dumps = read_dir(dir)?;
+    if dumps.is_empty() {
+        bail!(
+            "no flight-recorder dump in {} (set UNICOMM_FLIGHT_DIR for the job)",
+            dir.display()
+        );
+    }
+    for p in analyze(&dumps) {
+        println!("{p}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dump(rank: usize, calls: &[(&str, usize)], state: &str) -> Dump {
+        let entries = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (kind, count))| Entry {
+                seq: i as u64,
+                kind: kind.to_string(),
+                count: *count,
+                dtype: "float32".into(),
+                op: None,
+                rank_arg: None,
+                path: "this communicator".into(),
+                state: state.into(),
+            })
+            .collect::<Vec<_>>();
+        Dump {
+            format: "unicomm-flight-1".into(),
+            comm: "world".into(),
+            rank,
+            world: 3,
+            reason: "deadline".into(),
+            next_seq: entries.len() as u64,
+            entries,
+        }
+    }
+
+    #[test]
+    fn names_the_first_sequence_number_a_rank_never_reached_and_what_it_did_last() {
+        let ds = [
+            dump(
+                0,
+                &[("all_reduce", 4), ("all_reduce", 4), ("barrier", 0)],
+                "enqueued",
+            ),
+            dump(1, &[("all_reduce", 4)], "passed"),
+            dump(2, &[("all_reduce", 4), ("all_reduce", 4)], "enqueued"),
+        ];
+        let a = analyze(&ds).join("\n");
+        assert!(a.contains("first divergence at sequence number 1"), "{a}");
+        assert!(a.contains("rank(s) 0, 2 reached it"), "{a}");
+        assert!(a.contains("rank(s) 1 never did"), "{a}");
+        assert!(
+            a.contains(
+                "rank 1's last operation: sequence number 0, all_reduce of 4 float32, passed"
+            ),
+            "{a}"
+        );
+    }
+
+    #[test]
+    fn names_ranks_that_called_different_operations_and_missing_dumps() {
+        let ds = [
+            dump(0, &[("all_reduce", 4), ("all_reduce", 8)], "enqueued"),
+            dump(1, &[("all_reduce", 4), ("all_reduce", 16)], "enqueued"),
+        ];
+        let a = analyze(&ds).join("\n");
+        assert!(a.contains("sequence number 1: the ranks called different operations: rank 0 all_reduce of 8 float32, rank 1 all_reduce of 16 float32"), "{a}");
+        assert!(a.contains("no dump from rank(s) 2"), "{a}");
+    }
+
+    #[test]
+    fn reads_the_librarys_own_dump_format() {
+        let text = r#"{"format":"unicomm-flight-1","comm":"world","rank":0,"world":2,"reason":"r","dumped_us":1,"next_seq":1,"entries":[{"seq":0,"kind":"broadcast","count":3,"dtype":"int32","op":null,"rank_arg":1,"path":"mock","stream":9,"enqueued_us":5,"state":"enqueued"}]}"#;
+        let d: Dump = serde_json::from_str(text).unwrap();
+        assert_eq!(d.entries[0].call(), "broadcast of 3 int32 with rank 1");
+    }
+}
