@@ -4,7 +4,8 @@
 //! per path is reported: the time per call including completion, and the host time per
 //! call spent enqueuing (unicomm's own cost shows there).
 //!
-//! `overhead [--iters-small N]` on a GPU machine (the bundle's run script calls it).
+//! `overhead [--max-bytes N]` on a GPU machine (the bundle's run script calls it); sizes
+//! above N are left out (a quick A/B of the small-call cost).
 
 use std::ffi::c_void;
 use std::sync::Barrier;
@@ -47,7 +48,17 @@ fn main() {
         "# {:>10} {:>10} {:>12} {:>12} {:>9} {:>12}",
         "coll", "bytes", "unicomm_us", "raw_us", "delta", "delta_us"
     );
-    let sizes = [8usize, 1 << 20, 16 << 20, 128 << 20, 512 << 20];
+    let max: usize = match std::env::args().skip_while(|a| a != "--max-bytes").nth(1) {
+        Some(v) => v.parse().unwrap_or_else(|_| {
+            eprintln!("overhead: --max-bytes {v}: not a byte count");
+            std::process::exit(2)
+        }),
+        None => usize::MAX,
+    };
+    let sizes: Vec<usize> = [8usize, 1 << 20, 16 << 20, 128 << 20, 512 << 20]
+        .into_iter()
+        .filter(|&b| b <= max)
+        .collect();
     let barrier = Barrier::new(w);
     for coll in [Coll::AllReduce, Coll::AllToAll] {
         for &bytes in &sizes {
