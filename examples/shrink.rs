@@ -4,6 +4,10 @@
 //! `--revoke-after-ms`, when a watchdog revokes the stuck communicator), agree on who is
 //! left, shrink the communicator and go on, every result checked exactly.
 //!
+//! `--fault hang` keeps the victim alive but silent (the survivors' collective hangs until
+//! the deadline or the watchdog's revoke), `--fault leave` is a planned departure (the
+//! survivors shrink a live communicator: NCCL's `ncclCommShrink`).
+//!
 //! `cargo xtask run --procs 4 --example shrink --vendor mock -- --victim 3`; the launcher is
 //! told the victim's death is expected (`--expect-lost 3`, which the xtask passes from
 //! `--victim` itself). Options: `--mode default|abort|reform` (the `ShrinkMode`),
@@ -24,9 +28,22 @@ use unicomm::{Comm, ReduceOp, ShrinkMode, Vendor};
 #[expect(dead_code, reason = "its own arguments: the shared parser is not used")]
 mod common;
 
+/// How the victim is lost.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// SIGKILL in the middle of the stream (the survivors see an error).
+    Kill,
+    /// Alive, but it stops calling collectives (the survivors' next one hangs: the
+    /// deadline, or a watchdog's revoke, ends it).
+    Hang,
+    /// A planned departure: every rank knows; the survivors shrink a live communicator.
+    Leave,
+}
+
 struct Args {
     vendor: Vendor,
     victim: Option<usize>,
+    fault: Fault,
     mode: ShrinkMode,
     revoke_after: Option<Duration>,
     state_dir: Option<std::path::PathBuf>,
@@ -37,6 +54,7 @@ fn args() -> anyhow::Result<Args> {
     let mut a = Args {
         vendor: Vendor::Auto,
         victim: None,
+        fault: Fault::Kill,
         mode: ShrinkMode::Default,
         revoke_after: None,
         state_dir: None,
@@ -48,6 +66,14 @@ fn args() -> anyhow::Result<Args> {
         match arg.as_str() {
             "--vendor" => a.vendor = val()?.parse()?,
             "--victim" => a.victim = Some(val()?.parse()?),
+            "--fault" => {
+                a.fault = match val()?.as_str() {
+                    "kill" => Fault::Kill,
+                    "hang" => Fault::Hang,
+                    "leave" => Fault::Leave,
+                    f => bail!("--fault {f}: expected kill, hang or leave"),
+                }
+            }
             "--mode" => {
                 a.mode = match val()?.as_str() {
                     "default" => ShrinkMode::Default,
@@ -62,7 +88,7 @@ fn args() -> anyhow::Result<Args> {
             "--state-dir" => a.state_dir = Some(val()?.into()),
             "--settle-ms" => a.settle = Duration::from_millis(val()?.parse()?),
             other => bail!(
-                "unknown argument {other} (expected --vendor V, --victim R, --mode M, --revoke-after-ms MS, --state-dir D, --settle-ms MS)"
+                "unknown argument {other} (expected --vendor V, --victim R, --fault kill|hang|leave, --mode M, --revoke-after-ms MS, --state-dir D, --settle-ms MS)"
             ),
         }
     }
@@ -128,12 +154,41 @@ fn run() -> anyhow::Result<()> {
     let mut failure = None;
     for i in 0..1000 {
         if r == victim && i == 10 {
-            println!("rank {r}: killing this process mid-stream (SIGKILL)");
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &std::process::id().to_string()])
-                .status();
-            std::thread::sleep(Duration::from_secs(60));
-            bail!("rank {r}: still alive after SIGKILL");
+            match a.fault {
+                Fault::Kill => {
+                    println!("rank {r}: killing this process mid-stream (SIGKILL)");
+                    let _ = std::process::Command::new("kill")
+                        .args(["-KILL", &std::process::id().to_string()])
+                        .status();
+                    std::thread::sleep(Duration::from_secs(60));
+                    bail!("rank {r}: still alive after SIGKILL");
+                }
+                Fault::Hang | Fault::Leave => {
+                    // Stays away until the survivors are done, then ends its communicator
+                    // (aborted: its peers left it) and exits.
+                    println!(
+                        "rank {r}: no more collectives from this rank ({})",
+                        if a.fault == Fault::Hang {
+                            "a hang"
+                        } else {
+                            "leaving"
+                        }
+                    );
+                    std::thread::sleep(a.settle * 3 + Duration::from_secs(10));
+                    comm.abort()?;
+                    println!("rank {r}: left; PASSED");
+                    return Ok(());
+                }
+            }
+        }
+        if a.fault == Fault::Leave && i == 10 {
+            failure = Some((
+                i,
+                unicomm::Error::Aborted {
+                    reason: format!("rank {victim} left, as planned"),
+                },
+            ));
+            break;
         }
         match all_reduce(&comm, (r + 1) as f32, a.revoke_after) {
             Ok(s) => ensure!(s == full, "rank {r}: all-reduce {i} gave {s}, want {full}"),
@@ -158,8 +213,14 @@ fn run() -> anyhow::Result<()> {
     );
     let t = Instant::now();
     let small = comm.shrink(&lost, a.mode)?;
+    // On NCCL a re-form aborts the old communicator, the default mode of ncclCommShrink
+    // leaves it usable: which one ran shows here.
+    let old = match comm.poll_async_error() {
+        Ok(()) => "the old communicator usable",
+        Err(_) => "the old communicator aborted",
+    };
     println!(
-        "rank {r}: now rank {} of {} after {:.1?}",
+        "rank {r}: now rank {} of {} after {:.1?} ({old})",
         small.rank(),
         small.world_size(),
         t.elapsed()

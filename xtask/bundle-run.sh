@@ -146,6 +146,15 @@ for v in nccl rccl; do
     UNICOMM_TIMEOUT_MS=30000 ./xtask launch --procs 4 $share --expect-lost 3 --timeout-s 200 -- ./shrink --vendor $vendor --victim 3 --revoke-after-ms 3000 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     step $v shrink: re-form asked for, victim 0
     UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 4 $share --expect-lost 0 --timeout-s 200 -- ./shrink --vendor $vendor --victim 0 --mode reform 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # NCCL's own shrink on a live communicator: 4: the victim silent (its peers' collective
+    # hangs), a watchdog revokes the communicator (ncclCommRevoke, NCCL >= 2.28.7), then
+    # ncclCommShrink; 5 and 6: a planned departure, default and abort modes.
+    step $v shrink: a silent rank, revoke, ncclCommShrink
+    UNICOMM_TIMEOUT_MS=60000 ./xtask launch --procs 4 $share --timeout-s 200 -- ./shrink --vendor $vendor --victim 3 --fault hang --revoke-after-ms 3000 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    for mode in default abort; do
+      step $v shrink: a planned departure, mode $mode
+      UNICOMM_TIMEOUT_MS=30000 ./xtask launch --procs 4 $share --timeout-s 200 -- ./shrink --vendor $vendor --victim 2 --fault leave --mode $mode 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    done
   fi
   if [ "$PARTS" = shrink ]; then continue; fi
   if [ "$PARTS" = faults ] || [ "$PARTS" = all ]; then
