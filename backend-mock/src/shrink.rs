@@ -44,6 +44,12 @@ impl MockComm {
             self.abort_comm();
         }
         let round = self.shrinks.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            rank = self.ctx.rank,
+            ?exclude,
+            ?mode,
+            "re-forming the mock's world"
+        );
         let timeout = self.ctx.timeout;
         let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
         let fabric: Arc<dyn Exchange> = if self.shared {

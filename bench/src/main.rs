@@ -342,6 +342,12 @@ pub struct Work {
 }
 
 fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     if let Err(e) = bench() {
         eprintln!("unicomm-bench: {e:#}");
         std::process::exit(1);

@@ -274,7 +274,14 @@ impl FlightRecorder {
         if self.cap == 0 || self.dir.is_none() || self.dumped.swap(true, Ordering::AcqRel) {
             return;
         }
-        let _ = self.dump(&error.to_string());
+        match self.dump(&error.to_string()) {
+            Ok(path) => {
+                tracing::warn!(comm = %self.name, rank = self.rank, path = %path.display(), "flight recorder dumped at: {error}")
+            }
+            Err(e) => {
+                tracing::warn!(comm = %self.name, rank = self.rank, "flight recorder dump failed: {e}")
+            }
+        }
     }
 }
 

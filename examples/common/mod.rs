@@ -26,8 +26,20 @@ pub fn args() -> anyhow::Result<Args> {
     Ok(a)
 }
 
+/// Prints the libraries' events on stderr: warnings by default, `RUST_LOG` for more (the
+/// libraries print nothing by themselves).
+pub fn log() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 /// Runs `body`; on error prints one line with its causes (no backtrace) and exits 1.
 pub fn main_with(body: impl FnOnce() -> anyhow::Result<()>) {
+    log();
     if let Err(e) = body() {
         eprintln!("error: {e:#}");
         std::process::exit(1);

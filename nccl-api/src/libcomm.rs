@@ -377,6 +377,13 @@ impl<R: Runtime> LibComm<R> {
     /// `finalize` or `abort` from any thread.
     pub(crate) fn destroy(&self, end: End) -> Result<()> {
         let _g = self.locked_for_teardown(end)?;
+        if end == End::Abort && self.state.load(Ordering::Acquire) == LIVE {
+            tracing::info!(
+                rank = self.rank,
+                world = self.world,
+                "aborting the communicator"
+            );
+        }
         self.destroy_locked(end)
     }
 

@@ -297,11 +297,11 @@ fn connection(mut s: TcpStream, hub: Weak<Hub>, count: Unauthenticated) {
     let mut r = R(&hello);
     let (Ok(secret), Ok(rank), Ok(kind)) = (r.take(32).map(<[u8]>::to_vec), r.usize(), r.u8())
     else {
-        eprintln!("unicomm mock hub: a malformed hello was dropped");
+        tracing::warn!("unicomm mock hub: a malformed hello was dropped");
         return;
     };
     if !secret_ok(&secret, &h.secret) || rank == 0 || rank >= h.world {
-        eprintln!("unicomm mock hub: a connection without the job's secret (or with rank {rank}) was dropped");
+        tracing::warn!("unicomm mock hub: a connection without the job's secret (or with rank {rank}) was dropped");
         return;
     }
     // Authenticated: no longer a stranger's slot.
@@ -311,7 +311,9 @@ fn connection(mut s: TcpStream, hub: Weak<Hub>, count: Unauthenticated) {
             {
                 let mut lives = h.lives();
                 if lives[rank] != Life::Absent {
-                    eprintln!("unicomm mock hub: rank {rank} joined twice; the second was dropped");
+                    tracing::warn!(
+                        "unicomm mock hub: rank {rank} joined twice; the second was dropped"
+                    );
                     return;
                 }
                 lives[rank] = Life::Live;

@@ -90,7 +90,10 @@ fn create_key(path: &Path) -> Result<()> {
         .and_then(|()| std::fs::hard_link(&tmp, path));
     let _ = std::fs::remove_file(&tmp);
     match made {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            tracing::info!(path = %path.display(), "created the rendezvous key file");
+            Ok(())
+        }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(io(&format!("creating {}", path.display()), e)),
     }

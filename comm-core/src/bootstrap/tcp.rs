@@ -243,6 +243,14 @@ pub fn exchange_unique_id(
         });
     }
     let env = &env.keyed(deadline)?;
+    tracing::info!(
+        rank = env.rank,
+        world = env.world_size,
+        launcher = env.launcher,
+        secret = env.token_source,
+        key_file = ?env.secret_file,
+        "rendezvous"
+    );
     if let Some(path) = &env.file {
         return file_exchange(env, path, make_id, start, deadline, timeout);
     }
@@ -267,7 +275,7 @@ pub fn exchange_unique_id(
                     // so silent or dripping strangers cannot queue the real ranks behind them;
                     // at most MAX_HANDSHAKES at once, each holding a few hundred bytes.
                     if live.load(Ordering::Acquire) >= MAX_HANDSHAKES {
-                        eprintln!("unicomm rendezvous on {addr}: dropped {peer}: {MAX_HANDSHAKES} handshakes already under way");
+                        tracing::warn!("unicomm rendezvous on {addr}: dropped {peer}: {MAX_HANDSHAKES} handshakes already under way");
                         continue;
                     }
                     let (env, served, live, tx) =
@@ -287,7 +295,7 @@ pub fn exchange_unique_id(
                                     Ok(rank) => {
                                         let _ = tx.send(rank);
                                     }
-                                    Err(why) => eprintln!(
+                                    Err(why) => tracing::warn!(
                                         "unicomm rendezvous on {addr}: dropped {peer}: {why}"
                                     ),
                                 }

@@ -317,7 +317,7 @@ impl<R: Runtime> Drop for ApiComm<R> {
         } else if lc.ended() || self.ce.done_within(lc.timeout()) {
             End::Finalize
         } else {
-            eprintln!(
+            tracing::warn!(
                 "unicomm: rank {}: copy-engine work still waiting at the communicator's drop after {:?}: aborted instead of finalized",
                 lc.rank,
                 lc.timeout()
@@ -332,7 +332,7 @@ impl<R: Runtime> Drop for ApiComm<R> {
                 // Another thread's call (an abort, a settle) still holds the communicator
                 // past twice its deadline: it may still use the copy-engine memory, so that
                 // is left mapped and allocated, as is the communicator.
-                eprintln!(
+                tracing::warn!(
                     "unicomm: rank {}: the communicator's drop: {e}; left as it is (not destroyed, its copy-engine memory not freed)",
                     lc.rank
                 );

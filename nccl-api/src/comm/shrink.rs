@@ -57,8 +57,20 @@ impl<R: Runtime> ApiComm<R> {
             .fns
             .comm_shrink
             .filter(|_| lc.api.version >= SHRINK_SINCE);
+        let native = native.filter(|_| mode != ShrinkMode::Reform && lc.live().is_ok());
+        tracing::info!(
+            rank = lc.rank,
+            ?exclude,
+            ?mode,
+            how = if native.is_some() {
+                "ncclCommShrink"
+            } else {
+                "re-forming"
+            },
+            "shrinking the communicator"
+        );
         let (raw, rank, world) = match native {
-            Some(f) if mode != ShrinkMode::Reform && lc.live().is_ok() => {
+            Some(f) => {
                 let cfg = split::to_config(config, false)?;
                 let raw = shrink::shrink_raw(lc, f, exclude, cfg, mode.nccl() as c_int)?
                     .ok_or_else(|| {

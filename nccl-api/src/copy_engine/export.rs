@@ -100,7 +100,7 @@ pub(crate) fn swap<R: Runtime>(
     if !agreed {
         // Some rank cannot take the path for this memory: none does.
         if let (true, Err(e)) = (offer, &exported) {
-            eprintln!(
+            tracing::warn!(
                 "unicomm: rank {}: memory not shared for the copy-engine path: {e}",
                 lc.rank
             );

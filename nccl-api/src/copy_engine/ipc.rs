@@ -193,7 +193,7 @@ pub fn exchange(
                     (Some(o), Some(fd)) => match import(p, &o, fd.as_fd()) {
                         Ok(()) => {}
                         Err(e) => {
-                            eprintln!("unicomm copy-engine exchange #{seq}: rank {rank} could not map rank {p}'s window: {e}");
+                            tracing::warn!("unicomm copy-engine exchange #{seq}: rank {rank} could not map rank {p}'s window: {e}");
                             ok = false;
                         }
                     },
@@ -202,12 +202,12 @@ pub fn exchange(
                 incoming.push((p, s));
             }
             Ok((p, ..)) => {
-                eprintln!(
+                tracing::warn!(
                     "unicomm copy-engine exchange #{seq}: dropped a second offer claiming rank {p}"
                 )
             }
             Err(why) => {
-                eprintln!("unicomm copy-engine exchange #{seq}: dropped a connection: {why}")
+                tracing::warn!("unicomm copy-engine exchange #{seq}: dropped a connection: {why}")
             }
         }
     }
@@ -284,7 +284,7 @@ fn offer_to(
         socket::getsockopt(&s, sockopt::PeerCredentials).map_err(|e| io("SO_PEERCRED", e))?;
     if cred.uid() != me {
         // Someone else holds this job's name: talk to nobody there.
-        eprintln!(
+        tracing::warn!(
             "unicomm copy-engine exchange #{seq}: rank {p}'s socket belongs to user {} (pid {}), not to this job's user {me}: not sent",
             cred.uid(),
             cred.pid()

@@ -341,7 +341,7 @@ impl<R: Runtime> CopyEngine<R> {
             let by_write = signals::by_write_wanted()? && lc.rt.signal_by_write(lc.dev);
             let block = if want {
                 self.signal_block(b).map_err(|e| {
-                    eprintln!(
+                    tracing::warn!(
                         "unicomm: rank {}: copy-engine signals unavailable, NCCL barriers instead: {e}",
                         lc.rank
                     );

@@ -117,7 +117,7 @@ impl<R: Runtime> Pending<R> {
                 true
             }
             Err(e) => {
-                eprintln!(
+                tracing::warn!(
                     "unicomm: rank {}: {what} mapping(s) or block(s) of the copy-engine path left in place: the copies that used them did not finish ({e})",
                     self.rank
                 );

@@ -299,11 +299,11 @@ impl<R: Runtime> AbortHook for SignalRelease<R> {
         match r {
             Ok(true) => return true,
             _ if !report => {}
-            Ok(false) => eprintln!(
+            Ok(false) => tracing::warn!(
                 "unicomm: rank {}: copy-engine operations still waiting {within:?} after their signals were released (the device is stuck, or a graph launched them)",
                 self.rank
             ),
-            Err(e) => eprintln!(
+            Err(e) => tracing::warn!(
                 "unicomm: rank {}: the copy-engine signal waits could not be released: {e}",
                 self.rank
             ),
