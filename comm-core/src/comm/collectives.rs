@@ -33,7 +33,7 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         let op = self.op_for::<T>(op)?;
         let (s, r) = self.views(send, recv, Ok)?;
-        self.raw
+        self.sole()?
             .all_reduce(s.raw(), r.raw(), s.len, T::DTYPE, op, stream)
     }
 
@@ -46,7 +46,7 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         let op = self.op_for::<T>(op)?;
         let b = self.view_mut_of(buf)?.into_view();
-        self.raw
+        self.sole()?
             .all_reduce(b.raw(), b.raw(), b.len, T::DTYPE, op, stream)
     }
 
@@ -61,7 +61,7 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         self.rank_arg(root, "root")?;
         let (s, r) = self.views(send, recv, Ok)?;
-        self.raw
+        self.sole()?
             .broadcast(s.raw(), r.raw(), s.len, T::DTYPE, root, stream)
     }
 
@@ -74,7 +74,7 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         self.rank_arg(root, "root")?;
         let b = self.view_mut_of(buf)?.into_view();
-        self.raw
+        self.sole()?
             .broadcast(b.raw(), b.raw(), b.len, T::DTYPE, root, stream)
     }
 
@@ -91,7 +91,7 @@ impl<C: Collective> Comm<C> {
         let op = self.op_for::<T>(op)?;
         self.rank_arg(root, "root")?;
         let (s, r) = self.views(send, recv, Ok)?;
-        self.raw
+        self.sole()?
             .reduce(s.raw(), r.raw(), s.len, T::DTYPE, op, root, stream)
     }
 
@@ -106,7 +106,7 @@ impl<C: Collective> Comm<C> {
         let op = self.op_for::<T>(op)?;
         self.rank_arg(root, "root")?;
         let b = self.view_mut_of(buf)?.into_view();
-        self.raw
+        self.sole()?
             .reduce(b.raw(), b.raw(), b.len, T::DTYPE, op, root, stream)
     }
 
@@ -118,7 +118,7 @@ impl<C: Collective> Comm<C> {
         stream: &C::Stream,
     ) -> Result<()> {
         let (s, r) = self.views(send, recv, |n| self.times_world(n, "send"))?;
-        self.raw
+        self.sole()?
             .all_gather(s.raw(), r.raw(), s.len, T::DTYPE, stream)
     }
 
@@ -132,7 +132,7 @@ impl<C: Collective> Comm<C> {
         let whole = self.view_mut_of(buf)?.into_view();
         let count = self.per_rank(whole.len, "buf")?;
         let mine = whole.slice(self.rank() * count..(self.rank() + 1) * count)?;
-        self.raw
+        self.sole()?
             .all_gather(mine.raw(), whole.raw(), count, T::DTYPE, stream)
     }
 
@@ -147,7 +147,7 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         let op = self.op_for::<T>(op)?;
         let (s, r) = self.views(send, recv, |n| self.per_rank(n, "send"))?;
-        self.raw
+        self.sole()?
             .reduce_scatter(s.raw(), r.raw(), r.len, T::DTYPE, op, stream)
     }
 
@@ -162,7 +162,7 @@ impl<C: Collective> Comm<C> {
         let whole = self.view_mut_of(buf)?.into_view();
         let count = self.per_rank(whole.len, "buf")?;
         let mine = whole.slice(self.rank() * count..(self.rank() + 1) * count)?;
-        self.raw
+        self.sole()?
             .reduce_scatter(whole.raw(), mine.raw(), count, T::DTYPE, op, stream)
     }
 
@@ -177,7 +177,7 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         let (s, r) = self.views(send, recv, |n| self.per_rank(n, "send").map(|_| n))?;
         let count = s.len / self.world_size();
-        self.raw
+        self.sole()?
             .all_to_all(s.raw(), r.raw(), count, T::DTYPE, stream)
     }
 
@@ -192,7 +192,7 @@ impl<C: Collective> Comm<C> {
         self.rank_arg(peer, "peer")?;
         let b = buf.view();
         self.check(&b)?;
-        self.raw.send(b.raw(), b.len, T::DTYPE, peer, stream)
+        self.sole()?.send(b.raw(), b.len, T::DTYPE, peer, stream)
     }
 
     /// Receives `buf.len()` elements from `peer`.
@@ -204,12 +204,12 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         self.rank_arg(peer, "peer")?;
         let b = self.view_mut_of(buf)?.into_view();
-        self.raw.recv(b.raw(), b.len, T::DTYPE, peer, stream)
+        self.sole()?.recv(b.raw(), b.len, T::DTYPE, peer, stream)
     }
 
     /// A stream-ordered barrier: work enqueued after it on `stream` starts once every rank
     /// has reached it. Call `stream.synchronize()` to wait on the host.
     pub fn barrier(&self, stream: &C::Stream) -> Result<()> {
-        self.raw.barrier(stream)
+        self.sole()?.barrier(stream)
     }
 }

@@ -35,7 +35,10 @@ impl<C: Collective> Comm<C> {
             ));
         }
         config.check_values()?;
-        Ok(self.raw.split(color, key, config)?.map(Comm::from_backend))
+        Ok(self
+            .sole()?
+            .split(color, key, config)?
+            .map(Comm::from_backend))
     }
 
     /// Splits into the disjoint rank lists `groups` (collective, every rank passes the same

@@ -8,7 +8,8 @@ mod var;
 
 pub use var::packed_displs;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use crate::backend::{Capabilities, Collective};
 use crate::buffer::{elem_bytes, Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
@@ -20,9 +21,48 @@ static NEXT_COMM_ID: AtomicU64 = AtomicU64::new(1);
 
 /// One rank's communicator over a backend `C`, with typed collectives and ownership rules
 /// for registered memory.
+///
+/// `Comm` is `Sync` where its backend is (every backend here): any thread may call `abort`,
+/// `poll_async_error` or `revoke` while another is in a collective. Collectives themselves
+/// are the caller's to order: calls of one communicator from several threads at once pair
+/// up across the ranks by arrival, not by program order (NCCL's rule: one thread at a time
+/// per communicator), so rank 0's first call may meet rank 1's second. Memory stays safe;
+/// the results do not. `UNICOMM_CHECK_COLLECTIVES=1` refuses a collective that overlaps
+/// another of the same communicator on this rank (`InvalidArgument`).
 pub struct Comm<C: Collective> {
     raw: C,
     id: u64,
+    /// Calls in a collective right now (counted with `UNICOMM_CHECK_COLLECTIVES=1`).
+    busy: AtomicU32,
+}
+
+/// Whether collectives are checked (`UNICOMM_CHECK_COLLECTIVES=1`; a value that does not
+/// parse is the backends' error at creation).
+fn checking() -> bool {
+    static CHECK: OnceLock<bool> = OnceLock::new();
+    *CHECK.get_or_init(|| crate::env::switch("UNICOMM_CHECK_COLLECTIVES", false).unwrap_or(false))
+}
+
+/// The backend for one collective call; with the check on, the only one in progress on the
+/// communicator while it lives.
+pub(crate) struct Sole<'a, C> {
+    raw: &'a C,
+    busy: Option<&'a AtomicU32>,
+}
+
+impl<C> std::ops::Deref for Sole<'_, C> {
+    type Target = C;
+    fn deref(&self) -> &C {
+        self.raw
+    }
+}
+
+impl<C> Drop for Sole<'_, C> {
+    fn drop(&mut self) {
+        if let Some(b) = self.busy {
+            b.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl<C: Collective> Comm<C> {
@@ -31,8 +71,35 @@ impl<C: Collective> Comm<C> {
         Comm {
             raw,
             id: NEXT_COMM_ID.fetch_add(1, Ordering::Relaxed),
+            busy: AtomicU32::new(0),
         }
     }
+    /// The backend for a collective call. Collectives of one communicator called from
+    /// several threads at once pair up across the ranks by arrival, not by the program's
+    /// order (NCCL's rule: one thread at a time per communicator); with
+    /// `UNICOMM_CHECK_COLLECTIVES=1` a call that overlaps another is refused
+    /// (`InvalidArgument`), where the overlap happens while this rank is in the call.
+    #[inline]
+    pub(crate) fn sole(&self) -> Result<Sole<'_, C>> {
+        if !checking() {
+            return Ok(Sole {
+                raw: &self.raw,
+                busy: None,
+            });
+        }
+        if self.busy.fetch_add(1, Ordering::AcqRel) > 0 {
+            self.busy.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::invalid(
+                "comm",
+                "another thread is in a collective of this communicator: calls from several threads at once pair up across the ranks by arrival, not in program order (one thread at a time per communicator, as NCCL requires)",
+            ));
+        }
+        Ok(Sole {
+            raw: &self.raw,
+            busy: Some(&self.busy),
+        })
+    }
+
     /// The backend communicator.
     pub fn backend(&self) -> &C {
         &self.raw

@@ -59,7 +59,7 @@ impl<C: Collective> Comm<C> {
         };
         let kind = Kind::Gather { root };
         let op = Op::with(kind, Some(s.raw()), out, s.len, T::DTYPE, Layout::default());
-        self.raw.enqueue(op, stream)
+        self.sole()?.enqueue(op, stream)
     }
 
     /// Scatter: rank `r`'s `recv` (`n = recv.len()`, the same on every rank) receives root's
@@ -98,7 +98,7 @@ impl<C: Collective> Comm<C> {
             T::DTYPE,
             Layout::default(),
         );
-        self.raw.enqueue(op, stream)
+        self.sole()?.enqueue(op, stream)
     }
 
     /// All-to-all with per-peer counts and displacements (elements): `send_counts.counts[p]`
@@ -140,7 +140,7 @@ impl<C: Collective> Comm<C> {
             T::DTYPE,
             layout,
         );
-        self.raw.enqueue(op, stream)
+        self.sole()?.enqueue(op, stream)
     }
 
     /// All-gather with per-rank counts: rank `r`'s `send` (`recv_counts.counts[r]` elements,
@@ -171,7 +171,7 @@ impl<C: Collective> Comm<C> {
             T::DTYPE,
             layout,
         );
-        self.raw.enqueue(op, stream)
+        self.sole()?.enqueue(op, stream)
     }
 
     /// Reduce-scatter with per-rank counts: this rank's `recv` (its entry of `send_counts`,
@@ -207,7 +207,7 @@ impl<C: Collective> Comm<C> {
         };
         let kind = Kind::ReduceScatterV { op };
         let op = Op::with(kind, Some(s.raw()), Some(r.raw()), r.len, T::DTYPE, layout);
-        self.raw.enqueue(op, stream)
+        self.sole()?.enqueue(op, stream)
     }
 
     /// This rank's entry of `counts` must be `len`, the length of its own side.
