@@ -119,8 +119,20 @@ pub(crate) fn file_exchange(
         return Ok(id);
     }
     let mut last = String::from("no file yet");
+    // Rank 0 of this job writes its file within its own deadline of this rank's start: a
+    // file older than that (with 30 s for the clocks of a shared file system) is an earlier
+    // run's, even under the same token, and is never taken.
+    let oldest = std::time::SystemTime::now()
+        .checked_sub(timeout + Duration::from_secs(30))
+        .unwrap_or(std::time::UNIX_EPOCH);
     loop {
+        let stale = std::fs::symlink_metadata(path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t < oldest);
         match read_bounded(path, FILE_LEN) {
+            Ok(_) if stale => {
+                last = "a file older than this job's rendezvous could be (an earlier run's)".into();
+            }
             Ok(b) if b.len() == FILE_LEN && &b[..8] == FILE_MAGIC => {
                 let mut n = [0u8; 16];
                 n.copy_from_slice(&b[8..24]);

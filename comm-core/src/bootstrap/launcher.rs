@@ -250,7 +250,14 @@ impl LaunchEnv {
             Some(f) => format!("file:{}", f.display()),
             None => format!("{addr}:{port}"),
         };
-        let token = format!("{secret}|{place}|{world_size}").into_bytes();
+        // A relaunch of the same job (torchrun's or Slurm's restart) is another rendezvous:
+        // a file or a listener of the attempt before is not this one's.
+        let attempt: String = ["TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"]
+            .iter()
+            .filter_map(|v| var(v).map(|x| format!("{v}={x}")))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("{secret}|{place}|{world_size}|{attempt}").into_bytes();
         Ok(LaunchEnv {
             rank,
             world_size,
@@ -280,6 +287,8 @@ fn read_names() -> Vec<&'static str> {
         "UNICOMM_RENDEZVOUS_TOKEN",
         "UNICOMM_RENDEZVOUS_SECRET_FILE",
         "HOME",
+        "TORCHELASTIC_RESTART_COUNT",
+        "SLURM_RESTART_COUNT",
         "TORCHELASTIC_RUN_ID",
         "SLURM_JOB_ID",
         "SLURM_STEP_ID",

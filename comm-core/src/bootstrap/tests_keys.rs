@@ -184,3 +184,68 @@ fn a_refusal_without_the_token_is_not_believed() {
     }
     assert!(t0.elapsed() >= Duration::from_millis(800));
 }
+
+#[test]
+fn a_stale_file_of_an_earlier_run_with_the_same_token_is_never_taken() {
+    let d = scratch("stale");
+    let path = d.join("job.id");
+    let env = |rank| LaunchEnv {
+        rank,
+        world_size: 2,
+        local_rank: rank,
+        master: (String::new(), 0),
+        file: Some(path.clone()),
+        launcher: "test",
+        token: b"the-same-token-every-run".to_vec(),
+        token_source: "test",
+        secret_file: None,
+    };
+    // An earlier run's rank 0 wrote its file and died (a copy of it, kept as it was).
+    let copy = d.join("earlier.id");
+    std::thread::scope(|s| {
+        let e0 = env(0);
+        let r0 =
+            s.spawn(move || exchange_unique_id(&e0, || Ok([1; 128]), Duration::from_millis(400)));
+        let t = Instant::now();
+        while std::fs::copy(&path, &copy).is_err() && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(r0.join().unwrap().is_err(), "no rank 1 came");
+    });
+    std::fs::rename(&copy, &path).unwrap();
+    let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(an_hour_ago)
+        .unwrap();
+    // This run's rank 1 starts before its rank 0: it must wait, not take the old id.
+    let r = exchange_unique_id(&env(1), || Ok([0; 128]), Duration::from_millis(800));
+    match r {
+        Err(Error::Timeout { what, .. }) => assert!(what.contains("earlier run"), "{what}"),
+        other => panic!("the stale file was taken: {other:?}"),
+    }
+    // A relaunch (torchrun's restart count) is another rendezvous: another token.
+    let vars = |restart: &'static str| {
+        move |k: &str| {
+            [
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "1"),
+                ("UNICOMM_RENDEZVOUS_TOKEN", "t"),
+                ("TORCHELASTIC_RESTART_COUNT", restart),
+            ]
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+        }
+    };
+    let (a, b) = (
+        LaunchEnv::from_vars(vars("0")).unwrap(),
+        LaunchEnv::from_vars(vars("1")).unwrap(),
+    );
+    assert_ne!(a.token, b.token);
+    let _ = std::fs::remove_dir_all(&d);
+}
