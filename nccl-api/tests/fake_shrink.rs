@@ -39,7 +39,8 @@ fn run(
     before: impl Fn(&C) + Sync,
 ) -> Vec<Option<Result<Seen, Error>>> {
     let path = fake(feature);
-    let api = Arc::new(Api::open(flavors(false, false), &path).expect("load the fake"));
+    let api =
+        Arc::new(Api::open(flavors(false, feature == "rccl-old"), &path).expect("load the fake"));
     let id = api.unique_id().unwrap();
     let board = Rejoin::local();
     std::thread::scope(|s| {
@@ -159,4 +160,17 @@ fn a_library_without_ncclcommshrink_re_forms_and_revoke_names_its_version() {
         assert!(rv.contains("2.28.7"), "{rv}");
     }
     assert_eq!(calls(&path, "ncclCommInitRank") - inits, (W + 2) as i32);
+}
+
+#[test]
+fn rccl_without_ncclcommshrink_re_forms() {
+    std::env::set_var("FAKE_NCCL_BARRIER_WORLDS", "1");
+    let path = fake("rccl-old");
+    // SAFETY: as above.
+    let _held = unsafe { libloading::Library::new(&path) }.unwrap();
+    let seen = survivors(run("rccl-old", ShrinkMode::Default, true, |_| {}));
+    for s in &seen {
+        assert_eq!((s.1, s.2, s.3), (2, 4, true), "{seen:?}");
+        assert!(s.4.as_deref().unwrap_or("").contains("RCCL"), "{:?}", s.4);
+    }
 }

@@ -131,6 +131,29 @@ pub(crate) fn test(o: &Opts) -> Result<()> {
                 && said.contains("rank(s) 1 never did"),
             "the flight recorder's dumps do not name the skipped collective:\n{said}"
         );
+        // The recorder at a lost rank: the survivors' dumps name the rank that left none.
+        let _ = std::fs::remove_dir_all(&fl);
+        let env = [("UNICOMM_FLIGHT_DIR", fl_s.as_str())];
+        let job = launch::Job {
+            n: 4,
+            timeout: std::time::Duration::from_secs(300),
+            share_gpu: false,
+            expect_lost: &[3],
+            env: &env,
+        };
+        run_procs(
+            &mock(&["--victim", "3", "--settle-ms", "1000"]),
+            "shrink",
+            &job,
+        )
+        .context("shrink with the flight recorder on the mock")?;
+        let said = crate::trace::analyze(&crate::trace::read_dir(&fl)?).join("\n");
+        let _ = std::fs::remove_dir_all(&fl);
+        println!("{said}");
+        anyhow::ensure!(
+            said.contains("no dump from rank(s) 3") && said.contains("sequence number 10"),
+            "the flight recorder's dumps do not name the lost rank:\n{said}"
+        );
         // unicomm-bench with one rank per process (its figures combined through
         // the communicator), data checked: a smoke test, no timing asserted.
         let mut b = cargo();

@@ -165,9 +165,15 @@ fn verdict(ds: &[&Dump]) -> String {
         })
         .collect();
     if pending.is_empty() {
+        let last = ds
+            .iter()
+            .filter_map(|d| d.entries.last())
+            .max_by_key(|e| e.seq)
+            .map_or("none".to_string(), |e| {
+                format!("sequence number {} ({})", e.seq, e.fate())
+            });
         format!(
-            "  no divergence: every rank recorded the same {} operation(s)",
-            upto - from
+            "  no divergence among the dumps: every one of them ends at the same operation, {last}; a rank with no dump is where the job stopped"
         )
     } else {
         format!(
@@ -258,6 +264,20 @@ mod tests {
         let a = analyze(&ds).join("\n");
         assert!(a.contains("sequence number 1: the ranks called different operations: rank 0 all_reduce of 8 float32, rank 1 all_reduce of 16 float32"), "{a}");
         assert!(a.contains("no dump from rank(s) 2"), "{a}");
+    }
+
+    #[test]
+    fn a_lost_rank_is_named_and_the_survivors_last_operation_given() {
+        let ds = [
+            dump(0, &[("all_reduce", 4), ("all_reduce", 4)], "enqueued"),
+            dump(1, &[("all_reduce", 4), ("all_reduce", 4)], "enqueued"),
+        ];
+        let a = analyze(&ds).join("\n");
+        assert!(a.contains("no dump from rank(s) 2"), "{a}");
+        assert!(
+            a.contains("ends at the same operation, sequence number 1 (all_reduce of 4 float32"),
+            "{a}"
+        );
     }
 
     #[test]
