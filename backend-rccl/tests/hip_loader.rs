@@ -6,8 +6,16 @@
 use unicomm_core::Error;
 use unicomm_rccl::runtime::hip_search;
 
+/// The tests here read and set the loader's variables: one at a time.
+static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn env_lock() -> std::sync::MutexGuard<'static, ()> {
+    ENV.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn real_hip_runtime_without_an_amd_gpu_is_no_device() {
+    let _env = env_lock();
     let must = std::env::var_os("UNICOMM_EXPECT_HIP").is_some();
     match unicomm_rccl::HipRuntime::new() {
         Err(Error::NoDevice { vendor, detail }) => {
@@ -28,9 +36,9 @@ fn real_hip_runtime_without_an_amd_gpu_is_no_device() {
 
 #[test]
 fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
-    // Run the search with a bogus explicit path and bogus ROCm dirs in a child process, so
-    // that this process's environment stays as it is; the sonames may still resolve if the
-    // library is installed, so only the listed paths are checked here.
+    let _env = env_lock();
+    // A bogus explicit path and bogus ROCm dirs; the sonames may still resolve if the library
+    // is installed, so only the listed paths are checked here.
     std::env::set_var("UNICOMM_HIP_LIBRARY", "/nonexistent/libamdhip64.so");
     std::env::set_var("ROCM_PATH", "/nonexistent/rocm");
     let c: Vec<String> = hip_search()
@@ -42,6 +50,21 @@ fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
     assert_eq!(c[1], "/nonexistent/rocm/lib/libamdhip64.so");
     assert!(c.contains(&"/opt/rocm/lib/libamdhip64.so".to_string()));
     assert!(c.contains(&"libamdhip64.so.5".to_string()));
+    // The path the variable names is the only one tried: absent, the error says so (the
+    // default search's library is not loaded in its place).
+    match unicomm_rccl::HipRuntime::new() {
+        Err(Error::LibraryNotFound { library, tried }) => {
+            assert_eq!(library, "HIP runtime");
+            assert_eq!(tried.len(), 1, "{tried:?}");
+            assert!(
+                tried[0].starts_with("/nonexistent/libamdhip64.so (absent")
+                    && tried[0].contains("UNICOMM_HIP_LIBRARY"),
+                "{tried:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    std::env::remove_var("UNICOMM_HIP_LIBRARY");
     let installed = c.iter().filter(|p| !p.starts_with('/')).any(|n| {
         // SAFETY: probing whether a soname resolves; dropped at once.
         unsafe { libloading::Library::new(n) }.is_ok()
@@ -51,14 +74,15 @@ fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
             assert!(!installed);
             assert_eq!(library, "HIP runtime");
             assert!(
-                tried[0].starts_with("/nonexistent/libamdhip64.so"),
+                tried[0].starts_with("/nonexistent/rocm/lib/libamdhip64.so"),
                 "{tried:?}"
             );
-            assert_eq!(tried.len(), c.len());
+            assert_eq!(tried.len(), c.len() - 1);
         }
         Err(Error::NoDevice { .. }) => assert!(installed, "NoDevice means a HIP library loaded"),
         other => panic!("{other:?}"),
     }
+    std::env::remove_var("ROCM_PATH");
     // The RCCL library is absent here (no Debian package has it): LibraryNotFound.
     match unicomm_rccl::rccl() {
         Err(Error::LibraryNotFound {
@@ -82,6 +106,7 @@ fn no_hip_library_at_all_is_library_not_found_with_the_paths() {
 /// `device_info` and the virtual-memory calls of the copy-engine path across processes.
 #[test]
 fn optional_symbols_exist_in_the_real_hip_runtime() {
+    let _env = env_lock();
     let must = std::env::var_os("UNICOMM_EXPECT_HIP").is_some();
     let lib = hip_search().candidates().iter().find_map(|p| {
         // SAFETY: loading the HIP runtime runs its initialisers, as HipRuntime::new does.
