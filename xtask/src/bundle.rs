@@ -75,6 +75,7 @@ pub(crate) fn bundle(o: &Opts) -> Result<()> {
         "rank_conformance",
         "engine_mesh",
         "shrink",
+        "split_abort",
     ];
     for e in examples {
         ex.args(["--example", e]);
