@@ -38,7 +38,10 @@ impl Path {
 /// Per collective (its [`Kind::code`]), ordered `(up to bytes, path)` rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
+    /// In the file's order (the digest's).
     rules: Vec<(u8, usize, Path)>,
+    /// The same, indexed by collective code: a call scans only its collective's rules.
+    by_kind: Vec<Vec<(usize, Path)>>,
 }
 
 /// The collectives a tune file has rules for (those with more than one path).
@@ -166,7 +169,13 @@ impl Policy {
             }
             rules.push((coll, bound, path));
         }
-        Ok(Policy { rules })
+        let mut by_kind = vec![Vec::new(); Kind::ALL.len() + 1];
+        for &(coll, bound, path) in &rules {
+            if let Some(v) = by_kind.get_mut(usize::from(coll)) {
+                v.push((bound, path));
+            }
+        }
+        Ok(Policy { rules, by_kind })
     }
 
     /// `UNICOMM_TUNE_FILE` when set (an unreadable or malformed file is an error, never
@@ -210,11 +219,10 @@ impl Policy {
         if !tunable(kind) {
             return Path::Registered;
         }
-        let coll = kind.code();
-        self.rules
-            .iter()
-            .find(|(c, bound, _)| *c == coll && size <= *bound)
-            .map_or(Path::Registered, |r| r.2)
+        self.by_kind
+            .get(usize::from(kind.code()))
+            .and_then(|rules| rules.iter().find(|(bound, _)| size <= *bound))
+            .map_or(Path::Registered, |r| r.1)
     }
 }
 
