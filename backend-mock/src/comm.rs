@@ -110,6 +110,38 @@ impl MockComm {
         self.ctx.fabric.poison(e);
     }
 
+    /// A communicator derived from this one (a split child, a shrunk world): rank `rank` of
+    /// `world` on `fabric`, of the same device; `step` names it for the flight recorder
+    /// ("split3.c1", "shrink0") and, with `ranks` (the members, in this world's ranks), for
+    /// where its survivors meet.
+    pub(crate) fn derived(
+        &self,
+        (rank, world): (usize, usize),
+        (fabric, world_id): (Arc<dyn crate::fabric::Exchange>, u64),
+        step: &str,
+        ranks: &[usize],
+    ) -> MockComm {
+        MockComm {
+            ctx: Arc::new(exec::RankCtx {
+                rank,
+                world,
+                fabric,
+                timeout: self.ctx.timeout,
+                faults: Vec::new(),
+                flight: self.ctx.flight.derived(step, rank, world),
+            }),
+            shared: self.shared,
+            world_id,
+            device: self.device,
+            registry: Registry::new(),
+            seq: AtomicU64::new(0),
+            issued: AtomicU64::new(0),
+            state: AtomicU8::new(LIVE),
+            rejoin: self.rejoin.derived(step.as_bytes(), ranks),
+            shrinks: AtomicU64::new(0),
+        }
+    }
+
     pub(crate) fn live(&self) -> Result<()> {
         match self.state.load(Ordering::Acquire) {
             LIVE => match self.ctx.fabric.poisoned() {

@@ -5,14 +5,12 @@
 //! one of the same "device" (streams and memory still serve it), as a split child is.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use unicomm_core::registry::Registry;
 use unicomm_core::{CommConfig, Error, Result, ShrinkMode};
 
-use crate::comm::{MockComm, LIVE, NEXT_WORLD};
-use crate::exec::RankCtx;
+use crate::comm::{MockComm, NEXT_WORLD};
 use crate::fabric::{Exchange, LocalFabric};
 use crate::procs;
 
@@ -104,27 +102,11 @@ impl MockComm {
             }
             f
         };
-        Ok(MockComm {
-            ctx: Arc::new(RankCtx {
-                rank: me,
-                world: k,
-                fabric,
-                timeout,
-                faults: Vec::new(),
-                flight: self.ctx.flight.derived(&format!("shrink{round}"), me, k),
-            }),
-            shared: self.shared,
-            world_id,
-            device: self.device,
-            registry: Registry::new(),
-            seq: AtomicU64::new(0),
-            issued: AtomicU64::new(0),
-            state: AtomicU8::new(LIVE),
-            rejoin: self.rejoin.derived(
-                &[b"shrink".as_slice(), &round.to_le_bytes()].concat(),
-                &survivors,
-            ),
-            shrinks: AtomicU64::new(0),
-        })
+        Ok(self.derived(
+            (me, k),
+            (fabric, world_id),
+            &format!("shrink{round}"),
+            &survivors,
+        ))
     }
 }

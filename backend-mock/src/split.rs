@@ -8,14 +8,13 @@
 //! and secret travel in a second all-gather over the parent.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use unicomm_core::registry::Registry;
 use unicomm_core::{CommConfig, DataType, Kind, Result};
 
-use crate::comm::{MockComm, LIVE, NEXT_WORLD};
-use crate::exec::{self, RankCtx, Span, Spec};
+use crate::comm::{MockComm, NEXT_WORLD};
+use crate::exec::{self, Span, Spec};
 use crate::fabric::{Exchange, LocalFabric, Signature};
 use crate::memory::MockMemory;
 use crate::procs;
@@ -113,32 +112,13 @@ impl MockComm {
         let (Some((fabric, world_id)), Some(_)) = (fabric, me) else {
             return Ok(None);
         };
-        Ok(Some(MockComm {
-            ctx: Arc::new(RankCtx {
-                rank: child_rank,
-                world: k,
-                fabric,
-                timeout: self.ctx.timeout,
-                faults: Vec::new(),
-                flight: self.ctx.flight.derived(
-                    &format!("split{split_seq}.c{}", color.unwrap_or(0)),
-                    child_rank,
-                    k,
-                ),
-            }),
-            shared: self.shared,
-            world_id,
-            device: self.device,
-            registry: Registry::new(),
-            seq: AtomicU64::new(0),
-            issued: AtomicU64::new(0),
-            state: AtomicU8::new(LIVE),
-            rejoin: self.rejoin.derived(
-                &[b"split".as_slice(), &split_seq.to_le_bytes()].concat(),
-                &members.iter().map(|&(_, r)| r).collect::<Vec<_>>(),
-            ),
-            shrinks: AtomicU64::new(0),
-        }))
+        let ranks: Vec<usize> = members.iter().map(|&(_, r)| r).collect();
+        Ok(Some(self.derived(
+            (child_rank, k),
+            (fabric, world_id),
+            &format!("split{split_seq}.c{}", color.unwrap_or(0)),
+            &ranks,
+        )))
     }
 
     /// The fabric of group `color` of this split, created by its first member to arrive.

@@ -24,18 +24,12 @@ impl<R: Runtime> ApiComm<R> {
     ) -> Result<Option<Self>> {
         let b = &self.base;
         let lc = &b.lc;
-        config.check_supported(lc.api.flavor.library, lc.api.version)?;
-        b.not_in_group("splitting a communicator")?;
+        let mode = self.child_mode(config, "splitting a communicator")?;
+        let nonblocking = mode.nonblocking;
         // Every rank splits in the same order, so the number names this split on every rank.
         let split = self
             .splits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let nonblocking = config.blocking.map_or(lc.nonblocking, |blocking| !blocking);
-        let mode = Mode {
-            nonblocking,
-            timeout: lc.timeout(),
-            check: b.agree.checking(),
-        };
         let native = lc
             .api
             .fns
@@ -96,6 +90,21 @@ impl<R: Runtime> ApiComm<R> {
             world,
         );
         Self::compose(lc, mode, sharing, rejoin, flight).map(Some)
+    }
+
+    /// How a communicator derived from this one is made (`what` names the call in errors):
+    /// `config` checked against the library, outside a group, blocking as `config` says
+    /// or as this one is, with this one's deadline and checks.
+    pub(super) fn child_mode(&self, config: &CommConfig, what: &str) -> Result<Mode> {
+        let b = &self.base;
+        let lc = &b.lc;
+        config.check_supported(lc.api.flavor.library, lc.api.version)?;
+        b.not_in_group(what)?;
+        Ok(Mode {
+            nonblocking: config.blocking.map_or(lc.nonblocking, |blocking| !blocking),
+            timeout: lc.timeout(),
+            check: b.agree.checking(),
+        })
     }
 
     /// A child's rank and size, from the library (`ncclCommUserRank`, `ncclCommCount`).

@@ -36,22 +36,14 @@ impl<R: Runtime> ApiComm<R> {
         mode: ShrinkMode,
         config: &CommConfig,
     ) -> Result<Self> {
-        let b = &self.base;
-        let lc = &b.lc;
-        config.check_supported(lc.api.flavor.library, lc.api.version)?;
-        b.not_in_group("shrinking a communicator")?;
+        let lc = &self.base.lc;
+        let mode_c = self.child_mode(config, "shrinking a communicator")?;
         let survivors: Vec<usize> = (0..lc.world)
             .filter(|r| exclude.binary_search(r).is_err())
             .collect();
         let round = self
             .shrinks
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let nonblocking = config.blocking.map_or(lc.nonblocking, |blocking| !blocking);
-        let mode_c = Mode {
-            nonblocking,
-            timeout: lc.timeout(),
-            check: b.agree.checking(),
-        };
         let native = lc
             .api
             .fns
