@@ -9,7 +9,7 @@
 mod common;
 
 use anyhow::{bail, Context as _};
-use unicomm::core::conformance::{process_subset, run_case_on_rank, run_groups_on_rank};
+use unicomm::core::conformance::{process_subset, run_case_on_rank, run_groups_on_rank_refusing};
 
 fn main() {
     common::main_with(run)
@@ -51,16 +51,20 @@ fn run() -> anyhow::Result<()> {
     }
     let t = std::time::Instant::now();
     for (i, case) in cases.iter().enumerate() {
-        // NCCL/RCCL refuse one documented case family (the GPU test crate's rule); the mock
-        // runs it.
-        let refused =
-            comm.capabilities().backend != "mock" && unicomm_gpu_tests::nccl_refuses(case);
+        // NCCL/RCCL refuse documented case families (the GPU test crate's rule); the mock
+        // runs them.
+        let backend = comm.capabilities().backend;
+        let refused = backend != "mock" && unicomm_gpu_tests::refuses(backend, case);
         if let Err(e) = run_case_on_rank(&comm, *case, refused) {
             let _ = comm.abort();
             bail!("rank {r}: case {i} of {}: {e}", cases.len());
         }
     }
-    if let Err(e) = run_groups_on_rank(&comm) {
+    let backend = comm.capabilities().backend;
+    let refused = |check: &str| {
+        backend != "mock" && unicomm_gpu_tests::refuses_group_check(backend, check, w)
+    };
+    if let Err(e) = run_groups_on_rank_refusing(&comm, &refused) {
         let _ = comm.abort();
         bail!("rank {r}: process groups: {e}");
     }

@@ -124,7 +124,7 @@ impl<R: Runtime> Harness for Gpu<R> {
     /// bytes is refused by the shared layer (it corrupts data; a2b12b3:docs/results.md); the same
     /// check applies to RCCL, which reports the NCCL API it implements.
     fn unsupported(&self, case: &Case) -> bool {
-        nccl_refuses(case)
+        refuses(self.vendor.backend, case)
     }
 }
 
@@ -156,7 +156,7 @@ pub(crate) fn thread_world<R: Runtime>(g: &Gpu<R>) -> Result<usize> {
 /// [`world`], one thread each.
 pub fn groups<R: Runtime>(g: &Gpu<R>) -> std::result::Result<(), Failure> {
     let w = thread_world(g)?;
-    let refused = |check: &str| nccl_refuses_group_check(check, w);
+    let refused = |check: &str| refuses_group_check(g.vendor.backend, check, w);
     unicomm_core::conformance::run_groups_refusing(&g.comms(w)?, &refused)
 }
 
@@ -359,4 +359,23 @@ fn one_rank_fp8_premul(dtype: unicomm_core::DataType, op: unicomm_core::ReduceOp
 /// on a world of `world` ranks: the fp8 pre-multiplied sums on one rank (above).
 pub fn nccl_refuses_group_check(check: &str, world: usize) -> bool {
     world == 1 && check == "pre-multiplied sum f8e4m3"
+}
+
+/// The cases `backend` ("nccl", "rccl") refuses by design: NCCL's above for both NCCL-API
+/// backends; for RCCL also every reduction of the 8-bit floats (RCCL's fp8 on MI300 is the
+/// FNUZ encoding, and unicomm refuses rather than reinterpret OCP bytes; moving fp8 works).
+pub fn refuses(backend: &str, case: &Case) -> bool {
+    use unicomm_core::conformance::Coll;
+    let reduces = matches!(
+        case.coll,
+        Coll::AllReduce | Coll::Reduce | Coll::ReduceScatter
+    );
+    nccl_refuses(case) || (backend == "rccl" && case.dtype.is_fp8() && reduces)
+}
+
+/// The process-group checks `backend` refuses by design on a world of `world` ranks: NCCL's
+/// above; for RCCL the fp8 pre-multiplied sum at any size (the FNUZ refusal).
+pub fn refuses_group_check(backend: &str, check: &str, world: usize) -> bool {
+    nccl_refuses_group_check(check, world)
+        || (backend == "rccl" && check == "pre-multiplied sum f8e4m3")
 }
