@@ -17,7 +17,8 @@ rc=0
 # kernel's slowdown under NCCL's and the copy-engine all_to_all; the single-thread sweep), groups
 # (process groups: split, the mesh, gather/scatter, the variable-size exchanges, fp8, scaled
 # sums, in one process and as 2, 3 and 4 processes; the engine example), shrink (a rank
-# SIGKILLed, the survivors shrink or re-form and go on): each takes
+# SIGKILLed, the survivors shrink or re-form and go on), rccl-on-cuda (a rocm bundle's RCCL
+# backend on an NVIDIA GPU through its HIP-on-CUDA runtime, NCCL standing in for RCCL): each takes
 # minutes, so a time-limited session can run them in separate calls. BENCH_ARGS adds to the
 # sweep's arguments.
 PARTS=${PARTS:-all}
@@ -32,6 +33,32 @@ skips() { # $1 = GPU count
     if [ "$1" -lt "$w" ] && [ "$w" -gt 1 ]; then printf -- "--skip %s " "$name"; echo "conformance: world size $w not run ($1 GPU(s) here)" >&2; fi
   done < worlds.txt
 }
+if [ "$PARTS" = rccl-on-cuda ]; then
+  # The RCCL backend, unchanged, on an NVIDIA GPU: the HIP runtime is the test-only
+  # HIP-on-CUDA library of this bundle, RCCL is NCCL's library (the same C API; set
+  # RCCL_STAND_IN to another libnccl.so.2). It proves the backend's own logic on a GPU, not
+  # HIP's semantics on AMD hardware (docs/rocm.md).
+  [ -x ./rccl-conformance ] && [ -f ./libunicomm_hip_on_cuda.so ] || { echo "rccl-on-cuda: this bundle has no RCCL binaries or no HIP-on-CUDA runtime (cargo xtask bundle --vendor rocm)"; exit 1; }
+  export UNICOMM_HIP_LIBRARY=$PWD/libunicomm_hip_on_cuda.so
+  export UNICOMM_RCCL_LIBRARY=${RCCL_STAND_IN:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2}
+  [ -f "$UNICOMM_RCCL_LIBRARY" ] || { echo "rccl-on-cuda: no NCCL at $UNICOMM_RCCL_LIBRARY (set RCCL_STAND_IN)"; exit 1; }
+  n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$n" -ge 1 ] || { echo "rccl-on-cuda: no NVIDIA GPU here"; exit 1; }
+  export UNICOMM_GPU_WORLD=1; [ "$n" -ge 2 ] && share= || share=--share-gpu
+  rc=0; L="$OUT/rccl-on-cuda.log"; : > "$L"
+  step rccl-on-cuda doctor; ./doctor 2>&1 | tee -a "$L" | grep -A3 "^\[rocm\]"
+  for e in allreduce_ub alltoall_ub; do step rccl-on-cuda $e; timeout 120 ./$e --vendor rocm 2>&1 | tee -a "$L" | tail -1; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1; done
+  step rccl-on-cuda gpu-specific
+  for t in registration ranks ipc signals; do [ -x ./rccl-$t ] || continue; timeout 200 ./rccl-$t --test-threads=1 >> "$L" 2>&1 || rc=1; done; grep -E "test result|FAILED" "$L" | tail -4
+  step rccl-on-cuda conformance and groups, world 1
+  timeout 300 ./rccl-conformance --test-threads=1 $(skips 1) >> "$L" 2>&1 || rc=1
+  timeout 200 ./rccl-groups --test-threads=1 >> "$L" 2>&1 || rc=1; grep -E "test result|FAILED" "$L" | tail -2
+  for n2 in 2 3; do step rccl-on-cuda $n2 processes; ./xtask launch --procs $n2 $share --timeout-s 200 -- ./rank_conformance --vendor rocm 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1; done
+  step rccl-on-cuda copy engines across processes, data checked
+  ./xtask launch --procs 2 $share --timeout-s 200 -- ./unicomm-bench --vendor rocm --modes window,ce --coll all_to_all,all_to_all_v,all_gather -b 64K -e 4M -f 4 -w 2 -n 5 --place out 2>&1 | tee -a "$L" | grep -E "wrong|error|==>" ; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  for sc in skip ce-skip ce-abort; do step rccl-on-cuda faults $sc; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor rocm --scenario $sc 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1; done
+  step rccl-on-cuda shrink; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 4 $share --expect-lost 3 --timeout-s 200 -- ./shrink --vendor rocm --victim 3 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  echo "overall rc=$rc"; exit $rc
+fi
 for v in nccl rccl; do
   [ -x ./$v-conformance ] || continue
   vendor=$([ $v = nccl ] && echo cuda || echo rocm)

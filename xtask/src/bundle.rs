@@ -118,7 +118,23 @@ pub(crate) fn bundle(o: &Opts) -> Result<()> {
                 copies.extend(test_binaries("unicomm-nccl", "", &["loader"], "nccl")?);
             }
             GpuVendor::Rocm => {
-                copies.extend(test_binaries("unicomm-rccl", "", &["hip_loader"], "rccl")?)
+                copies.extend(test_binaries("unicomm-rccl", "", &["hip_loader"], "rccl")?);
+                // The test-only HIP runtime over the CUDA driver: the RCCL backend's code on
+                // an NVIDIA GPU (run.sh's `rccl-on-cuda` part). Its own workspace, no deps.
+                let target = std::env::var_os("CARGO_TARGET_DIR")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| root().join("target"))
+                    .join("hip-on-cuda");
+                let mut shim = cargo();
+                shim.args(["build", "--release", "--offline", "--manifest-path"])
+                    .arg(root().join("backend-rccl/tests/hip-on-cuda/Cargo.toml"))
+                    .arg("--target-dir")
+                    .arg(&target);
+                crate::cargo::step("build the HIP-on-CUDA test runtime", shim)?;
+                copies.push((
+                    target.join("release/libunicomm_hip_on_cuda.so"),
+                    "libunicomm_hip_on_cuda.so".to_string(),
+                ));
             }
         }
         // The GPU test crate, one binary per area: `<vendor>-<area>`.
