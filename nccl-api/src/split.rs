@@ -10,7 +10,7 @@ use unicomm_core::{CommConfig, Error, Result, Version};
 
 use crate::libcomm::LibComm;
 use crate::sys::api::{NcclComm, NcclResult, UniqueId};
-use crate::sys::config::{Config, UNDEF};
+use crate::sys::config::{Config, IN_PROGRESS, UNDEF};
 use crate::sys::runtime::Runtime;
 use crate::wait::{settle_raw, SendPtr};
 
@@ -84,7 +84,11 @@ pub(crate) fn derive_raw<R: Runtime>(
             out = child.0;
             code
         };
-        lc.check(name, code)?;
+        // A non-blocking child answers ncclInProgress until it settles: where it is adopted
+        // (`adopt_raw`), or below for a non-blocking parent's.
+        if code != IN_PROGRESS || out.is_null() {
+            lc.check(name, code)?;
+        }
         lc.settle_locked(name)?;
         if out.is_null() {
             return Ok(None);

@@ -84,6 +84,26 @@ fn split_is_ncclcommsplit_from_2_18() {
     works(&c);
 }
 
+/// A non-blocking child of a blocking parent (`blocking: false` in the child's config):
+/// ncclCommSplit answers ncclInProgress for it, which is not an error; the child is settled
+/// (polled until it leaves ncclInProgress) before `split` returns it.
+#[test]
+fn a_non_blocking_child_of_a_blocking_parent_is_settled_not_refused() {
+    let _one = serial();
+    let path = fake("nccl228");
+    let c = comm(flavors(false, false), &path);
+    let polls = calls(&path, "ncclCommGetAsyncError");
+    let config = CommConfig {
+        blocking: Some(false),
+        ..CommConfig::default()
+    };
+    let child = c.split_with(Some(0), 0, &config).unwrap().expect("a child");
+    assert!(calls(&path, "ncclCommGetAsyncError") - polls >= 4);
+    works(&child);
+    child.finalize().unwrap();
+    works(&c);
+}
+
 /// NCCL 2.17 (no ncclCommSplit): the members make the child from a fresh unique id that
 /// the parent carries to them: one all-reduce for every rank's (color, key), one per group
 /// for its id, then ncclCommInitRank.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::{calls, fake, flavors, Host};
 use unicomm_core::bootstrap::Rejoin;
-use unicomm_core::{Comm, Error, ReduceOp, ShrinkMode};
+use unicomm_core::{Comm, CommConfig, Error, ReduceOp, ShrinkMode};
 use unicomm_nccl_api::{Api, ApiComm};
 
 type C = Comm<ApiComm<Host>>;
@@ -38,6 +38,17 @@ fn run(
     rejoin: bool,
     before: impl Fn(&C) + Sync,
 ) -> Vec<Option<Result<Seen, Error>>> {
+    run_with(feature, mode, rejoin, before, &CommConfig::default())
+}
+
+/// [`run`] with the shrunk communicator's configuration.
+fn run_with(
+    feature: &str,
+    mode: ShrinkMode,
+    rejoin: bool,
+    before: impl Fn(&C) + Sync,
+    config: &CommConfig,
+) -> Vec<Option<Result<Seen, Error>>> {
     let path = fake(feature);
     let api =
         Arc::new(Api::open(flavors(false, feature == "rccl-old"), &path).expect("load the fake"));
@@ -59,7 +70,7 @@ fn run(
                         return None;
                     }
                     before(&c);
-                    let out = c.shrink(&[LOST], mode).and_then(|small| {
+                    let out = c.shrink_with(&[LOST], mode, config).and_then(|small| {
                         let got = sum(&small, r as u64 + 1)?;
                         let parent_aborted =
                             matches!(c.poll_async_error(), Err(Error::Aborted { .. }));
@@ -173,4 +184,34 @@ fn rccl_without_ncclcommshrink_re_forms() {
         assert_eq!((s.1, s.2, s.3), (2, 4, true), "{seen:?}");
         assert!(s.4.as_deref().unwrap_or("").contains("RCCL"), "{:?}", s.4);
     }
+}
+
+/// NCCL's rule: a non-blocking communicator is used only once it settled. A non-blocking
+/// child of a blocking parent is settled by the shrink itself (polled until it leaves
+/// ncclInProgress), as a split's is.
+#[test]
+fn a_non_blocking_shrunk_child_of_a_blocking_parent_is_settled_before_it_is_returned() {
+    std::env::set_var("FAKE_NCCL_BARRIER_WORLDS", "1");
+    let path = fake("nccl228");
+    // SAFETY: as above.
+    let _held = unsafe { libloading::Library::new(&path) }.unwrap();
+    let polls = calls(&path, "ncclCommGetAsyncError");
+    let config = CommConfig {
+        blocking: Some(false),
+        ..CommConfig::default()
+    };
+    let seen = survivors(run_with(
+        "nccl228",
+        ShrinkMode::Default,
+        false,
+        |_| {},
+        &config,
+    ));
+    assert!(seen.iter().all(|s| s.2 == 4), "{seen:?}");
+    // Each survivor's child answered ncclInProgress three times before the shrink returned.
+    assert!(
+        calls(&path, "ncclCommGetAsyncError") - polls >= 2 * 4,
+        "{} polls",
+        calls(&path, "ncclCommGetAsyncError") - polls
+    );
 }

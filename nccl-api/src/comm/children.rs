@@ -42,25 +42,7 @@ impl<R: Runtime> ApiComm<R> {
                 let Some(raw) = split::split_raw(lc, f, color, key as c_int, cfg)? else {
                     return Ok(None);
                 };
-                // A non-blocking child of a blocking parent is settled here (a child of a
-                // non-blocking parent was settled by the split).
-                if nonblocking && !lc.nonblocking {
-                    if let Err(e) =
-                        settle_raw(&lc.api, raw, "ncclCommSplit", lc.timeout(), &|| false)
-                    {
-                        // SAFETY: the child just created, never wrapped: aborted once.
-                        unsafe { (lc.api.fns.comm_abort)(raw) };
-                        return Err(e);
-                    }
-                }
-                match self.rank_and_size(raw) {
-                    Ok((r, n)) => (raw, r, n),
-                    Err(e) => {
-                        // SAFETY: the child just created, never wrapped: aborted once.
-                        unsafe { (lc.api.fns.comm_abort)(raw) };
-                        return Err(e);
-                    }
-                }
+                self.adopt_raw(raw, "ncclCommSplit", nonblocking)?
             }
             None => match self.split_by_unique_id(color, key, config, mode)? {
                 Some(c) => c,
@@ -77,18 +59,10 @@ impl<R: Runtime> ApiComm<R> {
         );
         // The child reaches its peers' memory where the parent does (the copy-engine path).
         let sharing = self.ce.child_sharing(split, color.unwrap_or(0), world);
-        let step = [
-            b"split".as_slice(),
-            &split.to_le_bytes(),
-            &color.unwrap_or(0).to_le_bytes(),
-        ]
-        .concat();
-        let rejoin = self.rejoin.get().map(|r| r.derived(&step, &[]));
-        let flight = self.flight.derived(
-            &format!("split{split}.c{}", color.unwrap_or(0)),
-            rank,
-            world,
-        );
+        // The child's name, the same on its every member: its recorder's and its rejoin's.
+        let step = format!("split{split}.c{}", color.unwrap_or(0));
+        let rejoin = self.rejoin.get().map(|r| r.derived(step.as_bytes(), &[]));
+        let flight = self.flight.derived(&step, rank, world);
         Self::compose(lc, mode, sharing, rejoin, flight).map(Some)
     }
 
@@ -107,8 +81,34 @@ impl<R: Runtime> ApiComm<R> {
         })
     }
 
+    /// A communicator the library derived from this one by `name` (`ncclCommSplit`,
+    /// `ncclCommShrink`), ready to wrap: settled where it is non-blocking and this one is not
+    /// (a non-blocking parent's call settled it already), its rank and size read; on any
+    /// failure aborted, never wrapped half-made.
+    pub(super) fn adopt_raw(
+        &self,
+        raw: NcclComm,
+        name: &str,
+        nonblocking: bool,
+    ) -> Result<(NcclComm, usize, usize)> {
+        let lc = &self.base.lc;
+        let settled = if nonblocking && !lc.nonblocking {
+            settle_raw(&lc.api, raw, name, lc.timeout(), &|| false)
+        } else {
+            Ok(())
+        };
+        match settled.and_then(|()| self.rank_and_size(raw)) {
+            Ok((r, n)) => Ok((raw, r, n)),
+            Err(e) => {
+                // SAFETY: the communicator just created, never wrapped: aborted once.
+                unsafe { (lc.api.fns.comm_abort)(raw) };
+                Err(e)
+            }
+        }
+    }
+
     /// A child's rank and size, from the library (`ncclCommUserRank`, `ncclCommCount`).
-    pub(super) fn rank_and_size(&self, raw: NcclComm) -> Result<(usize, usize)> {
+    fn rank_and_size(&self, raw: NcclComm) -> Result<(usize, usize)> {
         let api = &self.base.lc.api;
         let (Some(user_rank), Some(count)) = (api.fns.comm_user_rank, api.fns.comm_count) else {
             return Err(Error::invalid(

@@ -68,19 +68,12 @@ impl<R: Runtime> ApiComm<R> {
                     .ok_or_else(|| {
                         Error::invalid("exclude", "ncclCommShrink made no communicator")
                     })?;
-                let (r, n) = match self.rank_and_size(raw) {
-                    Ok(rn) => rn,
-                    Err(e) => {
-                        // SAFETY: the communicator just created, never wrapped: aborted once.
-                        unsafe { (lc.api.fns.comm_abort)(raw) };
-                        return Err(e);
-                    }
-                };
+                let made = self.adopt_raw(raw, "ncclCommShrink", mode_c.nonblocking)?;
                 if mode == ShrinkMode::Abort {
                     // NCCL's rule after the abort mode: the parent is aborted, not destroyed.
                     let _ = lc.destroy(End::Abort);
                 }
-                (raw, r, n)
+                made
             }
             _ => self.reform(&survivors, round, mode_c, config)?,
         };
@@ -93,9 +86,13 @@ impl<R: Runtime> ApiComm<R> {
             mode_c.timeout,
         );
         let sharing = self.ce.child_sharing(SHRINK_WORLDS + round, 0, world);
-        let step = [b"shrink".as_slice(), &round.to_le_bytes()].concat();
-        let rejoin = self.rejoin.get().map(|r| r.derived(&step, &survivors));
-        let flight = self.flight.derived(&format!("shrink{round}"), rank, world);
+        // Its name, the same on every survivor: its recorder's and its rejoin's.
+        let step = format!("shrink{round}");
+        let rejoin = self
+            .rejoin
+            .get()
+            .map(|r| r.derived(step.as_bytes(), &survivors));
+        let flight = self.flight.derived(&step, rank, world);
         Self::compose(lc, mode_c, sharing, rejoin, flight)
     }
 

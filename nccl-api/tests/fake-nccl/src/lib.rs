@@ -311,7 +311,7 @@ pub unsafe extern "C" fn ncclCommSplit(c: *mut Comm, color: c_int, _key: c_int, 
 /// itself is refused, as NCCL documents.
 #[cfg(feature = "nccl228")]
 #[no_mangle]
-pub unsafe extern "C" fn ncclCommShrink(c: *mut Comm, exclude: *mut c_int, n: c_int, out: *mut *mut Comm, _config: *mut Config, flags: c_int) -> R {
+pub unsafe extern "C" fn ncclCommShrink(c: *mut Comm, exclude: *mut c_int, n: c_int, out: *mut *mut Comm, config: *mut Config, flags: c_int) -> R {
     count("ncclCommShrink");
     if flags & 1 != 0 {
         count("ncclCommShrink:abort");
@@ -320,7 +320,13 @@ pub unsafe extern "C" fn ncclCommShrink(c: *mut Comm, exclude: *mut c_int, n: c_
     if gone.contains(&(*c).rank) {
         return fail(INVALID_USAGE, "fake: an excluded rank called ncclCommShrink");
     }
-    let mut child = Comm::new((*c).nranks - gone.len() as c_int, false, (*c).nonblocking);
+    // A configuration's blocking field is honoured, as by ncclCommSplit.
+    let nonblocking = if config.is_null() {
+        (*c).nonblocking
+    } else {
+        (*config).blocking == 0 || ((*config).blocking == c_int::MIN && (*c).nonblocking)
+    };
+    let mut child = Comm::new((*c).nranks - gone.len() as c_int, false, nonblocking);
     child.rank = (0..(*c).rank).filter(|r| !gone.contains(r)).count() as c_int;
     *out = Box::into_raw(Box::new(child));
     in_progress(*out, OK)
