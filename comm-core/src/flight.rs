@@ -172,7 +172,8 @@ impl FlightRecorder {
         if self.cap == 0 {
             return 0;
         }
-        let e = Entry {
+        // Made before the lock (the clock read included); numbered under it.
+        let mut e = Entry {
             seq: 0,
             kind: kind.snake_name(),
             count,
@@ -190,7 +191,8 @@ impl FlightRecorder {
         if ring.entries.len() == self.cap {
             ring.entries.pop_front();
         }
-        ring.entries.push_back(Entry { seq, ..e });
+        e.seq = seq;
+        ring.entries.push_back(e);
         seq
     }
 

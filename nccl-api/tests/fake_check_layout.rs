@@ -6,19 +6,36 @@
 
 mod common;
 
-use common::{fake, flavors, on_ranks};
+use common::{fake, flavors, on_ranks, Host};
+use unicomm_core::Comm;
 use unicomm_core::{packed_displs, Counts, Error};
+use unicomm_nccl_api::ApiComm;
 
 /// The fake's barrier world is one per process: one test at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[test]
-fn ranks_that_disagree_on_all_to_all_v_counts_all_get_mismatch() {
+/// Three ranks with the check on, each running `f`; every rank's result must be `Mismatch`
+/// on the count. The results, in rank order.
+fn every_rank_mismatches<T: std::fmt::Debug + Send>(
+    f: impl Fn(usize, Comm<ApiComm<Host>>) -> unicomm_core::Result<T> + Sync,
+) -> Vec<unicomm_core::Result<T>> {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     std::env::set_var("FAKE_NCCL_BARRIER_WORLDS", "1");
     std::env::set_var("UNICOMM_CHECK_COLLECTIVES", "1");
     let path = fake("nccl228");
-    let out = on_ranks(flavors(false, false), &path, 3, |r, c| {
+    let out = on_ranks(flavors(false, false), &path, 3, f);
+    for (r, res) in out.iter().enumerate() {
+        assert!(
+            matches!(res, Err(Error::Mismatch { what: "count", .. })),
+            "rank {r}: {res:?}"
+        );
+    }
+    out
+}
+
+#[test]
+fn ranks_that_disagree_on_all_to_all_v_counts_all_get_mismatch() {
+    let out = every_rank_mismatches(|r, c| {
         let st = c.create_stream().unwrap();
         // Every rank sends 2 to each peer; rank 2 expects 3 from rank 0.
         let sc = vec![2usize; 3];
@@ -36,12 +53,6 @@ fn ranks_that_disagree_on_all_to_all_v_counts_all_get_mismatch() {
         };
         c.all_to_all_v(&send, s, &mut recv, v, &st)
     });
-    for (r, res) in out.iter().enumerate() {
-        assert!(
-            matches!(res, Err(Error::Mismatch { what: "count", .. })),
-            "rank {r}: {res:?}"
-        );
-    }
     // The rank that sees the disagreement names both counts.
     let Err(Error::Mismatch { detail, .. }) = &out[2] else {
         unreachable!()
@@ -54,11 +65,7 @@ fn ranks_that_disagree_on_all_to_all_v_counts_all_get_mismatch() {
 
 #[test]
 fn ranks_whose_all_gather_v_counts_differ_all_get_mismatch() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    std::env::set_var("FAKE_NCCL_BARRIER_WORLDS", "1");
-    std::env::set_var("UNICOMM_CHECK_COLLECTIVES", "1");
-    let path = fake("nccl228");
-    let out = on_ranks(flavors(false, false), &path, 3, |r, c| {
+    every_rank_mismatches(|r, c| {
         let st = c.create_stream().unwrap();
         let counts = if r == 1 { vec![1, 1, 2] } else { vec![1, 1, 1] };
         let displs = packed_displs(&counts).unwrap();
@@ -70,10 +77,4 @@ fn ranks_whose_all_gather_v_counts_differ_all_get_mismatch() {
         };
         c.all_gather_v(&send, &mut recv, layout, &st)
     });
-    for (r, res) in out.iter().enumerate() {
-        assert!(
-            matches!(res, Err(Error::Mismatch { what: "count", .. })),
-            "rank {r}: {res:?}"
-        );
-    }
 }

@@ -7,7 +7,7 @@
 //! no-op.
 #![allow(clippy::missing_safety_doc, non_snake_case)]
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::OnceLock;
 
 type R = c_int;
@@ -85,11 +85,7 @@ unsafe fn primary(d: Dev) -> Result<Ctx, R> {
     if let Some(&(_, c)) = ctxs.iter().find(|(x, _)| *x == d) {
         return Ok(c as Ctx);
     }
-    let mut dev: c_int = 0;
-    let r = call!("cuDeviceGet": fn(*mut c_int, c_int) (&mut dev, d));
-    if r != 0 {
-        return Err(r);
-    }
+    let dev = device(d)?;
     let mut c: Ctx = std::ptr::null_mut();
     let r = call!("cuDevicePrimaryCtxRetain": fn(*mut Ctx, c_int) (&mut c, dev));
     if r != 0 {
@@ -209,24 +205,29 @@ pub unsafe extern "C" fn hipDriverGetVersion(v: *mut c_int) -> R {
     call!("cuDriverGetVersion": fn(*mut c_int) (v))
 }
 
+/// The driver's device of HIP's ordinal `d`.
+unsafe fn device(d: c_int) -> Result<c_int, R> {
+    let mut dev = 0;
+    match call!("cuDeviceGet": fn(*mut c_int, c_int) (&mut dev, d)) {
+        0 => Ok(dev),
+        r => Err(r),
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn hipDeviceGetName(name: *mut c_char, len: c_int, d: c_int) -> R {
-    let mut dev = 0;
-    let r = call!("cuDeviceGet": fn(*mut c_int, c_int) (&mut dev, d));
-    if r != 0 {
-        return r;
+    match device(d) {
+        Ok(dev) => call!("cuDeviceGetName": fn(*mut c_char, c_int, c_int) (name, len, dev)),
+        Err(r) => r,
     }
-    call!("cuDeviceGetName": fn(*mut c_char, c_int, c_int) (name, len, dev))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn hipDeviceGetPCIBusId(id: *mut c_char, len: c_int, d: c_int) -> R {
-    let mut dev = 0;
-    let r = call!("cuDeviceGet": fn(*mut c_int, c_int) (&mut dev, d));
-    if r != 0 {
-        return r;
+    match device(d) {
+        Ok(dev) => call!("cuDeviceGetPCIBusId": fn(*mut c_char, c_int, c_int) (id, len, dev)),
+        Err(r) => r,
     }
-    call!("cuDeviceGetPCIBusId": fn(*mut c_char, c_int, c_int) (id, len, dev))
 }
 
 #[no_mangle]
@@ -349,9 +350,4 @@ pub unsafe extern "C" fn hipMemUnmap(p: *mut c_void, size: usize) -> R {
 #[no_mangle]
 pub unsafe extern "C" fn hipMemAddressFree(p: *mut c_void, size: usize) -> R {
     in_ctx!(call!("cuMemAddressFree": fn(*mut c_void, usize) (p, size)))
-}
-
-/// The driver's name for a code (tests print it).
-pub fn name(r: R) -> String {
-    unsafe { CStr::from_ptr(hipGetErrorName(r)).to_string_lossy().into_owned() }
 }
