@@ -67,7 +67,7 @@ fn run() -> anyhow::Result<()> {
     let common::Args { vendor, ranks } = common::args()?;
     let resolved = common::choose(vendor)?;
     // Four ranks as threads, unless a launcher started one rank per process.
-    let launched = unicomm::core::bootstrap::LaunchEnv::detect().is_ok();
+    let launched = unicomm::bootstrap::LaunchEnv::detect().is_ok();
     let comms = common::comms(resolved, if launched { ranks } else { ranks.or(Some(4)) })?;
     ensure!(
         comms[0].world_size() == 4,

@@ -9,7 +9,7 @@
 mod common;
 
 use anyhow::{bail, Context as _};
-use unicomm::core::conformance::{process_subset, run_case_on_rank, run_groups_on_rank_refusing};
+use unicomm_conformance::{process_subset, run_case_on_rank, run_groups_on_rank_refusing};
 
 fn main() {
     common::main_with(run)

@@ -138,7 +138,7 @@ fn all_reduce(c: &Comm, x: f32, revoke_after: Option<Duration>) -> unicomm::Resu
 fn run() -> anyhow::Result<()> {
     let a = args()?;
     let vendor = common::choose(a.vendor)?;
-    let env = unicomm::core::bootstrap::LaunchEnv::detect()
+    let env = unicomm::bootstrap::LaunchEnv::detect()
         .context("run this example under a launcher (cargo xtask run --procs N)")?;
     let comm = unicomm::from_env(vendor)?;
     let (r, w) = (comm.rank(), comm.world_size());

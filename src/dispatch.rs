@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use unicomm_core::bootstrap::LaunchEnv;
+use unicomm_bootstrap::LaunchEnv;
 use unicomm_core::{
     Capabilities, Collective, CommConfig, DeviceMemory, DeviceStream, Error, Marker, Op, RawHandle,
     Result,
@@ -216,7 +216,7 @@ macro_rules! gpu_backend {
                 timeout: Duration,
                 config: &CommConfig,
             ) -> Result<AnyComm> {
-                let id = unicomm_core::bootstrap::exchange_unique_id(
+                let id = unicomm_bootstrap::exchange_unique_id(
                     env,
                     || Ok(::$krate::unique_id()?.to_bytes()),
                     timeout,
@@ -225,7 +225,7 @@ macro_rules! gpu_backend {
                 let where_ = (env.rank, env.world_size, env.local_rank);
                 let comm = ::$krate::init_rank_with(id, where_, config)?;
                 // After a failure the survivors re-form over the job's rendezvous.
-                comm.set_rejoin(unicomm_core::bootstrap::Rejoin::job(env))?;
+                comm.set_rejoin(unicomm_bootstrap::Rejoin::job(env))?;
                 Ok(AnyComm::from(comm))
             }
         }

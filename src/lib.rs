@@ -84,7 +84,9 @@ pub use unicomm_core::{
 /// ...), over the backend chosen at run time.
 pub type DeviceMesh = unicomm_core::DeviceMesh<AnyComm>;
 
-/// The contract crate (`unicomm-core`): the backend trait, the conformance suite, bootstrap.
+/// The rendezvous (`unicomm-bootstrap`): the launcher's variables, the unique id's exchange, re-forming.
+pub use unicomm_bootstrap as bootstrap;
+/// The contract crate (`unicomm-core`): the backend trait, the typed API, the flight recorder.
 pub use unicomm_core as core;
 
 /// The generic types behind the aliases below ([`Comm`], [`Buffer`], [`Registered`],
@@ -254,7 +256,7 @@ pub fn local_comms_with(
 }
 
 /// One rank per process, launched by torchrun, mpirun or srun: reads the launcher's
-/// variables (`unicomm_core::bootstrap::LaunchEnv`), shares rank 0's unique id over a TCP
+/// variables (`unicomm_bootstrap::LaunchEnv`), shares rank 0's unique id over a TCP
 /// rendezvous on `MASTER_ADDR:MASTER_PORT` (deadline: `UNICOMM_BOOTSTRAP_TIMEOUT_S`, default
 /// 300 s), and joins on GPU `LOCAL_RANK`. On the mock (Linux) the ranks are the processes of
 /// this machine, their buffers in shared memory (`unicomm_mock::join`): a program launched
@@ -280,7 +282,7 @@ pub fn from_env(vendor: Vendor) -> Result<Comm> {
 
 /// Like [`from_env`], the communicator created with `config`.
 pub fn from_env_with(vendor: Vendor, config: &CommConfig) -> Result<Comm> {
-    let env = unicomm_core::bootstrap::LaunchEnv::detect()?;
+    let env = unicomm_bootstrap::LaunchEnv::detect()?;
     let timeout = bootstrap_timeout()?;
     let (vendor, _) = resolve(vendor)?;
     let raw = dispatch::from_env_vendor(vendor, &env, timeout, config)?;

@@ -43,7 +43,7 @@ pub struct MockComm {
     pub(crate) issued: AtomicU64,
     pub(crate) state: AtomicU8,
     /// Where the survivors meet to re-form after a failure (`shrink`).
-    pub(crate) rejoin: unicomm_core::bootstrap::Rejoin,
+    pub(crate) rejoin: unicomm_bootstrap::Rejoin,
     /// Re-formings so far (each survivor counts the same).
     pub(crate) shrinks: AtomicU64,
 }

@@ -73,7 +73,7 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
     }
     let fabric: Arc<dyn Exchange> = Arc::new(LocalFabric::new(n, config.timeout));
     let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
-    let rejoin = unicomm_core::bootstrap::Rejoin::local();
+    let rejoin = unicomm_bootstrap::Rejoin::local();
     (0..n)
         .map(|rank| -> Result<MockComm> {
             Ok(MockComm {
@@ -112,7 +112,7 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
 /// the processes, even killed ones. A rank whose process dies fails the others' waits at
 /// once. Every check, deadline and fault of `config` is the threaded mock's. Linux only.
 pub fn join(
-    env: &unicomm_core::bootstrap::LaunchEnv,
+    env: &unicomm_bootstrap::LaunchEnv,
     config: MockConfig,
     bootstrap_timeout: Duration,
 ) -> Result<MockComm> {
@@ -141,10 +141,10 @@ pub fn join(
     }
     let fabric: Arc<dyn Exchange> = if env.rank == 0 {
         let (hub, id) = procs::Hub::start(n, config.timeout)?;
-        unicomm_core::bootstrap::exchange_unique_id(env, || Ok(id.to_bytes()), bootstrap_timeout)?;
+        unicomm_bootstrap::exchange_unique_id(env, || Ok(id.to_bytes()), bootstrap_timeout)?;
         Arc::new(procs::ProcFabric::hub(hub))
     } else {
-        let id = unicomm_core::bootstrap::exchange_unique_id(
+        let id = unicomm_bootstrap::exchange_unique_id(
             env,
             || Err(Error::invalid("rank", "only rank 0 makes the id")),
             bootstrap_timeout,
@@ -177,7 +177,7 @@ pub fn join(
         seq: AtomicU64::new(0),
         issued: AtomicU64::new(0),
         state: AtomicU8::new(LIVE),
-        rejoin: unicomm_core::bootstrap::Rejoin::job(env),
+        rejoin: unicomm_bootstrap::Rejoin::job(env),
         shrinks: AtomicU64::new(0),
     })
 }

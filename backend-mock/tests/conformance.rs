@@ -1,6 +1,6 @@
 //! The conformance suite on the mock backend: every world size, both modes.
 
-use unicomm_core::conformance::{Case, CaseFn, Count, Failure, Harness, Mode};
+use unicomm_conformance::{Case, CaseFn, Count, Failure, Harness, Mode};
 use unicomm_mock::MockComm;
 
 struct Mock;
@@ -28,4 +28,4 @@ impl Harness for Mock {
     }
 }
 
-unicomm_core::conformance_suite!(Mock);
+unicomm_conformance::conformance_suite!(Mock);

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use rstest::rstest;
-use unicomm_core::conformance::run_groups;
+use unicomm_conformance::run_groups;
 use unicomm_core::{packed_displs, Comm, Counts, DeviceStream, Error, ReduceOp};
 use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 

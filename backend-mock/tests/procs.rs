@@ -7,8 +7,8 @@ use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use unicomm_core::bootstrap::LaunchEnv;
-use unicomm_core::conformance::{process_subset, run_case_on_rank, run_groups_on_rank};
+use unicomm_bootstrap::LaunchEnv;
+use unicomm_conformance::{process_subset, run_case_on_rank, run_groups_on_rank};
 use unicomm_core::{Comm, DeviceStream, Error, ReduceOp};
 use unicomm_mock::{join, MockComm, MockConfig};
 

@@ -5,9 +5,7 @@
 //! a failure is shrunk to the smallest case and printed.
 
 use proptest::prelude::*;
-use unicomm_core::conformance::{
-    run_case, Case, CaseFn, Coll, Count, Failure, Harness, Place, Reg,
-};
+use unicomm_conformance::{run_case, Case, CaseFn, Coll, Count, Failure, Harness, Place, Reg};
 use unicomm_core::{DataType, ReduceOp};
 use unicomm_mock::MockComm;
 

@@ -195,7 +195,7 @@ impl Runtime for CudaRuntime {
         // with peer access, imported cuMem mappings). Measured on one H200 (two streams as
         // two ranks, 500 operations): the signals cost 11-17 us per operation by writes
         // against 24-31 us by 4-byte copies, in each of ten runs
-        // (a2b12b3:docs/gpu-runs/h200x1-nccl-2.28.9/round7/latency-ab.log).
+        // (1x H200, NCCL 2.28.9, the latency A/B of `overhead`).
         self.mem_ops
     }
 

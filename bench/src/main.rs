@@ -386,7 +386,7 @@ fn bench() -> anyhow::Result<()> {
     let (vendor, why) = unicomm::resolve(vendor).context("choosing the vendor")?;
     // Under a launcher (torchrun, mpirun, srun, `cargo xtask launch`): this process's one
     // rank, the figures combined across processes; else every rank of a local world.
-    let comms = if unicomm::core::bootstrap::LaunchEnv::detect().is_ok() {
+    let comms = if unicomm::bootstrap::LaunchEnv::detect().is_ok() {
         if args.ranks.is_some() {
             bail!("--ranks is for one process driving every rank; under a launcher the launcher sets the world");
         }

@@ -40,11 +40,11 @@
 //!   mock) agreement across ranks. Nothing a caller or the environment can cause panics.
 
 pub mod backend;
-pub mod bootstrap;
 pub mod buffer;
 pub mod comm;
 pub mod config;
 mod counts;
+mod device;
 pub mod element;
 pub mod env;
 mod error;
@@ -58,9 +58,6 @@ mod ranks;
 pub mod registration;
 pub mod registry;
 pub mod shrink;
-
-#[cfg(feature = "conformance")]
-pub mod conformance;
 
 pub use backend::{
     Capabilities, Collective, DeviceInfo, DeviceMemory, DeviceStream, Marker, MarkerTime,

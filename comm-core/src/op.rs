@@ -5,8 +5,8 @@
 //! elements each side holds, [`Op::map_mem`] maps memory, and the backends match only on
 //! what differs (the reduction, the root, which library call).
 
-use crate::backend::DeviceMemory;
 pub use crate::counts::{Counts, Layout};
+use crate::device::DeviceMemory;
 pub use crate::kind::{Extent, Kind};
 use crate::{DataType, Error, ReduceOp, Result};
 

@@ -14,13 +14,3 @@ pub enum ShrinkMode {
     /// a fresh unique id, as where the library has no `ncclCommShrink`.
     Reform,
 }
-
-impl ShrinkMode {
-    /// The flag `ncclCommShrink` takes (`Reform` never reaches it).
-    pub fn nccl(self) -> i32 {
-        match self {
-            ShrinkMode::Abort => 1,
-            _ => 0,
-        }
-    }
-}

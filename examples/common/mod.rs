@@ -67,7 +67,7 @@ pub fn choose(vendor: Vendor) -> anyhow::Result<Vendor> {
 /// mpirun, srun, `cargo xtask run --procs N`: `unicomm::from_env`), else every rank of a
 /// local world (`--ranks N`, or every device).
 pub fn comms(vendor: Vendor, ranks: Option<usize>) -> anyhow::Result<Vec<unicomm::Comm>> {
-    if unicomm::core::bootstrap::LaunchEnv::detect().is_ok() {
+    if unicomm::bootstrap::LaunchEnv::detect().is_ok() {
         if ranks.is_some() {
             bail!(
                 "--ranks is for one process driving every rank; the launcher sets the ranks here"

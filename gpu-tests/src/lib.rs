@@ -8,7 +8,7 @@
 
 use std::sync::Mutex;
 
-use unicomm_core::conformance::{Case, CaseFn, Failure, Harness};
+use unicomm_conformance::{Case, CaseFn, Failure, Harness};
 use unicomm_core::{Comm, Error, ReduceOp, Result, Version};
 
 use unicomm_nccl_api::{Api, ApiComm, Runtime, UniqueId};
@@ -121,7 +121,7 @@ impl<R: Runtime> Harness for Gpu<R> {
     }
 
     /// NCCL 2.28's symmetric in-place all-gather with chunks that are not a multiple of 4
-    /// bytes is refused by the shared layer (it corrupts data; a2b12b3:docs/results.md); the same
+    /// bytes is refused by the shared layer (it corrupts data; measured on 1x H200); the same
     /// check applies to RCCL, which reports the NCCL API it implements.
     fn unsupported(&self, case: &Case) -> bool {
         refuses(self.vendor.backend, case)
@@ -157,7 +157,7 @@ pub(crate) fn thread_world<R: Runtime>(g: &Gpu<R>) -> Result<usize> {
 pub fn groups<R: Runtime>(g: &Gpu<R>) -> std::result::Result<(), Failure> {
     let w = thread_world(g)?;
     let refused = |check: &str| refuses_group_check(g.vendor.backend, check, w);
-    unicomm_core::conformance::run_groups_refusing(&g.comms(w)?, &refused)
+    unicomm_conformance::run_groups_refusing(&g.comms(w)?, &refused)
 }
 
 /// Runs `f` on one thread per communicator; results in rank order.
@@ -328,10 +328,10 @@ pub fn errors_carry_code<R: Runtime>(g: &Gpu<R>) -> Result<()> {
 /// NCCL's documented difference (2.27-2.28, measured on 2x H200 with 2.28.9): an in-place
 /// all-gather in a symmetric window whose per-rank chunk is not a multiple of 4 bytes
 /// corrupts data, so the NCCL-API backends refuse it as `Unsupported`
-/// (a2b12b3:docs/results.md). True for the suite's cases that are refused so (RCCL reports
+/// (measured on 1x H200). True for the suite's cases that are refused so (RCCL reports
 /// the NCCL API it implements and is held to the same rule).
 pub fn nccl_refuses(case: &Case) -> bool {
-    use unicomm_core::conformance::{Coll, Count, Place, Reg};
+    use unicomm_conformance::{Coll, Count, Place, Reg};
     let chunk = match case.count {
         Count::Zero => 0,
         Count::One => 1,
@@ -365,7 +365,7 @@ pub fn nccl_refuses_group_check(check: &str, world: usize) -> bool {
 /// backends; for RCCL also every reduction of the 8-bit floats (RCCL's fp8 on MI300 is the
 /// FNUZ encoding, and unicomm refuses rather than reinterpret OCP bytes; moving fp8 works).
 pub fn refuses(backend: &str, case: &Case) -> bool {
-    use unicomm_core::conformance::Coll;
+    use unicomm_conformance::Coll;
     let reduces = matches!(
         case.coll,
         Coll::AllReduce | Coll::Reduce | Coll::ReduceScatter

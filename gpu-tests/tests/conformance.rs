@@ -4,4 +4,4 @@
 
 use unicomm_gpu_tests::GPU;
 
-unicomm_core::conformance_suite!(GPU);
+unicomm_conformance::conformance_suite!(GPU);

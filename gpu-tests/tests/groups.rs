@@ -2,7 +2,7 @@
 //! GPU (the per-process form runs in the bundle: `rank_conformance` under the launcher).
 #![cfg(any(feature = "nccl", feature = "rccl"))]
 
-use unicomm_core::conformance::Failure;
+use unicomm_conformance::Failure;
 use unicomm_gpu_tests as t;
 use unicomm_gpu_tests::GPU;
 

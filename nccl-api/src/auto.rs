@@ -5,7 +5,7 @@
 //! the [`Policy`] says: on this communicator (window kernels), on the second (the
 //! registered path), or on the copy engines. Both communicators take the caller's stream,
 //! so ordering holds; the cost is the second communicator's device memory (measured by
-//! `unicomm-bench --modes auto`, a2b12b3:docs/benchmarks.md).
+//! `unicomm-bench --modes auto`, docs/performance.md).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};

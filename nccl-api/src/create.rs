@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use unicomm_core::{CommConfig, Result, Version};
 
-use crate::split::to_config;
+use crate::conv::to_config;
 use crate::sys::api::{Api, NcclComm, UniqueId};
 use crate::sys::config::IN_PROGRESS;
 use crate::sys::runtime::Runtime;

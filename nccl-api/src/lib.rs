@@ -40,6 +40,7 @@ mod agree;
 mod auto;
 mod base;
 mod comm;
+mod conv;
 mod copy_engine;
 mod create;
 mod group;

@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use unicomm_core::{Result, Version};
 
+use crate::conv::OwnedConfig;
 use crate::libcomm::LibComm;
-use crate::split::{derive_raw, OwnedConfig};
+use crate::split::derive_raw;
 use crate::sys::api::NcclComm;
 use crate::sys::runtime::Runtime;
 use crate::wait::settle_raw;

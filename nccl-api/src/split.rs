@@ -3,14 +3,15 @@
 //! first rank makes and the parent carries to them (its all-reduce, as an all-gather of
 //! words). Either way every wait is bounded by the parent's deadline.
 
-use std::ffi::{c_int, c_void, CString};
+use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use unicomm_core::{CommConfig, Error, Result, Version};
+use unicomm_core::{Result, Version};
 
+use crate::conv::OwnedConfig;
 use crate::libcomm::LibComm;
 use crate::sys::api::{NcclComm, NcclResult, UniqueId};
-use crate::sys::config::{Config, IN_PROGRESS, UNDEF};
+use crate::sys::config::IN_PROGRESS;
 use crate::sys::runtime::Runtime;
 use crate::wait::{settle_raw, SendPtr};
 
@@ -102,66 +103,6 @@ pub(crate) fn derive_raw<R: Runtime>(
         }
         Ok(Some(out))
     })
-}
-
-/// An `ncclConfig_t` with the strings its pointers point into, moved as one (into the
-/// helper thread of a bounded call, which may outlive the caller's wait).
-pub(crate) struct OwnedConfig {
-    raw: Box<Config>,
-    _strings: Vec<CString>,
-}
-
-// SAFETY: the raw pointers point into `_strings`, owned by the same value (a CString's heap
-// buffer does not move), so moving the value to another thread moves what they point to.
-unsafe impl Send for OwnedConfig {}
-
-impl OwnedConfig {
-    /// The config for a call (valid while `self` lives).
-    pub(crate) fn ptr(&mut self) -> *mut Config {
-        &mut *self.raw
-    }
-}
-
-/// The `ncclConfig_t` of `config`, or `None` where nothing is set and the library's (or the
-/// parent's) defaults apply. `blocking` is `!nonblocking` where `config` leaves it unset and
-/// `nonblocking` was asked for (`UNICOMM_NONBLOCKING=1`, or a split of a non-blocking
-/// parent). The caller checked `config` against the library.
-pub(crate) fn to_config(config: &CommConfig, nonblocking: bool) -> Result<Option<OwnedConfig>> {
-    if config.set_fields().is_empty() && !nonblocking {
-        return Ok(None);
-    }
-    let mut c = Config::new();
-    let int = |x: Option<u32>| x.map_or(UNDEF, |v| v as c_int);
-    let flag = |x: Option<bool>| x.map_or(UNDEF, c_int::from);
-    c.blocking = match config.blocking {
-        Some(b) => c_int::from(b),
-        None if nonblocking => 0,
-        None => UNDEF,
-    };
-    c.cga_cluster_size = int(config.cga_cluster_size);
-    c.min_ctas = int(config.min_ctas);
-    c.max_ctas = int(config.max_ctas);
-    c.split_share = flag(config.split_share);
-    c.traffic_class = int(config.traffic_class);
-    c.collnet_enable = flag(config.collnet_enable);
-    c.cta_policy = config.cta_policy.map_or(UNDEF, |p| p.nccl());
-    c.nvls_ctas = int(config.nvls_ctas);
-    let mut strings = Vec::new();
-    for (s, slot) in [
-        (&config.net_name, &mut c.net_name),
-        (&config.comm_name, &mut c.comm_name),
-    ] {
-        if let Some(s) = s {
-            let cs = CString::new(s.as_str())
-                .map_err(|_| Error::invalid("config", "a name with a NUL byte"))?;
-            *slot = cs.as_ptr();
-            strings.push(cs);
-        }
-    }
-    Ok(Some(OwnedConfig {
-        raw: Box::new(c),
-        _strings: strings,
-    }))
 }
 
 /// The ranks of `color`, in the child's rank order (by key, then parent rank), from every

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls, fake, flavors, Host};
-use unicomm_core::bootstrap::Rejoin;
+use unicomm_bootstrap::Rejoin;
 use unicomm_core::{Comm, CommConfig, Error, ReduceOp, ShrinkMode};
 use unicomm_nccl_api::{Api, ApiComm};
 

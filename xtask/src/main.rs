@@ -11,6 +11,8 @@ mod launch;
 mod msrv;
 mod run;
 mod test;
+#[cfg(test)]
+mod tidy;
 mod trace;
 
 use std::path::Path;

@@ -38,7 +38,7 @@ impl<R: Runtime> ApiComm<R> {
         let (raw, rank, world) = match native {
             Some(f) => {
                 let color = color.map_or(NO_COLOR, |c| c as c_int);
-                let cfg = split::to_config(config, false)?;
+                let cfg = crate::conv::to_config(config, false)?;
                 let Some(raw) = split::split_raw(lc, f, color, key as c_int, cfg)? else {
                     return Ok(None);
                 };
@@ -72,7 +72,7 @@ impl<R: Runtime> ApiComm<R> {
     pub(super) fn child_mode(&self, config: &CommConfig, what: &str) -> Result<Mode> {
         let b = &self.base;
         let lc = &b.lc;
-        config.check_supported(lc.api.flavor.library, lc.api.version)?;
+        crate::conv::check_config(config, lc.api.flavor.library, lc.api.version)?;
         b.not_in_group(what)?;
         Ok(Mode {
             nonblocking: config.blocking.map_or(lc.nonblocking, |blocking| !blocking),

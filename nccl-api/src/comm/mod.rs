@@ -38,7 +38,7 @@ pub struct ApiComm<R: Runtime> {
     /// Shrinks so far (each survivor counts the same).
     shrinks: std::sync::atomic::AtomicU64,
     /// Where the survivors meet to re-form (`shrink` without `ncclCommShrink`).
-    rejoin: std::sync::OnceLock<unicomm_core::bootstrap::Rejoin>,
+    rejoin: std::sync::OnceLock<unicomm_bootstrap::Rejoin>,
     /// Its last operations, dumped when it is aborted (a deadline, an asynchronous error,
     /// `abort`) or asked to.
     flight: Arc<FlightRecorder>,
@@ -111,7 +111,7 @@ impl<R: Runtime> ApiComm<R> {
         devs: &[usize],
         config: &CommConfig,
     ) -> Result<Vec<Self>> {
-        config.check_supported(api.flavor.library, api.version)?;
+        crate::conv::check_config(config, api.flavor.library, api.version)?;
         let n = devs.len();
         if n == 0 {
             return Err(Error::invalid("devices", "no device given"));
@@ -127,7 +127,7 @@ impl<R: Runtime> ApiComm<R> {
         let mode = Mode::from_env(&api)?.with(config);
         let raw = create::local_world(&api, &rt, devs, mode, id, config)?;
         let local = Arc::new(LocalWorld::new(n));
-        let rejoin = unicomm_core::bootstrap::Rejoin::local();
+        let rejoin = unicomm_bootstrap::Rejoin::local();
         let mut out = Vec::with_capacity(n);
         let mut raw = raw.into_iter();
         for (rank, (c, &dev)) in raw.by_ref().zip(devs).enumerate() {
@@ -179,7 +179,7 @@ impl<R: Runtime> ApiComm<R> {
         (rank, world, dev): (usize, usize, usize),
         config: &CommConfig,
     ) -> Result<Self> {
-        config.check_supported(api.flavor.library, api.version)?;
+        crate::conv::check_config(config, api.flavor.library, api.version)?;
         if rank >= world {
             return Err(Error::invalid(
                 "rank",
@@ -219,7 +219,7 @@ impl<R: Runtime> ApiComm<R> {
         lc: LibComm<R>,
         mode: Mode,
         sharing: Sharing,
-        rejoin: Option<unicomm_core::bootstrap::Rejoin>,
+        rejoin: Option<unicomm_bootstrap::Rejoin>,
         flight: Arc<FlightRecorder>,
     ) -> Result<Self> {
         let lc = Arc::new(lc);

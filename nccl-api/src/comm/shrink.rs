@@ -3,16 +3,13 @@
 //! re-form from a fresh unique id that meets them through the communicator's [`Rejoin`]
 //! (in this process, or over the job's rendezvous).
 
-use std::ffi::c_int;
-
-use unicomm_core::bootstrap::Rejoin;
+use unicomm_bootstrap::Rejoin;
 use unicomm_core::{CommConfig, Error, Result, ShrinkMode};
 
 use super::ApiComm;
 use crate::create::{self, Mode};
 use crate::libcomm::{End, LibComm};
 use crate::shrink::{self, SHRINK_SINCE};
-use crate::split;
 use crate::sys::api::UniqueId;
 use crate::sys::runtime::Runtime;
 
@@ -63,8 +60,8 @@ impl<R: Runtime> ApiComm<R> {
         );
         let (raw, rank, world) = match native {
             Some(f) => {
-                let cfg = split::to_config(config, false)?;
-                let raw = shrink::shrink_raw(lc, f, exclude, cfg, mode.nccl() as c_int)?
+                let cfg = crate::conv::to_config(config, false)?;
+                let raw = shrink::shrink_raw(lc, f, exclude, cfg, crate::conv::shrink_flag(mode))?
                     .ok_or_else(|| {
                         Error::invalid("exclude", "ncclCommShrink made no communicator")
                     })?;

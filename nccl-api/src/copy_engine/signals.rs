@@ -4,7 +4,7 @@
 //!
 //! Why: the all-reduce is a kernel, and beside an SM-bound kernel it waits for SMs, so the
 //! "no SMs" path was not (measured on 2x H200: the copy-engine all_to_all at 159 GB/s beside
-//! a compute kernel against 197 GB/s for NCCL's; a2b12b3:docs/benchmarks.md). Stream memory
+//! a compute kernel against 197 GB/s for NCCL's, `unicomm-bench`). Stream memory
 //! operations run on the GPU's front end, copies on its copy engines: no SM is involved.
 //! NCCL 2.28's own copy-engine collectives order themselves the same way (`src/ce_coll.cc`):
 //! flags in symmetric memory, written by peers with copies, awaited with stream waits.
@@ -15,7 +15,7 @@
 //!   the stream has completed: a stream write (`cuStreamWriteValue32` with its memory
 //!   barrier) where the runtime can write into a peer's memory (`Runtime::signal_by_write`:
 //!   CUDA), else a 4-byte copy-engine copy of the constant (HIP, or `UNICOMM_CE_SIGNAL=copy`;
-//!   NCCL's `ce_coll.cc` copies); on one H200 the writes cost half as much (a2b12b3:docs/results.md);
+//!   NCCL's `ce_coll.cc` copies); on one H200 the writes cost half as much;
 //! - wait: for every peer `p`, wait until `phase[p]` of this rank's block is 1, then write 0
 //!   back (re-arm).
 //!

@@ -3,7 +3,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
-use crate::{Error, Result};
+use unicomm_core::{Error, Result};
 
 /// Where this process sits in the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,7 +272,7 @@ impl LaunchEnv {
     }
 }
 
-use crate::env::short;
+use unicomm_core::env::short;
 
 /// Every variable `from_vars` may read.
 fn read_names() -> Vec<&'static str> {

@@ -2,10 +2,10 @@
 //! size and launcher job id): a key file only the user can read, handshakes served
 //! concurrently, refusals believed only when authenticated.
 use super::*;
-use crate::Error;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
+use unicomm_core::Error;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -1,7 +1,7 @@
 //! Running one case: each rank's buffers (plain, registered or in a window), the
 //! collective in one of the [`Mode`]s, the output check, and the release.
 
-use crate::{Buffer, Collective, Comm, DeviceStream, Element, Result};
+use unicomm_core::{Buffer, Collective, Comm, DeviceStream, Element, Result};
 
 use super::reference::{root, send_data, sentinel, shape, verify, Expected, Sample};
 use super::{Case, Coll, Failure, Mode, Place, Reg};
@@ -9,9 +9,9 @@ use super::{Case, Coll, Failure, Mode, Place, Reg};
 /// The buffers of one rank, registered as the case asks.
 enum Held<'c, T: Element, C: Collective> {
     Plain(Buffer<T, C>),
-    Reg(crate::Registered<'c, T, C>),
-    Win(crate::Window<'c, T, C>),
-    Auto(crate::AutoRegistered<'c, T, C>),
+    Reg(unicomm_core::Registered<'c, T, C>),
+    Win(unicomm_core::Window<'c, T, C>),
+    Auto(unicomm_core::AutoRegistered<'c, T, C>),
 }
 
 impl<'c, T: Element, C: Collective> Held<'c, T, C> {
@@ -35,15 +35,15 @@ impl<'c, T: Element, C: Collective> Held<'c, T, C> {
 
 /// Object-safe access to any held buffer.
 trait HeldSlice<T: Element, C: Collective> {
-    fn view(&self) -> crate::View<'_, T, C>;
-    fn view_mut(&mut self) -> crate::ViewMut<'_, T, C>;
+    fn view(&self) -> unicomm_core::View<'_, T, C>;
+    fn view_mut(&mut self) -> unicomm_core::ViewMut<'_, T, C>;
 }
-impl<T: Element, C: Collective, B: crate::DeviceSliceMut<T, C>> HeldSlice<T, C> for B {
-    fn view(&self) -> crate::View<'_, T, C> {
-        crate::DeviceSlice::view(self)
+impl<T: Element, C: Collective, B: unicomm_core::DeviceSliceMut<T, C>> HeldSlice<T, C> for B {
+    fn view(&self) -> unicomm_core::View<'_, T, C> {
+        unicomm_core::DeviceSlice::view(self)
     }
-    fn view_mut(&mut self) -> crate::ViewMut<'_, T, C> {
-        crate::DeviceSliceMut::view_mut(self)
+    fn view_mut(&mut self) -> unicomm_core::ViewMut<'_, T, C> {
+        unicomm_core::DeviceSliceMut::view_mut(self)
     }
 }
 
@@ -114,7 +114,7 @@ fn launch<T: Sample, C: Collective>(rk: &mut Rank<'_, T, C>, case: &Case) -> Res
             c.send(&send.slice().view(), (r + 1) % w, st)?;
             c.recv(&mut recv.view_mut(), (r + w - 1) % w, st)
         }),
-        (Coll::SendRecv, None) => Err(crate::Error::invalid(
+        (Coll::SendRecv, None) => Err(unicomm_core::Error::invalid(
             "case",
             "send/recv is out of place only",
         )),
@@ -139,7 +139,7 @@ fn launch<T: Sample, C: Collective>(rk: &mut Rank<'_, T, C>, case: &Case) -> Res
                 Coll::Reduce => c.reduce_in_place(&mut b, case.op, root(case), st),
                 Coll::AllGather => c.all_gather_in_place(&mut b, st),
                 Coll::ReduceScatter => c.reduce_scatter_in_place(&mut b, case.op, st),
-                Coll::AllToAll => Err(crate::Error::invalid(
+                Coll::AllToAll => Err(unicomm_core::Error::invalid(
                     "case",
                     "all_to_all is out of place only",
                 )),

@@ -1,7 +1,7 @@
 //! What every check of the groups suite shares: uploading host values, and comparing an
 //! output element by element with what it must be.
 
-use crate::{Collective, Comm, Element};
+use unicomm_core::{Collective, Comm, Element};
 
 use super::Failure;
 
@@ -11,7 +11,7 @@ pub(super) fn upload<T: Element, C: Collective>(
     c: &Comm<C>,
     v: &[T],
     st: &C::Stream,
-) -> crate::Result<crate::Buffer<T, C>> {
+) -> unicomm_core::Result<unicomm_core::Buffer<T, C>> {
     let mut b = c.alloc::<T>(v.len())?;
     b.copy_from_host(v, st)?;
     Ok(b)

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use super::auth::*;
 use super::launcher::*;
-use crate::{Error, Result};
+use unicomm_core::env::read_bounded;
+use unicomm_core::{Error, Result};
 
 pub(crate) const FILE_MAGIC: &[u8; 8] = b"UNICFID1";
 pub(crate) const ACK_MAGIC: &[u8; 8] = b"UNICFAK1";
@@ -36,8 +37,6 @@ pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(
         io(&format!("writing {}", path.display()), e)
     })
 }
-
-pub(crate) use crate::env::read_bounded;
 
 pub(crate) fn ack_path(path: &std::path::Path, rank: usize) -> std::path::PathBuf {
     let mut p = path.as_os_str().to_owned();

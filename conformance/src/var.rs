@@ -3,7 +3,7 @@
 //! it, into a window on the copy-engine path), and scaled sums; each output checked exactly
 //! against values computed here.
 
-use crate::{packed_displs, Collective, Comm, Counts, Error, ReduceOp};
+use unicomm_core::{packed_displs, Collective, Comm, Counts, Error, ReduceOp};
 
 use super::exact::{same, upload, Out};
 use super::reference::Sample;

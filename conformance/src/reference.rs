@@ -1,7 +1,7 @@
 //! The host reference: inputs chosen so every result is exact, the expected values
 //! computed independently of any backend (in i128 / f64), and the check of one rank's output.
 
-use crate::{DataType, ReduceOp};
+use unicomm_core::{DataType, ReduceOp};
 
 use super::{Case, Coll, Count, Place};
 
@@ -444,7 +444,7 @@ mod tests {
             op,
             count: Count::Large,
             place: Place::Out,
-            reg: crate::conformance::Reg::None,
+            reg: crate::Reg::None,
             world,
         }
     }

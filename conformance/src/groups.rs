@@ -5,7 +5,7 @@
 //! alike with ranks as threads ([`run_groups`]) and as processes; every output is checked
 //! exactly against values computed here.
 
-use crate::{each_rank, Collective, Comm, DeviceMesh, DeviceStream, ReduceOp, F8E4M3};
+use unicomm_core::{each_rank, Collective, Comm, DeviceMesh, DeviceStream, ReduceOp, F8E4M3};
 
 use super::var::{
     all_gather_v, all_to_all_v, all_to_all_v_copy_engine, gather_scatter, reduce_scatter_v,
@@ -44,8 +44,12 @@ pub fn run_groups_on_rank_refusing<C: Collective>(
     // A check the backend refuses passes only as `Unsupported`; any other passes only by
     // running right.
     let expect_refusal = |what: &'static str, r: Out| -> Out {
-        let unsupported =
-            |f: &Failure| matches!(f.1.as_deref(), Some(crate::Error::Unsupported { .. }));
+        let unsupported = |f: &Failure| {
+            matches!(
+                f.1.as_deref(),
+                Some(unicomm_core::Error::Unsupported { .. })
+            )
+        };
         match (refused(what), r) {
             (false, Ok(())) => Ok(()),
             (true, Err(f)) if unsupported(&f) => Ok(()),
@@ -65,7 +69,10 @@ pub fn run_groups_on_rank_refusing<C: Collective>(
     expect_refusal("gather/scatter f32", gather_scatter::<f32, C>(c))?;
     expect_refusal("gather/scatter f8e4m3", gather_scatter::<F8E4M3, C>(c))?;
     expect_refusal("all_to_all_v i32", all_to_all_v::<i32, C>(c))?;
-    expect_refusal("all_to_all_v bf16", all_to_all_v::<crate::bf16, C>(c))?;
+    expect_refusal(
+        "all_to_all_v bf16",
+        all_to_all_v::<unicomm_core::bf16, C>(c),
+    )?;
     expect_refusal(
         "all_to_all_v into a window, copy-engine path",
         all_to_all_v_copy_engine(c),
@@ -73,7 +80,10 @@ pub fn run_groups_on_rank_refusing<C: Collective>(
     expect_refusal("all_gather_v f32", all_gather_v::<f32, C>(c))?;
     expect_refusal("reduce_scatter_v i64", reduce_scatter_v::<i64, C>(c))?;
     expect_refusal("pre-multiplied sum f32", scaled_sums::<f32, C>(c))?;
-    expect_refusal("pre-multiplied sum bf16", scaled_sums::<crate::bf16, C>(c))?;
+    expect_refusal(
+        "pre-multiplied sum bf16",
+        scaled_sums::<unicomm_core::bf16, C>(c),
+    )?;
     expect_refusal("pre-multiplied sum f8e4m3", scaled_sums::<F8E4M3, C>(c))?;
     expect_refusal("ordering between streams", streams(c))?;
     Ok(())
@@ -150,9 +160,9 @@ fn splits<C: Collective>(c: &Comm<C>) -> Out {
         }
     }
     // A child sharing its parent's resources (NCCL's splitShare): a communicator like any.
-    let shared = crate::CommConfig {
+    let shared = unicomm_core::CommConfig {
         split_share: Some(true),
-        ..crate::CommConfig::default()
+        ..unicomm_core::CommConfig::default()
     };
     let child = c
         .split_with(Some(0), r as i32, &shared)?

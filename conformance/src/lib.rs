@@ -13,6 +13,10 @@
 
 use std::fmt;
 
+/// The contract this suite checks, for the expansion of [`conformance_suite!`].
+#[doc(hidden)]
+pub use unicomm_core;
+
 mod exact;
 mod groups;
 mod reference;
@@ -25,7 +29,7 @@ pub use groups::{
     run_groups, run_groups_on_rank, run_groups_on_rank_refusing, run_groups_refusing,
 };
 
-use crate::{bf16, f16, Collective, Comm, DataType, Error, ReduceOp, F8E4M3, F8E5M2};
+use unicomm_core::{bf16, f16, Collective, Comm, DataType, Error, ReduceOp, F8E4M3, F8E5M2};
 
 use reference::{Expected, Sample};
 use runner::run_typed;
@@ -172,7 +176,7 @@ pub trait Harness: Sync {
 /// A failed case: what differed, or which call failed, with the error where one was
 /// returned (so an expected vendor difference is matched on its variant, not its text).
 #[derive(Debug)]
-pub struct Failure(pub String, pub Option<Box<crate::Error>>);
+pub struct Failure(pub String, pub Option<Box<unicomm_core::Error>>);
 
 impl Failure {
     /// A failure described by `message` alone (wrong data, a broken harness).
@@ -187,8 +191,8 @@ impl fmt::Display for Failure {
     }
 }
 
-impl From<crate::Error> for Failure {
-    fn from(e: crate::Error) -> Self {
+impl From<unicomm_core::Error> for Failure {
+    fn from(e: unicomm_core::Error) -> Self {
         Failure(format!("error: {e}"), Some(Box::new(e)))
     }
 }

@@ -1,7 +1,7 @@
 //! The rendezvous' authentication: MACs under the job's token over fresh nonces, and the
 //! hello a rank opens with.
 
-use crate::{Error, Result};
+use unicomm_core::{Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"UNICOMM1";
 pub(crate) fn io(what: &str, e: std::io::Error) -> Error {

@@ -12,7 +12,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::launcher::LaunchEnv;
-use crate::{Error, Result};
+use unicomm_core::{Error, Result};
 
 /// Where a communicator's ranks meet to re-form (see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! The element types with the host arithmetic the reference needs.
 
-use crate::{bf16, f16, Element, F8E4M3, F8E5M2};
+use unicomm_core::{bf16, f16, Element, F8E4M3, F8E5M2};
 
 /// Element types with the host arithmetic the reference needs.
 pub(crate) trait Sample: Element {

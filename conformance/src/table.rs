@@ -6,8 +6,8 @@
 macro_rules! conformance_suite {
     ($harness:ident) => {
         mod conformance {
-            use $crate::conformance::{run_case, Case, Coll, Count, Place, Reg};
-            use $crate::{DataType, ReduceOp};
+            use $crate::unicomm_core::{DataType, ReduceOp};
+            use $crate::{run_case, Case, Coll, Count, Place, Reg};
 
             // One out-of-line body for the ~20k generated cases: inlined into each of them, the
             // mock's optimised test binary took 130 s to build on 2 cores instead of 72 s.

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::auth::{io, nonce};
-use super::file::read_bounded;
-use crate::{Error, Result};
+use unicomm_core::env::read_bounded;
+use unicomm_core::{Error, Result};
 
 /// A key file's most bytes (the 64 hex digits written here, with room for a user's own).
 const MAX_KEY: usize = 4096;

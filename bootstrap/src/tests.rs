@@ -1,10 +1,10 @@
 //! Tests of the launcher variables and the rendezvous, attacks included.
 use super::*;
-use crate::{Error, Result};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
+use unicomm_core::{Error, Result};
 
 fn vars(kv: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let m: HashMap<String, String> = kv
@@ -671,7 +671,7 @@ fn file_rendezvous_reads_at_most_what_a_rendezvous_file_holds() {
     .expect_err("no id in a giant file")
     .to_string();
     assert!(e.contains("longer than"), "{e}");
-    let b = super::file::read_bounded(&path, 64);
+    let b = unicomm_core::env::read_bounded(&path, 64);
     assert!(b.is_err());
     let _ = std::fs::remove_dir_all(&d);
 }

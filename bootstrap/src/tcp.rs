@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::auth::*;
 use super::file::{file_exchange, missing};
 use super::launcher::*;
-use crate::{Error, Result};
+use unicomm_core::{Error, Result};
 
 /// The server's answers after a hello.
 pub(crate) const REFUSED: u8 = 0;

@@ -1,0 +1,51 @@
+//! What a backend's device gives every communicator of a rank: streams (ordered queues of
+//! device work) and memory. Below the backend contract, which enqueues on them.
+
+use crate::marker::Marker;
+use crate::Result;
+
+/// A stream: an ordered queue of device work.
+pub trait DeviceStream: Send + Sync {
+    /// Blocks until all work enqueued so far has finished, and returns the first
+    /// asynchronous error it raised.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Records a [`Marker`] in stream order (`cudaEventRecord`): the point after the work
+    /// enqueued so far. The time between two markers of one stream is device time, with no
+    /// host synchronisation in between (how nccl-tests times back-to-back iterations).
+    fn record(&self) -> Result<Marker>;
+
+    /// Makes the work enqueued on this stream after this call wait until `marker` (recorded
+    /// on another stream of the same device) was reached (`cudaStreamWaitEvent` /
+    /// `hipStreamWaitEvent`): how a compute stream and a communication stream overlap
+    /// without the host waiting. The host does not block.
+    fn wait(&self, marker: &Marker) -> Result<()>;
+}
+
+impl std::fmt::Debug for Marker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Marker")
+    }
+}
+
+/// One device allocation, owned; freed on drop.
+pub trait DeviceMemory: Send + Sync {
+    /// The stream type copies are enqueued on.
+    type Stream: DeviceStream;
+
+    /// Size in bytes.
+    fn byte_len(&self) -> usize;
+
+    /// The device address of the first byte (a host address on the mock).
+    fn address(&self) -> usize;
+
+    /// Copies `src` to `self[offset..offset + src.len()]`, ordered after the work enqueued
+    /// on `stream`, and returns once `src` may be reused. The GPU backends return after the
+    /// copy completed (so after the work before it on the stream: a host copy is a set-up
+    /// step, not a hot path; docs/dev/decisions.md); the mock stages the bytes and returns.
+    fn write(&self, offset: usize, src: &[u8], stream: &Self::Stream) -> Result<()>;
+
+    /// Copies `self[offset..offset + dst.len()]` into `dst` after all work enqueued on
+    /// `stream` so far; returns once `dst` holds the bytes.
+    fn read(&self, offset: usize, dst: &mut [u8], stream: &Self::Stream) -> Result<()>;
+}

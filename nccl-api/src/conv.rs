@@ -1,0 +1,189 @@
+//! The contract's types in the C API's values (wgpu-hal's `conv.rs`): the communicator
+//! configuration as an `ncclConfig_t`, with the NCCL release that introduced each field
+//! (the one table of them), the CTA policy and the shrink mode.
+
+use std::ffi::{c_int, CString};
+
+use unicomm_core::{CommConfig, CtaPolicy, Error, Result, ShrinkMode, Version};
+
+use crate::sys::config::{Config, UNDEF};
+
+/// The `ncclConfig_t::CTAPolicy` value (`NCCL_CTA_POLICY_*`).
+pub(crate) const fn cta_policy(p: CtaPolicy) -> c_int {
+    match p {
+        CtaPolicy::Default => 0,
+        CtaPolicy::Efficiency => 1,
+        CtaPolicy::Zero => 2,
+    }
+}
+
+/// The flag `ncclCommShrink` takes (`NCCL_SHRINK_*`; `Reform` never reaches it).
+pub(crate) const fn shrink_flag(mode: ShrinkMode) -> c_int {
+    match mode {
+        ShrinkMode::Abort => 1,
+        ShrinkMode::Default | ShrinkMode::Reform => 0,
+    }
+}
+
+/// One field that is set, with the release that introduced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Field {
+    /// The `ncclConfig_t` field's name.
+    pub name: &'static str,
+    /// The NCCL release that introduced it.
+    pub since: Version,
+}
+
+const fn v(minor: u32) -> Version {
+    Version::new(2, minor, 0)
+}
+
+/// The fields of `config` that are set, each with the NCCL release that introduced it
+/// (read from `src/nccl.h.in` at each tag).
+pub(crate) fn set_fields(config: &CommConfig) -> Vec<Field> {
+    let c = config;
+    let table = [
+        (c.blocking.is_some(), "blocking", v(14)),
+        (c.cga_cluster_size.is_some(), "cgaClusterSize", v(17)),
+        (c.min_ctas.is_some(), "minCTAs", v(17)),
+        (c.max_ctas.is_some(), "maxCTAs", v(17)),
+        (c.net_name.is_some(), "netName", v(17)),
+        (c.split_share.is_some(), "splitShare", v(18)),
+        (c.traffic_class.is_some(), "trafficClass", v(26)),
+        (c.comm_name.is_some(), "commName", v(27)),
+        (c.collnet_enable.is_some(), "collnetEnable", v(27)),
+        (
+            c.cta_policy.is_some_and(|p| p != CtaPolicy::Zero),
+            "CTAPolicy",
+            v(27),
+        ),
+        (
+            c.cta_policy == Some(CtaPolicy::Zero),
+            "CTAPolicy = NCCL_CTA_POLICY_ZERO",
+            v(28),
+        ),
+        (c.nvls_ctas.is_some(), "nvlsCTAs", v(27)),
+    ];
+    table
+        .into_iter()
+        .filter(|(set, _, _)| *set)
+        .map(|(_, name, since)| Field { name, since })
+        .collect()
+}
+
+/// Checks every field of `config` that is set against the loaded library's version
+/// (`library`, the NCCL API version `backend` reports) and its own range: `Unsupported`
+/// naming the first field the library predates (NCCL would ignore it silently),
+/// `InvalidArgument` for a value out of range.
+pub(crate) fn check_config(config: &CommConfig, backend: &str, library: Version) -> Result<()> {
+    if let Some(f) = set_fields(config).into_iter().find(|f| f.since > library) {
+        return Err(Error::unsupported(
+            format!("the communicator configuration field `{}`", f.name),
+            format!("NCCL API >= {}", f.since),
+            format!("{backend} {library}"),
+        ));
+    }
+    config.check_values()
+}
+
+/// An `ncclConfig_t` with the strings its pointers point into, moved as one (into the
+/// helper thread of a bounded call, which may outlive the caller's wait).
+pub(crate) struct OwnedConfig {
+    raw: Box<Config>,
+    _strings: Vec<CString>,
+}
+
+// SAFETY: the raw pointers point into `_strings`, owned by the same value (a CString's heap
+// buffer does not move), so moving the value to another thread moves what they point to.
+unsafe impl Send for OwnedConfig {}
+
+impl OwnedConfig {
+    /// The config for a call (valid while `self` lives).
+    pub(crate) fn ptr(&mut self) -> *mut Config {
+        &mut *self.raw
+    }
+}
+
+/// The `ncclConfig_t` of `config`, or `None` where nothing is set and the library's (or the
+/// parent's) defaults apply. `blocking` is `!nonblocking` where `config` leaves it unset and
+/// `nonblocking` was asked for (`UNICOMM_NONBLOCKING=1`, or a split of a non-blocking
+/// parent). The caller checked `config` against the library.
+pub(crate) fn to_config(config: &CommConfig, nonblocking: bool) -> Result<Option<OwnedConfig>> {
+    if set_fields(config).is_empty() && !nonblocking {
+        return Ok(None);
+    }
+    let mut c = Config::new();
+    let int = |x: Option<u32>| x.map_or(UNDEF, |v| v as c_int);
+    let flag = |x: Option<bool>| x.map_or(UNDEF, c_int::from);
+    c.blocking = match config.blocking {
+        Some(b) => c_int::from(b),
+        None if nonblocking => 0,
+        None => UNDEF,
+    };
+    c.cga_cluster_size = int(config.cga_cluster_size);
+    c.min_ctas = int(config.min_ctas);
+    c.max_ctas = int(config.max_ctas);
+    c.split_share = flag(config.split_share);
+    c.traffic_class = int(config.traffic_class);
+    c.collnet_enable = flag(config.collnet_enable);
+    c.cta_policy = config.cta_policy.map_or(UNDEF, cta_policy);
+    c.nvls_ctas = int(config.nvls_ctas);
+    let mut strings = Vec::new();
+    for (s, slot) in [
+        (&config.net_name, &mut c.net_name),
+        (&config.comm_name, &mut c.comm_name),
+    ] {
+        if let Some(s) = s {
+            let cs = CString::new(s.as_str())
+                .map_err(|_| Error::invalid("config", "a name with a NUL byte"))?;
+            *slot = cs.as_ptr();
+            strings.push(cs);
+        }
+    }
+    Ok(Some(OwnedConfig {
+        raw: Box::new(c),
+        _strings: strings,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NCCL ignores a field of a newer version than its own: unicomm refuses it instead.
+    #[test]
+    fn a_field_newer_than_the_library_is_unsupported_and_named() {
+        let c = CommConfig {
+            comm_name: Some("tp".into()),
+            ..CommConfig::default()
+        };
+        assert!(check_config(&c, "nccl", Version::new(2, 27, 3)).is_ok());
+        let e = check_config(&c, "nccl", Version::new(2, 26, 5))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("commName") && e.contains("2.27.0"), "{e}");
+        let zero = CommConfig {
+            cta_policy: Some(CtaPolicy::Zero),
+            ..CommConfig::default()
+        };
+        let e = check_config(&zero, "nccl", Version::new(2, 27, 7))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("NCCL_CTA_POLICY_ZERO"), "{e}");
+    }
+
+    #[test]
+    fn the_default_config_sets_nothing_and_fits_every_library() {
+        assert!(set_fields(&CommConfig::default()).is_empty());
+        assert!(check_config(&CommConfig::default(), "nccl", Version::new(2, 9, 0)).is_ok());
+    }
+
+    /// nccl.h's values: the library reads these integers, not our enum.
+    #[test]
+    fn the_cta_policy_and_shrink_flag_are_nccl_h_values() {
+        assert_eq!(cta_policy(CtaPolicy::Zero), 2);
+        assert_eq!(cta_policy(CtaPolicy::Efficiency), 1);
+        assert_eq!(shrink_flag(ShrinkMode::Abort), 1);
+        assert_eq!(shrink_flag(ShrinkMode::Default), 0);
+    }
+}

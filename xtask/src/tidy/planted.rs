@@ -1,0 +1,154 @@
+//! Each rule refuses a planted violation (and passes the same code without it), so that a
+//! rule that silently checks nothing cannot pass.
+
+use std::collections::BTreeMap;
+
+use super::rules;
+use super::workspace::Crate;
+
+const LAYERS: rules::Layers = &[("low", &["low"]), ("high", &["high"])];
+
+#[test]
+fn a_package_depending_on_a_higher_layer_is_refused() {
+    let mut deps = BTreeMap::new();
+    deps.insert("low".to_string(), vec!["high".to_string()]);
+    deps.insert("high".to_string(), vec!["low".to_string()]);
+    let v = rules::crate_layers(LAYERS, &deps);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].contains("low (low) depends on high"), "{v:?}");
+}
+
+#[test]
+fn a_module_naming_a_higher_layer_by_any_path_form_is_refused() {
+    for how in [
+        "use crate::high::Thing;",
+        "use crate::{high::Thing};",
+        "use super::high::*;",
+        "fn f() { let _ = crate::high::make(); }",
+        "fn f() -> super::high::Thing { todo!() }",
+    ] {
+        let c = Crate::from_texts(
+            "t",
+            &[
+                ("lib.rs", "mod low; mod high;"),
+                ("low.rs", how),
+                ("high.rs", ""),
+            ],
+        );
+        let v = rules::module_layers(LAYERS, &c);
+        assert_eq!(v.len(), 1, "{how}: {v:?}");
+    }
+    let fine = Crate::from_texts(
+        "t",
+        &[
+            ("lib.rs", "mod low; mod high;"),
+            (
+                "low.rs",
+                "// use crate::high::Thing; (a comment)\nconst S: &str = \"crate::high::x\";",
+            ),
+            ("high.rs", "use crate::low::Thing;"),
+        ],
+    );
+    assert_eq!(rules::module_layers(LAYERS, &fine), Vec::<String>::new());
+}
+
+#[test]
+fn a_circle_of_three_files_through_every_path_form_is_refused() {
+    let c = Crate::from_texts(
+        "t",
+        &[
+            ("lib.rs", "mod a; mod b; mod c;"),
+            ("a/mod.rs", "mod x;\nuse crate::b::B;"),
+            ("b.rs", "pub fn f() { super::c::g() }"),
+            ("c.rs", "use crate::{a::*};"),
+        ],
+    );
+    let v = rules::import_circles(&c);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].contains("a/mod.rs") && v[0].contains("b.rs") && v[0].contains("c.rs"));
+    // The same without the closing edge: no circle. Test modules do not count either.
+    let open = Crate::from_texts(
+        "t",
+        &[
+            ("lib.rs", "mod a; mod b; mod c;"),
+            ("a/mod.rs", "use crate::b::B;"),
+            ("b.rs", "pub fn f() { super::c::g() }"),
+            (
+                "c.rs",
+                "#[cfg(test)]\nmod tests {\n    use crate::a::*;\n}\n",
+            ),
+        ],
+    );
+    assert_eq!(rules::import_circles(&open), Vec::<String>::new());
+}
+
+fn long_fn(name: &str, body_lines: usize) -> String {
+    let body = "    let _x = 1;\n".repeat(body_lines);
+    format!("fn {name}() {{\n{body}}}\n")
+}
+
+#[test]
+fn a_function_over_the_limit_is_refused_and_the_allow_list_only_shrinks() {
+    let text = long_fn("long", 99);
+    let c = Crate::from_texts("t", &[("lib.rs", &text)]);
+    let v = rules::long_functions(100, &[&c], &[]);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].contains("fn long has 101 lines"), "{v:?}");
+    // Allowed at its length: accepted; at a shorter recorded length: grown, refused.
+    assert!(rules::long_functions(100, &[&c], &[("src/lib.rs", "long", 101)]).is_empty());
+    assert_eq!(
+        rules::long_functions(100, &[&c], &[("src/lib.rs", "long", 120)]).len(),
+        0
+    );
+    assert_eq!(
+        rules::long_functions(100, &[&c], &[("src/lib.rs", "long", 110)]).len(),
+        0
+    );
+    assert_eq!(
+        rules::long_functions(100, &[&c], &[("src/lib.rs", "long", 100)]).len(),
+        1
+    );
+    // An entry for a function that is short now is stale.
+    let short = Crate::from_texts("t", &[("lib.rs", &long_fn("long", 10))]);
+    let v = rules::long_functions(100, &[&short], &[("src/lib.rs", "long", 101)]);
+    assert!(v.len() == 1 && v[0].contains("remove its entry"), "{v:?}");
+}
+
+#[test]
+fn unsafe_outside_the_allowed_files_is_refused_but_not_in_comments_or_strings() {
+    let c = Crate::from_texts(
+        "t",
+        &[
+            ("lib.rs", "fn f() { unsafe { g() } }"),
+            (
+                "ok.rs",
+                "// unsafe in a comment\nconst S: &str = \"unsafe\";\nfn unsafe_name() {}",
+            ),
+        ],
+    );
+    let v = rules::unsafe_outside(&[&c], &[]);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].starts_with("src/lib.rs"), "{v:?}");
+    assert!(rules::unsafe_outside(&[&c], &["src/lib.rs"]).is_empty());
+}
+
+#[test]
+fn a_commit_citation_is_refused_in_docs_and_comments() {
+    let v = rules::commit_citations("README.md", "see a2b12b3:docs/results.md for it");
+    assert_eq!(v.len(), 1, "{v:?}");
+    for fine in [
+        "at 12:30 we ran",
+        "cafe:beef",
+        "deadbeefcafe: a word",
+        "https://x.org/a",
+        "nccl 2.28.9: fine",
+    ] {
+        assert!(rules::commit_citations("x", fine).is_empty(), "{fine}");
+    }
+    let c = Crate::from_texts(
+        "t",
+        &[("lib.rs", "//! measured (0123abc:docs/x.md)\nfn f() {}")],
+    );
+    let texts = rules::comment_texts(&[&c]);
+    assert_eq!(rules::commit_citations(&texts[0].0, &texts[0].1).len(), 1);
+}

@@ -1,0 +1,200 @@
+//! The rules, each a function from what was read to the violations found (one line each),
+//! so that the tests can plant a violation of every rule and see it refused.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::source::{functions, has_unsafe, Source};
+use super::workspace::{circles, Crate, Module};
+
+/// A layer table: groups of names, lowest first. A name may use its own group's (the
+/// circle rule keeps those acyclic) and lower groups', never a higher one's.
+pub(crate) type Layers = &'static [(&'static str, &'static [&'static str])];
+
+fn layer_of(layers: Layers, name: &str) -> Option<(usize, &'static str)> {
+    layers
+        .iter()
+        .enumerate()
+        .find(|(_, (_, names))| names.contains(&name))
+        .map(|(i, (label, _))| (i, *label))
+}
+
+/// Packages that depend on a package of a higher layer, or on one the table does not name.
+pub(crate) fn crate_layers(layers: Layers, deps: &BTreeMap<String, Vec<String>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (pkg, ds) in deps {
+        let Some((mine, label)) = layer_of(layers, pkg) else {
+            out.push(format!("package {pkg} is in no layer of the crate table"));
+            continue;
+        };
+        for d in ds {
+            match layer_of(layers, d) {
+                None => out.push(format!("{pkg} depends on {d}, which is in no layer")),
+                Some((theirs, their_label)) if theirs > mine => out.push(format!(
+                    "{pkg} ({label}) depends on {d} ({their_label}), a higher layer"
+                )),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Modules of `krate` that name a module of a higher layer (by their top-level module).
+pub(crate) fn module_layers(layers: Layers, krate: &Crate) -> Vec<String> {
+    let mut out = Vec::new();
+    let top = |m: &Module| m.first().cloned().unwrap_or_default();
+    for (m, targets) in krate.graph() {
+        if m.is_empty() {
+            continue;
+        }
+        let Some((mine, label)) = layer_of(layers, &top(&m)) else {
+            out.push(format!(
+                "{}: module {} is in no layer",
+                krate.name,
+                m.join("::")
+            ));
+            continue;
+        };
+        for t in targets {
+            match layer_of(layers, &top(&t)) {
+                Some((theirs, their)) if theirs > mine => out.push(format!(
+                    "{}: {} ({label}) names {} ({their}), a higher layer",
+                    krate.name,
+                    m.join("::"),
+                    t.join("::")
+                )),
+                None => out.push(format!(
+                    "{}: module {} is in no layer",
+                    krate.name,
+                    t.join("::")
+                )),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Every import circle of `krate`'s files.
+pub(crate) fn import_circles(krate: &Crate) -> Vec<String> {
+    circles(&krate.graph())
+        .into_iter()
+        .map(|c| {
+            let files: Vec<String> = c
+                .iter()
+                .filter_map(|m| krate.files.get(m))
+                .map(|(p, _)| p.display().to_string())
+                .collect();
+            format!("import circle in {}: {}", krate.name, files.join(" -> "))
+        })
+        .collect()
+}
+
+/// Functions over `max` lines, beyond the allow-list of `(file, function, lines)`; an entry
+/// whose function shrank to `max` or fewer, or grew, is refused as well: the list only
+/// shrinks, and a listed function only gets shorter.
+pub(crate) fn long_functions(
+    max: usize,
+    krates: &[&Crate],
+    allowed: &[(&str, &str, usize)],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut seen = vec![false; allowed.len()];
+    for k in krates {
+        for (path, src) in k.files.values() {
+            let file = path.to_string_lossy().replace('\\', "/");
+            for f in functions(&src.code).into_iter().filter(|f| f.lines > max) {
+                match allowed
+                    .iter()
+                    .position(|(p, n, _)| *p == file && *n == f.name)
+                {
+                    Some(i) if f.lines <= allowed[i].2 => seen[i] = true,
+                    Some(i) => {
+                        seen[i] = true;
+                        out.push(format!(
+                            "{file}:{} fn {} grew to {} lines (allowed {} while it is split)",
+                            f.line, f.name, f.lines, allowed[i].2
+                        ))
+                    }
+                    None => out.push(format!(
+                        "{file}:{} fn {} has {} lines (over {max}): split it by phase",
+                        f.line, f.name, f.lines
+                    )),
+                }
+            }
+        }
+    }
+    for (i, (p, n, _)) in allowed.iter().enumerate() {
+        if !seen[i] {
+            out.push(format!(
+                "{p} fn {n} is allowed to be long but is not (or is gone): remove its entry"
+            ));
+        }
+    }
+    out
+}
+
+/// Files that hold `unsafe` but are not among the files allowed it.
+pub(crate) fn unsafe_outside(krates: &[&Crate], allowed: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for k in krates {
+        for (path, src) in k.files.values() {
+            let file = path.to_string_lossy().replace('\\', "/");
+            if has_unsafe(&src.code) && !allowed.contains(&file.as_str()) {
+                out.push(format!(
+                    "{file} uses `unsafe`, which belongs to the FFI layers that are allowed it"
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Citations of a commit's file (a commit id, a colon, a path): a reader of the published crate or
+/// docs cannot open them. Figures and decisions are cited instead.
+pub(crate) fn commit_citations(name: &str, text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let b = line.as_bytes();
+        for (i, _) in line.match_indices(':') {
+            let start = line[..i]
+                .rfind(|c: char| !c.is_ascii_hexdigit())
+                .map_or(0, |s| s + 1);
+            let hex = &line[start..i];
+            let word_start = start == 0 || !b[start - 1].is_ascii_alphanumeric();
+            let path_follows = line[i + 1..]
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '.');
+            let digit = hex.bytes().any(|c| c.is_ascii_digit());
+            if (7..=40).contains(&hex.len()) && word_start && path_follows && digit {
+                out.push(format!(
+                    "{name}:{}: cites a commit's file ({hex}:...)",
+                    n + 1
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The comments of every library file, as one text per file, for [`commit_citations`].
+pub(crate) fn comment_texts(krates: &[&Crate]) -> Vec<(String, String)> {
+    krates
+        .iter()
+        .flat_map(|k| k.files.values())
+        .map(|(p, src): &(std::path::PathBuf, Source)| {
+            let text: Vec<&str> = src.comments.iter().map(|(_, c)| c.as_str()).collect();
+            (p.display().to_string(), text.join("\n"))
+        })
+        .collect()
+}
+
+/// `path` relative to `root`, with `/`.
+pub(crate) fn rel(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .to_string_lossy()
+        .replace('\\', "/")
+}

@@ -1,0 +1,340 @@
+//! Reading Rust source as text, enough for the architecture rules: code without comments,
+//! strings and test modules (line numbers kept), every module path a file names (`use`
+//! trees with globs and nesting, inline `crate::`/`super::`/`self::` paths, a child
+//! module named bare), the functions with their lengths, and the comments.
+
+/// One source file, read.
+pub(crate) struct Source {
+    /// Code only: comments, string and char literals blanked, `#[cfg(test)]` items removed;
+    /// newlines kept, so a byte's line is its line in the file.
+    pub code: String,
+    /// The comments' text, each with its line (doc comments included).
+    pub comments: Vec<(usize, String)>,
+}
+
+impl Source {
+    pub(crate) fn parse(text: &str) -> Source {
+        let (code, comments) = blank_comments_and_strings(text);
+        Source {
+            code: drop_test_items(&code),
+            comments,
+        }
+    }
+}
+
+/// Blanks comments and literals (keeping newlines), and returns the comments apart.
+fn blank_comments_and_strings(text: &str) -> (String, Vec<(usize, String)>) {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut comments = Vec::new();
+    let (mut i, mut line) = (0, 1);
+    let blank = |out: &mut Vec<u8>, c: u8| out.push(if c == b'\n' { b'\n' } else { b' ' });
+    while i < b.len() {
+        let c = b[i];
+        if c == b'/' && b.get(i + 1) == Some(&b'/') {
+            let end = text[i..].find('\n').map_or(b.len(), |e| i + e);
+            comments.push((line, text[i..end].to_string()));
+            (i..end).for_each(|_| out.push(b' '));
+            i = end;
+        } else if c == b'/' && b.get(i + 1) == Some(&b'*') {
+            let (start, start_line) = (i, line);
+            let mut depth = 0;
+            while i < b.len() {
+                if b[i] == b'/' && b.get(i + 1) == Some(&b'*') {
+                    depth += 1;
+                    out.extend([b' ', b' ']);
+                    i += 2;
+                } else if b[i] == b'*' && b.get(i + 1) == Some(&b'/') {
+                    depth -= 1;
+                    out.extend([b' ', b' ']);
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    line += usize::from(b[i] == b'\n');
+                    blank(&mut out, b[i]);
+                    i += 1;
+                }
+            }
+            comments.push((start_line, text[start..i.min(b.len())].to_string()));
+        } else if c == b'"' || (c == b'r' && raw_string_at(b, i).is_some()) {
+            let hashes = if c == b'r' {
+                raw_string_at(b, i).unwrap_or(0)
+            } else {
+                usize::MAX
+            };
+            let open = if c == b'r' { 2 + hashes } else { 1 };
+            (0..open).for_each(|_| out.push(b' '));
+            i += open;
+            while i < b.len() {
+                if hashes == usize::MAX && b[i] == b'\\' {
+                    blank(&mut out, b[i]);
+                    if let Some(&n) = b.get(i + 1) {
+                        line += usize::from(n == b'\n');
+                        blank(&mut out, n);
+                    }
+                    i += 2;
+                    continue;
+                }
+                if b[i] == b'"' && closes_raw(b, i, hashes) {
+                    let close = 1 + if hashes == usize::MAX { 0 } else { hashes };
+                    (0..close).for_each(|_| out.push(b' '));
+                    i += close;
+                    break;
+                }
+                line += usize::from(b[i] == b'\n');
+                blank(&mut out, b[i]);
+                i += 1;
+            }
+        } else if c == b'\'' && char_literal_len(b, i).is_some() {
+            let n = char_literal_len(b, i).unwrap_or(1);
+            (0..n).for_each(|_| out.push(b' '));
+            i += n;
+        } else {
+            line += usize::from(c == b'\n');
+            out.push(c);
+            i += 1;
+        }
+    }
+    (String::from_utf8_lossy(&out).into_owned(), comments)
+}
+
+/// `r"`, `r#"`, `br"`: the number of `#` of a raw string starting at `i`.
+fn raw_string_at(b: &[u8], i: usize) -> Option<usize> {
+    if i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_') && b[i - 1] != b'b' {
+        return None;
+    }
+    let mut j = i + 1;
+    while b.get(j) == Some(&b'#') {
+        j += 1;
+    }
+    (b.get(j) == Some(&b'"')).then_some(j - i - 1)
+}
+
+fn closes_raw(b: &[u8], i: usize, hashes: usize) -> bool {
+    hashes == usize::MAX || (1..=hashes).all(|k| b.get(i + k) == Some(&b'#'))
+}
+
+/// The length of a char literal at `i` (`'a'`, `'\n'`, `'\u{1F600}'`), `None` for a lifetime.
+fn char_literal_len(b: &[u8], i: usize) -> Option<usize> {
+    if b.get(i + 1) == Some(&b'\\') {
+        let end = b[i + 2..].iter().position(|&c| c == b'\'')?;
+        return Some(end + 3);
+    }
+    let s = std::str::from_utf8(&b[i + 1..(i + 6).min(b.len())])
+        .ok()
+        .or_else(|| {
+            (1..5)
+                .rev()
+                .find_map(|k| std::str::from_utf8(b.get(i + 1..i + 1 + k)?).ok())
+        })?;
+    let ch = s.chars().next()?;
+    let w = ch.len_utf8();
+    (b.get(i + 1 + w) == Some(&b'\'')).then_some(w + 2)
+}
+
+/// Removes `#[cfg(test)]` items (a `mod x { .. }` block or a `mod x;` line), keeping lines.
+fn drop_test_items(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at..];
+        let end = item_end(after).unwrap_or(after.len());
+        out.extend(
+            after[..end]
+                .chars()
+                .map(|c| if c == '\n' { '\n' } else { ' ' }),
+        );
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The end of the item an attribute at the start of `s` applies to: its first `;` at brace
+/// depth 0, or its closing brace.
+fn item_end(s: &str) -> Option<usize> {
+    let mut depth = 0i32;
+    for (i, c) in s.char_indices().skip("#[cfg(test)]".len()) {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            ';' if depth == 0 => return Some(i + 1),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Every path a file names that may be a module of its crate: each leaf of every `use`
+/// tree (a glob names its module) and every inline path starting at `crate`, `super` or
+/// `self`.
+pub(crate) fn paths(code: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(at) = find_word(rest, "use") {
+        let tail = &rest[at + 3..];
+        let Some(end) = tail.find(';') else { break };
+        expand_use(&tail[..end], &mut Vec::new(), &mut out);
+        rest = &tail[end..];
+    }
+    let b = code.as_bytes();
+    for start in ["crate::", "super::", "self::"] {
+        let mut from = 0;
+        while let Some(at) = code[from..].find(start).map(|a| a + from) {
+            from = at + start.len();
+            if at > 0
+                && (b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_' || b[at - 1] == b':')
+            {
+                continue;
+            }
+            let len = code[at..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(code.len() - at);
+            let p: Vec<String> = code[at..at + len]
+                .split("::")
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect();
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn find_word(s: &str, w: &str) -> Option<usize> {
+    let b = s.as_bytes();
+    let mut from = 0;
+    while let Some(at) = s[from..].find(w).map(|a| a + from) {
+        let before = at == 0 || !(b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_');
+        let after = b.get(at + w.len()).is_none_or(|c| c.is_ascii_whitespace());
+        if before && after {
+            return Some(at);
+        }
+        from = at + w.len();
+    }
+    None
+}
+
+/// `a::{b, c::{d, *}}` -> `[a,b]`, `[a,c,d]`, `[a,c]` (the glob names `a::c`).
+fn expand_use(tree: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    // `x as y` keeps `x`: the alias is marked before whitespace goes.
+    let tree = tree.split_whitespace().collect::<Vec<_>>().join(" ");
+    let tree: String = tree
+        .replace(" as ", "@")
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let tree = tree.strip_prefix("::").unwrap_or(&tree);
+    let (head, group) = match tree.find('{') {
+        Some(open) if tree.ends_with('}') => (&tree[..open], Some(&tree[open + 1..tree.len() - 1])),
+        _ => (tree, None),
+    };
+    let n = prefix.len();
+    for seg in head.split("::").filter(|s| !s.is_empty() && *s != "*") {
+        let seg = seg.split('@').next().unwrap_or(seg);
+        prefix.push(seg.to_string());
+    }
+    match group {
+        None => out.push(prefix.clone()),
+        Some(g) => {
+            let (mut depth, mut start) = (0, 0);
+            for (i, c) in g.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        expand_use(&g[start..i], prefix, out);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            if start < g.len() {
+                expand_use(&g[start..], prefix, out);
+            }
+        }
+    }
+    prefix.truncate(n);
+}
+
+/// A function with a body: its name, first line and length in lines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Function {
+    pub name: String,
+    pub line: usize,
+    pub lines: usize,
+}
+
+/// Every `fn` with a body in `code` (nested ones too, each counted whole).
+pub(crate) fn functions(code: &str) -> Vec<Function> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = find_word(&code[from..], "fn").map(|a| a + from) {
+        from = at + 2;
+        let name: String = code[from..]
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        let (mut paren, mut i) = (0i32, from);
+        let open = loop {
+            match b.get(i) {
+                None => break None,
+                Some(b'(') | Some(b'[') => paren += 1,
+                Some(b')') | Some(b']') => paren -= 1,
+                Some(b';') if paren == 0 => break None,
+                Some(b'{') if paren == 0 => break Some(i),
+                _ => {}
+            }
+            i += 1;
+        };
+        let Some(open) = open else { continue };
+        let mut depth = 0;
+        let close = (open..b.len()).find(|&j| {
+            depth += i32::from(b[j] == b'{') - i32::from(b[j] == b'}');
+            depth == 0
+        });
+        let Some(close) = close else { continue };
+        let line = code[..at].matches('\n').count() + 1;
+        let last = code[..close].matches('\n').count() + 1;
+        out.push(Function {
+            name,
+            line,
+            lines: last - line + 1,
+        });
+    }
+    out
+}
+
+/// Whether `code` holds the keyword `unsafe` (a block, fn, impl or trait).
+pub(crate) fn has_unsafe(code: &str) -> bool {
+    find_word_any(code, "unsafe")
+}
+
+fn find_word_any(s: &str, w: &str) -> bool {
+    let b = s.as_bytes();
+    let mut from = 0;
+    while let Some(at) = s[from..].find(w).map(|a| a + from) {
+        let before = at == 0 || !(b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_');
+        let after = b
+            .get(at + w.len())
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || *c == b'_'));
+        if before && after {
+            return true;
+        }
+        from = at + w.len();
+    }
+    false
+}
