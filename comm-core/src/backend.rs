@@ -4,8 +4,8 @@
 //! [`crate::comm`] validates arguments first, but a backend still checks what would be
 //! unsound for it to get wrong (bounds of host memory on the mock, unknown handles).
 
-use crate::op::{Kind, Op, Slice};
-use crate::{CommConfig, DataType, ReduceOp, Result};
+use crate::op::Op;
+use crate::{CommConfig, Result};
 
 pub use crate::device::{DeviceMemory, DeviceStream};
 pub use crate::marker::{Marker, MarkerTime};
@@ -109,9 +109,9 @@ pub struct RawHandle(pub usize);
 /// The communicator of one rank, as a backend implements it.
 ///
 /// Users reach it through [`crate::Comm`], which adds element types and ownership. A
-/// backend implements the required methods; the collectives (`all_reduce`, `all_to_all`,
-/// ...) are provided in terms of [`Collective::enqueue`], so a backend overrides only the
-/// ones it runs differently (a copy-engine all-to-all, say).
+/// backend implements the required methods; every collective reaches it as one [`Op`]
+/// through [`Collective::enqueue`], the one door into a backend ([`crate::Comm`] builds the
+/// `Op`), so where a call goes is decided in one place per backend.
 ///
 /// Ordering: every `enqueue` and every memory copy runs after the work enqueued before it
 /// on the same stream. Errors of the work itself surface at the next `synchronize` of that
@@ -283,108 +283,5 @@ pub trait Collective: Send + Sync + Sized + 'static {
             "a GPU backend with ranks in one process",
             self.capabilities().backend,
         ))
-    }
-
-    /// `ncclAllReduce` of `count` elements.
-    fn all_reduce(
-        &self,
-        send: Slice<'_, Self::Memory>,
-        recv: Slice<'_, Self::Memory>,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: &Self::Stream,
-    ) -> Result<()> {
-        let kind = Kind::AllReduce { op };
-        self.enqueue(Op::new(kind, send, recv, count, dtype), stream)
-    }
-    /// `ncclBroadcast` of `count` elements from `root`.
-    fn broadcast(
-        &self,
-        send: Slice<'_, Self::Memory>,
-        recv: Slice<'_, Self::Memory>,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: &Self::Stream,
-    ) -> Result<()> {
-        let kind = Kind::Broadcast { root };
-        self.enqueue(Op::new(kind, send, recv, count, dtype), stream)
-    }
-    /// `ncclReduce` of `count` elements into `root`.
-    #[expect(clippy::too_many_arguments, reason = "ncclReduce's own parameter list")]
-    fn reduce(
-        &self,
-        send: Slice<'_, Self::Memory>,
-        recv: Slice<'_, Self::Memory>,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        stream: &Self::Stream,
-    ) -> Result<()> {
-        let kind = Kind::Reduce { op, root };
-        self.enqueue(Op::new(kind, send, recv, count, dtype), stream)
-    }
-    /// `ncclAllGather` of `count` elements per rank.
-    fn all_gather(
-        &self,
-        send: Slice<'_, Self::Memory>,
-        recv: Slice<'_, Self::Memory>,
-        count: usize,
-        dtype: DataType,
-        stream: &Self::Stream,
-    ) -> Result<()> {
-        self.enqueue(Op::new(Kind::AllGather, send, recv, count, dtype), stream)
-    }
-    /// `ncclReduceScatter` of `count` elements per rank.
-    fn reduce_scatter(
-        &self,
-        send: Slice<'_, Self::Memory>,
-        recv: Slice<'_, Self::Memory>,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: &Self::Stream,
-    ) -> Result<()> {
-        let kind = Kind::ReduceScatter { op };
-        self.enqueue(Op::new(kind, send, recv, count, dtype), stream)
-    }
-    /// `ncclAlltoAll` of `count` elements per peer.
-    fn all_to_all(
-        &self,
-        send: Slice<'_, Self::Memory>,
-        recv: Slice<'_, Self::Memory>,
-        count: usize,
-        dtype: DataType,
-        stream: &Self::Stream,
-    ) -> Result<()> {
-        self.enqueue(Op::new(Kind::AllToAll, send, recv, count, dtype), stream)
-    }
-    /// `ncclSend` of `count` elements to `peer`.
-    fn send(
-        &self,
-        buf: Slice<'_, Self::Memory>,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-        stream: &Self::Stream,
-    ) -> Result<()> {
-        self.enqueue(Op::send(buf, count, dtype, peer), stream)
-    }
-    /// `ncclRecv` of `count` elements from `peer`.
-    fn recv(
-        &self,
-        buf: Slice<'_, Self::Memory>,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-        stream: &Self::Stream,
-    ) -> Result<()> {
-        self.enqueue(Op::recv(buf, count, dtype, peer), stream)
-    }
-    /// A stream-ordered barrier.
-    fn barrier(&self, stream: &Self::Stream) -> Result<()> {
-        self.enqueue(Op::barrier(), stream)
     }
 }

@@ -3,9 +3,8 @@
 //!
 //! # Layers
 //! - [`Collective`] ([`backend`]) is what a backend implements: untyped operations ([`Op`],
-//!   a [`Kind`] over byte [`Slice`]s of its memory) enqueued on its streams; the collectives
-//!   are provided methods over `enqueue`, so a backend overrides only what it runs
-//!   differently.
+//!   a [`Kind`] over byte [`Slice`]s of its memory) enqueued on its streams through one
+//!   door, `enqueue`: [`Comm`] builds every `Op`.
 //! - [`Comm`] ([`comm`]) is what users call: typed elements ([`Element`]), [`buffer`]s and
 //!   views, and the ownership rules of registered memory ([`registration`]: [`Registered`],
 //!   [`Window`]).

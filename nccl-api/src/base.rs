@@ -1,5 +1,5 @@
 //! What every path runs on ([`Base`]): the library's communicator, the bookkeeping of its
-//! registrations, the ranks' agreement and the plain path, with the registration calls
+//! registrations, the ranks' agreement and the library-call path, with the registration calls
 //! over them (the check, the library call and the bookkeeping as one step each).
 
 use std::ffi::{c_int, c_void};
@@ -12,8 +12,8 @@ use unicomm_core::{Error, RawHandle, Result};
 use crate::agree::Agreement;
 use crate::group;
 use crate::libcomm::LibComm;
+use crate::library::Library;
 use crate::memory::ApiMemory;
-use crate::plain::Plain;
 use crate::sys::api::{NcclComm, WIN_COLL_SYMMETRIC};
 use crate::sys::runtime::Runtime;
 use crate::wait::SendPtr;
@@ -34,13 +34,13 @@ pub(crate) struct Base<R: Runtime> {
     pub(crate) lc: Arc<LibComm<R>>,
     pub(crate) registry: Registry,
     pub(crate) agree: Agreement<R>,
-    pub(crate) plain: Plain<R>,
+    pub(crate) library: Library<R>,
 }
 
 impl<R: Runtime> Base<R> {
     pub(crate) fn new(lc: Arc<LibComm<R>>, check: bool) -> Result<Self> {
         Ok(Base {
-            plain: Plain::new(&lc)?,
+            library: Library::new(&lc)?,
             lc,
             registry: Registry::new(),
             agree: Agreement::new(check),
@@ -68,7 +68,7 @@ impl<R: Runtime> Base<R> {
 
     /// A stream-ordered barrier on `st`.
     pub(crate) fn barrier_on(&self, st: *mut c_void) -> Result<()> {
-        self.plain.barrier_on(&self.lc, st)
+        self.library.barrier_on(&self.lc, st)
     }
 
     /// Collective registrations (window, the second communicator's split) are refused

@@ -1,23 +1,24 @@
 //! The NCCL-API layer unicomm's GPU backends share, written once for NCCL and RCCL (they
-//! export the same C API). Its layers, each importing only those below it:
+//! export the same C API). Its layers, each importing only its own and those below it (the
+//! architecture test, `xtask/src/tidy`, holds the table and checks it):
 //!
 //! 1. [`sys`]: the C library: the function table, `ncclConfig_t`, result codes, the
 //!    library search, and the device [`Runtime`] trait (all a vendor crate supplies: CUDA
 //!    for NCCL, HIP for RCCL);
-//! 2. small shared tools: one back-off, the bounded call on a helper thread, the settling
-//!    of non-blocking calls (`wait.rs`), the thread's group (`group.rs`), the stream
-//!    watchers (`watch.rs`), streams and memory ([`memory`]);
-//! 3. one safe `ncclComm_t` (`libcomm.rs`): its lock, state, deadline, creation
-//!    (`create.rs`) and teardown; it names no feature: children and abort hooks are
+//! 2. tools: one back-off, the bounded call on a helper thread, the settling of
+//!    non-blocking calls (`wait.rs`), the stream watchers (`watch.rs`), the thread's group
+//!    (`group.rs`), streams and memory ([`memory`]), the contract's types in the C API's
+//!    values (`conv.rs`), the automatic policy's table ([`policy`]);
+//! 3. one safe `ncclComm_t` (`libcomm.rs`) and its creation (`create.rs`): its lock,
+//!    state, deadline and teardown; it names no feature: children and abort hooks are
 //!    registered with it;
-//! 4. helpers over one communicator: the ranks' agreement (`agree.rs`), the registration
-//!    bookkeeping (`base.rs`);
-//! 5. the paths, each with its own state, taking the communicator they run on: the plain
-//!    library call (`plain.rs`), the copy engines (`copy_engine/`), the automatic
-//!    registrations and their [`Policy`] (`auto.rs`, [`policy`]), which alone choose
-//!    between the others;
-//! 6. [`ApiComm`], composed of the parts above, with the one place that decides a call's
-//!    route (`comm/route.rs`).
+//! 4. over one communicator: the ranks' agreement (`agree.rs`), each operation as the
+//!    library's call (`library.rs`), split and shrink (`split.rs`, `shrink.rs`), the
+//!    registration bookkeeping (`base.rs`);
+//! 5. the other paths: the copy engines (`copy_engine/`) and the automatic registrations
+//!    (`auto.rs`);
+//! 6. [`ApiComm`], composed of the parts above, with the one decision of where a call goes
+//!    (`comm/route.rs`).
 //!
 //! # Contract of this layer
 //! - Nothing links a vendor library at build time. A missing library is `LibraryNotFound`
@@ -45,8 +46,8 @@ mod copy_engine;
 mod create;
 mod group;
 mod libcomm;
+mod library;
 pub mod memory;
-mod plain;
 pub mod policy;
 mod shrink;
 mod split;

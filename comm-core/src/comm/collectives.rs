@@ -3,6 +3,7 @@
 use crate::backend::Collective;
 use crate::buffer::{DeviceSlice, DeviceSliceMut};
 use crate::element::Element;
+use crate::op::{Kind, Op};
 use crate::{Comm, Error, ReduceOp, Result};
 
 impl<C: Collective> Comm<C> {
@@ -33,8 +34,10 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         let op = self.op_for::<T>(op)?;
         let (s, r) = self.views(send, recv, Ok)?;
-        self.sole()?
-            .all_reduce(s.raw(), r.raw(), s.len, T::DTYPE, op, stream)
+        self.sole()?.enqueue(
+            Op::new(Kind::AllReduce { op }, s.raw(), r.raw(), s.len, T::DTYPE),
+            stream,
+        )
     }
 
     /// In-place all-reduce of every element of `buf`.
@@ -46,8 +49,10 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         let op = self.op_for::<T>(op)?;
         let b = self.view_mut_of(buf)?.into_view();
-        self.sole()?
-            .all_reduce(b.raw(), b.raw(), b.len, T::DTYPE, op, stream)
+        self.sole()?.enqueue(
+            Op::new(Kind::AllReduce { op }, b.raw(), b.raw(), b.len, T::DTYPE),
+            stream,
+        )
     }
 
     /// Root's `send` (`send.len()` elements) to every rank's `recv`. `send` is read on the
@@ -61,8 +66,10 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         self.rank_arg(root, "root")?;
         let (s, r) = self.views(send, recv, Ok)?;
-        self.sole()?
-            .broadcast(s.raw(), r.raw(), s.len, T::DTYPE, root, stream)
+        self.sole()?.enqueue(
+            Op::new(Kind::Broadcast { root }, s.raw(), r.raw(), s.len, T::DTYPE),
+            stream,
+        )
     }
 
     /// In-place broadcast: root's `buf` overwrites every other rank's.
@@ -74,8 +81,10 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         self.rank_arg(root, "root")?;
         let b = self.view_mut_of(buf)?.into_view();
-        self.sole()?
-            .broadcast(b.raw(), b.raw(), b.len, T::DTYPE, root, stream)
+        self.sole()?.enqueue(
+            Op::new(Kind::Broadcast { root }, b.raw(), b.raw(), b.len, T::DTYPE),
+            stream,
+        )
     }
 
     /// The reduction of every rank's `send` into root's `recv` (written on the root only;
@@ -91,8 +100,10 @@ impl<C: Collective> Comm<C> {
         let op = self.op_for::<T>(op)?;
         self.rank_arg(root, "root")?;
         let (s, r) = self.views(send, recv, Ok)?;
-        self.sole()?
-            .reduce(s.raw(), r.raw(), s.len, T::DTYPE, op, root, stream)
+        self.sole()?.enqueue(
+            Op::new(Kind::Reduce { op, root }, s.raw(), r.raw(), s.len, T::DTYPE),
+            stream,
+        )
     }
 
     /// In-place reduce into root's `buf`.
@@ -106,8 +117,10 @@ impl<C: Collective> Comm<C> {
         let op = self.op_for::<T>(op)?;
         self.rank_arg(root, "root")?;
         let b = self.view_mut_of(buf)?.into_view();
-        self.sole()?
-            .reduce(b.raw(), b.raw(), b.len, T::DTYPE, op, root, stream)
+        self.sole()?.enqueue(
+            Op::new(Kind::Reduce { op, root }, b.raw(), b.raw(), b.len, T::DTYPE),
+            stream,
+        )
     }
 
     /// `recv[r*n..(r+1)*n] = send of rank r`, `n = send.len()`; `recv` holds `n*world_size`.
@@ -118,8 +131,10 @@ impl<C: Collective> Comm<C> {
         stream: &C::Stream,
     ) -> Result<()> {
         let (s, r) = self.views(send, recv, |n| self.times_world(n, "send"))?;
-        self.sole()?
-            .all_gather(s.raw(), r.raw(), s.len, T::DTYPE, stream)
+        self.sole()?.enqueue(
+            Op::new(Kind::AllGather, s.raw(), r.raw(), s.len, T::DTYPE),
+            stream,
+        )
     }
 
     /// In-place all-gather: `buf` holds `n*world_size` elements and this rank's input is
@@ -132,8 +147,10 @@ impl<C: Collective> Comm<C> {
         let whole = self.view_mut_of(buf)?.into_view();
         let count = self.per_rank(whole.len, "buf")?;
         let mine = whole.slice(self.rank() * count..(self.rank() + 1) * count)?;
-        self.sole()?
-            .all_gather(mine.raw(), whole.raw(), count, T::DTYPE, stream)
+        self.sole()?.enqueue(
+            Op::new(Kind::AllGather, mine.raw(), whole.raw(), count, T::DTYPE),
+            stream,
+        )
     }
 
     /// `recv = op(send_r[rank*n..(rank+1)*n] for every rank r)` with `n = send.len() /
@@ -147,8 +164,16 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         let op = self.op_for::<T>(op)?;
         let (s, r) = self.views(send, recv, |n| self.per_rank(n, "send"))?;
-        self.sole()?
-            .reduce_scatter(s.raw(), r.raw(), r.len, T::DTYPE, op, stream)
+        self.sole()?.enqueue(
+            Op::new(
+                Kind::ReduceScatter { op },
+                s.raw(),
+                r.raw(),
+                r.len,
+                T::DTYPE,
+            ),
+            stream,
+        )
     }
 
     /// In-place reduce-scatter: the result lands in `buf[rank*n..(rank+1)*n]`.
@@ -162,8 +187,16 @@ impl<C: Collective> Comm<C> {
         let whole = self.view_mut_of(buf)?.into_view();
         let count = self.per_rank(whole.len, "buf")?;
         let mine = whole.slice(self.rank() * count..(self.rank() + 1) * count)?;
-        self.sole()?
-            .reduce_scatter(whole.raw(), mine.raw(), count, T::DTYPE, op, stream)
+        self.sole()?.enqueue(
+            Op::new(
+                Kind::ReduceScatter { op },
+                whole.raw(),
+                mine.raw(),
+                count,
+                T::DTYPE,
+            ),
+            stream,
+        )
     }
 
     /// All-to-all: with `n = send.len() / world_size` (which must divide), this rank's
@@ -177,8 +210,10 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         let (s, r) = self.views(send, recv, |n| self.per_rank(n, "send").map(|_| n))?;
         let count = s.len / self.world_size();
-        self.sole()?
-            .all_to_all(s.raw(), r.raw(), count, T::DTYPE, stream)
+        self.sole()?.enqueue(
+            Op::new(Kind::AllToAll, s.raw(), r.raw(), count, T::DTYPE),
+            stream,
+        )
     }
 
     /// Sends every element of `buf` to `peer`, which must post a matching `recv`. Inside a
@@ -192,7 +227,8 @@ impl<C: Collective> Comm<C> {
         self.rank_arg(peer, "peer")?;
         let b = buf.view();
         self.check(&b)?;
-        self.sole()?.send(b.raw(), b.len, T::DTYPE, peer, stream)
+        self.sole()?
+            .enqueue(Op::send(b.raw(), b.len, T::DTYPE, peer), stream)
     }
 
     /// Receives `buf.len()` elements from `peer`.
@@ -204,12 +240,13 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         self.rank_arg(peer, "peer")?;
         let b = self.view_mut_of(buf)?.into_view();
-        self.sole()?.recv(b.raw(), b.len, T::DTYPE, peer, stream)
+        self.sole()?
+            .enqueue(Op::recv(b.raw(), b.len, T::DTYPE, peer), stream)
     }
 
     /// A stream-ordered barrier: work enqueued after it on `stream` starts once every rank
     /// has reached it. Call `stream.synchronize()` to wait on the host.
     pub fn barrier(&self, stream: &C::Stream) -> Result<()> {
-        self.sole()?.barrier(stream)
+        self.sole()?.enqueue(Op::barrier(), stream)
     }
 }

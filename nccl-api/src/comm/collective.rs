@@ -16,16 +16,6 @@ use crate::libcomm::End;
 use crate::memory::{ApiMemory, ApiStream};
 use crate::sys::runtime::Runtime;
 
-/// Whether `kind` runs as a composition of other calls on this library.
-fn lowered(api: &crate::sys::api::Api, kind: Kind) -> bool {
-    match kind {
-        Kind::Gather { .. } | Kind::Scatter { .. } => !api.native_gather_scatter(),
-        Kind::AllToAllV => api.fns.all_to_allv.is_none(),
-        Kind::AllGatherV | Kind::ReduceScatterV { .. } => true,
-        _ => false,
-    }
-}
-
 impl<R: Runtime> Collective for ApiComm<R> {
     type Stream = ApiStream<R>;
     type Memory = ApiMemory<R>;
@@ -237,21 +227,25 @@ impl<R: Runtime> ApiComm<R> {
             ));
         }
         op.check(b.lc.rank, b.lc.world)?;
-        if let Some(plan) = route::route_v(b, &self.ce, &op, stream)? {
-            stream.watched_by(&b.lc);
-            return self.ce.run(b, plan, &stream.s).map(|()| route::NAMES[2]);
-        }
-        if lowered(&b.lc.api, op.kind) {
-            // No native call: NCCL's documented compositions (grouped send/recv, broadcasts,
-            // reduces), empty ones left out, in one group of this communicator.
-            b.agree.check_layout(&b.lc, &op, stream)?;
-            let ops = op.lower(b.lc.rank, b.lc.world, Zeros::Skip)?;
-            self.group_start()?;
-            let r = ops
-                .into_iter()
-                .try_for_each(|o| self.enqueue_op(o, stream).map(drop));
-            let end = self.group_end();
-            return r.and(end).map(|()| "lowered (NCCL's composition)");
+        let route = route::decide(b, &self.ce, &self.auto, &op, stream);
+        match route {
+            // Agreed by the ranks while planned: no comparison again.
+            Ok(Route::CopyEngine(plan)) if op.kind == Kind::AllToAllV => {
+                stream.watched_by(&b.lc);
+                return self.ce.run(b, plan, &stream.s).map(|()| route::NAMES[2]);
+            }
+            Ok(Route::Lowered) => {
+                // Empty parts left out, in one group of this communicator.
+                b.agree.check_layout(&b.lc, &op, stream)?;
+                let ops = op.lower(b.lc.rank, b.lc.world, Zeros::Skip)?;
+                self.group_start()?;
+                let r = ops
+                    .into_iter()
+                    .try_for_each(|o| self.enqueue_op(o, stream).map(drop));
+                let end = self.group_end();
+                return r.and(end).map(|()| route::NAMES[4]);
+            }
+            _ => {}
         }
         if op.kind.is_var() {
             b.agree.check_layout(&b.lc, &op, stream)?;
@@ -259,7 +253,6 @@ impl<R: Runtime> ApiComm<R> {
         stream.watched_by(&b.lc);
         // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
         // rank whose call is refused here still takes part, so its peers do not wait.
-        let route = route::route(b, &self.ce, &self.auto, &op);
         let path = (route::code(&route), &route::NAMES[..]);
         let checked = b.agree.check_collective(&b.lc, &op, path, stream);
         let route = route?;
@@ -268,8 +261,9 @@ impl<R: Runtime> ApiComm<R> {
         let name = route::NAMES[path.0 as usize];
         match route {
             Route::CopyEngine(plan) => self.ce.run(b, plan, &stream.s),
-            Route::Second(c) => b.plain.enqueue(&b.lc, &b.registry, Some(c), &op, st),
-            Route::Plain => b.plain.enqueue(&b.lc, &b.registry, None, &op, st),
+            Route::Second(c) => b.library.enqueue(&b.lc, &b.registry, Some(c), &op, st),
+            Route::Library => b.library.enqueue(&b.lc, &b.registry, None, &op, st),
+            Route::Lowered => Err(Error::invalid("op", "a lowered call reached the library")),
         }
         .map(|()| name)
     }

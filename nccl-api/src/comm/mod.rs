@@ -2,7 +2,7 @@
 //! device runtime: what backend-nccl (NCCL + CUDA) and backend-rccl (RCCL + HIP) both are.
 //! It is composed of the parts below it, each owning its state: the communicator every
 //! path runs on ([`Base`]: the library's communicator, its registrations, the ranks'
-//! agreement, the plain path), the copy-engine path and the automatic registrations; a
+//! agreement, the library-call path), the copy-engine path and the automatic registrations; a
 //! call's route is decided in `route.rs`, the contract's operations are in `collective.rs`.
 
 mod children;

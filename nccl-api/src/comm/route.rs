@@ -1,9 +1,10 @@
-//! The one place that decides where a call goes ([`Route`]): the copy engines, the
-//! automatic registrations' second communicator, or the plain path on this communicator.
-//! Only the automatic policy chooses between paths for registered buffers; without it, the
-//! copy engines take what they can where the path is switched on.
+//! The one place that decides where a call goes ([`decide`] returns a [`Route`]): this
+//! communicator's library call, the automatic registrations' second communicator, the copy
+//! engines with their plan, or a lowering where the library has no call of its own. Only the
+//! automatic policy chooses between paths for registered buffers; without it, the copy
+//! engines take what they can where the path is switched on.
 
-use unicomm_core::{Op, Result};
+use unicomm_core::{Kind, Op, Result};
 
 use crate::auto::Auto;
 use crate::base::Base;
@@ -15,46 +16,72 @@ use crate::sys::runtime::Runtime;
 
 /// Where a call goes.
 pub(crate) enum Route {
-    /// The library, on this communicator.
-    Plain,
+    /// The library's call, on this communicator.
+    Library,
     /// The library, on the second communicator of automatic registrations.
     Second(NcclComm),
     /// The copy engines, by this plan.
     CopyEngine(Plan),
+    /// No call of the library's own: NCCL's documented composition (grouped send/recv,
+    /// broadcasts, reduces), in one group of this communicator.
+    Lowered,
 }
 
-/// The routes as the ranks' comparison names them (`UNICOMM_CHECK_COLLECTIVES`), by
-/// [`code`].
-pub(crate) const NAMES: [&str; 4] = [
+/// The routes as the ranks' comparison and the flight recorder name them, by [`code`].
+pub(crate) const NAMES: [&str; 5] = [
     "this communicator",
     "the second communicator",
     "the copy engines",
     "a refusal (the rank's own error)",
+    "lowered (NCCL's composition)",
 ];
 
 /// A route's number in [`NAMES`]; a refused call has one too, so that its rank still takes
 /// part in the comparison and its peers do not wait.
 pub(crate) fn code(route: &Result<Route>) -> u64 {
     match route {
-        Ok(Route::Plain) => 0,
+        Ok(Route::Library) => 0,
         Ok(Route::Second(_)) => 1,
         Ok(Route::CopyEngine(_)) => 2,
         Err(_) => 3,
+        Ok(Route::Lowered) => 4,
     }
 }
 
-/// Where `op` goes: for buffers registered for the automatic policy, the path it picks for
-/// this size (the copy engines where they can take it, else the registered path);
-/// otherwise the copy engines where the path is on and the output is a shared window, else
-/// the library on this communicator.
+/// Whether `kind` runs as a composition of other calls on this library.
+fn lowered(api: &crate::sys::api::Api, kind: Kind) -> bool {
+    match kind {
+        Kind::Gather { .. } | Kind::Scatter { .. } => !api.native_gather_scatter(),
+        Kind::AllToAllV => api.fns.all_to_allv.is_none(),
+        Kind::AllGatherV | Kind::ReduceScatterV { .. } => true,
+        _ => false,
+    }
+}
+
+/// Where `op` goes, the whole decision:
+/// 1. an all-to-all-v goes to the copy engines where the path is on and every rank's
+///    output is a shared window (the ranks agree on it and on the layouts first,
+///    `copy_engine/var.rs`; the automatic policy never picks it: the ranks' sizes differ);
+/// 2. a collective the library has no call for is lowered;
+/// 3. for buffers registered for the automatic policy, the path it picks for this size
+///    (the copy engines where they can take it, else the registered path on the second
+///    communicator); otherwise the copy engines where the path is on and the output is a
+///    shared window; else the library's call on this communicator.
 #[inline]
-pub(crate) fn route<R: Runtime>(
+pub(crate) fn decide<R: Runtime>(
     base: &Base<R>,
     ce: &CopyEngine<R>,
     auto: &Auto,
     op: &Op<'_, ApiMemory<R>>,
+    stream: &ApiStream<R>,
 ) -> Result<Route> {
-    let second = || auto.second_comm().map_or(Route::Plain, Route::Second);
+    if let Some(plan) = ce.plan_v(base, op, stream)? {
+        return Ok(Route::CopyEngine(plan));
+    }
+    if lowered(&base.lc.api, op.kind) {
+        return Ok(Route::Lowered);
+    }
+    let second = || auto.second_comm().map_or(Route::Library, Route::Second);
     Ok(match auto.path(base, op)? {
         Some(Path::CopyEngine) => match ce.plan(base, op, true)? {
             Some(plan) => Route::CopyEngine(plan),
@@ -62,24 +89,10 @@ pub(crate) fn route<R: Runtime>(
             None => second(),
         },
         Some(Path::Registered) => second(),
-        Some(Path::Window) => Route::Plain,
+        Some(Path::Window) => Route::Library,
         None => match ce.plan(base, op, false)? {
             Some(plan) => Route::CopyEngine(plan),
-            None => Route::Plain,
+            None => Route::Library,
         },
     })
-}
-
-/// Where an all-to-all-v goes before the library's own call or its lowering: the copy
-/// engines where the path is on and every rank's output is a shared window (agreed by the
-/// ranks, `copy_engine/var.rs`), else `None`. The automatic policy never picks it: the ranks'
-/// sizes differ, and the layouts' exchange costs a round trip that only large calls repay.
-#[inline]
-pub(crate) fn route_v<R: Runtime>(
-    base: &Base<R>,
-    ce: &CopyEngine<R>,
-    op: &Op<'_, ApiMemory<R>>,
-    stream: &ApiStream<R>,
-) -> Result<Option<Plan>> {
-    ce.plan_v(base, op, stream)
 }

@@ -1,4 +1,4 @@
-//! The plain path: each operation of the contract as one call of the library (or, where
+//! The library-call path: each operation of the contract as one call of the library (or, where
 //! the library lacks it, the grouped point-to-point calls that nccl-tests uses), on this
 //! communicator or on a child the caller names.
 
@@ -13,15 +13,15 @@ use crate::memory::ApiMemory;
 use crate::sys::api::NcclComm;
 use crate::sys::runtime::Runtime;
 
-/// The plain path's own state: 4 device bytes for `barrier` (NCCL has no barrier: an
+/// The library-call path's own state: 4 device bytes for `barrier` (NCCL has no barrier: an
 /// all-reduce of one element).
-pub(crate) struct Plain<R: Runtime> {
+pub(crate) struct Library<R: Runtime> {
     barrier: ApiMemory<R>,
 }
 
-impl<R: Runtime> Plain<R> {
+impl<R: Runtime> Library<R> {
     pub(crate) fn new(lc: &LibComm<R>) -> Result<Self> {
-        Ok(Plain {
+        Ok(Library {
             barrier: ApiMemory::from_runtime_malloc(lc.rt.clone(), lc.dev, 4)?,
         })
     }
@@ -216,7 +216,7 @@ fn one_rank_fp8_premul<R: Runtime>(lc: &LibComm<R>, op: &Op<'_, ApiMemory<R>>) -
 /// `ncclScalarHostImmediate`: the scalar is read from host memory at creation.
 const SCALAR_HOST_IMMEDIATE: c_int = 1;
 
-/// A kind the communicator lowers before it reaches the plain path (no native call).
+/// A kind the communicator lowers before it reaches the library-call path (no native call).
 fn unlowered(call: &str) -> Error {
     Error::invalid(
         "op",
