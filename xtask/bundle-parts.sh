@@ -1,7 +1,7 @@
 #!/bin/bash
 # Written by `cargo xtask bundle`: runs the bundle's run.sh once per part named in
 # PARTS_LIST (e.g. PARTS_LIST="bench autoprobe procs", then "overlap", then "faults
-# conformance quick": each group fits one 10-minute call on 2x H200, a2b12b3:docs/benchmarks.md),
+# conformance quick": each group fits one 10-minute call on 2x H200),
 # with each part's logs in one tarball under $OUT (a device call brings back at most 8
 # files), the machine's description and a summary with each part's exit status and time.
 # The sweep's JSON reads back as tables with `unicomm-bench report DIR/bench/nccl-bench.json`.

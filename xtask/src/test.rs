@@ -11,7 +11,9 @@ use crate::gpu::{amd_gpus, gpu_tests, nvidia_gpus, GpuVendor};
 use crate::launch;
 use crate::run::run_procs;
 
-/// `cargo xtask test`.
+/// `cargo xtask test`: the probe, the workspace suite, `Vendor::Auto` with every backend,
+/// the examples as processes on the mock, the flight recorder's dumps, unicomm-bench as
+/// processes, then the vendor's GPU tests.
 pub(crate) fn test(o: &Opts) -> Result<()> {
     // First what the machine has (informational), then the suite.
     let mut d = facade(
@@ -61,146 +63,170 @@ pub(crate) fn test(o: &Opts) -> Result<()> {
     // One rank per process on the mock, through this launcher: the examples as a
     // user launched by torchrun would run them.
     if cfg!(target_os = "linux") {
-        let mock = |args: &[&str]| Opts {
-            vendor: Vendor::Mock,
-            release: o.release,
-            args: args.iter().map(|a| a.to_string()).collect(),
-        };
-        let fast = [("UNICOMM_MOCK_TIMEOUT_MS", "3000")];
-        // The file rendezvous instead of TCP (a fresh path of this run).
-        let rdv = std::env::temp_dir().join(format!("unicomm-xtask-{}.id", std::process::id()));
-        let rdv = rdv.to_string_lossy().into_owned();
-        let file = [("UNICOMM_RENDEZVOUS_FILE", rdv.as_str())];
-        for (example, n, args, env, expect_lost) in [
-            ("allreduce_ub", 2, &[][..], &[][..], &[][..]),
-            ("alltoall_ub", 4, &[], &[], &[]),
-            ("from_env", 3, &[], &[], &[]),
-            ("from_env", 3, &[], &file[..], &[]),
-            ("faults", 2, &["--scenario", "skip"], &fast[..], &[]),
-            ("faults", 2, &["--scenario", "abort"], &[], &[]),
-            // A rank SIGKILLed; the survivors shrink and go on (also without rank 0, whose
-            // process served the mock's world).
-            (
-                "shrink",
-                4,
-                &["--victim", "3", "--settle-ms", "1000"],
-                &[],
-                &[3],
-            ),
-            (
-                "shrink",
-                4,
-                &["--victim", "0", "--settle-ms", "1000", "--mode", "reform"],
-                &[],
-                &[0],
-            ),
-        ] {
-            let job = launch::Job {
-                n,
-                timeout: std::time::Duration::from_secs(300),
-                share_gpu: false,
-                expect_lost,
-                env,
-            };
-            run_procs(&mock(args), example, &job)
-                .with_context(|| format!("{example} {args:?} in {n} processes on the mock"))?;
-        }
-        // The flight recorder: a rank skips a collective; every rank's dump, read back the
-        // way `cargo xtask trace` reads it, names the sequence number and the rank.
-        let fl = std::env::temp_dir().join(format!("unicomm-xtask-flight-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&fl);
-        let fl_s = fl.to_string_lossy().into_owned();
-        let env = [
-            ("UNICOMM_MOCK_TIMEOUT_MS", "3000"),
-            ("UNICOMM_FLIGHT_DIR", fl_s.as_str()),
-        ];
-        let job = launch::Job {
-            n: 2,
-            timeout: std::time::Duration::from_secs(300),
-            share_gpu: false,
-            expect_lost: &[],
-            env: &env,
-        };
-        run_procs(&mock(&["--scenario", "skip"]), "faults", &job)
-            .context("faults skip with the flight recorder on the mock")?;
-        let said = crate::trace::analyze(&crate::trace::read_dir(&fl)?).join("\n");
-        let _ = std::fs::remove_dir_all(&fl);
-        println!("{said}");
-        anyhow::ensure!(
-            said.contains("first divergence at sequence number 1")
-                && said.contains("rank(s) 1 never did"),
-            "the flight recorder's dumps do not name the skipped collective:\n{said}"
-        );
-        // The recorder at a lost rank: the survivors' dumps name the rank that left none.
-        let _ = std::fs::remove_dir_all(&fl);
-        let env = [("UNICOMM_FLIGHT_DIR", fl_s.as_str())];
-        let job = launch::Job {
-            n: 4,
-            timeout: std::time::Duration::from_secs(300),
-            share_gpu: false,
-            expect_lost: &[3],
-            env: &env,
-        };
-        run_procs(
-            &mock(&["--victim", "3", "--settle-ms", "1000"]),
-            "shrink",
-            &job,
-        )
-        .context("shrink with the flight recorder on the mock")?;
-        let said = crate::trace::analyze(&crate::trace::read_dir(&fl)?).join("\n");
-        let _ = std::fs::remove_dir_all(&fl);
-        println!("{said}");
-        anyhow::ensure!(
-            said.contains("no dump from rank(s) 3") && said.contains("sequence number 10"),
-            "the flight recorder's dumps do not name the lost rank:\n{said}"
-        );
-        // unicomm-bench with one rank per process (its figures combined through
-        // the communicator), data checked: a smoke test, no timing asserted.
-        let mut b = cargo();
-        b.args(["build", "-p", "unicomm-bench"]);
-        with_profile(&mut b, o.release);
-        // Where cargo put it (CARGO_TARGET_DIR honoured).
-        let bench = named(
-            "build unicomm-bench",
-            b,
-            TargetKind::Bin,
-            &["unicomm-bench"],
-        )?
-        .remove(0)
-        .0;
-        let args: Vec<String> = [
-            "--vendor",
-            "mock",
-            "-b",
-            "8",
-            "-e",
-            "64K",
-            "-f",
-            "32",
-            "-w",
-            "1",
-            "-n",
-            "2",
-            "-c",
-            "1",
-            "--coll",
-            "all_reduce,all_to_all,all_gather",
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
-        let job = launch::Job {
-            n: 2,
-            timeout: std::time::Duration::from_secs(300),
-            share_gpu: false,
-            expect_lost: &[],
-            env: &[],
-        };
-        launch::run(&bench, &args, &job).context("unicomm-bench in 2 processes on the mock")?;
+        mock_examples(o)?;
+        flight_dumps(o)?;
+        bench_in_processes(o)?;
     }
     match o.vendor {
         Vendor::Cuda => gpu_tests(GpuVendor::Cuda, &o.args, nvidia_gpus()),
         Vendor::Rocm => gpu_tests(GpuVendor::Rocm, &o.args, amd_gpus()),
         Vendor::Auto | Vendor::Mock => Ok(()),
     }
+}
+
+/// The mock's options for an example's arguments.
+fn mock(o: &Opts, args: &[&str]) -> Opts {
+    Opts {
+        vendor: Vendor::Mock,
+        release: o.release,
+        args: args.iter().map(|a| a.to_string()).collect(),
+    }
+}
+
+/// The examples, one rank per process on the mock.
+fn mock_examples(o: &Opts) -> Result<()> {
+    let mock = |args: &[&str]| mock(o, args);
+    let fast = [("UNICOMM_MOCK_TIMEOUT_MS", "3000")];
+    // The file rendezvous instead of TCP (a fresh path of this run).
+    let rdv = std::env::temp_dir().join(format!("unicomm-xtask-{}.id", std::process::id()));
+    let rdv = rdv.to_string_lossy().into_owned();
+    let file = [("UNICOMM_RENDEZVOUS_FILE", rdv.as_str())];
+    for (example, n, args, env, expect_lost) in [
+        ("allreduce_ub", 2, &[][..], &[][..], &[][..]),
+        ("alltoall_ub", 4, &[], &[], &[]),
+        ("from_env", 3, &[], &[], &[]),
+        ("from_env", 3, &[], &file[..], &[]),
+        ("faults", 2, &["--scenario", "skip"], &fast[..], &[]),
+        ("faults", 2, &["--scenario", "abort"], &[], &[]),
+        // A rank SIGKILLed; the survivors shrink and go on (also without rank 0, whose
+        // process served the mock's world).
+        (
+            "shrink",
+            4,
+            &["--victim", "3", "--settle-ms", "1000"],
+            &[],
+            &[3],
+        ),
+        (
+            "shrink",
+            4,
+            &["--victim", "0", "--settle-ms", "1000", "--mode", "reform"],
+            &[],
+            &[0],
+        ),
+    ] {
+        let job = launch::Job {
+            n,
+            timeout: std::time::Duration::from_secs(300),
+            share_gpu: false,
+            expect_lost,
+            env,
+        };
+        run_procs(&mock(args), example, &job)
+            .with_context(|| format!("{example} {args:?} in {n} processes on the mock"))?;
+    }
+    Ok(())
+}
+
+/// The flight recorder: a skipped collective and a lost rank, named by the dumps.
+fn flight_dumps(o: &Opts) -> Result<()> {
+    let mock = |args: &[&str]| mock(o, args);
+    // The flight recorder: a rank skips a collective; every rank's dump, read back the
+    // way `cargo xtask trace` reads it, names the sequence number and the rank.
+    let fl = std::env::temp_dir().join(format!("unicomm-xtask-flight-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&fl);
+    let fl_s = fl.to_string_lossy().into_owned();
+    let env = [
+        ("UNICOMM_MOCK_TIMEOUT_MS", "3000"),
+        ("UNICOMM_FLIGHT_DIR", fl_s.as_str()),
+    ];
+    let job = launch::Job {
+        n: 2,
+        timeout: std::time::Duration::from_secs(300),
+        share_gpu: false,
+        expect_lost: &[],
+        env: &env,
+    };
+    run_procs(&mock(&["--scenario", "skip"]), "faults", &job)
+        .context("faults skip with the flight recorder on the mock")?;
+    let said = crate::trace::analyze(&crate::trace::read_dir(&fl)?).join("\n");
+    let _ = std::fs::remove_dir_all(&fl);
+    println!("{said}");
+    anyhow::ensure!(
+        said.contains("first divergence at sequence number 1")
+            && said.contains("rank(s) 1 never did"),
+        "the flight recorder's dumps do not name the skipped collective:\n{said}"
+    );
+    // The recorder at a lost rank: the survivors' dumps name the rank that left none.
+    let _ = std::fs::remove_dir_all(&fl);
+    let env = [("UNICOMM_FLIGHT_DIR", fl_s.as_str())];
+    let job = launch::Job {
+        n: 4,
+        timeout: std::time::Duration::from_secs(300),
+        share_gpu: false,
+        expect_lost: &[3],
+        env: &env,
+    };
+    run_procs(
+        &mock(&["--victim", "3", "--settle-ms", "1000"]),
+        "shrink",
+        &job,
+    )
+    .context("shrink with the flight recorder on the mock")?;
+    let said = crate::trace::analyze(&crate::trace::read_dir(&fl)?).join("\n");
+    let _ = std::fs::remove_dir_all(&fl);
+    println!("{said}");
+    anyhow::ensure!(
+        said.contains("no dump from rank(s) 3") && said.contains("sequence number 10"),
+        "the flight recorder's dumps do not name the lost rank:\n{said}"
+    );
+    Ok(())
+}
+
+/// unicomm-bench in two processes on the mock.
+fn bench_in_processes(o: &Opts) -> Result<()> {
+    // unicomm-bench with one rank per process (its figures combined through
+    // the communicator), data checked: a smoke test, no timing asserted.
+    let mut b = cargo();
+    b.args(["build", "-p", "unicomm-bench"]);
+    with_profile(&mut b, o.release);
+    // Where cargo put it (CARGO_TARGET_DIR honoured).
+    let bench = named(
+        "build unicomm-bench",
+        b,
+        TargetKind::Bin,
+        &["unicomm-bench"],
+    )?
+    .remove(0)
+    .0;
+    let args: Vec<String> = [
+        "--vendor",
+        "mock",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "-f",
+        "32",
+        "-w",
+        "1",
+        "-n",
+        "2",
+        "-c",
+        "1",
+        "--coll",
+        "all_reduce,all_to_all,all_gather",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let job = launch::Job {
+        n: 2,
+        timeout: std::time::Duration::from_secs(300),
+        share_gpu: false,
+        expect_lost: &[],
+        env: &[],
+    };
+    launch::run(&bench, &args, &job).context("unicomm-bench in 2 processes on the mock")?;
+    Ok(())
 }

@@ -85,7 +85,6 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("nccl-api/src/library.rs", "enqueue", 140),
     ("xtask/src/bundle.rs", "bundle", 145),
     ("xtask/src/launch/mod.rs", "run_until", 138),
-    ("xtask/src/test.rs", "test", 192),
 ];
 
 /// The files that may hold `unsafe`: FFI layers and the memory they own. The list may only
