@@ -1,6 +1,6 @@
 //! The backend contract: what every backend (mock, NCCL, RCCL) implements.
 //!
-//! This layer is untyped (bytes, [`DataType`]) and trusts nothing: the typed, safe API in
+//! This layer is untyped (bytes, [`DataType`](crate::DataType)) and trusts nothing: the typed, safe API in
 //! [`crate::comm`] validates arguments first, but a backend still checks what would be
 //! unsound for it to get wrong (bounds of host memory on the mock, unknown handles).
 
