@@ -18,13 +18,11 @@ pub mod interop;
 pub mod runtime;
 mod vmm;
 
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use unicomm_core::CommConfig;
 
-use unicomm_core::{Result, Version};
-use unicomm_nccl_api::search::{env_dirs, python_wheel_dirs};
-use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Flavor, Runtime};
+use unicomm_core::Result;
+use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Runtime};
 
 pub use interop::{memory_from_cudarc, memory_from_raw, stream_from_cudarc, stream_from_raw};
 pub use runtime::{CudaRuntime, CudaStreamHandle};
@@ -37,26 +35,8 @@ pub type NcclStream = ApiStream<CudaRuntime>;
 /// CUDA device memory.
 pub type NcclMemory = ApiMemory<CudaRuntime>;
 
-fn nccl_dirs() -> Vec<PathBuf> {
-    let mut v = env_dirs(&[("NCCL_HOME", "lib"), ("CUDA_HOME", "lib64")]);
-    v.extend(python_wheel_dirs("nvidia/nccl/lib"));
-    v
-}
-
-/// NCCL's loader settings: `UNICOMM_NCCL_LIBRARY`, `NCCL_HOME/lib`, `CUDA_HOME/lib64`,
-/// Python wheels (`site-packages/nvidia/nccl/lib`), then `libnccl.so.2`, `libnccl.so`.
-pub static NCCL: Flavor = Flavor {
-    library: "NCCL",
-    env_var: "UNICOMM_NCCL_LIBRARY",
-    dirs: nccl_dirs,
-    sonames: &["libnccl.so.2", "libnccl.so"],
-    all_to_all: &["ncclAlltoAll"],
-    registration_since: Version::new(2, 19, 0),
-    windows_since: Version::new(2, 27, 0),
-    mem_alloc_since: Version::new(2, 19, 0),
-    gather_since: Version::new(2, 28, 3),
-    fp8_reduce_since: Some(Version::new(2, 24, 3)),
-};
+/// NCCL's loader settings (defined once, in the NCCL-API layer).
+pub use unicomm_nccl_api::flavor::NCCL;
 
 /// The NCCL library, loaded once per process.
 pub fn nccl() -> Result<Arc<Api>> {

@@ -21,13 +21,11 @@ mod load;
 pub mod runtime;
 pub mod sys;
 
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use unicomm_core::CommConfig;
 
-use unicomm_core::{Result, Version};
-use unicomm_nccl_api::search::env_dirs;
-use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Flavor, Runtime};
+use unicomm_core::Result;
+use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Runtime};
 
 pub use runtime::{HipRuntime, HipStreamHandle};
 pub use unicomm_nccl_api::{Policy, UniqueId};
@@ -39,27 +37,8 @@ pub type RcclStream = ApiStream<HipRuntime>;
 /// HIP device memory.
 pub type RcclMemory = ApiMemory<HipRuntime>;
 
-pub(crate) fn rocm_dirs() -> Vec<PathBuf> {
-    let mut v = env_dirs(&[("ROCM_PATH", "lib"), ("HIP_PATH", "lib")]);
-    v.push(PathBuf::from("/opt/rocm/lib"));
-    v
-}
-
-/// RCCL's loader settings: `UNICOMM_RCCL_LIBRARY`, `ROCM_PATH/lib`, `HIP_PATH/lib`,
-/// `/opt/rocm/lib`, then `librccl.so.1`, `librccl.so`.
-pub static RCCL: Flavor = Flavor {
-    library: "RCCL",
-    env_var: "UNICOMM_RCCL_LIBRARY",
-    dirs: rocm_dirs,
-    sonames: &["librccl.so.1", "librccl.so"],
-    all_to_all: &["ncclAllToAll", "ncclAlltoAll"],
-    // ROCm 6.2's RCCL reports NCCL API 2.20 and is the first with ncclCommRegister.
-    registration_since: Version::new(2, 20, 0),
-    windows_since: Version::new(2, 27, 0),
-    mem_alloc_since: Version::new(2, 20, 0),
-    gather_since: Version::new(2, 0, 0),
-    fp8_reduce_since: None,
-};
+/// RCCL's loader settings (defined once, in the NCCL-API layer).
+pub use unicomm_nccl_api::flavor::{rocm_dirs, RCCL};
 
 /// The RCCL library, loaded once per process.
 pub fn rccl() -> Result<Arc<Api>> {

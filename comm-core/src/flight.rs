@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::element::DataType;
 use crate::kind::Kind;
@@ -30,22 +30,20 @@ use crate::{Error, Result};
 pub struct Entry {
     /// Its number on this communicator (every rank numbers the same operations alike).
     pub seq: u64,
-    /// The operation ([`Kind::snake_name`]).
-    pub kind: &'static str,
+    /// The operation, with its reduction and root or peer; named only when dumped, so
+    /// that a record on the hot path copies a few words and no names.
+    pub kind: Kind,
     /// Elements (per rank or per peer, as the operation counts them).
     pub count: usize,
-    /// Element type name.
-    pub dtype: &'static str,
-    /// The reduction, where it has one.
-    pub op: Option<&'static str>,
-    /// The root or peer, where it has one.
-    pub rank_arg: Option<usize>,
+    /// Element type.
+    pub dtype: DataType,
     /// The path the backend took ("library", "copy engines", "lowered", ...).
     pub path: &'static str,
     /// The stream's identity (its handle's address).
     pub stream: u64,
-    /// When it was enqueued, microseconds since the Unix epoch.
-    pub enqueued_us: u64,
+    /// When it was enqueued (a monotonic reading: one clock call on the hot path; the dump
+    /// turns it into microseconds since the Unix epoch).
+    pub enqueued: Instant,
     /// With completion tracking: the point after it on its stream.
     pub done: Option<Marker>,
 }
@@ -69,6 +67,13 @@ pub struct FlightRecorder {
 
 /// Every live recorder of this process, for [`dump_all`].
 static LIVE: Mutex<Vec<Weak<FlightRecorder>>> = Mutex::new(Vec::new());
+
+/// A monotonic reading as microseconds since the Unix epoch (by now's offset between the
+/// two clocks).
+fn wall_us(at: Instant) -> u64 {
+    let ago = Instant::now().saturating_duration_since(at).as_micros() as u64;
+    now_us().saturating_sub(ago)
+}
 
 fn now_us() -> u64 {
     SystemTime::now()
@@ -175,14 +180,12 @@ impl FlightRecorder {
         // Made before the lock (the clock read included); numbered under it.
         let mut e = Entry {
             seq: 0,
-            kind: kind.snake_name(),
+            kind,
             count,
-            dtype: dtype.name(),
-            op: kind.reduction().map(|o| o.name()),
-            rank_arg: kind.rank_arg().map(|(r, _)| r),
+            dtype,
             path,
             stream,
-            enqueued_us: now_us(),
+            enqueued: Instant::now(),
             done,
         };
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
@@ -221,14 +224,14 @@ impl FlightRecorder {
                 "{}{{\"seq\":{},\"kind\":{},\"count\":{},\"dtype\":{},\"op\":{},\"rank_arg\":{},\"path\":{},\"stream\":{},\"enqueued_us\":{},\"state\":{}}}",
                 if i == 0 { "" } else { "," },
                 e.seq,
-                json_str(e.kind),
+                json_str(e.kind.snake_name()),
                 e.count,
-                json_str(e.dtype),
-                opt(e.op.map(json_str)),
-                opt(e.rank_arg.map(|r| r.to_string())),
+                json_str(e.dtype.name()),
+                opt(e.kind.reduction().map(|o| json_str(o.name()))),
+                opt(e.kind.rank_arg().map(|(r, _)| r.to_string())),
                 json_str(e.path),
                 e.stream,
-                e.enqueued_us,
+                wall_us(e.enqueued),
                 json_str(state)
             ));
         }

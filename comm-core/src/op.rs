@@ -212,7 +212,48 @@ impl<M: DeviceMemory> Op<'_, M> {
     /// the root only), inside its allocation, holding what the kind reads or writes, per-rank
     /// counts in bounds and without overflow, and roots and peers are ranks. Every backend
     /// calls this before touching memory.
+    #[inline]
     pub fn check(&self, rank: usize, world: usize) -> Result<()> {
+        // Every call passes here: the common shapes are accepted by a short test whose code
+        // stays in a few cache lines; anything else (and every refusal) is decided, and
+        // explained, by the full check out of line.
+        if self.plainly_valid(world) {
+            return Ok(());
+        }
+        self.check_in_full(rank, world)
+    }
+
+    /// A conservative test: `true` only for operations [`Op::check_in_full`] accepts
+    /// (fixed-size kinds without a root-only side, no pre-multiplied sum, every side
+    /// present exactly where the kind has one, aligned, inside its allocation and holding
+    /// what the kind reads or writes). `false` says nothing: the full check decides.
+    #[inline]
+    fn plainly_valid(&self, world: usize) -> bool {
+        if self.kind.rank_arg().is_some_and(|(r, _)| r >= world)
+            || matches!(self.kind.reduction(), Some(ReduceOp::PreMulSum(_)))
+        {
+            return false;
+        }
+        let size = self.dtype.size();
+        let (se, re) = self.kind.extents();
+        let fits = |slice: &Option<Slice<'_, M>>, e: Extent| match (slice, e) {
+            (None, Extent::None) => true,
+            (Some(s), Extent::One | Extent::PerRank) => {
+                // Sizes are powers of two: a mask, not a division.
+                let aligned = s.bytes == 0 || s.address() & (size - 1) == 0;
+                let need = e.elems(self.count, world).and_then(|n| n.checked_mul(size));
+                aligned && s.in_bounds() && need.is_some_and(|n| s.bytes >= n)
+            }
+            _ => false,
+        };
+        fits(&self.send, se) && fits(&self.recv, re)
+    }
+
+    /// The full check, with the error naming what is wrong (out of line: refusals and the
+    /// rarer shapes only).
+    #[cold]
+    #[inline(never)]
+    fn check_in_full(&self, rank: usize, world: usize) -> Result<()> {
         if let Some((r, arg)) = self.kind.rank_arg() {
             if r >= world {
                 return Err(Error::invalid(

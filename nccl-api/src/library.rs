@@ -192,27 +192,35 @@ const RED_SUM: c_int = 0;
 /// the 8-bit floats, so a float average or a pre-multiplied sum of fp8 on a communicator of
 /// one rank fails there with `ncclInvalidArgument` (measured on 1x H200): refused first, as
 /// `Unsupported` naming why.
+#[inline]
 fn one_rank_fp8_premul<R: Runtime>(lc: &LibComm<R>, op: &Op<'_, ApiMemory<R>>) -> Result<()> {
     let premul = matches!(
         op.kind.reduction(),
         Some(ReduceOp::Avg | ReduceOp::PreMulSum(_))
     );
     if lc.world == 1 && op.dtype.is_fp8() && premul {
-        return Err(Error::unsupported(
-            format!(
-                "{} of {} with a pre-multiplied sum (or a float average) on one rank",
-                op.kind.name(),
-                op.dtype
-            ),
-            "a communicator of two or more ranks",
-            format!(
-                "{} {}, whose one-rank path has no fp8 kernel for it",
-                lc.api.flavor.library, lc.api.version
-            ),
-        ));
+        return Err(no_one_rank_fp8_premul(lc, op));
     }
     Ok(())
 }
+
+#[cold]
+#[inline(never)]
+fn no_one_rank_fp8_premul<R: Runtime>(lc: &LibComm<R>, op: &Op<'_, ApiMemory<R>>) -> Error {
+    Error::unsupported(
+        format!(
+            "{} of {} with a pre-multiplied sum (or a float average) on one rank",
+            op.kind.name(),
+            op.dtype
+        ),
+        "a communicator of two or more ranks",
+        format!(
+            "{} {}, whose one-rank path has no fp8 kernel for it",
+            lc.api.flavor.library, lc.api.version
+        ),
+    )
+}
+
 /// `ncclScalarHostImmediate`: the scalar is read from host memory at creation.
 const SCALAR_HOST_IMMEDIATE: c_int = 1;
 
@@ -227,10 +235,17 @@ fn unlowered(call: &str) -> Error {
 /// The `ncclDataType_t` an operation is called with. The 8-bit floats move as `ncclUint8`
 /// (the same bytes, on every library version); reductions of them need a library that
 /// reduces them (`Unsupported` otherwise, naming why).
+#[inline]
 fn wire_type(api: &crate::sys::api::Api, kind: Kind, dtype: DataType) -> Result<c_int> {
     if !dtype.is_fp8() {
         return Ok(dtype.nccl());
     }
+    fp8_wire_type(api, kind, dtype)
+}
+
+#[cold]
+#[inline(never)]
+fn fp8_wire_type(api: &crate::sys::api::Api, kind: Kind, dtype: DataType) -> Result<c_int> {
     if kind.reduction().is_some() {
         api.fp8_reduce()?;
         return Ok(dtype.nccl());
@@ -246,6 +261,7 @@ struct RedOp {
 }
 
 impl RedOp {
+    #[inline]
     fn new<R: Runtime>(
         lc: &LibComm<R>,
         comm: NcclComm,
@@ -258,6 +274,18 @@ impl RedOp {
                 created: None,
             });
         }
+        Self::create(lc, comm, op, dtype)
+    }
+
+    /// A pre-multiplied sum's operator, created for one call (out of line: rare).
+    #[cold]
+    #[inline(never)]
+    fn create<R: Runtime>(
+        lc: &LibComm<R>,
+        comm: NcclComm,
+        op: ReduceOp,
+        dtype: DataType,
+    ) -> Result<Self> {
         let ReduceOp::PreMulSum(x) = op else {
             return Err(Error::invalid("op", "a reduction without a code"));
         };

@@ -218,13 +218,7 @@ impl<R: Runtime> ApiComm<R> {
     fn enqueue_op(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<&'static str> {
         let b = &self.base;
         if stream.dev != b.lc.dev {
-            return Err(Error::invalid(
-                "stream",
-                format!(
-                    "a stream of device {} used by the communicator of device {}",
-                    stream.dev, b.lc.dev
-                ),
-            ));
+            return Err(foreign_stream(stream.dev, b.lc.dev));
         }
         op.check(b.lc.rank, b.lc.world)?;
         let route = route::decide(b, &self.ce, &self.auto, &op, stream);
@@ -267,4 +261,13 @@ impl<R: Runtime> ApiComm<R> {
         }
         .map(|()| name)
     }
+}
+
+#[cold]
+#[inline(never)]
+fn foreign_stream(stream: usize, comm: usize) -> Error {
+    Error::invalid(
+        "stream",
+        format!("a stream of device {stream} used by the communicator of device {comm}"),
+    )
 }

@@ -49,6 +49,7 @@ pub(crate) fn code(route: &Result<Route>) -> u64 {
 }
 
 /// Whether `kind` runs as a composition of other calls on this library.
+#[inline]
 fn lowered(api: &crate::sys::api::Api, kind: Kind) -> bool {
     match kind {
         Kind::Gather { .. } | Kind::Scatter { .. } => !api.native_gather_scatter(),

@@ -6,8 +6,9 @@
 //! `ncclAlltoAll` in NCCL >= 2.28 (older NCCL has none: grouped send/recv instead).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+pub use crate::sys::flavor::Flavor;
 use crate::sys::search::{open_library, Search};
 
 use unicomm_core::{Error, Result, Version};
@@ -92,35 +93,6 @@ pub fn error_of(
         message,
         last_error,
     }
-}
-
-/// What differs between NCCL and RCCL at the loader level.
-#[derive(Debug)]
-pub struct Flavor {
-    /// "NCCL" or "RCCL".
-    pub library: &'static str,
-    /// The variable that names the library file explicitly.
-    pub env_var: &'static str,
-    /// Directories searched in order (each from an environment variable or a fixed path).
-    pub dirs: fn() -> Vec<PathBuf>,
-    /// File names tried in each directory, then handed to the system loader as sonames.
-    pub sonames: &'static [&'static str],
-    /// The all-to-all symbol, tried in order.
-    pub all_to_all: &'static [&'static str],
-    /// First NCCL-API version with `ncclCommRegister` (NCCL 2.19; RCCL of ROCm 6.2 reports
-    /// NCCL-API 2.20).
-    pub registration_since: Version,
-    /// First version with `ncclCommWindowRegister` (NCCL 2.27).
-    pub windows_since: Version,
-    /// First version with `ncclMemAlloc` (NCCL 2.19).
-    pub mem_alloc_since: Version,
-    /// First version with `ncclGather`/`ncclScatter` (NCCL 2.28.3; RCCL has had them since
-    /// ROCm 3.7).
-    pub gather_since: Version,
-    /// First version that reduces the 8-bit floats in the OCP encoding the element types
-    /// hold (NCCL 2.24.3, on sm90 or newer); `None`: refused (RCCL, whose MI300 encoding is
-    /// FNUZ: unicomm does not reinterpret one as the other).
-    pub fp8_reduce_since: Option<Version>,
 }
 
 macro_rules! table {

@@ -10,5 +10,6 @@
 
 pub mod api;
 pub mod config;
+pub mod flavor;
 pub mod runtime;
 pub mod search;

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, OnceLock};
 
-use unicomm_core::{Comm, Result, Version};
+use unicomm_core::{Comm, Result};
 use unicomm_nccl_api::{Api, ApiComm, Flavor, Runtime};
 
 /// Builds the fake in one flavour (once per test binary) and returns the library's path.
@@ -266,36 +266,12 @@ pub fn nccl_like(dir: PathBuf) -> Vec<PathBuf> {
     vec![dir]
 }
 
-/// NCCL's flavour pointed at the fake; and the same without a native all-to-all, to force
-/// the grouped send/recv fallback.
-/// The two vendors' flavours as their crates define them (`unicomm_nccl::NCCL`,
-/// `unicomm_rccl::RCCL`; this crate cannot depend on them): the symbol names and version
-/// floors are what differ.
-pub static NCCL: Flavor = Flavor {
-    library: "NCCL",
-    env_var: "UNICOMM_FAKE_UNUSED",
-    dirs: Vec::new,
-    sonames: &["libnccl.so.2", "libnccl.so"],
-    all_to_all: &["ncclAlltoAll"],
-    registration_since: Version::new(2, 19, 0),
-    windows_since: Version::new(2, 27, 0),
-    mem_alloc_since: Version::new(2, 19, 0),
-    gather_since: Version::new(2, 28, 3),
-    fp8_reduce_since: Some(Version::new(2, 24, 3)),
-};
-pub static RCCL: Flavor = Flavor {
-    library: "RCCL",
-    env_var: "UNICOMM_FAKE_UNUSED",
-    dirs: Vec::new,
-    sonames: &["librccl.so.1", "librccl.so"],
-    all_to_all: &["ncclAllToAll", "ncclAlltoAll"],
-    registration_since: Version::new(2, 20, 0),
-    windows_since: Version::new(2, 27, 0),
-    mem_alloc_since: Version::new(2, 20, 0),
-    gather_since: Version::new(2, 0, 0),
-    fp8_reduce_since: None,
-};
+/// The two vendors' flavours as the library defines them (one table: the symbol names and
+/// version floors these tests gate on are the real ones).
+pub use unicomm_nccl_api::flavor::{NCCL, RCCL};
 
+/// NCCL's (or RCCL's) flavour pointed at the fake; `no_a2a`: without a native all-to-all,
+/// to force the grouped send/recv fallback.
 pub fn flavors(no_a2a: bool, rccl: bool) -> &'static Flavor {
     let base: &Flavor = if rccl { &RCCL } else { &NCCL };
     let f = Flavor {
