@@ -125,7 +125,13 @@ fn pieces(dev: usize) {
     let get_current = time(&|| {
         std::hint::black_box(cudarc::driver::result::ctx::get_current().unwrap());
     });
-    println!("# host ns per call: with_device (device already current) {with_device:.1}, cuCtxGetCurrent {get_current:.1}");
+    let monotonic = time(&|| {
+        std::hint::black_box(Instant::now());
+    });
+    let wall = time(&|| {
+        std::hint::black_box(std::time::SystemTime::now());
+    });
+    println!("# host ns per call: with_device (device already current) {with_device:.1}, cuCtxGetCurrent {get_current:.1}, Instant::now {monotonic:.1}, SystemTime::now {wall:.1}");
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

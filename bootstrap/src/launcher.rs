@@ -119,133 +119,10 @@ impl LaunchEnv {
     /// `MASTER_ADDR:MASTER_PORT` in every case (torchrun sets them; under the others,
     /// export them). When none is found the error lists every variable looked for.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let first = |names: &[&'static str]| names.iter().copied().find(|n| var(n).is_some());
-        let found = LAUNCHERS.iter().find_map(|l| {
-            let rank = first(l.rank)?;
-            let size = first(l.size)?;
-            Some((l.name, [rank, size, first(l.local).unwrap_or("")]))
-        });
-        let (launcher, names) = found.ok_or_else(|| Error::Bootstrap {
-            reason: format!(
-                "no launcher variables: looked for {}",
-                LAUNCHERS
-                    .iter()
-                    .map(|l| format!("{} ({} and {})", l.name, l.rank.join("/"), l.size.join("/")))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ),
-        })?;
-        let num = |name: &str| -> Result<Option<usize>> {
-            if name.is_empty() {
-                return Ok(None);
-            }
-            match var(name) {
-                None => Ok(None),
-                Some(v) => v.trim().parse().map(Some).map_err(|_| Error::Bootstrap {
-                    reason: format!("{name}={v:?} is not a non-negative integer"),
-                }),
-            }
-        };
-        let rank = num(names[0])?.unwrap_or(0);
-        let world_size = num(names[1])?.unwrap_or(1);
-        let local_rank = num(names[2])?.unwrap_or(0);
-        if world_size > MAX_WORLD {
-            return Err(Error::Bootstrap {
-                reason: format!(
-                    "{}={world_size} is larger than the {MAX_WORLD} ranks unicomm accepts",
-                    names[1]
-                ),
-            });
-        }
-        if world_size == 0 || rank >= world_size {
-            return Err(Error::Bootstrap {
-                reason: format!("rank {rank} does not fit a world of {world_size} ({launcher})"),
-            });
-        }
-        let file = var("UNICOMM_RENDEZVOUS_FILE").map(std::path::PathBuf::from);
-        if let Some(f) = &file {
-            let text = f.to_string_lossy();
-            if text.is_empty() || text.ends_with('/') || f.file_name().is_none() || f.is_dir() {
-                return Err(Error::invalid(
-                    "UNICOMM_RENDEZVOUS_FILE",
-                    format!(
-                        "{} is not a file path (a path on a filesystem every rank sees)",
-                        f.display()
-                    ),
-                ));
-            }
-        }
-        let (addr, port) = if file.is_some() {
-            (String::new(), 0)
-        } else {
-            let addr = var("MASTER_ADDR").ok_or_else(|| Error::Bootstrap {
-                reason: format!(
-                    "MASTER_ADDR is not set ({launcher}: export MASTER_ADDR and MASTER_PORT, or UNICOMM_RENDEZVOUS_FILE)"
-                ),
-            })?;
-            let port = var("MASTER_PORT").ok_or_else(|| Error::Bootstrap {
-                reason: "MASTER_PORT is not set".into(),
-            })?;
-            let port = match port.trim().parse::<u16>() {
-                // Port 0 would bind a port nobody else knows: no rank could reach it.
-                Ok(p) if p > 0 => p,
-                _ => {
-                    return Err(Error::Bootstrap {
-                        reason: format!(
-                            "MASTER_PORT={:?} is not a port number in 1..=65535",
-                            short(&port)
-                        ),
-                    })
-                }
-            };
-            (addr, port)
-        };
-        // The job's secret: explicit, or an id the launcher gives every process of the job
-        // and no other (torchrun's run id, Slurm's job and step, Open MPI's / PMIx's job).
-        let sources: [(&'static str, &[&str]); 5] = [
-            ("UNICOMM_RENDEZVOUS_TOKEN", &["UNICOMM_RENDEZVOUS_TOKEN"]),
-            ("TORCHELASTIC_RUN_ID", &["TORCHELASTIC_RUN_ID"]),
-            ("SLURM_JOB_ID", &["SLURM_JOB_ID", "SLURM_STEP_ID"]),
-            ("OMPI_MCA_ess_base_jobid", &["OMPI_MCA_ess_base_jobid"]),
-            ("PMIX_NAMESPACE", &["PMIX_NAMESPACE"]),
-        ];
-        if let Some(t) = var("UNICOMM_RENDEZVOUS_TOKEN") {
-            if t.is_empty() || t.eq_ignore_ascii_case("none") {
-                return Err(Error::invalid(
-                    "UNICOMM_RENDEZVOUS_TOKEN",
-                    format!(
-                        "{:?} is no secret: unset it, or set a secret the job's ranks share",
-                        short(&t)
-                    ),
-                ));
-            }
-        }
-        let (token_source, secret) = sources
-            .iter()
-            .find_map(|(name, vars)| {
-                let first = var(vars[0]).filter(|v| !v.is_empty() && v != "none")?;
-                let rest: String = vars[1..].iter().filter_map(|v| var(v)).collect();
-                Some((*name, format!("{first}/{rest}")))
-            })
-            .unwrap_or(("none", String::new()));
-        let secret_file = match (token_source, var("UNICOMM_RENDEZVOUS_SECRET_FILE")) {
-            ("UNICOMM_RENDEZVOUS_TOKEN", _) => None,
-            (_, Some(f)) if f.is_empty() || f.ends_with('/') => {
-                return Err(Error::invalid(
-                    "UNICOMM_RENDEZVOUS_SECRET_FILE",
-                    format!("{:?} is not a file path", short(&f)),
-                ))
-            }
-            (_, Some(f)) => Some(std::path::PathBuf::from(f)),
-            (_, None) => var("HOME")
-                .filter(|h| !h.is_empty())
-                .map(|h| std::path::Path::new(&h).join(".unicomm/rendezvous.key")),
-        };
-        let token_source = match (&secret_file, token_source) {
-            (Some(_), _) => "key file",
-            (None, "UNICOMM_RENDEZVOUS_TOKEN") => token_source,
-            (None, _) => "none",
-        };
+        let var = &var as &dyn Fn(&str) -> Option<String>;
+        let (launcher, rank, world_size, local_rank) = who_am_i(var)?;
+        let (file, addr, port) = rendezvous_place(var, launcher)?;
+        let (token_source, secret, secret_file) = job_secret(var)?;
         let place = match &file {
             Some(f) => format!("file:{}", f.display()),
             None => format!("{addr}:{port}"),
@@ -270,6 +147,154 @@ impl LaunchEnv {
             secret_file,
         })
     }
+}
+
+/// The launcher, this rank, the world size and the local rank, from the first launcher
+/// whose variables are set.
+fn who_am_i(var: &dyn Fn(&str) -> Option<String>) -> Result<(&'static str, usize, usize, usize)> {
+    let first = |names: &[&'static str]| names.iter().copied().find(|n| var(n).is_some());
+    let found = LAUNCHERS.iter().find_map(|l| {
+        let rank = first(l.rank)?;
+        let size = first(l.size)?;
+        Some((l.name, [rank, size, first(l.local).unwrap_or("")]))
+    });
+    let (launcher, names) = found.ok_or_else(|| Error::Bootstrap {
+        reason: format!(
+            "no launcher variables: looked for {}",
+            LAUNCHERS
+                .iter()
+                .map(|l| format!("{} ({} and {})", l.name, l.rank.join("/"), l.size.join("/")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    })?;
+    let num = |name: &str| -> Result<Option<usize>> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        match var(name) {
+            None => Ok(None),
+            Some(v) => v.trim().parse().map(Some).map_err(|_| Error::Bootstrap {
+                reason: format!("{name}={v:?} is not a non-negative integer"),
+            }),
+        }
+    };
+    let rank = num(names[0])?.unwrap_or(0);
+    let world_size = num(names[1])?.unwrap_or(1);
+    let local_rank = num(names[2])?.unwrap_or(0);
+    if world_size > MAX_WORLD {
+        return Err(Error::Bootstrap {
+            reason: format!(
+                "{}={world_size} is larger than the {MAX_WORLD} ranks unicomm accepts",
+                names[1]
+            ),
+        });
+    }
+    if world_size == 0 || rank >= world_size {
+        return Err(Error::Bootstrap {
+            reason: format!("rank {rank} does not fit a world of {world_size} ({launcher})"),
+        });
+    }
+    Ok((launcher, rank, world_size, local_rank))
+}
+
+/// Where the ranks meet: a file every rank sees, or `MASTER_ADDR:MASTER_PORT`.
+fn rendezvous_place(
+    var: &dyn Fn(&str) -> Option<String>,
+    launcher: &str,
+) -> Result<(Option<std::path::PathBuf>, String, u16)> {
+    let file = var("UNICOMM_RENDEZVOUS_FILE").map(std::path::PathBuf::from);
+    if let Some(f) = &file {
+        let text = f.to_string_lossy();
+        if text.is_empty() || text.ends_with('/') || f.file_name().is_none() || f.is_dir() {
+            return Err(Error::invalid(
+                "UNICOMM_RENDEZVOUS_FILE",
+                format!(
+                    "{} is not a file path (a path on a filesystem every rank sees)",
+                    f.display()
+                ),
+            ));
+        }
+    }
+    let (addr, port) = if file.is_some() {
+        (String::new(), 0)
+    } else {
+        let addr = var("MASTER_ADDR").ok_or_else(|| Error::Bootstrap {
+            reason: format!(
+                "MASTER_ADDR is not set ({launcher}: export MASTER_ADDR and MASTER_PORT, or UNICOMM_RENDEZVOUS_FILE)"
+            ),
+        })?;
+        let port = var("MASTER_PORT").ok_or_else(|| Error::Bootstrap {
+            reason: "MASTER_PORT is not set".into(),
+        })?;
+        let port = match port.trim().parse::<u16>() {
+            // Port 0 would bind a port nobody else knows: no rank could reach it.
+            Ok(p) if p > 0 => p,
+            _ => {
+                return Err(Error::Bootstrap {
+                    reason: format!(
+                        "MASTER_PORT={:?} is not a port number in 1..=65535",
+                        short(&port)
+                    ),
+                })
+            }
+        };
+        (addr, port)
+    };
+    Ok((file, addr, port))
+}
+
+/// The job's secret and where it comes from, and the key file that is mixed into it.
+fn job_secret(
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<(&'static str, String, Option<std::path::PathBuf>)> {
+    // The job's secret: explicit, or an id the launcher gives every process of the job
+    // and no other (torchrun's run id, Slurm's job and step, Open MPI's / PMIx's job).
+    let sources: [(&'static str, &[&str]); 5] = [
+        ("UNICOMM_RENDEZVOUS_TOKEN", &["UNICOMM_RENDEZVOUS_TOKEN"]),
+        ("TORCHELASTIC_RUN_ID", &["TORCHELASTIC_RUN_ID"]),
+        ("SLURM_JOB_ID", &["SLURM_JOB_ID", "SLURM_STEP_ID"]),
+        ("OMPI_MCA_ess_base_jobid", &["OMPI_MCA_ess_base_jobid"]),
+        ("PMIX_NAMESPACE", &["PMIX_NAMESPACE"]),
+    ];
+    if let Some(t) = var("UNICOMM_RENDEZVOUS_TOKEN") {
+        if t.is_empty() || t.eq_ignore_ascii_case("none") {
+            return Err(Error::invalid(
+                "UNICOMM_RENDEZVOUS_TOKEN",
+                format!(
+                    "{:?} is no secret: unset it, or set a secret the job's ranks share",
+                    short(&t)
+                ),
+            ));
+        }
+    }
+    let (token_source, secret) = sources
+        .iter()
+        .find_map(|(name, vars)| {
+            let first = var(vars[0]).filter(|v| !v.is_empty() && v != "none")?;
+            let rest: String = vars[1..].iter().filter_map(|v| var(v)).collect();
+            Some((*name, format!("{first}/{rest}")))
+        })
+        .unwrap_or(("none", String::new()));
+    let secret_file = match (token_source, var("UNICOMM_RENDEZVOUS_SECRET_FILE")) {
+        ("UNICOMM_RENDEZVOUS_TOKEN", _) => None,
+        (_, Some(f)) if f.is_empty() || f.ends_with('/') => {
+            return Err(Error::invalid(
+                "UNICOMM_RENDEZVOUS_SECRET_FILE",
+                format!("{:?} is not a file path", short(&f)),
+            ))
+        }
+        (_, Some(f)) => Some(std::path::PathBuf::from(f)),
+        (_, None) => var("HOME")
+            .filter(|h| !h.is_empty())
+            .map(|h| std::path::Path::new(&h).join(".unicomm/rendezvous.key")),
+    };
+    let token_source = match (&secret_file, token_source) {
+        (Some(_), _) => "key file",
+        (None, "UNICOMM_RENDEZVOUS_TOKEN") => token_source,
+        (None, _) => "none",
+    };
+    Ok((token_source, secret, secret_file))
 }
 
 use unicomm_core::env::short;

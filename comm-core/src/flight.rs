@@ -19,7 +19,6 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::element::DataType;
 use crate::kind::Kind;
@@ -41,9 +40,9 @@ pub struct Entry {
     pub path: &'static str,
     /// The stream's identity (its handle's address).
     pub stream: u64,
-    /// When it was enqueued (a monotonic reading: one clock call on the hot path; the dump
-    /// turns it into microseconds since the Unix epoch).
-    pub enqueued: Instant,
+    /// When it was enqueued: a stamp of the cycle counter (no system call on the hot path),
+    /// turned into microseconds since the Unix epoch by the dump.
+    pub enqueued: u64,
     /// With completion tracking: the point after it on its stream.
     pub done: Option<Marker>,
 }
@@ -63,25 +62,13 @@ pub struct FlightRecorder {
     dir: Option<PathBuf>,
     ring: Mutex<Ring>,
     dumped: AtomicBool,
+    /// The clock when it was made: with the dump's, it dates every stamp.
+    born: crate::clock::Anchor,
 }
 
 /// Every live recorder of this process, for [`dump_all`].
 static LIVE: Mutex<Vec<Weak<FlightRecorder>>> = Mutex::new(Vec::new());
 
-/// A monotonic reading as microseconds since the Unix epoch (by now's offset between the
-/// two clocks).
-fn wall_us(at: Instant) -> u64 {
-    let ago = Instant::now().saturating_duration_since(at).as_micros() as u64;
-    now_us().saturating_sub(ago)
-}
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// A JSON string of `s` (quotes, backslashes and control characters escaped).
 fn json_str(s: &str) -> String {
     let mut o = String::with_capacity(s.len() + 2);
     o.push('"');
@@ -131,6 +118,7 @@ impl FlightRecorder {
                 next: 0,
             }),
             dumped: AtomicBool::new(false),
+            born: crate::clock::Anchor::now(),
         });
         let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
         live.retain(|w| w.strong_count() > 0);
@@ -185,7 +173,7 @@ impl FlightRecorder {
             dtype,
             path,
             stream,
-            enqueued: Instant::now(),
+            enqueued: crate::clock::stamp(),
             done,
         };
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
@@ -202,13 +190,14 @@ impl FlightRecorder {
     /// The recorder's state as JSON, with why it was taken.
     pub fn to_json(&self, reason: &str) -> String {
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let dumped = crate::clock::Anchor::now();
         let mut o = format!(
             "{{\"format\":\"unicomm-flight-1\",\"comm\":{},\"rank\":{},\"world\":{},\"reason\":{},\"dumped_us\":{},\"next_seq\":{},\"entries\":[",
             json_str(&self.name),
             self.rank,
             self.world,
             json_str(reason),
-            now_us(),
+            crate::clock::wall_now_us(),
             ring.next
         );
         for (i, e) in ring.entries.iter().enumerate() {
@@ -231,7 +220,7 @@ impl FlightRecorder {
                 opt(e.kind.rank_arg().map(|(r, _)| r.to_string())),
                 json_str(e.path),
                 e.stream,
-                wall_us(e.enqueued),
+                self.born.wall_us(&dumped, e.enqueued),
                 json_str(state)
             ));
         }

@@ -40,6 +40,7 @@
 
 pub mod backend;
 pub mod buffer;
+mod clock;
 pub mod comm;
 pub mod config;
 mod counts;
