@@ -49,6 +49,15 @@ pub(crate) fn bundle(o: &Opts) -> Result<()> {
         std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
     }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let mut copies = common_binaries(vendors)?;
+    for &v in vendors {
+        copies.extend(vendor_binaries(v)?);
+    }
+    write_bundle(&out, &copies)
+}
+
+/// The examples, the benchmark and the launcher, with the features of `vendors`.
+fn common_binaries(vendors: &[GpuVendor]) -> Result<Vec<(PathBuf, String)>> {
     let mut copies: Vec<(PathBuf, String)> = Vec::new();
     let features = if vendors.len() == 2 {
         "nccl,rccl,mock"
@@ -95,57 +104,66 @@ pub(crate) fn bundle(o: &Opts) -> Result<()> {
         TargetKind::Bin,
         &["unicomm-bench", "xtask"],
     )?);
-    for &v in vendors {
-        match v {
-            GpuVendor::Cuda => {
-                let mut ov = cargo();
-                ov.args([
-                    "build",
-                    "--release",
-                    "-p",
-                    "unicomm-nccl",
-                    "--example",
-                    "overhead",
-                    "--example",
-                    "overlap",
-                ]);
-                copies.extend(named(
-                    "build the overhead and overlap benchmarks",
-                    ov,
-                    TargetKind::Example,
-                    &["overhead", "overlap"],
-                )?);
-                copies.extend(test_binaries("unicomm-nccl", "", &["loader"], "nccl")?);
-            }
-            GpuVendor::Rocm => {
-                copies.extend(test_binaries("unicomm-rccl", "", &["hip_loader"], "rccl")?);
-                // The test-only HIP runtime over the CUDA driver: the RCCL backend's code on
-                // an NVIDIA GPU (run.sh's `rccl-on-cuda` part). Its own workspace, no deps.
-                let target = std::env::var_os("CARGO_TARGET_DIR")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| root().join("target"))
-                    .join("hip-on-cuda");
-                let mut shim = cargo();
-                shim.args(["build", "--release", "--offline", "--manifest-path"])
-                    .arg(root().join("backend-rccl/tests/hip-on-cuda/Cargo.toml"))
-                    .arg("--target-dir")
-                    .arg(&target);
-                crate::cargo::step("build the HIP-on-CUDA test runtime", shim)?;
-                copies.push((
-                    target.join("release/libunicomm_hip_on_cuda.so"),
-                    "libunicomm_hip_on_cuda.so".to_string(),
-                ));
-            }
+    Ok(copies)
+}
+
+/// One vendor's benchmarks, loader tests, test runtime and GPU test binaries.
+fn vendor_binaries(v: GpuVendor) -> Result<Vec<(PathBuf, String)>> {
+    let mut copies = Vec::new();
+    match v {
+        GpuVendor::Cuda => {
+            let mut ov = cargo();
+            ov.args([
+                "build",
+                "--release",
+                "-p",
+                "unicomm-nccl",
+                "--example",
+                "overhead",
+                "--example",
+                "overlap",
+            ]);
+            copies.extend(named(
+                "build the overhead and overlap benchmarks",
+                ov,
+                TargetKind::Example,
+                &["overhead", "overlap"],
+            )?);
+            copies.extend(test_binaries("unicomm-nccl", "", &["loader"], "nccl")?);
         }
-        // The GPU test crate, one binary per area: `<vendor>-<area>`.
-        copies.extend(test_binaries(
-            "unicomm-gpu-tests",
-            v.feature(),
-            v.areas(),
-            v.feature(),
-        )?);
+        GpuVendor::Rocm => {
+            copies.extend(test_binaries("unicomm-rccl", "", &["hip_loader"], "rccl")?);
+            // The test-only HIP runtime over the CUDA driver: the RCCL backend's code on
+            // an NVIDIA GPU (run.sh's `rccl-on-cuda` part). Its own workspace, no deps.
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root().join("target"))
+                .join("hip-on-cuda");
+            let mut shim = cargo();
+            shim.args(["build", "--release", "--offline", "--manifest-path"])
+                .arg(root().join("backend-rccl/tests/hip-on-cuda/Cargo.toml"))
+                .arg("--target-dir")
+                .arg(&target);
+            crate::cargo::step("build the HIP-on-CUDA test runtime", shim)?;
+            copies.push((
+                target.join("release/libunicomm_hip_on_cuda.so"),
+                "libunicomm_hip_on_cuda.so".to_string(),
+            ));
+        }
     }
-    for (src, name) in &copies {
+    // The GPU test crate, one binary per area: `<vendor>-<area>`.
+    copies.extend(test_binaries(
+        "unicomm-gpu-tests",
+        v.feature(),
+        v.areas(),
+        v.feature(),
+    )?);
+    Ok(copies)
+}
+
+/// The binaries (stripped), the suite's world sizes and the run scripts, into `out`.
+fn write_bundle(out: &std::path::Path, copies: &[(PathBuf, String)]) -> Result<()> {
+    for (src, name) in copies {
         let dst = out.join(name);
         std::fs::copy(src, &dst)
             .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
