@@ -287,7 +287,19 @@ pub(crate) fn drive_modes<T: Val>(
         }
     }
     d.copy_engine(false)?;
-    // Released collectively, mode by mode.
+    release_held(comms, held)?;
+    Ok((0..n)
+        .map(|r| outs[r].drain(..).zip(extra.iter().map(|e| e[r])).collect())
+        .collect())
+}
+
+/// Every mode's buffers released, mode by mode (window and automatic registrations
+/// collectively: with several ranks here, on one thread per rank).
+fn release_held<T: Val>(
+    comms: &[unicomm::Comm],
+    held: Vec<Vec<Held<'_, T>>>,
+) -> anyhow::Result<()> {
+    let n = comms.len();
     for h in held.into_iter().rev() {
         if n == 1 {
             for hr in h {
@@ -307,9 +319,7 @@ pub(crate) fn drive_modes<T: Val>(
             })?;
         }
     }
-    Ok((0..n)
-        .map(|r| outs[r].drain(..).zip(extra.iter().map(|e| e[r])).collect())
-        .collect())
+    Ok(())
 }
 
 /// `v` reduced over every rank with `op` through the communicator (one rank per process).

@@ -71,8 +71,8 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("backend-mock/src/exec.rs", "execute", 143),
     ("bench/src/main.rs", "bench", 108),
     ("bench/src/report/summary.rs", "summary", 139),
-    ("bench/src/run/drive.rs", "drive_modes", 208),
-    ("bench/src/run/sweep.rs", "sweep", 216),
+    ("bench/src/run/drive.rs", "drive_modes", 189),
+    ("bench/src/run/sweep.rs", "sweep", 176),
     ("bootstrap/src/file.rs", "file_exchange", 131),
     (
         "gpu-tests/src/signals_cases.rs",
