@@ -257,79 +257,102 @@ pub fn exchange_unique_id(
     let addr = resolve(env)?;
     if env.rank == 0 {
         let id = make_id()?;
-        let listener = TcpListener::bind(addr)
-            .map_err(|e| io(&format!("rank 0 cannot listen on {addr}"), e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| io("listener", e))?;
-        let mut served = vec![false; env.world_size];
-        served[0] = true;
-        let served = Arc::new(Mutex::new(served));
-        let live = Arc::new(AtomicUsize::new(0));
-        let (tx, rx) = std::sync::mpsc::channel::<usize>();
-        let mut joined = 1;
-        while joined < env.world_size {
-            match listener.accept() {
-                Ok((s, peer)) => {
-                    // Each connection is served on its own thread with its own short deadline,
-                    // so silent or dripping strangers cannot queue the real ranks behind them;
-                    // at most MAX_HANDSHAKES at once, each holding a few hundred bytes.
-                    if live.load(Ordering::Acquire) >= MAX_HANDSHAKES {
-                        tracing::warn!("unicomm rendezvous on {addr}: dropped {peer}: {MAX_HANDSHAKES} handshakes already under way");
-                        continue;
-                    }
-                    let (env, served, live, tx) =
-                        (env.clone(), served.clone(), live.clone(), tx.clone());
-                    live.fetch_add(1, Ordering::AcqRel);
-                    let spawned = std::thread::Builder::new()
-                        .name("unicomm-rendezvous".into())
-                        .spawn({
-                            let live = live.clone();
-                            move || {
-                                let mut s = s;
-                                let r = s
-                                    .set_nonblocking(false)
-                                    .map_err(|e| e.to_string())
-                                    .and_then(|()| serve(&mut s, &env, &id, &served, deadline));
-                                match r {
-                                    Ok(rank) => {
-                                        let _ = tx.send(rank);
-                                    }
-                                    Err(why) => tracing::warn!(
-                                        "unicomm rendezvous on {addr}: dropped {peer}: {why}"
-                                    ),
-                                }
-                                live.fetch_sub(1, Ordering::AcqRel);
-                            }
-                        });
-                    if spawned.is_err() {
-                        live.fetch_sub(1, Ordering::AcqRel);
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        let served = served.lock().map(|v| v.clone()).unwrap_or_default();
-                        return Err(Error::Timeout {
-                            what: format!(
-                                "rank(s) {} to join the rendezvous on {addr} (waited {:.1?})",
-                                missing(&served),
-                                start.elapsed()
-                            ),
-                            after: timeout,
-                        });
-                    }
-                    if rx.recv_timeout(Duration::from_millis(5)).is_ok() {
-                        joined += 1;
-                    }
-                }
-                Err(e) => return Err(io("accept", e)),
-            }
-            while rx.try_recv().is_ok() {
-                joined += 1;
-            }
-        }
+        serve_rank0(env, addr, &id, (start, deadline, timeout))?;
         return Ok(id);
     }
+    join_rank0(env, addr, (start, deadline, timeout))
+}
+
+/// Rank 0's side: every other rank served the id over an authenticated handshake, each on
+/// its own thread under its own short deadline, until all joined or `deadline`.
+fn serve_rank0(
+    env: &LaunchEnv,
+    addr: std::net::SocketAddr,
+    id: &[u8; 128],
+    (start, deadline, timeout): (Instant, Instant, Duration),
+) -> Result<()> {
+    let id = *id;
+    let listener =
+        TcpListener::bind(addr).map_err(|e| io(&format!("rank 0 cannot listen on {addr}"), e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| io("listener", e))?;
+    let mut served = vec![false; env.world_size];
+    served[0] = true;
+    let served = Arc::new(Mutex::new(served));
+    let live = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = std::sync::mpsc::channel::<usize>();
+    let mut joined = 1;
+    while joined < env.world_size {
+        match listener.accept() {
+            Ok((s, peer)) => {
+                // Each connection is served on its own thread with its own short deadline,
+                // so silent or dripping strangers cannot queue the real ranks behind them;
+                // at most MAX_HANDSHAKES at once, each holding a few hundred bytes.
+                if live.load(Ordering::Acquire) >= MAX_HANDSHAKES {
+                    tracing::warn!("unicomm rendezvous on {addr}: dropped {peer}: {MAX_HANDSHAKES} handshakes already under way");
+                    continue;
+                }
+                let (env, served, live, tx) =
+                    (env.clone(), served.clone(), live.clone(), tx.clone());
+                live.fetch_add(1, Ordering::AcqRel);
+                let spawned = std::thread::Builder::new()
+                    .name("unicomm-rendezvous".into())
+                    .spawn({
+                        let live = live.clone();
+                        move || {
+                            let mut s = s;
+                            let r = s
+                                .set_nonblocking(false)
+                                .map_err(|e| e.to_string())
+                                .and_then(|()| serve(&mut s, &env, &id, &served, deadline));
+                            match r {
+                                Ok(rank) => {
+                                    let _ = tx.send(rank);
+                                }
+                                Err(why) => tracing::warn!(
+                                    "unicomm rendezvous on {addr}: dropped {peer}: {why}"
+                                ),
+                            }
+                            live.fetch_sub(1, Ordering::AcqRel);
+                        }
+                    });
+                if spawned.is_err() {
+                    live.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let served = served.lock().map(|v| v.clone()).unwrap_or_default();
+                    return Err(Error::Timeout {
+                        what: format!(
+                            "rank(s) {} to join the rendezvous on {addr} (waited {:.1?})",
+                            missing(&served),
+                            start.elapsed()
+                        ),
+                        after: timeout,
+                    });
+                }
+                if rx.recv_timeout(Duration::from_millis(5)).is_ok() {
+                    joined += 1;
+                }
+            }
+            Err(e) => return Err(io("accept", e)),
+        }
+        while rx.try_recv().is_ok() {
+            joined += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Another rank's side: connect to rank 0 and join, retrying past strangers and a rank 0
+/// not listening yet, until `deadline`.
+fn join_rank0(
+    env: &LaunchEnv,
+    addr: std::net::SocketAddr,
+    (start, deadline, timeout): (Instant, Instant, Duration),
+) -> Result<[u8; 128]> {
     let mut last = String::from("rank 0 never answered");
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

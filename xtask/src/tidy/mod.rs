@@ -79,7 +79,6 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
         "signals_across_processes",
         130,
     ),
-    ("bootstrap/src/tcp.rs", "exchange_unique_id", 133),
     ("nccl-api/src/copy_engine/var.rs", "plan_v_of", 102),
     ("nccl-api/src/library.rs", "enqueue", 140),
     ("xtask/src/launch/mod.rs", "run_until", 138),
