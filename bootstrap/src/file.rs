@@ -61,62 +61,96 @@ pub(crate) fn file_exchange(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<[u8; 128]> {
-    let world = (env.world_size as u32).to_le_bytes();
-    let keystream = |n: &[u8; 16], k: usize| mac(&env.token, b"file-key", &[n, &world, &[k as u8]]);
     if env.rank == 0 {
         let id = make_id()?;
-        let n = nonce()?;
-        let mut sealed = id;
-        for (k, chunk) in sealed.chunks_mut(32).enumerate() {
-            chunk
-                .iter_mut()
-                .zip(keystream(&n, k))
-                .for_each(|(b, k)| *b ^= k);
-        }
-        let tag = mac(&env.token, b"file-id", &[&n, &world, &sealed]);
-        let mut bytes = Vec::with_capacity(FILE_LEN);
-        for part in [&FILE_MAGIC[..], &n, &world, &sealed, &tag] {
-            bytes.extend_from_slice(part);
-        }
-        write_atomically(path, &bytes)?;
-        let mut acked = vec![false; env.world_size];
-        acked[0] = true;
-        loop {
-            for (r, a) in acked.iter_mut().enumerate().filter(|(_, a)| !**a) {
-                if let Ok(b) = read_bounded(&ack_path(path, r), ACK_LEN) {
-                    let rb = (r as u32).to_le_bytes();
-                    *a = b.len() == ACK_LEN
-                        && &b[..8] == ACK_MAGIC
-                        && b[8..24] == n
-                        && b[24..28] == rb
-                        && b[28..].try_into().is_ok_and(|t: [u8; 32]| {
-                            same(&t, &mac(&env.token, b"file-ack", &[&n, &world, &rb]))
-                        });
-                }
-            }
-            if acked.iter().all(|&a| a) {
-                break;
-            }
-            if Instant::now() >= deadline {
-                let _ = std::fs::remove_file(path);
-                return Err(Error::Timeout {
-                    what: format!(
-                        "rank(s) {} to take the id from {} (waited {:.1?})",
-                        missing(&acked),
-                        path.display(),
-                        start.elapsed()
-                    ),
-                    after: timeout,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = std::fs::remove_file(path);
-        for r in 1..env.world_size {
-            let _ = std::fs::remove_file(ack_path(path, r));
-        }
+        serve_file(env, path, &id, (start, deadline, timeout))?;
         return Ok(id);
     }
+    take_file(env, path, (start, deadline, timeout))
+}
+
+/// The job's world size as the file's bytes hold it.
+fn world_bytes(env: &LaunchEnv) -> [u8; 4] {
+    (env.world_size as u32).to_le_bytes()
+}
+
+/// The keystream that seals chunk `k` of the id under nonce `n`.
+fn keystream(env: &LaunchEnv, n: &[u8; 16], k: usize) -> [u8; 32] {
+    mac(&env.token, b"file-key", &[n, &world_bytes(env), &[k as u8]])
+}
+
+/// Rank 0's side: the sealed id written, then every rank's acknowledgement awaited.
+fn serve_file(
+    env: &LaunchEnv,
+    path: &std::path::Path,
+    id: &[u8; 128],
+    (start, deadline, timeout): (Instant, Instant, Duration),
+) -> Result<()> {
+    let world = world_bytes(env);
+    let keystream = |n: &[u8; 16], k: usize| keystream(env, n, k);
+    let id = *id;
+    let n = nonce()?;
+    let mut sealed = id;
+    for (k, chunk) in sealed.chunks_mut(32).enumerate() {
+        chunk
+            .iter_mut()
+            .zip(keystream(&n, k))
+            .for_each(|(b, k)| *b ^= k);
+    }
+    let tag = mac(&env.token, b"file-id", &[&n, &world, &sealed]);
+    let mut bytes = Vec::with_capacity(FILE_LEN);
+    for part in [&FILE_MAGIC[..], &n, &world, &sealed, &tag] {
+        bytes.extend_from_slice(part);
+    }
+    write_atomically(path, &bytes)?;
+    let mut acked = vec![false; env.world_size];
+    acked[0] = true;
+    loop {
+        for (r, a) in acked.iter_mut().enumerate().filter(|(_, a)| !**a) {
+            if let Ok(b) = read_bounded(&ack_path(path, r), ACK_LEN) {
+                let rb = (r as u32).to_le_bytes();
+                *a = b.len() == ACK_LEN
+                    && &b[..8] == ACK_MAGIC
+                    && b[8..24] == n
+                    && b[24..28] == rb
+                    && b[28..].try_into().is_ok_and(|t: [u8; 32]| {
+                        same(&t, &mac(&env.token, b"file-ack", &[&n, &world, &rb]))
+                    });
+            }
+        }
+        if acked.iter().all(|&a| a) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let _ = std::fs::remove_file(path);
+            return Err(Error::Timeout {
+                what: format!(
+                    "rank(s) {} to take the id from {} (waited {:.1?})",
+                    missing(&acked),
+                    path.display(),
+                    start.elapsed()
+                ),
+                after: timeout,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(path);
+    for r in 1..env.world_size {
+        let _ = std::fs::remove_file(ack_path(path, r));
+    }
+    Ok(())
+}
+
+/// Another rank's side: the id taken from a file that proves the job's token, then
+/// acknowledged.
+fn take_file(
+    env: &LaunchEnv,
+    path: &std::path::Path,
+    (start, deadline, timeout): (Instant, Instant, Duration),
+) -> Result<[u8; 128]> {
+    let world = world_bytes(env);
+    let keystream = |n: &[u8; 16], k: usize| keystream(env, n, k);
     let mut last = String::from("no file yet");
     // Rank 0 of this job writes its file within its own deadline of this rank's start: a
     // file older than that (with 30 s for the clocks of a shared file system) is an earlier

@@ -73,7 +73,6 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("bench/src/report/summary.rs", "summary", 139),
     ("bench/src/run/drive.rs", "drive_modes", 189),
     ("bench/src/run/sweep.rs", "sweep", 176),
-    ("bootstrap/src/file.rs", "file_exchange", 131),
     (
         "gpu-tests/src/signals_cases.rs",
         "signals_across_processes",
