@@ -237,6 +237,60 @@ pub fn sweep(
     Ok((results, memory, None))
 }
 
+/// The units of a sweep: which workloads run with which modes taking turns. With `--order
+/// size`, a collective's workloads with every mode at once where every mode's buffers fit
+/// on every rank, else one mode at a time; with `--order mode`, one mode at a time.
+fn plan_units(
+    comms: &[unicomm::Comm],
+    a: &Args,
+    works: &[Work],
+    modes: &[Mode],
+    w: usize,
+    per_process: bool,
+) -> anyhow::Result<Vec<(Vec<Work>, Vec<Mode>)>> {
+    let dtype = works.first().map_or(a.dtype, |w| w.dtype);
+    Ok(match a.order {
+        Order::Mode => modes.iter().map(|&m| (works.to_vec(), vec![m])).collect(),
+        Order::Size => {
+            let mut colls: Vec<Coll> = Vec::new();
+            for wk in works {
+                if !colls.contains(&wk.coll) {
+                    colls.push(wk.coll);
+                }
+            }
+            let mut units = Vec::new();
+            for c in colls {
+                let ws: Vec<Work> = works.iter().filter(|wk| wk.coll == c).copied().collect();
+                let need = modes.len() * 2 * capacity(&ws, w) * dtype.size();
+                let mut fits = room(comms, need);
+                if per_process {
+                    // Every rank must run the same calls: one rank short of room decides.
+                    let short = f64::from(u8::from(fits.is_err()));
+                    let any = reduce_host(&comms[0], &[short], ReduceOp::Max)?;
+                    if fits.is_ok() && any.first().is_some_and(|&s| s > 0.0) {
+                        fits = Err(
+                            "another rank has too little memory for every mode's buffers at once"
+                                .into(),
+                        );
+                    }
+                }
+                match fits {
+                    Ok(()) => units.push((ws, modes.to_vec())),
+                    Err(why) => {
+                        // Taking turns needs every mode's buffers at once; one after
+                        // another needs one mode's.
+                        if comms.first().is_some_and(|c| c.rank() == 0) {
+                            println!("# {}: one mode at a time ({why})", c.name());
+                        }
+                        units.extend(modes.iter().map(|&m| (ws.clone(), vec![m])));
+                    }
+                }
+            }
+            units
+        }
+    })
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -299,58 +353,4 @@ pub(crate) mod tests {
         assert!(why.contains("host memory"), "{why}");
         assert!(room(&comms, usize::MAX).is_err(), "no overflow");
     }
-}
-
-/// The units of a sweep: which workloads run with which modes taking turns. With `--order
-/// size`, a collective's workloads with every mode at once where every mode's buffers fit
-/// on every rank, else one mode at a time; with `--order mode`, one mode at a time.
-fn plan_units(
-    comms: &[unicomm::Comm],
-    a: &Args,
-    works: &[Work],
-    modes: &[Mode],
-    w: usize,
-    per_process: bool,
-) -> anyhow::Result<Vec<(Vec<Work>, Vec<Mode>)>> {
-    let dtype = works.first().map_or(a.dtype, |w| w.dtype);
-    Ok(match a.order {
-        Order::Mode => modes.iter().map(|&m| (works.to_vec(), vec![m])).collect(),
-        Order::Size => {
-            let mut colls: Vec<Coll> = Vec::new();
-            for wk in works {
-                if !colls.contains(&wk.coll) {
-                    colls.push(wk.coll);
-                }
-            }
-            let mut units = Vec::new();
-            for c in colls {
-                let ws: Vec<Work> = works.iter().filter(|wk| wk.coll == c).copied().collect();
-                let need = modes.len() * 2 * capacity(&ws, w) * dtype.size();
-                let mut fits = room(comms, need);
-                if per_process {
-                    // Every rank must run the same calls: one rank short of room decides.
-                    let short = f64::from(u8::from(fits.is_err()));
-                    let any = reduce_host(&comms[0], &[short], ReduceOp::Max)?;
-                    if fits.is_ok() && any.first().is_some_and(|&s| s > 0.0) {
-                        fits = Err(
-                            "another rank has too little memory for every mode's buffers at once"
-                                .into(),
-                        );
-                    }
-                }
-                match fits {
-                    Ok(()) => units.push((ws, modes.to_vec())),
-                    Err(why) => {
-                        // Taking turns needs every mode's buffers at once; one after
-                        // another needs one mode's.
-                        if comms.first().is_some_and(|c| c.rank() == 0) {
-                            println!("# {}: one mode at a time ({why})", c.name());
-                        }
-                        units.extend(modes.iter().map(|&m| (ws.clone(), vec![m])));
-                    }
-                }
-            }
-            units
-        }
-    })
 }
