@@ -219,9 +219,8 @@ pub(crate) fn run_until(program: &Path, args: &[String], job: &Job<'_>, stop: &S
     let Job {
         n,
         timeout,
-        share_gpu,
         expect_lost,
-        env,
+        ..
     } = *job;
     if n == 0 || n > 1024 {
         bail!("--procs {n}: 1..=1024 processes");
@@ -232,54 +231,7 @@ pub(crate) fn run_until(program: &Path, args: &[String], job: &Job<'_>, stop: &S
         "==> launching {n} processes of {} (MASTER_ADDR=127.0.0.1 MASTER_PORT={port})",
         program.display()
     );
-    let mut kids: Vec<Rank> = Vec::new();
-    for r in 0..n {
-        // With a shared GPU every rank is on GPU 0, with a host id of its own for NCCL.
-        let local_rank = if share_gpu { 0 } else { r };
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .env("RANK", r.to_string())
-            .env("LOCAL_RANK", local_rank.to_string())
-            .env("WORLD_SIZE", n.to_string())
-            .env("LOCAL_WORLD_SIZE", n.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("UNICOMM_RENDEZVOUS_TOKEN", &token)
-            .envs(env.iter().copied());
-        if share_gpu {
-            cmd.env("NCCL_HOSTID", format!("{token}-rank-{r}"));
-        }
-        #[cfg(unix)]
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let spawned = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting rank {r}: {}", program.display()));
-        let mut c = match spawned {
-            Ok(c) => c,
-            Err(e) => {
-                for k in &mut kids {
-                    k.signal(SIGKILL);
-                    let _ = k.child.wait();
-                }
-                return Err(e);
-            }
-        };
-        let mut readers = Vec::new();
-        if let Some(o) = c.stdout.take() {
-            readers.push(prefix(r, o, false));
-        }
-        if let Some(e) = c.stderr.take() {
-            readers.push(prefix(r, e, true));
-        }
-        kids.push(Rank {
-            rank: r,
-            child: c,
-            reaped: false,
-            readers,
-        });
-    }
+    let mut kids = spawn_ranks(program, args, job, port, &token)?;
     let start = Instant::now();
     let mut first_failure: Option<(usize, i32)> = None;
     let mut stopping_since: Option<Instant> = None;
@@ -352,6 +304,69 @@ pub(crate) fn run_until(program: &Path, args: &[String], job: &Job<'_>, stop: &S
         }
         Some((r, code)) => Err(Failed { rank: r, code }.into()),
     }
+}
+
+/// Every rank started with its launcher variables, in a process group of its own, its
+/// output read line by line; if one cannot start, those started are killed and reaped.
+fn spawn_ranks(
+    program: &Path,
+    args: &[String],
+    job: &Job<'_>,
+    port: u16,
+    token: &str,
+) -> Result<Vec<Rank>> {
+    let Job {
+        n, share_gpu, env, ..
+    } = *job;
+    let mut kids: Vec<Rank> = Vec::new();
+    for r in 0..n {
+        // With a shared GPU every rank is on GPU 0, with a host id of its own for NCCL.
+        let local_rank = if share_gpu { 0 } else { r };
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env("RANK", r.to_string())
+            .env("LOCAL_RANK", local_rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("UNICOMM_RENDEZVOUS_TOKEN", &token)
+            .envs(env.iter().copied());
+        if share_gpu {
+            cmd.env("NCCL_HOSTID", format!("{token}-rank-{r}"));
+        }
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let spawned = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting rank {r}: {}", program.display()));
+        let mut c = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                for k in &mut kids {
+                    k.signal(SIGKILL);
+                    let _ = k.child.wait();
+                }
+                return Err(e);
+            }
+        };
+        let mut readers = Vec::new();
+        if let Some(o) = c.stdout.take() {
+            readers.push(prefix(r, o, false));
+        }
+        if let Some(e) = c.stderr.take() {
+            readers.push(prefix(r, e, true));
+        }
+        kids.push(Rank {
+            rank: r,
+            child: c,
+            reaped: false,
+            readers,
+        });
+    }
+    Ok(kids)
 }
 
 /// A rank failed: the launcher exits with its code.

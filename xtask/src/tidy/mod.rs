@@ -80,7 +80,6 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ),
     ("nccl-api/src/copy_engine/var.rs", "plan_v_of", 102),
     ("nccl-api/src/library.rs", "enqueue", 140),
-    ("xtask/src/launch/mod.rs", "run_until", 138),
 ];
 
 /// The files that may hold `unsafe`: FFI layers and the memory they own. The list may only
