@@ -330,7 +330,7 @@ fn spawn_ranks(
             .env("LOCAL_WORLD_SIZE", n.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
-            .env("UNICOMM_RENDEZVOUS_TOKEN", &token)
+            .env("UNICOMM_RENDEZVOUS_TOKEN", token)
             .envs(env.iter().copied());
         if share_gpu {
             cmd.env("NCCL_HOSTID", format!("{token}-rank-{r}"));
