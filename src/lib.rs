@@ -64,6 +64,8 @@
 //! `UNICOMM_NCCL_LIBRARY`) and `rccl` (the same for ROCm). See docs/cuda.md and
 //! docs/rocm.md.
 
+#![deny(unsafe_code)]
+
 #[cfg(not(any(feature = "mock", feature = "nccl", feature = "rccl")))]
 compile_error!("unicomm needs at least one backend feature: mock, nccl or rccl");
 

@@ -1,5 +1,10 @@
 //! What a mock stream worker does for one operation, or one group of them.
 
+#![allow(
+    unsafe_code,
+    reason = "the mock's host memory and shared mappings, read and written as device memory"
+)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -20,6 +20,8 @@
 //! NCCL: collectives issued by one thread for several ranks without a group do not deadlock
 //! (NCCL requires a group there).
 
+#![deny(unsafe_code)]
+
 mod agree;
 mod collective;
 mod comm;

@@ -1,5 +1,10 @@
 //! Host memory standing in for device memory.
 
+#![allow(
+    unsafe_code,
+    reason = "the mock's host memory and shared mappings, read and written as device memory"
+)]
+
 use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex};

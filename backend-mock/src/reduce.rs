@@ -1,5 +1,10 @@
 //! Reduction kernels with NCCL's semantics (see `unicomm_core::ReduceOp`).
 
+#![allow(
+    unsafe_code,
+    reason = "the mock's host memory and shared mappings, read and written as device memory"
+)]
+
 use unicomm_core::{bf16, f16, DataType, ReduceOp, Scalar, F8E4M3, F8E5M2};
 
 /// Elements reduced per block: the output block stays in L1 while every source is added.

@@ -5,6 +5,11 @@
 //! the kernel frees a memfd when its last descriptor and mapping are gone, even when a
 //! process is killed.
 
+#![allow(
+    unsafe_code,
+    reason = "the mock's host memory and shared mappings, read and written as device memory"
+)]
+
 #[cfg(target_os = "linux")]
 use std::fs::File;
 #[cfg(target_os = "linux")]

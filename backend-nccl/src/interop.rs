@@ -1,6 +1,8 @@
 //! Interop with existing CUDA code: cudarc streams and slices, and raw device pointers, used
 //! directly as unicomm streams and memory (no copy).
 
+#![allow(unsafe_code, reason = "the CUDA driver through cudarc's result layer")]
+
 use std::sync::Arc;
 
 use unicomm_core::Result;

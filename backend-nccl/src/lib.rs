@@ -13,6 +13,8 @@
 //! `ldconfig`). The first that opens and exports every required symbol wins; the error
 //! lists every candidate and why it was passed over.
 
+#![deny(unsafe_code)]
+
 mod driver_error;
 pub mod interop;
 pub mod runtime;

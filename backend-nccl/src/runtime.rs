@@ -3,6 +3,8 @@
 //! cudarc panics when libcuda is absent, so [`CudaRuntime::new`] checks
 //! `is_culib_present` before any other cudarc call and returns `LibraryNotFound` instead.
 
+#![allow(unsafe_code, reason = "the CUDA driver through cudarc's result layer")]
+
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};

@@ -3,6 +3,8 @@
 //! here, and unmapped. Each runs with the device's context current (the caller's
 //! `with_device`).
 
+#![allow(unsafe_code, reason = "the CUDA driver through cudarc's result layer")]
+
 use std::os::fd::{AsRawFd, FromRawFd};
 
 use cudarc::driver::sys;

@@ -17,6 +17,8 @@
 //! No AMD GPU has run this code yet: what CI proves is the loaders (the real HIP runtime
 //! of Debian's `libamdhip64-5` answering "no device") and the NCCL-API layer against a fake
 //! NCCL-ABI library. See docs/rocm.md.
+
+#![deny(unsafe_code)]
 mod load;
 pub mod runtime;
 pub mod sys;

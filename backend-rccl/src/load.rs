@@ -1,6 +1,8 @@
 //! Loading HIP: the library searched for and its table resolved, the devices counted, and
 //! every HIP result checked (cudarc's `result` level).
 
+#![allow(unsafe_code, reason = "the HIP runtime through its loaded table")]
+
 use std::ffi::{c_int, CStr};
 
 use unicomm_core::{Error, Result};

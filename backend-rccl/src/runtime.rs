@@ -1,6 +1,8 @@
 //! The HIP runtime through a libloading table of `libamdhip64` (not hip-sys: it needs ROCm
 //! headers to build and links the library at build time; see docs/dev/decisions.md).
 
+#![allow(unsafe_code, reason = "the HIP runtime through its loaded table")]
+
 use std::ffi::{c_char, c_int, c_void};
 
 use std::os::fd::{AsRawFd, FromRawFd};

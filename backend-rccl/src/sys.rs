@@ -1,6 +1,8 @@
 //! The raw HIP table: the C types, constants and functions of `libamdhip64` that the
 //! runtime calls, resolved with libloading (cudarc's `sys` level).
 
+#![allow(unsafe_code, reason = "the HIP runtime through its loaded table")]
+
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use unicomm_nccl_api::search::Search;

@@ -21,6 +21,8 @@
 //! - Output: the table on stdout, `-J FILE` JSON, `--plot FILE.svg`, a progress bar on
 //!   stderr. On the mock it is a smoke test: times are host times of thread ranks.
 
+#![deny(unsafe_code)]
+
 mod report;
 mod run;
 mod workloads;

@@ -2,6 +2,8 @@
 //! every rank needs, exchanged over a small TCP rendezvous on `MASTER_ADDR:MASTER_PORT`.
 //! Across machines NCCL/RCCL themselves carry the traffic; this only hands out the id.
 
+#![deny(unsafe_code)]
+
 mod auth;
 mod file;
 mod launcher;

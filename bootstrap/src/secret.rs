@@ -5,6 +5,11 @@
 //! hosts cannot read. A multi-node job needs the file on a file system its nodes share (a
 //! home directory usually is), or the variable.
 
+#![allow(
+    unsafe_code,
+    reason = "a file opened without blocking and checked by its descriptor"
+)]
+
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -1,3 +1,4 @@
+#![allow(unsafe_code, reason = "the tests make FIFOs (libc::mkfifo)")]
 //! Tests of the launcher variables and the rendezvous, attacks included.
 use super::*;
 use std::collections::HashMap;

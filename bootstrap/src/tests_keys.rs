@@ -1,3 +1,4 @@
+#![allow(unsafe_code, reason = "the tests make FIFOs (libc::mkfifo)")]
 //! The rendezvous against strangers who know everything public about the job (its address,
 //! size and launcher job id): a key file only the user can read, handshakes served
 //! concurrently, refusals believed only when authenticated.

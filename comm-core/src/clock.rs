@@ -3,6 +3,11 @@
 //! the counter's rate between two readings of the system clock. Elsewhere, the monotonic
 //! clock. The flight recorder stamps each operation with it.
 
+#![allow(
+    unsafe_code,
+    reason = "views of element slices as bytes, and the cycle counter"
+)]
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A reading of [`stamp`] with the wall time at that moment.

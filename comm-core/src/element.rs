@@ -1,5 +1,10 @@
 //! Element types and reduction operations, with NCCL's numeric values.
 
+#![allow(
+    unsafe_code,
+    reason = "views of element slices as bytes, and the cycle counter"
+)]
+
 use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 

@@ -38,6 +38,8 @@
 //!   library's version for a feature (`Unsupported`), live registration handles, and (on the
 //!   mock) agreement across ranks. Nothing a caller or the environment can cause panics.
 
+#![deny(unsafe_code)]
+
 pub mod backend;
 pub mod buffer;
 mod clock;

@@ -5,6 +5,11 @@
 //! `ncclCommWindowRegister`) are one implementation with two kinds, so they cannot be
 //! confused (deregistering one as the other does not compile).
 
+#![allow(
+    unsafe_code,
+    reason = "the buffer taken out of its ManuallyDrop once, at release or drop"
+)]
+
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ops::RangeBounds;

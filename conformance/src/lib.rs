@@ -11,6 +11,8 @@
 //! small-integer data used here, except avg, which is checked against the exact mean with a
 //! tolerance of a few units in the last place (NCCL pre-multiplies by `1/n`).
 
+#![deny(unsafe_code)]
+
 use std::fmt;
 
 /// The contract this suite checks, for the expansion of [`conformance_suite!`].

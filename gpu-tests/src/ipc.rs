@@ -2,6 +2,11 @@
 //! across processes): in one process, between two processes on one GPU (`Pair`), and
 //! through `init_rank` communicators.
 
+#![allow(
+    unsafe_code,
+    reason = "the copy-engine path's building blocks driven directly on a GPU"
+)]
+
 use unicomm_core::{Comm, Error, Result};
 
 use super::{thread_world, Gpu};

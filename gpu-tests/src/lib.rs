@@ -6,6 +6,8 @@
 //! or `LibraryNotFound`: nothing is skipped. Without either feature the test files are
 //! empty (the workspace's CPU tests build them, and run none).
 
+#![deny(unsafe_code)]
+
 use std::sync::Mutex;
 
 use unicomm_conformance::{Case, CaseFn, Failure, Harness};

@@ -2,6 +2,11 @@
 //! streams: the protocol of `signals.rs` (the code the path runs, `Signals::phase`), where a
 //! machine has one GPU as much as where it has two.
 
+#![allow(
+    unsafe_code,
+    reason = "the copy-engine path's building blocks driven directly on a GPU"
+)]
+
 use std::time::{Duration, Instant};
 
 use unicomm_core::{Error, Result};

@@ -1,6 +1,11 @@
 //! The signals' cost on one GPU, their replay in a CUDA graph, and the protocol between two
 //! processes on one GPU.
 
+#![allow(
+    unsafe_code,
+    reason = "the copy-engine path's building blocks driven directly on a GPU"
+)]
+
 use std::time::Duration;
 
 use unicomm_core::Result;

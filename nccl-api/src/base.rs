@@ -2,6 +2,11 @@
 //! registrations, the ranks' agreement and the library-call path, with the registration calls
 //! over them (the check, the library call and the bookkeeping as one step each).
 
+#![allow(
+    unsafe_code,
+    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+)]
+
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

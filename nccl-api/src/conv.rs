@@ -2,6 +2,11 @@
 //! configuration as an `ncclConfig_t`, with the NCCL release that introduced each field
 //! (the one table of them), the CTA policy and the shrink mode.
 
+#![allow(
+    unsafe_code,
+    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+)]
+
 use std::ffi::{c_int, CString};
 
 use unicomm_core::{CommConfig, CtaPolicy, Error, Result, ShrinkMode, Version};

@@ -4,6 +4,11 @@
 //! is settled with it. What a process's environment says about its communicators is read
 //! here once ([`Mode`]).
 
+#![allow(
+    unsafe_code,
+    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+)]
+
 use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,8 +114,7 @@ fn create_group<R: Runtime>(
 ) -> Result<Vec<SendPtr>> {
     let n = devs.len();
     let mut raw = vec![std::ptr::null_mut(); n];
-    // SAFETY: ncclGroupStart has no arguments.
-    api.check("ncclGroupStart", unsafe { (api.fns.group_start)() }, None)?;
+    api.group_start()?;
     let mut first_err = None;
     for (rank, (&dev, slot)) in devs.iter().zip(raw.iter_mut()).enumerate() {
         let r = rt.with_device(dev, || {
@@ -120,9 +124,7 @@ fn create_group<R: Runtime>(
             first_err.get_or_insert(e);
         }
     }
-    // SAFETY: closes the group opened above.
-    let code = unsafe { (api.fns.group_end)() };
-    let end = in_progress_ok(api, "ncclGroupEnd", code, nonblocking);
+    let end = in_progress_ok(api, "ncclGroupEnd", api.group_end(), nonblocking);
     if let Some(e) = first_err.or(end.err()) {
         for c in raw.into_iter().filter(|c| !c.is_null()) {
             // SAFETY: a communicator created above, aborted once.

@@ -37,6 +37,8 @@
 //!   `ncclCommAbort`; unicomm does not deregister them one by one at drop because that call
 //!   is collective.
 
+#![deny(unsafe_code)]
+
 mod agree;
 mod auto;
 mod base;

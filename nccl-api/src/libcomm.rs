@@ -15,6 +15,11 @@
 //!   50 us more on the host, raw NCCL and unicomm alike (docs/reliability.md).
 //! - `abort` from another thread interrupts a settling call and makes a stream wait return.
 
+#![allow(
+    unsafe_code,
+    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+)]
+
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};

@@ -2,6 +2,11 @@
 //! the library lacks it, the grouped point-to-point calls that nccl-tests uses), on this
 //! communicator or on a child the caller names.
 
+#![allow(
+    unsafe_code,
+    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+)]
+
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
@@ -365,12 +370,9 @@ fn send_recv<R: Runtime>(
 
 /// `f` between `ncclGroupStart` and `ncclGroupEnd`.
 fn group<R: Runtime, T>(lc: &LibComm<R>, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    // SAFETY: no arguments.
-    let start = unsafe { (lc.api.fns.group_start)() };
-    lc.api.check("ncclGroupStart", start, None)?;
+    lc.api.group_start()?;
     let r = f();
-    // SAFETY: closes the group opened above.
-    let end = lc.check("ncclGroupEnd", unsafe { (lc.api.fns.group_end)() });
+    let end = lc.check("ncclGroupEnd", lc.api.group_end());
     let r = r?;
     end?;
     Ok(r)

@@ -3,6 +3,11 @@
 //! (NCCL >= 2.28.7), which stops the work in flight and leaves the communicator quiescent
 //! for a shrink. Without them the survivors re-form (`comm/shrink.rs`).
 
+#![allow(
+    unsafe_code,
+    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+)]
+
 use std::ffi::c_int;
 use std::sync::Arc;
 

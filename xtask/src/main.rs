@@ -3,6 +3,8 @@
 //! (cuda -> nccl, rocm -> rccl, mock -> mock); `auto` compiles every backend and lets the
 //! program pick the GPU it finds, falling back to the mock and saying why.
 
+#![deny(unsafe_code)]
+
 mod bundle;
 mod cargo;
 mod cli;

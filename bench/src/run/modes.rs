@@ -1,6 +1,8 @@
 //! The modes: what each mode does to a rank's buffers (plain, registered, windows, auto,
 //! the copy engines, NCCL called by hand), and one call of a workload in it.
 
+#![allow(unsafe_code, reason = "raw NCCL calls for the benchmark's baselines")]
+
 use std::ffi::c_void;
 
 use anyhow::{bail, Context};

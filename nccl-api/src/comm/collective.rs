@@ -147,18 +147,14 @@ impl<R: Runtime> Collective for ApiComm<R> {
         Some(&self.flight)
     }
     fn group_start(&self) -> Result<()> {
-        let api = &self.base.lc.api;
-        // SAFETY: no arguments.
-        let code = unsafe { (api.fns.group_start)() };
-        api.check("ncclGroupStart", code, None)?;
+        self.base.lc.api.group_start()?;
         group::enter();
         Ok(())
     }
 
     fn group_end(&self) -> Result<()> {
         let members = group::leave();
-        // SAFETY: no arguments; NCCL reports a group_end without group_start as an error.
-        let code = unsafe { (self.base.lc.api.fns.group_end)() };
+        let code = self.base.lc.api.group_end();
         let end = self.base.lc.check("ncclGroupEnd", code);
         // The outermost end launched the group: in non-blocking mode every communicator it
         // called settles before the caller may wait on a stream (NCCL's rule).

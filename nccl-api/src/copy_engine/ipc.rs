@@ -18,6 +18,11 @@
 //! every answer is yes. Ranks on other hosts are simply unreachable (their names exist on
 //! their own host only): the answer is then no everywhere.
 
+#![allow(
+    unsafe_code,
+    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+)]
+
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;

@@ -2,6 +2,11 @@
 //! memory, freeing signal blocks and an abort's release wait for, since a copy or a signal
 //! wait still queued may use them.
 
+#![allow(
+    unsafe_code,
+    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+)]
+
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 

@@ -5,6 +5,11 @@
 //! every symbol used here, except that all-to-all is `ncclAllToAll` in RCCL and
 //! `ncclAlltoAll` in NCCL >= 2.28 (older NCCL has none: grouped send/recv instead).
 
+#![allow(
+    unsafe_code,
+    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+)]
+
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::Path;
 
@@ -273,6 +278,21 @@ impl Api {
         api.check("ncclGetVersion", r, None)?;
         api.version = Version::from_nccl_code(code);
         Ok(api)
+    }
+
+    /// `ncclGroupStart`: the calls that follow, up to the matching [`Api::group_end`], are
+    /// launched together.
+    pub fn group_start(&self) -> Result<()> {
+        // SAFETY: no arguments.
+        let code = unsafe { (self.fns.group_start)() };
+        self.check("ncclGroupStart", code, None)
+    }
+
+    /// `ncclGroupEnd`'s result code (a non-blocking communicator's `ncclInProgress` is the
+    /// caller's to accept); the library reports an end without a start as an error.
+    pub fn group_end(&self) -> NcclResult {
+        // SAFETY: no arguments.
+        unsafe { (self.fns.group_end)() }
     }
 
     /// Turns a result code into `Ok` or a `Library` error carrying the code, its name,

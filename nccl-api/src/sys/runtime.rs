@@ -1,6 +1,11 @@
 //! The device runtime a NCCL-API backend needs: CUDA (cudarc) for NCCL, HIP (our own
 //! table) for RCCL. Everything vendor-specific below the NCCL API goes through this trait.
 
+#![allow(
+    unsafe_code,
+    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+)]
+
 use unicomm_core::Result;
 
 /// One vendor's device runtime.

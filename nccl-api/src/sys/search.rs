@@ -2,6 +2,11 @@
 //! explicit variable first, then directories, then the bare sonames for the system loader;
 //! every candidate tried is kept, with its reason, for `LibraryNotFound`.
 
+#![allow(
+    unsafe_code,
+    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+)]
+
 use std::path::{Path, PathBuf};
 
 use unicomm_core::{Error, Result};

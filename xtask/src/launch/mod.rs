@@ -20,6 +20,8 @@
 //! path across processes) for correctness; not for speed (the ranks' contexts time-share the
 //! GPU, NCCL's transport is sockets).
 
+#![allow(unsafe_code, reason = "signals to the ranks' process groups")]
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};

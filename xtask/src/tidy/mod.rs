@@ -107,7 +107,6 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "nccl-api/src/auto.rs",
     "nccl-api/src/base.rs",
     "nccl-api/src/comm/children.rs",
-    "nccl-api/src/comm/collective.rs",
     "nccl-api/src/comm/mod.rs",
     "nccl-api/src/conv.rs",
     "nccl-api/src/copy_engine/ipc.rs",
