@@ -251,7 +251,7 @@ impl<R: Runtime> ApiComm<R> {
         let name = route::NAMES[path.0 as usize];
         match route {
             Route::CopyEngine(plan) => self.ce.run(b, plan, &stream.s),
-            Route::Second(c) => b.library.enqueue(&b.lc, &b.registry, Some(c), &op, st),
+            Route::Registered(c) => b.library.enqueue(&b.lc, &b.registry, Some(c), &op, st),
             Route::Library => b.library.enqueue(&b.lc, &b.registry, None, &op, st),
             Route::Lowered => Err(Error::invalid("op", "a lowered call reached the library")),
         }

@@ -1,8 +1,9 @@
 //! The one place that decides where a call goes ([`decide`] returns a [`Route`]): this
-//! communicator's library call, the automatic registrations' second communicator, the copy
-//! engines with their plan, or a lowering where the library has no call of its own. Only the
-//! automatic policy chooses between paths for registered buffers; without it, the copy
-//! engines take what they can where the path is switched on.
+//! communicator's library call, the registered path on the automatic registrations' second
+//! communicator, the copy engines with their plan, or a lowering where the library has no
+//! call of its own. The routes carry the automatic policy's words ([`Path`]); only the policy
+//! chooses between paths for registered buffers; without it, the copy engines take what
+//! they can where the path is switched on.
 
 use unicomm_core::{Kind, Op, Result};
 
@@ -18,8 +19,9 @@ use crate::sys::runtime::Runtime;
 pub(crate) enum Route {
     /// The library's call, on this communicator.
     Library,
-    /// The library, on the second communicator of automatic registrations.
-    Second(NcclComm),
+    /// The automatic policy's registered path ([`Path::Registered`]): the library's call on
+    /// the automatic registrations' second communicator.
+    Registered(NcclComm),
     /// The copy engines, by this plan.
     CopyEngine(Plan),
     /// No call of the library's own: NCCL's documented composition (grouped send/recv,
@@ -30,7 +32,7 @@ pub(crate) enum Route {
 /// The routes as the ranks' comparison and the flight recorder name them, by [`code`].
 pub(crate) const NAMES: [&str; 5] = [
     "this communicator",
-    "the second communicator",
+    "the registered path (the second communicator)",
     "the copy engines",
     "a refusal (the rank's own error)",
     "lowered (NCCL's composition)",
@@ -41,7 +43,7 @@ pub(crate) const NAMES: [&str; 5] = [
 pub(crate) fn code(route: &Result<Route>) -> u64 {
     match route {
         Ok(Route::Library) => 0,
-        Ok(Route::Second(_)) => 1,
+        Ok(Route::Registered(_)) => 1,
         Ok(Route::CopyEngine(_)) => 2,
         Err(_) => 3,
         Ok(Route::Lowered) => 4,
@@ -82,14 +84,14 @@ pub(crate) fn decide<R: Runtime>(
     if lowered(&base.lc.api, op.kind) {
         return Ok(Route::Lowered);
     }
-    let second = || auto.second_comm().map_or(Route::Library, Route::Second);
+    let registered = || auto.second_comm().map_or(Route::Library, Route::Registered);
     Ok(match auto.path(base, op)? {
         Some(Path::CopyEngine) => match ce.plan(base, op, true)? {
             Some(plan) => Route::CopyEngine(plan),
             // Not possible here (a group, one rank per process): the registered path.
-            None => second(),
+            None => registered(),
         },
-        Some(Path::Registered) => second(),
+        Some(Path::Registered) => registered(),
         Some(Path::Window) => Route::Library,
         None => match ce.plan(base, op, false)? {
             Some(plan) => Route::CopyEngine(plan),
