@@ -1,23 +1,18 @@
 //! The loaders on any machine: no panic, and errors that say what was tried.
 
-use unicomm_core::{Error, Version};
+use unicomm_core::Error;
 use unicomm_nccl_api::{Api, Flavor};
 
 fn nowhere() -> Vec<std::path::PathBuf> {
     vec!["/nonexistent/unicomm-test/lib".into()]
 }
 
+/// NCCL's flavour (its symbols and version floors) pointed at nothing.
 static MISSING: Flavor = Flavor {
-    library: "NCCL",
     env_var: "UNICOMM_TEST_MISSING_NCCL",
     dirs: nowhere,
     sonames: &["libunicomm-no-such-nccl.so.2", "libunicomm-no-such-nccl.so"],
-    all_to_all: &["ncclAlltoAll"],
-    registration_since: Version::new(2, 19, 0),
-    windows_since: Version::new(2, 27, 0),
-    mem_alloc_since: Version::new(2, 19, 0),
-    gather_since: Version::new(2, 28, 3),
-    fp8_reduce_since: Some(Version::new(2, 24, 3)),
+    ..unicomm_nccl::NCCL
 };
 
 #[test]

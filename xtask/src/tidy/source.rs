@@ -87,8 +87,7 @@ fn blank_comments_and_strings(text: &str) -> (String, Vec<(usize, String)>) {
                 blank(&mut out, b[i]);
                 i += 1;
             }
-        } else if c == b'\'' && char_literal_len(b, i).is_some() {
-            let n = char_literal_len(b, i).unwrap_or(1);
+        } else if let Some(n) = (c == b'\'').then(|| char_literal_len(text, i)).flatten() {
             (0..n).for_each(|_| out.push(b' '));
             i += n;
         } else {
@@ -117,20 +116,13 @@ fn closes_raw(b: &[u8], i: usize, hashes: usize) -> bool {
 }
 
 /// The length of a char literal at `i` (`'a'`, `'\n'`, `'\u{1F600}'`), `None` for a lifetime.
-fn char_literal_len(b: &[u8], i: usize) -> Option<usize> {
+fn char_literal_len(text: &str, i: usize) -> Option<usize> {
+    let b = text.as_bytes();
     if b.get(i + 1) == Some(&b'\\') {
         let end = b[i + 2..].iter().position(|&c| c == b'\'')?;
         return Some(end + 3);
     }
-    let s = std::str::from_utf8(&b[i + 1..(i + 6).min(b.len())])
-        .ok()
-        .or_else(|| {
-            (1..5)
-                .rev()
-                .find_map(|k| std::str::from_utf8(b.get(i + 1..i + 1 + k)?).ok())
-        })?;
-    let ch = s.chars().next()?;
-    let w = ch.len_utf8();
+    let w = text.get(i + 1..)?.chars().next()?.len_utf8();
     (b.get(i + 1 + w) == Some(&b'\'')).then_some(w + 2)
 }
 
@@ -179,7 +171,7 @@ fn item_end(s: &str) -> Option<usize> {
 pub(crate) fn paths(code: &str) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let mut rest = code;
-    while let Some(at) = find_word(rest, "use") {
+    while let Some(at) = find_word(rest, "use", spaced) {
         let tail = &rest[at + 3..];
         let Some(end) = tail.find(';') else { break };
         expand_use(&tail[..end], &mut Vec::new(), &mut out);
@@ -209,18 +201,25 @@ pub(crate) fn paths(code: &str) -> Vec<Vec<String>> {
     out
 }
 
-fn find_word(s: &str, w: &str) -> Option<usize> {
+/// The first place `w` stands as a word in `s` (no identifier character before it) and
+/// is followed by a byte `follows` accepts (or the end).
+fn find_word(s: &str, w: &str, follows: fn(u8) -> bool) -> Option<usize> {
     let b = s.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
     let mut from = 0;
     while let Some(at) = s[from..].find(w).map(|a| a + from) {
-        let before = at == 0 || !(b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_');
-        let after = b.get(at + w.len()).is_none_or(|c| c.is_ascii_whitespace());
-        if before && after {
+        let before = at == 0 || !ident(b[at - 1]);
+        if before && b.get(at + w.len()).is_none_or(|&c| follows(c)) {
             return Some(at);
         }
         from = at + w.len();
     }
     None
+}
+
+/// `use` and `fn` as keywords: followed by whitespace.
+fn spaced(c: u8) -> bool {
+    c.is_ascii_whitespace()
 }
 
 /// `a::{b, c::{d, *}}` -> `[a,b]`, `[a,c,d]`, `[a,c]` (the glob names `a::c`).
@@ -278,7 +277,7 @@ pub(crate) fn functions(code: &str) -> Vec<Function> {
     let b = code.as_bytes();
     let mut out = Vec::new();
     let mut from = 0;
-    while let Some(at) = find_word(&code[from..], "fn").map(|a| a + from) {
+    while let Some(at) = find_word(&code[from..], "fn", spaced).map(|a| a + from) {
         from = at + 2;
         let name: String = code[from..]
             .trim_start()
@@ -320,21 +319,8 @@ pub(crate) fn functions(code: &str) -> Vec<Function> {
 
 /// Whether `code` holds the keyword `unsafe` (a block, fn, impl or trait).
 pub(crate) fn has_unsafe(code: &str) -> bool {
-    find_word_any(code, "unsafe")
-}
-
-fn find_word_any(s: &str, w: &str) -> bool {
-    let b = s.as_bytes();
-    let mut from = 0;
-    while let Some(at) = s[from..].find(w).map(|a| a + from) {
-        let before = at == 0 || !(b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_');
-        let after = b
-            .get(at + w.len())
-            .is_none_or(|c| !(c.is_ascii_alphanumeric() || *c == b'_'));
-        if before && after {
-            return true;
-        }
-        from = at + w.len();
-    }
-    false
+    find_word(code, "unsafe", |c| {
+        !(c.is_ascii_alphanumeric() || c == b'_')
+    })
+    .is_some()
 }

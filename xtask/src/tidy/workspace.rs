@@ -18,7 +18,7 @@ pub(crate) struct Crate {
 }
 
 impl Crate {
-    /// Reads `dir/src` of package `name`, or `None` where it has none.
+    /// Reads `dir/src` of package `name` (no files where it has no `src/`).
     pub(crate) fn read(root: &Path, dir: &Path, name: &str) -> std::io::Result<Crate> {
         let mut files = BTreeMap::new();
         let src = root.join(dir).join("src");
