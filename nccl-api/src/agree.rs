@@ -8,20 +8,15 @@
 //! as the mock reports it always (PyTorch's `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks the same
 //! way, before the collective, at the cost of a host round trip per call).
 
-#![allow(
-    unsafe_code,
-    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
-)]
-
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 use unicomm_core::backend::DeviceMemory;
-use unicomm_core::{DataType, Error, Kind, Op, ReduceOp, Result};
+use unicomm_core::{DataType, Error, Kind, Op, ReduceOp, Result, Slice};
 
 use crate::group;
 use crate::libcomm::LibComm;
 use crate::memory::{ApiMemory, ApiStream};
+use crate::sys::calls::Sides;
 use crate::sys::runtime::Runtime;
 
 /// The most words one exchange carries (2 KiB of scratch: the copy-engine all-to-all-v's
@@ -118,16 +113,22 @@ impl<R: Runtime> Agreement<R> {
         let (mem, st) = &*slot.insert(scratch);
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
         let mut out = vec![0u8; bytes.len()];
-        let (p, raw) = (mem.ptr as *mut c_void, st.raw());
-        let (n, u64t, max) = (words.len(), DataType::U64.nccl(), RED_MAX);
-        let all_reduce = lc.api.fns.all_reduce;
+        let n = words.len();
         let done = mem.write(0, &bytes, st).and_then(|()| {
+            // `n` (<= 256) u64 of this rank's 2 KiB device scratch, in place; the scratch
+            // outlives the operation (below).
+            let sl = Slice {
+                mem,
+                offset: 0,
+                bytes: n * 8,
+            };
+            let sides = Sides {
+                send: Some(&sl),
+                recv: Some(&sl),
+            };
             lc.call(|c| {
-                // SAFETY: `n` (<= 256) uint64 of this rank's 2 KiB device scratch, in
-                // place, on a stream of this device; the scratch outlives the operation
-                // (below).
-                let code = unsafe { all_reduce(p, p, n, u64t, max, c, raw) };
-                lc.check("ncclAllReduce", code)
+                lc.api
+                    .all_reduce(sides, n, DataType::U64, RED_MAX, c, st.lend())
             })?;
             mem.read(0, &mut out, st)
         });

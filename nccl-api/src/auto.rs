@@ -13,7 +13,7 @@
 )]
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -25,6 +25,7 @@ use crate::copy_engine::CopyEngine;
 use crate::memory::ApiMemory;
 use crate::policy::{Path, Policy};
 use crate::sys::api::NcclComm;
+use crate::sys::calls::{RegHandle, Span};
 use crate::sys::runtime::Runtime;
 
 /// What the ranks agreed on at their first automatic registration.
@@ -81,13 +82,13 @@ impl Auto {
             return Ok(s.clone());
         }
         let lc = &b.lc;
-        let split = lc.api.gated(
+        lc.api.require(
             "automatic registration (a second communicator by ncclCommSplit)",
             SPLIT_SINCE,
-            lc.api.fns.comm_split,
+            lc.api.fns.comm_split.is_some(),
         )?;
         b.not_in_group("creating the second communicator of automatic registration")?;
-        let comm = crate::split::split_raw(lc, split, 0, lc.rank as c_int, None)?
+        let made = crate::split::split_raw(lc, 0, lc.rank as c_int, None)?
             .ok_or_else(|| Error::invalid("comm", "ncclCommSplit gave no communicator"))?;
         let mut slot = self.second.lock().unwrap_or_else(|e| e.into_inner());
         // Registrations are collective and ordered, so two threads of one rank do not
@@ -96,7 +97,7 @@ impl Auto {
         if let Some(s) = &*slot {
             return Ok(s.clone());
         }
-        lc.adopt_child(comm);
+        let comm = lc.adopt_child(made);
         let s = Arc::new(Second {
             comm,
             regs: Mutex::new(HashMap::new()),
@@ -190,10 +191,10 @@ impl Auto {
         (offset, bytes): (usize, usize),
     ) -> Result<RawHandle> {
         let lc = &b.lc;
-        let reg = lc.api.gated(
+        lc.api.require(
             "automatic registration (ncclCommRegister)",
             lc.api.flavor.registration_since,
-            lc.api.fns.comm_register,
+            lc.api.fns.comm_register.is_some(),
         )?;
         self.agree(b, ce)?;
         let h = b.window_register(mem, (offset, bytes), RegKind::Auto)?;
@@ -208,16 +209,14 @@ impl Auto {
         }
         let second = self.second(b).map_err(undo)?;
         if bytes > 0 {
+            let buf = Slice { mem, offset, bytes };
             let handle = lc
-                .call(|_| {
-                    let mut out = std::ptr::null_mut();
-                    // SAFETY: `addr..addr+bytes` is this rank's device memory (checked by
-                    // `range`); `out` receives the handle; the second communicator is live
-                    // (ended only with the first, under the lock `call` holds).
-                    let code = unsafe { reg(second.comm, addr as *mut c_void, bytes, &mut out) };
-                    lc.check("ncclCommRegister", code)?;
+                .call(|c| {
+                    let on = lc.child(c, second.comm);
+                    let h = lc.api.comm_register(on.handle(), Span::of(&buf)?)?;
+                    // Non-blocking: the handle is written when the call is done.
                     lc.settle_locked("ncclCommRegister")?;
-                    Ok(out as usize)
+                    Ok(h.into_raw())
                 })
                 .map_err(undo)?;
             let mut regs = second.regs.lock().unwrap_or_else(|e| e.into_inner());
@@ -248,17 +247,17 @@ impl Auto {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&h);
-                if let (Some(rh), Some(dereg)) = (taken, lc.api.fns.comm_deregister) {
-                    lc.call(|_| {
-                        // SAFETY: a live registration of the second communicator, taken out
-                        // of its table above, so deregistered once.
-                        let code = unsafe { dereg(second.comm, rh as *mut c_void) };
-                        lc.check("ncclCommDeregister", code)
+                if let Some(rh) = taken {
+                    lc.call(|c| {
+                        let on = lc.child(c, second.comm);
+                        // SAFETY: a registration of the second communicator, taken out of
+                        // its table above, so deregistered once.
+                        let rh = unsafe { RegHandle::from_raw(rh) };
+                        lc.api.comm_deregister(on.handle(), rh)
                     })?;
                 }
             }
-            let f = lc.api.fns.window_deregister;
-            b.deregister_raw(h, "ncclCommWindowDeregister", f)
+            b.deregister_raw(h, RegKind::Auto)
         })?;
         self.live.fetch_sub(1, Ordering::Relaxed);
         ce.forget_window(h);

@@ -7,21 +7,21 @@
     reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
 )]
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use unicomm_core::registry::{RegKind, Registry};
-use unicomm_core::{Error, RawHandle, Result};
+use unicomm_core::{Error, RawHandle, Result, Slice};
 
 use crate::agree::Agreement;
 use crate::group;
 use crate::libcomm::LibComm;
 use crate::library::Library;
 use crate::memory::ApiMemory;
-use crate::sys::api::{NcclComm, WIN_COLL_SYMMETRIC};
+use crate::sys::api::Api;
+use crate::sys::calls::{CommRef, RegHandle, Span, StreamRef};
 use crate::sys::runtime::Runtime;
-use crate::wait::SendPtr;
 
 /// Handles for zero-byte registrations, which never reach the library (there is nothing
 /// to register); they live in the upper half of the address space no library hands out.
@@ -30,9 +30,6 @@ static NEXT_EMPTY: AtomicUsize = AtomicUsize::new(usize::MAX / 2);
 fn is_empty_handle(h: RawHandle) -> bool {
     h.0 >= usize::MAX / 2
 }
-
-/// A library deregistration call (`ncclCommDeregister`, `ncclCommWindowDeregister`).
-pub(crate) type DeregisterFn = unsafe extern "C" fn(NcclComm, *mut c_void) -> c_int;
 
 /// The communicator every path runs on, and what it shares with them.
 pub(crate) struct Base<R: Runtime> {
@@ -72,7 +69,7 @@ impl<R: Runtime> Base<R> {
     }
 
     /// A stream-ordered barrier on `st`.
-    pub(crate) fn barrier_on(&self, st: *mut c_void) -> Result<()> {
+    pub(crate) fn barrier_on(&self, st: StreamRef<'_>) -> Result<()> {
         self.library.barrier_on(&self.lc, st)
     }
 
@@ -92,56 +89,51 @@ impl<R: Runtime> Base<R> {
     }
 
     /// Registers `mem[offset..offset+bytes]` through `call` (which gets the communicator and
-    /// the address, and returns the library's handle) and records it; zero bytes never reach
+    /// the range, and returns the library's handle) and records it; zero bytes never reach
     /// the library (there is nothing to register).
     pub(crate) fn register_range(
         &self,
         mem: &ApiMemory<R>,
         (offset, bytes): (usize, usize),
         kind: RegKind,
-        call: impl FnOnce(NcclComm, *mut c_void) -> Result<*mut c_void>,
+        call: impl FnOnce(CommRef<'_>, &Slice<'_, ApiMemory<R>>) -> Result<RegHandle>,
     ) -> Result<RawHandle> {
         self.check_memory(mem)?;
         let addr = mem.range(offset, bytes, "bytes")?;
         let h = if bytes == 0 {
             RawHandle(NEXT_EMPTY.fetch_add(1, Ordering::Relaxed))
         } else {
-            RawHandle(self.lc.call(|c| call(c, addr as *mut c_void))? as usize)
+            let buf = Slice { mem, offset, bytes };
+            RawHandle(self.lc.call(|c| call(c, &buf))?.into_raw())
         };
         self.registry.insert(h, addr, bytes, kind)?;
         Ok(h)
     }
 
-    /// Deregisters a live handle of `kind` with `f`, then forgets it.
-    pub(crate) fn deregister_handle(
-        &self,
-        handle: RawHandle,
-        kind: RegKind,
-        name: &'static str,
-        f: Option<DeregisterFn>,
-    ) -> Result<()> {
+    /// Deregisters a live handle of `kind`, then forgets it.
+    pub(crate) fn deregister_handle(&self, handle: RawHandle, kind: RegKind) -> Result<()> {
         // Taken out of the table before the library call, as one step: of two threads
         // deregistering one handle, one reaches the library and the other gets an error.
         self.registry
-            .release(handle, kind, || self.deregister_raw(handle, name, f))
+            .release(handle, kind, || self.deregister_raw(handle, kind))
     }
 
-    /// The library's deregistration of `h` alone (the caller has taken `h` out of the
-    /// registry).
-    pub(crate) fn deregister_raw(
-        &self,
-        h: RawHandle,
-        name: &'static str,
-        f: Option<DeregisterFn>,
-    ) -> Result<()> {
+    /// The library's deregistration of `h` alone (`ncclCommDeregister` for a buffer,
+    /// `ncclCommWindowDeregister` for a window or an automatic registration's window); the
+    /// caller has taken `h` out of the registry.
+    pub(crate) fn deregister_raw(&self, h: RawHandle, kind: RegKind) -> Result<()> {
         if is_empty_handle(h) {
             return Ok(()); // a zero-byte registration never reached the library
         }
-        let f = f.ok_or_else(|| Error::invalid("handle", format!("the library has no {name}")))?;
-        // SAFETY: a live handle of this communicator, taken out of the table by the caller,
-        // so deregistered once.
-        self.lc
-            .call(|c| self.lc.check(name, unsafe { f(c, h.0 as *mut c_void) }))
+        self.lc.call(|c| {
+            // SAFETY: a registration of this communicator of this kind (the registry
+            // recorded it so), taken out of the table by the caller: deregistered once.
+            let rh = unsafe { RegHandle::from_raw(h.0) };
+            match kind {
+                RegKind::Buffer => self.lc.api.comm_deregister(c.handle(), rh),
+                _ => self.lc.api.window_deregister(c.handle(), rh),
+            }
+        })
     }
 
     /// `ncclCommRegister` over `mem[offset..offset+bytes]`.
@@ -150,19 +142,9 @@ impl<R: Runtime> Base<R> {
         mem: &ApiMemory<R>,
         range: (usize, usize),
     ) -> Result<RawHandle> {
-        let (api, lc) = (&self.lc.api, &self.lc);
-        let f = api.gated(
-            "user-buffer registration (ncclCommRegister)",
-            api.flavor.registration_since,
-            api.fns
-                .comm_register
-                .filter(|_| api.fns.comm_deregister.is_some()),
-        )?;
-        let bytes = range.1;
-        self.register_range(mem, range, RegKind::Buffer, |c, addr| {
-            let mut h = std::ptr::null_mut();
-            // SAFETY: `addr..addr+bytes` is device memory of this rank; `h` receives the handle.
-            lc.check("ncclCommRegister", unsafe { f(c, addr, bytes, &mut h) })?;
+        let lc = &self.lc;
+        self.register_range(mem, range, RegKind::Buffer, |c, buf| {
+            let h = lc.api.comm_register(c.handle(), Span::of(buf)?)?;
             // Non-blocking: the handle is written when the call is done.
             lc.settle_locked("ncclCommRegister")?;
             Ok(h)
@@ -179,53 +161,50 @@ impl<R: Runtime> Base<R> {
         kind: RegKind,
     ) -> Result<RawHandle> {
         let (api, lc) = (&self.lc.api, &self.lc);
-        let f = api.gated(
+        api.require(
             "symmetric windows (ncclCommWindowRegister)",
             api.flavor.windows_since,
-            api.fns
-                .window_register
-                .filter(|_| api.fns.window_deregister.is_some()),
+            api.fns.window_register.is_some() && api.fns.window_deregister.is_some(),
         )?;
         self.not_in_group("a symmetric window registration")?;
-        let bytes = range.1;
-        self.register_range(mem, range, kind, |c, addr| {
+        self.register_range(mem, range, kind, |c, buf| {
             let w = if lc.nonblocking {
                 let mut w = std::ptr::null_mut();
-                // SAFETY: `addr..addr+bytes` is device memory of this rank; `w` receives
-                // the window and lives until the call settles below.
-                let code = unsafe { f(c, addr, bytes, &mut w, WIN_COLL_SYMMETRIC) };
-                lc.check("ncclCommWindowRegister", code)?;
+                api.window_register(c.handle(), Span::of(buf)?, &mut w)?;
                 // Non-blocking: the window is written when the call is done.
                 lc.settle_locked("ncclCommWindowRegister")?;
                 w
             } else {
                 // Collective: it waits for the peers on the host; bounded by the deadline.
-                let (sc, sa) = (SendPtr(c), SendPtr(addr));
-                let (code, w) = lc.bounded_locked(
+                // SAFETY: the memory is borrowed for the whole wait; past the deadline the
+                // library may still map the range (device-side: no host memory is touched
+                // through it) and the communicator is given up.
+                let span = unsafe { Span::of(buf)?.unbound() };
+                let api2 = api.clone();
+                let w = lc.bounded_locked(
                     "ncclCommWindowRegister",
-                    move || {
-                        let (sc, sa) = (sc, sa);
+                    c,
+                    move |h| {
                         let mut w = std::ptr::null_mut();
-                        // SAFETY: as above; the caller holds the communicator's lock
-                        // while this runs, and gives the communicator up if it does not
-                        // return in time.
-                        let code = unsafe { f(sc.0, sa.0, bytes, &mut w, WIN_COLL_SYMMETRIC) };
-                        (code, SendPtr(w))
+                        api2.window_register(h, span, &mut w).map(|()| SendWindow(w))
                     },
                     |_| {},
-                )?;
-                lc.check("ncclCommWindowRegister", code)?;
+                )??;
                 w.0
             };
-            if w.is_null() {
+            Api::window_of(w).ok_or_else(|| {
                 // NCCL returns success and no window where symmetric memory is unsupported.
-                return Err(Error::unsupported(
+                Error::unsupported(
                     "symmetric window",
                     "symmetric-memory support (cuMem memory from ncclMemAlloc, NVLink or a supported transport)",
                     format!("{} {} returned a NULL window", api.flavor.library, api.version),
-                ));
-            }
-            Ok(w)
+                )
+            })
         })
     }
 }
+
+/// A window written by a registration on a helper thread.
+struct SendWindow(*mut c_void);
+// SAFETY: an opaque token of the library, a plain value to the host.
+unsafe impl Send for SendWindow {}

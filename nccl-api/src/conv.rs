@@ -2,15 +2,11 @@
 //! configuration as an `ncclConfig_t`, with the NCCL release that introduced each field
 //! (the one table of them), the CTA policy and the shrink mode.
 
-#![allow(
-    unsafe_code,
-    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
-)]
-
 use std::ffi::{c_int, CString};
 
 use unicomm_core::{CommConfig, CtaPolicy, Error, Result, ShrinkMode, Version};
 
+pub(crate) use crate::sys::config::OwnedConfig;
 use crate::sys::config::{Config, UNDEF};
 
 /// The `ncclConfig_t::CTAPolicy` value (`NCCL_CTA_POLICY_*`).
@@ -91,24 +87,6 @@ pub(crate) fn check_config(config: &CommConfig, backend: &str, library: Version)
     config.check_values()
 }
 
-/// An `ncclConfig_t` with the strings its pointers point into, moved as one (into the
-/// helper thread of a bounded call, which may outlive the caller's wait).
-pub(crate) struct OwnedConfig {
-    raw: Box<Config>,
-    _strings: Vec<CString>,
-}
-
-// SAFETY: the raw pointers point into `_strings`, owned by the same value (a CString's heap
-// buffer does not move), so moving the value to another thread moves what they point to.
-unsafe impl Send for OwnedConfig {}
-
-impl OwnedConfig {
-    /// The config for a call (valid while `self` lives).
-    pub(crate) fn ptr(&mut self) -> *mut Config {
-        &mut *self.raw
-    }
-}
-
 /// The `ncclConfig_t` of `config`, or `None` where nothing is set and the library's (or the
 /// parent's) defaults apply. `blocking` is `!nonblocking` where `config` leaves it unset and
 /// `nonblocking` was asked for (`UNICOMM_NONBLOCKING=1`, or a split of a non-blocking
@@ -133,22 +111,16 @@ pub(crate) fn to_config(config: &CommConfig, nonblocking: bool) -> Result<Option
     c.collnet_enable = flag(config.collnet_enable);
     c.cta_policy = config.cta_policy.map_or(UNDEF, cta_policy);
     c.nvls_ctas = int(config.nvls_ctas);
-    let mut strings = Vec::new();
-    for (s, slot) in [
-        (&config.net_name, &mut c.net_name),
-        (&config.comm_name, &mut c.comm_name),
-    ] {
-        if let Some(s) = s {
-            let cs = CString::new(s.as_str())
-                .map_err(|_| Error::invalid("config", "a name with a NUL byte"))?;
-            *slot = cs.as_ptr();
-            strings.push(cs);
-        }
+    let mut owned = OwnedConfig::new(c);
+    let name =
+        |s: &str| CString::new(s).map_err(|_| Error::invalid("config", "a name with a NUL byte"));
+    if let Some(s) = &config.net_name {
+        owned.set_net_name(name(s)?);
     }
-    Ok(Some(OwnedConfig {
-        raw: Box::new(c),
-        _strings: strings,
-    }))
+    if let Some(s) = &config.comm_name {
+        owned.set_comm_name(name(s)?);
+    }
+    Ok(Some(owned))
 }
 
 #[cfg(test)]

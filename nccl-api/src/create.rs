@@ -4,22 +4,16 @@
 //! is settled with it. What a process's environment says about its communicators is read
 //! here once ([`Mode`]).
 
-#![allow(
-    unsafe_code,
-    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
-)]
-
-use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::Duration;
 
-use unicomm_core::{CommConfig, Result, Version};
+use unicomm_core::{CommConfig, Result};
 
 use crate::conv::to_config;
-use crate::sys::api::{Api, NcclComm, UniqueId};
-use crate::sys::config::IN_PROGRESS;
+use crate::sys::api::{Api, UniqueId};
+use crate::sys::calls::{OwnedComm, CONFIG_SINCE};
 use crate::sys::runtime::Runtime;
-use crate::wait::{bounded, settle_raw, SendPtr};
+use crate::wait::{bounded, settle_raw};
 
 /// How a process's communicators work, from its environment.
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +41,7 @@ impl Mode {
         let timeout = unicomm_core::env::timeout()?;
         let able = api.fns.comm_init_rank_config.is_some()
             && api.fns.comm_get_async_error.is_some()
-            && api.version >= Version::new(2, 14, 0);
+            && api.version >= CONFIG_SINCE;
         Ok(Mode {
             nonblocking: able && unicomm_core::env::switch("UNICOMM_NONBLOCKING", false)?,
             timeout,
@@ -65,41 +59,37 @@ pub(crate) fn local_world<R: Runtime + 'static>(
     mode: Mode,
     id: UniqueId,
     config: &CommConfig,
-) -> Result<Vec<NcclComm>> {
+) -> Result<Vec<OwnedComm>> {
     let create = {
         let (api, rt, devs) = (api.clone(), rt.clone(), devs.to_vec());
         let (nonblocking, config) = (mode.nonblocking, config.clone());
         move || create_group(&api, &*rt, &devs, id, nonblocking, &config)
     };
-    let raw: Vec<NcclComm> = if mode.nonblocking {
+    let made: Vec<OwnedComm> = if mode.nonblocking {
         create()?
     } else {
         // Blocking: NCCL waits for every rank with no deadline; the call gets one.
         let late_api = api.clone();
         let what = "ncclCommInitRank (one group)";
         bounded(what, mode.timeout, create, move |r| {
+            // Created after the caller gave up: aborted.
             for c in r.into_iter().flatten() {
-                // SAFETY: a communicator created after the caller gave up; aborted once.
-                unsafe { (late_api.fns.comm_abort)(c.0) };
+                let _ = late_api.comm_abort(c);
             }
         })??
-    }
-    .into_iter()
-    .map(|c| c.0)
-    .collect();
+    };
     if mode.nonblocking {
-        let settled = raw
-            .iter()
-            .try_for_each(|&c| settle_raw(api, c, "ncclCommInitRank", mode.timeout, &|| false));
+        let settled = made.iter().try_for_each(|c| {
+            settle_raw(api, c.handle(), "ncclCommInitRank", mode.timeout, &|| false)
+        });
         if let Err(e) = settled {
-            for &c in &raw {
-                // SAFETY: a communicator created above, aborted once.
-                unsafe { (api.fns.comm_abort)(c) };
+            for c in made {
+                let _ = api.comm_abort(c);
             }
             return Err(e);
         }
     }
-    Ok(raw)
+    Ok(made)
 }
 
 /// `ncclCommInitRank` for every device of `devs` inside one group; on any failure those
@@ -111,28 +101,33 @@ fn create_group<R: Runtime>(
     id: UniqueId,
     nonblocking: bool,
     config: &CommConfig,
-) -> Result<Vec<SendPtr>> {
+) -> Result<Vec<OwnedComm>> {
     let n = devs.len();
-    let mut raw = vec![std::ptr::null_mut(); n];
+    let mut made = Vec::with_capacity(n);
     api.group_start()?;
     let mut first_err = None;
-    for (rank, (&dev, slot)) in devs.iter().zip(raw.iter_mut()).enumerate() {
-        let r = rt.with_device(dev, || {
-            init_call(api, slot, n, id, rank, nonblocking, config)
-        });
-        if let Err(e) = r {
-            first_err.get_or_insert(e);
+    for (rank, &dev) in devs.iter().enumerate() {
+        match rt.with_device(dev, || init_call(api, n, id, rank, nonblocking, config)) {
+            Ok(c) => made.push(c),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
         }
     }
-    let end = in_progress_ok(api, "ncclGroupEnd", api.group_end(), nonblocking);
+    // ncclInProgress is a non-blocking group's success (settled by the caller).
+    let code = api.group_end();
+    let end = if nonblocking && code == crate::sys::config::IN_PROGRESS {
+        Ok(())
+    } else {
+        api.check("ncclGroupEnd", code, None)
+    };
     if let Some(e) = first_err.or(end.err()) {
-        for c in raw.into_iter().filter(|c| !c.is_null()) {
-            // SAFETY: a communicator created above, aborted once.
-            unsafe { (api.fns.comm_abort)(c) };
+        for c in made {
+            let _ = api.comm_abort(c);
         }
         return Err(e);
     }
-    Ok(raw.into_iter().map(SendPtr).collect())
+    Ok(made)
 }
 
 /// One rank of a world of `world` identified by `id`, on `dev`: blocks until every rank
@@ -144,37 +139,28 @@ pub(crate) fn one_rank<R: Runtime + 'static>(
     (rank, world, dev): (usize, usize, usize),
     mode: Mode,
     config: &CommConfig,
-) -> Result<NcclComm> {
+) -> Result<OwnedComm> {
     if mode.nonblocking {
-        let mut c = std::ptr::null_mut();
-        rt.with_device(dev, || {
-            init_call(api, &mut c, world, id, rank, true, config)?;
-            if let Err(e) = settle_raw(api, c, "ncclCommInitRank", mode.timeout, &|| false) {
-                // SAFETY: the communicator created above, aborted once.
-                unsafe { (api.fns.comm_abort)(c) };
+        return rt.with_device(dev, || {
+            let c = init_call(api, world, id, rank, true, config)?;
+            if let Err(e) = settle_raw(api, c.handle(), "ncclCommInitRank", mode.timeout, &|| false)
+            {
+                let _ = api.comm_abort(c);
                 return Err(e);
             }
-            Ok(())
-        })?;
-        return Ok(c);
+            Ok(c)
+        });
     }
     // Blocking: NCCL waits for every rank with no deadline; the call gets one.
     let (a, r, late_api) = (api.clone(), rt.clone(), api.clone());
     let config = config.clone();
-    let create = move || -> Result<SendPtr> {
-        let mut c = std::ptr::null_mut();
-        r.with_device(dev, || {
-            init_call(&a, &mut c, world, id, rank, false, &config)
-        })?;
-        Ok(SendPtr(c))
-    };
-    let c = bounded("ncclCommInitRank", mode.timeout, create, move |r| {
+    let create = move || r.with_device(dev, || init_call(&a, world, id, rank, false, &config));
+    bounded("ncclCommInitRank", mode.timeout, create, move |r| {
+        // Created after the caller gave up: aborted.
         if let Ok(c) = r {
-            // SAFETY: a communicator created after the caller gave up; aborted once.
-            unsafe { (late_api.fns.comm_abort)(c.0) };
+            let _ = late_api.comm_abort(c);
         }
-    })??;
-    Ok(c.0)
+    })?
 }
 
 /// `ncclCommInitRankConfig` where a configuration is set or non-blocking mode asked for
@@ -182,41 +168,12 @@ pub(crate) fn one_rank<R: Runtime + 'static>(
 /// the caller). The caller checked `config` against the library's version.
 fn init_call(
     api: &Api,
-    slot: &mut NcclComm,
     world: usize,
     id: UniqueId,
     rank: usize,
     nonblocking: bool,
     config: &CommConfig,
-) -> Result<()> {
-    let (n, r) = (world as c_int, rank as c_int);
-    match to_config(config, nonblocking)? {
-        Some(mut cfg) => {
-            let f = api.gated(
-                "creating a communicator with a configuration (ncclCommInitRankConfig)",
-                Version::new(2, 14, 0),
-                api.fns.comm_init_rank_config,
-            )?;
-            // SAFETY: `slot` receives the communicator; the id is shared by all ranks;
-            // `cfg` is an initialised ncclConfig_t with its true size and version whose
-            // strings it owns, alive across the call (NCCL copies the fields it knows).
-            let code = unsafe { f(slot, n, id, r, cfg.ptr().cast()) };
-            let blocking = config.blocking.unwrap_or(!nonblocking);
-            in_progress_ok(api, "ncclCommInitRankConfig", code, !blocking)
-        }
-        None => {
-            // SAFETY: `slot` receives the communicator; the id is shared by all ranks.
-            let code = unsafe { (api.fns.comm_init_rank)(slot, n, id, r) };
-            api.check("ncclCommInitRank", code, None)
-        }
-    }
-}
-
-/// `code` as a result, where `ncclInProgress` of a non-blocking call is success.
-fn in_progress_ok(api: &Api, call: &'static str, code: c_int, nonblocking: bool) -> Result<()> {
-    if nonblocking && code == IN_PROGRESS {
-        Ok(())
-    } else {
-        api.check(call, code, None)
-    }
+) -> Result<OwnedComm> {
+    let mut cfg = to_config(config, nonblocking)?;
+    api.comm_init_rank(world, id, rank, cfg.as_mut())
 }

@@ -17,7 +17,7 @@
 
 #![allow(
     unsafe_code,
-    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+    reason = "the owner of the communicator: it vouches for the handles it lends (the architecture test's UNSAFE_FILES lists it)"
 )]
 
 use std::ffi::c_int;
@@ -30,9 +30,10 @@ use unicomm_core::{Error, Result};
 use crate::group;
 use crate::memory::ApiStream;
 use crate::sys::api::{Api, NcclComm};
+use crate::sys::calls::{CommRef, Handle, OwnedComm};
 use crate::sys::config::IN_PROGRESS;
 use crate::sys::runtime::Runtime;
-use crate::wait::{bounded, settle_raw, SendPtr};
+use crate::wait::{bounded, settle_raw};
 use crate::watch::Watched;
 
 const LIVE: u8 = 0;
@@ -95,7 +96,7 @@ impl<R: Runtime> LibComm<R> {
     pub(crate) fn new(
         api: Arc<Api>,
         rt: Arc<R>,
-        comm: NcclComm,
+        comm: OwnedComm,
         (dev, rank, world): (usize, usize, usize),
         nonblocking: bool,
         timeout: Duration,
@@ -105,7 +106,7 @@ impl<R: Runtime> LibComm<R> {
             state: AtomicU8::new(LIVE),
             nonblocking,
             abort_requested: AtomicBool::new(false),
-            comm,
+            comm: comm.into_raw(),
             api,
             rt,
             dev,
@@ -167,12 +168,15 @@ impl<R: Runtime> LibComm<R> {
     /// Runs `f` on the communicator: not destroyed, not used by another thread, with this
     /// rank's device current; a non-blocking call is settled (or, inside a group, left to
     /// the group's end).
-    pub(crate) fn call<T>(self: &Arc<Self>, f: impl FnOnce(NcclComm) -> Result<T>) -> Result<T> {
+    pub(crate) fn call<T>(self: &Arc<Self>, f: impl FnOnce(CommRef<'_>) -> Result<T>) -> Result<T> {
         // The state is read under the lock that the teardown also takes, so a communicator
         // aborted by another thread is never used after it was freed.
         let _g = self.locked()?;
         self.live()?;
-        let r = self.rt.with_device(self.dev, || f(self.comm));
+        // SAFETY: live (checked under the lock, which every ending takes) for as long as the
+        // borrow, which ends with `f`; one thread (the lock); `world` and `rank` its shape.
+        let c = unsafe { CommRef::borrow_raw(self.comm, self.world, self.rank) };
+        let r = self.rt.with_device(self.dev, || f(c));
         if self.nonblocking {
             if group::in_group() {
                 // Inside a group the library defers the work to ncclGroupEnd, which
@@ -196,20 +200,31 @@ impl<R: Runtime> LibComm<R> {
 
     /// A blocking communicator's library call that waits for the peers on the host
     /// (collective window registration, split), with the lock held: run by [`bounded`]
-    /// under the deadline. Past it the communicator is given up (aborted state: nothing
-    /// here calls it again, its thread keeps it) and the result is `Timeout`; `late`
-    /// receives the call's result if it ever returns.
+    /// under the deadline on the communicator `c` the caller was lent by [`LibComm::call`].
+    /// Past it the communicator is given up (aborted state: nothing here calls or ends it
+    /// again, its thread keeps it) and the result is `Timeout`; `late` receives the call's
+    /// result if it ever returns.
     pub(crate) fn bounded_locked<T: Send + 'static>(
         &self,
         what: &str,
-        work: impl FnOnce() -> T + Send + 'static,
+        c: CommRef<'_>,
+        work: impl FnOnce(Handle<'static>) -> T + Send + 'static,
         late: impl FnOnce(T) + Send + 'static,
     ) -> Result<T> {
         let (rt, dev) = (self.rt.clone(), self.dev);
+        // SAFETY: the caller holds the lock for the whole wait, so nothing else uses or ends
+        // the communicator while `work` may run; past the deadline the state is aborted
+        // before the lock is released, and a given-up communicator is never ended, so it
+        // outlives the thread that keeps it.
+        let h = unsafe { Handle::borrow_raw(c.handle().as_raw()) };
+        let h = SendHandle(h);
         let r = bounded(
             what,
             self.timeout(),
-            move || rt.with_device(dev, || Ok(work())),
+            move || {
+                let h = h;
+                rt.with_device(dev, || Ok(work(h.0)))
+            },
             move |r| {
                 if let Ok(t) = r {
                     late(t)
@@ -220,12 +235,24 @@ impl<R: Runtime> LibComm<R> {
     }
 
     /// Adopts a communicator created from this one (split): settled, polled and ended with
-    /// this one, before it.
-    pub(crate) fn adopt_child(&self, child: NcclComm) {
+    /// this one, before it. The handle it is used by is lent by [`LibComm::child`].
+    pub(crate) fn adopt_child(&self, child: OwnedComm) -> NcclComm {
+        let raw = child.into_raw();
         self.children
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(child);
+            .push(raw);
+        raw
+    }
+
+    /// A child adopted by [`LibComm::adopt_child`], lent with this communicator's rank count
+    /// for `f`, under the lock [`LibComm::call`] holds (`parent` proves it).
+    pub(crate) fn child<'a>(&self, _parent: CommRef<'a>, raw: NcclComm) -> CommRef<'a> {
+        // SAFETY: a child is ended only with this communicator, by a teardown that takes the
+        // lock the lender of `_parent` holds for 'a; the children the routes use (the
+        // automatic registrations' second communicator, split with this rank as its key)
+        // have the same ranks in the same order.
+        unsafe { CommRef::borrow_raw(raw, self.world, self.rank) }
     }
 
     /// Registers what an abort must release (see [`AbortHook`]).
@@ -253,6 +280,9 @@ impl<R: Runtime> LibComm<R> {
         let stop = || self.abort_requested.load(Ordering::Relaxed);
         let r = std::iter::once(self.comm)
             .chain(self.children())
+            // SAFETY: this communicator and its children are live (state checked above,
+            // under the lock every ending takes) while the lock is held.
+            .map(|c| unsafe { Handle::borrow_raw(c) })
             .try_for_each(|c| settle_raw(&self.api, c, what, self.timeout(), &stop));
         if let Err(e) = &r {
             if !matches!(e, Error::Aborted { .. }) {
@@ -265,19 +295,17 @@ impl<R: Runtime> LibComm<R> {
     /// With the lock held: the first asynchronous error of this communicator and its
     /// children (`ncclCommGetAsyncError`); `ncclInProgress` is not an error.
     pub(crate) fn async_error_locked(&self) -> Result<()> {
-        let Some(get) = self.api.fns.comm_get_async_error else {
-            return Ok(());
-        };
         match self.state.load(Ordering::Acquire) {
             LIVE => {}
             ABORTED => return Err(self.aborted_error()),
             _ => return Ok(()),
         }
         for c in std::iter::once(self.comm).chain(self.children()) {
-            let mut state = 0;
-            // SAFETY: a live communicator (state checked under the lock); one int out.
-            let code = unsafe { get(c, &mut state) };
-            self.api.check("ncclCommGetAsyncError", code, Some(c))?;
+            // SAFETY: a live communicator (state checked under the lock every ending takes).
+            let h = unsafe { Handle::borrow_raw(c) };
+            let Some(state) = self.api.comm_get_async_error(h)? else {
+                return Ok(()); // no such call: no asynchronous errors to read
+            };
             if state != 0 && state != IN_PROGRESS {
                 let what = "ncclCommGetAsyncError (asynchronous error)";
                 return self.api.check(what, state, Some(c));
@@ -353,7 +381,13 @@ impl<R: Runtime> LibComm<R> {
         let api = self.api.clone();
         let children =
             std::mem::take(&mut *self.children.lock().unwrap_or_else(|e| e.into_inner()));
-        let all: Vec<NcclComm> = children.into_iter().chain([self.comm]).collect();
+        // SAFETY: this communicator and its children, owned here; the state swap of
+        // `destroy_locked` lets one caller through, so each is taken (and ended) once.
+        let all: Vec<OwnedComm> = children
+            .into_iter()
+            .chain([self.comm])
+            .map(|c| unsafe { OwnedComm::from_raw(c) })
+            .collect();
         let timeout = self.timeout();
         if end == End::Finalize && !self.nonblocking {
             // A blocking ncclCommFinalize waits for the peers with no deadline of its own
@@ -361,20 +395,18 @@ impl<R: Runtime> LibComm<R> {
             // Past it the communicator is left to that thread (the state says finalized
             // already, so nothing here touches it again) and the caller gets `Timeout`.
             let (rt, dev) = (self.rt.clone(), self.dev);
-            let all: Vec<SendPtr> = all.into_iter().map(SendPtr).collect();
             let work = move || -> Result<()> {
                 let all = all;
                 rt.with_device(dev, || {
-                    every(all.iter().map(|c| finalize_blocking(&api, c.0)))
+                    every(all.into_iter().map(|c| finalize_blocking(&api, c)))
                 })
             };
             return bounded("ncclCommFinalize", timeout, work, |_| {})?;
         }
         self.rt.with_device(self.dev, || {
-            every(all.iter().map(|&c| match end {
+            every(all.into_iter().map(|c| match end {
                 End::Finalize => finalize_nonblocking(&api, c, timeout),
-                // SAFETY: a live communicator, taken out of its list above: ended once.
-                End::Abort => api.check("ncclCommAbort", unsafe { (api.fns.comm_abort)(c) }, None),
+                End::Abort => api.comm_abort(c),
             }))
         })
     }
@@ -420,43 +452,27 @@ fn every(results: impl Iterator<Item = Result<()>>) -> Result<()> {
 }
 
 /// `ncclCommFinalize` + `ncclCommDestroy` of a blocking communicator.
-fn finalize_blocking(api: &Api, c: NcclComm) -> Result<()> {
-    if let Some(f) = api.fns.comm_finalize {
-        // SAFETY: a live communicator, finalized once (the state swap lets one caller
-        // through).
-        api.check("ncclCommFinalize", unsafe { f(c) }, Some(c))?;
-    }
-    // SAFETY: the same communicator, destroyed once.
-    api.check(
-        "ncclCommDestroy",
-        unsafe { (api.fns.comm_destroy)(c) },
-        None,
-    )
+fn finalize_blocking(api: &Api, c: OwnedComm) -> Result<()> {
+    api.comm_finalize(c.handle())?;
+    api.comm_destroy(c)
 }
 
 /// `ncclCommFinalize` settled with the deadline, then `ncclCommDestroy`; a finalize that
 /// cannot finish (a dead peer) ends in an abort.
-fn finalize_nonblocking(api: &Api, c: NcclComm, timeout: Duration) -> Result<()> {
-    if let Some(f) = api.fns.comm_finalize {
-        // SAFETY: a live communicator, finalized once.
-        let code = unsafe { f(c) };
-        if code == IN_PROGRESS {
-            if let Err(e) = settle_raw(api, c, "ncclCommFinalize", timeout, &|| false) {
-                // SAFETY: the communicator is still live; aborted once.
-                unsafe { (api.fns.comm_abort)(c) };
-                return Err(e);
-            }
-        } else {
-            api.check("ncclCommFinalize", code, Some(c))?;
-        }
+fn finalize_nonblocking(api: &Api, c: OwnedComm, timeout: Duration) -> Result<()> {
+    api.comm_finalize(c.handle())?;
+    if let Err(e) = settle_raw(api, c.handle(), "ncclCommFinalize", timeout, &|| false) {
+        let _ = api.comm_abort(c);
+        return Err(e);
     }
-    // SAFETY: a live communicator, destroyed once.
-    api.check(
-        "ncclCommDestroy",
-        unsafe { (api.fns.comm_destroy)(c) },
-        None,
-    )
+    api.comm_destroy(c)
 }
+
+/// A borrowed communicator handed to the thread of a bounded call.
+struct SendHandle(Handle<'static>);
+// SAFETY: a communicator may move between threads; the lender keeps NCCL's one-thread rule
+// (`LibComm::bounded_locked` holds the lock while the thread may use it).
+unsafe impl Send for SendHandle {}
 
 impl<R: Runtime> Watched for LibComm<R> {
     fn timeout(&self) -> Duration {

@@ -2,16 +2,16 @@
 
 #![allow(
     unsafe_code,
-    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
+    reason = "the owner of device memory and streams: it vouches for the ranges and streams it lends (the architecture test's UNSAFE_FILES lists it)"
 )]
 
 use std::any::Any;
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use unicomm_core::{DeviceMemory, DeviceStream, Error, Marker, MarkerTime, Result};
 
 use crate::sys::api::Api;
+use crate::sys::calls::{DeviceBytes, LibAlloc, StreamRef};
 use crate::sys::runtime::Runtime;
 use crate::watch::{Watched, Watchers};
 
@@ -57,6 +57,14 @@ impl<R: Runtime> ApiStream<R> {
     /// The raw handle (`R::raw_stream`), as read when the stream was wrapped.
     pub(crate) fn raw(&self) -> *mut std::ffi::c_void {
         self.raw as *mut std::ffi::c_void
+    }
+
+    /// The stream, lent to a library call.
+    #[inline]
+    pub(crate) fn lend(&self) -> StreamRef<'_> {
+        // SAFETY: the runtime's stream, owned by `self` (destroyed with it), live while
+        // borrowed.
+        unsafe { StreamRef::borrow_raw(self.raw()) }
     }
 
     /// A communicator enqueues work on this stream: its waits watch it.
@@ -222,19 +230,20 @@ impl<R: Runtime> Drop for ApiMemory<R> {
         let (ptr, dev) = (self.ptr, self.dev);
         // Errors cannot be reported from drop; a failed free leaks.
         let _ = match &self.owner {
-            Owner::Nccl(api) => match api.fns.mem_free {
-                Some(free) => self.rt.with_device(dev, || {
-                    // SAFETY: `ptr` came from ncclMemAlloc on `dev`; it is freed once, here.
-                    api.check("ncclMemFree", unsafe { free(ptr as *mut c_void) }, None)
-                }),
-                None => Ok(()),
-            },
+            Owner::Nccl(api) => self.rt.with_device(dev, || {
+                // SAFETY: `ptr` came from ncclMemAlloc on `dev`; it is freed once, here.
+                api.mem_free(unsafe { LibAlloc::from_raw(ptr) })
+            }),
             // SAFETY: `ptr` came from the runtime's malloc on `dev`; freed once, here.
             Owner::Runtime => unsafe { self.rt.free(dev, ptr) },
             Owner::Borrowed(_) => Ok(()),
         };
     }
 }
+
+// SAFETY: every constructor makes or is promised device memory of `dev` for the value's
+// life: the runtime's or the library's allocator, or `borrowed`'s contract.
+unsafe impl<R: Runtime> DeviceBytes for ApiMemory<R> {}
 
 impl<R: Runtime> DeviceMemory for ApiMemory<R> {
     type Stream = ApiStream<R>;
@@ -285,14 +294,10 @@ impl<R: Runtime> ApiMemory<R> {
                 rt,
             });
         }
-        if let Some(alloc) = api.fns.mem_alloc.filter(|_| api.has_mem_alloc()) {
-            let mut p = std::ptr::null_mut();
-            rt.with_device(dev, || {
-                // SAFETY: ncclMemAlloc writes one pointer, on the current device.
-                api.check("ncclMemAlloc", unsafe { alloc(&mut p, bytes) }, None)
-            })?;
+        if api.has_mem_alloc() {
+            let p = rt.with_device(dev, || api.mem_alloc(bytes))?.into_raw();
             return Ok(ApiMemory {
-                ptr: p as usize,
+                ptr: p,
                 bytes,
                 dev,
                 owner: Owner::Nccl(api.clone()),

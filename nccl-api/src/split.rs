@@ -3,31 +3,18 @@
 //! first rank makes and the parent carries to them (its all-reduce, as an all-gather of
 //! words). Either way every wait is bounded by the parent's deadline.
 
-#![allow(
-    unsafe_code,
-    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
-)]
-
-use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use unicomm_core::{Result, Version};
+use unicomm_core::Result;
 
 use crate::conv::OwnedConfig;
 use crate::libcomm::LibComm;
-use crate::sys::api::{NcclComm, NcclResult, UniqueId};
-use crate::sys::config::IN_PROGRESS;
+use crate::sys::api::UniqueId;
+use crate::sys::calls::{Handle, OwnedComm};
 use crate::sys::runtime::Runtime;
-use crate::wait::{settle_raw, SendPtr};
+use crate::wait::settle_raw;
 
-/// `ncclCommSplit` exists from NCCL 2.18.
-pub(crate) const SPLIT_SINCE: Version = Version::new(2, 18, 0);
-
-/// `NCCL_SPLIT_NOCOLOR`.
-pub(crate) const NO_COLOR: c_int = -1;
-
-type SplitFn =
-    unsafe extern "C" fn(NcclComm, c_int, c_int, *mut NcclComm, *mut c_void) -> NcclResult;
+pub(crate) use crate::sys::calls::{NO_COLOR, SPLIT_SINCE};
 
 /// `ncclCommSplit(parent, color, key, config)`: the child, or `None` for `NO_COLOR`.
 /// Blocking: it waits for the peers on the host, bounded by the deadline; non-blocking: the
@@ -35,19 +22,17 @@ type SplitFn =
 /// settings (nccl.h).
 pub(crate) fn split_raw<R: Runtime>(
     lc: &Arc<LibComm<R>>,
-    split: SplitFn,
-    color: c_int,
-    key: c_int,
+    color: i32,
+    key: i32,
     config: Option<OwnedConfig>,
-) -> Result<Option<NcclComm>> {
-    derive_raw(lc, "ncclCommSplit", config, move |c, out, cfg| {
-        // SAFETY: a live communicator; `out` receives the new one (written when the call
-        // settles); `cfg` is NULL or a live ncclConfig_t (NCCL copies it).
-        unsafe { split(c, color, key, out, cfg) }
+) -> Result<Option<OwnedComm>> {
+    let api = lc.api.clone();
+    derive_raw(lc, "ncclCommSplit", config, move |c, cfg| {
+        api.comm_split(c, color, key, cfg)
     })
 }
 
-/// A communicator derived from `lc`'s by `call(parent, &mut child, config)` (`ncclCommSplit`,
+/// A communicator derived from `lc`'s by `call(parent, config)` (`ncclCommSplit`,
 /// `ncclCommShrink`): `None` where the library made none. Blocking: it waits for the peers
 /// on the host, bounded by the deadline (a child made after the caller gave up is aborted);
 /// non-blocking: the parent's part and the child are settled.
@@ -55,54 +40,41 @@ pub(crate) fn derive_raw<R: Runtime>(
     lc: &Arc<LibComm<R>>,
     name: &'static str,
     mut config: Option<OwnedConfig>,
-    call: impl Fn(NcclComm, *mut NcclComm, *mut c_void) -> NcclResult + Send + 'static,
-) -> Result<Option<NcclComm>> {
+    call: impl FnOnce(Handle<'_>, Option<&mut OwnedConfig>) -> Result<Option<OwnedComm>>
+        + Send
+        + 'static,
+) -> Result<Option<OwnedComm>> {
     lc.call(|c| {
-        let mut out: NcclComm = std::ptr::null_mut();
-        let code = if lc.nonblocking {
-            let cfg = config
-                .as_mut()
-                .map_or(std::ptr::null_mut(), |c| c.ptr().cast());
-            call(c, &mut out, cfg)
+        let out = if lc.nonblocking {
+            call(c.handle(), config.as_mut())?
         } else {
             let api = lc.api.clone();
-            let sc = SendPtr(c);
-            let (code, child) = lc.bounded_locked(
+            // The caller holds the lock while this runs and gives the parent up if it does
+            // not return in time; the config is owned by the closure.
+            lc.bounded_locked(
                 name,
-                move || {
-                    let (sc, mut config) = (sc, config);
-                    let mut out: NcclComm = std::ptr::null_mut();
-                    let cfg = config
-                        .as_mut()
-                        .map_or(std::ptr::null_mut(), |c| c.ptr().cast());
-                    // The caller holds the lock while this runs and gives the parent up if it
-                    // does not return in time; the config is owned by this closure.
-                    let code = call(sc.0, &mut out, cfg);
-                    (code, SendPtr(out))
+                c,
+                move |h| {
+                    let mut config = config;
+                    call(h, config.as_mut())
                 },
-                move |(code, child)| {
-                    if code == 0 && !child.0.is_null() {
-                        // SAFETY: a communicator made after the caller gave up, aborted once.
-                        unsafe { (api.fns.comm_abort)(child.0) };
+                move |late| {
+                    // A child made after the caller gave up: aborted.
+                    if let Ok(Some(child)) = late {
+                        let _ = api.comm_abort(child);
                     }
                 },
-            )?;
-            out = child.0;
-            code
+            )??
         };
         // A non-blocking child answers ncclInProgress until it settles: where it is adopted
         // (`adopt_raw`), or below for a non-blocking parent's.
-        if code != IN_PROGRESS || out.is_null() {
-            lc.check(name, code)?;
-        }
         lc.settle_locked(name)?;
-        if out.is_null() {
+        let Some(out) = out else {
             return Ok(None);
-        }
+        };
         if lc.nonblocking {
-            if let Err(e) = settle_raw(&lc.api, out, name, lc.timeout(), &|| false) {
-                // SAFETY: the communicator just created, aborted once.
-                unsafe { (lc.api.fns.comm_abort)(out) };
+            if let Err(e) = settle_raw(&lc.api, out.handle(), name, lc.timeout(), &|| false) {
+                let _ = lc.api.comm_abort(out);
                 return Err(e);
             }
         }

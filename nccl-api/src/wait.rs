@@ -2,18 +2,13 @@
 //! (for blocking library calls that wait for the peers with no deadline of their own), and
 //! the settling of a non-blocking call (`ncclInProgress` polled to its end).
 
-#![allow(
-    unsafe_code,
-    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
-)]
-
-use std::ffi::c_void;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use unicomm_core::{Error, Result};
 
-use crate::sys::api::{Api, NcclComm};
+use crate::sys::api::Api;
+use crate::sys::calls::Handle;
 use crate::sys::config::IN_PROGRESS;
 
 /// A pause that starts as a spin (a collective often ends within microseconds) and grows
@@ -34,39 +29,27 @@ impl Backoff {
     }
 }
 
-/// A raw pointer (a communicator, a device address, a window) handed to the thread of
-/// [`bounded`].
-#[derive(Clone, Copy)]
-pub(crate) struct SendPtr(pub(crate) *mut c_void);
-// SAFETY: a communicator may move between threads (NCCL's rule is one thread at a time,
-// which `bounded`'s callers keep: the caller does not use it while the thread does); device
-// addresses and windows are plain values to the host.
-unsafe impl Send for SendPtr {}
-
 /// Polls `ncclCommGetAsyncError(comm)` until the library is done with `comm`'s last call.
 /// `stop` says whether to give up (an abort was asked for) and is checked between polls.
 /// Returns `Ok` when done, the library's error when it failed, `Timeout` at the deadline.
 pub(crate) fn settle_raw(
     api: &Api,
-    comm: NcclComm,
+    comm: Handle<'_>,
     what: &str,
     timeout: Duration,
     stop: &dyn Fn() -> bool,
 ) -> Result<()> {
-    let Some(get) = api.fns.comm_get_async_error else {
-        return Ok(()); // without it, no call returns ncclInProgress (blocking library)
-    };
     let start = Instant::now();
     let mut backoff = Backoff::new();
     loop {
-        let mut state = 0;
-        // SAFETY: a live communicator of this library (the caller's contract); one int out.
-        let code = unsafe { get(comm, &mut state) };
-        api.check("ncclCommGetAsyncError", code, Some(comm))?;
+        let Some(state) = api.comm_get_async_error(comm)? else {
+            return Ok(()); // without it, no call returns ncclInProgress (blocking library)
+        };
+        let comm = Some(comm.as_raw());
         match state {
             0 => return Ok(()),
             IN_PROGRESS => {}
-            e => return api.check("ncclCommGetAsyncError (asynchronous error)", e, Some(comm)),
+            e => return api.check("ncclCommGetAsyncError (asynchronous error)", e, comm),
         }
         if stop() {
             return Err(Error::Aborted {

@@ -2,20 +2,15 @@
 //! it, else a fresh unique id carried to the members by the parent, each child composed
 //! like any communicator (its own registrations, agreement, deadlines).
 
-#![allow(
-    unsafe_code,
-    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
-)]
-
 use std::ffi::c_int;
 
-use unicomm_core::{CommConfig, Error, Result};
+use unicomm_core::{CommConfig, Result};
 
 use super::ApiComm;
 use crate::create::{self, Mode};
 use crate::libcomm::LibComm;
 use crate::split::{self, NO_COLOR, SPLIT_SINCE};
-use crate::sys::api::NcclComm;
+use crate::sys::calls::OwnedComm;
 use crate::sys::runtime::Runtime;
 use crate::wait::settle_raw;
 
@@ -35,21 +30,17 @@ impl<R: Runtime> ApiComm<R> {
         let split = self
             .splits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let native = lc
-            .api
-            .fns
-            .comm_split
-            .filter(|_| lc.api.version >= SPLIT_SINCE);
+        let native = lc.api.fns.comm_split.is_some() && lc.api.version >= SPLIT_SINCE;
         let (raw, rank, world) = match native {
-            Some(f) => {
+            true => {
                 let color = color.map_or(NO_COLOR, |c| c as c_int);
                 let cfg = crate::conv::to_config(config, false)?;
-                let Some(raw) = split::split_raw(lc, f, color, key as c_int, cfg)? else {
+                let Some(raw) = split::split_raw(lc, color, key as c_int, cfg)? else {
                     return Ok(None);
                 };
                 self.adopt_raw(raw, "ncclCommSplit", nonblocking)?
             }
-            None => match self.split_by_unique_id(color, key, config, mode)? {
+            false => match self.split_by_unique_id(color, key, config, mode)? {
                 Some(c) => c,
                 None => return Ok(None),
             },
@@ -92,42 +83,24 @@ impl<R: Runtime> ApiComm<R> {
     /// failure aborted, never wrapped half-made.
     pub(super) fn adopt_raw(
         &self,
-        raw: NcclComm,
+        made: OwnedComm,
         name: &str,
         nonblocking: bool,
-    ) -> Result<(NcclComm, usize, usize)> {
+    ) -> Result<(OwnedComm, usize, usize)> {
         let lc = &self.base.lc;
         let settled = if nonblocking && !lc.nonblocking {
-            settle_raw(&lc.api, raw, name, lc.timeout(), &|| false)
+            settle_raw(&lc.api, made.handle(), name, lc.timeout(), &|| false)
         } else {
             Ok(())
         };
-        match settled.and_then(|()| self.rank_and_size(raw)) {
-            Ok((r, n)) => Ok((raw, r, n)),
+        match settled.and_then(|()| lc.api.comm_shape(made.handle())) {
+            Ok((n, r)) => Ok((made, r, n)),
             Err(e) => {
-                // SAFETY: the communicator just created, never wrapped: aborted once.
-                unsafe { (lc.api.fns.comm_abort)(raw) };
+                // Never wrapped: aborted here.
+                let _ = lc.api.comm_abort(made);
                 Err(e)
             }
         }
-    }
-
-    /// A child's rank and size, from the library (`ncclCommUserRank`, `ncclCommCount`).
-    fn rank_and_size(&self, raw: NcclComm) -> Result<(usize, usize)> {
-        let api = &self.base.lc.api;
-        let (Some(user_rank), Some(count)) = (api.fns.comm_user_rank, api.fns.comm_count) else {
-            return Err(Error::invalid(
-                "comm",
-                "the library has no ncclCommUserRank/ncclCommCount",
-            ));
-        };
-        let (mut r, mut n): (c_int, c_int) = (0, 0);
-        // SAFETY: a live communicator just created; the out-parameters are local.
-        let code = unsafe { user_rank(raw, &mut r) };
-        api.check("ncclCommUserRank", code, Some(raw))?;
-        // SAFETY: as above.
-        api.check("ncclCommCount", unsafe { count(raw, &mut n) }, Some(raw))?;
-        Ok((r.max(0) as usize, n.max(0) as usize))
     }
 
     /// Without `ncclCommSplit`: every rank's (color, key) and, per group, its first rank's
@@ -139,7 +112,7 @@ impl<R: Runtime> ApiComm<R> {
         key: i32,
         config: &CommConfig,
         mode: Mode,
-    ) -> Result<Option<(NcclComm, usize, usize)>> {
+    ) -> Result<Option<(OwnedComm, usize, usize)>> {
         let b = &self.base;
         let lc = &b.lc;
         let all_max = |w: &[u64]| b.all_max(w);

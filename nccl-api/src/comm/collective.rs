@@ -68,9 +68,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn deregister(&self, handle: RawHandle) -> Result<()> {
-        let f = self.base.lc.api.fns.comm_deregister;
-        self.base
-            .deregister_handle(handle, RegKind::Buffer, "ncclCommDeregister", f)
+        self.base.deregister_handle(handle, RegKind::Buffer)
     }
 
     fn register_window(
@@ -93,10 +91,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn deregister_window(&self, handle: RawHandle) -> Result<()> {
-        let f = self.base.lc.api.fns.window_deregister;
-        let name = "ncclCommWindowDeregister";
-        self.base
-            .deregister_handle(handle, RegKind::Window, name, f)?;
+        self.base.deregister_handle(handle, RegKind::Window)?;
         self.ce.forget_window(handle);
         Ok(())
     }
@@ -247,7 +242,7 @@ impl<R: Runtime> ApiComm<R> {
         let checked = b.agree.check_collective(&b.lc, &op, path, stream);
         let route = route?;
         checked?;
-        let st = stream.raw();
+        let st = stream.lend();
         let name = route::NAMES[path.0 as usize];
         match route {
             Route::CopyEngine(plan) => self.ce.run(b, plan, &stream.s),

@@ -5,11 +5,6 @@
 //! agreement, the library-call path), the copy-engine path and the automatic registrations; a
 //! call's route is decided in `route.rs`, the contract's operations are in `collective.rs`.
 
-#![allow(
-    unsafe_code,
-    reason = "calls the NCCL-API library or the device runtime at its call sites (the architecture test's UNSAFE_FILES lists them)"
-)]
-
 mod children;
 mod collective;
 mod route;
@@ -152,8 +147,7 @@ impl<R: Runtime> ApiComm<R> {
                     // The rest were created and are not wrapped: ended here (the wrapped
                     // ones end with `out`).
                     for c in raw {
-                        // SAFETY: a communicator created above and never wrapped: aborted once.
-                        unsafe { (api.fns.comm_abort)(c) };
+                        let _ = api.comm_abort(c);
                     }
                     return Err(e);
                 }
@@ -231,8 +225,8 @@ impl<R: Runtime> ApiComm<R> {
         let base = match Base::new(lc.clone(), mode.check) {
             Ok(b) => b,
             Err(e) => {
-                // SAFETY: the communicator was just created and is not used elsewhere.
-                unsafe { (lc.api.fns.comm_destroy)(lc.comm) };
+                // Just created and not used elsewhere: ended through its owner.
+                let _ = lc.destroy(End::Abort);
                 return Err(e);
             }
         };

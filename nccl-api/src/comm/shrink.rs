@@ -41,17 +41,15 @@ impl<R: Runtime> ApiComm<R> {
         let round = self
             .shrinks
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let native = lc
-            .api
-            .fns
-            .comm_shrink
-            .filter(|_| lc.api.version >= SHRINK_SINCE);
-        let native = native.filter(|_| mode != ShrinkMode::Reform && lc.live().is_ok());
+        let native = lc.api.fns.comm_shrink.is_some()
+            && lc.api.version >= SHRINK_SINCE
+            && mode != ShrinkMode::Reform
+            && lc.live().is_ok();
         tracing::info!(
             rank = lc.rank,
             ?exclude,
             ?mode,
-            how = if native.is_some() {
+            how = if native {
                 "ncclCommShrink"
             } else {
                 "re-forming"
@@ -59,9 +57,9 @@ impl<R: Runtime> ApiComm<R> {
             "shrinking the communicator"
         );
         let (raw, rank, world) = match native {
-            Some(f) => {
+            true => {
                 let cfg = crate::conv::to_config(config, false)?;
-                let raw = shrink::shrink_raw(lc, f, exclude, cfg, crate::conv::shrink_flag(mode))?
+                let raw = shrink::shrink_raw(lc, exclude, cfg, crate::conv::shrink_flag(mode))?
                     .ok_or_else(|| {
                         Error::invalid("exclude", "ncclCommShrink made no communicator")
                     })?;
@@ -72,7 +70,7 @@ impl<R: Runtime> ApiComm<R> {
                 }
                 made
             }
-            _ => self.reform(&survivors, round, mode_c, config)?,
+            false => self.reform(&survivors, round, mode_c, config)?,
         };
         let lc = LibComm::new(
             lc.api.clone(),
@@ -102,7 +100,7 @@ impl<R: Runtime> ApiComm<R> {
         round: u64,
         mode: Mode,
         config: &CommConfig,
-    ) -> Result<(crate::sys::api::NcclComm, usize, usize)> {
+    ) -> Result<(crate::sys::calls::OwnedComm, usize, usize)> {
         let lc = &self.base.lc;
         let Some(rejoin) = self.rejoin.get() else {
             return Err(Error::unsupported(

@@ -20,7 +20,7 @@ pub(crate) type Swapped = (Vec<(usize, usize, usize)>, Vec<(usize, usize)>);
 /// the communicator's deadline.
 fn host_barrier<R: Runtime>(base: &Base<R>) -> Result<()> {
     let st = base.lc.create_stream()?;
-    base.barrier_on(st.raw())?;
+    base.barrier_on(st.lend())?;
     st.synchronize()
 }
 

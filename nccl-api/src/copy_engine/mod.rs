@@ -52,6 +52,7 @@ use unicomm_core::{Error, Kind, Op, RawHandle, Result};
 use crate::base::Base;
 use crate::group;
 use crate::memory::{ApiMemory, ApiStream};
+use crate::sys::calls::StreamRef;
 use crate::sys::runtime::Runtime;
 use pending::Pending;
 use signals::{CopyEngineSync, Phase, Phases, SignalRelease, Signals};
@@ -281,7 +282,8 @@ impl<R: Runtime> CopyEngine<R> {
         let phase = |ph: Phase| match phases {
             Some(Phases::Signals(sig)) => sig.phase(&*lc.rt, lc.dev, lc.rank, ph, stream),
             Some(Phases::Alone) => Ok(()),
-            Some(Phases::Barrier) | None => b.barrier_on(st),
+            // SAFETY: the caller's stream, borrowed for this call.
+            Some(Phases::Barrier) | None => b.barrier_on(unsafe { StreamRef::borrow_raw(st) }),
         };
         phase(Phase::Ready)?;
         for (dst, src, bytes, _) in peers {

@@ -7,7 +7,7 @@
 //! past what it knows. Fields are laid out as NCCL 2.31's `ncclConfig_v23100`
 //! (NVIDIA/nccl `src/nccl.h.in`); the release that added each is named beside it.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, CString};
 
 /// `ncclInProgress`: a non-blocking call still running.
 pub const IN_PROGRESS: c_int = 7;
@@ -35,13 +35,13 @@ pub struct Config {
     pub cga_cluster_size: c_int,
     pub min_ctas: c_int,
     pub max_ctas: c_int,
-    pub net_name: *const c_char,
+    net_name: *const c_char,
     /// 2.18.
     pub split_share: c_int,
     /// 2.26.
     pub traffic_class: c_int,
     /// 2.27.
-    pub comm_name: *const c_char,
+    comm_name: *const c_char,
     pub collnet_enable: c_int,
     pub cta_policy: c_int,
     pub shrink_share: c_int,
@@ -108,6 +108,61 @@ impl Config {
 impl Default for Config {
     fn default() -> Self {
         Config::new()
+    }
+}
+
+/// An `ncclConfig_t` with the strings its two name pointers point into, moved as one (into
+/// the helper thread of a bounded call, which may outlive the caller's wait). The names can
+/// be set only here, so a configuration handed to the library never points elsewhere.
+#[derive(Debug)]
+pub struct OwnedConfig {
+    raw: Box<Config>,
+    strings: Vec<CString>,
+}
+
+// SAFETY: the raw pointers point into `strings`, owned by the same value (a CString's heap
+// buffer does not move), so moving the value to another thread moves what they point to.
+#[allow(unsafe_code, reason = "the config owns what its pointers point to")]
+unsafe impl Send for OwnedConfig {}
+
+impl OwnedConfig {
+    /// `config`'s integer fields, with no names set.
+    pub fn new(config: Config) -> Self {
+        OwnedConfig {
+            raw: Box::new(Config {
+                net_name: std::ptr::null(),
+                comm_name: std::ptr::null(),
+                ..config
+            }),
+            strings: Vec::new(),
+        }
+    }
+    /// `netName` (NCCL 2.17).
+    pub fn set_net_name(&mut self, name: CString) {
+        self.raw.net_name = name.as_ptr();
+        self.strings.push(name);
+    }
+    /// `commName` (NCCL 2.27).
+    pub fn set_comm_name(&mut self, name: CString) {
+        self.raw.comm_name = name.as_ptr();
+        self.strings.push(name);
+    }
+    /// The struct for a call, valid while `self` lives.
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut Config {
+        &mut *self.raw
+    }
+}
+
+impl std::ops::Deref for OwnedConfig {
+    type Target = Config;
+    fn deref(&self) -> &Config {
+        &self.raw
+    }
+}
+
+impl std::ops::DerefMut for OwnedConfig {
+    fn deref_mut(&mut self) -> &mut Config {
+        &mut self.raw
     }
 }
 

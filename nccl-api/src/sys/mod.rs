@@ -3,12 +3,15 @@
 //!
 //! - the function table, [`Flavor`](api::Flavor) (what differs between NCCL and RCCL at
 //!   the loader), result codes, version gates and error translation, in [`api`];
+//! - one safe method per library call, with its gate and typed result, in [`calls`] (the
+//!   only place the library is called above the loader);
 //! - `ncclConfig_t`, in [`config`];
 //! - where a vendor library is looked for (also used by the HIP loader), in [`search`];
 //! - the device [`Runtime`](runtime::Runtime) trait (CUDA for NCCL, HIP for RCCL), in
 //!   [`runtime`].
 
 pub mod api;
+pub mod calls;
 pub mod config;
 pub mod flavor;
 pub mod runtime;

@@ -115,6 +115,31 @@ fn a_function_over_the_limit_is_refused_and_the_allow_list_only_shrinks() {
 }
 
 #[test]
+fn a_library_call_outside_its_layer_is_refused_but_a_presence_check_is_not() {
+    let c = Crate::from_texts(
+        "t",
+        &[
+            ("lib.rs", "mod sys; mod high;"),
+            (
+                "sys/mod.rs",
+                "fn f(a: &Api) { unsafe { (a.fns.all_reduce)() } }",
+            ),
+            (
+                "high.rs",
+                "fn g(a: &Api) -> bool { let f = a.fns.comm_split; a.fns.send.is_some() }",
+            ),
+        ],
+    );
+    let v = rules::library_calls_outside(&c, &["sys"]);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].contains("high.rs:1") && v[0].contains("fns.comm_split"),
+        "{v:?}"
+    );
+    assert!(rules::library_calls_outside(&c, &["sys", "high"]).is_empty());
+}
+
+#[test]
 fn unsafe_outside_the_allowed_files_is_refused_but_not_in_comments_or_strings() {
     let c = Crate::from_texts(
         "t",

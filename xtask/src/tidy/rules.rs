@@ -151,6 +151,46 @@ pub(crate) fn unsafe_outside(krates: &[&Crate], allowed: &[&str]) -> Vec<String>
     out
 }
 
+/// Uses of the library's function table (`fns.NAME`) outside the modules `allowed` (by
+/// top-level module) other than asking whether an entry exists: the library is called in one
+/// layer, whose functions carry the version gates and the typed results.
+pub(crate) fn library_calls_outside(krate: &Crate, allowed: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (module, (path, src)) in &krate.files {
+        if module
+            .first()
+            .is_some_and(|m| allowed.contains(&m.as_str()))
+        {
+            continue;
+        }
+        for (n, line) in src.code.lines().enumerate() {
+            for (i, _) in line.match_indices("fns.") {
+                let rest = &line[i + 4..];
+                let name_end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                let after = rest[name_end..].trim_start();
+                let word_before = i > 0 && {
+                    let c = line.as_bytes()[i - 1];
+                    c.is_ascii_alphanumeric() || c == b'_'
+                };
+                if word_before || name_end == 0 {
+                    continue;
+                }
+                if !(after.starts_with(".is_some()") || after.starts_with(".is_none()")) {
+                    out.push(format!(
+                        "{}:{}: uses the library's table ({}) outside the layer of library calls",
+                        path.display(),
+                        n + 1,
+                        &line[i..i + 4 + name_end]
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Citations of a commit's file (a commit id, a colon, a path): a reader of the published crate or
 /// docs cannot open them. Figures and decisions are cited instead.
 pub(crate) fn commit_citations(name: &str, text: &str) -> Vec<String> {

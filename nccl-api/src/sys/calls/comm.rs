@@ -1,0 +1,282 @@
+//! The calls that make, end, register with and allocate for a communicator.
+
+use std::ffi::{c_int, c_void};
+
+use unicomm_core::{DataType, Error, Result};
+
+use super::check::rank_in;
+use super::gates::{CONFIG_SINCE, REVOKE_SINCE, SCALAR_HOST_IMMEDIATE, SHRINK_SINCE, SPLIT_SINCE};
+use super::handles::{made, Handle, LibAlloc, OwnedComm, RegHandle, Span};
+use crate::sys::api::{Api, NcclComm, NcclResult, UniqueId, WIN_COLL_SYMMETRIC};
+use crate::sys::config::OwnedConfig;
+
+impl Api {
+    /// `ncclCommInitRank`, or `ncclCommInitRankConfig` with `config` (NCCL >= 2.14).
+    pub fn comm_init_rank(
+        &self,
+        world: usize,
+        id: UniqueId,
+        rank: usize,
+        config: Option<&mut OwnedConfig>,
+    ) -> Result<OwnedComm> {
+        let (n, r) = (world as c_int, rank_in(rank, world, "rank")?);
+        let mut raw: NcclComm = std::ptr::null_mut();
+        match config {
+            Some(cfg) => {
+                let what = "creating a communicator with a configuration (ncclCommInitRankConfig)";
+                let f = self.gated(what, CONFIG_SINCE, self.fns.comm_init_rank_config)?;
+                // SAFETY: `raw` receives the communicator; `cfg` is an initialised
+                // ncclConfig_t with its true size and version whose strings it owns, alive
+                // across the call (NCCL copies the fields it knows).
+                let code = unsafe { f(&mut raw, n, id, r, cfg.as_mut_ptr().cast()) };
+                self.done("ncclCommInitRankConfig", code, None)?;
+            }
+            None => {
+                // SAFETY: `raw` receives the communicator.
+                let code = unsafe { (self.fns.comm_init_rank)(&mut raw, n, id, r) };
+                self.check("ncclCommInitRank", code, None)?;
+            }
+        }
+        made(raw).ok_or_else(|| Error::invalid("comm", "ncclCommInitRank returned no communicator"))
+    }
+
+    /// `ncclCommAbort`: stops the communicator's work and frees it.
+    pub fn comm_abort(&self, comm: OwnedComm) -> Result<()> {
+        // SAFETY: a live communicator, consumed: ended once.
+        let code = unsafe { (self.fns.comm_abort)(comm.raw) };
+        self.check("ncclCommAbort", code, None)
+    }
+
+    /// `ncclCommDestroy`.
+    pub fn comm_destroy(&self, comm: OwnedComm) -> Result<()> {
+        // SAFETY: a live communicator, consumed: ended once.
+        let code = unsafe { (self.fns.comm_destroy)(comm.raw) };
+        self.check("ncclCommDestroy", code, None)
+    }
+
+    /// `ncclCommFinalize` (a no-op where the library predates it: destroy flushes then).
+    pub fn comm_finalize(&self, comm: Handle<'_>) -> Result<()> {
+        let Some(f) = self.fns.comm_finalize else {
+            return Ok(());
+        };
+        // SAFETY: a live communicator (the handle's contract).
+        let code = unsafe { f(comm.raw) };
+        self.done("ncclCommFinalize", code, Some(comm.raw))
+    }
+
+    /// `ncclCommGetAsyncError`: the communicator's state (0, `ncclInProgress` or an error
+    /// code), `None` where the library has no such call (and so no non-blocking mode).
+    pub fn comm_get_async_error(&self, comm: Handle<'_>) -> Result<Option<NcclResult>> {
+        let Some(get) = self.fns.comm_get_async_error else {
+            return Ok(None);
+        };
+        let mut state = 0;
+        // SAFETY: a live communicator; one int out.
+        let code = unsafe { get(comm.raw, &mut state) };
+        self.check("ncclCommGetAsyncError", code, Some(comm.raw))?;
+        Ok(Some(state))
+    }
+
+    /// `ncclCommCount` and `ncclCommUserRank`: (world, rank).
+    pub fn comm_shape(&self, comm: Handle<'_>) -> Result<(usize, usize)> {
+        let pair = self.fns.comm_count.zip(self.fns.comm_user_rank);
+        let (count, user_rank) =
+            pair.ok_or_else(|| self.missing("ncclCommCount/ncclCommUserRank"))?;
+        let (mut n, mut r): (c_int, c_int) = (0, 0);
+        // SAFETY: a live communicator; one int out.
+        let code = unsafe { count(comm.raw, &mut n) };
+        self.check("ncclCommCount", code, Some(comm.raw))?;
+        // SAFETY: as above.
+        let code = unsafe { user_rank(comm.raw, &mut r) };
+        self.check("ncclCommUserRank", code, Some(comm.raw))?;
+        Ok((n.max(0) as usize, r.max(0) as usize))
+    }
+
+    /// `ncclCommSplit(parent, color, key, config)` (NCCL >= 2.18): the child, `None` where
+    /// this rank passed [`NO_COLOR`] (or the library made none). `None` config passes NULL:
+    /// the parent's settings.
+    pub fn comm_split(
+        &self,
+        parent: Handle<'_>,
+        color: c_int,
+        key: c_int,
+        config: Option<&mut OwnedConfig>,
+    ) -> Result<Option<OwnedComm>> {
+        let f = self.gated("ncclCommSplit", SPLIT_SINCE, self.fns.comm_split)?;
+        let cfg = config.map_or(std::ptr::null_mut(), |c| c.as_mut_ptr().cast());
+        let mut out: NcclComm = std::ptr::null_mut();
+        // SAFETY: a live parent; `out` receives the child; `cfg` is NULL or an ncclConfig_t
+        // owned by the caller across the call (NCCL copies it).
+        let code = unsafe { f(parent.raw, color, key, &mut out, cfg) };
+        self.done("ncclCommSplit", code, Some(parent.raw))?;
+        Ok(made(out))
+    }
+
+    /// `ncclCommShrink(parent, exclude, config, flags)` (NCCL >= 2.27): the survivors'
+    /// communicator.
+    pub fn comm_shrink(
+        &self,
+        parent: Handle<'_>,
+        exclude: &[usize],
+        config: Option<&mut OwnedConfig>,
+        flags: c_int,
+    ) -> Result<Option<OwnedComm>> {
+        let f = self.gated("ncclCommShrink", SHRINK_SINCE, self.fns.comm_shrink)?;
+        let mut list: Vec<c_int> = exclude.iter().map(|&r| r as c_int).collect();
+        let cfg = config.map_or(std::ptr::null_mut(), |c| c.as_mut_ptr().cast());
+        let mut out: NcclComm = std::ptr::null_mut();
+        // SAFETY: a live parent; `list` holds the excluded ranks (read during the call);
+        // `out` receives the new communicator; `cfg` is NULL or an ncclConfig_t owned by the
+        // caller across the call.
+        let code = unsafe {
+            f(
+                parent.raw,
+                list.as_mut_ptr(),
+                list.len() as c_int,
+                &mut out,
+                cfg,
+                flags,
+            )
+        };
+        self.done("ncclCommShrink", code, Some(parent.raw))?;
+        Ok(made(out))
+    }
+
+    /// `ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT)` (NCCL >= 2.28.7).
+    pub fn comm_revoke(&self, comm: Handle<'_>) -> Result<()> {
+        let f = self.gated("ncclCommRevoke", REVOKE_SINCE, self.fns.comm_revoke)?;
+        // SAFETY: a live communicator; the flags are NCCL_REVOKE_DEFAULT (0), as nccl.h
+        // requires.
+        let code = unsafe { f(comm.raw, 0) };
+        self.done("ncclCommRevoke", code, Some(comm.raw))
+    }
+
+    /// `ncclCommRegister` of `buf` (NCCL >= 2.19).
+    pub fn comm_register(&self, comm: Handle<'_>, buf: Span<'_>) -> Result<RegHandle> {
+        let f = self.gated(
+            "user-buffer registration (ncclCommRegister)",
+            self.flavor.registration_since,
+            self.fns
+                .comm_register
+                .filter(|_| self.fns.comm_deregister.is_some()),
+        )?;
+        let addr = buf.addr as *mut c_void;
+        let mut h = std::ptr::null_mut();
+        // SAFETY: `addr..addr+bytes` is device memory (a checked span); `h` receives the
+        // handle.
+        let code = unsafe { f(comm.raw, addr, buf.bytes, &mut h) };
+        self.done("ncclCommRegister", code, Some(comm.raw))?;
+        Ok(RegHandle { raw: h })
+    }
+
+    /// `ncclCommDeregister`.
+    pub fn comm_deregister(&self, comm: Handle<'_>, h: RegHandle) -> Result<()> {
+        let f = self.fns.comm_deregister;
+        let f =
+            f.ok_or_else(|| Error::invalid("handle", "the library has no ncclCommDeregister"))?;
+        // SAFETY: a registration of this communicator (the handle's contract), consumed.
+        let code = unsafe { f(comm.raw, h.raw) };
+        self.done("ncclCommDeregister", code, Some(comm.raw))
+    }
+
+    /// `ncclCommWindowRegister` of `buf` for symmetric collectives (NCCL >= 2.27): `None`
+    /// where the library returned no window (no symmetric memory here). A non-blocking
+    /// communicator writes the window when the call settles: `slot` receives it then.
+    pub fn window_register(
+        &self,
+        comm: Handle<'_>,
+        buf: Span<'_>,
+        slot: &mut *mut c_void,
+    ) -> Result<()> {
+        let f = self.gated(
+            "symmetric windows (ncclCommWindowRegister)",
+            self.flavor.windows_since,
+            self.fns
+                .window_register
+                .filter(|_| self.fns.window_deregister.is_some()),
+        )?;
+        let addr = buf.addr as *mut c_void;
+        // SAFETY: `addr..addr+bytes` is device memory (a checked span); `slot` receives the window
+        // and outlives the call's settling (the caller's borrow).
+        let code = unsafe { f(comm.raw, addr, buf.bytes, slot, WIN_COLL_SYMMETRIC) };
+        self.done("ncclCommWindowRegister", code, Some(comm.raw))
+    }
+
+    /// A window written into the slot of [`Api::window_register`], once settled.
+    pub fn window_of(slot: *mut c_void) -> Option<RegHandle> {
+        (!slot.is_null()).then_some(RegHandle { raw: slot })
+    }
+
+    /// `ncclCommWindowDeregister`.
+    pub fn window_deregister(&self, comm: Handle<'_>, w: RegHandle) -> Result<()> {
+        let f = self.fns.window_deregister;
+        let f = f.ok_or_else(|| {
+            Error::invalid("handle", "the library has no ncclCommWindowDeregister")
+        })?;
+        // SAFETY: a window of this communicator (the handle's contract), consumed.
+        let code = unsafe { f(comm.raw, w.raw) };
+        self.done("ncclCommWindowDeregister", code, Some(comm.raw))
+    }
+
+    /// `ncclMemAlloc` of `bytes` (NCCL >= 2.19).
+    pub fn mem_alloc(&self, bytes: usize) -> Result<LibAlloc> {
+        let what = "ncclMemAlloc";
+        let alloc = self.gated(what, self.flavor.mem_alloc_since, self.fns.mem_alloc)?;
+        let mut p = std::ptr::null_mut();
+        // SAFETY: `p` receives the allocation.
+        let code = unsafe { alloc(&mut p, bytes) };
+        self.check(what, code, None)?;
+        Ok(LibAlloc { ptr: p })
+    }
+
+    /// `ncclMemFree`.
+    pub fn mem_free(&self, a: LibAlloc) -> Result<()> {
+        let free = self.fns.mem_free;
+        let free =
+            free.ok_or_else(|| Error::invalid("memory", "the library has no ncclMemFree"))?;
+        // SAFETY: an allocation of ncclMemAlloc, consumed: freed once.
+        let code = unsafe { free(a.ptr) };
+        self.check("ncclMemFree", code, None)
+    }
+
+    /// `ncclRedOpCreatePreMulSum` with the scalar's bytes (one element of `wire`, host
+    /// immediate).
+    pub fn red_op_create_pre_mul_sum(
+        &self,
+        comm: Handle<'_>,
+        scalar: &[u8],
+        wire: DataType,
+    ) -> Result<c_int> {
+        let (create, _) = self.pre_mul_sum()?;
+        if scalar.len() != wire.size() {
+            return Err(Error::invalid(
+                "scalar",
+                format!("{} bytes for one {wire}", scalar.len()),
+            ));
+        }
+        let mut buf = [0u8; 8];
+        buf[..scalar.len()].copy_from_slice(scalar);
+        let mut code: c_int = 0;
+        // SAFETY: `buf` holds one element of the type, read at creation (host immediate);
+        // a live communicator.
+        let r = unsafe {
+            create(
+                &mut code,
+                buf.as_mut_ptr().cast(),
+                wire.nccl(),
+                SCALAR_HOST_IMMEDIATE,
+                comm.raw,
+            )
+        };
+        self.check("ncclRedOpCreatePreMulSum", r, Some(comm.raw))?;
+        Ok(code)
+    }
+
+    /// `ncclRedOpDestroy` (the library refuses an operator it did not create).
+    pub fn red_op_destroy(&self, comm: Handle<'_>, op: c_int) -> Result<()> {
+        let (_, destroy) = self.pre_mul_sum()?;
+        // SAFETY: a live communicator; the library checks the operator.
+        let code = unsafe { destroy(op, comm.raw) };
+        self.check("ncclRedOpDestroy", code, Some(comm.raw))
+    }
+}

@@ -1,0 +1,302 @@
+//! The data calls: each checks that the memory it hands the library holds what the call
+//! reads and writes on this rank (count x element size, x ranks where per rank).
+
+use std::ffi::c_int;
+
+use unicomm_core::{DataType, Error, Result, Slice};
+
+use super::check::{bytes_of, rank_in, span, DeviceBytes};
+use super::gates::P2P_SINCE;
+use super::handles::{CommRef, StreamRef};
+use crate::sys::api::Api;
+
+/// The buffers of one data call: what this rank sends and receives.
+pub struct Sides<'s, 'a, M> {
+    /// What the call reads.
+    pub send: Option<&'s Slice<'a, M>>,
+    /// What the call writes.
+    pub recv: Option<&'s Slice<'a, M>>,
+}
+
+/// Which side of a point-to-point call, with the peer.
+#[derive(Debug, Clone, Copy)]
+pub enum P2p {
+    /// `ncclSend` to the peer.
+    Send(usize),
+    /// `ncclRecv` from the peer.
+    Recv(usize),
+}
+
+/// One side of a variable-size exchange: each peer's count and displacement (elements).
+pub struct PerPeer<'a> {
+    /// Elements per peer.
+    pub counts: &'a [usize],
+    /// Offset of each peer's part, in elements.
+    pub displs: &'a [usize],
+}
+
+impl PerPeer<'_> {
+    /// The bytes the parts span (the end of the furthest part).
+    fn span(&self, world: usize, dtype: DataType) -> Result<usize> {
+        if self.counts.len() != world || self.displs.len() != world {
+            return Err(Error::invalid(
+                "counts",
+                format!(
+                    "{} counts and {} displacements for {world} ranks",
+                    self.counts.len(),
+                    self.displs.len()
+                ),
+            ));
+        }
+        let mut end = 0usize;
+        // An empty part is neither read nor written, wherever it points.
+        for (&c, &d) in self.counts.iter().zip(self.displs).filter(|(&c, _)| c > 0) {
+            let e = d
+                .checked_add(c)
+                .ok_or_else(|| Error::invalid("displs", "displacement + count overflows"))?;
+            end = end.max(e);
+        }
+        bytes_of(end, dtype, 1)
+    }
+}
+
+impl Api {
+    /// `ncclAllReduce` of `count` elements of `wire` with the reduction `op`.
+    #[inline]
+    pub fn all_reduce<M: DeviceBytes>(
+        &self,
+        b: Sides<'_, '_, M>,
+        count: usize,
+        wire: DataType,
+        op: c_int,
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let n = bytes_of(count, wire, 1)?;
+        let (s, r) = (span(b.send, n, "send")?, span(b.recv, n, "recv")?);
+        // SAFETY: both sides hold `count` elements (checked); live communicator and stream.
+        let code =
+            unsafe { (self.fns.all_reduce)(s, r, count, wire.nccl(), op, comm.handle.raw, st.raw) };
+        self.done("ncclAllReduce", code, Some(comm.handle.raw))
+    }
+
+    /// `ncclBroadcast` from `root`: the root's send side is read.
+    pub fn broadcast<M: DeviceBytes>(
+        &self,
+        b: Sides<'_, '_, M>,
+        count: usize,
+        wire: DataType,
+        root: usize,
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let n = bytes_of(count, wire, 1)?;
+        let root_c = rank_in(root, comm.world, "root")?;
+        let s = span(b.send, if comm.rank == root { n } else { 0 }, "send")?;
+        let r = span(b.recv, n, "recv")?;
+        // SAFETY: the root's send and every recv hold `count` elements (checked).
+        let code = unsafe {
+            (self.fns.broadcast)(s, r, count, wire.nccl(), root_c, comm.handle.raw, st.raw)
+        };
+        self.done("ncclBroadcast", code, Some(comm.handle.raw))
+    }
+
+    /// `ncclReduce` to `root`: only the root's recv side is written.
+    #[allow(clippy::too_many_arguments, reason = "ncclReduce's own arguments")]
+    pub fn reduce<M: DeviceBytes>(
+        &self,
+        b: Sides<'_, '_, M>,
+        count: usize,
+        wire: DataType,
+        op: c_int,
+        root: usize,
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let n = bytes_of(count, wire, 1)?;
+        let root_c = rank_in(root, comm.world, "root")?;
+        let s = span(b.send, n, "send")?;
+        let r = span(b.recv, if comm.rank == root { n } else { 0 }, "recv")?;
+        // SAFETY: send holds `count` elements, and the root's recv (checked).
+        let code = unsafe {
+            (self.fns.reduce)(
+                s,
+                r,
+                count,
+                wire.nccl(),
+                op,
+                root_c,
+                comm.handle.raw,
+                st.raw,
+            )
+        };
+        self.done("ncclReduce", code, Some(comm.handle.raw))
+    }
+
+    /// `ncclAllGather` of `count` elements per rank.
+    pub fn all_gather<M: DeviceBytes>(
+        &self,
+        b: Sides<'_, '_, M>,
+        count: usize,
+        wire: DataType,
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let s = span(b.send, bytes_of(count, wire, 1)?, "send")?;
+        let r = span(b.recv, bytes_of(count, wire, comm.world)?, "recv")?;
+        // SAFETY: send holds `count` elements, recv `count` per rank (checked).
+        let code =
+            unsafe { (self.fns.all_gather)(s, r, count, wire.nccl(), comm.handle.raw, st.raw) };
+        self.done("ncclAllGather", code, Some(comm.handle.raw))
+    }
+
+    /// `ncclReduceScatter` of `count` elements per rank.
+    pub fn reduce_scatter<M: DeviceBytes>(
+        &self,
+        b: Sides<'_, '_, M>,
+        count: usize,
+        wire: DataType,
+        op: c_int,
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let s = span(b.send, bytes_of(count, wire, comm.world)?, "send")?;
+        let r = span(b.recv, bytes_of(count, wire, 1)?, "recv")?;
+        // SAFETY: send holds `count` per rank, recv `count` elements (checked).
+        let code = unsafe {
+            (self.fns.reduce_scatter)(s, r, count, wire.nccl(), op, comm.handle.raw, st.raw)
+        };
+        self.done("ncclReduceScatter", code, Some(comm.handle.raw))
+    }
+
+    /// The library's all-to-all (`ncclAlltoAll` in NCCL >= 2.28, `ncclAllToAll` in RCCL) of
+    /// `count` elements per peer; `Unsupported` where it has none.
+    #[inline]
+    pub fn all_to_all<M: DeviceBytes>(
+        &self,
+        b: Sides<'_, '_, M>,
+        count: usize,
+        wire: DataType,
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let f = self
+            .all_to_all
+            .ok_or_else(|| self.missing("all-to-all (ncclAlltoAll)"))?;
+        let n = bytes_of(count, wire, comm.world)?;
+        let (s, r) = (span(b.send, n, "send")?, span(b.recv, n, "recv")?);
+        // SAFETY: both sides hold `count` per rank (checked).
+        let code = unsafe { f(s, r, count, wire.nccl(), comm.handle.raw, st.raw) };
+        self.done("ncclAlltoAll", code, Some(comm.handle.raw))
+    }
+
+    /// `ncclGather` to `root` (NCCL >= 2.28).
+    #[allow(clippy::too_many_arguments, reason = "ncclGather's own arguments")]
+    pub fn gather<M: DeviceBytes>(
+        &self,
+        b: Sides<'_, '_, M>,
+        count: usize,
+        wire: DataType,
+        root: usize,
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let f = self.fns.gather.filter(|_| self.native_gather_scatter());
+        let f = f.ok_or_else(|| self.missing("ncclGather"))?;
+        let root_c = rank_in(root, comm.world, "root")?;
+        let s = span(b.send, bytes_of(count, wire, 1)?, "send")?;
+        let need = if comm.rank == root {
+            bytes_of(count, wire, comm.world)?
+        } else {
+            0
+        };
+        let r = span(b.recv, need, "recv")?;
+        // SAFETY: send holds `count` elements, the root's recv `count` per rank (checked).
+        let code = unsafe { f(s, r, count, wire.nccl(), root_c, comm.handle.raw, st.raw) };
+        self.done("ncclGather", code, Some(comm.handle.raw))
+    }
+
+    /// `ncclScatter` from `root` (NCCL >= 2.28).
+    #[allow(clippy::too_many_arguments, reason = "ncclScatter's own arguments")]
+    pub fn scatter<M: DeviceBytes>(
+        &self,
+        b: Sides<'_, '_, M>,
+        count: usize,
+        wire: DataType,
+        root: usize,
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let f = self.fns.scatter.filter(|_| self.native_gather_scatter());
+        let f = f.ok_or_else(|| self.missing("ncclScatter"))?;
+        let root_c = rank_in(root, comm.world, "root")?;
+        let need = if comm.rank == root {
+            bytes_of(count, wire, comm.world)?
+        } else {
+            0
+        };
+        let s = span(b.send, need, "send")?;
+        let r = span(b.recv, bytes_of(count, wire, 1)?, "recv")?;
+        // SAFETY: the root's send holds `count` per rank, recv `count` elements (checked).
+        let code = unsafe { f(s, r, count, wire.nccl(), root_c, comm.handle.raw, st.raw) };
+        self.done("ncclScatter", code, Some(comm.handle.raw))
+    }
+
+    /// `ncclAllToAllv` (RCCL): each peer's part at its displacement.
+    pub fn all_to_allv<M: DeviceBytes>(
+        &self,
+        b: Sides<'_, '_, M>,
+        (sc, rc): (PerPeer<'_>, PerPeer<'_>),
+        wire: DataType,
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let f = self
+            .fns
+            .all_to_allv
+            .ok_or_else(|| self.missing("ncclAllToAllv"))?;
+        let s = span(b.send, sc.span(comm.world, wire)?, "send")?;
+        let r = span(b.recv, rc.span(comm.world, wire)?, "recv")?;
+        // SAFETY: every part lies inside its side (checked); the four arrays hold `world`
+        // entries each and live across the call.
+        let code = unsafe {
+            f(
+                s,
+                sc.counts.as_ptr(),
+                sc.displs.as_ptr(),
+                r,
+                rc.counts.as_ptr(),
+                rc.displs.as_ptr(),
+                wire.nccl(),
+                comm.handle.raw,
+                st.raw,
+            )
+        };
+        self.done("ncclAllToAllv", code, Some(comm.handle.raw))
+    }
+
+    /// `ncclSend` or `ncclRecv` of `count` elements (NCCL >= 2.7).
+    pub fn send_recv<M: DeviceBytes>(
+        &self,
+        buf: &Slice<'_, M>,
+        (count, wire): (usize, DataType),
+        with: P2p,
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let pair = self.fns.send.zip(self.fns.recv);
+        let (s, r) = self.gated("point-to-point send/recv", P2P_SINCE, pair)?;
+        let p = span(Some(buf), bytes_of(count, wire, 1)?, "buffer")?;
+        let (P2p::Send(peer) | P2p::Recv(peer)) = with;
+        let peer = rank_in(peer, comm.world, "peer")?;
+        let (dt, c) = (wire.nccl(), comm.handle.raw);
+        // SAFETY: `buf` holds `count` elements (checked); live communicator and stream.
+        let (code, name) = unsafe {
+            match with {
+                P2p::Send(_) => (s(p, count, dt, peer, c, st.raw), "ncclSend"),
+                P2p::Recv(_) => (r(p, count, dt, peer, c, st.raw), "ncclRecv"),
+            }
+        };
+        self.done(name, code, Some(c))
+    }
+}

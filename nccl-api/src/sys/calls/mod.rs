@@ -1,0 +1,63 @@
+//! The library's calls: one safe method per NCCL-API entry point (cudarc's `result` layer),
+//! each carrying its version gate and turning the result code into a typed [`Result`]. The
+//! one place above the loader where the library is called, so `unsafe` for a library call
+//! ends here.
+//!
+//! What a C call needs is proved by the argument types, as rustix does for descriptors:
+//! - a communicator is a [`Handle`] borrowed for a lifetime (its owner vouches, once, with
+//!   [`Handle::borrow_raw`], that it is live and used by one thread while borrowed), or an
+//!   [`OwnedComm`] that the ending calls consume, so an ended communicator cannot be named;
+//! - device memory is a [`Slice`] of a [`DeviceBytes`] allocation, whose bounds each call
+//!   checks against what it reads or writes (count x element size x ranks);
+//! - a stream is a [`StreamRef`] borrowed from its owner;
+//! - a registration is a [`RegHandle`] that deregistration consumes.
+//!
+//! `ncclInProgress` is success here: only a non-blocking communicator returns it, and its
+//! owner settles it (`ncclCommGetAsyncError`) before the result is used.
+
+#![allow(
+    unsafe_code,
+    reason = "the layer of library calls: every call of the loaded NCCL-API library is here"
+)]
+
+use unicomm_core::Error;
+
+use crate::sys::api::{Api, NcclComm, NcclResult};
+use crate::sys::config::IN_PROGRESS;
+
+mod check;
+mod comm;
+mod data;
+mod gates;
+mod handles;
+
+pub use check::DeviceBytes;
+pub use data::{P2p, PerPeer, Sides};
+pub use gates::{CONFIG_SINCE, NO_COLOR, P2P_SINCE, REVOKE_SINCE, SHRINK_SINCE, SPLIT_SINCE};
+pub use handles::{CommRef, Handle, LibAlloc, OwnedComm, RegHandle, Span, StreamRef};
+
+impl Api {
+    /// A result code as a result, `ncclInProgress` included as success.
+    #[inline]
+    fn done(
+        &self,
+        call: &'static str,
+        code: NcclResult,
+        comm: Option<NcclComm>,
+    ) -> unicomm_core::Result<()> {
+        if code == IN_PROGRESS {
+            return Ok(());
+        }
+        self.check(call, code, comm)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn missing(&self, call: &str) -> Error {
+        Error::unsupported(
+            call,
+            "a library that has it",
+            format!("{} {} at {}", self.flavor.library, self.version, self.path),
+        )
+    }
+}
