@@ -130,7 +130,18 @@ impl<R: Runtime> LibComm<R> {
     /// The lock, waited for at most twice the deadline: a holder waiting for the library is
     /// bounded by one (`bounded_locked`, the settling of non-blocking calls), so a wait
     /// past two means it is stuck.
+    #[inline]
     pub(crate) fn locked(&self) -> Result<parking_lot::MutexGuard<'_, ()>> {
+        // Uncontended (one thread per communicator, the common case): one atomic.
+        match self.lock.try_lock() {
+            Some(g) => Ok(g),
+            None => self.locked_within(),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn locked_within(&self) -> Result<parking_lot::MutexGuard<'_, ()>> {
         let within = self.timeout().saturating_mul(2);
         self.lock
             .try_lock_for(within)

@@ -266,12 +266,20 @@ impl<'a> RedOp<'a> {
     }
 }
 
+impl RedOp<'_> {
+    #[cold]
+    #[inline(never)]
+    fn destroy(&self, api: &Api, comm: Handle<'_>) {
+        // A failure cannot be reported from drop: the operator leaks with the communicator.
+        let _ = api.red_op_destroy(comm, self.code);
+    }
+}
+
 impl Drop for RedOp<'_> {
+    #[inline]
     fn drop(&mut self) {
         if let Some((api, comm)) = self.created {
-            // A failure cannot be reported from drop: the operator leaks with the
-            // communicator.
-            let _ = api.red_op_destroy(comm, self.code);
+            self.destroy(api, comm);
         }
     }
 }
