@@ -116,25 +116,14 @@ impl Collective for MockComm {
     }
 
     fn enqueue(&self, op: Op<'_, MockMemory>, stream: &MockStream) -> Result<()> {
-        let f = &self.ctx.flight;
-        if f.on() {
-            let path = if op.kind.is_var() { "lowered" } else { "mock" };
-            let id = Arc::as_ptr(&stream.inner) as u64;
-            let r = self.enqueue_op(op, stream);
-            let done = if f.tracks_completion() {
-                unicomm_core::DeviceStream::record(stream).ok()
-            } else {
-                None
-            };
-            f.record((op.kind, op.count, op.dtype), path, id, done);
-            if let Err(e) = &r {
-                if matches!(e, Error::Mismatch { .. } | Error::Aborted { .. }) {
-                    f.dump_on(e);
-                }
-            }
-            return r;
-        }
-        self.enqueue_op(op, stream)
+        let what = (op.kind, op.count, op.dtype);
+        let path = if op.kind.is_var() { "lowered" } else { "mock" };
+        self.ctx.flight.enqueued(
+            what,
+            Arc::as_ptr(&stream.inner) as u64,
+            || self.enqueue_op(op, stream).map(|()| path),
+            || unicomm_core::DeviceStream::record(stream).ok(),
+        )
     }
 
     fn flight(&self) -> Option<&Arc<unicomm_core::flight::FlightRecorder>> {
@@ -224,10 +213,9 @@ impl MockComm {
             // empty ones so that ranks that disagree on a count report `Mismatch`.
             op.check(self.ctx.rank, self.ctx.world)?;
             let ops = op.lower(self.ctx.rank, self.ctx.world, Zeros::Keep)?;
-            self.group_start()?;
-            let r = ops.into_iter().try_for_each(|o| self.enqueue_op(o, stream));
-            let end = self.group_end();
-            return r.and(end);
+            return unicomm_core::backend::grouped(self, || {
+                ops.into_iter().try_for_each(|o| self.enqueue_op(o, stream))
+            });
         }
         let work = self.work(op)?;
         let task = Task {

@@ -95,12 +95,7 @@ pub(crate) fn run_batch(tasks: Vec<Task>) -> Result<()> {
     let ctx = tasks.first().map(|t| t.ctx.clone());
     let r = run_tasks(tasks);
     if let (Err(e), Some(ctx)) = (&r, ctx) {
-        if matches!(
-            e,
-            Error::Timeout { .. } | Error::Mismatch { .. } | Error::Aborted { .. }
-        ) {
-            ctx.flight.dump_on(e);
-        }
+        ctx.flight.dump_if_explains(e);
     }
     r
 }

@@ -285,3 +285,27 @@ pub trait Collective: Send + Sync + Sized + 'static {
         ))
     }
 }
+
+/// `f` between the backend's `group_start` and `group_end`, the one bracket every group
+/// uses ([`crate::Comm::group`], a backend's lowered collectives): the group is ended even
+/// when `f` fails (its error first) or panics (a guard ends it while unwinding, so a caller
+/// that catches the panic does not leave this thread's later calls deferred to a group
+/// that never ends).
+pub fn grouped<C: Collective, R>(c: &C, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    struct Open<'a, C: Collective>(&'a C);
+    impl<C: Collective> Drop for Open<'_, C> {
+        fn drop(&mut self) {
+            // Reached only while unwinding (the normal path forgets the guard); the error
+            // cannot be reported from here.
+            let _ = self.0.group_end();
+        }
+    }
+    c.group_start()?;
+    let guard = Open(c);
+    let r = f();
+    std::mem::forget(guard);
+    let end = c.group_end();
+    let r = r?;
+    end?;
+    Ok(r)
+}

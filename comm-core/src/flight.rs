@@ -151,6 +151,51 @@ impl FlightRecorder {
         self.completion
     }
 
+    /// Runs `enqueue` (one operation, which returns the path it took) and records it: the
+    /// one record every backend's `enqueue` makes. `mark` gives the marker after the
+    /// operation where completion is tracked. A failure that explains a stuck or divergent
+    /// job ([`FlightRecorder::explains`]) dumps the recorder.
+    #[inline]
+    pub fn enqueued(
+        &self,
+        what: (Kind, usize, DataType),
+        stream: u64,
+        enqueue: impl FnOnce() -> Result<&'static str>,
+        mark: impl FnOnce() -> Option<Marker>,
+    ) -> Result<()> {
+        if self.cap == 0 {
+            return enqueue().map(drop);
+        }
+        let r = enqueue();
+        let path = *r.as_ref().unwrap_or(&"refused");
+        let done = if self.completion && r.is_ok() {
+            mark()
+        } else {
+            None
+        };
+        self.record(what, path, stream, done);
+        if let Err(e) = &r {
+            self.dump_if_explains(e);
+        }
+        r.map(drop)
+    }
+
+    /// Whether `e` explains a stuck or divergent job: a deadline, a disagreement between the
+    /// ranks, an abort. What dumps a recorder, on every backend.
+    pub fn explains(e: &Error) -> bool {
+        matches!(
+            e,
+            Error::Timeout { .. } | Error::Mismatch { .. } | Error::Aborted { .. }
+        )
+    }
+
+    /// Dumps where `e` [explains](FlightRecorder::explains) a stuck or divergent job.
+    pub fn dump_if_explains(&self, e: &Error) {
+        if Self::explains(e) {
+            self.dump_on(e);
+        }
+    }
+
     /// Records an operation (`kind` of `count` `dtype` elements, an [`Op`](crate::Op)'s
     /// fields) enqueued on `stream` by `path`; `done` is the marker after it (with
     /// completion tracking). Returns its sequence number.
@@ -345,6 +390,32 @@ mod tests {
             text.contains("\"rank_arg\":3") && text.contains("a \\\"quoted\\\" reason"),
             "{text}"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Every backend records through `enqueued`: a refused call is recorded as refused, and
+    /// a deadline, a disagreement or an abort dumps the recorder while an invalid argument
+    /// (the caller's own mistake, explained by the error itself) does not.
+    #[test]
+    fn an_enqueue_records_its_path_or_its_refusal_and_dumps_only_what_explains_a_hang() {
+        let dir = std::env::temp_dir().join(format!("unicomm-flight-enq-{}", std::process::id()));
+        let f = FlightRecorder::new("world", 0, 2, 8, false, Some(dir.clone()));
+        let file = dir.join("unicomm-flight.world.rank0.json");
+        let ar = op(Kind::AllReduce { op: ReduceOp::Sum }, 4);
+        f.enqueued(ar, 1, || Ok("library"), || None).unwrap();
+        let bad = f.enqueued(ar, 1, || Err(Error::invalid("count", "x")), || None);
+        assert!(bad.is_err());
+        let j = f.to_json("x");
+        assert!(
+            j.contains("\"path\":\"library\"") && j.contains("\"path\":\"refused\""),
+            "{j}"
+        );
+        assert!(!file.exists(), "an invalid argument dumped the recorder");
+        let aborted = Error::Aborted {
+            reason: "peer".into(),
+        };
+        let _ = f.enqueued(ar, 1, || Err(aborted), || None);
+        assert!(file.exists(), "an abort did not dump the recorder");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

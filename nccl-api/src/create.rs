@@ -115,12 +115,7 @@ fn create_group<R: Runtime>(
         }
     }
     // ncclInProgress is a non-blocking group's success (settled by the caller).
-    let code = api.group_end();
-    let end = if nonblocking && code == crate::sys::config::IN_PROGRESS {
-        Ok(())
-    } else {
-        api.check("ncclGroupEnd", code, None)
-    };
+    let end = api.group_end();
     if let Some(e) = first_err.or(end.err()) {
         for c in made {
             let _ = api.comm_abort(c);

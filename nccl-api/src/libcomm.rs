@@ -20,7 +20,6 @@
     reason = "the owner of the communicator: it vouches for the handles it lends (the architecture test's UNSAFE_FILES lists it)"
 )]
 
-use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -198,15 +197,6 @@ impl<R: Runtime> LibComm<R> {
             }
         }
         r
-    }
-
-    /// A library call's result; `ncclInProgress` of a non-blocking communicator is success
-    /// here (`call` settles it).
-    pub(crate) fn check(&self, call: &'static str, code: c_int) -> Result<()> {
-        if code == IN_PROGRESS && self.nonblocking {
-            return Ok(());
-        }
-        self.api.check(call, code, Some(self.comm))
     }
 
     /// A blocking communicator's library call that waits for the peers on the host

@@ -119,7 +119,7 @@ impl<R: Runtime> Library<R> {
                         ..s
                     }
                 }
-                group(api, lc, || {
+                api.grouped(|| {
                     for p in 0..lc.world {
                         api.send_recv(&at(send, p, part), (count, wire), P2p::Send(p), on, st)?;
                         api.send_recv(&at(recv, p, part), (count, wire), P2p::Recv(p), on, st)?;
@@ -282,16 +282,6 @@ impl Drop for RedOp<'_> {
             self.destroy(api, comm);
         }
     }
-}
-
-/// `f` between `ncclGroupStart` and `ncclGroupEnd`.
-fn group<R: Runtime, T>(api: &Api, lc: &LibComm<R>, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    api.group_start()?;
-    let r = f();
-    let end = lc.check("ncclGroupEnd", api.group_end());
-    let r = r?;
-    end?;
-    Ok(r)
 }
 
 /// NCCL 2.28.9's symmetric-window all-gather, in place, corrupts the ranks' chunks when a

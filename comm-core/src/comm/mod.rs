@@ -210,22 +210,7 @@ impl<C: Collective> Comm<C> {
     /// caller that catches the panic does not leave this thread's later calls deferred to a
     /// group that never ends.
     pub fn group<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        struct Open<'a, C: Collective>(&'a C);
-        impl<C: Collective> Drop for Open<'_, C> {
-            fn drop(&mut self) {
-                // Reached only while unwinding (the normal path forgets the guard); the
-                // error cannot be reported from here.
-                let _ = self.0.group_end();
-            }
-        }
-        self.raw.group_start()?;
-        let guard = Open(&self.raw);
-        let r = f();
-        std::mem::forget(guard);
-        let end = self.raw.group_end();
-        let r = r?;
-        end?;
-        Ok(r)
+        crate::backend::grouped(&self.raw, f)
     }
 
     /// Flushes pending work and destroys the communicator (`ncclCommFinalize` +

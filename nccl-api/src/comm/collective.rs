@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use unicomm_core::backend::grouped;
 use unicomm_core::flight::FlightRecorder;
 use unicomm_core::registry::RegKind;
 use unicomm_core::{
@@ -120,22 +121,13 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
-        if !self.flight.on() {
-            return self.enqueue_op(op, stream).map(drop);
-        }
-        let r = self.enqueue_op(op, stream);
-        let path = *r.as_ref().unwrap_or(&"refused");
-        let done = if self.flight.tracks_completion() && r.is_ok() {
-            unicomm_core::DeviceStream::record(stream).ok()
-        } else {
-            None
-        };
         let what = (op.kind, op.count, op.dtype);
-        self.flight.record(what, path, stream.raw() as u64, done);
-        if let Err(e @ Error::Mismatch { .. }) = &r {
-            self.flight.dump_on(e);
-        }
-        r.map(drop)
+        self.flight.enqueued(
+            what,
+            stream.raw() as u64,
+            || self.enqueue_op(op, stream),
+            || unicomm_core::DeviceStream::record(stream).ok(),
+        )
     }
 
     fn flight(&self) -> Option<&Arc<FlightRecorder>> {
@@ -149,8 +141,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
 
     fn group_end(&self) -> Result<()> {
         let members = group::leave();
-        let code = self.base.lc.api.group_end();
-        let end = self.base.lc.check("ncclGroupEnd", code);
+        let end = self.base.lc.api.group_end();
         // The outermost end launched the group: in non-blocking mode every communicator it
         // called settles before the caller may wait on a stream (NCCL's rule).
         let Some(members) = members else {
@@ -223,12 +214,11 @@ impl<R: Runtime> ApiComm<R> {
                 // Empty parts left out, in one group of this communicator.
                 b.agree.check_layout(&b.lc, &op, stream)?;
                 let ops = op.lower(b.lc.rank, b.lc.world, Zeros::Skip)?;
-                self.group_start()?;
-                let r = ops
-                    .into_iter()
-                    .try_for_each(|o| self.enqueue_op(o, stream).map(drop));
-                let end = self.group_end();
-                return r.and(end).map(|()| route::NAMES[4]);
+                return grouped(self, || {
+                    ops.into_iter()
+                        .try_for_each(|o| self.enqueue_op(o, stream).map(drop))
+                })
+                .map(|()| route::NAMES[4]);
             }
             _ => {}
         }

@@ -280,21 +280,6 @@ impl Api {
         Ok(api)
     }
 
-    /// `ncclGroupStart`: the calls that follow, up to the matching [`Api::group_end`], are
-    /// launched together.
-    pub fn group_start(&self) -> Result<()> {
-        // SAFETY: no arguments.
-        let code = unsafe { (self.fns.group_start)() };
-        self.check("ncclGroupStart", code, None)
-    }
-
-    /// `ncclGroupEnd`'s result code (a non-blocking communicator's `ncclInProgress` is the
-    /// caller's to accept); the library reports an end without a start as an error.
-    pub fn group_end(&self) -> NcclResult {
-        // SAFETY: no arguments.
-        unsafe { (self.fns.group_end)() }
-    }
-
     /// Turns a result code into `Ok` or a `Library` error carrying the code, its name,
     /// `ncclGetErrorString` and (when a communicator is given) `ncclGetLastError`.
     #[inline]

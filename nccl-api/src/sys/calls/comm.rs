@@ -11,6 +11,32 @@ use crate::sys::api::{Api, NcclComm, NcclResult, UniqueId, WIN_COLL_SYMMETRIC};
 use crate::sys::config::OwnedConfig;
 
 impl Api {
+    /// `ncclGroupStart`: the calls that follow, up to the matching [`Api::group_end`], are
+    /// launched together.
+    pub fn group_start(&self) -> Result<()> {
+        // SAFETY: no arguments.
+        let code = unsafe { (self.fns.group_start)() };
+        self.check("ncclGroupStart", code, None)
+    }
+
+    /// `ncclGroupEnd` (the library reports an end without a start as an error).
+    pub fn group_end(&self) -> Result<()> {
+        // SAFETY: no arguments.
+        let code = unsafe { (self.fns.group_end)() };
+        self.done("ncclGroupEnd", code, None)
+    }
+
+    /// `f` between `ncclGroupStart` and `ncclGroupEnd`; the group is ended even where `f`
+    /// fails (its error first).
+    pub fn grouped<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.group_start()?;
+        let r = f();
+        let end = self.group_end();
+        let r = r?;
+        end?;
+        Ok(r)
+    }
+
     /// `ncclCommInitRank`, or `ncclCommInitRankConfig` with `config` (NCCL >= 2.14).
     pub fn comm_init_rank(
         &self,
