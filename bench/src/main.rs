@@ -34,6 +34,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
 use unicomm::{DataType, ReduceOp, Vendor};
+use unicomm_nccl_api::policy::Path;
 
 /// The collectives the benchmark runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -136,12 +137,12 @@ impl Mode {
     pub fn name(self) -> &'static str {
         match self {
             Mode::Plain => "plain",
-            Mode::Registered => "registered",
-            Mode::Window => "window",
+            Mode::Registered => Path::Registered.name(),
+            Mode::Window => Path::Window.name(),
             Mode::Raw => "raw",
             Mode::RawRegistered => "raw-registered",
             Mode::RawWindow => "raw-window",
-            Mode::Ce => "ce",
+            Mode::Ce => Path::CopyEngine.name(),
             Mode::Auto => "auto",
         }
     }

@@ -25,13 +25,22 @@ pub enum Path {
 }
 
 impl Path {
-    fn parse(s: &str) -> Option<Path> {
-        match s {
-            "window" => Some(Path::Window),
-            "registered" => Some(Path::Registered),
-            "ce" => Some(Path::CopyEngine),
-            _ => None,
+    /// Every path, in the order of [`Path::name`]'s words.
+    pub const ALL: [Path; 3] = [Path::Window, Path::Registered, Path::CopyEngine];
+
+    /// The path's one word: in tune files, in unicomm-bench's modes, in the routes the
+    /// flight recorder and the ranks' comparison show.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Path::Window => "window",
+            Path::Registered => "registered",
+            Path::CopyEngine => "ce",
         }
+    }
+
+    /// The path named `s` ([`Path::name`]).
+    pub fn parse(s: &str) -> Option<Path> {
+        Path::ALL.into_iter().find(|p| p.name() == s)
     }
 }
 

@@ -217,7 +217,7 @@ mod tests {
                 dtype: "float32".into(),
                 op: None,
                 rank_arg: None,
-                path: "this communicator".into(),
+                path: "library".into(),
                 state: state.into(),
             })
             .collect::<Vec<_>>();

@@ -31,13 +31,9 @@ const BY_HAND: [&str; 3] = ["raw", "raw-registered", "raw-window"];
 /// One mode's figures in one cell: mean time, median iteration, host-bound.
 type Figures = (f64, f64, bool);
 
-/// The mode a policy path is measured as.
+/// The mode a policy path is measured as: the path's own word.
 fn mode_of(p: Route) -> &'static str {
-    match p {
-        Route::Window => "window",
-        Route::Registered => "registered",
-        Route::CopyEngine => "ce",
-    }
+    p.name()
 }
 
 /// The tune file the run used: `tune` if given, else `nccl-tune.txt` or `rccl-tune.txt`

@@ -29,13 +29,15 @@ pub(crate) enum Route {
     Lowered,
 }
 
-/// The routes as the ranks' comparison and the flight recorder name them, by [`code`].
+/// The routes as the ranks' comparison and the flight recorder name them, by [`code`]:
+/// the library's call on this communicator, the automatic policy's words for its paths
+/// (also unicomm-bench's modes), a refusal (the rank's own error), and a lowering.
 pub(crate) const NAMES: [&str; 5] = [
-    "this communicator",
-    "the registered path (the second communicator)",
-    "the copy engines",
-    "a refusal (the rank's own error)",
-    "lowered (NCCL's composition)",
+    "library",
+    Path::Registered.name(),
+    Path::CopyEngine.name(),
+    "refused",
+    "lowered",
 ];
 
 /// A route's number in [`NAMES`]; a refused call has one too, so that its rank still takes
