@@ -6,7 +6,6 @@ use unicomm::{AnyStream, ReduceOp};
 
 use super::data::*;
 use super::modes::*;
-use crate::{Args, Coll, Mode, Order, Work};
 
 /// One rank's figures for one workload and placement.
 #[derive(Debug, Clone)]
@@ -95,207 +94,9 @@ impl<'c> Driver<'c, '_> {
     }
 }
 
-/// Everything the ranks driven by one thread do for a set of modes: each mode's buffers
-/// (allocated, registered or windows; window and automatic registration are collective, so
-/// with several ranks here they are made on one thread per rank), then every (workload,
-/// placement) timed in every mode in turn. Interleaving the modes per workload (`modes`
-/// holding several) means a slow phase of the host (a shared machine's, seconds long) hits
-/// every mode of the workloads it overlaps, not one mode at every size, so the modes'
-/// ratios stay comparable; `modes` of one runs one mode at every size, as nccl-tests does.
-/// Result: per rank driven here, per mode in `modes`.
-pub(crate) fn drive_modes<T: Val>(
-    d: &Driver<'_, '_>,
-    a: &Args,
-    works: &[Work],
-    places: &[bool],
-    modes: &[Mode],
-    cap: usize,
-    tick: &dyn Fn(),
-) -> anyhow::Result<Vec<Vec<ModeOut>>> {
-    let comms = d.comms;
-    let (n, w) = (comms.len(), comms[0].world_size());
-    if n > 1 && modes.contains(&Mode::Ce) {
-        bail!("the copy-engine path does not run inside a group: not with --single-thread");
-    }
-    let bases: Vec<Vec<T>> = comms
-        .iter()
-        .map(|c| (0..cap).map(|i| T::of(input(c.rank(), i))).collect())
-        .collect();
-    let check = a.check == 1
-        && matches!(
-            a.op,
-            ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min | ReduceOp::PreMulSum(_)
-        );
-    // A cell's (count, send elements, receive elements), or `None` where it does not run:
-    // all_to_all has no in-place form, the copy engines move only all_to_all(_v)/all_gather.
-    let plan = |mode: Mode, work: &Work, in_place: bool| {
-        let out_of_place_only = matches!(
-            work.coll,
-            Coll::AllToAll | Coll::Gather | Coll::Scatter | Coll::AllToAllV
-        );
-        let new_colls = matches!(work.coll, Coll::Gather | Coll::Scatter | Coll::AllToAllV);
-        let skip = (in_place && out_of_place_only)
-            || (mode == Mode::Ce
-                && !matches!(work.coll, Coll::AllToAll | Coll::AllToAllV | Coll::AllGather))
-            // Neither the raw-NCCL baselines nor the copy engines take these.
-            || (mode.is_raw() && new_colls);
-        shape(work, w).filter(|_| !skip)
-    };
-    let calls = |mode: Mode, work: &Work, in_place: bool, count: usize| -> Vec<Call<'_>> {
-        d.streams
-            .iter()
-            .map(|stream| Call {
-                coll: work.coll,
-                mode,
-                in_place,
-                count,
-                op: a.op,
-                stream,
-                a2av: (work.coll == Coll::AllToAllV)
-                    .then(|| std::sync::Arc::new(super::vcounts::A2av::new(work, count, w))),
-            })
-            .collect()
-    };
-    // Set-up, one mode after the other: its buffers, then one call of each of its cells
-    // (NCCL sets registrations and the second communicator up lazily, at first use), so
-    // each mode's device memory is its own.
-    let mut held: Vec<Vec<Held<'_, T>>> = Vec::new();
-    let mut extra: Vec<Vec<Option<i64>>> = Vec::new();
-    for &mode in modes {
-        d.copy_engine(mode == Mode::Ce)?;
-        let before: Vec<Option<usize>> = comms
-            .iter()
-            .map(|c| c.device_memory().ok().map(|m| m.0))
-            .collect();
-        let mut h = if n == 1 {
-            vec![Held::<T>::new(&comms[0], mode, cap)?]
-        } else {
-            on_each(comms, |c| Held::<T>::new(c, mode, cap))?
-        };
-        for work in works {
-            for &in_place in places {
-                if let Some((count, ..)) = plan(mode, work, in_place) {
-                    d.launch(&calls(mode, work, in_place, count), &mut h)?;
-                }
-            }
-        }
-        for st in d.streams {
-            st.synchronize()?;
-        }
-        extra.push(
-            comms
-                .iter()
-                .zip(&before)
-                .map(|(c, b)| match (b, c.device_memory().ok()) {
-                    (Some(b), Some((after, _))) => {
-                        Some(*b as i64 - after as i64 - 2 * (cap * T::DTYPE.size()) as i64)
-                    }
-                    _ => None,
-                })
-                .collect(),
-        );
-        held.push(h);
-    }
-    let mut outs: Vec<Vec<RankOut>> = vec![vec![Vec::new(); modes.len()]; n];
-    let rounds = match a.order {
-        Order::Size => a.rounds.max(1),
-        Order::Mode => 1,
-    };
-    for work in works {
-        for &in_place in places {
-            // The modes that run this cell: (index, mode, count, send, receive elements).
-            let mut active = Vec::new();
-            for (m, &mode) in modes.iter().enumerate() {
-                match plan(mode, work, in_place) {
-                    Some((count, s, r)) => active.push((m, mode, count, s, r)),
-                    None => {
-                        outs.iter_mut().for_each(|o| o[m].push(None));
-                        tick();
-                    }
-                }
-            }
-            // Per active mode and rank: per-iteration times, total device time; host time.
-            let mut iter_us: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); n]; active.len()];
-            let mut total_us: Vec<Vec<f64>> = vec![vec![0.0; n]; active.len()];
-            let mut host_us: Vec<f64> = vec![0.0; active.len()];
-            for &(m, mode, count, send_len, recv_len) in &active {
-                d.copy_engine(mode == Mode::Ce)?;
-                let ks = calls(mode, work, in_place, count);
-                for (r, hr) in held[m].iter_mut().enumerate() {
-                    fill(&comms[r], &ks[r], hr, &bases[r], send_len, recv_len)?;
-                }
-            }
-            // The iterations in `rounds` turns of every mode, so that a slow phase of the
-            // host lands on one turn of one mode, not on all of its iterations.
-            for round in 0..rounds {
-                let iters = a.iters / rounds + usize::from(round < a.iters % rounds);
-                if iters == 0 {
-                    continue;
-                }
-                let warmup = if round == 0 {
-                    a.warmup
-                } else {
-                    a.warmup.div_ceil(rounds)
-                };
-                for (j, &(m, mode, count, ..)) in active.iter().enumerate() {
-                    d.copy_engine(mode == Mode::Ce)?;
-                    let ks = calls(mode, work, in_place, count);
-                    let h = &mut held[m];
-                    for _ in 0..warmup {
-                        d.launch(&ks, h)?;
-                    }
-                    let t = if a.graphs > 0 {
-                        graph_turn(d, &ks, h, iters, a.graphs)?
-                    } else {
-                        direct_turn(d, &ks, h, iters)?
-                    };
-                    host_us[j] += t.host_us;
-                    for r in 0..n {
-                        iter_us[j][r].extend_from_slice(&t.iter_us[r]);
-                        total_us[j][r] += t.total_us[r];
-                    }
-                }
-            }
-            // Calls timed per cell: with graphs, every launch replays the turn's iterations.
-            let per_iter = (a.iters * a.graphs.max(1)).max(1) as f64;
-            for (j, &(m, mode, count, send_len, recv_len)) in active.iter().enumerate() {
-                let mut wrong = vec![None; n];
-                if check {
-                    d.copy_engine(mode == Mode::Ce)?;
-                    let ks = calls(mode, work, in_place, count);
-                    let h = &mut held[m];
-                    for (r, hr) in h.iter_mut().enumerate() {
-                        fill(&comms[r], &ks[r], hr, &bases[r], send_len, recv_len)?;
-                    }
-                    d.launch(&ks, h)?;
-                    for (r, hr) in h.iter_mut().enumerate() {
-                        d.streams[r].synchronize()?;
-                        wrong[r] = Some(verify(&comms[r], &ks[r], hr, w)?);
-                    }
-                }
-                for r in 0..n {
-                    outs[r][m].push(Some(Cell {
-                        count,
-                        total_us: total_us[j][r] / per_iter,
-                        iter_us: std::mem::take(&mut iter_us[j][r]),
-                        host_us: host_us[j] / per_iter,
-                        wrong: wrong[r],
-                    }));
-                }
-                tick();
-            }
-        }
-    }
-    d.copy_engine(false)?;
-    release_held(comms, held)?;
-    Ok((0..n)
-        .map(|r| outs[r].drain(..).zip(extra.iter().map(|e| e[r])).collect())
-        .collect())
-}
-
 /// Every mode's buffers released, mode by mode (window and automatic registrations
 /// collectively: with several ranks here, on one thread per rank).
-fn release_held<T: Val>(
+pub(crate) fn release_held<T: Val>(
     comms: &[unicomm::Comm],
     held: Vec<Vec<Held<'_, T>>>,
 ) -> anyhow::Result<()> {
@@ -338,9 +139,12 @@ pub(crate) fn reduce_host(c: &unicomm::Comm, v: &[f64], op: ReduceOp) -> anyhow:
 /// One turn's figures, per rank driven here: per-iteration samples and total device time
 /// (microseconds), and the host's enqueue time.
 pub(crate) struct Turn {
-    iter_us: Vec<Vec<f64>>,
-    total_us: Vec<f64>,
-    host_us: f64,
+    /// Per rank, microseconds between consecutive events.
+    pub(crate) iter_us: Vec<Vec<f64>>,
+    /// Per rank, microseconds of device time over the turn.
+    pub(crate) total_us: Vec<f64>,
+    /// Microseconds the host spent enqueueing the turn.
+    pub(crate) host_us: f64,
 }
 
 /// `iters` calls back to back, an event after each (nccl-tests' default).

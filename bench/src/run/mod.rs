@@ -1,5 +1,6 @@
 //! Running the sweep: per rank, buffers of the largest size prepared once per mode
 //! (allocated, registered or put in windows), then every workload timed with device events.
+mod cells;
 mod data;
 mod drive;
 mod modes;

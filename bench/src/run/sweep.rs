@@ -6,6 +6,7 @@ use half::{bf16, f16};
 use indicatif::{ProgressBar, ProgressStyle};
 use unicomm::{AnyStream, DataType, ReduceOp};
 
+use super::cells::drive_modes;
 use super::data::*;
 use super::drive::*;
 use super::modes::*;
@@ -80,21 +81,11 @@ pub fn sweep(
         bail!("--single-thread drives every rank from one process; under a launcher each process has one");
     }
     let units = plan_units(comms, a, works, modes, w, per_process)?;
-    let steps = (modes.len() * works.len() * places.len()) as u64;
-    let bar = if comms.first().is_some_and(|c| c.rank() == 0) {
-        ProgressBar::new(steps)
-    } else {
-        ProgressBar::hidden() // the other processes of a launched run
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let bar = progress(comms, (modes.len() * works.len() * places.len()) as u64);
     let mut results = Vec::new();
     // Per mode, the largest rank's cost in any unit.
     let mut memory: Vec<ModeMemory> = Vec::new();
     for (unit_works, unit_modes) in &units {
-        let cap = capacity(unit_works, w);
         let names: Vec<&str> = unit_modes.iter().map(|m| m.name()).collect();
         bar.set_message(match a.order {
             Order::Mode => names.join(","),
@@ -103,87 +94,14 @@ pub fn sweep(
                 .map_or("", |wk| wk.coll.name())
                 .to_string(),
         });
-        let tick = || bar.inc(1);
-        let per_rank: Vec<anyhow::Result<Vec<ModeOut>>> = if a.single_thread {
-            let run = || -> anyhow::Result<Vec<Vec<ModeOut>>> {
-                let streams: Vec<AnyStream> = comms
-                    .iter()
-                    .map(|c| c.create_stream())
-                    .collect::<unicomm::Result<_>>()?;
-                let d = Driver {
-                    comms,
-                    streams: &streams,
-                };
-                by_type!(dtype, T => drive_modes::<T>(&d, a, unit_works, places, unit_modes, cap, &tick))
-            };
-            match run() {
-                Ok(v) => v.into_iter().map(Ok).collect(),
-                Err(e) => {
-                    for c in comms {
-                        let _ = c.abort();
-                    }
-                    let msg = format!("{e:#}");
-                    comms
-                        .iter()
-                        .map(|_| Err(anyhow::anyhow!("{msg}")))
-                        .collect()
-                }
-            }
-        } else {
-            std::thread::scope(|s| {
-                let hs: Vec<_> = comms
-                    .iter()
-                    .map(|c| {
-                        let tick = &tick;
-                        s.spawn(move || -> anyhow::Result<Vec<ModeOut>> {
-                            let st = c.create_stream()?;
-                            let d = Driver {
-                                comms: std::slice::from_ref(c),
-                                streams: std::slice::from_ref(&st),
-                            };
-                            let rank0 = || {
-                                if c.rank() == 0 {
-                                    tick()
-                                }
-                            };
-                            let r = by_type!(dtype, T => drive_modes::<T>(&d, a, unit_works, places, unit_modes, cap, &rank0));
-                            match r {
-                                Ok(mut v) => v.pop().context("no figures for this rank"),
-                                Err(e) => {
-                                    // Peers must not wait for this rank (docs: one rank fails).
-                                    let _ = c.abort();
-                                    Err(e)
-                                }
-                            }
-                        })
-                    })
-                    .collect();
-                hs.into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
-                    })
-                    .collect()
-            })
+        let unit = Unit {
+            works: unit_works,
+            modes: unit_modes,
+            places,
+            cap: capacity(unit_works, w),
         };
-        let per_rank: anyhow::Result<Vec<Vec<ModeOut>>> = per_rank
-            .into_iter()
-            .zip(comms.iter())
-            .map(|(o, c)| {
-                // The communicator's rank, not its index here (one per process: always 0).
-                let r = c.rank();
-                o.with_context(|| format!("rank {r}, modes {}", names.join(",")))
-            })
-            .collect();
-        let per_rank = match per_rank.and_then(|p| {
-            if per_process {
-                p.into_iter()
-                    .map(|mine| combine(&comms[0], mine))
-                    .collect::<anyhow::Result<Vec<_>>>()
-            } else {
-                Ok(p)
-            }
-        }) {
+        let per_rank = run_unit(comms, a, dtype, &unit, &|| bar.inc(1));
+        let per_rank = match ranks_figures(comms, per_rank, &names, per_process) {
             Ok(p) => p,
             Err(e) => {
                 // The failing rank aborted its communicator: nothing later can run. What
@@ -192,49 +110,192 @@ pub fn sweep(
                 return Ok((results, memory, Some(e)));
             }
         };
-        let mut unit: Vec<Measure> = Vec::new();
-        for (m, &mode) in unit_modes.iter().enumerate() {
-            let cost = per_rank.iter().filter_map(|p| p[m].1).max();
-            match memory.iter_mut().find(|(mm, _)| *mm == mode) {
-                Some(slot) => slot.1 = slot.1.max(cost),
-                None => memory.push((mode, cost)),
-            }
-            let mut i = 0;
-            for work in unit_works {
-                for &in_place in places {
-                    let cells: Vec<Option<Cell>> =
-                        per_rank.iter().map(|p| p[m].0[i].clone()).collect();
-                    i += 1;
-                    let Some(count) = cells.first().and_then(|c| c.as_ref()).map(|c| c.count)
-                    else {
-                        continue;
-                    };
-                    let cells: Vec<Cell> = cells.into_iter().flatten().collect();
-                    let time_us = cells.iter().map(|c| c.total_us).fold(0.0, f64::max);
-                    let host_us = cells.iter().map(|c| c.host_us).fold(0.0, f64::max);
-                    let iters = cells.iter().map(|c| c.iter_us.len()).min().unwrap_or(0);
-                    let iter_us = (0..iters)
-                        .map(|k| cells.iter().map(|c| c.iter_us[k]).fold(0.0, f64::max))
-                        .collect();
-                    let wrong = cells.iter().map(|c| c.wrong).sum::<Option<u64>>();
-                    unit.push(Measure {
-                        work: *work,
-                        mode,
-                        in_place,
-                        count,
-                        time_us,
-                        iter_us,
-                        host_us,
-                        wrong,
-                    });
-                }
-            }
-        }
-        results.extend(unit);
+        results.extend(measures(&unit, &per_rank, &mut memory));
         done(&results);
     }
     bar.finish_and_clear();
     Ok((results, memory, None))
+}
+
+/// The progress bar of `steps` (shown by rank 0 only: the other processes of a launched run
+/// stay quiet).
+fn progress(comms: &[unicomm::Comm], steps: u64) -> ProgressBar {
+    let bar = if comms.first().is_some_and(|c| c.rank() == 0) {
+        ProgressBar::new(steps)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// One unit of a sweep: its workloads, the modes taking turns, the placements, and the
+/// largest buffer (elements) any workload needs.
+struct Unit<'u> {
+    works: &'u [Work],
+    modes: &'u [Mode],
+    places: &'u [bool],
+    cap: usize,
+}
+
+/// Runs `unit` on every rank of this process: from one thread (`--single-thread`; a failure
+/// aborts every communicator) or one thread per rank (a failing rank aborts its own, so its
+/// peers do not wait). Each rank's figures per mode, or its error.
+fn run_unit(
+    comms: &[unicomm::Comm],
+    a: &Args,
+    dtype: DataType,
+    unit: &Unit<'_>,
+    tick: &(dyn Fn() + Sync),
+) -> Vec<anyhow::Result<Vec<ModeOut>>> {
+    let Unit {
+        works,
+        modes,
+        places,
+        cap,
+    } = *unit;
+    if a.single_thread {
+        let run = || -> anyhow::Result<Vec<Vec<ModeOut>>> {
+            let streams: Vec<AnyStream> = comms
+                .iter()
+                .map(|c| c.create_stream())
+                .collect::<unicomm::Result<_>>()?;
+            let d = Driver {
+                comms,
+                streams: &streams,
+            };
+            by_type!(dtype, T => drive_modes::<T>(&d, a, works, places, modes, cap, tick))
+        };
+        return match run() {
+            Ok(v) => v.into_iter().map(Ok).collect(),
+            Err(e) => {
+                for c in comms {
+                    let _ = c.abort();
+                }
+                let msg = format!("{e:#}");
+                comms
+                    .iter()
+                    .map(|_| Err(anyhow::anyhow!("{msg}")))
+                    .collect()
+            }
+        };
+    }
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || -> anyhow::Result<Vec<ModeOut>> {
+                    let st = c.create_stream()?;
+                    let d = Driver {
+                        comms: std::slice::from_ref(c),
+                        streams: std::slice::from_ref(&st),
+                    };
+                    let rank0 = || {
+                        if c.rank() == 0 {
+                            tick()
+                        }
+                    };
+                    let r = by_type!(dtype, T => drive_modes::<T>(&d, a, works, places, modes, cap, &rank0));
+                    match r {
+                        Ok(mut v) => v.pop().context("no figures for this rank"),
+                        Err(e) => {
+                            // Peers must not wait for this rank (docs: one rank fails).
+                            let _ = c.abort();
+                            Err(e)
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+            })
+            .collect()
+    })
+}
+
+/// Every rank's figures of a unit, its errors named by rank and modes; one rank per process:
+/// combined through the communicator (the slowest rank's time).
+fn ranks_figures(
+    comms: &[unicomm::Comm],
+    per_rank: Vec<anyhow::Result<Vec<ModeOut>>>,
+    names: &[&str],
+    per_process: bool,
+) -> anyhow::Result<Vec<Vec<ModeOut>>> {
+    let per_rank: Vec<Vec<ModeOut>> = per_rank
+        .into_iter()
+        .zip(comms.iter())
+        .map(|(o, c)| {
+            // The communicator's rank, not its index here (one per process: always 0).
+            let r = c.rank();
+            o.with_context(|| format!("rank {r}, modes {}", names.join(",")))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    if per_process {
+        per_rank
+            .into_iter()
+            .map(|mine| combine(&comms[0], mine))
+            .collect()
+    } else {
+        Ok(per_rank)
+    }
+}
+
+/// The unit's measures: per mode, workload and placement, the slowest rank's times (per
+/// iteration too) and everyone's wrong elements; each mode's largest memory cost joins
+/// `memory`.
+fn measures(
+    unit: &Unit<'_>,
+    per_rank: &[Vec<ModeOut>],
+    memory: &mut Vec<ModeMemory>,
+) -> Vec<Measure> {
+    let mut out = Vec::new();
+    for (m, &mode) in unit.modes.iter().enumerate() {
+        let cost = per_rank.iter().filter_map(|p| p[m].1).max();
+        match memory.iter_mut().find(|(mm, _)| *mm == mode) {
+            Some(slot) => slot.1 = slot.1.max(cost),
+            None => memory.push((mode, cost)),
+        }
+        let mut i = 0;
+        for work in unit.works {
+            for &in_place in unit.places {
+                let cells: Vec<Option<Cell>> = per_rank.iter().map(|p| p[m].0[i].clone()).collect();
+                i += 1;
+                let Some(count) = cells.first().and_then(|c| c.as_ref()).map(|c| c.count) else {
+                    continue;
+                };
+                let cells: Vec<Cell> = cells.into_iter().flatten().collect();
+                out.push(slowest(*work, mode, in_place, count, &cells));
+            }
+        }
+    }
+    out
+}
+
+/// One measure from every rank's cell: the slowest rank bounds a collective.
+fn slowest(work: Work, mode: Mode, in_place: bool, count: usize, cells: &[Cell]) -> Measure {
+    let time_us = cells.iter().map(|c| c.total_us).fold(0.0, f64::max);
+    let host_us = cells.iter().map(|c| c.host_us).fold(0.0, f64::max);
+    let iters = cells.iter().map(|c| c.iter_us.len()).min().unwrap_or(0);
+    let iter_us = (0..iters)
+        .map(|k| cells.iter().map(|c| c.iter_us[k]).fold(0.0, f64::max))
+        .collect();
+    let wrong = cells.iter().map(|c| c.wrong).sum::<Option<u64>>();
+    Measure {
+        work,
+        mode,
+        in_place,
+        count,
+        time_us,
+        iter_us,
+        host_us,
+        wrong,
+    }
 }
 
 /// The units of a sweep: which workloads run with which modes taking turns. With `--order

@@ -74,8 +74,6 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("backend-mock/src/exec.rs", "execute", 143),
     ("bench/src/main.rs", "bench", 108),
     ("bench/src/report/summary.rs", "summary", 139),
-    ("bench/src/run/drive.rs", "drive_modes", 189),
-    ("bench/src/run/sweep.rs", "sweep", 176),
     (
         "gpu-tests/src/signals_cases.rs",
         "signals_across_processes",
