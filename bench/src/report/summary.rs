@@ -55,10 +55,56 @@ pub fn summary(json: &Path, tune: Option<&Path>, in_place: bool) -> anyhow::Resu
         std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
     let doc: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
+    let (colls, cells) = read_cells(&doc, in_place)?;
+    let lib = &doc["library"];
+    println!(
+        "# {}: {} {}, {} ranks, {}",
+        json.display(),
+        lib["backend"].as_str().unwrap_or("?"),
+        lib["version"].as_str().unwrap_or("?"),
+        doc["nranks"],
+        if in_place { "in place" } else { "out of place" }
+    );
+    let policy = match tune_file(json, tune) {
+        Some(f) => {
+            let t =
+                std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+            println!("# auto's path per row by the rules of {}", f.display());
+            Some(Policy::parse(&t, &f.display().to_string())?)
+        }
+        None => None,
+    };
+    let mut misses = Vec::new();
+    for coll in &colls {
+        misses.extend(print_collective(coll, &cells, policy.as_ref()));
+    }
+    println!(
+        "\nauto over {GOAL}x the best fixed mode (mean): {} cells",
+        misses.len()
+    );
+    for m in misses {
+        let why = match m.path {
+            Some(p) if p == m.best => format!("; auto took {p}, the best mode's own path"),
+            Some(p) => format!("; auto took {p}, the best was {}", m.best),
+            None => String::new(),
+        };
+        println!(
+            "- {} {} B: {:.3} (median {:.3}){why}",
+            m.coll, m.size, m.mean, m.median
+        );
+    }
+    Ok(())
+}
+
+/// Per (collective, size), every mode's figures; the collectives in the order of the file.
+type Cells = BTreeMap<(String, u64), BTreeMap<String, Figures>>;
+
+/// The results of one placement, by cell, and the collectives in the file's order.
+fn read_cells(doc: &serde_json::Value, in_place: bool) -> anyhow::Result<(Vec<String>, Cells)> {
     let results = doc["results"]
         .as_array()
         .context("the JSON has no `results` (not a unicomm-bench -J file)")?;
-    let mut cells: BTreeMap<(String, u64), BTreeMap<String, Figures>> = BTreeMap::new();
+    let mut cells = Cells::new();
     let mut colls: Vec<String> = Vec::new();
     for r in results {
         if r["inPlace"].as_bool() != Some(in_place) {
@@ -82,110 +128,102 @@ pub fn summary(json: &Path, tune: Option<&Path>, in_place: bool) -> anyhow::Resu
             .or_default()
             .insert(mode.to_string(), (time, p50, host));
     }
-    let lib = &doc["library"];
+    Ok((colls, cells))
+}
+
+/// A cell where auto is over the goal.
+struct Miss {
+    coll: String,
+    size: u64,
+    mean: f64,
+    median: f64,
+    path: Option<&'static str>,
+    best: String,
+}
+
+/// Prints one collective's table; its misses.
+fn print_collective(coll: &str, cells: &Cells, policy: Option<&Policy>) -> Vec<Miss> {
+    let kind = Kind::from_snake_name(coll);
+    let sizes: Vec<u64> = cells
+        .keys()
+        .filter(|(c, _)| c == coll)
+        .map(|k| k.1)
+        .collect();
+    let modes: Vec<&str> = MODES
+        .into_iter()
+        .filter(|m| {
+            sizes
+                .iter()
+                .any(|s| cells[&(coll.to_string(), *s)].contains_key(*m))
+        })
+        .collect();
+    println!("\n**{coll}** (time in us, `*` host-bound)\n");
+    let took = if policy.is_some() { " auto took |" } else { "" };
     println!(
-        "# {}: {} {}, {} ranks, {}",
-        json.display(),
-        lib["backend"].as_str().unwrap_or("?"),
-        lib["version"].as_str().unwrap_or("?"),
-        doc["nranks"],
-        if in_place { "in place" } else { "out of place" }
+        "| size | {} | best fixed |{took} auto / best (mean) | (median) | auto / best by hand |",
+        modes.join(" | ")
     );
-    let policy = match tune_file(json, tune) {
-        Some(f) => {
-            let t =
-                std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
-            println!("# auto's path per row by the rules of {}", f.display());
-            Some(Policy::parse(&t, &f.display().to_string())?)
-        }
-        None => None,
-    };
+    println!(
+        "| ---: |{} --- |{} ---: | ---: | ---: |",
+        " ---: |".repeat(modes.len()),
+        if policy.is_some() { " --- |" } else { "" }
+    );
     let mut misses = Vec::new();
-    for coll in &colls {
-        let kind = Kind::from_snake_name(coll);
-        let sizes: Vec<u64> = cells
-            .keys()
-            .filter(|(c, _)| c == coll)
-            .map(|k| k.1)
-            .collect();
-        let modes: Vec<&str> = MODES
-            .into_iter()
-            .filter(|m| {
-                sizes
-                    .iter()
-                    .any(|s| cells[&(coll.clone(), *s)].contains_key(*m))
+    for s in sizes {
+        let v = &cells[&(coll.to_string(), s)];
+        let shown: Vec<String> = modes
+            .iter()
+            .map(|m| {
+                v.get(*m).map_or("-".into(), |f| {
+                    format!("{:.2}{}", f.0, if f.2 { "*" } else { "" })
+                })
             })
             .collect();
-        println!("\n**{coll}** (time in us, `*` host-bound)\n");
-        let took = if policy.is_some() { " auto took |" } else { "" };
-        println!(
-            "| size | {} | best fixed |{took} auto / best (mean) | (median) | auto / best by hand |",
-            modes.join(" | ")
-        );
-        println!(
-            "| ---: |{} --- |{} ---: | ---: | ---: |",
-            " ---: |".repeat(modes.len()),
-            if policy.is_some() { " --- |" } else { "" }
-        );
-        for s in sizes {
-            let v = &cells[&(coll.clone(), s)];
-            let shown: Vec<String> = modes
-                .iter()
-                .map(|m| {
-                    v.get(*m).map_or("-".into(), |f| {
-                        format!("{:.2}{}", f.0, if f.2 { "*" } else { "" })
-                    })
-                })
-                .collect();
-            let path = match (&policy, kind) {
-                (Some(p), Some(k)) => Some(mode_of(p.choose(k, s as usize))),
-                _ => None,
-            };
-            let took = path.map_or(String::new(), |p| format!(" {p} |"));
-            let best = v
-                .iter()
-                .filter(|(m, _)| m.as_str() != "auto")
-                .min_by(|a, b| a.1 .0.total_cmp(&b.1 .0));
-            let (Some((best, bf)), Some(auto)) = (best, v.get("auto")) else {
-                println!("| {s} | {} | - |{took} - | - | - |", shown.join(" | "));
-                continue;
-            };
-            let best_median = v
-                .iter()
-                .filter(|(m, _)| m.as_str() != "auto")
-                .map(|(_, f)| f.1)
-                .fold(f64::INFINITY, f64::min);
-            let (mean, median) = (auto.0 / bf.0, auto.1 / best_median);
-            let hand = BY_HAND
-                .iter()
-                .filter_map(|m| v.get(*m).map(|f| f.0))
-                .fold(f64::INFINITY, f64::min);
-            let hand = if hand.is_finite() {
-                format!("{:.3}", auto.0 / hand)
-            } else {
-                "-".into()
-            };
-            let flag = if mean > GOAL { " **miss**" } else { "" };
-            if mean > GOAL {
-                misses.push((coll.clone(), s, mean, median, path, best.clone()));
+        let path = match (policy, kind) {
+            (Some(p), Some(k)) => Some(mode_of(p.choose(k, s as usize))),
+            _ => None,
+        };
+        let took = path.map_or(String::new(), |p| format!(" {p} |"));
+        match row(v) {
+            None => println!("| {s} | {} | - |{took} - | - | - |", shown.join(" | ")),
+            Some((best, mean, median, hand)) => {
+                let flag = if mean > GOAL { " **miss**" } else { "" };
+                println!(
+                    "| {s} | {} | {best} |{took} {mean:.3}{flag} | {median:.3} | {hand} |",
+                    shown.join(" | ")
+                );
+                if mean > GOAL {
+                    let (coll, size) = (coll.to_string(), s);
+                    misses.push(Miss {
+                        coll,
+                        size,
+                        mean,
+                        median,
+                        path,
+                        best,
+                    });
+                }
             }
-            println!(
-                "| {s} | {} | {best} |{took} {mean:.3}{flag} | {median:.3} | {hand} |",
-                shown.join(" | ")
-            );
         }
     }
-    println!(
-        "\nauto over {GOAL}x the best fixed mode (mean): {} cells",
-        misses.len()
-    );
-    for (coll, s, mean, median, path, best) in misses {
-        let why = match path {
-            Some(p) if p == best => format!("; auto took {p}, the best mode's own path"),
-            Some(p) => format!("; auto took {p}, the best was {best}"),
-            None => String::new(),
-        };
-        println!("- {coll} {s} B: {mean:.3} (median {median:.3}){why}");
-    }
-    Ok(())
+    misses
+}
+
+/// A row's best fixed mode, auto over it by the mean and by the median iteration, and auto
+/// over the best by-hand mode (shown); `None` without auto or a fixed mode.
+fn row(v: &BTreeMap<String, Figures>) -> Option<(String, f64, f64, String)> {
+    let fixed = || v.iter().filter(|(m, _)| m.as_str() != "auto");
+    let (best, bf) = fixed().min_by(|a, b| a.1 .0.total_cmp(&b.1 .0))?;
+    let auto = v.get("auto")?;
+    let best_median = fixed().map(|(_, f)| f.1).fold(f64::INFINITY, f64::min);
+    let hand = BY_HAND
+        .iter()
+        .filter_map(|m| v.get(*m).map(|f| f.0))
+        .fold(f64::INFINITY, f64::min);
+    let hand = if hand.is_finite() {
+        format!("{:.3}", auto.0 / hand)
+    } else {
+        "-".into()
+    };
+    Some((best.clone(), auto.0 / bf.0, auto.1 / best_median, hand))
 }

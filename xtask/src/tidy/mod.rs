@@ -73,7 +73,6 @@ pub(crate) const MAX_FN_LINES: usize = 100;
 pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("backend-mock/src/exec.rs", "execute", 143),
     ("bench/src/main.rs", "bench", 108),
-    ("bench/src/report/summary.rs", "summary", 139),
     (
         "gpu-tests/src/signals_cases.rs",
         "signals_across_processes",
