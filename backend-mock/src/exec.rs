@@ -302,147 +302,136 @@ pub(crate) fn run_coll(
     r
 }
 
+/// One collective's data movement on this rank, then the barrier that ends it.
+///
+/// # Safety
+/// As at the call: every rank agreed on `spec`, each `Desc` holds ranges checked against
+/// live, locked allocations, and within the phase each rank writes only its own receive
+/// range, in parts no peer reads in that phase.
 unsafe fn execute(ctx: &RankCtx, seq: u64, spec: Spec, all: &[Desc]) -> Result<()> {
-    let (w, r, f) = (ctx.world, ctx.rank, &*ctx.fabric);
+    let (r, f) = (ctx.rank, &*ctx.fabric);
+    match spec.kind {
+        Kind::Barrier => return Ok(()),
+        // Point-to-point operations are not collectives; `Work::Send`/`Work::Recv` run them.
+        Kind::Send { .. } | Kind::Recv { .. } => return Ok(()),
+        // Lowered to send/recv, broadcasts and reduces before they reach a stream.
+        Kind::AllToAllV | Kind::AllGatherV | Kind::ReduceScatterV { .. } => {
+            return Err(Error::invalid(
+                "op",
+                "a variable-size collective reached the mock's kernels unlowered",
+            ))
+        }
+        _ => {}
+    }
+    // A reduce or a gather moves data on its root only.
+    let moves = match spec.kind {
+        Kind::Reduce { root, .. } | Kind::Gather { root } => r == root,
+        _ => true,
+    };
+    if moves {
+        let _a = Access::enter(f, seq)?;
+        if spec.kind.reduction().is_some() {
+            // SAFETY: the caller's contract.
+            unsafe { reduction(ctx, spec, all) };
+        } else {
+            // SAFETY: the caller's contract.
+            unsafe { copies(ctx, spec, all) };
+        }
+    }
+    f.phase(seq, r, 1, ctx.deadline())
+}
+
+/// The reductions' data movement on this rank (all-reduce, reduce at its root,
+/// reduce-scatter).
+///
+/// # Safety
+/// As [`execute`].
+unsafe fn reduction(ctx: &RankCtx, spec: Spec, all: &[Desc]) {
+    let (w, r) = (ctx.world, ctx.rank);
     let me = &all[r];
     let Spec { kind, count, dtype } = spec;
-    match kind {
-        Kind::Barrier => Ok(()),
-        // Point-to-point operations are not collectives; `Work::Send`/`Work::Recv` run them.
-        Kind::Send { .. } | Kind::Recv { .. } => Ok(()),
-        Kind::AllReduce { op } => {
+    let es = dtype.size();
+    // (into, first element, elements, the sources, also written to), per collective.
+    let (into, srcs, n, also): (usize, Vec<*const u8>, usize, Vec<*mut u8>) = match kind {
+        Kind::AllReduce { .. } => {
             // Each rank reduces its chunk from every peer's send buffer and writes the
             // result straight into every rank's receive buffer (a reduce-scatter and an
             // all-gather in one pass, one block at a time while it is in cache): every byte
-            // is read once and written once, and one barrier ends it.
-            let es = dtype.size();
+            // is read once and written once, and one barrier ends it. A peer's in-place
+            // buffer is read (as source k+1) before the same block is written (as
+            // `also[k]`).
             let (lo, hi) = chunk(count, w, r);
-            {
-                let _a = Access::enter(f, seq)?;
-                let srcs = own_first(all, r, |d| d.send + lo * es);
-                let also: Vec<*mut u8> = (0..w)
-                    .filter(|&k| k != r)
-                    .map(|k| (all[k].recv + lo * es) as *mut u8)
-                    .collect();
-                // SAFETY: chunk `r` of every rank's send and receive buffers is touched only
-                // by this rank in this phase; a peer's in-place buffer is read (as source
-                // k+1) before the same block is written (as `also[k]`).
-                unsafe {
-                    reduce(
-                        dtype,
-                        op,
-                        w,
-                        (me.recv + lo * es) as *mut u8,
-                        &srcs,
-                        hi - lo,
-                        &also,
-                        &scales(all, r),
-                    )
-                };
-            }
-            f.phase(seq, r, 1, ctx.deadline())
+            let also = (0..w)
+                .filter(|&k| k != r)
+                .map(|k| (all[k].recv + lo * es) as *mut u8)
+                .collect();
+            (
+                me.recv + lo * es,
+                own_first(all, r, |d| d.send + lo * es),
+                hi - lo,
+                also,
+            )
         }
-        Kind::Broadcast { root } => {
-            {
-                let _a = Access::enter(f, seq)?;
-                // SAFETY: root's send is only read; each rank writes its own receive range.
-                unsafe { copy(all[root].send, me.recv, count * dtype.size()) };
-            }
-            f.phase(seq, r, 1, ctx.deadline())
+        // Sends are only read in this phase; only the root writes, into its own range.
+        Kind::Reduce { .. } => (me.recv, own_first(all, r, |d| d.send), count, Vec::new()),
+        // Chunk r of every send is read only by this rank; in place the receive range is
+        // its own chunk r, handled as the first source.
+        _ => {
+            let b = count * es;
+            (
+                me.recv,
+                own_first(all, r, |d| d.send + r * b),
+                count,
+                Vec::new(),
+            )
         }
-        Kind::Reduce { op, root } => {
-            if r == root {
-                let _a = Access::enter(f, seq)?;
-                let srcs = own_first(all, r, |d| d.send);
-                // SAFETY: sends are only read in this phase; only the root writes, into its
-                // own receive range.
-                unsafe {
-                    reduce(
-                        dtype,
-                        op,
-                        w,
-                        me.recv as *mut u8,
-                        &srcs,
-                        count,
-                        &[],
-                        &scales(all, r),
-                    )
-                };
+    };
+    let Some(op) = kind.reduction() else { return };
+    // SAFETY: the ranges above, per the caller's contract; chunk `r` of every rank's
+    // buffers is touched only by this rank in this phase.
+    unsafe {
+        reduce(
+            dtype,
+            op,
+            w,
+            into as *mut u8,
+            &srcs,
+            n,
+            &also,
+            &scales(all, r),
+        )
+    };
+}
+
+/// The copies of the moving collectives on this rank (broadcast, all-gather, gather at its
+/// root, scatter, all-to-all): sources are only read, and this rank writes only its own
+/// receive range (in place, its own chunk is its send: `copy` skips it).
+///
+/// # Safety
+/// As [`execute`].
+unsafe fn copies(ctx: &RankCtx, spec: Spec, all: &[Desc]) {
+    let r = ctx.rank;
+    let me = &all[r];
+    let b = spec.count * spec.dtype.size();
+    match spec.kind {
+        // SAFETY: the root's send is only read; this rank writes its own receive range.
+        Kind::Broadcast { root } => unsafe { copy(all[root].send, me.recv, b) },
+        // SAFETY: as above, the root's chunk for this rank.
+        Kind::Scatter { root } => unsafe { copy(all[root].send + r * b, me.recv, b) },
+        Kind::AllGather | Kind::Gather { .. } => {
+            for (k, d) in all.iter().enumerate() {
+                // SAFETY: peers' sends are only read; this rank writes its own range.
+                unsafe { copy(d.send, me.recv + k * b, b) };
             }
-            f.phase(seq, r, 1, ctx.deadline())
         }
-        Kind::AllGather => {
-            let b = count * dtype.size();
-            {
-                let _a = Access::enter(f, seq)?;
-                for (k, d) in all.iter().enumerate() {
-                    // SAFETY: peers' sends are only read (in place, they are the peers' own
-                    // chunks, which no one writes); we write only our receive range.
-                    unsafe { copy(d.send, me.recv + k * b, b) };
-                }
-            }
-            f.phase(seq, r, 1, ctx.deadline())
-        }
-        Kind::ReduceScatter { op } => {
-            let b = count * dtype.size();
-            {
-                let _a = Access::enter(f, seq)?;
-                let srcs = own_first(all, r, |d| d.send + r * b);
-                // SAFETY: chunk r of every send is read only by us; in place our receive
-                // range is our own chunk r, handled as the first source.
-                unsafe {
-                    reduce(
-                        dtype,
-                        op,
-                        w,
-                        me.recv as *mut u8,
-                        &srcs,
-                        count,
-                        &[],
-                        &scales(all, r),
-                    )
-                };
-            }
-            f.phase(seq, r, 1, ctx.deadline())
-        }
-        Kind::Gather { root } => {
-            let b = count * dtype.size();
-            if r == root {
-                let _a = Access::enter(f, seq)?;
-                for (k, d) in all.iter().enumerate() {
-                    // SAFETY: peers' sends are only read; only the root writes, into its own
-                    // receive range (in place, its own chunk is its send: copy skips it).
-                    unsafe { copy(d.send, me.recv + k * b, b) };
-                }
-            }
-            f.phase(seq, r, 1, ctx.deadline())
-        }
-        Kind::Scatter { root } => {
-            let b = count * dtype.size();
-            {
-                let _a = Access::enter(f, seq)?;
-                // SAFETY: the root's send is only read; each rank writes its own receive range.
-                unsafe { copy(all[root].send + r * b, me.recv, b) };
-            }
-            f.phase(seq, r, 1, ctx.deadline())
-        }
-        // Lowered to send/recv, broadcasts and reduces before they reach a stream.
-        Kind::AllToAllV | Kind::AllGatherV | Kind::ReduceScatterV { .. } => Err(Error::invalid(
-            "op",
-            "a variable-size collective reached the mock's kernels unlowered",
-        )),
         Kind::AllToAll => {
-            let b = count * dtype.size();
-            {
-                let _a = Access::enter(f, seq)?;
-                for (p, d) in all.iter().enumerate() {
-                    // SAFETY: sends are only read; send and receive never overlap (checked at
-                    // enqueue); we write only our receive range.
-                    unsafe { copy(d.send + r * b, me.recv + p * b, b) };
-                }
+            for (p, d) in all.iter().enumerate() {
+                // SAFETY: sends are only read; send and receive never overlap (checked at
+                // enqueue); this rank writes its own receive range.
+                unsafe { copy(d.send + r * b, me.recv + p * b, b) };
             }
-            f.phase(seq, r, 1, ctx.deadline())
         }
+        _ => {}
     }
 }
 
