@@ -167,29 +167,11 @@ pub fn signals_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Result<()
     } else {
         &[false]
     };
-    let iters = modes.len() * ITERS;
     // The shared allocation: the output's W chunks, the signal block, the gate word.
     let block_off = W * CHUNK;
     let gate_off = block_off + block_bytes(W);
     let st = c.create_stream()?;
-    let mut region = c.alloc::<u32>((gate_off + 4) / 4)?;
-    let mut image = vec![0u32; W * N];
-    image.extend(decode(&block_image(W)));
-    image.push(0);
-    region.copy_from_host(&image, &st)?;
-    let (mut send, mut snap) = (Vec::new(), Vec::new());
-    for k in 0..iters {
-        let mut b = c.alloc::<u32>(W * N)?;
-        b.copy_from_host(
-            &(0..W * N)
-                .map(|j| value(k, me, j / N, j % N))
-                .collect::<Vec<_>>(),
-            &st,
-        )?;
-        send.push(b);
-        snap.push(c.alloc::<u32>(W * N)?);
-    }
-    st.synchronize()?;
+    let (region, send, snap) = prepare(c, &st, me, modes.len() * ITERS, gate_off)?;
     let own = region.memory().address();
     let (va, off, size) = pair.swap(&*rt, dev, own, gate_off + 4)?;
     let peer = va + off;
@@ -201,29 +183,8 @@ pub fn signals_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Result<()
         // SAFETY: the gate word of this process's region, alive until the end.
         unsafe { rt.wait_value32(dev, own + gate_off, 1, s) }?;
     }
-    for (m, &by_write) in modes.iter().enumerate() {
-        let sig = Signals {
-            block: None,
-            bases: bases.clone(),
-            mapped: Vec::new(),
-            by_write,
-        };
-        for it in 0..ITERS {
-            let k = m * ITERS + it;
-            sig.phase(&*rt, dev, me, Phase::Ready, s)?;
-            for q in 0..W {
-                let p = (me + q) % W;
-                let (dst, src) = (out(p) + me * CHUNK, send[k].memory().address() + p * CHUNK);
-                // SAFETY: chunk p of this rank's send buffer into chunk `me` of rank p's
-                // output (this process's region or the mapping of the peer's), both alive
-                // until this stream is idle (below).
-                unsafe { rt.copy_async(dev, dst, src, CHUNK, s) }?;
-            }
-            sig.phase(&*rt, dev, me, Phase::Done, s)?;
-            // SAFETY: this rank's output into its snapshot of iteration k.
-            unsafe { rt.copy_async(dev, snap[k].memory().address(), own, W * CHUNK, s) }?;
-        }
-    }
+    let bufs = (&send[..], &snap[..]);
+    exchange(&*rt, (dev, me), modes, &bases, (own, peer), bufs, s)?;
     let mut held = true;
     let opener = c.create_stream()?;
     if me == 0 {
@@ -254,8 +215,101 @@ pub fn signals_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Result<()
         held,
         "rank 0's stream did not wait for rank 1's ready signal"
     );
+    check_exchange(me, modes, &snap, &region, &st)?;
+    // SAFETY: the mapping made by the swap; every stream that used it is idle.
+    unsafe { rt.unmap_imported(dev, va, size) }?;
+    eprintln!(
+        "signals_across_processes: rank {me}: {} all-to-alls of {} MiB per peer through the peer's imported memory, signalled by {}",
+        modes.len() * ITERS,
+        CHUNK >> 20,
+        if modes.len() == 2 { "writes, then copies" } else { "copies" }
+    );
+    pair.finish()
+}
+
+/// A `u32` buffer of the GPU backend.
+type Buf<R> = unicomm_core::Buffer<u32, unicomm_nccl_api::ApiComm<R>>;
+
+/// Set-up: the shared region (the output's chunks zeroed, the signal block's image, the
+/// gate word closed), and per iteration a send buffer of its values and a snapshot.
+#[allow(
+    clippy::type_complexity,
+    reason = "the region, the sends, the snapshots"
+)]
+fn prepare<R: Runtime>(
+    c: &unicomm_core::Comm<unicomm_nccl_api::ApiComm<R>>,
+    st: &unicomm_nccl_api::ApiStream<R>,
+    me: usize,
+    iters: usize,
+    gate_off: usize,
+) -> Result<(Buf<R>, Vec<Buf<R>>, Vec<Buf<R>>)> {
+    let mut region = c.alloc::<u32>((gate_off + 4) / 4)?;
+    let mut image = vec![0u32; W * N];
+    image.extend(decode(&block_image(W)));
+    image.push(0);
+    region.copy_from_host(&image, st)?;
+    let (mut send, mut snap) = (Vec::new(), Vec::new());
+    for k in 0..iters {
+        let mut b = c.alloc::<u32>(W * N)?;
+        let values: Vec<u32> = (0..W * N).map(|j| value(k, me, j / N, j % N)).collect();
+        b.copy_from_host(&values, st)?;
+        send.push(b);
+        snap.push(c.alloc::<u32>(W * N)?);
+    }
+    st.synchronize()?;
+    Ok((region, send, snap))
+}
+
+/// The run: per signalling mode, `ITERS` all-to-alls of `CHUNK` bytes per peer between the
+/// ready and done phases, each rank's output copied to that iteration's snapshot.
+fn exchange<R: Runtime>(
+    rt: &R,
+    (dev, me): (usize, usize),
+    modes: &[bool],
+    bases: &[usize],
+    (own, peer): (usize, usize),
+    (send, snap): (&[Buf<R>], &[Buf<R>]),
+    s: &R::Stream,
+) -> Result<()> {
+    use unicomm_core::backend::DeviceMemory;
+    let out = |r: usize| if r == me { own } else { peer };
+    for (m, &by_write) in modes.iter().enumerate() {
+        let sig = Signals {
+            block: None,
+            bases: bases.to_vec(),
+            mapped: Vec::new(),
+            by_write,
+        };
+        for it in 0..ITERS {
+            let k = m * ITERS + it;
+            sig.phase(rt, dev, me, Phase::Ready, s)?;
+            for q in 0..W {
+                let p = (me + q) % W;
+                let (dst, src) = (out(p) + me * CHUNK, send[k].memory().address() + p * CHUNK);
+                // SAFETY: chunk p of this rank's send buffer into chunk `me` of rank p's
+                // output (this process's region or the mapping of the peer's), both alive
+                // until this stream is idle (the caller waits).
+                unsafe { rt.copy_async(dev, dst, src, CHUNK, s) }?;
+            }
+            sig.phase(rt, dev, me, Phase::Done, s)?;
+            // SAFETY: this rank's output into its snapshot of iteration k.
+            unsafe { rt.copy_async(dev, snap[k].memory().address(), own, W * CHUNK, s) }?;
+        }
+    }
+    Ok(())
+}
+
+/// The check: every iteration's snapshot holds each peer's chunk, and the flags are re-armed
+/// with the constant intact (and the gate opened on rank 1).
+fn check_exchange<R: Runtime>(
+    me: usize,
+    modes: &[bool],
+    snap: &[Buf<R>],
+    region: &Buf<R>,
+    st: &unicomm_nccl_api::ApiStream<R>,
+) -> Result<()> {
     for (k, shot) in snap.iter().enumerate() {
-        let got = shot.copy_to_host(&st)?;
+        let got = shot.copy_to_host(st)?;
         if let Some(j) = (0..W * N).find(|&j| got[j] != value(k, j / N, me, j % N)) {
             panic!(
                 "rank {me}, iteration {k} (signals by {}): chunk {} element {} is {}, not rank {}'s {}",
@@ -268,19 +322,12 @@ pub fn signals_across_processes<R: Runtime>(g: &Gpu<R>, test: &str) -> Result<()
             );
         }
     }
-    let flags = &region.copy_to_host(&st)?[W * N..];
+    let flags = &region.copy_to_host(st)?[W * N..];
     let mut want = vec![0u32; 2 * W];
     want.extend([1, u32::from(me == 1)]);
     assert_eq!(
         flags, want,
         "rank {me}: flags re-armed, the constant intact (and the gate opened)"
     );
-    // SAFETY: the mapping made by the swap; every stream that used it is idle.
-    unsafe { rt.unmap_imported(dev, va, size) }?;
-    eprintln!(
-        "signals_across_processes: rank {me}: {iters} all-to-alls of {} MiB per peer through the peer's imported memory, signalled by {}",
-        CHUNK >> 20,
-        if modes.len() == 2 { "writes, then copies" } else { "copies" }
-    );
-    pair.finish()
+    Ok(())
 }
