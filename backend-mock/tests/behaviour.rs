@@ -296,6 +296,52 @@ fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
     assert!(r.is_err(), "in-place all-to-all must be rejected");
 }
 
+/// Through the backend's own door (no typed `Comm` check before it), a receive layout whose
+/// ranges share elements is refused before anything runs, on every rank: peer 1's elements
+/// would otherwise overwrite peer 0's second one (seen as `[0, 100, 101, 0, ...]`).
+#[test]
+fn the_backend_refuses_receive_ranges_that_share_elements() {
+    use unicomm_core::{Collective, Counts, DataType, Kind, Layout, Op, Slice};
+    let comms = world(4);
+    let out = each(&comms, |c| {
+        let b = c.backend();
+        let st = b.create_stream().unwrap();
+        let (send, recv) = (b.alloc(32).unwrap(), b.alloc(32).unwrap());
+        let whole = |mem| Slice {
+            mem,
+            offset: 0,
+            bytes: 32,
+        };
+        let counts = [2usize; 4];
+        let (packed, bad) = ([0usize, 2, 4, 6], [0usize, 1, 4, 6]);
+        let layout = Layout {
+            send: Some(Counts {
+                counts: &counts,
+                displs: &packed,
+            }),
+            recv: Some(Counts {
+                counts: &counts,
+                displs: &bad,
+            }),
+        };
+        let op = Op::with(
+            Kind::AllToAllV,
+            Some(whole(&send)),
+            Some(whole(&recv)),
+            0,
+            DataType::I32,
+            layout,
+        );
+        b.enqueue(op, &st)
+    });
+    for r in out {
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument { argument: "recv", reason }) if reason.contains("rank 0") && reason.contains("rank 1")),
+            "{r:?}"
+        );
+    }
+}
+
 #[test]
 fn a_view_inside_a_registration_counts_as_registered() {
     let comms = world(1);

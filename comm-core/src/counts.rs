@@ -44,6 +44,40 @@ impl Counts<'_> {
         Ok(())
     }
 
+    /// Checks that no two ranks' ranges share an element: a receive location written twice
+    /// (MPI forbids it; on a GPU the grouped receives race, on the mock the later peer's
+    /// elements win). Empty ranges never overlap. O(n log n): the ranges sorted by start,
+    /// each against the furthest end before it. The error names both ranks and the shared
+    /// elements. Call after [`Counts::check`] (no range overflows).
+    pub fn check_disjoint(&self, arg: &'static str) -> Result<()> {
+        let mut order: Vec<usize> = (0..self.counts.len())
+            .filter(|&r| self.counts[r] > 0)
+            .collect();
+        order.sort_unstable_by_key(|&r| (self.displs[r], r));
+        // The rank whose range reaches furthest so far, and that end.
+        let mut reach: Option<(usize, usize)> = None;
+        for r in order {
+            let (start, end) = (
+                self.displs[r],
+                self.displs[r].saturating_add(self.counts[r]),
+            );
+            if let Some((q, q_end)) = reach {
+                if start < q_end {
+                    return Err(overlap(
+                        arg,
+                        (q, self.displs[q], self.counts[q]),
+                        (r, start, self.counts[r]),
+                        q_end.min(end),
+                    ));
+                }
+            }
+            if reach.is_none_or(|(_, e)| end > e) {
+                reach = Some((r, end));
+            }
+        }
+        Ok(())
+    }
+
     /// The end of the furthest range (elements the buffer must hold); `None` on overflow.
     pub fn extent(&self) -> Option<usize> {
         self.counts
@@ -51,6 +85,21 @@ impl Counts<'_> {
             .zip(self.displs)
             .try_fold(0usize, |m, (&c, &d)| Some(m.max(d.checked_add(c)?)))
     }
+}
+
+#[cold]
+fn overlap(
+    arg: &'static str,
+    (a, a_at, a_n): (usize, usize, usize),
+    (b, b_at, b_n): (usize, usize, usize),
+    end: usize,
+) -> Error {
+    Error::invalid(
+        arg,
+        format!(
+            "rank {a}'s {a_n} elements at {a_at} and rank {b}'s {b_n} elements at {b_at} share elements {b_at}..{end}: a receive location may be written once"
+        ),
+    )
 }
 
 /// The per-rank layouts of a variable-size collective: both sides for all-to-all-v, the
@@ -61,4 +110,58 @@ pub struct Layout<'a> {
     pub send: Option<Counts<'a>>,
     /// How the output is cut among the ranks.
     pub recv: Option<Counts<'a>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn disjoint(counts: &[usize], displs: &[usize]) -> Result<()> {
+        Counts { counts, displs }.check_disjoint("recv")
+    }
+
+    /// The case that corrupted data silently: peer 1's range starts inside peer 0's.
+    #[test]
+    fn a_range_starting_inside_another_is_refused_naming_both_ranks() {
+        let e = disjoint(&[2, 2, 2, 2], &[0, 1, 4, 6])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank 0") && e.contains("rank 1") && e.contains("1..2"),
+            "{e}"
+        );
+    }
+
+    /// A short range inside a long one that started earlier, with a range between them in
+    /// the sorted order: caught by the furthest end so far, not only the neighbour's.
+    #[test]
+    fn a_range_inside_an_earlier_long_one_is_refused() {
+        let e = disjoint(&[10, 1, 1], &[0, 20, 5]).unwrap_err().to_string();
+        assert!(e.contains("rank 0") && e.contains("rank 2"), "{e}");
+    }
+
+    #[test]
+    fn touching_empty_and_unordered_ranges_are_fine() {
+        disjoint(&[2, 2, 2], &[4, 0, 2]).unwrap();
+        disjoint(&[0, 3, 0, 1], &[1, 0, 1, 3]).unwrap();
+        disjoint(&[], &[]).unwrap();
+    }
+
+    /// O(n log n): a world of a million ranges, reversed, is checked at once.
+    #[test]
+    fn a_million_ranges_are_checked_by_sorting() {
+        let n = 1_000_000;
+        let counts = vec![3usize; n];
+        let displs: Vec<usize> = (0..n).rev().map(|p| 3 * p).collect();
+        let t = std::time::Instant::now();
+        disjoint(&counts, &displs).unwrap();
+        let mut dup = displs.clone();
+        dup[n / 2] = dup[n / 2 + 1] + 1;
+        assert!(disjoint(&counts, &dup).is_err());
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            t.elapsed()
+        );
+    }
 }

@@ -313,6 +313,11 @@ impl<M: DeviceMemory> Op<'_, M> {
                     let elems = match (e, counts) {
                         (Extent::Var, Some(c)) => {
                             c.check(world, s.bytes / self.dtype.size(), arg)?;
+                            if arg == "recv" {
+                                // What is received is written once; what is sent may be
+                                // read twice.
+                                c.check_disjoint(arg)?;
+                            }
                             c.extent().unwrap_or(0)
                         }
                         (Extent::Var, None) => {

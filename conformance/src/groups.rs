@@ -8,8 +8,8 @@
 use unicomm_core::{each_rank, Collective, Comm, DeviceMesh, DeviceStream, ReduceOp, F8E4M3};
 
 use super::var::{
-    all_gather_v, all_to_all_v, all_to_all_v_copy_engine, gather_scatter, reduce_scatter_v,
-    scaled_sums,
+    all_gather_v, all_to_all_v, all_to_all_v_copy_engine, gather_scatter, overlapping_receives,
+    reduce_scatter_v, scaled_sums,
 };
 use super::Failure;
 
@@ -78,6 +78,10 @@ pub fn run_groups_on_rank_refusing<C: Collective>(
         all_to_all_v_copy_engine(c),
     )?;
     expect_refusal("all_gather_v f32", all_gather_v::<f32, C>(c))?;
+    expect_refusal(
+        "overlapping receive ranges refused",
+        overlapping_receives(c),
+    )?;
     expect_refusal("reduce_scatter_v i64", reduce_scatter_v::<i64, C>(c))?;
     expect_refusal("pre-multiplied sum f32", scaled_sums::<f32, C>(c))?;
     expect_refusal(

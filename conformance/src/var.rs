@@ -74,6 +74,66 @@ pub(super) fn all_to_all_v<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
     same(&rb.copy_to_host(&st)?, &want, "all_to_all_v")
 }
 
+/// Receive layouts whose ranges share elements (MPI forbids a receive location written
+/// twice; the grouped receives of a GPU race there) are `InvalidArgument` naming both ranks,
+/// on every rank and before anything is enqueued: the receive buffer keeps its values.
+/// Overlapping send ranges stay allowed. Needs two ranks (one range cannot overlap).
+pub(super) fn overlapping_receives<C: Collective>(c: &Comm<C>) -> Out {
+    let (r, w) = (c.rank(), c.world_size());
+    if w < 2 {
+        return Ok(());
+    }
+    let st = c.create_stream()?;
+    // Two elements per peer; rank 1's range starts inside rank 0's.
+    let counts = vec![2usize; w];
+    let mut displs: Vec<usize> = (0..w).map(|p| 2 * p).collect();
+    displs[1] = 1;
+    let bad = Counts {
+        counts: &counts,
+        displs: &displs,
+    };
+    let packed = packed_displs(&counts)?;
+    let fine = Counts {
+        counts: &counts,
+        displs: &packed,
+    };
+    let sb = upload(c, &vec![r as i32; 2 * w], &st)?;
+    let mut rb = upload(c, &vec![-1i32; 2 * w], &st)?;
+    let refused = |what: &str, e: unicomm_core::Result<()>| -> Out {
+        match e {
+            Err(Error::InvalidArgument { reason, .. })
+                if reason.contains("rank 0") && reason.contains("rank 1") =>
+            {
+                Ok(())
+            }
+            other => Err(super::Failure::msg(format!(
+                "rank {r}, {what} with overlapping receive ranges: {other:?}, not InvalidArgument naming ranks 0 and 1"
+            ))),
+        }
+    };
+    refused("all_to_all_v", c.all_to_all_v(&sb, fine, &mut rb, bad, &st))?;
+    let own = upload(c, &[r as i32; 2], &st)?;
+    refused("all_gather_v", c.all_gather_v(&own, &mut rb, bad, &st))?;
+    same(
+        &rb.copy_to_host(&st)?,
+        &vec![-1; 2 * w],
+        "a refused receive's buffer",
+    )?;
+    // The same send ranges overlapping are allowed: every peer gets rank r's first two.
+    let zeros = vec![0usize; w];
+    let shared = Counts {
+        counts: &counts,
+        displs: &zeros,
+    };
+    c.all_to_all_v(&sb, shared, &mut rb, fine, &st)?;
+    let want: Vec<i32> = (0..w).flat_map(|p| [p as i32; 2]).collect();
+    same(
+        &rb.copy_to_host(&st)?,
+        &want,
+        "all_to_all_v from overlapping send ranges",
+    )
+}
+
 pub(super) fn all_gather_v<T: Sample, C: Collective>(c: &Comm<C>) -> Out {
     let (r, w) = (c.rank(), c.world_size());
     let counts: Vec<usize> = (0..w).map(|p| (p * 2 + 1) % 4).collect();

@@ -128,6 +128,7 @@ impl<C: Collective> Comm<C> {
         let w = self.world_size();
         send_counts.check(w, s.len, "send_counts")?;
         recv_counts.check(w, r.len, "recv_counts")?;
+        recv_counts.check_disjoint("recv_counts")?;
         let layout = Layout {
             send: Some(send_counts),
             recv: Some(recv_counts),
@@ -158,6 +159,7 @@ impl<C: Collective> Comm<C> {
         self.check(&s)?;
         self.check(&r)?;
         recv_counts.check(self.world_size(), r.len, "recv_counts")?;
+        recv_counts.check_disjoint("recv_counts")?;
         self.own_count(recv_counts, s.len, "send")?;
         let layout = Layout {
             send: None,
