@@ -289,21 +289,8 @@ impl FlightRecorder {
             ),
         };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let safe: String = self
-            .name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '.' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let path = dir.join(format!("unicomm-flight.{safe}.rank{}.json", self.rank));
-        let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
-        std::fs::write(&tmp, self.to_json(reason)).map_err(io)?;
-        std::fs::rename(&tmp, &path).map_err(io)?;
+        let path = dir.join(dump_name(&self.name, self.rank));
+        write_new(dir, &path, self.to_json(reason).as_bytes()).map_err(io)?;
         Ok(path)
     }
 
@@ -322,6 +309,76 @@ impl FlightRecorder {
             }
         }
     }
+}
+
+/// A dump's file name: `unicomm-flight.<comm>.rank<r>.json`, the communicator's name made
+/// safe for a file name; a name grown past what a file system takes (each split and re-form
+/// adds to it) keeps its start and ends in a hash of the whole, so the dump is never lost.
+fn dump_name(comm: &str, rank: usize) -> String {
+    const KEEP: usize = 160;
+    let mut safe: String = comm
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if safe.len() > KEEP {
+        // FNV-1a over the whole name: names differing only past the kept start differ.
+        let h = comm.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        safe.truncate(KEEP);
+        safe = format!("{safe}~{h:016x}");
+    }
+    format!("unicomm-flight.{safe}.rank{rank}.json")
+}
+
+/// Writes `bytes` to `path` through a temporary of its own in `dir`: created exclusively
+/// (never an existing entry, so never a FIFO, a device or through a symbolic link),
+/// non-blocking, readable by its owner only, then renamed over `path` (which replaces a link
+/// or a FIFO there rather than opening it). A directory shared between ranks and users (as
+/// a flight directory is) can thus neither block a dump nor redirect it.
+fn write_new(dir: &std::path::Path, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let stem = path
+        .file_name()
+        .map_or_else(Default::default, |n| n.to_string_lossy());
+    for _ in 0..16 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".{stem}.{}.{nanos:x}.{seq}", std::process::id()));
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&tmp);
+        let mut f = match opened {
+            Ok(f) => f,
+            // Someone else's entry at that name (planted or not): another name.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        };
+        let written = f
+            .write_all(bytes)
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        return written;
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        "no free temporary name for the dump after 16 tries",
+    ))
 }
 
 /// Dumps every live recorder of this process (a program's own signal or watchdog thread
@@ -416,6 +473,59 @@ mod tests {
         };
         let _ = f.enqueued(ar, 1, || Err(aborted), || None);
         assert!(file.exists(), "an abort did not dump the recorder");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn mkfifo(p: &std::path::Path) {
+        let ok = std::process::Command::new("mkfifo").arg(p).status();
+        assert!(ok.is_ok_and(|s| s.success()), "mkfifo {}", p.display());
+    }
+
+    /// A shared flight directory may hold anything at the names a dump uses: a FIFO at the
+    /// dump's name or at the temporary name older builds used, a symbolic link to a file of
+    /// the user's. The dump neither blocks on them nor writes through them, and ends at once.
+    #[test]
+    fn a_fifo_or_a_link_at_the_dumps_names_neither_blocks_nor_redirects_it() {
+        let dir = std::env::temp_dir().join(format!("unicomm-flight-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = FlightRecorder::new("world", 0, 2, 8, false, Some(dir.clone()));
+        let path = dir.join("unicomm-flight.world.rank0.json");
+        mkfifo(&path);
+        mkfifo(&path.with_extension(format!("json.tmp.{}", std::process::id())));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f2 = f.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(f2.dump("fifo"));
+        });
+        let r = rx.recv_timeout(std::time::Duration::from_secs(5));
+        assert!(matches!(r, Ok(Ok(_))), "the dump blocked or failed: {r:?}");
+        assert!(std::fs::metadata(&path).unwrap().is_file());
+        // A link at the dump's name is replaced, its target untouched.
+        let target = dir.join("precious");
+        std::fs::write(&target, "keep").unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        f.dump("link").unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert!(!std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Each split and re-form adds to a communicator's name; past what a file system takes
+    /// the name keeps its start and a hash of the whole, so the dump is still written.
+    #[test]
+    fn a_name_grown_by_many_re_forms_still_dumps() {
+        let long: String = (0..40).map(|i| format!("shrink{i}.")).collect::<String>() + "c0";
+        let name = dump_name(&long, 3);
+        assert!(name.len() < 255, "{}", name.len());
+        assert_ne!(name, dump_name(&(long.clone() + "x"), 3));
+        let dir = std::env::temp_dir().join(format!("unicomm-flight-long-{}", std::process::id()));
+        let f = FlightRecorder::new(long, 3, 4, 8, false, Some(dir.clone()));
+        assert!(f.dump("long").unwrap().is_file());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
