@@ -119,7 +119,7 @@ impl Api {
     }
 
     /// `ncclCommSplit(parent, color, key, config)` (NCCL >= 2.18): the child, `None` where
-    /// this rank passed [`NO_COLOR`] (or the library made none). `None` config passes NULL:
+    /// this rank passed [`NO_COLOR`](super::NO_COLOR) (or the library made none). `None` config passes NULL:
     /// the parent's settings.
     pub fn comm_split(
         &self,

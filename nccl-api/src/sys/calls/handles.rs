@@ -170,7 +170,7 @@ impl RegHandle {
     }
 }
 
-/// Memory from `ncclMemAlloc`, freed by [`Api::mem_free`].
+/// Memory from `ncclMemAlloc`, freed by [`Api::mem_free`](crate::sys::api::Api::mem_free).
 #[derive(Debug)]
 pub struct LibAlloc {
     pub(super) ptr: *mut c_void,

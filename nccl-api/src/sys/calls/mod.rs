@@ -7,7 +7,7 @@
 //! - a communicator is a [`Handle`] borrowed for a lifetime (its owner vouches, once, with
 //!   [`Handle::borrow_raw`], that it is live and used by one thread while borrowed), or an
 //!   [`OwnedComm`] that the ending calls consume, so an ended communicator cannot be named;
-//! - device memory is a [`Slice`] of a [`DeviceBytes`] allocation, whose bounds each call
+//! - device memory is a [`Slice`](unicomm_core::Slice) of a [`DeviceBytes`] allocation, whose bounds each call
 //!   checks against what it reads or writes (count x element size x ranks);
 //! - a stream is a [`StreamRef`] borrowed from its owner;
 //! - a registration is a [`RegHandle`] that deregistration consumes.
