@@ -34,6 +34,24 @@ fn read_key(path: &Path) -> Result<Option<Vec<u8>>> {
         ),
     }
     };
+    // The entry itself first: a symbolic link (dangling or not), a FIFO or a directory at
+    // the key's path is refused, never followed nor taken for "no key yet" (a dangling link
+    // reads as absent through it, while making the key there fails: rank 0 would loop).
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(refuse(e.to_string())),
+        Ok(m) if !m.file_type().is_file() => {
+            let what = if m.file_type().is_symlink() {
+                "a symbolic link"
+            } else if m.is_dir() {
+                "a directory"
+            } else {
+                "not a regular file"
+            };
+            return Err(refuse(format!("{what}, not the key file")));
+        }
+        Ok(_) => {}
+    }
     let key = match read_bounded(path, MAX_KEY) {
         Ok(k) => k,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -112,7 +130,9 @@ pub(crate) fn key(path: &Path, create: bool, deadline: Instant) -> Result<Vec<u8
         if let Some(k) = read_key(path)? {
             return Ok(k);
         }
-        if create {
+        // Rank 0's making of the key is bounded too: whatever keeps the key from appearing
+        // after it was made ends at the deadline, not in a loop.
+        if create && Instant::now() < deadline {
             create_key(path)?;
             continue;
         }

@@ -110,6 +110,35 @@ fn a_key_file_others_can_read_or_that_is_a_fifo_is_refused_without_blocking() {
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
 }
 
+/// A dangling symbolic link at the key's path reads as "no key yet" through the link while
+/// making the key there fails as "someone made it": rank 0 looped for good. It is refused at
+/// once, naming the link; a link to a good key is refused too (never followed).
+#[test]
+fn a_symbolic_link_at_the_key_path_is_refused_at_once_by_every_rank() {
+    let d = scratch("link");
+    let dangling = d.join("dangling.key");
+    std::os::unix::fs::symlink(d.join("nowhere"), &dangling).unwrap();
+    for rank in [0, 1] {
+        let t0 = Instant::now();
+        let r = exchange_unique_id(
+            &job(rank, 2, free_port(), &dangling),
+            || Ok([0; 128]),
+            Duration::from_secs(5),
+        );
+        match r {
+            Err(Error::Bootstrap { reason }) => {
+                assert!(reason.contains("symbolic link"), "{reason}")
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
+    assert!(
+        !d.join("nowhere").exists(),
+        "the key was made through the link"
+    );
+}
+
 #[test]
 fn silent_connections_do_not_lock_a_real_rank_out() {
     let d = scratch("silent");
