@@ -298,7 +298,7 @@ pub(crate) fn run_coll(
         // receive range, in parts no peer reads in that phase.
         unsafe { execute(ctx, seq, spec, &all) }
     })();
-    fabric.leave(seq, r.is_err());
+    fabric.leave(seq, r.is_err(), ctx.deadline());
     r
 }
 

@@ -81,8 +81,9 @@ pub(crate) trait Exchange: Send + Sync {
     /// Marks the end of an access started by `enter`.
     fn exit(&self, seq: u64);
     /// This rank is done with collective `seq`. After an error, waits until no peer is still
-    /// reading or writing memory under `seq` (those accesses are copies that cannot block).
-    fn leave(&self, seq: u64, failed: bool);
+    /// reading or writing memory under `seq`, until `deadline` (a copy does not block, but a
+    /// peer's process can be stopped inside one); past it the fabric is poisoned.
+    fn leave(&self, seq: u64, failed: bool, deadline: Instant);
     /// Posts a send from `src` to `dst`.
     fn post(&self, src: usize, dst: usize, msg: Msg) -> Result<()>;
     /// Takes the next send from `src` to `dst`.
@@ -266,14 +267,28 @@ impl Exchange for LocalFabric {
         self.cv.notify_all();
     }
 
-    fn leave(&self, seq: u64, failed: bool) {
+    fn leave(&self, seq: u64, failed: bool, deadline: Instant) {
         let mut st = self.lock();
         if failed {
-            // Peers may be inside a copy that touches this rank's buffers; those copies
-            // cannot block, so this wait is short and needs no deadline. No new access
-            // starts: the fabric is poisoned or the op failed identically on every rank.
+            // Peers may be inside a copy that touches this rank's buffers: waited for, until
+            // the deadline (a copy does not block, but its process can be stopped in it). No
+            // new access starts: the fabric is poisoned or the op failed identically on every
+            // rank. Past the deadline the world is poisoned (its peers' buffers can no longer
+            // be trusted) and this rank goes on.
             while st.slots.get(&seq).is_some_and(|s| s.active > 0) {
-                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                let now = Instant::now();
+                if now >= deadline {
+                    let e = Error::Aborted {
+                        reason: "a peer stayed inside a copy of a failed collective past the deadline (its process stopped?)".into(),
+                    };
+                    st.poison.get_or_insert(e);
+                    break;
+                }
+                st = self
+                    .cv
+                    .wait_timeout(st, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
         }
         let world = self.world;
@@ -366,5 +381,31 @@ impl Exchange for LocalFabric {
 
     fn poisoned(&self) -> Option<Error> {
         self.lock().poison.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer whose process stopped inside a copy never ends its access: a rank leaving a
+    /// failed collective waits for it only until the deadline, and the world is poisoned
+    /// (seen on the mock across processes: the survivors could not exit for as long as the
+    /// peer was stopped).
+    #[test]
+    fn leaving_a_failed_collective_waits_for_a_stuck_peer_only_until_the_deadline() {
+        let f = std::sync::Arc::new(LocalFabric::new(2, Duration::from_secs(60)));
+        f.enter(7).unwrap(); // the stopped peer, inside its copy for good
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g = f.clone();
+        std::thread::spawn(move || {
+            g.leave(7, true, Instant::now() + Duration::from_millis(100));
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+            "leave waited past its deadline"
+        );
+        assert!(matches!(f.poisoned(), Some(Error::Aborted { .. })));
     }
 }

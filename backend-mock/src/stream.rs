@@ -16,6 +16,8 @@ struct State {
     done: u64,
     error: Option<Error>,
     shutdown: bool,
+    /// The worker has returned (or unwound): a drop's join then returns at once.
+    exited: bool,
 }
 
 pub(crate) struct Inner {
@@ -68,6 +70,7 @@ impl MockStream {
                 done: 0,
                 error: None,
                 shutdown: false,
+                exited: false,
             }),
             cv: Condvar::new(),
             idle_timeout,
@@ -75,7 +78,18 @@ impl MockStream {
         let w = inner.clone();
         let worker = std::thread::Builder::new()
             .name(format!("unicomm-mock-stream-r{}", owner.1))
-            .spawn(move || worker_loop(&w))
+            .spawn(move || {
+                /// Marks the worker exited however it ends, so a drop never waits for it.
+                struct Exit<'a>(&'a Inner);
+                impl Drop for Exit<'_> {
+                    fn drop(&mut self) {
+                        self.0.lock().exited = true;
+                        self.0.cv.notify_all();
+                    }
+                }
+                let _exit = Exit(&w);
+                worker_loop(&w)
+            })
             .map_err(|e| Error::Device {
                 runtime: "mock",
                 call: "create_stream",
@@ -235,9 +249,76 @@ impl Drop for MockStream {
         // completes after cudaStreamDestroy; then the worker exits.
         self.inner.lock().shutdown = true;
         self.inner.cv.notify_all();
-        if let Some(w) = self.worker.take() {
-            // A worker that panicked has nothing left to clean up; ignore it.
-            let _ = w.join();
+        let Some(w) = self.worker.take() else {
+            return;
+        };
+        // Joined with the stream's own rule: as long as the work makes progress, each
+        // operation within the deadline. A worker stuck past it (a peer process stopped in a
+        // copy) is left to finish on its own; its work keeps what it uses alive.
+        let mut st = self.inner.lock();
+        let mut last = st.done;
+        let mut deadline = Instant::now() + self.inner.idle_timeout;
+        while !st.exited {
+            let now = Instant::now();
+            if now >= deadline {
+                tracing::warn!(
+                    rank = self.owner.1,
+                    "a stream dropped with work stuck past the deadline: its worker is left to finish"
+                );
+                return;
+            }
+            st = self
+                .inner
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            if st.done != last {
+                last = st.done;
+                deadline = Instant::now() + self.inner.idle_timeout;
+            }
         }
+        drop(st);
+        // Exited: the join returns at once. A worker that panicked has nothing left to clean
+        // up; ignore it.
+        let _ = w.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drop never blocks without a deadline: a stream whose work is stuck (a peer process
+    /// stopped inside a copy) is dropped within its deadline, its worker left to finish.
+    #[test]
+    fn a_stream_with_stuck_work_is_dropped_within_its_deadline() {
+        let s = MockStream::new((0, 0), Duration::from_millis(100)).unwrap();
+        s.push(Box::new(|| {
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(())
+        }))
+        .unwrap();
+        let t = Instant::now();
+        drop(s);
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+
+    /// Work that makes progress is waited for, each operation within the deadline.
+    #[test]
+    fn a_stream_whose_work_progresses_is_drained_at_drop() {
+        let s = MockStream::new((0, 0), Duration::from_millis(200)).unwrap();
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for _ in 0..5 {
+            let d = done.clone();
+            s.push(Box::new(move || {
+                std::thread::sleep(Duration::from_millis(60));
+                d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }))
+            .unwrap();
+        }
+        drop(s);
+        assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 5);
     }
 }

@@ -199,8 +199,8 @@ impl Hub {
                 w.result(&Ok(()));
             }
             op::LEAVE => {
-                let (seq, failed) = (r.u64()?, r.u8()? != 0);
-                f.leave(seq, failed);
+                let (seq, failed, ms) = (r.u64()?, r.u8()? != 0, r.u64()?);
+                f.leave(seq, failed, within(ms));
                 w.result(&Ok(()));
             }
             op::POST => {

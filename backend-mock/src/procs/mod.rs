@@ -201,13 +201,17 @@ impl Exchange for ProcFabric {
         }
     }
 
-    fn leave(&self, seq: u64, failed: bool) {
+    fn leave(&self, seq: u64, failed: bool, deadline: Instant) {
         match &self.link {
-            Link::Hub(h) => h.fabric.leave(seq, failed),
+            Link::Hub(h) => h.fabric.leave(seq, failed, deadline),
             Link::Client(c) => {
+                // The hub waits until the deadline; the answer is awaited a little longer.
+                let ms = deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as u64;
                 let mut w = W::default();
-                w.u8(op::LEAVE).u64(seq).u8(u8::from(failed));
-                let _ = c.call_result(&w, Duration::from_secs(60));
+                w.u8(op::LEAVE).u64(seq).u8(u8::from(failed)).u64(ms);
+                let _ = c.call_result(&w, Duration::from_millis(ms) + Duration::from_secs(1));
             }
         }
         self.release(Hold::Coll(seq));
