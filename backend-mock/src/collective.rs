@@ -176,7 +176,10 @@ impl Collective for MockComm {
         self.live()?;
         self.state.store(FINALIZED, Ordering::Release);
         // Across processes rank 0 serves the others until they finalized too.
-        self.ctx.fabric.depart(self.ctx.timeout)
+        let joined = self.seq.load(Ordering::Relaxed);
+        self.ctx
+            .fabric
+            .depart(self.ctx.rank, joined, self.ctx.timeout)
     }
 
     fn timeout(&self) -> Option<Duration> {

@@ -320,7 +320,11 @@ impl Drop for MockComm {
             });
         } else {
             self.state.store(FINALIZED, Ordering::Release);
-            let _ = self.ctx.fabric.depart(self.ctx.timeout);
+            let joined = self.seq.load(Ordering::Relaxed);
+            let _ = self
+                .ctx
+                .fabric
+                .depart(self.ctx.rank, joined, self.ctx.timeout);
         }
     }
 }

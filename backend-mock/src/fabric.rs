@@ -96,12 +96,12 @@ pub(crate) trait Exchange: Send + Sync {
     fn poison(&self, e: Error);
     /// The poison, if any.
     fn poisoned(&self) -> Option<Error>;
-    /// This rank finalized. Ranks in one process: nothing to do. Across processes, rank 0
-    /// (whose process serves the exchange) waits, at most `timeout`, until the others did.
-    fn depart(&self, timeout: Duration) -> Result<()> {
-        let _ = timeout;
-        Ok(())
-    }
+    /// `rank` finalized (or dropped) its communicator after joining `joined` collectives: a
+    /// peer waiting on a collective it will never join fails at once naming it, a peer not
+    /// waiting on one is not disturbed; where peers already wait on such a collective, the
+    /// error is this rank's too. Across processes rank 0 (whose process serves the exchange)
+    /// then waits, at most `timeout`, until the others did.
+    fn depart(&self, rank: usize, joined: u64, timeout: Duration) -> Result<()>;
 }
 
 #[derive(Default)]
@@ -120,6 +120,8 @@ struct State {
     copying: HashSet<u64>,
     completed: HashMap<u64, Option<Error>>,
     poison: Option<Error>,
+    /// Per rank that finalized or dropped its communicator, the collectives it joined.
+    departed: HashMap<usize, u64>,
 }
 
 /// The exchange for ranks that are threads of one process.
@@ -152,12 +154,27 @@ impl LocalFabric {
         })
     }
 
-    /// Waits on the condvar until `done` holds, the fabric is poisoned, or the deadline
-    /// passes (then poisons it with a `Timeout` naming `what`).
+    /// The first rank that departed before joining collective `seq` and has not arrived at
+    /// it: it never will.
+    fn never_joins(&self, st: &State, seq: u64) -> Option<Error> {
+        let arrived = |q: usize| st.slots.get(&seq).is_some_and(|s| s.descs[q].is_some());
+        let mut gone: Vec<(usize, u64)> = st
+            .departed
+            .iter()
+            .filter(|&(&q, &k)| k <= seq && !arrived(q))
+            .map(|(&q, &k)| (q, k))
+            .collect();
+        gone.sort_unstable();
+        gone.first().map(|&(q, k)| short_of(q, k, seq))
+    }
+
+    /// Waits on the condvar until `done` holds, the fabric is poisoned, collective `seq`
+    /// (where given) lost a rank that departed before it, or the deadline passes (then
+    /// poisons it with a `Timeout` naming `what`).
     fn wait_until<'a>(
         &self,
         mut st: MutexGuard<'a, State>,
-        deadline: Instant,
+        (deadline, seq): (Instant, Option<u64>),
         mut done: impl FnMut(&mut State) -> bool,
         what: impl Fn(&State) -> String,
     ) -> Result<MutexGuard<'a, State>> {
@@ -170,6 +187,9 @@ impl LocalFabric {
             }
             if let Some(e) = &st.poison {
                 return Err(e.clone());
+            }
+            if let Some(e) = seq.and_then(|seq| self.never_joins(&st, seq)) {
+                return Err(e);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -188,6 +208,18 @@ impl LocalFabric {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+}
+
+/// A rank that departed after `joined` collectives, while a peer waits on collective `seq`
+/// (counted from 0): the ranks disagree on how many collectives they make.
+fn short_of(rank: usize, joined: u64, seq: u64) -> Error {
+    Error::Mismatch {
+        what: "the number of collectives",
+        detail: format!(
+            "rank {rank} finalized (or dropped) its communicator after {joined} collective(s), and will never join collective {} that its peers called",
+            seq + 1
+        ),
     }
 }
 
@@ -222,7 +254,7 @@ impl Exchange for LocalFabric {
         self.cv.notify_all();
         let st = self.wait_until(
             self.lock(),
-            deadline,
+            (deadline, Some(seq)),
             |st| st.slots.get(&seq).is_some_and(|s| s.arrived == world),
             |st| {
                 format!(
@@ -242,7 +274,7 @@ impl Exchange for LocalFabric {
         let world = self.world;
         self.wait_until(
             self.lock(),
-            deadline,
+            (deadline, None),
             |st| st.slots.get(&seq).and_then(|s| s.phases.get(&phase)) == Some(&world),
             |_| format!("collective #{seq}: a peer never finished phase {phase} (rank {rank} gave up waiting)"),
         )
@@ -315,7 +347,7 @@ impl Exchange for LocalFabric {
         let mut taken = None;
         let _st = self.wait_until(
             self.lock(),
-            deadline,
+            (deadline, None),
             |st| {
                 taken = st.mail.get_mut(&(src, dst)).and_then(|q| q.pop_front());
                 if let Some(m) = &taken {
@@ -342,7 +374,7 @@ impl Exchange for LocalFabric {
         let mut refused = None;
         let r = self.wait_until(
             self.lock(),
-            deadline,
+            (deadline, None),
             |st| match st.completed.remove(&id) {
                 Some(e) => {
                     refused = e;
@@ -377,6 +409,21 @@ impl Exchange for LocalFabric {
         st.poison.get_or_insert(e);
         drop(st);
         self.cv.notify_all();
+    }
+
+    fn depart(&self, rank: usize, joined: u64, _timeout: Duration) -> Result<()> {
+        let mut st = self.lock();
+        st.departed.insert(rank, joined);
+        // Peers already waiting on a collective this rank never joined: named here too.
+        let ahead = st
+            .slots
+            .iter()
+            .filter(|&(&seq, s)| seq >= joined && s.arrived > 0 && s.descs[rank].is_none())
+            .map(|(&seq, _)| seq)
+            .min();
+        drop(st);
+        self.cv.notify_all();
+        ahead.map_or(Ok(()), |seq| Err(short_of(rank, joined, seq)))
     }
 
     fn poisoned(&self) -> Option<Error> {

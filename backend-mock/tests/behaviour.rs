@@ -799,3 +799,64 @@ fn empty_buffers_in_one_group_do_not_deadlock() {
     }
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
 }
+
+/// One rule in threads and processes: a rank that drops (or finalizes) its communicator
+/// after fewer collectives than its peers is named at once by every peer waiting on a
+/// collective it will never join (not after the 10 s deadline), and at its own finalize
+/// where they already wait; peers that made as many calls as it did are not disturbed.
+#[test]
+fn a_rank_that_leaves_early_is_named_at_once_by_the_peers_waiting_for_it() {
+    let comms = world(3);
+    let t0 = Instant::now();
+    let out = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || -> Vec<unicomm_core::Result<()>> {
+                    let st = c.create_stream().unwrap();
+                    let mut b = c.alloc::<f32>(4).unwrap();
+                    let first = c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st);
+                    let first = first.and_then(|()| st.synchronize());
+                    if c.rank() == 2 {
+                        // Its peers are in their second collective by now.
+                        std::thread::sleep(Duration::from_millis(300));
+                        drop(b);
+                        return vec![first, c.finalize()];
+                    }
+                    let second = c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st);
+                    vec![first, second.and_then(|()| st.synchronize())]
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    for (r, v) in out.iter().enumerate() {
+        assert!(v[0].is_ok(), "rank {r}'s first collective: {:?}", v[0]);
+        match &v[1] {
+            Err(Error::Mismatch { detail, .. }) => {
+                assert!(
+                    detail.contains("rank 2") && detail.contains("after 1 collective"),
+                    "{detail}"
+                )
+            }
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
+    // The same number of calls everywhere: a drop disturbs no one.
+    let comms = world(3);
+    let done: Vec<unicomm_core::Result<()>> = each(&comms, |c| {
+        let st = c.create_stream().unwrap();
+        let mut b = c.alloc::<f32>(4).unwrap();
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)
+            .and_then(|()| st.synchronize())
+    });
+    assert!(done.iter().all(|r| r.is_ok()), "{done:?}");
+    let mut comms = comms;
+    drop(comms.pop());
+    for c in comms {
+        c.finalize().unwrap();
+    }
+}

@@ -230,6 +230,10 @@ impl Hub {
                 let (id, dst, ms, after) = (r.u64()?, r.usize()?, r.u64()?, r.u64()?);
                 w.result(&f.wait_sent(id, dst, within(ms), Duration::from_millis(after)));
             }
+            op::DEPART => {
+                let joined = r.u64()?;
+                w.result(&f.depart(rank, joined, self.timeout));
+            }
             op::POISON => {
                 f.poison(r.error()?);
                 w.result(&Ok(()));

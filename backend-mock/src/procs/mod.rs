@@ -306,12 +306,18 @@ impl Exchange for ProcFabric {
         }
     }
 
-    fn depart(&self, timeout: Duration) -> Result<()> {
+    fn depart(&self, rank: usize, joined: u64, timeout: Duration) -> Result<()> {
         match &self.link {
-            Link::Hub(h) => h.wait_departures(timeout),
+            Link::Hub(h) => {
+                let short = h.fabric.depart(rank, joined, timeout);
+                h.wait_departures(timeout).and(short)
+            }
             Link::Client(c) => {
+                let mut w = W::default();
+                w.u8(op::DEPART).u64(joined);
+                let short = c.call_result(&w, Duration::from_secs(1));
                 c.bye();
-                Ok(())
+                short
             }
         }
     }

@@ -363,6 +363,7 @@ pub(crate) mod op {
     pub const WAIT_SENT: u8 = 9;
     pub const POISON: u8 = 10;
     pub const BYE: u8 = 11;
+    pub const DEPART: u8 = 12;
 }
 
 /// The two kinds of connection: one for a rank's life, others for its requests.
