@@ -467,7 +467,11 @@ fn run_recv(ctx: &RankCtx, span: &Span, count: usize, dtype: DataType, peer: usi
                 msg.count, msg.dtype, ctx.rank
             ),
         };
+        // NCCL's grouped calls with mismatched counts corrupt or hang the whole
+        // communicator; here every rank learns of it at once, by the pair and both counts
+        // (a variable-size collective lowered to these calls included).
         ctx.fabric.complete(msg.id, Some(e.clone()));
+        ctx.fabric.poison(e.clone());
         return Err(e);
     }
     // SAFETY: the sender waits (holding its buffer) until `complete`; our span was checked to

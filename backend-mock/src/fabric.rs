@@ -382,7 +382,7 @@ impl Exchange for LocalFabric {
                 }
                 None => false,
             },
-            |_| format!("send #{id}: rank {dst} never received it"),
+            |_| format!("a send to rank {dst}: rank {dst} never received it"),
         );
         match r {
             Ok(_) => refused.map_or(Ok(()), Err),

@@ -860,3 +860,60 @@ fn a_rank_that_leaves_early_is_named_at_once_by_the_peers_waiting_for_it() {
         c.finalize().unwrap();
     }
 }
+
+/// Ranks disagreeing on an all_to_all_v's counts: rank 0 sends 3 elements to rank 1, which
+/// expects 2. The pair gets `Mismatch` naming both ranks and both counts, and so does every
+/// rank still exchanging, promptly (not a deadline, no internal id): the world is poisoned
+/// with it, as NCCL's grouped calls would corrupt or hang the whole communicator. A rank
+/// whose own exchanges all finished first gets it at its next call.
+#[test]
+fn disagreeing_all_to_all_v_counts_are_a_mismatch_on_every_rank_at_once() {
+    use unicomm_core::{packed_displs, Counts};
+    let named = |r: &unicomm_core::Result<()>| {
+        matches!(r, Err(Error::Mismatch { detail, .. })
+            if detail.contains("rank 0 sent 3") && detail.contains("rank 1 receives 2"))
+    };
+    for _ in 0..5 {
+        let comms = world(4);
+        // Every rank set up before any starts: the poison also refuses new streams.
+        let ready = std::sync::Barrier::new(4);
+        let t0 = Instant::now();
+        let out = each(&comms, |c| {
+            let (r, w) = (c.rank(), c.world_size());
+            let st = c.create_stream().unwrap();
+            let mut sc = vec![2usize; w];
+            if r == 0 {
+                sc[1] = 3;
+            }
+            let rc = vec![2usize; w];
+            let (sd, rd) = (packed_displs(&sc).unwrap(), packed_displs(&rc).unwrap());
+            let send = c.alloc::<f32>(sc.iter().sum()).unwrap();
+            let mut recv = c.alloc::<f32>(2 * w).unwrap();
+            let s = Counts {
+                counts: &sc,
+                displs: &sd,
+            };
+            let rcs = Counts {
+                counts: &rc,
+                displs: &rd,
+            };
+            ready.wait();
+            let first = c
+                .all_to_all_v(&send, s, &mut recv, rcs, &st)
+                .and_then(|()| st.synchronize());
+            let next = c
+                .all_reduce_in_place(&mut recv, ReduceOp::Sum, &st)
+                .and_then(|()| st.synchronize());
+            (first, next)
+        });
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        for (r, (first, next)) in out.iter().enumerate() {
+            if r < 2 {
+                assert!(named(first), "rank {r}: {first:?}");
+            } else {
+                assert!(first.is_ok() || named(first), "rank {r}: {first:?}");
+            }
+            assert!(named(next), "rank {r}'s next call: {next:?}");
+        }
+    }
+}
