@@ -64,8 +64,14 @@ macro_rules! half_arith {
         impl Arith for $t {
             #[inline(always)] fn sum(a: Self, b: Self) -> Self { <$t>::from_f64(a.to_f64() + b.to_f64()) }
             #[inline(always)] fn prod(a: Self, b: Self) -> Self { <$t>::from_f64(a.to_f64() * b.to_f64()) }
-            #[inline(always)] fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
-            #[inline(always)] fn min(a: Self, b: Self) -> Self { if b < a { b } else { a } }
+            // NCCL's rule for every float type, as `fmaxf`/`__hmax` do and Rust's f32/f64
+            // `max`: a NaN operand loses to a number, wherever it stands.
+            #[inline(always)] fn max(a: Self, b: Self) -> Self {
+                if a.to_f64().is_nan() || b > a { b } else { a }
+            }
+            #[inline(always)] fn min(a: Self, b: Self) -> Self {
+                if a.to_f64().is_nan() || b < a { b } else { a }
+            }
             #[inline(always)] fn premul(x: Self, world: usize) -> Self {
                 let scale = <$t>::from_f64(1.0 / world as f64);
                 <$t>::from_f64(x.to_f64() * scale.to_f64())
@@ -248,4 +254,28 @@ fn store_fence() {
     unsafe {
         std::arch::x86_64::_mm_sfence()
     };
+}
+
+#[cfg(test)]
+mod nan_tests {
+    use super::*;
+
+    fn check<T: Arith + PartialEq + std::fmt::Debug>(nan: T, one: T) {
+        for (a, b) in [(nan, one), (one, nan)] {
+            assert_eq!(T::max(a, b), one, "max({a:?}, {b:?})");
+            assert_eq!(T::min(a, b), one, "min({a:?}, {b:?})");
+        }
+    }
+
+    /// Max and min with a NaN give the number whichever side the NaN is on, for every
+    /// float type (the half types and the 8-bit floats returned the NaN on one side).
+    #[test]
+    fn a_nan_loses_to_a_number_in_max_and_min_of_every_float_type() {
+        check(f32::NAN, 1.0f32);
+        check(f64::NAN, 1.0f64);
+        check(f16::NAN, f16::from_f64(1.0));
+        check(bf16::NAN, bf16::from_f64(1.0));
+        check(F8E4M3::from_f64(f64::NAN), F8E4M3::from_f64(1.0));
+        check(F8E5M2::from_f64(f64::NAN), F8E5M2::from_f64(1.0));
+    }
 }

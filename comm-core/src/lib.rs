@@ -51,6 +51,7 @@ pub mod element;
 pub mod env;
 mod error;
 pub mod flight;
+pub mod fp8;
 mod kind;
 pub mod layout;
 mod marker;
