@@ -53,6 +53,9 @@ pub struct CommConfig {
     pub nvls_ctas: Option<u32>,
 }
 
+/// The most CTAs per kernel `minCTAs` and `maxCTAs` take (NCCL's user guide).
+const MAX_CTAS: u32 = 32;
+
 impl CommConfig {
     /// Checks the values NCCL documents a range for.
     pub fn check_values(&self) -> Result<()> {
@@ -74,6 +77,22 @@ impl CommConfig {
         int(self.max_ctas, "max_ctas")?;
         int(self.traffic_class, "traffic_class")?;
         int(self.nvls_ctas, "nvls_ctas")?;
+        // NCCL's user guide (ncclConfig_t): minCTAs and maxCTAs "a positive integer value,
+        // up to 32", nvlsCTAs a positive integer.
+        for (x, arg) in [(self.min_ctas, "min_ctas"), (self.max_ctas, "max_ctas")] {
+            if x.is_some_and(|x| !(1..=MAX_CTAS).contains(&x)) {
+                return Err(Error::invalid(
+                    arg,
+                    format!("NCCL takes 1..={MAX_CTAS}, not {}", x.unwrap_or(0)),
+                ));
+            }
+        }
+        if self.nvls_ctas == Some(0) {
+            return Err(Error::invalid(
+                "nvls_ctas",
+                "NCCL takes a positive count, not 0",
+            ));
+        }
         if let (Some(lo), Some(hi)) = (self.min_ctas, self.max_ctas) {
             if lo > hi {
                 return Err(Error::invalid(
@@ -108,5 +127,35 @@ mod tests {
             ..CommConfig::default()
         };
         assert!(nul.check_values().is_err());
+    }
+
+    /// NCCL documents minCTAs and maxCTAs as 1..=32 and nvlsCTAs as positive: 0 and a
+    /// million passed before, for the library to refuse or clamp as it liked.
+    #[test]
+    fn cta_counts_outside_ncclconfigs_documented_range_are_refused() {
+        for (min, max, nvls) in [
+            (Some(0), None, None),
+            (None, Some(1_000_000), None),
+            (None, Some(33), None),
+            (None, None, Some(0)),
+        ] {
+            let c = CommConfig {
+                min_ctas: min,
+                max_ctas: max,
+                nvls_ctas: nvls,
+                ..CommConfig::default()
+            };
+            assert!(
+                matches!(c.check_values(), Err(Error::InvalidArgument { .. })),
+                "{min:?} {max:?} {nvls:?}"
+            );
+        }
+        let fine = CommConfig {
+            min_ctas: Some(1),
+            max_ctas: Some(32),
+            nvls_ctas: Some(16),
+            ..CommConfig::default()
+        };
+        fine.check_values().unwrap();
     }
 }

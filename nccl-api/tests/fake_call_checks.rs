@@ -138,3 +138,29 @@ fn a_variable_size_part_past_its_buffer_is_refused_but_an_empty_one_is_not() {
     assert!(fine.is_ok(), "{fine:?}");
     assert_eq!(calls(&path, "ncclAllToAllv"), before + 1);
 }
+
+/// A library new enough for a call but built without its entry point is not "too old":
+/// the error says the symbol is missing, not that the version is.
+#[test]
+fn a_missing_entry_point_of_a_new_enough_library_is_named_as_missing() {
+    let path = fake("nccl228");
+    let api = unicomm_nccl_api::Api::open(flavors(false, false), &path).unwrap();
+    let absent: Option<fn()> = None;
+    let e = api
+        .gated("something", unicomm_core::Version::new(2, 14, 0), absent)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("does not export it"), "{e}");
+    let old = api
+        .gated(
+            "something newer",
+            unicomm_core::Version::new(2, 99, 0),
+            Some(()),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        old.contains(">= 2.99.0") && !old.contains("does not export"),
+        "{old}"
+    );
+}

@@ -125,6 +125,10 @@ impl<R: Runtime> ApiComm<R> {
         }
         let id = api.unique_id()?;
         let mode = Mode::from_env(&api)?.with(config);
+        // Every variable read before anything is created: a bad one leaves nothing behind.
+        let flights = (0..n)
+            .map(|rank| FlightRecorder::from_env("world", rank, n))
+            .collect::<Result<Vec<_>>>()?;
         let raw = create::local_world(&api, &rt, devs, mode, id, config)?;
         let local = Arc::new(LocalWorld::new(n));
         let rejoin = unicomm_bootstrap::Rejoin::local();
@@ -140,7 +144,7 @@ impl<R: Runtime> ApiComm<R> {
                 mode.timeout,
             );
             let sharing = Sharing::new(Some(local.clone()), None);
-            let flight = FlightRecorder::from_env("world", rank, n)?;
+            let flight = flights[rank].clone();
             match Self::compose(lc, mode, sharing, Some(rejoin.clone()), flight) {
                 Ok(me) => out.push(me),
                 Err(e) => {
@@ -193,6 +197,8 @@ impl<R: Runtime> ApiComm<R> {
             });
         }
         let mode = Mode::from_env(&api)?.with(config);
+        // Every variable read before anything is created: a bad one leaves nothing behind.
+        let flight = FlightRecorder::from_env("world", rank, world)?;
         let c = create::one_rank(&api, &rt, id, (rank, world, dev), mode, config)?;
         let lc = LibComm::new(
             api,
@@ -202,7 +208,6 @@ impl<R: Runtime> ApiComm<R> {
             mode.nonblocking,
             mode.timeout,
         );
-        let flight = FlightRecorder::from_env("world", rank, world)?;
         Self::compose(
             lc,
             mode,

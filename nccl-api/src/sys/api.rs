@@ -329,16 +329,23 @@ impl Api {
     }
 
     fn too_old(&self, what: &str, since: Version, present: bool) -> Error {
+        let found = format!("{} {} at {}", self.flavor.library, self.version, self.path);
+        if !present && self.version >= since {
+            // New enough, yet without the entry point (a build that left it out): the version
+            // is not what is missing.
+            return Error::unsupported(
+                what,
+                format!(
+                    "a library that exports it ({} >= {since})",
+                    self.flavor.library
+                ),
+                format!("{found}, which does not export it"),
+            );
+        }
         Error::unsupported(
             what,
             format!("{} >= {since}", self.flavor.library),
-            format!(
-                "{} {} at {}{}",
-                self.flavor.library,
-                self.version,
-                self.path,
-                if present { "" } else { " (symbol absent)" }
-            ),
+            format!("{found}{}", if present { "" } else { " (symbol absent)" }),
         )
     }
 

@@ -282,7 +282,8 @@ pub(crate) fn run_until(program: &Path, args: &[String], job: &Job<'_>, stop: &S
     // The ranks' last lines: their pipes close when they exit (a process they started and
     // left behind may hold one open: waited for at most 2 s, and never past the deadline).
     let until = (Instant::now() + Duration::from_secs(2))
-        .min(start + timeout)
+        // A deadline too far to represent (`--timeout-s` of u64::MAX) is no deadline here.
+        .min(start.checked_add(timeout).unwrap_or(until_far()))
         .max(Instant::now());
     for h in kids.into_iter().flat_map(|k| k.readers) {
         while !h.is_finished() && Instant::now() < until {
@@ -398,3 +399,9 @@ impl std::error::Error for Failed {}
 
 #[cfg(all(test, unix))]
 mod tests;
+
+/// Two seconds from now: the pipes' wait when the run's own deadline is too far to
+/// represent.
+fn until_far() -> Instant {
+    Instant::now() + Duration::from_secs(2)
+}

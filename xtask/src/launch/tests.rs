@@ -189,3 +189,15 @@ fn a_signal_to_the_launcher_stops_every_rank_and_what_they_started() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--timeout-s 18446744073709551615`: a deadline too far to represent is no deadline, not
+/// a panic (an `Instant` overflow at the end of the run).
+#[test]
+fn a_deadline_too_far_to_represent_runs_the_job_to_its_end() {
+    run(
+        Path::new("sh"),
+        &sh("exit 0"),
+        &job(2, Duration::from_secs(u64::MAX), false, &[]),
+    )
+    .unwrap();
+}
