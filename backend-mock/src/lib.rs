@@ -61,6 +61,9 @@ use comm::{LIVE, NEXT_DEVICE, NEXT_WORLD};
 /// Creates the `n` ranks of a new world (one communicator per rank; hand each to its own
 /// thread, or drive them all from one thread).
 pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
+    // Read here as the GPU backends read it at creation: a malformed value is an error, not
+    // the check silently off.
+    unicomm_core::env::switch("UNICOMM_CHECK_COLLECTIVES", false)?;
     if n == 0 || n > MAX_RANKS {
         return Err(Error::invalid(
             "n",
@@ -118,6 +121,7 @@ pub fn join(
     config: MockConfig,
     bootstrap_timeout: Duration,
 ) -> Result<MockComm> {
+    unicomm_core::env::switch("UNICOMM_CHECK_COLLECTIVES", false)?;
     let n = env.world_size;
     if n == 0 || n > MAX_RANKS || env.rank >= n {
         return Err(Error::invalid(

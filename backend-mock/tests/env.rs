@@ -31,6 +31,20 @@ fn bad_settings_are_errors_that_name_the_variable() {
         named(MockConfig::from_env(), "UNICOMM_MOCK_TIMEOUT_MS");
         named(unicomm_mock::local_comms(2), "UNICOMM_MOCK_TIMEOUT_MS");
     }
+    // The collective check's switch: a malformed value is refused at creation, as on the GPU
+    // backends, instead of the check silently off.
+    std::env::set_var("UNICOMM_MOCK_TIMEOUT_MS", "1500");
+    std::env::set_var("UNICOMM_CHECK_COLLECTIVES", "yes");
+    match unicomm_mock::local_comms(2) {
+        Err(Error::InvalidArgument { argument, .. }) => {
+            assert_eq!(argument, "UNICOMM_CHECK_COLLECTIVES")
+        }
+        other => panic!(
+            "UNICOMM_CHECK_COLLECTIVES=yes: {:?}",
+            other.map(|v| v.len())
+        ),
+    }
+    std::env::remove_var("UNICOMM_CHECK_COLLECTIVES");
     std::env::set_var("UNICOMM_MOCK_TIMEOUT_MS", "1500");
     assert_eq!(
         MockConfig::from_env().unwrap().timeout,

@@ -53,7 +53,15 @@ impl Entry {
     }
 }
 
-/// Every dump in `dir`.
+/// The largest dump read (the largest ring, 2^20 entries, is about 200 MiB of JSON; a dump of
+/// the default 1024 entries about 200 KiB).
+const MAX_DUMP_BYTES: u64 = 256 << 20;
+/// The largest world a dump may name (the library's own limit on ranks is far below).
+const MAX_WORLD: usize = 1 << 24;
+
+/// Every dump in `dir`: regular files only (a FIFO, a device or a link named like a dump is
+/// refused, never opened in a way that blocks or followed), read with a bound, each header
+/// checked.
 pub(crate) fn read_dir(dir: &Path) -> Result<Vec<Dump>> {
     let mut out = Vec::new();
     let rd = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
@@ -62,16 +70,56 @@ pub(crate) fn read_dir(dir: &Path) -> Result<Vec<Dump>> {
         if !(name.starts_with("unicomm-flight.") && name.ends_with(".json")) {
             continue;
         }
-        let text = std::fs::read_to_string(e.path())
-            .with_context(|| format!("reading {}", e.path().display()))?;
+        let path = e.path();
+        let text = read_bounded(&path)?;
         let d: Dump = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not a flight-recorder dump", e.path().display()))?;
+            .with_context(|| format!("{} is not a flight-recorder dump", path.display()))?;
         if d.format != "unicomm-flight-1" {
-            bail!("{}: unknown format {:?}", e.path().display(), d.format);
+            bail!("{}: unknown format {:?}", path.display(), d.format);
+        }
+        if d.world == 0 || d.world > MAX_WORLD || d.rank >= d.world {
+            bail!(
+                "{}: rank {} of a world of {}: not a dump of this library",
+                path.display(),
+                d.rank,
+                d.world
+            );
         }
         out.push(d);
     }
     Ok(out)
+}
+
+/// A dump's text: a regular file (checked without following a link), opened non-blocking,
+/// at most [`MAX_DUMP_BYTES`].
+fn read_bounded(path: &Path) -> Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let meta =
+        std::fs::symlink_metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if !meta.file_type().is_file() {
+        bail!(
+            "{}: not a regular file (a link, FIFO or device named like a dump)",
+            path.display()
+        );
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let mut text = String::new();
+    f.take(MAX_DUMP_BYTES + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("reading {}", path.display()))?;
+    if text.len() as u64 > MAX_DUMP_BYTES {
+        bail!(
+            "{}: larger than {} MiB: not a dump",
+            path.display(),
+            MAX_DUMP_BYTES >> 20
+        );
+    }
+    Ok(text)
 }
 
 /// The analysis, one paragraph per communicator.
@@ -106,7 +154,9 @@ pub(crate) fn analyze(dumps: &[Dump]) -> Vec<String> {
     out
 }
 
-/// The first sequence number where the ranks part, in words.
+/// The first sequence number where the ranks part, in words. Linear in the entries: each
+/// dump's entries indexed once, and only the sequence numbers some dump holds or ends at are
+/// looked at (a header's `next_seq` may be anything).
 fn verdict(ds: &[&Dump]) -> String {
     // Only numbers every dump still holds (the rings keep the last operations).
     let from = ds
@@ -115,22 +165,38 @@ fn verdict(ds: &[&Dump]) -> String {
         .max()
         .unwrap_or(0);
     let upto = ds.iter().map(|d| d.next_seq).max().unwrap_or(0);
-    let at = |d: &Dump, seq: u64| d.entries.iter().find(|e| e.seq == seq).cloned();
-    for seq in from..upto {
-        let reached: Vec<(usize, Entry)> = ds
+    let index: Vec<std::collections::HashMap<u64, &Entry>> = ds
+        .iter()
+        .map(|d| d.entries.iter().map(|e| (e.seq, e)).collect())
+        .collect();
+    let mut candidates: Vec<u64> = ds
+        .iter()
+        .flat_map(|d| d.entries.iter().map(|e| e.seq).chain([d.next_seq]))
+        .filter(|&q| q >= from && q < upto)
+        .collect();
+    candidates.sort_unstable();
+    candidates.dedup();
+    for seq in candidates {
+        let reached: Vec<(usize, &Entry)> = ds
             .iter()
-            .filter_map(|d| at(d, seq).map(|e| (d.rank, e)))
+            .zip(&index)
+            .filter_map(|(d, ix)| ix.get(&seq).map(|e| (d.rank, *e)))
             .collect();
+        let Some(&(first_rank, first_entry)) = reached.first() else {
+            // No dump holds it: a gap in every ring, not a divergence between ranks.
+            continue;
+        };
         if reached.len() < ds.len() {
             let never: Vec<usize> = ds
                 .iter()
-                .filter(|d| at(d, seq).is_none())
-                .map(|d| d.rank)
+                .zip(&index)
+                .filter(|(_, ix)| !ix.contains_key(&seq))
+                .map(|(d, _)| d.rank)
                 .collect();
             let mut s = format!(
                 "  first divergence at sequence number {seq}: rank(s) {} reached it ({}); rank(s) {} never did",
                 list(reached.iter().map(|(r, _)| *r)),
-                reached[0].1.fate(),
+                first_entry.fate(),
                 list(never.iter().copied())
             );
             for d in ds.iter().filter(|d| never.contains(&d.rank)) {
@@ -146,11 +212,10 @@ fn verdict(ds: &[&Dump]) -> String {
             }
             return s;
         }
-        let first = reached[0].1.call();
+        let first = first_entry.call();
         if let Some((r, e)) = reached.iter().find(|(_, e)| e.call() != first) {
             return format!(
-                "  first divergence at sequence number {seq}: the ranks called different operations: rank {} {first}, rank {r} {}",
-                reached[0].0,
+                "  first divergence at sequence number {seq}: the ranks called different operations: rank {first_rank} {first}, rank {r} {}",
                 e.call()
             );
         }
@@ -285,5 +350,78 @@ mod tests {
         let text = r#"{"format":"unicomm-flight-1","comm":"world","rank":0,"world":2,"reason":"r","dumped_us":1,"next_seq":1,"entries":[{"seq":0,"kind":"broadcast","count":3,"dtype":"int32","op":null,"rank_arg":1,"path":"mock","stream":9,"enqueued_us":5,"state":"enqueued"}]}"#;
         let d: Dump = serde_json::from_str(text).unwrap();
         assert_eq!(d.entries[0].call(), "broadcast of 3 int32 with rank 1");
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("unicomm-trace-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// What a shared flight directory may hold under a dump's name: a FIFO (opening it for
+    /// reading blocked for good), a link to /dev/zero (read until memory ran out). Refused at
+    /// once, naming the file.
+    #[test]
+    fn a_fifo_or_a_link_named_like_a_dump_is_refused_at_once() {
+        let d = scratch("fifo");
+        let fifo = d.join("unicomm-flight.world.rank0.json");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()));
+        let t = std::time::Instant::now();
+        let e = read_dir(&d).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        std::fs::remove_file(&fifo).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &fifo).unwrap();
+        let e = read_dir(&d).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A header naming a world of 2^62 ranks is refused (the analysis allocated by it).
+    #[test]
+    fn a_header_with_an_absurd_world_is_refused() {
+        let d = scratch("world");
+        let text = r#"{"format":"unicomm-flight-1","comm":"world","rank":0,"world":4611686018427387904,"reason":"r","next_seq":0,"entries":[]}"#;
+        std::fs::write(d.join("unicomm-flight.world.rank0.json"), text).unwrap();
+        let e = read_dir(&d).unwrap_err().to_string();
+        assert!(e.contains("not a dump of this library"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// No dump holding the next number (the rings of a malformed set), and a `next_seq` of
+    /// 2^62: no panic, no loop over the gap.
+    #[test]
+    fn gaps_and_absurd_sequence_numbers_neither_panic_nor_loop() {
+        let mut a = dump(0, &[("all_reduce", 4)], "enqueued");
+        let mut b = dump(1, &[("all_reduce", 4)], "enqueued");
+        a.next_seq = 1 << 62;
+        b.entries[0].seq = 5;
+        b.next_seq = 6;
+        let t = std::time::Instant::now();
+        let out = analyze(&[a, b]).join("\n");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "{out}");
+    }
+
+    /// The analysis is linear: three ranks of 80,000 entries each (42 s when each number
+    /// was looked up by a scan).
+    #[test]
+    fn large_rings_are_analyzed_in_linear_time() {
+        let calls: Vec<(&str, usize)> = (0..80_000).map(|_| ("all_reduce", 4)).collect();
+        let mut ds: Vec<Dump> = (0..3).map(|r| dump(r, &calls, "enqueued")).collect();
+        ds[2].entries.pop();
+        ds[2].next_seq -= 1;
+        let t = std::time::Instant::now();
+        let a = analyze(&ds).join("\n");
+        assert!(
+            a.contains("first divergence at sequence number 79999"),
+            "{a}"
+        );
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
     }
 }
