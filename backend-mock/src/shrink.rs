@@ -49,7 +49,10 @@ impl MockComm {
             "re-forming the mock's world"
         );
         let timeout = self.ctx.timeout;
-        let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
+        // The number of the new world: the first survivor's, shared through the rejoin
+        // channel in one process, so that the survivors' later splits (grouped by world,
+        // split and color) find each other; a process of its own numbers its own.
+        let mut world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
         let fabric: Arc<dyn Exchange> = if self.shared {
             let mut hub = None;
             let id = self.rejoin.exchange(
@@ -88,6 +91,7 @@ impl MockComm {
                 timeout,
             )?;
             let n = u64::from_le_bytes(id[..8].try_into().unwrap_or([0; 8]));
+            world_id = n;
             let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
             let table = made.get_or_insert_with(HashMap::new);
             let Some((f, left)) = table.get_mut(&n) else {

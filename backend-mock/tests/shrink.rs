@@ -103,3 +103,40 @@ fn shrink_refuses_what_nccl_forbids_before_calling_anything() {
         }
     }
 }
+
+/// An elastic engine re-forms its groups after a shrink: the survivors' world splits into
+/// tensor-parallel pairs whose all-reduces are exact (each survivor's new world had a number
+/// of its own, so every member formed a group of one and timed out).
+#[test]
+fn a_shrunk_world_splits_into_groups_that_work() {
+    let lost = 3;
+    let out = each_rank(
+        world(5),
+        |c| -> unicomm_core::Result<Option<(usize, f32)>> {
+            let r = c.rank();
+            if r == lost {
+                std::thread::sleep(Duration::from_millis(900));
+                return Ok(None);
+            }
+            let _ = sum_of_ranks(&c, r).unwrap_err();
+            let small = c.shrink(&[lost], ShrinkMode::Default)?;
+            let color = (small.rank() / 2) as u32;
+            let group = small
+                .split(Some(color), 0)?
+                .expect("every survivor has a color");
+            Ok(Some((group.world_size(), sum_of_ranks(&group, r)?)))
+        },
+    )
+    .unwrap();
+    // Survivors 0, 1, 2, 4 are ranks 0..4 of the shrunk world: pairs (0, 1) and (2, 4).
+    let want = [
+        Some((2, 3.0)),
+        Some((2, 3.0)),
+        Some((2, 8.0)),
+        None,
+        Some((2, 8.0)),
+    ];
+    for (r, (o, w)) in out.into_iter().zip(want).enumerate() {
+        assert_eq!(o, w, "rank {r}");
+    }
+}
