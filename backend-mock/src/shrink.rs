@@ -20,6 +20,9 @@ type Made = HashMap<u64, (Arc<dyn Exchange>, usize)>;
 
 static MADE: Mutex<Option<Made>> = Mutex::new(None);
 
+/// The number of the re-formed world's joining barrier: never one of its collectives'.
+const JOIN: u64 = u64::MAX;
+
 impl MockComm {
     /// `ncclCommShrink` (see `Comm::shrink`), always by re-forming.
     pub(crate) fn shrink_comm(
@@ -106,6 +109,13 @@ impl MockComm {
             }
             f
         };
+        // Every survivor joins before any goes on, as `ncclCommInitRank` waits for every
+        // rank: the re-form completes for all of them or fails for all (a survivor lost
+        // during it, or one with another view of who is left, ends the others' wait at the
+        // deadline instead of leaving them a world it never joins).
+        let deadline = std::time::Instant::now() + timeout;
+        fabric.phase(JOIN, me, 0, deadline)?;
+        fabric.leave(JOIN, false, deadline);
         Ok(self.derived(
             (me, k),
             (fabric, world_id),

@@ -140,3 +140,22 @@ fn a_shrunk_world_splits_into_groups_that_work() {
         assert_eq!(o, w, "rank {r}");
     }
 }
+
+/// A re-form completes for every survivor or fails for every survivor (NCCL's
+/// `ncclCommInitRank` waits for all): with survivor 2 lost during it, survivors 0 and 1 get
+/// an error at the deadline instead of a world of three that rank 2 never joins.
+#[test]
+fn a_re_form_missing_a_survivor_fails_for_the_others() {
+    let out = each_rank(world(4), |c| -> unicomm_core::Result<Option<bool>> {
+        let r = c.rank();
+        if r >= 2 {
+            // 3 is the lost rank, 2 is lost during the re-form.
+            std::thread::sleep(Duration::from_millis(1500));
+            return Ok(None);
+        }
+        let _ = sum_of_ranks(&c, r);
+        Ok(Some(c.shrink(&[3], ShrinkMode::Reform).is_err()))
+    })
+    .unwrap();
+    assert_eq!(out, vec![Some(true), Some(true), None, None]);
+}
