@@ -116,37 +116,51 @@ impl MockStream {
 
     /// Waits until every job enqueued so far is done; returns (and clears) the first error.
     pub(crate) fn synchronize_inner(&self) -> Result<()> {
-        let mut st = self.inner.lock();
+        let st = self.inner.lock();
         let target = st.enqueued;
-        let mut last_done = st.done;
-        let mut deadline = Instant::now() + self.inner.idle_timeout;
-        while st.done < target {
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout {
-                    what: format!(
-                        "stream of rank {} ({} of {} operations done, none finished within the deadline)",
-                        self.owner.1, st.done, target
-                    ),
-                    after: self.inner.idle_timeout,
-                });
-            }
-            st = self
-                .inner
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            if st.done != last_done {
-                // Progress: the deadline is per operation, not for the whole queue.
-                last_done = st.done;
-                deadline = Instant::now() + self.inner.idle_timeout;
-            }
+        let (mut st, reached) = self.inner.wait_progressing(st, |st| st.done >= target);
+        if !reached {
+            return Err(Error::Timeout {
+                what: format!(
+                    "stream of rank {} ({} of {} operations done, none finished within the deadline)",
+                    self.owner.1, st.done, target
+                ),
+                after: self.inner.idle_timeout,
+            });
         }
         match st.error.take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+impl Inner {
+    /// Waits until `reached` holds, as long as the work makes progress: the deadline is per
+    /// operation, not for the whole queue. The guard, and whether `reached` holds.
+    fn wait_progressing<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        reached: impl Fn(&State) -> bool,
+    ) -> (MutexGuard<'a, State>, bool) {
+        let mut last_done = st.done;
+        let mut deadline = Instant::now() + self.idle_timeout;
+        while !reached(&st) {
+            let now = Instant::now();
+            if now >= deadline {
+                return (st, false);
+            }
+            st = self
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            if st.done != last_done {
+                last_done = st.done;
+                deadline = Instant::now() + self.idle_timeout;
+            }
+        }
+        (st, true)
     }
 }
 
@@ -255,28 +269,14 @@ impl Drop for MockStream {
         // Joined with the stream's own rule: as long as the work makes progress, each
         // operation within the deadline. A worker stuck past it (a peer process stopped in a
         // copy) is left to finish on its own; its work keeps what it uses alive.
-        let mut st = self.inner.lock();
-        let mut last = st.done;
-        let mut deadline = Instant::now() + self.inner.idle_timeout;
-        while !st.exited {
-            let now = Instant::now();
-            if now >= deadline {
-                tracing::warn!(
-                    rank = self.owner.1,
-                    "a stream dropped with work stuck past the deadline: its worker is left to finish"
-                );
-                return;
-            }
-            st = self
-                .inner
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            if st.done != last {
-                last = st.done;
-                deadline = Instant::now() + self.inner.idle_timeout;
-            }
+        let st = self.inner.lock();
+        let (st, exited) = self.inner.wait_progressing(st, |st| st.exited);
+        if !exited {
+            tracing::warn!(
+                rank = self.owner.1,
+                "a stream dropped with work stuck past the deadline: its worker is left to finish"
+            );
+            return;
         }
         drop(st);
         // Exited: the join returns at once. A worker that panicked has nothing left to clean

@@ -272,11 +272,12 @@ impl<M: DeviceMemory> Op<'_, M> {
         }
         let at_root = self.kind.rank_arg().is_none_or(|(r, _)| r == rank);
         let (se, re) = self.kind.extents();
+        // (buffer, extent, name, layout, whether the call writes it)
         let sides = [
-            (&self.send, se, "send", self.layout.send),
-            (&self.recv, re, "recv", self.layout.recv),
+            (&self.send, se, "send", self.layout.send, false),
+            (&self.recv, re, "recv", self.layout.recv, true),
         ];
-        for (slice, extent, arg, counts) in sides {
+        for (slice, extent, arg, counts, written) in sides {
             let extent = match extent {
                 Extent::RootPerRank if !at_root => Extent::None,
                 e => e,
@@ -313,7 +314,7 @@ impl<M: DeviceMemory> Op<'_, M> {
                     let elems = match (e, counts) {
                         (Extent::Var, Some(c)) => {
                             c.check(world, s.bytes / self.dtype.size(), arg)?;
-                            if arg == "recv" {
+                            if written {
                                 // What is received is written once; what is sent may be
                                 // read twice.
                                 c.check_disjoint(arg)?;

@@ -11,7 +11,7 @@ use unicomm_core::{DataType, Error, Kind, Op, ReduceOp, Result, Slice};
 use crate::libcomm::LibComm;
 use crate::memory::ApiMemory;
 use crate::sys::api::{Api, NcclComm};
-use crate::sys::calls::{CommRef, Handle, P2p, PerPeer, Sides, StreamRef};
+use crate::sys::calls::{CommRef, Handle, P2p, Sides, StreamRef};
 use crate::sys::runtime::Runtime;
 
 /// The library-call path's own state: 4 device bytes for `barrier` (NCCL has no barrier: an
@@ -135,14 +135,6 @@ impl<R: Runtime> Library<R> {
                     .send
                     .zip(op.layout.recv)
                     .ok_or_else(|| unlowered("ncclAllToAllv"))?;
-                let sc = PerPeer {
-                    counts: sc.counts,
-                    displs: sc.displs,
-                };
-                let rc = PerPeer {
-                    counts: rc.counts,
-                    displs: rc.displs,
-                };
                 api.all_to_allv(b, (sc, rc), wire, on, st)
             }
             Kind::AllGatherV | Kind::ReduceScatterV { .. } => Err(unlowered(op.name())),

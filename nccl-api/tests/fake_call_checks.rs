@@ -7,8 +7,9 @@
 mod common;
 
 use common::{calls, comm, fake, flavors};
+use unicomm_core::Counts;
 use unicomm_core::{DataType, Error, Slice};
-use unicomm_nccl_api::sys::calls::{CommRef, P2p, PerPeer, Sides, StreamRef};
+use unicomm_nccl_api::sys::calls::{CommRef, P2p, Sides, StreamRef};
 
 #[test]
 fn a_call_refuses_memory_that_cannot_hold_what_it_reads_or_writes() {
@@ -114,7 +115,7 @@ fn a_variable_size_part_past_its_buffer_is_refused_but_an_empty_one_is_not() {
         send: Some(&whole),
         recv: Some(&whole),
     };
-    let per = |counts: &'static [usize], displs: &'static [usize]| PerPeer { counts, displs };
+    let per = |counts: &'static [usize], displs: &'static [usize]| Counts { counts, displs };
     let before = calls(&path, "ncclAllToAllv");
     let far = api.all_to_allv(
         both,

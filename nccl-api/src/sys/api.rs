@@ -329,23 +329,35 @@ impl Api {
     }
 
     fn too_old(&self, what: &str, since: Version, present: bool) -> Error {
-        let found = format!("{} {} at {}", self.flavor.library, self.version, self.path);
         if !present && self.version >= since {
             // New enough, yet without the entry point (a build that left it out): the version
             // is not what is missing.
-            return Error::unsupported(
-                what,
-                format!(
-                    "a library that exports it ({} >= {since})",
-                    self.flavor.library
-                ),
-                format!("{found}, which does not export it"),
-            );
+            return self.not_exported(what);
         }
         Error::unsupported(
             what,
             format!("{} >= {since}", self.flavor.library),
-            format!("{found}{}", if present { "" } else { " (symbol absent)" }),
+            format!(
+                "{} {} at {}{}",
+                self.flavor.library,
+                self.version,
+                self.path,
+                if present { "" } else { " (symbol absent)" }
+            ),
+        )
+    }
+
+    /// `Unsupported`: the loaded library does not export the entry point `what` needs.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn not_exported(&self, what: &str) -> Error {
+        Error::unsupported(
+            what,
+            "a library that exports it",
+            format!(
+                "{} {} at {}, which does not export it",
+                self.flavor.library, self.version, self.path
+            ),
         )
     }
 

@@ -107,7 +107,7 @@ impl Api {
     pub fn comm_shape(&self, comm: Handle<'_>) -> Result<(usize, usize)> {
         let pair = self.fns.comm_count.zip(self.fns.comm_user_rank);
         let (count, user_rank) =
-            pair.ok_or_else(|| self.missing("ncclCommCount/ncclCommUserRank"))?;
+            pair.ok_or_else(|| self.not_exported("ncclCommCount/ncclCommUserRank"))?;
         let (mut n, mut r): (c_int, c_int) = (0, 0);
         // SAFETY: a live communicator; one int out.
         let code = unsafe { count(comm.raw, &mut n) };

@@ -3,7 +3,7 @@
 
 use std::ffi::c_int;
 
-use unicomm_core::{DataType, Error, Result, Slice};
+use unicomm_core::{Counts, DataType, Error, Result, Slice};
 
 use super::check::{bytes_of, rank_in, span, DeviceBytes};
 use super::gates::P2P_SINCE;
@@ -27,36 +27,36 @@ pub enum P2p {
     Recv(usize),
 }
 
-/// One side of a variable-size exchange: each peer's count and displacement (elements).
-pub struct PerPeer<'a> {
-    /// Elements per peer.
-    pub counts: &'a [usize],
-    /// Offset of each peer's part, in elements.
-    pub displs: &'a [usize],
+/// The bytes the parts of one side of a variable-size exchange span (the end of the
+/// furthest non-empty part: an empty part is neither read nor written, wherever it points).
+fn parts_span(c: &Counts<'_>, world: usize, dtype: DataType) -> Result<usize> {
+    if c.counts.len() != world || c.displs.len() != world {
+        return Err(Error::invalid(
+            "counts",
+            format!(
+                "{} counts and {} displacements for {world} ranks",
+                c.counts.len(),
+                c.displs.len()
+            ),
+        ));
+    }
+    let mut end = 0usize;
+    for (&n, &d) in c.counts.iter().zip(c.displs).filter(|(&n, _)| n > 0) {
+        let e = d
+            .checked_add(n)
+            .ok_or_else(|| Error::invalid("displs", "displacement + count overflows"))?;
+        end = end.max(e);
+    }
+    bytes_of(end, dtype, 1)
 }
 
-impl PerPeer<'_> {
-    /// The bytes the parts span (the end of the furthest part).
-    fn span(&self, world: usize, dtype: DataType) -> Result<usize> {
-        if self.counts.len() != world || self.displs.len() != world {
-            return Err(Error::invalid(
-                "counts",
-                format!(
-                    "{} counts and {} displacements for {world} ranks",
-                    self.counts.len(),
-                    self.displs.len()
-                ),
-            ));
-        }
-        let mut end = 0usize;
-        // An empty part is neither read nor written, wherever it points.
-        for (&c, &d) in self.counts.iter().zip(self.displs).filter(|(&c, _)| c > 0) {
-            let e = d
-                .checked_add(c)
-                .ok_or_else(|| Error::invalid("displs", "displacement + count overflows"))?;
-            end = end.max(e);
-        }
-        bytes_of(end, dtype, 1)
+/// `n` bytes on the root of a rooted call, none elsewhere (the side only the root uses).
+#[inline]
+fn at_root(comm: CommRef<'_>, root: usize, n: usize) -> usize {
+    if comm.rank == root {
+        n
+    } else {
+        0
     }
 }
 
@@ -92,7 +92,7 @@ impl Api {
     ) -> Result<()> {
         let n = bytes_of(count, wire, 1)?;
         let root_c = rank_in(root, comm.world, "root")?;
-        let s = span(b.send, if comm.rank == root { n } else { 0 }, "send")?;
+        let s = span(b.send, at_root(comm, root, n), "send")?;
         let r = span(b.recv, n, "recv")?;
         // SAFETY: the root's send and every recv hold `count` elements (checked).
         let code = unsafe {
@@ -116,7 +116,7 @@ impl Api {
         let n = bytes_of(count, wire, 1)?;
         let root_c = rank_in(root, comm.world, "root")?;
         let s = span(b.send, n, "send")?;
-        let r = span(b.recv, if comm.rank == root { n } else { 0 }, "recv")?;
+        let r = span(b.recv, at_root(comm, root, n), "recv")?;
         // SAFETY: send holds `count` elements, and the root's recv (checked).
         let code = unsafe {
             (self.fns.reduce)(
@@ -182,7 +182,7 @@ impl Api {
     ) -> Result<()> {
         let f = self
             .all_to_all
-            .ok_or_else(|| self.missing("all-to-all (ncclAlltoAll)"))?;
+            .ok_or_else(|| self.not_exported("all-to-all (ncclAlltoAll)"))?;
         let n = bytes_of(count, wire, comm.world)?;
         let (s, r) = (span(b.send, n, "send")?, span(b.recv, n, "recv")?);
         // SAFETY: both sides hold `count` per rank (checked).
@@ -202,15 +202,14 @@ impl Api {
         st: StreamRef<'_>,
     ) -> Result<()> {
         let f = self.fns.gather.filter(|_| self.native_gather_scatter());
-        let f = f.ok_or_else(|| self.missing("ncclGather"))?;
+        let f = f.ok_or_else(|| self.not_exported("ncclGather"))?;
         let root_c = rank_in(root, comm.world, "root")?;
         let s = span(b.send, bytes_of(count, wire, 1)?, "send")?;
-        let need = if comm.rank == root {
-            bytes_of(count, wire, comm.world)?
-        } else {
-            0
-        };
-        let r = span(b.recv, need, "recv")?;
+        let r = span(
+            b.recv,
+            at_root(comm, root, bytes_of(count, wire, comm.world)?),
+            "recv",
+        )?;
         // SAFETY: send holds `count` elements, the root's recv `count` per rank (checked).
         let code = unsafe { f(s, r, count, wire.nccl(), root_c, comm.handle.raw, st.raw) };
         self.done("ncclGather", code, Some(comm.handle.raw))
@@ -228,14 +227,13 @@ impl Api {
         st: StreamRef<'_>,
     ) -> Result<()> {
         let f = self.fns.scatter.filter(|_| self.native_gather_scatter());
-        let f = f.ok_or_else(|| self.missing("ncclScatter"))?;
+        let f = f.ok_or_else(|| self.not_exported("ncclScatter"))?;
         let root_c = rank_in(root, comm.world, "root")?;
-        let need = if comm.rank == root {
-            bytes_of(count, wire, comm.world)?
-        } else {
-            0
-        };
-        let s = span(b.send, need, "send")?;
+        let s = span(
+            b.send,
+            at_root(comm, root, bytes_of(count, wire, comm.world)?),
+            "send",
+        )?;
         let r = span(b.recv, bytes_of(count, wire, 1)?, "recv")?;
         // SAFETY: the root's send holds `count` per rank, recv `count` elements (checked).
         let code = unsafe { f(s, r, count, wire.nccl(), root_c, comm.handle.raw, st.raw) };
@@ -246,7 +244,7 @@ impl Api {
     pub fn all_to_allv<M: DeviceBytes>(
         &self,
         b: Sides<'_, '_, M>,
-        (sc, rc): (PerPeer<'_>, PerPeer<'_>),
+        (sc, rc): (Counts<'_>, Counts<'_>),
         wire: DataType,
         comm: CommRef<'_>,
         st: StreamRef<'_>,
@@ -254,9 +252,9 @@ impl Api {
         let f = self
             .fns
             .all_to_allv
-            .ok_or_else(|| self.missing("ncclAllToAllv"))?;
-        let s = span(b.send, sc.span(comm.world, wire)?, "send")?;
-        let r = span(b.recv, rc.span(comm.world, wire)?, "recv")?;
+            .ok_or_else(|| self.not_exported("ncclAllToAllv"))?;
+        let s = span(b.send, parts_span(&sc, comm.world, wire)?, "send")?;
+        let r = span(b.recv, parts_span(&rc, comm.world, wire)?, "recv")?;
         // SAFETY: every part lies inside its side (checked); the four arrays hold `world`
         // entries each and live across the call.
         let code = unsafe {

@@ -20,8 +20,6 @@
     reason = "the layer of library calls: every call of the loaded NCCL-API library is here"
 )]
 
-use unicomm_core::Error;
-
 use crate::sys::api::{Api, NcclComm, NcclResult};
 use crate::sys::config::IN_PROGRESS;
 
@@ -32,7 +30,7 @@ mod gates;
 mod handles;
 
 pub use check::DeviceBytes;
-pub use data::{P2p, PerPeer, Sides};
+pub use data::{P2p, Sides};
 pub use gates::{CONFIG_SINCE, NO_COLOR, P2P_SINCE, REVOKE_SINCE, SHRINK_SINCE, SPLIT_SINCE};
 pub use handles::{CommRef, Handle, LibAlloc, OwnedComm, RegHandle, Span, StreamRef};
 
@@ -49,15 +47,5 @@ impl Api {
             return Ok(());
         }
         self.check(call, code, comm)
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn missing(&self, call: &str) -> Error {
-        Error::unsupported(
-            call,
-            "a library that has it",
-            format!("{} {} at {}", self.flavor.library, self.version, self.path),
-        )
     }
 }
