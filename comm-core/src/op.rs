@@ -272,10 +272,9 @@ impl<M: DeviceMemory> Op<'_, M> {
         }
         let at_root = self.kind.rank_arg().is_none_or(|(r, _)| r == rank);
         let (se, re) = self.kind.extents();
-        // (buffer, extent, name, layout, whether the call writes it)
         let sides = [
             (&self.send, se, "send", self.layout.send, false),
-            (&self.recv, re, "recv", self.layout.recv, true),
+            (&self.recv, re, "recv", self.layout.recv, true), // written
         ];
         for (slice, extent, arg, counts, written) in sides {
             let extent = match extent {
