@@ -50,20 +50,18 @@ fn run() -> anyhow::Result<()> {
         );
     }
     let t = std::time::Instant::now();
+    let fp8_reduce = comm.capabilities().fp8_reduce;
     for (i, case) in cases.iter().enumerate() {
-        // NCCL/RCCL refuse documented case families (the GPU test crate's rule); the mock
-        // runs them.
-        let backend = comm.capabilities().backend;
-        let refused = backend != "mock" && unicomm_gpu_tests::refuses(backend, case);
+        // Every backend refuses the documented case families of the library it is (or, the
+        // mock, stands for).
+        let refused = unicomm_conformance::refused_by_design(case, fp8_reduce);
         if let Err(e) = run_case_on_rank(&comm, *case, refused) {
             let _ = comm.abort();
             bail!("rank {r}: case {i} of {}: {e}", cases.len());
         }
     }
-    let backend = comm.capabilities().backend;
-    let refused = |check: &str| {
-        backend != "mock" && unicomm_gpu_tests::refuses_group_check(backend, check, w)
-    };
+    let refused =
+        |check: &str| unicomm_conformance::group_check_refused_by_design(check, w, fp8_reduce);
     if let Err(e) = run_groups_on_rank_refusing(&comm, &refused) {
         let _ = comm.abort();
         bail!("rank {r}: process groups: {e}");

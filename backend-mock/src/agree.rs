@@ -2,7 +2,7 @@
 //! disagreement named field by field (`Mismatch`), before any peer's memory is touched.
 
 use unicomm_core::registry::RegKind;
-use unicomm_core::{Error, Result};
+use unicomm_core::{layout_disagreement, Error, Result};
 
 use crate::fabric::{Desc, Signature};
 
@@ -44,4 +44,59 @@ pub(crate) fn agree(all: &[Desc]) -> Result<()> {
     check(all, "registration of the receive buffer", |s| {
         reg(s.recv_reg)
     })
+}
+
+impl crate::MockComm {
+    /// The ranks' agreement on a variable-size layout, in stream order before its parts:
+    /// every rank's counts gathered (an internal all-gather), then compared on each rank
+    /// ([`layout_disagreement`]). A disagreement is the same `Mismatch` on every rank,
+    /// naming the pair and both counts, and poisons the world before any part moves data
+    /// (as NCCL's ranks would hang or corrupt on it). Inside a group, whose parts run as one
+    /// batch, the parts' own pairing reports it instead.
+    pub(crate) fn agree_layout(
+        &self,
+        op: &unicomm_core::Op<'_, crate::MockMemory>,
+        stream: &crate::MockStream,
+    ) -> Result<()> {
+        use unicomm_core::{DataType, Kind, Op, Slice};
+        let (w, kind) = (self.ctx.world, op.kind);
+        let words = op.layout.words(kind);
+        let bytes = words.len() * 8;
+        let mine = crate::memory::MockMemory::new(bytes, self.owner(), self.shared)?;
+        let raw: Vec<u8> = words.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        // Fresh memory no stream has seen: filled here, before the gather is enqueued.
+        mine.inner.fill(&raw, self.ctx.timeout)?;
+        let all = crate::memory::MockMemory::new(bytes * w, self.owner(), self.shared)?;
+        let gather = Op::new(
+            Kind::AllGather,
+            Slice {
+                mem: &mine,
+                offset: 0,
+                bytes,
+            },
+            Slice {
+                mem: &all,
+                offset: 0,
+                bytes: bytes * w,
+            },
+            words.len(),
+            DataType::U64,
+        );
+        self.enqueue_internal(gather, stream)?;
+        let (ctx, gathered) = (self.ctx.clone(), all.inner.clone());
+        stream.push(Box::new(move || {
+            let raw = gathered.to_vec(ctx.timeout)?;
+            let all: Vec<u64> = raw
+                .chunks_exact(8)
+                .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))
+                .collect();
+            match layout_disagreement(kind, &all, ctx.world) {
+                Some(e) => {
+                    ctx.fabric.poison(e.clone());
+                    Err(e)
+                }
+                None => Ok(()),
+            }
+        }))
+    }
 }

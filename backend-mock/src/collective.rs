@@ -39,6 +39,7 @@ impl Collective for MockComm {
     }
 
     fn capabilities(&self) -> Capabilities {
+        let t = &self.ctx.target;
         Capabilities {
             backend: "mock",
             library_path: "built-in".into(),
@@ -47,17 +48,18 @@ impl Collective for MockComm {
                 env!("CARGO_PKG_VERSION_MINOR").parse().unwrap_or(0),
                 env!("CARGO_PKG_VERSION_PATCH").parse().unwrap_or(0),
             ),
-            registration: true,
-            windows: true,
+            // What the target has (the mock runs all of it either way).
+            registration: t.registration().is_ok(),
+            windows: t.windows().is_ok(),
             native_all_to_all: true,
             graph_capture: false,
-            mem_alloc: true,
+            mem_alloc: t.mem_alloc(),
             copy_engine: false,
-            native_split: true,
-            native_gather_scatter: true,
-            native_all_to_all_v: false,
-            fp8_reduce: true,
-            pre_mul_sum: true,
+            native_split: t.native_split(),
+            native_gather_scatter: t.native_gather_scatter(),
+            native_all_to_all_v: t.native_all_to_all_v(),
+            fp8_reduce: t.fp8_reduce().is_ok(),
+            pre_mul_sum: t.pre_mul_sum().is_ok(),
         }
     }
 
@@ -86,6 +88,7 @@ impl Collective for MockComm {
 
     fn register(&self, mem: &MockMemory, offset: usize, bytes: usize) -> Result<RawHandle> {
         self.live()?;
+        self.ctx.target.registration()?;
         self.check_memory(mem)?;
         memory::check_range(mem.byte_len(), offset, bytes, "bytes")?;
         let h = RawHandle(NEXT_HANDLE.fetch_add(1, Ordering::Relaxed));
@@ -99,20 +102,27 @@ impl Collective for MockComm {
     }
 
     fn register_window(&self, mem: &MockMemory, offset: usize, bytes: usize) -> Result<RawHandle> {
-        self.check_memory(mem)?;
-        memory::check_range(mem.byte_len(), offset, bytes, "bytes")?;
-        // Collective, and every rank must offer the same size (the signature's count).
-        self.blocking_collective("WindowRegister", bytes)?;
-        let h = RawHandle(NEXT_HANDLE.fetch_add(1, Ordering::Relaxed));
-        self.registry
-            .insert(h, mem.address() + offset, bytes, RegKind::Window)?;
-        Ok(h)
+        self.ctx.target.windows()?;
+        self.window(mem, (offset, bytes), RegKind::Window)
+    }
+
+    fn register_auto(&self, mem: &MockMemory, offset: usize, bytes: usize) -> Result<RawHandle> {
+        // As the NCCL-API backends: a buffer registration on a second communicator beside
+        // a window where the library has windows, so the floor is registration's.
+        let t = &self.ctx.target;
+        t.since(
+            "automatic registration (ncclCommRegister)",
+            t.flavor.registration_since,
+        )?;
+        self.window(mem, (offset, bytes), RegKind::Auto)
+    }
+
+    fn deregister_auto(&self, handle: RawHandle) -> Result<()> {
+        self.unwindow(handle, RegKind::Auto)
     }
 
     fn deregister_window(&self, handle: RawHandle) -> Result<()> {
-        self.registry.check(handle, RegKind::Window)?;
-        self.blocking_collective("WindowDeregister", 0)?;
-        self.registry.remove(handle, RegKind::Window)
+        self.unwindow(handle, RegKind::Window)
     }
 
     fn enqueue(&self, op: Op<'_, MockMemory>, stream: &MockStream) -> Result<()> {
@@ -169,6 +179,7 @@ impl Collective for MockComm {
     }
 
     fn split(&self, color: Option<u32>, key: i32, config: &CommConfig) -> Result<Option<Self>> {
+        self.ctx.target.check_config(config)?;
         self.split_comm(color, key, config)
     }
 
@@ -192,11 +203,36 @@ impl Collective for MockComm {
     }
 
     fn shrink(&self, exclude: &[usize], mode: ShrinkMode, config: &CommConfig) -> Result<Self> {
+        self.ctx.target.check_config(config)?;
         self.shrink_comm(exclude, mode, config)
     }
 }
 
 impl MockComm {
+    /// A window's registration (collective: every rank offers the same size, the
+    /// signature's count).
+    fn window(
+        &self,
+        mem: &MockMemory,
+        (offset, bytes): (usize, usize),
+        kind: RegKind,
+    ) -> Result<RawHandle> {
+        self.check_memory(mem)?;
+        memory::check_range(mem.byte_len(), offset, bytes, "bytes")?;
+        self.blocking_collective("WindowRegister", bytes)?;
+        let h = RawHandle(NEXT_HANDLE.fetch_add(1, Ordering::Relaxed));
+        self.registry
+            .insert(h, mem.address() + offset, bytes, kind)?;
+        Ok(h)
+    }
+
+    /// Ends a window or an automatic registration (collective, as it began).
+    fn unwindow(&self, handle: RawHandle, kind: RegKind) -> Result<()> {
+        self.registry.check(handle, kind)?;
+        self.blocking_collective("WindowDeregister", 0)?;
+        self.registry.remove(handle, kind)
+    }
+
     /// One operation, as the flight recorder's caller records it once (a lowered one's
     /// parts are not recorded again).
     fn enqueue_op(&self, op: Op<'_, MockMemory>, stream: &MockStream) -> Result<()> {
@@ -210,20 +246,69 @@ impl MockComm {
                 ),
             ));
         }
+        // What the target refuses, refused here in its words (fp8 reductions, NCCL's
+        // one-rank path, scaled sums before 2.11).
+        self.ctx
+            .target
+            .check_op(self.ctx.world, op.kind, op.dtype)?;
+        if let Some(unicomm_core::ReduceOp::PreMulSum(_)) = op.kind.reduction() {
+            self.ctx.target.pre_mul_sum()?;
+        }
+        if op.kind == unicomm_core::Kind::AllGather {
+            let (send, recv) = op.pair()?;
+            let (rank, world) = (self.ctx.rank, self.ctx.world);
+            let chunk = op.count * op.dtype.size();
+            self.ctx.target.window_all_gather(world, chunk, || {
+                Ok(send.address() == recv.address() + rank * chunk
+                    && self
+                        .registry
+                        .covering(recv.address(), chunk * world)?
+                        // Windows only: the mock has no automatic policy (on the NCCL-API
+                        // backends an automatic registration is refused where the policy
+                        // picks the window path for the size, docs/usage.md).
+                        .is_some_and(|k| k == RegKind::Window))
+            })?;
+        }
         if op.kind.is_var() {
             // No library has these whole (RCCL's all-to-all-v aside): the mock runs what
             // NCCL's path runs, a group of send/recv, broadcasts or reduces, keeping the
             // empty ones so that ranks that disagree on a count report `Mismatch`.
             op.check(self.ctx.rank, self.ctx.world)?;
+            if self.ctx.world > 1 && GROUP.with(|g| g.borrow().depth == 0) {
+                self.agree_layout(&op, stream)?;
+            }
             let ops = op.lower(self.ctx.rank, self.ctx.world, Zeros::Keep)?;
             return unicomm_core::backend::grouped(self, || {
                 ops.into_iter().try_for_each(|o| self.enqueue_op(o, stream))
             });
         }
+        self.enqueue_task(op, false, stream)
+    }
+
+    /// The mock's own collective (the ranks' agreement on a layout), outside the count of
+    /// the rank's operations that injected faults name; never inside a group.
+    pub(crate) fn enqueue_internal(
+        &self,
+        op: Op<'_, MockMemory>,
+        stream: &MockStream,
+    ) -> Result<()> {
+        self.enqueue_task(op, true, stream)
+    }
+
+    fn enqueue_task(
+        &self,
+        op: Op<'_, MockMemory>,
+        internal: bool,
+        stream: &MockStream,
+    ) -> Result<()> {
         let work = self.work(op)?;
+        let index = match internal {
+            true => u64::MAX,
+            false => self.issued.fetch_add(1, Ordering::Relaxed),
+        };
         let task = Task {
             ctx: self.ctx.clone(),
-            index: self.issued.fetch_add(1, Ordering::Relaxed),
+            index,
             work,
         };
         let grouped = GROUP.with(|g| {

@@ -129,6 +129,7 @@ impl MockComm {
                 timeout: self.ctx.timeout,
                 faults: Vec::new(),
                 flight: self.ctx.flight.derived(step, rank, world),
+                target: self.ctx.target.clone(),
             }),
             shared: self.shared,
             world_id,

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use unicomm_core::Result;
+pub use unicomm_nccl_api::Target;
 
 /// How many ranks `cargo xtask run --vendor mock` and `unicomm::local_comms(Vendor::Mock)` use
 /// when `UNICOMM_MOCK_RANKS` is unset.
@@ -42,6 +43,11 @@ pub struct MockConfig {
     pub timeout: Duration,
     /// Faults to inject.
     pub faults: Vec<Fault>,
+    /// The library and device the mock stands for: what that target refuses (fp8
+    /// reductions before NCCL 2.24.3, below sm90 and on RCCL; windows before NCCL 2.27; a
+    /// configuration field the version predates; ...) the mock refuses too, with the NCCL-API
+    /// backends' words. Default: the newest NCCL on sm90 ([`Target::default`]).
+    pub target: Target,
 }
 
 impl Default for MockConfig {
@@ -50,6 +56,7 @@ impl Default for MockConfig {
         MockConfig {
             timeout: DEFAULT_TIMEOUT,
             faults: Vec::new(),
+            target: Target::default(),
         }
     }
 }
@@ -61,11 +68,21 @@ pub const MAX_RANKS: usize = 1024;
 pub const MAX_TIMEOUT: Duration = unicomm_core::env::MAX_TIMEOUT;
 
 impl MockConfig {
-    /// The defaults with `UNICOMM_MOCK_TIMEOUT_MS` applied: a whole number of milliseconds
-    /// in 1..=86400000; anything else is `InvalidArgument` naming the variable and range.
+    /// The defaults with `UNICOMM_MOCK_TIMEOUT_MS` applied (a whole number of milliseconds
+    /// in 1..=86400000) and `UNICOMM_MOCK_TARGET` (`nccl-2.23.4`, `nccl-2.28.9-sm80`,
+    /// `rccl-2.22.3`: [`Target::parse`]); anything else is `InvalidArgument` naming the
+    /// variable and what it takes.
     pub fn from_env() -> Result<Self> {
         let mut c = MockConfig::default();
         c.timeout = unicomm_core::env::millis("UNICOMM_MOCK_TIMEOUT_MS", c.timeout)?;
+        if let Some(t) = std::env::var_os("UNICOMM_MOCK_TARGET") {
+            let t = t
+                .to_str()
+                .map(Target::parse)
+                .unwrap_or_else(|| Target::parse("?"));
+            c.target =
+                t.map_err(|e| unicomm_core::Error::invalid("UNICOMM_MOCK_TARGET", e.to_string()))?;
+        }
         Ok(c)
     }
 }

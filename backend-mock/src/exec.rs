@@ -25,6 +25,8 @@ pub(crate) struct RankCtx {
     pub faults: Vec<Fault>,
     /// The communicator's flight recorder (dumped at the first failure of its work).
     pub flight: Arc<unicomm_core::flight::FlightRecorder>,
+    /// What the library and device the mock stands for permit.
+    pub target: unicomm_nccl_api::Target,
 }
 
 impl RankCtx {

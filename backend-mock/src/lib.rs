@@ -50,8 +50,8 @@ use fabric::{Exchange, LocalFabric};
 
 pub use comm::MockComm;
 pub use config::{
-    ranks_from_env, Fault, FaultKind, MockConfig, DEFAULT_RANKS, DEFAULT_TIMEOUT, MAX_RANKS,
-    MAX_TIMEOUT,
+    ranks_from_env, Fault, FaultKind, MockConfig, Target, DEFAULT_RANKS, DEFAULT_TIMEOUT,
+    MAX_RANKS, MAX_TIMEOUT,
 };
 pub use memory::MockMemory;
 pub use stream::MockStream;
@@ -94,6 +94,7 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
                         .copied()
                         .collect(),
                     flight: FlightRecorder::from_env("world", rank, n)?,
+                    target: config.target.clone(),
                 }),
                 shared: false,
                 world_id,
@@ -175,6 +176,7 @@ pub fn join(
                 .copied()
                 .collect(),
             flight: FlightRecorder::from_env("world", env.rank, n)?,
+            target: config.target.clone(),
         }),
         shared: true,
         world_id: NEXT_WORLD.fetch_add(1, Ordering::Relaxed),

@@ -17,6 +17,12 @@ impl Harness for Mock {
         f(&unicomm_mock::local_comms(world)?)
     }
 
+    /// What NCCL refuses by design, as the mock stands for NCCL (its default target) and
+    /// refuses it too.
+    fn unsupported(&self, case: &Case) -> bool {
+        unicomm_conformance::refused_by_design(case, true)
+    }
+
     /// Both modes, except that 1 Mi-element cases run one thread per rank only: grouping
     /// does not depend on the count, and the suite must stay within minutes on 2 cores.
     fn modes(&self, case: &Case) -> &'static [Mode] {

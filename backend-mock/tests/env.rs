@@ -62,10 +62,33 @@ fn bad_settings_are_errors_that_name_the_variable() {
     }
     std::env::remove_var("UNICOMM_MOCK_RANKS");
 
+    // The target the mock stands for: a malformed one is refused naming the variable and
+    // the forms; a valid one reaches every communicator local_comms makes.
+    for bad in ["nccl", "cuda-12.8.0", "nccl-2.28.9-90", "rccl-2.22.3-sm90"] {
+        std::env::set_var("UNICOMM_MOCK_TARGET", bad);
+        match unicomm_mock::local_comms(2) {
+            Err(Error::InvalidArgument { argument, reason }) => {
+                assert_eq!(argument, "UNICOMM_MOCK_TARGET");
+                assert!(reason.contains("rccl-MAJOR.MINOR.PATCH"), "{reason}");
+            }
+            other => panic!("UNICOMM_MOCK_TARGET={bad}: {:?}", other.map(|v| v.len())),
+        }
+    }
+    std::env::set_var("UNICOMM_MOCK_TARGET", "rccl-2.22.3");
+    let c = unicomm_mock::local_comms(1).unwrap();
+    assert!(!c[0].capabilities().fp8_reduce && c[0].capabilities().native_all_to_all_v);
+    std::env::remove_var("UNICOMM_MOCK_TARGET");
+    assert!(
+        unicomm_mock::local_comms(1).unwrap()[0]
+            .capabilities()
+            .fp8_reduce
+    );
+
     // Configurations built in code are checked too (no Instant overflow, no huge worlds).
     let huge = MockConfig {
         timeout: Duration::MAX,
         faults: vec![],
+        ..MockConfig::default()
     };
     assert!(matches!(
         unicomm_mock::world(2, huge),

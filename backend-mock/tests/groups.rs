@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use rstest::rstest;
-use unicomm_conformance::run_groups;
+use unicomm_conformance::{group_check_refused_by_design, run_groups_refusing};
 use unicomm_core::{packed_displs, Comm, Counts, DeviceStream, Error, ReduceOp};
 use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
@@ -20,10 +20,30 @@ fn world_within(n: usize, timeout: Duration) -> Vec<Comm<MockComm>> {
     local_comms_with(n, config).unwrap()
 }
 
+/// Every check runs right, but what NCCL refuses by design (the mock's default target is
+/// the newest NCCL): those pass only as `Unsupported`.
 #[rstest]
 fn the_suite_of_groups_passes(#[values(1, 2, 3, 4, 5, 8)] n: usize) {
     let comms = world(n);
-    if let Err(e) = run_groups(&comms) {
+    let refused = |check: &str| group_check_refused_by_design(check, n, true);
+    if let Err(e) = run_groups_refusing(&comms, &refused) {
+        panic!("{e}");
+    }
+}
+
+/// On a target that does not reduce fp8 (NCCL on an sm80 GPU), the fp8 checks are refused
+/// and every other check still runs right.
+#[test]
+fn the_suite_of_groups_passes_where_fp8_is_not_reduced() {
+    let config = MockConfig {
+        timeout: Duration::from_secs(20),
+        target: unicomm_mock::Target::parse("nccl-2.28.9-sm80").unwrap(),
+        ..MockConfig::default()
+    };
+    let comms = local_comms_with(3, config).unwrap();
+    assert!(!comms[0].capabilities().fp8_reduce);
+    let refused = |check: &str| group_check_refused_by_design(check, 3, false);
+    if let Err(e) = run_groups_refusing(&comms, &refused) {
         panic!("{e}");
     }
 }

@@ -16,6 +16,10 @@ impl Harness for Mock {
     fn with_comms(&self, world: usize, f: &mut CaseFn<'_, MockComm>) -> Result<(), Failure> {
         f(&unicomm_mock::local_comms(world)?)
     }
+    /// What NCCL refuses by design, as the mock stands for the newest NCCL.
+    fn unsupported(&self, case: &Case) -> bool {
+        unicomm_conformance::refused_by_design(case, true)
+    }
 }
 
 fn case() -> impl Strategy<Value = Case> {

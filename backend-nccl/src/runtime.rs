@@ -387,6 +387,18 @@ impl Runtime for CudaRuntime {
         Ok((name, bus.ok()))
     }
 
+    fn compute_capability(&self, dev: usize) -> Option<(u32, u32)> {
+        use sys::CUdevice_attribute as A;
+        let c = self.context(dev).ok()?;
+        let major = c
+            .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+            .ok()?;
+        let minor = c
+            .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+            .ok()?;
+        Some((u32::try_from(major).ok()?, u32::try_from(minor).ok()?))
+    }
+
     fn describe(&self) -> String {
         let mut v = 0;
         // SAFETY: writes one int.

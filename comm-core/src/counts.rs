@@ -1,7 +1,7 @@
 //! The per-rank counts and displacements of the variable-size collectives ([`Counts`],
 //! [`Layout`]), checked in bounds and free of overflow.
 
-use crate::{Error, Result};
+use crate::{Error, Kind, Result};
 
 /// Per-rank counts and displacements, in elements, of one side of a variable-size
 /// collective (MPI's and RCCL's `counts`/`displs`).
@@ -112,9 +112,89 @@ pub struct Layout<'a> {
     pub recv: Option<Counts<'a>>,
 }
 
+impl Layout<'_> {
+    /// What a rank offers the ranks' comparison of its layout for `kind`: for an
+    /// all-to-all-v its send counts then its receive counts (two per peer); for the others
+    /// the counts every rank passes (one per rank: all-gather-v's output, reduce-scatter-v's
+    /// input).
+    pub fn words(&self, kind: Kind) -> Vec<u64> {
+        let of = |c: Option<Counts<'_>>| {
+            c.map_or(Vec::new(), |c| c.counts.iter().map(|&n| n as u64).collect())
+        };
+        match kind {
+            Kind::AllToAllV => [of(self.send), of(self.recv)].concat(),
+            Kind::AllGatherV => of(self.recv),
+            _ => of(self.send),
+        }
+    }
+}
+
+/// The first disagreement between the layouts the ranks passed to one `kind` call, given
+/// every rank's [`Layout::words`] (rank after rank): `Mismatch` naming the pair and both
+/// counts (all-to-all-v: what a rank sends a peer is what that peer receives from it), or
+/// the first rank whose counts differ from rank 0's. Every rank that holds the same words
+/// finds the same disagreement, so every rank reports it in the same words.
+pub fn layout_disagreement(kind: Kind, all: &[u64], world: usize) -> Option<Error> {
+    let n = all.len().checked_div(world)?;
+    let row = |r: usize| &all[r * n..(r + 1) * n];
+    let detail = if kind == Kind::AllToAllV {
+        let w = n / 2;
+        (0..world).find_map(|p| {
+            (0..w.min(world)).find_map(|q| {
+                let (sends, receives) = (row(p)[q], row(q)[w + p]);
+                (sends != receives).then(|| {
+                    format!(
+                        "all_to_all_v: rank {p} sends {sends} elements to rank {q}, which receives {receives} from it"
+                    )
+                })
+            })
+        })
+    } else {
+        (1..world).find(|&r| row(r) != row(0)).map(|r| {
+            format!(
+                "{}: rank {r}'s counts {:?} differ from rank 0's {:?}",
+                kind.name(),
+                row(r),
+                row(0)
+            )
+        })
+    }?;
+    Some(Error::Mismatch {
+        what: "count",
+        detail,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // MPI's and NCCL's rule: what rank p sends rank q is what q receives from p.
+    #[test]
+    fn a_disagreeing_pair_is_named_with_both_counts_the_same_on_every_rank() {
+        // Rank 1 sends 3 to rank 2, which expects 2.
+        let send = [[1, 1, 1], [1, 1, 3], [1, 1, 1]];
+        let recv = [[1, 1, 1], [1, 1, 1], [1, 2, 1]];
+        let all: Vec<u64> = (0..3)
+            .flat_map(|r| send[r].iter().chain(recv[r].iter()).copied())
+            .collect();
+        let e = layout_disagreement(Kind::AllToAllV, &all, 3).unwrap();
+        assert_eq!(
+            e.to_string(),
+            Error::Mismatch {
+                what: "count",
+                detail: "all_to_all_v: rank 1 sends 3 elements to rank 2, which receives 2 from it"
+                    .into()
+            }
+            .to_string()
+        );
+        let fine: Vec<u64> = (0..3).flat_map(|_| [1u64; 6]).collect();
+        assert!(layout_disagreement(Kind::AllToAllV, &fine, 3).is_none());
+        let gather = [2, 2, 2, 2, 3, 2];
+        let e = layout_disagreement(Kind::AllGatherV, &gather, 2).unwrap();
+        assert!(e.to_string().contains("rank 1's counts [2, 3, 2]"), "{e}");
+        assert!(layout_disagreement(Kind::AllGatherV, &[], 0).is_none());
+    }
 
     fn disjoint(counts: &[usize], displs: &[usize]) -> Result<()> {
         Counts { counts, displs }.check_disjoint("recv")

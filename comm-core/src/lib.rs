@@ -69,7 +69,7 @@ pub use backend::{
 pub use buffer::{Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
 pub use comm::{packed_displs, Comm};
 pub use config::{CommConfig, CtaPolicy};
-pub use counts::{Counts, Layout};
+pub use counts::{layout_disagreement, Counts, Layout};
 pub use element::{DataType, Element, ReduceOp, Scalar};
 pub use error::{Error, Result};
 pub use float8::{F8E4M3, F8E5M2};

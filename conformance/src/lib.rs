@@ -22,6 +22,7 @@ pub use unicomm_core;
 mod exact;
 mod groups;
 mod reference;
+mod refusals;
 mod runner;
 mod sample;
 mod table;
@@ -30,6 +31,7 @@ mod var;
 pub use groups::{
     run_groups, run_groups_on_rank, run_groups_on_rank_refusing, run_groups_refusing,
 };
+pub use refusals::{group_check_refused_by_design, refused_by_design};
 
 use unicomm_core::{bf16, f16, Collective, Comm, DataType, Error, ReduceOp, F8E4M3, F8E5M2};
 
@@ -310,8 +312,8 @@ pub fn process_subset(world: usize) -> Vec<Case> {
 /// world calls it with the same cases in the same order); checks this rank's output.
 ///
 /// With `unsupported`, the case passes only if the backend refuses it as `Unsupported` (a
-/// documented vendor difference, which the vendor's harness names: the GPU test crate's
-/// `nccl_refuses`).
+/// documented difference of the library the backend is or stands for:
+/// [`refused_by_design`]).
 pub fn run_case_on_rank<C: Collective>(
     comm: &Comm<C>,
     case: Case,

@@ -210,11 +210,20 @@ pub(super) fn run_typed<T: Sample, C: Collective>(
                     .collect::<Result<_>>()?
             };
             let mut ranks = ranks;
-            comms[0].group(|| ranks.iter_mut().try_for_each(|rk| launch(rk, case)))?;
-            let mut out: Vec<_> = ranks
-                .iter_mut()
-                .map(|rk| check_output(rk, case, exp))
-                .collect();
+            // A refused launch (an expected `Unsupported`) still releases every rank's
+            // collective registrations below, one thread per rank: dropped here, in this one
+            // thread, the first rank's deregistration would wait for the others' forever.
+            let launched = comms[0].group(|| ranks.iter_mut().try_for_each(|rk| launch(rk, case)));
+            let mut out: Vec<_> = match launched {
+                Ok(()) => ranks
+                    .iter_mut()
+                    .map(|rk| check_output(rk, case, exp))
+                    .collect(),
+                Err(e) => ranks
+                    .iter()
+                    .map(|_| Err(Failure::from(e.clone())))
+                    .collect(),
+            };
             // Window deregistration is collective too: one thread per rank.
             let released: Vec<_> = if case.reg.is_collective() {
                 std::thread::scope(|s| {

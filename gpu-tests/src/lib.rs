@@ -327,57 +327,16 @@ pub fn errors_carry_code<R: Runtime>(g: &Gpu<R>) -> Result<()> {
     }
 }
 
-/// NCCL's documented difference (2.27-2.28, measured on 2x H200 with 2.28.9): an in-place
-/// all-gather in a symmetric window whose per-rank chunk is not a multiple of 4 bytes
-/// corrupts data, so the NCCL-API backends refuse it as `Unsupported`
-/// (measured on 1x H200). True for the suite's cases that are refused so (RCCL reports
-/// the NCCL API it implements and is held to the same rule).
-pub fn nccl_refuses(case: &Case) -> bool {
-    use unicomm_conformance::{Coll, Count, Place, Reg};
-    let chunk = match case.count {
-        Count::Zero => 0,
-        Count::One => 1,
-        Count::Odd => 1001,
-        Count::Large => (1 << 20) / case.world,
-        Count::Exactly(n) => n,
-    };
-    let window_gather = case.coll == Coll::AllGather
-        && case.place == Place::In
-        && case.reg == Reg::Window
-        && case.world > 1
-        && !(chunk * case.dtype.size()).is_multiple_of(4);
-    window_gather || (case.world == 1 && one_rank_fp8_premul(case.dtype, case.op))
-}
-
-/// NCCL's one-rank path (`ncclLaunchOneRank`, 2.28.9) has no pre-multiplied-sum kernel for
-/// the 8-bit floats (measured on 1x H200: `ncclInvalidArgument`): a float average and a
-/// pre-multiplied sum of fp8 on a communicator of one rank are refused as `Unsupported`.
-fn one_rank_fp8_premul(dtype: unicomm_core::DataType, op: unicomm_core::ReduceOp) -> bool {
-    use unicomm_core::ReduceOp;
-    dtype.is_fp8() && matches!(op, ReduceOp::Avg | ReduceOp::PreMulSum(_))
-}
-
-/// The checks of the suite's process groups that the NCCL-API backends refuse by design,
-/// on a world of `world` ranks: the fp8 pre-multiplied sums on one rank (above).
-pub fn nccl_refuses_group_check(check: &str, world: usize) -> bool {
-    world == 1 && check == "pre-multiplied sum f8e4m3"
-}
-
-/// The cases `backend` ("nccl", "rccl") refuses by design: NCCL's above for both NCCL-API
-/// backends; for RCCL also every reduction of the 8-bit floats (RCCL's fp8 on MI300 is the
-/// FNUZ encoding, and unicomm refuses rather than reinterpret OCP bytes; moving fp8 works).
+/// The cases `backend` ("nccl", "rccl") refuses by design
+/// ([`unicomm_conformance::refused_by_design`]): for RCCL also every reduction of the 8-bit
+/// floats (RCCL's fp8 on MI300 is the FNUZ encoding, and unicomm refuses rather than
+/// reinterpret OCP bytes; moving fp8 works). NCCL on the GPU machine (2.28.9, sm90) reduces
+/// fp8.
 pub fn refuses(backend: &str, case: &Case) -> bool {
-    use unicomm_conformance::Coll;
-    let reduces = matches!(
-        case.coll,
-        Coll::AllReduce | Coll::Reduce | Coll::ReduceScatter
-    );
-    nccl_refuses(case) || (backend == "rccl" && case.dtype.is_fp8() && reduces)
+    unicomm_conformance::refused_by_design(case, backend != "rccl")
 }
 
-/// The process-group checks `backend` refuses by design on a world of `world` ranks: NCCL's
-/// above; for RCCL the fp8 pre-multiplied sum at any size (the FNUZ refusal).
+/// The process-group checks `backend` refuses by design on a world of `world` ranks.
 pub fn refuses_group_check(backend: &str, check: &str, world: usize) -> bool {
-    nccl_refuses_group_check(check, world)
-        || (backend == "rccl" && check == "pre-multiplied sum f8e4m3")
+    unicomm_conformance::group_check_refused_by_design(check, world, backend != "rccl")
 }

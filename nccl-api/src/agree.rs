@@ -242,7 +242,7 @@ impl<R: Runtime> Agreement<R> {
     /// the operation and type, and on the counts: every rank's all-gather-v or
     /// reduce-scatter-v counts are the same, and what each rank sends a peer in an
     /// all-to-all-v is what that peer receives from it. A disagreement fails every rank
-    /// with `Mismatch` (naming the peer and both counts where this rank sees it).
+    /// with the same `Mismatch`, naming the pair and both counts.
     pub(crate) fn check_layout(
         &self,
         lc: &Arc<LibComm<R>>,
@@ -254,43 +254,13 @@ impl<R: Runtime> Agreement<R> {
         }
         let shape = Op { count: 0, ..*op };
         self.check_collective_on(lc, &shape, (0, &["the library"]), stream)?;
-        let (w, me) = (lc.world, lc.rank);
-        let (row, want): (&[usize], Option<&[usize]>) = match op.kind {
-            Kind::AllToAllV => (
-                op.layout.send.map_or(&[][..], |c| c.counts),
-                op.layout.recv.map(|c| c.counts),
-            ),
-            Kind::AllGatherV => (op.layout.recv.map_or(&[][..], |c| c.counts), None),
-            _ => (op.layout.send.map_or(&[][..], |c| c.counts), None),
-        };
-        let words: Vec<u64> = row.iter().map(|&c| c as u64).collect();
-        let matrix = self.gather(lc, &words)?;
-        let at = |r: usize, p: usize| matrix[r * w + p] as usize;
-        let bad = (0..w).find_map(|p| match want {
-            Some(recv) if at(p, me) != recv[p] => Some(format!(
-                "rank {p} sends {} elements to rank {me}, which receives {} from it",
-                at(p, me),
-                recv[p]
-            )),
-            None if (0..w).any(|k| at(p, k) != row[k]) => Some(format!(
-                "rank {p}'s counts differ from rank {me}'s ({:?} here)",
-                row
-            )),
-            _ => None,
-        });
-        let any = self.all_max(lc, &[u64::from(bad.is_some())])?;
-        if any.first() == Some(&1) {
-            return Err(Error::Mismatch {
-                what: "count",
-                detail: bad.unwrap_or_else(|| {
-                    format!(
-                        "{}: another rank's counts disagree with its peers'",
-                        op.kind.name()
-                    )
-                }),
-            });
+        // Every rank holds every rank's counts, so every rank finds the same first
+        // disagreement and reports it in the same words.
+        let all = self.gather(lc, &op.layout.words(op.kind))?;
+        match unicomm_core::layout_disagreement(op.kind, &all, lc.world) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 

@@ -87,6 +87,16 @@ pub(crate) fn check_config(config: &CommConfig, backend: &str, library: Version)
     config.check_values()
 }
 
+impl crate::sys::target::Target {
+    /// Checks `config` as this target's library takes it: `Unsupported` naming the first
+    /// field the library predates, `InvalidArgument` for a value out of range (what the
+    /// NCCL-API backends check at creation, split and shrink, and the mock standing for
+    /// this target too).
+    pub fn check_config(&self, config: &CommConfig) -> Result<()> {
+        check_config(config, self.flavor.library, self.version)
+    }
+}
+
 /// The `ncclConfig_t` of `config`, or `None` where nothing is set and the library's (or the
 /// parent's) defaults apply. `blocking` is `!nonblocking` where `config` leaves it unset and
 /// `nonblocking` was asked for (`UNICOMM_NONBLOCKING=1`, or a split of a non-blocking

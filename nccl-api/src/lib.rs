@@ -63,7 +63,8 @@ pub use memory::{ApiMemory, ApiStream};
 pub use policy::Policy;
 pub use sys::api::{Api, Flavor, UniqueId};
 pub use sys::runtime::Runtime;
-pub use sys::{api, config, flavor, runtime, search};
+pub use sys::target::Target;
+pub use sys::{api, config, flavor, runtime, search, target};
 
 /// The copy-engine path's building blocks, for the GPU test crate (`unicomm-gpu-tests`) to
 /// run on a real GPU what the fake library cannot reach: not a stable API.

@@ -13,17 +13,20 @@ use crate::memory::ApiMemory;
 use crate::sys::api::{Api, NcclComm};
 use crate::sys::calls::{CommRef, Handle, P2p, Sides, StreamRef};
 use crate::sys::runtime::Runtime;
+use crate::sys::target::Target;
 
 /// The library-call path's own state: 4 device bytes for `barrier` (NCCL has no barrier: an
-/// all-reduce of one element).
+/// all-reduce of one element), and what the library permits on this device.
 pub(crate) struct Library<R: Runtime> {
     barrier: ApiMemory<R>,
+    pub(crate) target: Target,
 }
 
 impl<R: Runtime> Library<R> {
     pub(crate) fn new(lc: &LibComm<R>) -> Result<Self> {
         Ok(Library {
             barrier: ApiMemory::from_runtime_malloc(lc.rt.clone(), lc.dev, 4)?,
+            target: lc.api.target(lc.rt.compute_capability(lc.dev)),
         })
     }
 
@@ -39,13 +42,18 @@ impl<R: Runtime> Library<R> {
         op: &Op<'_, ApiMemory<R>>,
         st: StreamRef<'_>,
     ) -> Result<()> {
-        let wire = wire_type(&lc.api, op.kind, op.dtype)?;
-        one_rank_fp8_premul(lc, op)?;
+        let wire = wire_type(&self.target, lc.world, op.kind, op.dtype)?;
         if let (Kind::AllGather, None) = (op.kind, child) {
             // Only this communicator's window kernels have the defect; the second
             // communicator sees an ordinary registration.
             let (send, recv) = op.pair()?;
-            window_all_gather_defect(lc, registry, &send, &recv, op.count * op.dtype.size())?;
+            let chunk = op.count * op.dtype.size();
+            self.target.window_all_gather(lc.world, chunk, || {
+                Ok(send.address() == recv.address() + lc.rank * chunk
+                    && registry
+                        .covering(recv.address(), chunk * lc.world)?
+                        .is_some_and(RegKind::is_window))
+            })?;
         }
         lc.call(|c| {
             let on = match child {
@@ -93,17 +101,17 @@ impl<R: Runtime> Library<R> {
         };
         match op.kind {
             Kind::AllReduce { op: red } => {
-                let red = RedOp::new(api, on.handle(), red, op.dtype)?;
+                let red = RedOp::new(api, on.handle(), red, wire)?;
                 api.all_reduce(b, count, wire, red.code, on, st)
             }
             Kind::Broadcast { root } => api.broadcast(b, count, wire, root, on, st),
             Kind::Reduce { op: red, root } => {
-                let red = RedOp::new(api, on.handle(), red, op.dtype)?;
+                let red = RedOp::new(api, on.handle(), red, wire)?;
                 api.reduce(b, count, wire, red.code, root, on, st)
             }
             Kind::AllGather => api.all_gather(b, count, wire, on, st),
             Kind::ReduceScatter { op: red } => {
-                let red = RedOp::new(api, on.handle(), red, op.dtype)?;
+                let red = RedOp::new(api, on.handle(), red, wire)?;
                 api.reduce_scatter(b, count, wire, red.code, on, st)
             }
             Kind::AllToAll if api.all_to_all.is_some() => api.all_to_all(b, count, wire, on, st),
@@ -158,39 +166,6 @@ impl<R: Runtime> Library<R> {
 /// `ncclSum`.
 const RED_SUM: c_int = 0;
 
-/// NCCL's one-rank path (`ncclLaunchOneRank`, 2.28.9) has no pre-multiplied-sum kernel for
-/// the 8-bit floats, so a float average or a pre-multiplied sum of fp8 on a communicator of
-/// one rank fails there with `ncclInvalidArgument` (measured on 1x H200): refused first, as
-/// `Unsupported` naming why.
-#[inline]
-fn one_rank_fp8_premul<R: Runtime>(lc: &LibComm<R>, op: &Op<'_, ApiMemory<R>>) -> Result<()> {
-    let premul = matches!(
-        op.kind.reduction(),
-        Some(ReduceOp::Avg | ReduceOp::PreMulSum(_))
-    );
-    if lc.world == 1 && op.dtype.is_fp8() && premul {
-        return Err(no_one_rank_fp8_premul(lc, op));
-    }
-    Ok(())
-}
-
-#[cold]
-#[inline(never)]
-fn no_one_rank_fp8_premul<R: Runtime>(lc: &LibComm<R>, op: &Op<'_, ApiMemory<R>>) -> Error {
-    Error::unsupported(
-        format!(
-            "{} of {} with a pre-multiplied sum (or a float average) on one rank",
-            op.kind.name(),
-            op.dtype
-        ),
-        "a communicator of two or more ranks",
-        format!(
-            "{} {}, whose one-rank path has no fp8 kernel for it",
-            lc.api.flavor.library, lc.api.version
-        ),
-    )
-}
-
 /// A kind the communicator lowers before it reaches the library-call path (no native call).
 #[cold]
 #[inline(never)]
@@ -202,21 +177,22 @@ fn unlowered(call: &str) -> Error {
 }
 
 /// The type an operation is called with. The 8-bit floats move as `ncclUint8` (the same
-/// bytes, on every library version); reductions of them need a library that reduces them
-/// (`Unsupported` otherwise, naming why).
+/// bytes, on every library version); reductions of them need a library and device that
+/// reduce them, and NCCL's one-rank path refuses some (`Unsupported` naming why:
+/// [`Target::check_op`]).
 #[inline]
-fn wire_type(api: &Api, kind: Kind, dtype: DataType) -> Result<DataType> {
+fn wire_type(target: &Target, world: usize, kind: Kind, dtype: DataType) -> Result<DataType> {
     if !dtype.is_fp8() {
         return Ok(dtype);
     }
-    fp8_wire_type(api, kind, dtype)
+    fp8_wire_type(target, world, kind, dtype)
 }
 
 #[cold]
 #[inline(never)]
-fn fp8_wire_type(api: &Api, kind: Kind, dtype: DataType) -> Result<DataType> {
+fn fp8_wire_type(target: &Target, world: usize, kind: Kind, dtype: DataType) -> Result<DataType> {
+    target.check_op(world, kind, dtype)?;
     if kind.reduction().is_some() {
-        api.fp8_reduce()?;
         return Ok(dtype);
     }
     Ok(DataType::U8)
@@ -232,24 +208,23 @@ struct RedOp<'a> {
 
 impl<'a> RedOp<'a> {
     #[inline]
-    fn new(api: &'a Api, comm: Handle<'a>, op: ReduceOp, dtype: DataType) -> Result<Self> {
+    fn new(api: &'a Api, comm: Handle<'a>, op: ReduceOp, wire: DataType) -> Result<Self> {
         if let Some(code) = op.nccl() {
             return Ok(RedOp {
                 code,
                 created: None,
             });
         }
-        Self::create(api, comm, op, dtype)
+        Self::create(api, comm, op, wire)
     }
 
     /// A pre-multiplied sum's operator, created for one call (out of line: rare).
     #[cold]
     #[inline(never)]
-    fn create(api: &'a Api, comm: Handle<'a>, op: ReduceOp, dtype: DataType) -> Result<Self> {
+    fn create(api: &'a Api, comm: Handle<'a>, op: ReduceOp, wire: DataType) -> Result<Self> {
         let ReduceOp::PreMulSum(x) = op else {
             return Err(Error::invalid("op", "a reduction without a code"));
         };
-        let wire = wire_type(api, Kind::AllReduce { op }, dtype)?;
         let code = api.red_op_create_pre_mul_sum(comm, x.bytes(), wire)?;
         Ok(RedOp {
             code,
@@ -274,39 +249,4 @@ impl Drop for RedOp<'_> {
             self.destroy(api, comm);
         }
     }
-}
-
-/// NCCL 2.28.9's symmetric-window all-gather, in place, corrupts the ranks' chunks when a
-/// chunk is not a multiple of 4 bytes (measured on 2x H200: f16/bf16/i8/u8 with 1001
-/// elements per rank get garbage from the next 8-byte boundary on; 4- and 8-byte types and
-/// out-of-place calls are right; so is a world of one). Refused as `Unsupported` rather
-/// than computed wrong.
-fn window_all_gather_defect<R: Runtime>(
-    lc: &LibComm<R>,
-    registry: &Registry,
-    send: &Slice<'_, ApiMemory<R>>,
-    recv: &Slice<'_, ApiMemory<R>>,
-    chunk: usize,
-) -> Result<()> {
-    // One rank gathers nothing from peers (and was measured right).
-    if lc.world == 1
-        || chunk.is_multiple_of(4)
-        || send.address() != recv.address() + lc.rank * chunk
-    {
-        return Ok(());
-    }
-    if !registry
-        .covering(recv.address(), chunk * lc.world)?
-        .is_some_and(RegKind::is_window)
-    {
-        return Ok(());
-    }
-    Err(Error::unsupported(
-        format!("in-place all_gather in a symmetric window with {chunk}-byte chunks"),
-        "chunks that are a multiple of 4 bytes (or out of place, or a non-window buffer)",
-        format!(
-            "{} {}, whose symmetric in-place all-gather corrupts such chunks",
-            lc.api.flavor.library, lc.api.version
-        ),
-    ))
 }

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{calls, comm, fake, flavors, Host};
+use common::{calls, comm, fake, flavors, Host, COMPUTE};
 use unicomm_core::{
     packed_displs, Comm, CommConfig, Counts, CtaPolicy, DeviceStream, Error, ReduceOp, F8E4M3,
 };
@@ -258,6 +258,47 @@ fn fp8_moves_on_every_version_and_reduces_from_2_24_3() {
     c.all_reduce(&a, &mut b, ReduceOp::Sum, &st).unwrap();
     assert_eq!(last_type(&path), 10);
     assert_eq!(b.copy_to_host(&st).unwrap(), x);
+}
+
+/// NCCL reduces fp8 on sm90 and newer only: on an Ampere GPU (sm80) NCCL 2.28 refuses it, in
+/// the words of the target rules the mock shares (`Target`), before the library is called.
+#[test]
+fn fp8_reductions_are_refused_below_sm90_naming_the_device() {
+    let _one = serial();
+    let path = fake("nccl228");
+    COMPUTE.store(80, std::sync::atomic::Ordering::SeqCst);
+    let c = comm(flavors(false, false), &path);
+    COMPUTE.store(0, std::sync::atomic::Ordering::SeqCst);
+    assert!(!c.capabilities().fp8_reduce);
+    let st = c.create_stream().unwrap();
+    let a = c.alloc::<F8E4M3>(4).unwrap();
+    let mut b = c.alloc::<F8E4M3>(4).unwrap();
+    let before = calls(&path, "ncclAllReduce");
+    let e = c.all_reduce(&a, &mut b, ReduceOp::Sum, &st).unwrap_err();
+    let want = unicomm_nccl_api::Target::nccl(c.capabilities().version, Some((8, 0)))
+        .fp8_reduce()
+        .unwrap_err();
+    match (&e, &want) {
+        (
+            Error::Unsupported { what, needs, found },
+            Error::Unsupported {
+                what: w, needs: n, ..
+            },
+        ) => {
+            assert_eq!((what, needs), (w, n));
+            assert!(
+                found.contains("sm80") && found.contains(&path.display().to_string()),
+                "{found}"
+            );
+        }
+        _ => panic!("{e}"),
+    }
+    assert_eq!(
+        calls(&path, "ncclAllReduce"),
+        before,
+        "refused before the library"
+    );
+    c.broadcast(&a, &mut b, 0, &st).unwrap();
 }
 
 /// RCCL's fp8 on MI300 is the FNUZ encoding: unicomm refuses its reductions rather than

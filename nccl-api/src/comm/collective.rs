@@ -46,7 +46,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
             native_split: api.fns.comm_split.is_some() && api.version >= crate::split::SPLIT_SINCE,
             native_gather_scatter: api.native_gather_scatter(),
             native_all_to_all_v: api.fns.all_to_allv.is_some(),
-            fp8_reduce: api.fp8_reduce().is_ok(),
+            fp8_reduce: self.base.library.target.fp8_reduce().is_ok(),
             pre_mul_sum: api.pre_mul_sum().is_ok(),
         }
     }

@@ -15,6 +15,7 @@ use std::path::Path;
 
 pub use crate::sys::flavor::Flavor;
 use crate::sys::search::{open_library, Search};
+use crate::sys::target::{Target, PRE_MUL_SUM, PRE_MUL_SUM_SINCE};
 
 use unicomm_core::{Error, Result, Version};
 
@@ -334,17 +335,19 @@ impl Api {
             // is not what is missing.
             return self.not_exported(what);
         }
-        Error::unsupported(
-            what,
-            format!("{} >= {since}", self.flavor.library),
-            format!(
-                "{} {} at {}{}",
-                self.flavor.library,
-                self.version,
-                self.path,
-                if present { "" } else { " (symbol absent)" }
-            ),
-        )
+        let note = if present { "" } else { " (symbol absent)" };
+        self.target(None).too_old(what, since, note)
+    }
+
+    /// What this library permits on a device of compute capability `compute` (`None`:
+    /// not read), its refusals naming the loaded file.
+    pub fn target(&self, compute: Option<(u32, u32)>) -> Target {
+        Target {
+            flavor: self.flavor,
+            version: self.version,
+            compute,
+            at: format!(" at {}", self.path).into(),
+        }
     }
 
     /// `Unsupported`: the loaded library does not export the entry point `what` needs.
@@ -380,26 +383,9 @@ impl Api {
             && self.fns.scatter.is_some()
     }
 
-    /// Whether reductions of the 8-bit floats are available: `Unsupported` naming why.
-    pub fn fp8_reduce(&self) -> Result<()> {
-        match self.flavor.fp8_reduce_since {
-            Some(since) if self.version >= since => Ok(()),
-            Some(since) => Err(self.too_old("reductions of 8-bit floats", since, true)),
-            None => Err(Error::unsupported(
-                "reductions of OCP 8-bit floats",
-                "a library that reduces the OCP e4m3/e5m2 encoding (NCCL >= 2.24.3)",
-                format!(
-                    "{} {}, whose fp8 on MI300 is the FNUZ encoding (moving fp8 works)",
-                    self.flavor.library, self.version
-                ),
-            )),
-        }
-    }
-
     /// `ncclRedOpCreatePreMulSum` and `ncclRedOpDestroy` (NCCL >= 2.11, RCCL ROCm 5.2).
     pub fn pre_mul_sum(&self) -> Result<(PreMulSumFn, RedOpDestroyFn)> {
-        let since = Version::new(2, 11, 0);
-        let what = "a pre-multiplied sum (ncclRedOpCreatePreMulSum)";
+        let (what, since) = (PRE_MUL_SUM, PRE_MUL_SUM_SINCE);
         let create = self.gated(what, since, self.fns.red_op_create_pre_mul_sum)?;
         let destroy = self.gated(what, since, self.fns.red_op_destroy)?;
         Ok((create, destroy))

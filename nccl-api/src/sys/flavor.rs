@@ -37,6 +37,16 @@ pub struct Flavor {
     pub fp8_reduce_since: Option<Version>,
 }
 
+/// `ncclCommSplit` exists from NCCL 2.18.
+pub const SPLIT_SINCE: Version = Version::new(2, 18, 0);
+/// `ncclCommShrink` exists from NCCL 2.27.
+pub const SHRINK_SINCE: Version = Version::new(2, 27, 0);
+/// `ncclCommRevoke` exists from NCCL 2.28.7.
+pub const REVOKE_SINCE: Version = Version::new(2, 28, 7);
+/// `ncclCommInitRankConfig` exists from NCCL 2.14.
+pub const CONFIG_SINCE: Version = Version::new(2, 14, 0);
+/// `ncclSend`/`ncclRecv` exist from NCCL 2.7.
+pub const P2P_SINCE: Version = Version::new(2, 7, 0);
 /// NCCL's search directories: `NCCL_HOME/lib`, `CUDA_HOME/lib64`, Python wheels
 /// (`site-packages/nvidia/nccl/lib`).
 pub fn nccl_dirs() -> Vec<PathBuf> {

@@ -6,6 +6,8 @@
 //! - one safe method per library call, with its gate and typed result, in [`calls`] (the
 //!   only place the library is called above the loader);
 //! - `ncclConfig_t`, in [`config`];
+//! - what a library version on a device permits, written once for the backends and the
+//!   mock, in [`target`];
 //! - where a vendor library is looked for (also used by the HIP loader), in [`search`];
 //! - the device [`Runtime`](runtime::Runtime) trait (CUDA for NCCL, HIP for RCCL), in
 //!   [`runtime`].
@@ -16,3 +18,4 @@ pub mod config;
 pub mod flavor;
 pub mod runtime;
 pub mod search;
+pub mod target;

@@ -63,6 +63,13 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     /// `(free, total)` bytes of device `dev`'s memory (`cuMemGetInfo` / `hipMemGetInfo`).
     fn mem_info(&self, dev: usize) -> Result<(usize, usize)>;
 
+    /// CUDA's compute capability of device `dev` (`(9, 0)` for sm90), where the runtime has
+    /// one and could read it; `None` otherwise (what depends on it is then not refused
+    /// early: the library decides).
+    fn compute_capability(&self, _dev: usize) -> Option<(u32, u32)> {
+        None
+    }
+
     /// A timing event (`cudaEvent_t` / `hipEvent_t`), destroyed on drop.
     type Event: Send + Sync + 'static;
     /// Records a timing event on `s` (`cuEventRecord` / `hipEventRecord`).

@@ -63,6 +63,8 @@ pub fn library_moves(api_path: &Path) -> (c_int, c_int) {
 }
 
 /// While set, every host stream reports work still running (a peer that never arrives).
+/// The compute capability the host "device" reports, as `major * 10 + minor` (0: none).
+pub static COMPUTE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 pub static HANG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether the host runtime can export memory to "other processes" (the copy-engine path
@@ -158,6 +160,10 @@ impl Runtime for Host {
     }
     fn mem_info(&self, _: usize) -> Result<(usize, usize)> {
         Ok((0, 0))
+    }
+    fn compute_capability(&self, _: usize) -> Option<(u32, u32)> {
+        let c = COMPUTE.load(SeqCst);
+        (c != 0).then_some((c / 10, c % 10))
     }
     fn enable_peer_access(&self, _: usize, _: usize) -> Result<()> {
         Ok(())
