@@ -1,7 +1,11 @@
-//! The CUDA runtime through cudarc's driver API, loaded at run time.
+//! The CUDA runtime through cudarc's driver API.
 //!
-//! cudarc panics when libcuda is absent, so [`CudaRuntime::new`] checks
-//! `is_culib_present` before any other cudarc call and returns `LibraryNotFound` instead.
+//! cudarc is built however the program around unicomm builds it (`dynamic-loading`,
+//! `fallback-dynamic-loading`, `dynamic-linking`: cargo unifies its features per binary, and
+//! unicomm forces none of them, docs/cuda.md). Loaded at run time, cudarc panics where
+//! libcuda is absent or lacks a symbol, so [`CudaRuntime::new`] first opens the driver
+//! itself (`driver_library`) and returns `LibraryNotFound` instead, and optional entry points
+//! are looked up there before any call.
 
 #![allow(unsafe_code, reason = "the CUDA driver through cudarc's result layer")]
 
@@ -15,6 +19,30 @@ use crate::driver_error::cuda_err;
 
 use unicomm_nccl_api::runtime::Exported;
 use unicomm_nccl_api::Runtime;
+
+/// The names the CUDA driver is opened by, in order (the system loader searches them).
+const DRIVER_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
+
+/// The CUDA driver library, opened once by unicomm itself (whatever way cudarc was built:
+/// with `dynamic-linking` it is already mapped and this finds it), or `LibraryNotFound`
+/// naming what was tried.
+fn driver_library() -> Result<&'static libloading::Library> {
+    static DRIVER: OnceLock<Option<libloading::Library>> = OnceLock::new();
+    let lib = DRIVER.get_or_init(|| {
+        DRIVER_NAMES.iter().find_map(|name| {
+            // SAFETY: the CUDA driver's initialisers are safe to run on load (it is the
+            // library every CUDA program loads).
+            unsafe { libloading::Library::new(*name) }.ok()
+        })
+    });
+    lib.as_ref().ok_or_else(|| Error::LibraryNotFound {
+        library: "CUDA driver",
+        tried: DRIVER_NAMES
+            .iter()
+            .map(|n| format!("{n} (system loader)"))
+            .collect(),
+    })
+}
 
 /// The CUDA driver, with one primary context per device (the one NCCL and the CUDA runtime
 /// use).
@@ -37,15 +65,7 @@ impl CudaRuntime {
     /// Loads the driver and counts devices: `LibraryNotFound` without libcuda, `NoDevice`
     /// when it sees no GPU.
     pub fn new() -> Result<Self> {
-        // SAFETY: only probes whether the library can be opened; no symbol is called.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(Error::LibraryNotFound {
-                library: "CUDA driver",
-                tried: vec![
-                    "libcuda.so, libcuda.so.1 and cudarc's other names (system loader)".into(),
-                ],
-            });
-        }
+        let driver = driver_library()?;
         match result::init() {
             Ok(()) => {}
             Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => {
@@ -67,8 +87,8 @@ impl CudaRuntime {
         let mem_ops = ["cuStreamWaitValue32_v2\0", "cuStreamWriteValue32_v2\0"]
             .iter()
             .all(|name| {
-                // SAFETY: looks a symbol up without calling it; the library was found above.
-                unsafe { sys::culib().get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_ok()
+                // SAFETY: looks a symbol up without calling it.
+                unsafe { driver.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_ok()
             });
         Ok(CudaRuntime {
             contexts: (0..count).map(|_| OnceLock::new()).collect(),

@@ -97,8 +97,7 @@ pub(crate) fn import(dev: usize, fd: std::os::fd::BorrowedFd<'_>, size: usize) -
     }
     // SAFETY: a plain C struct (zero is a valid value of every field).
     let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
-    desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = dev as std::ffi::c_int;
+    desc.location = device_location(dev as std::ffi::c_int);
     desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     // SAFETY: grants `dev` access to the mapping made above.
     if let Err(e) = unsafe { sys::cuMemSetAccess(va, size, &desc, 1) }.result() {
@@ -108,6 +107,24 @@ pub(crate) fn import(dev: usize, fd: std::os::fd::BorrowedFd<'_>, size: usize) -
         return Err(cuda_err("cuMemSetAccess", e));
     }
     Ok(va as usize)
+}
+
+/// `CUmemLocation` of device `dev`, built from its C layout (`{ CUmemLocationType type; int
+/// id; }`, the id inside a union from CUDA 13): cudarc's bindings spell the id's field per
+/// CUDA version, and the version is the program's choice (docs/cuda.md), not unicomm's.
+fn device_location(dev: std::ffi::c_int) -> sys::CUmemLocation {
+    #[repr(C)]
+    struct Location {
+        kind: sys::CUmemLocationType,
+        id: std::ffi::c_int,
+    }
+    let raw = Location {
+        kind: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: dev,
+    };
+    // SAFETY: the driver's C struct has this layout in every CUDA version (the ABI; a size
+    // that differed would not compile: transmute checks it).
+    unsafe { std::mem::transmute::<Location, sys::CUmemLocation>(raw) }
 }
 
 /// Unmaps a mapping of [`import`] and frees its reservation.

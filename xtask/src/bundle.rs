@@ -11,6 +11,21 @@ use crate::cargo::{cargo, named, root};
 use crate::cli::{Opts, Vendor};
 use crate::gpu::{GpuVendor, SUITE_WORLDS};
 
+/// The CUDA API of cudarc's bindings in a bundle, where `CUDARC_CUDA_VERSION` does not name
+/// one: 12.8, what the bundles were verified with (driver 580). unicomm forces no version on
+/// the programs around it, and without `nvcc` cudarc would take its newest bindings, whose
+/// entry points an older driver may lack.
+const BUNDLE_CUDA_API: &str = "12080";
+
+/// `cargo` for a bundle's builds, with [`BUNDLE_CUDA_API`] unless the caller named one.
+fn bundle_cargo() -> Command {
+    let mut c = cargo();
+    if std::env::var_os("CUDARC_CUDA_VERSION").is_none() {
+        c.env("CUDARC_CUDA_VERSION", BUNDLE_CUDA_API);
+    }
+    c
+}
+
 /// The test binaries of `pkg` (its targets `names`, built with `features`), each named
 /// `<prefix>-<target>` in the bundle.
 fn test_binaries(
@@ -19,7 +34,7 @@ fn test_binaries(
     names: &[&str],
     prefix: &str,
 ) -> Result<Vec<(PathBuf, String)>> {
-    let mut t = cargo();
+    let mut t = bundle_cargo();
     t.args(["test", "--release", "-p", pkg, "--no-run"]);
     if !features.is_empty() {
         t.args(["--features", features]);
@@ -66,7 +81,7 @@ fn common_binaries(vendors: &[GpuVendor]) -> Result<Vec<(PathBuf, String)>> {
     } else {
         "rccl,mock"
     };
-    let mut ex = cargo();
+    let mut ex = bundle_cargo();
     ex.args([
         "build",
         "--release",
@@ -95,7 +110,7 @@ fn common_binaries(vendors: &[GpuVendor]) -> Result<Vec<(PathBuf, String)>> {
         TargetKind::Example,
         &examples,
     )?);
-    let mut b = cargo();
+    let mut b = bundle_cargo();
     b.args(["build", "--release", "-p", "unicomm-bench", "-p", "xtask"]);
     // The launcher (`xtask launch --procs N -- prog`) for one rank per process.
     copies.extend(named(
@@ -112,7 +127,7 @@ fn vendor_binaries(v: GpuVendor) -> Result<Vec<(PathBuf, String)>> {
     let mut copies = Vec::new();
     match v {
         GpuVendor::Cuda => {
-            let mut ov = cargo();
+            let mut ov = bundle_cargo();
             ov.args([
                 "build",
                 "--release",
@@ -139,7 +154,7 @@ fn vendor_binaries(v: GpuVendor) -> Result<Vec<(PathBuf, String)>> {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| root().join("target"))
                 .join("hip-on-cuda");
-            let mut shim = cargo();
+            let mut shim = bundle_cargo();
             shim.args(["build", "--release", "--offline", "--manifest-path"])
                 .arg(root().join("backend-rccl/tests/hip-on-cuda/Cargo.toml"))
                 .arg("--target-dir")

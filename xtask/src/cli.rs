@@ -85,6 +85,9 @@ pub(crate) enum Cmd {
     Bundle(Opts),
     /// Check that the workspace's rust-version is at least every dependency's.
     Msrv,
+    /// `cargo check` a program using unicomm's NCCL backend beside its own cudarc, in each
+    /// way engines build cudarc (candle's dynamic-linking, loading, cubecl's fallback).
+    Consumers,
     /// Read every rank's flight-recorder dump in DIR (UNICOMM_FLIGHT_DIR of a job) and say
     /// where the ranks part: the first sequence number some never reached, or called
     /// differently, and what each was doing.

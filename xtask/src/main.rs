@@ -8,6 +8,7 @@
 mod bundle;
 mod cargo;
 mod cli;
+mod consumers;
 mod gpu;
 mod launch;
 mod msrv;
@@ -101,6 +102,7 @@ fn xtask(cli: Cli) -> Result<()> {
         }
         Cmd::Bundle(o) => bundle::bundle(&o),
         Cmd::Msrv => msrv::msrv(),
+        Cmd::Consumers => consumers::consumers(),
         Cmd::Trace { dir } => trace::trace(&dir),
         Cmd::Launch {
             procs,
