@@ -23,6 +23,11 @@ pub(crate) trait Backend {
     fn local(n: Option<usize>, config: &CommConfig) -> Result<Vec<AnyComm>>;
     /// One rank of a world launched one rank per process.
     fn from_env(env: &LaunchEnv, timeout: Duration, config: &CommConfig) -> Result<AnyComm>;
+    /// A new world's id (the library's 128 bytes).
+    fn unique_id() -> Result<[u8; 128]>;
+    /// Rank `rank` of `world` on device `dev`, joining the world of `id`.
+    fn init_rank(id: &[u8; 128], at: (usize, usize, usize), config: &CommConfig)
+        -> Result<AnyComm>;
 }
 
 macro_rules! backends {
@@ -195,6 +200,18 @@ impl Backend for unicomm_mock::Facade {
         let mock = ::unicomm_mock::MockConfig::from_env()?;
         ::unicomm_mock::join(env, mock, timeout).map(AnyComm::from)
     }
+    fn unique_id() -> Result<[u8; 128]> {
+        ::unicomm_mock::unique_id()
+    }
+    fn init_rank(
+        id: &[u8; 128],
+        (rank, world, _): (usize, usize, usize),
+        config: &CommConfig,
+    ) -> Result<AnyComm> {
+        config.check_values()?;
+        let mock = ::unicomm_mock::MockConfig::from_env()?;
+        ::unicomm_mock::init_rank(id, rank, world, mock).map(AnyComm::from)
+    }
 }
 
 /// NCCL and RCCL have the same entry points (the shared NCCL-API layer).
@@ -228,6 +245,17 @@ macro_rules! gpu_backend {
                 comm.set_rejoin(unicomm_bootstrap::Rejoin::job(env))?;
                 Ok(AnyComm::from(comm))
             }
+            fn unique_id() -> Result<[u8; 128]> {
+                Ok(::$krate::unique_id()?.to_bytes())
+            }
+            fn init_rank(
+                id: &[u8; 128],
+                at: (usize, usize, usize),
+                config: &CommConfig,
+            ) -> Result<AnyComm> {
+                let id = ::$krate::UniqueId::from_bytes(*id);
+                ::$krate::init_rank_with(id, at, config).map(AnyComm::from)
+            }
         }
     };
 }
@@ -246,6 +274,21 @@ pub(crate) fn local_vendor(
     config: &CommConfig,
 ) -> Result<Vec<AnyComm>> {
     on_vendor!(vendor, B => B::local(n, config))
+}
+
+/// A new world id of `vendor`.
+pub(crate) fn unique_id_vendor(vendor: Vendor) -> Result<[u8; 128]> {
+    on_vendor!(vendor, B => B::unique_id())
+}
+
+/// Rank `at.0` of `at.1` on device `at.2`, joining `vendor`'s world of `id`.
+pub(crate) fn init_rank_vendor(
+    vendor: Vendor,
+    id: &[u8; 128],
+    at: (usize, usize, usize),
+    config: &CommConfig,
+) -> Result<AnyComm> {
+    on_vendor!(vendor, B => B::init_rank(id, at, config))
 }
 
 /// One rank of `vendor` in a world launched one rank per process.

@@ -70,8 +70,10 @@
 compile_error!("unicomm needs at least one backend feature: mock, nccl or rccl");
 
 mod dispatch;
+mod id;
 
 pub use dispatch::{AnyComm, AnyMemory, AnyStream};
+pub use id::{init_rank, UniqueId};
 pub use unicomm_core::each_rank;
 
 #[doc = include_str!("guide.md")]

@@ -159,6 +159,10 @@ for v in nccl rccl; do
     if [ "$UNICOMM_GPU_WORLD" -ge 4 ]; then share=; else share=--share-gpu; fi
     step $v engine_mesh: 4 processes $share
     ./xtask launch --procs 4 $share --timeout-s 300 -- ./engine_mesh --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # An engine's own bootstrap: rank 0's UniqueId through a file, init_rank on every rank.
+    if [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then share=; else share=--share-gpu; fi
+    step $v by_id: 2 processes $share
+    ./xtask launch --procs 2 $share --timeout-s 120 -- ./by_id --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   fi
   if [ "$PARTS" = groups ]; then continue; fi
   if [ "$PARTS" = shrink ] || [ "$PARTS" = all ]; then

@@ -28,6 +28,7 @@ mod comm;
 mod config;
 mod exec;
 mod fabric;
+mod id;
 mod memory;
 mod procs;
 mod reduce;
@@ -53,6 +54,7 @@ pub use config::{
     ranks_from_env, Fault, FaultKind, MockConfig, Target, DEFAULT_RANKS, DEFAULT_TIMEOUT,
     MAX_RANKS, MAX_TIMEOUT,
 };
+pub use id::{init_rank, unique_id};
 pub use memory::MockMemory;
 pub use stream::MockStream;
 
@@ -163,29 +165,44 @@ pub fn join(
             bootstrap_timeout,
         )?))
     };
+    process_rank(
+        fabric,
+        (env.rank, n),
+        &config,
+        unicomm_bootstrap::Rejoin::job(env),
+    )
+}
+
+/// Rank `rank` of `n` on a fabric that spans processes (buffers in shared memory).
+pub(crate) fn process_rank(
+    fabric: Arc<dyn Exchange>,
+    (rank, n): (usize, usize),
+    config: &MockConfig,
+    rejoin: unicomm_bootstrap::Rejoin,
+) -> Result<MockComm> {
     Ok(MockComm {
         ctx: Arc::new(RankCtx {
-            rank: env.rank,
+            rank,
             world: n,
             fabric,
             timeout: config.timeout,
             faults: config
                 .faults
                 .iter()
-                .filter(|f| f.rank == env.rank)
+                .filter(|f| f.rank == rank)
                 .copied()
                 .collect(),
-            flight: FlightRecorder::from_env("world", env.rank, n)?,
+            flight: FlightRecorder::from_env("world", rank, n)?,
             target: config.target.clone(),
         }),
         shared: true,
         world_id: NEXT_WORLD.fetch_add(1, Ordering::Relaxed),
-        device: (NEXT_DEVICE.fetch_add(1, Ordering::Relaxed), env.rank),
+        device: (NEXT_DEVICE.fetch_add(1, Ordering::Relaxed), rank),
         registry: Registry::new(),
         seq: AtomicU64::new(0),
         issued: AtomicU64::new(0),
         state: AtomicU8::new(LIVE),
-        rejoin: unicomm_bootstrap::Rejoin::job(env),
+        rejoin,
         shrinks: AtomicU64::new(0),
     })
 }

@@ -103,6 +103,46 @@ fn joined() -> Comm<MockComm> {
     Comm::from_backend(join(&env, config, Duration::from_secs(60)).expect("join"))
 }
 
+/// One rank joined by a unique id its rank 0 made and wrote to a file (as candle's example
+/// shares NCCL's id), not by the launcher's rendezvous: an all-reduce, then finalize.
+fn by_id() {
+    let var = |k: &str| std::env::var(k).unwrap();
+    let (r, w): (usize, usize) = (
+        var("RANK").parse().unwrap(),
+        var("WORLD_SIZE").parse().unwrap(),
+    );
+    let file = std::path::PathBuf::from(var("UNICOMM_TEST_ID_FILE"));
+    let id = if r == 0 {
+        let id = unicomm_mock::unique_id().unwrap();
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, id).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+        id
+    } else {
+        let start = Instant::now();
+        loop {
+            if let Ok(b) = std::fs::read(&file) {
+                break <[u8; 128]>::try_from(b.as_slice()).unwrap();
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "no id");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let config = MockConfig {
+        timeout: Duration::from_secs(30),
+        ..MockConfig::default()
+    };
+    let c = Comm::from_backend(unicomm_mock::init_rank(&id, r, w, config).unwrap());
+    let st = c.create_stream().unwrap();
+    let mut b = c.alloc::<f32>(4).unwrap();
+    b.copy_from_host(&[(r + 1) as f32; 4], &st).unwrap();
+    c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+    let want = (w * (w + 1) / 2) as f32;
+    assert_eq!(b.copy_to_host(&st).unwrap(), vec![want; 4]);
+    c.finalize().unwrap();
+    println!("rank {r}: RANK PASSED");
+}
+
 /// One rank of a scenario (started by the tests below, never on its own).
 #[test]
 #[ignore = "one rank of the multi-process tests; they start it"]
@@ -123,6 +163,7 @@ fn rank() {
             c.finalize().unwrap();
             println!("rank {r}: {} cases; RANK PASSED", cases.len());
         }
+        "by_id" => by_id(),
         "groups" => {
             let refused =
                 |check: &str| unicomm_conformance::group_check_refused_by_design(check, w, true);
@@ -315,4 +356,20 @@ fn survivors_of_a_killed_rank_shrink_and_go_on() {
             );
         }
     }
+}
+
+/// Processes that share the mock's unique id through a file of their own (no launcher
+/// rendezvous) form one world: rank 0's process serves it.
+#[test]
+fn processes_join_by_a_unique_id_shared_through_a_file() {
+    let dir = std::env::temp_dir().join(format!("unicomm-id-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("id");
+    let _ = std::fs::remove_file(&file);
+    all_passed(
+        3,
+        "by_id",
+        &[("UNICOMM_TEST_ID_FILE", file.to_str().unwrap())],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -304,6 +304,12 @@ macro_rules! owned_buffer_methods {
             pub fn copy_to_host(&$self_, stream: &C::Stream) -> Result<Vec<T>> {
                 $crate::buffer::DeviceSlice::view($self_).copy_to_host(stream)
             }
+            /// Copies the whole buffer into `dst` (of the same length: `InvalidArgument`
+            /// otherwise) after the work enqueued on `stream` (waits for it), reusing the
+            /// caller's host memory.
+            pub fn copy_to_host_into(&$self_, dst: &mut [T], stream: &C::Stream) -> Result<()> {
+                $crate::buffer::DeviceSlice::view($self_).copy_to_host_into(dst, stream)
+            }
         }
         impl<$($gen)*> $crate::buffer::DeviceSlice<T, C> for $ty {
             fn view(&$self_) -> View<'_, T, C> {

@@ -93,6 +93,7 @@ fn common_binaries(vendors: &[GpuVendor]) -> Result<Vec<(PathBuf, String)>> {
     let examples = [
         "allreduce_ub",
         "alltoall_ub",
+        "by_id",
         "doctor",
         "from_env",
         "faults",

@@ -44,6 +44,13 @@ impl Hub {
     /// Starts the hub: listens on 127.0.0.1 (a port the system picks) until rank 0's
     /// fabric is dropped.
     pub(crate) fn start(world: usize, timeout: Duration) -> Result<(Arc<Hub>, HubId)> {
+        let (listener, id) = Self::bind()?;
+        Ok((Self::serve_on(listener, id.secret, world, timeout)?, id))
+    }
+
+    /// The hub's listener on 127.0.0.1 (an unused port) and its id with a fresh secret,
+    /// before the world's size is known ([`Hub::serve`] starts it then).
+    pub(crate) fn bind() -> Result<(TcpListener, HubId)> {
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).map_err(|e| Error::Bootstrap {
             reason: format!("no randomness for the mock's hub: {e}"),
@@ -65,6 +72,17 @@ impl Hub {
             .map_err(|e| Error::Bootstrap {
                 reason: format!("the mock's hub: {e}"),
             })?;
+        Ok((listener, HubId { port, secret }))
+    }
+
+    /// Serves a world of `world` ranks on `listener` (from [`Hub::bind`]), rank 0 in this
+    /// process.
+    pub(crate) fn serve_on(
+        listener: TcpListener,
+        secret: [u8; 32],
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Arc<Hub>> {
         let mut lives = vec![Life::Absent; world];
         lives[0] = Life::Live;
         let hub = Arc::new(Hub {
@@ -84,7 +102,7 @@ impl Hub {
             .map_err(|e| Error::Bootstrap {
                 reason: format!("the mock's hub thread: {e}"),
             })?;
-        Ok((hub, HubId { port, secret }))
+        Ok(hub)
     }
 
     fn lives(&self) -> std::sync::MutexGuard<'_, Vec<Life>> {

@@ -134,6 +134,15 @@ impl<C: Collective> Comm<C> {
         Buffer::from_memory(mem, len)
     }
 
+    /// A buffer of `src.len()` elements holding `src`, copied after the work enqueued on
+    /// `stream` (returns once `src` may be reused): [`Comm::alloc`] and
+    /// [`Buffer::copy_from_host`] in one call.
+    pub fn upload<T: Element>(&self, src: &[T], stream: &C::Stream) -> Result<Buffer<T, C>> {
+        let mut b = self.alloc::<T>(src.len())?;
+        b.copy_from_host(src, stream)?;
+        Ok(b)
+    }
+
     /// Device memory `(free, total)` bytes of this rank's device (GPU backends).
     pub fn device_memory(&self) -> Result<(usize, usize)> {
         self.raw.device_memory()
