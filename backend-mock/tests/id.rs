@@ -63,20 +63,3 @@ fn rank_zero_joins_once_where_the_id_was_made() {
         Err(Error::InvalidArgument { .. })
     ));
 }
-
-// What a newcomer reached for: uploading host data in one call, and reading a buffer back
-// into memory of their own.
-#[test]
-fn a_buffer_is_uploaded_in_one_call_and_read_back_into_the_callers_memory() {
-    let c = &unicomm_mock::local_comms(1).unwrap()[0];
-    let st = c.create_stream().unwrap();
-    let b = c.upload(&[1.5f32, 2.5, 3.5], &st).unwrap();
-    let mut out = [0f32; 3];
-    b.copy_to_host_into(&mut out, &st).unwrap();
-    assert_eq!(out, [1.5, 2.5, 3.5]);
-    let mut short = [0f32; 2];
-    assert!(matches!(
-        b.copy_to_host_into(&mut short, &st),
-        Err(Error::InvalidArgument { .. })
-    ));
-}

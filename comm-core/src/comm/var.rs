@@ -2,6 +2,7 @@
 //! bounds, no overflow, this rank's memory) before anything is enqueued.
 
 use crate::backend::Collective;
+use crate::buffer::Buffer;
 use crate::buffer::{DeviceSlice, DeviceSliceMut};
 use crate::counts::{Counts, Layout};
 use crate::element::Element;
@@ -142,6 +143,53 @@ impl<C: Collective> Comm<C> {
             layout,
         );
         self.sole()?.enqueue(op, stream)
+    }
+
+    /// An MoE dispatch (or its combine) in one call: `send` holds each peer's elements
+    /// packed in rank order, `send_counts[p]` of them for peer `p`. The ranks first exchange
+    /// their counts (an all-to-all of one count per peer, then a wait on `stream` to read
+    /// them: one host round trip, which PyTorch's `all_to_all_single` with split sizes pays
+    /// as well), then every peer's elements land packed in rank order in a new buffer.
+    /// Returns it and the counts received from each peer (what the combine sends back).
+    pub fn all_to_all_v_packed<T: Element>(
+        &self,
+        send: &impl DeviceSlice<T, C>,
+        send_counts: &[usize],
+        stream: &C::Stream,
+    ) -> Result<(Buffer<T, C>, Vec<usize>)> {
+        let w = self.world_size();
+        if send_counts.len() != w {
+            return Err(Error::invalid(
+                "send_counts",
+                format!("{} counts for a world of {w}", send_counts.len()),
+            ));
+        }
+        let mine: Vec<u64> = send_counts.iter().map(|&c| c as u64).collect();
+        let out = self.upload(&mine, stream)?;
+        let mut theirs = self.alloc::<u64>(w)?;
+        self.all_to_all(&out, &mut theirs, stream)?;
+        let recv_counts = theirs
+            .copy_to_host(stream)?
+            .into_iter()
+            .map(|c| {
+                usize::try_from(c).map_err(|_| {
+                    Error::invalid("send_counts", format!("a peer sends {c} elements"))
+                })
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        let (sd, rd) = (packed_displs(send_counts)?, packed_displs(&recv_counts)?);
+        let total = rd.last().zip(recv_counts.last()).map_or(0, |(d, c)| d + c);
+        let mut recv = self.alloc::<T>(total)?;
+        let s = Counts {
+            counts: send_counts,
+            displs: &sd,
+        };
+        let r = Counts {
+            counts: &recv_counts,
+            displs: &rd,
+        };
+        self.all_to_all_v(send, s, &mut recv, r, stream)?;
+        Ok((recv, recv_counts))
     }
 
     /// All-gather with per-rank counts: rank `r`'s `send` (`recv_counts.counts[r]` elements,

@@ -1,0 +1,56 @@
+//! What a newcomer reached for and found: an MoE dispatch and combine in one call each,
+//! uploading host data in one call, reading a buffer back into memory of their own.
+
+use unicomm_core::{each_rank, Error};
+
+// Rank r sends p + r + 1 elements to peer p (values naming r, p and the index): the counts
+// each rank receives and the packed data are what the senders meant, and the combine
+// (the same call with the received counts) brings every element home.
+#[test]
+fn an_moe_dispatch_and_combine_take_one_call_each() {
+    let comms = unicomm_mock::local_comms(3).unwrap();
+    each_rank(&comms, |c| {
+        let (r, w) = (c.rank(), c.world_size());
+        let st = c.create_stream()?;
+        let counts: Vec<usize> = (0..w).map(|p| p + r + 1).collect();
+        let data: Vec<f32> = (0..w)
+            .flat_map(|p| (0..counts[p]).map(move |i| (100 * r + 10 * p + i) as f32))
+            .collect();
+        let send = c.upload(&data, &st)?;
+        let (got, from) = c.all_to_all_v_packed(&send, &counts, &st)?;
+        assert_eq!(from, (0..w).map(|p| r + p + 1).collect::<Vec<_>>());
+        let want: Vec<f32> = (0..w)
+            .flat_map(|p| (0..from[p]).map(move |i| (100 * p + 10 * r + i) as f32))
+            .collect();
+        assert_eq!(got.copy_to_host(&st)?, want);
+        let (back, sent) = c.all_to_all_v_packed(&got, &from, &st)?;
+        assert_eq!(sent, counts);
+        assert_eq!(back.copy_to_host(&st)?, data);
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+    let c = &comms[0];
+    assert!(matches!(
+        c.all_to_all_v_packed(
+            &c.alloc::<f32>(1).unwrap(),
+            &[1],
+            &c.create_stream().unwrap()
+        ),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+#[test]
+fn a_buffer_is_uploaded_in_one_call_and_read_back_into_the_callers_memory() {
+    let c = &unicomm_mock::local_comms(1).unwrap()[0];
+    let st = c.create_stream().unwrap();
+    let b = c.upload(&[1.5f32, 2.5, 3.5], &st).unwrap();
+    let mut out = [0f32; 3];
+    b.copy_to_host_into(&mut out, &st).unwrap();
+    assert_eq!(out, [1.5, 2.5, 3.5]);
+    let mut short = [0f32; 2];
+    assert!(matches!(
+        b.copy_to_host_into(&mut short, &st),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
