@@ -54,3 +54,18 @@ fn a_buffer_is_uploaded_in_one_call_and_read_back_into_the_callers_memory() {
         Err(Error::InvalidArgument { .. })
     ));
 }
+
+// A scaled sum whose scalar is typed as the elements: 0.5 x (1 + 2 + 3) on three ranks.
+#[test]
+fn a_scaled_sum_takes_a_scalar_of_the_elements_type() {
+    let comms = unicomm_mock::local_comms(3).unwrap();
+    let out = each_rank(&comms, |c| {
+        let st = c.create_stream()?;
+        let send = c.upload(&[(c.rank() + 1) as f32; 4], &st)?;
+        let mut recv = c.alloc::<f32>(4)?;
+        c.all_reduce_scaled(&send, &mut recv, 0.5f32, &st)?;
+        recv.copy_to_host(&st)
+    })
+    .unwrap();
+    assert!(out.iter().all(|v| v == &vec![3.0f32; 4]), "{out:?}");
+}

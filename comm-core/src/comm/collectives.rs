@@ -40,6 +40,20 @@ impl<C: Collective> Comm<C> {
         )
     }
 
+    /// `recv = sum over ranks of (scale x send)`, NCCL's pre-multiplied sum with the scalar
+    /// typed as the elements at compile time (`ReduceOp::pre_mul_sum` takes any element
+    /// type and refuses a mismatch at run time): the scaled gradient all-reduce of data
+    /// parallelism, or an average with a weight of one's own.
+    pub fn all_reduce_scaled<T: Element>(
+        &self,
+        send: &impl DeviceSlice<T, C>,
+        recv: &mut impl DeviceSliceMut<T, C>,
+        scale: T,
+        stream: &C::Stream,
+    ) -> Result<()> {
+        self.all_reduce(send, recv, ReduceOp::pre_mul_sum(scale), stream)
+    }
+
     /// In-place all-reduce of every element of `buf`.
     pub fn all_reduce_in_place<T: Element>(
         &self,
