@@ -87,6 +87,23 @@ impl MockConfig {
     }
 }
 
+impl MockConfig {
+    /// What every way of making a mock world checks first: the deadline within 1 ms..=1 day
+    /// (no `Instant` arithmetic overflows), and `UNICOMM_CHECK_COLLECTIVES` read as the GPU
+    /// backends read it at creation (a malformed value is an error, not the check silently
+    /// off).
+    pub(crate) fn check(&self) -> Result<()> {
+        unicomm_core::env::switch("UNICOMM_CHECK_COLLECTIVES", false)?;
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+            return Err(unicomm_core::Error::invalid(
+                "timeout",
+                format!("{:?} is outside 1 ms..=1 day", self.timeout),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The number of ranks from `UNICOMM_MOCK_RANKS`, or [`DEFAULT_RANKS`].
 pub fn ranks_from_env() -> Result<usize> {
     let n = unicomm_core::env::whole_number(

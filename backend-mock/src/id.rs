@@ -11,7 +11,7 @@ use unicomm_core::{Error, Result};
 
 use crate::fabric::Exchange;
 use crate::procs::{Client, Hub, HubId, ProcFabric};
-use crate::{MockComm, MockConfig, MAX_RANKS, MAX_TIMEOUT};
+use crate::{MockComm, MockConfig, MAX_RANKS};
 
 /// Listeners of the ids made in this process, until their rank 0 joins.
 static MADE: Mutex<Vec<(HubId, TcpListener)>> = Mutex::new(Vec::new());
@@ -37,19 +37,13 @@ pub fn init_rank(
     world: usize,
     config: MockConfig,
 ) -> Result<MockComm> {
-    unicomm_core::env::switch("UNICOMM_CHECK_COLLECTIVES", false)?;
     if world == 0 || world > MAX_RANKS || rank >= world {
         return Err(Error::invalid(
             "rank",
             format!("rank {rank} of {world}: a mock world has 1..={MAX_RANKS} ranks"),
         ));
     }
-    if config.timeout.is_zero() || config.timeout > MAX_TIMEOUT {
-        return Err(Error::invalid(
-            "timeout",
-            format!("{:?} is outside 1 ms..=1 day", config.timeout),
-        ));
-    }
+    config.check()?;
     let hub = HubId::parse(id)?;
     let fabric: Arc<dyn Exchange> = if rank == 0 {
         let listener = {

@@ -63,21 +63,13 @@ use comm::{LIVE, NEXT_DEVICE, NEXT_WORLD};
 /// Creates the `n` ranks of a new world (one communicator per rank; hand each to its own
 /// thread, or drive them all from one thread).
 pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
-    // Read here as the GPU backends read it at creation: a malformed value is an error, not
-    // the check silently off.
-    unicomm_core::env::switch("UNICOMM_CHECK_COLLECTIVES", false)?;
     if n == 0 || n > MAX_RANKS {
         return Err(Error::invalid(
             "n",
             format!("{n} ranks: a mock world has 1..={MAX_RANKS} (each rank is threads)"),
         ));
     }
-    if config.timeout.is_zero() || config.timeout > MAX_TIMEOUT {
-        return Err(Error::invalid(
-            "timeout",
-            format!("{:?} is outside 1 ms..=1 day", config.timeout),
-        ));
-    }
+    config.check()?;
     let fabric: Arc<dyn Exchange> = Arc::new(LocalFabric::new(n, config.timeout));
     let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
     let rejoin = unicomm_bootstrap::Rejoin::local();
@@ -124,7 +116,6 @@ pub fn join(
     config: MockConfig,
     bootstrap_timeout: Duration,
 ) -> Result<MockComm> {
-    unicomm_core::env::switch("UNICOMM_CHECK_COLLECTIVES", false)?;
     let n = env.world_size;
     if n == 0 || n > MAX_RANKS || env.rank >= n {
         return Err(Error::invalid(
@@ -135,12 +126,7 @@ pub fn join(
             ),
         ));
     }
-    if config.timeout.is_zero() || config.timeout > MAX_TIMEOUT {
-        return Err(Error::invalid(
-            "timeout",
-            format!("{:?} is outside 1 ms..=1 day", config.timeout),
-        ));
-    }
+    config.check()?;
     if !cfg!(target_os = "linux") {
         return Err(Error::unsupported(
             "the mock across processes",

@@ -7,7 +7,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use cargo_metadata::TargetKind;
 
-use crate::cargo::{cargo, named, root};
+use crate::cargo::{cargo, named, root, target_dir};
 use crate::cli::{Opts, Vendor};
 use crate::gpu::{GpuVendor, SUITE_WORLDS};
 
@@ -151,10 +151,7 @@ fn vendor_binaries(v: GpuVendor) -> Result<Vec<(PathBuf, String)>> {
             copies.extend(test_binaries("unicomm-rccl", "", &["hip_loader"], "rccl")?);
             // The test-only HIP runtime over the CUDA driver: the RCCL backend's code on
             // an NVIDIA GPU (run.sh's `rccl-on-cuda` part). Its own workspace, no deps.
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| root().join("target"))
-                .join("hip-on-cuda");
+            let target = target_dir("hip-on-cuda");
             let mut shim = bundle_cargo();
             shim.args(["build", "--release", "--offline", "--manifest-path"])
                 .arg(root().join("backend-rccl/tests/hip-on-cuda/Cargo.toml"))

@@ -25,6 +25,15 @@ pub(crate) fn cargo() -> Command {
     c
 }
 
+/// `<target>/<sub>`: the target directory (`CARGO_TARGET_DIR` where set, else the
+/// workspace's `target`) for a build of its own workspace.
+pub(crate) fn target_dir(sub: &str) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+        .join(sub)
+}
+
 /// Runs one step, showing it first; a failure names the step and the command.
 pub(crate) fn step(name: &str, mut cmd: Command) -> Result<()> {
     let shown = format!("{cmd:?}").replace('"', "");

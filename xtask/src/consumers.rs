@@ -6,7 +6,7 @@
 
 use anyhow::Result;
 
-use crate::cargo::{cargo, root, step};
+use crate::cargo::{cargo, root, step, target_dir};
 
 /// The configurations checked: the program's cudarc features, and who builds cudarc so.
 const CONFIGURATIONS: &[(&str, &str)] = &[
@@ -23,10 +23,7 @@ const CONFIGURATIONS: &[(&str, &str)] = &[
 /// Checks each configuration; the first failure names it.
 pub(crate) fn consumers() -> Result<()> {
     let dir = root().join("consumers/cudarc");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root().join("target"))
-        .join("consumers");
+    let target = target_dir("consumers");
     for (features, who) in CONFIGURATIONS {
         let mut c = cargo();
         c.current_dir(&dir)
