@@ -29,7 +29,7 @@ use unicomm_core::{Error, Result};
 use crate::group;
 use crate::memory::ApiStream;
 use crate::sys::api::{Api, NcclComm};
-use crate::sys::calls::{CommRef, Handle, OwnedComm};
+use crate::sys::calls::{take_in_progress, CommRef, Handle, OwnedComm};
 use crate::sys::config::IN_PROGRESS;
 use crate::sys::runtime::Runtime;
 use crate::wait::{bounded, settle_raw};
@@ -186,15 +186,19 @@ impl<R: Runtime> LibComm<R> {
         // SAFETY: live (checked under the lock, which every ending takes) for as long as the
         // borrow, which ends with `f`; one thread (the lock); `world` and `rank` its shape.
         let c = unsafe { CommRef::borrow_raw(self.comm, self.world, self.rank) };
+        if !self.nonblocking {
+            return self.rt.with_device(self.dev, || f(c));
+        }
+        take_in_progress(); // what an earlier call of this thread left is not this call's
         let r = self.rt.with_device(self.dev, || f(c));
-        if self.nonblocking {
-            if group::in_group() {
-                // Inside a group the library defers the work to ncclGroupEnd, which
-                // settles every communicator the group called.
-                group::join(self.clone());
-            } else {
-                self.settle_locked("a non-blocking call")?;
-            }
+        if group::in_group() {
+            // Inside a group the library defers the work to ncclGroupEnd, which settles
+            // every communicator the group called.
+            group::join(self.clone());
+        } else if take_in_progress() {
+            // Only a call that answered ncclInProgress is polled: one that answered
+            // ncclSuccess is enqueued (NCCL's non-blocking rule).
+            self.settle_locked("a non-blocking call")?;
         }
         r
     }

@@ -84,6 +84,32 @@ fn nonblocking_communicators_settle_every_call() {
     c.finalize().unwrap();
 }
 
+/// NCCL's non-blocking rule: only a call that answered ncclInProgress must be polled; one
+/// that answered ncclSuccess is enqueued. A connected non-blocking communicator answers
+/// ncclSuccess, so its collectives cost no ncclCommGetAsyncError each (the hot path).
+#[test]
+fn nonblocking_calls_answered_success_are_not_polled() {
+    let _s = serial();
+    let f = loaded();
+    let c = comm(flavors(false, false), &f.0);
+    let st = c.create_stream().unwrap();
+    let mut b = c.alloc::<f32>(3).unwrap();
+    b.copy_from_host(&[1.0, 2.0, 3.0], &st).unwrap();
+    // SAFETY: the fake's test control; a live communicator of the fake.
+    unsafe {
+        let s: libloading::Symbol<unsafe extern "C" fn(*mut std::ffi::c_void)> =
+            f.1.get(b"unicommFakeAnswerSuccess\0").unwrap();
+        s(c.backend().raw_comm())
+    }
+    let polls = calls(&f.0, "ncclCommGetAsyncError");
+    for _ in 0..10 {
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
+    }
+    assert_eq!(calls(&f.0, "ncclCommGetAsyncError"), polls);
+    assert_eq!(b.copy_to_host(&st).unwrap(), vec![1.0, 2.0, 3.0]);
+    c.finalize().unwrap();
+}
+
 /// `UNICOMM_NONBLOCKING=0` (the default) keeps ncclCommInitRank; bad values and a bad
 /// `UNICOMM_TIMEOUT_MS` are refused, naming the variable.
 #[test]

@@ -13,12 +13,17 @@
 //! - a registration is a [`RegHandle`] that deregistration consumes.
 //!
 //! `ncclInProgress` is success here: only a non-blocking communicator returns it, and its
-//! owner settles it (`ncclCommGetAsyncError`) before the result is used.
+//! owner settles it (`ncclCommGetAsyncError`) before the result is used. Which calls of a
+//! thread answered it is kept for the owner ([`take_in_progress`]): a call that answered
+//! `ncclSuccess` is enqueued and needs no poll (NCCL's non-blocking rule), which spares the
+//! hot path one library call per collective.
 
 #![allow(
     unsafe_code,
     reason = "the layer of library calls: every call of the loaded NCCL-API library is here"
 )]
+
+use std::cell::Cell;
 
 use crate::sys::api::{Api, NcclComm, NcclResult};
 use crate::sys::config::IN_PROGRESS;
@@ -34,8 +39,21 @@ pub use data::{P2p, Sides};
 pub use gates::{CONFIG_SINCE, NO_COLOR, P2P_SINCE, REVOKE_SINCE, SHRINK_SINCE, SPLIT_SINCE};
 pub use handles::{CommRef, Handle, LibAlloc, OwnedComm, RegHandle, Span, StreamRef};
 
+thread_local! {
+    /// Whether a call of this thread answered `ncclInProgress` since [`take_in_progress`].
+    static IN_PROGRESS_SEEN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether a library call of this thread answered `ncclInProgress` since the last time this
+/// was asked (and forgets it): what decides whether its owner must settle the communicator.
+#[inline]
+pub fn take_in_progress() -> bool {
+    IN_PROGRESS_SEEN.with(|c| c.replace(false))
+}
+
 impl Api {
-    /// A result code as a result, `ncclInProgress` included as success.
+    /// A result code as a result, `ncclInProgress` included as success (and remembered for
+    /// [`take_in_progress`]).
     #[inline]
     fn done(
         &self,
@@ -44,6 +62,7 @@ impl Api {
         comm: Option<NcclComm>,
     ) -> unicomm_core::Result<()> {
         if code == IN_PROGRESS {
+            IN_PROGRESS_SEEN.with(|c| c.set(true));
             return Ok(());
         }
         self.check(call, code, comm)

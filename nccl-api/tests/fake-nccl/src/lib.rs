@@ -52,19 +52,22 @@ pub struct Comm {
     pending: u32,
     /// What ncclCommGetAsyncError reports once settled (`unicommFakeSetAsyncError`).
     async_error: R,
+    /// A non-blocking communicator whose calls answer ncclSuccess at once, as NCCL's do once
+    /// its connections exist (`unicommFakeAnswerSuccess`).
+    answers_success: bool,
 }
 
 const IN_PROGRESS: R = 7;
 
 impl Comm {
     fn new(nranks: c_int, split: bool, nonblocking: bool) -> Self {
-        Comm { nranks, rank: 0, split, nonblocking, pending: 0, async_error: OK }
+        Comm { nranks, rank: 0, split, nonblocking, pending: 0, async_error: OK, answers_success: false }
     }
 }
 
 /// A non-blocking communicator's call: done, but reported as still running for 3 polls.
 unsafe fn in_progress(c: *mut Comm, code: R) -> R {
-    if code == OK && !c.is_null() && (*c).nonblocking {
+    if code == OK && !c.is_null() && (*c).nonblocking && !(*c).answers_success {
         if (*c).pending != u32::MAX {
             (*c).pending = 3;
         }
@@ -72,6 +75,13 @@ unsafe fn in_progress(c: *mut Comm, code: R) -> R {
         return IN_PROGRESS;
     }
     code
+}
+
+/// Test control: `c`'s calls answer ncclSuccess at once from now on (non-blocking mode once
+/// connected).
+#[no_mangle]
+pub unsafe extern "C" fn unicommFakeAnswerSuccess(c: *mut Comm) {
+    (*c).answers_success = true;
 }
 
 /// Test control: what ncclCommGetAsyncError reports for `c` from now on.
