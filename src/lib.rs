@@ -134,6 +134,13 @@ pub type Stream = AnyStream;
 pub type View<'a, T> = unicomm_core::View<'a, T, AnyComm>;
 /// An exclusive view of device elements: [`generic::ViewMut`] (methods there).
 pub type ViewMut<'a, T> = unicomm_core::ViewMut<'a, T, AnyComm>;
+/// An engine's device memory lent for a borrow, to be read by a collective
+/// ([`core::Lent`]; made by `nccl::lend`, `nccl::lend_raw`, `rccl::lend_raw`, then
+/// `.into_backend()`). Dropping it frees nothing.
+pub type Lent<'a, T> = unicomm_core::Lent<'a, T, AnyComm>;
+/// An engine's device memory lent for an exclusive borrow, to be written by a collective
+/// ([`core::LentMut`]).
+pub type LentMut<'a, T> = unicomm_core::LentMut<'a, T, AnyComm>;
 
 /// Which vendor's GPUs (and library) to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

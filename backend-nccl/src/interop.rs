@@ -5,11 +5,12 @@
 
 use std::sync::Arc;
 
-use unicomm_core::Result;
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+use unicomm_core::{Element, Lent, LentMut, Result};
 use unicomm_nccl_api::{ApiMemory, ApiStream};
 
 use crate::runtime::CudaStreamHandle;
-use crate::{cuda, NcclMemory, NcclStream};
+use crate::{cuda, NcclComm, NcclMemory, NcclStream};
 
 /// A cudarc stream as a unicomm stream.
 pub fn stream_from_cudarc(s: Arc<cudarc::driver::CudaStream>) -> Result<NcclStream> {
@@ -37,7 +38,6 @@ pub unsafe fn stream_from_raw(dev: usize, stream: *mut std::ffi::c_void) -> Resu
 pub fn memory_from_cudarc<T: cudarc::driver::DeviceRepr + Send + Sync + 'static>(
     slice: cudarc::driver::CudaSlice<T>,
 ) -> Result<NcclMemory> {
-    use cudarc::driver::DevicePtr;
     let dev = slice.context().ordinal();
     let bytes = slice.num_bytes();
     let stream = slice.stream().clone();
@@ -48,7 +48,8 @@ pub fn memory_from_cudarc<T: cudarc::driver::DeviceRepr + Send + Sync + 'static>
     unsafe { ApiMemory::borrowed(cuda()?, dev, p, bytes, Some(Box::new(slice))) }
 }
 
-/// Raw device memory as unicomm memory, without a copy.
+/// Raw device memory as unicomm memory, without a copy. Dropping the result never frees
+/// the memory: its owner does.
 ///
 /// # Safety
 /// `ptr..ptr+bytes` is memory of CUDA device `dev` that outlives the returned value and
@@ -56,4 +57,71 @@ pub fn memory_from_cudarc<T: cudarc::driver::DeviceRepr + Send + Sync + 'static>
 pub unsafe fn memory_from_raw(dev: usize, ptr: usize, bytes: usize) -> Result<NcclMemory> {
     // SAFETY: forwarded from the caller.
     unsafe { ApiMemory::borrowed(cuda()?, dev, ptr, bytes, None) }
+}
+
+/// An engine's cudarc slice or view (`&CudaSlice<T>`, `&CudaView<T>`) lent to unicomm for
+/// the borrow, as a collective's input: no copy, no `unsafe`, and dropping the view frees
+/// nothing. The collective must run on the slice's own stream (an engine's compute stream,
+/// through [`stream_from_cudarc`]), or be ordered against it by a marker: cudarc's
+/// cross-stream events are not carried past the call.
+pub fn lend<T: Element, S: DevicePtr<T>>(slice: &S) -> Result<Lent<'_, T, NcclComm>> {
+    let stream = slice.stream();
+    let dev = stream.context().ordinal();
+    let bytes = slice.num_bytes();
+    let (p, sync) = slice.device_ptr(stream);
+    drop(sync);
+    // SAFETY: the memory belongs to device `dev` (the slice's context) and the borrow of
+    // `slice`, which the result holds for its lifetime, keeps it allocated and unwritten by
+    // safe code; `Borrowed(None)` never frees it.
+    let mem = unsafe { ApiMemory::borrowed(cuda()?, dev, p as usize, bytes, None) }?;
+    Lent::from_memory(mem, slice.len())
+}
+
+/// An engine's cudarc slice or view (`&mut CudaSlice<T>`, `&mut CudaViewMut<T>`) lent to
+/// unicomm for the borrow, as a collective's output: as [`lend`], and the exclusive borrow
+/// keeps every other use of the slice out while the view lives.
+pub fn lend_mut<T: Element, S: DevicePtrMut<T>>(slice: &mut S) -> Result<LentMut<'_, T, NcclComm>> {
+    let len = slice.len();
+    let bytes = slice.num_bytes();
+    let stream = slice.stream().clone();
+    let dev = stream.context().ordinal();
+    let (p, sync) = slice.device_ptr_mut(&stream);
+    drop(sync);
+    // SAFETY: as in `lend`, with the exclusive borrow of `slice` held by the result.
+    let mem = unsafe { ApiMemory::borrowed(cuda()?, dev, p as usize, bytes, None) }?;
+    LentMut::from_memory(mem, len)
+}
+
+/// `len` elements of `T` at a raw device pointer of CUDA device `dev` (another library's
+/// tensor), lent for `'a`. Dropping the view never frees the memory.
+///
+/// # Safety
+/// `ptr` points to at least `len` elements of `T` in memory of device `dev` that stays
+/// allocated for `'a` and is not written by anyone else meanwhile (for [`lend_raw_mut`],
+/// not used at all by anyone else), and past `'a` until every collective enqueued on it
+/// has run.
+pub unsafe fn lend_raw<'a, T: Element>(
+    dev: usize,
+    ptr: usize,
+    len: usize,
+) -> Result<Lent<'a, T, NcclComm>> {
+    let bytes = len.saturating_mul(std::mem::size_of::<T>());
+    // SAFETY: forwarded from the caller.
+    let mem = unsafe { ApiMemory::borrowed(cuda()?, dev, ptr, bytes, None) }?;
+    Lent::from_memory(mem, len)
+}
+
+/// As [`lend_raw`], to be written.
+///
+/// # Safety
+/// As [`lend_raw`].
+pub unsafe fn lend_raw_mut<'a, T: Element>(
+    dev: usize,
+    ptr: usize,
+    len: usize,
+) -> Result<LentMut<'a, T, NcclComm>> {
+    let bytes = len.saturating_mul(std::mem::size_of::<T>());
+    // SAFETY: forwarded from the caller.
+    let mem = unsafe { ApiMemory::borrowed(cuda()?, dev, ptr, bytes, None) }?;
+    LentMut::from_memory(mem, len)
 }

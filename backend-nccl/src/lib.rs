@@ -26,7 +26,10 @@ use unicomm_core::CommConfig;
 use unicomm_core::Result;
 use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Runtime};
 
-pub use interop::{memory_from_cudarc, memory_from_raw, stream_from_cudarc, stream_from_raw};
+pub use interop::{
+    lend, lend_mut, lend_raw, lend_raw_mut, memory_from_cudarc, memory_from_raw,
+    stream_from_cudarc, stream_from_raw,
+};
 pub use runtime::{CudaRuntime, CudaStreamHandle};
 pub use unicomm_nccl_api::{Policy, UniqueId};
 

@@ -1,0 +1,161 @@
+//! [`Communicator`]: one rank's unicomm communicator as candle's ops use it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::{Result, Tensor};
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::ops::{AllGather, AllReduce, AllToAll, Reduce, ReduceScatter};
+
+/// How long a call waits for another thread's call on the same rank when the
+/// communicator has no deadline of its own (unicomm's default deadline).
+const DEFAULT_WAIT: Duration = Duration::from_secs(60);
+
+/// One rank's communicator for candle: `Send + Sync` (from unicomm's own types, no
+/// `unsafe impl`), shared by the ops as an `Arc`. Its calls are serialised: a collective is
+/// one enqueue on NCCL but several steps on the CPU path (copy in, collective, copy out),
+/// and two threads of one rank must not interleave them. The order of collectives across
+/// ranks stays the caller's to keep, as with every communicator.
+pub struct Communicator {
+    comm: unicomm::Comm,
+    streams: Mutex<Streams>,
+}
+
+/// The streams the ops enqueue on: one made for the CPU path, and on CUDA candle's own.
+#[derive(Default)]
+pub(crate) struct Streams {
+    host: Option<unicomm::Stream>,
+    #[cfg(feature = "cuda")]
+    pub(crate) cuda: Option<(usize, unicomm::Stream)>,
+}
+
+impl Streams {
+    /// The CPU path's stream, made on first use.
+    pub(crate) fn host(&mut self, comm: &unicomm::Comm) -> Result<&unicomm::Stream> {
+        if self.host.is_none() {
+            self.host = Some(comm.create_stream().map_err(|e| wrap("create_stream", e))?);
+        }
+        self.host
+            .as_ref()
+            .ok_or_else(|| candle_core::Error::Msg("unicomm-candle: no host stream".into()))
+    }
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Communicator(rank {} of {})",
+            self.comm.rank(),
+            self.comm.world_size()
+        )
+    }
+}
+
+impl Communicator {
+    /// The rank's communicator, for candle's ops.
+    pub fn new(comm: unicomm::Comm) -> Arc<Self> {
+        Arc::new(Communicator {
+            comm,
+            streams: Mutex::new(Streams::default()),
+        })
+    }
+
+    /// The unicomm communicator (for what the ops do not cover: split, abort, ...).
+    pub fn comm(&self) -> &unicomm::Comm {
+        &self.comm
+    }
+
+    /// This rank's place in the communicator.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    /// The streams, once no other thread of this rank is inside a call (at most the
+    /// communicator's deadline: then `Timeout`).
+    pub(crate) fn locked(&self, what: &'static str) -> Result<MutexGuard<'_, Streams>> {
+        let wait = self.comm.timeout().unwrap_or(DEFAULT_WAIT);
+        self.streams.try_lock_for(wait).ok_or_else(|| {
+            wrap(
+                what,
+                unicomm::Error::Timeout {
+                    what: format!("{what}: another thread's call on this rank"),
+                    after: wait,
+                },
+            )
+        })
+    }
+
+    /// `op` over every rank's `x` (any shape; every rank passes the same shape).
+    pub fn all_reduce(self: &Arc<Self>, x: &Tensor, op: Reduce) -> Result<Tensor> {
+        x.contiguous()?
+            .apply_op1_no_bwd(&AllReduce::new(self.clone(), op))
+    }
+
+    /// Every rank's `x` concatenated along `dim`, in rank order.
+    pub fn all_gather(self: &Arc<Self>, x: &Tensor, dim: usize) -> Result<Tensor> {
+        along(x, dim, |t| {
+            t.apply_op1_no_bwd(&AllGather::new(self.clone()))
+        })
+    }
+
+    /// `op` over every rank's `x`, of which this rank keeps its part along `dim` (the
+    /// dimension's size divided by the ranks, in rank order).
+    pub fn reduce_scatter(self: &Arc<Self>, x: &Tensor, dim: usize, op: Reduce) -> Result<Tensor> {
+        along(x, dim, |t| {
+            t.apply_op1_no_bwd(&ReduceScatter::new(self.clone(), op))
+        })
+    }
+
+    /// `x` cut into as many parts along `dim` as there are ranks: part `i` goes to rank
+    /// `i`, and the result holds every rank's part for this rank, in rank order (the
+    /// head/sequence exchange of Ulysses, MoE dispatch of equal parts).
+    pub fn all_to_all(self: &Arc<Self>, x: &Tensor, dim: usize) -> Result<Tensor> {
+        along(x, dim, |t| t.apply_op1_no_bwd(&AllToAll::new(self.clone())))
+    }
+}
+
+/// `f` (an op along dimension 0) applied along `dim`.
+fn along(x: &Tensor, dim: usize, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    if dim >= x.rank() {
+        candle_core::bail!(
+            "unicomm-candle: dimension {dim} of a tensor of {} dimensions",
+            x.rank()
+        );
+    }
+    if dim == 0 {
+        return f(&x.contiguous()?);
+    }
+    f(&x.transpose(0, dim)?.contiguous()?)?
+        .transpose(0, dim)?
+        .contiguous()
+}
+
+/// unicomm's error inside candle's, kept whole: [`unicomm_error`] finds it again.
+pub(crate) fn wrap(what: &str, e: unicomm::Error) -> candle_core::Error {
+    let context = format!("unicomm-candle {what}: {e}");
+    candle_core::Error::WrappedContext {
+        wrapped: Box::new(e),
+        context,
+    }
+    .bt()
+}
+
+/// The unicomm error inside a candle error, if it came from unicomm (through any context
+/// or backtrace candle added): what a caller matches on (`Aborted`, `Timeout`, ...).
+pub fn unicomm_error(e: &candle_core::Error) -> Option<&unicomm::Error> {
+    use candle_core::Error as E;
+    match e {
+        E::WrappedContext { wrapped, .. } => wrapped.downcast_ref::<unicomm::Error>(),
+        E::Context { inner, .. } | E::WithPath { inner, .. } | E::WithBacktrace { inner, .. } => {
+            unicomm_error(inner)
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,47 @@
+//! # unicomm-candle
+//!
+//! unicomm's collectives as candle ops, so that an engine's tensor-parallel code runs on
+//! candle's CPU tensors over unicomm's mock (in CI, without a GPU) and on candle's CUDA
+//! tensors over NCCL with the same code.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use candle_core::{Device, Tensor};
+//! use unicomm_candle::{Communicator, Reduce};
+//!
+//! # std::env::set_var("UNICOMM_MOCK_RANKS", "2");
+//! let comms = unicomm::local_comms(unicomm::Vendor::Mock)?;
+//! let sums = unicomm::each_rank(comms, |comm| -> candle_core::Result<Vec<f32>> {
+//!     let comm = Communicator::new(comm);
+//!     let x = Tensor::new(&[1f32, 2.0, 3.0], &Device::Cpu)?;
+//!     comm.all_reduce(&x, Reduce::Sum)?.to_vec1::<f32>()
+//! })?;
+//! assert_eq!(sums, vec![vec![2.0, 4.0, 6.0]; 2]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! - [`Communicator`] is one rank's communicator as candle sees it: `Send + Sync`, its calls
+//!   serialised (two threads of one rank never interleave the halves of two collectives).
+//! - [`AllReduce`], [`AllGather`], [`ReduceScatter`] and [`AllToAll`] are candle
+//!   [`CustomOp1`](candle_core::CustomOp1)s along dimension 0 of a contiguous tensor; the
+//!   [`Communicator`]'s methods take any dimension and make the input contiguous.
+//! - [`layers`]: [`TensorParallelColumnLinear`], [`TensorParallelRowLinear`] and
+//!   [`ShardedEmbedding`], built from a full weight and a [`Shard`] as candle-nn's
+//!   `ShardedVarBuilder` loads them.
+//!
+//! On the CPU the mock's memory is separate from candle's: each call copies its input in
+//! and its output out (two host copies). On CUDA (feature `cuda`) the op lends candle's
+//! slices to NCCL and runs on candle's stream: no copy, no host synchronisation.
+//!
+//! Errors: unicomm's [`Error`](unicomm::Error) travels inside candle's
+//! ([`candle_core::Error::Wrapped`]); [`unicomm_error`] finds it again.
+
+#![deny(unsafe_code)]
+
+mod comm;
+pub mod layers;
+mod ops;
+
+pub use comm::{unicomm_error, Communicator};
+pub use layers::{Shard, ShardedEmbedding, TensorParallelColumnLinear, TensorParallelRowLinear};
+pub use ops::{AllGather, AllReduce, AllToAll, Reduce, ReduceScatter};

@@ -1,0 +1,74 @@
+//! The CUDA path: candle's CUDA tensors lent to NCCL (no copy) and the collective enqueued
+//! on candle's own stream, so it is ordered with candle's kernels before and after it and
+//! the host never waits.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::{CudaDType, CudaDevice};
+use candle_core::{CudaStorage, DType, Layout, Result, Shape, WithDType};
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use unicomm::Element;
+
+use super::{contiguous, Coll};
+use crate::comm::{wrap, Communicator, Streams};
+
+pub(crate) fn forward(
+    comm: &Communicator,
+    coll: Coll,
+    s: &CudaStorage,
+    l: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let range = contiguous(l, coll)?;
+    let shape = coll.out_shape(l.shape(), comm.world_size())?;
+    let dev = s.device();
+    let out = match s.dtype() {
+        DType::F32 => run::<f32>(comm, coll, s, range, dev, &shape)?,
+        DType::F64 => run::<f64>(comm, coll, s, range, dev, &shape)?,
+        DType::F16 => run::<unicomm::f16>(comm, coll, s, range, dev, &shape)?,
+        DType::BF16 => run::<unicomm::bf16>(comm, coll, s, range, dev, &shape)?,
+        other => candle_core::bail!(
+            "unicomm-candle {}: {other:?} tensors are not supported (f32, f64, f16, bf16 are)",
+            coll.name()
+        ),
+    };
+    Ok((out, shape))
+}
+
+fn run<T: Element + WithDType + CudaDType + DeviceRepr + ValidAsZeroBits>(
+    comm: &Communicator,
+    coll: Coll,
+    s: &CudaStorage,
+    (start, end): (usize, usize),
+    dev: &CudaDevice,
+    shape: &Shape,
+) -> Result<CudaStorage> {
+    let what = coll.name();
+    let src = s.as_cuda_slice::<T>()?.slice(start..end);
+    // Zeroed, not uninitialised: no `unsafe` here, and the memset is enqueued on the same
+    // stream (a few microseconds of device time for small tensors).
+    let mut dst = dev.alloc_zeros::<T>(shape.elem_count())?;
+    let mut streams = comm.locked(what)?;
+    let stream = candle_stream(&mut streams, dev)?;
+    let send = unicomm::nccl::lend(&src)
+        .map_err(|e| wrap(what, e))?
+        .into_backend();
+    let mut recv = unicomm::nccl::lend_mut(&mut dst)
+        .map_err(|e| wrap(what, e))?
+        .into_backend();
+    coll.enqueue::<T>(comm.comm(), &send, &mut recv, stream)?;
+    drop((send, recv));
+    Ok(CudaStorage::wrap_cuda_slice(dst, dev.clone()))
+}
+
+/// candle's stream of `dev` as a unicomm stream, made once (again if candle's changes).
+fn candle_stream<'s>(streams: &'s mut Streams, dev: &CudaDevice) -> Result<&'s unicomm::Stream> {
+    let cs = dev.cuda_stream();
+    let key = cs.cu_stream() as usize;
+    if streams.cuda.as_ref().map(|(k, _)| *k) != Some(key) {
+        let s = unicomm::nccl::stream_from_cudarc(cs).map_err(|e| wrap("stream", e))?;
+        streams.cuda = Some((key, unicomm::Stream::from(s)));
+    }
+    match &streams.cuda {
+        Some((_, s)) => Ok(s),
+        None => candle_core::bail!("unicomm-candle: no CUDA stream"),
+    }
+}
