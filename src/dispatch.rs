@@ -36,6 +36,10 @@ macro_rules! backends {
         /// A communicator of any compiled-in backend.
         #[derive(Debug)]
         #[non_exhaustive]
+        #[allow(
+            clippy::large_enum_variant,
+            reason = "one per rank: a box would cost an indirection on every call, not memory"
+        )]
         pub enum AnyComm {
             $( #[doc = $doc] #[cfg(feature = $feature)] $variant($krate::$comm), )*
         }

@@ -163,9 +163,18 @@ impl Module for ShardedEmbedding {
     }
 }
 
-/// `x W^T (+ b)` over any leading dimensions of `x`.
-fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let y = x.broadcast_matmul(&w.t()?)?;
+/// `x W^T (+ b)` over any leading dimensions of `x`, what every layer here computes.
+/// candle's CPU backend has no bf16 matrix product, so there a bf16 product is computed in
+/// f32 and rounded back to bf16 (the result as a bf16 accumulation would give, or closer);
+/// on CUDA it is cuBLAS's bf16 product.
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let y = if x.dtype() == DType::BF16 && x.device().is_cpu() {
+        x.to_dtype(DType::F32)?
+            .broadcast_matmul(&w.to_dtype(DType::F32)?.t()?)?
+            .to_dtype(DType::BF16)?
+    } else {
+        x.broadcast_matmul(&w.t()?)?
+    };
     match b {
         Some(b) => y.broadcast_add(b),
         None => Ok(y),

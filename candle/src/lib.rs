@@ -40,6 +40,7 @@
 
 mod comm;
 pub mod layers;
+mod methods;
 mod ops;
 
 pub use comm::{unicomm_error, Communicator};

@@ -176,8 +176,9 @@ impl<R: Runtime> LibComm<R> {
     }
 
     /// Runs `f` on the communicator: not destroyed, not used by another thread, with this
-    /// rank's device current; a non-blocking call is settled (or, inside a group, left to
-    /// the group's end).
+    /// rank's device current. A non-blocking call that answered ncclInProgress is settled
+    /// (inside a group, left to the group's end): one that answered ncclSuccess is enqueued
+    /// (NCCL's non-blocking rule), so it is not polled.
     pub(crate) fn call<T>(self: &Arc<Self>, f: impl FnOnce(CommRef<'_>) -> Result<T>) -> Result<T> {
         // The state is read under the lock that the teardown also takes, so a communicator
         // aborted by another thread is never used after it was freed.
@@ -192,12 +193,8 @@ impl<R: Runtime> LibComm<R> {
         take_in_progress(); // what an earlier call of this thread left is not this call's
         let r = self.rt.with_device(self.dev, || f(c));
         if group::in_group() {
-            // Inside a group the library defers the work to ncclGroupEnd, which settles
-            // every communicator the group called.
-            group::join(self.clone());
+            group::join(self.clone()); // ncclGroupEnd settles every member
         } else if take_in_progress() {
-            // Only a call that answered ncclInProgress is polled: one that answered
-            // ncclSuccess is enqueued (NCCL's non-blocking rule).
             self.settle_locked("a non-blocking call")?;
         }
         r

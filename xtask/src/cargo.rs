@@ -68,6 +68,32 @@ pub(crate) fn facade(sub: &str, o: &Opts) -> Command {
     c
 }
 
+/// `cargo <sub> -p P` for the package whose example `example` is: the facade's, or
+/// unicomm-candle's (`candle/examples`), with the features the vendor needs. candle's CUDA
+/// tensors need the `cuda` feature, which compiles candle's kernels with nvcc; without a
+/// CUDA vendor the candle examples run candle's CPU tensors on the mock.
+pub(crate) fn example_command(sub: &str, o: &Opts, example: &str) -> Command {
+    let dir = root().join("candle/examples");
+    if !dir.join(example).is_dir() && !dir.join(format!("{example}.rs")).is_file() {
+        return facade(sub, o);
+    }
+    let features = match o.vendor {
+        Vendor::Cuda => "cuda",
+        Vendor::Auto | Vendor::Mock | Vendor::Rocm => "mock",
+    };
+    let mut c = cargo();
+    c.args([
+        sub,
+        "-p",
+        "unicomm-candle",
+        "--no-default-features",
+        "--features",
+        features,
+    ]);
+    with_profile(&mut c, o.release);
+    c
+}
+
 /// `cargo run --release -p unicomm-bench -- --vendor V` (bench and tune add their arguments).
 pub(crate) fn bench_command(v: Vendor) -> Command {
     let mut c = cargo();
@@ -132,7 +158,7 @@ pub(crate) fn named(
 
 /// Builds an example of the facade and returns its executable.
 pub(crate) fn example_binary(o: &Opts, example: &str) -> Result<PathBuf> {
-    let mut c = facade("build", o);
+    let mut c = example_command("build", o, example);
     c.args(["--example", example]);
     let mut found = named(
         &format!("build {example}"),

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use crate::cargo::{example_binary, facade, step};
+use crate::cargo::{example_binary, example_command, step};
 use crate::cli::Opts;
 use crate::launch;
 
@@ -15,7 +15,7 @@ pub(crate) fn run_procs(o: &Opts, example: &str, job: &launch::Job<'_>) -> Resul
 }
 
 pub(crate) fn run_example(o: &Opts, example: &str) -> Result<()> {
-    let mut c = facade("run", o);
+    let mut c = example_command("run", o, example);
     c.args(["--example", example, "--", "--vendor", o.vendor.arg()]);
     c.args(&o.args);
     if std::env::var_os("UNICOMM_MOCK_RANKS").is_none() {

@@ -114,6 +114,13 @@ fn mock_examples(o: &Opts) -> Result<()> {
             &[],
             &[0],
         ),
+        // unicomm-candle's tensor-parallel Llama block, one rank per process: equal to
+        // the unsharded forward; a rank SIGKILLed between the blocks (rank 0's process
+        // too, which served the mock's world) ends the others with unicomm's error.
+        ("llama_tp", 4, &[], &[], &[]),
+        ("llama_tp", 2, &["--dtype", "bf16"], &[], &[]),
+        ("llama_tp", 4, &["--victim", "3"], &fast[..], &[3]),
+        ("llama_tp", 4, &["--victim", "0"], &fast[..], &[0]),
     ] {
         let job = launch::Job {
             n,

@@ -7,11 +7,3 @@ pub fn both() -> (bool, bool) {
     let ours = unicomm::Vendor::Cuda.to_string() == "cuda";
     (own, ours)
 }
-
-#[cfg(feature = "candle")]
-/// candle's CPU tensors beside unicomm's backend.
-pub fn candle_sum() -> candle_core::Result<f32> {
-    candle_core::Tensor::new(&[1f32, 2.0], &candle_core::Device::Cpu)?
-        .sum_all()?
-        .to_scalar::<f32>()
-}

@@ -30,6 +30,7 @@ pub(crate) const CRATE_LAYERS: Layers = &[
         &["unicomm-mock", "unicomm-nccl", "unicomm-rccl"],
     ),
     ("the facade", &["unicomm"]),
+    ("integrations with engines' frameworks", &["unicomm-candle"]),
     ("programs", &["unicomm-bench", "unicomm-gpu-tests", "xtask"]),
 ];
 

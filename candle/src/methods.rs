@@ -1,0 +1,55 @@
+//! The [`Communicator`]'s collectives on tensors: any dimension, any layout (made
+//! contiguous first), through the ops of [`crate::ops`].
+
+use std::sync::Arc;
+
+use candle_core::{Result, Tensor};
+
+use crate::comm::Communicator;
+use crate::ops::{AllGather, AllReduce, AllToAll, Reduce, ReduceScatter};
+
+impl Communicator {
+    /// `op` over every rank's `x` (any shape; every rank passes the same shape).
+    pub fn all_reduce(self: &Arc<Self>, x: &Tensor, op: Reduce) -> Result<Tensor> {
+        x.contiguous()?
+            .apply_op1_no_bwd(&AllReduce::new(self.clone(), op))
+    }
+
+    /// Every rank's `x` concatenated along `dim`, in rank order.
+    pub fn all_gather(self: &Arc<Self>, x: &Tensor, dim: usize) -> Result<Tensor> {
+        along(x, dim, |t| {
+            t.apply_op1_no_bwd(&AllGather::new(self.clone()))
+        })
+    }
+
+    /// `op` over every rank's `x`, of which this rank keeps its part along `dim` (the
+    /// dimension's size divided by the ranks, in rank order).
+    pub fn reduce_scatter(self: &Arc<Self>, x: &Tensor, dim: usize, op: Reduce) -> Result<Tensor> {
+        along(x, dim, |t| {
+            t.apply_op1_no_bwd(&ReduceScatter::new(self.clone(), op))
+        })
+    }
+
+    /// `x` cut into as many parts along `dim` as there are ranks: part `i` goes to rank
+    /// `i`, and the result holds every rank's part for this rank, in rank order (the
+    /// head/sequence exchange of Ulysses, MoE dispatch of equal parts).
+    pub fn all_to_all(self: &Arc<Self>, x: &Tensor, dim: usize) -> Result<Tensor> {
+        along(x, dim, |t| t.apply_op1_no_bwd(&AllToAll::new(self.clone())))
+    }
+}
+
+/// `f` (an op along dimension 0) applied along `dim`.
+fn along(x: &Tensor, dim: usize, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    if dim >= x.rank() {
+        candle_core::bail!(
+            "unicomm-candle: dimension {dim} of a tensor of {} dimensions",
+            x.rank()
+        );
+    }
+    if dim == 0 {
+        return f(&x.contiguous()?);
+    }
+    f(&x.transpose(0, dim)?.contiguous()?)?
+        .transpose(0, dim)?
+        .contiguous()
+}

@@ -1,0 +1,206 @@
+//! The ops on candle's CPU tensors over the mock: values, shapes, dtypes and refusals.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Module, Tensor};
+use unicomm::Vendor;
+use unicomm_candle::{
+    unicomm_error, AllReduce, Communicator, Reduce, ShardedEmbedding, TensorParallelColumnLinear,
+};
+
+/// `f` on every rank of a mock world of `n` threads.
+fn ranks<T: Send>(
+    n: usize,
+    f: impl Fn(Arc<Communicator>) -> candle_core::Result<T> + Sync,
+) -> Vec<T> {
+    let comms = unicomm::local_comms_n(Vendor::Mock, Some(n)).unwrap();
+    unicomm::each_rank(comms, |c| f(Communicator::new(c))).unwrap()
+}
+
+/// Rank `r`'s tensor `[2, 3]`: `10 r + i`.
+fn mine(c: &Communicator, dtype: DType) -> candle_core::Result<Tensor> {
+    let r = c.rank() as f32;
+    Tensor::from_vec(
+        (0..6).map(|i| 10.0 * r + i as f32).collect(),
+        (2, 3),
+        &Device::Cpu,
+    )?
+    .to_dtype(dtype)
+}
+
+#[test]
+fn all_reduce_sums_averages_takes_extremes_and_scales() {
+    let out = ranks(3, |c| {
+        let x = mine(&c, DType::F32)?;
+        Ok([
+            Reduce::Sum,
+            Reduce::Avg,
+            Reduce::Max,
+            Reduce::Min,
+            Reduce::Scaled(0.5),
+        ]
+        .map(|op| {
+            c.all_reduce(&x, op)
+                .and_then(|t| t.to_vec2::<f32>())
+                .unwrap()
+        }))
+    });
+    for o in &out {
+        assert_eq!(o[0], vec![vec![30.0, 33.0, 36.0], vec![39.0, 42.0, 45.0]]);
+        // NCCL averages floats as a sum times 1/n: within one rounding of the exact mean.
+        let mean = [[10.0f32, 11.0, 12.0], [13.0, 14.0, 15.0]];
+        for (got, want) in o[1].iter().flatten().zip(mean.iter().flatten()) {
+            assert!((got - want).abs() <= 2e-6 * want, "{got} against {want}");
+        }
+        assert_eq!(o[2], vec![vec![20.0, 21.0, 22.0], vec![23.0, 24.0, 25.0]]);
+        assert_eq!(o[3], vec![vec![0.0, 1.0, 2.0], vec![3.0, 4.0, 5.0]]);
+        assert_eq!(o[4], vec![vec![15.0, 16.5, 18.0], vec![19.5, 21.0, 22.5]]);
+    }
+}
+
+#[test]
+fn half_precision_tensors_are_reduced_in_their_own_type() {
+    for dtype in [DType::F16, DType::BF16, DType::F64] {
+        let out = ranks(2, |c| {
+            let y = c.all_reduce(&mine(&c, dtype)?, Reduce::Sum)?;
+            assert_eq!(y.dtype(), dtype);
+            y.to_dtype(DType::F32)?.to_vec2::<f32>()
+        });
+        assert_eq!(out[1], vec![vec![10.0, 12.0, 14.0], vec![16.0, 18.0, 20.0]]);
+    }
+}
+
+/// Along dimension 1 (a column-parallel layer's outputs joined): every rank's columns in
+/// rank order.
+#[test]
+fn all_gather_joins_along_any_dimension_in_rank_order() {
+    let out = ranks(2, |c| {
+        let x = mine(&c, DType::F32)?;
+        Ok((
+            c.all_gather(&x, 0)?.to_vec2::<f32>()?,
+            c.all_gather(&x, 1)?.to_vec2::<f32>()?,
+        ))
+    });
+    let (d0, d1) = &out[0];
+    assert_eq!(
+        d0,
+        &vec![
+            vec![0.0, 1.0, 2.0],
+            vec![3.0, 4.0, 5.0],
+            vec![10.0, 11.0, 12.0],
+            vec![13.0, 14.0, 15.0]
+        ]
+    );
+    assert_eq!(
+        d1,
+        &vec![
+            vec![0.0, 1.0, 2.0, 10.0, 11.0, 12.0],
+            vec![3.0, 4.0, 5.0, 13.0, 14.0, 15.0]
+        ]
+    );
+}
+
+#[test]
+fn reduce_scatter_keeps_this_ranks_part_and_all_to_all_exchanges_parts() {
+    let out = ranks(2, |c| {
+        let x = mine(&c, DType::F32)?;
+        Ok((
+            c.reduce_scatter(&x, 0, Reduce::Sum)?.to_vec2::<f32>()?,
+            c.all_to_all(&x, 0)?.to_vec2::<f32>()?,
+        ))
+    });
+    assert_eq!(out[0].0, vec![vec![10.0, 12.0, 14.0]]);
+    assert_eq!(out[1].0, vec![vec![16.0, 18.0, 20.0]]);
+    // Rank 0 keeps its own first row and receives rank 1's first row.
+    assert_eq!(out[0].1, vec![vec![0.0, 1.0, 2.0], vec![10.0, 11.0, 12.0]]);
+    assert_eq!(out[1].1, vec![vec![3.0, 4.0, 5.0], vec![13.0, 14.0, 15.0]]);
+}
+
+/// What the ops cannot take is refused with an error naming it; a non-contiguous input
+/// is made contiguous by the Communicator's methods.
+#[test]
+fn refusals_name_what_is_wrong() {
+    let msgs = ranks(2, |c| {
+        let x = mine(&c, DType::F32)?;
+        let t = x.t()?; // [3, 2], not contiguous
+        let raw = t
+            .apply_op1_no_bwd(&AllReduce::new(c.clone(), Reduce::Sum))
+            .unwrap_err();
+        let via = c.all_reduce(&t, Reduce::Sum)?.to_vec2::<f32>()?;
+        assert_eq!(
+            via,
+            vec![vec![10.0, 16.0], vec![12.0, 18.0], vec![14.0, 20.0]]
+        );
+        let odd = c
+            .reduce_scatter(
+                &Tensor::zeros((3, 2), DType::F32, &Device::Cpu)?,
+                0,
+                Reduce::Sum,
+            )
+            .unwrap_err();
+        let ints = c
+            .all_reduce(&Tensor::zeros(4, DType::U32, &Device::Cpu)?, Reduce::Sum)
+            .unwrap_err();
+        Ok([raw, odd, ints].map(|e| e.to_string()))
+    });
+    assert!(msgs[0][0].contains("not contiguous"), "{}", msgs[0][0]);
+    assert!(
+        msgs[0][1].contains("not divisible by the 2 ranks"),
+        "{}",
+        msgs[0][1]
+    );
+    assert!(
+        msgs[0][2].contains("U32 tensors are not supported"),
+        "{}",
+        msgs[0][2]
+    );
+}
+
+/// unicomm's error travels inside candle's and is found again: a mismatch between the
+/// ranks (different lengths) is unicomm's `Mismatch`, on every rank.
+#[test]
+fn unicomms_error_is_kept_inside_candles() {
+    let errs = ranks(2, |c| {
+        let n = 4 + c.rank();
+        let e = c
+            .all_reduce(&Tensor::zeros(n, DType::F32, &Device::Cpu)?, Reduce::Sum)
+            .unwrap_err();
+        Ok(matches!(
+            unicomm_error(&e),
+            Some(unicomm::Error::Mismatch { .. })
+        ))
+    });
+    assert_eq!(errs, vec![true, true]);
+}
+
+/// The vocabulary-parallel embedding gives every rank every row; the column-parallel layer
+/// gives each rank its part of the outputs.
+#[test]
+fn sharded_layers_match_their_unsharded_results() {
+    let table = Tensor::arange(0f32, 24.0, &Device::Cpu)
+        .unwrap()
+        .reshape((8, 3))
+        .unwrap();
+    let ids = Tensor::new(&[[7u32, 0, 3], [4, 4, 1]], &Device::Cpu).unwrap();
+    let want = table
+        .embedding(&ids.flatten_all().unwrap())
+        .unwrap()
+        .reshape((2, 3, 3))
+        .unwrap();
+    let w = Tensor::arange(0f32, 12.0, &Device::Cpu)
+        .unwrap()
+        .reshape((4, 3))
+        .unwrap();
+    let x = Tensor::new(&[[1f32, 2.0, 3.0]], &Device::Cpu).unwrap();
+    let out = ranks(4, |c| {
+        let e = ShardedEmbedding::from_full(&table, &c)?.forward(&ids)?;
+        let col = TensorParallelColumnLinear::from_full(&w, None, &c)?.forward(&x)?;
+        let joined = c.all_gather(&col, 1)?;
+        Ok((e.to_vec3::<f32>()?, joined.to_vec2::<f32>()?))
+    });
+    let full = x.matmul(&w.t().unwrap()).unwrap().to_vec2::<f32>().unwrap();
+    for (e, joined) in out {
+        assert_eq!(e, want.to_vec3::<f32>().unwrap());
+        assert_eq!(joined, full);
+    }
+}
