@@ -17,7 +17,8 @@ rc=0
 # kernel's slowdown under NCCL's and the copy-engine all_to_all; the single-thread sweep), groups
 # (process groups: split, the mesh, gather/scatter, the variable-size exchanges, fp8, scaled
 # sums, in one process and as 2, 3 and 4 processes; the engine example), shrink (a rank
-# SIGKILLed, the survivors shrink or re-form and go on), rccl-on-cuda (a rocm bundle's RCCL
+# SIGKILLed, the survivors shrink or re-form and go on), candle (unicomm-candle's Llama block and
+# its all-reduce op against candle's own, on candle's CUDA backend), rccl-on-cuda (a rocm bundle's RCCL
 # backend on an NVIDIA GPU through its HIP-on-CUDA runtime, NCCL standing in for RCCL): each takes
 # minutes, so a time-limited session can run them in separate calls. BENCH_ARGS adds to the
 # sweep's arguments.
@@ -33,6 +34,27 @@ skips() { # $1 = GPU count
     if [ "$1" -lt "$w" ] && [ "$w" -gt 1 ]; then printf -- "--skip %s " "$name"; echo "conformance: world size $w not run ($1 GPU(s) here)" >&2; fi
   done < worlds.txt
 }
+if [ "$PARTS" = candle ]; then
+  # unicomm-candle on candle's CUDA backend: the tensor-parallel Llama block as 2 processes
+  # (sharing the GPU where there is one: NCCL told they are separate hosts), bf16 and f32,
+  # each rank against the unsharded forward on the GPU; then the all-reduce op's cost per
+  # call against candle's own op over cudarc's NCCL, world 1. candle's binaries link CUDA
+  # 13.0's libraries (the toolkit's lib64) and libnccl.so.2 (PyTorch's wheel).
+  [ -x ./llama_tp ] && [ -x ./allreduce_cost ] || { echo "candle: this bundle has no unicomm-candle binaries (cargo xtask bundle --vendor cuda)"; exit 1; }
+  NCCL_DIR=${NCCL_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib}
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$n" -ge 1 ] || { echo "candle: no NVIDIA GPU here"; exit 1; }
+  [ "$n" -ge 2 ] && share= || share=--share-gpu
+  rc=0; L="$OUT/candle.log"; : > "$L"
+  ldd ./llama_tp | grep -E "cuda|cublas|curand|nvrtc|nccl|not found" | tee -a "$L"
+  step candle llama_tp, one rank; timeout 120 ./llama_tp --vendor cuda --ranks 1 --dtype bf16 2>&1 | tee -a "$L" | tail -2; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  for dt in bf16 f32; do
+    step candle llama_tp, 2 processes, $dt
+    ./xtask launch --procs 2 $share --timeout-s 200 -- ./llama_tp --vendor cuda --dtype $dt 2>&1 | tee -a "$L" | grep -E "llama_tp|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  done
+  step candle allreduce_cost; timeout 200 ./allreduce_cost 2>&1 | tee -a "$L"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  echo "overall rc=$rc"; exit $rc
+fi
 if [ "$PARTS" = rccl-on-cuda ]; then
   # The RCCL backend, unchanged, on an NVIDIA GPU: the HIP runtime is the test-only
   # HIP-on-CUDA library of this bundle, RCCL is NCCL's library (the same C API; set

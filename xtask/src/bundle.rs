@@ -146,6 +146,7 @@ fn vendor_binaries(v: GpuVendor) -> Result<Vec<(PathBuf, String)>> {
                 &["overhead", "overlap"],
             )?);
             copies.extend(test_binaries("unicomm-nccl", "", &["loader"], "nccl")?);
+            copies.extend(candle_binaries()?);
         }
         GpuVendor::Rocm => {
             copies.extend(test_binaries("unicomm-rccl", "", &["hip_loader"], "rccl")?);
@@ -172,6 +173,26 @@ fn vendor_binaries(v: GpuVendor) -> Result<Vec<(PathBuf, String)>> {
         v.feature(),
     )?);
     Ok(copies)
+}
+
+/// unicomm-candle's examples on candle's CUDA backend (`llama_tp`, `allreduce_cost`): candle's
+/// kernels are compiled by nvcc 13.0 from NVIDIA's wheels (`cuda_kit`), in a target
+/// directory of their own (cudarc is built with candle's features there).
+fn candle_binaries() -> Result<Vec<(PathBuf, String)>> {
+    let kit = crate::cuda_kit::toolkit()?;
+    let mut c = bundle_cargo();
+    crate::cuda_kit::with_toolkit(&mut c, &kit);
+    c.args(["build", "--release", "-p", "unicomm-candle"])
+        .args(["--features", "bench-candle-nccl"])
+        .args(["--example", "llama_tp", "--example", "allreduce_cost"])
+        .arg("--target-dir")
+        .arg(target_dir("candle-cuda"));
+    named(
+        "build unicomm-candle's examples on candle's CUDA backend",
+        c,
+        TargetKind::Example,
+        &["llama_tp", "allreduce_cost"],
+    )
 }
 
 /// The binaries (stripped), the suite's world sizes and the run scripts, into `out`.

@@ -9,6 +9,7 @@ mod bundle;
 mod cargo;
 mod cli;
 mod consumers;
+mod cuda_kit;
 mod gpu;
 mod launch;
 mod msrv;

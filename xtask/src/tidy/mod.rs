@@ -90,6 +90,7 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "backend-rccl/src/runtime.rs",
     "backend-rccl/src/sys.rs",
     "bench/src/run/modes.rs",
+    "candle/src/ops/cuda.rs",
     "bootstrap/src/secret.rs",
     "comm-core/src/clock.rs",
     "comm-core/src/element.rs",

@@ -1,0 +1,140 @@
+//! What building candle's CUDA backend needs on a machine without CUDA (the development
+//! machine builds the GPU bundle): nvcc and the CUDA headers from NVIDIA's Python wheels of
+//! CUDA 13.0 (the GPU machine's driver and toolkit), and link stubs of the CUDA libraries
+//! candle links (`dynamic-linking`), whose sonames the GPU machine's CUDA 13.0 provides. All
+//! of it in `<target>/cuda-kit`, installed once; nothing system-wide.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use cargo_metadata::MetadataCommand;
+
+use crate::cargo::{root, target_dir};
+
+/// The wheels (`pip download`), pinned to the GPU machine's CUDA 13.0: nvcc, its front end
+/// and NVVM, the runtime's headers, and CCCL (`<nv/target>`, which cuda_fp16.h includes).
+const WHEELS: &[&str] = &[
+    "nvidia-cuda-nvcc==13.0.88",
+    "nvidia-cuda-crt==13.0.88",
+    "nvidia-nvvm==13.0.88",
+    "nvidia-cuda-runtime==13.0.96",
+    "nvidia-cuda-cccl==13.0.85",
+];
+
+/// The libraries candle's cudarc links, by cudarc module: the stub's name and the soname
+/// of CUDA 13.0's library (what the binary will ask the GPU machine's loader for).
+const STUBS: &[(&str, &str, &str)] = &[
+    ("driver", "cuda", "libcuda.so.1"),
+    ("cublas", "cublas", "libcublas.so.13"),
+    ("cublaslt", "cublasLt", "libcublasLt.so.13"),
+    ("curand", "curand", "libcurand.so.10"),
+    ("nvrtc", "nvrtc", "libnvrtc.so.13"),
+    ("nccl", "nccl", "libnccl.so.2"),
+];
+
+/// The toolkit's root (`bin/nvcc`, `include`, `lib/stubs`), installed on first use.
+pub(crate) fn toolkit() -> Result<PathBuf> {
+    let kit = target_dir("cuda-kit");
+    let cuda = kit.join("nvidia/cu13");
+    if cuda.join("bin/nvcc").is_file() && cuda.join("lib/stubs/libcuda.so").is_file() {
+        return Ok(cuda);
+    }
+    let wheels = kit.join("wheels");
+    std::fs::create_dir_all(&wheels)?;
+    let mut pip = Command::new("python3");
+    pip.args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
+        .arg(&wheels)
+        .args(WHEELS);
+    crate::cargo::step("download CUDA 13.0's compiler and headers (pip)", pip)?;
+    for w in std::fs::read_dir(&wheels)? {
+        let w = w?.path();
+        let mut unzip = Command::new("python3");
+        unzip.args(["-m", "zipfile", "-e"]).arg(&w).arg(&kit);
+        crate::cargo::step(&format!("unpack {}", w.display()), unzip)?;
+    }
+    executable(&cuda.join("bin"))?;
+    executable(&cuda.join("nvvm/bin"))?;
+    stubs(&cuda.join("lib/stubs"))?;
+    eprintln!(
+        "cuda-kit: installed {} and link stubs of {} in {}",
+        WHEELS.join(", "),
+        STUBS.iter().map(|s| s.2).collect::<Vec<_>>().join(", "),
+        cuda.display()
+    );
+    Ok(cuda)
+}
+
+/// The environment of a build of candle's CUDA backend with `cuda`: nvcc first on PATH,
+/// the toolkit for candle's kernels and cudarc's link search, sm_90 (the H200), and
+/// cudarc's bindings of CUDA 13.0.
+pub(crate) fn with_toolkit(c: &mut Command, cuda: &Path) {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut paths = vec![cuda.join("bin")];
+    paths.extend(std::env::split_paths(&path));
+    if let Ok(p) = std::env::join_paths(paths) {
+        c.env("PATH", p);
+    }
+    c.env("CUDA_ROOT", cuda)
+        .env("CUDA_COMPUTE_CAP", "90")
+        .env("CUDARC_CUDA_VERSION", "13000");
+}
+
+/// The wheels' programs lose their mode bits in the zip.
+fn executable(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for f in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let f = f?.path();
+        if f.is_file() {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755))?;
+        }
+    }
+    Ok(())
+}
+
+/// One shared library per entry of [`STUBS`], defining every function cudarc declares for
+/// that library (empty bodies: they are only linked against, never loaded).
+fn stubs(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let meta = MetadataCommand::new()
+        .manifest_path(root().join("Cargo.toml"))
+        .exec()
+        .context("cargo metadata")?;
+    let cudarc = meta
+        .packages
+        .iter()
+        .find(|p| p.name.as_str() == "cudarc")
+        .context("cudarc is not among the workspace's packages")?;
+    let src = cudarc.manifest_path.parent().context("cudarc's folder")?;
+    for (module, lib, soname) in STUBS {
+        let sys = src.join(format!("src/{module}/sys/mod.rs"));
+        let text = std::fs::read_to_string(&sys).with_context(|| format!("reading {sys}"))?;
+        let mut names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("fn "))
+            .filter_map(|l| l.split('(').next())
+            .filter(|n| n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        if names.is_empty() {
+            bail!("no functions found in {sys}");
+        }
+        let c_file = dir.join(format!("{lib}.c"));
+        let body: String = names
+            .iter()
+            .map(|n| format!("void {n}(void) {{}}\n"))
+            .collect();
+        std::fs::write(&c_file, body)?;
+        let mut cc = Command::new("cc");
+        cc.args(["-shared", "-fPIC", "-o"])
+            .arg(dir.join(format!("lib{lib}.so")))
+            .arg(format!("-Wl,-soname,{soname}"))
+            .arg(&c_file);
+        crate::cargo::step(
+            &format!("link stub {soname} ({} functions)", names.len()),
+            cc,
+        )?;
+    }
+    Ok(())
+}
