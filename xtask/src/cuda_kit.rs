@@ -22,7 +22,8 @@ const WHEELS: &[&str] = &[
     "nvidia-cuda-cccl==13.0.85",
 ];
 
-/// The libraries candle's cudarc links, by cudarc module: the stub's name and the soname
+/// The libraries candle's cudarc links (and, from the runtime wheel, libcudart.so.13, which
+/// candle's kernels link), by cudarc module: the stub's name and the soname
 /// of CUDA 13.0's library (what the binary will ask the GPU machine's loader for).
 const STUBS: &[(&str, &str, &str)] = &[
     ("driver", "cuda", "libcuda.so.1"),
@@ -37,7 +38,7 @@ const STUBS: &[(&str, &str, &str)] = &[
 pub(crate) fn toolkit() -> Result<PathBuf> {
     let kit = target_dir("cuda-kit");
     let cuda = kit.join("nvidia/cu13");
-    if cuda.join("bin/nvcc").is_file() && cuda.join("lib/stubs/libcuda.so").is_file() {
+    if cuda.join("bin/nvcc").is_file() && cuda.join("lib/stubs/libcudart.so").exists() {
         return Ok(cuda);
     }
     let wheels = kit.join("wheels");
@@ -56,6 +57,11 @@ pub(crate) fn toolkit() -> Result<PathBuf> {
     executable(&cuda.join("bin"))?;
     executable(&cuda.join("nvvm/bin"))?;
     stubs(&cuda.join("lib/stubs"))?;
+    // candle's kernels link the CUDA runtime (`-lcudart`): the wheel has only its soname.
+    let cudart = cuda.join("lib/stubs/libcudart.so");
+    let _ = std::fs::remove_file(&cudart);
+    std::os::unix::fs::symlink(cuda.join("lib/libcudart.so.13"), &cudart)
+        .context("linking libcudart.so to the wheel's libcudart.so.13")?;
     eprintln!(
         "cuda-kit: installed {} and link stubs of {} in {}",
         WHEELS.join(", "),
