@@ -64,6 +64,28 @@ pub unsafe fn memory_from_raw(dev: usize, ptr: usize, bytes: usize) -> Result<Nc
 /// nothing. The collective must run on the slice's own stream (an engine's compute stream,
 /// through [`stream_from_cudarc`]), or be ordered against it by a marker: cudarc's
 /// cross-stream events are not carried past the call.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = cudarc::driver::CudaContext::new(0)?;
+/// let slice = ctx.default_stream().alloc_zeros::<f32>(4)?;
+/// let lent = unicomm_nccl::lend(&slice)?; // a collective's input while `slice` is borrowed
+/// drop(lent);
+/// # Ok(()) }
+/// ```
+///
+/// The borrow is checked: a view cannot outlive its slice.
+///
+/// ```compile_fail,E0597
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = cudarc::driver::CudaContext::new(0)?;
+/// let lent = {
+///     let slice = ctx.default_stream().alloc_zeros::<f32>(4)?;
+///     unicomm_nccl::lend(&slice)?
+/// };
+/// drop(lent);
+/// # Ok(()) }
+/// ```
 pub fn lend<T: Element, S: DevicePtr<T>>(slice: &S) -> Result<Lent<'_, T, NcclComm>> {
     let stream = slice.stream();
     let dev = stream.context().ordinal();
@@ -80,6 +102,16 @@ pub fn lend<T: Element, S: DevicePtr<T>>(slice: &S) -> Result<Lent<'_, T, NcclCo
 /// An engine's cudarc slice or view (`&mut CudaSlice<T>`, `&mut CudaViewMut<T>`) lent to
 /// unicomm for the borrow, as a collective's output: as [`lend`], and the exclusive borrow
 /// keeps every other use of the slice out while the view lives.
+///
+/// ```compile_fail,E0502
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = cudarc::driver::CudaContext::new(0)?;
+/// let mut slice = ctx.default_stream().alloc_zeros::<f32>(4)?;
+/// let out = unicomm_nccl::lend_mut(&mut slice)?;
+/// let read = unicomm_nccl::lend(&slice)?; // another view while it is lent to be written
+/// drop((out, read));
+/// # Ok(()) }
+/// ```
 pub fn lend_mut<T: Element, S: DevicePtrMut<T>>(slice: &mut S) -> Result<LentMut<'_, T, NcclComm>> {
     let len = slice.len();
     let bytes = slice.num_bytes();
