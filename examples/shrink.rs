@@ -127,9 +127,9 @@ fn all_reduce(c: &Comm, x: f32, revoke_after: Option<Duration>) -> unicomm::Resu
     });
     if let Some(rv) = revoked {
         rv?;
-        return Err(unicomm::Error::Aborted {
-            reason: "revoked by the watchdog: a collective took too long".into(),
-        });
+        return Err(unicomm::Error::aborted(
+            "revoked by the watchdog: a collective took too long",
+        ));
     }
     let h = r?;
     Ok(h[0])
@@ -184,9 +184,7 @@ fn run() -> anyhow::Result<()> {
         if a.fault == Fault::Leave && i == 10 {
             failure = Some((
                 i,
-                unicomm::Error::Aborted {
-                    reason: format!("rank {victim} left, as planned"),
-                },
+                unicomm::Error::aborted(format!("rank {victim} left, as planned")),
             ));
             break;
         }
@@ -207,6 +205,16 @@ fn run() -> anyhow::Result<()> {
         .filter(|q| dir.join(format!("alive.{q}")).exists())
         .collect();
     let lost: Vec<usize> = (0..w).filter(|q| !left.contains(q)).collect();
+    // Where the backend knows who was lost (the mock: the process that exited), the error
+    // says so as data, whichever rank it was; NCCL does not name the failed peer.
+    if !e.lost_ranks().is_empty() && a.fault == Fault::Kill {
+        ensure!(
+            e.lost_ranks() == lost.as_slice(),
+            "rank {r}: the error names lost ranks {:?}, the heartbeats {lost:?}",
+            e.lost_ranks()
+        );
+        println!("rank {r}: the error names the lost ranks: {:?}", e.lost_ranks());
+    }
     println!(
         "rank {r}: ranks left {left:?}, lost {lost:?}; shrinking ({:?})",
         a.mode

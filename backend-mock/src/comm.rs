@@ -103,9 +103,8 @@ impl MockComm {
     /// this rank learn of it now, not at their deadline).
     pub(crate) fn abort_comm(&self) {
         self.state.store(ABORTED, Ordering::Release);
-        let e = Error::Aborted {
-            reason: format!("rank {} aborted the communicator", self.ctx.rank),
-        };
+        let rank = self.ctx.rank;
+        let e = Error::lost(vec![rank], format!("rank {rank} aborted the communicator"));
         self.ctx.flight.dump_on(&e);
         self.ctx.fabric.poison(e);
     }
@@ -150,9 +149,7 @@ impl MockComm {
                 None => Ok(()),
             },
             FINALIZED => Err(Error::invalid("comm", "the communicator was finalized")),
-            _ => Err(Error::Aborted {
-                reason: "the communicator was aborted".into(),
-            }),
+            _ => Err(Error::aborted("the communicator was aborted")),
         }
     }
 
@@ -313,12 +310,11 @@ impl Drop for MockComm {
         }
         if std::thread::panicking() {
             self.state.store(ABORTED, Ordering::Release);
-            self.ctx.fabric.poison(Error::Aborted {
-                reason: format!(
-                    "rank {} dropped its communicator while panicking",
-                    self.ctx.rank
-                ),
-            });
+            let rank = self.ctx.rank;
+            self.ctx.fabric.poison(Error::lost(
+                vec![rank],
+                format!("rank {rank} dropped its communicator while panicking"),
+            ));
         } else {
             self.state.store(FINALIZED, Ordering::Release);
             let joined = self.seq.load(Ordering::Relaxed);

@@ -196,9 +196,10 @@ fn inject(ctx: &RankCtx, index: u64) -> Result<()> {
                     }
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                return Err(Error::Aborted {
-                    reason: format!("rank {} hung on purpose at operation #{index}", ctx.rank),
-                });
+                return Err(Error::aborted(format!(
+                    "rank {} hung on purpose at operation #{index}",
+                    ctx.rank
+                )));
             }
         }
     }

@@ -310,9 +310,7 @@ impl Exchange for LocalFabric {
             while st.slots.get(&seq).is_some_and(|s| s.active > 0) {
                 let now = Instant::now();
                 if now >= deadline {
-                    let e = Error::Aborted {
-                        reason: "a peer stayed inside a copy of a failed collective past the deadline (its process stopped?)".into(),
-                    };
+                    let e = Error::aborted("a peer stayed inside a copy of a failed collective past the deadline (its process stopped?)");
                     st.poison.get_or_insert(e);
                     break;
                 }
@@ -357,9 +355,7 @@ impl Exchange for LocalFabric {
             },
             |_| format!("recv of rank {dst} from rank {src}: rank {src} never sent"),
         )?;
-        taken.ok_or_else(|| Error::Aborted {
-            reason: "mailbox emptied while waiting".into(),
-        })
+        taken.ok_or_else(|| Error::aborted("mailbox emptied while waiting"))
     }
 
     fn complete(&self, id: u64, refused: Option<Error>) {

@@ -106,11 +106,11 @@ impl PeerMap {
     /// is gone or the descriptor now holds another allocation.
     pub(crate) fn open(r: &Remote) -> Result<Self> {
         let path = format!("/proc/{}/fd/{}", r.pid, r.fd);
-        let gone = |what: &str| Error::Aborted {
-            reason: format!(
+        let gone = |what: &str| {
+            Error::aborted(format!(
                 "the memory of a peer (process {}) is gone: {what}; the peer's process exited",
                 r.pid
-            ),
+            ))
         };
         let target = std::fs::read_link(&path).map_err(|e| gone(&e.to_string()))?;
         let want = format!("/memfd:{}", name(r.id));

@@ -479,6 +479,8 @@ fn abort_wakes_peers_blocked_in_a_collective() {
         c1.abort().unwrap();
         let r = h.join().unwrap();
         assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
+        // Who left is data, not only words: what the survivor hands to shrink.
+        assert_eq!(r.unwrap_err().lost_ranks(), &[1]);
     });
     assert!(t0.elapsed() < Duration::from_secs(5));
     // Every later call on the aborted communicator is an error, not a hang.
@@ -759,9 +761,7 @@ fn a_window_dropped_while_unwinding_does_not_wait_for_the_deadline() {
                 panic!("rank 1 fails holding a window");
             }));
             assert!(r.is_err());
-            return Err(Error::Aborted {
-                reason: "rank 1 panicked".into(),
-            });
+            return Err(Error::aborted("rank 1 panicked"));
         }
         // Rank 0 deregisters collectively: the peer's abort ends its wait.
         c.deregister_window(win).map(drop)

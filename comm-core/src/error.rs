@@ -99,6 +99,11 @@ pub enum Error {
     Aborted {
         /// Why.
         reason: String,
+        /// The ranks known to be lost (their process exited, their connection failed), in
+        /// the numbering of the communicator the processes joined: what a survivor passes to
+        /// `shrink`. Empty when none is known (an abort asked for, a library's error: NCCL
+        /// does not say which peer failed). [`Error::lost_ranks`] reads it.
+        lost: Vec<usize>,
     },
     /// Building the communicator across processes failed (rendezvous, environment).
     #[error("bootstrap failed: {reason}")]
@@ -125,7 +130,7 @@ fn detail(last: &str) -> String {
 }
 
 impl Error {
-    // Both are `#[cold]`: an error is the rare way out of a collective's checks, so the
+    // These are `#[cold]`: an error is the rare way out of a collective's checks, so the
     // compiler lays the code that builds one out of the hot path (fewer instruction-cache
     // lines per call, which on a GPU host are cold after every library call).
 
@@ -149,6 +154,33 @@ impl Error {
             what: what.into(),
             needs: needs.into(),
             found: found.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Aborted`] with no rank known to be lost.
+    #[cold]
+    pub fn aborted(reason: impl Into<String>) -> Self {
+        Error::Aborted {
+            reason: reason.into(),
+            lost: Vec::new(),
+        }
+    }
+
+    /// [`Error::Aborted`] because the ranks `lost` are gone.
+    #[cold]
+    pub fn lost(lost: Vec<usize>, reason: impl Into<String>) -> Self {
+        Error::Aborted {
+            reason: reason.into(),
+            lost,
+        }
+    }
+
+    /// The ranks an [`Error::Aborted`] knows to be lost (empty for any other error, or when
+    /// none is known): what survivors exclude when they `shrink`.
+    pub fn lost_ranks(&self) -> &[usize] {
+        match self {
+            Error::Aborted { lost, .. } => lost,
+            _ => &[],
         }
     }
 }

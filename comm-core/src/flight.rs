@@ -468,9 +468,7 @@ mod tests {
             "{j}"
         );
         assert!(!file.exists(), "an invalid argument dumped the recorder");
-        let aborted = Error::Aborted {
-            reason: "peer".into(),
-        };
+        let aborted = Error::aborted("peer");
         let _ = f.enqueued(ar, 1, || Err(aborted), || None);
         assert!(file.exists(), "an abort did not dump the recorder");
         let _ = std::fs::remove_dir_all(&dir);

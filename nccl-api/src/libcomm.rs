@@ -162,9 +162,7 @@ impl<R: Runtime> LibComm<R> {
 
     #[cold]
     fn aborted_error(&self) -> Error {
-        Error::Aborted {
-            reason: format!("rank {}'s communicator was aborted", self.rank),
-        }
+        Error::aborted(format!("rank {}'s communicator was aborted", self.rank))
     }
 
     /// A new stream of this rank's device whose waits watch this communicator.

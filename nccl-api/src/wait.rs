@@ -52,9 +52,9 @@ pub(crate) fn settle_raw(
             e => return api.check("ncclCommGetAsyncError (asynchronous error)", e, comm),
         }
         if stop() {
-            return Err(Error::Aborted {
-                reason: format!("{what}: aborted while the library was still working"),
-            });
+            return Err(Error::aborted(format!(
+                "{what}: aborted while the library was still working"
+            )));
         }
         if start.elapsed() >= timeout {
             return Err(Error::Timeout {

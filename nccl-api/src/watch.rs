@@ -125,11 +125,9 @@ impl Watchers {
                     return Ok(());
                 }
                 // Not `poll`: the aborting thread may still hold the lock.
-                return Err(Error::Aborted {
-                    reason: format!(
-                        "{what}: a communicator with work on it was aborted while it ran"
-                    ),
-                });
+                return Err(Error::aborted(format!(
+                    "{what}: a communicator with work on it was aborted while it ran"
+                )));
             }
             n = n.wrapping_add(1);
             // An asynchronous error ends the wait at once (polled every 64 rounds: the

@@ -55,11 +55,14 @@ impl Client {
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let mut s = TcpStream::connect_timeout(&self.addr, left.max(Duration::from_millis(1)))
-                .map_err(|e| Error::Aborted {
-                    reason: format!(
-                        "rank {}: cannot reach the mock's hub (rank 0's process) at {}: {e}",
-                        self.rank, self.addr
-                    ),
+                .map_err(|e| {
+                    Error::lost(
+                        vec![0],
+                        format!(
+                            "rank {}: cannot reach the mock's hub (rank 0's process) at {}: {e}",
+                            self.rank, self.addr
+                        ),
+                    )
                 })?;
             let _ = s.set_nodelay(true);
             let mut w = W::default();
@@ -86,12 +89,10 @@ impl Client {
     }
 
     fn lost(&self, e: std::io::Error) -> Error {
-        let err = Error::Aborted {
-            reason: format!(
+        let err = Error::lost(vec![0], format!(
                 "rank {}: the connection to the mock's hub (rank 0's process) failed: {e}; rank 0's process exited",
                 self.rank
-            ),
-        };
+            ));
         self.poison
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -154,11 +155,9 @@ fn watch_hub(mut s: TcpStream, poison: Arc<Mutex<Option<Error>>>, departing: Arc
     let e = match recv_frame(&mut s) {
         Ok(frame) => R(&frame).error().unwrap_or_else(|e| e),
         Err(_) if departing.load(Ordering::Relaxed) => return,
-        Err(e) => Error::Aborted {
-            reason: format!(
+        Err(e) => Error::lost(vec![0], format!(
                 "the mock's hub (rank 0's process) closed the connection ({e}): rank 0's process exited"
-            ),
-        },
+            )),
     };
     poison
         .lock()

@@ -118,20 +118,22 @@ impl Hub {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&rank)
             .unwrap_or_default();
-        self.fabric.poison(Error::Aborted {
-            reason: format!(
+        self.fabric.poison(Error::lost(
+            vec![rank],
+            format!(
                 "rank {rank}'s process exited (or dropped its communicator) without finalizing"
             ),
-        });
+        ));
         for seq in entered {
             self.fabric.exit(seq);
         }
         for id in taking {
             self.fabric.complete(
                 id,
-                Some(Error::Aborted {
-                    reason: format!("rank {rank}'s process exited while receiving"),
-                }),
+                Some(Error::lost(
+                    vec![rank],
+                    format!("rank {rank}'s process exited while receiving"),
+                )),
             );
         }
     }

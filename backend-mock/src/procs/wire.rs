@@ -126,11 +126,14 @@ impl W {
             Error::Mismatch { what, detail } => {
                 self.u8(2).str(what).str(detail);
             }
-            Error::Aborted { reason } => {
-                self.u8(1).str(reason);
+            Error::Aborted { reason, lost } => {
+                self.u8(1).str(reason).u64(lost.len() as u64);
+                for &r in lost {
+                    self.u64(r as u64);
+                }
             }
             other => {
-                self.u8(1).str(&other.to_string());
+                self.u8(1).str(&other.to_string()).u64(0);
             }
         }
     }
@@ -192,9 +195,9 @@ pub(crate) const MISMATCH: &[&str] = &[
 pub(crate) struct R<'a>(pub(crate) &'a [u8]);
 
 pub(crate) fn bad(what: &str) -> Error {
-    Error::Aborted {
-        reason: format!("the mock's exchange received a malformed message ({what})"),
-    }
+    Error::aborted(format!(
+        "the mock's exchange received a malformed message ({what})"
+    ))
 }
 
 impl R<'_> {
@@ -315,9 +318,16 @@ impl R<'_> {
                     detail: self.str()?,
                 }
             }
-            _ => Error::Aborted {
-                reason: self.str()?,
-            },
+            _ => {
+                let reason = self.str()?;
+                let n = self.usize()?;
+                // Each rank is 8 bytes of the message: a count past what is left is malformed.
+                if n > self.0.len() / 8 {
+                    return Err(bad("lost ranks"));
+                }
+                let lost = (0..n).map(|_| self.usize()).collect::<Result<_>>()?;
+                Error::lost(lost, reason)
+            }
         })
     }
     pub(crate) fn result(&mut self) -> Result<Result<()>> {
@@ -411,4 +421,25 @@ pub(crate) fn recv_frame_within(
     let mut b = vec![0u8; n];
     read(&mut b)?;
     Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lost rank crosses processes as data: the survivors' error names it as the hub's
+    /// did, so they can exclude it when they shrink.
+    #[test]
+    fn an_abort_keeps_its_lost_ranks_across_processes() {
+        let sent = Error::lost(vec![3, 0], "two ranks' processes exited");
+        let mut w = W::default();
+        w.error(&sent);
+        let got = R(&w.0).error().unwrap();
+        assert_eq!(got.lost_ranks(), &[3, 0]);
+        assert_eq!(got.to_string(), sent.to_string());
+        // A count the message cannot hold is malformed, not an allocation of its size.
+        let mut w = W::default();
+        w.u8(1).str("x").u64(u64::MAX / 16);
+        assert!(R(&w.0).error().unwrap_err().to_string().contains("malformed"));
+    }
 }

@@ -49,11 +49,9 @@ struct FlightDump(Arc<FlightRecorder>);
 
 impl crate::libcomm::AbortHook for FlightDump {
     fn release(&self, _within: std::time::Duration, _report: bool) -> bool {
-        self.0.dump_on(&Error::Aborted {
-            reason:
-                "the communicator was aborted (a deadline passed, an asynchronous error, or abort)"
-                    .into(),
-        });
+        self.0.dump_on(&Error::aborted(
+            "the communicator was aborted (a deadline passed, an asynchronous error, or abort)",
+        ));
         true
     }
 }
