@@ -213,7 +213,10 @@ fn run() -> anyhow::Result<()> {
             "rank {r}: the error names lost ranks {:?}, the heartbeats {lost:?}",
             e.lost_ranks()
         );
-        println!("rank {r}: the error names the lost ranks: {:?}", e.lost_ranks());
+        println!(
+            "rank {r}: the error names the lost ranks: {:?}",
+            e.lost_ranks()
+        );
     }
     println!(
         "rank {r}: ranks left {left:?}, lost {lost:?}; shrinking ({:?})",

@@ -94,6 +94,16 @@ macro_rules! backends {
             };
         }
 
+        macro_rules! triple {
+            ($a:expr, $ta:ident, $b:expr, $tb:ident, $c:expr, $tc:ident, ($x:ident, $y:ident, $z:ident) => $body:expr) => {
+                match ($a, $b, $c) {
+                    $( #[cfg(feature = $feature)] ($ta::$variant($x), $tb::$variant($y), $tc::$variant($z)) => $body, )*
+                    #[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every triple matches an arm above"))]
+                    _ => Err(Error::invalid("src", "memory and stream of different backends")),
+                }
+            };
+        }
+
         impl AnyComm {
             fn enqueue_any(&self, op: Op<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
                 match (self, stream) {
@@ -315,6 +325,9 @@ impl DeviceStream for AnyStream {
     fn wait(&self, marker: &Marker) -> Result<()> {
         each!(self, AnyStream, s => s.wait(marker))
     }
+    fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        each!(self, AnyStream, s => s.launch_host_fn(f))
+    }
 }
 
 impl AnyStream {
@@ -347,6 +360,16 @@ impl DeviceMemory for AnyMemory {
     }
     fn read(&self, offset: usize, dst: &mut [u8], stream: &AnyStream) -> Result<()> {
         pair!(self, AnyMemory, stream, AnyStream, "stream", (m, s) => m.read(offset, dst, s))
+    }
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &AnyMemory,
+        src_offset: usize,
+        bytes: usize,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        triple!(self, AnyMemory, src, AnyMemory, stream, AnyStream, (d, s, st) => d.copy_from(offset, s, src_offset, bytes, st))
     }
 }
 

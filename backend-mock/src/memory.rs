@@ -291,6 +291,17 @@ impl DeviceMemory for MockMemory {
         }))
     }
 
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &MockMemory,
+        src_offset: usize,
+        bytes: usize,
+        stream: &MockStream,
+    ) -> Result<()> {
+        self.copy_within(offset, src, src_offset, bytes, stream)
+    }
+
     fn read(&self, offset: usize, dst: &mut [u8], stream: &MockStream) -> Result<()> {
         same_rank(self, stream)?;
         check_range(self.inner.bytes, offset, dst.len(), "dst")?;
@@ -311,6 +322,47 @@ impl DeviceMemory for MockMemory {
             )
         };
         Ok(())
+    }
+}
+
+impl MockMemory {
+    /// [`DeviceMemory::copy_from`]: a job of the stream that holds both allocations' locks
+    /// (the source's for reading, this one's for writing; one lock when they are the same).
+    pub(crate) fn copy_within(
+        &self,
+        offset: usize,
+        src: &MockMemory,
+        src_offset: usize,
+        bytes: usize,
+        stream: &MockStream,
+    ) -> Result<()> {
+        same_rank(self, stream)?;
+        same_rank(src, stream)?;
+        check_range(self.inner.bytes, offset, bytes, "dst")?;
+        check_range(src.inner.bytes, src_offset, bytes, "src")?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (dst, src, timeout) = (self.inner.clone(), src.inner.clone(), stream.timeout());
+        stream.push(Box::new(move || {
+            let same = Arc::ptr_eq(&dst, &src);
+            let _w = dst.write_lock(timeout)?;
+            let _r = if same {
+                None
+            } else {
+                Some(src.read_lock(timeout)?)
+            };
+            // SAFETY: both ranges were checked against their allocations; the locks exclude
+            // every other access; `copy` allows the overlap of a copy within one allocation.
+            unsafe {
+                std::ptr::copy(
+                    src.ptr.as_ptr().add(src_offset),
+                    dst.ptr.as_ptr().add(offset),
+                    bytes,
+                )
+            };
+            Ok(())
+        }))
     }
 }
 

@@ -230,6 +230,17 @@ impl DeviceStream for MockStream {
             Ok(())
         }))
     }
+
+    fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        self.push(Box::new(move || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|_| {
+                Error::invalid(
+                    "host function",
+                    "a host function enqueued on the stream panicked",
+                )
+            })
+        }))
+    }
 }
 
 /// The instant the stream's worker reached the marker (host time: the mock's "device").

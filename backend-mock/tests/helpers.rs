@@ -69,3 +69,65 @@ fn a_scaled_sum_takes_a_scalar_of_the_elements_type() {
     .unwrap();
     assert!(out.iter().all(|v| v == &vec![3.0f32; 4]), "{out:?}");
 }
+
+/// A device-to-device copy in stream order: after the work before it, before the work
+/// after it, the host not waiting; a part of a buffer into another, and within one buffer
+/// (the ranges overlapping).
+#[test]
+fn a_device_copy_runs_in_stream_order() {
+    let comms = unicomm_mock::local_comms(2).unwrap();
+    each_rank(&comms, |c| {
+        let st = c.create_stream()?;
+        let a = c.upload(&[1.0f32, 2.0, 3.0, 4.0], &st)?;
+        let mut b = c.alloc::<f32>(4)?;
+        b.copy_from_host(&[0.0; 4], &st)?;
+        c.copy(&a.slice(1..3)?, &mut b.slice_mut(..2)?, &st)?;
+        // The collective after the copy sees the copied elements (2 ranks: doubled).
+        c.all_reduce_in_place(&mut b, unicomm_core::ReduceOp::Sum, &st)?;
+        assert_eq!(b.copy_to_host(&st)?, vec![4.0, 6.0, 0.0, 0.0]);
+        let mut a = a;
+        c.copy(&a.slice(..3)?, &mut b.slice_mut(1..)?, &st)?;
+        assert_eq!(b.copy_to_host(&st)?, vec![4.0, 1.0, 2.0, 3.0]);
+        let whole = a.copy_to_host(&st)?;
+        c.copy(&b, &mut a, &st)?;
+        assert_ne!(a.copy_to_host(&st)?, whole);
+        let e = c.copy(&b.slice(..2)?, &mut a, &st).unwrap_err();
+        assert!(
+            e.to_string().contains("holds 4 elements, the source 2"),
+            "{e}"
+        );
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
+/// A host function (an engine's own step) runs in stream order: after the collective
+/// before it, before the work after it; `synchronize` waits for it; a panic in it is the
+/// stream's error, not a crash of the worker.
+#[test]
+fn a_host_function_runs_in_stream_order() {
+    use std::sync::{Arc, Mutex};
+    use unicomm_core::DeviceStream;
+    let comms = unicomm_mock::local_comms(2).unwrap();
+    each_rank(&comms, |c| {
+        let st = c.create_stream()?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut b = c.upload(&[1.0f32; 4], &st)?;
+        let l = log.clone();
+        st.launch_host_fn(Box::new(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            l.lock().unwrap().push("before");
+        }))?;
+        c.all_reduce_in_place(&mut b, unicomm_core::ReduceOp::Sum, &st)?;
+        let l = log.clone();
+        st.launch_host_fn(Box::new(move || l.lock().unwrap().push("after")))?;
+        st.synchronize()?;
+        assert_eq!(*log.lock().unwrap(), ["before", "after"]);
+        assert_eq!(b.copy_to_host(&st)?, vec![2.0; 4]);
+        st.launch_host_fn(Box::new(|| panic!("an engine's step failed")))?;
+        let e = st.synchronize().unwrap_err();
+        assert!(e.to_string().contains("panicked"), "{e}");
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}

@@ -298,6 +298,25 @@ impl Runtime for CudaRuntime {
         })
     }
 
+    fn launch_host_fn(
+        &self,
+        dev: usize,
+        s: &CudaStreamHandle,
+        f: Box<dyn FnOnce() + Send + 'static>,
+    ) -> Result<()> {
+        let arg = Box::into_raw(Box::new(f)).cast::<std::ffi::c_void>();
+        self.with_device(dev, || {
+            // SAFETY: `arg` is a boxed closure given to the driver once; `run_host_fn` takes
+            // it back exactly once when the stream reaches it.
+            unsafe { result::stream::launch_host_function(s.0.cu_stream(), run_host_fn, arg) }
+                .map_err(|e| cuda_err("cuLaunchHostFunc", e))
+        })
+        .inspect_err(|_| {
+            // SAFETY: the launch failed, so the driver never took `arg`: it is still ours.
+            drop(unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) });
+        })
+    }
+
     fn device_count(&self) -> Result<usize> {
         Ok(self.count)
     }
@@ -438,5 +457,15 @@ impl Runtime for CudaRuntime {
             self.count,
             names.join(", ")
         )
+    }
+}
+
+/// The driver's callback of a host function: runs the boxed closure once; a panic stops here
+/// (it must not unwind into the driver).
+extern "C" fn run_host_fn(arg: *mut std::ffi::c_void) {
+    // SAFETY: `arg` is the box `launch_host_fn` leaked for this one call.
+    let f = unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+        tracing::error!("a host function enqueued on a CUDA stream panicked");
     }
 }

@@ -20,6 +20,14 @@ pub trait DeviceStream: Send + Sync {
     /// `hipStreamWaitEvent`): how a compute stream and a communication stream overlap
     /// without the host waiting. The host does not block.
     fn wait(&self, marker: &Marker) -> Result<()>;
+
+    /// Runs `f` on a host thread once the work enqueued so far has finished, before the
+    /// work enqueued after it (`cuLaunchHostFunc` / `hipLaunchHostFunc`; a job of the mock's
+    /// stream): an engine's own host step in stream order. `f` must not call the device
+    /// runtime nor wait on a stream (CUDA's rule for host functions: it would deadlock). A
+    /// panic in `f` does not unwind into the driver: on the mock it becomes the stream's
+    /// error, on the GPUs it is caught and reported through `tracing`.
+    fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()>;
 }
 
 impl std::fmt::Debug for Marker {
@@ -48,4 +56,16 @@ pub trait DeviceMemory: Send + Sync {
     /// Copies `self[offset..offset + dst.len()]` into `dst` after all work enqueued on
     /// `stream` so far; returns once `dst` holds the bytes.
     fn read(&self, offset: usize, dst: &mut [u8], stream: &Self::Stream) -> Result<()>;
+
+    /// Copies `bytes` from `src[src_offset..]` to `self[offset..]` in stream order on
+    /// `stream` (`cuMemcpyDtoDAsync` / `hipMemcpyAsync`, a job of the mock's stream); the
+    /// host does not wait. Both are memory of the stream's rank, ranges checked.
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &Self,
+        src_offset: usize,
+        bytes: usize,
+        stream: &Self::Stream,
+    ) -> Result<()>;
 }

@@ -100,6 +100,46 @@ fn cudarc_streams_and_slices_work_directly() {
     }
 }
 
+/// An engine's cudarc slices lent, not given (`lend`, `lend_mut`): the collective reads and
+/// writes them on their own stream, and the slices are the engine's again afterwards; a
+/// device copy and a host function run in that stream's order.
+#[test]
+fn lent_cudarc_slices_a_device_copy_and_a_host_function_in_stream_order() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use unicomm_core::DeviceStream;
+    let w = world().expect("UNICOMM_GPU_WORLD");
+    let cs = comms(w);
+    let out = each(&cs, |c| -> Result<(Vec<f32>, bool)> {
+        let ctx = cudarc::driver::CudaContext::new(c.backend().device()).unwrap();
+        let cu = ctx.new_stream().unwrap();
+        let x = cu.clone_htod(&vec![c.rank() as f32 + 1.0; 256]).unwrap();
+        let mut y = cu.alloc_zeros::<f32>(256).unwrap();
+        let mut z = cu.alloc_zeros::<f32>(256).unwrap();
+        let st = unicomm_nccl::stream_from_cudarc(cu.clone())?;
+        {
+            let send = unicomm_nccl::lend(&x)?;
+            let mut recv = unicomm_nccl::lend_mut(&mut y)?;
+            c.all_reduce(&send, &mut recv, ReduceOp::Sum, &st)?;
+            // The sum copied into a third slice, on the same stream.
+            c.copy(&recv, &mut unicomm_nccl::lend_mut(&mut z)?, &st)?;
+        }
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        st.launch_host_fn(Box::new(move || r.store(true, Ordering::Release)))?;
+        st.synchronize()?;
+        let (y, z) = (cu.clone_dtoh(&y).unwrap(), cu.clone_dtoh(&z).unwrap());
+        assert_eq!(y, z, "the device copy");
+        Ok((y, ran.load(Ordering::Acquire)))
+    });
+    for o in out {
+        let (y, ran) = o.unwrap();
+        let want = (w * (w + 1) / 2) as f32;
+        assert!(y.iter().all(|&v| v == want), "{:?}", &y[..4]);
+        assert!(ran, "the host function ran before synchronize returned");
+    }
+}
+
 /// A raw CUDA stream of another library (here a cudarc stream's `CUstream`, as PyTorch's
 /// current stream would be handed over) serves as a unicomm stream: a collective runs on it
 /// after a marker of a unicomm stream it waits for, and the stream outlives the wrapper.

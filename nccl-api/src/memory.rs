@@ -114,6 +114,11 @@ impl<R: Runtime> DeviceStream for ApiStream<R> {
         // cudaStreamWaitEvent / hipStreamWaitEvent: device-side, the host does not wait.
         self.rt.wait_event(self.dev, &self.s, &m.ev)
     }
+
+    fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        self.rt
+            .with_device(self.dev, || self.rt.launch_host_fn(self.dev, &self.s, f))
+    }
 }
 
 /// A timing event of a NCCL-API backend's runtime.
@@ -276,6 +281,25 @@ impl<R: Runtime> DeviceMemory for ApiMemory<R> {
         }
         // SAFETY: the range lies inside this allocation of device `dev`.
         unsafe { self.rt.dtoh(self.dev, dst, src, &stream.s) }
+    }
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &ApiMemory<R>,
+        src_offset: usize,
+        bytes: usize,
+        stream: &ApiStream<R>,
+    ) -> Result<()> {
+        self.same_device(stream)?;
+        src.same_device(stream)?;
+        let d = self.range(offset, bytes, "dst")?;
+        let s = src.range(src_offset, bytes, "src")?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges lie inside allocations of the stream's device (checked), as a
+        // collective's buffers do for the work enqueued on them.
+        unsafe { self.rt.copy_async(self.dev, d, s, bytes, &stream.s) }
     }
 }
 

@@ -440,6 +440,10 @@ mod tests {
         // A count the message cannot hold is malformed, not an allocation of its size.
         let mut w = W::default();
         w.u8(1).str("x").u64(u64::MAX / 16);
-        assert!(R(&w.0).error().unwrap_err().to_string().contains("malformed"));
+        assert!(R(&w.0)
+            .error()
+            .unwrap_err()
+            .to_string()
+            .contains("malformed"));
     }
 }

@@ -12,7 +12,7 @@ pub use var::packed_displs;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use crate::backend::{Capabilities, Collective};
+use crate::backend::{Capabilities, Collective, DeviceMemory};
 use crate::buffer::{elem_bytes, Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
 use crate::element::Element;
 use crate::{Error, Result};
@@ -141,6 +141,33 @@ impl<C: Collective> Comm<C> {
         let mut b = self.alloc::<T>(src.len())?;
         b.copy_from_host(src, stream)?;
         Ok(b)
+    }
+
+    /// Copies `src` into `dst` (the same number of elements) on this rank's device, in
+    /// stream order on `stream`; the host does not wait. Both are this rank's memory.
+    pub fn copy<T: Element>(
+        &self,
+        src: &impl DeviceSlice<T, C>,
+        dst: &mut impl DeviceSliceMut<T, C>,
+        stream: &C::Stream,
+    ) -> Result<()> {
+        let (s, d) = (src.view(), dst.view_mut().into_view());
+        self.check(&s)?;
+        self.check(&d)?;
+        if s.len != d.len {
+            return Err(Error::invalid(
+                "dst",
+                format!("holds {} elements, the source {}", d.len, s.len),
+            ));
+        }
+        let size = std::mem::size_of::<T>();
+        d.mem.copy_from(
+            d.offset * size,
+            s.mem,
+            s.offset * size,
+            s.len * size,
+            stream,
+        )
     }
 
     /// Device memory `(free, total)` bytes of this rank's device (GPU backends).

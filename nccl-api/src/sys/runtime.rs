@@ -113,6 +113,22 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         s: &Self::Stream,
     ) -> Result<()>;
 
+    /// Runs `f` on a host thread in stream order on `s` (`cuLaunchHostFunc` /
+    /// `hipLaunchHostFunc`). A runtime without the call refuses it, naming it.
+    fn launch_host_fn(
+        &self,
+        dev: usize,
+        s: &Self::Stream,
+        f: Box<dyn FnOnce() + Send + 'static>,
+    ) -> Result<()> {
+        let _ = (dev, s, f);
+        Err(unicomm_core::Error::unsupported(
+            "a host function on a stream",
+            format!("{}'s host function launch", Self::NAME),
+            "a runtime without it",
+        ))
+    }
+
     /// Whether streams of `dev` can wait on and write 32-bit words in device memory
     /// (`cuStreamWaitValue32` / `hipStreamWaitValue32` and the writes): what orders the
     /// copy-engine path between ranks without a kernel (`signals.rs`). `false` where the
