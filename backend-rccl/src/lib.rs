@@ -19,6 +19,7 @@
 //! NCCL-ABI library. See docs/rocm.md.
 
 #![deny(unsafe_code)]
+pub mod interop;
 mod load;
 pub mod runtime;
 pub mod sys;
@@ -29,6 +30,7 @@ use unicomm_core::CommConfig;
 use unicomm_core::Result;
 use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Runtime};
 
+pub use interop::{lend_raw, lend_raw_mut, stream_from_raw};
 pub use runtime::{HipRuntime, HipStreamHandle};
 pub use unicomm_nccl_api::{Policy, UniqueId};
 

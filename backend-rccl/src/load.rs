@@ -88,6 +88,7 @@ impl HipRuntime {
                 })
             })(),
             stream_is_capturing: opt!("hipStreamIsCapturing"),
+            launch_host_func: opt!("hipLaunchHostFunc"),
         };
         let mut rt = HipRuntime {
             path,

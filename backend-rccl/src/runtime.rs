@@ -13,6 +13,8 @@ use crate::sys::*;
 use unicomm_nccl_api::runtime::Exported;
 use unicomm_nccl_api::Runtime;
 
+pub use crate::interop::{HipEventHandle, HipStreamHandle};
+
 /// The HIP runtime: the loaded library, its table and the device count.
 pub struct HipRuntime {
     /// Where `libamdhip64` was loaded from.
@@ -29,36 +31,6 @@ impl std::fmt::Debug for HipRuntime {
             "HipRuntime(libamdhip64 at {}, {} devices)",
             self.path, self.count
         )
-    }
-}
-
-/// An owned HIP stream.
-#[derive(Debug)]
-pub struct HipStreamHandle(pub *mut c_void, usize);
-
-// SAFETY: a hipStream_t may be used from any thread (HIP streams are not thread-bound).
-unsafe impl Send for HipStreamHandle {}
-// SAFETY: HIP's stream calls are thread-safe.
-unsafe impl Sync for HipStreamHandle {}
-
-/// A HIP timing event of one device, destroyed on drop.
-#[derive(Debug)]
-pub struct HipEventHandle(HipEvent, usize);
-
-// SAFETY: a hipEvent_t may be recorded, awaited and destroyed from any thread (HIP's
-// event calls are thread-safe).
-unsafe impl Send for HipEventHandle {}
-// SAFETY: as above.
-unsafe impl Sync for HipEventHandle {}
-
-impl Drop for HipEventHandle {
-    fn drop(&mut self) {
-        if let Ok(rt) = crate::hip() {
-            let _ = rt.with_device(self.1, || {
-                // SAFETY: an event created by hipEventCreate, destroyed once.
-                rt.check("hipEventDestroy", unsafe { (rt.fns.event_destroy)(self.0) })
-            });
-        }
     }
 }
 
@@ -362,8 +334,17 @@ impl Runtime for HipRuntime {
             self.check("hipStreamCreateWithFlags", unsafe {
                 (self.fns.stream_create_with_flags)(&mut s, HIP_STREAM_NON_BLOCKING)
             })?;
-            Ok(HipStreamHandle(s, dev))
+            Ok(HipStreamHandle::owned(s, dev))
         })
+    }
+
+    fn launch_host_fn(
+        &self,
+        dev: usize,
+        s: &HipStreamHandle,
+        f: Box<dyn FnOnce() + Send + 'static>,
+    ) -> Result<()> {
+        crate::interop::launch_host_fn(self, dev, s, f)
     }
 
     fn raw_stream(s: &HipStreamHandle) -> *mut c_void {
@@ -478,20 +459,5 @@ impl Runtime for HipRuntime {
             self.path,
             self.count
         )
-    }
-}
-
-impl Drop for HipStreamHandle {
-    fn drop(&mut self) {
-        // The runtime is process-wide (crate::hip()); a stream outliving it cannot exist
-        // because every stream holds the runtime through its ApiStream.
-        if let Ok(rt) = crate::hip() {
-            let _ = rt.with_device(self.1, || {
-                // SAFETY: a stream created by hipStreamCreateWithFlags, destroyed once.
-                rt.check("hipStreamDestroy", unsafe {
-                    (rt.fns.stream_destroy)(self.0)
-                })
-            });
-        }
     }
 }

@@ -69,6 +69,10 @@ pub struct HipFns {
     /// Stream memory operations (the copy-engine path's signals): optional; without them
     /// the path orders itself with RCCL barriers.
     pub mem_ops: Option<HipMemOps>,
+    /// `hipLaunchHostFunc(stream, fn, arg)`: optional (host functions are then refused).
+    pub launch_host_func: Option<
+        unsafe extern "C" fn(HipStream, unsafe extern "C" fn(*mut c_void), *mut c_void) -> HipError,
+    >,
     /// `hipStreamIsCapturing(stream, status)`: optional (graphs are then never seen).
     pub stream_is_capturing: Option<unsafe extern "C" fn(HipStream, *mut c_int) -> HipError>,
 }

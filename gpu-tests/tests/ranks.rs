@@ -14,3 +14,33 @@ fn explicit_init_rank_from_one_thread_per_gpu() -> Result<()> {
 fn copy_engine_path_with_init_rank_moves_exact_data() -> Result<()> {
     t::copy_engine_init_rank(&GPU)
 }
+
+/// A device-to-device copy and a host function in stream order, on every vendor (CUDA's
+/// cuMemcpyDtoDAsync and cuLaunchHostFunc, HIP's hipMemcpyAsync and hipLaunchHostFunc): the
+/// copy after the collective before it, the host function after both.
+#[test]
+fn a_device_copy_and_a_host_function_run_in_stream_order() -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use unicomm_core::{DeviceStream, ReduceOp};
+    let w = t::world()?;
+    let cs = GPU.comms(w)?;
+    for o in t::each(&cs, |c| -> Result<(Vec<f32>, bool)> {
+        let st = c.create_stream()?;
+        let mut a = c.upload(&[c.rank() as f32 + 1.0; 1024], &st)?;
+        let mut b = c.alloc::<f32>(1024)?;
+        c.all_reduce_in_place(&mut a, ReduceOp::Sum, &st)?;
+        c.copy(&a, &mut b, &st)?;
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        st.launch_host_fn(Box::new(move || r.store(true, Ordering::Release)))?;
+        st.synchronize()?;
+        Ok((b.copy_to_host(&st)?, ran.load(Ordering::Acquire)))
+    }) {
+        let (b, ran) = o?;
+        let want = (w * (w + 1) / 2) as f32;
+        assert!(b.iter().all(|&v| v == want), "{:?}", &b[..4]);
+        assert!(ran, "the host function ran before synchronize returned");
+    }
+    Ok(())
+}

@@ -86,6 +86,7 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "backend-nccl/src/interop.rs",
     "backend-nccl/src/runtime.rs",
     "backend-nccl/src/vmm.rs",
+    "backend-rccl/src/interop.rs",
     "backend-rccl/src/load.rs",
     "backend-rccl/src/runtime.rs",
     "backend-rccl/src/sys.rs",

@@ -280,6 +280,11 @@ pub unsafe extern "C" fn hipStreamWaitEvent(s: Stream, e: Event, flags: c_uint) 
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn hipLaunchHostFunc(s: Stream, f: unsafe extern "C" fn(*mut c_void), arg: *mut c_void) -> R {
+    in_ctx!(call!("cuLaunchHostFunc": fn(Stream, unsafe extern "C" fn(*mut c_void), *mut c_void) (s, f, arg)))
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn hipStreamIsCapturing(s: Stream, status: *mut c_int) -> R {
     in_ctx!(call!("cuStreamIsCapturing": fn(Stream, *mut c_int) (s, status)))
 }
