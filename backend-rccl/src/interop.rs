@@ -6,10 +6,9 @@
 
 use std::ffi::c_void;
 
-use unicomm_core::{Element, Error, Lent, LentMut, Result};
+use unicomm_core::{Element, Lent, LentMut, Result};
 use unicomm_nccl_api::{ApiMemory, ApiStream, Runtime};
 
-use crate::runtime::HipRuntime;
 use crate::sys::HipEvent;
 use crate::{hip, RcclComm, RcclStream};
 
@@ -69,37 +68,22 @@ impl Drop for HipEventHandle {
     }
 }
 
-/// `f` on a host thread in stream order on `s` (`hipLaunchHostFunc`); a runtime without
-/// the call refuses it by name.
-pub(crate) fn launch_host_fn(
-    rt: &HipRuntime,
-    dev: usize,
-    s: &HipStreamHandle,
-    f: Box<dyn FnOnce() + Send + 'static>,
-) -> Result<()> {
-    let Some(launch) = rt.fns.launch_host_func else {
-        return Err(Error::unsupported(
-            "a host function on a stream",
-            "hipLaunchHostFunc",
-            format!("libamdhip64 at {} without it", rt.path),
-        ));
-    };
-    let arg = Box::into_raw(Box::new(f)).cast::<c_void>();
-    rt.with_device(dev, || {
-        // SAFETY: `arg` is a boxed closure given to HIP once; `run_host_fn` takes it back
-        // exactly once when the stream reaches it.
-        rt.check("hipLaunchHostFunc", unsafe {
-            launch(s.0, run_host_fn, arg)
-        })
-    })
-    .inspect_err(|_| {
-        // SAFETY: the launch failed, so HIP never took `arg`: it is still ours.
-        drop(unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) });
-    })
+/// `f` as the argument of a host function launch ([`run_host_fn`] takes it back once).
+pub(crate) fn host_fn_arg(f: Box<dyn FnOnce() + Send + 'static>) -> *mut c_void {
+    Box::into_raw(Box::new(f)).cast::<c_void>()
+}
+
+/// Frees an argument of [`host_fn_arg`] that HIP never took (the launch failed).
+///
+/// # Safety
+/// `arg` came from [`host_fn_arg`] and was not given to a successful launch.
+pub(crate) unsafe fn reclaim_host_fn_arg(arg: *mut c_void) {
+    // SAFETY: the caller's contract: the box is still ours.
+    drop(unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) });
 }
 
 /// HIP's callback of a host function: runs the boxed closure once; a panic stops here.
-extern "C" fn run_host_fn(arg: *mut c_void) {
+pub(crate) extern "C" fn run_host_fn(arg: *mut c_void) {
     // SAFETY: `arg` is the box `launch_host_fn` leaked for this one call.
     let f = unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) };
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {

@@ -344,7 +344,24 @@ impl Runtime for HipRuntime {
         s: &HipStreamHandle,
         f: Box<dyn FnOnce() + Send + 'static>,
     ) -> Result<()> {
-        crate::interop::launch_host_fn(self, dev, s, f)
+        use crate::interop::{host_fn_arg, reclaim_host_fn_arg, run_host_fn};
+        let Some(launch) = self.fns.launch_host_func else {
+            let has = format!("libamdhip64 at {} without it", self.path);
+            return Err(Error::unsupported(
+                "a host function",
+                "hipLaunchHostFunc",
+                has,
+            ));
+        };
+        let arg = host_fn_arg(f);
+        // SAFETY: `arg` is given to HIP once; `run_host_fn` takes it back exactly once.
+        self.with_device(dev, || {
+            self.check("hipLaunchHostFunc", unsafe {
+                launch(s.0, run_host_fn, arg)
+            })
+        })
+        // SAFETY: the launch failed, so HIP never took `arg`.
+        .inspect_err(|_| unsafe { reclaim_host_fn_arg(arg) })
     }
 
     fn raw_stream(s: &HipStreamHandle) -> *mut c_void {
