@@ -354,14 +354,16 @@ impl Runtime for HipRuntime {
             ));
         };
         let arg = host_fn_arg(f);
-        // SAFETY: `arg` is given to HIP once; `run_host_fn` takes it back exactly once.
-        self.with_device(dev, || {
-            self.check("hipLaunchHostFunc", unsafe {
-                launch(s.0, run_host_fn, arg)
-            })
-        })
-        // SAFETY: the launch failed, so HIP never took `arg`.
-        .inspect_err(|_| unsafe { reclaim_host_fn_arg(arg) })
+        let r = self.with_device(dev, || {
+            // SAFETY: `arg` is given to HIP once; `run_host_fn` takes it back exactly once.
+            let code = unsafe { launch(s.0, run_host_fn, arg) };
+            self.check("hipLaunchHostFunc", code)
+        });
+        if r.is_err() {
+            // SAFETY: the launch failed, so HIP never took `arg`.
+            unsafe { reclaim_host_fn_arg(arg) }
+        }
+        r
     }
 
     fn raw_stream(s: &HipStreamHandle) -> *mut c_void {
