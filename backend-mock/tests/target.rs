@@ -139,6 +139,38 @@ fn a_configuration_field_the_target_predates_is_refused_at_split() {
     assert_eq!(out, vec![true, true]);
 }
 
+// The graph modes of NCCL 2.29 (graphUsageMode) and 2.30 (graphStreamOrdering): a mock
+// standing for NCCL 2.28.9 (the GPU machine's) refuses them by name, one for 2.29 takes
+// the first and refuses the second.
+#[test]
+fn the_graph_modes_follow_the_targets_release() {
+    let usage = CommConfig {
+        graph_usage_mode: Some(1),
+        ..CommConfig::default()
+    };
+    let ordering = CommConfig {
+        graph_stream_ordering: Some(1),
+        ..usage.clone()
+    };
+    for (target, config, field) in [
+        ("nccl-2.28.9", &usage, Some("graphUsageMode")),
+        ("nccl-2.29.2", &usage, None),
+        ("nccl-2.29.2", &ordering, Some("graphStreamOrdering")),
+    ] {
+        let world = comms(2, target);
+        let out = unicomm_core::each_rank(&world, |c| {
+            Ok::<_, Error>(c.split_with(Some(0), 0, config).map(drop))
+        })
+        .unwrap();
+        for r in out {
+            match field {
+                Some(f) => assert!(refusal(r).0.contains(f), "{target}: {f}"),
+                None => r.unwrap(),
+            }
+        }
+    }
+}
+
 // NCCL 2.28.9's symmetric in-place all-gather corrupts chunks that are not a multiple of 4
 // bytes (measured on 2x H200): the mock standing for it refuses it on every rank, at once.
 #[test]

@@ -51,6 +51,13 @@ pub struct CommConfig {
     pub cta_policy: Option<CtaPolicy>,
     /// `nvlsCTAs` (2.27): CTAs of NVLink SHARP kernels.
     pub nvls_ctas: Option<u32>,
+    /// `graphUsageMode` (2.29): how this communicator's work is used in CUDA graphs
+    /// (TensorRT-LLM creates its communicators with 1); the values are NCCL's
+    /// (`ncclConfig_t`), checked by the library.
+    pub graph_usage_mode: Option<i32>,
+    /// `graphStreamOrdering` (2.30): how captured work orders itself with the stream's
+    /// other work; the values are NCCL's, checked by the library.
+    pub graph_stream_ordering: Option<i32>,
 }
 
 /// The most CTAs per kernel `minCTAs` and `maxCTAs` take (NCCL's user guide).

@@ -64,6 +64,12 @@ pub(crate) fn set_fields(config: &CommConfig) -> Vec<Field> {
             v(28),
         ),
         (c.nvls_ctas.is_some(), "nvlsCTAs", v(27)),
+        (c.graph_usage_mode.is_some(), "graphUsageMode", v(29)),
+        (
+            c.graph_stream_ordering.is_some(),
+            "graphStreamOrdering",
+            v(30),
+        ),
     ];
     table
         .into_iter()
@@ -121,6 +127,8 @@ pub(crate) fn to_config(config: &CommConfig, nonblocking: bool) -> Result<Option
     c.collnet_enable = flag(config.collnet_enable);
     c.cta_policy = config.cta_policy.map_or(UNDEF, cta_policy);
     c.nvls_ctas = int(config.nvls_ctas);
+    c.graph_usage_mode = config.graph_usage_mode.unwrap_or(UNDEF);
+    c.graph_stream_ordering = config.graph_stream_ordering.unwrap_or(UNDEF);
     let mut owned = OwnedConfig::new(c);
     let name =
         |s: &str| CString::new(s).map_err(|_| Error::invalid("config", "a name with a NUL byte"));
@@ -157,6 +165,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("NCCL_CTA_POLICY_ZERO"), "{e}");
+    }
+
+    /// The graph modes are gated like the other fields: on NCCL 2.28.9 (the GPU machine's)
+    /// setting either is `Unsupported` naming the field and its release, never dropped.
+    #[test]
+    fn the_graph_modes_need_nccl_2_29_and_2_30() {
+        let usage = CommConfig {
+            graph_usage_mode: Some(1),
+            ..CommConfig::default()
+        };
+        let e = check_config(&usage, "nccl", Version::new(2, 28, 9))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("graphUsageMode") && e.contains("2.29.0"), "{e}");
+        assert!(check_config(&usage, "nccl", Version::new(2, 29, 2)).is_ok());
+        let ordering = CommConfig {
+            graph_stream_ordering: Some(1),
+            ..usage
+        };
+        let e = check_config(&ordering, "nccl", Version::new(2, 29, 2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("graphStreamOrdering") && e.contains("2.30.0"),
+            "{e}"
+        );
+        let c = to_config(&ordering, false).unwrap().expect("set fields");
+        assert_eq!((c.graph_usage_mode, c.graph_stream_ordering), (1, 1));
     }
 
     #[test]
