@@ -38,9 +38,12 @@ pub(crate) fn target_dir(sub: &str) -> PathBuf {
 pub(crate) fn step(name: &str, mut cmd: Command) -> Result<()> {
     let shown = format!("{cmd:?}").replace('"', "");
     eprintln!("==> {name}: {shown}");
+    let started = std::time::Instant::now();
     let st = cmd
         .status()
         .with_context(|| format!("step `{name}`: could not start {shown}"))?;
+    // How long each step took: what shows which one grew when CI slows down.
+    eprintln!("<== {name}: {:.1} s", started.elapsed().as_secs_f64());
     if !st.success() {
         bail!("step `{name}` failed ({st}): {shown}");
     }
