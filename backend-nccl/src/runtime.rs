@@ -304,16 +304,13 @@ impl Runtime for CudaRuntime {
         s: &CudaStreamHandle,
         f: Box<dyn FnOnce() + Send + 'static>,
     ) -> Result<()> {
-        let arg = Box::into_raw(Box::new(f)).cast::<std::ffi::c_void>();
-        self.with_device(dev, || {
-            // SAFETY: `arg` is a boxed closure given to the driver once; `run_host_fn` takes
-            // it back exactly once when the stream reaches it.
-            unsafe { result::stream::launch_host_function(s.0.cu_stream(), run_host_fn, arg) }
-                .map_err(|e| cuda_err("cuLaunchHostFunc", e))
-        })
-        .inspect_err(|_| {
-            // SAFETY: the launch failed, so the driver never took `arg`: it is still ours.
-            drop(unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) });
+        unicomm_nccl_api::runtime::launch_host_fn_with(f, |run, arg| {
+            self.with_device(dev, || {
+                // SAFETY: `run` takes back `arg` (given to the driver once) exactly once, when
+                // the stream reaches it.
+                unsafe { result::stream::launch_host_function(s.0.cu_stream(), run, arg) }
+                    .map_err(|e| cuda_err("cuLaunchHostFunc", e))
+            })
         })
     }
 
@@ -457,15 +454,5 @@ impl Runtime for CudaRuntime {
             self.count,
             names.join(", ")
         )
-    }
-}
-
-/// The driver's callback of a host function: runs the boxed closure once; a panic stops here
-/// (it must not unwind into the driver).
-extern "C" fn run_host_fn(arg: *mut std::ffi::c_void) {
-    // SAFETY: `arg` is the box `launch_host_fn` leaked for this one call.
-    let f = unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) };
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
-        tracing::error!("a host function enqueued on a CUDA stream panicked");
     }
 }

@@ -1,6 +1,6 @@
 //! Interop with other HIP code, and the handles unicomm holds: HIP streams (made here, or
-//! another library's, borrowed), timing events, host functions in stream order, and another
-//! library's device memory lent without copies.
+//! another library's, borrowed), timing events, and another library's device memory lent
+//! without copies.
 
 #![allow(unsafe_code, reason = "HIP handles and raw memory of other libraries")]
 
@@ -65,29 +65,6 @@ impl Drop for HipEventHandle {
                 rt.check("hipEventDestroy", unsafe { (rt.fns.event_destroy)(self.0) })
             });
         }
-    }
-}
-
-/// `f` as the argument of a host function launch ([`run_host_fn`] takes it back once).
-pub(crate) fn host_fn_arg(f: Box<dyn FnOnce() + Send + 'static>) -> *mut c_void {
-    Box::into_raw(Box::new(f)).cast::<c_void>()
-}
-
-/// Frees an argument of [`host_fn_arg`] that HIP never took (the launch failed).
-///
-/// # Safety
-/// `arg` came from [`host_fn_arg`] and was not given to a successful launch.
-pub(crate) unsafe fn reclaim_host_fn_arg(arg: *mut c_void) {
-    // SAFETY: the caller's contract: the box is still ours.
-    drop(unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) });
-}
-
-/// HIP's callback of a host function: runs the boxed closure once; a panic stops here.
-pub(crate) extern "C" fn run_host_fn(arg: *mut c_void) {
-    // SAFETY: `arg` is the box `launch_host_fn` leaked for this one call.
-    let f = unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) };
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
-        tracing::error!("a host function enqueued on a HIP stream panicked");
     }
 }
 

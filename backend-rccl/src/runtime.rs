@@ -344,7 +344,6 @@ impl Runtime for HipRuntime {
         s: &HipStreamHandle,
         f: Box<dyn FnOnce() + Send + 'static>,
     ) -> Result<()> {
-        use crate::interop::{host_fn_arg, reclaim_host_fn_arg, run_host_fn};
         let Some(launch) = self.fns.launch_host_func else {
             let has = format!("libamdhip64 at {} without it", self.path);
             return Err(Error::unsupported(
@@ -353,17 +352,13 @@ impl Runtime for HipRuntime {
                 has,
             ));
         };
-        let arg = host_fn_arg(f);
-        let r = self.with_device(dev, || {
-            // SAFETY: `arg` is given to HIP once; `run_host_fn` takes it back exactly once.
-            let code = unsafe { launch(s.0, run_host_fn, arg) };
-            self.check("hipLaunchHostFunc", code)
-        });
-        if r.is_err() {
-            // SAFETY: the launch failed, so HIP never took `arg`.
-            unsafe { reclaim_host_fn_arg(arg) }
-        }
-        r
+        unicomm_nccl_api::runtime::launch_host_fn_with(f, |run, arg| {
+            self.with_device(dev, || {
+                // SAFETY: `run` takes back `arg` (given to HIP once) exactly once.
+                let code = unsafe { launch(s.0, run, arg) };
+                self.check("hipLaunchHostFunc", code)
+            })
+        })
     }
 
     fn raw_stream(s: &HipStreamHandle) -> *mut c_void {

@@ -116,8 +116,8 @@ impl<R: Runtime> DeviceStream for ApiStream<R> {
     }
 
     fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
-        self.rt
-            .with_device(self.dev, || self.rt.launch_host_fn(self.dev, &self.s, f))
+        // The runtime makes the device current for its own call.
+        self.rt.launch_host_fn(self.dev, &self.s, f)
     }
 }
 

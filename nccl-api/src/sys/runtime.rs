@@ -244,3 +244,37 @@ pub struct Exported {
     /// The allocation's size in bytes (what the importer maps).
     pub size: usize,
 }
+
+/// Gives `f` to a host function launch (`cuLaunchHostFunc`, `hipLaunchHostFunc`): `launch`
+/// makes the library call with the callback and its argument; if it fails, the library
+/// never took the argument and the closure is freed here. What every runtime's
+/// [`Runtime::launch_host_fn`] is made of.
+pub fn launch_host_fn_with(
+    f: Box<dyn FnOnce() + Send + 'static>,
+    launch: impl FnOnce(
+        unsafe extern "C" fn(*mut std::ffi::c_void),
+        *mut std::ffi::c_void,
+    ) -> Result<()>,
+) -> Result<()> {
+    let arg = Box::into_raw(Box::new(f)).cast::<std::ffi::c_void>();
+    let r = launch(run_host_fn, arg);
+    if r.is_err() {
+        // SAFETY: the launch failed, so the library never took `arg`: the box is still ours,
+        // freed once here.
+        drop(unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) });
+    }
+    r
+}
+
+/// The library's callback of a host function: runs the boxed closure once; a panic stops
+/// here (it must not unwind into the driver).
+///
+/// # Safety
+/// `arg` is the box [`launch_host_fn_with`] gave to a successful launch, passed here once.
+unsafe extern "C" fn run_host_fn(arg: *mut std::ffi::c_void) {
+    // SAFETY: the caller's contract: the box leaked for this one call.
+    let f = unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+        tracing::error!("a host function enqueued on a stream panicked");
+    }
+}
