@@ -291,44 +291,9 @@ impl DeviceMemory for MockMemory {
         }))
     }
 
+    // A job of the stream that holds both allocations' locks (the source's for reading,
+    // this one's for writing; one lock when they are the same).
     fn copy_from(
-        &self,
-        offset: usize,
-        src: &MockMemory,
-        src_offset: usize,
-        bytes: usize,
-        stream: &MockStream,
-    ) -> Result<()> {
-        self.copy_within(offset, src, src_offset, bytes, stream)
-    }
-
-    fn read(&self, offset: usize, dst: &mut [u8], stream: &MockStream) -> Result<()> {
-        same_rank(self, stream)?;
-        check_range(self.inner.bytes, offset, dst.len(), "dst")?;
-        // Wait for the stream first (errors of earlier work surface here, as with a blocking
-        // cudaMemcpy), then read on this thread: `dst` never escapes the call.
-        stream.synchronize_inner()?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let _g = self.inner.read_lock(stream.timeout())?;
-        // SAFETY: range checked above; the read lock excludes writers; `dst` is caller memory
-        // distinct from the allocation.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.inner.ptr.as_ptr().add(offset),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        };
-        Ok(())
-    }
-}
-
-impl MockMemory {
-    /// [`DeviceMemory::copy_from`]: a job of the stream that holds both allocations' locks
-    /// (the source's for reading, this one's for writing; one lock when they are the same).
-    pub(crate) fn copy_within(
         &self,
         offset: usize,
         src: &MockMemory,
@@ -363,6 +328,28 @@ impl MockMemory {
             };
             Ok(())
         }))
+    }
+
+    fn read(&self, offset: usize, dst: &mut [u8], stream: &MockStream) -> Result<()> {
+        same_rank(self, stream)?;
+        check_range(self.inner.bytes, offset, dst.len(), "dst")?;
+        // Wait for the stream first (errors of earlier work surface here, as with a blocking
+        // cudaMemcpy), then read on this thread: `dst` never escapes the call.
+        stream.synchronize_inner()?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let _g = self.inner.read_lock(stream.timeout())?;
+        // SAFETY: range checked above; the read lock excludes writers; `dst` is caller memory
+        // distinct from the allocation.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.inner.ptr.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
     }
 }
 

@@ -137,9 +137,8 @@ pub unsafe fn lend_raw<'a, T: Element>(
     ptr: usize,
     len: usize,
 ) -> Result<Lent<'a, T, NcclComm>> {
-    let bytes = len.saturating_mul(std::mem::size_of::<T>());
-    // SAFETY: forwarded from the caller.
-    let mem = unsafe { ApiMemory::borrowed(cuda()?, dev, ptr, bytes, None) }?;
+    // SAFETY: forwarded from the caller; borrowed memory is never freed by unicomm.
+    let mem = unsafe { ApiMemory::borrowed_elems::<T>(cuda()?, dev, ptr, len) }?;
     Lent::from_memory(mem, len)
 }
 
@@ -152,8 +151,7 @@ pub unsafe fn lend_raw_mut<'a, T: Element>(
     ptr: usize,
     len: usize,
 ) -> Result<LentMut<'a, T, NcclComm>> {
-    let bytes = len.saturating_mul(std::mem::size_of::<T>());
-    // SAFETY: forwarded from the caller.
-    let mem = unsafe { ApiMemory::borrowed(cuda()?, dev, ptr, bytes, None) }?;
+    // SAFETY: forwarded from the caller; borrowed memory is never freed by unicomm.
+    let mem = unsafe { ApiMemory::borrowed_elems::<T>(cuda()?, dev, ptr, len) }?;
     LentMut::from_memory(mem, len)
 }

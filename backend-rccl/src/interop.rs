@@ -91,9 +91,8 @@ pub unsafe fn lend_raw<'a, T: Element>(
     ptr: usize,
     len: usize,
 ) -> Result<Lent<'a, T, RcclComm>> {
-    let bytes = len.saturating_mul(std::mem::size_of::<T>());
-    // SAFETY: forwarded from the caller; `Borrowed(None)` never frees.
-    let mem = unsafe { ApiMemory::borrowed(hip()?, dev, ptr, bytes, None) }?;
+    // SAFETY: forwarded from the caller; borrowed memory is never freed by unicomm.
+    let mem = unsafe { ApiMemory::borrowed_elems::<T>(hip()?, dev, ptr, len) }?;
     Lent::from_memory(mem, len)
 }
 
@@ -106,8 +105,7 @@ pub unsafe fn lend_raw_mut<'a, T: Element>(
     ptr: usize,
     len: usize,
 ) -> Result<LentMut<'a, T, RcclComm>> {
-    let bytes = len.saturating_mul(std::mem::size_of::<T>());
-    // SAFETY: forwarded from the caller.
-    let mem = unsafe { ApiMemory::borrowed(hip()?, dev, ptr, bytes, None) }?;
+    // SAFETY: forwarded from the caller; borrowed memory is never freed by unicomm.
+    let mem = unsafe { ApiMemory::borrowed_elems::<T>(hip()?, dev, ptr, len) }?;
     LentMut::from_memory(mem, len)
 }

@@ -208,6 +208,24 @@ impl<R: Runtime> ApiMemory<R> {
         })
     }
 
+    /// [`ApiMemory::borrowed`] for `len` elements of `T` at `ptr` (what the backends'
+    /// `lend_raw` functions lend), the size checked for overflow.
+    ///
+    /// # Safety
+    /// As [`ApiMemory::borrowed`], for `len` elements of `T`.
+    pub unsafe fn borrowed_elems<T: unicomm_core::Element>(
+        rt: Arc<R>,
+        dev: usize,
+        ptr: usize,
+        len: usize,
+    ) -> Result<Self> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            Error::invalid("len", format!("{len} elements overflow the address space"))
+        })?;
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::borrowed(rt, dev, ptr, bytes, None) }
+    }
+
     /// The device.
     pub fn device(&self) -> usize {
         self.dev
