@@ -31,12 +31,11 @@ pub(crate) struct Streams {
 impl Streams {
     /// The CPU path's stream, made on first use.
     pub(crate) fn host(&mut self, comm: &unicomm::Comm) -> Result<&unicomm::Stream> {
-        if self.host.is_none() {
-            self.host = Some(comm.create_stream().map_err(|e| wrap("create_stream", e))?);
-        }
-        self.host
-            .as_ref()
-            .ok_or_else(|| candle_core::Error::Msg("unicomm-candle: no host stream".into()))
+        let s = match self.host.take() {
+            Some(s) => s,
+            None => comm.create_stream().map_err(|e| wrap("create_stream", e))?,
+        };
+        Ok(self.host.insert(s))
     }
 }
 

@@ -8,14 +8,10 @@ mod block;
 
 use std::sync::Arc;
 
-use block::{Block, Config, Weights};
-use candle_core::{DType, Device, Tensor};
+use block::{forward, Model};
+use candle_core::{DType, Device};
 use unicomm::Vendor;
 use unicomm_candle::{unicomm_error, Communicator};
-
-fn forward(blocks: &[Block], x: &Tensor) -> candle_core::Result<Tensor> {
-    blocks.iter().try_fold(x.clone(), |x, b| b.forward(&x))
-}
 
 /// Every rank's sharded output against the unsharded one: the largest difference, and the
 /// rank's output.
@@ -23,17 +19,9 @@ fn run(world: usize, dtype: DType) -> Vec<(f32, Vec<f32>)> {
     let comms = unicomm::local_comms_n(Vendor::Mock, Some(world)).unwrap();
     unicomm::each_rank(comms, |comm| -> candle_core::Result<(f32, Vec<f32>)> {
         let comm = Communicator::new(comm);
-        let cfg = Config::small();
-        let dev = Device::Cpu;
-        let (mut full, mut sharded) = (Vec::new(), Vec::new());
-        for l in 0..2 {
-            let w = Weights::seeded(&cfg, 1000 + l, dtype, &dev)?;
-            full.push(Block::full(cfg, &w));
-            sharded.push(Block::sharded(cfg, &w, &comm)?);
-        }
-        let x = Weights::input(&cfg, 7, 7, dtype, &dev)?;
-        let want = forward(&full, &x)?.to_dtype(DType::F32)?;
-        let got = forward(&sharded, &x)?.to_dtype(DType::F32)?;
+        let m = Model::new(&comm, dtype, &Device::Cpu)?;
+        let want = forward(&m.full, &m.input)?.to_dtype(DType::F32)?;
+        let got = forward(&m.sharded, &m.input)?.to_dtype(DType::F32)?;
         let diff = (&got - &want)?
             .abs()?
             .flatten_all()?
@@ -78,33 +66,24 @@ fn the_block_sharded_over_1_2_4_ranks_equals_the_unsharded_forward_in_bf16() {
     }
 }
 
-/// A lost rank (here: its communicator aborted between the blocks, as a process's death
+/// A lost rank (here: its communicator aborted after the first block, as a process's death
 /// aborts it) ends every other rank's forward with unicomm's error inside candle's, at once.
 #[test]
 fn a_lost_rank_ends_the_others_forward_with_unicomms_error() {
     let comms = unicomm::local_comms_n(Vendor::Mock, Some(4)).unwrap();
     let results = unicomm::each_rank(comms, |comm| -> unicomm::Result<Option<String>> {
         let comm = Communicator::new(comm);
-        let cfg = Config::small();
-        let dev = Device::Cpu;
-        let ws: Vec<_> = (0..2)
-            .map(|l| Weights::seeded(&cfg, 1000 + l, DType::F32, &dev).unwrap())
-            .collect();
-        let blocks: Vec<_> = ws
-            .iter()
-            .map(|w| Block::sharded(cfg, w, &comm).unwrap())
-            .collect();
-        let x = blocks[0]
-            .forward(&Weights::input(&cfg, 7, 7, DType::F32, &dev).unwrap())
-            .unwrap();
+        let m = Model::new(&comm, DType::F32, &Device::Cpu).unwrap();
         if comm.rank() == 3 {
+            m.sharded[0].forward(&m.input).unwrap();
             comm.comm().abort()?;
             return Ok(None);
         }
+        // The whole forward: a peer may still be finishing the first block's last
+        // collective when rank 3 aborts, so the error may come from either block.
         let started = std::time::Instant::now();
-        let e = blocks[1]
-            .forward(&x)
-            .expect_err("the forward cannot finish without rank 3");
+        let e =
+            forward(&m.sharded, &m.input).expect_err("the forward cannot finish without rank 3");
         assert!(started.elapsed() < std::time::Duration::from_secs(10));
         let u = unicomm_error(&e).expect("unicomm's error inside candle's");
         Ok(Some(format!("{u}")))

@@ -104,6 +104,40 @@ impl Weights {
     }
 }
 
+/// The model the example and its tests run, on every rank alike: `LAYERS` blocks of seeded
+/// weights, unsharded and this rank's part of them, and an input of `SEQ` positions.
+pub struct Model {
+    pub full: Vec<Block>,
+    pub sharded: Vec<Block>,
+    pub input: Tensor,
+}
+
+pub const LAYERS: usize = 2;
+pub const SEQ: usize = 7;
+
+impl Model {
+    pub fn new(comm: &Arc<Communicator>, dtype: DType, dev: &Device) -> Result<Self> {
+        let cfg = Config::small();
+        let (mut full, mut sharded) = (Vec::new(), Vec::new());
+        for l in 0..LAYERS {
+            let w = Weights::seeded(&cfg, 1000 + l as u64, dtype, dev)?;
+            full.push(Block::full(cfg, &w));
+            sharded.push(Block::sharded(cfg, &w, comm)?);
+        }
+        let input = Weights::input(&cfg, SEQ, 7, dtype, dev)?;
+        Ok(Model {
+            full,
+            sharded,
+            input,
+        })
+    }
+}
+
+/// `x` through `blocks` in order.
+pub fn forward(blocks: &[Block], x: &Tensor) -> Result<Tensor> {
+    blocks.iter().try_fold(x.clone(), |x, b| b.forward(&x))
+}
+
 /// `x W^T`: the unsharded layers.
 struct Plain(Tensor);
 

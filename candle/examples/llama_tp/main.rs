@@ -21,13 +21,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use block::{Block, Config, Weights};
-use candle_core::{DType, Device, Tensor};
+use block::{forward, Model};
+use candle_core::{DType, Device};
 use unicomm::Vendor;
 use unicomm_candle::{unicomm_error, Communicator};
-
-const SEQ: usize = 7;
-const LAYERS: usize = 2;
 
 struct Args {
     vendor: Vendor,
@@ -144,30 +141,12 @@ fn device(vendor: Vendor, local: usize) -> anyhow::Result<Device> {
     }
 }
 
-fn model(
-    comm: &Arc<Communicator>,
-    dtype: DType,
-    dev: &Device,
-) -> anyhow::Result<(Vec<Block>, Vec<Block>, Tensor)> {
-    let cfg = Config::small();
-    let (mut full, mut sharded) = (Vec::new(), Vec::new());
-    for l in 0..LAYERS {
-        let w = Weights::seeded(&cfg, 1000 + l as u64, dtype, dev)?;
-        full.push(Block::full(cfg, &w));
-        sharded.push(Block::sharded(cfg, &w, comm)?);
-    }
-    Ok((full, sharded, Weights::input(&cfg, SEQ, 7, dtype, dev)?))
-}
-
 /// This rank's sharded forward against the unsharded one, and against every other rank's
 /// (gathered): the largest difference from the unsharded forward.
 fn check_rank(comm: &Arc<Communicator>, dtype: DType, dev: &Device) -> anyhow::Result<f32> {
-    let (full, sharded, x) = model(comm, dtype, dev)?;
-    let (mut want, mut got) = (x.clone(), x);
-    for (f, s) in full.iter().zip(&sharded) {
-        want = f.forward(&want)?;
-        got = s.forward(&got)?;
-    }
+    let m = Model::new(comm, dtype, dev)?;
+    let want = forward(&m.full, &m.input)?;
+    let got = forward(&m.sharded, &m.input)?;
     let diff = (got.to_dtype(DType::F32)? - want.to_dtype(DType::F32)?)?
         .abs()?
         .flatten_all()?
@@ -208,9 +187,9 @@ fn survive(
     dev: &Device,
 ) -> anyhow::Result<()> {
     let r = comm.rank();
-    let (_, sharded, x) = model(comm, dtype, dev)?;
-    let x = sharded[0].forward(&x)?;
+    let m = Model::new(comm, dtype, dev)?;
     if r == victim {
+        m.sharded[0].forward(&m.input)?;
         println!("rank {r}: killing this process between the blocks (SIGKILL)");
         let _ = std::process::Command::new("kill")
             .args(["-KILL", &std::process::id().to_string()])
@@ -218,7 +197,10 @@ fn survive(
         std::thread::sleep(Duration::from_secs(60));
         bail!("rank {r}: still alive after SIGKILL");
     }
-    match sharded[1].forward(&x).and_then(|y| y.to_vec2::<f32>()) {
+    // The whole forward: a survivor may still be finishing the first block's last
+    // collective when the victim's process goes (rank 0's process also serves the mock's
+    // world), so the error may come from either block, never a finished forward.
+    match forward(&m.sharded, &m.input).and_then(|y| y.to_vec2::<f32>()) {
         Ok(_) => bail!("rank {r}: the forward finished without rank {victim}"),
         Err(e) => match unicomm_error(&e) {
             Some(u) => {

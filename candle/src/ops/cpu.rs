@@ -6,7 +6,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, Layout, Result, Shape, WithDType};
 use unicomm::Element;
 
-use super::{contiguous, Coll};
+use super::{contiguous, unsupported_dtype, Coll};
 use crate::comm::{wrap, Communicator};
 
 pub(crate) fn forward(
@@ -23,11 +23,7 @@ pub(crate) fn forward(
         CpuStorage::F64(v) => CpuStorage::F64(run(comm, coll, &v[start..end], n)?),
         CpuStorage::F16(v) => CpuStorage::F16(run(comm, coll, &v[start..end], n)?),
         CpuStorage::BF16(v) => CpuStorage::BF16(run(comm, coll, &v[start..end], n)?),
-        other => candle_core::bail!(
-            "unicomm-candle {}: {:?} tensors are not supported (f32, f64, f16, bf16 are)",
-            coll.name(),
-            other.dtype()
-        ),
+        other => return Err(unsupported_dtype(coll, other.dtype())),
     };
     Ok((out, shape))
 }

@@ -13,7 +13,7 @@ use candle_core::{CudaStorage, DType, Layout, Result, Shape, WithDType};
 use cudarc::driver::DeviceRepr;
 use unicomm::Element;
 
-use super::{contiguous, Coll};
+use super::{contiguous, unsupported_dtype, Coll};
 use crate::comm::{wrap, Communicator, Streams};
 
 pub(crate) fn forward(
@@ -30,10 +30,7 @@ pub(crate) fn forward(
         DType::F64 => run::<f64>(comm, coll, s, range, dev, &shape)?,
         DType::F16 => run::<unicomm::f16>(comm, coll, s, range, dev, &shape)?,
         DType::BF16 => run::<unicomm::bf16>(comm, coll, s, range, dev, &shape)?,
-        other => candle_core::bail!(
-            "unicomm-candle {}: {other:?} tensors are not supported (f32, f64, f16, bf16 are)",
-            coll.name()
-        ),
+        other => return Err(unsupported_dtype(coll, other)),
     };
     Ok((out, shape))
 }
@@ -69,12 +66,11 @@ fn run<T: Element + WithDType + CudaDType + DeviceRepr>(
 fn candle_stream<'s>(streams: &'s mut Streams, dev: &CudaDevice) -> Result<&'s unicomm::Stream> {
     let cs = dev.cuda_stream();
     let key = cs.cu_stream() as usize;
-    if streams.cuda.as_ref().map(|(k, _)| *k) != Some(key) {
-        let s = unicomm::nccl::stream_from_cudarc(cs).map_err(|e| wrap("stream", e))?;
-        streams.cuda = Some((key, unicomm::Stream::from(s)));
-    }
-    match &streams.cuda {
-        Some((_, s)) => Ok(s),
-        None => candle_core::bail!("unicomm-candle: no CUDA stream"),
-    }
+    let s = match streams.cuda.take() {
+        Some((k, s)) if k == key => s,
+        _ => unicomm::Stream::from(
+            unicomm::nccl::stream_from_cudarc(cs).map_err(|e| wrap("stream", e))?,
+        ),
+    };
+    Ok(&streams.cuda.insert((key, s)).1)
 }

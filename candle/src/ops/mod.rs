@@ -125,6 +125,15 @@ pub(crate) fn contiguous(l: &Layout, coll: Coll) -> Result<(usize, usize)> {
     })
 }
 
+/// The refusal of a dtype the collectives do not take, on every device.
+pub(crate) fn unsupported_dtype(coll: Coll, dtype: candle_core::DType) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "unicomm-candle {}: {dtype:?} tensors are not supported (f32, f64, f16, bf16 are)",
+        coll.name()
+    ))
+    .bt()
+}
+
 macro_rules! custom_op {
     ($(#[$doc:meta])* $ty:ident, $name:literal, $coll:expr, $($field:ident: $fty:ty),*) => {
         $(#[$doc])*
