@@ -48,13 +48,18 @@ fn set_async_error(f: &Fake, c: &Comm<ApiComm<Host>>, code: i32) {
     }
 }
 
-fn stick(f: &Fake, c: &Comm<ApiComm<Host>>) {
+/// One of the fake's test controls that take only the communicator (`symbol`, NUL-ended).
+fn control(f: &Fake, c: &Comm<ApiComm<Host>>, symbol: &[u8]) {
     // SAFETY: as above.
     unsafe {
         let s: libloading::Symbol<unsafe extern "C" fn(*mut std::ffi::c_void)> =
-            f.1.get(b"unicommFakeStickInProgress\0").unwrap();
+            f.1.get(symbol).unwrap();
         s(c.backend().raw_comm())
     }
+}
+
+fn stick(f: &Fake, c: &Comm<ApiComm<Host>>) {
+    control(f, c, b"unicommFakeStickInProgress\0");
 }
 
 /// Created non-blocking (ncclCommInitRankConfig), every call that reports ncclInProgress is
@@ -95,12 +100,7 @@ fn nonblocking_calls_answered_success_are_not_polled() {
     let st = c.create_stream().unwrap();
     let mut b = c.alloc::<f32>(3).unwrap();
     b.copy_from_host(&[1.0, 2.0, 3.0], &st).unwrap();
-    // SAFETY: the fake's test control; a live communicator of the fake.
-    unsafe {
-        let s: libloading::Symbol<unsafe extern "C" fn(*mut std::ffi::c_void)> =
-            f.1.get(b"unicommFakeAnswerSuccess\0").unwrap();
-        s(c.backend().raw_comm())
-    }
+    control(&f, &c, b"unicommFakeAnswerSuccess\0");
     let polls = calls(&f.0, "ncclCommGetAsyncError");
     for _ in 0..10 {
         c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
