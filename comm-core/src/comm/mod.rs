@@ -151,15 +151,14 @@ impl<C: Collective> Comm<C> {
         dst: &mut impl DeviceSliceMut<T, C>,
         stream: &C::Stream,
     ) -> Result<()> {
-        let (s, d) = (src.view(), dst.view_mut().into_view());
-        self.check(&s)?;
-        self.check(&d)?;
-        if s.len != d.len {
+        let (n, have) = (src.view().len, dst.view().len);
+        if n != have {
             return Err(Error::invalid(
                 "dst",
-                format!("holds {} elements, the source {}", d.len, s.len),
+                format!("holds {have} elements, the source {n}"),
             ));
         }
+        let (s, d) = self.views(src, dst, Ok)?;
         let size = std::mem::size_of::<T>();
         d.mem.copy_from(
             d.offset * size,
