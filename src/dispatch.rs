@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use unicomm_bootstrap::LaunchEnv;
 use unicomm_core::{
-    Capabilities, Collective, CommConfig, DeviceMemory, DeviceStream, Error, Marker, Op, RawHandle,
-    Result,
+    Capabilities, Collective, CommConfig, DeviceGraph, DeviceMemory, DeviceStream, Error, Marker,
+    Op, RawHandle, Result,
 };
 
 use crate::Vendor;
@@ -49,6 +49,13 @@ macro_rules! backends {
         #[non_exhaustive]
         pub enum AnyStream {
             $( #[doc = $doc] #[cfg(feature = $feature)] $variant($krate::$stream), )*
+        }
+
+        /// A captured graph of any compiled-in backend ([`unicomm_core::graph::Graph`]).
+        #[derive(Debug)]
+        #[non_exhaustive]
+        pub enum AnyGraph {
+            $( #[doc = $doc] #[cfg(feature = $feature)] $variant(<$krate::$stream as DeviceStream>::Graph), )*
         }
 
         /// Device memory of any compiled-in backend.
@@ -102,6 +109,14 @@ macro_rules! backends {
                     _ => Err(Error::invalid("src", "memory and stream of different backends")),
                 }
             };
+        }
+
+        impl AnyStream {
+            fn end_capture_any(&self) -> Result<AnyGraph> {
+                match self {
+                    $( #[cfg(feature = $feature)] AnyStream::$variant(s) => s.end_capture().map(AnyGraph::$variant), )*
+                }
+            }
         }
 
         impl AnyComm {
@@ -328,6 +343,23 @@ impl DeviceStream for AnyStream {
     fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
         each!(self, AnyStream, s => s.launch_host_fn(f))
     }
+    type Graph = AnyGraph;
+    fn begin_capture(&self) -> Result<()> {
+        each!(self, AnyStream, s => s.begin_capture())
+    }
+    fn end_capture(&self) -> Result<AnyGraph> {
+        self.end_capture_any()
+    }
+    fn capturing(&self) -> Result<bool> {
+        each!(self, AnyStream, s => s.capturing())
+    }
+}
+
+impl DeviceGraph for AnyGraph {
+    type Stream = AnyStream;
+    fn launch(&self, stream: &AnyStream) -> Result<()> {
+        pair!(self, AnyGraph, stream, AnyStream, "stream", (g, s) => g.launch(s))
+    }
 }
 
 impl AnyStream {
@@ -458,6 +490,14 @@ impl Collective for AnyComm {
     }
     fn flight(&self) -> Option<&std::sync::Arc<unicomm_core::flight::FlightRecorder>> {
         each!(self, AnyComm, c => c.flight())
+    }
+    fn graph_launched(&self, stream: &AnyStream) {
+        // A stream of another backend cannot carry this communicator's graph: the launch
+        // itself refuses it.
+        let _ = pair!(self, AnyComm, stream, AnyStream, "stream", (c, s) => {
+            c.graph_launched(s);
+            Ok(())
+        });
     }
     fn finalize(&mut self) -> Result<()> {
         each!(self, AnyComm, c => c.finalize())

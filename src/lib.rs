@@ -72,12 +72,16 @@ compile_error!("unicomm needs at least one backend feature: mock, nccl or rccl")
 mod dispatch;
 mod id;
 
-pub use dispatch::{AnyComm, AnyMemory, AnyStream};
+pub use dispatch::{AnyComm, AnyGraph, AnyMemory, AnyStream};
 pub use id::{init_rank, UniqueId};
 pub use unicomm_core::each_rank;
 
 #[doc = include_str!("guide.md")]
 pub mod guide {}
+/// The ownership rules of registered memory and captured graphs, as programs that must not
+/// compile (each checked by `cargo test`, with its error code).
+#[doc = include_str!("rules.md")]
+pub mod rules {}
 pub use unicomm_core::{
     backend, bf16, f16, packed_displs, Capabilities, CommConfig, Counts, CtaPolicy, DataType,
     DeviceInfo, DeviceSlice, DeviceSliceMut, DeviceStream, Element, Error, Marker, Op, RawHandle,
@@ -141,6 +145,12 @@ pub type Lent<'a, T> = unicomm_core::Lent<'a, T, AnyComm>;
 /// An engine's device memory lent for an exclusive borrow, to be written by a collective
 /// ([`core::LentMut`]).
 pub type LentMut<'a, T> = unicomm_core::LentMut<'a, T, AnyComm>;
+
+/// A captured graph of collectives over [`Comm`]s, launched on a [`Stream`]
+/// ([`core::graph::Graph`]: capture, launch, the borrows it holds).
+pub type Graph<'a> = unicomm_core::graph::Graph<'a, AnyComm>;
+/// What a capture's closure enqueues through ([`core::graph::Capture`]).
+pub type Capture<'a> = unicomm_core::graph::Capture<'a, AnyComm>;
 
 /// Which vendor's GPUs (and library) to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -52,7 +52,7 @@ impl Collective for MockComm {
             registration: t.registration().is_ok(),
             windows: t.windows().is_ok(),
             native_all_to_all: true,
-            graph_capture: false,
+            graph_capture: true,
             mem_alloc: t.mem_alloc(),
             copy_engine: false,
             native_split: t.native_split(),
@@ -171,7 +171,7 @@ impl Collective for MockComm {
         }
         let mut result = Ok(());
         for (s, tasks) in batches {
-            if let Err(e) = s.push(Box::new(move || exec::run_batch(tasks))) {
+            if let Err(e) = exec::enqueue_batch(&s, tasks) {
                 result = result.and(Err(e));
             }
         }
@@ -310,6 +310,7 @@ impl MockComm {
             ctx: self.ctx.clone(),
             index,
             work,
+            counters: (self.seq.clone(), self.issued.clone()),
         };
         let grouped = GROUP.with(|g| {
             let mut g = g.borrow_mut();
@@ -321,7 +322,7 @@ impl MockComm {
             }
         });
         match grouped {
-            Some(task) => stream.push(Box::new(move || exec::run_batch(vec![task]))),
+            Some(task) => exec::enqueue_batch(&stream.inner, vec![task]),
             None => Ok(()),
         }
     }

@@ -37,10 +37,11 @@ pub struct MockComm {
     pub(crate) device: (u64, usize),
     pub(crate) registry: Registry,
     /// Collective sequence number: ranks that issue the same collectives in the same order
-    /// (NCCL's rule) meet in the same fabric slot.
-    pub(crate) seq: AtomicU64,
+    /// (NCCL's rule) meet in the same fabric slot; a graph's replay takes new numbers.
+    pub(crate) seq: Arc<AtomicU64>,
     /// Operations enqueued so far (the index faults refer to).
-    pub(crate) issued: AtomicU64,
+    /// (Shared with the graphs captured on it: a replay counts as new operations.)
+    pub(crate) issued: Arc<AtomicU64>,
     pub(crate) state: AtomicU8,
     /// Where the survivors meet to re-form after a failure (`shrink`).
     pub(crate) rejoin: unicomm_bootstrap::Rejoin,
@@ -134,8 +135,8 @@ impl MockComm {
             world_id,
             device: self.device,
             registry: Registry::new(),
-            seq: AtomicU64::new(0),
-            issued: AtomicU64::new(0),
+            seq: Arc::new(AtomicU64::new(0)),
+            issued: Arc::new(AtomicU64::new(0)),
             state: AtomicU8::new(LIVE),
             rejoin: self.rejoin.derived(step.as_bytes(), ranks),
             shrinks: AtomicU64::new(0),

@@ -309,24 +309,9 @@ impl DeviceMemory for MockMemory {
             return Ok(());
         }
         let (dst, src, timeout) = (self.inner.clone(), src.inner.clone(), stream.timeout());
-        stream.push(Box::new(move || {
-            let same = Arc::ptr_eq(&dst, &src);
-            let _w = dst.write_lock(timeout)?;
-            let _r = if same {
-                None
-            } else {
-                Some(src.read_lock(timeout)?)
-            };
-            // SAFETY: both ranges were checked against their allocations; the locks exclude
-            // every other access; `copy` allows the overlap of a copy within one allocation.
-            unsafe {
-                std::ptr::copy(
-                    src.ptr.as_ptr().add(src_offset),
-                    dst.ptr.as_ptr().add(offset),
-                    bytes,
-                )
-            };
-            Ok(())
+        stream.push_replayable(Arc::new(move || {
+            let (dst, src) = (dst.clone(), src.clone());
+            Box::new(move || copy_job(&dst, offset, &src, src_offset, bytes, timeout))
         }))
     }
 
@@ -367,4 +352,34 @@ fn same_rank(mem: &MockMemory, stream: &MockStream) -> Result<()> {
             ),
         ))
     }
+}
+
+/// A device copy as the stream's worker runs it: both allocations' locks held (the
+/// source's for reading, the destination's for writing; one lock when they are the same).
+fn copy_job(
+    dst: &Arc<HostAlloc>,
+    offset: usize,
+    src: &Arc<HostAlloc>,
+    src_offset: usize,
+    bytes: usize,
+    timeout: std::time::Duration,
+) -> Result<()> {
+    let same = Arc::ptr_eq(dst, src);
+    let _w = dst.write_lock(timeout)?;
+    let _r = if same {
+        None
+    } else {
+        Some(src.read_lock(timeout)?)
+    };
+    // SAFETY: both ranges were checked against their allocations when the copy was
+    // enqueued; the locks exclude every other access; `copy` allows the overlap of a copy
+    // within one allocation.
+    unsafe {
+        std::ptr::copy(
+            src.ptr.as_ptr().add(src_offset),
+            dst.ptr.as_ptr().add(offset),
+            bytes,
+        )
+    };
+    Ok(())
 }

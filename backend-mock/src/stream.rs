@@ -10,6 +10,10 @@ use unicomm_core::{DeviceStream, Error, Marker, MarkerTime, Result};
 
 pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
 
+/// Work a graph can replay: makes the job of one replay, on the host at the launch (so a
+/// collective takes its sequence number in the launch's order, as an eager call does).
+pub(crate) type Replayable = Arc<dyn Fn() -> Job + Send + Sync>;
+
 struct State {
     jobs: VecDeque<Job>,
     enqueued: u64,
@@ -18,6 +22,8 @@ struct State {
     shutdown: bool,
     /// The worker has returned (or unwound): a drop's join then returns at once.
     exited: bool,
+    /// While capturing: the work recorded for the graph, instead of run.
+    capture: Option<Vec<Replayable>>,
 }
 
 pub(crate) struct Inner {
@@ -38,6 +44,9 @@ impl Inner {
         let mut st = self.lock();
         if st.shutdown {
             return Err(Error::invalid("stream", "the stream is being destroyed"));
+        }
+        if st.capture.is_some() {
+            return Err(not_capturable());
         }
         st.jobs.push_back(job);
         st.enqueued += 1;
@@ -71,6 +80,7 @@ impl MockStream {
                 error: None,
                 shutdown: false,
                 exited: false,
+                capture: None,
             }),
             cv: Condvar::new(),
             idle_timeout,
@@ -114,6 +124,11 @@ impl MockStream {
         self.inner.push(job)
     }
 
+    /// Enqueues work a graph can replay (recorded while capturing).
+    pub(crate) fn push_replayable(&self, make: Replayable) -> Result<()> {
+        self.inner.push_replayable(make)
+    }
+
     /// Waits until every job enqueued so far is done; returns (and clears) the first error.
     pub(crate) fn synchronize_inner(&self) -> Result<()> {
         let st = self.inner.lock();
@@ -136,6 +151,23 @@ impl MockStream {
 }
 
 impl Inner {
+    /// Whether the stream is capturing a graph.
+    pub(crate) fn capturing(&self) -> bool {
+        self.lock().capture.is_some()
+    }
+
+    /// Enqueues work a graph can replay: recorded while the stream captures, run otherwise.
+    pub(crate) fn push_replayable(&self, make: Replayable) -> Result<()> {
+        {
+            let mut st = self.lock();
+            if let Some(c) = st.capture.as_mut() {
+                c.push(make);
+                return Ok(());
+            }
+        }
+        self.push(make())
+    }
+
     /// Waits until `reached` holds, as long as the work makes progress: the deadline is per
     /// operation, not for the whole queue. The guard, and whether `reached` holds.
     fn wait_progressing<'a>(
@@ -191,6 +223,34 @@ fn worker_loop(inner: &Inner) {
 }
 
 impl DeviceStream for MockStream {
+    type Graph = MockGraph;
+
+    fn begin_capture(&self) -> Result<()> {
+        let mut st = self.inner.lock();
+        if st.capture.is_some() {
+            return Err(Error::invalid("stream", "the stream is capturing already"));
+        }
+        st.capture = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<MockGraph> {
+        let work = self
+            .inner
+            .lock()
+            .capture
+            .take()
+            .ok_or_else(|| Error::invalid("stream", "the stream is not capturing"))?;
+        Ok(MockGraph {
+            work,
+            owner: self.owner,
+        })
+    }
+
+    fn capturing(&self) -> Result<bool> {
+        Ok(self.inner.lock().capture.is_some())
+    }
+
     fn synchronize(&self) -> Result<()> {
         self.synchronize_inner()
     }
@@ -216,18 +276,21 @@ impl DeviceStream for MockStream {
         let timeout = self.inner.idle_timeout;
         // The worker holds this stream's later work until the other stream's worker reached
         // the marker, as a GPU stream waits for an event; bounded by the stream's deadline.
-        self.push(Box::new(move || {
-            let deadline = Instant::now() + timeout;
-            while at.get().is_none() {
-                if Instant::now() >= deadline {
-                    return Err(Error::Timeout {
-                        what: "a stream waiting for a marker of another stream".into(),
-                        after: timeout,
-                    });
+        self.push_replayable(Arc::new(move || {
+            let at = at.clone();
+            Box::new(move || {
+                let deadline = Instant::now() + timeout;
+                while at.get().is_none() {
+                    if Instant::now() >= deadline {
+                        return Err(Error::Timeout {
+                            what: "a stream waiting for a marker of another stream".into(),
+                            after: timeout,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_micros(50));
                 }
-                std::thread::sleep(Duration::from_micros(50));
-            }
-            Ok(())
+                Ok(())
+            })
         }))
     }
 
@@ -241,6 +304,63 @@ impl DeviceStream for MockStream {
             })
         }))
     }
+}
+
+/// Work a capture on a mock stream recorded (collectives, device copies, marker waits);
+/// each launch replays it in order on the launch's stream.
+pub struct MockGraph {
+    work: Vec<Replayable>,
+    /// (world id, rank) of the streams it may be launched on: the capturing stream's device.
+    owner: (u64, usize),
+}
+
+impl std::fmt::Debug for MockGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MockGraph({} operations, rank {})",
+            self.work.len(),
+            self.owner.1
+        )
+    }
+}
+
+impl unicomm_core::DeviceGraph for MockGraph {
+    type Stream = MockStream;
+
+    fn launch(&self, stream: &MockStream) -> Result<()> {
+        if stream.owner != self.owner {
+            return Err(Error::invalid(
+                "stream",
+                format!(
+                    "a graph captured on rank {}'s device launched on rank {}'s",
+                    self.owner.1, stream.owner.1
+                ),
+            ));
+        }
+        // One lock for the whole replay: its jobs stay together on the stream.
+        let jobs: Vec<Job> = self.work.iter().map(|make| make()).collect();
+        let mut st = stream.inner.lock();
+        if st.shutdown {
+            return Err(Error::invalid("stream", "the stream is being destroyed"));
+        }
+        if st.capture.is_some() {
+            return Err(not_capturable());
+        }
+        st.enqueued += jobs.len() as u64;
+        st.jobs.extend(jobs);
+        drop(st);
+        stream.inner.cv.notify_all();
+        Ok(())
+    }
+}
+
+#[cold]
+fn not_capturable() -> Error {
+    Error::invalid(
+        "stream",
+        "the stream is capturing a graph, and this operation cannot be captured (host copies and waits, host functions run once, markers)",
+    )
 }
 
 /// The instant the stream's worker reached the marker (host time: the mock's "device").

@@ -16,6 +16,7 @@
 #![deny(unsafe_code)]
 
 mod driver_error;
+mod graph;
 pub mod interop;
 pub mod runtime;
 mod vmm;
@@ -26,6 +27,7 @@ use unicomm_core::CommConfig;
 use unicomm_core::Result;
 use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Runtime};
 
+pub use graph::CudaGraph;
 pub use interop::{
     lend, lend_mut, lend_raw, lend_raw_mut, memory_from_cudarc, memory_from_raw,
     stream_from_cudarc, stream_from_raw,

@@ -298,6 +298,26 @@ impl Runtime for CudaRuntime {
         })
     }
 
+    const GRAPHS: bool = true;
+    type Graph = crate::graph::CudaGraph;
+
+    fn begin_capture(&self, dev: usize, s: &CudaStreamHandle) -> Result<()> {
+        self.with_device(dev, || crate::graph::begin(s.0.cu_stream()))
+    }
+
+    fn end_capture(&self, dev: usize, s: &CudaStreamHandle) -> Result<crate::graph::CudaGraph> {
+        self.with_device(dev, || crate::graph::end(s.0.cu_stream()))
+    }
+
+    fn launch_graph(
+        &self,
+        dev: usize,
+        g: &crate::graph::CudaGraph,
+        s: &CudaStreamHandle,
+    ) -> Result<()> {
+        self.with_device(dev, || crate::graph::launch(g, s.0.cu_stream()))
+    }
+
     fn launch_host_fn(
         &self,
         dev: usize,

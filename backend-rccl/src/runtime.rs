@@ -39,6 +39,8 @@ impl Runtime for HipRuntime {
     const VENDOR: &'static str = "ROCm";
     type Stream = HipStreamHandle;
     type Event = HipEventHandle;
+    /// HIP graphs are not driven yet: capture is `Unsupported`, and the capability says so.
+    type Graph = std::convert::Infallible;
 
     fn record(&self, s: &HipStreamHandle) -> Result<HipEventHandle> {
         self.with_device(s.1, || {

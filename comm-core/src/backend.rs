@@ -7,7 +7,7 @@
 use crate::op::Op;
 use crate::{CommConfig, Result};
 
-pub use crate::device::{DeviceMemory, DeviceStream};
+pub use crate::device::{DeviceGraph, DeviceMemory, DeviceStream};
 pub use crate::marker::{Marker, MarkerTime};
 
 /// A library version, as `ncclGetVersion` reports it (`major*10000 + minor*100 + patch`).
@@ -65,9 +65,8 @@ pub struct Capabilities {
     /// A native all-to-all call (`ncclAlltoAll` / RCCL's `ncclAllToAll`); without it
     /// all-to-all is grouped send/recv.
     pub native_all_to_all: bool,
-    /// Collectives may be captured into CUDA/HIP graphs. NCCL connects peers at the first
-    /// collective and cannot do so during capture: run one collective on the communicator
-    /// before capturing.
+    /// Collectives may be captured into graphs and replayed ([`crate::graph::Graph`]): CUDA
+    /// graphs on NCCL, the mock's recorded work; `false` on RCCL until HIP capture is driven.
     pub graph_capture: bool,
     /// Allocation through the library (`ncclMemAlloc`, cuMem-backed).
     pub mem_alloc: bool,
@@ -201,6 +200,13 @@ pub trait Collective: Send + Sync + Sized + 'static {
             "ncclCommRevoke (NCCL >= 2.28.7)",
             self.capabilities().backend,
         ))
+    }
+
+    /// A captured graph that uses this communicator is launched on `stream`: the stream's
+    /// waits watch this communicator from now on (its deadline, its asynchronous errors),
+    /// as they do after an eager call. Default: nothing to do.
+    fn graph_launched(&self, stream: &Self::Stream) {
+        let _ = stream;
     }
 
     /// This communicator's flight recorder ([`crate::flight`]), where the backend keeps one.

@@ -5,7 +5,10 @@ use crate::marker::Marker;
 use crate::Result;
 
 /// A stream: an ordered queue of device work.
-pub trait DeviceStream: Send + Sync {
+pub trait DeviceStream: Send + Sync + Sized {
+    /// A graph captured from this stream's work ([`DeviceStream::end_capture`]).
+    type Graph: DeviceGraph<Stream = Self>;
+
     /// Blocks until all work enqueued so far has finished, and returns the first
     /// asynchronous error it raised.
     fn synchronize(&self) -> Result<()>;
@@ -28,6 +31,31 @@ pub trait DeviceStream: Send + Sync {
     /// panic in `f` does not unwind into the driver: on the mock it becomes the stream's
     /// error, on the GPUs it is caught and reported through `tracing`.
     fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()>;
+
+    /// Starts capturing: the work enqueued on this stream from now on, by this thread, is
+    /// recorded into a graph instead of run (`cuStreamBeginCapture` in thread-local mode /
+    /// `hipStreamBeginCapture`; the mock records its jobs). Users capture through
+    /// [`crate::graph::Graph::capture`], which ties the graph to what it uses.
+    fn begin_capture(&self) -> Result<()>;
+
+    /// Ends the capture begun by [`DeviceStream::begin_capture`] and returns the graph,
+    /// ready to launch (instantiated).
+    fn end_capture(&self) -> Result<Self::Graph>;
+
+    /// Whether this stream is capturing now (`cuStreamIsCapturing`).
+    fn capturing(&self) -> Result<bool>;
+}
+
+/// A captured graph of device work, instantiated: launched on a stream, it runs what the
+/// capture recorded, in order, each time (`cuGraphLaunch` / `hipGraphLaunch`; the mock
+/// replays its jobs). Destroyed on drop (a launch in flight completes first, as CUDA's
+/// `cuGraphExecDestroy` lets it).
+pub trait DeviceGraph: Send + Sync + 'static {
+    /// The stream type it is launched on.
+    type Stream;
+    /// Enqueues one replay of the whole graph on `stream` (a stream of the device it was
+    /// captured on); the host does not wait.
+    fn launch(&self, stream: &Self::Stream) -> Result<()>;
 }
 
 impl std::fmt::Debug for Marker {

@@ -45,6 +45,8 @@ pub struct Entry {
     pub enqueued: u64,
     /// With completion tracking: the point after it on its stream.
     pub done: Option<Marker>,
+    /// A collective replayed by a graph's launch: `(graph id, replay number)`.
+    pub graph: Option<(u64, u64)>,
 }
 
 struct Ring {
@@ -168,6 +170,10 @@ impl FlightRecorder {
         }
         let r = enqueue();
         let path = *r.as_ref().unwrap_or(&"refused");
+        // Under capture nothing runs yet: kept for the graph's launches to record.
+        if r.is_ok() && crate::capturing::note_captured(self as *const Self as usize, what, path) {
+            return Ok(());
+        }
         let done = if self.completion && r.is_ok() {
             mark()
         } else {
@@ -202,10 +208,22 @@ impl FlightRecorder {
     #[inline]
     pub fn record(
         &self,
+        what: (Kind, usize, DataType),
+        path: &'static str,
+        stream: u64,
+        done: Option<Marker>,
+    ) -> u64 {
+        self.push(what, path, stream, done, None)
+    }
+
+    #[inline]
+    fn push(
+        &self,
         (kind, count, dtype): (Kind, usize, DataType),
         path: &'static str,
         stream: u64,
         done: Option<Marker>,
+        graph: Option<(u64, u64)>,
     ) -> u64 {
         if self.cap == 0 {
             return 0;
@@ -220,6 +238,7 @@ impl FlightRecorder {
             stream,
             enqueued: crate::clock::stamp(),
             done,
+            graph,
         };
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         let seq = ring.next;
@@ -230,6 +249,17 @@ impl FlightRecorder {
         e.seq = seq;
         ring.entries.push_back(e);
         seq
+    }
+
+    /// Records a collective that a graph's launch replays (`graph`: its id and the replay's
+    /// number); how replays show in a dump and in `cargo xtask trace`.
+    pub fn record_replay(
+        &self,
+        what: (Kind, usize, DataType),
+        path: &'static str,
+        graph: (u64, u64),
+    ) {
+        self.push(what, path, 0, None, Some(graph));
     }
 
     /// The recorder's state as JSON, with why it was taken.
@@ -255,7 +285,7 @@ impl FlightRecorder {
             };
             let opt = |v: Option<String>| v.unwrap_or_else(|| "null".into());
             o.push_str(&format!(
-                "{}{{\"seq\":{},\"kind\":{},\"count\":{},\"dtype\":{},\"op\":{},\"rank_arg\":{},\"path\":{},\"stream\":{},\"enqueued_us\":{},\"state\":{}}}",
+                "{}{{\"seq\":{},\"kind\":{},\"count\":{},\"dtype\":{},\"op\":{},\"rank_arg\":{},\"path\":{},\"stream\":{},\"enqueued_us\":{},\"state\":{},\"graph\":{},\"replay\":{}}}",
                 if i == 0 { "" } else { "," },
                 e.seq,
                 json_str(e.kind.snake_name()),
@@ -266,7 +296,9 @@ impl FlightRecorder {
                 json_str(e.path),
                 e.stream,
                 self.born.wall_us(&dumped, e.enqueued),
-                json_str(state)
+                json_str(state),
+                opt(e.graph.map(|g| g.0.to_string())),
+                opt(e.graph.map(|g| g.1.to_string())),
             ));
         }
         o.push_str("]}\n");

@@ -42,6 +42,7 @@
 
 pub mod backend;
 pub mod buffer;
+mod capturing;
 mod clock;
 pub mod comm;
 pub mod config;
@@ -52,6 +53,7 @@ pub mod env;
 mod error;
 pub mod flight;
 pub mod fp8;
+pub mod graph;
 mod kind;
 pub mod layout;
 pub mod lent;
@@ -64,8 +66,8 @@ pub mod registry;
 pub mod shrink;
 
 pub use backend::{
-    Capabilities, Collective, DeviceInfo, DeviceMemory, DeviceStream, Marker, MarkerTime,
-    RawHandle, Version,
+    Capabilities, Collective, DeviceGraph, DeviceInfo, DeviceMemory, DeviceStream, Marker,
+    MarkerTime, RawHandle, Version,
 };
 pub use buffer::{Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
 pub use comm::{packed_displs, Comm};

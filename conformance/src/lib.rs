@@ -20,6 +20,7 @@ use std::fmt;
 pub use unicomm_core;
 
 mod exact;
+mod graphs;
 mod groups;
 mod reference;
 mod refusals;
@@ -28,6 +29,7 @@ mod sample;
 mod table;
 mod var;
 
+pub use graphs::captured_step_replays;
 pub use groups::{
     run_groups, run_groups_on_rank, run_groups_on_rank_refusing, run_groups_refusing,
 };

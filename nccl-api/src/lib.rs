@@ -59,7 +59,7 @@ mod watch;
 
 pub use comm::ApiComm;
 pub use copy_engine::signals::CopyEngineSync;
-pub use memory::{ApiMemory, ApiStream};
+pub use memory::{ApiGraph, ApiMemory, ApiStream};
 pub use policy::Policy;
 pub use sys::api::{Api, Flavor, UniqueId};
 pub use sys::runtime::Runtime;

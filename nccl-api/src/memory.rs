@@ -116,8 +116,65 @@ impl<R: Runtime> DeviceStream for ApiStream<R> {
     }
 
     fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        // A captured host function would run at every replay, and `f` runs once (its box is
+        // freed after the first run): refused, never replayed into freed memory.
+        if self.rt.capturing(&self.s)? {
+            return Err(unicomm_core::Error::invalid(
+                "stream",
+                "a host function enqueued while the stream captures a graph: it would run at every replay, and a host function runs once",
+            ));
+        }
         // The runtime makes the device current for its own call.
         self.rt.launch_host_fn(self.dev, &self.s, f)
+    }
+
+    type Graph = ApiGraph<R>;
+
+    fn begin_capture(&self) -> Result<()> {
+        self.rt.begin_capture(self.dev, &self.s)
+    }
+
+    fn end_capture(&self) -> Result<ApiGraph<R>> {
+        let g = self.rt.end_capture(self.dev, &self.s)?;
+        Ok(ApiGraph {
+            g,
+            rt: self.rt.clone(),
+            dev: self.dev,
+        })
+    }
+
+    fn capturing(&self) -> Result<bool> {
+        self.rt.capturing(&self.s)
+    }
+}
+
+/// A graph captured on a NCCL-API backend's stream (a CUDA or HIP graph), instantiated.
+pub struct ApiGraph<R: Runtime> {
+    g: R::Graph,
+    rt: Arc<R>,
+    dev: usize,
+}
+
+impl<R: Runtime> std::fmt::Debug for ApiGraph<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} graph on device {}", R::NAME, self.dev)
+    }
+}
+
+impl<R: Runtime> unicomm_core::DeviceGraph for ApiGraph<R> {
+    type Stream = ApiStream<R>;
+
+    fn launch(&self, stream: &ApiStream<R>) -> Result<()> {
+        if stream.dev != self.dev {
+            return Err(unicomm_core::Error::invalid(
+                "stream",
+                format!(
+                    "a graph captured on device {} launched on a stream of device {}",
+                    self.dev, stream.dev
+                ),
+            ));
+        }
+        self.rt.launch_graph(self.dev, &self.g, &stream.s)
     }
 }
 

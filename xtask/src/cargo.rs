@@ -159,10 +159,49 @@ pub(crate) fn named(
     Ok(found)
 }
 
-/// Builds an example of the facade and returns its executable.
+/// Whether examples and binaries are built with the whole workspace's features (`cargo
+/// xtask test`): the artifacts of its `cargo test --workspace` then serve them, where a
+/// build of one package resolves its dependencies' features anew and compiles them again
+/// (half, the contract, the backends: 45 s of a 2-core CI run for the probe alone).
+static WORKSPACE_BUILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, examples and binaries are built as the workspace's tests build them.
+pub(crate) fn build_with_workspace_features() {
+    WORKSPACE_BUILD.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `cargo build` of `target` (`--example NAME`, `--bin NAME`): of its package with the
+/// vendor's features, or with the workspace's after [`build_with_workspace_features`].
+fn build_command(o: &Opts, example: &str, target: [&str; 2]) -> Command {
+    if !WORKSPACE_BUILD.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut c = match target[0] {
+            "--bin" => {
+                let mut c = cargo();
+                c.args(["build", "-p", example]);
+                with_profile(&mut c, o.release);
+                c
+            }
+            _ => example_command("build", o, example),
+        };
+        c.args(target);
+        return c;
+    }
+    let mut c = cargo();
+    c.args(["build", "--workspace"]).args(target);
+    with_profile(&mut c, o.release);
+    c
+}
+
+/// Builds the binary `name` of the package of the same name and returns its executable.
+pub(crate) fn bin_binary(o: &Opts, name: &str) -> Result<PathBuf> {
+    let c = build_command(o, name, ["--bin", name]);
+    let mut found = named(&format!("build {name}"), c, TargetKind::Bin, &[name])?;
+    Ok(found.remove(0).0)
+}
+
+/// Builds an example (the facade's or unicomm-candle's) and returns its executable.
 pub(crate) fn example_binary(o: &Opts, example: &str) -> Result<PathBuf> {
-    let mut c = example_command("build", o, example);
-    c.args(["--example", example]);
+    let c = build_command(o, example, ["--example", example]);
     let mut found = named(
         &format!("build {example}"),
         c,

@@ -3,9 +3,8 @@
 //! process on the mock through the launcher, and with `--vendor cuda|rocm` the GPU tests.
 
 use anyhow::{Context, Result};
-use cargo_metadata::TargetKind;
 
-use crate::cargo::{cargo, facade, named, step, with_profile};
+use crate::cargo::{cargo, step, with_profile};
 use crate::cli::{Opts, Vendor};
 use crate::gpu::{amd_gpus, gpu_tests, nvidia_gpus, GpuVendor};
 use crate::launch;
@@ -15,16 +14,21 @@ use crate::run::run_procs;
 /// the examples as processes on the mock, the flight recorder's dumps, unicomm-bench as
 /// processes, then the vendor's GPU tests.
 pub(crate) fn test(o: &Opts) -> Result<()> {
-    // First what the machine has (informational), then the suite.
-    let mut d = facade(
-        "run",
-        &Opts {
-            vendor: Vendor::Auto,
-            release: false,
-            args: vec![],
-        },
-    );
-    d.args(["--example", "doctor"]);
+    // Everything is built once, with the workspace's features: the probe, the examples and
+    // the benchmark below are the artifacts of this build (a build of one package would
+    // resolve features anew and compile its dependencies again).
+    crate::cargo::build_with_workspace_features();
+    let mut b = cargo();
+    b.args(["test", "--workspace", "--no-run"]);
+    with_profile(&mut b, o.release);
+    step("build the workspace's tests and examples", b)?;
+    // What the machine has (informational), then the suite.
+    let auto = Opts {
+        vendor: Vendor::Auto,
+        release: o.release,
+        args: vec![],
+    };
+    let d = std::process::Command::new(crate::cargo::example_binary(&auto, "doctor")?);
     step("probe the machine", d)?;
     let mut t = cargo();
     t.args(["test", "--workspace"]);
@@ -194,18 +198,8 @@ fn flight_dumps(o: &Opts) -> Result<()> {
 fn bench_in_processes(o: &Opts) -> Result<()> {
     // unicomm-bench with one rank per process (its figures combined through
     // the communicator), data checked: a smoke test, no timing asserted.
-    let mut b = cargo();
-    b.args(["build", "-p", "unicomm-bench"]);
-    with_profile(&mut b, o.release);
     // Where cargo put it (CARGO_TARGET_DIR honoured).
-    let bench = named(
-        "build unicomm-bench",
-        b,
-        TargetKind::Bin,
-        &["unicomm-bench"],
-    )?
-    .remove(0)
-    .0;
+    let bench = crate::cargo::bin_binary(o, "unicomm-bench")?;
     let args: Vec<String> = [
         "--vendor",
         "mock",

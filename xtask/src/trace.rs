@@ -32,6 +32,13 @@ pub(crate) struct Entry {
     pub rank_arg: Option<usize>,
     pub path: String,
     pub state: String,
+    /// A collective a graph's launch replayed: the graph's id (absent in dumps before
+    /// graphs were recorded).
+    #[serde(default)]
+    pub graph: Option<u64>,
+    /// And which replay of it.
+    #[serde(default)]
+    pub replay: Option<u64>,
 }
 
 impl Entry {
@@ -47,9 +54,13 @@ impl Entry {
         s
     }
 
-    /// What happened to it, in words.
+    /// What happened to it, in words (a replayed one names its graph and replay).
     fn fate(&self) -> String {
-        format!("{}, {}, by {}", self.call(), self.state, self.path)
+        let by = match (self.graph, self.replay) {
+            (Some(g), Some(k)) => format!("replay {k} of graph {g} ({})", self.path),
+            _ => self.path.clone(),
+        };
+        format!("{}, {}, by {by}", self.call(), self.state)
     }
 }
 
@@ -284,6 +295,8 @@ mod tests {
                 rank_arg: None,
                 path: "library".into(),
                 state: state.into(),
+                graph: None,
+                replay: None,
             })
             .collect::<Vec<_>>();
         Dump {
@@ -350,6 +363,16 @@ mod tests {
         let text = r#"{"format":"unicomm-flight-1","comm":"world","rank":0,"world":2,"reason":"r","dumped_us":1,"next_seq":1,"entries":[{"seq":0,"kind":"broadcast","count":3,"dtype":"int32","op":null,"rank_arg":1,"path":"mock","stream":9,"enqueued_us":5,"state":"enqueued"}]}"#;
         let d: Dump = serde_json::from_str(text).unwrap();
         assert_eq!(d.entries[0].call(), "broadcast of 3 int32 with rank 1");
+    }
+
+    #[test]
+    fn a_replayed_collective_is_named_by_its_graph_and_replay() {
+        let text = r#"{"format":"unicomm-flight-1","comm":"world","rank":0,"world":2,"reason":"r","dumped_us":1,"next_seq":1,"entries":[{"seq":0,"kind":"all_reduce","count":4,"dtype":"float32","op":"sum","rank_arg":null,"path":"library","stream":0,"enqueued_us":5,"state":"pending","graph":3,"replay":41}]}"#;
+        let d: Dump = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            d.entries[0].fate(),
+            "all_reduce of 4 float32 (sum), pending, by replay 41 of graph 3 (library)"
+        );
     }
 
     fn scratch(name: &str) -> std::path::PathBuf {

@@ -126,10 +126,18 @@ impl<C: Collective> Comm<C> {
         self.raw.create_stream()
     }
 
+    /// Scratch memory of `len` elements for a capture's warm-up pass (allowed there, unlike
+    /// the caller's own allocations).
+    pub(crate) fn alloc_scratch<T: Element>(&self, len: usize) -> Result<Buffer<T, C>> {
+        let mem = self.raw.alloc(elem_bytes::<T>(len, "len")?)?;
+        Buffer::from_memory(mem, len)
+    }
+
     /// Allocates `len` elements on this rank's device (`ncclMemAlloc` where the library has
     /// it, which NCCL recommends for registered buffers). The contents are unspecified.
     pub fn alloc<T: Element>(&self, len: usize) -> Result<Buffer<T, C>> {
         let bytes = elem_bytes::<T>(len, "len")?;
+        crate::capturing::refuse_in_capture("alloc")?;
         let mem = self.raw.alloc(bytes)?;
         Buffer::from_memory(mem, len)
     }

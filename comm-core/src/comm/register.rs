@@ -15,9 +15,8 @@ impl<C: Collective> Comm<C> {
         call: impl FnOnce(&C, &C::Memory, usize) -> Result<crate::RawHandle>,
     ) -> Result<Registration<'_, T, C, K>, RegisterError<T, C>> {
         let bytes = buf.len * std::mem::size_of::<T>();
-        match self
-            .raw
-            .check_memory(&buf.mem)
+        match crate::capturing::refuse_in_capture("register")
+            .and_then(|()| self.raw.check_memory(&buf.mem))
             .and_then(|()| call(&self.raw, &buf.mem, bytes))
         {
             Ok(handle) => Ok(Registration::new(buf, self, handle)),

@@ -40,7 +40,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
             registration: api.has_registration(),
             windows: api.has_windows(),
             native_all_to_all: api.all_to_all.is_some(),
-            graph_capture: true,
+            graph_capture: R::GRAPHS,
             mem_alloc: api.has_mem_alloc(),
             copy_engine: self.ce.reachable() && api.has_windows(),
             native_split: api.fns.comm_split.is_some() && api.version >= crate::split::SPLIT_SINCE,
@@ -128,6 +128,10 @@ impl<R: Runtime> Collective for ApiComm<R> {
             || self.enqueue_op(op, stream),
             || unicomm_core::DeviceStream::record(stream).ok(),
         )
+    }
+
+    fn graph_launched(&self, stream: &ApiStream<R>) {
+        stream.watched_by(&self.base.lc);
     }
 
     fn flight(&self) -> Option<&Arc<FlightRecorder>> {

@@ -129,6 +129,27 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         ))
     }
 
+    /// Whether this runtime captures and launches graphs ([`Runtime::begin_capture`]).
+    const GRAPHS: bool = false;
+    /// An instantiated graph (`CUgraphExec` / `hipGraphExec_t`), destroyed on drop.
+    type Graph: Send + Sync + 'static;
+    /// Starts capturing `s` in thread-local mode (`cuStreamBeginCapture` /
+    /// `hipStreamBeginCapture`): what this thread enqueues on it is recorded, not run.
+    fn begin_capture(&self, dev: usize, s: &Self::Stream) -> Result<()> {
+        let _ = (dev, s);
+        Err(no_graphs::<Self>())
+    }
+    /// Ends the capture of `s` and instantiates the graph (`cuStreamEndCapture`,
+    /// `cuGraphInstantiate`; the captured template is destroyed once instantiated).
+    fn end_capture(&self, dev: usize, s: &Self::Stream) -> Result<Self::Graph> {
+        let _ = (dev, s);
+        Err(no_graphs::<Self>())
+    }
+    /// Launches one replay of `g` on `s` (`cuGraphLaunch` / `hipGraphLaunch`).
+    fn launch_graph(&self, dev: usize, g: &Self::Graph, s: &Self::Stream) -> Result<()> {
+        let _ = (dev, g, s);
+        Err(no_graphs::<Self>())
+    }
     /// Whether streams of `dev` can wait on and write 32-bit words in device memory
     /// (`cuStreamWaitValue32` / `hipStreamWaitValue32` and the writes): what orders the
     /// copy-engine path between ranks without a kernel (`signals.rs`). `false` where the
@@ -277,4 +298,13 @@ unsafe extern "C" fn run_host_fn(arg: *mut std::ffi::c_void) {
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
         tracing::error!("a host function enqueued on a stream panicked");
     }
+}
+
+#[cold]
+fn no_graphs<R: Runtime>() -> unicomm_core::Error {
+    unicomm_core::Error::unsupported(
+        "graph capture",
+        format!("{}'s stream capture and graph launch", R::NAME),
+        "a runtime without them",
+    )
 }

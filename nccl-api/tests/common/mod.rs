@@ -104,6 +104,7 @@ impl Runtime for Host {
     const NAME: &'static str = "host";
     const VENDOR: &'static str = "host";
     type Stream = HostStream;
+    type Graph = std::convert::Infallible;
     fn device_count(&self) -> Result<usize> {
         Ok(1)
     }

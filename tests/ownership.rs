@@ -1,11 +1,8 @@
-//! The ownership rules of registered memory, proven by programs that must not compile.
-#[test]
-fn registration_rules_are_enforced_by_the_compiler() {
-    let t = trybuild::TestCases::new();
-    t.compile_fail("tests/compile-fail/*.rs");
-}
+//! The ownership rules of registered memory at run time: a registered buffer is still a
+//! collective's output. The programs that must not compile are the `compile_fail` examples
+//! of the facade's `rules` module (doctests, each with its error code).
 
-/// And the shape that must compile: a registered buffer is still a collective's output.
+/// A registered buffer can be an output, out of place and in place.
 #[test]
 fn a_registered_buffer_can_be_an_output() -> unicomm::Result<()> {
     let comms = unicomm::local_comms_n(unicomm::Vendor::Mock, Some(1))?;

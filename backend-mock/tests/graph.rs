@@ -1,0 +1,118 @@
+//! Graph capture and replay on the mock: what an engine's decode step does with CUDA graphs
+//! (capture once, replay every step), run without a GPU.
+
+use unicomm_core::graph;
+use unicomm_core::Collective;
+use unicomm_mock::MockComm;
+
+type Graph<'a> = graph::Graph<'a, MockComm>;
+use unicomm_core::{each_rank, DeviceStream, Error, ReduceOp};
+
+/// Every collective of a captured step runs at each launch and only then, data exact
+/// over the replays, registered buffers included (the conformance crate's check, which the
+/// GPU backends pass too).
+#[test]
+fn a_captured_step_runs_every_collective_at_each_launch_and_only_then() {
+    for w in [1, 3] {
+        let comms = unicomm_mock::local_comms(w).unwrap();
+        unicomm_conformance::captured_step_replays(&comms, 5, false).unwrap();
+        unicomm_conformance::captured_step_replays(&comms, 3, true).unwrap();
+    }
+}
+
+/// NCCL cannot register memory, nor CUDA allocate it, while a stream captures: inside the
+/// closure both are `InvalidArgument` naming the rule, in the warm-up pass already, and
+/// after the capture both work again.
+#[test]
+fn registration_and_allocation_inside_a_capture_are_refused_naming_the_rule() {
+    let comms = unicomm_mock::local_comms(1).unwrap();
+    let c = &comms[0];
+    let st = c.create_stream().unwrap();
+    let buf = c.alloc::<f32>(4).unwrap();
+    let spare = std::cell::RefCell::new(Some(c.alloc::<f32>(4).unwrap()));
+    let r = Graph::capture(&st, |g| {
+        g.all_reduce_in_place(c, &buf, ReduceOp::Sum)?;
+        let b = spare
+            .borrow_mut()
+            .take()
+            .expect("the warm-up pass fails first");
+        match c.register(b) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.error),
+        }
+    });
+    let Err(Error::InvalidArgument { argument, reason }) = r else {
+        panic!("registration inside a capture: {r:?}", r = r.map(|_| ()));
+    };
+    assert_eq!(argument, "register");
+    assert!(reason.contains("graph capture"), "{reason}");
+    let r = Graph::capture(&st, |_| c.alloc::<f32>(4).map(drop));
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument { argument, .. }) if *argument == "alloc"),
+        "{:?}",
+        r.map(|_| ())
+    );
+    // Outside a capture again.
+    let reg = c.register(c.alloc::<f32>(4).unwrap()).unwrap();
+    c.deregister(reg).unwrap();
+}
+
+/// A host function runs once, so it cannot be part of a graph replayed many times: refused
+/// while the stream captures (on the GPUs its box would be freed after the first replay).
+#[test]
+fn a_host_function_is_refused_while_the_stream_captures() {
+    let comms = unicomm_mock::local_comms(1).unwrap();
+    let c = &comms[0];
+    let st = c.create_stream().unwrap();
+    let r = Graph::capture(&st, |g| {
+        if g.is_warm_up() {
+            return Ok(());
+        }
+        g.stream().launch_host_fn(Box::new(|| ()))
+    });
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument { argument, .. }) if *argument == "stream"),
+        "{:?}",
+        r.map(|_| ())
+    );
+    assert!(!st.capturing().unwrap(), "the capture ended with the error");
+    st.launch_host_fn(Box::new(|| ())).unwrap();
+    st.synchronize().unwrap();
+}
+
+/// Each launch records the graph's collectives in the communicator's flight recorder with
+/// the graph's id and the replay's number; the capture itself records nothing as a call.
+#[test]
+fn each_launch_is_recorded_in_the_flight_recorder_with_its_graph_and_replay() {
+    let comms = unicomm_mock::local_comms(2).unwrap();
+    each_rank(&comms, |c| {
+        let st = c.create_stream()?;
+        let (a, half) = (c.upload(&[1.0f32; 8], &st)?, c.upload(&[1.0f32; 4], &st)?);
+        let b = c.alloc::<f32>(8)?;
+        let graph = Graph::capture(&st, |g| {
+            g.all_reduce(c, &a, &b, ReduceOp::Sum)?;
+            g.all_gather(c, &half, &b)
+        })?;
+        let flight = c
+            .backend()
+            .flight()
+            .expect("the mock keeps a recorder")
+            .clone();
+        let before = flight.to_json("test");
+        // The warm-up pass's two calls, and nothing else: the capture pass is not a call.
+        assert_eq!(before.matches("\"graph\":null").count(), 2, "{before}");
+        for _ in 0..3 {
+            graph.launch(&st)?;
+        }
+        st.synchronize()?;
+        let after = flight.to_json("test");
+        let id = graph.id();
+        for k in 0..3 {
+            let tag = format!("\"graph\":{id},\"replay\":{k}");
+            assert_eq!(after.matches(&tag).count(), 2, "replay {k}: {after}");
+        }
+        assert_eq!(graph.collectives(), vec![(c.id(), 2)]);
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}

@@ -1,0 +1,104 @@
+//! This thread's place in a graph capture (eager, the warm-up pass, the capturing pass)
+//! and the collectives the capturing pass enqueued: the state [`crate::graph`] sets and
+//! the layers below it read (registration and allocation refuse, the flight recorder keeps
+//! the captured collectives for the replays instead of recording calls).
+
+use std::cell::{Cell, RefCell};
+
+use crate::element::DataType;
+use crate::kind::Kind;
+use crate::{Error, Result};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Eager,
+    /// The closure's eager pass on scratch buffers.
+    Warm,
+    /// The closure's pass under capture.
+    Capture,
+}
+
+/// A collective as a capture saw it enqueued: for the flight recorder at each replay.
+#[derive(Clone, Copy)]
+pub(crate) struct Captured {
+    /// The recorder's address (which communicator enqueued it).
+    pub(crate) recorder: usize,
+    pub(crate) what: (Kind, usize, DataType),
+    pub(crate) path: &'static str,
+}
+
+thread_local! {
+    static PHASE: Cell<Phase> = const { Cell::new(Phase::Eager) };
+    static CAPTURED: RefCell<Vec<Captured>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether this thread is inside [`Graph::capture`](crate::graph::Graph::capture)'s capturing pass: backends leave out
+/// the host-side exchanges (the ranks' agreement on a layout or a call) that the eager
+/// warm-up pass of the same closure already made, since nothing may wait on the host while
+/// a stream captures.
+#[inline]
+pub fn capturing() -> bool {
+    PHASE.with(Cell::get) == Phase::Capture
+}
+
+/// `InvalidArgument` for `what` (registration, allocation) inside a capture's closure.
+pub(crate) fn refuse_in_capture(what: &'static str) -> Result<()> {
+    if PHASE.with(Cell::get) == Phase::Eager {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        what,
+        "called inside a graph capture: registering or allocating device memory while a stream captures is illegal in CUDA and HIP (and NCCL registers lazily on the device); register and allocate before Graph::capture",
+    ))
+}
+
+/// Called by a flight recorder for an operation enqueued while this thread captures:
+/// kept for the graph's replays instead of recorded as a call. `false` when not capturing.
+pub(crate) fn note_captured(
+    recorder: usize,
+    what: (Kind, usize, DataType),
+    path: &'static str,
+) -> bool {
+    if !capturing() {
+        return false;
+    }
+    CAPTURED.with(|c| {
+        c.borrow_mut().push(Captured {
+            recorder,
+            what,
+            path,
+        })
+    });
+    true
+}
+
+/// Sets this thread's phase for the life of the guard (back to eager on drop, unwinding
+/// included).
+pub(crate) struct PhaseGuard;
+
+impl PhaseGuard {
+    pub(crate) fn enter(p: Phase) -> Result<PhaseGuard> {
+        if PHASE.with(Cell::get) != Phase::Eager {
+            return Err(Error::invalid(
+                "capture",
+                "a graph capture inside another on the same thread",
+            ));
+        }
+        PHASE.with(|c| c.set(p));
+        if p == Phase::Capture {
+            CAPTURED.with(|c| c.borrow_mut().clear());
+        }
+        Ok(PhaseGuard)
+    }
+}
+
+impl Drop for PhaseGuard {
+    fn drop(&mut self) {
+        PHASE.with(|c| c.set(Phase::Eager));
+    }
+}
+
+/// The collectives the capturing pass of this thread enqueued, taken.
+pub(crate) fn take_captured() -> Vec<Captured> {
+    CAPTURED.with(|c| std::mem::take(&mut *c.borrow_mut()))
+}
