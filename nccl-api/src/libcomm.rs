@@ -178,6 +178,28 @@ impl<R: Runtime> LibComm<R> {
     /// (inside a group, left to the group's end): one that answered ncclSuccess is enqueued
     /// (NCCL's non-blocking rule), so it is not polled.
     pub(crate) fn call<T>(self: &Arc<Self>, f: impl FnOnce(CommRef<'_>) -> Result<T>) -> Result<T> {
+        self.call_in(true, f)
+    }
+
+    /// [`LibComm::call`] for a collective or point-to-point call, without making the device
+    /// current: NCCL and RCCL make the communicator's device current themselves for every
+    /// operation they enqueue and launch (NCCL's documented single-thread, several-GPU
+    /// example calls them for each device's communicator without `cudaSetDevice`), so the
+    /// driver call that would check it (`cuCtxGetCurrent`) is left out of the hot path.
+    #[inline]
+    pub(crate) fn call_enqueue<T>(
+        self: &Arc<Self>,
+        f: impl FnOnce(CommRef<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.call_in(false, f)
+    }
+
+    #[inline]
+    fn call_in<T>(
+        self: &Arc<Self>,
+        set_device: bool,
+        f: impl FnOnce(CommRef<'_>) -> Result<T>,
+    ) -> Result<T> {
         // The state is read under the lock that the teardown also takes, so a communicator
         // aborted by another thread is never used after it was freed.
         let _g = self.locked()?;
@@ -185,11 +207,15 @@ impl<R: Runtime> LibComm<R> {
         // SAFETY: live (checked under the lock, which every ending takes) for as long as the
         // borrow, which ends with `f`; one thread (the lock); `world` and `rank` its shape.
         let c = unsafe { CommRef::borrow_raw(self.comm, self.world, self.rank) };
+        let run = |c| match set_device {
+            true => self.rt.with_device(self.dev, || f(c)),
+            false => f(c),
+        };
         if !self.nonblocking {
-            return self.rt.with_device(self.dev, || f(c));
+            return run(c);
         }
         take_in_progress(); // what an earlier call of this thread left is not this call's
-        let r = self.rt.with_device(self.dev, || f(c));
+        let r = run(c);
         if group::in_group() {
             group::join(self.clone()); // ncclGroupEnd settles every member
         } else if take_in_progress() {

@@ -55,7 +55,7 @@ impl<R: Runtime> Library<R> {
                         .is_some_and(RegKind::is_window))
             })?;
         }
-        lc.call(|c| {
+        lc.call_enqueue(|c| {
             let on = match child {
                 Some(raw) => lc.child(c, raw),
                 None => c,
