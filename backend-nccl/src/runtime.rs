@@ -298,8 +298,11 @@ impl Runtime for CudaRuntime {
         })
     }
 
-    const GRAPHS: bool = true;
     type Graph = crate::graph::CudaGraph;
+
+    fn has_graphs(&self) -> bool {
+        true
+    }
 
     fn begin_capture(&self, dev: usize, s: &CudaStreamHandle) -> Result<()> {
         self.with_device(dev, || crate::graph::begin(s.0.cu_stream()))

@@ -19,6 +19,7 @@
 //! NCCL-ABI library. See docs/rocm.md.
 
 #![deny(unsafe_code)]
+mod graph;
 pub mod interop;
 mod load;
 pub mod runtime;

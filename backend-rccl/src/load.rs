@@ -88,21 +88,37 @@ impl HipRuntime {
                 })
             })(),
             stream_is_capturing: opt!("hipStreamIsCapturing"),
+            graphs: (|| {
+                Some(HipGraphs {
+                    stream_begin_capture: opt!("hipStreamBeginCapture")?,
+                    stream_end_capture: opt!("hipStreamEndCapture")?,
+                    graph_instantiate_with_flags: opt!("hipGraphInstantiateWithFlags")?,
+                    graph_launch: opt!("hipGraphLaunch")?,
+                    graph_exec_destroy: opt!("hipGraphExecDestroy")?,
+                    graph_destroy: opt!("hipGraphDestroy")?,
+                })
+            })(),
             launch_host_func: opt!("hipLaunchHostFunc"),
         };
-        let mut rt = HipRuntime {
+        let rt = HipRuntime {
             path,
             fns,
             count: 0,
             _lib: lib,
         };
+        rt.with_devices()
+    }
+
+    /// The runtime with its device count, or `NoDevice` naming why there is none.
+    fn with_devices(mut self) -> Result<Self> {
+        let rt = &mut self;
         let mut n: c_int = 0;
         // SAFETY: writes one int.
         let r = unsafe { (rt.fns.get_device_count)(&mut n) };
         match r {
             HIP_SUCCESS if n > 0 => {
                 rt.count = n as usize;
-                Ok(rt)
+                Ok(self)
             }
             HIP_SUCCESS | HIP_ERROR_NO_DEVICE | HIP_ERROR_INVALID_DEVICE | HIP_ERROR_INSUFFICIENT_DRIVER => Err(Error::NoDevice {
                 vendor: "ROCm",

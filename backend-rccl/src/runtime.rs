@@ -8,6 +8,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::os::fd::{AsRawFd, FromRawFd};
 use unicomm_core::{Error, Result};
 
+use crate::graph;
 pub use crate::sys::hip_search;
 use crate::sys::*;
 use unicomm_nccl_api::runtime::Exported;
@@ -39,8 +40,26 @@ impl Runtime for HipRuntime {
     const VENDOR: &'static str = "ROCm";
     type Stream = HipStreamHandle;
     type Event = HipEventHandle;
-    /// HIP graphs are not driven yet: capture is `Unsupported`, and the capability says so.
-    type Graph = std::convert::Infallible;
+    type Graph = graph::HipGraph;
+
+    fn has_graphs(&self) -> bool {
+        self.fns.graphs.is_some()
+    }
+
+    fn begin_capture(&self, dev: usize, s: &HipStreamHandle) -> Result<()> {
+        let g = graph::table(self.fns.graphs, &self.path)?;
+        self.with_device(dev, || graph::begin(&g, &|c, e| self.check(c, e), s.0))
+    }
+
+    fn end_capture(&self, dev: usize, s: &HipStreamHandle) -> Result<graph::HipGraph> {
+        let g = graph::table(self.fns.graphs, &self.path)?;
+        self.with_device(dev, || graph::end(&g, &|c, e| self.check(c, e), s.0))
+    }
+
+    fn launch_graph(&self, dev: usize, gr: &graph::HipGraph, s: &HipStreamHandle) -> Result<()> {
+        let g = graph::table(self.fns.graphs, &self.path)?;
+        self.with_device(dev, || graph::launch(&g, &|c, e| self.check(c, e), gr, s.0))
+    }
 
     fn record(&self, s: &HipStreamHandle) -> Result<HipEventHandle> {
         self.with_device(s.1, || {

@@ -75,6 +75,30 @@ pub struct HipFns {
     >,
     /// `hipStreamIsCapturing(stream, status)`: optional (graphs are then never seen).
     pub stream_is_capturing: Option<unsafe extern "C" fn(HipStream, *mut c_int) -> HipError>,
+    /// HIP graphs (stream capture, instantiation, launch): optional; without them graph
+    /// capture is `Unsupported`, naming the call.
+    pub graphs: Option<HipGraphs>,
+}
+
+/// `hipGraph_t` and `hipGraphExec_t`.
+pub(crate) type HipGraphT = *mut c_void;
+/// `hipStreamCaptureModeThreadLocal` (CUDA's value too).
+pub(crate) const HIP_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
+
+/// HIP's graph calls, each the function of the same name.
+#[expect(
+    missing_docs,
+    reason = "each field is the HIP function of the same name"
+)]
+#[derive(Clone, Copy)]
+pub struct HipGraphs {
+    pub stream_begin_capture: unsafe extern "C" fn(HipStream, c_int) -> HipError,
+    pub stream_end_capture: unsafe extern "C" fn(HipStream, *mut HipGraphT) -> HipError,
+    pub graph_instantiate_with_flags:
+        unsafe extern "C" fn(*mut HipGraphT, HipGraphT, u64) -> HipError,
+    pub graph_launch: unsafe extern "C" fn(HipGraphT, HipStream) -> HipError,
+    pub graph_exec_destroy: unsafe extern "C" fn(HipGraphT) -> HipError,
+    pub graph_destroy: unsafe extern "C" fn(HipGraphT) -> HipError,
 }
 
 /// HIP's stream memory operations, each the function of the same name.

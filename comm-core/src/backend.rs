@@ -66,7 +66,8 @@ pub struct Capabilities {
     /// all-to-all is grouped send/recv.
     pub native_all_to_all: bool,
     /// Collectives may be captured into graphs and replayed ([`crate::graph::Graph`]): CUDA
-    /// graphs on NCCL, the mock's recorded work; `false` on RCCL until HIP capture is driven.
+    /// graphs on NCCL, HIP graphs on RCCL (where the HIP runtime has the graph calls), the
+    /// mock's recorded work.
     pub graph_capture: bool,
     /// Allocation through the library (`ncclMemAlloc`, cuMem-backed).
     pub mem_alloc: bool,

@@ -44,3 +44,15 @@ fn a_device_copy_and_a_host_function_run_in_stream_order() -> Result<()> {
     }
     Ok(())
 }
+
+/// unicomm's own capture ([`unicomm_core::graph::Graph`]) on every vendor (CUDA graphs on
+/// NCCL, HIP graphs on RCCL): a step of every collective, warmed up and captured by one
+/// call, replayed 1,000 times with every output exact after each replay, and again with a
+/// registered buffer (the library captures its registered kernels).
+#[test]
+fn a_captured_step_of_every_collective_replays_exactly() -> Result<()> {
+    let w = t::world()?;
+    let cs = GPU.comms(w)?;
+    unicomm_conformance::captured_step_replays(&cs, 1000, false)?;
+    unicomm_conformance::captured_step_replays(&cs, 100, true)
+}

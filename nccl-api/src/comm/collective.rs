@@ -40,7 +40,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
             registration: api.has_registration(),
             windows: api.has_windows(),
             native_all_to_all: api.all_to_all.is_some(),
-            graph_capture: R::GRAPHS,
+            graph_capture: self.base.lc.rt.has_graphs(),
             mem_alloc: api.has_mem_alloc(),
             copy_engine: self.ce.reachable() && api.has_windows(),
             native_split: api.fns.comm_split.is_some() && api.version >= crate::split::SPLIT_SINCE,

@@ -129,8 +129,11 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         ))
     }
 
-    /// Whether this runtime captures and launches graphs ([`Runtime::begin_capture`]).
-    const GRAPHS: bool = false;
+    /// Whether this runtime captures and launches graphs ([`Runtime::begin_capture`]): it
+    /// has the calls.
+    fn has_graphs(&self) -> bool {
+        false
+    }
     /// An instantiated graph (`CUgraphExec` / `hipGraphExec_t`), destroyed on drop.
     type Graph: Send + Sync + 'static;
     /// Starts capturing `s` in thread-local mode (`cuStreamBeginCapture` /

@@ -84,6 +84,7 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "backend-mock/src/reduce.rs",
     "backend-mock/src/shm.rs",
     "backend-nccl/src/graph.rs",
+    "backend-rccl/src/graph.rs",
     "backend-nccl/src/interop.rs",
     "backend-nccl/src/runtime.rs",
     "backend-nccl/src/vmm.rs",

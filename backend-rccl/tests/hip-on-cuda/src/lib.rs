@@ -289,6 +289,37 @@ pub unsafe extern "C" fn hipStreamIsCapturing(s: Stream, status: *mut c_int) -> 
     in_ctx!(call!("cuStreamIsCapturing": fn(Stream, *mut c_int) (s, status)))
 }
 
+// Graphs: HIP's capture modes, graph handles and flags are CUDA's.
+#[no_mangle]
+pub unsafe extern "C" fn hipStreamBeginCapture(s: Stream, mode: c_int) -> R {
+    in_ctx!(call!("cuStreamBeginCapture_v2": fn(Stream, c_int) (s, mode)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn hipStreamEndCapture(s: Stream, g: *mut *mut c_void) -> R {
+    in_ctx!(call!("cuStreamEndCapture": fn(Stream, *mut *mut c_void) (s, g)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn hipGraphInstantiateWithFlags(e: *mut *mut c_void, g: *mut c_void, flags: u64) -> R {
+    in_ctx!(call!("cuGraphInstantiateWithFlags": fn(*mut *mut c_void, *mut c_void, u64) (e, g, flags)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn hipGraphLaunch(e: *mut c_void, s: Stream) -> R {
+    in_ctx!(call!("cuGraphLaunch": fn(*mut c_void, Stream) (e, s)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn hipGraphExecDestroy(e: *mut c_void) -> R {
+    call!("cuGraphExecDestroy": fn(*mut c_void) (e))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn hipGraphDestroy(g: *mut c_void) -> R {
+    call!("cuGraphDestroy": fn(*mut c_void) (g))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn hipStreamWaitValue32(s: Stream, p: *mut c_void, v: u32, flags: c_uint, mask: u32) -> R {
     if mask != u32::MAX {
