@@ -66,9 +66,21 @@ fn run() -> anyhow::Result<()> {
         let _ = comm.abort();
         bail!("rank {r}: process groups: {e}");
     }
+    // A captured step of every collective, replayed (CUDA or HIP graphs across the
+    // processes; the mock's replays).
+    let graphs = comm.capabilities().graph_capture;
+    if graphs {
+        let one = std::slice::from_ref(&comm);
+        if let Err(e) = unicomm_conformance::captured_step_replays(one, 20, false) {
+            let _ = comm.abort();
+            bail!("rank {r}: captured step: {e}");
+        }
+    } else {
+        println!("rank_conformance: rank {r}: no graph capture on this backend: graphs NOT run");
+    }
     comm.finalize()?;
     println!(
-        "rank_conformance: rank {r} of {w}: {} cases and the process groups in {:.1} s; PASSED",
+        "rank_conformance: rank {r} of {w}: {} cases, the process groups and a captured step in {:.1} s; PASSED",
         cases.len(),
         t.elapsed().as_secs_f64(),
     );
