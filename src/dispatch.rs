@@ -421,6 +421,9 @@ impl Collective for AnyComm {
     fn create_stream(&self) -> Result<AnyStream> {
         each!(self, AnyComm, c => c.create_stream().map(AnyStream::from))
     }
+    fn create_stream_with(&self, priority: unicomm_core::StreamPriority) -> Result<AnyStream> {
+        each!(self, AnyComm, c => c.create_stream_with(priority).map(AnyStream::from))
+    }
     fn alloc(&self, bytes: usize) -> Result<AnyMemory> {
         each!(self, AnyComm, c => c.alloc(bytes).map(AnyMemory::from))
     }

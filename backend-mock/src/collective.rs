@@ -73,6 +73,11 @@ impl Collective for MockComm {
         )
     }
 
+    /// Every priority is accepted and none has an effect: the mock's streams are threads.
+    fn create_stream_with(&self, _priority: unicomm_core::StreamPriority) -> Result<MockStream> {
+        self.create_stream()
+    }
+
     fn alloc(&self, bytes: usize) -> Result<MockMemory> {
         self.live()?;
         MockMemory::new(bytes, self.owner(), self.shared)

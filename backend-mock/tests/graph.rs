@@ -116,3 +116,19 @@ fn each_launch_is_recorded_in_the_flight_recorder_with_its_graph_and_replay() {
     })
     .unwrap();
 }
+
+/// A communication stream of high priority is accepted on the mock (its streams are
+/// threads: no effect) and carries collectives, so an engine's code that asks for one runs
+/// in CI unchanged.
+#[test]
+fn a_high_priority_stream_is_accepted_and_carries_collectives() {
+    let comms = unicomm_mock::local_comms(2).unwrap();
+    each_rank(&comms, |c| {
+        let st = c.create_stream_with(unicomm_core::StreamPriority::High)?;
+        let mut x = c.upload(&[1.0f32; 16], &st)?;
+        c.all_reduce_in_place(&mut x, ReduceOp::Sum, &st)?;
+        assert_eq!(x.copy_to_host(&st)?, vec![2.0; 16]);
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}

@@ -365,6 +365,25 @@ impl Runtime for CudaRuntime {
             .map_err(|e| cuda_err("cuStreamCreate", e))
     }
 
+    fn create_stream_with(
+        &self,
+        dev: usize,
+        priority: unicomm_core::StreamPriority,
+    ) -> Result<CudaStreamHandle> {
+        if priority == unicomm_core::StreamPriority::Normal {
+            return self.create_stream(dev);
+        }
+        let ctx = self.context(dev)?;
+        // The range is the current context's: `dev`'s made current for the query.
+        let (_least, greatest) = self.with_device(dev, || {
+            result::stream::get_priority_range()
+                .map_err(|e| cuda_err("cuCtxGetStreamPriorityRange", e))
+        })?;
+        ctx.new_stream_with_priority(greatest)
+            .map(CudaStreamHandle)
+            .map_err(|e| cuda_err("cuStreamCreateWithPriority", e))
+    }
+
     fn raw_stream(s: &CudaStreamHandle) -> *mut std::ffi::c_void {
         s.0.cu_stream() as *mut std::ffi::c_void
     }

@@ -7,7 +7,7 @@
 use crate::op::Op;
 use crate::{CommConfig, Result};
 
-pub use crate::device::{DeviceGraph, DeviceMemory, DeviceStream};
+pub use crate::device::{DeviceGraph, DeviceMemory, DeviceStream, StreamPriority};
 pub use crate::marker::{Marker, MarkerTime};
 
 /// A library version, as `ncclGetVersion` reports it (`major*10000 + minor*100 + patch`).
@@ -133,6 +133,18 @@ pub trait Collective: Send + Sync + Sized + 'static {
 
     /// A new stream on this rank's device.
     fn create_stream(&self) -> Result<Self::Stream>;
+    /// A new stream on this rank's device with `priority`. Default: the normal priority is
+    /// [`Collective::create_stream`], another is `Unsupported`.
+    fn create_stream_with(&self, priority: StreamPriority) -> Result<Self::Stream> {
+        match priority {
+            StreamPriority::Normal => self.create_stream(),
+            p => Err(crate::Error::unsupported(
+                "stream priorities",
+                "a backend with prioritised streams",
+                format!("{} ({p:?} asked for)", self.capabilities().backend),
+            )),
+        }
+    }
     /// Allocates `bytes` on this rank's device (through `ncclMemAlloc` where available).
     fn alloc(&self, bytes: usize) -> Result<Self::Memory>;
     /// Whether `mem` may be used by this communicator (same device).

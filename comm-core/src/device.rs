@@ -4,6 +4,21 @@
 use crate::marker::Marker;
 use crate::Result;
 
+/// The scheduling priority of a new stream ([`Comm::create_stream_with`](crate::Comm::create_stream_with)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum StreamPriority {
+    /// The device's default priority (what [`Comm::create_stream`](crate::Comm::create_stream) gives).
+    #[default]
+    Normal,
+    /// The device's greatest priority (`cuCtxGetStreamPriorityRange`'s greatest, as
+    /// PyTorch's high-priority process-group streams): the GPU's scheduler starts this
+    /// stream's pending blocks before lower-priority ones, so a small collective is not
+    /// queued behind a long compute kernel's remaining blocks. No effect on the mock (its
+    /// streams are threads); accepted there.
+    High,
+}
+
 /// A stream: an ordered queue of device work.
 pub trait DeviceStream: Send + Sync + Sized {
     /// A graph captured from this stream's work ([`DeviceStream::end_capture`]).

@@ -67,7 +67,7 @@ pub mod shrink;
 
 pub use backend::{
     Capabilities, Collective, DeviceGraph, DeviceInfo, DeviceMemory, DeviceStream, Marker,
-    MarkerTime, RawHandle, Version,
+    MarkerTime, RawHandle, StreamPriority, Version,
 };
 pub use buffer::{Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
 pub use comm::{packed_displs, Comm};

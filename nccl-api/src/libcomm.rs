@@ -167,7 +167,15 @@ impl<R: Runtime> LibComm<R> {
 
     /// A new stream of this rank's device whose waits watch this communicator.
     pub(crate) fn create_stream(self: &Arc<Self>) -> Result<ApiStream<R>> {
-        let s = self.rt.create_stream(self.dev)?;
+        self.create_stream_with(unicomm_core::StreamPriority::Normal)
+    }
+
+    /// [`LibComm::create_stream`] of `priority`.
+    pub(crate) fn create_stream_with(
+        self: &Arc<Self>,
+        priority: unicomm_core::StreamPriority,
+    ) -> Result<ApiStream<R>> {
+        let s = self.rt.create_stream_with(self.dev, priority)?;
         let st = ApiStream::new(self.rt.clone(), s, self.dev, self.timeout());
         st.watched_by(self);
         Ok(st)

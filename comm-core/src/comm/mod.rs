@@ -125,6 +125,13 @@ impl<C: Collective> Comm<C> {
     pub fn create_stream(&self) -> Result<C::Stream> {
         self.raw.create_stream()
     }
+    /// A new stream on this rank's device with `priority`: a communication stream of
+    /// [`StreamPriority::High`](crate::StreamPriority) keeps small collectives from waiting
+    /// behind long compute kernels (CUDA and HIP stream priorities; accepted without effect
+    /// on the mock).
+    pub fn create_stream_with(&self, priority: crate::StreamPriority) -> Result<C::Stream> {
+        self.raw.create_stream_with(priority)
+    }
 
     /// Scratch memory of `len` elements for a capture's warm-up pass (allowed there, unlike
     /// the caller's own allocations).

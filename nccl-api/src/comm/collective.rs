@@ -55,6 +55,10 @@ impl<R: Runtime> Collective for ApiComm<R> {
         self.base.lc.create_stream()
     }
 
+    fn create_stream_with(&self, priority: unicomm_core::StreamPriority) -> Result<ApiStream<R>> {
+        self.base.lc.create_stream_with(priority)
+    }
+
     fn alloc(&self, bytes: usize) -> Result<ApiMemory<R>> {
         let lc = &self.base.lc;
         ApiMemory::alloc(&lc.api, lc.rt.clone(), lc.dev, bytes)

@@ -134,6 +134,24 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     fn has_graphs(&self) -> bool {
         false
     }
+    /// A new stream on `dev` of `priority` (`cuStreamCreateWithPriority` /
+    /// `hipStreamCreateWithPriority` at the device's greatest priority for `High`). A
+    /// runtime without priorities refuses, naming the call.
+    fn create_stream_with(
+        &self,
+        dev: usize,
+        priority: unicomm_core::StreamPriority,
+    ) -> Result<Self::Stream> {
+        match priority {
+            unicomm_core::StreamPriority::Normal => self.create_stream(dev),
+            p => Err(unicomm_core::Error::unsupported(
+                "stream priorities",
+                format!("{}'s prioritised streams", Self::NAME),
+                format!("a runtime without them ({p:?} asked for)"),
+            )),
+        }
+    }
+
     /// An instantiated graph (`CUgraphExec` / `hipGraphExec_t`), destroyed on drop.
     type Graph: Send + Sync + 'static;
     /// Starts capturing `s` in thread-local mode (`cuStreamBeginCapture` /
