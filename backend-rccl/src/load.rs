@@ -88,6 +88,12 @@ impl HipRuntime {
                 })
             })(),
             stream_is_capturing: opt!("hipStreamIsCapturing"),
+            priorities: (|| {
+                Some(HipPriorities {
+                    device_get_stream_priority_range: opt!("hipDeviceGetStreamPriorityRange")?,
+                    stream_create_with_priority: opt!("hipStreamCreateWithPriority")?,
+                })
+            })(),
             graphs: (|| {
                 Some(HipGraphs {
                     stream_begin_capture: opt!("hipStreamBeginCapture")?,

@@ -359,6 +359,36 @@ impl Runtime for HipRuntime {
         })
     }
 
+    fn create_stream_with(
+        &self,
+        dev: usize,
+        priority: unicomm_core::StreamPriority,
+    ) -> Result<HipStreamHandle> {
+        if priority == unicomm_core::StreamPriority::Normal {
+            return self.create_stream(dev);
+        }
+        let Some(p) = self.fns.priorities else {
+            return Err(Error::unsupported(
+                "stream priorities",
+                "hipDeviceGetStreamPriorityRange and hipStreamCreateWithPriority",
+                format!("libamdhip64 at {} without them", self.path),
+            ));
+        };
+        self.with_device(dev, || {
+            let (mut least, mut greatest): (c_int, c_int) = (0, 0);
+            // SAFETY: writes two ints for the current device.
+            let code = unsafe { (p.device_get_stream_priority_range)(&mut least, &mut greatest) };
+            self.check("hipDeviceGetStreamPriorityRange", code)?;
+            let mut s = std::ptr::null_mut();
+            // SAFETY: writes one stream handle.
+            let code = unsafe {
+                (p.stream_create_with_priority)(&mut s, HIP_STREAM_NON_BLOCKING, greatest)
+            };
+            self.check("hipStreamCreateWithPriority", code)?;
+            Ok(HipStreamHandle::owned(s, dev))
+        })
+    }
+
     fn launch_host_fn(
         &self,
         dev: usize,

@@ -78,6 +78,22 @@ pub struct HipFns {
     /// HIP graphs (stream capture, instantiation, launch): optional; without them graph
     /// capture is `Unsupported`, naming the call.
     pub graphs: Option<HipGraphs>,
+    /// `hipDeviceGetStreamPriorityRange(least, greatest)` and
+    /// `hipStreamCreateWithPriority(stream, flags, priority)`: optional (prioritised streams
+    /// are then `Unsupported`).
+    pub priorities: Option<HipPriorities>,
+}
+
+/// HIP's stream priority calls, each the function of the same name.
+#[expect(
+    missing_docs,
+    reason = "each field is the HIP function of the same name"
+)]
+#[derive(Clone, Copy)]
+pub struct HipPriorities {
+    pub device_get_stream_priority_range: unsafe extern "C" fn(*mut c_int, *mut c_int) -> HipError,
+    pub stream_create_with_priority:
+        unsafe extern "C" fn(*mut HipStream, c_uint, c_int) -> HipError,
 }
 
 /// `hipGraph_t` and `hipGraphExec_t`.

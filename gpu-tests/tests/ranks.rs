@@ -56,3 +56,22 @@ fn a_captured_step_of_every_collective_replays_exactly() -> Result<()> {
     unicomm_conformance::captured_step_replays(&cs, 1000, false)?;
     unicomm_conformance::captured_step_replays(&cs, 100, true)
 }
+
+/// A communication stream of the device's greatest priority (CUDA's and HIP's stream
+/// priorities) carries collectives like any other.
+#[test]
+fn a_high_priority_stream_carries_collectives() -> Result<()> {
+    use unicomm_core::{ReduceOp, StreamPriority};
+    let w = t::world()?;
+    let cs = GPU.comms(w)?;
+    for o in t::each(&cs, |c| -> Result<Vec<f32>> {
+        let st = c.create_stream_with(StreamPriority::High)?;
+        let mut a = c.upload(&[1.0f32; 4096], &st)?;
+        c.all_reduce_in_place(&mut a, ReduceOp::Sum, &st)?;
+        a.copy_to_host(&st)
+    }) {
+        let v = o?;
+        assert!(v.iter().all(|&x| x == w as f32), "{:?}", &v[..4]);
+    }
+    Ok(())
+}

@@ -289,6 +289,16 @@ pub unsafe extern "C" fn hipStreamIsCapturing(s: Stream, status: *mut c_int) -> 
     in_ctx!(call!("cuStreamIsCapturing": fn(Stream, *mut c_int) (s, status)))
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn hipDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> R {
+    in_ctx!(call!("cuCtxGetStreamPriorityRange": fn(*mut c_int, *mut c_int) (least, greatest)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn hipStreamCreateWithPriority(s: *mut Stream, flags: c_uint, priority: c_int) -> R {
+    in_ctx!(call!("cuStreamCreateWithPriority": fn(*mut Stream, c_uint, c_int) (s, flags, priority)))
+}
+
 // Graphs: HIP's capture modes, graph handles and flags are CUDA's.
 #[no_mangle]
 pub unsafe extern "C" fn hipStreamBeginCapture(s: Stream, mode: c_int) -> R {
