@@ -5,13 +5,14 @@
 //! the ranks that never reached it.
 //!
 //! Every backend records each operation when it enqueues it ([`FlightRecorder::record`]);
-//! the always-on part is a lock, a clock read and a ring slot (no allocation once the ring
-//! is full). With `UNICOMM_FLIGHT_COMPLETION=1` each record also holds a marker recorded on
+//! the always-on part is an atomic increment, a clock read and one cache line of a fixed
+//! ring written without a lock (`ring.rs`: one line per operation, allocated once). With `UNICOMM_FLIGHT_COMPLETION=1` each record also holds a marker recorded on
 //! the operation's stream after it, whose state the dump reports: `passed` (the stream moved
 //! past it: done, or failed and drained) or `pending` (the stream is still at it or before
 //! it: where a hang sits).
 //!
-//! Settings: `UNICOMM_FLIGHT_ENTRIES` (ring size, default 1024; 0 switches recording off),
+//! Settings: `UNICOMM_FLIGHT_ENTRIES` (ring size, default 1024, 64 bytes each; 0 switches
+//! recording off),
 //! `UNICOMM_FLIGHT_DIR` (where dumps go; unset: automatic dumps are not written, and
 //! [`FlightRecorder::dump`] says so), `UNICOMM_FLIGHT_COMPLETION` (0 or 1).
 
@@ -25,34 +26,7 @@ use crate::kind::Kind;
 use crate::marker::Marker;
 use crate::{Error, Result};
 
-/// One operation as recorded.
-pub struct Entry {
-    /// Its number on this communicator (every rank numbers the same operations alike).
-    pub seq: u64,
-    /// The operation, with its reduction and root or peer; named only when dumped, so
-    /// that a record on the hot path copies a few words and no names.
-    pub kind: Kind,
-    /// Elements (per rank or per peer, as the operation counts them).
-    pub count: usize,
-    /// Element type.
-    pub dtype: DataType,
-    /// The path the backend took ("library", "copy engines", "lowered", ...).
-    pub path: &'static str,
-    /// The stream's identity (its handle's address).
-    pub stream: u64,
-    /// When it was enqueued: a stamp of the cycle counter (no system call on the hot path),
-    /// turned into microseconds since the Unix epoch by the dump.
-    pub enqueued: u64,
-    /// With completion tracking: the point after it on its stream.
-    pub done: Option<Marker>,
-    /// A collective replayed by a graph's launch: `(graph id, replay number)`.
-    pub graph: Option<(u64, u64)>,
-}
-
-struct Ring {
-    entries: VecDeque<Entry>,
-    next: u64,
-}
+mod ring;
 
 /// A communicator's flight recorder (see the module doc).
 pub struct FlightRecorder {
@@ -62,7 +36,10 @@ pub struct FlightRecorder {
     cap: usize,
     completion: bool,
     dir: Option<PathBuf>,
-    ring: Mutex<Ring>,
+    ring: ring::Ring,
+    /// With completion tracking: the marker after each recorded operation, by its number
+    /// (at most `cap`, oldest first).
+    done: Mutex<VecDeque<(u64, Marker)>>,
     dumped: AtomicBool,
     /// The clock when it was made: with the dump's, it dates every stamp.
     born: crate::clock::Anchor,
@@ -115,10 +92,8 @@ impl FlightRecorder {
             cap,
             completion: completion && cap > 0,
             dir,
-            ring: Mutex::new(Ring {
-                entries: VecDeque::with_capacity(cap.min(4096)),
-                next: 0,
-            }),
+            ring: ring::Ring::new(cap),
+            done: Mutex::new(VecDeque::new()),
             dumped: AtomicBool::new(false),
             born: crate::clock::Anchor::now(),
         });
@@ -219,7 +194,7 @@ impl FlightRecorder {
     #[inline]
     fn push(
         &self,
-        (kind, count, dtype): (Kind, usize, DataType),
+        what: (Kind, usize, DataType),
         path: &'static str,
         stream: u64,
         done: Option<Marker>,
@@ -228,26 +203,16 @@ impl FlightRecorder {
         if self.cap == 0 {
             return 0;
         }
-        // Made before the lock (the clock read included); numbered under it.
-        let mut e = Entry {
-            seq: 0,
-            kind,
-            count,
-            dtype,
-            path,
-            stream,
-            enqueued: crate::clock::stamp(),
-            done,
-            graph,
-        };
-        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        let seq = ring.next;
-        ring.next += 1;
-        if ring.entries.len() == self.cap {
-            ring.entries.pop_front();
+        let seq = self
+            .ring
+            .push(what, path, stream, crate::clock::stamp(), graph);
+        if let Some(m) = done {
+            let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
+            if d.len() == self.cap {
+                d.pop_front();
+            }
+            d.push_back((seq, m));
         }
-        e.seq = seq;
-        ring.entries.push_back(e);
         seq
     }
 
@@ -264,7 +229,8 @@ impl FlightRecorder {
 
     /// The recorder's state as JSON, with why it was taken.
     pub fn to_json(&self, reason: &str) -> String {
-        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = self.ring.read();
+        let done = self.done.lock().unwrap_or_else(|e| e.into_inner());
         let dumped = crate::clock::Anchor::now();
         let mut o = format!(
             "{{\"format\":\"unicomm-flight-1\",\"comm\":{},\"rank\":{},\"world\":{},\"reason\":{},\"dumped_us\":{},\"next_seq\":{},\"entries\":[",
@@ -273,12 +239,13 @@ impl FlightRecorder {
             self.world,
             json_str(reason),
             crate::clock::wall_now_us(),
-            ring.next
+            self.ring.next()
         );
-        for (i, e) in ring.entries.iter().enumerate() {
+        for (i, e) in entries.iter().enumerate() {
             // With completion tracking: whether the stream has moved past it (done, or failed
             // and drained) or is still at it or before it.
-            let state = match e.done.as_ref().and_then(|m| m.inner().reached()) {
+            let marker = done.iter().find(|(s, _)| *s == e.seq).map(|(_, m)| m);
+            let state = match marker.and_then(|m| m.inner().reached()) {
                 Some(true) => "passed",
                 Some(false) => "pending",
                 None => "enqueued",
@@ -288,14 +255,14 @@ impl FlightRecorder {
                 "{}{{\"seq\":{},\"kind\":{},\"count\":{},\"dtype\":{},\"op\":{},\"rank_arg\":{},\"path\":{},\"stream\":{},\"enqueued_us\":{},\"state\":{},\"graph\":{},\"replay\":{}}}",
                 if i == 0 { "" } else { "," },
                 e.seq,
-                json_str(e.kind.snake_name()),
+                json_str(e.kind),
                 e.count,
-                json_str(e.dtype.name()),
-                opt(e.kind.reduction().map(|o| json_str(o.name()))),
-                opt(e.kind.rank_arg().map(|(r, _)| r.to_string())),
+                json_str(e.dtype),
+                opt(e.op.map(json_str)),
+                opt(e.rank_arg.map(|r| r.to_string())),
                 json_str(e.path),
                 e.stream,
-                self.born.wall_us(&dumped, e.enqueued),
+                self.born.wall_us(&dumped, e.stamp),
                 json_str(state),
                 opt(e.graph.map(|g| g.0.to_string())),
                 opt(e.graph.map(|g| g.1.to_string())),

@@ -1,0 +1,314 @@
+//! The recorder's ring: one cache line per operation, written without a lock (a seqlock
+//! over atomics: the writer marks the slot busy, stores its words, then its sequence
+//! number), read by a dump that skips a slot being written. On the hot path a record is one
+//! atomic increment, a clock read and the stores of one line: measured on 1x H200, the
+//! mutex-guarded deque before cost ~0.25 us per call with the caches cold between NCCL's
+//! calls (0.40 us median over unicomm's own cost with the recorder on, 0.12 us off).
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::element::{DataType, ReduceOp};
+use crate::kind::Kind;
+
+/// "None" in a packed 32-bit rank or an 8-bit code.
+const NONE32: u64 = u32::MAX as u64;
+const NONE8: u64 = u8::MAX as u64;
+
+/// One operation's words (a cache line): `ver` is `2 * seq + 1` while being written and
+/// `2 * seq + 2` once written (0: never written).
+#[repr(align(64))]
+#[derive(Default)]
+struct Slot {
+    ver: AtomicU64,
+    stamp: AtomicU64,
+    count: AtomicU64,
+    /// Kind code, dtype, reduction, path id, rank argument (see [`pack`]).
+    desc: AtomicU64,
+    stream: AtomicU64,
+    /// A replayed collective: graph id + 1 (0: a call), and the replay.
+    graph: AtomicU64,
+    replay: AtomicU64,
+}
+
+/// One operation as read back from the ring.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Read {
+    pub seq: u64,
+    pub stamp: u64,
+    pub count: u64,
+    pub kind: &'static str,
+    pub dtype: &'static str,
+    pub op: Option<&'static str>,
+    pub rank_arg: Option<u64>,
+    pub path: &'static str,
+    pub stream: u64,
+    pub graph: Option<(u64, u64)>,
+}
+
+/// The fixed ring of `cap` slots and the next sequence number.
+pub(crate) struct Ring {
+    slots: Box<[Slot]>,
+    next: AtomicU64,
+}
+
+impl Ring {
+    pub(crate) fn new(cap: usize) -> Ring {
+        Ring {
+            slots: (0..cap).map(|_| Slot::default()).collect(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// The number the next operation takes.
+    pub(crate) fn next(&self) -> u64 {
+        self.next.load(Ordering::Acquire)
+    }
+
+    /// Records one operation; returns its sequence number.
+    #[inline]
+    pub(crate) fn push(
+        &self,
+        (kind, count, dtype): (Kind, usize, DataType),
+        path: &'static str,
+        stream: u64,
+        stamp: u64,
+        graph: Option<(u64, u64)>,
+    ) -> u64 {
+        let seq = self.next.fetch_add(1, Ordering::AcqRel);
+        let s = &self.slots[(seq % self.slots.len() as u64) as usize];
+        s.ver.store(2 * seq + 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        s.stamp.store(stamp, Ordering::Relaxed);
+        s.count.store(count as u64, Ordering::Relaxed);
+        s.desc
+            .store(pack(kind, dtype, path_id(path)), Ordering::Relaxed);
+        s.stream.store(stream, Ordering::Relaxed);
+        let (g, r) = graph.map_or((0, 0), |(g, r)| (g + 1, r));
+        s.graph.store(g, Ordering::Relaxed);
+        s.replay.store(r, Ordering::Relaxed);
+        s.ver.store(2 * seq + 2, Ordering::Release);
+        seq
+    }
+
+    /// The operations still in the ring, oldest first; one being written right now is left
+    /// out.
+    pub(crate) fn read(&self) -> Vec<Read> {
+        let next = self.next();
+        let cap = self.slots.len() as u64;
+        (next.saturating_sub(cap)..next)
+            .filter_map(|seq| self.read_slot(seq))
+            .collect()
+    }
+
+    fn read_slot(&self, seq: u64) -> Option<Read> {
+        let s = &self.slots[(seq % self.slots.len() as u64) as usize];
+        let v1 = s.ver.load(Ordering::Acquire);
+        if v1 != 2 * seq + 2 {
+            return None;
+        }
+        let (stamp, count, desc, stream, graph, replay) = (
+            s.stamp.load(Ordering::Relaxed),
+            s.count.load(Ordering::Relaxed),
+            s.desc.load(Ordering::Relaxed),
+            s.stream.load(Ordering::Relaxed),
+            s.graph.load(Ordering::Relaxed),
+            s.replay.load(Ordering::Relaxed),
+        );
+        std::sync::atomic::fence(Ordering::Acquire);
+        if s.ver.load(Ordering::Relaxed) != v1 {
+            return None;
+        }
+        let (kind, dtype, op, path, rank_arg) = unpack(desc);
+        Some(Read {
+            seq,
+            stamp,
+            count,
+            kind,
+            dtype,
+            op,
+            rank_arg,
+            path,
+            stream,
+            graph: (graph > 0).then(|| (graph - 1, replay)),
+        })
+    }
+}
+
+/// Kind code (8 bits), dtype (8), reduction (8), path id (8), rank argument (32).
+fn pack(kind: Kind, dtype: DataType, path: u8) -> u64 {
+    let op = kind.reduction().map_or(NONE8, |o| {
+        ReduceOp::ALL
+            .iter()
+            .position(|a| a.name() == o.name())
+            .unwrap_or(5) as u64
+    });
+    let rank = kind
+        .rank_arg()
+        .map_or(NONE32, |(r, _)| (r as u64).min(NONE32 - 1));
+    u64::from(kind.code())
+        | (dtype as i32 as u64 & 0xff) << 8
+        | op << 16
+        | u64::from(path) << 24
+        | rank << 32
+}
+
+#[allow(clippy::type_complexity, reason = "the five fields of one packed word")]
+fn unpack(
+    d: u64,
+) -> (
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    &'static str,
+    Option<u64>,
+) {
+    let code = (d & 0xff) as u8;
+    let kind = Kind::ALL
+        .iter()
+        .find(|k| k.code() == code)
+        .map_or("unknown", |k| k.snake_name());
+    let dt = ((d >> 8) & 0xff) as i32;
+    let dtype = DataType::ALL
+        .iter()
+        .find(|t| **t as i32 == dt)
+        .map_or("unknown", |t| t.name());
+    let op = match (d >> 16) & 0xff {
+        NONE8 => None,
+        i => Some(
+            ReduceOp::ALL
+                .get(i as usize)
+                .map_or("premulsum", |o| o.name()),
+        ),
+    };
+    let path = path_name(((d >> 24) & 0xff) as u8);
+    let rank = match d >> 32 {
+        NONE32 => None,
+        r => Some(r),
+    };
+    (kind, dtype, op, path, rank)
+}
+
+/// Every path name recorded in this process, by id (at most 255; past that "other").
+static PATHS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// This thread's ids of the path names it recorded (by address: a handful).
+    static PATH_IDS: RefCell<Vec<(usize, u8)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The id of `path`, interned once per process and cached per thread.
+#[inline]
+fn path_id(path: &'static str) -> u8 {
+    let key = path.as_ptr() as usize ^ path.len().rotate_left(48);
+    let hit = PATH_IDS.with(|c| {
+        c.borrow()
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, id)| *id)
+    });
+    hit.unwrap_or_else(|| intern(path, key))
+}
+
+#[cold]
+fn intern(path: &'static str, key: usize) -> u8 {
+    let mut all = PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    let id = match all.iter().position(|p| *p == path) {
+        Some(i) => i as u8,
+        None if all.len() < 255 => {
+            all.push(path);
+            (all.len() - 1) as u8
+        }
+        None => 255,
+    };
+    PATH_IDS.with(|c| c.borrow_mut().push((key, id)));
+    id
+}
+
+fn path_name(id: u8) -> &'static str {
+    let all = PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    all.get(id as usize).copied().unwrap_or("other")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What goes in comes back, every field, and the ring keeps the last `cap` in order.
+    #[test]
+    fn the_ring_gives_back_every_field_of_the_last_operations_in_order() {
+        let r = Ring::new(3);
+        let kinds = [
+            Kind::AllReduce { op: ReduceOp::Avg },
+            Kind::Broadcast { root: 7 },
+            Kind::Reduce {
+                op: ReduceOp::pre_mul_sum(0.5f32),
+                root: 2,
+            },
+            Kind::AllToAll,
+            Kind::Send { peer: 1 },
+        ];
+        for (i, k) in kinds.iter().enumerate() {
+            let g = (i == 4).then_some((9, 41));
+            let seq = r.push(
+                (*k, 10 + i, DataType::Bf16),
+                "library",
+                5,
+                100 + i as u64,
+                g,
+            );
+            assert_eq!(seq, i as u64);
+        }
+        let got = r.read();
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0].seq, 2);
+        assert_eq!(
+            (got[0].kind, got[0].op, got[0].rank_arg),
+            ("reduce", Some("premulsum"), Some(2))
+        );
+        assert_eq!(
+            (got[1].kind, got[1].op, got[1].rank_arg),
+            ("all_to_all", None, None)
+        );
+        let last = &got[2];
+        assert_eq!(
+            (last.kind, last.rank_arg, last.count),
+            ("send", Some(1), 14)
+        );
+        assert_eq!(
+            (last.dtype, last.path, last.stream, last.stamp),
+            ("bfloat16", "library", 5, 104)
+        );
+        assert_eq!(last.graph, Some((9, 41)));
+        assert_eq!(got[1].graph, None);
+    }
+
+    /// Records from several threads at once all land, each whole, numbered without gaps.
+    #[test]
+    fn records_from_several_threads_land_whole() {
+        let r = Ring::new(4096);
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let r = &r;
+                s.spawn(move || {
+                    for i in 0..1000u64 {
+                        r.push(
+                            (Kind::AllGather, (t * 1000 + i) as usize, DataType::F32),
+                            "mock",
+                            t,
+                            i,
+                            None,
+                        );
+                    }
+                });
+            }
+        });
+        let got = r.read();
+        assert_eq!(got.len(), 4000);
+        for g in &got {
+            assert_eq!(g.count / 1000, g.stream, "a record's words belong together");
+            assert_eq!(g.count % 1000, g.stamp);
+        }
+    }
+}
