@@ -149,8 +149,12 @@ pub type LentMut<'a, T> = unicomm_core::LentMut<'a, T, AnyComm>;
 /// A captured graph of collectives over [`Comm`]s, launched on a [`Stream`]
 /// ([`core::graph::Graph`]: capture, launch, the borrows it holds).
 pub type Graph<'a> = unicomm_core::graph::Graph<'a, AnyComm>;
-/// What a capture's closure enqueues through ([`core::graph::Capture`]).
-pub type Capture<'a> = unicomm_core::graph::Capture<'a, AnyComm>;
+/// What a step's closure enqueues through ([`core::step::Step`]): a captured graph's, a
+/// completion handle's.
+pub type Step<'a> = unicomm_core::step::Step<'a, AnyComm>;
+/// The work of a step in flight, a future ([`core::completion::Completion`]: `start`,
+/// `is_done`, `wait`, `.await`, `marker`).
+pub type Completion<'a> = unicomm_core::completion::Completion<'a, AnyComm>;
 
 /// Which vendor's GPUs (and library) to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -295,7 +295,13 @@ impl DeviceStream for MockStream {
     }
 
     fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        let inner = self.inner.clone();
         self.push(Box::new(move || {
+            // CUDA's rule (cuLaunchHostFunc): a host function is not called once the
+            // stream's work has failed; the error waits for the stream's next wait.
+            if inner.lock().error.is_some() {
+                return Ok(());
+            }
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|_| {
                 Error::invalid(
                     "host function",

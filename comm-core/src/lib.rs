@@ -45,6 +45,7 @@ pub mod buffer;
 mod capturing;
 mod clock;
 pub mod comm;
+pub mod completion;
 pub mod config;
 mod counts;
 mod device;
@@ -64,6 +65,7 @@ mod ranks;
 pub mod registration;
 pub mod registry;
 pub mod shrink;
+pub mod step;
 
 pub use backend::{
     Capabilities, Collective, DeviceGraph, DeviceInfo, DeviceMemory, DeviceStream, Marker,

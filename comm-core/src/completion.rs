@@ -1,0 +1,247 @@
+//! Completion handles: [`Completion::start`] enqueues a step of collectives and returns a
+//! handle that orders another stream after them ([`Completion::marker`] for
+//! [`DeviceStream::wait`]), answers "done?" without blocking, waits with the communicators'
+//! deadline, and is a [`Future`] woken without blocking an executor's thread: a host
+//! function enqueued after the work fires the waker (`cuLaunchHostFunc`,
+//! `hipLaunchHostFunc`, the mock's stream), and one watcher thread per process wakes a
+//! handle at its deadline (PyTorch's `Work`: `wait`, `is_completed`, `get_future`).
+//!
+//! The handle borrows every communicator and buffer the step used until the work is done:
+//! dropping it before then waits for the work, at most until the deadline (so the buffers
+//! are never freed under the device), and past the deadline aborts the communicators, as
+//! every other wait does.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crate::backend::Collective;
+use crate::capturing::Phase;
+use crate::comm::Comm;
+use crate::device::DeviceStream;
+use crate::marker::Marker;
+use crate::step::Step;
+use crate::{Error, Result};
+
+/// Whether the work is done, and who to wake when it is.
+#[derive(Default)]
+struct Slot {
+    state: Mutex<(bool, Option<Waker>)>,
+    cv: Condvar,
+}
+
+impl Slot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (bool, Option<Waker>)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The work is done: wakes the waiter and the future.
+    fn fire(&self) {
+        let waker = {
+            let mut st = self.lock();
+            st.0 = true;
+            st.1.take()
+        };
+        self.cv.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Wakes the future without marking the work done (its deadline passed).
+    fn nudge(&self) {
+        if let Some(w) = self.lock().1.take() {
+            w.wake();
+        }
+    }
+}
+
+/// The process's one watcher thread: wakes each pending future at its deadline.
+struct Watcher {
+    due: Mutex<Vec<(Instant, Weak<Slot>)>>,
+    cv: Condvar,
+}
+
+fn watcher() -> &'static Watcher {
+    static W: OnceLock<&'static Watcher> = OnceLock::new();
+    W.get_or_init(|| {
+        let w: &'static Watcher = Box::leak(Box::new(Watcher {
+            due: Mutex::new(Vec::new()),
+            cv: Condvar::new(),
+        }));
+        // Without the thread, a future whose work hangs is woken by nothing: its deadline
+        // then ends it at its next poll only. The spawn failing is that case, reported.
+        if let Err(e) = std::thread::Builder::new()
+            .name("unicomm-deadlines".into())
+            .spawn(move || w.run())
+        {
+            tracing::warn!(
+                "no deadline watcher thread ({e}): futures are woken by their work only"
+            );
+        }
+        w
+    })
+}
+
+impl Watcher {
+    fn add(&self, at: Instant, slot: &Arc<Slot>) {
+        self.due
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((at, Arc::downgrade(slot)));
+        self.cv.notify_all();
+    }
+
+    fn run(&self) {
+        let mut due = self.due.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let now = Instant::now();
+            due.retain(|(at, s)| match s.upgrade() {
+                Some(s) if *at <= now => {
+                    s.nudge();
+                    false
+                }
+                Some(_) => true,
+                None => false,
+            });
+            let next = due.iter().map(|(at, _)| *at).min();
+            let wait = next.map_or(Duration::from_secs(3600), |at| at - now);
+            due = self
+                .cv
+                .wait_timeout(due, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// The work of one step on a stream, in flight; see the [module](self) doc.
+pub struct Completion<'a, C: Collective> {
+    slot: Arc<Slot>,
+    marker: Marker,
+    comms: Vec<&'a Comm<C>>,
+    timeout: Duration,
+    deadline: Instant,
+    /// `wait` or the future reported the outcome: nothing left for the drop.
+    settled: bool,
+}
+
+impl<'a, C: Collective> Completion<'a, C> {
+    /// Enqueues what `f` enqueues through its [`Step`] on `stream` and returns its handle.
+    /// Collectives keep NCCL's rules: every rank enqueues the same ones in the same order.
+    /// If `f` fails after enqueuing some work, that work is waited for (within the
+    /// deadline) before the error returns, so its buffers are never freed under it.
+    pub fn start(
+        stream: &'a C::Stream,
+        f: impl FnOnce(&Step<'a, C>) -> Result<()>,
+    ) -> Result<Self> {
+        let step = Step::new(stream, Phase::Eager);
+        if let Err(e) = f(&step) {
+            let _ = stream.synchronize();
+            return Err(e);
+        }
+        let comms = step.into_comms();
+        let timeout = match comms.iter().filter_map(|c| c.backend().timeout()).min() {
+            Some(t) => t,
+            None => crate::env::timeout()?,
+        };
+        let marker = stream.record()?;
+        let slot = Arc::new(Slot::default());
+        let fired = slot.clone();
+        stream.launch_host_fn(Box::new(move || fired.fire()))?;
+        Ok(Completion {
+            slot,
+            marker,
+            comms,
+            timeout,
+            deadline: Instant::now() + timeout,
+            settled: false,
+        })
+    }
+
+    /// The point after the work on its stream: `other.wait(handle.marker())` orders another
+    /// stream's later work after it, without the host waiting.
+    pub fn marker(&self) -> &Marker {
+        &self.marker
+    }
+
+    /// Whether the work is done, without waiting.
+    pub fn is_done(&self) -> bool {
+        self.slot.lock().0
+    }
+
+    /// Blocks until the work is done, at most until the deadline (the communicators' own);
+    /// past it the communicators are aborted and the result is `Timeout`.
+    pub fn wait(mut self) -> Result<()> {
+        self.settled = true;
+        self.block()
+    }
+
+    fn block(&self) -> Result<()> {
+        let mut st = self.slot.lock();
+        while !st.0 {
+            let now = Instant::now();
+            if now >= self.deadline {
+                drop(st);
+                return Err(self.expired());
+            }
+            st = self
+                .slot
+                .cv
+                .wait_timeout(st, self.deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Past the deadline: the communicators aborted (their peers stop waiting too).
+    fn expired(&self) -> Error {
+        for c in &self.comms {
+            let _ = c.abort();
+        }
+        Error::Timeout {
+            what: "a completion handle's collectives".into(),
+            after: self.timeout,
+        }
+    }
+}
+
+impl<C: Collective> Future for Completion<'_, C> {
+    type Output = Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        {
+            let mut st = self.slot.lock();
+            if st.0 {
+                drop(st);
+                self.settled = true;
+                return Poll::Ready(Ok(()));
+            }
+            if Instant::now() < self.deadline {
+                let first = st.1.is_none();
+                st.1 = Some(cx.waker().clone());
+                drop(st);
+                if first {
+                    watcher().add(self.deadline, &self.slot);
+                }
+                return Poll::Pending;
+            }
+        }
+        self.settled = true;
+        Poll::Ready(Err(self.expired()))
+    }
+}
+
+impl<C: Collective> Drop for Completion<'_, C> {
+    fn drop(&mut self) {
+        if !self.settled {
+            // The buffers stay borrowed until the work is done: waited for, within the
+            // deadline (past it the communicators are aborted; the error cannot be reported
+            // from a drop).
+            let _ = self.block();
+        }
+    }
+}
