@@ -1,14 +1,24 @@
 //! `Vendor::Auto` means the GPU vendors: on a machine where none is usable (this CI machine,
 //! or a GPU node whose NCCL failed to load) it is an error naming why each vendor was
 //! passed over, never CPU threads. The mock is chosen explicitly (`UNICOMM_VENDOR=mock`).
-//! Run with the default features (mock only) and with `--all-features` (every backend
-//! compiled in, none usable here) by `cargo xtask test`.
+//! `cargo xtask test` runs it in the workspace's build, which compiles every backend in
+//! (none usable on CI), and says so with `UNICOMM_EXPECT_ALL_BACKENDS=1`.
 
 use unicomm::{Error, Vendor};
 
 /// One test, because it sets process-wide environment variables.
 #[test]
 fn auto_never_falls_back_to_the_mock() {
+    if std::env::var_os("UNICOMM_EXPECT_ALL_BACKENDS").is_some_and(|v| v == "1") {
+        // What makes this the case of every backend compiled in, none usable.
+        assert!(
+            cfg!(feature = "mock") && cfg!(feature = "nccl") && cfg!(feature = "rccl"),
+            "this build lacks a backend: mock {}, nccl {}, rccl {}",
+            cfg!(feature = "mock"),
+            cfg!(feature = "nccl"),
+            cfg!(feature = "rccl")
+        );
+    }
     std::env::remove_var("UNICOMM_VENDOR");
     if let Ok((v, why)) = unicomm::resolve(Vendor::Auto) {
         // A machine with a usable GPU vendor: Auto picks it, and it is not the mock.

@@ -75,3 +75,28 @@ fn a_high_priority_stream_carries_collectives() -> Result<()> {
     }
     Ok(())
 }
+
+/// A completion handle on every vendor: a host function after the all-reduce marks it done
+/// (`cuLaunchHostFunc` / `hipLaunchHostFunc`), `wait` returns within the deadline, and the
+/// handle's marker orders a copy on another stream after it.
+#[test]
+fn a_completion_handle_is_done_after_its_collective_and_orders_another_stream() -> Result<()> {
+    use unicomm_core::completion::Completion;
+    use unicomm_core::{DeviceStream, ReduceOp};
+    let w = t::world()?;
+    let cs = GPU.comms(w)?;
+    for o in t::each(&cs, |c| -> Result<Vec<f32>> {
+        let (st, other) = (c.create_stream()?, c.create_stream()?);
+        let x = c.upload(&[1.0f32; 1 << 20], &st)?;
+        let mut y = c.alloc::<f32>(1 << 20)?;
+        let h = Completion::start(&st, |s| s.all_reduce_in_place(c, &x, ReduceOp::Sum))?;
+        other.wait(h.marker())?;
+        c.copy(&x, &mut y, &other)?;
+        h.wait()?;
+        y.copy_to_host(&other)
+    }) {
+        let v = o?;
+        assert!(v.iter().all(|&x| x == w as f32), "{:?}", &v[..4]);
+    }
+    Ok(())
+}
