@@ -132,3 +132,35 @@ fn a_high_priority_stream_is_accepted_and_carries_collectives() {
     })
     .unwrap();
 }
+
+/// A rank that stops replaying (dead, or diverged) leaves its peer's replay to end at the
+/// deadline with `Timeout`, never a hang, and the peer's flight record names the graph and
+/// the replay (what its dump holds).
+#[test]
+fn a_replay_a_peer_never_joins_ends_at_the_deadline_and_the_record_names_it() {
+    let config = unicomm_mock::MockConfig {
+        timeout: std::time::Duration::from_millis(300),
+        ..unicomm_mock::MockConfig::default()
+    };
+    let comms = unicomm_mock::local_comms_with(2, config).unwrap();
+    each_rank(&comms, |c| {
+        let st = c.create_stream()?;
+        let x = c.upload(&[1.0f32; 8], &st)?;
+        let graph = Graph::capture(&st, |g| g.all_reduce_in_place(c, &x, ReduceOp::Sum))?;
+        graph.launch(&st)?;
+        st.synchronize()?;
+        if c.rank() == 0 {
+            // Rank 1 replays once only: rank 0's second replay waits for it.
+            graph.launch(&st)?;
+            let t = std::time::Instant::now();
+            let r = st.synchronize();
+            assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+            assert!(t.elapsed() < std::time::Duration::from_secs(5));
+            let dump = c.backend().flight().expect("a recorder").to_json("test");
+            let tag = format!("\"graph\":{},\"replay\":1", graph.id());
+            assert!(dump.contains(&tag), "{dump}");
+        }
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
