@@ -220,6 +220,80 @@ impl<'a, C: Collective> Step<'a, C> {
         })
     }
 
+    /// [`Comm::broadcast_in_place`], through the step.
+    pub fn broadcast_in_place<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        buf: &'a impl DeviceSliceMut<T, C>,
+        root: usize,
+    ) -> Result<()> {
+        self.one(comm, buf.view(), |b| {
+            comm.broadcast_in_place(b, root, self.stream)
+        })
+    }
+
+    /// [`Comm::reduce_in_place`], through the step.
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        buf: &'a impl DeviceSliceMut<T, C>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.one(comm, buf.view(), |b| {
+            comm.reduce_in_place(b, op, root, self.stream)
+        })
+    }
+
+    /// [`Comm::all_gather_in_place`], through the step.
+    pub fn all_gather_in_place<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        buf: &'a impl DeviceSliceMut<T, C>,
+    ) -> Result<()> {
+        self.one(comm, buf.view(), |b| {
+            comm.all_gather_in_place(b, self.stream)
+        })
+    }
+
+    /// [`Comm::reduce_scatter_in_place`], through the step.
+    pub fn reduce_scatter_in_place<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        buf: &'a impl DeviceSliceMut<T, C>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.one(comm, buf.view(), |b| {
+            comm.reduce_scatter_in_place(b, op, self.stream)
+        })
+    }
+
+    /// [`Comm::gather`], through the step.
+    pub fn gather<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        send: &'a impl DeviceSlice<T, C>,
+        recv: &'a impl DeviceSliceMut<T, C>,
+        root: usize,
+    ) -> Result<()> {
+        self.two(comm, (send.view(), recv.view()), |s, r| {
+            comm.gather(s, r, root, self.stream)
+        })
+    }
+
+    /// [`Comm::scatter`], through the step.
+    pub fn scatter<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        send: &'a impl DeviceSlice<T, C>,
+        recv: &'a impl DeviceSliceMut<T, C>,
+        root: usize,
+    ) -> Result<()> {
+        self.two(comm, (send.view(), recv.view()), |s, r| {
+            comm.scatter(s, r, root, self.stream)
+        })
+    }
+
     /// [`Comm::send`], through the step.
     pub fn send<T: Element>(
         &self,

@@ -21,6 +21,35 @@ fn check(what: &str, replay: u64, got: Vec<i64>, want: Vec<i64>) -> Result<()> {
     ))
 }
 
+/// What `name`'s output holds on rank `r` of `w` after `k` replays (rank `r`'s input is
+/// `10 r + i`, its large input `100 r + i`); `None` where this rank's output is not written.
+fn expected(name: &str, (r, w): (usize, usize), k: u64) -> Option<Vec<i64>> {
+    let root_x = each(&|i| (10 * (w - 1) + i) as i64, N);
+    let gathered = || each(&|i| (10 * (i / N) + i % N) as i64, N * w);
+    Some(match name {
+        "all_reduce" => each(&|i| (0..w).map(|q| (10 * q + i) as i64).sum(), N),
+        "broadcast" | "broadcast in place" => root_x,
+        "reduce (max)" | "gather" if r != 0 => return None,
+        "reduce (max)" => root_x,
+        "all_gather" | "all_gather in place" | "gather" => gathered(),
+        "reduce_scatter" => each(&|i| (0..w).map(|q| (100 * q + r * N + i) as i64).sum(), N),
+        "all_to_all" => each(&|i| (100 * (i / N) + r * N + i % N) as i64, N * w),
+        "send/recv" => each(&|i| (10 * ((r + w - 1) % w) + i) as i64, N),
+        "copy" => each(&|i| (10 * r + i) as i64, N),
+        "in place" => vec![(w as i64).wrapping_pow(k as u32); N],
+        // Reduced in place at every replay: the root's own input is the previous replay's
+        // sum, the others' stay theirs.
+        "reduce in place" if r != 0 => return None,
+        "reduce in place" => each(
+            &|i| i as i64 + k as i64 * (1..w).map(|q| (10 * q + i) as i64).sum::<i64>(),
+            N,
+        ),
+        "scatter" => each(&|i| (100 * (w - 1) + r * N + i) as i64, N),
+        // A name without an expectation is checked against nothing, so it fails.
+        _ => Vec::new(),
+    })
+}
+
 /// Every collective of a captured step runs at each launch and only then: after the capture
 /// the outputs are as they were (the capture pass runs nothing, the warm-up pass ran on
 /// scratch memory); after each of `replays` launches they hold the collectives' results,
@@ -41,6 +70,13 @@ pub fn captured_step_replays<C: Collective>(
         let (ar, bc, rd, cp) = (zeros(N)?, zeros(N)?, zeros(N)?, zeros(N)?);
         let (ag, rs, a2a, ring) = (zeros(N * w)?, zeros(N)?, zeros(N * w)?, zeros(N)?);
         let ip = c.upload(&[1i64; N], &st)?;
+        // The in-place and rooted ones: broadcast and reduce in place, all-gather and
+        // reduce-scatter in NCCL's in-place layout, gather and scatter.
+        let (bip, rip) = (c.upload(&x, &st)?, c.upload(&x, &st)?);
+        let mut agi = vec![0i64; N * w];
+        agi[r * N..(r + 1) * N].copy_from_slice(&x);
+        let agi = c.upload(&agi, &st)?;
+        let (gat, sca) = (zeros(N * w)?, zeros(N)?);
         let reg = match register {
             true => Some(
                 c.register(c.upload(&[1i64; N], &st)?)
@@ -61,48 +97,49 @@ pub fn captured_step_replays<C: Collective>(
             })?;
             g.copy(c, &xs, &cp)?;
             g.all_reduce_in_place(c, &ip, ReduceOp::Sum)?;
+            g.broadcast_in_place(c, &bip, w - 1)?;
+            g.reduce_in_place(c, &rip, ReduceOp::Sum, 0)?;
+            g.all_gather_in_place(c, &agi)?;
+            g.gather(c, &xs, &gat, 0)?;
+            g.scatter(c, &bigs, &sca, w - 1)?;
             match &reg {
                 Some(b) => g.all_reduce_in_place(c, b, ReduceOp::Sum),
                 None => Ok(()),
             }
         })?;
         st.synchronize()?;
-        check(
-            "an all-reduce before any launch",
-            0,
-            ar.copy_to_host(&st)?,
-            vec![0; N],
-        )?;
-        check(
-            "in place before any launch",
-            0,
-            ip.copy_to_host(&st)?,
-            vec![1; N],
-        )?;
-        let sum = |i: usize| (0..w).map(|q| (10 * q + i) as i64).sum::<i64>();
+        for (name, b, want) in [
+            ("an all-reduce before any launch", &ar, vec![0; N]),
+            ("in place before any launch", &ip, vec![1; N]),
+        ] {
+            check(name, 0, b.copy_to_host(&st)?, want)?;
+        }
+        let mut outs = vec![
+            ("all_reduce", &ar),
+            ("broadcast", &bc),
+            ("reduce (max)", &rd),
+            ("all_gather", &ag),
+            ("reduce_scatter", &rs),
+            ("all_to_all", &a2a),
+            ("send/recv", &ring),
+            ("copy", &cp),
+            ("in place", &ip),
+            ("broadcast in place", &bip),
+            ("reduce in place", &rip),
+            ("all_gather in place", &agi),
+            ("gather", &gat),
+            ("scatter", &sca),
+        ];
+        if let Some(b) = &reg {
+            outs.push(("in place", &**b));
+        }
         for k in 1..=replays {
             graph.launch(&st)?;
             st.synchronize()?;
-            check("all_reduce", k, ar.copy_to_host(&st)?, each(&sum, N))?;
-            let root = each(&|i| (10 * (w - 1) + i) as i64, N);
-            check("broadcast", k, bc.copy_to_host(&st)?, root.clone())?;
-            if r == 0 {
-                check("reduce (max)", k, rd.copy_to_host(&st)?, root)?;
-            }
-            let gathered = each(&|i| (10 * (i / N) + i % N) as i64, N * w);
-            check("all_gather", k, ag.copy_to_host(&st)?, gathered)?;
-            let scattered = each(&|i| (0..w).map(|q| (100 * q + r * N + i) as i64).sum(), N);
-            check("reduce_scatter", k, rs.copy_to_host(&st)?, scattered)?;
-            let exchanged = each(&|i| (100 * (i / N) + r * N + i % N) as i64, N * w);
-            check("all_to_all", k, a2a.copy_to_host(&st)?, exchanged)?;
-            let left = (r + w - 1) % w;
-            let from_left = each(&|i| (10 * left + i) as i64, N);
-            check("send/recv", k, ring.copy_to_host(&st)?, from_left)?;
-            check("copy", k, cp.copy_to_host(&st)?, x.clone())?;
-            let compounded = vec![(w as i64).wrapping_pow(k as u32); N];
-            check("in place", k, ip.copy_to_host(&st)?, compounded.clone())?;
-            if let Some(b) = &reg {
-                check("in place, registered", k, b.copy_to_host(&st)?, compounded)?;
+            for (name, b) in &outs {
+                if let Some(want) = expected(name, (r, w), k) {
+                    check(name, k, b.copy_to_host(&st)?, want)?;
+                }
             }
         }
         if graph.replays() != replays {
