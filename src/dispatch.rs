@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use unicomm_bootstrap::LaunchEnv;
 use unicomm_core::{
-    Capabilities, Collective, CommConfig, DeviceGraph, DeviceMemory, DeviceStream, Error, Marker,
-    Op, RawHandle, Result,
+    Capabilities, Collective, CommConfig, DeviceMemory, DeviceStream, Error, Op, RawHandle, Result,
 };
 
 use crate::Vendor;
@@ -330,55 +329,6 @@ pub(crate) fn from_env_vendor(
     on_vendor!(vendor, B => B::from_env(env, timeout, config))
 }
 
-impl DeviceStream for AnyStream {
-    fn synchronize(&self) -> Result<()> {
-        each!(self, AnyStream, s => s.synchronize())
-    }
-    fn record(&self) -> Result<Marker> {
-        each!(self, AnyStream, s => s.record())
-    }
-    fn wait(&self, marker: &Marker) -> Result<()> {
-        each!(self, AnyStream, s => s.wait(marker))
-    }
-    fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
-        each!(self, AnyStream, s => s.launch_host_fn(f))
-    }
-    type Graph = AnyGraph;
-    fn begin_capture(&self) -> Result<()> {
-        each!(self, AnyStream, s => s.begin_capture())
-    }
-    fn end_capture(&self) -> Result<AnyGraph> {
-        self.end_capture_any()
-    }
-    fn capturing(&self) -> Result<bool> {
-        each!(self, AnyStream, s => s.capturing())
-    }
-}
-
-impl DeviceGraph for AnyGraph {
-    type Stream = AnyStream;
-    fn launch(&self, stream: &AnyStream) -> Result<()> {
-        pair!(self, AnyGraph, stream, AnyStream, "stream", (g, s) => g.launch(s))
-    }
-}
-
-impl AnyStream {
-    /// Blocks until the work enqueued so far has finished; returns its first error.
-    pub fn synchronize(&self) -> Result<()> {
-        DeviceStream::synchronize(self)
-    }
-    /// Records a marker in stream order (see [`DeviceStream::record`]): for timing, or for
-    /// another stream to [`wait`](AnyStream::wait) for.
-    pub fn record(&self) -> Result<Marker> {
-        DeviceStream::record(self)
-    }
-    /// Makes this stream's later work wait for `marker`, recorded on another stream of the
-    /// same device (`cudaStreamWaitEvent`); the host does not block.
-    pub fn wait(&self, marker: &Marker) -> Result<()> {
-        DeviceStream::wait(self, marker)
-    }
-}
-
 impl DeviceMemory for AnyMemory {
     type Stream = AnyStream;
     fn byte_len(&self) -> usize {
@@ -509,3 +459,6 @@ impl Collective for AnyComm {
         each!(self, AnyComm, c => c.abort())
     }
 }
+
+// The streams' and graphs' side of the dispatch, after the macros it uses.
+mod streams;

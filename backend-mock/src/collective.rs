@@ -12,7 +12,6 @@ use unicomm_core::{
 };
 
 use crate::comm::*;
-use crate::exec;
 use crate::exec::Task;
 use crate::memory;
 use crate::memory::MockMemory;
@@ -176,7 +175,7 @@ impl Collective for MockComm {
         }
         let mut result = Ok(());
         for (s, tasks) in batches {
-            if let Err(e) = exec::enqueue_batch(&s, tasks) {
+            if let Err(e) = crate::replay::enqueue_batch(&s, tasks) {
                 result = result.and(Err(e));
             }
         }
@@ -327,7 +326,7 @@ impl MockComm {
             }
         });
         match grouped {
-            Some(task) => exec::enqueue_batch(&stream.inner, vec![task]),
+            Some(task) => crate::replay::enqueue_batch(&stream.inner, vec![task]),
             None => Ok(()),
         }
     }

@@ -80,18 +80,6 @@ pub(crate) enum Work {
     },
 }
 
-impl Work {
-    /// The same work as a new operation (a graph's replay): a collective takes the next
-    /// sequence number of `seq`.
-    pub(crate) fn again(&self, seq: &AtomicU64) -> Work {
-        let mut w = self.clone();
-        if let Work::Coll { seq: s, .. } = &mut w {
-            *s = seq.fetch_add(1, Ordering::Relaxed);
-        }
-        w
-    }
-}
-
 /// One operation as enqueued: the rank, its index among the rank's operations (for fault
 /// injection), and the work.
 pub(crate) struct Task {
@@ -101,35 +89,6 @@ pub(crate) struct Task {
     /// The communicator's collective sequence and operation counters (a replay of a
     /// captured graph takes new numbers from them).
     pub counters: (Arc<AtomicU64>, Arc<AtomicU64>),
-}
-
-impl Task {
-    /// The same operation again, as a graph's replay enqueues it.
-    fn again(&self) -> Task {
-        let (seq, issued) = &self.counters;
-        Task {
-            ctx: self.ctx.clone(),
-            index: match self.index {
-                u64::MAX => u64::MAX,
-                _ => issued.fetch_add(1, Ordering::Relaxed),
-            },
-            work: self.work.again(seq),
-            counters: self.counters.clone(),
-        }
-    }
-}
-
-/// Enqueues `tasks` (one operation, or a group's for one stream) on `stream`: run once, or
-/// recorded for a graph's replays while the stream captures.
-pub(crate) fn enqueue_batch(stream: &crate::stream::Inner, tasks: Vec<Task>) -> Result<()> {
-    if !stream.capturing() {
-        return stream.push(Box::new(move || run_batch(tasks)));
-    }
-    let tasks = Arc::new(tasks);
-    stream.push_replayable(Arc::new(move || {
-        let again: Vec<Task> = tasks.iter().map(Task::again).collect();
-        Box::new(move || run_batch(again))
-    }))
 }
 
 static NEXT_MSG: AtomicU64 = AtomicU64::new(1);

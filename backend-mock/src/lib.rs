@@ -32,6 +32,7 @@ mod id;
 mod memory;
 mod procs;
 mod reduce;
+mod replay;
 mod shm;
 mod shrink;
 mod split;

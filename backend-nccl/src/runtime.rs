@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
-use unicomm_core::{Error, Result};
+use unicomm_core::{Error, Result, StreamPriority};
 
 use crate::driver_error::cuda_err;
 
@@ -365,21 +365,17 @@ impl Runtime for CudaRuntime {
             .map_err(|e| cuda_err("cuStreamCreate", e))
     }
 
-    fn create_stream_with(
-        &self,
-        dev: usize,
-        priority: unicomm_core::StreamPriority,
-    ) -> Result<CudaStreamHandle> {
-        if priority == unicomm_core::StreamPriority::Normal {
+    fn create_stream_with(&self, dev: usize, p: StreamPriority) -> Result<CudaStreamHandle> {
+        if p == StreamPriority::Normal {
             return self.create_stream(dev);
         }
-        let ctx = self.context(dev)?;
-        // The range is the current context's: `dev`'s made current for the query.
+        // The range is the current context's: `dev`'s, made current for the query.
+        let range = || result::stream::get_priority_range();
         let (_least, greatest) = self.with_device(dev, || {
-            result::stream::get_priority_range()
-                .map_err(|e| cuda_err("cuCtxGetStreamPriorityRange", e))
+            range().map_err(|e| cuda_err("cuCtxGetStreamPriorityRange", e))
         })?;
-        ctx.new_stream_with_priority(greatest)
+        self.context(dev)?
+            .new_stream_with_priority(greatest)
             .map(CudaStreamHandle)
             .map_err(|e| cuda_err("cuStreamCreateWithPriority", e))
     }

@@ -23,6 +23,7 @@ mod graph;
 pub mod interop;
 mod load;
 pub mod runtime;
+mod streams;
 pub mod sys;
 
 use std::sync::{Arc, OnceLock};

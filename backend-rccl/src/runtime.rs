@@ -6,9 +6,10 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use std::os::fd::{AsRawFd, FromRawFd};
-use unicomm_core::{Error, Result};
+use unicomm_core::{Error, Result, StreamPriority};
 
 use crate::graph;
+use crate::streams;
 pub use crate::sys::hip_search;
 use crate::sys::*;
 use unicomm_nccl_api::runtime::Exported;
@@ -359,34 +360,13 @@ impl Runtime for HipRuntime {
         })
     }
 
-    fn create_stream_with(
-        &self,
-        dev: usize,
-        priority: unicomm_core::StreamPriority,
-    ) -> Result<HipStreamHandle> {
-        if priority == unicomm_core::StreamPriority::Normal {
+    fn create_stream_with(&self, dev: usize, p: StreamPriority) -> Result<HipStreamHandle> {
+        if p == StreamPriority::Normal {
             return self.create_stream(dev);
         }
-        let Some(p) = self.fns.priorities else {
-            return Err(Error::unsupported(
-                "stream priorities",
-                "hipDeviceGetStreamPriorityRange and hipStreamCreateWithPriority",
-                format!("libamdhip64 at {} without them", self.path),
-            ));
-        };
-        self.with_device(dev, || {
-            let (mut least, mut greatest): (c_int, c_int) = (0, 0);
-            // SAFETY: writes two ints for the current device.
-            let code = unsafe { (p.device_get_stream_priority_range)(&mut least, &mut greatest) };
-            self.check("hipDeviceGetStreamPriorityRange", code)?;
-            let mut s = std::ptr::null_mut();
-            // SAFETY: writes one stream handle.
-            let code = unsafe {
-                (p.stream_create_with_priority)(&mut s, HIP_STREAM_NON_BLOCKING, greatest)
-            };
-            self.check("hipStreamCreateWithPriority", code)?;
-            Ok(HipStreamHandle::owned(s, dev))
-        })
+        let table = streams::priorities(self.fns.priorities, &self.path)?;
+        let s = self.with_device(dev, || streams::greatest(&table, &|c, e| self.check(c, e)))?;
+        Ok(HipStreamHandle::owned(s, dev))
     }
 
     fn launch_host_fn(
@@ -395,19 +375,10 @@ impl Runtime for HipRuntime {
         s: &HipStreamHandle,
         f: Box<dyn FnOnce() + Send + 'static>,
     ) -> Result<()> {
-        let Some(launch) = self.fns.launch_host_func else {
-            let has = format!("libamdhip64 at {} without it", self.path);
-            return Err(Error::unsupported(
-                "a host function",
-                "hipLaunchHostFunc",
-                has,
-            ));
-        };
+        let launch = streams::host_fn_call(self.fns.launch_host_func, &self.path)?;
         unicomm_nccl_api::runtime::launch_host_fn_with(f, |run, arg| {
             self.with_device(dev, || {
-                // SAFETY: `run` takes back `arg` (given to HIP once) exactly once.
-                let code = unsafe { launch(s.0, run, arg) };
-                self.check("hipLaunchHostFunc", code)
+                streams::launch(launch, &|c, e| self.check(c, e), s.0, (run, arg))
             })
         })
     }

@@ -20,16 +20,17 @@
     reason = "the owner of the communicator: it vouches for the handles it lends (the architecture test's UNSAFE_FILES lists it)"
 )]
 
+mod call;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use unicomm_core::{Error, Result};
 
-use crate::group;
 use crate::memory::ApiStream;
 use crate::sys::api::{Api, NcclComm};
-use crate::sys::calls::{take_in_progress, CommRef, Handle, OwnedComm};
+use crate::sys::calls::{CommRef, Handle, OwnedComm};
 use crate::sys::config::IN_PROGRESS;
 use crate::sys::runtime::Runtime;
 use crate::wait::{bounded, settle_raw};
@@ -179,93 +180,6 @@ impl<R: Runtime> LibComm<R> {
         let st = ApiStream::new(self.rt.clone(), s, self.dev, self.timeout());
         st.watched_by(self);
         Ok(st)
-    }
-
-    /// Runs `f` on the communicator: not destroyed, not used by another thread, with this
-    /// rank's device current. A non-blocking call that answered ncclInProgress is settled
-    /// (inside a group, left to the group's end): one that answered ncclSuccess is enqueued
-    /// (NCCL's non-blocking rule), so it is not polled.
-    pub(crate) fn call<T>(self: &Arc<Self>, f: impl FnOnce(CommRef<'_>) -> Result<T>) -> Result<T> {
-        self.call_in(true, f)
-    }
-
-    /// [`LibComm::call`] for a collective or point-to-point call, without making the device
-    /// current: NCCL and RCCL make the communicator's device current themselves for every
-    /// operation they enqueue and launch (NCCL's documented single-thread, several-GPU
-    /// example calls them for each device's communicator without `cudaSetDevice`), so the
-    /// driver call that would check it (`cuCtxGetCurrent`) is left out of the hot path.
-    #[inline]
-    pub(crate) fn call_enqueue<T>(
-        self: &Arc<Self>,
-        f: impl FnOnce(CommRef<'_>) -> Result<T>,
-    ) -> Result<T> {
-        self.call_in(false, f)
-    }
-
-    #[inline]
-    fn call_in<T>(
-        self: &Arc<Self>,
-        set_device: bool,
-        f: impl FnOnce(CommRef<'_>) -> Result<T>,
-    ) -> Result<T> {
-        // The state is read under the lock that the teardown also takes, so a communicator
-        // aborted by another thread is never used after it was freed.
-        let _g = self.locked()?;
-        self.live()?;
-        // SAFETY: live (checked under the lock, which every ending takes) for as long as the
-        // borrow, which ends with `f`; one thread (the lock); `world` and `rank` its shape.
-        let c = unsafe { CommRef::borrow_raw(self.comm, self.world, self.rank) };
-        let run = |c| match set_device {
-            true => self.rt.with_device(self.dev, || f(c)),
-            false => f(c),
-        };
-        if !self.nonblocking {
-            return run(c);
-        }
-        take_in_progress(); // what an earlier call of this thread left is not this call's
-        let r = run(c);
-        if group::in_group() {
-            group::join(self.clone()); // ncclGroupEnd settles every member
-        } else if take_in_progress() {
-            self.settle_locked("a non-blocking call")?;
-        }
-        r
-    }
-
-    /// A blocking communicator's library call that waits for the peers on the host
-    /// (collective window registration, split), with the lock held: run by [`bounded`]
-    /// under the deadline on the communicator `c` the caller was lent by [`LibComm::call`].
-    /// Past it the communicator is given up (aborted state: nothing here calls or ends it
-    /// again, its thread keeps it) and the result is `Timeout`; `late` receives the call's
-    /// result if it ever returns.
-    pub(crate) fn bounded_locked<T: Send + 'static>(
-        &self,
-        what: &str,
-        c: CommRef<'_>,
-        work: impl FnOnce(Handle<'static>) -> T + Send + 'static,
-        late: impl FnOnce(T) + Send + 'static,
-    ) -> Result<T> {
-        let (rt, dev) = (self.rt.clone(), self.dev);
-        // SAFETY: the caller holds the lock for the whole wait, so nothing else uses or ends
-        // the communicator while `work` may run; past the deadline the state is aborted
-        // before the lock is released, and a given-up communicator is never ended, so it
-        // outlives the thread that keeps it.
-        let h = unsafe { Handle::borrow_raw(c.handle().as_raw()) };
-        let h = SendHandle(h);
-        let r = bounded(
-            what,
-            self.timeout(),
-            move || {
-                let h = h;
-                rt.with_device(dev, || Ok(work(h.0)))
-            },
-            move |r| {
-                if let Ok(t) = r {
-                    late(t)
-                }
-            },
-        );
-        r.inspect_err(|_| self.state.store(ABORTED, Ordering::Release))?
     }
 
     /// Adopts a communicator created from this one (split): settled, polled and ended with
@@ -501,12 +415,6 @@ fn finalize_nonblocking(api: &Api, c: OwnedComm, timeout: Duration) -> Result<()
     }
     api.comm_destroy(c)
 }
-
-/// A borrowed communicator handed to the thread of a bounded call.
-struct SendHandle(Handle<'static>);
-// SAFETY: a communicator may move between threads; the lender keeps NCCL's one-thread rule
-// (`LibComm::bounded_locked` holds the lock while the thread may use it).
-unsafe impl Send for SendHandle {}
 
 impl<R: Runtime> Watched for LibComm<R> {
     fn timeout(&self) -> Duration {
