@@ -50,18 +50,29 @@ pub(crate) struct Read {
     pub graph: Option<(u64, u64)>,
 }
 
-/// The fixed ring of `cap` slots and the next sequence number.
+/// The fixed ring and the next sequence number: `cap` operations kept, in a power-of-two
+/// number of slots so that a slot is found with a mask (a 64-bit division on every call
+/// was the largest single instruction cost of the recorder's push in a profile).
 pub(crate) struct Ring {
     slots: Box<[Slot]>,
+    mask: u64,
+    cap: u64,
     next: AtomicU64,
 }
 
 impl Ring {
     pub(crate) fn new(cap: usize) -> Ring {
+        let n = cap.max(1).next_power_of_two();
         Ring {
-            slots: (0..cap).map(|_| Slot::default()).collect(),
+            slots: (0..n).map(|_| Slot::default()).collect(),
+            mask: n as u64 - 1,
+            cap: cap as u64,
             next: AtomicU64::new(0),
         }
+    }
+
+    fn slot(&self, seq: u64) -> &Slot {
+        &self.slots[(seq & self.mask) as usize]
     }
 
     /// The number the next operation takes.
@@ -80,7 +91,7 @@ impl Ring {
         graph: Option<(u64, u64)>,
     ) -> u64 {
         let seq = self.next.fetch_add(1, Ordering::AcqRel);
-        let s = &self.slots[(seq % self.slots.len() as u64) as usize];
+        let s = self.slot(seq);
         s.ver.store(2 * seq + 1, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
         s.stamp.store(stamp, Ordering::Relaxed);
@@ -99,14 +110,13 @@ impl Ring {
     /// out.
     pub(crate) fn read(&self) -> Vec<Read> {
         let next = self.next();
-        let cap = self.slots.len() as u64;
-        (next.saturating_sub(cap)..next)
+        (next.saturating_sub(self.cap)..next)
             .filter_map(|seq| self.read_slot(seq))
             .collect()
     }
 
     fn read_slot(&self, seq: u64) -> Option<Read> {
-        let s = &self.slots[(seq % self.slots.len() as u64) as usize];
+        let s = self.slot(seq);
         let v1 = s.ver.load(Ordering::Acquire);
         if v1 != 2 * seq + 2 {
             return None;
