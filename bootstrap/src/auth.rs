@@ -4,6 +4,10 @@
 use unicomm_core::{Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"UNICOMM1";
+
+/// The server's answers after a hello.
+pub(crate) const REFUSED: u8 = 0;
+pub(crate) const CHALLENGE: u8 = 1;
 pub(crate) fn io(what: &str, e: std::io::Error) -> Error {
     Error::Bootstrap {
         reason: format!("{what}: {e}"),
@@ -25,6 +29,39 @@ pub(crate) fn mac(token: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
         m.update(p);
     }
     m.finalize().into_bytes().into()
+}
+
+/// The job's token prepared once as an HMAC key (its padded inner and outer states), so
+/// that each MAC of a handshake costs two compressions of its message, not a key schedule.
+#[derive(Clone)]
+pub(crate) struct Key(Mac);
+
+impl Key {
+    pub(crate) fn new(token: &[u8]) -> Key {
+        // HMAC takes keys of any length: `new_from_slice` cannot fail for it; the empty
+        // key stands in where it would.
+        Key(<Mac as hmac::digest::KeyInit>::new_from_slice(token)
+            .unwrap_or_else(|_| <Mac as hmac::digest::KeyInit>::new(&Default::default())))
+    }
+
+    /// `HMAC-SHA256(token, label || parts...)`, as [`mac`].
+    pub(crate) fn mac(&self, label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+        use hmac::Mac as _;
+        let mut m = self.0.clone();
+        m.update(label);
+        for p in parts {
+            m.update(p);
+        }
+        m.finalize().into_bytes().into()
+    }
+
+    /// The id sealed (or opened: the same XOR) with the keystream of one handshake.
+    pub(crate) fn seal(&self, id: &mut [u8; 128], nonces: (&[u8; 16], &[u8; 16])) {
+        for (k, chunk) in id.chunks_mut(32).enumerate() {
+            let ks = self.mac(b"key", &[nonces.0, nonces.1, &[k as u8]]);
+            chunk.iter_mut().zip(ks).for_each(|(b, k)| *b ^= k);
+        }
+    }
 }
 
 /// Constant-time comparison of two MACs.

@@ -9,6 +9,7 @@ mod file;
 mod launcher;
 mod rejoin;
 mod secret;
+mod serve;
 mod tcp;
 
 pub use auth::{Hello, HELLO_LEN};
@@ -16,9 +17,11 @@ pub use launcher::{LaunchEnv, Launcher, LAUNCHERS, MAX_WORLD};
 pub use rejoin::Rejoin;
 pub use tcp::exchange_unique_id;
 #[cfg(test)]
-use {auth::*, tcp::*};
+use {auth::*, serve::*, tcp::*};
 
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_keys;
+#[cfg(test)]
+mod tests_scale;

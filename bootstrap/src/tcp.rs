@@ -2,19 +2,14 @@
 //! other rank joins, one deadline over all of it.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use super::auth::*;
-use super::file::{file_exchange, missing};
+use super::file::file_exchange;
 use super::launcher::*;
+use super::serve::serve_rank0;
 use unicomm_core::{Error, Result};
-
-/// The server's answers after a hello.
-pub(crate) const REFUSED: u8 = 0;
-pub(crate) const CHALLENGE: u8 = 1;
 
 /// Reads exactly `buf.len()` bytes before `deadline` (each read's timeout is what is left).
 pub(crate) fn read_until(
@@ -48,86 +43,6 @@ pub(crate) fn write_until(s: &mut TcpStream, buf: &[u8], deadline: Instant) -> s
     s.write_all(buf)
 }
 
-/// How long one connection may take on the server before it is dropped (so one silent or
-/// dripping client cannot hold the others back for long); never past the deadline.
-pub(crate) const PER_CONNECTION: Duration = Duration::from_secs(2);
-
-/// The most handshakes rank 0 serves at once; a connection beyond them is closed at once.
-/// Each holds a thread and a few hundred bytes for at most [`PER_CONNECTION`], so a stranger
-/// can make rank 0 hold at most this many of each, and a real rank retries past them.
-pub(crate) const MAX_HANDSHAKES: usize = 64;
-
-/// Rank 0's side of one connection: the handshake, then the id. `Ok(rank)` when the rank
-/// joined; `Err(why)` when the connection was dropped (logged by the caller).
-pub(crate) fn serve(
-    s: &mut TcpStream,
-    env: &LaunchEnv,
-    id: &[u8; 128],
-    served: &Mutex<Vec<bool>>,
-    deadline: Instant,
-) -> std::result::Result<usize, String> {
-    let deadline = deadline.min(Instant::now() + PER_CONNECTION);
-    let mut hb = [0u8; HELLO_LEN];
-    read_until(s, &mut hb, deadline).map_err(|e| format!("no complete hello: {e}"))?;
-    let h = Hello::parse(&hb).map_err(|e| e.to_string())?;
-    let (r, w) = (
-        (h.rank as u32).to_le_bytes(),
-        (h.world as u32).to_le_bytes(),
-    );
-    let taken = |rank: usize| served.lock().map_or(true, |v| v.get(rank) != Some(&false));
-    if h.world != env.world_size || h.rank == 0 || h.rank >= env.world_size || taken(h.rank) {
-        // Authenticated under the client's fresh nonce: only a holder of the token can
-        // refuse a rank, so a stranger on the port cannot make it give up.
-        let mut msg = vec![REFUSED];
-        msg.extend_from_slice(&mac(&env.token, b"refused", &[&r, &w, &h.nonce]));
-        let _ = write_until(s, &msg, deadline);
-        let served = served.lock().map(|v| v.clone()).unwrap_or_default();
-        return Err(format!(
-            "refused: claims rank {} of {}; this job is {} ranks{}",
-            h.rank,
-            h.world,
-            env.world_size,
-            if h.rank < served.len() && served[h.rank] {
-                " and that rank already joined"
-            } else {
-                ""
-            }
-        ));
-    }
-    let ns = nonce().map_err(|e| e.to_string())?;
-    let server_proof = mac(&env.token, b"server", &[&r, &w, &h.nonce, &ns]);
-    let mut msg = vec![CHALLENGE];
-    msg.extend_from_slice(&ns);
-    msg.extend_from_slice(&server_proof);
-    write_until(s, &msg, deadline).map_err(|e| format!("challenge: {e}"))?;
-    let mut client_proof = [0u8; 32];
-    read_until(s, &mut client_proof, deadline).map_err(|e| format!("no proof: {e}"))?;
-    if !same(
-        &client_proof,
-        &mac(&env.token, b"client", &[&r, &w, &h.nonce, &ns]),
-    ) {
-        return Err("the client does not hold this job's token".into());
-    }
-    // Authenticated: the rank is taken now (two connections of one rank race here).
-    {
-        let mut v = served
-            .lock()
-            .map_err(|_| "the rendezvous' state was poisoned")?;
-        match v.get_mut(h.rank) {
-            Some(t) if !*t => *t = true,
-            _ => return Err(format!("rank {} joined meanwhile", h.rank)),
-        }
-    }
-    // The id travels encrypted with a keystream only holders of the token can derive.
-    let mut sealed = *id;
-    for (k, chunk) in sealed.chunks_mut(32).enumerate() {
-        let ks = mac(&env.token, b"key", &[&h.nonce, &ns, &[k as u8]]);
-        chunk.iter_mut().zip(ks).for_each(|(b, k)| *b ^= k);
-    }
-    write_until(s, &sealed, deadline).map_err(|e| format!("sending the id: {e}"))?;
-    Ok(h.rank)
-}
-
 /// Why a join failed: final (the real rank 0 refused this rank) or worth retrying (a
 /// stranger on the port, a broken connection).
 #[derive(Debug)]
@@ -149,6 +64,7 @@ pub(crate) fn join(
     deadline: Instant,
 ) -> std::result::Result<[u8; 128], JoinError> {
     let ioe = |what: &str, e: std::io::Error| io(what, e);
+    let key = Key::new(&env.token);
     let h = Hello {
         rank: env.rank,
         world: env.world_size,
@@ -165,7 +81,7 @@ pub(crate) fn join(
         let mut proof = [0u8; 32];
         read_until(s, &mut proof, deadline).map_err(|e| ioe("rank 0's refusal", e))?;
         // Believed only from a holder of the token: a stranger's refusal is retried.
-        if !same(&proof, &mac(&env.token, b"refused", &[&r, &w, &h.nonce])) {
+        if !same(&proof, &key.mac(b"refused", &[&r, &w, &h.nonce])) {
             return Err(Error::Bootstrap {
                 reason: "a refusal without this job's token (a stranger on the port)".into(),
             }
@@ -193,10 +109,7 @@ pub(crate) fn join(
     ns.copy_from_slice(&ch[..16]);
     let mut proof = [0u8; 32];
     proof.copy_from_slice(&ch[16..]);
-    if !same(
-        &proof,
-        &mac(&env.token, b"server", &[&r, &w, &h.nonce, &ns]),
-    ) {
+    if !same(&proof, &key.mac(b"server", &[&r, &w, &h.nonce, &ns])) {
         return Err(Error::Bootstrap {
             reason: "the process on the rendezvous port does not hold this job's token \
                      (another job, or a stranger on the port)"
@@ -204,14 +117,11 @@ pub(crate) fn join(
         }
         .into());
     }
-    let mine = mac(&env.token, b"client", &[&r, &w, &h.nonce, &ns]);
+    let mine = key.mac(b"client", &[&r, &w, &h.nonce, &ns]);
     write_until(s, &mine, deadline).map_err(|e| ioe("proof", e))?;
     let mut id = [0u8; 128];
     read_until(s, &mut id, deadline).map_err(|e| ioe("receiving the id", e))?;
-    for (k, chunk) in id.chunks_mut(32).enumerate() {
-        let ks = mac(&env.token, b"key", &[&h.nonce, &ns, &[k as u8]]);
-        chunk.iter_mut().zip(ks).for_each(|(b, k)| *b ^= k);
-    }
+    key.seal(&mut id, (&h.nonce, &ns));
     Ok(id)
 }
 
@@ -257,103 +167,33 @@ pub fn exchange_unique_id(
     let addr = resolve(env)?;
     if env.rank == 0 {
         let id = make_id()?;
-        serve_rank0(env, addr, &id, (start, deadline, timeout))?;
+        let t = serve_rank0(env, addr, &id, (start, deadline, timeout))?;
+        tracing::info!(
+            "unicomm rendezvous on {addr}: {} ranks served in {:.1?}: {} connections \
+             ({} dropped), at most {} handshakes at once",
+            t.served,
+            start.elapsed(),
+            t.accepted,
+            t.dropped,
+            t.peak
+        );
         return Ok(id);
     }
     join_rank0(env, addr, (start, deadline, timeout))
 }
 
-/// Rank 0's side: every other rank served the id over an authenticated handshake, each on
-/// its own thread under its own short deadline, until all joined or `deadline`.
-fn serve_rank0(
-    env: &LaunchEnv,
-    addr: std::net::SocketAddr,
-    id: &[u8; 128],
-    (start, deadline, timeout): (Instant, Instant, Duration),
-) -> Result<()> {
-    let id = *id;
-    let listener =
-        TcpListener::bind(addr).map_err(|e| io(&format!("rank 0 cannot listen on {addr}"), e))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io("listener", e))?;
-    let mut served = vec![false; env.world_size];
-    served[0] = true;
-    let served = Arc::new(Mutex::new(served));
-    let live = Arc::new(AtomicUsize::new(0));
-    let (tx, rx) = std::sync::mpsc::channel::<usize>();
-    let mut joined = 1;
-    while joined < env.world_size {
-        match listener.accept() {
-            Ok((s, peer)) => {
-                // Each connection is served on its own thread with its own short deadline,
-                // so silent or dripping strangers cannot queue the real ranks behind them;
-                // at most MAX_HANDSHAKES at once, each holding a few hundred bytes.
-                if live.load(Ordering::Acquire) >= MAX_HANDSHAKES {
-                    tracing::warn!("unicomm rendezvous on {addr}: dropped {peer}: {MAX_HANDSHAKES} handshakes already under way");
-                    continue;
-                }
-                let (env, served, live, tx) =
-                    (env.clone(), served.clone(), live.clone(), tx.clone());
-                live.fetch_add(1, Ordering::AcqRel);
-                let spawned = std::thread::Builder::new()
-                    .name("unicomm-rendezvous".into())
-                    .spawn({
-                        let live = live.clone();
-                        move || {
-                            let mut s = s;
-                            let r = s
-                                .set_nonblocking(false)
-                                .map_err(|e| e.to_string())
-                                .and_then(|()| serve(&mut s, &env, &id, &served, deadline));
-                            match r {
-                                Ok(rank) => {
-                                    let _ = tx.send(rank);
-                                }
-                                Err(why) => tracing::warn!(
-                                    "unicomm rendezvous on {addr}: dropped {peer}: {why}"
-                                ),
-                            }
-                            live.fetch_sub(1, Ordering::AcqRel);
-                        }
-                    });
-                if spawned.is_err() {
-                    live.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let served = served.lock().map(|v| v.clone()).unwrap_or_default();
-                    return Err(Error::Timeout {
-                        what: format!(
-                            "rank(s) {} to join the rendezvous on {addr} (waited {:.1?})",
-                            missing(&served),
-                            start.elapsed()
-                        ),
-                        after: timeout,
-                    });
-                }
-                if rx.recv_timeout(Duration::from_millis(5)).is_ok() {
-                    joined += 1;
-                }
-            }
-            Err(e) => return Err(io("accept", e)),
-        }
-        while rx.try_recv().is_ok() {
-            joined += 1;
-        }
-    }
-    Ok(())
-}
-
 /// Another rank's side: connect to rank 0 and join, retrying past strangers and a rank 0
-/// not listening yet, until `deadline`.
+/// not listening yet, until `deadline`. Retries back off exponentially from 10 ms to 1 s with
+/// full jitter (each wait uniform below the bound), so ranks started together spread out
+/// instead of returning in waves; a connection attempt may last 15 s, long enough for the
+/// kernel's own SYN retransmits (1, 2, 4, 8 s) when rank 0's listen queue is full.
 fn join_rank0(
     env: &LaunchEnv,
     addr: std::net::SocketAddr,
     (start, deadline, timeout): (Instant, Instant, Duration),
 ) -> Result<[u8; 128]> {
     let mut last = String::from("rank 0 never answered");
+    let mut backoff = Backoff::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -365,22 +205,56 @@ fn join_rank0(
                 after: timeout,
             });
         }
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(1))) {
+        match TcpStream::connect_timeout(&addr, left.min(CONNECT_TIMEOUT)) {
             Ok(mut s) => match join(&mut s, env, deadline) {
                 Ok(id) => return Ok(id),
                 // Refused by the real rank 0 (wrong size, rank taken): final.
                 Err(JoinError::Refused(e)) => return Err(e),
                 // A stranger or a broken connection: try again until the deadline.
-                Err(JoinError::Retry(e)) => {
-                    last = e.to_string();
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+                Err(JoinError::Retry(e)) => last = e.to_string(),
             },
             // Rank 0 is not listening yet: try again until the deadline.
-            Err(e) => {
-                last = e.to_string();
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            Err(e) => last = e.to_string(),
         }
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep(backoff.next().min(left));
+    }
+}
+
+/// How long one connection attempt may take: past the kernel's SYN retransmits at 1, 3 and
+/// 7 s, so a full listen queue delays a rank rather than making it start over.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Exponential backoff with full jitter: the n-th wait is uniform in [0, min(1 s, 10 ms x 2^n)).
+pub(crate) struct Backoff {
+    bound: Duration,
+    state: u64,
+}
+
+impl Backoff {
+    pub(crate) const FIRST: Duration = Duration::from_millis(10);
+    pub(crate) const CAP: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new() -> Backoff {
+        // Seeded from the OS (each rank its own sequence); a fixed seed if it has none
+        // (then the ranks' different start times still spread them).
+        let seed = nonce().map_or(0x9e37_79b9_7f4a_7c15, |n| {
+            u64::from_le_bytes([n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]])
+        });
+        Backoff {
+            bound: Self::FIRST,
+            state: seed | 1,
+        }
+    }
+
+    /// The next wait.
+    pub(crate) fn next(&mut self) -> Duration {
+        // xorshift64: enough to spread retries, not a secret.
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        let bound = self.bound.as_nanos() as u64;
+        self.bound = (self.bound * 2).min(Self::CAP);
+        Duration::from_nanos(self.state % bound.max(1))
     }
 }

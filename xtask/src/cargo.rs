@@ -112,6 +112,22 @@ pub(crate) fn bench_command(v: Vendor) -> Command {
     c
 }
 
+/// `rendezvous-scale` (unicomm-bench's second binary) in release with `args`.
+pub(crate) fn rendezvous_command(args: &[String]) -> Command {
+    let mut c = cargo();
+    c.args([
+        "run",
+        "--release",
+        "-p",
+        "unicomm-bench",
+        "--bin",
+        "rendezvous-scale",
+        "--",
+    ]);
+    c.args(args);
+    c
+}
+
 /// Runs the build `c` (shown as `what` first) and returns the executables it made that
 /// `pick` names, each with the name `pick` gives it, read from cargo's JSON messages.
 pub(crate) fn executables(

@@ -68,6 +68,13 @@ pub(crate) enum Cmd {
     Test(Opts),
     /// Run unicomm-bench (nccl-tests' method; every mode side by side); arguments after `--`.
     Bench(Opts),
+    /// Time N ranks (threads of a few processes) joining the TCP rendezvous over loopback
+    /// (`rendezvous-scale`; its arguments after `--`: `--ranks 1024,4096 --runs 3`, `--help`).
+    Rendezvous {
+        /// Its arguments.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// Calibrate the automatic policy on this machine: time the registered, window and
     /// copy-engine paths of every collective and size, and write the fastest per size to a
     /// file for UNICOMM_TUNE_FILE (default unicomm-tune.txt).

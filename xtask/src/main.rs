@@ -82,6 +82,9 @@ fn xtask(cli: Cli) -> Result<()> {
             }
             step(&format!("unicomm-bench on {}", o.vendor.arg()), c)
         }
+        Cmd::Rendezvous { args } => {
+            step("rendezvous-scale", crate::cargo::rendezvous_command(&args))
+        }
         Cmd::Tune { opts, out } => {
             let mut c = bench_command(opts.vendor);
             c.args([

@@ -62,6 +62,7 @@ pub(crate) fn test(o: &Opts) -> Result<()> {
         mock_examples(o)?;
         flight_dumps(o)?;
         bench_in_processes(o)?;
+        rendezvous_at_scale(o)?;
     }
     match o.vendor {
         Vendor::Cuda => gpu_tests(GpuVendor::Cuda, &o.args, nvidia_gpus()),
@@ -224,4 +225,16 @@ fn bench_in_processes(o: &Opts) -> Result<()> {
     };
     launch::run(&bench, &args, &job).context("unicomm-bench in 2 processes on the mock")?;
     Ok(())
+}
+
+/// 1,024 ranks join the TCP rendezvous together (threads of 4 processes over loopback): a
+/// regression to retries or closed connections shows as a bound exceeded. Generous for a
+/// debug build on 2 busy cores: 0.14 s and 1.0 connections per rank in a release build on
+/// the 2-core machine.
+fn rendezvous_at_scale(o: &Opts) -> Result<()> {
+    let exe = crate::cargo::bin_binary(o, "rendezvous-scale")?;
+    let mut c = std::process::Command::new(exe);
+    c.args(["--ranks", "1024", "--procs", "4", "--timeout-s", "60"]);
+    c.args(["--max-seconds", "10", "--max-connections-per-rank", "1.1"]);
+    step("1,024 ranks join the rendezvous", c)
 }

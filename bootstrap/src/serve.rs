@@ -1,0 +1,489 @@
+//! Rank 0's side of the TCP rendezvous: one thread (the caller's) drives every handshake on
+//! an event loop (`mio`), so rank 0 holds no thread per rank; a listen queue sized to the
+//! world; over [`MAX_HANDSHAKES`] under way it stops accepting and the kernel queues the
+//! rest, so no connection is closed for being early.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+
+use super::auth::{io, nonce, same, Hello, Key, CHALLENGE, HELLO_LEN, REFUSED};
+use super::file::missing;
+use super::launcher::LaunchEnv;
+use unicomm_core::{Error, Result};
+
+/// How long one connection may take on the server before it is dropped (so one silent or
+/// dripping client cannot hold a slot for long); never past the deadline.
+pub(crate) const PER_CONNECTION: Duration = Duration::from_secs(2);
+
+/// The most handshakes rank 0 holds at once, each a socket and under 400 bytes for at most
+/// [`PER_CONNECTION`]: what a stranger can make rank 0 hold. Beyond them rank 0 leaves
+/// connections in the kernel's listen queue until a slot frees.
+pub(crate) const MAX_HANDSHAKES: usize = 256;
+
+const LISTENER: Token = Token(usize::MAX);
+
+/// What rank 0's rendezvous did, logged in one line at its end.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tally {
+    /// Connections accepted.
+    pub(crate) accepted: u64,
+    /// Ranks served the id.
+    pub(crate) served: u64,
+    /// Connections dropped: malformed, unauthenticated, refused, too slow, broken.
+    pub(crate) dropped: u64,
+    /// The most handshakes under way at once.
+    pub(crate) peak: usize,
+}
+
+enum Phase {
+    /// Reading the hello.
+    Hello,
+    /// Writing the challenge, then reading the client's proof.
+    Proof { hello: Hello, ns: [u8; 16] },
+    /// Writing the last message (the sealed id to a rank, or a refusal and why), then
+    /// closing.
+    Last {
+        rank: std::result::Result<usize, String>,
+    },
+}
+
+struct Conn {
+    s: TcpStream,
+    phase: Phase,
+    inbuf: [u8; HELLO_LEN],
+    got: usize,
+    out: Vec<u8>,
+    sent: usize,
+    deadline: Instant,
+    generation: u64,
+}
+
+/// Where a connection stands after some progress.
+enum Step {
+    Waiting,
+    /// A rank served.
+    Served,
+    /// Ended without serving a rank, and why.
+    Dropped(String),
+}
+
+struct Server<'a> {
+    env: &'a LaunchEnv,
+    key: Key,
+    id: [u8; 128],
+    served: Vec<bool>,
+    /// Rank 0's nonces: a MAC of a counter under a random key drawn once (as unpredictable
+    /// as drawing each, without a system call per handshake).
+    nonces: (Key, u64),
+}
+
+/// Serves `id` to every other rank of `env` on `addr` until all joined or `deadline`.
+pub(crate) fn serve_rank0(
+    env: &LaunchEnv,
+    addr: SocketAddr,
+    id: &[u8; 128],
+    (start, deadline, timeout): (Instant, Instant, Duration),
+) -> Result<Tally> {
+    let listener = listen(addr, env.world_size)?;
+    let mut srv = Server {
+        env,
+        key: Key::new(&env.token),
+        id: *id,
+        served: vec![false; env.world_size],
+        nonces: (Key::new(&nonce()?), 0),
+    };
+    srv.served[0] = true;
+    let mut lp = Loop::new(listener)?;
+    let mut joined = 1;
+    let mut log = DropLog::new(addr);
+    while joined < env.world_size {
+        let now = Instant::now();
+        if now >= deadline {
+            log.flush();
+            return Err(Error::Timeout {
+                what: format!(
+                    "rank(s) {} to join the rendezvous on {addr} (waited {:.1?})",
+                    missing(&srv.served),
+                    start.elapsed()
+                ),
+                after: timeout,
+            });
+        }
+        let wake = lp.next_expiry().map_or(deadline, |d| d.min(deadline));
+        let moved = lp.turn(&mut srv, wake)?;
+        lp.tally.peak = lp.tally.peak.max(lp.live());
+        let expired = lp.expired(Instant::now());
+        for (slot, step) in moved.into_iter().chain(expired) {
+            match step {
+                Step::Waiting => continue,
+                Step::Served => {
+                    joined += 1;
+                    lp.tally.served += 1;
+                }
+                Step::Dropped(why) => {
+                    lp.tally.dropped += 1;
+                    log.note(why);
+                }
+            }
+            lp.close(slot);
+        }
+    }
+    log.flush();
+    Ok(lp.tally)
+}
+
+/// A listener on exactly `addr` with a queue for the whole world (the kernel caps it at
+/// `net.core.somaxconn`).
+fn listen(addr: SocketAddr, world: usize) -> Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let what = format!("rank 0 cannot listen on {addr}");
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+        .map_err(|e| io(&what, e))?;
+    s.set_reuse_address(true).map_err(|e| io(&what, e))?;
+    s.bind(&addr.into()).map_err(|e| io(&what, e))?;
+    let backlog = world.clamp(128, 65_535) as i32;
+    s.listen(backlog).map_err(|e| io(&what, e))?;
+    s.set_nonblocking(true).map_err(|e| io(&what, e))?;
+    Ok(TcpListener::from_std(s.into()))
+}
+
+/// The connections under way, in slots reused as they end.
+struct Loop {
+    poll: Poll,
+    events: Events,
+    listener: TcpListener,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    /// (deadline, slot, generation) in the order accepted, so in deadline order: the
+    /// oldest live handshake is the next to expire. Entries of ended ones are skipped.
+    expiry: std::collections::VecDeque<(Instant, usize, u64)>,
+    generation: u64,
+    /// The listener has connections waiting that were left for a free slot.
+    pending: bool,
+    tally: Tally,
+}
+
+impl Loop {
+    fn new(mut listener: TcpListener) -> Result<Loop> {
+        let poll = Poll::new().map_err(|e| io("rendezvous event loop", e))?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)
+            .map_err(|e| io("rendezvous event loop", e))?;
+        Ok(Loop {
+            poll,
+            events: Events::with_capacity(1024),
+            listener,
+            conns: Vec::new(),
+            free: Vec::new(),
+            expiry: Default::default(),
+            generation: 0,
+            pending: true,
+            tally: Tally::default(),
+        })
+    }
+
+    fn live(&self) -> usize {
+        self.conns.len() - self.free.len()
+    }
+
+    /// Whether the entry of the expiry queue is a handshake still under way.
+    fn current(&self, &(_, i, g): &(Instant, usize, u64)) -> bool {
+        matches!(self.conns.get(i), Some(Some(c)) if c.generation == g)
+    }
+
+    fn next_expiry(&mut self) -> Option<Instant> {
+        while let Some(front) = self.expiry.front() {
+            if self.current(front) {
+                return Some(front.0);
+            }
+            self.expiry.pop_front();
+        }
+        None
+    }
+
+    /// The handshakes past their deadline, whatever they were waiting for.
+    fn expired(&mut self, now: Instant) -> Vec<(usize, Step)> {
+        let mut out = Vec::new();
+        while let Some(&front) = self.expiry.front() {
+            if self.current(&front) {
+                if front.0 > now {
+                    break;
+                }
+                let why = format!("too slow (no complete handshake in {PER_CONNECTION:?})");
+                out.push((front.1, Step::Dropped(why)));
+            }
+            self.expiry.pop_front();
+        }
+        out
+    }
+
+    /// Waits for events until `wake`, accepts what fits and advances every connection
+    /// that can move; returns those that moved, with where they stand.
+    fn turn(&mut self, srv: &mut Server<'_>, wake: Instant) -> Result<Vec<(usize, Step)>> {
+        let left = wake.saturating_duration_since(Instant::now());
+        match self.poll.poll(&mut self.events, Some(left)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(io("rendezvous event loop", e)),
+        }
+        let mut ready: Vec<usize> = Vec::new();
+        for ev in self.events.iter() {
+            match ev.token() {
+                LISTENER => self.pending = true,
+                Token(i) => ready.push(i),
+            }
+        }
+        let mut moved = Vec::with_capacity(ready.len());
+        for i in ready {
+            if let Some(Some(c)) = self.conns.get_mut(i) {
+                moved.push((i, c.advance(srv)));
+            }
+        }
+        moved.extend(self.accept(srv)?);
+        Ok(moved)
+    }
+
+    /// Accepts while slots are free (over them the kernel keeps the queue); each new
+    /// connection advanced at once (its hello is often there already).
+    fn accept(&mut self, srv: &mut Server<'_>) -> Result<Vec<(usize, Step)>> {
+        let mut moved = Vec::new();
+        while self.pending && self.live() < MAX_HANDSHAKES {
+            let (mut s, _peer) = match self.listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.pending = false;
+                    break;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                // A connection reset while queued, or no file descriptor left now: the
+                // next turn tries again (the deadline bounds it).
+                Err(_) => break,
+            };
+            self.tally.accepted += 1;
+            let i = self.free.pop().unwrap_or_else(|| {
+                self.conns.push(None);
+                self.conns.len() - 1
+            });
+            let interest = Interest::READABLE | Interest::WRITABLE;
+            if let Err(e) = self.poll.registry().register(&mut s, Token(i), interest) {
+                self.free.push(i);
+                moved.push((usize::MAX, Step::Dropped(format!("event loop: {e}"))));
+                continue;
+            }
+            self.generation += 1;
+            let mut c = Conn::new(s, self.generation);
+            self.expiry.push_back((c.deadline, i, c.generation));
+            let step = c.advance(srv);
+            self.conns[i] = Some(c);
+            moved.push((i, step));
+        }
+        Ok(moved)
+    }
+
+    fn close(&mut self, i: usize) {
+        if let Some(slot) = self.conns.get_mut(i) {
+            // Closing the socket takes it out of the epoll set (never duplicated): no
+            // deregistration call per handshake.
+            if slot.take().is_some() {
+                self.free.push(i);
+                // More may be waiting in the queue now that a slot is free.
+                self.pending = true;
+            }
+        }
+    }
+}
+
+impl Conn {
+    fn new(s: TcpStream, generation: u64) -> Conn {
+        Conn {
+            s,
+            generation,
+            phase: Phase::Hello,
+            inbuf: [0; HELLO_LEN],
+            got: 0,
+            out: Vec::new(),
+            sent: 0,
+            deadline: Instant::now() + PER_CONNECTION,
+        }
+    }
+
+    /// As far as the socket lets it go now.
+    fn advance(&mut self, srv: &mut Server<'_>) -> Step {
+        loop {
+            match self.flush() {
+                Ok(true) => {}
+                Ok(false) => return Step::Waiting,
+                Err(e) => return Step::Dropped(format!("writing: {e}")),
+            }
+            if let Phase::Last { rank } = &self.phase {
+                return match rank {
+                    Ok(_) => Step::Served,
+                    Err(why) => Step::Dropped(why.clone()),
+                };
+            }
+            let want = match self.phase {
+                Phase::Hello => HELLO_LEN,
+                _ => 32,
+            };
+            match self.fill(want) {
+                Ok(true) => {}
+                Ok(false) => return Step::Waiting,
+                Err(why) => return Step::Dropped(why),
+            }
+            self.got = 0;
+            let next = match std::mem::replace(&mut self.phase, Phase::Hello) {
+                Phase::Hello => srv.hello(&self.inbuf),
+                Phase::Proof { hello, ns } => srv.proof(hello, ns, &self.inbuf),
+                Phase::Last { .. } => unreachable_last(),
+            };
+            match next {
+                Ok((phase, out)) => {
+                    self.phase = phase;
+                    self.out = out;
+                    self.sent = 0;
+                }
+                Err(why) => return Step::Dropped(why),
+            }
+        }
+    }
+
+    /// Writes what is pending; `Ok(true)` once all of it is out.
+    fn flush(&mut self) -> std::io::Result<bool> {
+        while self.sent < self.out.len() {
+            match self.s.write(&self.out[self.sent..]) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads until `want` bytes are in; `Ok(true)` then.
+    fn fill(&mut self, want: usize) -> std::result::Result<bool, String> {
+        while self.got < want {
+            match self.s.read(&mut self.inbuf[self.got..want]) {
+                Ok(0) => return Err("closed before its handshake ended".into()),
+                Ok(n) => self.got += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("reading: {e}")),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// A connection in its last phase is never read again ([`Conn::advance`] returns first).
+fn unreachable_last() -> std::result::Result<(Phase, Vec<u8>), String> {
+    Err("read after the last message".into())
+}
+
+type Next = std::result::Result<(Phase, Vec<u8>), String>;
+
+impl Server<'_> {
+    /// The answer to a hello: a challenge with rank 0's proof, or an authenticated refusal.
+    fn hello(&mut self, b: &[u8; HELLO_LEN]) -> Next {
+        let h = Hello::parse(b).map_err(|e| e.to_string())?;
+        let (r, w) = words(&h);
+        let world = self.env.world_size;
+        let taken = self.served.get(h.rank) != Some(&false);
+        if h.world != world || h.rank == 0 || h.rank >= world || taken {
+            // Authenticated under the client's fresh nonce: only a holder of the token can
+            // refuse a rank, so a stranger on the port cannot make it give up.
+            let mut msg = vec![REFUSED];
+            msg.extend_from_slice(&self.key.mac(b"refused", &[&r, &w, &h.nonce]));
+            let why = format!(
+                "refused: claims rank {} of {}; this job is {world} ranks{}",
+                h.rank,
+                h.world,
+                if taken && h.rank < world {
+                    " and that rank already joined"
+                } else {
+                    ""
+                }
+            );
+            return Ok((Phase::Last { rank: Err(why) }, msg));
+        }
+        self.nonces.1 += 1;
+        let mut ns = [0u8; 16];
+        ns.copy_from_slice(&self.nonces.0.mac(b"nonce", &[&self.nonces.1.to_le_bytes()])[..16]);
+        let mut msg = Vec::with_capacity(49);
+        msg.push(CHALLENGE);
+        msg.extend_from_slice(&ns);
+        msg.extend_from_slice(&self.key.mac(b"server", &[&r, &w, &h.nonce, &ns]));
+        Ok((Phase::Proof { hello: h, ns }, msg))
+    }
+
+    /// The id, sealed, to a client that proved the token (the rank taken now: two
+    /// connections of one rank race here).
+    fn proof(&mut self, h: Hello, ns: [u8; 16], b: &[u8; HELLO_LEN]) -> Next {
+        let (r, w) = words(&h);
+        let want = self.key.mac(b"client", &[&r, &w, &h.nonce, &ns]);
+        if !same(&b[..32].try_into().unwrap_or([0; 32]), &want) {
+            return Err("the client does not hold this job's token".into());
+        }
+        match self.served.get_mut(h.rank) {
+            Some(t) if !*t => *t = true,
+            _ => return Err(format!("rank {} joined meanwhile", h.rank)),
+        }
+        let mut sealed = self.id;
+        self.key.seal(&mut sealed, (&h.nonce, &ns));
+        Ok((Phase::Last { rank: Ok(h.rank) }, sealed.to_vec()))
+    }
+}
+
+fn words(h: &Hello) -> ([u8; 4], [u8; 4]) {
+    (
+        (h.rank as u32).to_le_bytes(),
+        (h.world as u32).to_le_bytes(),
+    )
+}
+
+/// Dropped connections, logged at most once a second (a count and the last reason), so a
+/// storm of strangers or retries is a few lines, not one per connection.
+struct DropLog {
+    addr: SocketAddr,
+    since: Instant,
+    count: u64,
+    last: String,
+}
+
+impl DropLog {
+    fn new(addr: SocketAddr) -> DropLog {
+        DropLog {
+            addr,
+            since: Instant::now(),
+            count: 0,
+            last: String::new(),
+        }
+    }
+
+    fn note(&mut self, why: String) {
+        self.count += 1;
+        self.last = why;
+        if self.since.elapsed() >= Duration::from_secs(1) {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.count > 0 {
+            tracing::warn!(
+                "unicomm rendezvous on {}: dropped {} connection(s) in {:.1?}; the last: {}",
+                self.addr,
+                self.count,
+                self.since.elapsed(),
+                self.last
+            );
+        }
+        self.count = 0;
+        self.since = Instant::now();
+    }
+}

@@ -1,0 +1,159 @@
+//! Tests of rank 0's event loop at scale: the handshake cap queues instead of closing, a
+//! storm of dropped connections is a few log lines, and the clients' backoff.
+use super::*;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn env(rank: usize, world: usize, port: u16) -> LaunchEnv {
+    LaunchEnv {
+        rank,
+        world_size: world,
+        local_rank: rank,
+        master: ("127.0.0.1".into(), port),
+        file: None,
+        launcher: "test",
+        token: b"job-7".to_vec(),
+        token_source: "test",
+        secret_file: None,
+    }
+}
+
+fn connect_when_listening(addr: SocketAddr) -> TcpStream {
+    let t0 = Instant::now();
+    loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => return s,
+            Err(_) if t0.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("rank 0 never listened: {e}"),
+        }
+    }
+}
+
+/// A connection over the cap stays in the kernel's queue (served once a slot frees), where
+/// closing it would make every early rank retry: the thread-per-connection server closed
+/// the 65th at once, 63,787 times for 16,384 ranks started together.
+#[test]
+fn connections_beyond_the_handshake_cap_wait_in_the_queue_instead_of_being_closed() {
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    std::thread::scope(|s| {
+        let r0 = s.spawn(move || {
+            exchange_unique_id(&env(0, 2, port), || Ok([3; 128]), Duration::from_secs(10))
+        });
+        // Silent connections fill every slot (each dropped after PER_CONNECTION).
+        let mut silent = vec![connect_when_listening(addr)];
+        for _ in 1..MAX_HANDSHAKES {
+            silent.push(TcpStream::connect(addr).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let mut late = TcpStream::connect(addr).unwrap();
+        late.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        match late.read(&mut b) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            other => panic!("the connection over the cap was answered or closed: {other:?}"),
+        }
+        // The real rank joins once the silent ones expire, well within its deadline.
+        let t = Instant::now();
+        let r1 = exchange_unique_id(&env(1, 2, port), || Ok([0; 128]), Duration::from_secs(8));
+        assert_eq!(r1.unwrap(), [3; 128]);
+        assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+        assert_eq!(r0.join().unwrap().unwrap(), [3; 128]);
+        drop(silent);
+    });
+}
+
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Lines {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// 300 strangers' connections are one warning line (a count and the last reason) and the
+/// summary, not a line each: a log line per dropped connection was 63,790 lines at 16,384
+/// ranks.
+#[test]
+fn a_storm_of_dropped_connections_is_a_few_log_lines() {
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let lines = Lines::default();
+    let w = lines.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || w.clone())
+        .finish();
+    std::thread::scope(|s| {
+        let r0 = s.spawn(move || {
+            tracing::subscriber::with_default(sub, || {
+                exchange_unique_id(&env(0, 2, port), || Ok([4; 128]), Duration::from_secs(10))
+            })
+        });
+        let mut first = connect_when_listening(addr);
+        let _ = first.write_all(b"GET / HTTP/1.1\r\n\r\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx");
+        for _ in 0..299 {
+            let mut c = TcpStream::connect(addr).unwrap();
+            let _ = c.write_all(b"GET / HTTP/1.1\r\n\r\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let r1 = exchange_unique_id(&env(1, 2, port), || Ok([0; 128]), Duration::from_secs(8));
+        assert_eq!(r1.unwrap(), [4; 128]);
+        assert_eq!(r0.join().unwrap().unwrap(), [4; 128]);
+    });
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let warns = text.lines().filter(|l| l.contains(" WARN ")).count();
+    assert!((1..=2).contains(&warns), "{warns} warning lines:\n{text}");
+    assert!(
+        text.contains("1 ranks served") && text.contains("301 connections (300 dropped)"),
+        "{text}"
+    );
+}
+
+/// Full jitter: each wait is uniform below a bound that doubles from 10 ms to 1 s, so ranks
+/// refused together do not come back together.
+#[test]
+fn retries_back_off_exponentially_with_full_jitter() {
+    let mut b = Backoff::new();
+    let mut bound = Backoff::FIRST;
+    let waits: Vec<Duration> = (0..400)
+        .map(|_| {
+            let w = b.next();
+            assert!(w < bound, "{w:?} not below {bound:?}");
+            bound = (bound * 2).min(Backoff::CAP);
+            w
+        })
+        .collect();
+    // Once capped, the waits spread over the whole second (mean near 0.5 s).
+    let tail = &waits[20..];
+    let mean = tail.iter().sum::<Duration>() / tail.len() as u32;
+    assert!(
+        (Duration::from_millis(350)..Duration::from_millis(650)).contains(&mean),
+        "{mean:?}"
+    );
+    assert!(tail.iter().any(|w| *w < Duration::from_millis(100)));
+    assert!(tail.iter().any(|w| *w > Duration::from_millis(900)));
+}
