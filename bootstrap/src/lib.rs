@@ -25,3 +25,30 @@ mod tests;
 mod tests_keys;
 #[cfg(test)]
 mod tests_scale;
+
+/// Raises this process's soft limit of open files to its hard limit (as NCCL's bootstrap
+/// root does), for a process that holds a connection or two per rank: the mock's hub
+/// holds two per rank, and the usual soft limit of 1,024 ends a world near 500 ranks.
+/// Returns the soft limit now in force; never lowers it. A system that refuses the raise
+/// (a hard limit the kernel does not allow as soft, `RLIM_INFINITY` on some systems) keeps
+/// the limit it had: an error here would end a job that may not need more.
+#[cfg(unix)]
+pub fn raise_open_files_limit() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 0;
+    };
+    if soft >= hard {
+        return soft;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => {
+            tracing::debug!(from = soft, to = hard, "raised the soft open-files limit");
+            hard
+        }
+        Err(e) => {
+            tracing::debug!(soft, hard, "the open-files limit stays: {e}");
+            soft
+        }
+    }
+}

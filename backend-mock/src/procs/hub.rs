@@ -2,7 +2,6 @@
 //! ranks over loopback TCP, each rank's life watched on a connection of its own.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -38,6 +37,8 @@ pub(crate) struct Hub {
     /// copying: released for it when its process dies (it will never end them itself).
     open: Mutex<HashMap<usize, Open>>,
     pub(crate) stop: AtomicBool,
+    /// The thread watching every rank's life connection.
+    watch: std::sync::OnceLock<super::life::Lives>,
 }
 
 impl Hub {
@@ -55,12 +56,9 @@ impl Hub {
         getrandom::fill(&mut secret).map_err(|e| Error::Bootstrap {
             reason: format!("no randomness for the mock's hub: {e}"),
         })?;
-        let listener =
-            TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).map_err(|e| {
-                Error::Bootstrap {
-                    reason: format!("the mock's hub cannot listen on 127.0.0.1: {e}"),
-                }
-            })?;
+        let listener = listen().map_err(|e| Error::Bootstrap {
+            reason: format!("the mock's hub cannot listen on 127.0.0.1: {e}"),
+        })?;
         let port = listener
             .local_addr()
             .map_err(|e| Error::Bootstrap {
@@ -83,6 +81,9 @@ impl Hub {
         world: usize,
         timeout: Duration,
     ) -> Result<Arc<Hub>> {
+        // Two connections per rank: past the usual soft limit of 1,024 files near 500 ranks.
+        #[cfg(unix)]
+        unicomm_bootstrap::raise_open_files_limit();
         let mut lives = vec![Life::Absent; world];
         lives[0] = Life::Live;
         let hub = Arc::new(Hub {
@@ -94,8 +95,10 @@ impl Hub {
             cv: Condvar::new(),
             open: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
+            watch: std::sync::OnceLock::new(),
         });
         let weak = Arc::downgrade(&hub);
+        let _ = hub.watch.set(super::life::Lives::start(weak.clone())?);
         std::thread::Builder::new()
             .name("unicomm-mock-hub".into())
             .spawn(move || accept_loop(listener, weak))
@@ -107,6 +110,18 @@ impl Hub {
 
     fn lives(&self) -> std::sync::MutexGuard<'_, Vec<Life>> {
         self.lives.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `rank`'s life connection ended: `true` when it was live (no goodbye: it died).
+    fn end_life(&self, rank: usize) -> bool {
+        let mut lives = self.lives();
+        let died = lives[rank] == Life::Live;
+        if died {
+            lives[rank] = Life::Dead;
+        }
+        drop(lives);
+        self.cv.notify_all();
+        died
     }
 
     /// A rank's process is gone without finalizing: its open accesses end, the world is
@@ -264,8 +279,29 @@ impl Hub {
     }
 }
 
-/// The most connections the hub holds before they authenticate; one beyond is closed at
-/// once (the job's ranks open two each and retry).
+impl super::life::Watcher for Hub {
+    fn departed(&self, rank: usize) {
+        self.lives()[rank] = Life::Departed;
+        self.cv.notify_all();
+    }
+
+    fn ended(&self, rank: usize) {
+        if self.end_life(rank) {
+            self.died(rank);
+        }
+    }
+
+    fn poisoned(&self) -> Option<Error> {
+        self.fabric.poisoned()
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+/// The most connections the hub holds before they authenticate; beyond them it stops
+/// accepting and the kernel queues the rest (the job's ranks open two each).
 pub(crate) const MAX_UNAUTHENTICATED: usize = 32;
 /// What a connection may send before it authenticates: its hello (secret, rank, kind).
 const MAX_HELLO: usize = 64;
@@ -281,6 +317,16 @@ impl Drop for Unauthenticated {
     }
 }
 
+/// 127.0.0.1 on a port the system picks, with a queue for a thousand ranks' connections
+/// (std's `bind` fixes it at 128; the kernel caps it at `net.core.somaxconn`).
+fn listen() -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    s.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())?;
+    s.listen(4096)?;
+    Ok(s.into())
+}
+
 fn accept_loop(listener: TcpListener, hub: Weak<Hub>) {
     let pending = Arc::new(AtomicUsize::new(0));
     loop {
@@ -288,12 +334,16 @@ fn accept_loop(listener: TcpListener, hub: Weak<Hub>) {
         if h.stop.load(Ordering::Relaxed) {
             return;
         }
+        // Over the cap, connections stay in the kernel's queue until a slot frees: a rank
+        // early among a thousand is served later, not closed.
+        if pending.load(Ordering::Acquire) >= MAX_UNAUTHENTICATED {
+            drop(h);
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
         match listener.accept() {
             Ok((s, peer)) if peer.ip().is_loopback() => {
-                if pending.fetch_add(1, Ordering::AcqRel) >= MAX_UNAUTHENTICATED {
-                    pending.fetch_sub(1, Ordering::AcqRel);
-                    continue; // closed: too many strangers at once
-                }
+                pending.fetch_add(1, Ordering::AcqRel);
                 let (weak, count) = (hub.clone(), Unauthenticated(pending.clone()));
                 let _ = std::thread::Builder::new()
                     .name("unicomm-mock-hub-conn".into())
@@ -346,8 +396,10 @@ fn connection(mut s: TcpStream, hub: Weak<Hub>, count: Unauthenticated) {
             if send_frame(&mut s, &[0]).is_err() {
                 return;
             }
-            drop(h);
-            life(s, hub, rank);
+            match h.watch.get() {
+                Some(w) => w.add(rank, s),
+                None => super::life::Watcher::ended(&*h, rank),
+            }
         }
         CALLS => {
             if h.lives()[rank] != Life::Live {
@@ -370,49 +422,6 @@ fn connection(mut s: TcpStream, hub: Weak<Hub>, count: Unauthenticated) {
             }
         }
         _ => {}
-    }
-}
-
-/// A rank's life connection: watches for its end and hands it the world's poison.
-fn life(mut s: TcpStream, hub: Weak<Hub>, rank: usize) {
-    let _ = s.set_read_timeout(Some(Duration::from_millis(50)));
-    let mut told = false;
-    let mut byte = [0u8; 1];
-    loop {
-        let Some(h) = hub.upgrade() else { return };
-        let closed = match s.read(&mut byte) {
-            Ok(0) => true,
-            Ok(_) => {
-                if byte[0] == op::BYE {
-                    h.lives()[rank] = Life::Departed;
-                    h.cv.notify_all();
-                }
-                false
-            }
-            Err(e) => !matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock
-                    | std::io::ErrorKind::TimedOut
-                    | std::io::ErrorKind::Interrupted
-            ),
-        };
-        if closed {
-            let mut lives = h.lives();
-            if lives[rank] == Life::Live {
-                lives[rank] = Life::Dead;
-                drop(lives);
-                h.died(rank);
-            }
-            h.cv.notify_all();
-            return;
-        }
-        if !told {
-            if let Some(e) = h.fabric.poisoned() {
-                let mut w = W::default();
-                w.error(&e);
-                told = send_frame(&mut s, &w.0).is_ok();
-            }
-        }
     }
 }
 

@@ -21,6 +21,7 @@ mod client;
 mod hub;
 #[cfg(all(test, target_os = "linux"))]
 mod hub_tests;
+mod life;
 mod wire;
 
 pub(crate) use client::Client;

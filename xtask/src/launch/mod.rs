@@ -227,6 +227,9 @@ pub(crate) fn run_until(program: &Path, args: &[String], job: &Job<'_>, stop: &S
     if n == 0 || n > 1024 {
         bail!("--procs {n}: 1..=1024 processes");
     }
+    // Three pipes per rank (stdin, stdout, stderr): past the usual soft limit of 1,024
+    // files near 340 ranks.
+    raise_open_files_limit();
     let port = free_port()?;
     let token = token()?;
     eprintln!(
@@ -405,3 +408,21 @@ mod tests;
 fn until_far() -> Instant {
     Instant::now() + Duration::from_secs(2)
 }
+
+/// The soft limit of open files raised to the hard one (NCCL's root does the same).
+#[cfg(unix)]
+fn raise_open_files_limit() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `l` is a valid rlimit for getrlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } == 0 && l.rlim_cur < l.rlim_max {
+        l.rlim_cur = l.rlim_max;
+        // SAFETY: a valid rlimit; a refusal leaves the limit as it was.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) };
+    }
+}
+
+#[cfg(not(unix))]
+fn raise_open_files_limit() {}
