@@ -5,6 +5,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use super::auth::*;
+use super::backoff::Backoff;
 use super::launcher::*;
 use unicomm_core::env::read_bounded;
 use unicomm_core::{Error, Result};
@@ -105,11 +106,22 @@ fn serve_file(
     write_atomically(path, &bytes)?;
     let mut acked = vec![false; env.world_size];
     acked[0] = true;
+    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
     loop {
-        for (r, a) in acked.iter_mut().enumerate().filter(|(_, a)| !**a) {
+        // One listing of the directory per poll, then only the acknowledgements that
+        // exist are opened (a reopen of every missing one every 20 ms was 200,000 opens a
+        // second at 4,096 ranks on a shared file system).
+        let present: Vec<usize> = match listed_acks(path, env.world_size) {
+            Ok(v) => v,
+            Err(_) => (1..env.world_size).collect(),
+        };
+        for r in present {
+            if acked.get(r) != Some(&false) {
+                continue;
+            }
             if let Ok(b) = read_bounded(&ack_path(path, r), ACK_LEN) {
                 let rb = (r as u32).to_le_bytes();
-                *a = b.len() == ACK_LEN
+                acked[r] = b.len() == ACK_LEN
                     && &b[..8] == ACK_MAGIC
                     && b[8..24] == n
                     && b[24..28] == rb
@@ -133,7 +145,8 @@ fn serve_file(
                 after: timeout,
             });
         }
-        std::thread::sleep(Duration::from_millis(20));
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep(backoff.next().min(left));
     }
     let _ = std::fs::remove_file(path);
     for r in 1..env.world_size {
@@ -158,6 +171,8 @@ fn take_file(
     let oldest = std::time::SystemTime::now()
         .checked_sub(timeout + Duration::from_secs(30))
         .unwrap_or(std::time::UNIX_EPOCH);
+    // Jittered backoff: ranks started together do not read the file in lockstep.
+    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
     loop {
         let stale = std::fs::symlink_metadata(path)
             .and_then(|m| m.modified())
@@ -215,8 +230,36 @@ fn take_file(
                 after: timeout,
             });
         }
-        std::thread::sleep(Duration::from_millis(20));
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep(backoff.next().min(left));
     }
+}
+
+/// The ranks whose acknowledgement (`<file>.ack.<rank>`) is in the file's directory, from
+/// one listing of it, at most `world + 4096` entries read (a directory of strangers' files
+/// cannot hold rank 0 in a long read).
+pub(crate) fn listed_acks(path: &std::path::Path, world: usize) -> std::io::Result<Vec<usize>> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let prefix = match path.file_name().and_then(|n| n.to_str()) {
+        Some(n) => format!("{n}.ack."),
+        None => return Ok(Vec::new()),
+    };
+    Ok(std::fs::read_dir(dir)?
+        .take(world + 4096)
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let rank = name.to_str()?.strip_prefix(&prefix)?;
+            // Digits only: "+3" or " 3" are not a rank's file.
+            rank.bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| rank.parse().ok())
+                .flatten()
+        })
+        .collect())
 }
 
 /// The ranks not yet arrived (`arrived[r]` false), at most 32 of them listed.

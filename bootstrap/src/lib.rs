@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 mod auth;
+mod backoff;
 mod file;
 mod launcher;
 mod rejoin;
@@ -17,7 +18,7 @@ pub use launcher::{LaunchEnv, Launcher, LAUNCHERS, MAX_WORLD};
 pub use rejoin::Rejoin;
 pub use tcp::exchange_unique_id;
 #[cfg(test)]
-use {auth::*, serve::*, tcp::*};
+use {auth::*, backoff::*, file::listed_acks, serve::*, tcp::*};
 
 #[cfg(test)]
 mod tests;

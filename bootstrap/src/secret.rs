@@ -126,6 +126,9 @@ fn create_key(path: &Path) -> Result<()> {
 /// until `deadline` (rank 0 may still be making it).
 pub(crate) fn key(path: &Path, create: bool, deadline: Instant) -> Result<Vec<u8>> {
     let start = Instant::now();
+    // Jittered backoff: the ranks of a large job do not reopen the file in lockstep.
+    let mut backoff =
+        super::backoff::Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
     loop {
         if let Some(k) = read_key(path)? {
             return Ok(k);
@@ -146,6 +149,7 @@ pub(crate) fn key(path: &Path, create: bool, deadline: Instant) -> Result<Vec<u8
                 after: start.elapsed(),
             });
         }
-        std::thread::sleep(Duration::from_millis(20));
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep(backoff.next().min(left));
     }
 }

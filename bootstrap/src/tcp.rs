@@ -6,6 +6,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use super::auth::*;
+use super::backoff::Backoff;
 use super::file::file_exchange;
 use super::launcher::*;
 use super::serve::serve_rank0;
@@ -193,7 +194,7 @@ fn join_rank0(
     (start, deadline, timeout): (Instant, Instant, Duration),
 ) -> Result<[u8; 128]> {
     let mut last = String::from("rank 0 never answered");
-    let mut backoff = Backoff::new();
+    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -224,37 +225,3 @@ fn join_rank0(
 /// How long one connection attempt may take: past the kernel's SYN retransmits at 1, 3 and
 /// 7 s, so a full listen queue delays a rank rather than making it start over.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Exponential backoff with full jitter: the n-th wait is uniform in [0, min(1 s, 10 ms x 2^n)).
-pub(crate) struct Backoff {
-    bound: Duration,
-    state: u64,
-}
-
-impl Backoff {
-    pub(crate) const FIRST: Duration = Duration::from_millis(10);
-    pub(crate) const CAP: Duration = Duration::from_secs(1);
-
-    pub(crate) fn new() -> Backoff {
-        // Seeded from the OS (each rank its own sequence); a fixed seed if it has none
-        // (then the ranks' different start times still spread them).
-        let seed = nonce().map_or(0x9e37_79b9_7f4a_7c15, |n| {
-            u64::from_le_bytes([n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]])
-        });
-        Backoff {
-            bound: Self::FIRST,
-            state: seed | 1,
-        }
-    }
-
-    /// The next wait.
-    pub(crate) fn next(&mut self) -> Duration {
-        // xorshift64: enough to spread retries, not a secret.
-        self.state ^= self.state << 13;
-        self.state ^= self.state >> 7;
-        self.state ^= self.state << 17;
-        let bound = self.bound.as_nanos() as u64;
-        self.bound = (self.bound * 2).min(Self::CAP);
-        Duration::from_nanos(self.state % bound.max(1))
-    }
-}

@@ -137,13 +137,14 @@ fn a_storm_of_dropped_connections_is_a_few_log_lines() {
 /// refused together do not come back together.
 #[test]
 fn retries_back_off_exponentially_with_full_jitter() {
-    let mut b = Backoff::new();
-    let mut bound = Backoff::FIRST;
+    let (first, cap) = (Duration::from_millis(10), Duration::from_secs(1));
+    let mut b = Backoff::new(first, cap);
+    let mut bound = first;
     let waits: Vec<Duration> = (0..400)
         .map(|_| {
             let w = b.next();
             assert!(w < bound, "{w:?} not below {bound:?}");
-            bound = (bound * 2).min(Backoff::CAP);
+            bound = (bound * 2).min(cap);
             w
         })
         .collect();
@@ -156,4 +157,27 @@ fn retries_back_off_exponentially_with_full_jitter() {
     );
     assert!(tail.iter().any(|w| *w < Duration::from_millis(100)));
     assert!(tail.iter().any(|w| *w > Duration::from_millis(900)));
+}
+
+/// Rank 0 of the file rendezvous learns which acknowledgements exist from one listing of
+/// the directory; only this job's file's `.ack.<digits>` names count.
+#[test]
+fn the_file_rendezvous_lists_acknowledgements_from_one_directory_read() {
+    let dir = std::env::temp_dir().join(format!("unicomm-acks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("job.id");
+    for name in [
+        "job.id.ack.3",
+        "job.id.ack.17",
+        "job.id.ack.+4",
+        "job.id.ack.x",
+        "other.id.ack.5",
+        "job.id",
+    ] {
+        std::fs::write(dir.join(name), b"x").unwrap();
+    }
+    let mut got = listed_acks(&file, 32).unwrap();
+    got.sort();
+    assert_eq!(got, vec![3, 17]);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
