@@ -261,14 +261,28 @@ macro_rules! gpu_backend {
                 timeout: Duration,
                 config: &CommConfig,
             ) -> Result<AnyComm> {
-                let id = unicomm_bootstrap::exchange_unique_id(
-                    env,
-                    || Ok(::$krate::unique_id()?.to_bytes()),
-                    timeout,
-                )?;
-                let id = ::$krate::UniqueId::from_bytes(id);
+                // Above UNICOMM_RANKS_PER_ROOT ranks, one root per block of ranks (NCCL's
+                // many-root creation), its ids made by rank 0 and handed out together; the
+                // file rendezvous hands out one.
+                let roots = match env.file {
+                    Some(_) => 1,
+                    None => ::$krate::roots_for(env.world_size)?,
+                };
+                let make = || {
+                    (0..roots)
+                        .map(|_| Ok(::$krate::unique_id()?.to_bytes()))
+                        .collect::<Result<Vec<_>>>()
+                };
+                let ids = unicomm_bootstrap::exchange_unique_ids(env, roots, make, timeout)?;
+                let ids: Vec<_> = ids
+                    .into_iter()
+                    .map(::$krate::UniqueId::from_bytes)
+                    .collect();
                 let where_ = (env.rank, env.world_size, env.local_rank);
-                let comm = ::$krate::init_rank_with(id, where_, config)?;
+                let comm = match ids.as_slice() {
+                    [id] => ::$krate::init_rank_with(*id, where_, config)?,
+                    _ => ::$krate::init_rank_scalable_with(&ids, where_, config)?,
+                };
                 // After a failure the survivors re-form over the job's rendezvous.
                 comm.set_rejoin(unicomm_bootstrap::Rejoin::job(env))?;
                 Ok(AnyComm::from(comm))

@@ -99,6 +99,24 @@ pub fn init_rank(id: UniqueId, rank: usize, world: usize, dev: usize) -> Result<
     ApiComm::init_rank(nccl()?, cuda()?, id, rank, world, dev)
 }
 
+/// [`init_rank_with`] through several roots, one per id (`ncclCommInitRankScalable`,
+/// NCCL with NCCL's API >= 2.23, else `Unsupported` naming the version): every rank passes
+/// the same ids in the same order, made by [`unique_id`]; [`roots_for`] says how many.
+pub fn init_rank_scalable_with(
+    ids: &[UniqueId],
+    at: (usize, usize, usize),
+    config: &CommConfig,
+) -> Result<NcclComm> {
+    ApiComm::init_rank_scalable_with(nccl()?, cuda()?, ids, at, config)
+}
+
+/// How many roots a world of `world` ranks is created from: one per
+/// `UNICOMM_RANKS_PER_ROOT` ranks (default 128), one where the loaded library predates
+/// many-root creation (`unicomm_nccl_api::roots_for`).
+pub fn roots_for(world: usize) -> Result<usize> {
+    unicomm_nccl_api::roots_for(&*nccl()?, world)
+}
+
 /// A new world id (`ncclGetUniqueId`), to share with every rank.
 pub fn unique_id() -> Result<UniqueId> {
     nccl()?.unique_id()

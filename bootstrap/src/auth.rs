@@ -8,6 +8,9 @@ pub(crate) const MAGIC: &[u8; 8] = b"UNICOMM1";
 /// The server's answers after a hello.
 pub(crate) const REFUSED: u8 = 0;
 pub(crate) const CHALLENGE: u8 = 1;
+/// After `CHALLENGE`: rank 0's nonce (16), the number of ids it hands out (u16), its proof
+/// (32, over the client's hello, both nonces and that number).
+pub(crate) const CHALLENGE_LEN: usize = 16 + 2 + 32;
 pub(crate) fn io(what: &str, e: std::io::Error) -> Error {
     Error::Bootstrap {
         reason: format!("{what}: {e}"),
@@ -55,10 +58,10 @@ impl Key {
         m.finalize().into_bytes().into()
     }
 
-    /// The id sealed (or opened: the same XOR) with the keystream of one handshake.
-    pub(crate) fn seal(&self, id: &mut [u8; 128], nonces: (&[u8; 16], &[u8; 16])) {
-        for (k, chunk) in id.chunks_mut(32).enumerate() {
-            let ks = self.mac(b"key", &[nonces.0, nonces.1, &[k as u8]]);
+    /// The ids sealed (or opened: the same XOR) with the keystream of one handshake.
+    pub(crate) fn seal(&self, ids: &mut [u8], nonces: (&[u8; 16], &[u8; 16])) {
+        for (k, chunk) in ids.chunks_mut(32).enumerate() {
+            let ks = self.mac(b"key", &[nonces.0, nonces.1, &(k as u32).to_le_bytes()]);
             chunk.iter_mut().zip(ks).for_each(|(b, k)| *b ^= k);
         }
     }

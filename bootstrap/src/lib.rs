@@ -16,7 +16,7 @@ mod tcp;
 pub use auth::{Hello, HELLO_LEN};
 pub use launcher::{LaunchEnv, Launcher, LAUNCHERS, MAX_WORLD};
 pub use rejoin::Rejoin;
-pub use tcp::exchange_unique_id;
+pub use tcp::{exchange_unique_id, exchange_unique_ids, MAX_IDS};
 #[cfg(test)]
 use {auth::*, backoff::*, file::listed_acks, serve::*, tcp::*};
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
-use super::auth::{io, nonce, same, Hello, Key, CHALLENGE, HELLO_LEN, REFUSED};
+use super::auth::{io, nonce, same, Hello, Key, CHALLENGE, CHALLENGE_LEN, HELLO_LEN, REFUSED};
 use super::file::missing;
 use super::launcher::LaunchEnv;
 use unicomm_core::{Error, Result};
@@ -74,25 +74,27 @@ enum Step {
 struct Server<'a> {
     env: &'a LaunchEnv,
     key: Key,
-    id: [u8; 128],
+    /// The ids handed out (128 bytes each).
+    ids: Vec<u8>,
     served: Vec<bool>,
     /// Rank 0's nonces: a MAC of a counter under a random key drawn once (as unpredictable
     /// as drawing each, without a system call per handshake).
     nonces: (Key, u64),
 }
 
-/// Serves `id` to every other rank of `env` on `addr` until all joined or `deadline`.
+/// Serves `ids` (128 bytes each) to every other rank of `env` on `addr` until all joined
+/// or `deadline`.
 pub(crate) fn serve_rank0(
     env: &LaunchEnv,
     addr: SocketAddr,
-    id: &[u8; 128],
+    ids: &[u8],
     (start, deadline, timeout): (Instant, Instant, Duration),
 ) -> Result<Tally> {
     let listener = listen(addr, env.world_size)?;
     let mut srv = Server {
         env,
         key: Key::new(&env.token),
-        id: *id,
+        ids: ids.to_vec(),
         served: vec![false; env.world_size],
         nonces: (Key::new(&nonce()?), 0),
     };
@@ -414,10 +416,12 @@ impl Server<'_> {
         self.nonces.1 += 1;
         let mut ns = [0u8; 16];
         ns.copy_from_slice(&self.nonces.0.mac(b"nonce", &[&self.nonces.1.to_le_bytes()])[..16]);
-        let mut msg = Vec::with_capacity(49);
+        let n = ((self.ids.len() / 128) as u16).to_le_bytes();
+        let mut msg = Vec::with_capacity(1 + CHALLENGE_LEN);
         msg.push(CHALLENGE);
         msg.extend_from_slice(&ns);
-        msg.extend_from_slice(&self.key.mac(b"server", &[&r, &w, &h.nonce, &ns]));
+        msg.extend_from_slice(&n);
+        msg.extend_from_slice(&self.key.mac(b"server", &[&r, &w, &h.nonce, &ns, &n]));
         Ok((Phase::Proof { hello: h, ns }, msg))
     }
 
@@ -433,9 +437,9 @@ impl Server<'_> {
             Some(t) if !*t => *t = true,
             _ => return Err(format!("rank {} joined meanwhile", h.rank)),
         }
-        let mut sealed = self.id;
+        let mut sealed = self.ids.clone();
         self.key.seal(&mut sealed, (&h.nonce, &ns));
-        Ok((Phase::Last { rank: Ok(h.rank) }, sealed.to_vec()))
+        Ok((Phase::Last { rank: Ok(h.rank) }, sealed))
     }
 }
 

@@ -58,12 +58,13 @@ impl From<Error> for JoinError {
     }
 }
 
-/// A client's side: hello, check rank 0's proof, prove itself, receive the id.
+/// A client's side: hello, check rank 0's proof, prove itself, receive the `count` ids.
 pub(crate) fn join(
     s: &mut TcpStream,
     env: &LaunchEnv,
+    count: usize,
     deadline: Instant,
-) -> std::result::Result<[u8; 128], JoinError> {
+) -> std::result::Result<Vec<u8>, JoinError> {
     let ioe = |what: &str, e: std::io::Error| io(what, e);
     let key = Key::new(&env.token);
     let h = Hello {
@@ -104,13 +105,14 @@ pub(crate) fn join(
         }
         .into());
     }
-    let mut ch = [0u8; 48];
+    let mut ch = [0u8; CHALLENGE_LEN];
     read_until(s, &mut ch, deadline).map_err(|e| ioe("rank 0's challenge", e))?;
     let mut ns = [0u8; 16];
     ns.copy_from_slice(&ch[..16]);
+    let n = [ch[16], ch[17]];
     let mut proof = [0u8; 32];
-    proof.copy_from_slice(&ch[16..]);
-    if !same(&proof, &key.mac(b"server", &[&r, &w, &h.nonce, &ns])) {
+    proof.copy_from_slice(&ch[18..]);
+    if !same(&proof, &key.mac(b"server", &[&r, &w, &h.nonce, &ns, &n])) {
         return Err(Error::Bootstrap {
             reason: "the process on the rendezvous port does not hold this job's token \
                      (another job, or a stranger on the port)"
@@ -118,12 +120,22 @@ pub(crate) fn join(
         }
         .into());
     }
+    let served = usize::from(u16::from_le_bytes(n));
+    if served != count {
+        // Authenticated: the real rank 0 hands out another number of ids. Final.
+        return Err(JoinError::Refused(Error::Bootstrap {
+            reason: format!(
+                "rank 0 hands out {served} unique id(s), this rank expects {count} \
+                 (UNICOMM_RANKS_PER_ROOT or the library's version differs between ranks)"
+            ),
+        }));
+    }
     let mine = key.mac(b"client", &[&r, &w, &h.nonce, &ns]);
     write_until(s, &mine, deadline).map_err(|e| ioe("proof", e))?;
-    let mut id = [0u8; 128];
-    read_until(s, &mut id, deadline).map_err(|e| ioe("receiving the id", e))?;
-    key.seal(&mut id, (&h.nonce, &ns));
-    Ok(id)
+    let mut ids = vec![0u8; 128 * count];
+    read_until(s, &mut ids, deadline).map_err(|e| ioe("receiving the id", e))?;
+    key.seal(&mut ids, (&h.nonce, &ns));
+    Ok(ids)
 }
 
 /// Hands rank 0's unique id to every rank: rank 0 calls `make_id`, listens on exactly
@@ -144,6 +156,32 @@ pub fn exchange_unique_id(
     make_id: impl FnOnce() -> Result<[u8; 128]>,
     timeout: Duration,
 ) -> Result<[u8; 128]> {
+    let ids = exchange_unique_ids(env, 1, || Ok(vec![make_id()?]), timeout)?;
+    ids.first()
+        .copied()
+        .ok_or_else(|| Error::invalid("ids", "the rendezvous handed out none"))
+}
+
+/// The most unique ids one rendezvous hands out (32 KiB to each rank): NCCL's many-root
+/// creation takes one per root.
+pub const MAX_IDS: usize = 256;
+
+/// [`exchange_unique_id`] for `count` ids made by rank 0 (NCCL's many-root creation,
+/// `ncclCommInitRankScalable`, takes one per root): every rank passes the same `count`
+/// (1..=[`MAX_IDS`]); a rank expecting another number than rank 0 hands out fails at once,
+/// naming both. The file rendezvous hands out one id.
+pub fn exchange_unique_ids(
+    env: &LaunchEnv,
+    count: usize,
+    make_ids: impl FnOnce() -> Result<Vec<[u8; 128]>>,
+    timeout: Duration,
+) -> Result<Vec<[u8; 128]>> {
+    if count == 0 || count > MAX_IDS || (count > 1 && env.file.is_some()) {
+        return Err(Error::invalid(
+            "count",
+            format!("{count} unique ids: 1..={MAX_IDS} over TCP, 1 through a file"),
+        ));
+    }
     let start = Instant::now();
     let deadline = start
         .checked_add(timeout)
@@ -163,12 +201,29 @@ pub fn exchange_unique_id(
         "rendezvous"
     );
     if let Some(path) = &env.file {
-        return file_exchange(env, path, make_id, start, deadline, timeout);
+        let one = || {
+            let ids = make_ids()?;
+            match ids.as_slice() {
+                [id] => Ok(*id),
+                _ => Err(Error::invalid(
+                    "ids",
+                    format!("{} ids made, 1 asked", ids.len()),
+                )),
+            }
+        };
+        return file_exchange(env, path, one, start, deadline, timeout).map(|id| vec![id]);
     }
     let addr = resolve(env)?;
     if env.rank == 0 {
-        let id = make_id()?;
-        let t = serve_rank0(env, addr, &id, (start, deadline, timeout))?;
+        let ids = make_ids()?;
+        if ids.len() != count {
+            return Err(Error::invalid(
+                "ids",
+                format!("{} ids made, {count} asked", ids.len()),
+            ));
+        }
+        let payload: Vec<u8> = ids.iter().flatten().copied().collect();
+        let t = serve_rank0(env, addr, &payload, (start, deadline, timeout))?;
         tracing::info!(
             "unicomm rendezvous on {addr}: {} ranks served in {:.1?}: {} connections \
              ({} dropped), at most {} handshakes at once",
@@ -178,9 +233,17 @@ pub fn exchange_unique_id(
             t.dropped,
             t.peak
         );
-        return Ok(id);
+        return Ok(ids);
     }
-    join_rank0(env, addr, (start, deadline, timeout))
+    let got = join_rank0(env, addr, count, (start, deadline, timeout))?;
+    Ok(got
+        .chunks_exact(128)
+        .map(|c| {
+            let mut id = [0u8; 128];
+            id.copy_from_slice(c);
+            id
+        })
+        .collect())
 }
 
 /// Another rank's side: connect to rank 0 and join, retrying past strangers and a rank 0
@@ -191,8 +254,9 @@ pub fn exchange_unique_id(
 fn join_rank0(
     env: &LaunchEnv,
     addr: std::net::SocketAddr,
+    count: usize,
     (start, deadline, timeout): (Instant, Instant, Duration),
-) -> Result<[u8; 128]> {
+) -> Result<Vec<u8>> {
     let mut last = String::from("rank 0 never answered");
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
     loop {
@@ -207,7 +271,7 @@ fn join_rank0(
             });
         }
         match TcpStream::connect_timeout(&addr, left.min(CONNECT_TIMEOUT)) {
-            Ok(mut s) => match join(&mut s, env, deadline) {
+            Ok(mut s) => match join(&mut s, env, count, deadline) {
                 Ok(id) => return Ok(id),
                 // Refused by the real rank 0 (wrong size, rank taken): final.
                 Err(JoinError::Refused(e)) => return Err(e),

@@ -247,7 +247,7 @@ fn strangers_partial_and_malformed_hellos_are_dropped_and_the_job_still_joins() 
         let mut stray = TcpStream::connect(addr).unwrap();
         let mut e = env(1, 2, addr.port());
         e.token = b"not-the-job".to_vec();
-        let got = join(&mut stray, &e, Instant::now() + Duration::from_secs(3));
+        let got = join(&mut stray, &e, 1, Instant::now() + Duration::from_secs(3));
         assert!(got.is_err(), "a stranger got {got:?}");
         drop(half);
     });
@@ -268,7 +268,7 @@ fn a_squatter_on_the_port_cannot_hand_out_a_forged_id() {
                 continue;
             }
             let mut msg = vec![CHALLENGE];
-            msg.extend_from_slice(&[0u8; 48]);
+            msg.extend_from_slice(&[0u8; CHALLENGE_LEN]);
             let _ = s.write_all(&msg);
             let _ = s.write_all(&[0u8; 32 + 128]);
         }

@@ -181,3 +181,56 @@ fn the_file_rendezvous_lists_acknowledgements_from_one_directory_read() {
     assert_eq!(got, vec![3, 17]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// NCCL's many-root creation takes one id per root, the same array on every rank: rank 0
+/// hands out all of them in one handshake.
+#[test]
+fn several_ids_reach_every_rank_in_order() {
+    let port = free_port();
+    let ids: Vec<[u8; 128]> = (1..=3u8).map(|k| [k; 128]).collect();
+    let want = ids.clone();
+    let got: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..5)
+            .map(|r| {
+                let ids = ids.clone();
+                s.spawn(move || {
+                    exchange_unique_ids(&env(r, 5, port), 3, || Ok(ids), Duration::from_secs(10))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for g in got {
+        assert_eq!(g.unwrap(), want);
+    }
+}
+
+/// A rank expecting another number of ids than rank 0 hands out (a different
+/// UNICOMM_RANKS_PER_ROOT or library) fails at once naming both, not at the deadline.
+#[test]
+fn a_rank_expecting_another_number_of_ids_fails_at_once_naming_both() {
+    let port = free_port();
+    std::thread::scope(|s| {
+        let r0 = s.spawn(move || {
+            exchange_unique_ids(
+                &env(0, 2, port),
+                3,
+                || Ok(vec![[1; 128]; 3]),
+                Duration::from_secs(3),
+            )
+        });
+        let t = Instant::now();
+        let r1 = exchange_unique_ids(&env(1, 2, port), 2, || Ok(vec![]), Duration::from_secs(10));
+        match r1 {
+            Err(unicomm_core::Error::Bootstrap { reason }) => {
+                assert!(
+                    reason.contains("hands out 3") && reason.contains("expects 2"),
+                    "{reason}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert!(r0.join().unwrap().is_err());
+    });
+}

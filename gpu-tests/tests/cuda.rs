@@ -167,3 +167,21 @@ fn a_raw_cuda_stream_orders_a_collective_after_another_streams_marker() -> Resul
         .map_err(|e| unicomm_core::Error::invalid("stream", format!("{e:?}")))?;
     Ok(())
 }
+
+/// NCCL's many-root creation (`ncclCommInitRankScalable`, NCCL >= 2.23): a world of one
+/// rank created through it (one root, asked for explicitly) carries an all-reduce; on a
+/// library before 2.23 the call is `Unsupported` naming the version, and this test fails
+/// saying so (the GPU machine's NCCL is 2.28).
+#[test]
+fn a_world_created_from_the_many_root_call_carries_an_all_reduce() -> Result<()> {
+    let id = unicomm_nccl::unique_id()?;
+    let cfg = unicomm_core::CommConfig::default();
+    let raw = unicomm_nccl::init_rank_scalable_with(&[id], (0, 1, 0), &cfg)?;
+    let c = Comm::from_backend(raw);
+    let st = c.create_stream()?;
+    let mut b = c.alloc::<f32>(1024)?;
+    b.copy_from_host(&vec![3.0f32; 1024], &st)?;
+    c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+    assert!(b.copy_to_host(&st)?.iter().all(|&x| x == 3.0));
+    c.finalize()
+}

@@ -107,7 +107,8 @@ fn create_group<R: Runtime>(
     api.group_start()?;
     let mut first_err = None;
     for (rank, &dev) in devs.iter().enumerate() {
-        match rt.with_device(dev, || init_call(api, n, id, rank, nonblocking, config)) {
+        let ids = Ids::one(&id);
+        match rt.with_device(dev, || init_call(api, n, ids, rank, nonblocking, config)) {
             Ok(c) => made.push(c),
             Err(e) => {
                 first_err.get_or_insert(e);
@@ -130,14 +131,14 @@ fn create_group<R: Runtime>(
 pub(crate) fn one_rank<R: Runtime + 'static>(
     api: &Arc<Api>,
     rt: &Arc<R>,
-    id: UniqueId,
+    ids: Ids<'_>,
     (rank, world, dev): (usize, usize, usize),
     mode: Mode,
     config: &CommConfig,
 ) -> Result<OwnedComm> {
     if mode.nonblocking {
         return rt.with_device(dev, || {
-            let c = init_call(api, world, id, rank, true, config)?;
+            let c = init_call(api, world, ids, rank, true, config)?;
             if let Err(e) = settle_raw(api, c.handle(), "ncclCommInitRank", mode.timeout, &|| false)
             {
                 let _ = api.comm_abort(c);
@@ -148,8 +149,14 @@ pub(crate) fn one_rank<R: Runtime + 'static>(
     }
     // Blocking: NCCL waits for every rank with no deadline; the call gets one.
     let (a, r, late_api) = (api.clone(), rt.clone(), api.clone());
-    let config = config.clone();
-    let create = move || r.with_device(dev, || init_call(&a, world, id, rank, false, &config));
+    let (config, (list, scalable)) = (config.clone(), (ids.list.to_vec(), ids.scalable));
+    let create = move || {
+        let ids = Ids {
+            list: &list,
+            scalable,
+        };
+        r.with_device(dev, || init_call(&a, world, ids, rank, false, &config))
+    };
     bounded("ncclCommInitRank", mode.timeout, create, move |r| {
         // Created after the caller gave up: aborted.
         if let Ok(c) = r {
@@ -159,16 +166,71 @@ pub(crate) fn one_rank<R: Runtime + 'static>(
 }
 
 /// `ncclCommInitRankConfig` where a configuration is set or non-blocking mode asked for
-/// (`blocking = 0`), else `ncclCommInitRank`; `ncclInProgress` is success here (settled by
-/// the caller). The caller checked `config` against the library's version.
+/// (`blocking = 0`), else `ncclCommInitRank`; with several ids, `ncclCommInitRankScalable`
+/// (one root per id). `ncclInProgress` is success here (settled by the caller). The caller
+/// checked `config` against the library's version.
 fn init_call(
     api: &Api,
     world: usize,
-    id: UniqueId,
+    ids: Ids<'_>,
     rank: usize,
     nonblocking: bool,
     config: &CommConfig,
 ) -> Result<OwnedComm> {
     let mut cfg = to_config(config, nonblocking)?;
-    api.comm_init_rank(world, id, rank, cfg.as_mut())
+    match ids {
+        Ids {
+            list: [id],
+            scalable: false,
+        } => api.comm_init_rank(world, *id, rank, cfg.as_mut()),
+        _ => api.comm_init_rank_scalable(world, ids.list, rank, cfg.as_mut()),
+    }
+}
+
+/// The ids a rank is created from, and whether through the many-root call
+/// (`ncclCommInitRankScalable`, always with several ids; asked for explicitly with one).
+#[derive(Clone, Copy)]
+pub(crate) struct Ids<'a> {
+    pub(crate) list: &'a [UniqueId],
+    pub(crate) scalable: bool,
+}
+
+impl<'a> Ids<'a> {
+    pub(crate) fn one(id: &'a UniqueId) -> Self {
+        Ids {
+            list: std::slice::from_ref(id),
+            scalable: false,
+        }
+    }
+}
+
+/// Ranks per root of a many-root creation by default (PyTorch's and XLA's choice).
+pub const RANKS_PER_ROOT: u64 = 128;
+
+/// How many roots (unique ids) a world of `world` ranks is created from: one per
+/// `UNICOMM_RANKS_PER_ROOT` ranks (default [`RANKS_PER_ROOT`], 1..=2^20), at most
+/// `unicomm_bootstrap::MAX_IDS` (so each rank receives at most 32 KiB of ids); one where the
+/// world fits one root or where the library predates `ncclCommInitRankScalable` (NCCL 2.23:
+/// the documented fallback, said at `info` level). Every rank must compute the same number
+/// (the same variable and library on every rank; the rendezvous refuses a difference).
+pub fn roots_for(api: &Api, world: usize) -> Result<usize> {
+    let per = unicomm_core::env::whole_number(
+        "UNICOMM_RANKS_PER_ROOT",
+        RANKS_PER_ROOT,
+        1..=1 << 20,
+        "ranks",
+    )?;
+    let wanted = (world as u64)
+        .div_ceil(per)
+        .clamp(1, unicomm_bootstrap::MAX_IDS as u64) as usize;
+    if wanted > 1 && !api.has_scalable_init() {
+        tracing::info!(
+            library = %api.path,
+            version = %api.version,
+            "one root for {world} ranks: the library predates ncclCommInitRankScalable ({})",
+            crate::sys::flavor::SCALABLE_SINCE
+        );
+        return Ok(1);
+    }
+    Ok(wanted)
 }

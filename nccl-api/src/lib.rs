@@ -59,6 +59,7 @@ mod watch;
 
 pub use comm::ApiComm;
 pub use copy_engine::signals::CopyEngineSync;
+pub use create::{roots_for, RANKS_PER_ROOT};
 pub use memory::{ApiGraph, ApiMemory, ApiStream};
 pub use policy::Policy;
 pub use sys::api::{Api, Flavor, UniqueId};

@@ -140,7 +140,14 @@ impl<R: Runtime> ApiComm<R> {
         };
         let rank = members.iter().position(|&r| r == lc.rank).unwrap_or(0);
         let world = members.len();
-        let raw = create::one_rank(&lc.api, &lc.rt, id, (rank, world, lc.dev), mode, config)?;
+        let raw = create::one_rank(
+            &lc.api,
+            &lc.rt,
+            create::Ids::one(&id),
+            (rank, world, lc.dev),
+            mode,
+            config,
+        )?;
         Ok(Some((raw, rank, world)))
     }
 }

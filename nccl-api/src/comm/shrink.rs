@@ -123,7 +123,14 @@ impl<R: Runtime> ApiComm<R> {
         let rank = survivors.iter().position(|&r| r == lc.rank).unwrap_or(0);
         let world = survivors.len();
         let id = UniqueId::from_bytes(id);
-        let raw = create::one_rank(&lc.api, &lc.rt, id, (rank, world, lc.dev), mode, config)?;
+        let raw = create::one_rank(
+            &lc.api,
+            &lc.rt,
+            create::Ids::one(&id),
+            (rank, world, lc.dev),
+            mode,
+            config,
+        )?;
         Ok((raw, rank, world))
     }
 

@@ -156,6 +156,7 @@ table! {
     optional {
         comm_finalize: "ncclCommFinalize": fn(NcclComm) -> NcclResult;
         comm_init_rank_config: "ncclCommInitRankConfig": fn(*mut NcclComm, c_int, UniqueId, c_int, *mut c_void) -> NcclResult;
+        comm_init_rank_scalable: "ncclCommInitRankScalable": fn(*mut NcclComm, c_int, c_int, c_int, *mut UniqueId, *mut c_void) -> NcclResult;
         get_last_error: "ncclGetLastError": fn(NcclComm) -> *const c_char;
         comm_get_async_error: "ncclCommGetAsyncError": fn(NcclComm, *mut NcclResult) -> NcclResult;
         send: "ncclSend": fn(*const c_void, usize, c_int, c_int, NcclComm, RawStream) -> NcclResult;

@@ -43,6 +43,8 @@ pub const SPLIT_SINCE: Version = Version::new(2, 18, 0);
 pub const SHRINK_SINCE: Version = Version::new(2, 27, 0);
 /// `ncclCommRevoke` exists from NCCL 2.28.7.
 pub const REVOKE_SINCE: Version = Version::new(2, 28, 7);
+/// `ncclCommInitRankScalable` (several roots) exists from NCCL 2.23.
+pub const SCALABLE_SINCE: Version = Version::new(2, 23, 0);
 /// `ncclCommInitRankConfig` exists from NCCL 2.14.
 pub const CONFIG_SINCE: Version = Version::new(2, 14, 0);
 /// `ncclSend`/`ncclRecv` exist from NCCL 2.7.

@@ -5,7 +5,9 @@ use std::ffi::{c_int, c_void};
 use unicomm_core::{DataType, Error, Result};
 
 use super::check::rank_in;
-use super::gates::{CONFIG_SINCE, REVOKE_SINCE, SCALAR_HOST_IMMEDIATE, SHRINK_SINCE, SPLIT_SINCE};
+use super::gates::{
+    CONFIG_SINCE, REVOKE_SINCE, SCALABLE_SINCE, SCALAR_HOST_IMMEDIATE, SHRINK_SINCE, SPLIT_SINCE,
+};
 use super::handles::{made, Handle, LibAlloc, OwnedComm, RegHandle, Span};
 use crate::sys::api::{Api, NcclComm, NcclResult, UniqueId, WIN_COLL_SYMMETRIC};
 use crate::sys::config::OwnedConfig;
@@ -64,6 +66,48 @@ impl Api {
             }
         }
         made(raw).ok_or_else(|| Error::invalid("comm", "ncclCommInitRank returned no communicator"))
+    }
+
+    /// Whether this library creates a communicator from several roots
+    /// (`ncclCommInitRankScalable`, NCCL >= 2.23).
+    pub fn has_scalable_init(&self) -> bool {
+        self.fns.comm_init_rank_scalable.is_some() && self.version >= SCALABLE_SINCE
+    }
+
+    /// `ncclCommInitRankScalable`: one rank of `world` joining through several roots, one
+    /// per id of `ids` (the same ids in the same order on every rank; at most one per
+    /// rank); `config` as in [`Api::comm_init_rank`]. NCCL >= 2.23, else `Unsupported`
+    /// naming the version.
+    pub fn comm_init_rank_scalable(
+        &self,
+        world: usize,
+        ids: &[UniqueId],
+        rank: usize,
+        config: Option<&mut OwnedConfig>,
+    ) -> Result<OwnedComm> {
+        let what = "creating a communicator from several roots (ncclCommInitRankScalable)";
+        let f = self.gated(what, SCALABLE_SINCE, self.fns.comm_init_rank_scalable)?;
+        let (n, r) = (world as c_int, rank_in(rank, world, "rank")?);
+        if ids.is_empty() || ids.len() > world {
+            return Err(Error::invalid(
+                "ids",
+                format!(
+                    "{} unique ids for {world} ranks: 1 to one per rank",
+                    ids.len()
+                ),
+            ));
+        }
+        let mut ids = ids.to_vec();
+        let cfg = config.map_or(std::ptr::null_mut(), |c| c.as_mut_ptr().cast::<c_void>());
+        let mut raw: NcclComm = std::ptr::null_mut();
+        // SAFETY: `raw` receives the communicator; `ids` is a live array of `ids.len()`
+        // unique ids (NCCL reads them during the call); `cfg` is null or an initialised
+        // ncclConfig_t with its true size and version, alive across the call.
+        let code = unsafe { f(&mut raw, n, r, ids.len() as c_int, ids.as_mut_ptr(), cfg) };
+        self.done("ncclCommInitRankScalable", code, None)?;
+        made(raw).ok_or_else(|| {
+            Error::invalid("comm", "ncclCommInitRankScalable returned no communicator")
+        })
     }
 
     /// `ncclCommAbort`: stops the communicator's work and frees it.

@@ -3,7 +3,9 @@
 
 use std::ffi::c_int;
 
-pub use crate::sys::flavor::{CONFIG_SINCE, P2P_SINCE, REVOKE_SINCE, SHRINK_SINCE, SPLIT_SINCE};
+pub use crate::sys::flavor::{
+    CONFIG_SINCE, P2P_SINCE, REVOKE_SINCE, SCALABLE_SINCE, SHRINK_SINCE, SPLIT_SINCE,
+};
 
 /// `NCCL_SPLIT_NOCOLOR`.
 pub const NO_COLOR: c_int = -1;

@@ -291,6 +291,33 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(comm: *mut *mut Comm, nranks: c_
     in_progress(c, OK)
 }
 
+/// `ncclCommInitRankScalable` (NCCL 2.23+: only the 2.28-like fake): counts the call under
+/// `ncclCommInitRankScalable:<nId>:<first byte of each id>` so a test sees the ids passed
+/// in order; a rank of any world under `FAKE_NCCL_BARRIER_WORLDS`, else one rank.
+#[cfg(feature = "nccl228")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankScalable(comm: *mut *mut Comm, nranks: c_int, rank: c_int, n_id: c_int, ids: *mut Id, config: *mut Config) -> R {
+    if n_id < 1 || n_id > nranks || ids.is_null() {
+        return fail(INVALID_ARGUMENT, "fake: nId must be 1..=nranks with ids");
+    }
+    let firsts: Vec<String> = (0..n_id as usize).map(|k| (*ids.add(k)).internal[0].to_string()).collect();
+    count("ncclCommInitRankScalable");
+    count(&format!("ncclCommInitRankScalable:{n_id}:{}", firsts.join(",")));
+    let many = std::env::var_os("FAKE_NCCL_BARRIER_WORLDS").is_some() && rank >= 0 && rank < nranks;
+    if !many && (nranks != 1 || rank != 0) {
+        return fail(INVALID_ARGUMENT, "fake: only worlds of one rank");
+    }
+    let nonblocking = !config.is_null() && (*config).blocking == 0;
+    if !config.is_null() {
+        record_config(&*config);
+    }
+    let mut c = Comm::new(nranks, false, nonblocking);
+    c.rank = rank;
+    let c = Box::into_raw(Box::new(c));
+    *comm = c;
+    in_progress(c, OK)
+}
+
 /// `ncclCommSplit` (from 2.18: the 2.17-like fake has none). `NCCL_SPLIT_NOCOLOR` gives
 /// NULL; a configuration's blocking field is honoured.
 #[cfg(not(feature = "nccl217"))]
