@@ -177,6 +177,10 @@ pub enum Preset {
     /// of its experts; hidden 7168 (DeepSeek-V3), in the run's type (`-d bfloat16`, `-d
     /// f8e4m3`).
     Moe,
+    /// A decode step's tensor-parallel all-reduces: bf16, hidden 4096 (Llama 3 8B) and 8192
+    /// (70B), batch 1 to 64 tokens (8 KiB to 1 MiB per call); latency-bound, so run it eager
+    /// and captured (`-G`) side by side.
+    Decode,
 }
 
 /// A MoE layer's routing, for the all_to_all_v of the `moe` preset.

@@ -1,5 +1,6 @@
 //! What a run measures: the size sweep of every collective asked for, or a preset's fixed
-//! shapes (the diffusion model's sequence parallelism, a MoE layer's dispatch).
+//! shapes (the diffusion model's sequence parallelism, a MoE layer's dispatch, a decode
+//! step's tensor-parallel all-reduces).
 
 use anyhow::bail;
 use unicomm::DataType;
@@ -50,6 +51,18 @@ pub(crate) fn workloads(a: &Args, w: usize) -> anyhow::Result<Vec<Work>> {
         });
         return Ok(v);
     }
+    if let Some(Preset::Decode) = a.preset {
+        return Ok(DECODE
+            .iter()
+            .map(|&(hidden, batch, label)| Work {
+                coll: Coll::AllReduce,
+                bytes: batch * hidden * 2,
+                dtype: DataType::Bf16,
+                label,
+                moe: None,
+            })
+            .collect());
+    }
     if let Some(Preset::Moe) = a.preset {
         let moe = MoeShape {
             tokens: 4096,
@@ -92,3 +105,21 @@ pub(crate) fn workloads(a: &Args, w: usize) -> anyhow::Result<Vec<Work>> {
     }
     Ok(v)
 }
+
+/// The decode preset's all-reduces: (hidden, batch, label), bf16.
+const DECODE: [(usize, usize, &str); 14] = [
+    (4096, 1, "decode h4096 b1"),
+    (4096, 2, "decode h4096 b2"),
+    (4096, 4, "decode h4096 b4"),
+    (4096, 8, "decode h4096 b8"),
+    (4096, 16, "decode h4096 b16"),
+    (4096, 32, "decode h4096 b32"),
+    (4096, 64, "decode h4096 b64"),
+    (8192, 1, "decode h8192 b1"),
+    (8192, 2, "decode h8192 b2"),
+    (8192, 4, "decode h8192 b4"),
+    (8192, 8, "decode h8192 b8"),
+    (8192, 16, "decode h8192 b16"),
+    (8192, 32, "decode h8192 b32"),
+    (8192, 64, "decode h8192 b64"),
+];

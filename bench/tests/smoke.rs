@@ -312,3 +312,34 @@ fn the_moe_preset_dispatches_routed_tokens_in_fp8() {
     assert_eq!(rows[0]["collective"], "all_to_all_v");
     assert_eq!(rows[0]["wrong"], 0);
 }
+
+/// The decode preset: a decode step's bf16 all-reduces, hidden 4096 and 8192 at batch 1 to
+/// 64 (8 KiB to 1 MiB per call), every one checked.
+#[test]
+fn the_decode_preset_times_a_decode_steps_all_reduces() {
+    let doc = bench_json(
+        "decode",
+        &[
+            "--ranks", "2", "--preset", "decode", "-w", "1", "-n", "1", "-c", "1", "--modes",
+            "plain", "--place", "out",
+        ],
+    );
+    let rows = doc["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 14, "{rows:?}");
+    let bytes: Vec<u64> = rows
+        .iter()
+        .map(|r| r["size"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(bytes[0], 4096 * 2);
+    assert_eq!(bytes[13], 64 * 8192 * 2);
+    for r in rows {
+        assert_eq!(r["collective"], "all_reduce");
+        assert!(
+            r["label"]
+                .as_str()
+                .is_some_and(|l| l.starts_with("decode h")),
+            "{r}"
+        );
+        assert_eq!(r["wrong"], 0);
+    }
+}
