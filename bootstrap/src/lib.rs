@@ -6,6 +6,7 @@
 
 mod auth;
 mod backoff;
+mod drops;
 mod file;
 mod launcher;
 mod rejoin;

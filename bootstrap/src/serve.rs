@@ -11,6 +11,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use super::auth::{io, nonce, same, Hello, Key, CHALLENGE, CHALLENGE_LEN, HELLO_LEN, REFUSED};
+use super::drops::DropLog;
 use super::file::missing;
 use super::launcher::LaunchEnv;
 use unicomm_core::{Error, Result};
@@ -166,6 +167,8 @@ struct Loop {
     generation: u64,
     /// The listener has connections waiting that were left for a free slot.
     pending: bool,
+    /// When to try accepting again after a failure for want of resources.
+    retry: Option<Instant>,
     tally: Tally,
 }
 
@@ -184,6 +187,7 @@ impl Loop {
             expiry: Default::default(),
             generation: 0,
             pending: true,
+            retry: None,
             tally: Tally::default(),
         })
     }
@@ -226,7 +230,19 @@ impl Loop {
     /// Waits for events until `wake`, accepts what fits and advances every connection
     /// that can move; returns those that moved, with where they stand.
     fn turn(&mut self, srv: &mut Server<'_>, wake: Instant) -> Result<Vec<(usize, Step)>> {
-        let left = wake.saturating_duration_since(Instant::now());
+        // Connections may wait in the queue with no event to come for them (the listener
+        // signals arrivals once, and a slot may have freed since): no sleep while any can
+        // be accepted, and a short one after an accept that failed for want of resources.
+        let wake = match self.retry {
+            Some(r) => wake.min(r),
+            None => wake,
+        };
+        let left = if self.pending && self.live() < MAX_HANDSHAKES && self.retry.is_none() {
+            Duration::ZERO
+        } else {
+            wake.saturating_duration_since(Instant::now())
+        };
+        self.retry = None;
         match self.poll.poll(&mut self.events, Some(left)) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -260,10 +276,22 @@ impl Loop {
                     self.pending = false;
                     break;
                 }
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                // A connection reset while queued, or no file descriptor left now: the
-                // next turn tries again (the deadline bounds it).
-                Err(_) => break,
+                // Reset or aborted while queued: the next one.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::Interrupted
+                            | ErrorKind::ConnectionAborted
+                            | ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    continue
+                }
+                // No file descriptor or memory now: again in 10 ms (the deadline bounds it).
+                Err(_) => {
+                    self.retry = Some(Instant::now() + Duration::from_millis(10));
+                    break;
+                }
             };
             self.tally.accepted += 1;
             let i = self.free.pop().unwrap_or_else(|| {
@@ -448,46 +476,4 @@ fn words(h: &Hello) -> ([u8; 4], [u8; 4]) {
         (h.rank as u32).to_le_bytes(),
         (h.world as u32).to_le_bytes(),
     )
-}
-
-/// Dropped connections, logged at most once a second (a count and the last reason), so a
-/// storm of strangers or retries is a few lines, not one per connection.
-struct DropLog {
-    addr: SocketAddr,
-    since: Instant,
-    count: u64,
-    last: String,
-}
-
-impl DropLog {
-    fn new(addr: SocketAddr) -> DropLog {
-        DropLog {
-            addr,
-            since: Instant::now(),
-            count: 0,
-            last: String::new(),
-        }
-    }
-
-    fn note(&mut self, why: String) {
-        self.count += 1;
-        self.last = why;
-        if self.since.elapsed() >= Duration::from_secs(1) {
-            self.flush();
-        }
-    }
-
-    fn flush(&mut self) {
-        if self.count > 0 {
-            tracing::warn!(
-                "unicomm rendezvous on {}: dropped {} connection(s) in {:.1?}; the last: {}",
-                self.addr,
-                self.count,
-                self.since.elapsed(),
-                self.last
-            );
-        }
-        self.count = 0;
-        self.since = Instant::now();
-    }
 }

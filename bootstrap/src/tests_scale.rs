@@ -80,6 +80,32 @@ fn connections_beyond_the_handshake_cap_wait_in_the_queue_instead_of_being_close
     });
 }
 
+/// A rank queued behind a full set of handshakes, with no connection after it, is accepted
+/// as soon as the slots free (their 2 s), well before the deadline. (It passed on this
+/// machine's kernel before rank 0 stopped sleeping while it could accept; the loop now
+/// follows mio's rule for edge-triggered events instead of relying on another wake-up.)
+#[test]
+fn a_queued_rank_is_accepted_when_a_slot_frees_without_another_arrival() {
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    std::thread::scope(|s| {
+        let r0 = s.spawn(move || {
+            exchange_unique_id(&env(0, 2, port), || Ok([6; 128]), Duration::from_secs(12))
+        });
+        let mut silent = vec![connect_when_listening(addr)];
+        for _ in 1..MAX_HANDSHAKES {
+            silent.push(TcpStream::connect(addr).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let t = Instant::now();
+        let r1 = exchange_unique_id(&env(1, 2, port), || Ok([0; 128]), Duration::from_secs(12));
+        assert_eq!(r1.unwrap(), [6; 128]);
+        assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+        assert_eq!(r0.join().unwrap().unwrap(), [6; 128]);
+        drop(silent);
+    });
+}
+
 #[derive(Clone, Default)]
 struct Lines(Arc<Mutex<Vec<u8>>>);
 
