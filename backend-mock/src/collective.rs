@@ -278,7 +278,13 @@ impl MockComm {
             // NCCL's path runs, a group of send/recv, broadcasts or reduces, keeping the
             // empty ones so that ranks that disagree on a count report `Mismatch`.
             op.check(self.ctx.rank, self.ctx.world)?;
-            if self.ctx.world > 1 && GROUP.with(|g| g.borrow().depth == 0) {
+            // Not while capturing (as NCCL's check): the agreement reads the gathered
+            // layouts on the host, which a replay cannot do; the warm-up pass before the
+            // capture agreed on the same counts.
+            if self.ctx.world > 1
+                && GROUP.with(|g| g.borrow().depth == 0)
+                && !stream.inner.capturing()
+            {
                 self.agree_layout(&op, stream)?;
             }
             let ops = op.lower(self.ctx.rank, self.ctx.world, Zeros::Keep)?;

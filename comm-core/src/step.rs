@@ -9,6 +9,7 @@ use crate::backend::Collective;
 use crate::buffer::{Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
 use crate::capturing::Phase;
 use crate::comm::Comm;
+use crate::counts::Counts;
 use crate::element::{Element, ReduceOp};
 use crate::Result;
 
@@ -330,6 +331,48 @@ impl<'a, C: Collective> Step<'a, C> {
     ) -> Result<()> {
         self.two(comm, (src.view(), dst.view()), |s, d| {
             comm.copy(s, d, self.stream)
+        })
+    }
+
+    /// [`Comm::all_to_all_v`], through the step. The counts are read when the step is
+    /// enqueued: a captured graph replays them as they were.
+    pub fn all_to_all_v<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        send: &'a impl DeviceSlice<T, C>,
+        send_counts: Counts<'_>,
+        recv: &'a impl DeviceSliceMut<T, C>,
+        recv_counts: Counts<'_>,
+    ) -> Result<()> {
+        self.two(comm, (send.view(), recv.view()), |s, r| {
+            comm.all_to_all_v(s, send_counts, r, recv_counts, self.stream)
+        })
+    }
+
+    /// [`Comm::all_gather_v`], through the step (counts as in [`Step::all_to_all_v`]).
+    pub fn all_gather_v<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        send: &'a impl DeviceSlice<T, C>,
+        recv: &'a impl DeviceSliceMut<T, C>,
+        recv_counts: Counts<'_>,
+    ) -> Result<()> {
+        self.two(comm, (send.view(), recv.view()), |s, r| {
+            comm.all_gather_v(s, r, recv_counts, self.stream)
+        })
+    }
+
+    /// [`Comm::reduce_scatter_v`], through the step (counts as in [`Step::all_to_all_v`]).
+    pub fn reduce_scatter_v<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        send: &'a impl DeviceSlice<T, C>,
+        send_counts: Counts<'_>,
+        recv: &'a impl DeviceSliceMut<T, C>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.two(comm, (send.view(), recv.view()), |s, r| {
+            comm.reduce_scatter_v(s, send_counts, r, op, self.stream)
         })
     }
 }

@@ -2,7 +2,9 @@
 //! and replayed, data exact after each replay, on every backend that captures.
 
 use unicomm_core::graph::Graph;
-use unicomm_core::{each_rank, Collective, Comm, DeviceStream, Error, ReduceOp, Result};
+use unicomm_core::{
+    each_rank, packed_displs, Collective, Comm, Counts, DeviceStream, Error, ReduceOp, Result,
+};
 
 const N: usize = 6;
 
@@ -19,6 +21,11 @@ fn check(what: &str, replay: u64, got: Vec<i64>, want: Vec<i64>) -> Result<()> {
         "graph",
         format!("{what} after replay {replay}: got {got:?}, want {want:?}"),
     ))
+}
+
+/// Rank `q`'s share of the variable-size collectives.
+fn var(q: usize) -> usize {
+    1 + q % N
 }
 
 /// What `name`'s output holds on rank `r` of `w` after `k` replays (rank `r`'s input is
@@ -45,6 +52,16 @@ fn expected(name: &str, (r, w): (usize, usize), k: u64) -> Option<Vec<i64>> {
             N,
         ),
         "scatter" => each(&|i| (100 * (w - 1) + r * N + i) as i64, N),
+        // Rank q gives `1 + q % N` elements; blocks packed in rank order.
+        "all_gather_v" => (0..w)
+            .flat_map(|q| (0..var(q)).map(move |i| (10 * q + i) as i64))
+            .collect(),
+        "reduce_scatter_v" => {
+            let at: usize = (0..r).map(var).sum();
+            each(&|i| (0..w).map(|q| (100 * q + at + i) as i64).sum(), var(r))
+        }
+        // Each peer's chunk for rank r sits at (w - 1 - r) N in its send buffer.
+        "all_to_all_v" => each(&|j| (100 * (j / N) + (w - 1 - r) * N + j % N) as i64, N * w),
         // A name without an expectation is checked against nothing, so it fails.
         _ => Vec::new(),
     })
@@ -77,6 +94,21 @@ pub fn captured_step_replays<C: Collective>(
         agi[r * N..(r + 1) * N].copy_from_slice(&x);
         let agi = c.upload(&agi, &st)?;
         let (gat, sca) = (zeros(N * w)?, zeros(N)?);
+        // The variable-size ones: uneven shares (`var`), and an all-to-all whose chunks sit
+        // in reverse order in the send buffer.
+        let vc: Vec<usize> = (0..w).map(var).collect();
+        let vd = packed_displs(&vc)?;
+        let (each_n, fwd, rev): (Vec<usize>, Vec<usize>, Vec<usize>) = (
+            vec![N; w],
+            (0..w).map(|q| q * N).collect(),
+            (0..w).map(|q| (w - 1 - q) * N).collect(),
+        );
+        let xv = xs.slice(..var(r))?;
+        let (agv, rsv, a2av) = (zeros(vc.iter().sum())?, zeros(var(r))?, zeros(N * w)?);
+        let shares = Counts {
+            counts: &vc,
+            displs: &vd,
+        };
         let reg = match register {
             true => Some(
                 c.register(c.upload(&[1i64; N], &st)?)
@@ -102,6 +134,19 @@ pub fn captured_step_replays<C: Collective>(
             g.all_gather_in_place(c, &agi)?;
             g.gather(c, &xs, &gat, 0)?;
             g.scatter(c, &bigs, &sca, w - 1)?;
+            g.all_gather_v(c, &xv, &agv, shares)?;
+            g.reduce_scatter_v(c, &bigs, shares, &rsv, ReduceOp::Sum)?;
+            let (out_of, into) = (
+                Counts {
+                    counts: &each_n,
+                    displs: &rev,
+                },
+                Counts {
+                    counts: &each_n,
+                    displs: &fwd,
+                },
+            );
+            g.all_to_all_v(c, &bigs, out_of, &a2av, into)?;
             match &reg {
                 Some(b) => g.all_reduce_in_place(c, b, ReduceOp::Sum),
                 None => Ok(()),
@@ -129,6 +174,9 @@ pub fn captured_step_replays<C: Collective>(
             ("all_gather in place", &agi),
             ("gather", &gat),
             ("scatter", &sca),
+            ("all_gather_v", &agv),
+            ("reduce_scatter_v", &rsv),
+            ("all_to_all_v", &a2av),
         ];
         if let Some(b) = &reg {
             outs.push(("in place", &**b));
