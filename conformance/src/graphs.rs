@@ -3,7 +3,8 @@
 
 use unicomm_core::graph::Graph;
 use unicomm_core::{
-    each_rank, packed_displs, Collective, Comm, Counts, DeviceStream, Error, ReduceOp, Result,
+    each_rank, packed_displs, Buffer, Collective, Comm, Counts, DeviceStream, Error, ReduceOp,
+    Result,
 };
 
 const N: usize = 6;
@@ -94,21 +95,9 @@ pub fn captured_step_replays<C: Collective>(
         agi[r * N..(r + 1) * N].copy_from_slice(&x);
         let agi = c.upload(&agi, &st)?;
         let (gat, sca) = (zeros(N * w)?, zeros(N)?);
-        // The variable-size ones: uneven shares (`var`), and an all-to-all whose chunks sit
-        // in reverse order in the send buffer.
-        let vc: Vec<usize> = (0..w).map(var).collect();
-        let vd = packed_displs(&vc)?;
-        let (each_n, fwd, rev): (Vec<usize>, Vec<usize>, Vec<usize>) = (
-            vec![N; w],
-            (0..w).map(|q| q * N).collect(),
-            (0..w).map(|q| (w - 1 - q) * N).collect(),
-        );
+        let v = Layouts::new(w)?;
         let xv = xs.slice(..var(r))?;
-        let (agv, rsv, a2av) = (zeros(vc.iter().sum())?, zeros(var(r))?, zeros(N * w)?);
-        let shares = Counts {
-            counts: &vc,
-            displs: &vd,
-        };
+        let (agv, rsv, a2av) = (zeros(v.shares.iter().sum())?, zeros(var(r))?, zeros(N * w)?);
         let reg = match register {
             true => Some(
                 c.register(c.upload(&[1i64; N], &st)?)
@@ -134,18 +123,15 @@ pub fn captured_step_replays<C: Collective>(
             g.all_gather_in_place(c, &agi)?;
             g.gather(c, &xs, &gat, 0)?;
             g.scatter(c, &bigs, &sca, w - 1)?;
-            g.all_gather_v(c, &xv, &agv, shares)?;
-            g.reduce_scatter_v(c, &bigs, shares, &rsv, ReduceOp::Sum)?;
-            let (out_of, into) = (
-                Counts {
-                    counts: &each_n,
-                    displs: &rev,
-                },
-                Counts {
-                    counts: &each_n,
-                    displs: &fwd,
-                },
-            );
+            g.all_gather_v(c, &xv, &agv, v.counts(&v.shares, &v.packed))?;
+            g.reduce_scatter_v(
+                c,
+                &bigs,
+                v.counts(&v.shares, &v.packed),
+                &rsv,
+                ReduceOp::Sum,
+            )?;
+            let (out_of, into) = (v.counts(&v.even, &v.rev), v.counts(&v.even, &v.fwd));
             g.all_to_all_v(c, &bigs, out_of, &a2av, into)?;
             match &reg {
                 Some(b) => g.all_reduce_in_place(c, b, ReduceOp::Sum),
@@ -153,12 +139,6 @@ pub fn captured_step_replays<C: Collective>(
             }
         })?;
         st.synchronize()?;
-        for (name, b, want) in [
-            ("an all-reduce before any launch", &ar, vec![0; N]),
-            ("in place before any launch", &ip, vec![1; N]),
-        ] {
-            check(name, 0, b.copy_to_host(&st)?, want)?;
-        }
         let mut outs = vec![
             ("all_reduce", &ar),
             ("broadcast", &bc),
@@ -181,18 +161,7 @@ pub fn captured_step_replays<C: Collective>(
         if let Some(b) = &reg {
             outs.push(("in place", &**b));
         }
-        for k in 1..=replays {
-            graph.launch(&st)?;
-            st.synchronize()?;
-            for (name, b) in &outs {
-                if let Some(want) = expected(name, (r, w), k) {
-                    check(name, k, b.copy_to_host(&st)?, want)?;
-                }
-            }
-        }
-        if graph.replays() != replays {
-            return Err(Error::invalid("graph", "the replay count is off"));
-        }
+        replay_and_check(&graph, &st, &outs, (r, w), replays)?;
         drop(graph);
         if let Some(b) = reg {
             c.deregister(b)?;
@@ -200,4 +169,69 @@ pub fn captured_step_replays<C: Collective>(
         Ok(())
     })
     .map(drop)
+}
+
+/// The host layouts of the variable-size collectives: uneven shares (`var`) packed in rank
+/// order, and even chunks in order (`fwd`) or reversed (`rev`).
+struct Layouts {
+    shares: Vec<usize>,
+    packed: Vec<usize>,
+    even: Vec<usize>,
+    fwd: Vec<usize>,
+    rev: Vec<usize>,
+}
+
+impl Layouts {
+    fn new(w: usize) -> Result<Layouts> {
+        let shares: Vec<usize> = (0..w).map(var).collect();
+        Ok(Layouts {
+            packed: packed_displs(&shares)?,
+            shares,
+            even: vec![N; w],
+            fwd: (0..w).map(|q| q * N).collect(),
+            rev: (0..w).map(|q| (w - 1 - q) * N).collect(),
+        })
+    }
+
+    fn counts<'a>(&self, counts: &'a [usize], displs: &'a [usize]) -> Counts<'a> {
+        Counts { counts, displs }
+    }
+}
+
+/// Launches `graph` `replays` times, each output checked against `expected` after each.
+fn replay_and_check<C: Collective>(
+    graph: &Graph<'_, C>,
+    st: &C::Stream,
+    outs: &[(&str, &Buffer<i64, C>)],
+    (r, w): (usize, usize),
+    replays: u64,
+) -> Result<()> {
+    // Before any launch the outputs are as they were: the capture pass ran nothing and the
+    // warm-up pass wrote scratch memory.
+    for (name, b) in outs {
+        let want = match *name {
+            "all_reduce" => vec![0; N],
+            "in place" => vec![1; N],
+            _ => continue,
+        };
+        check(
+            &format!("{name} before any launch"),
+            0,
+            b.copy_to_host(st)?,
+            want,
+        )?;
+    }
+    for k in 1..=replays {
+        graph.launch(st)?;
+        st.synchronize()?;
+        for (name, b) in outs {
+            if let Some(want) = expected(name, (r, w), k) {
+                check(name, k, b.copy_to_host(st)?, want)?;
+            }
+        }
+    }
+    if graph.replays() != replays {
+        return Err(Error::invalid("graph", "the replay count is off"));
+    }
+    Ok(())
 }
