@@ -139,7 +139,7 @@ fn bad_or_missing_variables_are_bootstrap_errors() {
     }
 }
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -147,7 +147,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn env(rank: usize, world: usize, port: u16) -> LaunchEnv {
+pub(super) fn env(rank: usize, world: usize, port: u16) -> LaunchEnv {
     LaunchEnv {
         rank,
         world_size: world,

@@ -2,31 +2,11 @@
 //! storm of dropped connections is a few log lines, and the clients' backoff.
 use super::*;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn env(rank: usize, world: usize, port: u16) -> LaunchEnv {
-    LaunchEnv {
-        rank,
-        world_size: world,
-        local_rank: rank,
-        master: ("127.0.0.1".into(), port),
-        file: None,
-        launcher: "test",
-        token: b"job-7".to_vec(),
-        token_source: "test",
-        secret_file: None,
-    }
-}
+use super::tests::{env, free_port};
 
 fn connect_when_listening(addr: SocketAddr) -> TcpStream {
     let t0 = Instant::now();
@@ -41,6 +21,17 @@ fn connect_when_listening(addr: SocketAddr) -> TcpStream {
     }
 }
 
+/// Every one of rank 0's handshake slots held by a silent connection (each dropped after
+/// its 2 s), once rank 0 listens.
+fn fill_slots(addr: SocketAddr) -> Vec<TcpStream> {
+    let mut silent = vec![connect_when_listening(addr)];
+    for _ in 1..MAX_HANDSHAKES {
+        silent.push(TcpStream::connect(addr).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    silent
+}
+
 /// A connection over the cap stays in the kernel's queue (served once a slot frees), where
 /// closing it would make every early rank retry: the thread-per-connection server closed
 /// the 65th at once, 63,787 times for 16,384 ranks started together.
@@ -52,12 +43,7 @@ fn connections_beyond_the_handshake_cap_wait_in_the_queue_instead_of_being_close
         let r0 = s.spawn(move || {
             exchange_unique_id(&env(0, 2, port), || Ok([3; 128]), Duration::from_secs(10))
         });
-        // Silent connections fill every slot (each dropped after PER_CONNECTION).
-        let mut silent = vec![connect_when_listening(addr)];
-        for _ in 1..MAX_HANDSHAKES {
-            silent.push(TcpStream::connect(addr).unwrap());
-        }
-        std::thread::sleep(Duration::from_millis(200));
+        let silent = fill_slots(addr);
         let mut late = TcpStream::connect(addr).unwrap();
         late.set_read_timeout(Some(Duration::from_millis(500)))
             .unwrap();
@@ -92,11 +78,7 @@ fn a_queued_rank_is_accepted_when_a_slot_frees_without_another_arrival() {
         let r0 = s.spawn(move || {
             exchange_unique_id(&env(0, 2, port), || Ok([6; 128]), Duration::from_secs(12))
         });
-        let mut silent = vec![connect_when_listening(addr)];
-        for _ in 1..MAX_HANDSHAKES {
-            silent.push(TcpStream::connect(addr).unwrap());
-        }
-        std::thread::sleep(Duration::from_millis(200));
+        let silent = fill_slots(addr);
         let t = Instant::now();
         let r1 = exchange_unique_id(&env(1, 2, port), || Ok([0; 128]), Duration::from_secs(12));
         assert_eq!(r1.unwrap(), [6; 128]);
