@@ -97,23 +97,9 @@ pub(crate) fn example_command(sub: &str, o: &Opts, example: &str) -> Command {
     c
 }
 
-/// `cargo run --release -p unicomm-bench -- --vendor V` (bench and tune add their arguments).
-pub(crate) fn bench_command(v: Vendor) -> Command {
-    let mut c = cargo();
-    c.args([
-        "run",
-        "--release",
-        "-p",
-        "unicomm-bench",
-        "--",
-        "--vendor",
-        v.arg(),
-    ]);
-    c
-}
-
-/// `rendezvous-scale` (unicomm-bench's second binary) in release with `args`.
-pub(crate) fn rendezvous_command(args: &[String]) -> Command {
+/// `cargo run --release -p unicomm-bench --bin BIN --` (the benchmark or the rendezvous'
+/// harness), its arguments to follow.
+fn bench_package_run(bin: &str) -> Command {
     let mut c = cargo();
     c.args([
         "run",
@@ -121,9 +107,22 @@ pub(crate) fn rendezvous_command(args: &[String]) -> Command {
         "-p",
         "unicomm-bench",
         "--bin",
-        "rendezvous-scale",
+        bin,
         "--",
     ]);
+    c
+}
+
+/// `cargo run --release -p unicomm-bench -- --vendor V` (bench and tune add their arguments).
+pub(crate) fn bench_command(v: Vendor) -> Command {
+    let mut c = bench_package_run("unicomm-bench");
+    c.args(["--vendor", v.arg()]);
+    c
+}
+
+/// `rendezvous-scale` (unicomm-bench's second binary) in release with `args`.
+pub(crate) fn rendezvous_command(args: &[String]) -> Command {
+    let mut c = bench_package_run("rendezvous-scale");
     c.args(args);
     c
 }
