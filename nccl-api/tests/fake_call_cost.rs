@@ -4,13 +4,21 @@
 //! times what it costs in a tight loop (a profile on 1x H200, 2026-12: 0.28 us per call
 //! against ~60 ns here without the thrash). Between calls this benchmark runs straight-line
 //! code (evicting the instruction cache, as the driver's enqueue does) and writes data (`THRASH_CODE_KIB`, `THRASH_DATA_KIB`, 64 each by default; 0 for a tight
-//! loop; `ROUNDS`, 41). Timing benchmark, so opt-in:
+//! loop; `ROUNDS`, 41; `CALLS` per round, 5,000: a few hundred under callgrind). Timing benchmark, so opt-in:
 //! `cargo test --release -p unicomm-nccl-api --test fake_call_cost -- --ignored --nocapture`
 //!
 //! On the 2-core VM the thrash's own time varies by more than unicomm's cost, so the
 //! rounds are paired (each unicomm round against the table round just before it) and the
 //! median pair reported; with the thrash the quartiles still span ~150 ns, so this finds
 //! regressions, not 20 ns gains (those were measured by `perf` on the GPU host).
+//!
+//! The same rounds under callgrind's cache simulation count unicomm's own instructions and
+//! first-level misses per call, with no timing noise (the thrash evicts as above):
+//! `CALLS=300 ROUNDS=3 valgrind --tool=callgrind --cache-sim=yes --collect-atstart=no
+//! '--toggle-collect=unicomm_core::comm::collectives::<impl unicomm_core::comm::Comm<C>>::all_reduce*'
+//! <this test binary> --ignored`, then the inclusive counts of `Comm::all_reduce` less those
+//! of the fake's `ncclAllReduce`, over the 900 calls (the timing assertion fails under
+//! callgrind; the counts are written regardless).
 
 mod common;
 
@@ -81,7 +89,7 @@ fn unicomm_over_the_table_with_cold_caches() {
     let raw = c.backend().raw_comm();
     let (sa, ra) = (a.view().device_ptr(), b.view().device_ptr());
     let mut th = Thrash::new(code_kib() << 10, data_kib() << 10);
-    let n = 5_000u32;
+    let n = std::env::var("CALLS").map_or(5_000u32, |v| v.parse().unwrap());
     let rounds = std::env::var("ROUNDS").map_or(41, |v| v.parse().unwrap());
     // Modes take turns: thrash alone, the table, unicomm.
     let mut t: [Vec<Duration>; 3] = Default::default();

@@ -129,7 +129,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
         self.flight.enqueued(
             what,
             stream.raw() as u64,
-            || self.enqueue_op(op, stream),
+            || self.enqueue_op(&op, stream),
             || unicomm_core::DeviceStream::record(stream).ok(),
         )
     }
@@ -205,13 +205,13 @@ impl<R: Runtime> Collective for ApiComm<R> {
 impl<R: Runtime> ApiComm<R> {
     /// One operation, recorded once by the caller (a lowered one's parts are not recorded
     /// again); the path it took, by name.
-    fn enqueue_op(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<&'static str> {
+    fn enqueue_op(&self, op: &Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<&'static str> {
         let b = &self.base;
         if stream.dev != b.lc.dev {
             return Err(foreign_stream(stream.dev, b.lc.dev));
         }
         op.check(b.lc.rank, b.lc.world)?;
-        let route = route::decide(b, &self.ce, &self.auto, &op, stream);
+        let route = route::decide(b, &self.ce, &self.auto, op, stream);
         match route {
             // Agreed by the ranks while planned: no comparison again.
             Ok(Route::CopyEngine(plan)) if op.kind == Kind::AllToAllV => {
@@ -220,32 +220,32 @@ impl<R: Runtime> ApiComm<R> {
             }
             Ok(Route::Lowered) => {
                 // Empty parts left out, in one group of this communicator.
-                b.agree.check_layout(&b.lc, &op, stream)?;
+                b.agree.check_layout(&b.lc, op, stream)?;
                 let ops = op.lower(b.lc.rank, b.lc.world, Zeros::Skip)?;
                 return grouped(self, || {
                     ops.into_iter()
-                        .try_for_each(|o| self.enqueue_op(o, stream).map(drop))
+                        .try_for_each(|o| self.enqueue_op(&o, stream).map(drop))
                 })
                 .map(|()| route::NAMES[4]);
             }
             _ => {}
         }
         if op.kind.is_var() {
-            b.agree.check_layout(&b.lc, &op, stream)?;
+            b.agree.check_layout(&b.lc, op, stream)?;
         }
         stream.watched_by(&b.lc);
         // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
         // rank whose call is refused here still takes part, so its peers do not wait.
         let path = (route::code(&route), &route::NAMES[..]);
-        let checked = b.agree.check_collective(&b.lc, &op, path, stream);
+        let checked = b.agree.check_collective(&b.lc, op, path, stream);
         let route = route?;
         checked?;
         let st = stream.lend();
         let name = route::NAMES[path.0 as usize];
         match route {
             Route::CopyEngine(plan) => self.ce.run(b, plan, &stream.s),
-            Route::Registered(c) => b.library.enqueue(&b.lc, &b.registry, Some(c), &op, st),
-            Route::Library => b.library.enqueue(&b.lc, &b.registry, None, &op, st),
+            Route::Registered(c) => b.library.enqueue(&b.lc, &b.registry, Some(c), op, st),
+            Route::Library => b.library.enqueue(&b.lc, &b.registry, None, op, st),
             Route::Lowered => Err(Error::invalid("op", "a lowered call reached the library")),
         }
         .map(|()| name)
