@@ -32,6 +32,9 @@
 //!   all-reduce after them must be exact (GPU backends; the mock reports `Mismatch` always).
 //! - `kill`: the last rank kills its own process (SIGKILL) in the middle of a stream of
 //!   collectives; the others must get an error within their deadline.
+//! - `kill-replay`: the same during the replays of a captured graph (an all-reduce, as a
+//!   decode step): the others' wait must end in `Timeout` within their deadline, and their
+//!   flight record must name the graph and a replay after the ones that completed.
 //! - `churn` (one process, every local device): register/deregister, window and
 //!   communicator create/destroy cycles, with the device's free memory (the driver's
 //!   figure) compared before and after.
@@ -96,7 +99,7 @@ fn args() -> anyhow::Result<Args> {
             "--comms" => a.comms = val()?.parse()?,
             "--budget-s" => a.budget = Duration::from_secs(val()?.parse()?),
             other => bail!(
-                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|policy|mismatch|kill|churn, \
+                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|policy|mismatch|kill|kill-replay|churn, \
                  --registrations N, --windows N, --comms N, --budget-s S)"
             ),
         }
@@ -121,9 +124,10 @@ fn run() -> anyhow::Result<()> {
         "policy" => policy(vendor),
         "mismatch" => mismatch(vendor),
         "kill" => kill(vendor),
+        "kill-replay" => kill_replay(vendor),
         "churn" => churn(vendor, &a),
         s => bail!(
-            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill or churn"
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay or churn"
         ),
     }
 }
@@ -530,6 +534,71 @@ fn kill(vendor: Vendor) -> anyhow::Result<()> {
         }
     }
     bail!("rank {r}: the killed peer was never noticed")
+}
+
+fn kill_replay(vendor: Vendor) -> anyhow::Result<()> {
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    let st = comm.create_stream()?;
+    let x = comm.upload(&vec![0.0f32; 1 << 16], &st)?;
+    let graph = unicomm::Graph::capture(&st, |g| g.all_reduce_in_place(&comm, &x, ReduceOp::Sum))?;
+    let limit = deadline(&comm);
+    let mut last_ok = Instant::now();
+    for i in 0..100_000u64 {
+        if r == w - 1 && i == 50 {
+            println!("faults kill-replay: rank {r} kills its own process at replay {i}");
+            std::process::Command::new("kill")
+                .args(["-KILL", &std::process::id().to_string()])
+                .status()?;
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        let res = graph.launch(&st).and_then(|()| {
+            if i % 10 == 9 {
+                st.synchronize()
+            } else {
+                Ok(())
+            }
+        });
+        match res {
+            Ok(()) if i % 10 == 9 => last_ok = Instant::now(),
+            Ok(()) => {}
+            Err(e) => {
+                let since = last_ok.elapsed();
+                println!(
+                    "faults kill-replay: rank {r}: after {} replays: {e} ({:.2} s after the last completed wait, deadline {limit:?})",
+                    graph.replays(),
+                    since.as_secs_f64()
+                );
+                // The GPU's kernels wait for the lost peer until the deadline; the mock's hub
+                // sees the process vanish and may say so first, naming it.
+                let lost_named =
+                    matches!(&e, Error::Aborted { lost, .. } if lost.contains(&(w - 1)));
+                ensure!(
+                    matches!(e, Error::Timeout { .. }) || (vendor == Vendor::Mock && lost_named),
+                    "rank {r}: {e}: a lost peer during replays must end in Timeout"
+                );
+                ensure!(
+                    since <= limit + Duration::from_secs(10),
+                    "rank {r}: the error came {since:?} after the last completed wait"
+                );
+                // The record names the graph and a replay past the last one that completed
+                // on every rank (replay 50 is the first the victim never joined).
+                let dump = comm
+                    .flight_record("kill-replay")
+                    .context("no flight recorder")?;
+                let named = (50..=graph.replays())
+                    .any(|k| dump.contains(&format!("\"graph\":{},\"replay\":{k}", graph.id())));
+                ensure!(
+                    named,
+                    "rank {r}: the flight record names no replay of graph {} from 50 on",
+                    graph.id()
+                );
+                println!("faults kill-replay: rank {r}: the flight record names graph {} and its replays; PASSED", graph.id());
+                return Ok(());
+            }
+        }
+    }
+    bail!("rank {r}: the killed peer was never noticed during the replays")
 }
 
 fn churn(vendor: Vendor, a: &Args) -> anyhow::Result<()> {

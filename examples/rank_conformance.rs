@@ -71,7 +71,9 @@ fn run() -> anyhow::Result<()> {
     let graphs = comm.capabilities().graph_capture;
     if graphs {
         let one = std::slice::from_ref(&comm);
-        if let Err(e) = unicomm_conformance::captured_step_replays(one, 20, false) {
+        if let Err(e) =
+            unicomm_conformance::captured_step_replays(one, 20, unicomm_conformance::Reg::None)
+        {
             let _ = comm.abort();
             bail!("rank {r}: captured step: {e}");
         }

@@ -9,14 +9,17 @@ type Graph<'a> = graph::Graph<'a, MockComm>;
 use unicomm_core::{each_rank, DeviceStream, Error, ReduceOp};
 
 /// Every collective of a captured step runs at each launch and only then, data exact
-/// over the replays, registered buffers included (the conformance crate's check, which the
-/// GPU backends pass too).
+/// over the replays, with buffers registered, in windows and registered for the automatic
+/// policy too (the conformance crate's check, which the GPU backends pass too).
 #[test]
 fn a_captured_step_runs_every_collective_at_each_launch_and_only_then() {
+    use unicomm_conformance::Reg;
     for w in [1, 3] {
         let comms = unicomm_mock::local_comms(w).unwrap();
-        unicomm_conformance::captured_step_replays(&comms, 5, false).unwrap();
-        unicomm_conformance::captured_step_replays(&comms, 3, true).unwrap();
+        unicomm_conformance::captured_step_replays(&comms, 5, Reg::None).unwrap();
+        for reg in [Reg::Buffer, Reg::Window, Reg::Auto] {
+            unicomm_conformance::captured_step_replays(&comms, 3, reg).unwrap();
+        }
     }
 }
 
@@ -163,4 +166,16 @@ fn a_replay_a_peer_never_joins_ends_at_the_deadline_and_the_record_names_it() {
         Ok::<_, Error>(())
     })
     .unwrap();
+}
+
+/// An engine recaptures its graphs (a new batch size, a new sequence bucket): 200 captures,
+/// each launched, checked and destroyed, stay exact; the mock has no device memory figures,
+/// and says so rather than report a growth of zero.
+#[test]
+fn two_hundred_captures_each_destroyed_stay_exact() {
+    for w in [1, 2] {
+        let comms = unicomm_mock::local_comms(w).unwrap();
+        let growth = unicomm_conformance::capture_cycles(&comms, 200).unwrap();
+        assert_eq!(growth, None, "the mock reports no device memory");
+    }
 }

@@ -2,6 +2,9 @@
 //! and replayed, data exact after each replay, on every backend that captures.
 
 use unicomm_core::graph::Graph;
+
+use crate::runner::{hold, Held};
+use crate::Reg;
 use unicomm_core::{
     each_rank, packed_displs, Buffer, Collective, Comm, Counts, DeviceStream, Error, ReduceOp,
     Result,
@@ -71,12 +74,14 @@ fn expected(name: &str, (r, w): (usize, usize), k: u64) -> Option<Vec<i64>> {
 /// Every collective of a captured step runs at each launch and only then: after the capture
 /// the outputs are as they were (the capture pass runs nothing, the warm-up pass ran on
 /// scratch memory); after each of `replays` launches they hold the collectives' results,
-/// and an in-place all-reduce compounds once per launch. With `register`, the in-place
-/// buffer is a registered one (NCCL captures its registered kernels).
+/// and an in-place all-reduce compounds once per launch. With `reg` other than
+/// [`Reg::None`], a second in-place all-reduce runs on a buffer so registered (NCCL captures
+/// its registered and symmetric kernels; a window or an automatic registration is made
+/// before the capture, as registration is refused inside one).
 pub fn captured_step_replays<C: Collective>(
     comms: &[Comm<C>],
     replays: u64,
-    register: bool,
+    reg: Reg,
 ) -> Result<()> {
     each_rank(comms, |c| {
         let (r, w) = (c.rank(), c.world_size());
@@ -98,13 +103,11 @@ pub fn captured_step_replays<C: Collective>(
         let v = Layouts::new(w)?;
         let xv = xs.slice(..var(r))?;
         let (agv, rsv, a2av) = (zeros(v.shares.iter().sum())?, zeros(var(r))?, zeros(N * w)?);
-        let reg = match register {
-            true => Some(
-                c.register(c.upload(&[1i64; N], &st)?)
-                    .map_err(|e| e.error)?,
-            ),
-            false => None,
+        let held = match reg {
+            Reg::None => None,
+            _ => Some(hold(c, c.upload(&[1i64; N], &st)?, reg)?),
         };
+        let reg = held.as_ref().map(Held::buffer);
         let graph = Graph::capture(&st, |g| {
             g.all_reduce(c, &xs, &ar, ReduceOp::Sum)?;
             g.broadcast(c, &xs, &bc, w - 1)?;
@@ -133,7 +136,7 @@ pub fn captured_step_replays<C: Collective>(
             )?;
             let (out_of, into) = (v.counts(&v.even, &v.rev), v.counts(&v.even, &v.fwd));
             g.all_to_all_v(c, &bigs, out_of, &a2av, into)?;
-            match &reg {
+            match reg {
                 Some(b) => g.all_reduce_in_place(c, b, ReduceOp::Sum),
                 None => Ok(()),
             }
@@ -158,13 +161,13 @@ pub fn captured_step_replays<C: Collective>(
             ("reduce_scatter_v", &rsv),
             ("all_to_all_v", &a2av),
         ];
-        if let Some(b) = &reg {
-            outs.push(("in place", &**b));
+        if let Some(b) = reg {
+            outs.push(("in place", b));
         }
         replay_and_check(&graph, &st, &outs, (r, w), replays)?;
         drop(graph);
-        if let Some(b) = reg {
-            c.deregister(b)?;
+        if let Some(h) = held {
+            h.release(c)?;
         }
         Ok(())
     })
@@ -234,4 +237,46 @@ fn replay_and_check<C: Collective>(
         return Err(Error::invalid("graph", "the replay count is off"));
     }
     Ok(())
+}
+
+/// `cycles` captures of a small step (an all-reduce and an all-gather), each launched twice,
+/// checked, and destroyed, as an engine that recaptures its decode graphs does (a new batch
+/// size, a new sequence bucket). Returns how much this rank's device memory shrank from after
+/// the first ten cycles to the end, the largest over the ranks (`None` where the backend
+/// gives no memory figures, as the mock): what a destroyed graph failed to give back.
+pub fn capture_cycles<C: Collective>(comms: &[Comm<C>], cycles: usize) -> Result<Option<usize>> {
+    let per_rank = each_rank(comms, |c| {
+        let (r, w) = (c.rank(), c.world_size());
+        let st = c.create_stream()?;
+        let x: Vec<i64> = (0..N).map(|i| (10 * r + i) as i64).collect();
+        let xs = c.upload(&x, &st)?;
+        let (ar, ag) = (
+            c.upload(&[0i64; N], &st)?,
+            c.upload(&vec![0i64; N * w], &st)?,
+        );
+        let mut before = None;
+        for cycle in 0..cycles {
+            if cycle == cycles.min(10) {
+                st.synchronize()?;
+                before = c.device_memory().ok().map(|(free, _)| free);
+            }
+            let graph = Graph::capture(&st, |g| {
+                g.all_reduce(c, &xs, &ar, ReduceOp::Sum)?;
+                g.all_gather(c, &xs, &ag)
+            })?;
+            for _ in 0..2 {
+                graph.launch(&st)?;
+            }
+            st.synchronize()?;
+            for (name, b) in [("all_reduce", &ar), ("all_gather", &ag)] {
+                let want = expected(name, (r, w), 2).unwrap_or_default();
+                check(name, cycle as u64, b.copy_to_host(&st)?, want)?;
+            }
+            drop(graph);
+        }
+        st.synchronize()?;
+        let after = c.device_memory().ok().map(|(free, _)| free);
+        Ok::<_, Error>(before.zip(after).map(|(b, a)| b.saturating_sub(a)))
+    })?;
+    Ok(per_rank.into_iter().flatten().max())
 }

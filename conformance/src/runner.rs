@@ -7,7 +7,7 @@ use super::reference::{root, send_data, sentinel, shape, verify, Expected, Sampl
 use super::{Case, Coll, Failure, Mode, Place, Reg};
 
 /// The buffers of one rank, registered as the case asks.
-enum Held<'c, T: Element, C: Collective> {
+pub(crate) enum Held<'c, T: Element, C: Collective> {
     Plain(Buffer<T, C>),
     Reg(unicomm_core::Registered<'c, T, C>),
     Win(unicomm_core::Window<'c, T, C>),
@@ -23,7 +23,16 @@ impl<'c, T: Element, C: Collective> Held<'c, T, C> {
             Held::Auto(b) => b,
         }
     }
-    fn release(self, comm: &'c Comm<C>) -> Result<()> {
+    /// The buffer, registered or not (a registration is found by its address).
+    pub(crate) fn buffer(&self) -> &Buffer<T, C> {
+        match self {
+            Held::Plain(b) => b,
+            Held::Reg(b) => b,
+            Held::Win(b) => b,
+            Held::Auto(b) => b,
+        }
+    }
+    pub(crate) fn release(self, comm: &'c Comm<C>) -> Result<()> {
         match self {
             Held::Plain(_) => Ok(()),
             Held::Reg(r) => comm.deregister(r).map(drop),
@@ -47,7 +56,7 @@ impl<T: Element, C: Collective, B: unicomm_core::DeviceSliceMut<T, C>> HeldSlice
     }
 }
 
-fn hold<'c, T: Element, C: Collective>(
+pub(crate) fn hold<'c, T: Element, C: Collective>(
     comm: &'c Comm<C>,
     buf: Buffer<T, C>,
     reg: Reg,

@@ -95,6 +95,8 @@ fn mock_examples(o: &Opts) -> Result<()> {
         ("from_env", 3, &[], &file[..], &[]),
         ("faults", 2, &["--scenario", "skip"], &fast[..], &[]),
         ("faults", 2, &["--scenario", "abort"], &[], &[]),
+        // A rank SIGKILLed during the replays of a captured graph.
+        ("faults", 3, &["--scenario", "kill-replay"], &fast[..], &[2]),
         // A rank SIGKILLed; the survivors shrink and go on (also without rank 0, whose
         // process served the mock's world).
         (
