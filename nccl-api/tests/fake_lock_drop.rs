@@ -1,9 +1,9 @@
-//! A communicator dropped while another thread's abort of it is stuck in the library (the
-//! abort holds the communicator's lock) returns at twice the communicator's deadline,
-//! leaving the communicator to that abort, instead of waiting for it to end: the stream's
-//! wait aborts the communicator at its deadline, and the fake's abort is made to wait (as
-//! NCCL 2.28's does for the device) until the test lets it go. Alone in its binary (the
-//! fake's abort control and the host stream's hang are process-wide).
+//! A library abort that never returns (NCCL 2.28.9's, with a peer SIGKILLed during a CUDA
+//! graph's replays, on 1x H200) is left to its thread at the communicator's deadline: the
+//! stream's wait that aborted the communicator reports its `Timeout`, and the communicator
+//! is dropped at once, without a second abort or a finalize. The fake's abort is made to
+//! wait until the test lets it go. Alone in its binary (the fake's abort control and the
+//! host stream's hang are process-wide).
 
 mod common;
 
@@ -17,7 +17,7 @@ use unicomm_core::{Error, ReduceOp};
 static ABORT_HELD: AtomicUsize = AtomicUsize::new(0);
 
 #[test]
-fn a_drop_behind_a_stuck_abort_returns_at_twice_the_deadline() {
+fn a_stuck_library_abort_is_left_at_the_deadline_and_nothing_waits_for_it() {
     let path = fake("nccl228");
     let c = comm(flavors(false, false), &path);
     // SAFETY: the fake's test control, in the library the communicator loaded (kept loaded
@@ -39,32 +39,28 @@ fn a_drop_behind_a_stuck_abort_returns_at_twice_the_deadline() {
     ABORT_HELD.store(1, Ordering::SeqCst);
     HANG.store(true, Ordering::SeqCst);
     // The stream's wait passes its deadline and aborts the communicator, whose library
-    // abort then waits for `ABORT_HELD`, with the communicator's lock held.
-    let waiter = std::thread::spawn(move || st.synchronize());
+    // abort then waits for `ABORT_HELD` (20 s at most): the wait ends one deadline later.
     let t = Instant::now();
-    while calls(&path, "ncclCommAbort") == aborts {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the stream never aborted"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let r = std::thread::spawn(move || st.synchronize()).join().unwrap();
+    let waited = t.elapsed();
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(
+        waited < Duration::from_secs(3),
+        "the stream's wait waited for the library's abort: {waited:?}"
+    );
+    assert_eq!(calls(&path, "ncclCommAbort") - aborts, 1);
     let t = Instant::now();
     drop(b);
     drop(c);
     let waited = t.elapsed();
-    assert!(waited >= Duration::from_millis(200), "{waited:?}");
     assert!(
-        waited < Duration::from_secs(3),
+        waited < Duration::from_secs(1),
         "the drop waited for the abort: {waited:?}"
     );
     // The drop left the communicator to the abort: no finalize, no second abort (read
     // while the abort still holds the library loaded).
     assert_eq!(calls(&path, "ncclCommAbort") - aborts, 1);
     assert_eq!(calls(&path, "ncclCommFinalize") - finalizes, 0);
-    // Let the abort end: the stream's wait reports its deadline.
     ABORT_HELD.store(0, Ordering::SeqCst);
     HANG.store(false, Ordering::SeqCst);
-    let r = waiter.join().unwrap();
-    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
 }

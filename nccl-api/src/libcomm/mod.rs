@@ -351,11 +351,25 @@ impl<R: Runtime> LibComm<R> {
             };
             return bounded("ncclCommFinalize", timeout, work, |_| {})?;
         }
+        if end == End::Abort {
+            // ncclCommAbort has no deadline of its own either: on 1x H200 (NCCL 2.28.9, two
+            // processes) with the peer SIGKILLed during a CUDA graph's replays it never
+            // returned (the plain calls' abort did), waiting in its reclaim for threads that
+            // wait for the dead peer. It gets this communicator's deadline on a thread of its
+            // own; past it the communicator is left to that thread (the state says aborted,
+            // so nothing here touches it again) and the caller gets `Timeout`.
+            let (rt, dev) = (self.rt.clone(), self.dev);
+            let work = move || -> Result<()> {
+                let all = all;
+                rt.with_device(dev, || every(all.into_iter().map(|c| api.comm_abort(c))))
+            };
+            return bounded("ncclCommAbort", timeout, work, |_| {})?;
+        }
         self.rt.with_device(self.dev, || {
-            every(all.into_iter().map(|c| match end {
-                End::Finalize => finalize_nonblocking(&api, c, timeout),
-                End::Abort => api.comm_abort(c),
-            }))
+            every(
+                all.into_iter()
+                    .map(|c| finalize_nonblocking(&api, c, timeout)),
+            )
         })
     }
 
