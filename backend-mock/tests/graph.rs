@@ -60,6 +60,34 @@ fn registration_and_allocation_inside_a_capture_are_refused_naming_the_rule() {
     c.deregister(reg).unwrap();
 }
 
+/// A collective or copy called on the communicator inside the capture's closure, not through
+/// its step, would be replayed into buffers the graph does not borrow (freed and reused
+/// while it lives: on the GPUs a write into freed device memory at the next launch): refused
+/// naming the step, already in the warm-up pass; through the step the same call captures.
+#[test]
+fn a_call_made_beside_the_step_inside_a_capture_is_refused() {
+    let comms = unicomm_mock::local_comms(1).unwrap();
+    let c = &comms[0];
+    let st = c.create_stream().unwrap();
+    let x = c.upload(&[1.0f32; 4], &st).unwrap();
+    let mut y = c.alloc::<f32>(4).unwrap();
+    let direct = [
+        Graph::capture(&st, |_| c.all_reduce(&x, &mut y, ReduceOp::Sum, &st)).map(drop),
+        Graph::capture(&st, |_| c.copy(&x, &mut y, &st)).map(drop),
+    ];
+    for r in direct {
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument { reason, .. }) if reason.contains("Step")),
+            "{r:?}"
+        );
+    }
+    // Outside a capture, and through the step, the same calls run.
+    c.all_reduce(&x, &mut y, ReduceOp::Sum, &st).unwrap();
+    let g = Graph::capture(&st, |g| g.all_reduce(c, &x, &y, ReduceOp::Sum)).unwrap();
+    g.launch(&st).unwrap();
+    st.synchronize().unwrap();
+}
+
 /// A host function runs once, so it cannot be part of a graph replayed many times: refused
 /// while the stream captures (on the GPUs its box would be freed after the first replay).
 #[test]

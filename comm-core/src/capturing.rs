@@ -29,6 +29,9 @@ pub(crate) struct Captured {
 
 thread_local! {
     static PHASE: Cell<Phase> = const { Cell::new(Phase::Eager) };
+    /// Inside one of the [`Step`](crate::step::Step)'s calls (which borrows its buffers for
+    /// the graph's life).
+    static IN_STEP: Cell<bool> = const { Cell::new(false) };
     static CAPTURED: RefCell<Vec<Captured>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -50,6 +53,42 @@ pub(crate) fn refuse_in_capture(what: &'static str) -> Result<()> {
         what,
         "called inside a graph capture: registering or allocating device memory while a stream captures is illegal in CUDA and HIP (and NCCL registers lazily on the device); register and allocate before Graph::capture",
     ))
+}
+
+/// `InvalidArgument` for a collective or copy called inside a capture's closure on the
+/// communicator itself rather than through the closure's [`Step`](crate::step::Step): the
+/// graph would replay it into buffers it does not borrow, which could be freed and reused
+/// while the graph lives (a write into freed device memory at the next launch).
+#[inline]
+pub(crate) fn refuse_direct_call() -> Result<()> {
+    if PHASE.with(Cell::get) == Phase::Eager || IN_STEP.with(Cell::get) {
+        return Ok(());
+    }
+    Err(direct_call_refused())
+}
+
+#[cold]
+#[inline(never)]
+fn direct_call_refused() -> Error {
+    Error::invalid(
+        "comm",
+        "a collective or copy called on the communicator inside Graph::capture's closure: enqueue it through the closure's Step (`g.all_reduce(comm, ..)`), which borrows its buffers for the graph's life; a call made directly would be replayed into buffers that may be freed while the graph lives",
+    )
+}
+
+/// Marks this thread as inside one of the step's calls for the guard's life.
+pub(crate) struct StepCall(bool);
+
+impl StepCall {
+    pub(crate) fn enter() -> StepCall {
+        StepCall(IN_STEP.with(|c| c.replace(true)))
+    }
+}
+
+impl Drop for StepCall {
+    fn drop(&mut self) {
+        IN_STEP.with(|c| c.set(self.0));
+    }
 }
 
 /// Called by a flight recorder for an operation enqueued while this thread captures:

@@ -19,6 +19,9 @@
 //! - **No registration or allocation inside.** `ncclCommRegister`, window registration and
 //!   `cudaMalloc` are illegal while a stream captures: [`Comm::register`] and its kinds and
 //!   [`Comm::alloc`] called inside the closure are `InvalidArgument` naming the rule.
+//! - **Through the step only.** A collective or copy called on the communicator itself
+//!   inside the closure (not through the [`Step`]) would be captured into buffers the
+//!   graph does not borrow: it is `InvalidArgument` naming the step.
 //! - **Replays are recorded.** Each launch records the graph's collectives in each
 //!   communicator's flight recorder with the graph's id and the replay's number, and the
 //!   launch stream's waits watch those communicators (their deadline, their errors).

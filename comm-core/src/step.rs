@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 
 use crate::backend::Collective;
 use crate::buffer::{Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
-use crate::capturing::Phase;
+use crate::capturing::{Phase, StepCall};
 use crate::comm::Comm;
 use crate::counts::Counts;
 use crate::element::{Element, ReduceOp};
@@ -113,7 +113,10 @@ impl<'a, C: Collective> Step<'a, C> {
         call: impl FnOnce(&View<'_, T, C>, &mut ViewMut<'_, T, C>) -> Result<()>,
     ) -> Result<()> {
         let (a, b) = (self.arg(comm, a)?, self.arg(comm, b)?);
-        let r = call(&a.view(), &mut b.out());
+        let r = {
+            let _call = StepCall::enter();
+            call(&a.view(), &mut b.out())
+        };
         self.keep(a);
         self.keep(b);
         r
@@ -127,7 +130,10 @@ impl<'a, C: Collective> Step<'a, C> {
         call: impl FnOnce(&mut ViewMut<'_, T, C>) -> Result<()>,
     ) -> Result<()> {
         let a = self.arg(comm, a)?;
-        let r = call(&mut a.out());
+        let r = {
+            let _call = StepCall::enter();
+            call(&mut a.out())
+        };
         self.keep(a);
         r
     }

@@ -206,7 +206,11 @@ impl<C: Collective> Comm<C> {
         self.raw.set_copy_engine(on)
     }
 
+    /// A buffer of a call: this rank's memory, and not handed to a graph's capture except
+    /// through its step (which borrows it for the graph's life).
+    #[inline]
     pub(crate) fn check<T: Element>(&self, v: &View<'_, T, C>) -> Result<()> {
+        crate::capturing::refuse_direct_call()?;
         self.raw.check_memory(v.mem)
     }
 
