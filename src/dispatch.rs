@@ -273,16 +273,30 @@ macro_rules! gpu_backend {
                         .map(|_| Ok(::$krate::unique_id()?.to_bytes()))
                         .collect::<Result<Vec<_>>>()
                 };
-                let ids = unicomm_bootstrap::exchange_unique_ids(env, roots, make, timeout)?;
+                // Rank 0 enters the creation as soon as its ids exist, serving the others
+                // meanwhile (the creation waits for every rank anyway).
+                let (ids, serving) =
+                    unicomm_bootstrap::exchange_unique_ids_serving(env, roots, make, timeout)?;
                 let ids: Vec<_> = ids
                     .into_iter()
                     .map(::$krate::UniqueId::from_bytes)
                     .collect();
                 let where_ = (env.rank, env.world_size, env.local_rank);
                 let comm = match ids.as_slice() {
-                    [id] => ::$krate::init_rank_with(*id, where_, config)?,
-                    _ => ::$krate::init_rank_scalable_with(&ids, where_, config)?,
+                    [id] => ::$krate::init_rank_with(*id, where_, config),
+                    _ => ::$krate::init_rank_scalable_with(&ids, where_, config),
                 };
+                let comm = match comm {
+                    Ok(c) => c,
+                    // A rendezvous that already failed says which ranks never came; one
+                    // still serving is left to serve the others until its deadline.
+                    Err(e) if serving.is_finished() => {
+                        return Err(serving.finish().err().unwrap_or(e))
+                    }
+                    Err(e) => return Err(e),
+                };
+                // Created: every rank held the ids, so the rendezvous ends at once.
+                serving.finish()?;
                 // After a failure the survivors re-form over the job's rendezvous.
                 comm.set_rejoin(unicomm_bootstrap::Rejoin::job(env))?;
                 Ok(AnyComm::from(comm))

@@ -12,12 +12,14 @@ mod launcher;
 mod rejoin;
 mod secret;
 mod serve;
+mod serving;
 mod tcp;
 
 pub use auth::{Hello, HELLO_LEN};
 pub use launcher::{LaunchEnv, Launcher, LAUNCHERS, MAX_WORLD};
 pub use rejoin::Rejoin;
-pub use tcp::{exchange_unique_id, exchange_unique_ids, MAX_IDS};
+pub use serving::Serving;
+pub use tcp::{exchange_unique_id, exchange_unique_ids, exchange_unique_ids_serving, MAX_IDS};
 #[cfg(test)]
 use {auth::*, backoff::*, file::listed_acks, serve::*, tcp::*};
 
@@ -27,6 +29,8 @@ mod tests;
 mod tests_keys;
 #[cfg(test)]
 mod tests_scale;
+#[cfg(test)]
+mod tests_serving;
 
 /// Raises this process's soft limit of open files to its hard limit (as NCCL's bootstrap
 /// root does), for a process that holds a connection or two per rank: the mock's hub

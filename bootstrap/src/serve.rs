@@ -87,11 +87,10 @@ struct Server<'a> {
 /// or `deadline`.
 pub(crate) fn serve_rank0(
     env: &LaunchEnv,
-    addr: SocketAddr,
+    (addr, listener): (SocketAddr, TcpListener),
     ids: &[u8],
     (start, deadline, timeout): (Instant, Instant, Duration),
 ) -> Result<Tally> {
-    let listener = listen(addr, env.world_size)?;
     let mut srv = Server {
         env,
         key: Key::new(&env.token),
@@ -141,7 +140,7 @@ pub(crate) fn serve_rank0(
 
 /// A listener on exactly `addr` with a queue for the whole world (the kernel caps it at
 /// `net.core.somaxconn`).
-fn listen(addr: SocketAddr, world: usize) -> Result<TcpListener> {
+pub(crate) fn listen(addr: SocketAddr, world: usize) -> Result<TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let what = format!("rank 0 cannot listen on {addr}");
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))

@@ -9,7 +9,8 @@ use super::auth::*;
 use super::backoff::Backoff;
 use super::file::file_exchange;
 use super::launcher::*;
-use super::serve::serve_rank0;
+use super::serve::{listen, serve_rank0};
+use super::serving::Serving;
 use unicomm_core::{Error, Result};
 
 /// Reads exactly `buf.len()` bytes before `deadline` (each read's timeout is what is left).
@@ -176,6 +177,32 @@ pub fn exchange_unique_ids(
     make_ids: impl FnOnce() -> Result<Vec<[u8; 128]>>,
     timeout: Duration,
 ) -> Result<Vec<[u8; 128]>> {
+    exchange(env, count, make_ids, timeout, false).map(|(ids, _done)| ids)
+}
+
+/// [`exchange_unique_ids`], except that rank 0 returns as soon as its ids exist and its port
+/// listens, serving the other ranks on a thread of its own meanwhile, so that it enters its
+/// communicator's creation (which waits for every rank anyway) while they join. The
+/// [`Serving`] says how the rendezvous ended: call [`Serving::finish`] after the creation
+/// (its error names the ranks that never joined, which a creation that timed out cannot).
+/// Other ranks, and every rank of the file rendezvous, return once they hold the ids, with a
+/// `Serving` already finished.
+pub fn exchange_unique_ids_serving(
+    env: &LaunchEnv,
+    count: usize,
+    make_ids: impl FnOnce() -> Result<Vec<[u8; 128]>>,
+    timeout: Duration,
+) -> Result<(Vec<[u8; 128]>, Serving)> {
+    exchange(env, count, make_ids, timeout, true)
+}
+
+fn exchange(
+    env: &LaunchEnv,
+    count: usize,
+    make_ids: impl FnOnce() -> Result<Vec<[u8; 128]>>,
+    timeout: Duration,
+    beside: bool,
+) -> Result<(Vec<[u8; 128]>, Serving)> {
     if count == 0 || count > MAX_IDS || (count > 1 && env.file.is_some()) {
         return Err(Error::invalid(
             "count",
@@ -211,7 +238,8 @@ pub fn exchange_unique_ids(
                 )),
             }
         };
-        return file_exchange(env, path, one, start, deadline, timeout).map(|id| vec![id]);
+        let id = file_exchange(env, path, one, start, deadline, timeout)?;
+        return Ok((vec![id], Serving::finished()));
     }
     let addr = resolve(env)?;
     if env.rank == 0 {
@@ -223,27 +251,41 @@ pub fn exchange_unique_ids(
             ));
         }
         let payload: Vec<u8> = ids.iter().flatten().copied().collect();
-        let t = serve_rank0(env, addr, &payload, (start, deadline, timeout))?;
-        tracing::info!(
-            "unicomm rendezvous on {addr}: {} ranks served in {:.1?}: {} connections \
-             ({} dropped), at most {} handshakes at once",
-            t.served,
-            start.elapsed(),
-            t.accepted,
-            t.dropped,
-            t.peak
-        );
-        return Ok(ids);
+        // Bound here, so a port taken is this call's error either way.
+        let listener = listen(addr, env.world_size)?;
+        let env = env.clone();
+        let serve = move || -> Result<()> {
+            let t = serve_rank0(&env, (addr, listener), &payload, (start, deadline, timeout))?;
+            tracing::info!(
+                "unicomm rendezvous on {addr}: {} ranks served in {:.1?}: {} connections \
+                 ({} dropped), at most {} handshakes at once",
+                t.served,
+                start.elapsed(),
+                t.accepted,
+                t.dropped,
+                t.peak
+            );
+            Ok(())
+        };
+        let serving = match beside {
+            true => Serving::spawn(serve)?,
+            false => {
+                serve()?;
+                Serving::finished()
+            }
+        };
+        return Ok((ids, serving));
     }
     let got = join_rank0(env, addr, count, (start, deadline, timeout))?;
-    Ok(got
+    let ids = got
         .chunks_exact(128)
         .map(|c| {
             let mut id = [0u8; 128];
             id.copy_from_slice(c);
             id
         })
-        .collect())
+        .collect();
+    Ok((ids, Serving::finished()))
 }
 
 /// Another rank's side: connect to rank 0 and join, retrying past strangers and a rank 0
