@@ -55,21 +55,22 @@ pub(crate) fn refuse_in_capture(what: &'static str) -> Result<()> {
     ))
 }
 
-/// `InvalidArgument` for a collective or copy called inside a capture's closure on the
-/// communicator itself rather than through the closure's [`Step`](crate::step::Step): the
+/// Whether a collective or copy may be called on the communicator here: not inside a
+/// capture's closure except through the closure's [`Step`](crate::step::Step) (`InvalidArgument`
+/// otherwise, [`direct_call_refused`]): the
 /// graph would replay it into buffers it does not borrow, which could be freed and reused
 /// while the graph lives (a write into freed device memory at the next launch).
+/// (A flag, not a `Result`: the check sits on every call's path, and a `Result` of the
+/// crate's error is a 104-byte stack slot.)
 #[inline]
-pub(crate) fn refuse_direct_call() -> Result<()> {
-    if PHASE.with(Cell::get) == Phase::Eager || IN_STEP.with(Cell::get) {
-        return Ok(());
-    }
-    Err(direct_call_refused())
+pub(crate) fn direct_call_allowed() -> bool {
+    PHASE.with(Cell::get) == Phase::Eager || IN_STEP.with(Cell::get)
 }
 
+/// The error where [`direct_call_allowed`] says no.
 #[cold]
 #[inline(never)]
-fn direct_call_refused() -> Error {
+pub(crate) fn direct_call_refused() -> Error {
     Error::invalid(
         "comm",
         "a collective or copy called on the communicator inside Graph::capture's closure: enqueue it through the closure's Step (`g.all_reduce(comm, ..)`), which borrows its buffers for the graph's life; a call made directly would be replayed into buffers that may be freed while the graph lives",

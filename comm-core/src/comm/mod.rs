@@ -210,7 +210,9 @@ impl<C: Collective> Comm<C> {
     /// through its step (which borrows it for the graph's life).
     #[inline]
     pub(crate) fn check<T: Element>(&self, v: &View<'_, T, C>) -> Result<()> {
-        crate::capturing::refuse_direct_call()?;
+        if !crate::capturing::direct_call_allowed() {
+            return Err(crate::capturing::direct_call_refused());
+        }
         self.raw.check_memory(v.mem)
     }
 
