@@ -71,11 +71,19 @@ fn run() -> anyhow::Result<()> {
     let graphs = comm.capabilities().graph_capture;
     if graphs {
         let one = std::slice::from_ref(&comm);
-        if let Err(e) =
-            unicomm_conformance::captured_step_replays(one, 20, unicomm_conformance::Reg::None)
-        {
-            let _ = comm.abort();
-            bail!("rank {r}: captured step: {e}");
+        // Plain buffers, a registered one and (where the transport has symmetric memory) a
+        // window, each replayed into across the processes.
+        use unicomm_conformance::Reg;
+        let regs: &[Reg] = if windows {
+            &[Reg::None, Reg::Buffer, Reg::Window]
+        } else {
+            &[Reg::None, Reg::Buffer]
+        };
+        for &reg in regs {
+            if let Err(e) = unicomm_conformance::captured_step_replays(one, 20, reg) {
+                let _ = comm.abort();
+                bail!("rank {r}: captured step ({reg:?}): {e}");
+            }
         }
     } else {
         println!("rank_conformance: rank {r}: no graph capture on this backend: graphs NOT run");
