@@ -491,74 +491,35 @@ fn mismatch(vendor: Vendor) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn kill(vendor: Vendor) -> anyhow::Result<()> {
-    let comm = unicomm::from_env(vendor).context("joining the job")?;
+/// The step the last rank kills its own process before (SIGKILL): the others' steps from it
+/// on never complete.
+const VICTIM_STEP: u64 = 50;
+
+/// The kill scenarios' loop: `step(i)` on every rank, a wait on `st` after every tenth, the
+/// last rank killing its own process at step [`VICTIM_STEP`]. Returns the step and the error
+/// that ended a survivor's loop, which must come within the deadline (+10 s) after its last
+/// completed wait.
+fn until_the_loss_is_seen(
+    comm: &unicomm::Comm,
+    st: &unicomm::Stream,
+    name: &str,
+    mut step: impl FnMut(u64) -> unicomm::Result<()>,
+) -> anyhow::Result<(u64, Error)> {
     let (r, w) = (comm.rank(), comm.world_size());
-    let st = comm.create_stream()?;
-    let mut b = comm.alloc::<f32>(16 << 20)?;
-    let limit = deadline(&comm);
+    let limit = deadline(comm);
     let mut last_ok = Instant::now();
     for i in 0..100_000u64 {
-        if r == w - 1 && i == 50 {
-            println!("faults kill: rank {r} kills its own process now");
+        if r == w - 1 && i == VICTIM_STEP {
+            println!("faults {name}: rank {r} kills its own process at step {i}");
             // The launcher or the peers' mock hub see the process vanish; nothing runs after.
             std::process::Command::new("kill")
                 .args(["-KILL", &std::process::id().to_string()])
                 .status()?;
             std::thread::sleep(Duration::from_secs(60));
         }
-        let res = comm
-            .all_reduce_in_place(&mut b, ReduceOp::Sum, &st)
-            .and_then(|_| {
-                if i % 10 == 9 {
-                    st.synchronize()
-                } else {
-                    Ok(())
-                }
-            });
-        match res {
-            Ok(()) if i % 10 == 9 => last_ok = Instant::now(),
-            Ok(()) => {}
-            Err(e) => {
-                let since = last_ok.elapsed();
-                println!(
-                    "faults kill: rank {r}: after {i} collectives: {e} ({:.2} s after the last completed wait, deadline {limit:?})",
-                    since.as_secs_f64()
-                );
-                ensure!(
-                    since <= limit + Duration::from_secs(10),
-                    "rank {r}: the error came {since:?} after the last completed wait"
-                );
-                println!("faults kill: rank {r}: PASSED");
-                return Ok(());
-            }
-        }
-    }
-    bail!("rank {r}: the killed peer was never noticed")
-}
-
-fn kill_replay(vendor: Vendor) -> anyhow::Result<()> {
-    let comm = unicomm::from_env(vendor).context("joining the job")?;
-    let (r, w) = (comm.rank(), comm.world_size());
-    let st = comm.create_stream()?;
-    let x = comm.upload(&vec![0.0f32; 1 << 16], &st)?;
-    let graph = unicomm::Graph::capture(&st, |g| g.all_reduce_in_place(&comm, &x, ReduceOp::Sum))?;
-    let limit = deadline(&comm);
-    let mut last_ok = Instant::now();
-    for i in 0..100_000u64 {
-        if r == w - 1 && i == 50 {
-            println!("faults kill-replay: rank {r} kills its own process at replay {i}");
-            std::process::Command::new("kill")
-                .args(["-KILL", &std::process::id().to_string()])
-                .status()?;
-            std::thread::sleep(Duration::from_secs(60));
-        }
-        let res = graph.launch(&st).and_then(|()| {
-            if i % 10 == 9 {
-                st.synchronize()
-            } else {
-                Ok(())
-            }
+        let res = step(i).and_then(|()| match i % 10 {
+            9 => st.synchronize(),
+            _ => Ok(()),
         });
         match res {
             Ok(()) if i % 10 == 9 => last_ok = Instant::now(),
@@ -566,43 +527,66 @@ fn kill_replay(vendor: Vendor) -> anyhow::Result<()> {
             Err(e) => {
                 let since = last_ok.elapsed();
                 println!(
-                    "faults kill-replay: rank {r}: after {} replays: {e} ({:.2} s after the last completed wait, deadline {limit:?})",
-                    graph.replays(),
+                    "faults {name}: rank {r}: after {i} steps: {e} ({:.2} s after the last completed wait, deadline {limit:?})",
                     since.as_secs_f64()
-                );
-                // The replays' kernels wait for the lost peer until the deadline (`Timeout`),
-                // unless the loss is seen first: NCCL's asynchronous error (the peer's
-                // connection closed: the library's error, or `Aborted` where the stream's
-                // wait found the communicator aborted by it), the mock's hub naming the rank.
-                ensure!(
-                    matches!(
-                        e,
-                        Error::Timeout { .. } | Error::Aborted { .. } | Error::Library { .. }
-                    ),
-                    "rank {r}: {e}: a lost peer during replays must end in Timeout or the loss"
                 );
                 ensure!(
                     since <= limit + Duration::from_secs(10),
                     "rank {r}: the error came {since:?} after the last completed wait"
                 );
-                // The record names the graph and a replay past the last one that completed
-                // on every rank (replay 50 is the first the victim never joined).
-                let dump = comm
-                    .flight_record("kill-replay")
-                    .context("no flight recorder")?;
-                let named = (50..=graph.replays())
-                    .any(|k| dump.contains(&format!("\"graph\":{},\"replay\":{k}", graph.id())));
-                ensure!(
-                    named,
-                    "rank {r}: the flight record names no replay of graph {} from 50 on",
-                    graph.id()
-                );
-                println!("faults kill-replay: rank {r}: the flight record names graph {} and its replays; PASSED", graph.id());
-                return Ok(());
+                return Ok((i, e));
             }
         }
     }
-    bail!("rank {r}: the killed peer was never noticed during the replays")
+    bail!("rank {r}: the killed peer was never noticed")
+}
+
+fn kill(vendor: Vendor) -> anyhow::Result<()> {
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let st = comm.create_stream()?;
+    let mut b = comm.alloc::<f32>(16 << 20)?;
+    until_the_loss_is_seen(&comm, &st, "kill", |_| {
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)
+    })?;
+    println!("faults kill: rank {}: PASSED", comm.rank());
+    Ok(())
+}
+
+fn kill_replay(vendor: Vendor) -> anyhow::Result<()> {
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let r = comm.rank();
+    let st = comm.create_stream()?;
+    let x = comm.upload(&vec![0.0f32; 1 << 16], &st)?;
+    let graph = unicomm::Graph::capture(&st, |g| g.all_reduce_in_place(&comm, &x, ReduceOp::Sum))?;
+    let (_, e) = until_the_loss_is_seen(&comm, &st, "kill-replay", |_| graph.launch(&st))?;
+    // The replays' kernels wait for the lost peer until the deadline (`Timeout`), unless the
+    // loss is seen first: NCCL's asynchronous error (the peer's connection closed: the
+    // library's error, or `Aborted` where the stream's wait found the communicator aborted
+    // by it), the mock's hub naming the rank.
+    ensure!(
+        matches!(
+            e,
+            Error::Timeout { .. } | Error::Aborted { .. } | Error::Library { .. }
+        ),
+        "rank {r}: {e}: a lost peer during replays must end in Timeout or the loss"
+    );
+    // The record names the graph and a replay past the last one that completed on every
+    // rank (the victim never joined replay VICTIM_STEP).
+    let dump = comm
+        .flight_record("kill-replay")
+        .context("no flight recorder")?;
+    let named = (VICTIM_STEP..=graph.replays())
+        .any(|k| dump.contains(&format!("\"graph\":{},\"replay\":{k}", graph.id())));
+    ensure!(
+        named,
+        "rank {r}: the flight record names no replay of graph {} from {VICTIM_STEP} on",
+        graph.id()
+    );
+    println!(
+        "faults kill-replay: rank {r}: the flight record names graph {} and its replays; PASSED",
+        graph.id()
+    );
+    Ok(())
 }
 
 fn churn(vendor: Vendor, a: &Args) -> anyhow::Result<()> {
