@@ -32,18 +32,33 @@ fn fill_slots(addr: SocketAddr) -> Vec<TcpStream> {
     silent
 }
 
+/// Rank 0 of two serving `id`, every handshake slot held by a silent connection: `meanwhile`
+/// runs, then rank 1 joins and must get `id` within 4 s (once the silent ones expire, at 2 s),
+/// well within its deadline.
+fn join_behind_full_slots(id: u8, meanwhile: impl FnOnce(SocketAddr)) {
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    std::thread::scope(|s| {
+        let r0 = s.spawn(move || {
+            exchange_unique_id(&env(0, 2, port), || Ok([id; 128]), Duration::from_secs(12))
+        });
+        let silent = fill_slots(addr);
+        meanwhile(addr);
+        let t = Instant::now();
+        let r1 = exchange_unique_id(&env(1, 2, port), || Ok([0; 128]), Duration::from_secs(8));
+        assert_eq!(r1.unwrap(), [id; 128]);
+        assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+        assert_eq!(r0.join().unwrap().unwrap(), [id; 128]);
+        drop(silent);
+    });
+}
+
 /// A connection over the cap stays in the kernel's queue (served once a slot frees), where
 /// closing it would make every early rank retry: the thread-per-connection server closed
 /// the 65th at once, 63,787 times for 16,384 ranks started together.
 #[test]
 fn connections_beyond_the_handshake_cap_wait_in_the_queue_instead_of_being_closed() {
-    let port = free_port();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    std::thread::scope(|s| {
-        let r0 = s.spawn(move || {
-            exchange_unique_id(&env(0, 2, port), || Ok([3; 128]), Duration::from_secs(10))
-        });
-        let silent = fill_slots(addr);
+    join_behind_full_slots(3, |addr| {
         let mut late = TcpStream::connect(addr).unwrap();
         late.set_read_timeout(Some(Duration::from_millis(500)))
             .unwrap();
@@ -56,13 +71,6 @@ fn connections_beyond_the_handshake_cap_wait_in_the_queue_instead_of_being_close
                 ) => {}
             other => panic!("the connection over the cap was answered or closed: {other:?}"),
         }
-        // The real rank joins once the silent ones expire, well within its deadline.
-        let t = Instant::now();
-        let r1 = exchange_unique_id(&env(1, 2, port), || Ok([0; 128]), Duration::from_secs(8));
-        assert_eq!(r1.unwrap(), [3; 128]);
-        assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
-        assert_eq!(r0.join().unwrap().unwrap(), [3; 128]);
-        drop(silent);
     });
 }
 
@@ -72,20 +80,7 @@ fn connections_beyond_the_handshake_cap_wait_in_the_queue_instead_of_being_close
 /// follows mio's rule for edge-triggered events instead of relying on another wake-up.)
 #[test]
 fn a_queued_rank_is_accepted_when_a_slot_frees_without_another_arrival() {
-    let port = free_port();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    std::thread::scope(|s| {
-        let r0 = s.spawn(move || {
-            exchange_unique_id(&env(0, 2, port), || Ok([6; 128]), Duration::from_secs(12))
-        });
-        let silent = fill_slots(addr);
-        let t = Instant::now();
-        let r1 = exchange_unique_id(&env(1, 2, port), || Ok([0; 128]), Duration::from_secs(12));
-        assert_eq!(r1.unwrap(), [6; 128]);
-        assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
-        assert_eq!(r0.join().unwrap().unwrap(), [6; 128]);
-        drop(silent);
-    });
+    join_behind_full_slots(6, |_| {});
 }
 
 #[derive(Clone, Default)]
