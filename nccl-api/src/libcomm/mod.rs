@@ -337,33 +337,25 @@ impl<R: Runtime> LibComm<R> {
             .map(|c| unsafe { OwnedComm::from_raw(c) })
             .collect();
         let timeout = self.timeout();
-        if end == End::Finalize && !self.nonblocking {
-            // A blocking ncclCommFinalize waits for the peers with no deadline of its own
-            // (a dead peer: forever); it gets this communicator's, on a thread of its own.
-            // Past it the communicator is left to that thread (the state says finalized
-            // already, so nothing here touches it again) and the caller gets `Timeout`.
+        // Calls with no deadline of their own, each given this communicator's on a thread of
+        // its own: a blocking ncclCommFinalize waits for the peers (a dead peer: forever), and
+        // ncclCommAbort, on 1x H200 (NCCL 2.28.9, two processes) with the peer SIGKILLed
+        // during a CUDA graph's replays, never returned (the plain calls' abort did), waiting
+        // in its reclaim for threads that wait for the dead peer. Past the deadline the
+        // communicator is left to that thread (the state says finalized or aborted already,
+        // so nothing here touches it again) and the caller gets `Timeout`.
+        let unbounded: Option<(&str, fn(&Api, OwnedComm) -> Result<()>)> = match end {
+            End::Abort => Some(("ncclCommAbort", |api, c| api.comm_abort(c))),
+            End::Finalize if !self.nonblocking => Some(("ncclCommFinalize", finalize_blocking)),
+            End::Finalize => None,
+        };
+        if let Some((what, end_one)) = unbounded {
             let (rt, dev) = (self.rt.clone(), self.dev);
             let work = move || -> Result<()> {
                 let all = all;
-                rt.with_device(dev, || {
-                    every(all.into_iter().map(|c| finalize_blocking(&api, c)))
-                })
+                rt.with_device(dev, || every(all.into_iter().map(|c| end_one(&api, c))))
             };
-            return bounded("ncclCommFinalize", timeout, work, |_| {})?;
-        }
-        if end == End::Abort {
-            // ncclCommAbort has no deadline of its own either: on 1x H200 (NCCL 2.28.9, two
-            // processes) with the peer SIGKILLed during a CUDA graph's replays it never
-            // returned (the plain calls' abort did), waiting in its reclaim for threads that
-            // wait for the dead peer. It gets this communicator's deadline on a thread of its
-            // own; past it the communicator is left to that thread (the state says aborted,
-            // so nothing here touches it again) and the caller gets `Timeout`.
-            let (rt, dev) = (self.rt.clone(), self.dev);
-            let work = move || -> Result<()> {
-                let all = all;
-                rt.with_device(dev, || every(all.into_iter().map(|c| api.comm_abort(c))))
-            };
-            return bounded("ncclCommAbort", timeout, work, |_| {})?;
+            return bounded(what, timeout, work, |_| {})?;
         }
         self.rt.with_device(self.dev, || {
             every(
