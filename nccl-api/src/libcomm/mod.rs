@@ -344,7 +344,7 @@ impl<R: Runtime> LibComm<R> {
         // in its reclaim for threads that wait for the dead peer. Past the deadline the
         // communicator is left to that thread (the state says finalized or aborted already,
         // so nothing here touches it again) and the caller gets `Timeout`.
-        let unbounded: Option<(&str, fn(&Api, OwnedComm) -> Result<()>)> = match end {
+        let unbounded: Option<(&str, EndOne)> = match end {
             End::Abort => Some(("ncclCommAbort", |api, c| api.comm_abort(c))),
             End::Finalize if !self.nonblocking => Some(("ncclCommFinalize", finalize_blocking)),
             End::Finalize => None,
@@ -404,6 +404,9 @@ fn every(results: impl Iterator<Item = Result<()>>) -> Result<()> {
     }
     first
 }
+
+/// The library call that ends one communicator.
+type EndOne = fn(&Api, OwnedComm) -> Result<()>;
 
 /// `ncclCommFinalize` + `ncclCommDestroy` of a blocking communicator.
 fn finalize_blocking(api: &Api, c: OwnedComm) -> Result<()> {
