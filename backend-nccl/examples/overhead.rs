@@ -1,11 +1,14 @@
 //! unicomm's cost over NCCL: the same all_reduce and all_to_all through unicomm and through
 //! the raw function table, same buffers, same stream, one thread per GPU, in one run.
-//! Trials alternate between the two paths (and which goes first); the median of 9 trials
-//! per path is reported: the time per call including completion, and the host time per
-//! call spent enqueuing (unicomm's own cost shows there).
+//! Trials alternate between the two paths (and which goes first); reported per path: the
+//! median over the trials of the time per call including completion, and of the host time
+//! per call spent enqueuing (unicomm's own cost shows there); then the median of the paired
+//! differences (each trial's unicomm run against the raw run beside it, which cancels the
+//! host's drift between trials) with their first and third quartiles.
 //!
-//! `overhead [--max-bytes N]` on a GPU machine (the bundle's run script calls it); sizes
-//! above N are left out (a quick A/B of the small-call cost).
+//! `overhead [--max-bytes N] [--trials T]` on a GPU machine (the bundle's run script calls
+//! it); sizes above N are left out (a quick A/B of the small-call cost); T trials per path
+//! (default 9).
 
 use std::ffi::c_void;
 use std::sync::Barrier;
@@ -15,6 +18,17 @@ use unicomm_core::{Comm, DataType, ReduceOp};
 use unicomm_nccl::NcclComm;
 
 const TRIALS: usize = 9;
+
+/// The value after `flag` on the command line, parsed; `default` without it.
+fn arg(flag: &str, default: usize) -> usize {
+    match std::env::args().skip_while(|a| a != flag).nth(1) {
+        Some(v) => v.parse().unwrap_or_else(|_| {
+            eprintln!("overhead: {flag} {v}: not a number");
+            std::process::exit(2)
+        }),
+        None => default,
+    }
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Coll {
@@ -44,17 +58,21 @@ fn main() {
         "# {} GPUs, NCCL {} at {}",
         w, caps.version, caps.library_path
     );
+    let max = arg("--max-bytes", usize::MAX);
+    let trials = arg("--trials", TRIALS).max(1);
     println!(
-        "# {:>10} {:>10} {:>12} {:>12} {:>9} {:>12}",
-        "coll", "bytes", "unicomm_us", "raw_us", "delta", "delta_us"
+        "# {:>10} {:>10} {:>12} {:>12} {:>9} {:>10} {:>14} {:>14} {:>12} {:>16}",
+        "coll",
+        "bytes",
+        "unicomm_us",
+        "raw_us",
+        "delta",
+        "delta_us",
+        "uni_enqueue_us",
+        "raw_enqueue_us",
+        "paired_us",
+        "paired_q1..q3"
     );
-    let max: usize = match std::env::args().skip_while(|a| a != "--max-bytes").nth(1) {
-        Some(v) => v.parse().unwrap_or_else(|_| {
-            eprintln!("overhead: --max-bytes {v}: not a byte count");
-            std::process::exit(2)
-        }),
-        None => usize::MAX,
-    };
     let sizes: Vec<usize> = [8usize, 1 << 20, 16 << 20, 128 << 20, 512 << 20]
         .into_iter()
         .filter(|&b| b <= max)
@@ -62,12 +80,12 @@ fn main() {
     let barrier = Barrier::new(w);
     for coll in [Coll::AllReduce, Coll::AllToAll] {
         for &bytes in &sizes {
-            let results: Vec<[f64; 4]> = std::thread::scope(|s| {
+            let results: Vec<[f64; 7]> = std::thread::scope(|s| {
                 let hs: Vec<_> = comms
                     .iter()
                     .map(|c| {
                         let barrier = &barrier;
-                        s.spawn(move || run(c, coll, bytes, barrier))
+                        s.spawn(move || run(c, coll, (bytes, trials), barrier))
                     })
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -81,7 +99,7 @@ fn main() {
                 "all_to_all"
             };
             println!(
-                "  {:>10} {:>10} {:>12.2} {:>12.2} {:>8.2}% {:>10.3} {:>14.3} {:>14.3}",
+                "  {:>10} {:>10} {:>12.2} {:>12.2} {:>8.2}% {:>10.3} {:>14.3} {:>14.3} {:>12.3} {:>7.3}..{:.3}",
                 name,
                 bytes,
                 uni,
@@ -89,7 +107,10 @@ fn main() {
                 (uni - raw) / raw * 100.0,
                 uni - raw,
                 worst(2),
-                worst(3)
+                worst(3),
+                worst(4),
+                worst(5),
+                worst(6)
             );
         }
     }
@@ -134,14 +155,24 @@ fn pieces(dev: usize) {
     println!("# host ns per call: with_device (device already current) {with_device:.1}, cuCtxGetCurrent {get_current:.1}, Instant::now {monotonic:.1}, SystemTime::now {wall:.1}");
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
+fn median(v: Vec<f64>) -> f64 {
+    quantile(v, 0.5)
+}
+
+/// The value at fraction `q` of the sorted values (nearest rank).
+fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 /// Per-op microseconds through unicomm and through the raw table, then the host time per
-/// call spent enqueuing on each path.
-fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> [f64; 4] {
+/// call spent enqueuing on each path, then the paired differences' median and quartiles.
+fn run(
+    c: &Comm<NcclComm>,
+    coll: Coll,
+    (bytes, trials): (usize, usize),
+    barrier: &Barrier,
+) -> [f64; 7] {
     let w = c.world_size();
     let count = (bytes / 4).max(1);
     let count = if coll == Coll::AllToAll {
@@ -226,7 +257,7 @@ fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> [f64;
     raw_path(20);
     let (mut u, mut r, mut ue, mut re) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n as f64;
-    for trial in 0..TRIALS {
+    for trial in 0..trials {
         for first_uni in [trial % 2 == 0, trial % 2 == 1] {
             barrier.wait();
             let t = Instant::now();
@@ -239,5 +270,14 @@ fn run(c: &Comm<NcclComm>, coll: Coll, bytes: usize, barrier: &Barrier) -> [f64;
             }
         }
     }
-    [median(u), median(r), median(ue), median(re)]
+    let paired: Vec<f64> = u.iter().zip(&r).map(|(a, b)| a - b).collect();
+    [
+        median(u),
+        median(r),
+        median(ue),
+        median(re),
+        quantile(paired.clone(), 0.5),
+        quantile(paired.clone(), 0.25),
+        quantile(paired, 0.75),
+    ]
 }
