@@ -70,9 +70,13 @@
 compile_error!("unicomm needs at least one backend feature: mock, nccl or rccl");
 
 mod dispatch;
+#[cfg(feature = "mock")]
+mod host;
 mod id;
 
 pub use dispatch::{AnyComm, AnyGraph, AnyMemory, AnyStream};
+#[cfg(feature = "mock")]
+pub use host::{host_scope, HostScope};
 pub use id::{init_rank, UniqueId};
 pub use unicomm_core::each_rank;
 

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Scalar};
 
 use crate::fabric::{Desc, Exchange, Msg, Signature};
-use crate::memory::{Guard, HostAlloc};
+use crate::lock::Guard;
+use crate::memory::HostAlloc;
 use crate::reduce::reduce;
 use crate::{Fault, FaultKind};
 

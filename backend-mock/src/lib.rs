@@ -28,7 +28,9 @@ mod comm;
 mod config;
 mod exec;
 mod fabric;
+mod host;
 mod id;
+mod lock;
 mod memory;
 mod procs;
 mod reduce;
@@ -55,8 +57,9 @@ pub use config::{
     ranks_from_env, Fault, FaultKind, MockConfig, Target, DEFAULT_RANKS, DEFAULT_TIMEOUT,
     MAX_RANKS, MAX_TIMEOUT,
 };
+pub use host::host_scope;
 pub use id::{init_rank, unique_id};
-pub use memory::MockMemory;
+pub use memory::{HostScope, MockMemory};
 pub use stream::MockStream;
 
 use comm::{LIVE, NEXT_DEVICE, NEXT_WORLD};

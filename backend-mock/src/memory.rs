@@ -7,11 +7,12 @@
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use unicomm_core::{DeviceMemory, Error, Result};
 
+use crate::lock::{Guard, Lock};
 use crate::stream::MockStream;
 
 /// Alignment of every mock allocation (what cudaMalloc guarantees is 256; a cache line is
@@ -32,6 +33,9 @@ pub(crate) struct HostAlloc {
     /// (`procs.rs`); `None`: the process's heap.
     #[cfg(target_os = "linux")]
     pub(crate) seg: Option<crate::shm::Segment>,
+    /// The bytes are someone else's (a host slice lent by a [`HostScope`]): never freed here,
+    /// and revoked before the lender's borrow ends.
+    lent: bool,
 }
 
 // SAFETY: the allocation is plain bytes owned by this struct; all access to them goes
@@ -55,6 +59,7 @@ impl HostAlloc {
             lock: Lock::default(),
             owner,
             seg: Some(seg),
+            lent: false,
         })
     }
 
@@ -98,7 +103,31 @@ impl HostAlloc {
             owner,
             #[cfg(target_os = "linux")]
             seg: None,
+            lent: false,
         })
+    }
+
+    /// `bytes` bytes at `ptr` that someone else owns, as memory of rank `owner`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + bytes` stays valid (and, where work may write it, unaliased by any Rust
+    /// reference) until [`HostAlloc::revoke`] has returned `Ok`, which the lender calls
+    /// before its borrow ends.
+    unsafe fn lent(ptr: NonNull<u8>, bytes: usize, owner: (u64, usize)) -> Self {
+        HostAlloc {
+            ptr,
+            bytes,
+            lock: Lock::default(),
+            owner,
+            #[cfg(target_os = "linux")]
+            seg: None,
+            lent: true,
+        }
+    }
+
+    /// Waits (at most `timeout`) for the access in progress, then refuses every later one.
+    fn revoke(&self, timeout: Duration) -> Result<()> {
+        self.lock.revoke(timeout, self.addr())
     }
 
     pub(crate) fn addr(&self) -> usize {
@@ -112,6 +141,16 @@ impl HostAlloc {
         let _g = self.write_lock(timeout)?;
         // SAFETY: in bounds (checked); the write lock excludes every other access.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr(), src.len()) };
+        Ok(())
+    }
+
+    /// The allocation's first `dst.len()` bytes into `dst`, read under the read lock.
+    fn copy_out(&self, dst: &mut [u8], timeout: Duration) -> Result<()> {
+        check_range(self.bytes, 0, dst.len(), "dst")?;
+        let _g = self.read_lock(timeout)?;
+        // SAFETY: in bounds (checked); the read lock excludes writers; `dst` is the
+        // caller's memory, distinct from the allocation.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
@@ -135,73 +174,13 @@ impl HostAlloc {
     }
 }
 
-/// A readers-writer lock whose waits have a deadline (std's `RwLock` has none, and a stream
-/// that uses one buffer twice in a group must not hang).
-#[derive(Default)]
-pub(crate) struct Lock {
-    state: Mutex<(usize, bool)>,
-    cv: Condvar,
-}
-
-/// Holds a [`Lock`]; releases on drop.
-pub(crate) struct Guard<'a> {
-    lock: &'a Lock,
-    write: bool,
-}
-
-impl Lock {
-    fn acquire(&self, write: bool, timeout: Duration, addr: usize) -> Result<Guard<'_>> {
-        let deadline = Instant::now() + timeout;
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            let (readers, writer) = *st;
-            if !writer && (!write || readers == 0) {
-                *st = if write {
-                    (0, true)
-                } else {
-                    (readers + 1, false)
-                };
-                return Ok(Guard { lock: self, write });
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout {
-                    what: format!(
-                        "buffer {addr:#x}, in use by other work of the same rank (the same \
-                         buffer on two streams, or twice in one group)"
-                    ),
-                    after: timeout,
-                });
-            }
-            st = self
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-}
-
-impl Drop for Guard<'_> {
-    fn drop(&mut self) {
-        let mut st = self.lock.state.lock().unwrap_or_else(|e| e.into_inner());
-        if self.write {
-            st.1 = false;
-        } else {
-            st.0 -= 1;
-        }
-        drop(st);
-        self.lock.cv.notify_all();
-    }
-}
-
 impl Drop for HostAlloc {
     fn drop(&mut self) {
         #[cfg(target_os = "linux")]
         if self.seg.is_some() {
             return; // the segment unmaps and closes itself
         }
-        if self.bytes != 0 {
+        if self.bytes != 0 && !self.lent {
             // SAFETY: allocated in `new` with exactly this layout (valid then, so valid now).
             unsafe {
                 std::alloc::dealloc(
@@ -382,4 +361,124 @@ fn copy_job(
         )
     };
     Ok(())
+}
+
+/// Host slices lent to the mock's collectives for the length of a [`host_scope`](crate::host_scope):
+/// the rank's input and output read and written where they are, with no copy, when the rank
+/// lives in this process (ranks in other processes reach only shared memory: there the
+/// slice is copied into a shared allocation when lent and, if lent to be written, back at
+/// the scope's end).
+///
+/// The scope owns the lendings, so none can outlive it: at its end (also when the closure
+/// panics) it waits, up to the communicator's deadline, until no work holds a lent slice,
+/// then revokes each one, so that work enqueued in the scope and still queued past the
+/// deadline fails with `InvalidArgument` instead of touching the slice.
+pub struct HostScope<'scope, 'env: 'scope, D = crate::MockComm> {
+    pub(crate) comm: &'env crate::MockComm,
+    lent: std::cell::RefCell<Vec<Lending<'scope>>>,
+    _scope: std::marker::PhantomData<&'scope mut &'scope ()>,
+    _env: std::marker::PhantomData<&'env mut &'env ()>,
+    _d: std::marker::PhantomData<fn() -> D>,
+}
+
+/// One lent slice: its allocation and, where it was copied in to be written, the slice it
+/// goes back to.
+struct Lending<'scope> {
+    alloc: Arc<HostAlloc>,
+    back: Option<&'scope mut [u8]>,
+}
+
+/// A slice of a scope's caller, to be read or written.
+pub(crate) enum HostBytes<'scope> {
+    Read(&'scope [u8]),
+    Write(&'scope mut [u8]),
+}
+
+impl<'scope, 'env, D> HostScope<'scope, 'env, D> {
+    /// A scope to be ended by [`HostScope::end`] before the borrows it was lent end: made
+    /// by `host_scope` alone, which does so (also when its closure panics).
+    pub(crate) fn new(comm: &'env crate::MockComm) -> Self {
+        HostScope {
+            comm,
+            lent: std::cell::RefCell::new(Vec::new()),
+            _scope: std::marker::PhantomData,
+            _env: std::marker::PhantomData,
+            _d: std::marker::PhantomData,
+        }
+    }
+
+    /// The allocation for a slice the caller borrowed for the scope.
+    pub(crate) fn take(&'scope self, bytes: HostBytes<'scope>) -> Result<MockMemory> {
+        let (owner, timeout) = (self.comm.owner(), self.comm.ctx.timeout);
+        let lending = match bytes {
+            // Peers in other processes map shared memory only: a documented copy in.
+            _ if self.comm.shared => {
+                let copied = |src: &[u8]| -> Result<Arc<HostAlloc>> {
+                    let alloc = HostAlloc::new_in(src.len(), owner, true)?;
+                    alloc.fill(src, timeout)?;
+                    Ok(Arc::new(alloc))
+                };
+                match bytes {
+                    HostBytes::Read(b) => Lending {
+                        alloc: copied(b)?,
+                        back: None,
+                    },
+                    HostBytes::Write(b) => Lending {
+                        alloc: copied(b)?,
+                        back: Some(b),
+                    },
+                }
+            }
+            HostBytes::Read(b) => {
+                let ptr = NonNull::from(b).cast();
+                // SAFETY: the borrow (`'scope`) lasts until `host_scope` returns, which first
+                // ends the scope (`end`: every lending revoked); work only reads a `Lent`.
+                let alloc = unsafe { HostAlloc::lent(ptr, b.len(), owner) };
+                Lending {
+                    alloc: Arc::new(alloc),
+                    back: None,
+                }
+            }
+            HostBytes::Write(b) => {
+                let (ptr, n) = (NonNull::from(&mut *b).cast(), b.len());
+                // SAFETY: as above, and the borrow is exclusive: no reference aliases what
+                // work writes until the scope has revoked it.
+                let alloc = unsafe { HostAlloc::lent(ptr, n, owner) };
+                Lending {
+                    alloc: Arc::new(alloc),
+                    back: None,
+                }
+            }
+        };
+        let mem = MockMemory {
+            inner: lending.alloc.clone(),
+        };
+        self.lent.borrow_mut().push(lending);
+        Ok(mem)
+    }
+
+    /// Waits until no work holds a lent slice (the communicator's deadline), revokes each,
+    /// copies back what was copied in to be written. The first error is returned; every
+    /// lending is revoked whatever happens.
+    pub(crate) fn end(&self) -> Result<()> {
+        let timeout = self.comm.ctx.timeout;
+        let deadline = std::time::Instant::now() + timeout;
+        let mut first = Ok(());
+        for l in self.lent.borrow_mut().drain(..) {
+            let mut r = crate::lock::wait_unheld(&l.alloc, l.alloc.addr(), deadline, timeout);
+            if let (Ok(()), Some(dst)) = (&r, l.back) {
+                r = l.alloc.copy_out(dst, timeout);
+            }
+            // Past the deadline the work still queued is refused the slice; the access in
+            // progress (bounded by its own deadline) is waited for, twice if need be.
+            if let Err(e) = l.alloc.revoke(timeout).or_else(|_| l.alloc.revoke(timeout)) {
+                eprintln!("unicomm-mock: a lent host slice could not be revoked ({e}); aborting the process rather than let work write memory its owner got back");
+                std::process::abort();
+            }
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
 }

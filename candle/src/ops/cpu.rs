@@ -1,6 +1,7 @@
 //! The CPU path: candle's CPU tensors through a communicator whose memory is host memory
-//! (the mock). The mock's buffers are its own (in processes, shared memory), so the input
-//! is copied in and the output out: two host copies per call.
+//! (the mock). The input's storage and the output's new vector are lent to the collective
+//! for the call (`unicomm::host_scope`): no copy where the rank lives in this process; in
+//! a world of processes the mock copies them into shared memory and back.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, Layout, Result, Shape, WithDType};
@@ -38,11 +39,12 @@ fn run<T: Element + WithDType>(
     let mut streams = comm.locked(what)?;
     let c = comm.comm();
     let st = streams.host(c)?;
-    let send = c.upload(input, st).map_err(|e| wrap(what, e))?;
-    let mut recv = c.alloc::<T>(n).map_err(|e| wrap(what, e))?;
-    coll.enqueue(c, &send, &mut recv, st)?;
     let mut out = vec![T::zero(); n];
-    recv.copy_to_host_into(&mut out, st)
-        .map_err(|e| wrap(what, e))?;
+    unicomm::host_scope(c, |s| {
+        let (send, mut recv) = (s.lend(input)?, s.lend_mut(&mut out)?);
+        coll.enqueue_unwrapped(c, &send, &mut recv, st)?;
+        st.synchronize()
+    })
+    .map_err(|e| wrap(what, e))?;
     Ok(out)
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, WithDType};
 use unicomm::{AnyComm, DeviceSlice, DeviceSliceMut, Element, ReduceOp};
 
-use crate::comm::{wrap, Communicator};
+use crate::comm::Communicator;
 
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -94,6 +94,7 @@ impl Coll {
     }
 
     /// Enqueues the collective from `send` into `recv` on `stream`.
+    #[cfg(feature = "cuda")]
     pub(crate) fn enqueue<T: Element + WithDType>(
         self,
         comm: &unicomm::Comm,
@@ -101,13 +102,24 @@ impl Coll {
         recv: &mut impl DeviceSliceMut<T, AnyComm>,
         stream: &unicomm::Stream,
     ) -> Result<()> {
+        self.enqueue_unwrapped(comm, send, recv, stream)
+            .map_err(|e| crate::comm::wrap(self.name(), e))
+    }
+
+    /// [`Coll::enqueue`] with unicomm's own error.
+    pub(crate) fn enqueue_unwrapped<T: Element + WithDType>(
+        self,
+        comm: &unicomm::Comm,
+        send: &impl DeviceSlice<T, AnyComm>,
+        recv: &mut impl DeviceSliceMut<T, AnyComm>,
+        stream: &unicomm::Stream,
+    ) -> unicomm::Result<()> {
         match self {
             Coll::AllReduce(op) => comm.all_reduce(send, recv, op.op::<T>(), stream),
             Coll::AllGather => comm.all_gather(send, recv, stream),
             Coll::ReduceScatter(op) => comm.reduce_scatter(send, recv, op.op::<T>(), stream),
             Coll::AllToAll => comm.all_to_all(send, recv, stream),
         }
-        .map_err(|e| wrap(self.name(), e))
     }
 }
 
