@@ -238,9 +238,11 @@ pub struct Args {
     /// Timed iterations per size.
     #[arg(short = 'n', long = "iters", default_value_t = 20)]
     pub iters: usize,
-    /// Capture each turn's timed iterations into a CUDA graph per rank and launch it this
-    /// many times, timing the launches (nccl-tests' -G): the device's time without the
-    /// host's per-call cost. 0: call directly. CUDA only.
+    /// Capture each turn's timed iterations into a graph per rank and launch it this many
+    /// times, timing the launches (nccl-tests' -G): the device's time without the host's
+    /// per-call cost. 0: call directly. Through `unicomm::Graph` on every backend (the mock
+    /// included) where a thread drives one rank; with `--single-thread` over several ranks,
+    /// and for the `raw` modes, CUDA's own capture (NCCL only).
     #[arg(short = 'G', long = "cudagraph", default_value_t = 0)]
     pub graphs: usize,
     /// Check the data (1) or not (0).
@@ -405,9 +407,9 @@ fn bench() -> anyhow::Result<()> {
     // Only rank 0 reports (one process per rank under a launcher).
     let lead = comms[0].rank() == 0;
     let caps = comms[0].capabilities();
-    if args.graphs > 0 && caps.backend != "nccl" {
+    if args.graphs > 0 && caps.backend != "nccl" && args.single_thread && comms.len() > 1 {
         bail!(
-            "-G (CUDA graphs) needs the CUDA backend; this run has {}",
+            "-G with --single-thread over several ranks captures them all in one CUDA graph: the CUDA backend only; this run has {} (drop --single-thread: a thread per rank captures through unicomm::Graph)",
             caps.backend
         );
     }

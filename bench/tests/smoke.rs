@@ -191,17 +191,31 @@ fn both_orders_measure_the_same_cells() {
     assert_eq!(by_size, by_mode);
 }
 
-/// `-G` (CUDA graphs) is refused up front on a backend without them, naming the option.
+/// `-G` over several ranks on one thread captures them all in one CUDA graph: refused up
+/// front on the mock, naming the option and the way that works (a thread per rank).
 #[test]
-fn graphs_are_refused_on_the_mock() {
+fn graphs_of_several_ranks_on_one_thread_are_refused_on_the_mock() {
     let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
-        .args(["--vendor", "mock", "-G", "3", "-b", "8", "-e", "8"])
+        .args([
+            "--vendor",
+            "mock",
+            "--ranks",
+            "2",
+            "--single-thread",
+            "-G",
+            "3",
+            "-b",
+            "8",
+            "-e",
+            "8",
+        ])
         .output()
         .expect("run unicomm-bench");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains("-G (CUDA graphs) needs the CUDA backend"),
+        stderr.contains("-G with --single-thread over several ranks")
+            && stderr.contains("drop --single-thread"),
         "{stderr}"
     );
 }
@@ -342,4 +356,52 @@ fn the_decode_preset_times_a_decode_steps_all_reduces() {
         );
         assert_eq!(r["wrong"], 0);
     }
+}
+
+/// `-G` on the mock: each thread's rank captures its turn through `unicomm::Graph` and
+/// replays it; every collective in and out of place, in every mode the mock has, with the
+/// data checked after one replay of a captured call into a cleared output.
+#[test]
+fn graph_mode_captures_and_replays_on_the_mock() {
+    let doc = bench_json(
+        "graphs",
+        &[
+            "--ranks",
+            "3",
+            "-b",
+            "64",
+            "-e",
+            "4K",
+            "-f",
+            "8",
+            "-w",
+            "1",
+            "-n",
+            "2",
+            "-G",
+            "2",
+            "--modes",
+            "plain,registered,window,auto",
+        ],
+    );
+    let all = cells(&doc);
+    for coll in [
+        "all_reduce",
+        "all_to_all",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+    ] {
+        for mode in ["plain", "registered", "window", "auto"] {
+            assert!(
+                all.iter()
+                    .any(|c| c.starts_with(&format!("\"{coll}\" \"{mode}\""))),
+                "{coll} {mode} missing: {all:?}"
+            );
+        }
+    }
+    assert!(
+        all.iter().any(|c| c.ends_with("true")),
+        "no in-place cell: {all:?}"
+    );
 }

@@ -29,8 +29,9 @@
 //!   [`ShardedEmbedding`], built from a full weight and a [`Shard`] as candle-nn's
 //!   `ShardedVarBuilder` loads them.
 //!
-//! On the CPU the mock's memory is separate from candle's: each call copies its input in
-//! and its output out (two host copies). On CUDA (feature `cuda`) the op lends candle's
+//! On the CPU the op lends candle's storage and the output's vector to the mock for the
+//! call (`unicomm::host_scope`): no copy where the ranks are threads of one process, a copy
+//! in and out where they are processes (shared memory). On CUDA (feature `cuda`) the op lends candle's
 //! slices to NCCL and runs on candle's stream: no copy, no host synchronisation.
 //!
 //! Errors: unicomm's [`Error`](unicomm::Error) travels inside candle's

@@ -169,6 +169,17 @@ impl<'a, T: Element, C: Collective> ViewMut<'a, T, C> {
             _t: PhantomData,
         })
     }
+    /// A sub-range of the view that keeps its lifetime (a view made once and held, as a
+    /// captured graph's arguments are).
+    pub fn into_slice_mut(self, r: impl RangeBounds<usize>) -> Result<ViewMut<'a, T, C>> {
+        let (start, len) = range_of(r, self.len)?;
+        Ok(ViewMut {
+            mem: self.mem,
+            offset: self.offset + start,
+            len,
+            _t: PhantomData,
+        })
+    }
     /// Splits into two disjoint exclusive views at `mid`.
     pub fn split_at_mut(&mut self, mid: usize) -> Result<(ViewMut<'_, T, C>, ViewMut<'_, T, C>)> {
         if mid > self.len {

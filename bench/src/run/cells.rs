@@ -7,6 +7,7 @@ use unicomm::ReduceOp;
 
 use super::data::*;
 use super::drive::*;
+use super::graphed::step_graph_turn;
 use super::modes::*;
 use crate::{Args, Coll, Mode, Order, Work};
 
@@ -244,7 +245,14 @@ impl<'d, 'c, 'a, T: Val> Session<'d, 'c, 'a, T> {
                     d.launch(&ks, h)?;
                 }
                 let turn = if a.graphs > 0 {
-                    graph_turn(d, &ks, h, iters, a.graphs)?
+                    match (&ks[..], &mut h[..]) {
+                        // One rank on this thread: unicomm's capture, on every backend.
+                        ([k], [hr]) if !k.mode.is_raw() => {
+                            step_graph_turn(d, k, hr, iters, a.graphs)?
+                        }
+                        // NCCL called by hand, or several ranks in one group: CUDA's.
+                        _ => graph_turn(d, &ks, h, iters, a.graphs)?,
+                    }
                 } else {
                     direct_turn(d, &ks, h, iters)?
                 };
@@ -296,7 +304,13 @@ impl<'d, 'c, 'a, T: Val> Session<'d, 'c, 'a, T> {
                 let ks = self.calls(x.mode, work, in_place, x.count);
                 let h = &mut held[x.m];
                 self.fill_all(&ks, h, x.lens)?;
-                d.launch(&ks, h)?;
+                match (&ks[..], &mut h[..]) {
+                    // The graph's data checked: one call captured, replayed once.
+                    ([k], [hr]) if self.a.graphs > 0 && !k.mode.is_raw() => {
+                        step_graph_turn(d, k, hr, 1, 0).map(drop)?
+                    }
+                    _ => d.launch(&ks, h)?,
+                }
                 for (r, hr) in h.iter_mut().enumerate() {
                     d.streams[r].synchronize()?;
                     wrong[r] = Some(verify(&d.comms[r], &ks[r], hr, self.w)?);

@@ -3,6 +3,7 @@
 mod cells;
 mod data;
 mod drive;
+mod graphed;
 mod modes;
 mod ranks;
 mod sweep;

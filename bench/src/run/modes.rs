@@ -296,7 +296,8 @@ pub(crate) fn raw_api<R: Runtime>(
 }
 
 /// Fills the inputs: send (or, in place, the output buffer) from `base`, this rank's
-/// `input(rank, i)` for every element of the largest buffer (made once per mode).
+/// `input(rank, i)` for every element of the largest buffer (made once per mode); out of
+/// place, the output is cleared.
 pub(crate) fn fill<T: Val>(
     c: &unicomm::Comm,
     k: &Call<'_>,
@@ -320,10 +321,15 @@ pub(crate) fn fill<T: Val>(
             rv.slice_mut(..len)?.copy_from_host(&base[..len], st)?;
         }
     } else {
-        let (send, _) = held.bufs();
+        let (send, recv) = held.bufs();
         send.view_mut()
             .slice_mut(..send_len)?
             .copy_from_host(&base[..send_len], st)?;
+        // The output cleared (nccl-tests' InitData), so a call that wrote nothing fails
+        // the check instead of passing on an earlier call's result.
+        recv.view_mut()
+            .slice_mut(..recv_len)?
+            .copy_from_host(&vec![T::of(0); recv_len], st)?;
     }
     Ok(())
 }
