@@ -229,13 +229,16 @@ for v in nccl rccl; do
     step $v faults policy; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario policy 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # Started by hand, not by the launcher (which would stop rank 0 as soon as rank 1
     # dies): the verdict is rank 0's, on its own.
-    step $v faults kill
-    kport=$((29600 + RANDOM % 300))
-    for r in 0 1; do
-      if [ -n "$share" ]; then dev=0; hostid="NCCL_HOSTID=unicomm-kill-$kport-$r"; else dev=$r; hostid=; fi
-      env $hostid RANK=$r WORLD_SIZE=2 LOCAL_RANK=$dev MASTER_ADDR=127.0.0.1 MASTER_PORT=$kport UNICOMM_TIMEOUT_MS=20000 timeout 120 ./faults --vendor $vendor --scenario kill &
-    done 2>&1 | tee -a "$OUT/$v-faults.log"
-    wait; grep -q "faults kill: rank 0: PASSED" "$OUT/$v-faults.log" || { echo "faults kill: rank 0 did not pass"; rc=1; }
+    # kill: during plain calls; kill-replay: during a captured graph's replays.
+    for scenario in kill kill-replay; do
+      step $v faults $scenario
+      kport=$((29600 + RANDOM % 300))
+      for r in 0 1; do
+        if [ -n "$share" ]; then dev=0; hostid="NCCL_HOSTID=unicomm-kill-$kport-$r"; else dev=$r; hostid=; fi
+        env $hostid RANK=$r WORLD_SIZE=2 LOCAL_RANK=$dev MASTER_ADDR=127.0.0.1 MASTER_PORT=$kport UNICOMM_TIMEOUT_MS=20000 timeout 120 ./faults --vendor $vendor --scenario $scenario &
+      done 2>&1 | tee -a "$OUT/$v-faults.log"
+      wait; grep -qE "faults $scenario: rank 0: (.*; )?PASSED" "$OUT/$v-faults.log" || { echo "faults $scenario: rank 0 did not pass"; rc=1; }
+    done
     step $v faults churn; timeout ${CHURN_TIMEOUT:-330} ./faults --vendor $vendor --scenario churn --comms ${CHURN_COMMS:-1000} --budget-s ${CHURN_BUDGET:-240} 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   fi
   if [ "$PARTS" = procs ] || [ "$PARTS" = all ]; then

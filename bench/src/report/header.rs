@@ -88,7 +88,7 @@ impl Header {
         );
         if self.graphs > 0 {
             println!(
-                "# CUDA graphs: each turn's iterations captured once per rank, the graph launched {} times (time per call = launches' time / calls replayed)",
+                "# graphs: each turn's iterations captured once per rank (unicomm::Graph; CUDA's own capture for the raw modes and --single-thread), the graph launched {} times (time per call = launches' time / calls replayed)",
                 self.graphs
             );
         }

@@ -1,6 +1,7 @@
 //! The library search both vendors' loaders use (NCCL, RCCL, and the HIP runtime): an
-//! explicit variable first, then directories, then the bare sonames for the system loader;
-//! every candidate tried is kept, with its reason, for `LibraryNotFound`.
+//! explicit variable first, then a library of the same soname the process already holds,
+//! then directories, then the bare sonames for the system loader; every candidate tried is
+//! kept, with its reason, for `LibraryNotFound`.
 
 #![allow(
     unsafe_code,
@@ -46,11 +47,25 @@ impl Search {
     /// A path the variable names is the only one tried (a typo must not load another
     /// library silently), and only a regular file is handed to the loader (a FIFO would
     /// block `dlopen`'s open forever).
+    ///
+    /// Without the variable, a library of one of the sonames that the process already holds
+    /// (an engine linked `libnccl.so.2`, or loaded it itself) comes first: a second copy of
+    /// NCCL in one process shares its symbols with the first and fails (on 1x H200, NCCL
+    /// 2.28.9 loaded beside a linked 2.28.3: `ncclAllReduce` answered `ncclInvalidArgument`).
     pub fn load<T>(&self, mut open: impl FnMut(&Path) -> Result<T>) -> Result<T> {
         let mut tried = Vec::new();
         let explicit = std::env::var_os(self.env_var).is_some();
         let cands = self.candidates();
         let cands = if explicit { &cands[..1] } else { &cands[..] };
+        if !explicit {
+            for name in self.names.iter().filter(|n| already_loaded(n)) {
+                // The loader hands back the library it holds under that soname.
+                match open(Path::new(name)) {
+                    Ok(t) => return Ok(t),
+                    Err(e) => tried.push(format!("{name}, already in this process ({e})")),
+                }
+            }
+        }
         for cand in cands {
             if cand.components().count() > 1 {
                 let why = match std::fs::metadata(cand) {
@@ -82,6 +97,23 @@ impl Search {
             tried,
         })
     }
+}
+
+/// Whether the process already holds a library of soname `name` (linked or loaded):
+/// `dlopen` with `RTLD_NOLOAD`, which loads nothing.
+#[cfg(unix)]
+pub fn already_loaded(name: &str) -> bool {
+    // SAFETY: with RTLD_NOLOAD the loader only looks the name up among the libraries it
+    // holds: nothing is loaded and no initialiser runs; the handle taken (a reference) is
+    // released when dropped.
+    unsafe { libloading::os::unix::Library::open(Some(name), libc::RTLD_NOW | libc::RTLD_NOLOAD) }
+        .is_ok()
+}
+
+/// Elsewhere no library is looked up among those already held.
+#[cfg(not(unix))]
+pub fn already_loaded(_name: &str) -> bool {
+    false
 }
 
 /// Opens one shared library, mapping the loader's failure to `LibraryNotFound` for `path`.
@@ -210,6 +242,33 @@ mod tests {
         };
         assert!(tried[0].contains("not a regular file"), "{tried:?}");
         assert!(opened.is_empty(), "{opened:?}");
+    }
+
+    /// A library the process already holds under one of the sonames comes before the
+    /// directories (a second copy of NCCL beside an engine's fails): `libc.so.6` is held by
+    /// every test process, and a file of that name in a searched directory is not opened.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_library_the_process_already_holds_is_taken_before_the_directories() {
+        let dir = std::env::temp_dir().join(format!("unicomm-held-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libc.so.6"), b"not the loaded one").unwrap();
+        let search = Search {
+            library: "test library",
+            env_var: "UNICOMM_TEST_LIBRARY_UNSET",
+            dirs: vec![dir.clone()],
+            names: &["libc.so.6"],
+        };
+        let mut opened = Vec::new();
+        let r = search.load(|p| {
+            opened.push(p.to_path_buf());
+            open_library("test library", p).map(drop)
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(opened, vec![PathBuf::from("libc.so.6")], "{opened:?}");
+        assert!(already_loaded("libc.so.6"));
+        assert!(!already_loaded("libunicomm-never-loaded.so.9"));
     }
 
     /// A file that exists but is no library keeps the system loader's reason in
