@@ -85,6 +85,16 @@ fn run() -> anyhow::Result<()> {
                 bail!("rank {r}: captured step ({reg:?}): {e}");
             }
         }
+        // The copy engines inside a graph, where the ranks have them and windows.
+        if comm.capabilities().copy_engine && windows {
+            if let Err(e) = unicomm_conformance::captured_copy_engine_replays(one, 20) {
+                let _ = comm.abort();
+                bail!("rank {r}: copy engines in a captured step: {e}");
+            }
+            println!("rank_conformance: rank {r}: copy engines in a graph, 20 replays exact");
+        } else {
+            println!("rank_conformance: rank {r}: no copy engines here: their graph NOT run");
+        }
     } else {
         println!("rank_conformance: rank {r}: no graph capture on this backend: graphs NOT run");
     }

@@ -174,6 +174,45 @@ pub fn captured_step_replays<C: Collective>(
     .map(drop)
 }
 
+/// The copy-engine path inside a graph (`set_copy_engine(true)`): an all-to-all and an
+/// all-gather into symmetric windows captured once and replayed `replays` times, data
+/// exact after each replay, and the flight record naming the copy engines as the replays'
+/// path (so the graph holds the engines' copies, not the library's kernels). Every rank
+/// calls it; `Unsupported` where the backend has no copy engines.
+pub fn captured_copy_engine_replays<C: Collective>(comms: &[Comm<C>], replays: u64) -> Result<()> {
+    each_rank(comms, |c| {
+        let (r, w) = (c.rank(), c.world_size());
+        c.set_copy_engine(true)?;
+        let st = c.create_stream()?;
+        let x: Vec<i64> = (0..N).map(|i| (10 * r + i) as i64).collect();
+        let big: Vec<i64> = (0..N * w).map(|i| (100 * r + i) as i64).collect();
+        let (xs, bigs) = (c.upload(&x, &st)?, c.upload(&big, &st)?);
+        let a2a = c.register_window(c.upload(&vec![0i64; N * w], &st)?)?;
+        let ag = c.register_window(c.upload(&vec![0i64; N * w], &st)?)?;
+        let graph = Graph::capture(&st, |g| {
+            g.all_to_all(c, &bigs, &a2a)?;
+            g.all_gather(c, &xs, &ag)
+        })?;
+        st.synchronize()?;
+        let outs = [("all_to_all", &*a2a), ("all_gather", &*ag)];
+        replay_and_check(&graph, &st, &outs, (r, w), replays)?;
+        let record = c
+            .flight_record("copy engines in a graph")
+            .unwrap_or_default();
+        if w > 1 && !record.contains("\"path\":\"ce\"") {
+            return Err(Error::invalid(
+                "copy_engine",
+                format!("rank {r}: the replays did not take the copy engines: {record}"),
+            ));
+        }
+        drop(graph);
+        c.deregister_window(ag)?;
+        c.deregister_window(a2a)?;
+        c.set_copy_engine(false)
+    })
+    .map(drop)
+}
+
 /// The host layouts of the variable-size collectives: uneven shares (`var`) packed in rank
 /// order, and even chunks in order (`fwd`) or reversed (`rev`).
 struct Layouts {
