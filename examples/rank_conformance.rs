@@ -21,17 +21,20 @@ fn run() -> anyhow::Result<()> {
     // the output says so).
     // `--groups-only`: the process groups' part alone (split, the mesh, gather/scatter, the
     // variable-size exchanges, scaled sums, fp8, ordering between streams).
+    // `--replays N`: the captured steps' replays, each checked (20 by default).
     let mut vendor = unicomm::Vendor::Auto;
     let mut windows = true;
     let mut subset = true;
+    let mut replays: u64 = 20;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--vendor" => vendor = it.next().context("--vendor needs a value")?.parse()?,
             "--no-windows" => windows = false,
             "--groups-only" => subset = false,
+            "--replays" => replays = it.next().context("--replays needs a value")?.parse()?,
             other => {
-                bail!("unknown argument {other} (expected --vendor V, --no-windows, --groups-only)")
+                bail!("unknown argument {other} (expected --vendor V, --no-windows, --groups-only, --replays N)")
             }
         }
     }
@@ -80,18 +83,20 @@ fn run() -> anyhow::Result<()> {
             &[Reg::None, Reg::Buffer]
         };
         for &reg in regs {
-            if let Err(e) = unicomm_conformance::captured_step_replays(one, 20, reg) {
+            if let Err(e) = unicomm_conformance::captured_step_replays(one, replays, reg) {
                 let _ = comm.abort();
                 bail!("rank {r}: captured step ({reg:?}): {e}");
             }
         }
         // The copy engines inside a graph, where the ranks have them and windows.
         if comm.capabilities().copy_engine && windows {
-            if let Err(e) = unicomm_conformance::captured_copy_engine_replays(one, 20) {
+            if let Err(e) = unicomm_conformance::captured_copy_engine_replays(one, replays) {
                 let _ = comm.abort();
                 bail!("rank {r}: copy engines in a captured step: {e}");
             }
-            println!("rank_conformance: rank {r}: copy engines in a graph, 20 replays exact");
+            println!(
+                "rank_conformance: rank {r}: copy engines in a graph, {replays} replays exact"
+            );
         } else {
             println!("rank_conformance: rank {r}: no copy engines here: their graph NOT run");
         }
@@ -100,7 +105,7 @@ fn run() -> anyhow::Result<()> {
     }
     comm.finalize()?;
     println!(
-        "rank_conformance: rank {r} of {w}: {} cases, the process groups and a captured step in {:.1} s; PASSED",
+        "rank_conformance: rank {r} of {w}: {} cases, the process groups and a captured step ({replays} replays of each kind) in {:.1} s; PASSED",
         cases.len(),
         t.elapsed().as_secs_f64(),
     );
