@@ -1,20 +1,19 @@
 //! Rank 0's log of dropped connections: at most one line a second, a count and the last
 //! reason, so that a storm of strangers or retries is a few lines, not one per connection.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 /// Dropped connections, logged at most once a second (a count and the last reason), so a
 /// storm of strangers or retries is a few lines, not one per connection.
 pub(crate) struct DropLog {
-    addr: SocketAddr,
+    addr: String,
     since: Instant,
     count: u64,
     last: String,
 }
 
 impl DropLog {
-    pub(crate) fn new(addr: SocketAddr) -> DropLog {
+    pub(crate) fn new(addr: String) -> DropLog {
         DropLog {
             addr,
             since: Instant::now(),

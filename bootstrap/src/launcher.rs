@@ -36,7 +36,22 @@ pub struct LaunchEnv {
     /// by this user only, created by rank 0 if absent (a job across nodes needs it on a file
     /// system they share).
     pub secret_file: Option<std::path::PathBuf>,
+    /// `UNICOMM_RENDEZVOUS_FORWARD=1`: the number of ranks per host, whose first rank joins
+    /// rank 0 and serves the host's other ranks over a local socket (fewer connections to
+    /// rank 0); `None`: every rank joins rank 0 ([`FORWARD_LOCAL_SIZE`] says where the size
+    /// is read).
+    pub forward: Option<usize>,
 }
+
+/// Where the ranks per host are read for `UNICOMM_RENDEZVOUS_FORWARD`, the first set:
+/// torchrun, Open MPI, MVAPICH2, MPICH and Intel MPI, Slurm (its one-number form).
+pub const FORWARD_LOCAL_SIZE: &[&str] = &[
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MV2_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+    "SLURM_NTASKS_PER_NODE",
+];
 
 /// One launcher's variables: the first of each list that is set is read.
 #[derive(Debug)]
@@ -135,6 +150,7 @@ impl LaunchEnv {
             .collect::<Vec<_>>()
             .join(",");
         let token = format!("{secret}|{place}|{world_size}|{attempt}").into_bytes();
+        let forward = forwarding(var, (rank, world_size, local_rank), file.is_some())?;
         Ok(LaunchEnv {
             rank,
             world_size,
@@ -145,8 +161,60 @@ impl LaunchEnv {
             token,
             token_source,
             secret_file,
+            forward,
         })
     }
+}
+
+/// `UNICOMM_RENDEZVOUS_FORWARD=1`: the ranks per host, checked. Forwarding needs the same
+/// number of ranks on every host, placed by block (a host's ranks are consecutive, its first
+/// has local rank 0: torchrun's, Open MPI's and Slurm's default), which every rank checks of
+/// itself, so a job placed otherwise fails at once, naming the rule. Nothing to forward
+/// (one rank per host, or one host) is `None`.
+fn forwarding(
+    var: &dyn Fn(&str) -> Option<String>,
+    (rank, world, local): (usize, usize, usize),
+    file: bool,
+) -> Result<Option<usize>> {
+    match var("UNICOMM_RENDEZVOUS_FORWARD").as_deref() {
+        None | Some("0") | Some("") => return Ok(None),
+        Some("1") => {}
+        Some(v) => {
+            return Err(Error::invalid(
+                "UNICOMM_RENDEZVOUS_FORWARD",
+                format!("{v:?}: 0 or 1"),
+            ))
+        }
+    }
+    let rule = "UNICOMM_RENDEZVOUS_FORWARD needs";
+    if file || !cfg!(target_os = "linux") {
+        return Err(Error::invalid(
+            "UNICOMM_RENDEZVOUS_FORWARD",
+            format!("{rule} the TCP rendezvous on Linux (its hosts' local sockets)"),
+        ));
+    }
+    let (name, size) = FORWARD_LOCAL_SIZE
+        .iter()
+        .find_map(|n| var(n).map(|v| (*n, v)))
+        .ok_or_else(|| {
+            Error::invalid(
+                "UNICOMM_RENDEZVOUS_FORWARD",
+                format!("{rule} the ranks per host: none of {FORWARD_LOCAL_SIZE:?} is set"),
+            )
+        })?;
+    let l: usize = size
+        .trim()
+        .parse()
+        .map_err(|_| Error::invalid(name, format!("{size:?} is not a number of ranks per host")))?;
+    if l == 0 || world % l != 0 || rank % l != local {
+        return Err(Error::invalid(
+            "UNICOMM_RENDEZVOUS_FORWARD",
+            format!(
+                "{rule} {l} ranks on every host placed by block: rank {rank} of {world} has local rank {local} ({name}={l})"
+            ),
+        ));
+    }
+    Ok((l > 1 && l < world).then_some(l))
 }
 
 /// The launcher, this rank, the world size and the local rank, from the first launcher
@@ -305,12 +373,14 @@ fn read_names() -> Vec<&'static str> {
         .iter()
         .flat_map(|l| l.rank.iter().chain(l.size).chain(l.local).copied())
         .collect();
+    v.extend(FORWARD_LOCAL_SIZE);
     v.extend([
         "MASTER_ADDR",
         "MASTER_PORT",
         "UNICOMM_RENDEZVOUS_FILE",
         "UNICOMM_RENDEZVOUS_TOKEN",
         "UNICOMM_RENDEZVOUS_SECRET_FILE",
+        "UNICOMM_RENDEZVOUS_FORWARD",
         "HOME",
         "TORCHELASTIC_RESTART_COUNT",
         "SLURM_RESTART_COUNT",

@@ -8,11 +8,13 @@ mod auth;
 mod backoff;
 mod drops;
 mod file;
+mod forward;
 mod launcher;
 mod rejoin;
 mod secret;
 mod serve;
 mod serving;
+mod stream;
 mod tcp;
 
 pub use auth::{Hello, HELLO_LEN};
@@ -25,6 +27,8 @@ use {auth::*, backoff::*, file::listed_acks, serve::*, tcp::*};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_forward;
 #[cfg(test)]
 mod tests_keys;
 #[cfg(test)]

@@ -111,6 +111,8 @@ impl Rejoin {
                     rank: new_rank,
                     world_size: survivors.len(),
                     token,
+                    // The survivors' ranks are no longer placed by block.
+                    forward: None,
                     ..env
                 };
                 super::exchange_unique_id(&env, make, timeout)

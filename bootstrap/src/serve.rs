@@ -1,19 +1,21 @@
-//! Rank 0's side of the TCP rendezvous: one thread (the caller's) drives every handshake on
-//! an event loop (`mio`), so rank 0 holds no thread per rank; a listen queue sized to the
-//! world; over [`MAX_HANDSHAKES`] under way it stops accepting and the kernel queues the
+//! The serving side of the rendezvous (rank 0 on its TCP port; with forwarding, each host's
+//! first rank on the host's local socket): one thread (the caller's) drives every handshake
+//! on an event loop (`mio`), so the server holds no thread per rank; a listen queue sized to
+//! the world; over [`MAX_HANDSHAKES`] under way it stops accepting and the kernel queues the
 //! rest, so no connection is closed for being early.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use mio::net::{TcpListener, TcpStream};
+use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 
 use super::auth::{io, nonce, same, Hello, Key, CHALLENGE, CHALLENGE_LEN, HELLO_LEN, REFUSED};
 use super::drops::DropLog;
 use super::file::missing;
 use super::launcher::LaunchEnv;
+use super::stream::{Listener, Stream};
 use unicomm_core::{Error, Result};
 
 /// How long one connection may take on the server before it is dropped (so one silent or
@@ -53,7 +55,7 @@ enum Phase {
 }
 
 struct Conn {
-    s: TcpStream,
+    s: Stream,
     phase: Phase,
     inbuf: [u8; HELLO_LEN],
     got: usize,
@@ -83,25 +85,29 @@ struct Server<'a> {
     nonces: (Key, u64),
 }
 
-/// Serves `ids` (128 bytes each) to every other rank of `env` on `addr` until all joined
-/// or `deadline`.
-pub(crate) fn serve_rank0(
+/// Serves `ids` (128 bytes each) on `listener` (at `addr`, as messages name it) to every
+/// rank of `env` that `serves` says this server serves, until all of them joined or
+/// `deadline` (rank 0 serves every other rank; with forwarding, its host's ranks and each
+/// other host's first, which serves the rest of its host).
+pub(crate) fn serve(
     env: &LaunchEnv,
-    (addr, listener): (SocketAddr, TcpListener),
+    (addr, listener): (String, Listener),
     ids: &[u8],
+    serves: impl Fn(usize) -> bool,
     (start, deadline, timeout): (Instant, Instant, Duration),
 ) -> Result<Tally> {
+    // The ranks served elsewhere (and this rank) count as served from the start.
+    let served: Vec<bool> = (0..env.world_size).map(|r| !serves(r)).collect();
+    let mut joined = served.iter().filter(|&&s| s).count();
     let mut srv = Server {
         env,
         key: Key::new(&env.token),
         ids: ids.to_vec(),
-        served: vec![false; env.world_size],
+        served,
         nonces: (Key::new(&nonce()?), 0),
     };
-    srv.served[0] = true;
     let mut lp = Loop::new(listener)?;
-    let mut joined = 1;
-    let mut log = DropLog::new(addr);
+    let mut log = DropLog::new(addr.clone());
     while joined < env.world_size {
         let now = Instant::now();
         if now >= deadline {
@@ -157,7 +163,7 @@ pub(crate) fn listen(addr: SocketAddr, world: usize) -> Result<TcpListener> {
 struct Loop {
     poll: Poll,
     events: Events,
-    listener: TcpListener,
+    listener: Listener,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     /// (deadline, slot, generation) in the order accepted, so in deadline order: the
@@ -172,7 +178,7 @@ struct Loop {
 }
 
 impl Loop {
-    fn new(mut listener: TcpListener) -> Result<Loop> {
+    fn new(mut listener: Listener) -> Result<Loop> {
         let poll = Poll::new().map_err(|e| io("rendezvous event loop", e))?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)
@@ -269,7 +275,7 @@ impl Loop {
     fn accept(&mut self, srv: &mut Server<'_>) -> Result<Vec<(usize, Step)>> {
         let mut moved = Vec::new();
         while self.pending && self.live() < MAX_HANDSHAKES {
-            let (mut s, _peer) = match self.listener.accept() {
+            let mut s = match self.listener.accept() {
                 Ok(x) => x,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     self.pending = false;
@@ -327,7 +333,7 @@ impl Loop {
 }
 
 impl Conn {
-    fn new(s: TcpStream, generation: u64) -> Conn {
+    fn new(s: Stream, generation: u64) -> Conn {
         Conn {
             s,
             generation,

@@ -1,21 +1,22 @@
 //! The TCP rendezvous on `MASTER_ADDR:MASTER_PORT`: rank 0 serves the unique id, every
 //! other rank joins, one deadline over all of it.
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use super::auth::*;
 use super::backoff::Backoff;
 use super::file::file_exchange;
+use super::forward::{rank0_serves, role, Role};
 use super::launcher::*;
-use super::serve::{listen, serve_rank0};
+use super::serve::{listen, serve};
 use super::serving::Serving;
+use super::stream::{Listener, Timed};
 use unicomm_core::{Error, Result};
 
 /// Reads exactly `buf.len()` bytes before `deadline` (each read's timeout is what is left).
-pub(crate) fn read_until(
-    s: &mut TcpStream,
+pub(crate) fn read_until<S: Timed>(
+    s: &mut S,
     buf: &mut [u8],
     deadline: Instant,
 ) -> std::io::Result<()> {
@@ -36,7 +37,11 @@ pub(crate) fn read_until(
     Ok(())
 }
 
-pub(crate) fn write_until(s: &mut TcpStream, buf: &[u8], deadline: Instant) -> std::io::Result<()> {
+pub(crate) fn write_until<S: Timed>(
+    s: &mut S,
+    buf: &[u8],
+    deadline: Instant,
+) -> std::io::Result<()> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(std::io::ErrorKind::TimedOut.into());
@@ -59,9 +64,10 @@ impl From<Error> for JoinError {
     }
 }
 
-/// A client's side: hello, check rank 0's proof, prove itself, receive the `count` ids.
-pub(crate) fn join(
-    s: &mut TcpStream,
+/// A client's side: hello, check rank 0's proof, prove itself, receive the `count` ids
+/// (from rank 0 over TCP, or from the host's first rank on its local socket).
+pub(crate) fn join<S: Timed>(
+    s: &mut S,
     env: &LaunchEnv,
     count: usize,
     deadline: Instant,
@@ -242,50 +248,99 @@ fn exchange(
         return Ok((vec![id], Serving::finished()));
     }
     let addr = resolve(env)?;
-    if env.rank == 0 {
-        let ids = make_ids()?;
-        if ids.len() != count {
-            return Err(Error::invalid(
-                "ids",
-                format!("{} ids made, {count} asked", ids.len()),
-            ));
-        }
-        let payload: Vec<u8> = ids.iter().flatten().copied().collect();
-        // Bound here, so a port taken is this call's error either way.
-        let listener = listen(addr, env.world_size)?;
-        let env = env.clone();
-        let serve = move || -> Result<()> {
-            let t = serve_rank0(&env, (addr, listener), &payload, (start, deadline, timeout))?;
-            tracing::info!(
-                "unicomm rendezvous on {addr}: {} ranks served in {:.1?}: {} connections \
-                 ({} dropped), at most {} handshakes at once",
-                t.served,
-                start.elapsed(),
-                t.accepted,
-                t.dropped,
-                t.peak
-            );
-            Ok(())
-        };
-        let serving = match beside {
-            true => Serving::spawn(serve)?,
-            false => {
-                serve()?;
-                Serving::finished()
+    let times = (start, deadline, timeout);
+    let got = match role(env) {
+        Role::Root => {
+            let ids = make_ids()?;
+            if ids.len() != count {
+                return Err(Error::invalid(
+                    "ids",
+                    format!("{} ids made, {count} asked", ids.len()),
+                ));
             }
-        };
-        return Ok((ids, serving));
-    }
-    let got = join_rank0(env, addr, count, (start, deadline, timeout))?;
-    let ids = got
-        .chunks_exact(128)
+            let payload: Vec<u8> = ids.iter().flatten().copied().collect();
+            // Bound here, so a port taken is this call's error either way.
+            let listener = Listener::Tcp(listen(addr, env.world_size)?);
+            let root = env.clone();
+            let serves = move |r| rank0_serves(&root, r);
+            let serving = serve_ids(
+                env,
+                (addr.to_string(), listener),
+                payload,
+                serves,
+                times,
+                beside,
+            )?;
+            return Ok((ids, serving));
+        }
+        Role::Direct => join_rank0(env, addr, count, times)?,
+        #[cfg(target_os = "linux")]
+        Role::Forwarder { host, per_host } => {
+            let local = Listener::Local(super::forward::listen_local(env, host)?);
+            let got = join_rank0(env, addr, count, times)?;
+            let serves = move |r: usize| r / per_host == host && !r.is_multiple_of(per_host);
+            let place = format!("host {host}'s local socket");
+            let serving = serve_ids(env, (place, local), got.clone(), serves, times, beside)?;
+            return Ok((split_ids(&got), serving));
+        }
+        #[cfg(target_os = "linux")]
+        Role::Forwarded { host } => join_local(env, host, count, times)?,
+        #[cfg(not(target_os = "linux"))]
+        Role::Forwarder { .. } | Role::Forwarded { .. } => {
+            return Err(Error::invalid(
+                "UNICOMM_RENDEZVOUS_FORWARD",
+                "forwarding needs Linux",
+            ))
+        }
+    };
+    Ok((split_ids(&got), Serving::finished()))
+}
+
+/// The ids received, 128 bytes each.
+fn split_ids(got: &[u8]) -> Vec<[u8; 128]> {
+    got.chunks_exact(128)
         .map(|c| {
             let mut id = [0u8; 128];
             id.copy_from_slice(c);
             id
         })
-        .collect();
-    Ok((ids, Serving::finished()))
+        .collect()
+}
+
+/// Serves `payload` (the ids) on `listener` to the ranks `serves` names: inline, or on a
+/// thread of its own (`beside`), reporting through the [`Serving`].
+fn serve_ids(
+    env: &LaunchEnv,
+    (place, listener): (String, Listener),
+    payload: Vec<u8>,
+    serves: impl Fn(usize) -> bool + Send + 'static,
+    (start, deadline, timeout): (Instant, Instant, Duration),
+    beside: bool,
+) -> Result<Serving> {
+    let env = env.clone();
+    let run = move || -> Result<()> {
+        let t = serve(
+            &env,
+            (place.clone(), listener),
+            &payload,
+            serves,
+            (start, deadline, timeout),
+        )?;
+        tracing::info!(
+            "unicomm rendezvous on {place}: {} ranks served in {:.1?}: {} connections \
+             ({} dropped), at most {} handshakes at once",
+            t.served,
+            start.elapsed(),
+            t.accepted,
+            t.dropped,
+            t.peak
+        );
+        Ok(())
+    };
+    match beside {
+        true => Serving::spawn(run),
+        false => run().map(|()| Serving::finished()),
+    }
 }
 
 /// Another rank's side: connect to rank 0 and join, retrying past strangers and a rank 0
@@ -331,3 +386,39 @@ fn join_rank0(
 /// How long one connection attempt may take: past the kernel's SYN retransmits at 1, 3 and
 /// 7 s, so a full listen queue delays a rank rather than making it start over.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A forwarded rank's side: connect to its host's first rank and join, retrying (it may not
+/// listen yet) until `deadline`, as [`join_rank0`] joins rank 0.
+#[cfg(target_os = "linux")]
+pub(crate) fn join_local(
+    env: &LaunchEnv,
+    host: usize,
+    count: usize,
+    (start, deadline, timeout): (Instant, Instant, Duration),
+) -> Result<Vec<u8>> {
+    let addr = super::forward::local_addr(env, host)?;
+    let mut last = String::from("the host's first rank never answered");
+    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
+    loop {
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: format!(
+                    "host {host}'s first rank (rank {}) on its local socket (waited {:.1?}; last: {last})",
+                    host * env.forward.unwrap_or(1),
+                    start.elapsed()
+                ),
+                after: timeout,
+            });
+        }
+        match std::os::unix::net::UnixStream::connect_addr(&addr) {
+            Ok(mut s) => match join(&mut s, env, count, deadline) {
+                Ok(ids) => return Ok(ids),
+                Err(JoinError::Refused(e)) => return Err(e),
+                Err(JoinError::Retry(e)) => last = e.to_string(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep(backoff.next().min(left));
+    }
+}

@@ -158,6 +158,7 @@ pub(super) fn env(rank: usize, world: usize, port: u16) -> LaunchEnv {
         token: b"job-42".to_vec(),
         token_source: "test",
         secret_file: None,
+        forward: None,
     }
 }
 

@@ -229,6 +229,7 @@ fn a_stale_file_of_an_earlier_run_with_the_same_token_is_never_taken() {
         token: b"the-same-token-every-run".to_vec(),
         token_source: "test",
         secret_file: None,
+        forward: None,
     };
     // An earlier run's rank 0 wrote its file and died (a copy of it, kept as it was).
     let copy = d.join("earlier.id");

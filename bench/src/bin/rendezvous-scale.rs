@@ -36,6 +36,11 @@ struct Args {
     /// Each rank starts at a uniform random delay within this many milliseconds.
     #[arg(long, value_delimiter = ',', default_value = "0")]
     spread_ms: Vec<u64>,
+    /// Forward through each "host"'s first rank, this many ranks per host
+    /// (`UNICOMM_RENDEZVOUS_FORWARD`; hosts simulated on this machine: each has its own local
+    /// socket); 0: every rank joins rank 0.
+    #[arg(long, default_value_t = 0)]
+    forward: usize,
     /// A spinning thread beside the joining ranks (ranks busy loading, say).
     #[arg(long)]
     busy: bool,
@@ -115,6 +120,7 @@ impl Proc {
             .args(["--port", &port.to_string(), "--token", token])
             .args(["--world", &world.to_string()])
             .args(["--timeout-s", &a.timeout_s.to_string()])
+            .env("UNICOMM_SCALE_FORWARD", a.forward.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -237,6 +243,7 @@ fn summarize(
     serde_json::json!({
         "ranks": n,
         "spread_ms": spread,
+        "forward": a.forward,
         "busy": a.busy,
         "procs": a.procs,
         "all_hold_id_s": all_hold / 1e6,

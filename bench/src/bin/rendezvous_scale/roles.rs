@@ -41,10 +41,17 @@ fn pin(cpu: usize) -> Result<()> {
 }
 
 fn env(rank: usize, (port, token, world): (u16, &str, usize)) -> Result<LaunchEnv> {
+    // `--forward L`: hosts of L ranks, placed by block.
+    let per_host: usize = std::env::var("UNICOMM_SCALE_FORWARD").map_or(Ok(0), |v| v.parse())?;
     let vars = [
         ("RANK", rank.to_string()),
         ("WORLD_SIZE", world.to_string()),
-        ("LOCAL_RANK", "0".into()),
+        ("LOCAL_RANK", (rank % per_host.max(1)).to_string()),
+        ("LOCAL_WORLD_SIZE", per_host.max(1).to_string()),
+        (
+            "UNICOMM_RENDEZVOUS_FORWARD",
+            u8::from(per_host > 0).to_string(),
+        ),
         ("MASTER_ADDR", "127.0.0.1".into()),
         ("MASTER_PORT", port.to_string()),
         ("UNICOMM_RENDEZVOUS_TOKEN", token.into()),
