@@ -241,7 +241,8 @@ fn rendezvous_at_scale(o: &Opts) -> Result<()> {
     c.args(["--max-seconds", "10", "--max-connections-per-rank", "1.1"]);
     step("1,024 ranks join the rendezvous", c)?;
     let mut c = std::process::Command::new(exe);
-    c.args(["--ranks", "1024", "--procs", "4", "--timeout-s", "60", "--forward", "8"]);
-    c.args(["--max-seconds", "10", "--max-connections-per-rank", "0.2"]);
+    c.args(["--ranks", "1024", "--procs", "4", "--timeout-s", "60"]);
+    c.args(["--forward", "8", "--max-seconds", "10"]);
+    c.args(["--max-connections-per-rank", "0.2"]);
     step("1,024 ranks join through their hosts' first ranks", c)
 }
