@@ -96,15 +96,20 @@ impl HostAlloc {
                 message: format!("host allocation of {bytes} bytes failed"),
             })?
         };
-        Ok(HostAlloc {
+        Ok(Self::at(ptr, bytes, owner, false))
+    }
+
+    /// The allocation over `ptr..ptr + bytes` in this process (not shared memory).
+    fn at(ptr: NonNull<u8>, bytes: usize, owner: (u64, usize), lent: bool) -> Self {
+        HostAlloc {
             ptr,
             bytes,
             lock: Lock::default(),
             owner,
             #[cfg(target_os = "linux")]
             seg: None,
-            lent: false,
-        })
+            lent,
+        }
     }
 
     /// `bytes` bytes at `ptr` that someone else owns, as memory of rank `owner`.
@@ -114,15 +119,7 @@ impl HostAlloc {
     /// reference) until [`HostAlloc::revoke`] has returned `Ok`, which the lender calls
     /// before its borrow ends.
     unsafe fn lent(ptr: NonNull<u8>, bytes: usize, owner: (u64, usize)) -> Self {
-        HostAlloc {
-            ptr,
-            bytes,
-            lock: Lock::default(),
-            owner,
-            #[cfg(target_os = "linux")]
-            seg: None,
-            lent: true,
-        }
+        Self::at(ptr, bytes, owner, true)
     }
 
     /// Waits (at most `timeout`) for the access in progress, then refuses every later one.

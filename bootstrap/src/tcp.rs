@@ -352,35 +352,11 @@ fn join_rank0(
     env: &LaunchEnv,
     addr: std::net::SocketAddr,
     count: usize,
-    (start, deadline, timeout): (Instant, Instant, Duration),
+    times: (Instant, Instant, Duration),
 ) -> Result<Vec<u8>> {
-    let mut last = String::from("rank 0 never answered");
-    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::Timeout {
-                what: format!(
-                    "rank 0's rendezvous on {addr} (waited {:.1?}; last: {last})",
-                    start.elapsed()
-                ),
-                after: timeout,
-            });
-        }
-        match TcpStream::connect_timeout(&addr, left.min(CONNECT_TIMEOUT)) {
-            Ok(mut s) => match join(&mut s, env, count, deadline) {
-                Ok(id) => return Ok(id),
-                // Refused by the real rank 0 (wrong size, rank taken): final.
-                Err(JoinError::Refused(e)) => return Err(e),
-                // A stranger or a broken connection: try again until the deadline.
-                Err(JoinError::Retry(e)) => last = e.to_string(),
-            },
-            // Rank 0 is not listening yet: try again until the deadline.
-            Err(e) => last = e.to_string(),
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        std::thread::sleep(backoff.next().min(left));
-    }
+    let server = format!("rank 0's rendezvous on {addr}");
+    let connect = |left: Duration| TcpStream::connect_timeout(&addr, left.min(CONNECT_TIMEOUT));
+    join_retrying(env, count, (&server, connect), times)
 }
 
 /// How long one connection attempt may take: past the kernel's SYN retransmits at 1, 3 and
@@ -394,28 +370,43 @@ pub(crate) fn join_local(
     env: &LaunchEnv,
     host: usize,
     count: usize,
-    (start, deadline, timeout): (Instant, Instant, Duration),
+    times: (Instant, Instant, Duration),
 ) -> Result<Vec<u8>> {
     let addr = super::forward::local_addr(env, host)?;
-    let mut last = String::from("the host's first rank never answered");
+    let first = host * env.forward.unwrap_or(1);
+    let server = format!("host {host}'s first rank (rank {first}) on its local socket");
+    let connect = |_: Duration| std::os::unix::net::UnixStream::connect_addr(&addr);
+    join_retrying(env, count, (&server, connect), times)
+}
+
+/// Connects (`connect`, given the time left) to `server` and joins, again after a stranger,
+/// a broken connection or a server not listening yet, backing off, until the deadline; a
+/// refusal by the real server is final.
+fn join_retrying<S: Timed>(
+    env: &LaunchEnv,
+    count: usize,
+    (server, mut connect): (&str, impl FnMut(Duration) -> std::io::Result<S>),
+    (start, deadline, timeout): (Instant, Instant, Duration),
+) -> Result<Vec<u8>> {
+    let mut last = String::from("never answered");
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
     loop {
-        if Instant::now() >= deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
             return Err(Error::Timeout {
-                what: format!(
-                    "host {host}'s first rank (rank {}) on its local socket (waited {:.1?}; last: {last})",
-                    host * env.forward.unwrap_or(1),
-                    start.elapsed()
-                ),
+                what: format!("{server} (waited {:.1?}; last: {last})", start.elapsed()),
                 after: timeout,
             });
         }
-        match std::os::unix::net::UnixStream::connect_addr(&addr) {
+        match connect(left) {
             Ok(mut s) => match join(&mut s, env, count, deadline) {
                 Ok(ids) => return Ok(ids),
+                // Refused by the real server (wrong size, rank taken): final.
                 Err(JoinError::Refused(e)) => return Err(e),
+                // A stranger or a broken connection: try again until the deadline.
                 Err(JoinError::Retry(e)) => last = e.to_string(),
             },
+            // Not listening yet: try again until the deadline.
             Err(e) => last = e.to_string(),
         }
         let left = deadline.saturating_duration_since(Instant::now());

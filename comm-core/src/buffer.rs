@@ -161,13 +161,16 @@ impl<'a, T: Element, C: Collective> ViewMut<'a, T, C> {
     }
     /// A sub-range of the view.
     pub fn slice_mut(&mut self, r: impl RangeBounds<usize>) -> Result<ViewMut<'_, T, C>> {
-        let (start, len) = range_of(r, self.len)?;
-        Ok(ViewMut {
+        self.reborrow().into_slice_mut(r)
+    }
+    /// The same elements, for as long as this view is borrowed.
+    fn reborrow(&mut self) -> ViewMut<'_, T, C> {
+        ViewMut {
             mem: self.mem,
-            offset: self.offset + start,
-            len,
+            offset: self.offset,
+            len: self.len,
             _t: PhantomData,
-        })
+        }
     }
     /// A sub-range of the view that keeps its lifetime (a view made once and held, as a
     /// captured graph's arguments are).
