@@ -2,31 +2,13 @@
 //! through a step and the graph launched back to back, on every backend (NCCL, RCCL, the
 //! mock), for one rank driven by this thread.
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use unicomm::{Counts, ReduceOp, Step, View, ViewMut};
 
 use super::data::*;
 use super::drive::{settle, Driver, Turn};
-use super::modes::{Call, Held};
+use super::modes::{lens, Call, Held};
 use crate::Coll;
-
-/// The elements a call reads from its send buffer and writes in its receive buffer (the
-/// in-place forms use the receive buffer alone).
-fn lens(k: &Call<'_>, rank: usize, w: usize) -> anyhow::Result<(usize, usize)> {
-    let n = k.count;
-    Ok(match (k.coll, k.in_place) {
-        (Coll::AllReduce | Coll::Broadcast, _) => (n, n),
-        (Coll::AllGather, false) | (Coll::Gather, false) => (n, n * w),
-        (Coll::AllGather | Coll::ReduceScatter, true) => (0, n * w),
-        (Coll::ReduceScatter, false) | (Coll::Scatter, false) => (n * w, n),
-        (Coll::AllToAll, false) => (n * w, n * w),
-        (Coll::AllToAllV, false) => {
-            let v = k.a2av.as_ref().context("all_to_all_v without its counts")?;
-            (v.send(rank).iter().sum(), v.recv(rank).iter().sum())
-        }
-        (c, true) => bail!("{} is measured out of place only", c.name()),
-    })
-}
 
 /// One call of `k` through the step, on the views made for it.
 fn launch_step<'g, T: Val>(

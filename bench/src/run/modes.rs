@@ -152,72 +152,56 @@ pub(crate) fn launch<T: Val>(
         };
         return raw(c, k, sp, rp, T::DTYPE);
     }
-    let st = k.stream;
-    let r = c.rank();
-    let mut rv = recv.view_mut();
+    let (st, r) = (k.stream, c.rank());
+    let (sn, rn) = lens(k, r, w)?;
+    let s = send.view().slice(..sn)?;
+    let rv = &mut recv.view_mut().into_slice_mut(..rn)?;
     // `premulsum`: the scalar 1 of this run's type.
     let op = match k.op {
         ReduceOp::PreMulSum(_) => ReduceOp::pre_mul_sum(T::of(1)),
         op => op,
     };
+    // The forms `lens` refused (in place, for those measured out of place only) are gone.
     match (k.coll, k.in_place) {
-        (Coll::AllReduce, false) => {
-            c.all_reduce(&send.view().slice(..n)?, &mut rv.slice_mut(..n)?, op, st)?
-        }
-        (Coll::AllReduce, true) => c.all_reduce_in_place(&mut rv.slice_mut(..n)?, op, st)?,
-        (Coll::Broadcast, false) => {
-            c.broadcast(&send.view().slice(..n)?, &mut rv.slice_mut(..n)?, 0, st)?
-        }
-        (Coll::Broadcast, true) => c.broadcast_in_place(&mut rv.slice_mut(..n)?, 0, st)?,
-        (Coll::AllGather, false) => {
-            c.all_gather(&send.view().slice(..n)?, &mut rv.slice_mut(..n * w)?, st)?
-        }
-        (Coll::AllGather, true) => c.all_gather_in_place(&mut rv.slice_mut(..n * w)?, st)?,
-        (Coll::ReduceScatter, false) => c.reduce_scatter(
-            &send.view().slice(..n * w)?,
-            &mut rv.slice_mut(..n)?,
-            op,
-            st,
-        )?,
-        (Coll::ReduceScatter, true) => {
-            c.reduce_scatter_in_place(&mut rv.slice_mut(..n * w)?, op, st)?
-        }
-        (Coll::AllToAll, false) => c.all_to_all(
-            &send.view().slice(..n * w)?,
-            &mut rv.slice_mut(..n * w)?,
-            st,
-        )?,
-        (Coll::AllToAll, true) => bail!("all_to_all has no in-place form (rank {r})"),
-        (Coll::Gather, false) => {
-            c.gather(&send.view().slice(..n)?, &mut rv.slice_mut(..n * w)?, 0, st)?
-        }
-        (Coll::Scatter, false) => {
-            c.scatter(&send.view().slice(..n * w)?, &mut rv.slice_mut(..n)?, 0, st)?
-        }
-        (Coll::AllToAllV, false) => {
+        (Coll::AllReduce, false) => c.all_reduce(&s, rv, op, st)?,
+        (Coll::AllReduce, true) => c.all_reduce_in_place(rv, op, st)?,
+        (Coll::Broadcast, false) => c.broadcast(&s, rv, 0, st)?,
+        (Coll::Broadcast, true) => c.broadcast_in_place(rv, 0, st)?,
+        (Coll::AllGather, false) => c.all_gather(&s, rv, st)?,
+        (Coll::AllGather, true) => c.all_gather_in_place(rv, st)?,
+        (Coll::ReduceScatter, false) => c.reduce_scatter(&s, rv, op, st)?,
+        (Coll::ReduceScatter, true) => c.reduce_scatter_in_place(rv, op, st)?,
+        (Coll::AllToAll, _) => c.all_to_all(&s, rv, st)?,
+        (Coll::Gather, _) => c.gather(&s, rv, 0, st)?,
+        (Coll::Scatter, _) => c.scatter(&s, rv, 0, st)?,
+        (Coll::AllToAllV, _) => {
             let v = k.a2av.as_ref().context("all_to_all_v without its counts")?;
             let (sc, rc) = (v.send(r), v.recv(r));
             let (sd, rd) = (unicomm::packed_displs(&sc)?, unicomm::packed_displs(&rc)?);
-            let (stot, rtot) = (sc.iter().sum::<usize>(), rc.iter().sum::<usize>());
-            c.all_to_all_v(
-                &send.view().slice(..stot)?,
-                unicomm::Counts {
-                    counts: &sc,
-                    displs: &sd,
-                },
-                &mut rv.slice_mut(..rtot)?,
-                unicomm::Counts {
-                    counts: &rc,
-                    displs: &rd,
-                },
-                st,
-            )?
-        }
-        (Coll::Gather | Coll::Scatter | Coll::AllToAllV, true) => {
-            bail!("{} is measured out of place only (rank {r})", k.coll.name())
+            let counts = |counts, displs| unicomm::Counts { counts, displs };
+            c.all_to_all_v(&s, counts(&sc, &sd), rv, counts(&rc, &rd), st)?
         }
     }
     Ok(())
+}
+
+/// The elements a call reads from its send buffer and writes in its receive buffer (the
+/// in-place forms use the receive buffer alone); the forms measured out of place only are
+/// refused in place.
+pub(crate) fn lens(k: &Call<'_>, rank: usize, w: usize) -> anyhow::Result<(usize, usize)> {
+    let n = k.count;
+    Ok(match (k.coll, k.in_place) {
+        (Coll::AllReduce | Coll::Broadcast, _) => (n, n),
+        (Coll::AllGather, false) | (Coll::Gather, false) => (n, n * w),
+        (Coll::AllGather | Coll::ReduceScatter, true) => (0, n * w),
+        (Coll::ReduceScatter, false) | (Coll::Scatter, false) => (n * w, n),
+        (Coll::AllToAll, false) => (n * w, n * w),
+        (Coll::AllToAllV, false) => {
+            let v = k.a2av.as_ref().context("all_to_all_v without its counts")?;
+            (v.send(rank).iter().sum(), v.recv(rank).iter().sum())
+        }
+        (c, true) => bail!("{} is measured out of place only (rank {rank})", c.name()),
+    })
 }
 
 /// NCCL's in-place (input, output) pointers in the buffer at `base` (nccl.h: all_gather
