@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use unicomm_core::{DeviceSlice, DeviceStream, Error, ReduceOp};
-use unicomm_mock::{MockComm, MockConfig};
+use unicomm_mock::MockConfig;
 
 /// Each of 3 ranks (threads) reduces its own host vectors: the views are the vectors
 /// themselves (the same addresses: nothing copied), and the sum lands in each output.
@@ -16,12 +16,13 @@ fn ranks_in_this_process_reduce_their_host_slices_where_they_are() {
             t.spawn(move || {
                 let input: Vec<f32> = (0..1000).map(|i| (i * (c.rank() + 1)) as f32).collect();
                 let mut output = vec![0f32; 1000];
+                let out_addr = output.as_ptr() as usize;
                 let st = c.create_stream().unwrap();
                 unicomm_mock::host_scope(c.backend(), |s| {
                     let send = s.lend(&input)?;
                     let mut recv = s.lend_mut(&mut output)?;
                     assert_eq!(send.view().device_ptr(), input.as_ptr() as usize);
-                    assert_eq!(DeviceSlice::view(&recv).device_ptr(), recv_addr(&recv));
+                    assert_eq!(recv.view().device_ptr(), out_addr);
                     c.all_reduce(&send, &mut recv, ReduceOp::Sum, &st)?;
                     st.synchronize()
                 })
@@ -33,8 +34,29 @@ fn ranks_in_this_process_reduce_their_host_slices_where_they_are() {
     });
 }
 
-fn recv_addr<T: unicomm_core::Element>(v: &impl DeviceSlice<T, MockComm>) -> usize {
-    v.view().device_ptr()
+/// One rank whose waits have a 200 ms deadline, and a stream of it stalled for 450 ms by a
+/// host function (work enqueued after it outlasts a scope's deadline).
+fn one_rank_stalled() -> (
+    Vec<unicomm_core::Comm<unicomm_mock::MockComm>>,
+    unicomm_mock::MockStream,
+) {
+    let config = MockConfig {
+        timeout: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let comms = unicomm_mock::local_comms_with(1, config).unwrap();
+    let st = comms[0].create_stream().unwrap();
+    st.launch_host_fn(Box::new(|| std::thread::sleep(Duration::from_millis(450))))
+        .unwrap();
+    (comms, st)
+}
+
+/// The stream's work after the scope's end failed, naming the ended scope.
+fn refused_as_after_the_scope(late: unicomm_core::Result<()>) {
+    assert!(
+        matches!(&late, Err(Error::InvalidArgument { reason, .. }) if reason.contains("scope that has ended")),
+        "{late:?}"
+    );
 }
 
 /// Work still queued at the scope's deadline (behind a host function that outlasts it) is
@@ -42,18 +64,12 @@ fn recv_addr<T: unicomm_core::Element>(v: &impl DeviceSlice<T, MockComm>) -> usi
 /// collective, when it runs, fails with `InvalidArgument` naming the ended scope.
 #[test]
 fn work_queued_past_the_scopes_deadline_never_writes_the_slice() {
-    let config = MockConfig {
-        timeout: Duration::from_millis(200),
-        ..Default::default()
-    };
-    let comms = unicomm_mock::local_comms_with(1, config).unwrap();
+    let started = Instant::now();
+    let (comms, st) = one_rank_stalled();
     let c = &comms[0];
-    let st = c.create_stream().unwrap();
     let input = vec![7f32; 64];
     let mut output = vec![-1f32; 64];
-    let started = Instant::now();
     let r = unicomm_mock::host_scope(c.backend(), |s| {
-        st.launch_host_fn(Box::new(|| std::thread::sleep(Duration::from_millis(450))))?;
         let send = s.lend(&input)?;
         let mut recv = s.lend_mut(&mut output)?;
         c.all_reduce(&send, &mut recv, ReduceOp::Sum, &st)
@@ -68,11 +84,7 @@ fn work_queued_past_the_scopes_deadline_never_writes_the_slice() {
         output.iter().all(|&x| x == -1.0),
         "the slice was written after its scope"
     );
-    let late = st.synchronize();
-    assert!(
-        matches!(&late, Err(Error::InvalidArgument { reason, .. }) if reason.contains("scope that has ended")),
-        "{late:?}"
-    );
+    refused_as_after_the_scope(st.synchronize());
     assert!(output.iter().all(|&x| x == -1.0));
 }
 
@@ -80,18 +92,12 @@ fn work_queued_past_the_scopes_deadline_never_writes_the_slice() {
 /// that owns them: the queued write is refused, the panic reaches the caller.
 #[test]
 fn a_panic_inside_the_scope_takes_the_slices_back_first() {
-    let config = MockConfig {
-        timeout: Duration::from_millis(200),
-        ..Default::default()
-    };
-    let comms = unicomm_mock::local_comms_with(1, config).unwrap();
+    let (comms, st) = one_rank_stalled();
     let c = &comms[0];
-    let st = c.create_stream().unwrap();
     let mut output = vec![-1f32; 16];
     let src = c.upload(&[3f32; 16], &st).unwrap();
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _: unicomm_core::Result<()> = unicomm_mock::host_scope(c.backend(), |s| {
-            st.launch_host_fn(Box::new(|| std::thread::sleep(Duration::from_millis(450))))?;
             let mut dst = s.lend_mut(&mut output)?;
             c.copy(&src, &mut dst, &st)?;
             panic!("the engine's own code failed inside the scope");
@@ -99,10 +105,6 @@ fn a_panic_inside_the_scope_takes_the_slices_back_first() {
     }));
     assert!(panicked.is_err());
     assert!(output.iter().all(|&x| x == -1.0));
-    let late = st.synchronize();
-    assert!(
-        matches!(&late, Err(Error::InvalidArgument { reason, .. }) if reason.contains("scope that has ended")),
-        "{late:?}"
-    );
+    refused_as_after_the_scope(st.synchronize());
     assert!(output.iter().all(|&x| x == -1.0));
 }

@@ -55,7 +55,8 @@ fn a_hosts_other_ranks_hold_the_ids_through_its_first_rank() {
 
 /// A host's first rank serves beside its caller too: it returns holding the ids, and its
 /// `Serving` finishes once the host's other ranks joined; a rank of another job (another
-/// token) never meets this job's local socket.
+/// token) does not get them (its own job's socket has no server; this job's handshake
+/// would refuse it).
 #[cfg(target_os = "linux")]
 #[test]
 fn a_hosts_first_rank_serves_beside_its_caller_and_only_its_own_job() {
