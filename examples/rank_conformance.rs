@@ -22,10 +22,13 @@ fn run() -> anyhow::Result<()> {
     // `--groups-only`: the process groups' part alone (split, the mesh, gather/scatter, the
     // variable-size exchanges, scaled sums, fp8, ordering between streams).
     // `--replays N`: the captured steps' replays, each checked (20 by default).
+    // `--graphs-only KINDS`: the captured steps alone, of the comma-separated kinds among
+    // none, buffer, window, ce (a long replay run within one launch's time).
     let mut vendor = unicomm::Vendor::Auto;
     let mut windows = true;
     let mut subset = true;
     let mut replays: u64 = 20;
+    let mut only_graphs: Option<String> = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -33,8 +36,12 @@ fn run() -> anyhow::Result<()> {
             "--no-windows" => windows = false,
             "--groups-only" => subset = false,
             "--replays" => replays = it.next().context("--replays needs a value")?.parse()?,
+            "--graphs-only" => {
+                only_graphs = Some(it.next().context("--graphs-only needs kinds")?);
+                subset = false;
+            }
             other => {
-                bail!("unknown argument {other} (expected --vendor V, --no-windows, --groups-only, --replays N)")
+                bail!("unknown argument {other} (expected --vendor V, --no-windows, --groups-only, --graphs-only KINDS, --replays N)")
             }
         }
     }
@@ -65,9 +72,21 @@ fn run() -> anyhow::Result<()> {
     }
     let refused =
         |check: &str| unicomm_conformance::group_check_refused_by_design(check, w, fp8_reduce);
-    if let Err(e) = run_groups_on_rank_refusing(&comm, &refused) {
-        let _ = comm.abort();
-        bail!("rank {r}: process groups: {e}");
+    let kinds: Vec<&str> = match &only_graphs {
+        Some(k) => k.split(',').collect(),
+        None => vec!["none", "buffer", "window", "ce"],
+    };
+    if let Some(bad) = kinds
+        .iter()
+        .find(|k| !["none", "buffer", "window", "ce"].contains(k))
+    {
+        bail!("--graphs-only: unknown kind {bad} (expected none, buffer, window, ce)");
+    }
+    if only_graphs.is_none() {
+        if let Err(e) = run_groups_on_rank_refusing(&comm, &refused) {
+            let _ = comm.abort();
+            bail!("rank {r}: process groups: {e}");
+        }
     }
     // A captured step of every collective, replayed (CUDA or HIP graphs across the
     // processes; the mock's replays).
@@ -77,19 +96,25 @@ fn run() -> anyhow::Result<()> {
         // Plain buffers, a registered one and (where the transport has symmetric memory) a
         // window, each replayed into across the processes.
         use unicomm_conformance::Reg;
-        let regs: &[Reg] = if windows {
-            &[Reg::None, Reg::Buffer, Reg::Window]
-        } else {
-            &[Reg::None, Reg::Buffer]
-        };
-        for &reg in regs {
+        let regs = [
+            ("none", Reg::None),
+            ("buffer", Reg::Buffer),
+            ("window", Reg::Window),
+        ];
+        let regs = regs
+            .into_iter()
+            .filter(|(k, reg)| kinds.contains(k) && (windows || *reg != Reg::Window))
+            .map(|(_, reg)| reg);
+        for reg in regs {
             if let Err(e) = unicomm_conformance::captured_step_replays(one, replays, reg) {
                 let _ = comm.abort();
                 bail!("rank {r}: captured step ({reg:?}): {e}");
             }
         }
         // The copy engines inside a graph, where the ranks have them and windows.
-        if comm.capabilities().copy_engine && windows {
+        if !kinds.contains(&"ce") {
+            println!("rank_conformance: rank {r}: copy engines in a graph not asked for");
+        } else if comm.capabilities().copy_engine && windows {
             if let Err(e) = unicomm_conformance::captured_copy_engine_replays(one, replays) {
                 let _ = comm.abort();
                 bail!("rank {r}: copy engines in a captured step: {e}");
@@ -105,8 +130,10 @@ fn run() -> anyhow::Result<()> {
     }
     comm.finalize()?;
     println!(
-        "rank_conformance: rank {r} of {w}: {} cases, the process groups and a captured step ({replays} replays of each kind) in {:.1} s; PASSED",
+        "rank_conformance: rank {r} of {w}: {} cases, {}, captured steps of {} ({replays} replays of each kind) in {:.1} s; PASSED",
         cases.len(),
+        if only_graphs.is_some() { "no process groups" } else { "the process groups" },
+        kinds.join(", "),
         t.elapsed().as_secs_f64(),
     );
     Ok(())
