@@ -82,6 +82,13 @@ impl Segment {
         self.map.as_ptr() as *mut u8
     }
 
+    /// A segment holding `bytes` (published once, read by peers through [`PeerMap`]).
+    pub(crate) fn with(bytes: &[u8]) -> Result<Self> {
+        let mut s = Segment::new(bytes.len().max(1))?;
+        s.map[..bytes.len()].copy_from_slice(bytes);
+        Ok(s)
+    }
+
     /// Where a peer finds byte `offset` of this allocation.
     pub(crate) fn remote(&self, offset: usize) -> Remote {
         use std::os::fd::AsRawFd;
@@ -142,5 +149,21 @@ impl PeerMap {
     /// The local address of byte `offset`.
     pub(crate) fn addr(&self, offset: usize) -> usize {
         self.map.as_ptr() as usize + offset
+    }
+
+    /// `len` bytes from `offset`, within the allocation.
+    pub(crate) fn bytes(&self, offset: usize, len: usize) -> Result<&[u8]> {
+        offset
+            .checked_add(len)
+            .and_then(|end| self.map.get(offset..end))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "len",
+                    format!(
+                        "bytes {offset}+{len} of a {}-byte peer allocation",
+                        self.map.len()
+                    ),
+                )
+            })
     }
 }

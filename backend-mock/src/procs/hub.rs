@@ -3,14 +3,16 @@
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use mio::{Poll, Waker};
 use unicomm_core::{Error, Result};
 
+use super::serve::{encode, Host, Step, WAKER};
 use super::wire::*;
-use crate::fabric::{Exchange, LocalFabric};
+use crate::fabric::{Done, Exchange, LocalFabric, Wait};
 
 // ---------------------------------------------------------------------------------------
 // The hub, in rank 0's process.
@@ -99,12 +101,19 @@ impl Hub {
         });
         let weak = Arc::downgrade(&hub);
         let _ = hub.watch.set(super::life::Lives::start(weak.clone())?);
+        let fail = |e: std::io::Error| Error::Bootstrap {
+            reason: format!("the mock's hub thread: {e}"),
+        };
+        // The exchange wakes the loop when it changes (rank 0's own calls included).
+        let poll = Poll::new().map_err(fail)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(fail)?);
+        hub.fabric.on_change(Box::new(move || {
+            let _ = waker.wake();
+        }));
         std::thread::Builder::new()
             .name("unicomm-mock-hub".into())
-            .spawn(move || accept_loop(listener, weak))
-            .map_err(|e| Error::Bootstrap {
-                reason: format!("the mock's hub thread: {e}"),
-            })?;
+            .spawn(move || super::serve::run(poll, listener, weak))
+            .map_err(fail)?;
         Ok(hub)
     }
 
@@ -192,9 +201,20 @@ impl Hub {
             v.swap_remove(i);
         }
     }
+}
 
-    /// Serves one request of `rank`.
-    fn serve(&self, rank: usize, req: &[u8]) -> Result<Vec<u8>> {
+impl Host for Hub {
+    fn fabric(&self) -> &LocalFabric {
+        &self.fabric
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Starts one request of `rank`: answered at once, or the wait for its peers (the
+    /// hub's loop checks it as the exchange changes). `Err` for a malformed request.
+    fn begin(&self, rank: usize, req: &[u8]) -> Result<Step> {
         let mut r = R(req);
         let f = &self.fabric;
         let mut w = W::default();
@@ -202,13 +222,8 @@ impl Hub {
         match r.u8()? {
             op::GATHER => {
                 let (seq, ms, desc) = (r.u64()?, r.u64()?, r.desc()?);
-                match f.gather(seq, rank, desc, within(ms)) {
-                    Ok(all) => {
-                        w.u8(0).u64(all.len() as u64);
-                        for d in &all {
-                            w.desc(d);
-                        }
-                    }
+                match f.start_gather(seq, rank, desc) {
+                    Ok(wait) => return Ok(Step::Wait(wait, within(ms))),
                     Err(e) => {
                         w.u8(1).error(&e);
                     }
@@ -217,7 +232,7 @@ impl Hub {
             op::PHASE => {
                 let (seq, phase, ms) = (r.u64()?, r.u64()?, r.u64()?);
                 let phase = u32::try_from(phase).map_err(|_| bad("phase"))?;
-                w.result(&f.phase(seq, rank, phase, within(ms)));
+                return Ok(Step::Wait(f.start_phase(seq, rank, phase), within(ms)));
             }
             op::ENTER => {
                 let seq = r.u64()?;
@@ -235,7 +250,9 @@ impl Hub {
             }
             op::LEAVE => {
                 let (seq, failed, ms) = (r.u64()?, r.u8()? != 0, r.u64()?);
-                f.leave(seq, failed, within(ms));
+                if let Some(wait) = f.start_leave(seq, failed) {
+                    return Ok(Step::Wait(wait, within(ms)));
+                }
                 w.result(&Ok(()));
             }
             op::POST => {
@@ -243,16 +260,9 @@ impl Hub {
                 w.result(&f.post(rank, dst, msg));
             }
             op::TAKE => {
-                let (src, ms, after) = (r.usize()?, r.u64()?, r.u64()?);
-                match f.take(src, rank, within(ms), Duration::from_millis(after)) {
-                    Ok(m) => {
-                        self.track(rank, m.id, false, true);
-                        w.u8(0).msg(&m);
-                    }
-                    Err(e) => {
-                        w.u8(1).error(&e);
-                    }
-                }
+                let (src, ms, _after) = (r.usize()?, r.u64()?, r.u64()?);
+                let wait = Wait::Take { src, dst: rank };
+                return Ok(Step::Wait(wait, within(ms)));
             }
             op::COMPLETE => {
                 let id = r.u64()?;
@@ -262,8 +272,8 @@ impl Hub {
                 w.result(&Ok(()));
             }
             op::WAIT_SENT => {
-                let (id, dst, ms, after) = (r.u64()?, r.usize()?, r.u64()?, r.u64()?);
-                w.result(&f.wait_sent(id, dst, within(ms), Duration::from_millis(after)));
+                let (id, dst, ms, _after) = (r.u64()?, r.usize()?, r.u64()?, r.u64()?);
+                return Ok(Step::Wait(Wait::Sent { id, dst }, within(ms)));
             }
             op::DEPART => {
                 let joined = r.u64()?;
@@ -275,7 +285,66 @@ impl Hub {
             }
             _ => return Err(bad("request")),
         }
-        Ok(w.0)
+        Ok(Step::Reply(w.0))
+    }
+
+    /// The reply to `rank`'s request that waited and ended with `r`; a message it took is
+    /// tracked until it completes it (released for it if its process dies meanwhile).
+    fn reply(&self, rank: usize, r: Result<Done>) -> Vec<u8> {
+        if let Ok(Done::Msg(m)) = &r {
+            self.track(rank, m.id, false, true);
+        }
+        encode(&r)
+    }
+
+    /// The rank and kind of an authenticated hello (the job's secret, a rank of the world
+    /// other than 0); `None` for a stranger's, dropped.
+    fn authenticate(&self, hello: &[u8]) -> Option<(usize, u8)> {
+        let mut r = R(hello);
+        let (Ok(secret), Ok(rank), Ok(kind)) = (r.take(32).map(<[u8]>::to_vec), r.usize(), r.u8())
+        else {
+            tracing::warn!("unicomm mock hub: a malformed hello was dropped");
+            return None;
+        };
+        if !secret_ok(&secret, &self.secret) || rank == 0 || rank >= self.world {
+            tracing::warn!("unicomm mock hub: a connection without the job's secret (or with rank {rank}) was dropped");
+            return None;
+        }
+        Some((rank, kind))
+    }
+
+    /// `rank`'s life connection arrived: `false` if it had one already (the second is
+    /// dropped).
+    fn join(&self, rank: usize) -> bool {
+        {
+            let mut lives = self.lives();
+            if lives[rank] != Life::Absent {
+                tracing::warn!(
+                    "unicomm mock hub: rank {rank} joined twice; the second was dropped"
+                );
+                return false;
+            }
+            lives[rank] = Life::Live;
+        }
+        self.cv.notify_all();
+        true
+    }
+
+    fn live(&self, rank: usize) -> bool {
+        self.lives()[rank] == Life::Live
+    }
+
+    /// Hands `rank`'s acknowledged life connection to the watcher.
+    fn watch_life(&self, rank: usize, s: TcpStream) {
+        match self.watch.get() {
+            Some(w) => w.add(rank, s),
+            None => Host::life_ended(self, rank),
+        }
+    }
+
+    /// `rank`'s life connection ended (a death unless it said goodbye).
+    fn life_ended(&self, rank: usize) {
+        super::life::Watcher::ended(self, rank)
     }
 }
 
@@ -300,23 +369,6 @@ impl super::life::Watcher for Hub {
     }
 }
 
-/// The most connections the hub holds before they authenticate; beyond them it stops
-/// accepting and the kernel queues the rest (the job's ranks open two each).
-pub(crate) const MAX_UNAUTHENTICATED: usize = 32;
-/// What a connection may send before it authenticates: its hello (secret, rank, kind).
-const MAX_HELLO: usize = 64;
-/// How long a connection has to authenticate.
-const HELLO_WITHIN: Duration = Duration::from_secs(2);
-
-/// Counts a connection not yet authenticated for as long as it lives.
-struct Unauthenticated(Arc<AtomicUsize>);
-
-impl Drop for Unauthenticated {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// 127.0.0.1 on a port the system picks, with a queue for a thousand ranks' connections
 /// (std's `bind` fixes it at 128; the kernel caps it at `net.core.somaxconn`).
 fn listen() -> std::io::Result<TcpListener> {
@@ -325,104 +377,6 @@ fn listen() -> std::io::Result<TcpListener> {
     s.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())?;
     s.listen(4096)?;
     Ok(s.into())
-}
-
-fn accept_loop(listener: TcpListener, hub: Weak<Hub>) {
-    let pending = Arc::new(AtomicUsize::new(0));
-    loop {
-        let Some(h) = hub.upgrade() else { return };
-        if h.stop.load(Ordering::Relaxed) {
-            return;
-        }
-        // Over the cap, connections stay in the kernel's queue until a slot frees: a rank
-        // early among a thousand is served later, not closed.
-        if pending.load(Ordering::Acquire) >= MAX_UNAUTHENTICATED {
-            drop(h);
-            std::thread::sleep(Duration::from_millis(2));
-            continue;
-        }
-        match listener.accept() {
-            Ok((s, peer)) if peer.ip().is_loopback() => {
-                pending.fetch_add(1, Ordering::AcqRel);
-                let (weak, count) = (hub.clone(), Unauthenticated(pending.clone()));
-                let _ = std::thread::Builder::new()
-                    .name("unicomm-mock-hub-conn".into())
-                    .spawn(move || connection(s, weak, count));
-            }
-            Ok(_) => {} // not from this machine: dropped
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                drop(h);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
-    }
-}
-
-/// One connection: a hello (secret, rank, kind) of at most 64 bytes within 2 s, then the
-/// rank's life or its requests.
-fn connection(mut s: TcpStream, hub: Weak<Hub>, count: Unauthenticated) {
-    let _ = s.set_nonblocking(false);
-    let _ = s.set_nodelay(true);
-    let Ok(hello) = recv_frame_within(&mut s, MAX_HELLO, Instant::now() + HELLO_WITHIN) else {
-        return;
-    };
-    let Some(h) = hub.upgrade() else { return };
-    let mut r = R(&hello);
-    let (Ok(secret), Ok(rank), Ok(kind)) = (r.take(32).map(<[u8]>::to_vec), r.usize(), r.u8())
-    else {
-        tracing::warn!("unicomm mock hub: a malformed hello was dropped");
-        return;
-    };
-    if !secret_ok(&secret, &h.secret) || rank == 0 || rank >= h.world {
-        tracing::warn!("unicomm mock hub: a connection without the job's secret (or with rank {rank}) was dropped");
-        return;
-    }
-    // Authenticated: no longer a stranger's slot.
-    drop(count);
-    match kind {
-        LIFE => {
-            {
-                let mut lives = h.lives();
-                if lives[rank] != Life::Absent {
-                    tracing::warn!(
-                        "unicomm mock hub: rank {rank} joined twice; the second was dropped"
-                    );
-                    return;
-                }
-                lives[rank] = Life::Live;
-            }
-            h.cv.notify_all();
-            if send_frame(&mut s, &[0]).is_err() {
-                return;
-            }
-            match h.watch.get() {
-                Some(w) => w.add(rank, s),
-                None => super::life::Watcher::ended(&*h, rank),
-            }
-        }
-        CALLS => {
-            if h.lives()[rank] != Life::Live {
-                return;
-            }
-            drop(h);
-            let _ = s.set_read_timeout(None);
-            if send_frame(&mut s, &[0]).is_err() {
-                return;
-            }
-            while let Ok(req) = recv_frame(&mut s) {
-                let Some(h) = hub.upgrade() else { return };
-                let reply = match h.serve(rank, &req) {
-                    Ok(w) => w,
-                    Err(_) => return,
-                };
-                if send_frame(&mut s, &reply).is_err() {
-                    return;
-                }
-            }
-        }
-        _ => {}
-    }
 }
 
 // ---------------------------------------------------------------------------------------

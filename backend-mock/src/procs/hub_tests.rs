@@ -1,12 +1,17 @@
 //! The hub against strangers on its port: what they can make it hold before they
-//! authenticate is bounded (threads, bytes, time), and the job's ranks still join.
+//! authenticate is bounded (threads, bytes, time), and the job's ranks still join; and the
+//! ranks' requests served by its one loop, whatever the number of ranks waiting.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::hub::{Hub, MAX_UNAUTHENTICATED};
-use super::Client;
+use super::hub::Hub;
+use super::serve::MAX_UNAUTHENTICATED;
+use super::{Client, ProcFabric};
+use crate::fabric::{Desc, Exchange, Signature};
+use unicomm_core::Error;
 
 /// The tests count this process's threads: one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -36,6 +41,11 @@ fn strangers_hold_bounded_threads_and_bytes_and_the_rank_still_joins() {
         grew <= MAX_UNAUTHENTICATED + 2,
         "{grew} threads for {} strangers",
         silent.len()
+    );
+    assert_eq!(
+        named("unicomm-mock-hu"),
+        1,
+        "strangers are held by the hub's loop, not by threads"
     );
     // A stranger announcing a 16 MiB hello is closed without the hub reading (or making
     // room for) it.
@@ -127,5 +137,77 @@ fn a_connection_over_the_cap_waits_in_the_queue() {
             ) => {}
         other => panic!("the connection over the cap was closed or answered: {other:?}"),
     }
+    drop(hub);
+}
+
+/// One rank's part of a collective, as the tests deposit it.
+fn desc() -> Desc {
+    Desc {
+        sig: Signature {
+            kind: "AllReduce",
+            count: 1,
+            dtype: None,
+            op: None,
+            root: None,
+            send_reg: None,
+            recv_reg: None,
+        },
+        send: 0,
+        recv: 0,
+        send_at: None,
+        recv_at: None,
+    }
+}
+
+/// Ranks waiting in a collective for a late peer hold no thread of the hub each: their
+/// requests wait in its one loop (a thread per connection was a thousand threads in rank
+/// 0's process at 1,024 ranks), and all of them are answered when the peer arrives, with
+/// every rank's description (published in shared memory above a size: 1 KiB here).
+#[test]
+fn ranks_waiting_in_a_collective_hold_no_thread_of_the_hub() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let world = 33;
+    let (hub, id) = Hub::start(world, Duration::from_secs(30)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let waiting: Vec<_> = (1..world)
+        .map(|r| {
+            let c = Client::connect(&id, r, Duration::from_secs(20)).unwrap();
+            let f = Arc::new(ProcFabric::client(c));
+            std::thread::spawn(move || f.gather(0, r, desc(), deadline).map(|all| all.len()))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        waiting.iter().all(|h| !h.is_finished()),
+        "a gather ended without rank 0"
+    );
+    assert_eq!(
+        named("unicomm-mock-hu"),
+        1,
+        "{} ranks waiting held threads of the hub",
+        world - 1
+    );
+    // Rank 0 arrives: every waiting rank gets every rank's part.
+    let all = hub.fabric.gather(0, 0, desc(), deadline).unwrap();
+    assert_eq!(all.len(), world);
+    for h in waiting {
+        assert_eq!(h.join().unwrap().unwrap(), world);
+    }
+    drop(hub);
+}
+
+/// A request waiting in the hub's loop ends at its deadline with `Timeout` (the loop wakes
+/// for it), and the world is poisoned as on threads.
+#[test]
+fn a_request_waiting_in_the_hubs_loop_ends_at_its_deadline() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (hub, id) = Hub::start(3, Duration::from_secs(30)).unwrap();
+    let c = Client::connect(&id, 1, Duration::from_secs(20)).unwrap();
+    let f = ProcFabric::client(c);
+    let t = Instant::now();
+    let r = f.gather(0, 1, desc(), t + Duration::from_millis(300));
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(matches!(hub.fabric.poisoned(), Some(Error::Timeout { .. })));
     drop(hub);
 }

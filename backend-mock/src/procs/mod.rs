@@ -22,6 +22,7 @@ mod hub;
 #[cfg(all(test, target_os = "linux"))]
 mod hub_tests;
 mod life;
+mod serve;
 mod wire;
 
 pub(crate) use client::Client;
@@ -135,6 +136,15 @@ impl Drop for ProcFabric {
     }
 }
 
+/// Every rank's description of a collective, as the hub's reply carries them.
+fn descs(r: &mut R<'_>) -> Result<Vec<Desc>> {
+    let n = r.usize()?;
+    if n > crate::MAX_RANKS {
+        return Err(bad("world"));
+    }
+    (0..n).map(|_| r.desc()).collect()
+}
+
 impl Exchange for ProcFabric {
     fn gather(&self, seq: u64, rank: usize, desc: Desc, deadline: Instant) -> Result<Vec<Desc>> {
         let all = match &self.link {
@@ -147,12 +157,14 @@ impl Exchange for ProcFabric {
                 let reply = c.call(&w.0, Duration::from_millis(ms))?;
                 let mut r = R(&reply);
                 match r.u8()? {
-                    0 => {
-                        let n = r.usize()?;
-                        if n > crate::MAX_RANKS {
-                            return Err(bad("world"));
-                        }
-                        (0..n).map(|_| r.desc()).collect::<Result<Vec<_>>>()?
+                    0 => descs(&mut r)?,
+                    // Published by the hub in shared memory (a large world): read there.
+                    2 => {
+                        let (at, len) = (r.remote()?, r.usize()?);
+                        let map = crate::shm::PeerMap::open(&at)?;
+                        let mut r = R(map.bytes(at.offset, len)?);
+                        r.u8()?;
+                        descs(&mut r)?
                     }
                     _ => return Err(r.error()?),
                 }
