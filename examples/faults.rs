@@ -561,8 +561,9 @@ fn kill_replay(vendor: Vendor) -> anyhow::Result<()> {
     let (_, e) = until_the_loss_is_seen(&comm, &st, "kill-replay", |_| graph.launch(&st))?;
     // The replays' kernels wait for the lost peer until the deadline (`Timeout`), unless the
     // loss is seen first: NCCL's asynchronous error (the peer's connection closed: the
-    // library's error, or `Aborted` where the stream's wait found the communicator aborted
-    // by it), the mock's hub naming the rank.
+    // library's error, `Aborted` where the stream's wait found the communicator aborted by
+    // it, or `Timeout` naming it where the abort that follows is given up at the deadline, as
+    // NCCL 2.28.9's is), the mock's hub naming the rank.
     ensure!(
         matches!(
             e,

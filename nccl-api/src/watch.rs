@@ -18,8 +18,9 @@ pub(crate) trait Watched: Send + Sync {
     fn timeout(&self) -> Duration;
     /// Its first asynchronous error, if any; `Ok` while it is busy on another thread.
     fn poll(&self) -> Result<()>;
-    /// Aborts it (a wait on its work failed or timed out).
-    fn abort(&self);
+    /// Aborts it (a wait on its work failed or timed out); `Err` (`Timeout`) when the
+    /// library's abort did not finish within the deadline and was given up.
+    fn abort(&self) -> Result<()>;
     /// Waits until the library is done with its last calls (non-blocking mode).
     fn settle(&self, what: &str) -> Result<()>;
     /// Whether it was aborted (its work on the stream may have been cut short).
@@ -135,11 +136,22 @@ impl Watchers {
             if n.is_multiple_of(64) {
                 for (w, _) in &ws {
                     if let Err(e) = w.poll() {
-                        for (o, _) in &ws {
-                            o.abort();
-                        }
+                        // Every one is aborted (collected first), then the first given up.
+                        let ends: Vec<Result<()>> = ws.iter().map(|(o, _)| o.abort()).collect();
+                        let given_up = ends.into_iter().find_map(|r| match r {
+                            Err(a @ Error::Timeout { .. }) => Some(a),
+                            _ => None,
+                        });
                         self.reported(&ws);
-                        return Err(e);
+                        return Err(match given_up {
+                            None => e,
+                            // The stream may still hold the communicators' work: what a
+                            // deadline that passed means, with the error that began it.
+                            Some(a) => Error::Timeout {
+                                what: format!("{what}: {e}; then aborting the communicator(s) did not finish: {a}"),
+                                after: start.elapsed(),
+                            },
+                        });
                     }
                 }
             }
@@ -151,7 +163,7 @@ impl Watchers {
                     after: start.elapsed(),
                 };
                 for (w, _) in &ws {
-                    w.abort();
+                    let _ = w.abort(); // a Timeout either way
                 }
                 self.reported(&ws);
                 // ncclCommAbort ends the communicators' kernels; what else the stream
@@ -172,6 +184,63 @@ mod tests {
     #[derive(Default)]
     struct Fake(AtomicBool);
 
+    /// A communicator with an asynchronous error whose abort never finishes (NCCL 2.28.9's
+    /// `ncclCommAbort` with a peer SIGKILLed during a graph's replays), or finishes.
+    struct Lost {
+        abort_finishes: bool,
+    }
+
+    impl Watched for Lost {
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+        fn poll(&self) -> Result<()> {
+            Err(Error::aborted(
+                "ncclRemoteError: the peer's connection closed",
+            ))
+        }
+        fn abort(&self) -> Result<()> {
+            match self.abort_finishes {
+                true => Ok(()),
+                false => Err(Error::Timeout {
+                    what: "ncclCommAbort".into(),
+                    after: Duration::from_secs(1),
+                }),
+            }
+        }
+        fn settle(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        fn aborted(&self) -> bool {
+            true
+        }
+    }
+
+    /// A wait that finds the asynchronous error reports it; if the abort that must follow
+    /// is given up at the deadline, the stream may still hold the work, so the wait's error
+    /// is `Timeout`, naming the asynchronous error.
+    #[test]
+    fn an_asynchronous_error_whose_abort_is_given_up_is_a_timeout_naming_it() {
+        for abort_finishes in [true, false] {
+            let w = Watchers::default();
+            let c = Arc::new(Lost { abort_finishes });
+            w.add(&c);
+            let r = w.wait("test stream", Duration::from_secs(1), || Ok(false));
+            match (abort_finishes, r) {
+                (true, Err(Error::Aborted { reason, .. })) => {
+                    assert!(reason.contains("ncclRemoteError"))
+                }
+                (false, Err(Error::Timeout { what, .. })) => {
+                    assert!(
+                        what.contains("ncclRemoteError") && what.contains("ncclCommAbort"),
+                        "{what}"
+                    )
+                }
+                (f, r) => panic!("abort finishing {f}: {r:?}"),
+            }
+        }
+    }
+
     impl Watched for Fake {
         fn timeout(&self) -> Duration {
             Duration::from_secs(1)
@@ -179,8 +248,9 @@ mod tests {
         fn poll(&self) -> Result<()> {
             Ok(())
         }
-        fn abort(&self) {
+        fn abort(&self) -> Result<()> {
             self.0.store(true, Ordering::Release);
+            Ok(())
         }
         fn settle(&self, _: &str) -> Result<()> {
             Ok(())
@@ -211,7 +281,7 @@ mod tests {
         w.add(&a);
         assert_eq!(listed(&w), 2);
         // A wait on an idle stream after `a`'s abort reports it and forgets it.
-        a.abort();
+        a.abort().unwrap();
         let r = w.wait("test stream", Duration::from_secs(1), || Ok(true));
         assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
         assert_eq!(listed(&w), 1);

@@ -435,8 +435,8 @@ impl<R: Runtime> Watched for LibComm<R> {
             None => Ok(()),
         }
     }
-    fn abort(&self) {
-        let _ = self.destroy(End::Abort);
+    fn abort(&self) -> Result<()> {
+        self.destroy(End::Abort)
     }
     fn settle(&self, what: &str) -> Result<()> {
         let _g = self.locked()?;
