@@ -17,9 +17,11 @@ fn main() {
 
 fn run() -> anyhow::Result<()> {
     let vendor = common::args()?.vendor;
+    // Progress a launcher can time (a thousand processes joining the mock's hub): started,
+    // joined, passed.
+    println!("from_env: started");
     let comm = unicomm::from_env(vendor).context("joining the job")?;
     let (r, w) = (comm.rank(), comm.world_size());
-    // Progress a launcher can time (a thousand processes joining the mock's hub).
     println!("from_env: rank {r} of {w} joined");
     let n = 1 << 20;
     let stream = comm.create_stream()?;
