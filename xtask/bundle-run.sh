@@ -185,6 +185,11 @@ for v in nccl rccl; do
     if [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then share=; else share=--share-gpu; fi
     step $v by_id: 2 processes $share
     ./xtask launch --procs 2 $share --timeout-s 120 -- ./by_id --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # NCCL's many-root creation (ncclCommInitRankScalable): 4 ranks, one root per 2; NCCL's
+    # own log says how the communicator was made (kept in the groups log).
+    if [ "$UNICOMM_GPU_WORLD" -ge 4 ]; then share=; else share=--share-gpu; fi
+    step $v many roots: 4 processes $share, UNICOMM_RANKS_PER_ROOT=2
+    UNICOMM_RANKS_PER_ROOT=2 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT ./xtask launch --procs 4 $share --timeout-s 120 -- ./from_env --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>|[Ss]calable|roots"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   fi
   if [ "$PARTS" = groups ]; then continue; fi
   if [ "$PARTS" = shrink ] || [ "$PARTS" = all ]; then
