@@ -151,11 +151,15 @@ impl Ring {
 
 /// Kind code (8 bits), dtype (8), reduction (8), path id (8), rank argument (32).
 fn pack(kind: Kind, dtype: DataType, path: u8) -> u64 {
-    let op = kind.reduction().map_or(NONE8, |o| {
-        ReduceOp::ALL
-            .iter()
-            .position(|a| a.name() == o.name())
-            .unwrap_or(5) as u64
+    // The reduction's place in `ReduceOp::ALL` (5: the pre-multiplied sum), by its variant:
+    // no name compared per call.
+    let op = kind.reduction().map_or(NONE8, |o| match o {
+        ReduceOp::Sum => 0,
+        ReduceOp::Prod => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+        ReduceOp::Avg => 4,
+        ReduceOp::PreMulSum(_) => 5,
     });
     let rank = kind
         .rank_arg()
@@ -247,6 +251,20 @@ fn path_name(id: u8) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every reduction is recorded under its own name (the packed word keeps its place in
+    /// `ReduceOp::ALL`, the pre-multiplied sum after them).
+    #[test]
+    fn every_reduction_is_recorded_by_its_own_name() {
+        let ops = ReduceOp::ALL
+            .into_iter()
+            .map(|o| (o, o.name()))
+            .chain([(ReduceOp::pre_mul_sum(0.5f32), "premulsum")]);
+        for (op, name) in ops {
+            let (_, _, got, _, _) = unpack(pack(Kind::AllReduce { op }, DataType::F32, 0));
+            assert_eq!(got, Some(name), "{op:?}");
+        }
+    }
 
     /// What goes in comes back, every field, and the ring keeps the last `cap` in order.
     #[test]
