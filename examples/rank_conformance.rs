@@ -11,6 +11,9 @@ mod common;
 use anyhow::{bail, Context as _};
 use unicomm_conformance::{process_subset, run_case_on_rank, run_groups_on_rank_refusing};
 
+/// The captured steps' kinds: plain, registered and window buffers, the copy engines.
+const GRAPH_KINDS: [&str; 4] = ["none", "buffer", "window", "ce"];
+
 fn main() {
     common::main_with(run)
 }
@@ -37,7 +40,14 @@ fn run() -> anyhow::Result<()> {
             "--groups-only" => subset = false,
             "--replays" => replays = it.next().context("--replays needs a value")?.parse()?,
             "--graphs-only" => {
-                only_graphs = Some(it.next().context("--graphs-only needs kinds")?);
+                let kinds = it.next().context("--graphs-only needs kinds")?;
+                if let Some(bad) = kinds.split(',').find(|k| !GRAPH_KINDS.contains(k)) {
+                    bail!(
+                        "--graphs-only: unknown kind {bad} (expected {})",
+                        GRAPH_KINDS.join(", ")
+                    );
+                }
+                only_graphs = Some(kinds);
                 subset = false;
             }
             other => {
@@ -74,14 +84,8 @@ fn run() -> anyhow::Result<()> {
         |check: &str| unicomm_conformance::group_check_refused_by_design(check, w, fp8_reduce);
     let kinds: Vec<&str> = match &only_graphs {
         Some(k) => k.split(',').collect(),
-        None => vec!["none", "buffer", "window", "ce"],
+        None => GRAPH_KINDS.to_vec(),
     };
-    if let Some(bad) = kinds
-        .iter()
-        .find(|k| !["none", "buffer", "window", "ce"].contains(k))
-    {
-        bail!("--graphs-only: unknown kind {bad} (expected none, buffer, window, ce)");
-    }
     if only_graphs.is_none() {
         if let Err(e) = run_groups_on_rank_refusing(&comm, &refused) {
             let _ = comm.abort();

@@ -88,6 +88,17 @@ impl Watchers {
         }
     }
 
+    /// Aborts every one of `ws` and marks their aborts reported by this stream's waits;
+    /// returns the first abort the library did not finish within the deadline (`Timeout`).
+    fn abort_all(&self, ws: &[(Arc<dyn Watched>, bool)]) -> Option<Error> {
+        let ends: Vec<Result<()>> = ws.iter().map(|(w, _)| w.abort()).collect();
+        self.reported(ws);
+        ends.into_iter().find_map(|r| match r {
+            Err(a @ Error::Timeout { .. }) => Some(a),
+            _ => None,
+        })
+    }
+
     /// Polls `idle` (the stream's query) until it says the work is done, watching the
     /// communicators meanwhile. `default` is the deadline when none is watching.
     ///
@@ -136,14 +147,7 @@ impl Watchers {
             if n.is_multiple_of(64) {
                 for (w, _) in &ws {
                     if let Err(e) = w.poll() {
-                        // Every one is aborted (collected first), then the first given up.
-                        let ends: Vec<Result<()>> = ws.iter().map(|(o, _)| o.abort()).collect();
-                        let given_up = ends.into_iter().find_map(|r| match r {
-                            Err(a @ Error::Timeout { .. }) => Some(a),
-                            _ => None,
-                        });
-                        self.reported(&ws);
-                        return Err(match given_up {
+                        return Err(match self.abort_all(&ws) {
                             None => e,
                             // The stream may still hold the communicators' work: what a
                             // deadline that passed means, with the error that began it.
@@ -162,12 +166,9 @@ impl Watchers {
                     ),
                     after: start.elapsed(),
                 };
-                for (w, _) in &ws {
-                    let _ = w.abort(); // a Timeout either way
-                }
-                self.reported(&ws);
-                // ncclCommAbort ends the communicators' kernels; what else the stream
-                // holds is the caller's (documented in docs/reliability.md).
+                // A Timeout either way. ncclCommAbort ends the communicators' kernels; what
+                // else the stream holds is the caller's (documented in docs/reliability.md).
+                let _ = self.abort_all(&ws);
                 return Err(e);
             }
             backoff.pause();

@@ -115,6 +115,13 @@ pub(crate) enum Wait {
     Leave { seq: u64 },
 }
 
+impl Wait {
+    /// Whether the wait ends at its deadline (a withdrawal has none: a copy cannot block).
+    pub(crate) fn has_deadline(&self) -> bool {
+        !matches!(self, Wait::Unsend { .. })
+    }
+}
+
 /// What an ended wait gives.
 pub(crate) enum Done {
     /// Every rank's, shared by the ranks that waited for them.

@@ -5,7 +5,7 @@
 //! loop when the fabric changes ([`LocalFabric::check_all`]), so a thousand waiting ranks
 //! hold no thread each.
 
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use unicomm_core::{Error, Result};
@@ -43,12 +43,8 @@ impl LocalFabric {
                 if st.slots.get(&seq).and_then(|s| s.phases.get(&phase)) == Some(&world) {
                     return Some(Ok(Done::Unit));
                 }
-                if let Some(e) = &st.poison {
-                    return Some(Err(e.clone()));
-                }
-                late.then(|| {
-                    let what = format!("collective #{seq}: a peer never finished phase {phase} (rank {rank} gave up waiting)");
-                    Err(timed_out(st, what, self.timeout))
+                self.not_yet(st, |_| None, late, |_| {
+                    format!("collective #{seq}: a peer never finished phase {phase} (rank {rank} gave up waiting)")
                 })
             }
             Wait::Take { src, dst } => {
@@ -57,26 +53,22 @@ impl LocalFabric {
                     st.copying.insert(m.id);
                     return Some(Ok(Done::Msg(m)));
                 }
-                if let Some(e) = &st.poison {
-                    return Some(Err(e.clone()));
-                }
-                late.then(|| {
-                    let what = format!("recv of rank {dst} from rank {src}: rank {src} never sent");
-                    Err(timed_out(st, what, self.timeout))
-                })
+                self.not_yet(
+                    st,
+                    |_| None,
+                    late,
+                    |_| format!("recv of rank {dst} from rank {src}: rank {src} never sent"),
+                )
             }
             Wait::Sent { id, dst } => {
                 let (id, dst) = (*id, *dst);
                 if let Some(refused) = st.completed.remove(&id) {
                     return Some(refused.map_or(Ok(Done::Unit), Err));
                 }
-                let e = match &st.poison {
-                    Some(e) => e.clone(),
-                    None if late => {
-                        let what = format!("a send to rank {dst}: rank {dst} never received it");
-                        timed_out(st, what, self.timeout)
-                    }
-                    None => return None,
+                let what =
+                    |_: &State| format!("a send to rank {dst}: rank {dst} never received it");
+                let Some(Err(e)) = self.not_yet(st, |_| None, late, what) else {
+                    return None;
                 };
                 // The receiver may hold the message and be copying from the sender's buffer
                 // right now: a message still queued is withdrawn so that no one reads it
@@ -130,17 +122,32 @@ impl LocalFabric {
             };
             return Some(Ok(Done::Descs(all)));
         }
+        self.not_yet(st, |st| self.never_joins(st, seq), late, |st| {
+            format!(
+                "collective #{seq} ({kind}): rank(s) {} never arrived (rank {rank} gave up waiting)",
+                list(&missing(st.slots.get(&seq), world))
+            )
+        })
+    }
+
+    /// A wait whose own condition does not hold yet, in the blocking calls' order: the
+    /// poison, then `gone` (a peer that departed before the collective), then the deadline
+    /// (`late`: the fabric is poisoned with a `Timeout` saying `what`); `None` while none is.
+    fn not_yet(
+        &self,
+        st: &mut State,
+        gone: impl FnOnce(&State) -> Option<Error>,
+        late: bool,
+        what: impl FnOnce(&State) -> String,
+    ) -> Option<Result<Done>> {
         if let Some(e) = &st.poison {
             return Some(Err(e.clone()));
         }
-        if let Some(e) = self.never_joins(st, seq) {
+        if let Some(e) = gone(st) {
             return Some(Err(e));
         }
         late.then(|| {
-            let what = format!(
-                "collective #{seq} ({kind}): rank(s) {} never arrived (rank {rank} gave up waiting)",
-                list(&missing(st.slots.get(&seq), world))
-            );
+            let what = what(st);
             Err(timed_out(st, what, self.timeout))
         })
     }
@@ -152,17 +159,13 @@ impl LocalFabric {
             let was = st.poison.is_some();
             let now = Instant::now();
             if let Some(r) = self.check(&mut st, &mut w, deadline, now) {
-                let poisoned = !was && st.poison.is_some();
-                drop(st);
-                if poisoned {
-                    self.changed();
-                }
+                self.changed_if_poisoned(st, was);
                 return r;
             }
             // A withdrawal has no deadline of its own: woken by the copy's end.
-            let left = match w {
-                Wait::Unsend { .. } => Duration::from_secs(1),
-                _ => deadline.saturating_duration_since(now),
+            let left = match w.has_deadline() {
+                true => deadline.saturating_duration_since(now),
+                false => Duration::from_secs(1),
             };
             st = self
                 .cv
@@ -193,11 +196,17 @@ impl LocalFabric {
                 None => i += 1,
             }
         }
+        self.changed_if_poisoned(st, was);
+        ended
+    }
+
+    /// Releases the lock; a check that poisoned the fabric (`was`: poisoned before it) tells
+    /// every waiter.
+    fn changed_if_poisoned(&self, st: MutexGuard<'_, State>, was: bool) {
         let poisoned = !was && st.poison.is_some();
         drop(st);
         if poisoned {
             self.changed();
         }
-        ended
     }
 }

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use mio::{Poll, Waker};
 use unicomm_core::{Error, Result};
 
-use super::serve::{encode, Host, Step, WAKER};
+use super::serve::{Host, Step, WAKER};
 use super::wire::*;
-use crate::fabric::{Done, Exchange, LocalFabric, Wait};
+use crate::fabric::{Exchange, LocalFabric, Wait};
 
 // ---------------------------------------------------------------------------------------
 // The hub, in rank 0's process.
@@ -288,13 +288,8 @@ impl Host for Hub {
         Ok(Step::Reply(w.0))
     }
 
-    /// The reply to `rank`'s request that waited and ended with `r`; a message it took is
-    /// tracked until it completes it (released for it if its process dies meanwhile).
-    fn reply(&self, rank: usize, r: Result<Done>) -> Vec<u8> {
-        if let Ok(Done::Msg(m)) = &r {
-            self.track(rank, m.id, false, true);
-        }
-        encode(&r)
+    fn took(&self, rank: usize, id: u64) {
+        self.track(rank, id, false, true);
     }
 
     /// The rank and kind of an authenticated hello (the job's secret, a rank of the world

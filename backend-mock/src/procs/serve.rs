@@ -13,7 +13,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use super::wire::*;
-use crate::fabric::{Done, LocalFabric, Wait};
+use crate::fabric::{Desc, Done, LocalFabric, Wait};
 
 pub(crate) const LISTENER: Token = Token(0);
 pub(crate) const WAKER: Token = Token(1);
@@ -53,8 +53,9 @@ pub(crate) trait Host: Send + Sync + 'static {
     fn life_ended(&self, rank: usize);
     /// Starts one request of `rank`; `Err` for a malformed one.
     fn begin(&self, rank: usize, req: &[u8]) -> unicomm_core::Result<Step>;
-    /// The reply to `rank`'s request that waited and ended with `r`.
-    fn reply(&self, rank: usize, r: unicomm_core::Result<Done>) -> Vec<u8>;
+    /// `rank` took message `id`: tracked until it completes it (released for it if its
+    /// process dies meanwhile).
+    fn took(&self, rank: usize, id: u64);
 }
 
 enum Stage {
@@ -83,8 +84,11 @@ struct Served {
     /// Every rank's descriptions of a collective, published once in shared memory for the
     /// ranks to read, kept until the collective's slot is gone (every rank left it: the
     /// fabric dropped its reference).
-    published: Vec<(Arc<[crate::fabric::Desc]>, crate::shm::Segment)>,
+    published: Published,
 }
+
+/// Gathers' descriptions published in shared memory, each with the descriptions it holds.
+type Published = Vec<(Arc<[Desc]>, crate::shm::Segment)>;
 
 /// A gather's reply above this size is published in shared memory and the ranks are told
 /// where: the hub then writes O(world) bytes per collective, not O(world^2) (at 1,024
@@ -357,28 +361,21 @@ impl Served {
                 continue;
             };
             c.stage = Stage::Calls { rank, busy: false };
+            if let Ok(Done::Msg(m)) = &r {
+                h.took(rank, m.id);
+            }
             match &r {
                 Ok(Done::Descs(all)) => {
                     let key = Arc::as_ptr(all) as *const () as usize;
-                    let reply = encoded.entry(key).or_insert_with(|| {
-                        let full = encode(&r);
-                        if full.len() <= SHARED_REPLY {
-                            return full;
-                        }
-                        match crate::shm::Segment::with(&full) {
-                            Ok(seg) => {
-                                let mut w = W::default();
-                                w.u8(2).remote(seg.remote(0));
-                                w.u64(full.len() as u64);
-                                self.published.push((all.clone(), seg));
-                                w.0
-                            }
-                            Err(_) => full,
-                        }
-                    });
-                    queue(c, reply);
+                    let published = &mut self.published;
+                    queue(
+                        c,
+                        encoded
+                            .entry(key)
+                            .or_insert_with(|| publish(published, all, &r)),
+                    );
                 }
-                _ => queue(c, &h.reply(rank, r)),
+                _ => queue(c, &encode(&r)),
             }
             self.flush(poll, t);
             if !self.frames(poll, h, t) {
@@ -448,15 +445,32 @@ fn queue(c: &mut Conn, payload: &[u8]) {
     c.out.extend_from_slice(payload);
 }
 
-impl Wait {
-    /// Whether the wait ends at its deadline (a withdrawal has none: a copy cannot block).
-    pub(crate) fn has_deadline(&self) -> bool {
-        !matches!(self, Wait::Unsend { .. })
+/// A gather's reply: above [`SHARED_REPLY`] written once to shared memory (kept in
+/// `published` with the descriptions it holds) and the reply says where; else `r` itself.
+fn publish(
+    published: &mut Published,
+    all: &Arc<[Desc]>,
+    r: &unicomm_core::Result<Done>,
+) -> Vec<u8> {
+    let full = encode(r);
+    if full.len() <= SHARED_REPLY {
+        return full;
+    }
+    match crate::shm::Segment::with(&full) {
+        Ok(seg) => {
+            let mut w = W::default();
+            w.u8(2).remote(seg.remote(0));
+            w.u64(full.len() as u64);
+            published.push((all.clone(), seg));
+            w.0
+        }
+        // No shared memory to be had: the whole reply on the socket.
+        Err(_) => full,
     }
 }
 
 /// The reply to a request that waited: its result, as the request's code expects it.
-pub(crate) fn encode(r: &unicomm_core::Result<Done>) -> Vec<u8> {
+fn encode(r: &unicomm_core::Result<Done>) -> Vec<u8> {
     let mut w = W::default();
     match r {
         Ok(Done::Descs(all)) => {
