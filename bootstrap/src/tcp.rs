@@ -328,12 +328,13 @@ fn serve_ids(
         )?;
         tracing::info!(
             "unicomm rendezvous on {place}: {} ranks served in {:.1?}: {} connections \
-             ({} dropped), at most {} handshakes at once",
+             ({} dropped), at most {} handshakes at once, {} reads",
             t.served,
             start.elapsed(),
             t.accepted,
             t.dropped,
-            t.peak
+            t.peak,
+            t.reads
         );
         Ok(())
     };

@@ -237,3 +237,43 @@ fn a_rank_expecting_another_number_of_ids_fails_at_once_naming_both() {
         assert!(r0.join().unwrap().is_err());
     });
 }
+
+/// Rank 0 reads each rank for its hello and its proof, not in between: the proof cannot be
+/// there when the challenge goes out (the rank needs the challenge's nonce first), so rank 0
+/// does not ask then. That read, which could only say "would block", was one of rank 0's
+/// eight system calls per rank (strace of 1,024 ranks joining). The ranks' hellos wait in
+/// the queue before rank 0 serves, so each is there at its accept; a read finding nothing
+/// at another moment (a busy machine) stays under one per rank.
+#[test]
+fn rank_0_reads_each_rank_only_for_its_hello_and_its_proof() {
+    const WORLD: usize = 9;
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let listener = stream::Listener::Tcp(listen(addr, WORLD).unwrap());
+    let tally = std::thread::scope(|s| {
+        let ranks: Vec<_> = (1..WORLD)
+            .map(|r| {
+                s.spawn(move || {
+                    let env = env(r, WORLD, port);
+                    exchange_unique_id(&env, || Ok([0; 128]), Duration::from_secs(10))
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let now = Instant::now();
+        let t = serve(
+            &env(0, WORLD, port),
+            (addr.to_string(), listener),
+            &[7; 128],
+            |r| r != 0,
+            (now, now + Duration::from_secs(10), Duration::from_secs(10)),
+        )
+        .unwrap();
+        for h in ranks {
+            assert_eq!(h.join().unwrap().unwrap(), [7; 128]);
+        }
+        t
+    });
+    assert_eq!((tally.served, tally.dropped), (WORLD as u64 - 1, 0));
+    assert!(tally.reads < 3 * tally.served, "{tally:?}");
+}
