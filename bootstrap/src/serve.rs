@@ -1,21 +1,19 @@
 //! The serving side of the rendezvous (rank 0 on its TCP port; with forwarding, each host's
 //! first rank on the host's local socket): one thread (the caller's) drives every handshake
-//! on an event loop (`mio`), so the server holds no thread per rank; a listen queue sized to
-//! the world; over [`MAX_HANDSHAKES`] under way it stops accepting and the kernel queues the
+//! on an event loop (`mio`), so the server holds no thread per rank; listen queues sized to
+//! the world (`stream::listen`); over [`MAX_HANDSHAKES`] under way it stops accepting and the kernel queues the
 //! rest, so no connection is closed for being early.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 
 use super::auth::{io, nonce, same, Hello, Key, CHALLENGE, CHALLENGE_LEN, HELLO_LEN, REFUSED};
 use super::drops::DropLog;
 use super::file::missing;
 use super::launcher::LaunchEnv;
-use super::stream::{Listener, Stream};
+use super::stream::{Listener, Stream, MAX_QUEUES};
 use unicomm_core::{Error, Result};
 
 /// How long one connection may take on the server before it is dropped (so one silent or
@@ -27,7 +25,13 @@ pub(crate) const PER_CONNECTION: Duration = Duration::from_secs(2);
 /// connections in the kernel's listen queue until a slot frees.
 pub(crate) const MAX_HANDSHAKES: usize = 256;
 
-const LISTENER: Token = Token(usize::MAX);
+/// The listeners' tokens count down from the top; the connections' are their slots.
+const LISTENERS: usize = usize::MAX - MAX_QUEUES;
+
+/// Listener `k`'s token.
+fn listener_token(k: usize) -> Token {
+    Token(usize::MAX - k)
+}
 
 /// What rank 0's rendezvous did, logged in one line at its end.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -89,13 +93,13 @@ struct Server<'a> {
     reads: u64,
 }
 
-/// Serves `ids` (128 bytes each) on `listener` (at `addr`, as messages name it) to every
+/// Serves `ids` (128 bytes each) on `listeners` (at `addr`, as messages name it) to every
 /// rank of `env` that `serves` says this server serves, until all of them joined or
 /// `deadline` (rank 0 serves every other rank; with forwarding, its host's ranks and each
 /// other host's first, which serves the rest of its host).
 pub(crate) fn serve(
     env: &LaunchEnv,
-    (addr, listener): (String, Listener),
+    (addr, listeners): (String, Vec<Listener>),
     ids: &[u8],
     serves: impl Fn(usize) -> bool,
     (start, deadline, timeout): (Instant, Instant, Duration),
@@ -111,7 +115,7 @@ pub(crate) fn serve(
         nonces: (Key::new(&nonce()?), 0),
         reads: 0,
     };
-    let mut lp = Loop::new(listener)?;
+    let mut lp = Loop::new(listeners)?;
     let mut log = DropLog::new(addr.clone());
     while joined < env.world_size {
         let now = Instant::now();
@@ -150,57 +154,49 @@ pub(crate) fn serve(
     Ok(lp.tally)
 }
 
-/// A listener on exactly `addr` with a queue for the whole world (the kernel caps it at
-/// `net.core.somaxconn`).
-pub(crate) fn listen(addr: SocketAddr, world: usize) -> Result<TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let what = format!("rank 0 cannot listen on {addr}");
-    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
-        .map_err(|e| io(&what, e))?;
-    s.set_reuse_address(true).map_err(|e| io(&what, e))?;
-    s.bind(&addr.into()).map_err(|e| io(&what, e))?;
-    let backlog = world.clamp(128, 65_535) as i32;
-    s.listen(backlog).map_err(|e| io(&what, e))?;
-    s.set_nonblocking(true).map_err(|e| io(&what, e))?;
-    Ok(TcpListener::from_std(s.into()))
-}
-
 /// The connections under way, in slots reused as they end.
 struct Loop {
     poll: Poll,
     events: Events,
-    listener: Listener,
+    listeners: Vec<Listener>,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     /// (deadline, slot, generation) in the order accepted, so in deadline order: the
     /// oldest live handshake is the next to expire. Entries of ended ones are skipped.
     expiry: std::collections::VecDeque<(Instant, usize, u64)>,
     generation: u64,
-    /// The listener has connections waiting that were left for a free slot.
-    pending: bool,
+    /// Which listeners may have connections waiting (left for a free slot, or signalled).
+    pending: Vec<bool>,
     /// When to try accepting again after a failure for want of resources.
     retry: Option<Instant>,
     tally: Tally,
 }
 
 impl Loop {
-    fn new(mut listener: Listener) -> Result<Loop> {
+    fn new(mut listeners: Vec<Listener>) -> Result<Loop> {
         let poll = Poll::new().map_err(|e| io("rendezvous event loop", e))?;
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)
-            .map_err(|e| io("rendezvous event loop", e))?;
+        for (k, l) in listeners.iter_mut().enumerate() {
+            poll.registry()
+                .register(l, listener_token(k), Interest::READABLE)
+                .map_err(|e| io("rendezvous event loop", e))?;
+        }
         Ok(Loop {
             poll,
             events: Events::with_capacity(1024),
-            listener,
+            pending: vec![true; listeners.len()],
+            listeners,
             conns: Vec::new(),
             free: Vec::new(),
             expiry: Default::default(),
             generation: 0,
-            pending: true,
             retry: None,
             tally: Tally::default(),
         })
+    }
+
+    /// A listener that may have connections waiting.
+    fn pending(&self) -> Option<usize> {
+        self.pending.iter().position(|&p| p)
     }
 
     fn live(&self) -> usize {
@@ -248,11 +244,12 @@ impl Loop {
             Some(r) => wake.min(r),
             None => wake,
         };
-        let left = if self.pending && self.live() < MAX_HANDSHAKES && self.retry.is_none() {
-            Duration::ZERO
-        } else {
-            wake.saturating_duration_since(Instant::now())
-        };
+        let left =
+            if self.pending().is_some() && self.live() < MAX_HANDSHAKES && self.retry.is_none() {
+                Duration::ZERO
+            } else {
+                wake.saturating_duration_since(Instant::now())
+            };
         self.retry = None;
         match self.poll.poll(&mut self.events, Some(left)) {
             Ok(()) => {}
@@ -262,7 +259,7 @@ impl Loop {
         let mut ready: Vec<usize> = Vec::new();
         for ev in self.events.iter() {
             match ev.token() {
-                LISTENER => self.pending = true,
+                Token(t) if t > LISTENERS => self.pending[usize::MAX - t] = true,
                 Token(i) => ready.push(i),
             }
         }
@@ -280,12 +277,13 @@ impl Loop {
     /// connection advanced at once (its hello is often there already).
     fn accept(&mut self, srv: &mut Server<'_>) -> Result<Vec<(usize, Step)>> {
         let mut moved = Vec::new();
-        while self.pending && self.live() < MAX_HANDSHAKES {
-            let mut s = match self.listener.accept() {
+        while self.live() < MAX_HANDSHAKES {
+            let Some(k) = self.pending() else { break };
+            let mut s = match self.listeners[k].accept() {
                 Ok(x) => x,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    self.pending = false;
-                    break;
+                    self.pending[k] = false;
+                    continue;
                 }
                 // Reset or aborted while queued: the next one.
                 Err(e)
@@ -331,8 +329,8 @@ impl Loop {
             // deregistration call per handshake.
             if slot.take().is_some() {
                 self.free.push(i);
-                // More may be waiting in the queue now that a slot is free.
-                self.pending = true;
+                // More may be waiting in the queues now that a slot is free.
+                self.pending.fill(true);
             }
         }
     }

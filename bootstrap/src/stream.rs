@@ -3,10 +3,62 @@
 //! over either.
 
 use std::io::{Read, Write};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use mio::event::Source;
 use mio::{Interest, Registry, Token};
+use unicomm_core::Result;
+
+use super::auth::io;
+
+/// The most listen queues rank 0 opens on its address (each holds up to the kernel's cap,
+/// `net.core.somaxconn`: 65,536 ranks queued at 4,096).
+pub(crate) const MAX_QUEUES: usize = 16;
+
+/// Rank 0's listeners on exactly `addr`, with queues for the whole world: one where the
+/// kernel's cap on a queue (`net.core.somaxconn`, 4,096 by default since Linux 5.4) holds
+/// the world, else as many as it takes (at most [`MAX_QUEUES`]) on the same address and port
+/// (`SO_REUSEPORT`: the kernel spreads arrivals over them by their addresses and ports, each
+/// with its own queue). Ranks arriving together beyond one queue would otherwise have their
+/// connections dropped by the kernel and retried a second later (a listen overflow).
+pub(crate) fn listen(addr: SocketAddr, world: usize) -> Result<Vec<Listener>> {
+    listen_capped(addr, world, somaxconn())
+}
+
+/// [`listen`] with the kernel's cap on one queue given.
+pub(crate) fn listen_capped(addr: SocketAddr, world: usize, cap: usize) -> Result<Vec<Listener>> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let what = format!("rank 0 cannot listen on {addr}");
+    let queues = world.div_ceil(cap.max(1)).clamp(1, MAX_QUEUES);
+    let backlog = world.div_ceil(queues).clamp(128, 65_535) as i32;
+    (0..queues)
+        .map(|_| {
+            let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+                .map_err(|e| io(&what, e))?;
+            s.set_reuse_address(true).map_err(|e| io(&what, e))?;
+            // One queue: the port is this job's alone (another socket on it fails the bind,
+            // so a stale rank 0 on the same port is an error at once).
+            if queues > 1 {
+                s.set_reuse_port(true).map_err(|e| io(&what, e))?;
+            }
+            s.bind(&addr.into()).map_err(|e| io(&what, e))?;
+            s.listen(backlog).map_err(|e| io(&what, e))?;
+            s.set_nonblocking(true).map_err(|e| io(&what, e))?;
+            Ok(Listener::Tcp(mio::net::TcpListener::from_std(s.into())))
+        })
+        .collect()
+}
+
+/// The kernel's cap on a listen queue (`net.core.somaxconn`); Linux's default where it
+/// cannot be read.
+fn somaxconn() -> usize {
+    let read = unicomm_core::env::read_bounded("/proc/sys/net/core/somaxconn".as_ref(), 32);
+    read.ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4096)
+}
 
 /// A listener the server's event loop accepts on.
 pub(crate) enum Listener {

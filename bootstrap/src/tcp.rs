@@ -9,9 +9,9 @@ use super::backoff::Backoff;
 use super::file::file_exchange;
 use super::forward::{rank0_serves, role, Role};
 use super::launcher::*;
-use super::serve::{listen, serve};
+use super::serve::serve;
 use super::serving::Serving;
-use super::stream::{Listener, Timed};
+use super::stream::{listen, Listener, Timed};
 use unicomm_core::{Error, Result};
 
 /// Reads exactly `buf.len()` bytes before `deadline` (each read's timeout is what is left).
@@ -260,7 +260,7 @@ fn exchange(
             }
             let payload: Vec<u8> = ids.iter().flatten().copied().collect();
             // Bound here, so a port taken is this call's error either way.
-            let listener = Listener::Tcp(listen(addr, env.world_size)?);
+            let listener = listen(addr, env.world_size)?;
             let root = env.clone();
             let serves = move |r| rank0_serves(&root, r);
             let serving = serve_ids(
@@ -276,7 +276,7 @@ fn exchange(
         Role::Direct => join_rank0(env, addr, count, times)?,
         #[cfg(target_os = "linux")]
         Role::Forwarder { host, per_host } => {
-            let local = Listener::Local(super::forward::listen_local(env, host)?);
+            let local = vec![Listener::Local(super::forward::listen_local(env, host)?)];
             let got = join_rank0(env, addr, count, times)?;
             let serves = move |r: usize| r / per_host == host && !r.is_multiple_of(per_host);
             let place = format!("host {host}'s local socket");
@@ -311,7 +311,7 @@ fn split_ids(got: &[u8]) -> Vec<[u8; 128]> {
 /// thread of its own (`beside`), reporting through the [`Serving`].
 fn serve_ids(
     env: &LaunchEnv,
-    (place, listener): (String, Listener),
+    (place, listener): (String, Vec<Listener>),
     payload: Vec<u8>,
     serves: impl Fn(usize) -> bool + Send + 'static,
     (start, deadline, timeout): (Instant, Instant, Duration),
