@@ -583,9 +583,19 @@ fn kill_replay(vendor: Vendor) -> anyhow::Result<()> {
         "rank {r}: the flight record names no replay of graph {} from {VICTIM_STEP} on",
         graph.id()
     );
+    // NCCL's abort returns only once the graphs that captured the communicator's work are
+    // destroyed: dropping the last one waits for an abort given up at the deadline (at most
+    // the deadline), so the process does not exit under the library's teardown.
+    let id = graph.id();
+    let t = Instant::now();
+    drop(graph);
+    ensure!(
+        comm.live_graphs() == 0,
+        "rank {r}: a graph still counted after its drop"
+    );
     println!(
-        "faults kill-replay: rank {r}: the flight record names graph {} and its replays; PASSED",
-        graph.id()
+        "faults kill-replay: rank {r}: the flight record names graph {id} and its replays; the graph dropped in {:.1?}; PASSED",
+        t.elapsed()
     );
     Ok(())
 }

@@ -480,6 +480,9 @@ impl Collective for AnyComm {
             Ok(())
         });
     }
+    fn graphs_released(&self) {
+        each!(self, AnyComm, c => c.graphs_released())
+    }
     fn finalize(&mut self) -> Result<()> {
         each!(self, AnyComm, c => c.finalize())
     }

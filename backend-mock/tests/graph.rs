@@ -207,3 +207,28 @@ fn two_hundred_captures_each_destroyed_stay_exact() {
         assert_eq!(growth, None, "the mock reports no device memory");
     }
 }
+
+/// A communicator counts the live graphs that captured its work (NCCL's abort of it
+/// returns only once none is left; the last one's drop tells the backend): a graph
+/// that failed to capture, or that captured another communicator's work only, is not one.
+#[test]
+fn a_communicator_counts_the_live_graphs_that_captured_its_work() {
+    let comms = unicomm_mock::local_comms(1).unwrap();
+    let other = unicomm_mock::local_comms(1).unwrap();
+    let (c, o) = (&comms[0], &other[0]);
+    let st = c.create_stream().unwrap();
+    let buf = c.alloc::<f32>(4).unwrap();
+    let obuf = o.alloc::<f32>(4).unwrap();
+    let a = Graph::capture(&st, |g| g.all_reduce_in_place(c, &buf, ReduceOp::Sum)).unwrap();
+    let b = Graph::capture(&st, |g| g.all_reduce_in_place(c, &buf, ReduceOp::Sum)).unwrap();
+    assert!(Graph::capture(&st, |_| Err(Error::invalid("test", "fails"))).is_err());
+    let ost = o.create_stream().unwrap();
+    let only_other =
+        Graph::capture(&ost, |g| g.all_reduce_in_place(o, &obuf, ReduceOp::Sum)).unwrap();
+    assert_eq!((c.live_graphs(), o.live_graphs()), (2, 1));
+    drop(a);
+    assert_eq!(c.live_graphs(), 1);
+    drop(b);
+    drop(only_other);
+    assert_eq!((c.live_graphs(), o.live_graphs()), (0, 0));
+}

@@ -222,6 +222,14 @@ pub trait Collective: Send + Sync + Sized + 'static {
         let _ = stream;
     }
 
+    /// The last live graph that captured this communicator's work was destroyed. A library
+    /// teardown that waited for it may return now (NCCL's and RCCL's abort waits until every
+    /// graph that captured the communicator's work is destroyed): the backend waits for it,
+    /// at most the communicator's deadline, so that a process exiting next does not exit
+    /// while the library tears the communicator down on another thread. Default: nothing
+    /// to wait for.
+    fn graphs_released(&self) {}
+
     /// This communicator's flight recorder ([`crate::flight`]), where the backend keeps one.
     fn flight(&self) -> Option<&std::sync::Arc<crate::flight::FlightRecorder>> {
         None

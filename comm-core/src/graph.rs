@@ -43,7 +43,9 @@ static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
 /// A captured graph of collectives, ready to launch; it borrows every communicator and
 /// buffer it uses for `'a` (see the [module](self) doc).
 pub struct Graph<'a, C: Collective> {
-    graph: <C::Stream as DeviceStream>::Graph,
+    /// The device's graph; `None` only while it is dropped (before the communicators hear
+    /// of it).
+    graph: Option<<C::Stream as DeviceStream>::Graph>,
     /// Each communicator the capture used, with the collectives it enqueued.
     comms: Vec<(&'a Comm<C>, Vec<Captured>)>,
     id: u64,
@@ -81,7 +83,7 @@ impl<'a, C: Collective> Graph<'a, C> {
         ran?;
         let graph = graph?;
         let captured = take_captured();
-        let comms = cap
+        let comms: Vec<(&'a Comm<C>, Vec<Captured>)> = cap
             .into_comms()
             .into_iter()
             .map(|c| {
@@ -97,8 +99,11 @@ impl<'a, C: Collective> Graph<'a, C> {
                 (c, ops)
             })
             .collect();
+        for (c, _) in &comms {
+            c.graph_made();
+        }
         Ok(Graph {
-            graph,
+            graph: Some(graph),
             comms,
             id: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
             replays: AtomicU64::new(0),
@@ -112,7 +117,9 @@ impl<'a, C: Collective> Graph<'a, C> {
         for (c, _) in &self.comms {
             c.backend().graph_launched(stream);
         }
-        self.graph.launch(stream)?;
+        if let Some(g) = &self.graph {
+            g.launch(stream)?;
+        }
         let replay = self.replays.fetch_add(1, Ordering::Relaxed);
         for (c, ops) in &self.comms {
             if let Some(f) = c.backend().flight() {
@@ -140,5 +147,20 @@ impl<'a, C: Collective> Graph<'a, C> {
             .iter()
             .map(|(c, ops)| (c.id(), ops.len()))
             .collect()
+    }
+}
+
+impl<C: Collective> Drop for Graph<'_, C> {
+    /// The device's graph first, then each communicator hears of it: NCCL's abort of a
+    /// communicator returns only once every graph that captured its work is destroyed, so
+    /// an abort given up at its deadline (a peer lost during the replays) finishes now,
+    /// and the last graph's drop waits for it, at most the communicator's deadline (on 1x
+    /// H200 a process exiting under that teardown ended in a segmentation fault once in
+    /// four runs).
+    fn drop(&mut self) {
+        drop(self.graph.take());
+        for (c, _) in &self.comms {
+            c.graph_destroyed();
+        }
     }
 }

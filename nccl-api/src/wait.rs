@@ -116,6 +116,34 @@ pub(crate) fn bounded<T: Send + 'static>(
     }
 }
 
+/// A call [`bounded`] gave up at its deadline, still running on its thread: whether it has
+/// returned since. NCCL's abort is one (it returns only once every CUDA graph that captured
+/// the communicator's work is destroyed): a process that exits while it runs exits under
+/// the library's teardown.
+#[derive(Default)]
+pub(crate) struct Late {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Late {
+    /// The call returned.
+    pub(crate) fn finish(&self) {
+        *self.done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits at most `bound` for the call to return; whether it did.
+    pub(crate) fn wait(&self, bound: Duration) -> bool {
+        let done = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        let (done, _) = self
+            .cv
+            .wait_timeout_while(done, bound, |d| !*d)
+            .unwrap_or_else(|e| e.into_inner());
+        *done
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,6 +34,8 @@ pub struct Comm<C: Collective> {
     id: u64,
     /// Calls in a collective right now (counted with `UNICOMM_CHECK_COLLECTIVES=1`).
     busy: AtomicU32,
+    /// Live graphs that captured this communicator's work ([`crate::graph::Graph`]).
+    graphs: AtomicU32,
 }
 
 /// Whether collectives are checked (`UNICOMM_CHECK_COLLECTIVES=1`; a value that does not
@@ -72,6 +74,7 @@ impl<C: Collective> Comm<C> {
             raw,
             id: NEXT_COMM_ID.fetch_add(1, Ordering::Relaxed),
             busy: AtomicU32::new(0),
+            graphs: AtomicU32::new(0),
         }
     }
     /// The backend for a collective call. Collectives of one communicator called from
@@ -108,6 +111,26 @@ impl<C: Collective> Comm<C> {
     /// registrations).
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The live graphs ([`crate::graph::Graph`]) that captured this communicator's work.
+    /// NCCL's and RCCL's abort of the communicator returns only once none is left: an abort
+    /// given up at its deadline finishes when the last one is dropped.
+    pub fn live_graphs(&self) -> usize {
+        self.graphs.load(Ordering::Acquire) as usize
+    }
+
+    /// A graph that captured this communicator's work was made.
+    pub(crate) fn graph_made(&self) {
+        self.graphs.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A graph that captured this communicator's work was destroyed: the last one tells the
+    /// backend ([`Collective::graphs_released`]).
+    pub(crate) fn graph_destroyed(&self) {
+        if self.graphs.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.raw.graphs_released();
+        }
     }
     /// This rank, `0..world_size()`.
     pub fn rank(&self) -> usize {

@@ -138,6 +138,16 @@ impl<R: Runtime> Collective for ApiComm<R> {
         stream.watched_by(&self.base.lc);
     }
 
+    fn graphs_released(&self) {
+        let lc = &self.base.lc;
+        if !lc.wait_late_end(lc.timeout()) {
+            tracing::warn!(
+                rank = lc.rank,
+                "the communicator's abort, given up at its deadline, still runs after its last graph was destroyed"
+            );
+        }
+    }
+
     fn flight(&self) -> Option<&Arc<FlightRecorder>> {
         Some(&self.flight)
     }

@@ -33,7 +33,7 @@ use crate::sys::api::{Api, NcclComm};
 use crate::sys::calls::{CommRef, Handle, OwnedComm};
 use crate::sys::config::IN_PROGRESS;
 use crate::sys::runtime::Runtime;
-use crate::wait::{bounded, settle_raw};
+use crate::wait::{bounded, settle_raw, Late};
 use crate::watch::Watched;
 
 const LIVE: u8 = 0;
@@ -83,6 +83,8 @@ pub(crate) struct LibComm<R: Runtime> {
     /// Communicators created from this one, ended before it.
     children: Mutex<Vec<NcclComm>>,
     hooks: Mutex<Vec<Arc<dyn AbortHook>>>,
+    /// The library's teardown, where it was given up at its deadline and still runs.
+    late_end: Mutex<Option<Arc<Late>>>,
 }
 
 // SAFETY: the raw communicators are used only under `lock` (NCCL's rule for a communicator
@@ -115,6 +117,7 @@ impl<R: Runtime> LibComm<R> {
             timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
             children: Mutex::new(Vec::new()),
             hooks: Mutex::new(Vec::new()),
+            late_end: Mutex::new(None),
         }
     }
 
@@ -339,13 +342,19 @@ impl<R: Runtime> LibComm<R> {
         let timeout = self.timeout();
         // Calls with no deadline of their own, each given this communicator's on a thread of
         // its own: a blocking ncclCommFinalize waits for the peers (a dead peer: forever), and
-        // ncclCommAbort, on 1x H200 (NCCL 2.28.9, two processes) with the peer SIGKILLed
-        // during a CUDA graph's replays, never returned (the plain calls' abort did), waiting
-        // in its reclaim for threads that wait for the dead peer. Past the deadline the
+        // ncclCommAbort returns only once every CUDA graph that captured the communicator's
+        // work is destroyed (its teardown waits for the graphs' references to the
+        // communicator: on 1x H200, NCCL 2.28.9, a peer SIGKILLed during a graph's replays,
+        // the survivor's abort never returned while the graph lived). Past the deadline the
         // communicator is left to that thread (the state says finalized or aborted already,
-        // so nothing here touches it again) and the caller gets `Timeout`.
+        // so nothing here touches it again), the caller gets `Timeout`, and the thread is
+        // kept in `late_end` (`wait_late_end`: the graphs' end waits for it, so that a
+        // process exiting next does not exit under the library's teardown).
         let unbounded: Option<(&str, EndOne)> = match end {
-            End::Abort => Some(("ncclCommAbort", |api, c| api.comm_abort(c))),
+            End::Abort => Some((
+                "ncclCommAbort (it returns once every CUDA graph that captured this communicator's work is destroyed)",
+                |api, c| api.comm_abort(c),
+            )),
             End::Finalize if !self.nonblocking => Some(("ncclCommFinalize", finalize_blocking)),
             End::Finalize => None,
         };
@@ -355,7 +364,13 @@ impl<R: Runtime> LibComm<R> {
                 let all = all;
                 rt.with_device(dev, || every(all.into_iter().map(|c| end_one(&api, c))))
             };
-            return bounded(what, timeout, work, |_| {})?;
+            let late = Arc::new(Late::default());
+            let mark = late.clone();
+            let r = bounded(what, timeout, work, move |_| mark.finish());
+            if r.is_err() {
+                *self.late_end.lock().unwrap_or_else(|e| e.into_inner()) = Some(late);
+            }
+            return r?;
         }
         self.rt.with_device(self.dev, || {
             every(
@@ -385,6 +400,18 @@ impl<R: Runtime> LibComm<R> {
             self.abort_requested.store(true, Ordering::Relaxed);
         }
         self.locked()
+    }
+
+    /// Waits at most `bound` for a teardown given up at its deadline to return (NCCL's abort
+    /// does once every CUDA graph that captured this communicator's work is destroyed);
+    /// whether none is left running.
+    pub(crate) fn wait_late_end(&self, bound: Duration) -> bool {
+        let late = self
+            .late_end
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        late.is_none_or(|l| l.wait(bound))
     }
 
     /// Whether it was finalized or aborted.
