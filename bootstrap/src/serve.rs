@@ -44,8 +44,9 @@ pub(crate) struct Tally {
     pub(crate) dropped: u64,
     /// The most handshakes under way at once.
     pub(crate) peak: usize,
-    /// Read calls made (two per rank served: its hello and its proof).
-    pub(crate) reads: u64,
+    /// Read calls made for ranks' proofs (one per rank served: a proof is read once it has
+    /// arrived, and it arrives whole).
+    pub(crate) proof_reads: u64,
 }
 
 enum Phase {
@@ -89,8 +90,8 @@ struct Server<'a> {
     /// Rank 0's nonces: a MAC of a counter under a random key drawn once (as unpredictable
     /// as drawing each, without a system call per handshake).
     nonces: (Key, u64),
-    /// Read calls made, for the [`Tally`].
-    reads: u64,
+    /// Read calls made for proofs, for the [`Tally`].
+    proof_reads: u64,
 }
 
 /// Serves `ids` (128 bytes each) on `listeners` (at `addr`, as messages name it) to every
@@ -113,7 +114,7 @@ pub(crate) fn serve(
         ids: ids.to_vec(),
         served,
         nonces: (Key::new(&nonce()?), 0),
-        reads: 0,
+        proof_reads: 0,
     };
     let mut lp = Loop::new(listeners)?;
     let mut log = DropLog::new(addr.clone());
@@ -150,7 +151,7 @@ pub(crate) fn serve(
         }
     }
     log.flush();
-    lp.tally.reads = srv.reads;
+    lp.tally.proof_reads = srv.proof_reads;
     Ok(lp.tally)
 }
 
@@ -373,9 +374,12 @@ impl Conn {
             }
             let want = match self.phase {
                 Phase::Hello => HELLO_LEN,
-                _ => 32,
+                _ => {
+                    srv.proof_reads += 1;
+                    32
+                }
             };
-            match self.fill(want, &mut srv.reads) {
+            match self.fill(want) {
                 Ok(true) => {}
                 Ok(false) => return Step::Waiting,
                 Err(why) => return Step::Dropped(why),
@@ -412,9 +416,8 @@ impl Conn {
     }
 
     /// Reads until `want` bytes are in; `Ok(true)` then.
-    fn fill(&mut self, want: usize, reads: &mut u64) -> std::result::Result<bool, String> {
+    fn fill(&mut self, want: usize) -> std::result::Result<bool, String> {
         while self.got < want {
-            *reads += 1;
             match self.s.read(&mut self.inbuf[self.got..want]) {
                 Ok(0) => return Err("closed before its handshake ended".into()),
                 Ok(n) => self.got += n,

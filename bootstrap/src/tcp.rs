@@ -328,13 +328,12 @@ fn serve_ids(
         )?;
         tracing::info!(
             "unicomm rendezvous on {place}: {} ranks served in {:.1?}: {} connections \
-             ({} dropped), at most {} handshakes at once, {} reads",
+             ({} dropped), at most {} handshakes at once",
             t.served,
             start.elapsed(),
             t.accepted,
             t.dropped,
-            t.peak,
-            t.reads
+            t.peak
         );
         Ok(())
     };
