@@ -20,7 +20,7 @@ pub(crate) const MAX_QUEUES: usize = 16;
 /// kernel's cap on a queue (`net.core.somaxconn`, 4,096 by default since Linux 5.4) holds
 /// the world, else as many as it takes (at most [`MAX_QUEUES`]) on the same address and port
 /// (`SO_REUSEPORT`: the kernel spreads arrivals over them by their addresses and ports, each
-/// with its own queue). Ranks arriving together beyond one queue would otherwise have their
+/// with its own queue), a quarter more than the world fills. Ranks arriving together beyond one queue would otherwise have their
 /// connections dropped by the kernel and retried a second later (a listen overflow).
 pub(crate) fn listen(addr: SocketAddr, world: usize) -> Result<Vec<Listener>> {
     listen_capped(addr, world, somaxconn())
@@ -30,7 +30,16 @@ pub(crate) fn listen(addr: SocketAddr, world: usize) -> Result<Vec<Listener>> {
 pub(crate) fn listen_capped(addr: SocketAddr, world: usize, cap: usize) -> Result<Vec<Listener>> {
     use socket2::{Domain, Protocol, Socket, Type};
     let what = format!("rank 0 cannot listen on {addr}");
-    let queues = world.div_ceil(cap.max(1)).clamp(1, MAX_QUEUES);
+    // Beyond one queue a quarter to spare: the kernel spreads arrivals by a hash of their
+    // addresses, not evenly (16,384 ranks over four full-size queues on a 16-core host: 17
+    // connections overflowed one of them in one run of three).
+    let cap = cap.max(1);
+    let queues = match world <= cap {
+        true => 1,
+        false => (world.saturating_mul(5) / 4)
+            .div_ceil(cap)
+            .clamp(2, MAX_QUEUES),
+    };
     let backlog = world.div_ceil(queues).clamp(128, 65_535) as i32;
     (0..queues)
         .map(|_| {
