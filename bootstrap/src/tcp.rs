@@ -259,8 +259,12 @@ fn exchange(
                 ));
             }
             let payload: Vec<u8> = ids.iter().flatten().copied().collect();
-            // Bound here, so a port taken is this call's error either way.
-            let listener = listen(addr, env.world_size)?;
+            // Bound here, so a port taken is this call's error either way; queues for the
+            // ranks that join rank 0 itself (with forwarding, its host's and each host's first).
+            let joining = (0..env.world_size)
+                .filter(|&r| rank0_serves(env, r))
+                .count();
+            let listener = listen(addr, joining)?;
             let root = env.clone();
             let serves = move |r| rank0_serves(&root, r);
             let serving = serve_ids(
