@@ -25,6 +25,11 @@
 //! - **Replays are recorded.** Each launch records the graph's collectives in each
 //!   communicator's flight recorder with the graph's id and the replay's number, and the
 //!   launch stream's waits watch those communicators (their deadline, their errors).
+//! - **An abort waits for the graphs.** NCCL's (and RCCL's) abort of a communicator returns
+//!   only once every graph that captured its work is destroyed, so after a peer is lost
+//!   during replays the survivors' waits end in `Timeout` with the abort given up; dropping
+//!   the communicator's last graph ([`Comm::live_graphs`] counts them) lets the abort finish
+//!   and waits for it, at most the deadline. Drop them before the process exits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
