@@ -261,10 +261,7 @@ fn exchange(
             let payload: Vec<u8> = ids.iter().flatten().copied().collect();
             // Bound here, so a port taken is this call's error either way; queues for the
             // ranks that join rank 0 itself (with forwarding, its host's and each host's first).
-            let joining = (0..env.world_size)
-                .filter(|&r| rank0_serves(env, r))
-                .count();
-            let listener = listen(addr, joining)?;
+            let listener = listen(addr, joining_rank0(env))?;
             let root = env.clone();
             let serves = move |r| rank0_serves(&root, r);
             let serving = serve_ids(
@@ -309,6 +306,14 @@ fn split_ids(got: &[u8]) -> Vec<[u8; 128]> {
             id
         })
         .collect()
+}
+
+/// How many ranks join rank 0 itself: every other rank, or with forwarding its host's and
+/// each other host's first (what its listen queues are sized for).
+pub(crate) fn joining_rank0(env: &LaunchEnv) -> usize {
+    (0..env.world_size)
+        .filter(|&r| rank0_serves(env, r))
+        .count()
 }
 
 /// Serves `payload` (the ids) on `listener` to the ranks `serves` names: inline, or on a

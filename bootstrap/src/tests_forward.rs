@@ -131,3 +131,14 @@ fn forwarding_reads_the_ranks_per_host_and_refuses_what_it_cannot_do() {
     assert!(missing.contains("LOCAL_WORLD_SIZE"), "{missing}");
     assert_eq!(vars("5", "5", Some("8")).unwrap().forward, None);
 }
+
+/// With forwarding rank 0's listen queues are sized for the ranks that join it itself (its
+/// host's and each other host's first): 16,384 ranks of 8 per host fit one queue of
+/// Linux's default cap, where sizing for the world would open five.
+#[test]
+fn with_forwarding_rank_0s_queues_hold_the_hosts_first_ranks_not_the_world() {
+    let env = forwarded(0, 16_384, 1, 8);
+    assert_eq!(joining_rank0(&env), 7 + 2_047);
+    let direct = env(0, 16_384, 1);
+    assert_eq!(joining_rank0(&direct), 16_383);
+}
