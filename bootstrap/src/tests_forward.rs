@@ -137,8 +137,8 @@ fn forwarding_reads_the_ranks_per_host_and_refuses_what_it_cannot_do() {
 /// Linux's default cap, where sizing for the world would open five.
 #[test]
 fn with_forwarding_rank_0s_queues_hold_the_hosts_first_ranks_not_the_world() {
-    let env = forwarded(0, 16_384, 1, 8);
-    assert_eq!(joining_rank0(&env), 7 + 2_047);
+    let hosts = forwarded(0, 16_384, 1, 8);
+    assert_eq!(joining_rank0(&hosts), 7 + 2_047);
     let direct = env(0, 16_384, 1);
     assert_eq!(joining_rank0(&direct), 16_383);
 }
