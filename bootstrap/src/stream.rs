@@ -16,12 +16,13 @@ use super::auth::io;
 /// `net.core.somaxconn`: 65,536 ranks queued at 4,096).
 pub(crate) const MAX_QUEUES: usize = 16;
 
-/// Rank 0's listeners on exactly `addr`, with queues for the whole world: one where the
-/// kernel's cap on a queue (`net.core.somaxconn`, 4,096 by default since Linux 5.4) holds
-/// the world, else as many as it takes (at most [`MAX_QUEUES`]) on the same address and port
-/// (`SO_REUSEPORT`: the kernel spreads arrivals over them by their addresses and ports, each
-/// with its own queue), a quarter more than the world fills. Ranks arriving together beyond one queue would otherwise have their
-/// connections dropped by the kernel and retried a second later (a listen overflow).
+/// Rank 0's listeners on exactly `addr`, with queues for `world` joining ranks: one where
+/// the kernel's cap on a queue (`net.core.somaxconn`, 4,096 by default since Linux 5.4)
+/// holds them, else enough for a quarter more (at most [`MAX_QUEUES`]) on the same address
+/// and port (`SO_REUSEPORT`: the kernel spreads arrivals over them by their addresses and
+/// ports, each with its own queue). Ranks arriving together beyond one queue would otherwise
+/// have their connections dropped by the kernel and retried a second later (a listen
+/// overflow).
 pub(crate) fn listen(addr: SocketAddr, world: usize) -> Result<Vec<Listener>> {
     listen_capped(addr, world, somaxconn())
 }

@@ -132,6 +132,7 @@ impl<C: Collective> Comm<C> {
             self.raw.graphs_released();
         }
     }
+
     /// This rank, `0..world_size()`.
     pub fn rank(&self) -> usize {
         self.raw.rank()
