@@ -6,15 +6,17 @@
 //! differences (each trial's unicomm run against the raw run beside it, which cancels the
 //! host's drift between trials) with their first and third quartiles.
 //!
-//! `overhead [--max-bytes N] [--trials T]` on a GPU machine (the bundle's run script calls
-//! it); sizes above N are left out (a quick A/B of the small-call cost); T trials per path
-//! (default 9).
+//! `overhead [--max-bytes N] [--trials T] [--door backend]` on a GPU machine (the bundle's
+//! run script calls it); sizes above N are left out (a quick A/B of the small-call cost); T
+//! trials per path (default 9). `--door backend` calls the backend's `enqueue` with a
+//! prebuilt operation instead of `Comm`'s typed collective (the typed layer's checks left
+//! out): the two doors' figures apart say what each layer costs.
 
 use std::ffi::c_void;
 use std::sync::Barrier;
 use std::time::Instant;
 
-use unicomm_core::{Comm, DataType, ReduceOp};
+use unicomm_core::{Collective, Comm, DataType, Kind, Op, ReduceOp, Slice};
 use unicomm_nccl::NcclComm;
 
 const TRIALS: usize = 9;
@@ -59,6 +61,13 @@ fn main() {
         w, caps.version, caps.library_path
     );
     let max = arg("--max-bytes", usize::MAX);
+    let backend_door = std::env::args()
+        .skip_while(|a| a != "--door")
+        .nth(1)
+        .is_some_and(|d| d == "backend");
+    if backend_door {
+        println!("# unicomm through the backend's door (Collective::enqueue, a prebuilt Op)");
+    }
     let trials = arg("--trials", TRIALS).max(1);
     println!(
         "# {:>10} {:>10} {:>12} {:>12} {:>9} {:>10} {:>14} {:>14} {:>12} {:>16}",
@@ -85,7 +94,7 @@ fn main() {
                     .iter()
                     .map(|c| {
                         let barrier = &barrier;
-                        s.spawn(move || run(c, coll, (bytes, trials), barrier))
+                        s.spawn(move || run(c, coll, (bytes, trials, backend_door), barrier))
                     })
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -155,6 +164,15 @@ fn pieces(dev: usize) {
     println!("# host ns per call: with_device (device already current) {with_device:.1}, cuCtxGetCurrent {get_current:.1}, Instant::now {monotonic:.1}, SystemTime::now {wall:.1}");
 }
 
+/// The first `bytes` of `b`'s memory, as a backend operation sees them.
+fn whole<C: Collective>(b: &unicomm_core::Buffer<f32, C>, bytes: usize) -> Slice<'_, C::Memory> {
+    Slice {
+        mem: b.memory(),
+        offset: 0,
+        bytes,
+    }
+}
+
 fn median(v: Vec<f64>) -> f64 {
     quantile(v, 0.5)
 }
@@ -170,7 +188,7 @@ fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
 fn run(
     c: &Comm<NcclComm>,
     coll: Coll,
-    (bytes, trials): (usize, usize),
+    (bytes, trials, backend_door): (usize, usize, bool),
     barrier: &Barrier,
 ) -> [f64; 7] {
     let w = c.world_size();
@@ -191,9 +209,19 @@ fn run(
         recv.device_ptr() as *mut c_void,
     );
     let n = iters(bytes);
+    let (kind, per) = match coll {
+        Coll::AllReduce => (Kind::AllReduce { op: ReduceOp::Sum }, count),
+        Coll::AllToAll => (Kind::AllToAll, count / w),
+    };
     let mut uni_path = |k: usize| {
         let t = Instant::now();
         for _ in 0..k {
+            if backend_door {
+                let (sb, rb) = (whole(&send, count * 4), whole(&recv, count * 4));
+                let op = Op::new(kind, sb, rb, per, DataType::F32);
+                c.backend().enqueue(op, &st).unwrap();
+                continue;
+            }
             match coll {
                 Coll::AllReduce => c.all_reduce(&send, &mut recv, ReduceOp::Sum, &st).unwrap(),
                 Coll::AllToAll => c.all_to_all(&send, &mut recv, &st).unwrap(),
