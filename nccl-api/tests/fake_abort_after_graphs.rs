@@ -12,7 +12,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{comm, fake, flavors};
+use common::{aborts_wait_while, comm, fake, flavors};
 use unicomm_core::{Collective, Error};
 
 /// While 1, the fake's ncclCommAbort waits (at most 20 s).
@@ -22,14 +22,7 @@ static ABORT_HELD: AtomicUsize = AtomicUsize::new(0);
 fn the_last_graphs_release_waits_for_a_given_up_abort_within_the_deadline() {
     let path = fake("nccl228");
     let c = comm(flavors(false, false), &path);
-    // SAFETY: the fake's test control, in the library the communicator loaded (kept loaded
-    // by it); `ABORT_HELD` is a static.
-    unsafe {
-        let lib = libloading::Library::new(&path).unwrap();
-        let f: libloading::Symbol<unsafe extern "C" fn(*const AtomicUsize)> =
-            lib.get(b"unicommFakeAbortWaitsFor\0").unwrap();
-        f(&ABORT_HELD);
-    }
+    aborts_wait_while(&path, &ABORT_HELD);
     c.set_timeout(Duration::from_millis(300)).unwrap();
     ABORT_HELD.store(1, Ordering::SeqCst);
     let r = c.abort();

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{fake, flavors, Host, EXPORT, IMPORTS, UNMAPS, WAITING, WAITS};
+use common::{aborts_wait_while, fake, flavors, Host, EXPORT, IMPORTS, UNMAPS, WAITING, WAITS};
 use unicomm_core::{Comm, Error};
 use unicomm_nccl_api::{Api, ApiComm, CopyEngineSync};
 
@@ -26,14 +26,7 @@ fn an_abort_releases_the_copy_engine_signal_waits() {
     EXPORT.store(true, Ordering::SeqCst);
     let path = fake("nccl228");
     let api = Arc::new(Api::open(flavors(false, false), &path).expect("load the fake"));
-    // SAFETY: the fake's test control, loaded above; `WAITING` is a static.
-    unsafe {
-        let lib = libloading::Library::new(&path).unwrap();
-        let s: libloading::Symbol<unsafe extern "C" fn(*const std::sync::atomic::AtomicUsize)> =
-            lib.get(b"unicommFakeAbortWaitsFor\0").unwrap();
-        s(&WAITING);
-        std::mem::forget(lib);
-    }
+    aborts_wait_while(&path, &WAITING);
     let id = api.unique_id().unwrap();
     let (w, n) = (2usize, 1024usize);
     let together = std::sync::Barrier::new(w);

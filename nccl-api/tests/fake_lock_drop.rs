@@ -10,7 +10,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{calls, comm, fake, flavors, HANG};
+use common::{aborts_wait_while, calls, comm, fake, flavors, HANG};
 use unicomm_core::{Error, ReduceOp};
 
 /// While 1, the fake's ncclCommAbort waits (at most 20 s).
@@ -20,14 +20,7 @@ static ABORT_HELD: AtomicUsize = AtomicUsize::new(0);
 fn a_stuck_library_abort_is_left_at_the_deadline_and_nothing_waits_for_it() {
     let path = fake("nccl228");
     let c = comm(flavors(false, false), &path);
-    // SAFETY: the fake's test control, in the library the communicator loaded (kept loaded
-    // by it); `ABORT_HELD` is a static.
-    unsafe {
-        let lib = libloading::Library::new(&path).unwrap();
-        let f: libloading::Symbol<unsafe extern "C" fn(*const AtomicUsize)> =
-            lib.get(b"unicommFakeAbortWaitsFor\0").unwrap();
-        f(&ABORT_HELD);
-    }
+    aborts_wait_while(&path, &ABORT_HELD);
     let st = c.create_stream().unwrap();
     let mut b = c.alloc::<f32>(4).unwrap();
     c.set_timeout(Duration::from_millis(100)).unwrap();

@@ -53,6 +53,20 @@ pub fn calls(api_path: &Path, name: &str) -> c_int {
     }
 }
 
+/// Makes the fake's `ncclCommAbort` wait while `held` is above 0 (at most 20 s), as NCCL's
+/// abort waits for what holds it (the device, the graphs that captured the communicator's
+/// work); `held` must be a static (the library keeps the pointer).
+pub fn aborts_wait_while(api_path: &Path, held: &'static std::sync::atomic::AtomicUsize) {
+    // SAFETY: the fake's test control in the library the test loaded (kept loaded by it),
+    // handed a pointer that lives as long as the process.
+    unsafe {
+        let lib = libloading::Library::new(api_path).unwrap();
+        let f: libloading::Symbol<unsafe extern "C" fn(*const std::sync::atomic::AtomicUsize)> =
+            lib.get(b"unicommFakeAbortWaitsFor\0").unwrap();
+        f(held);
+    }
+}
+
 /// The fake library's all-to-all and all-gather calls so far: unchanged across an operation
 /// means the copy-engine path moved the data, not the library.
 pub fn library_moves(api_path: &Path) -> (c_int, c_int) {
