@@ -1,8 +1,8 @@
 //! The serving side of the rendezvous (rank 0 on its TCP port; with forwarding, each host's
 //! first rank on the host's local socket): one thread (the caller's) drives every handshake
 //! on an event loop (`mio`), so the server holds no thread per rank; listen queues sized to
-//! the world (`stream::listen`); over [`MAX_HANDSHAKES`] under way it stops accepting and the kernel queues the
-//! rest, so no connection is closed for being early.
+//! the world (`stream::listen`); over [`MAX_HANDSHAKES`] under way it stops accepting and
+//! the kernel queues the rest, so no connection is closed for being early.
 
 use std::io::{ErrorKind, Read, Write};
 use std::time::{Duration, Instant};
@@ -90,8 +90,8 @@ struct Server<'a> {
     /// Rank 0's nonces: a MAC of a counter under a random key drawn once (as unpredictable
     /// as drawing each, without a system call per handshake).
     nonces: (Key, u64),
-    /// Read calls made for proofs, for the [`Tally`].
-    proof_reads: u64,
+    /// What this rendezvous did so far.
+    tally: Tally,
 }
 
 /// Serves `ids` (128 bytes each) on `listeners` (at `addr`, as messages name it) to every
@@ -114,7 +114,7 @@ pub(crate) fn serve(
         ids: ids.to_vec(),
         served,
         nonces: (Key::new(&nonce()?), 0),
-        proof_reads: 0,
+        tally: Tally::default(),
     };
     let mut lp = Loop::new(listeners)?;
     let mut log = DropLog::new(addr.clone());
@@ -133,17 +133,17 @@ pub(crate) fn serve(
         }
         let wake = lp.next_expiry().map_or(deadline, |d| d.min(deadline));
         let moved = lp.turn(&mut srv, wake)?;
-        lp.tally.peak = lp.tally.peak.max(lp.live());
+        srv.tally.peak = srv.tally.peak.max(lp.live());
         let expired = lp.expired(Instant::now());
         for (slot, step) in moved.into_iter().chain(expired) {
             match step {
                 Step::Waiting => continue,
                 Step::Served => {
                     joined += 1;
-                    lp.tally.served += 1;
+                    srv.tally.served += 1;
                 }
                 Step::Dropped(why) => {
-                    lp.tally.dropped += 1;
+                    srv.tally.dropped += 1;
                     log.note(why);
                 }
             }
@@ -151,8 +151,7 @@ pub(crate) fn serve(
         }
     }
     log.flush();
-    lp.tally.proof_reads = srv.proof_reads;
-    Ok(lp.tally)
+    Ok(srv.tally)
 }
 
 /// The connections under way, in slots reused as they end.
@@ -170,7 +169,6 @@ struct Loop {
     pending: Vec<bool>,
     /// When to try accepting again after a failure for want of resources.
     retry: Option<Instant>,
-    tally: Tally,
 }
 
 impl Loop {
@@ -191,7 +189,6 @@ impl Loop {
             expiry: Default::default(),
             generation: 0,
             retry: None,
-            tally: Tally::default(),
         })
     }
 
@@ -303,7 +300,7 @@ impl Loop {
                     break;
                 }
             };
-            self.tally.accepted += 1;
+            srv.tally.accepted += 1;
             let i = self.free.pop().unwrap_or_else(|| {
                 self.conns.push(None);
                 self.conns.len() - 1
@@ -354,7 +351,7 @@ impl Conn {
     /// As far as the socket lets it go now.
     fn advance(&mut self, srv: &mut Server<'_>) -> Step {
         loop {
-            let pending = self.sent < self.out.len();
+            let sending = self.sent < self.out.len();
             match self.flush() {
                 Ok(true) => {}
                 Ok(false) => return Step::Waiting,
@@ -369,13 +366,13 @@ impl Conn {
             // The challenge just went out: its answer cannot be here yet (the rank needs
             // the challenge's nonce first), and its arrival is an event of its own, so no
             // read that could only say "would block" (a system call in eight per rank).
-            if pending {
+            if sending {
                 return Step::Waiting;
             }
             let want = match self.phase {
                 Phase::Hello => HELLO_LEN,
                 _ => {
-                    srv.proof_reads += 1;
+                    srv.tally.proof_reads += 1;
                     32
                 }
             };
