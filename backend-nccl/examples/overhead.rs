@@ -21,9 +21,14 @@ use unicomm_nccl::NcclComm;
 
 const TRIALS: usize = 9;
 
+/// The word after `flag` on the command line.
+fn value_of(flag: &str) -> Option<String> {
+    std::env::args().skip_while(|a| a != flag).nth(1)
+}
+
 /// The value after `flag` on the command line, parsed; `default` without it.
 fn arg(flag: &str, default: usize) -> usize {
-    match std::env::args().skip_while(|a| a != flag).nth(1) {
+    match value_of(flag) {
         Some(v) => v.parse().unwrap_or_else(|_| {
             eprintln!("overhead: {flag} {v}: not a number");
             std::process::exit(2)
@@ -61,10 +66,7 @@ fn main() {
         w, caps.version, caps.library_path
     );
     let max = arg("--max-bytes", usize::MAX);
-    let backend_door = std::env::args()
-        .skip_while(|a| a != "--door")
-        .nth(1)
-        .is_some_and(|d| d == "backend");
+    let backend_door = value_of("--door").is_some_and(|d| d == "backend");
     if backend_door {
         println!("# unicomm through the backend's door (Collective::enqueue, a prebuilt Op)");
     }

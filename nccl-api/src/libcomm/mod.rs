@@ -367,7 +367,8 @@ impl<R: Runtime> LibComm<R> {
             let late = Arc::new(Late::default());
             let mark = late.clone();
             let r = bounded(what, timeout, work, move |_| mark.finish());
-            if r.is_err() {
+            // Given up at the deadline (not refused a thread): the call still runs.
+            if let Err(Error::Timeout { .. }) = r {
                 *self.late_end.lock().unwrap_or_else(|e| e.into_inner()) = Some(late);
             }
             return r?;
