@@ -170,21 +170,21 @@ impl<R: Runtime> Agreement<R> {
     }
 
     /// With `UNICOMM_CHECK_COLLECTIVES=1`: the ranks compare the collective `op` about to
-    /// take the path numbered `path` (named by `paths`; collective; not inside a group,
+    /// take the path numbered `path().0` (named by `path().1`, found only with the check on; collective; not inside a group,
     /// whose calls the library defers, nor while `stream` is being captured into a graph,
     /// whose replays it would not see).
     #[inline]
-    pub(crate) fn check_collective(
+    pub(crate) fn check_collective<'p>(
         &self,
         lc: &Arc<LibComm<R>>,
         op: &Op<'_, ApiMemory<R>>,
-        (path, paths): (u64, &[&str]),
+        path: impl FnOnce() -> (u64, &'p [&'p str]),
         stream: &ApiStream<R>,
     ) -> Result<()> {
         if !self.check {
             return Ok(());
         }
-        self.check_collective_on(lc, op, (path, paths), stream)
+        self.check_collective_on(lc, op, path(), stream)
     }
 
     #[inline(never)]

@@ -264,6 +264,12 @@ impl Auto {
         Ok(())
     }
 
+    /// Whether no automatic registration is live (the policy has nothing to choose).
+    #[inline]
+    pub(crate) fn idle(&self) -> bool {
+        self.live.load(Ordering::Relaxed) == 0
+    }
+
     /// For a call whose every buffer is registered for the automatic policy: the path the
     /// policy picks for its collective and size (nccl-tests' size), else `None`.
     #[inline]
@@ -276,7 +282,7 @@ impl Auto {
         // case) no lock is taken.
         if self.live.load(Ordering::Relaxed) == 0
             || !op.kind.is_collective()
-            || op.kind == Kind::Barrier
+            || matches!(op.kind, Kind::Barrier)
         {
             return Ok(None);
         }

@@ -46,14 +46,20 @@ impl<R: Runtime> Library<R> {
         if let (Kind::AllGather, None) = (op.kind, child) {
             // Only this communicator's window kernels have the defect; the second
             // communicator sees an ordinary registration.
+            // The common route reaches here before any size check: an overflowing size is
+            // the call's refusal below (`sys::calls`), not this check's.
             let (send, recv) = op.pair()?;
-            let chunk = op.count * op.dtype.size();
-            self.target.window_all_gather(lc.world, chunk, || {
-                Ok(send.address() == recv.address() + lc.rank * chunk
-                    && registry
-                        .covering(recv.address(), chunk * lc.world)?
-                        .is_some_and(RegKind::is_window))
-            })?;
+            let size = op.count.checked_mul(op.dtype.size());
+            if let Some((chunk, total)) = size.and_then(|c| Some((c, c.checked_mul(lc.world)?))) {
+                self.target.window_all_gather(lc.world, chunk, || {
+                    Ok(
+                        send.address() == recv.address().wrapping_add(lc.rank * chunk)
+                            && registry
+                                .covering(recv.address(), total)?
+                                .is_some_and(RegKind::is_window),
+                    )
+                })?;
+            }
         }
         lc.call_enqueue(|c| {
             let on = match child {

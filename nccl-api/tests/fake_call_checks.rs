@@ -165,3 +165,51 @@ fn a_missing_entry_point_of_a_new_enough_library_is_named_as_missing() {
         "{old}"
     );
 }
+
+/// The common call goes to the library without `Op::check` (its call layer checks the
+/// ranges), so whatever the call layer does not check must keep it off that route: a range
+/// not on an element boundary (the mock refuses it: its kernels read typed slices), a
+/// missing side of a zero-element call, and an overflowing all-gather (a window check runs
+/// before the call's own) are each refused, the library never called.
+#[test]
+fn the_common_route_refuses_what_the_contract_refuses_before_the_library_is_called() {
+    use unicomm_core::{Collective, Kind, Op, ReduceOp};
+    let path = fake("nccl228");
+    let c = comm(flavors(false, false), &path);
+    let st = c.create_stream().unwrap();
+    let buf = c.alloc::<f32>(16).unwrap();
+    let mem = buf.memory();
+    let at = |offset, bytes| Slice { mem, offset, bytes };
+    let sum = Kind::AllReduce { op: ReduceOp::Sum };
+    let before = calls(&path, "ncclAllReduce");
+    let invalid = |r: unicomm_core::Result<()>| matches!(r, Err(Error::InvalidArgument { .. }));
+    // Two bytes in: inside the allocation and long enough, but not on a float's boundary.
+    let skewed = Op::new(sum, at(2, 8), at(2, 8), 2, DataType::F32);
+    assert!(
+        invalid(c.backend().enqueue(skewed, &st)),
+        "a skewed range was accepted"
+    );
+    let mut missing = Op::new(sum, at(0, 8), at(0, 8), 0, DataType::F32);
+    missing.recv = None;
+    assert!(
+        invalid(c.backend().enqueue(missing, &st)),
+        "a missing side was accepted"
+    );
+    assert_eq!(
+        calls(&path, "ncclAllReduce"),
+        before,
+        "the library was called"
+    );
+    let huge = Op::new(
+        Kind::AllGather,
+        at(0, 64),
+        at(0, 64),
+        usize::MAX / 2,
+        DataType::F32,
+    );
+    assert!(invalid(c.backend().enqueue(huge, &st)));
+    // What is well formed still goes through.
+    let fine = Op::new(sum, at(4, 8), at(8, 8), 2, DataType::F32);
+    c.backend().enqueue(fine, &st).unwrap();
+    assert_eq!(calls(&path, "ncclAllReduce"), before + 1);
+}

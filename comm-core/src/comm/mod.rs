@@ -36,6 +36,9 @@ pub struct Comm<C: Collective> {
     busy: AtomicU32,
     /// Live graphs that captured this communicator's work ([`crate::graph::Graph`]).
     graphs: AtomicU32,
+    /// `UNICOMM_CHECK_COLLECTIVES=1`, read once per process: a field beside `raw`, so a
+    /// call reads no other line for it.
+    checked: bool,
 }
 
 /// Whether collectives are checked (`UNICOMM_CHECK_COLLECTIVES=1`; a value that does not
@@ -75,6 +78,7 @@ impl<C: Collective> Comm<C> {
             id: NEXT_COMM_ID.fetch_add(1, Ordering::Relaxed),
             busy: AtomicU32::new(0),
             graphs: AtomicU32::new(0),
+            checked: checking(),
         }
     }
     /// The backend for a collective call. Collectives of one communicator called from
@@ -84,7 +88,7 @@ impl<C: Collective> Comm<C> {
     /// (`InvalidArgument`), where the overlap happens while this rank is in the call.
     #[inline]
     pub(crate) fn sole(&self) -> Result<Sole<'_, C>> {
-        if !checking() {
+        if !self.checked {
             return Ok(Sole {
                 raw: &self.raw,
                 busy: None,
@@ -248,10 +252,13 @@ impl<C: Collective> Comm<C> {
         recv: &'a mut impl DeviceSliceMut<T, C>,
         need: impl FnOnce(usize) -> Result<usize>,
     ) -> Result<(View<'a, T, C>, View<'a, T, C>)> {
-        let (s, r) = (send.view(), recv.view_mut());
-        self.check(&s)?;
-        let r = r.into_view();
-        self.check(&r)?;
+        let (s, r) = (send.view(), recv.view_mut().into_view());
+        // One thread-local read for both buffers, then each one's device.
+        if !crate::capturing::direct_call_allowed() {
+            return Err(crate::capturing::direct_call_refused());
+        }
+        self.raw.check_memory(s.mem)?;
+        self.raw.check_memory(r.mem)?;
         let n = need(s.len)?;
         if r.len < n {
             return Err(Error::invalid(

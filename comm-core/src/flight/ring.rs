@@ -8,8 +8,7 @@
 //! runs had the deque 0.40 us against 0.12 us off. The recorder's share is within this
 //! machine's run-to-run noise; what is left of unicomm's cost lies elsewhere.
 
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::element::{DataType, ReduceOp};
@@ -150,20 +149,33 @@ impl Ring {
 }
 
 /// Kind code (8 bits), dtype (8), reduction (8), path id (8), rank argument (32).
+#[inline]
 fn pack(kind: Kind, dtype: DataType, path: u8) -> u64 {
     // The reduction's place in `ReduceOp::ALL` (5: the pre-multiplied sum), by its variant:
     // no name compared per call.
-    let op = kind.reduction().map_or(NONE8, |o| match o {
+    let code = |o: ReduceOp| match o {
         ReduceOp::Sum => 0,
         ReduceOp::Prod => 1,
         ReduceOp::Max => 2,
         ReduceOp::Min => 3,
         ReduceOp::Avg => 4,
         ReduceOp::PreMulSum(_) => 5,
-    });
-    let rank = kind
-        .rank_arg()
-        .map_or(NONE32, |(r, _)| (r as u64).min(NONE32 - 1));
+    };
+    let r = |r: usize| (r as u64).min(NONE32 - 1);
+    // One branch on the kind per call (its code, reduction and rank argument at once).
+    let (op, rank) = match kind {
+        Kind::AllReduce { op } | Kind::ReduceScatter { op } | Kind::ReduceScatterV { op } => {
+            (code(op), NONE32)
+        }
+        Kind::Reduce { op, root } => (code(op), r(root)),
+        Kind::Broadcast { root } | Kind::Gather { root } | Kind::Scatter { root } => {
+            (NONE8, r(root))
+        }
+        Kind::Send { peer } | Kind::Recv { peer } => (NONE8, r(peer)),
+        Kind::AllGather | Kind::AllToAll | Kind::Barrier | Kind::AllToAllV | Kind::AllGatherV => {
+            (NONE8, NONE32)
+        }
+    };
     u64::from(kind.code())
         | (dtype as i32 as u64 & 0xff) << 8
         | op << 16
@@ -210,25 +222,32 @@ fn unpack(
 /// Every path name recorded in this process, by id (at most 255; past that "other").
 static PATHS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
 
-thread_local! {
-    /// This thread's ids of the path names it recorded (by address: a handful).
-    static PATH_IDS: RefCell<Vec<(usize, u8)>> = const { RefCell::new(Vec::new()) };
-}
+/// The path names' addresses seen so far (0: free), each with its id in [`PATH_IDS`]: a
+/// lookup reads one or two cache lines, with no lock and no thread-local state (the
+/// per-thread cache it replaced cost a borrow flag and a thread-local access per call).
+/// Written only under [`PATHS`]'s lock, id first, then the key.
+static PATH_KEYS: [AtomicUsize; 16] = [const { AtomicUsize::new(0) }; 16];
+static PATH_IDS: [AtomicU8; 16] = [const { AtomicU8::new(0) }; 16];
 
-/// The id of `path`, interned once per process and cached per thread.
+/// The id of `path`, interned once per process.
 #[inline]
 fn path_id(path: &'static str) -> u8 {
+    // Never 0: a static string's address is not 0, nor is it a rotated length.
     let key = path.as_ptr() as usize ^ path.len().rotate_left(48);
-    let hit = PATH_IDS.with(|c| {
-        c.borrow()
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, id)| *id)
-    });
-    hit.unwrap_or_else(|| intern(path, key))
+    for (k, id) in PATH_KEYS.iter().zip(&PATH_IDS) {
+        match k.load(Ordering::Acquire) {
+            0 => break,
+            k if k == key => return id.load(Ordering::Relaxed),
+            _ => {}
+        }
+    }
+    intern(path, key)
 }
 
+/// The id of a name not cached yet (every name once per address; past the cache's room,
+/// each call of a further address takes the lock).
 #[cold]
+#[inline(never)]
 fn intern(path: &'static str, key: usize) -> u8 {
     let mut all = PATHS.lock().unwrap_or_else(|e| e.into_inner());
     let id = match all.iter().position(|p| *p == path) {
@@ -239,7 +258,14 @@ fn intern(path: &'static str, key: usize) -> u8 {
         }
         None => 255,
     };
-    PATH_IDS.with(|c| c.borrow_mut().push((key, id)));
+    let free = PATH_KEYS.iter().position(|k| {
+        let k = k.load(Ordering::Relaxed);
+        k == 0 || k == key
+    });
+    if let Some(i) = free {
+        PATH_IDS[i].store(id, Ordering::Relaxed);
+        PATH_KEYS[i].store(key, Ordering::Release);
+    }
     id
 }
 

@@ -214,51 +214,70 @@ impl<R: Runtime> Collective for ApiComm<R> {
 
 impl<R: Runtime> ApiComm<R> {
     /// One operation, recorded once by the caller (a lowered one's parts are not recorded
-    /// again); the path it took, by name.
+    /// again); the path it took, by name. The common call (the library's, on this
+    /// communicator) runs straight through here; the copy engines' all-to-all-v and a
+    /// lowering are out of line.
+    #[inline]
     fn enqueue_op(&self, op: &Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<&'static str> {
         let b = &self.base;
         if stream.dev != b.lc.dev {
             return Err(foreign_stream(stream.dev, b.lc.dev));
         }
-        op.check(b.lc.rank, b.lc.world)?;
         let route = route::decide(b, &self.ce, &self.auto, op, stream);
         match route {
             // Agreed by the ranks while planned: no comparison again.
-            Ok(Route::CopyEngine(plan)) if op.kind == Kind::AllToAllV => {
-                stream.watched_by(&b.lc);
-                return self.ce.run(b, plan, &stream.s).map(|()| route::NAMES[2]);
+            Ok(Route::CopyEngine(plan)) if matches!(op.kind, Kind::AllToAllV) => {
+                return self.copy_engine_v(plan, stream);
             }
-            Ok(Route::Lowered) => {
-                // Empty parts left out, in one group of this communicator.
-                b.agree.check_layout(&b.lc, op, stream)?;
-                let ops = op.lower(b.lc.rank, b.lc.world, Zeros::Skip)?;
-                return grouped(self, || {
-                    ops.into_iter()
-                        .try_for_each(|o| self.enqueue_op(&o, stream).map(drop))
-                })
-                .map(|()| route::NAMES[4]);
-            }
+            Ok(Route::Lowered) => return self.lowered(op, stream),
             _ => {}
         }
-        if op.kind.is_var() {
+        if op.kind.is_var() && route.is_ok() {
             b.agree.check_layout(&b.lc, op, stream)?;
         }
         stream.watched_by(&b.lc);
         // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
         // rank whose call is refused here still takes part, so its peers do not wait.
-        let path = (route::code(&route), &route::NAMES[..]);
+        let path = || (route::code(&route), &route::NAMES[..]);
         let checked = b.agree.check_collective(&b.lc, op, path, stream);
         let route = route?;
         checked?;
         let st = stream.lend();
-        let name = route::NAMES[path.0 as usize];
+        let name = route::name(&route);
         match route {
-            Route::CopyEngine(plan) => self.ce.run(b, plan, &stream.s),
-            Route::Registered(c) => b.library.enqueue(&b.lc, &b.registry, Some(c), op, st),
             Route::Library => b.library.enqueue(&b.lc, &b.registry, None, op, st),
+            Route::Registered(c) => b.library.enqueue(&b.lc, &b.registry, Some(c), op, st),
+            Route::CopyEngine(plan) => self.ce.run(b, plan, &stream.s),
             Route::Lowered => Err(Error::invalid("op", "a lowered call reached the library")),
         }
         .map(|()| name)
+    }
+
+    /// An all-to-all-v by copy engine, its plan agreed by the ranks.
+    #[inline(never)]
+    fn copy_engine_v(
+        &self,
+        plan: crate::copy_engine::Plan,
+        stream: &ApiStream<R>,
+    ) -> Result<&'static str> {
+        stream.watched_by(&self.base.lc);
+        self.ce
+            .run(&self.base, plan, &stream.s)
+            .map(|()| route::NAMES[route::COPY_ENGINE])
+    }
+
+    /// A collective the library has no call for: its parts (empty ones left out), in one
+    /// group of this communicator.
+    #[inline(never)]
+    fn lowered(&self, op: &Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<&'static str> {
+        let b = &self.base;
+        b.agree.check_layout(&b.lc, op, stream)?;
+        let ops = op.lower(b.lc.rank, b.lc.world, Zeros::Skip)?;
+        grouped(self, || {
+            ops.into_iter()
+                .try_for_each(|o| self.enqueue_op(&o, stream).map(drop))
+        })
+        .map(|()| route::NAMES[route::LOWERED])
     }
 }
 

@@ -5,7 +5,7 @@
 //! chooses between paths for registered buffers; without it, the copy engines take what
 //! they can where the path is switched on.
 
-use unicomm_core::{Kind, Op, Result};
+use unicomm_core::{Kind, Op, ReduceOp, Result};
 
 use crate::auto::Auto;
 use crate::base::Base;
@@ -40,16 +40,32 @@ pub(crate) const NAMES: [&str; 5] = [
     "lowered",
 ];
 
+/// [`NAMES`]' places of the copy engines and of a lowering.
+pub(crate) const COPY_ENGINE: usize = 2;
+pub(crate) const LOWERED: usize = 4;
+
 /// A route's number in [`NAMES`]; a refused call has one too, so that its rank still takes
 /// part in the comparison and its peers do not wait.
 pub(crate) fn code(route: &Result<Route>) -> u64 {
     match route {
-        Ok(Route::Library) => 0,
-        Ok(Route::Registered(_)) => 1,
-        Ok(Route::CopyEngine(_)) => 2,
+        Ok(r) => index(r) as u64,
         Err(_) => 3,
-        Ok(Route::Lowered) => 4,
     }
+}
+
+fn index(route: &Route) -> usize {
+    match route {
+        Route::Library => 0,
+        Route::Registered(_) => 1,
+        Route::CopyEngine(_) => COPY_ENGINE,
+        Route::Lowered => LOWERED,
+    }
+}
+
+/// A route's name, as [`NAMES`] has it.
+#[inline]
+pub(crate) fn name(route: &Route) -> &'static str {
+    NAMES[index(route)]
 }
 
 /// Whether `kind` runs as a composition of other calls on this library.
@@ -63,7 +79,34 @@ fn lowered(api: &crate::sys::api::Api, kind: Kind) -> bool {
     }
 }
 
-/// Where `op` goes, the whole decision:
+/// Whether the library's own call of `op` refuses whatever [`Op::check`] would: a kind whose
+/// call checks each side's range against the same extent (no root-only side, no per-rank
+/// counts), no pre-multiplied sum (its scalar's type is `Op::check`'s), both sides present
+/// and aligned to the element (what the call layer does not check).
+#[inline]
+fn checked_by_its_call<R: Runtime>(api: &crate::sys::api::Api, op: &Op<'_, ApiMemory<R>>) -> bool {
+    let plain = |r: ReduceOp| !matches!(r, ReduceOp::PreMulSum(_));
+    let kind = match op.kind {
+        Kind::AllReduce { op } | Kind::ReduceScatter { op } => plain(op),
+        Kind::AllGather => true,
+        Kind::AllToAll => api.all_to_all.is_some(),
+        _ => false,
+    };
+    let mask = op.dtype.size() - 1;
+    let aligned = |s: &Option<unicomm_core::Slice<'_, ApiMemory<R>>>| {
+        s.as_ref().is_some_and(|s| s.address() & mask == 0)
+    };
+    kind && aligned(&op.send) && aligned(&op.recv)
+}
+
+/// Where `op` goes, the whole decision (the operation checked against the world,
+/// [`Op::check`], wherever unicomm plans or moves anything itself):
+/// 0. the common call, a fixed-size collective of a kind the library has, both buffers
+///    present and aligned, with neither the copy engines switched on nor an automatic
+///    registration live, is the library's call at once: its call layer (`sys::calls`)
+///    checks the ranges it hands the library (inside their allocations, holding what the
+///    call reads and writes), as `Op::check` would (about 75 instructions of a call's 600
+///    under callgrind, the largest single part of unicomm's cost);
 /// 1. an all-to-all-v goes to the copy engines where the path is on and every rank's
 ///    output is a shared window (the ranks agree on it and on the layouts first,
 ///    `copy_engine/var.rs`; the automatic policy never picks it: the ranks' sizes differ);
@@ -80,6 +123,10 @@ pub(crate) fn decide<R: Runtime>(
     op: &Op<'_, ApiMemory<R>>,
     stream: &ApiStream<R>,
 ) -> Result<Route> {
+    if checked_by_its_call(&base.lc.api, op) && !ce.enabled() && auto.idle() {
+        return Ok(Route::Library);
+    }
+    op.check(base.lc.rank, base.lc.world)?;
     if let Some(plan) = ce.plan_v(base, op, stream)? {
         return Ok(Route::CopyEngine(plan));
     }

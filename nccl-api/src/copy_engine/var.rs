@@ -42,7 +42,7 @@ impl<R: Runtime> CopyEngine<R> {
         op: &Op<'_, ApiMemory<R>>,
         stream: &ApiStream<R>,
     ) -> Result<Option<Plan>> {
-        if op.kind != Kind::AllToAllV || !self.enabled() {
+        if !matches!(op.kind, Kind::AllToAllV) || !self.enabled() {
             return Ok(None);
         }
         self.plan_v_of(b, op, stream)

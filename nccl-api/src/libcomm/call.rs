@@ -53,15 +53,18 @@ impl<R: Runtime> LibComm<R> {
         // SAFETY: live (checked under the lock, which every ending takes) for as long as the
         // borrow, which ends with `f`; one thread (the lock); `world` and `rank` its shape.
         let c = unsafe { CommRef::borrow_raw(self.comm, self.world, self.rank) };
-        let run = |c| match set_device {
+        let nonblocking = self.nonblocking;
+        if nonblocking {
+            take_in_progress(); // what an earlier call of this thread left is not this call's
+        }
+        // One call site of `f`, so that it is inlined here.
+        let r = match set_device {
             true => self.rt.with_device(self.dev, || f(c)),
             false => f(c),
         };
-        if !self.nonblocking {
-            return run(c);
+        if !nonblocking {
+            return r;
         }
-        take_in_progress(); // what an earlier call of this thread left is not this call's
-        let r = run(c);
         if group::in_group() {
             group::join(self.clone()); // ncclGroupEnd settles every member
         } else if take_in_progress() {
