@@ -119,6 +119,7 @@ macro_rules! backends {
         }
 
         impl AnyComm {
+            #[inline]
             fn enqueue_any(&self, op: Op<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
                 match (self, stream) {
                     $(
@@ -420,6 +421,7 @@ impl Collective for AnyComm {
     fn deregister_window(&self, handle: RawHandle) -> Result<()> {
         each!(self, AnyComm, c => c.deregister_window(handle))
     }
+    #[inline]
     fn enqueue(&self, op: Op<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
         self.enqueue_any(op, stream)
     }

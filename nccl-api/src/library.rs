@@ -34,6 +34,7 @@ impl<R: Runtime> Library<R> {
     /// (automatic registration's second communicator), else on `lc` itself. `op` was
     /// checked (`Op::check`) against the world; each call checks the bounds it relies on
     /// again (`sys::calls`).
+    #[inline]
     pub(crate) fn enqueue(
         &self,
         lc: &Arc<LibComm<R>>,

@@ -140,10 +140,11 @@ impl FlightRecorder {
         enqueue: impl FnOnce() -> Result<&'static str>,
         mark: impl FnOnce() -> Option<Marker>,
     ) -> Result<()> {
-        if self.cap == 0 {
-            return enqueue().map(drop);
-        }
+        // One call site of `enqueue`, so that it is inlined here.
         let r = enqueue();
+        if self.cap == 0 {
+            return r.map(drop);
+        }
         let path = *r.as_ref().unwrap_or(&"refused");
         // Under capture nothing runs yet: kept for the graph's launches to record.
         if r.is_ok()

@@ -124,6 +124,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
         })
     }
 
+    #[inline]
     fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
         let what = (op.kind, op.count, op.dtype);
         self.flight.enqueued(
@@ -244,13 +245,18 @@ impl<R: Runtime> ApiComm<R> {
         checked?;
         let st = stream.lend();
         let name = route::name(&route);
-        match route {
-            Route::Library => b.library.enqueue(&b.lc, &b.registry, None, op, st),
-            Route::Registered(c) => b.library.enqueue(&b.lc, &b.registry, Some(c), op, st),
-            Route::CopyEngine(plan) => self.ce.run(b, plan, &stream.s),
-            Route::Lowered => Err(Error::invalid("op", "a lowered call reached the library")),
-        }
-        .map(|()| name)
+        // One call site of the library's path, so that it is inlined here.
+        let child = match route {
+            Route::Library => None,
+            Route::Registered(c) => Some(c),
+            Route::CopyEngine(plan) => return self.ce.run(b, plan, &stream.s).map(|()| name),
+            Route::Lowered => {
+                return Err(Error::invalid("op", "a lowered call reached the library"))
+            }
+        };
+        b.library
+            .enqueue(&b.lc, &b.registry, child, op, st)
+            .map(|()| name)
     }
 
     /// An all-to-all-v by copy engine, its plan agreed by the ranks.
