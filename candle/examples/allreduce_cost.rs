@@ -1,9 +1,11 @@
 //! The all-reduce op's cost per call: unicomm-candle's `AllReduce` against candle's own op
 //! over cudarc's NCCL (the op of candle's multi-process Llama example, which mistral.rs,
 //! candle-vllm and vllm.rs copy), on one GPU (world 1), the same bf16 tensor, candle's
-//! stream, in one run. Trials alternate between the two ops (and which goes first); the
-//! median of 9 is printed: the time per call with the GPU's work included, and the host
-//! time per call before the synchronisation.
+//! stream, in one run. Trials alternate between the two ops (and which goes first); printed:
+//! the median over the trials of the time per call with the GPU's work included, and of the
+//! host time per call before the synchronisation; then the median of the paired differences
+//! (each trial's unicomm run against candle's beside it, which cancels the host's drift
+//! between trials, as the `overhead` benchmark of unicomm-nccl does) with their quartiles.
 //!
 //! `allreduce_cost` on a GPU machine (built with `--features bench-candle-nccl`, which the
 //! GPU bundle does).
@@ -15,7 +17,7 @@ use candle_core::{CudaStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use cudarc::nccl::{Comm, Id, ReduceOp};
 use unicomm_candle::{AllReduce, Communicator, Reduce};
 
-const TRIALS: usize = 9;
+const TRIALS: usize = 21;
 
 /// candle's op as its multi-process Llama example writes it: cudarc's NCCL communicator,
 /// an uninitialised output, bf16 only, contiguous input from offset 0 only.
@@ -51,9 +53,13 @@ impl CustomOp1 for CandleAllReduce {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+fn median(v: Vec<f64>) -> f64 {
+    quantile(v, 0.5)
+}
+
+fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 fn main() -> anyhow::Result<()> {
@@ -78,8 +84,15 @@ fn main() -> anyhow::Result<()> {
         caps.version, caps.library_path
     );
     println!(
-        "# {:>8} {:>12} {:>12} {:>9} {:>12} {:>12}",
-        "bytes", "unicomm_us", "candle_us", "delta_us", "uni_host_us", "candle_host_us"
+        "# {:>8} {:>12} {:>12} {:>9} {:>12} {:>14} {:>10} {:>14}",
+        "bytes",
+        "unicomm_us",
+        "candle_us",
+        "delta_us",
+        "uni_host_us",
+        "candle_host_us",
+        "paired_us",
+        "paired_q1..q3"
     );
     for (bytes, iters) in [(8usize << 10, 2000usize), (1 << 20, 500)] {
         let x = Tensor::ones(bytes / 2, DType::BF16, &dev)?;
@@ -119,12 +132,19 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
+        let paired: Vec<f64> = u.iter().zip(&c).map(|(a, b)| a - b).collect();
+        let (q1, q2, q3) = (
+            quantile(paired.clone(), 0.25),
+            quantile(paired.clone(), 0.5),
+            quantile(paired, 0.75),
+        );
         let (u, c) = (median(u), median(c));
         println!(
-            "  {bytes:>8} {u:>12.2} {c:>12.2} {:>9.3} {:>12.2} {:>12.2}",
+            "  {bytes:>8} {u:>12.2} {c:>12.2} {:>9.3} {:>12.2} {:>14.2} {q2:>10.3} {:>14}",
             u - c,
             median(uh),
-            median(ch)
+            median(ch),
+            format!("{q1:.3}..{q3:.3}")
         );
     }
     Ok(())

@@ -77,6 +77,16 @@ impl Communicator {
     /// The streams, once no other thread of this rank is inside a call (at most the
     /// communicator's deadline: then `Timeout`).
     pub(crate) fn locked(&self, what: &'static str) -> Result<MutexGuard<'_, Streams>> {
+        // Uncontended (one thread per rank, the common case): one atomic, no deadline read.
+        if let Some(g) = self.streams.try_lock() {
+            return Ok(g);
+        }
+        self.locked_within(what)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn locked_within(&self, what: &'static str) -> Result<MutexGuard<'_, Streams>> {
         let wait = self.comm.timeout().unwrap_or(DEFAULT_WAIT);
         self.streams.try_lock_for(wait).ok_or_else(|| {
             wrap(
