@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
 
-use super::auth::{io, nonce, same, Hello, Key, CHALLENGE, CHALLENGE_LEN, HELLO_LEN, REFUSED};
+use super::auth::{io, nonce, same, Hello, Key, FIRST_LEN, HELLO_LEN, IDS, IDS_HEAD_LEN, REFUSED};
 use super::drops::DropLog;
 use super::file::missing;
 use super::launcher::LaunchEnv;
@@ -44,16 +44,14 @@ pub(crate) struct Tally {
     pub(crate) dropped: u64,
     /// The most handshakes under way at once.
     pub(crate) peak: usize,
-    /// Read calls made for ranks' proofs (one per rank served: a proof is read once it has
-    /// arrived, and it arrives whole).
-    pub(crate) proof_reads: u64,
+    /// Answers written (one per connection answered: the handshake is one message each
+    /// way, and a small answer goes out in one write).
+    pub(crate) writes: u64,
 }
 
 enum Phase {
-    /// Reading the hello.
+    /// Reading the rank's hello and proof.
     Hello,
-    /// Writing the challenge, then reading the client's proof.
-    Proof { hello: Hello, ns: [u8; 16] },
     /// Writing the last message (the sealed id to a rank, or a refusal and why), then
     /// closing.
     Last {
@@ -64,7 +62,7 @@ enum Phase {
 struct Conn {
     s: Stream,
     phase: Phase,
-    inbuf: [u8; HELLO_LEN],
+    inbuf: [u8; FIRST_LEN],
     got: usize,
     out: Vec<u8>,
     sent: usize,
@@ -340,7 +338,7 @@ impl Conn {
             s,
             generation,
             phase: Phase::Hello,
-            inbuf: [0; HELLO_LEN],
+            inbuf: [0; FIRST_LEN],
             got: 0,
             out: Vec::new(),
             sent: 0,
@@ -350,51 +348,40 @@ impl Conn {
 
     /// As far as the socket lets it go now.
     fn advance(&mut self, srv: &mut Server<'_>) -> Step {
-        loop {
-            let sending = self.sent < self.out.len();
-            match self.flush() {
-                Ok(true) => {}
-                Ok(false) => return Step::Waiting,
-                Err(e) => return Step::Dropped(format!("writing: {e}")),
-            }
-            if let Phase::Last { rank } = &self.phase {
-                return match rank {
-                    Ok(_) => Step::Served,
-                    Err(why) => Step::Dropped(why.clone()),
-                };
-            }
-            // The challenge just went out: its answer cannot be here yet (the rank needs
-            // the challenge's nonce first), and its arrival is an event of its own, so no
-            // read that could only say "would block" (a system call in eight per rank).
-            if sending {
-                return Step::Waiting;
-            }
-            let want = match self.phase {
-                Phase::Hello => HELLO_LEN,
-                _ => {
-                    srv.tally.proof_reads += 1;
-                    32
+        if let Phase::Hello = self.phase {
+            // A hello's worth is judged as soon as it is in: a stranger's bytes are dropped
+            // at once, not held until its connection's deadline.
+            let whole = self.fill(HELLO_LEN).and_then(|_| {
+                if self.got < HELLO_LEN {
+                    return Ok(false);
                 }
-            };
-            match self.fill(want) {
+                Hello::parse(&self.inbuf[..HELLO_LEN]).map_err(|e| e.to_string())?;
+                self.fill(FIRST_LEN)
+            });
+            match whole {
                 Ok(true) => {}
                 Ok(false) => return Step::Waiting,
                 Err(why) => return Step::Dropped(why),
             }
-            self.got = 0;
-            let next = match std::mem::replace(&mut self.phase, Phase::Hello) {
-                Phase::Hello => srv.hello(&self.inbuf),
-                Phase::Proof { hello, ns } => srv.proof(hello, ns, &self.inbuf),
-                Phase::Last { .. } => unreachable_last(),
-            };
-            match next {
+            match srv.first(&self.inbuf) {
                 Ok((phase, out)) => {
                     self.phase = phase;
                     self.out = out;
                     self.sent = 0;
+                    srv.tally.writes += 1;
                 }
                 Err(why) => return Step::Dropped(why),
             }
+        }
+        match self.flush() {
+            Ok(true) => {}
+            Ok(false) => return Step::Waiting,
+            Err(e) => return Step::Dropped(format!("writing: {e}")),
+        }
+        match &self.phase {
+            Phase::Last { rank: Ok(_) } => Step::Served,
+            Phase::Last { rank: Err(why) } => Step::Dropped(why.clone()),
+            Phase::Hello => Step::Dropped("an answer without a phase after it".into()),
         }
     }
 
@@ -427,64 +414,68 @@ impl Conn {
     }
 }
 
-/// A connection in its last phase is never read again ([`Conn::advance`] returns first).
-fn unreachable_last() -> std::result::Result<(Phase, Vec<u8>), String> {
-    Err("read after the last message".into())
-}
-
 type Next = std::result::Result<(Phase, Vec<u8>), String>;
 
 impl Server<'_> {
-    /// The answer to a hello: a challenge with rank 0's proof, or an authenticated refusal.
-    fn hello(&mut self, b: &[u8; HELLO_LEN]) -> Next {
-        let h = Hello::parse(b).map_err(|e| e.to_string())?;
+    /// The answer to a rank's first message: nothing to one that does not prove the token
+    /// (dropped); an authenticated refusal to a rank of another world, rank 0's own or one
+    /// that joined already; else the ids, sealed, after rank 0's proof (the rank taken now:
+    /// two connections of one rank race here).
+    fn first(&mut self, b: &[u8; FIRST_LEN]) -> Next {
+        let h = Hello::parse(&b[..HELLO_LEN]).map_err(|e| e.to_string())?;
         let (r, w) = words(&h);
+        let expect = [b[HELLO_LEN], b[HELLO_LEN + 1]];
+        let proof: [u8; 32] = b[HELLO_LEN + 2..].try_into().unwrap_or([0; 32]);
+        if !same(
+            &proof,
+            &self.key.mac(b"client", &[&r, &w, &h.nonce, &expect]),
+        ) {
+            return Err("the client does not hold this job's token".into());
+        }
         let world = self.env.world_size;
+        let n = ((self.ids.len() / 128) as u16).to_le_bytes();
         let taken = self.served.get(h.rank) != Some(&false);
-        if h.world != world || h.rank == 0 || h.rank >= world || taken {
+        if h.world != world || h.rank == 0 || h.rank >= world || taken || expect != n {
             // Authenticated under the client's fresh nonce: only a holder of the token can
             // refuse a rank, so a stranger on the port cannot make it give up.
             let mut msg = vec![REFUSED];
-            msg.extend_from_slice(&self.key.mac(b"refused", &[&r, &w, &h.nonce]));
-            let why = format!(
-                "refused: claims rank {} of {}; this job is {world} ranks{}",
-                h.rank,
-                h.world,
-                if taken && h.rank < world {
-                    " and that rank already joined"
-                } else {
-                    ""
-                }
-            );
+            msg.extend_from_slice(&n);
+            msg.extend_from_slice(&self.key.mac(b"refused", &[&r, &w, &h.nonce, &n]));
+            let why = match expect != n {
+                true => format!(
+                    "refused: rank {} expects {} id(s), this rendezvous hands out {}",
+                    h.rank,
+                    u16::from_le_bytes(expect),
+                    u16::from_le_bytes(n)
+                ),
+                false => format!(
+                    "refused: claims rank {} of {}; this job is {world} ranks{}",
+                    h.rank,
+                    h.world,
+                    if taken && h.rank < world {
+                        " and that rank already joined"
+                    } else {
+                        ""
+                    }
+                ),
+            };
             return Ok((Phase::Last { rank: Err(why) }, msg));
+        }
+        if let Some(t) = self.served.get_mut(h.rank) {
+            *t = true;
         }
         self.nonces.1 += 1;
         let mut ns = [0u8; 16];
         ns.copy_from_slice(&self.nonces.0.mac(b"nonce", &[&self.nonces.1.to_le_bytes()])[..16]);
-        let n = ((self.ids.len() / 128) as u16).to_le_bytes();
-        let mut msg = Vec::with_capacity(1 + CHALLENGE_LEN);
-        msg.push(CHALLENGE);
+        let mut msg = Vec::with_capacity(1 + IDS_HEAD_LEN + self.ids.len());
+        msg.push(IDS);
         msg.extend_from_slice(&ns);
         msg.extend_from_slice(&n);
         msg.extend_from_slice(&self.key.mac(b"server", &[&r, &w, &h.nonce, &ns, &n]));
-        Ok((Phase::Proof { hello: h, ns }, msg))
-    }
-
-    /// The id, sealed, to a client that proved the token (the rank taken now: two
-    /// connections of one rank race here).
-    fn proof(&mut self, h: Hello, ns: [u8; 16], b: &[u8; HELLO_LEN]) -> Next {
-        let (r, w) = words(&h);
-        let want = self.key.mac(b"client", &[&r, &w, &h.nonce, &ns]);
-        if !same(&b[..32].try_into().unwrap_or([0; 32]), &want) {
-            return Err("the client does not hold this job's token".into());
-        }
-        match self.served.get_mut(h.rank) {
-            Some(t) if !*t => *t = true,
-            _ => return Err(format!("rank {} joined meanwhile", h.rank)),
-        }
-        let mut sealed = self.ids.clone();
-        self.key.seal(&mut sealed, (&h.nonce, &ns));
-        Ok((Phase::Last { rank: Ok(h.rank) }, sealed))
+        let at = msg.len();
+        msg.extend_from_slice(&self.ids);
+        self.key.seal(&mut msg[at..], (&h.nonce, &ns));
+        Ok((Phase::Last { rank: Ok(h.rank) }, msg))
     }
 }
 

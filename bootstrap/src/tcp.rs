@@ -64,8 +64,9 @@ impl From<Error> for JoinError {
     }
 }
 
-/// A client's side: hello, check rank 0's proof, prove itself, receive the `count` ids
-/// (from rank 0 over TCP, or from the host's first rank on its local socket).
+/// A client's side: its hello and proof in one message, then rank 0's answer: a refusal, or
+/// the `count` ids after rank 0's proof (from rank 0 over TCP, or from the host's first rank
+/// on its local socket).
 pub(crate) fn join<S: Timed>(
     s: &mut S,
     env: &LaunchEnv,
@@ -79,22 +80,34 @@ pub(crate) fn join<S: Timed>(
         world: env.world_size,
         nonce: nonce()?,
     };
-    write_until(s, &h.bytes(), deadline).map_err(|e| ioe("hello", e))?;
-    let mut kind = [0u8; 1];
-    read_until(s, &mut kind, deadline).map_err(|e| ioe("rank 0's answer", e))?;
     let (r, w) = (
         (h.rank as u32).to_le_bytes(),
         (h.world as u32).to_le_bytes(),
     );
+    let expect = u16::try_from(count)
+        .map_err(|_| Error::invalid("count", format!("{count} ids; at most {MAX_IDS}")))?
+        .to_le_bytes();
+    let mut first = [0u8; FIRST_LEN];
+    first[..HELLO_LEN].copy_from_slice(&h.bytes());
+    first[HELLO_LEN..HELLO_LEN + 2].copy_from_slice(&expect);
+    first[HELLO_LEN + 2..].copy_from_slice(&key.mac(b"client", &[&r, &w, &h.nonce, &expect]));
+    write_until(s, &first, deadline).map_err(|e| ioe("hello", e))?;
+    let mut kind = [0u8; 1];
+    read_until(s, &mut kind, deadline).map_err(|e| ioe("rank 0's answer", e))?;
     if kind[0] == REFUSED {
-        let mut proof = [0u8; 32];
-        read_until(s, &mut proof, deadline).map_err(|e| ioe("rank 0's refusal", e))?;
+        let mut refusal = [0u8; 2 + 32];
+        read_until(s, &mut refusal, deadline).map_err(|e| ioe("rank 0's refusal", e))?;
+        let n = [refusal[0], refusal[1]];
+        let proof: [u8; 32] = refusal[2..].try_into().unwrap_or([0; 32]);
         // Believed only from a holder of the token: a stranger's refusal is retried.
-        if !same(&proof, &key.mac(b"refused", &[&r, &w, &h.nonce])) {
+        if !same(&proof, &key.mac(b"refused", &[&r, &w, &h.nonce, &n])) {
             return Err(Error::Bootstrap {
                 reason: "a refusal without this job's token (a stranger on the port)".into(),
             }
             .into());
+        }
+        if n != expect {
+            return Err(other_count(u16::from_le_bytes(n), count));
         }
         return Err(JoinError::Refused(Error::Bootstrap {
             reason: format!(
@@ -103,7 +116,7 @@ pub(crate) fn join<S: Timed>(
             ),
         }));
     }
-    if kind[0] != CHALLENGE {
+    if kind[0] != IDS {
         return Err(Error::Bootstrap {
             reason: format!(
                 "answer {} is not unicomm's (a stranger on the port)",
@@ -112,8 +125,8 @@ pub(crate) fn join<S: Timed>(
         }
         .into());
     }
-    let mut ch = [0u8; CHALLENGE_LEN];
-    read_until(s, &mut ch, deadline).map_err(|e| ioe("rank 0's challenge", e))?;
+    let mut ch = [0u8; IDS_HEAD_LEN];
+    read_until(s, &mut ch, deadline).map_err(|e| ioe("rank 0's answer", e))?;
     let mut ns = [0u8; 16];
     ns.copy_from_slice(&ch[..16]);
     let n = [ch[16], ch[17]];
@@ -127,22 +140,23 @@ pub(crate) fn join<S: Timed>(
         }
         .into());
     }
-    let served = usize::from(u16::from_le_bytes(n));
-    if served != count {
-        // Authenticated: the real rank 0 hands out another number of ids. Final.
-        return Err(JoinError::Refused(Error::Bootstrap {
-            reason: format!(
-                "rank 0 hands out {served} unique id(s), this rank expects {count} \
-                 (UNICOMM_RANKS_PER_ROOT or the library's version differs between ranks)"
-            ),
-        }));
+    if n != expect {
+        return Err(other_count(u16::from_le_bytes(n), count));
     }
-    let mine = key.mac(b"client", &[&r, &w, &h.nonce, &ns]);
-    write_until(s, &mine, deadline).map_err(|e| ioe("proof", e))?;
     let mut ids = vec![0u8; 128 * count];
     read_until(s, &mut ids, deadline).map_err(|e| ioe("receiving the id", e))?;
     key.seal(&mut ids, (&h.nonce, &ns));
     Ok(ids)
+}
+
+/// Rank 0 hands out `served` ids, this rank expects `count` (an authenticated answer: final).
+fn other_count(served: u16, count: usize) -> JoinError {
+    JoinError::Refused(Error::Bootstrap {
+        reason: format!(
+            "rank 0 hands out {served} unique id(s), this rank expects {count} \
+             (UNICOMM_RANKS_PER_ROOT or the library's version differs between ranks)"
+        ),
+    })
 }
 
 /// Hands rank 0's unique id to every rank: rank 0 calls `make_id`, listens on exactly

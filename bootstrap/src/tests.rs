@@ -264,14 +264,14 @@ fn a_squatter_on_the_port_cannot_hand_out_a_forged_id() {
     let fake = std::thread::spawn(move || {
         for s in squat.incoming().take(10_000).flatten() {
             let mut s = s;
-            let mut hb = [0u8; HELLO_LEN];
-            if s.read_exact(&mut hb).is_err() {
+            let mut first = [0u8; FIRST_LEN];
+            if s.read_exact(&mut first).is_err() {
                 continue;
             }
-            let mut msg = vec![CHALLENGE];
-            msg.extend_from_slice(&[0u8; CHALLENGE_LEN]);
+            let mut msg = vec![IDS];
+            msg.extend_from_slice(&[0u8; IDS_HEAD_LEN]);
             let _ = s.write_all(&msg);
-            let _ = s.write_all(&[0u8; 32 + 128]);
+            let _ = s.write_all(&[0u8; 128]);
         }
     });
     let r = exchange_unique_id(

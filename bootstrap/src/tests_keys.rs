@@ -178,7 +178,8 @@ fn a_refusal_without_the_token_is_not_believed() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let port = free_port();
-    // A squatter answers every hello with the refusal byte (and some bytes as its "proof").
+    // A squatter answers every rank's message with the refusal byte (and some bytes as the
+    // number of ids and its "proof").
     let squat = TcpListener::bind(("127.0.0.1", port)).unwrap();
     squat.set_nonblocking(true).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -188,10 +189,10 @@ fn a_refusal_without_the_token_is_not_believed() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 if let Ok((mut s, _)) = squat.accept() {
                     let _ = s.set_nonblocking(false);
-                    let mut hb = [0u8; HELLO_LEN];
-                    if s.read_exact(&mut hb).is_ok() {
+                    let mut first = [0u8; FIRST_LEN];
+                    if s.read_exact(&mut first).is_ok() {
                         let _ = s.write_all(&[REFUSED]);
-                        let _ = s.write_all(&[0u8; 32]);
+                        let _ = s.write_all(&[0u8; 2 + 32]);
                     }
                 } else {
                     std::thread::sleep(Duration::from_millis(5));

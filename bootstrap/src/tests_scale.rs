@@ -238,18 +238,18 @@ fn a_rank_expecting_another_number_of_ids_fails_at_once_naming_both() {
     });
 }
 
-/// Rank 0 reads a rank's proof once it has arrived, not as the challenge goes out: the proof
-/// cannot be there yet (the rank needs the challenge's nonce first). That read, which could
-/// only say "would block", was one of rank 0's eight system calls per rank (strace of 1,024
-/// ranks joining). (A read of a hello may find nothing on a busy machine, where the rank
-/// had not written it yet: those are not counted.)
+/// The handshake is one message each way: rank 0 answers each rank once, with the ids, and
+/// never waits for a second message from it. Nearly all of rank 0's time per rank is the
+/// kernel's loopback TCP (93% under `perf` at 4,096 ranks), so the challenge and proof that
+/// went between hello and ids (two more messages, two more system calls on rank 0) were
+/// most of what rank 0 could cut.
 #[test]
-fn rank_0_reads_a_proof_once_it_has_arrived() {
+fn rank_0_answers_each_rank_with_one_message() {
     const WORLD: usize = 9;
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let tally = serve_world(stream::listen(addr, WORLD).unwrap(), WORLD, port);
-    assert!(tally.proof_reads < 2 * tally.served, "{tally:?}");
+    assert_eq!(tally.writes, tally.served, "{tally:?}");
 }
 
 /// Rank 0 serving `world` on `listeners` (port `port`) while its other ranks join; what it
