@@ -44,8 +44,8 @@ pub(crate) struct Tally {
     pub(crate) dropped: u64,
     /// The most handshakes under way at once.
     pub(crate) peak: usize,
-    /// Answers written (one per connection answered: the handshake is one message each
-    /// way, and a small answer goes out in one write).
+    /// Write calls that sent bytes to connections that ended (one per connection answered:
+    /// the handshake is one message each way, and a small answer goes out in one write).
     pub(crate) writes: u64,
 }
 
@@ -68,6 +68,8 @@ struct Conn {
     sent: usize,
     deadline: Instant,
     generation: u64,
+    /// Write calls that sent bytes, not yet added to the tally.
+    writes: u64,
 }
 
 /// Where a connection stands after some progress.
@@ -343,6 +345,7 @@ impl Conn {
             out: Vec::new(),
             sent: 0,
             deadline: Instant::now() + PER_CONNECTION,
+            writes: 0,
         }
     }
 
@@ -368,12 +371,13 @@ impl Conn {
                     self.phase = phase;
                     self.out = out;
                     self.sent = 0;
-                    srv.tally.writes += 1;
                 }
                 Err(why) => return Step::Dropped(why),
             }
         }
-        match self.flush() {
+        let flushed = self.flush();
+        srv.tally.writes += std::mem::take(&mut self.writes);
+        match flushed {
             Ok(true) => {}
             Ok(false) => return Step::Waiting,
             Err(e) => return Step::Dropped(format!("writing: {e}")),
@@ -390,7 +394,10 @@ impl Conn {
         while self.sent < self.out.len() {
             match self.s.write(&self.out[self.sent..]) {
                 Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                Ok(n) => self.sent += n,
+                Ok(n) => {
+                    self.sent += n;
+                    self.writes += 1;
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
