@@ -52,27 +52,20 @@ pub(crate) struct Tally {
     pub(crate) writes: u64,
 }
 
-enum Phase {
-    /// Reading the rank's hello and proof.
-    Hello,
-    /// Writing the last message (the sealed id to a rank, or a refusal and why), then
-    /// closing.
-    Last {
-        rank: std::result::Result<usize, String>,
-    },
-}
+/// What a connection's answer ends with: the rank it served, or why it served none.
+type Outcome = std::result::Result<usize, String>;
 
 struct Conn {
     s: Stream,
-    phase: Phase,
+    /// `None` while reading the rank's hello and proof; then the answer's outcome, known
+    /// while the answer (`out`) is written, after which the connection closes.
+    answered: Option<Outcome>,
     inbuf: [u8; FIRST_LEN],
     got: usize,
     out: Vec<u8>,
     sent: usize,
     deadline: Instant,
     generation: u64,
-    /// Write calls that sent bytes, not yet added to the tally.
-    writes: u64,
 }
 
 /// Where a connection stands after some progress.
@@ -344,19 +337,18 @@ impl Conn {
         Conn {
             s,
             generation,
-            phase: Phase::Hello,
+            answered: None,
             inbuf: [0; FIRST_LEN],
             got: 0,
             out: Vec::new(),
             sent: 0,
             deadline: Instant::now() + PER_CONNECTION,
-            writes: 0,
         }
     }
 
     /// As far as the socket lets it go now.
     fn advance(&mut self, srv: &mut Server<'_>) -> Step {
-        if let Phase::Hello = self.phase {
+        if self.answered.is_none() {
             // A hello's worth is judged as soon as it is in: a stranger's bytes are dropped
             // at once, not held until its connection's deadline.
             let whole = self.fill(HELLO_LEN).and_then(|_| {
@@ -371,37 +363,35 @@ impl Conn {
                 Ok(false) => return Step::Waiting,
                 Err(why) => return Step::Dropped(why),
             }
-            match srv.first(&self.inbuf) {
-                Ok((phase, out)) => {
-                    self.phase = phase;
-                    self.out = out;
-                    self.sent = 0;
-                }
+            let (outcome, out) = match srv.first(&self.inbuf) {
+                Ok(answer) => answer,
                 Err(why) => return Step::Dropped(why),
-            }
+            };
+            self.answered = Some(outcome);
+            self.out = out;
+            self.sent = 0;
         }
-        let flushed = self.flush();
-        srv.tally.writes += std::mem::take(&mut self.writes);
-        match flushed {
+        match self.flush(&mut srv.tally.writes) {
             Ok(true) => {}
             Ok(false) => return Step::Waiting,
             Err(e) => return Step::Dropped(format!("writing: {e}")),
         }
-        match &self.phase {
-            Phase::Last { rank: Ok(_) } => Step::Served,
-            Phase::Last { rank: Err(why) } => Step::Dropped(why.clone()),
-            Phase::Hello => Step::Dropped("an answer without a phase after it".into()),
+        match self.answered.take() {
+            Some(Ok(_)) => Step::Served,
+            Some(Err(why)) => Step::Dropped(why),
+            None => Step::Dropped("written to before its answer".into()),
         }
     }
 
-    /// Writes what is pending; `Ok(true)` once all of it is out.
-    fn flush(&mut self) -> std::io::Result<bool> {
+    /// Writes what is pending, counting the write calls in `writes`; `Ok(true)` once all
+    /// of it is out.
+    fn flush(&mut self, writes: &mut u64) -> std::io::Result<bool> {
         while self.sent < self.out.len() {
             match self.s.write(&self.out[self.sent..]) {
                 Ok(0) => return Err(ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     self.sent += n;
-                    self.writes += 1;
+                    *writes += 1;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -426,7 +416,9 @@ impl Conn {
     }
 }
 
-type Next = std::result::Result<(Phase, Vec<u8>), String>;
+/// A first message's answer: its outcome and the bytes to write; `Err` drops the
+/// connection without one.
+type Next = std::result::Result<(Outcome, Vec<u8>), String>;
 
 impl Server<'_> {
     /// The answer to a rank's first message: nothing to one that does not prove the token
@@ -471,7 +463,7 @@ impl Server<'_> {
                     }
                 ),
             };
-            return Ok((Phase::Last { rank: Err(why) }, msg));
+            return Ok((Err(why), msg));
         }
         if let Some(t) = self.served.get_mut(h.rank) {
             *t = true;
@@ -487,7 +479,7 @@ impl Server<'_> {
         let at = msg.len();
         msg.extend_from_slice(&self.ids);
         self.key.seal(&mut msg[at..], (&h.nonce, &ns));
-        Ok((Phase::Last { rank: Ok(h.rank) }, msg))
+        Ok((Ok(h.rank), msg))
     }
 }
 

@@ -265,15 +265,7 @@ fn serve_world(listeners: Vec<stream::Listener>, world: usize, port: u16) -> Tal
             })
             .collect();
         std::thread::sleep(Duration::from_millis(300));
-        let now = Instant::now();
-        let t = serve(
-            &env(0, world, port),
-            (format!("127.0.0.1:{port}"), listeners),
-            &[7; 128],
-            |r| r != 0,
-            (now, now + Duration::from_secs(10), Duration::from_secs(10)),
-        )
-        .unwrap();
+        let t = serve_now(listeners, world, port).unwrap();
         for h in ranks {
             assert_eq!(h.join().unwrap().unwrap(), [7; 128]);
         }
@@ -283,6 +275,37 @@ fn serve_world(listeners: Vec<stream::Listener>, world: usize, port: u16) -> Tal
     tally
 }
 
+/// Rank 0 serving `[7; 128]` to the other ranks of `world` on `listeners` (port `port`)
+/// from now on, within 10 s.
+fn serve_now(
+    listeners: Vec<stream::Listener>,
+    world: usize,
+    port: u16,
+) -> unicomm_core::Result<Tally> {
+    let now = Instant::now();
+    serve(
+        &env(0, world, port),
+        (format!("127.0.0.1:{port}"), listeners),
+        &[7; 128],
+        |r| r != 0,
+        (now, now + Duration::from_secs(10), Duration::from_secs(10)),
+    )
+}
+
+/// Rank 0's listeners for 24 ranks in queues of 8 (a quarter to spare: four queues) on a
+/// free port.
+fn four_queues() -> (u16, Vec<stream::Listener>) {
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let listeners = stream::listen_capped(addr, 24, 8).unwrap();
+    assert_eq!(
+        listeners.len(),
+        4,
+        "24 ranks and a quarter more, in queues of 8"
+    );
+    (port, listeners)
+}
+
 /// Beyond the kernel's cap on one listen queue (`net.core.somaxconn`), rank 0 opens several
 /// on its address and port, and accepts from each: the kernel spreads the ranks over them,
 /// and a queue left unread would leave its ranks to their deadline. (16,384 ranks started
@@ -290,16 +313,8 @@ fn serve_world(listeners: Vec<stream::Listener>, world: usize, port: u16) -> Tal
 /// retried a second later.)
 #[test]
 fn beyond_one_queues_cap_rank_0_listens_on_several_and_serves_every_one() {
-    const WORLD: usize = 24;
-    let port = free_port();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let listeners = stream::listen_capped(addr, WORLD, 8).unwrap();
-    assert_eq!(
-        listeners.len(),
-        4,
-        "24 ranks and a quarter more, in queues of 8"
-    );
-    serve_world(listeners, WORLD, port);
+    let (port, listeners) = four_queues();
+    serve_world(listeners, 24, port);
 }
 
 /// A queue is tried again when a rank arrives in it, not every time a slot frees: an accept
@@ -310,20 +325,9 @@ fn beyond_one_queues_cap_rank_0_listens_on_several_and_serves_every_one() {
 #[test]
 fn a_freed_slot_does_not_send_rank_0_through_every_queue() {
     const WORLD: usize = 24;
-    let port = free_port();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let listeners = stream::listen_capped(addr, WORLD, 8).unwrap();
+    let (port, listeners) = four_queues();
     let tally = std::thread::scope(|s| {
-        let r0 = s.spawn(move || {
-            let now = Instant::now();
-            serve(
-                &env(0, WORLD, port),
-                (format!("127.0.0.1:{port}"), listeners),
-                &[7; 128],
-                |r| r != 0,
-                (now, now + Duration::from_secs(10), Duration::from_secs(10)),
-            )
-        });
+        let r0 = s.spawn(move || serve_now(listeners, WORLD, port));
         for r in 1..WORLD {
             std::thread::sleep(Duration::from_millis(10));
             let got = exchange_unique_id(

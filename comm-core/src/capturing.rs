@@ -93,7 +93,9 @@ impl Drop for StepCall {
 }
 
 /// Called by a flight recorder for an operation enqueued while this thread captures:
-/// kept for the graph's replays instead of recorded as a call. `false` when not capturing.
+/// kept for the graph's replays instead of recorded as a call. `false` when not capturing
+/// (the common case, decided inline on every call's path).
+#[inline]
 pub(crate) fn note_captured(
     recorder: usize,
     what: (Kind, usize, DataType),
@@ -102,6 +104,13 @@ pub(crate) fn note_captured(
     if !capturing() {
         return false;
     }
+    keep_captured(recorder, what, path);
+    true
+}
+
+#[cold]
+#[inline(never)]
+fn keep_captured(recorder: usize, what: (Kind, usize, DataType), path: &'static str) {
     CAPTURED.with(|c| {
         c.borrow_mut().push(Captured {
             recorder,
@@ -109,7 +118,6 @@ pub(crate) fn note_captured(
             path,
         })
     });
-    true
 }
 
 /// Sets this thread's phase for the life of the guard (back to eager on drop, unwinding

@@ -170,9 +170,9 @@ impl<R: Runtime> Agreement<R> {
     }
 
     /// With `UNICOMM_CHECK_COLLECTIVES=1`: the ranks compare the collective `op` about to
-    /// take the path numbered `path().0` (named by `path().1`, found only with the check on; collective; not inside a group,
-    /// whose calls the library defers, nor while `stream` is being captured into a graph,
-    /// whose replays it would not see).
+    /// take the path numbered `path().0` (named by `path().1`; asked only with the check
+    /// on; collective; not inside a group, whose calls the library defers, nor while
+    /// `stream` is being captured into a graph, whose replays it would not see).
     #[inline]
     pub(crate) fn check_collective<'p>(
         &self,

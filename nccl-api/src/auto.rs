@@ -280,10 +280,7 @@ impl Auto {
     ) -> Result<Option<Path>> {
         // Every collective passes here: without a live automatic registration (the common
         // case) no lock is taken.
-        if self.live.load(Ordering::Relaxed) == 0
-            || !op.kind.is_collective()
-            || matches!(op.kind, Kind::Barrier)
-        {
+        if self.idle() || !op.kind.is_collective() || matches!(op.kind, Kind::Barrier) {
             return Ok(None);
         }
         self.path_of(b, op)

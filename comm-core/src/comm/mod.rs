@@ -238,9 +238,7 @@ impl<C: Collective> Comm<C> {
     /// through its step (which borrows it for the graph's life).
     #[inline]
     pub(crate) fn check<T: Element>(&self, v: &View<'_, T, C>) -> Result<()> {
-        if !crate::capturing::direct_call_allowed() {
-            return Err(crate::capturing::direct_call_refused());
-        }
+        direct_call()?;
         self.raw.check_memory(v.mem)
     }
 
@@ -253,10 +251,9 @@ impl<C: Collective> Comm<C> {
         need: impl FnOnce(usize) -> Result<usize>,
     ) -> Result<(View<'a, T, C>, View<'a, T, C>)> {
         let (s, r) = (send.view(), recv.view_mut().into_view());
-        // One thread-local read for both buffers, then each one's device.
-        if !crate::capturing::direct_call_allowed() {
-            return Err(crate::capturing::direct_call_refused());
-        }
+        // [`Comm::check`] of both, the thread's state read once (measured: 45 more
+        // instructions per call under callgrind when read for each buffer).
+        direct_call()?;
         self.raw.check_memory(s.mem)?;
         self.raw.check_memory(r.mem)?;
         let n = need(s.len)?;
@@ -384,6 +381,16 @@ impl<C: Collective> Comm<C> {
         }
         Ok(total / w)
     }
+}
+
+/// `Ok` where this thread may call a collective or copy directly (not inside
+/// `Graph::capture`'s closure outside one of its step's calls).
+#[inline]
+fn direct_call() -> Result<()> {
+    if !crate::capturing::direct_call_allowed() {
+        return Err(crate::capturing::direct_call_refused());
+    }
+    Ok(())
 }
 
 impl<C: Collective> std::fmt::Debug for Comm<C> {
