@@ -259,6 +259,9 @@ impl MockComm {
             self.ctx.target.pre_mul_sum()?;
         }
         if op.kind == unicomm_core::Kind::AllGather {
+            // Checked before the window test's arithmetic (a caller's count can overflow it;
+            // `work` checks every other kind).
+            op.check(self.ctx.rank, self.ctx.world)?;
             let (send, recv) = op.pair()?;
             let (rank, world) = (self.ctx.rank, self.ctx.world);
             let chunk = op.count * op.dtype.size();

@@ -255,6 +255,14 @@ impl DeviceStream for MockStream {
         self.synchronize_inner()
     }
 
+    fn query(&self) -> Result<bool> {
+        let st = self.inner.lock();
+        match &st.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(st.done >= st.enqueued),
+        }
+    }
+
     fn record(&self) -> Result<Marker> {
         let at = Arc::new(OnceLock::new());
         let set = at.clone();

@@ -298,6 +298,29 @@ fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
     assert!(r.is_err(), "in-place all-to-all must be rejected");
 }
 
+/// A raw all-gather whose count overflows the byte arithmetic is refused as an argument,
+/// not a panic (debug) or a wrapped size (release) in the window test before the check.
+#[test]
+fn raw_all_gather_with_an_overflowing_count_is_refused_not_a_panic() {
+    use unicomm_core::{Collective, DataType, Kind, Op, Slice};
+    let comms = world(2);
+    let c = comms[0].backend();
+    let st = c.create_stream().unwrap();
+    let mem = c.alloc(64).unwrap();
+    let s = |offset, bytes| Slice {
+        mem: &mem,
+        offset,
+        bytes,
+    };
+    for count in [usize::MAX, usize::MAX / 4 + 1, 1 << 62] {
+        let r = c.enqueue(
+            Op::new(Kind::AllGather, s(0, 32), s(0, 64), count, DataType::F32),
+            &st,
+        );
+        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    }
+}
+
 /// Through the backend's own door (no typed `Comm` check before it), a receive layout whose
 /// ranges share elements is refused before anything runs, on every rank: peer 1's elements
 /// would otherwise overwrite peer 0's second one (seen as `[0, 100, 101, 0, ...]`).

@@ -107,3 +107,80 @@ fn a_handle_is_waited_polled_and_orders_another_stream() {
     })
     .unwrap();
 }
+
+/// How a completion of one all-reduce ends on rank 0 of 2 when `scene` happens beside it:
+/// the error and how long it took, waited (`wait`) or awaited (the future).
+fn completion_in_scene(scene: &str, awaited: bool) -> (std::result::Result<(), Error>, Duration) {
+    let config = MockConfig {
+        timeout: Duration::from_secs(20),
+        ..MockConfig::default()
+    };
+    let comms = unicomm_mock::local_comms_with(2, config).unwrap();
+    let (c0, c1) = (&comms[0], &comms[1]);
+    std::thread::scope(|s| {
+        let scene = scene.to_string();
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            let st = c1.create_stream().unwrap();
+            match scene.as_str() {
+                // The peer's own abort: its in-flight collectives fail on every rank.
+                "peer abort" => drop(c1.abort()),
+                // The peer calls the same collective with another count.
+                "mismatch" => {
+                    let mut x = c1.upload(&[2.0f32; 4], &st).unwrap();
+                    let _ = c1.all_reduce_in_place(&mut x, ReduceOp::Sum, &st);
+                    let _ = st.synchronize();
+                }
+                // This rank's own communicator aborted from another thread.
+                "own abort" => drop(c0.abort()),
+                _ => unreachable!(),
+            }
+        });
+        let st = c0.create_stream().unwrap();
+        let x = c0.upload(&[1.0f32; 8], &st).unwrap();
+        let t = Instant::now();
+        let h = Completion::start(&st, |s| s.all_reduce_in_place(c0, &x, ReduceOp::Sum)).unwrap();
+        let r = if awaited {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap()
+                .block_on(h)
+        } else {
+            h.wait()
+        };
+        let took = t.elapsed();
+        // The peer's abort leaves it unusable; the other scenes leave rank 1 waiting
+        // for nothing, so the world is aborted before it is dropped.
+        let _ = c0.abort();
+        let _ = c1.abort();
+        (r, took)
+    })
+}
+
+/// A completion whose collective failed ends at once with the failure's own error, as the
+/// same scene ends an eager wait: `Aborted` for a peer's abort and for this rank's own
+/// abort from another thread, `Mismatch` for a peer that called another count, never a
+/// `Timeout` at the deadline (20 s here), whether waited or awaited.
+#[test]
+fn a_failed_completion_ends_at_once_with_the_failures_error() {
+    for awaited in [false, true] {
+        for (scene, want) in [
+            ("peer abort", "aborted"),
+            ("mismatch", "mismatch"),
+            ("own abort", "aborted"),
+        ] {
+            let (r, took) = completion_in_scene(scene, awaited);
+            let got = match &r {
+                Err(Error::Aborted { .. }) => "aborted",
+                Err(Error::Mismatch { .. }) => "mismatch",
+                _ => "other",
+            };
+            assert_eq!(got, want, "{scene} (awaited {awaited}): {r:?}");
+            assert!(
+                took < Duration::from_secs(5),
+                "{scene} (awaited {awaited}) took {took:?}"
+            );
+        }
+    }
+}

@@ -232,3 +232,14 @@ fn a_communicator_counts_the_live_graphs_that_captured_its_work() {
     drop(only_other);
     assert_eq!((c.live_graphs(), o.live_graphs()), (0, 0));
 }
+
+/// A panic in the closure's capturing pass, caught by the caller, ends the capture: an
+/// eager all-reduce on the same stream afterwards runs and is exact (not recorded into a
+/// capture that never ends).
+#[test]
+fn a_caught_panic_in_the_capture_leaves_the_stream_eager_and_exact() {
+    for w in [1, 3] {
+        let comms = unicomm_mock::local_comms(w).unwrap();
+        unicomm_conformance::capture_panic_leaves_the_stream_eager(&comms).unwrap();
+    }
+}

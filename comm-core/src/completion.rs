@@ -6,6 +6,12 @@
 //! `hipLaunchHostFunc`, the mock's stream), and one watcher thread per process wakes a
 //! handle at its deadline (PyTorch's `Work`: `wait`, `is_completed`, `get_future`).
 //!
+//! A failure of the work (a peer's abort, a `Mismatch`, the communicator aborted from
+//! another thread) ends `wait` and the future with its own error as soon as the stream
+//! reports it ([`DeviceStream::query`]: looked at every 1 ms, doubling to 50 ms, while the
+//! work runs), once the stream has reached the handle's point, never as `Timeout` at the
+//! deadline.
+//!
 //! The handle borrows every communicator and buffer the step used until the work is done:
 //! dropping it before then waits for the work, at most until the deadline (so the buffers
 //! are never freed under the device), and past the deadline aborts the communicators, as
@@ -121,11 +127,14 @@ impl Watcher {
 pub struct Completion<'a, C: Collective> {
     slot: Arc<Slot>,
     marker: Marker,
+    stream: &'a C::Stream,
     comms: Vec<&'a Comm<C>>,
     timeout: Duration,
     deadline: Instant,
     /// `wait` or the future reported the outcome: nothing left for the drop.
     settled: bool,
+    /// The future's next look at the stream.
+    look: Look,
 }
 
 impl<'a, C: Collective> Completion<'a, C> {
@@ -154,10 +163,12 @@ impl<'a, C: Collective> Completion<'a, C> {
         Ok(Completion {
             slot,
             marker,
+            stream,
             comms,
             timeout,
             deadline: Instant::now() + timeout,
             settled: false,
+            look: Look::new(),
         })
     }
 
@@ -180,23 +191,42 @@ impl<'a, C: Collective> Completion<'a, C> {
     }
 
     fn block(&self) -> Result<()> {
-        let mut st = self.slot.lock();
-        while !st.0 {
+        let mut look = Look::new();
+        loop {
+            if let Some(r) = self.outcome() {
+                return r;
+            }
             let now = Instant::now();
             if now >= self.deadline {
-                drop(st);
                 return Err(self.expired());
             }
-            st = self
-                .slot
-                .cv
-                .wait_timeout(st, self.deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            let st = self.slot.lock();
+            if !st.0 {
+                drop(
+                    self.slot
+                        .cv
+                        .wait_timeout(st, look.next().min(self.deadline - now))
+                        .unwrap_or_else(|e| e.into_inner()),
+                );
+            }
         }
-        Ok(())
     }
 
+    /// The work's outcome where it is known without waiting: done (`Ok`, unless a
+    /// communicator failed or was aborted while it ran: its kernels then end without
+    /// completing), or failed (a peer's abort, a `Mismatch`, this rank's own abort) and
+    /// ended on the device, so its buffers are free again. `None` while it runs, and while
+    /// work that failed still holds the device (the abort ends it; then the marker is
+    /// reached).
+    fn outcome(&self) -> Option<Result<()>> {
+        let fired = self.slot.lock().0;
+        match self.stream.query() {
+            Err(e) if fired || self.marker.inner().reached() != Some(false) => Some(Err(e)),
+            Err(_) => None,
+            Ok(_) if fired => Some(Ok(())),
+            Ok(_) => None,
+        }
+    }
     /// Past the deadline: the communicators aborted (their peers stop waiting too).
     fn expired(&self) -> Error {
         for c in &self.comms {
@@ -213,25 +243,44 @@ impl<C: Collective> Future for Completion<'_, C> {
     type Output = Result<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        {
-            let mut st = self.slot.lock();
-            if st.0 {
-                drop(st);
-                self.settled = true;
-                return Poll::Ready(Ok(()));
-            }
-            if Instant::now() < self.deadline {
-                let first = st.1.is_none();
-                st.1 = Some(cx.waker().clone());
-                drop(st);
-                if first {
-                    watcher().add(self.deadline, &self.slot);
+        if let Some(r) = self.outcome() {
+            self.settled = true;
+            return Poll::Ready(r);
+        }
+        let now = Instant::now();
+        if now < self.deadline {
+            {
+                let mut st = self.slot.lock();
+                if st.0 {
+                    // Fired between the look and the lock: polled again at once.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
                 }
-                return Poll::Pending;
+                st.1 = Some(cx.waker().clone());
             }
+            // Woken by the work's host function, or by the watcher at the next look (a
+            // failure does not fire the host function) or at the deadline.
+            let at = (now + self.look.next()).min(self.deadline);
+            watcher().add(at, &self.slot);
+            return Poll::Pending;
         }
         self.settled = true;
         Poll::Ready(Err(self.expired()))
+    }
+}
+
+/// How often a waiter looks at the stream for a failure while the work runs: at 1 ms,
+/// then twice as long each time up to 50 ms (a failure reported within one look; a long
+/// collective costs a few looks a second).
+struct Look(Duration);
+
+impl Look {
+    fn new() -> Self {
+        Look(Duration::from_micros(500))
+    }
+    fn next(&mut self) -> Duration {
+        self.0 = (self.0 * 2).min(Duration::from_millis(50));
+        self.0
     }
 }
 

@@ -28,6 +28,13 @@ pub trait DeviceStream: Send + Sync + Sized {
     /// asynchronous error it raised.
     fn synchronize(&self) -> Result<()>;
 
+    /// Whether the work enqueued so far has finished, without waiting (`cuStreamQuery`), or
+    /// the failure that ended it: on the GPU backends a communicator's asynchronous error
+    /// (its communicators are then aborted, as a wait does) or its abort while the work ran
+    /// (the kernels end without completing), on the mock the stream's first error. The
+    /// error stays for the next [`DeviceStream::synchronize`] where the backend keeps one.
+    fn query(&self) -> Result<bool>;
+
     /// Records a [`Marker`] in stream order (`cudaEventRecord`): the point after the work
     /// enqueued so far. The time between two markers of one stream is device time, with no
     /// host synchronisation in between (how nccl-tests times back-to-back iterations).

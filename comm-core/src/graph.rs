@@ -31,6 +31,7 @@
 //!   the communicator's last graph ([`Comm::live_graphs`] counts them) lets the abort finish
 //!   and waits for it, at most the deadline. Drop them before the process exits.
 
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::Collective;
@@ -70,21 +71,40 @@ impl<'a, C: Collective> Graph<'a, C> {
         {
             let _warm = PhaseGuard::enter(Phase::Warm)?;
             let cap = Step::new(stream, Phase::Warm);
-            let ran = f(&cap);
+            // A panic in the closure is caught here only to end what it started (the
+            // scratch work waited for before its memory is freed), then resumed.
+            let ran = catch_unwind(AssertUnwindSafe(|| f(&cap)));
             if let Err(e) = stream.synchronize() {
                 // Work that may still use the scratch memory: leaked, never freed under it.
                 cap.leak_scratch();
-                return Err(e);
+                return match ran {
+                    Err(panic) => resume_unwind(panic),
+                    Ok(_) => Err(e),
+                };
             }
-            ran?;
+            drop(cap);
+            match ran {
+                Err(panic) => resume_unwind(panic),
+                Ok(r) => r?,
+            }
         }
         let cap = Step::new(stream, Phase::Capture);
         let phase = PhaseGuard::enter(Phase::Capture)?;
         stream.begin_capture()?;
-        let ran = f(&cap);
+        let ran = catch_unwind(AssertUnwindSafe(|| f(&cap)));
         drop(phase);
-        // The capture is ended whatever the closure did, so the stream is usable again.
+        // The capture is ended whatever the closure did, a panic included (caught above and
+        // resumed below), so the stream runs eager work again: a stream left capturing would
+        // record every later call instead of running it.
         let graph = stream.end_capture();
+        let ran = match ran {
+            Err(panic) => {
+                drop(graph);
+                take_captured();
+                resume_unwind(panic)
+            }
+            Ok(r) => r,
+        };
         ran?;
         let graph = graph?;
         let captured = take_captured();

@@ -319,3 +319,50 @@ pub fn capture_cycles<C: Collective>(comms: &[Comm<C>], cycles: usize) -> Result
     })?;
     Ok(per_rank.into_iter().flatten().max())
 }
+
+/// A panic in a capture's closure during the capturing pass, caught by the caller, ends the
+/// capture: the stream runs eager work again at once (a stream left capturing would record
+/// each later collective instead of running it, and the reader would see stale data). Every
+/// rank panics after enqueuing one collective into the capture, then runs an eager
+/// all-reduce that must be exact.
+pub fn capture_panic_leaves_the_stream_eager<C: Collective>(comms: &[Comm<C>]) -> Result<()> {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    each_rank(comms, |c| {
+        let (r, w) = (c.rank(), c.world_size());
+        let st = c.create_stream()?;
+        let x = c.upload(&[(r + 1) as i64; N], &st)?;
+        let y = c.upload(&[0i64; N], &st)?;
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            Graph::capture(&st, |g| {
+                g.all_reduce(c, &x, &y, ReduceOp::Sum)?;
+                if !g.is_warm_up() {
+                    panic!("the engine's own code panics inside the capture");
+                }
+                Ok(())
+            })
+            .map(drop)
+        }));
+        if caught.is_ok() {
+            return Err(Error::invalid(
+                "graph",
+                "the closure's panic was not resumed",
+            ));
+        }
+        if st.capturing()? {
+            return Err(Error::invalid(
+                "graph",
+                "the stream is still capturing after the closure panicked",
+            ));
+        }
+        let mut z = c.upload(&[0i64; N], &st)?;
+        c.all_reduce(&x, &mut z, ReduceOp::Sum, &st)?;
+        let want = vec![(w * (w + 1) / 2) as i64; N];
+        check(
+            "eager all_reduce after a caught capture panic",
+            0,
+            z.copy_to_host(&st)?,
+            want,
+        )
+    })?;
+    Ok(())
+}

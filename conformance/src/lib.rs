@@ -29,7 +29,10 @@ mod sample;
 mod table;
 mod var;
 
-pub use graphs::{capture_cycles, captured_copy_engine_replays, captured_step_replays};
+pub use graphs::{
+    capture_cycles, capture_panic_leaves_the_stream_eager, captured_copy_engine_replays,
+    captured_step_replays,
+};
 pub use groups::{
     run_groups, run_groups_on_rank, run_groups_on_rank_refusing, run_groups_refusing,
 };

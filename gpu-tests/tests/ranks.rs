@@ -136,3 +136,12 @@ fn a_completion_handle_is_done_after_its_collective_and_orders_another_stream() 
     }
     Ok(())
 }
+
+/// A panic in a capture's closure during the capturing pass, caught by the caller, ends the
+/// CUDA/HIP stream capture: an eager all-reduce on that stream afterwards runs and is exact.
+#[test]
+fn a_caught_capture_panic_leaves_the_stream_eager() -> Result<()> {
+    let w = t::world()?;
+    let cs = GPU.comms(w)?;
+    unicomm_conformance::capture_panic_leaves_the_stream_eager(&cs)
+}

@@ -97,6 +97,12 @@ impl<R: Runtime> DeviceStream for ApiStream<R> {
         ApiStream::synchronize(self)
     }
 
+    fn query(&self) -> Result<bool> {
+        let idle = self.rt.with_device(self.dev, || self.rt.query(&self.s))?;
+        self.watch
+            .query(&format!("{} stream on device {}", R::NAME, self.dev), idle)
+    }
+
     fn record(&self) -> Result<Marker> {
         let ev = self.rt.with_device(self.dev, || self.rt.record(&self.s))?;
         Ok(Marker::new(ApiMarker {

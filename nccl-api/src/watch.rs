@@ -99,6 +99,63 @@ impl Watchers {
         })
     }
 
+    /// One look at the stream's work without waiting: `Ok(true)` when the stream is idle
+    /// and no communicator with work on it was aborted while it ran (an abort ends the
+    /// kernels, so an idle stream after one did not complete its work: `Aborted`);
+    /// `Ok(false)` while it runs. With `poll`, a communicator's asynchronous error aborts
+    /// them all and is the error, with the abort's own failure beside it.
+    fn step(
+        &self,
+        what: &str,
+        ws: &[(Arc<dyn Watched>, bool)],
+        idle: bool,
+        poll: bool,
+    ) -> std::result::Result<bool, Box<(Error, Option<Error>)>> {
+        if idle {
+            let aborted: Vec<&(Arc<dyn Watched>, bool)> =
+                ws.iter().filter(|(w, _)| w.aborted()).collect();
+            if aborted.is_empty() {
+                return Ok(true);
+            }
+            {
+                let mut v = self.list();
+                v.retain(|(x, _)| !aborted.iter().any(|(w, _)| same(x, w)));
+                self.last.store(0, Ordering::Release);
+            }
+            if aborted.iter().all(|(_, told)| *told) {
+                return Ok(true);
+            }
+            // Not `poll`: the aborting thread may still hold the lock.
+            return Err(Box::new((
+                Error::aborted(format!(
+                    "{what}: a communicator with work on it was aborted while it ran"
+                )),
+                None,
+            )));
+        }
+        if poll {
+            for (w, _) in ws {
+                if let Err(e) = w.poll() {
+                    return Err(Box::new((e, self.abort_all(ws))));
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// [`Watchers::wait`]'s one look, without waiting (`cuStreamQuery` with the
+    /// communicators' asynchronous errors): whether the stream's work is done, or the
+    /// failure that ended it.
+    pub(crate) fn query(&self, what: &str, idle: bool) -> Result<bool> {
+        let ws = self.live();
+        self.step(what, &ws, idle, true).map_err(|b| match *b {
+            (e, None) => e,
+            (e, Some(a)) => Error::aborted(format!(
+                "{what}: {e}; then aborting the communicator(s) did not finish: {a}"
+            )),
+        })
+    }
+
     /// Polls `idle` (the stream's query) until it says the work is done, watching the
     /// communicators meanwhile. `default` is the deadline when none is watching.
     ///
@@ -120,43 +177,25 @@ impl Watchers {
         let mut backoff = Backoff::new();
         let mut n: u32 = 0;
         loop {
-            if idle()? {
-                // An abort ends the communicator's kernels, so the stream drains: its work
-                // did not complete.
-                let aborted: Vec<&(Arc<dyn Watched>, bool)> =
-                    ws.iter().filter(|(w, _)| w.aborted()).collect();
-                if aborted.is_empty() {
-                    return Ok(());
-                }
-                {
-                    let mut v = self.list();
-                    v.retain(|(x, _)| !aborted.iter().any(|(w, _)| same(x, w)));
-                    self.last.store(0, Ordering::Release);
-                }
-                if aborted.iter().all(|(_, told)| *told) {
-                    return Ok(());
-                }
-                // Not `poll`: the aborting thread may still hold the lock.
-                return Err(Error::aborted(format!(
-                    "{what}: a communicator with work on it was aborted while it ran"
-                )));
-            }
             n = n.wrapping_add(1);
             // An asynchronous error ends the wait at once (polled every 64 rounds: the
             // stream query is the cheap, common exit).
-            if n.is_multiple_of(64) {
-                for (w, _) in &ws {
-                    if let Err(e) = w.poll() {
-                        return Err(match self.abort_all(&ws) {
-                            None => e,
-                            // The stream may still hold the communicators' work: what a
-                            // deadline that passed means, with the error that began it.
-                            Some(a) => Error::Timeout {
-                                what: format!("{what}: {e}; then aborting the communicator(s) did not finish: {a}"),
-                                after: start.elapsed(),
-                            },
-                        });
-                    }
+            match self
+                .step(what, &ws, idle()?, n.is_multiple_of(64))
+                .map_err(|b| *b)
+            {
+                Ok(false) => {}
+                Ok(true) => return Ok(()),
+                Err((e, None)) => return Err(e),
+                // The stream may still hold the communicators' work: what a deadline that
+                // passed means, with the error that began it.
+                Err((e, Some(a))) => {
+                    return Err(Error::Timeout {
+                        what: format!(
+                            "{what}: {e}; then aborting the communicator(s) did not finish: {a}"
+                        ),
+                        after: start.elapsed(),
+                    })
                 }
             }
             if start.elapsed() >= timeout {

@@ -9,6 +9,9 @@ impl DeviceStream for AnyStream {
     fn synchronize(&self) -> Result<()> {
         each!(self, AnyStream, s => s.synchronize())
     }
+    fn query(&self) -> Result<bool> {
+        each!(self, AnyStream, s => s.query())
+    }
     fn record(&self) -> Result<Marker> {
         each!(self, AnyStream, s => s.record())
     }
