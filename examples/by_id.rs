@@ -1,9 +1,16 @@
-//! An engine's own bootstrap, on every vendor: rank 0 makes a `unicomm::UniqueId` and writes
-//! its bytes to a file (as candle's multi-process example shares NCCL's id); every rank
-//! reads it and joins with `unicomm::init_rank` on GPU `LOCAL_RANK`, then one sum all-reduce,
-//! checked. Ranks come from the launcher's variables (`cargo xtask run --procs 3 --vendor
-//! mock --example by_id`; on one GPU `cargo xtask launch --procs 2 --share-gpu -- by_id`).
-//! `UNICOMM_ID_FILE` names the file (default: in the temporary directory, by job).
+//! An engine's own bootstrap, on every vendor: rank 0 makes a `unicomm::UniqueId`, and its
+//! bytes reach every rank through a file (as candle's multi-process example shares NCCL's
+//! id); every rank joins with `unicomm::init_rank` on GPU `LOCAL_RANK`, then one sum
+//! all-reduce, checked. Ranks come from the launcher's variables (`cargo xtask run --procs 3
+//! --vendor mock --example by_id`; on one GPU `cargo xtask launch --procs 2 --share-gpu --
+//! by_id`). `UNICOMM_ID_FILE` names the file (default: in the temporary directory, by job).
+//!
+//! The file goes through the library's file rendezvous
+//! (`unicomm::bootstrap::LaunchEnv::shared_file`), not `std::fs::read`: the id is sealed and
+//! authenticated under the job's secret (`UNICOMM_RENDEZVOUS_TOKEN`, which the launcher
+//! sets), so an id a stranger planted at the path is ignored, a FIFO or `/dev/zero` there
+//! is neither waited on nor read without end, and nothing at `<file>.tmp` is written
+//! through; one deadline bounds the wait.
 
 #[expect(
     dead_code,
@@ -11,7 +18,7 @@
 )]
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use unicomm::{ReduceOp, UniqueId};
@@ -37,25 +44,11 @@ fn run() -> anyhow::Result<()> {
             std::env::var("MASTER_PORT").unwrap_or_default()
         )),
     };
-    let id = if r == 0 {
-        let id = UniqueId::new(vendor)?;
-        let tmp = file.with_extension("tmp");
-        std::fs::write(&tmp, id.to_bytes())?;
-        std::fs::rename(&tmp, &file)?;
-        id
-    } else {
-        let start = Instant::now();
-        loop {
-            // Only a whole id (rank 0 renames it into place once written).
-            if let Ok(b) = std::fs::read(&file) {
-                break UniqueId::from_bytes(&b)?;
-            }
-            if start.elapsed() > Duration::from_secs(60) {
-                bail!("rank {r}: no id at {} after 60 s", file.display());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let secret = std::env::var("UNICOMM_RENDEZVOUS_TOKEN")
+        .context("UNICOMM_RENDEZVOUS_TOKEN: the job's secret, shared by its ranks only")?;
+    let env = unicomm::bootstrap::LaunchEnv::shared_file(&file, (r, w, local), secret.as_bytes())?;
+    let id = UniqueId::exchange(&env, vendor, Duration::from_secs(60))
+        .with_context(|| format!("rank {r}: the id through {}", file.display()))?;
     let comm = unicomm::init_rank(&id, r, w, local, &Default::default())
         .with_context(|| format!("rank {r} joining by id"))?;
     let stream = comm.create_stream()?;
@@ -69,9 +62,6 @@ fn run() -> anyhow::Result<()> {
         bail!("rank {r}: element {i} is {}, want {want}", host[i]);
     }
     comm.finalize()?;
-    if r == 0 {
-        let _ = std::fs::remove_file(&file);
-    }
     println!("by_id: rank {r} of {w} ({}) PASSED", id.vendor());
     Ok(())
 }

@@ -56,6 +56,26 @@ impl UniqueId {
         b
     }
 
+    /// Rank 0's new id for `vendor`, handed to every rank of `env` through its rendezvous
+    /// ([`unicomm_bootstrap::exchange_unique_id`]: rank 0's port, or a file every rank
+    /// sees, e.g. an engine's own from [`unicomm_bootstrap::LaunchEnv::shared_file`]),
+    /// authenticated under the job's secret and bounded by `timeout`. Every rank passes the
+    /// same vendor (`Auto` is resolved on each rank: set `UNICOMM_VENDOR` where ranks could
+    /// resolve it differently).
+    pub fn exchange(
+        env: &unicomm_bootstrap::LaunchEnv,
+        vendor: Vendor,
+        timeout: std::time::Duration,
+    ) -> Result<Self> {
+        let (vendor, _) = resolve(vendor)?;
+        let bytes = unicomm_bootstrap::exchange_unique_id(
+            env,
+            || dispatch::unique_id_vendor(vendor),
+            timeout,
+        )?;
+        Ok(UniqueId { vendor, bytes })
+    }
+
     /// An id received from the rank that made it: `InvalidArgument` for bytes that are not
     /// one (a wrong length or vendor code).
     pub fn from_bytes(b: &[u8]) -> Result<Self> {

@@ -62,7 +62,7 @@ pub fn init_rank(
     } else {
         Arc::new(ProcFabric::client(Client::connect(
             &hub,
-            rank,
+            (rank, world),
             config.timeout,
         )?))
     };

@@ -151,7 +151,7 @@ pub fn join(
         let id = procs::HubId::parse(&id)?;
         Arc::new(procs::ProcFabric::client(procs::Client::connect(
             &id,
-            env.rank,
+            (env.rank, n),
             bootstrap_timeout,
         )?))
     };

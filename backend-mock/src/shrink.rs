@@ -73,7 +73,7 @@ impl MockComm {
                 Some(h) => Arc::new(procs::ProcFabric::hub(h)),
                 None => Arc::new(procs::ProcFabric::client(procs::Client::connect(
                     &procs::HubId::parse(&id)?,
-                    me,
+                    (me, k),
                     timeout,
                 )?)),
             }

@@ -167,7 +167,7 @@ impl MockComm {
         let mut b = [0u8; 128];
         b.copy_from_slice(&ids[root_rank * 128..][..128]);
         let id = procs::HubId::parse(&b)?;
-        let client = procs::Client::connect(&id, child_rank, self.ctx.timeout)?;
+        let client = procs::Client::connect(&id, (child_rank, k), self.ctx.timeout)?;
         Ok(Some((
             Arc::new(procs::ProcFabric::client(client)),
             world_id,

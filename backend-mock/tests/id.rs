@@ -63,3 +63,73 @@ fn rank_zero_joins_once_where_the_id_was_made() {
         Err(Error::InvalidArgument { .. })
     ));
 }
+
+/// Ranks told different world sizes (rank 0 and 1 a world of 3, rank 2 one of 4) do not
+/// all return `Ok`: the rank told another size is refused at once naming both sizes, and
+/// the ranks of rank 0's world fail at their next collective naming it, well before their
+/// deadline (20 s here), not a `Timeout` and never a panic of a stream worker.
+#[test]
+fn ranks_told_different_world_sizes_are_refused_at_once_naming_both() {
+    let config = MockConfig {
+        timeout: Duration::from_secs(20),
+        ..MockConfig::default()
+    };
+    let id = unique_id().unwrap();
+    let t = std::time::Instant::now();
+    let out: Vec<Result<(), Error>> = std::thread::scope(|s| {
+        let joins: Vec<_> = [(0, 3), (1, 3), (2, 4)]
+            .into_iter()
+            .map(|(r, w)| {
+                let config = config.clone();
+                s.spawn(move || {
+                    let c = Comm::from_backend(init_rank(&id, r, w, config)?);
+                    let st = c.create_stream()?;
+                    let mut b = c.alloc::<f32>(2)?;
+                    c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
+                    st.synchronize()
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "{:?}: {out:?}",
+        t.elapsed()
+    );
+    match &out[2] {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(
+                reason.contains("world of 4") && reason.contains("one of 3"),
+                "{reason}"
+            )
+        }
+        other => panic!("rank 2: {other:?}"),
+    }
+    for (r, o) in out[..2].iter().enumerate() {
+        let e = o
+            .as_ref()
+            .expect_err("a world that cannot complete")
+            .to_string();
+        assert!(e.contains("world of 4"), "rank {r}: {e}");
+    }
+}
+
+/// A rank claimed twice, or outside rank 0's world, is refused at once naming the rule,
+/// not "cannot reach the hub" after the deadline.
+#[test]
+fn a_rank_claimed_twice_or_outside_the_world_is_refused_naming_the_rule() {
+    let id = unique_id().unwrap();
+    let zero = Comm::from_backend(init_rank(&id, 0, 3, config()).unwrap());
+    let one = Comm::from_backend(init_rank(&id, 1, 3, config()).unwrap());
+    let t = std::time::Instant::now();
+    match init_rank(&id, 1, 3, config()) {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains("claimed"), "{reason}")
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Rank 2 never joins: the world is aborted rather than waited for at the drops.
+    let _ = (zero.abort(), one.abort());
+}

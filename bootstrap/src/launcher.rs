@@ -149,7 +149,10 @@ impl LaunchEnv {
             .filter_map(|v| var(v).map(|x| format!("{v}={x}")))
             .collect::<Vec<_>>()
             .join(",");
-        let token = format!("{secret}|{place}|{world_size}|{attempt}").into_bytes();
+        // Not the world size: every message proves it under the token, so a rank told
+        // another size is authenticated and refused naming both sizes (with the size in
+        // the token it would be a stranger, waiting out its deadline unanswered).
+        let token = format!("{secret}|{place}|{attempt}").into_bytes();
         let forward = forwarding(var, (rank, world_size, local_rank), file.is_some())?;
         Ok(LaunchEnv {
             rank,
@@ -417,6 +420,57 @@ impl LaunchEnv {
         Ok(LaunchEnv {
             token: super::auth::mac(&key, b"job", &[&self.token]).to_vec(),
             ..self.clone()
+        })
+    }
+}
+
+/// The fewest bytes [`LaunchEnv::shared_file`] takes as a job's secret.
+pub const MIN_SECRET: usize = 16;
+
+impl LaunchEnv {
+    /// An engine's own bootstrap through a file every rank sees (its own launcher, its own
+    /// variables): [`crate::exchange_unique_id`] over it applies the rendezvous' file rules.
+    /// Rank 0 writes the id sealed and authenticated under `secret` (mode 0600, a fresh
+    /// private temporary file renamed into place, so nothing at `<file>.tmp` is followed or
+    /// waited on); each other rank takes only a file that proves the secret (a stranger's
+    /// planted id is ignored and the wait goes on), opened without blocking (a FIFO there
+    /// is not waited on) and read up to the file's size (`/dev/zero` is not read without
+    /// end), and acknowledges it; one deadline bounds it all. `secret` is shared by the
+    /// job's ranks only (at least [`MIN_SECRET`] bytes; a job id is public, not a secret).
+    pub fn shared_file(
+        path: impl Into<std::path::PathBuf>,
+        (rank, world_size, local_rank): (usize, usize, usize),
+        secret: &[u8],
+    ) -> Result<Self> {
+        if world_size == 0 || world_size > MAX_WORLD || rank >= world_size {
+            return Err(Error::invalid(
+                "rank",
+                format!("rank {rank} of {world_size}: a world has 1..={MAX_WORLD} ranks and rank < world"),
+            ));
+        }
+        if secret.len() < MIN_SECRET {
+            return Err(Error::invalid(
+                "secret",
+                format!(
+                    "{} bytes: a job's secret has at least {MIN_SECRET} (share a random one with the job's ranks)",
+                    secret.len()
+                ),
+            ));
+        }
+        let file: std::path::PathBuf = path.into();
+        let mut token = secret.to_vec();
+        token.extend_from_slice(format!("|file:{}|", file.display()).as_bytes());
+        Ok(LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            master: (String::new(), 0),
+            file: Some(file),
+            launcher: "the engine's own",
+            token,
+            token_source: "the engine's secret",
+            secret_file: None,
+            forward: None,
         })
     }
 }

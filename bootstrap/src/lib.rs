@@ -18,7 +18,7 @@ mod stream;
 mod tcp;
 
 pub use auth::{Hello, HELLO_LEN};
-pub use launcher::{LaunchEnv, Launcher, FORWARD_LOCAL_SIZE, LAUNCHERS, MAX_WORLD};
+pub use launcher::{LaunchEnv, Launcher, FORWARD_LOCAL_SIZE, LAUNCHERS, MAX_WORLD, MIN_SECRET};
 pub use rejoin::Rejoin;
 pub use serving::Serving;
 pub use tcp::{exchange_unique_id, exchange_unique_ids, exchange_unique_ids_serving, MAX_IDS};

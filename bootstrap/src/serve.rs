@@ -88,6 +88,9 @@ struct Server<'a> {
     nonces: (Key, u64),
     /// What this rendezvous did so far.
     tally: Tally,
+    /// A rank that proved the job's token was told another world size: the job is
+    /// misconfigured, and rank 0 fails at once (after the rank's refusal is written).
+    misconfigured: Option<String>,
 }
 
 /// Serves `ids` (128 bytes each) on `listeners` (at `addr`, as messages name it) to every
@@ -111,6 +114,7 @@ pub(crate) fn serve(
         served,
         nonces: (Key::new(&nonce()?), 0),
         tally: Tally::default(),
+        misconfigured: None,
     };
     let mut lp = Loop::new(listeners)?;
     let mut log = DropLog::new(addr.clone());
@@ -141,6 +145,10 @@ pub(crate) fn serve(
                 Step::Dropped(why) => {
                     srv.tally.dropped += 1;
                     log.note(why);
+                    if let Some(why) = srv.misconfigured.take() {
+                        log.flush();
+                        return Err(Error::invalid("WORLD_SIZE", why));
+                    }
                 }
             }
             lp.close(slot);
@@ -463,6 +471,12 @@ impl Server<'_> {
                     }
                 ),
             };
+            if h.world != world && h.rank < h.world {
+                self.misconfigured = Some(format!(
+                    "rank {} of this job (it holds the job's token) was told a world of {} ranks, rank 0 one of {world}: every rank must be given the same world size",
+                    h.rank, h.world
+                ));
+            }
             return Ok((Err(why), msg));
         }
         if let Some(t) = self.served.get_mut(h.rank) {

@@ -207,14 +207,52 @@ fn a_missing_rank_times_out_and_a_wrong_world_is_refused() {
         });
         vec![a.join().unwrap(), b.join().unwrap()]
     });
-    // The wrong hello is dropped and the rendezvous goes on: rank 0 waits for its real
-    // rank 1 until the deadline; the impostor is refused.
-    assert!(matches!(out[0], Err(Error::Timeout { .. })), "{:?}", out[0]);
+    // A rank holding the job's token but told another world size: refused, and rank 0
+    // fails at once too (the job is misconfigured), naming both sizes.
+    assert!(
+        matches!(&out[0], Err(Error::InvalidArgument { reason, .. }) if reason.contains("world of 3") && reason.contains("one of 2")),
+        "{:?}",
+        out[0]
+    );
     assert!(
         matches!(out[1], Err(Error::Bootstrap { .. })),
         "{:?}",
         out[1]
     );
+}
+
+/// Ranks whose launcher variables give different `WORLD_SIZE`s share the job's token (the
+/// size is proven in each message, not mixed into the token): the rank told another size
+/// is refused and rank 0 fails naming both sizes, both well before the deadline (10 s),
+/// instead of the rank waiting out its deadline as a stranger.
+#[test]
+fn a_rank_told_another_world_size_by_its_launcher_is_refused_at_once() {
+    let port = free_port().to_string();
+    let launch = |rank: &str, world: &str| {
+        LaunchEnv::from_vars(vars(&[
+            ("RANK", rank),
+            ("WORLD_SIZE", world),
+            ("LOCAL_RANK", rank),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", &port),
+            (
+                "UNICOMM_RENDEZVOUS_TOKEN",
+                "a-job-secret-of-enough-length-0123456789",
+            ),
+        ]))
+        .unwrap()
+    };
+    let (e0, e1) = (launch("0", "2"), launch("1", "3"));
+    assert_eq!(e0.token, e1.token);
+    let t = Instant::now();
+    let (r0, r1) = std::thread::scope(|s| {
+        let a = s.spawn(|| exchange_unique_id(&e0, || Ok([1; 128]), Duration::from_secs(10)));
+        let b = s.spawn(|| exchange_unique_id(&e1, || Ok([1; 128]), Duration::from_secs(10)));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(matches!(r0, Err(Error::InvalidArgument { .. })), "{r0:?}");
+    assert!(matches!(r1, Err(Error::Bootstrap { .. })), "{r1:?}");
 }
 
 /// Runs rank 0 of a 2-rank job on `port` in a thread while `attack` runs, then rank 1.
@@ -675,5 +713,41 @@ fn file_rendezvous_reads_at_most_what_a_rendezvous_file_holds() {
     assert!(e.contains("longer than"), "{e}");
     let b = unicomm_core::env::read_bounded(&path, 64);
     assert!(b.is_err());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// An engine's own bootstrap through `LaunchEnv::shared_file`: a stranger's id planted at
+/// the path (the raw 129 bytes an engine would have written) and a FIFO at `<file>.tmp`
+/// neither hand a rank the stranger's id nor hang rank 0's write: every rank gets rank 0's
+/// id. A secret shorter than `MIN_SECRET`, or a rank outside the world, is refused.
+#[cfg(unix)]
+#[test]
+fn an_engines_shared_file_ignores_a_planted_id_and_a_fifo_beside_it() {
+    let d = scratch("shared");
+    let path = d.join("engine.id");
+    std::fs::write(&path, [3u8; 129]).unwrap();
+    let tmp = d.join("engine.tmp");
+    let c = std::ffi::CString::new(tmp.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo creates the node or fails.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let secret = b"an engine's secret of 32 bytes..";
+    let ids: Vec<Result<[u8; 128]>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .rev()
+            .map(|r| {
+                let p = path.clone();
+                s.spawn(move || {
+                    let env = LaunchEnv::shared_file(p, (r, 3, r), secret)?;
+                    exchange_unique_id(&env, || Ok([7; 128]), Duration::from_secs(10))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for id in ids {
+        assert_eq!(id.unwrap(), [7; 128]);
+    }
+    assert!(LaunchEnv::shared_file(&path, (0, 2, 0), b"job-42").is_err());
+    assert!(LaunchEnv::shared_file(&path, (2, 2, 0), secret).is_err());
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -93,6 +93,8 @@ fn mock_examples(o: &Opts) -> Result<()> {
         ("alltoall_ub", 4, &[], &[], &[]),
         ("from_env", 3, &[], &[], &[]),
         ("from_env", 3, &[], &file[..], &[]),
+        // An engine's own bootstrap: the id through a file under the job's secret.
+        ("by_id", 3, &[], &[], &[]),
         ("faults", 2, &["--scenario", "skip"], &fast[..], &[]),
         ("faults", 2, &["--scenario", "abort"], &[], &[]),
         // A rank SIGKILLed during the replays of a captured graph.

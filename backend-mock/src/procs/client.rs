@@ -15,6 +15,8 @@ pub(crate) struct Client {
     addr: SocketAddr,
     secret: [u8; 32],
     pub(crate) rank: usize,
+    /// The world size this rank was told (its hello carries it: rank 0 refuses another).
+    world: usize,
     pool: Mutex<Vec<TcpStream>>,
     pub(crate) poison: Arc<Mutex<Option<Error>>>,
     life: Mutex<Option<TcpStream>>,
@@ -22,11 +24,16 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    pub(crate) fn connect(id: &HubId, rank: usize, timeout: Duration) -> Result<Arc<Client>> {
+    pub(crate) fn connect(
+        id: &HubId,
+        (rank, world): (usize, usize),
+        timeout: Duration,
+    ) -> Result<Arc<Client>> {
         let c = Client {
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, id.port)),
             secret: id.secret,
             rank,
+            world,
             pool: Mutex::new(Vec::new()),
             poison: Arc::new(Mutex::new(None)),
             life: Mutex::new(None),
@@ -67,18 +74,19 @@ impl Client {
             let _ = s.set_nodelay(true);
             let mut w = W::default();
             w.0.extend_from_slice(&self.secret);
-            w.u64(self.rank as u64).u8(kind);
+            w.u64(self.rank as u64).u8(kind).u64(self.world as u64);
             send_frame(&mut s, &w.0).map_err(|e| self.lost(e))?;
             match recv_frame_within(&mut s, 16, deadline) {
                 Ok(ack) if ack == [0] => {
                     let _ = s.set_read_timeout(None);
                     return Ok(s);
                 }
-                Ok(_) => return Err(bad("hub hello")),
+                // Refused by the hub after the secret was proven: at once, naming why.
+                Ok(no) => return Err(Refusal::error(&no, self.rank, self.world)),
                 Err(e) if std::time::Instant::now() >= deadline => {
                     return Err(Error::Bootstrap {
                         reason: format!(
-                            "rank {}: the mock's hub did not accept this rank (claimed twice, or busy past the deadline): {e}",
+                            "rank {}: the mock's hub did not accept this rank (busy with strangers' connections past the deadline): {e}",
                             self.rank
                         ),
                     })

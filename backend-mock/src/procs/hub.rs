@@ -168,8 +168,11 @@ impl Hub {
         let start = Instant::now();
         let mut lives = self.lives();
         loop {
+            // A rank that never joined a poisoned world will not (it would only be told the
+            // poison): not waited for.
+            let absent_due = self.fabric.poisoned().is_none();
             let waiting: Vec<usize> = (1..self.world)
-                .filter(|&r| lives[r] == Life::Live || lives[r] == Life::Absent)
+                .filter(|&r| lives[r] == Life::Live || (absent_due && lives[r] == Life::Absent))
                 .collect();
             if waiting.is_empty() {
                 return Ok(());
@@ -293,19 +296,45 @@ impl Host for Hub {
     }
 
     /// The rank and kind of an authenticated hello (the job's secret, a rank of the world
-    /// other than 0); `None` for a stranger's, dropped.
-    fn authenticate(&self, hello: &[u8]) -> Option<(usize, u8)> {
+    /// other than 0, told the same world size); a refusal for a hello that proved the
+    /// secret but not the rest; `Err(None)` for a stranger's, dropped unanswered.
+    fn authenticate(&self, hello: &[u8]) -> std::result::Result<(usize, u8), Option<Refusal>> {
         let mut r = R(hello);
-        let (Ok(secret), Ok(rank), Ok(kind)) = (r.take(32).map(<[u8]>::to_vec), r.usize(), r.u8())
+        let (Ok(secret), Ok(rank), Ok(kind), Ok(world)) =
+            (r.take(32).map(<[u8]>::to_vec), r.usize(), r.u8(), r.usize())
         else {
             tracing::warn!("unicomm mock hub: a malformed hello was dropped");
-            return None;
+            return Err(None);
         };
-        if !secret_ok(&secret, &self.secret) || rank == 0 || rank >= self.world {
-            tracing::warn!("unicomm mock hub: a connection without the job's secret (or with rank {rank}) was dropped");
-            return None;
+        if !secret_ok(&secret, &self.secret) {
+            tracing::warn!("unicomm mock hub: a connection without the job's secret was dropped");
+            return Err(None);
         }
-        Some((rank, kind))
+        if world != self.world {
+            tracing::warn!(
+                rank,
+                world,
+                "unicomm mock hub: a rank told another world size was refused"
+            );
+            // The world cannot complete: its ranks fail at their next wait, naming why.
+            self.fabric.poison(Error::invalid(
+                "world",
+                format!("rank {rank} was told a world of {world} ranks and rank 0 one of {}: every rank must be given the same world size", self.world),
+            ));
+            return Err(Some(Refusal::World));
+        }
+        if rank == 0 || rank >= self.world {
+            tracing::warn!(
+                rank,
+                "unicomm mock hub: a rank outside the world was refused"
+            );
+            return Err(Some(Refusal::Rank));
+        }
+        Ok((rank, kind))
+    }
+
+    fn world(&self) -> usize {
+        self.world
     }
 
     /// `rank`'s life connection arrived: `false` if it had one already (the second is

@@ -41,8 +41,11 @@ pub(crate) trait Host: Send + Sync + 'static {
     fn fabric(&self) -> &LocalFabric;
     /// The hub is shutting down.
     fn stopped(&self) -> bool;
-    /// The rank and kind of an authenticated hello; `None` for a stranger's.
-    fn authenticate(&self, hello: &[u8]) -> Option<(usize, u8)>;
+    /// The rank and kind of an authenticated hello; a refusal for one that proved the
+    /// job's secret but not its rank or world; `Err(None)` for a stranger's.
+    fn authenticate(&self, hello: &[u8]) -> std::result::Result<(usize, u8), Option<Refusal>>;
+    /// The world's size (what a refusal names).
+    fn world(&self) -> usize;
     /// `rank`'s life connection arrived: `false` if it had one already.
     fn join(&self, rank: usize) -> bool;
     /// Whether `rank` is live (its requests are served).
@@ -296,13 +299,15 @@ impl Served {
     /// An authenticated hello: the life connection goes to the watcher, a calls connection
     /// stays here. `false` for anything else (dropped as a stranger's).
     fn hello<H: Host>(&mut self, poll: &Poll, h: &Arc<H>, t: Token, hello: &[u8]) -> bool {
-        let Some((rank, kind)) = h.authenticate(hello) else {
-            return false;
+        let (rank, kind) = match h.authenticate(hello) {
+            Ok(k) => k,
+            Err(Some(refusal)) => return self.refuse(poll, t, &refusal.answer(h.world())),
+            Err(None) => return false,
         };
         match kind {
             LIFE => {
                 if !h.join(rank) {
-                    return false;
+                    return self.refuse(poll, t, &Refusal::Twice.answer(h.world()));
                 }
                 let Some(mut c) = self.conns.remove(&t) else {
                     return false;
@@ -328,6 +333,19 @@ impl Served {
             }
             _ => false,
         }
+    }
+
+    /// Answers an authenticated hello the hub refuses (the rank then fails at once, naming
+    /// why, instead of retrying until its deadline) and closes the connection: `false`.
+    fn refuse(&mut self, poll: &Poll, t: Token, answer: &[u8]) -> bool {
+        if let Some(mut c) = self.conns.remove(&t) {
+            let _ = poll.registry().deregister(&mut c.s);
+            let mut s = std::net::TcpStream::from(c.s);
+            let _ = s.set_nonblocking(false);
+            let _ = s.set_write_timeout(Some(HELLO_WITHIN));
+            let _ = send_frame(&mut s, answer);
+        }
+        false
     }
 
     /// One request of `rank` on `t`: answered now, or waiting for its peers.

@@ -380,6 +380,42 @@ pub(crate) mod op {
 pub(crate) const LIFE: u8 = 1;
 pub(crate) const CALLS: u8 = 2;
 
+/// Why the hub refused a hello that proved the job's secret (a stranger's is dropped
+/// unanswered): the answer's first byte is 1, then the reason and the hub's world size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The rank was told another world size than rank 0.
+    World,
+    /// The rank is outside rank 0's world.
+    Rank,
+    /// The rank was claimed by another process already.
+    Twice,
+}
+
+impl Refusal {
+    pub(crate) fn answer(self, world: usize) -> Vec<u8> {
+        let mut w = W::default();
+        w.u8(1).u8(self as u8).u64(world as u64);
+        w.0
+    }
+
+    /// The error a refused rank returns, naming both sides.
+    pub(crate) fn error(answer: &[u8], rank: usize, world: usize) -> Error {
+        let mut r = R(answer);
+        let (reason, theirs) = match (r.u8(), r.u8(), r.usize()) {
+            (Ok(1), Ok(reason), Ok(theirs)) => (reason, theirs),
+            _ => return bad("hub hello"),
+        };
+        let why = match reason {
+            0 => format!("this rank was told a world of {world} ranks and rank 0 one of {theirs}: every rank must be given the same world size"),
+            1 => format!("rank {rank} is outside rank 0's world of {theirs} ranks (rank < world)"),
+            2 => format!("rank {rank} of {theirs} was claimed by another process already: each rank joins once"),
+            _ => return bad("hub hello"),
+        };
+        Error::invalid("rank", why)
+    }
+}
+
 pub(crate) fn secret_ok(a: &[u8], b: &[u8; 32]) -> bool {
     a.len() == 32 && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
