@@ -299,6 +299,18 @@ pub(crate) fn run_coll(
     let fabric = &*ctx.fabric;
     let r = (|| {
         let all = fabric.gather(seq, ctx.rank, desc, ctx.deadline())?;
+        if all.len() != ctx.world {
+            // A world joined under another size (its hello refused it; here in case a
+            // fabric is ever formed so): never indexed past what the ranks described.
+            return Err(Error::Mismatch {
+                what: "world size",
+                detail: format!(
+                    "this rank's world has {} ranks and the exchange described {}",
+                    ctx.world,
+                    all.len()
+                ),
+            });
+        }
         crate::agree::agree(&all)?;
         // SAFETY: every rank agreed on the operation, counts and types; each rank's buffers
         // were checked against its allocation at enqueue time and stay locked and alive until

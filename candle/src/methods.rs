@@ -18,7 +18,7 @@ impl Communicator {
     /// Every rank's `x` concatenated along `dim`, in rank order.
     pub fn all_gather(self: &Arc<Self>, x: &Tensor, dim: usize) -> Result<Tensor> {
         along(x, dim, |t| {
-            t.apply_op1_no_bwd(&AllGather::new(self.clone()))
+            t.apply_op1_no_bwd(&AllGather::new(self.clone()).for_dim(dim))
         })
     }
 
@@ -26,7 +26,7 @@ impl Communicator {
     /// dimension's size divided by the ranks, in rank order).
     pub fn reduce_scatter(self: &Arc<Self>, x: &Tensor, dim: usize, op: Reduce) -> Result<Tensor> {
         along(x, dim, |t| {
-            t.apply_op1_no_bwd(&ReduceScatter::new(self.clone(), op))
+            t.apply_op1_no_bwd(&ReduceScatter::new(self.clone(), op).for_dim(dim))
         })
     }
 
@@ -34,7 +34,9 @@ impl Communicator {
     /// `i`, and the result holds every rank's part for this rank, in rank order (the
     /// head/sequence exchange of Ulysses, MoE dispatch of equal parts).
     pub fn all_to_all(self: &Arc<Self>, x: &Tensor, dim: usize) -> Result<Tensor> {
-        along(x, dim, |t| t.apply_op1_no_bwd(&AllToAll::new(self.clone())))
+        along(x, dim, |t| {
+            t.apply_op1_no_bwd(&AllToAll::new(self.clone()).for_dim(dim))
+        })
     }
 }
 

@@ -156,6 +156,65 @@ fn refusals_name_what_is_wrong() {
     );
 }
 
+/// Ranks whose inputs hold as many elements in other shapes (`[2, 6]` against `[3, 4]`, a
+/// gather's other dimensions too) or other types of as many bytes (f16 against bf16) are a
+/// `Mismatch` on every rank naming both, in the caller's dimensions, never a silent
+/// reinterpretation of each other's bytes; a refusal of a gather along dimension 1 names
+/// dimension 1 of the caller's shape, not of the transposed one the op runs on.
+#[test]
+fn ranks_disagreeing_on_shape_or_type_are_a_mismatch_naming_both() {
+    let out = ranks(2, |c| {
+        let cpu = &Device::Cpu;
+        let shaped = if c.rank() == 0 { (2, 6) } else { (3, 4) };
+        let a = c
+            .all_reduce(&Tensor::zeros(shaped, DType::F32, cpu)?, Reduce::Sum)
+            .unwrap_err();
+        let gathered = if c.rank() == 0 { (4, 3, 2) } else { (4, 2, 3) };
+        let b = c
+            .all_gather(&Tensor::zeros(gathered, DType::F32, cpu)?, 1)
+            .unwrap_err();
+        let typed = if c.rank() == 0 {
+            DType::F16
+        } else {
+            DType::BF16
+        };
+        let t = c
+            .all_reduce(&Tensor::zeros(8, typed, cpu)?, Reduce::Sum)
+            .unwrap_err();
+        let odd = c
+            .reduce_scatter(&Tensor::zeros((3, 5, 7), DType::F32, cpu)?, 1, Reduce::Sum)
+            .unwrap_err();
+        Ok([a, b, t, odd].map(|e| {
+            let what = match unicomm_error(&e) {
+                Some(unicomm::Error::Mismatch { what, .. }) => *what,
+                _ => "other",
+            };
+            (what, e.to_string())
+        }))
+    });
+    for o in &out {
+        assert_eq!(o[0].0, "shape", "{}", o[0].1);
+        assert!(
+            o[0].1.contains("F32 [2, 6]") && o[0].1.contains("F32 [3, 4]"),
+            "{}",
+            o[0].1
+        );
+        assert_eq!(o[1].0, "shape", "{}", o[1].1);
+        assert!(
+            o[1].1.contains("[4, 3, 2]") && o[1].1.contains("[4, 2, 3]"),
+            "{}",
+            o[1].1
+        );
+        assert_eq!(o[2].0, "dtype", "{}", o[2].1);
+        assert!(
+            o[2].1.contains("F16") && o[2].1.contains("BF16"),
+            "{}",
+            o[2].1
+        );
+        assert!(o[3].1.contains("dimension 1 of [3, 5, 7]"), "{}", o[3].1);
+    }
+}
+
 /// unicomm's error travels inside candle's and is found again: a mismatch between the
 /// ranks (different lengths) is unicomm's `Mismatch`, on every rank.
 #[test]

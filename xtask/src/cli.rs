@@ -92,6 +92,15 @@ pub(crate) enum Cmd {
     Bundle(Opts),
     /// Check that the workspace's rust-version is at least every dependency's.
     Msrv,
+    /// Install what building candle's CUDA backend needs on a machine without a CUDA
+    /// toolkit (nvcc 13.0 and the headers from NVIDIA's wheels, link stubs) under
+    /// `<target>/cuda-kit`, and print the environment for an engine's own build
+    /// (`eval "$(cargo xtask cuda-kit)"`, then `cargo build --features cuda`).
+    CudaKit {
+        /// The GPUs' compute capability the kernels are built for (90: H100/H200).
+        #[arg(long, default_value = "90")]
+        compute_cap: String,
+    },
     /// `cargo check` a program using unicomm's NCCL backend beside its own cudarc, in each
     /// way engines build cudarc (candle's dynamic-linking, loading, cubecl's fallback).
     Consumers,

@@ -71,6 +71,22 @@ pub(crate) fn toolkit() -> Result<PathBuf> {
     Ok(cuda)
 }
 
+/// The environment of [`with_toolkit`] as shell `export` lines, for an engine's own build
+/// (`eval "$(cargo xtask cuda-kit)"`), with the link stubs on the linker's search path.
+pub(crate) fn exports(cuda: &Path, compute_cap: &str) -> String {
+    let q = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', "'\\''"));
+    format!(
+        "export PATH={bin}:\"$PATH\"\n\
+         export CUDA_ROOT={root}\n\
+         export CUDA_COMPUTE_CAP={compute_cap}\n\
+         export CUDARC_CUDA_VERSION=13000\n\
+         export LIBRARY_PATH={stubs}${{LIBRARY_PATH:+:$LIBRARY_PATH}}\n",
+        bin = q(&cuda.join("bin")),
+        root = q(cuda),
+        stubs = q(&cuda.join("lib/stubs")),
+    )
+}
+
 /// The environment of a build of candle's CUDA backend with `cuda`: nvcc first on PATH,
 /// the toolkit for candle's kernels and cudarc's link search, sm_90 (the H200), and
 /// cudarc's bindings of CUDA 13.0.

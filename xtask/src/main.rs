@@ -106,6 +106,14 @@ fn xtask(cli: Cli) -> Result<()> {
         }
         Cmd::Bundle(o) => bundle::bundle(&o),
         Cmd::Msrv => msrv::msrv(),
+        Cmd::CudaKit { compute_cap } => {
+            if compute_cap.is_empty() || !compute_cap.bytes().all(|b| b.is_ascii_digit()) {
+                anyhow::bail!("--compute-cap {compute_cap:?}: digits, as nvidia-smi's compute_cap without the dot (90)");
+            }
+            let kit = cuda_kit::toolkit()?;
+            print!("{}", cuda_kit::exports(&kit, &compute_cap));
+            Ok(())
+        }
         Cmd::Consumers => consumers::consumers(),
         Cmd::Trace { dir } => trace::trace(&dir),
         Cmd::Launch {

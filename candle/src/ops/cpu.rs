@@ -12,18 +12,19 @@ use crate::comm::{wrap, Communicator};
 
 pub(crate) fn forward(
     comm: &Communicator,
-    coll: Coll,
+    (coll, dim): (Coll, usize),
     s: &CpuStorage,
     l: &Layout,
 ) -> Result<(CpuStorage, Shape)> {
     let (start, end) = contiguous(l, coll)?;
-    let shape = coll.out_shape(l.shape(), comm.world_size())?;
+    let shape = coll.out_shape(l.shape(), comm.world_size(), dim)?;
     let n = shape.elem_count();
+    let input = (l.shape(), dim);
     let out = match s {
-        CpuStorage::F32(v) => CpuStorage::F32(run(comm, coll, &v[start..end], n)?),
-        CpuStorage::F64(v) => CpuStorage::F64(run(comm, coll, &v[start..end], n)?),
-        CpuStorage::F16(v) => CpuStorage::F16(run(comm, coll, &v[start..end], n)?),
-        CpuStorage::BF16(v) => CpuStorage::BF16(run(comm, coll, &v[start..end], n)?),
+        CpuStorage::F32(v) => CpuStorage::F32(run(comm, coll, &v[start..end], input, n)?),
+        CpuStorage::F64(v) => CpuStorage::F64(run(comm, coll, &v[start..end], input, n)?),
+        CpuStorage::F16(v) => CpuStorage::F16(run(comm, coll, &v[start..end], input, n)?),
+        CpuStorage::BF16(v) => CpuStorage::BF16(run(comm, coll, &v[start..end], input, n)?),
         other => return Err(unsupported_dtype(coll, other.dtype())),
     };
     Ok((out, shape))
@@ -33,12 +34,15 @@ fn run<T: Element + WithDType>(
     comm: &Communicator,
     coll: Coll,
     input: &[T],
+    shape: (&Shape, usize),
     n: usize,
 ) -> Result<Vec<T>> {
     let what = coll.name();
     let mut streams = comm.locked(what)?;
     let c = comm.comm();
     let st = streams.host(c)?;
+    // Compared on every call here (the mock, where tests run); on CUDA where checked.
+    super::agree(c, st, coll, shape, <T as WithDType>::DTYPE).map_err(|e| wrap(what, e))?;
     let mut out = vec![T::zero(); n];
     unicomm::host_scope(c, |s| {
         let (send, mut recv) = (s.lend(input)?, s.lend_mut(&mut out)?);

@@ -18,12 +18,18 @@ use crate::comm::{wrap, Communicator, Streams};
 
 pub(crate) fn forward(
     comm: &Communicator,
-    coll: Coll,
+    (coll, dim): (Coll, usize),
     s: &CudaStorage,
     l: &Layout,
 ) -> Result<(CudaStorage, Shape)> {
     let range = contiguous(l, coll)?;
-    let shape = coll.out_shape(l.shape(), comm.world_size())?;
+    let shape = coll.out_shape(l.shape(), comm.world_size(), dim)?;
+    if comm.comm().checks_collectives() {
+        let mut streams = comm.locked(coll.name())?;
+        let stream = candle_stream(&mut streams, s.device())?;
+        super::agree(comm.comm(), stream, coll, (l.shape(), dim), s.dtype())
+            .map_err(|e| wrap(coll.name(), e))?;
+    }
     let dev = s.device();
     let out = match s.dtype() {
         DType::F32 => run::<f32>(comm, coll, s, range, dev, &shape)?,

@@ -62,8 +62,10 @@ impl Coll {
         }
     }
 
-    /// The output's shape for an input of `shape` over `world` ranks.
-    pub(crate) fn out_shape(self, shape: &Shape, world: usize) -> Result<Shape> {
+    /// The output's shape for an input of `shape` over `world` ranks; refusals name the
+    /// caller's shape and dimension `dim` (the op runs along dimension 0 of the input
+    /// transposed so).
+    pub(crate) fn out_shape(self, shape: &Shape, world: usize, dim: usize) -> Result<Shape> {
         let mut dims = shape.dims().to_vec();
         let Some(d0) = dims.first_mut() else {
             // A scalar: only the element-wise collective takes one.
@@ -81,8 +83,9 @@ impl Coll {
             Coll::ReduceScatter(_) | Coll::AllToAll => {
                 if *d0 % world != 0 {
                     candle_core::bail!(
-                        "unicomm-candle {}: dimension 0 of {shape:?} is not divisible by the {world} ranks",
-                        self.name()
+                        "unicomm-candle {}: dimension {dim} of {:?} is not divisible by the {world} ranks",
+                        self.name(),
+                        callers_dims(shape, dim)
                     );
                 }
                 if let Coll::ReduceScatter(_) = self {
@@ -123,6 +126,99 @@ impl Coll {
     }
 }
 
+/// The caller's dimensions of an op's input that is the caller's tensor with dimensions 0
+/// and `dim` swapped.
+pub(crate) fn callers_dims(shape: &Shape, dim: usize) -> Vec<usize> {
+    let mut d = shape.dims().to_vec();
+    if dim < d.len() {
+        d.swap(0, dim);
+    }
+    d
+}
+
+/// Every rank's input agrees with rank 0's in type and shape (NCCL sees only a count of
+/// elements: ranks of equal counts and other shapes would reinterpret each other's bytes):
+/// one all-gather of each rank's type and dimensions; `Mismatch` naming the ranks, in the
+/// caller's dimensions, otherwise. The CPU path compares on every call; the CUDA path where
+/// collectives are checked (`UNICOMM_CHECK_COLLECTIVES=1`).
+pub(crate) fn agree(
+    comm: &unicomm::Comm,
+    stream: &unicomm::Stream,
+    coll: Coll,
+    (shape, dim): (&Shape, usize),
+    dtype: candle_core::DType,
+) -> unicomm::Result<()> {
+    let w = comm.world_size();
+    if w == 1 {
+        return Ok(());
+    }
+    let dims = callers_dims(shape, dim);
+    let mine = describe(&dims, dtype);
+    let send = comm.upload(&mine, stream)?;
+    let mut all = comm.alloc::<i64>(w * DESC)?;
+    comm.all_gather(&send, &mut all, stream)?;
+    let all = all.copy_to_host(stream)?;
+    let first = &all[..DESC];
+    let Some(r) = (1..w).find(|&r| &all[r * DESC..][..DESC] != first) else {
+        return Ok(());
+    };
+    let theirs = &all[r * DESC..][..DESC];
+    let what = if theirs[0] != first[0] {
+        "dtype"
+    } else {
+        "shape"
+    };
+    let show = |d: &[i64]| format!("{} {}", dtype_name(d[0]), shown_dims(d));
+    Err(unicomm::Error::Mismatch {
+        what,
+        detail: format!(
+            "{}: rank 0's input is {}, rank {r}'s is {} (every rank passes the same type and shape)",
+            coll.name(),
+            show(first),
+            show(theirs)
+        ),
+    })
+}
+
+/// A rank's description: its type, its number of dimensions and the first seven, and a
+/// digest of any further ones.
+const DESC: usize = 10;
+
+fn describe(dims: &[usize], dtype: candle_core::DType) -> [i64; DESC] {
+    let mut d = [0i64; DESC];
+    d[0] = DTYPES
+        .iter()
+        .position(|&t| t == dtype)
+        .map_or(-1, |i| i as i64);
+    d[1] = dims.len() as i64;
+    for (slot, &n) in d[2..9].iter_mut().zip(dims) {
+        *slot = n as i64;
+    }
+    d[9] = dims.iter().skip(7).fold(0xcbf2_9ce4_8422_2325u64, |h, &n| {
+        (h ^ n as u64).wrapping_mul(0x100_0000_01b3)
+    }) as i64;
+    d
+}
+
+const DTYPES: [candle_core::DType; 7] = {
+    use candle_core::DType::*;
+    [U8, U32, I64, BF16, F16, F32, F64]
+};
+
+fn dtype_name(code: i64) -> String {
+    usize::try_from(code)
+        .ok()
+        .and_then(|i| DTYPES.get(i))
+        .map_or_else(|| "another type".into(), |t| format!("{t:?}"))
+}
+
+fn shown_dims(d: &[i64]) -> String {
+    let n = d[1].max(0) as usize;
+    let listed: Vec<String> = d[2..2 + n.min(7)].iter().map(|x| x.to_string()).collect();
+    let more = if n > 7 { ", ..." } else { "" };
+    format!("[{}{more}]", listed.join(", "))
+}
+
 /// The input's elements, which must be contiguous: `(start, end)` in its storage.
 pub(crate) fn contiguous(l: &Layout, coll: Coll) -> Result<(usize, usize)> {
     l.contiguous_offsets().ok_or_else(|| {
@@ -153,12 +249,21 @@ macro_rules! custom_op {
         pub struct $ty {
             comm: Arc<Communicator>,
             $($field: $fty,)*
+            /// The caller's dimension the op runs along (its input is the caller's tensor
+            /// with it swapped into dimension 0): what refusals name.
+            dim: usize,
         }
 
         impl $ty {
             /// The op on `comm`.
             pub fn new(comm: Arc<Communicator>, $($field: $fty),*) -> Self {
-                $ty { comm, $($field),* }
+                $ty { comm, $($field,)* dim: 0 }
+            }
+            /// The op for the caller's dimension `dim`, swapped into dimension 0.
+            #[allow(dead_code, reason = "an all-reduce runs along no dimension")]
+            pub(crate) fn for_dim(mut self, dim: usize) -> Self {
+                self.dim = dim;
+                self
             }
             fn coll(&self) -> Coll {
                 let f: fn(&Self) -> Coll = $coll;
@@ -171,7 +276,7 @@ macro_rules! custom_op {
                 $name
             }
             fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-                cpu::forward(&self.comm, self.coll(), s, l)
+                cpu::forward(&self.comm, (self.coll(), self.dim), s, l)
             }
             #[cfg(feature = "cuda")]
             fn cuda_fwd(
@@ -179,7 +284,7 @@ macro_rules! custom_op {
                 s: &candle_core::CudaStorage,
                 l: &Layout,
             ) -> Result<(candle_core::CudaStorage, Shape)> {
-                cuda::forward(&self.comm, self.coll(), s, l)
+                cuda::forward(&self.comm, (self.coll(), self.dim), s, l)
             }
         }
     };

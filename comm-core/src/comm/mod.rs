@@ -71,6 +71,13 @@ impl<C> Drop for Sole<'_, C> {
 }
 
 impl<C: Collective> Comm<C> {
+    /// Whether this process checks collectives across ranks (`UNICOMM_CHECK_COLLECTIVES=1`):
+    /// an integration with arguments of its own (a tensor's shape and type) compares those
+    /// across the ranks too where it is set.
+    pub fn checks_collectives(&self) -> bool {
+        self.checked
+    }
+
     /// Wraps a backend communicator.
     pub fn from_backend(raw: C) -> Self {
         Comm {
