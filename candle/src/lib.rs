@@ -22,9 +22,12 @@
 //!
 //! - [`Communicator`] is one rank's communicator as candle sees it: `Send + Sync`, its calls
 //!   serialised (two threads of one rank never interleave the halves of two collectives).
-//! - [`AllReduce`], [`AllGather`], [`ReduceScatter`] and [`AllToAll`] are candle
-//!   [`CustomOp1`](candle_core::CustomOp1)s along dimension 0 of a contiguous tensor; the
-//!   [`Communicator`]'s methods take any dimension and make the input contiguous.
+//! - [`AllReduce`], [`AllGather`], [`ReduceScatter`], [`AllToAll`], [`Broadcast`],
+//!   [`Gather`], [`Scatter`], [`Send`] and [`Recv`] are candle
+//!   [`CustomOp1`](candle_core::CustomOp1)s along dimension 0 of a contiguous tensor (f32,
+//!   f64, f16, bf16, u8, u32, i32, i64); the [`Communicator`]'s methods take any dimension and
+//!   make the input contiguous. Every rank's input to a collective has the same type and
+//!   shape (compared on the CPU path, and on CUDA with `UNICOMM_CHECK_COLLECTIVES=1`).
 //! - [`layers`]: [`TensorParallelColumnLinear`], [`TensorParallelRowLinear`] and
 //!   [`ShardedEmbedding`], built from a full weight and a [`Shard`] as candle-nn's
 //!   `ShardedVarBuilder` loads them.
@@ -46,4 +49,6 @@ mod ops;
 
 pub use comm::{unicomm_error, Communicator};
 pub use layers::{Shard, ShardedEmbedding, TensorParallelColumnLinear, TensorParallelRowLinear};
-pub use ops::{AllGather, AllReduce, AllToAll, Reduce, ReduceScatter};
+pub use ops::{
+    AllGather, AllReduce, AllToAll, Broadcast, Gather, Recv, Reduce, ReduceScatter, Scatter, Send,
+};

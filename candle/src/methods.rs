@@ -3,10 +3,12 @@
 
 use std::sync::Arc;
 
-use candle_core::{Result, Tensor};
+use candle_core::{DType, Device, Result, Shape, Tensor};
 
 use crate::comm::Communicator;
-use crate::ops::{AllGather, AllReduce, AllToAll, Reduce, ReduceScatter};
+use crate::ops::{
+    AllGather, AllReduce, AllToAll, Broadcast, Gather, Recv, Reduce, ReduceScatter, Scatter, Send,
+};
 
 impl Communicator {
     /// `op` over every rank's `x` (any shape; every rank passes the same shape).
@@ -37,6 +39,55 @@ impl Communicator {
         along(x, dim, |t| {
             t.apply_op1_no_bwd(&AllToAll::new(self.clone()).for_dim(dim))
         })
+    }
+}
+
+impl Communicator {
+    /// `root`'s `x` on every rank (every rank passes a tensor of the same shape and type;
+    /// only the root's values are read).
+    pub fn broadcast(self: &Arc<Self>, x: &Tensor, root: usize) -> Result<Tensor> {
+        x.contiguous()?
+            .apply_op1_no_bwd(&Broadcast::new(self.clone(), root))
+    }
+
+    /// Every rank's `x` concatenated along `dim` on `root`, in rank order; elsewhere an
+    /// empty tensor (`dim` of size 0).
+    pub fn gather(self: &Arc<Self>, x: &Tensor, dim: usize, root: usize) -> Result<Tensor> {
+        along(x, dim, |t| {
+            t.apply_op1_no_bwd(&Gather::new(self.clone(), root).for_dim(dim))
+        })
+    }
+
+    /// `root`'s `x` cut into as many parts along `dim` as there are ranks, part `i` to rank
+    /// `i` (every rank passes a tensor of the same shape and type; only the root's values
+    /// are read).
+    pub fn scatter(self: &Arc<Self>, x: &Tensor, dim: usize, root: usize) -> Result<Tensor> {
+        along(x, dim, |t| {
+            t.apply_op1_no_bwd(&Scatter::new(self.clone(), root).for_dim(dim))
+        })
+    }
+
+    /// Sends `x` to rank `peer`, which calls [`Communicator::recv`] with its shape and type
+    /// (a pipeline stage's hand-off). On CUDA it is enqueued on candle's stream: the call
+    /// returns before the bytes have left, and `x` stays alive in candle's storage until the
+    /// stream reaches it.
+    pub fn send(self: &Arc<Self>, x: &Tensor, peer: usize) -> Result<()> {
+        x.contiguous()?
+            .apply_op1_no_bwd(&Send::new(self.clone(), peer))
+            .map(drop)
+    }
+
+    /// A tensor of `shape` and `dtype` on `device` from rank `peer`'s [`Communicator::send`].
+    pub fn recv(
+        self: &Arc<Self>,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        device: &Device,
+        peer: usize,
+    ) -> Result<Tensor> {
+        // Only its shape and type are read: one element, broadcast.
+        let like = Tensor::zeros((), dtype, device)?.broadcast_as(shape)?;
+        like.apply_op1_no_bwd(&Recv::new(self.clone(), peer))
     }
 }
 

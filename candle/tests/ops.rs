@@ -138,8 +138,9 @@ fn refusals_name_what_is_wrong() {
                 Reduce::Sum,
             )
             .unwrap_err();
+        // NCCL has no 16-bit integers.
         let ints = c
-            .all_reduce(&Tensor::zeros(4, DType::U32, &Device::Cpu)?, Reduce::Sum)
+            .all_reduce(&Tensor::zeros(4, DType::I16, &Device::Cpu)?, Reduce::Sum)
             .unwrap_err();
         Ok([raw, odd, ints].map(|e| e.to_string()))
     });
@@ -150,7 +151,7 @@ fn refusals_name_what_is_wrong() {
         msgs[0][1]
     );
     assert!(
-        msgs[0][2].contains("U32 tensors are not supported"),
+        msgs[0][2].contains("I16 tensors are not supported"),
         "{}",
         msgs[0][2]
     );
@@ -215,6 +216,17 @@ fn ranks_disagreeing_on_shape_or_type_are_a_mismatch_naming_both() {
     }
 }
 
+/// A gather whose output's dimension would overflow (an empty `[2^63, 0]` tensor over 2
+/// ranks) is refused naming it, not a panic in a debug build nor a wrapped size in release.
+#[test]
+fn a_gather_whose_output_size_overflows_is_refused() {
+    let msgs = ranks(2, |c| {
+        let x = Tensor::zeros((1usize << 63, 0), DType::F32, &Device::Cpu)?;
+        Ok(c.all_gather(&x, 0).unwrap_err().to_string())
+    });
+    assert!(msgs[0].contains("overflows"), "{}", msgs[0]);
+}
+
 /// unicomm's error travels inside candle's and is found again: a mismatch between the
 /// ranks (different lengths) is unicomm's `Mismatch`, on every rank.
 #[test]
@@ -261,5 +273,89 @@ fn sharded_layers_match_their_unsharded_results() {
     for (e, joined) in out {
         assert_eq!(e, want.to_vec3::<f32>().unwrap());
         assert_eq!(joined, full);
+    }
+}
+
+/// Integer tensors (token ids, routing indices, counts) take every collective: u8, u32,
+/// i32 and i64 summed, broadcast and gathered exactly.
+#[test]
+fn integer_tensors_are_reduced_broadcast_and_gathered_exactly() {
+    let out = ranks(3, |c| {
+        let r = c.rank() as i64;
+        let ids = Tensor::new(&[r, 10 + r, 1 << 40], &Device::Cpu)?;
+        let sum = c.all_reduce(&ids, Reduce::Sum)?.to_vec1::<i64>()?;
+        let small = ids.clamp(0i64, 200i64)?;
+        let bytes = c
+            .all_reduce(&small.to_dtype(DType::U8)?, Reduce::Max)?
+            .to_vec1::<u8>()?;
+        let words = c
+            .broadcast(&small.to_dtype(DType::U32)?, 2)?
+            .to_vec1::<u32>()?;
+        let signed = c
+            .all_gather(&ids.to_dtype(DType::I32)?.narrow(0, 0, 2)?, 0)?
+            .to_vec1::<i32>()?;
+        Ok((sum, bytes, words, signed))
+    });
+    for (sum, bytes, words, signed) in &out {
+        assert_eq!(sum, &vec![3, 33, 3 << 40]);
+        assert_eq!(bytes, &vec![2, 12, 200]);
+        assert_eq!(words, &vec![2, 12, 200]);
+        assert_eq!(signed, &vec![0, 10, 1, 11, 2, 12]);
+    }
+}
+
+/// Broadcast, gather and scatter along any dimension, and a send/receive pair (a pipeline
+/// stage's hand-off), on candle tensors: root's values everywhere, the parts in rank order,
+/// the received tensor equal to the sent one.
+#[test]
+fn broadcast_gather_scatter_and_send_recv_move_tensors() {
+    let out = ranks(2, |c| {
+        let x = mine(&c, DType::F32)?; // [2, 3]
+        let b = c.broadcast(&x, 1)?.to_vec2::<f32>()?;
+        let g = c.gather(&x, 1, 0)?;
+        let s = c.scatter(&x, 0, 1)?.to_vec2::<f32>()?;
+        let moved = if c.rank() == 0 {
+            c.send(&x.affine(2.0, 1.0)?, 1)?;
+            None
+        } else {
+            Some(
+                c.recv((2, 3), DType::F32, &Device::Cpu, 0)?
+                    .to_vec2::<f32>()?,
+            )
+        };
+        Ok((
+            b,
+            g.dims().to_vec(),
+            g.flatten_all()?.to_vec1::<f32>()?,
+            s,
+            moved,
+        ))
+    });
+    for (r, (b, gdims, g, s, moved)) in out.iter().enumerate() {
+        assert_eq!(b, &vec![vec![10.0, 11.0, 12.0], vec![13.0, 14.0, 15.0]]);
+        if r == 0 {
+            assert_eq!(gdims, &vec![2, 6]);
+            assert_eq!(
+                g,
+                &vec![0.0, 1.0, 2.0, 10.0, 11.0, 12.0, 3.0, 4.0, 5.0, 13.0, 14.0, 15.0]
+            );
+        } else {
+            assert_eq!(gdims, &vec![2, 0]);
+        }
+        // Rank 1's [2, 3] cut along dimension 0: row r to rank r.
+        assert_eq!(
+            s,
+            &vec![vec![
+                10.0 + 3.0 * r as f32,
+                11.0 + 3.0 * r as f32,
+                12.0 + 3.0 * r as f32
+            ]]
+        );
+        if r == 1 {
+            assert_eq!(
+                moved.as_ref().unwrap(),
+                &vec![vec![1.0, 3.0, 5.0], vec![7.0, 9.0, 11.0]]
+            );
+        }
     }
 }

@@ -15,18 +15,20 @@ pub(crate) fn forward(
     (coll, dim): (Coll, usize),
     s: &CpuStorage,
     l: &Layout,
+    shape: Shape,
 ) -> Result<(CpuStorage, Shape)> {
     let (start, end) = contiguous(l, coll)?;
-    let shape = coll.out_shape(l.shape(), comm.world_size(), dim)?;
     let n = shape.elem_count();
     let input = (l.shape(), dim);
-    let out = match s {
-        CpuStorage::F32(v) => CpuStorage::F32(run(comm, coll, &v[start..end], input, n)?),
-        CpuStorage::F64(v) => CpuStorage::F64(run(comm, coll, &v[start..end], input, n)?),
-        CpuStorage::F16(v) => CpuStorage::F16(run(comm, coll, &v[start..end], input, n)?),
-        CpuStorage::BF16(v) => CpuStorage::BF16(run(comm, coll, &v[start..end], input, n)?),
-        other => return Err(unsupported_dtype(coll, other.dtype())),
-    };
+    macro_rules! each {
+        ($($d:ident),*) => {
+            match s {
+                $(CpuStorage::$d(v) => CpuStorage::$d(run(comm, coll, &v[start..end], input, n)?),)*
+                other => return Err(unsupported_dtype(coll, other.dtype())),
+            }
+        };
+    }
+    let out = each!(F32, F64, F16, BF16, U8, U32, I32, I64);
     Ok((out, shape))
 }
 
@@ -42,7 +44,9 @@ fn run<T: Element + WithDType>(
     let c = comm.comm();
     let st = streams.host(c)?;
     // Compared on every call here (the mock, where tests run); on CUDA where checked.
-    super::agree(c, st, coll, shape, <T as WithDType>::DTYPE).map_err(|e| wrap(what, e))?;
+    if coll.every_rank() {
+        super::agree(c, st, coll, shape, <T as WithDType>::DTYPE).map_err(|e| wrap(what, e))?;
+    }
     let mut out = vec![T::zero(); n];
     unicomm::host_scope(c, |s| {
         let (send, mut recv) = (s.lend(input)?, s.lend_mut(&mut out)?);

@@ -21,10 +21,10 @@ pub(crate) fn forward(
     (coll, dim): (Coll, usize),
     s: &CudaStorage,
     l: &Layout,
+    shape: Shape,
 ) -> Result<(CudaStorage, Shape)> {
     let range = contiguous(l, coll)?;
-    let shape = coll.out_shape(l.shape(), comm.world_size(), dim)?;
-    if comm.comm().checks_collectives() {
+    if coll.every_rank() && comm.comm().checks_collectives() {
         let mut streams = comm.locked(coll.name())?;
         let stream = candle_stream(&mut streams, s.device())?;
         super::agree(comm.comm(), stream, coll, (l.shape(), dim), s.dtype())
@@ -36,6 +36,10 @@ pub(crate) fn forward(
         DType::F64 => run::<f64>(comm, coll, s, range, dev, &shape)?,
         DType::F16 => run::<unicomm::f16>(comm, coll, s, range, dev, &shape)?,
         DType::BF16 => run::<unicomm::bf16>(comm, coll, s, range, dev, &shape)?,
+        DType::U8 => run::<u8>(comm, coll, s, range, dev, &shape)?,
+        DType::U32 => run::<u32>(comm, coll, s, range, dev, &shape)?,
+        DType::I32 => run::<i32>(comm, coll, s, range, dev, &shape)?,
+        DType::I64 => run::<i64>(comm, coll, s, range, dev, &shape)?,
         other => return Err(unsupported_dtype(coll, other)),
     };
     Ok((out, shape))

@@ -3,10 +3,14 @@
 use std::sync::Arc;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, WithDType};
-use unicomm::{AnyComm, DeviceSlice, DeviceSliceMut, Element, ReduceOp};
+use unicomm::{Element, ReduceOp};
 
 use crate::comm::Communicator;
+pub(crate) use agree::agree;
+pub(crate) use coll::Coll;
 
+mod agree;
+mod coll;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -43,89 +47,6 @@ impl Reduce {
     }
 }
 
-/// Which collective an op runs, and how its output's shape follows from its input's.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Coll {
-    AllReduce(Reduce),
-    AllGather,
-    ReduceScatter(Reduce),
-    AllToAll,
-}
-
-impl Coll {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Coll::AllReduce(_) => "all_reduce",
-            Coll::AllGather => "all_gather",
-            Coll::ReduceScatter(_) => "reduce_scatter",
-            Coll::AllToAll => "all_to_all",
-        }
-    }
-
-    /// The output's shape for an input of `shape` over `world` ranks; refusals name the
-    /// caller's shape and dimension `dim` (the op runs along dimension 0 of the input
-    /// transposed so).
-    pub(crate) fn out_shape(self, shape: &Shape, world: usize, dim: usize) -> Result<Shape> {
-        let mut dims = shape.dims().to_vec();
-        let Some(d0) = dims.first_mut() else {
-            // A scalar: only the element-wise collective takes one.
-            return match self {
-                Coll::AllReduce(_) => Ok(shape.clone()),
-                _ => candle_core::bail!(
-                    "unicomm-candle {}: a scalar has no dimension 0",
-                    self.name()
-                ),
-            };
-        };
-        match self {
-            Coll::AllReduce(_) => {}
-            Coll::AllGather => *d0 *= world,
-            Coll::ReduceScatter(_) | Coll::AllToAll => {
-                if *d0 % world != 0 {
-                    candle_core::bail!(
-                        "unicomm-candle {}: dimension {dim} of {:?} is not divisible by the {world} ranks",
-                        self.name(),
-                        callers_dims(shape, dim)
-                    );
-                }
-                if let Coll::ReduceScatter(_) = self {
-                    *d0 /= world;
-                }
-            }
-        }
-        Ok(Shape::from(dims))
-    }
-
-    /// Enqueues the collective from `send` into `recv` on `stream`.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn enqueue<T: Element + WithDType>(
-        self,
-        comm: &unicomm::Comm,
-        send: &impl DeviceSlice<T, AnyComm>,
-        recv: &mut impl DeviceSliceMut<T, AnyComm>,
-        stream: &unicomm::Stream,
-    ) -> Result<()> {
-        self.enqueue_unwrapped(comm, send, recv, stream)
-            .map_err(|e| crate::comm::wrap(self.name(), e))
-    }
-
-    /// [`Coll::enqueue`] with unicomm's own error.
-    pub(crate) fn enqueue_unwrapped<T: Element + WithDType>(
-        self,
-        comm: &unicomm::Comm,
-        send: &impl DeviceSlice<T, AnyComm>,
-        recv: &mut impl DeviceSliceMut<T, AnyComm>,
-        stream: &unicomm::Stream,
-    ) -> unicomm::Result<()> {
-        match self {
-            Coll::AllReduce(op) => comm.all_reduce(send, recv, op.op::<T>(), stream),
-            Coll::AllGather => comm.all_gather(send, recv, stream),
-            Coll::ReduceScatter(op) => comm.reduce_scatter(send, recv, op.op::<T>(), stream),
-            Coll::AllToAll => comm.all_to_all(send, recv, stream),
-        }
-    }
-}
-
 /// The caller's dimensions of an op's input that is the caller's tensor with dimensions 0
 /// and `dim` swapped.
 pub(crate) fn callers_dims(shape: &Shape, dim: usize) -> Vec<usize> {
@@ -136,91 +57,12 @@ pub(crate) fn callers_dims(shape: &Shape, dim: usize) -> Vec<usize> {
     d
 }
 
-/// Every rank's input agrees with rank 0's in type and shape (NCCL sees only a count of
-/// elements: ranks of equal counts and other shapes would reinterpret each other's bytes):
-/// one all-gather of each rank's type and dimensions; `Mismatch` naming the ranks, in the
-/// caller's dimensions, otherwise. The CPU path compares on every call; the CUDA path where
-/// collectives are checked (`UNICOMM_CHECK_COLLECTIVES=1`).
-pub(crate) fn agree(
-    comm: &unicomm::Comm,
-    stream: &unicomm::Stream,
-    coll: Coll,
-    (shape, dim): (&Shape, usize),
-    dtype: candle_core::DType,
-) -> unicomm::Result<()> {
-    let w = comm.world_size();
-    if w == 1 {
-        return Ok(());
-    }
-    let dims = callers_dims(shape, dim);
-    let mine = describe(&dims, dtype);
-    let send = comm.upload(&mine, stream)?;
-    let mut all = comm.alloc::<i64>(w * DESC)?;
-    comm.all_gather(&send, &mut all, stream)?;
-    let all = all.copy_to_host(stream)?;
-    let first = &all[..DESC];
-    let Some(r) = (1..w).find(|&r| &all[r * DESC..][..DESC] != first) else {
-        return Ok(());
-    };
-    let theirs = &all[r * DESC..][..DESC];
-    let what = if theirs[0] != first[0] {
-        "dtype"
-    } else {
-        "shape"
-    };
-    let show = |d: &[i64]| format!("{} {}", dtype_name(d[0]), shown_dims(d));
-    Err(unicomm::Error::Mismatch {
-        what,
-        detail: format!(
-            "{}: rank 0's input is {}, rank {r}'s is {} (every rank passes the same type and shape)",
-            coll.name(),
-            show(first),
-            show(theirs)
-        ),
-    })
-}
-
-/// A rank's description: its type, its number of dimensions and the first seven, and a
-/// digest of any further ones.
-const DESC: usize = 10;
-
-fn describe(dims: &[usize], dtype: candle_core::DType) -> [i64; DESC] {
-    let mut d = [0i64; DESC];
-    d[0] = DTYPES
-        .iter()
-        .position(|&t| t == dtype)
-        .map_or(-1, |i| i as i64);
-    d[1] = dims.len() as i64;
-    for (slot, &n) in d[2..9].iter_mut().zip(dims) {
-        *slot = n as i64;
-    }
-    d[9] = dims.iter().skip(7).fold(0xcbf2_9ce4_8422_2325u64, |h, &n| {
-        (h ^ n as u64).wrapping_mul(0x100_0000_01b3)
-    }) as i64;
-    d
-}
-
-const DTYPES: [candle_core::DType; 7] = {
-    use candle_core::DType::*;
-    [U8, U32, I64, BF16, F16, F32, F64]
-};
-
-fn dtype_name(code: i64) -> String {
-    usize::try_from(code)
-        .ok()
-        .and_then(|i| DTYPES.get(i))
-        .map_or_else(|| "another type".into(), |t| format!("{t:?}"))
-}
-
-fn shown_dims(d: &[i64]) -> String {
-    let n = d[1].max(0) as usize;
-    let listed: Vec<String> = d[2..2 + n.min(7)].iter().map(|x| x.to_string()).collect();
-    let more = if n > 7 { ", ..." } else { "" };
-    format!("[{}{more}]", listed.join(", "))
-}
-
-/// The input's elements, which must be contiguous: `(start, end)` in its storage.
+/// The input's elements, which must be contiguous: `(start, end)` in its storage (none for
+/// a receive, whose input is only its output's shape and type).
 pub(crate) fn contiguous(l: &Layout, coll: Coll) -> Result<(usize, usize)> {
+    if let Coll::Recv { .. } = coll {
+        return Ok((0, 0));
+    }
     l.contiguous_offsets().ok_or_else(|| {
         candle_core::Error::Msg(format!(
             "unicomm-candle {}: the input is not contiguous (shape {:?}, strides {:?}); \
@@ -236,7 +78,7 @@ pub(crate) fn contiguous(l: &Layout, coll: Coll) -> Result<(usize, usize)> {
 /// The refusal of a dtype the collectives do not take, on every device.
 pub(crate) fn unsupported_dtype(coll: Coll, dtype: candle_core::DType) -> candle_core::Error {
     candle_core::Error::Msg(format!(
-        "unicomm-candle {}: {dtype:?} tensors are not supported (f32, f64, f16, bf16 are)",
+        "unicomm-candle {}: {dtype:?} tensors are not supported (f32, f64, f16, bf16, u8, u32, i32, i64 are)",
         coll.name()
     ))
     .bt()
@@ -269,6 +111,10 @@ macro_rules! custom_op {
                 let f: fn(&Self) -> Coll = $coll;
                 f(self)
             }
+            fn out_shape(&self, l: &Layout) -> Result<Shape> {
+                let c = &self.comm;
+                self.coll().out_shape(l.shape(), (c.rank(), c.world_size()), self.dim)
+            }
         }
 
         impl CustomOp1 for $ty {
@@ -276,7 +122,8 @@ macro_rules! custom_op {
                 $name
             }
             fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-                cpu::forward(&self.comm, (self.coll(), self.dim), s, l)
+                let out = self.out_shape(l)?;
+                cpu::forward(&self.comm, (self.coll(), self.dim), s, l, out)
             }
             #[cfg(feature = "cuda")]
             fn cuda_fwd(
@@ -284,7 +131,8 @@ macro_rules! custom_op {
                 s: &candle_core::CudaStorage,
                 l: &Layout,
             ) -> Result<(candle_core::CudaStorage, Shape)> {
-                cuda::forward(&self.comm, (self.coll(), self.dim), s, l)
+                let out = self.out_shape(l)?;
+                cuda::forward(&self.comm, (self.coll(), self.dim), s, l, out)
             }
         }
     };
@@ -306,4 +154,29 @@ custom_op!(
     /// Dimension 0 cut into one part per rank, part `i` sent to rank `i`; the output holds
     /// every rank's part for this one, in rank order.
     AllToAll, "unicomm-all-to-all", |_| Coll::AllToAll,
+);
+custom_op!(
+    /// The root's tensor on every rank (every rank passes one of the same shape and type;
+    /// only the root's is read).
+    Broadcast, "unicomm-broadcast", |s| Coll::Broadcast { root: s.root }, root: usize
+);
+custom_op!(
+    /// Every rank's tensor concatenated along dimension 0 on the root, in rank order; an
+    /// empty tensor (dimension 0 of size 0) elsewhere.
+    Gather, "unicomm-gather", |s| Coll::Gather { root: s.root }, root: usize
+);
+custom_op!(
+    /// The root's tensor cut into one part per rank along dimension 0, part `i` to rank `i`
+    /// (every rank passes one of the same shape and type; only the root's is read).
+    Scatter, "unicomm-scatter", |s| Coll::Scatter { root: s.root }, root: usize
+);
+custom_op!(
+    /// The tensor to rank `peer`, which receives it ([`Recv`]) with its shape and type; the
+    /// output is empty. A pipeline stage's hand-off.
+    Send, "unicomm-send", |s| Coll::Send { peer: s.peer }, peer: usize
+);
+custom_op!(
+    /// A tensor from rank `peer` ([`Send`]), of the input's shape and type (the input's
+    /// values are not read: a broadcast one-element tensor will do).
+    Recv, "unicomm-recv", |s| Coll::Recv { peer: s.peer }, peer: usize
 );
