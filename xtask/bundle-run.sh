@@ -40,7 +40,7 @@ if [ "$PARTS" = candle ]; then
   # each rank against the unsharded forward on the GPU; then the all-reduce op's cost per
   # call against candle's own op over cudarc's NCCL, world 1. candle's binaries link CUDA
   # 13.0's libraries (the toolkit's lib64) and libnccl.so.2 (PyTorch's wheel).
-  [ -x ./llama_tp ] && [ -x ./allreduce_cost ] || { echo "candle: this bundle has no unicomm-candle binaries (cargo xtask bundle --vendor cuda)"; exit 1; }
+  [ -x ./llama_tp ] && [ -x ./allreduce_cost ] && [ -x ./pipeline_tp ] || { echo "candle: this bundle has no unicomm-candle binaries (cargo xtask bundle --vendor cuda)"; exit 1; }
   NCCL_DIR=${NCCL_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib}
   export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$n" -ge 1 ] || { echo "candle: no NVIDIA GPU here"; exit 1; }
@@ -52,6 +52,9 @@ if [ "$PARTS" = candle ]; then
     step candle llama_tp, 2 processes, $dt
     ./xtask launch --procs 2 $share --timeout-s 200 -- ./llama_tp --vendor cuda --dtype $dt 2>&1 | tee -a "$L" | grep -E "llama_tp|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   done
+  # Two pipeline stages of two tensor-parallel ranks (send/recv between the stages).
+  step candle pipeline_tp, 4 processes
+  ./xtask launch --procs 4 $share --timeout-s 200 -- ./pipeline_tp --vendor cuda 2>&1 | tee -a "$L" | grep -E "pipeline_tp|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   step candle allreduce_cost; timeout 200 ./allreduce_cost 2>&1 | tee -a "$L"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   echo "overall rc=$rc"; exit $rc
 fi

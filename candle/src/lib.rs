@@ -30,7 +30,8 @@
 //!   shape (compared on the CPU path, and on CUDA with `UNICOMM_CHECK_COLLECTIVES=1`).
 //! - [`layers`]: [`TensorParallelColumnLinear`], [`TensorParallelRowLinear`] and
 //!   [`ShardedEmbedding`], built from a full weight and a [`Shard`] as candle-nn's
-//!   `ShardedVarBuilder` loads them.
+//!   `ShardedVarBuilder` loads them; [`QkvColumnLinear`], grouped-query attention's
+//!   query/key/value projections fused into one column-parallel product.
 //!
 //! On the CPU the op lends candle's storage and the output's vector to the mock for the
 //! call (`unicomm::host_scope`): no copy where the ranks are threads of one process, a copy
@@ -46,9 +47,11 @@ mod comm;
 pub mod layers;
 mod methods;
 mod ops;
+mod qkv;
 
 pub use comm::{unicomm_error, Communicator};
 pub use layers::{Shard, ShardedEmbedding, TensorParallelColumnLinear, TensorParallelRowLinear};
 pub use ops::{
     AllGather, AllReduce, AllToAll, Broadcast, Gather, Recv, Reduce, ReduceScatter, Scatter, Send,
 };
+pub use qkv::QkvColumnLinear;

@@ -359,3 +359,46 @@ fn broadcast_gather_scatter_and_send_recv_move_tensors() {
         }
     }
 }
+
+/// The fused query/key/value layer gives each rank exactly its query heads and the
+/// key/value heads they attend with, as three separate unsharded products would: 8 query
+/// and 2 key/value heads over 2 ranks (one key/value head each) and over 4 (each
+/// replicated on two ranks).
+#[test]
+fn the_fused_qkv_layer_gives_each_rank_its_heads_of_the_unsharded_products() {
+    use unicomm_candle::QkvColumnLinear;
+    let (hd, input) = (2, 3);
+    let cpu = &Device::Cpu;
+    let w = |rows: usize, seed: f64| {
+        Tensor::arange(0f32, (rows * input) as f32, cpu)
+            .and_then(|t| t.affine(0.01, seed))
+            .and_then(|t| t.reshape((rows, input)))
+            .unwrap()
+    };
+    let (wq, wk, wv) = (w(8 * hd, 0.0), w(2 * hd, 1.0), w(2 * hd, 2.0));
+    let x = Tensor::new(&[[1f32, -2.0, 0.5], [0.25, 3.0, -1.0]], cpu).unwrap();
+    let full = |wt: &Tensor| x.matmul(&wt.t().unwrap()).unwrap();
+    let (fq, fk, fv) = (full(&wq), full(&wk), full(&wv));
+    for world in [2usize, 4] {
+        let out = ranks(world, |c| {
+            let l = QkvColumnLinear::from_full((&wq, &wk, &wv), None, hd, &c)?;
+            let (q, k, v) = l.forward_qkv(&x)?;
+            Ok((c.rank(), l.heads(), q, k, v))
+        });
+        for (r, heads, q, k, v) in out {
+            let q_local = 8 / world;
+            assert_eq!(heads, (q_local, 1));
+            let kv_head = r * q_local / 4;
+            let same = |a: &Tensor, b: Tensor| {
+                let d = a.sub(&b).unwrap().abs().unwrap().max_all().unwrap();
+                assert!(
+                    d.to_scalar::<f32>().unwrap() < 1e-5,
+                    "world {world} rank {r}"
+                );
+            };
+            same(&q, fq.narrow(1, r * q_local * hd, q_local * hd).unwrap());
+            same(&k, fk.narrow(1, kv_head * hd, hd).unwrap());
+            same(&v, fv.narrow(1, kv_head * hd, hd).unwrap());
+        }
+    }
+}

@@ -175,7 +175,8 @@ fn vendor_binaries(v: GpuVendor) -> Result<Vec<(PathBuf, String)>> {
     Ok(copies)
 }
 
-/// unicomm-candle's examples on candle's CUDA backend (`llama_tp`, `allreduce_cost`): candle's
+/// unicomm-candle's examples on candle's CUDA backend (`llama_tp`, `pipeline_tp`,
+/// `allreduce_cost`): candle's
 /// kernels are compiled by nvcc 13.0 from NVIDIA's wheels (`cuda_kit`), in a target
 /// directory of their own (cudarc is built with candle's features there).
 fn candle_binaries() -> Result<Vec<(PathBuf, String)>> {
@@ -185,13 +186,14 @@ fn candle_binaries() -> Result<Vec<(PathBuf, String)>> {
     c.args(["build", "--release", "-p", "unicomm-candle"])
         .args(["--features", "bench-candle-nccl"])
         .args(["--example", "llama_tp", "--example", "allreduce_cost"])
+        .args(["--example", "pipeline_tp"])
         .arg("--target-dir")
         .arg(target_dir("candle-cuda"));
     named(
         "build unicomm-candle's examples on candle's CUDA backend",
         c,
         TargetKind::Example,
-        &["llama_tp", "allreduce_cost"],
+        &["llama_tp", "allreduce_cost", "pipeline_tp"],
     )
 }
 

@@ -122,6 +122,9 @@ fn mock_examples(o: &Opts) -> Result<()> {
         ("llama_tp", 2, &["--dtype", "bf16"], &[], &[]),
         ("llama_tp", 4, &["--victim", "3"], &fast[..], &[3]),
         ("llama_tp", 4, &["--victim", "0"], &fast[..], &[0]),
+        // Two pipeline stages of two tensor-parallel ranks, the stages' hand-offs by
+        // send/recv: equal to the unsharded forward on every rank.
+        ("pipeline_tp", 4, &[], &[], &[]),
     ]
     .map(|(example, n, args, env, expect_lost)| {
         let job = launch::Job {
