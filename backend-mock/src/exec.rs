@@ -81,6 +81,17 @@ pub(crate) enum Work {
     },
 }
 
+impl Work {
+    /// The memory the work reads or writes.
+    fn spans(&self) -> impl Iterator<Item = &Span> {
+        let (a, b) = match self {
+            Work::Coll { send, recv, .. } => (send.as_ref(), recv.as_ref()),
+            Work::Send { span, .. } | Work::Recv { span, .. } => (Some(span), None),
+        };
+        a.into_iter().chain(b)
+    }
+}
+
 /// One operation as enqueued: the rank, its index among the rank's operations (for fault
 /// injection), and the work.
 pub(crate) struct Task {
@@ -101,9 +112,20 @@ static NEXT_MSG: AtomicU64 = AtomicU64::new(1);
 /// divergent job (a deadline, a disagreement, an abort) dumps the flight recorder.
 pub(crate) fn run_batch(tasks: Vec<Task>) -> Result<()> {
     let ctx = tasks.first().map(|t| t.ctx.clone());
+    let spans: Vec<Arc<HostAlloc>> = tasks
+        .iter()
+        .flat_map(|t| t.work.spans())
+        .map(|s| s.alloc.clone())
+        .collect();
     let r = run_tasks(tasks);
-    if let (Err(e), Some(ctx)) = (&r, ctx) {
-        ctx.flight.dump_if_explains(e);
+    if let Err(e) = &r {
+        // A host slice lent to this work reports the failure at its scope's end.
+        for a in &spans {
+            a.failed(e);
+        }
+        if let Some(ctx) = ctx {
+            ctx.flight.dump_if_explains(e);
+        }
     }
     r
 }

@@ -13,8 +13,10 @@ use crate::MockComm;
 /// refused it). `D` is the communicator type the views are for: [`MockComm`], or a type
 /// wrapping it (the facade's `AnyComm`: `unicomm::host_scope`).
 ///
-/// The work's own errors surface at the stream's `synchronize`, as on a GPU: synchronize
-/// inside the scope to see them.
+/// The work's own errors surface at the stream's `synchronize`, as on a GPU, and at the
+/// scope's end: work on a lent slice that failed (a peer that aborted or never joined) ends
+/// the scope with its error even where it let go of the slice before the deadline, so an
+/// `Ok` scope always had its work done.
 ///
 /// ```
 /// use unicomm_core::{Comm, DeviceStream, ReduceOp};

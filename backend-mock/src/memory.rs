@@ -36,6 +36,10 @@ pub(crate) struct HostAlloc {
     /// The bytes are someone else's (a host slice lent by a [`HostScope`]): never freed here,
     /// and revoked before the lender's borrow ends.
     lent: bool,
+    /// The first failure of work that used these bytes: what a [`HostScope`]'s end reports
+    /// for a slice whose work failed (its output never written), however the end's wait
+    /// and the work's deadline fall.
+    failure: std::sync::OnceLock<Error>,
 }
 
 // SAFETY: the allocation is plain bytes owned by this struct; all access to them goes
@@ -60,6 +64,7 @@ impl HostAlloc {
             owner,
             seg: Some(seg),
             lent: false,
+            failure: std::sync::OnceLock::new(),
         })
     }
 
@@ -109,6 +114,7 @@ impl HostAlloc {
             #[cfg(target_os = "linux")]
             seg: None,
             lent,
+            failure: std::sync::OnceLock::new(),
         }
     }
 
@@ -120,6 +126,11 @@ impl HostAlloc {
     /// before its borrow ends.
     unsafe fn lent(ptr: NonNull<u8>, bytes: usize, owner: (u64, usize)) -> Self {
         Self::at(ptr, bytes, owner, true)
+    }
+
+    /// Work that used these bytes failed with `e` (the first failure is kept).
+    pub(crate) fn failed(&self, e: &Error) {
+        let _ = self.failure.set(e.clone());
     }
 
     /// Waits (at most `timeout`) for the access in progress, then refuses every later one.
@@ -463,6 +474,11 @@ impl<'scope, 'env, D> HostScope<'scope, 'env, D> {
         let mut first = Ok(());
         for l in self.lent.borrow_mut().drain(..) {
             let mut r = crate::lock::wait_unheld(&l.alloc, l.alloc.addr(), deadline, timeout);
+            // Work that used the slice and failed (a peer that never joined, an abort):
+            // its failure, even where it let go of the slice before the deadline.
+            if let (Ok(()), Some(e)) = (&r, l.alloc.failure.get()) {
+                r = Err(e.clone());
+            }
             if let (Ok(()), Some(dst)) = (&r, l.back) {
                 r = l.alloc.copy_out(dst, timeout);
             }

@@ -108,3 +108,39 @@ fn a_panic_inside_the_scope_takes_the_slices_back_first() {
     refused_as_after_the_scope(st.synchronize());
     assert!(output.iter().all(|&x| x == -1.0));
 }
+
+/// Work on lent slices that fails (its peer aborts, or never joins and the work's deadline
+/// falls at the scope's own) ends the scope with the work's error every time, never `Ok`
+/// with the lent output unwritten: the failure is kept with the slice, not inferred from
+/// whether the work still holds it at the scope's deadline.
+#[test]
+fn a_scope_whose_work_failed_reports_the_failure_whenever_it_ends() {
+    let config = MockConfig {
+        timeout: Duration::from_millis(200),
+        ..Default::default()
+    };
+    for run in 0..10 {
+        let comms = unicomm_mock::local_comms_with(2, config.clone()).unwrap();
+        let (c, peer) = (&comms[0], &comms[1]);
+        let st = c.create_stream().unwrap();
+        let input = vec![7f32; 64];
+        let mut output = vec![-1f32; 64];
+        let aborts = run % 2 == 0;
+        let r = std::thread::scope(|s| {
+            if aborts {
+                s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(20));
+                    let _ = peer.abort();
+                });
+            }
+            unicomm_mock::host_scope(c.backend(), |s| {
+                let send = s.lend(&input)?;
+                let mut recv = s.lend_mut(&mut output)?;
+                c.all_reduce(&send, &mut recv, ReduceOp::Sum, &st)
+            })
+        });
+        assert!(r.is_err(), "run {run} (peer aborts: {aborts}): {r:?}");
+        assert!(output.iter().all(|&x| x == -1.0));
+        let _ = (c.abort(), peer.abort());
+    }
+}
