@@ -159,3 +159,77 @@ fn a_re_form_missing_a_survivor_fails_for_the_others() {
     .unwrap();
     assert_eq!(out, vec![Some(true), Some(true), None, None]);
 }
+
+/// What the old communicator does after a shrink, one rule per mode, eager and replayed
+/// alike: with `Default` it stays usable (NCCL's rule), so a collective that needs the
+/// excluded rank, silent now, ends as any collective with a silent peer: `Timeout` at the
+/// deadline (the shrink did not abort it), and every call after that fails at once; with
+/// `Abort` and `Reform` it was aborted, so every later call, eager or a graph's replay
+/// captured before the shrink, is `Aborted` at once.
+#[test]
+fn the_old_communicator_after_a_shrink_follows_its_mode_eager_and_replayed() {
+    use std::time::Instant;
+    use unicomm_core::graph::Graph;
+    use unicomm_core::DeviceStream;
+    for mode in [ShrinkMode::Default, ShrinkMode::Abort, ShrinkMode::Reform] {
+        for replay_first in [false, true] {
+            // Every rank past the capture before a survivor's shrink aborts the old world.
+            let captured = std::sync::Barrier::new(3);
+            let out = each_rank(world(3), |c| -> unicomm_core::Result<Option<_>> {
+                let st = c.create_stream()?;
+                let x = c.upload(&[1f32; 8], &st)?;
+                let y = c.upload(&[1f32; 8], &st)?;
+                let z = std::cell::RefCell::new(c.alloc::<f32>(8)?);
+                let g = Graph::capture(&st, |g| g.all_reduce_in_place(&c, &x, ReduceOp::Sum))
+                    .and_then(|g| st.synchronize().map(|()| g));
+                captured.wait();
+                let g = g?;
+                if c.rank() == 2 {
+                    std::thread::sleep(Duration::from_millis(1200));
+                    return Ok(None);
+                }
+                let small = c.shrink(&[2], mode)?;
+                let eager = || -> unicomm_core::Result<()> {
+                    c.all_reduce(&y, &mut *z.borrow_mut(), ReduceOp::Sum, &st)?;
+                    st.synchronize()
+                };
+                let replay = || g.launch(&st).and_then(|()| st.synchronize());
+                let (first, then): (&dyn Fn() -> _, &dyn Fn() -> _) = match replay_first {
+                    true => (&replay, &eager),
+                    false => (&eager, &replay),
+                };
+                let t = Instant::now();
+                let one = first();
+                let took = t.elapsed();
+                let t = Instant::now();
+                let two = then();
+                let after = t.elapsed();
+                drop(g);
+                drop(small);
+                Ok(Some((one, took, two, after)))
+            })
+            .unwrap();
+            for (one, took, two, after) in out.into_iter().flatten() {
+                let scene = format!(
+                    "{mode:?}, replay first {replay_first}: {one:?} after {took:?}, then {two:?}"
+                );
+                match mode {
+                    ShrinkMode::Default => assert!(
+                        matches!(one, Err(Error::Timeout { .. }))
+                            && took >= Duration::from_millis(250),
+                        "{scene}"
+                    ),
+                    _ => assert!(
+                        matches!(one, Err(Error::Aborted { .. }))
+                            && took < Duration::from_millis(150),
+                        "{scene}"
+                    ),
+                }
+                assert!(
+                    two.is_err() && after < Duration::from_millis(150),
+                    "{scene}"
+                );
+            }
+        }
+    }
+}

@@ -108,6 +108,14 @@ impl<C: Collective> Comm<C> {
     /// `local_comms` world), and the survivors create a new communicator among themselves.
     /// Re-forming a launched job needs its rendezvous address to be bindable by the first
     /// survivor (the original rank 0, or a rank on the same host).
+    ///
+    /// This communicator afterwards, one rule per mode for eager calls and for replays of
+    /// graphs captured before: after [`ShrinkMode::Default`] it stays usable (the mock,
+    /// which always re-forms, keeps it so too, as NCCL's in-place shrink does), so a
+    /// collective that needs an excluded rank that is gone ends as any collective with a
+    /// silent peer, `Timeout` at the deadline, and every call after that fails at once; after
+    /// [`ShrinkMode::Abort`], [`ShrinkMode::Reform`] or a re-form where the library has no
+    /// shrink, it was aborted: every later call is `Aborted` at once.
     pub fn shrink(&self, exclude: &[usize], mode: ShrinkMode) -> Result<Comm<C>> {
         self.shrink_with(exclude, mode, &CommConfig::default())
     }
