@@ -127,8 +127,9 @@ fn run() -> anyhow::Result<()> {
         "kill" => kill(vendor),
         "kill-replay" => kill_replay(vendor),
         "churn" => churn(vendor, &a),
+        "forget" => forget(vendor),
         s => bail!(
-            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay or churn"
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn or forget"
         ),
     }
 }
@@ -704,5 +705,58 @@ fn churn(vendor: Vendor, a: &Args) -> anyhow::Result<()> {
         );
     }
     println!("faults churn: PASSED (largest growth {worst} bytes, bound {bound})");
+    Ok(())
+}
+
+/// A completion handle forgotten (`mem::forget`, safe code) while its all-reduce waits for
+/// rank 1 (which arrives 2 s late), then its output buffer dropped: the drop must not free
+/// the memory under the collective (`ncclMemFree` unmaps without waiting for the kernel
+/// that writes it): it waits for the device, so it returns only once the late rank came and
+/// the collective finished, and a buffer allocated after it is never written by the
+/// forgotten collective. Every rank then checks an all-reduce is still exact.
+fn forget(vendor: Vendor) -> anyhow::Result<()> {
+    const LATE: Duration = Duration::from_secs(2);
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    ensure!(w >= 2, "needs at least 2 ranks");
+    let st = comm.create_stream()?;
+    let n = 16 << 20;
+    let x = comm.upload(&vec![1.0f32; n], &st)?;
+    let y = comm.alloc::<f32>(n)?;
+    if r == 1 {
+        std::thread::sleep(LATE);
+    }
+    let t = Instant::now();
+    let h = unicomm::Completion::start(&st, |s| s.all_reduce(&comm, &x, &y, ReduceOp::Sum))?;
+    std::mem::forget(h);
+    drop(y);
+    let took = t.elapsed();
+    // Allocated after the drop: the forgotten collective must not write it.
+    let fresh = comm.upload(&vec![-7.0f32; n], &st)?;
+    st.synchronize()?;
+    let kept = fresh.copy_to_host(&st)?;
+    ensure!(
+        kept.iter().all(|&v| v == -7.0),
+        "rank {r}: a buffer allocated after the drop was written by the forgotten collective"
+    );
+    if r == 0 && vendor != Vendor::Mock {
+        // The device waited for the late rank before the memory was given back.
+        ensure!(
+            took >= LATE / 2,
+            "rank {r}: the buffer's drop returned after {took:?}, before the collective it is written by could finish (rank 1 is {LATE:?} late)"
+        );
+    }
+    let mut z = comm.upload(&vec![1.0f32; 1024], &st)?;
+    comm.all_reduce_in_place(&mut z, ReduceOp::Sum, &st)?;
+    let got = z.copy_to_host(&st)?;
+    ensure!(
+        got.iter().all(|&v| v == w as f32),
+        "rank {r}: an all-reduce after the forgotten one gave {}",
+        got[0]
+    );
+    println!(
+        "faults forget: rank {r}: the drop waited {:.0} ms; PASSED",
+        took.as_secs_f64() * 1e3
+    );
     Ok(())
 }

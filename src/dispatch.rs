@@ -366,6 +366,9 @@ impl DeviceMemory for AnyMemory {
     fn address(&self) -> usize {
         each!(self, AnyMemory, m => m.address())
     }
+    fn outlives_its_work(&self) -> bool {
+        each!(self, AnyMemory, m => m.outlives_its_work())
+    }
     fn write(&self, offset: usize, src: &[u8], stream: &AnyStream) -> Result<()> {
         pair!(self, AnyMemory, stream, AnyStream, "stream", (m, s) => m.write(offset, src, s))
     }

@@ -245,6 +245,12 @@ pub(crate) fn check_range(
 impl DeviceMemory for MockMemory {
     type Stream = MockStream;
 
+    /// The work holds the allocation (a host slice lent by a scope: the scope's end waits
+    /// for the work), so no drop frees it under the work.
+    fn outlives_its_work(&self) -> bool {
+        true
+    }
+
     fn byte_len(&self) -> usize {
         self.inner.bytes
     }

@@ -184,3 +184,42 @@ fn a_failed_completion_ends_at_once_with_the_failures_error() {
         }
     }
 }
+
+/// Cancelling a task that awaits a completion (`tokio::time::timeout`) costs the executor
+/// nothing: the handle's drop returns at once while its all-reduce still waits for a peer
+/// 500 ms late (the buffers are the mock's own allocations, which outlive their work); the
+/// work finishes afterwards, exact, in stream order.
+#[test]
+fn cancelling_an_awaited_completion_does_not_block_the_executor() {
+    let comms = unicomm_mock::local_comms(2).unwrap();
+    let (c0, c1) = (&comms[0], &comms[1]);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(500));
+            let st = c1.create_stream().unwrap();
+            let mut x = c1.upload(&[2.0f32; 8], &st).unwrap();
+            c1.all_reduce_in_place(&mut x, ReduceOp::Sum, &st).unwrap();
+            st.synchronize().unwrap();
+        });
+        let st = c0.create_stream().unwrap();
+        let x = c0.upload(&[1.0f32; 8], &st).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let t = Instant::now();
+        let r = rt.block_on(async {
+            let h =
+                Completion::start(&st, |s| s.all_reduce_in_place(c0, &x, ReduceOp::Sum)).unwrap();
+            tokio::time::timeout(Duration::from_millis(20), h).await
+        });
+        let took = t.elapsed();
+        assert!(r.is_err(), "the peer is 500 ms late: {r:?}");
+        assert!(
+            took < Duration::from_millis(250),
+            "the cancelled handle's drop took {took:?}"
+        );
+        st.synchronize().unwrap();
+        assert_eq!(x.copy_to_host(&st).unwrap(), vec![3.0; 8]);
+    });
+}

@@ -389,6 +389,12 @@ impl Runtime for CudaRuntime {
             .map_err(|e| cuda_err("cuStreamSynchronize", e))
     }
 
+    fn synchronize_device(&self, dev: usize) -> Result<()> {
+        self.with_device(dev, || {
+            result::ctx::synchronize().map_err(|e| cuda_err("cuCtxSynchronize", e))
+        })
+    }
+
     fn query(&self, s: &CudaStreamHandle) -> Result<bool> {
         // SAFETY: a live stream of its context (cudarc keeps both alive); no out-pointer.
         match unsafe { sys::cuStreamQuery(s.0.cu_stream()) } {

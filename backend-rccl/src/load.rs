@@ -48,6 +48,7 @@ impl HipRuntime {
             stream_create_with_flags: sym!("hipStreamCreateWithFlags"),
             stream_destroy: sym!("hipStreamDestroy"),
             stream_synchronize: sym!("hipStreamSynchronize"),
+            device_synchronize: sym!("hipDeviceSynchronize"),
             stream_query: sym!("hipStreamQuery"),
             malloc: sym!("hipMalloc"),
             free: sym!("hipFree"),

@@ -394,6 +394,15 @@ impl Runtime for HipRuntime {
         })
     }
 
+    fn synchronize_device(&self, dev: usize) -> Result<()> {
+        self.with_device(dev, || {
+            // SAFETY: no arguments; the device is current (with_device).
+            self.check("hipDeviceSynchronize", unsafe {
+                (self.fns.device_synchronize)()
+            })
+        })
+    }
+
     fn query(&self, s: &HipStreamHandle) -> Result<bool> {
         /// `hipErrorNotReady`.
         const NOT_READY: HipError = 600;

@@ -38,6 +38,7 @@ pub struct HipFns {
     pub stream_create_with_flags: unsafe extern "C" fn(*mut HipStream, c_uint) -> HipError,
     pub stream_destroy: unsafe extern "C" fn(HipStream) -> HipError,
     pub stream_synchronize: unsafe extern "C" fn(HipStream) -> HipError,
+    pub device_synchronize: unsafe extern "C" fn() -> HipError,
     pub stream_query: unsafe extern "C" fn(HipStream) -> HipError,
     pub malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
     pub free: unsafe extern "C" fn(*mut c_void) -> HipError,

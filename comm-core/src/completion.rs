@@ -12,10 +12,12 @@
 //! work runs), once the stream has reached the handle's point, never as `Timeout` at the
 //! deadline.
 //!
-//! The handle borrows every communicator and buffer the step used until the work is done:
-//! dropping it before then waits for the work, at most until the deadline (so the buffers
-//! are never freed under the device), and past the deadline aborts the communicators, as
-//! every other wait does.
+//! The handle borrows every communicator and buffer the step used. Dropping it before the
+//! work is done (a cancelled future) returns at once where the work uses only memory
+//! unicomm allocated, whose free waits for the device's work (so neither a drop nor a
+//! `mem::forget` of the handle lets a buffer be freed under the device); where the work
+//! uses memory lent by another owner (a cudarc slice), the drop waits for the work, at most
+//! until the deadline, and past it aborts the communicators, as every other wait does.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -135,6 +137,9 @@ pub struct Completion<'a, C: Collective> {
     settled: bool,
     /// The future's next look at the stream.
     look: Look,
+    /// Every memory the work uses outlives it (owned allocations, whose free waits for the
+    /// device): a pending handle's drop need not wait.
+    outlived: bool,
 }
 
 impl<'a, C: Collective> Completion<'a, C> {
@@ -151,6 +156,7 @@ impl<'a, C: Collective> Completion<'a, C> {
             let _ = stream.synchronize();
             return Err(e);
         }
+        let outlived = step.outlived();
         let comms = step.into_comms();
         let timeout = match comms.iter().filter_map(|c| c.backend().timeout()).min() {
             Some(t) => t,
@@ -169,6 +175,7 @@ impl<'a, C: Collective> Completion<'a, C> {
             deadline: Instant::now() + timeout,
             settled: false,
             look: Look::new(),
+            outlived,
         })
     }
 
@@ -285,11 +292,15 @@ impl Look {
 }
 
 impl<C: Collective> Drop for Completion<'_, C> {
+    /// A pending handle (a cancelled future, a handle never awaited) returns at once where
+    /// every memory its work uses outlives that work (the allocations unicomm owns: their
+    /// free waits for the device), so cancelling costs an executor nothing; the work goes on
+    /// and its failure reaches the stream's next wait. Where the work uses memory lent by an
+    /// owner that frees it on its own terms (a cudarc slice, a raw pointer), the drop waits
+    /// for the work, within the deadline (past it the communicators are aborted; the error
+    /// cannot be reported from a drop), so that memory is never freed under it.
     fn drop(&mut self) {
-        if !self.settled {
-            // The buffers stay borrowed until the work is done: waited for, within the
-            // deadline (past it the communicators are aborted; the error cannot be reported
-            // from a drop).
+        if !self.settled && !self.outlived {
             let _ = self.block();
         }
     }

@@ -97,6 +97,13 @@ pub trait DeviceMemory: Send + Sync {
     /// The device address of the first byte (a host address on the mock).
     fn address(&self) -> usize;
 
+    /// Whether dropping this value never frees the memory under work still using it (its
+    /// free waits for, or follows, that work): `true` for the allocations a backend owns,
+    /// `false` for memory lent by an owner that frees it on its own terms (a cudarc slice,
+    /// a raw pointer). What lets a pending [`Completion`](crate::completion::Completion) be
+    /// dropped without waiting.
+    fn outlives_its_work(&self) -> bool;
+
     /// Copies `src` to `self[offset..offset + src.len()]`, ordered after the work enqueued
     /// on `stream`, and returns once `src` may be reused. The GPU backends return after the
     /// copy completed (so after the work before it on the stream: a host copy is a set-up

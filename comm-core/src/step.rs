@@ -2,7 +2,7 @@
 //! the life of what the step makes (a captured graph, a completion handle), so that none of
 //! them can be freed, deregistered or finalized while that lives.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 
 use crate::backend::Collective;
@@ -23,6 +23,9 @@ pub struct Step<'a, C: Collective> {
     comms: RefCell<Vec<&'a Comm<C>>>,
     /// The warm-up pass's scratch memory, kept until its work finished.
     scratch: RefCell<Vec<C::Memory>>,
+    /// Every memory the step's work uses outlives that work whatever its owner does
+    /// ([`DeviceMemory::outlives_its_work`](crate::DeviceMemory::outlives_its_work)).
+    outlived: Cell<bool>,
 }
 
 /// An argument of a step's collective: the caller's memory, or a scratch buffer of the same
@@ -60,7 +63,14 @@ impl<'a, C: Collective> Step<'a, C> {
             phase,
             comms: RefCell::new(Vec::new()),
             scratch: RefCell::new(Vec::new()),
+            outlived: Cell::new(true),
         }
+    }
+
+    /// Whether every memory the step's work uses outlives that work (none is lent by an
+    /// owner that could free it under the work).
+    pub(crate) fn outlived(&self) -> bool {
+        self.outlived.get()
     }
 
     /// The communicators the step used, in first use.
@@ -85,6 +95,9 @@ impl<'a, C: Collective> Step<'a, C> {
     }
 
     fn arg<T: Element>(&self, comm: &'a Comm<C>, v: View<'a, T, C>) -> Result<Arg<'a, T, C>> {
+        if !crate::device::DeviceMemory::outlives_its_work(v.mem) {
+            self.outlived.set(false);
+        }
         {
             let mut cs = self.comms.borrow_mut();
             if !cs.iter().any(|c| std::ptr::eq(*c, comm)) {

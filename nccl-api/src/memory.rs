@@ -309,21 +309,52 @@ impl<R: Runtime> ApiMemory<R> {
 }
 
 impl<R: Runtime> Drop for ApiMemory<R> {
+    /// An owned allocation is freed once the device's work is done with it: the device is
+    /// synchronized first (`cudaFree`'s own rule; `ncclMemFree` unmaps virtual memory, which
+    /// does not wait), so work still writing it (a collective of a completion handle that was
+    /// forgotten, an eager call not yet waited for) never writes memory given back. The wait
+    /// runs on a helper thread within the deadline (`UNICOMM_TIMEOUT_MS`); past it the drop
+    /// returns and the helper frees the memory once the device is idle (never, if its work
+    /// never ends: leaked, not freed under it).
     fn drop(&mut self) {
         if self.ptr == 0 {
             return;
         }
-        let (ptr, dev) = (self.ptr, self.dev);
-        // Errors cannot be reported from drop; a failed free leaks.
-        let _ = match &self.owner {
-            Owner::Nccl(api) => self.rt.with_device(dev, || {
-                // SAFETY: `ptr` came from ncclMemAlloc on `dev`; it is freed once, here.
-                api.mem_free(unsafe { LibAlloc::from_raw(ptr) })
-            }),
-            // SAFETY: `ptr` came from the runtime's malloc on `dev`; freed once, here.
-            Owner::Runtime => unsafe { self.rt.free(dev, ptr) },
-            Owner::Borrowed(_) => Ok(()),
+        let owner = std::mem::replace(&mut self.owner, Owner::Borrowed(None));
+        if let Owner::Borrowed(_) = owner {
+            return;
+        }
+        let (ptr, dev, rt) = (self.ptr, self.dev, self.rt.clone());
+        let free = move || -> Result<()> {
+            let idle = rt.synchronize_device(dev);
+            let freed = match owner {
+                Owner::Nccl(api) => rt.with_device(dev, || {
+                    // SAFETY: `ptr` came from ncclMemAlloc on `dev`; it is freed once, here,
+                    // after the device's work (synchronized above).
+                    api.mem_free(unsafe { LibAlloc::from_raw(ptr) })
+                }),
+                // SAFETY: `ptr` came from the runtime's malloc on `dev`; freed once, here.
+                Owner::Runtime => unsafe { rt.free(dev, ptr) },
+                Owner::Borrowed(_) => Ok(()),
+            };
+            idle.and(freed)
         };
+        let timeout = unicomm_core::env::timeout().unwrap_or(std::time::Duration::from_secs(600));
+        // Errors cannot be reported from drop: logged; a failed free leaks.
+        let report = move |r: Result<()>| {
+            if let Err(e) = r {
+                tracing::warn!("device memory {ptr:#x} on device {dev}: {e}");
+            }
+        };
+        match crate::wait::bounded(
+            "freeing device memory after its work",
+            timeout,
+            free,
+            report,
+        ) {
+            Ok(r) => report(r),
+            Err(e) => tracing::warn!("device memory {ptr:#x} on device {dev}: {e}"),
+        }
     }
 }
 
@@ -333,6 +364,11 @@ unsafe impl<R: Runtime> DeviceBytes for ApiMemory<R> {}
 
 impl<R: Runtime> DeviceMemory for ApiMemory<R> {
     type Stream = ApiStream<R>;
+
+    /// An owned allocation's drop waits for the device first; lent memory is its owner's.
+    fn outlives_its_work(&self) -> bool {
+        !matches!(self.owner, Owner::Borrowed(_))
+    }
 
     fn byte_len(&self) -> usize {
         self.bytes

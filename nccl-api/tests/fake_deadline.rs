@@ -307,3 +307,33 @@ fn a_call_stuck_in_progress_times_out_or_is_aborted() {
     assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
 }
+
+/// An owned allocation is freed only once the device's work is done with it (the device
+/// synchronized first, `cudaFree`'s rule; `ncclMemFree` unmaps without waiting): dropping
+/// a buffer while the "device" is stuck (a collective still writing it, of a completion
+/// handle that was forgotten) waits for the device, and only then frees.
+#[test]
+fn an_owned_buffer_is_freed_only_after_the_device_is_done_with_it() {
+    let _g = serial();
+    let _u = Unhang;
+    let f = loaded();
+    let c = comm(flavors(false, false), &f.0);
+    let buf = c.alloc::<f32>(1024).unwrap();
+    let before = common::DEVICE_SYNCS.load(Ordering::SeqCst);
+    HANG.store(true, Ordering::SeqCst);
+    let dropped = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            drop(buf);
+            dropped.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "the buffer was freed while the device still ran"
+        );
+        HANG.store(false, Ordering::SeqCst);
+    });
+    assert!(dropped.load(Ordering::SeqCst));
+    assert_eq!(common::DEVICE_SYNCS.load(Ordering::SeqCst), before + 1);
+}

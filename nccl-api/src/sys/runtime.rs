@@ -31,6 +31,11 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     /// Whether all work enqueued on `s` has finished (`cuStreamQuery` / `hipStreamQuery`:
     /// not-ready is `false`, any other failure an error); never blocks.
     fn query(&self, s: &Self::Stream) -> Result<bool>;
+    /// Blocks until every stream of device `dev` is idle (`cuCtxSynchronize` /
+    /// `hipDeviceSynchronize`): what an owned allocation's free waits for first, since
+    /// unmapping virtual memory (`ncclMemFree`'s `cuMemUnmap`) does not wait for the work
+    /// that still writes it.
+    fn synchronize_device(&self, dev: usize) -> Result<()>;
     /// Device memory without the collective library (`cuMemAlloc` / `hipMalloc`).
     fn malloc(&self, dev: usize, bytes: usize) -> Result<usize>;
     /// Frees what `malloc` returned.

@@ -107,6 +107,9 @@ pub static WAITING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUs
 /// Stream waits for an event the host runtime was asked for.
 pub static EVENT_WAITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// Device-wide waits the host runtime completed (before an owned allocation's free).
+pub static DEVICE_SYNCS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Host memory standing in for a device.
 #[derive(Debug)]
 pub struct Host;
@@ -137,6 +140,14 @@ impl Runtime for Host {
     fn query(&self, _: &HostStream) -> Result<bool> {
         // A stuck "device" while a test says so (the deadline tests).
         Ok(!HANG.load(std::sync::atomic::Ordering::SeqCst))
+    }
+    fn synchronize_device(&self, _: usize) -> Result<()> {
+        // The stuck "device" holds a device-wide wait until a test unsticks it.
+        while HANG.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        DEVICE_SYNCS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
     fn malloc(&self, _: usize, bytes: usize) -> Result<usize> {
         Ok(Box::into_raw(vec![0u8; bytes].into_boxed_slice()) as *mut u8 as usize)

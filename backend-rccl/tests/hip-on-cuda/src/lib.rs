@@ -157,6 +157,11 @@ pub unsafe extern "C" fn hipStreamSynchronize(s: Stream) -> R {
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn hipDeviceSynchronize() -> R {
+    in_ctx!(call!("cuCtxSynchronize": fn() ()))
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn hipStreamQuery(s: Stream) -> R {
     in_ctx!(call!("cuStreamQuery": fn(Stream) (s)))
 }
