@@ -128,8 +128,9 @@ fn run() -> anyhow::Result<()> {
         "kill-replay" => kill_replay(vendor),
         "churn" => churn(vendor, &a),
         "forget" => forget(vendor),
+        "completion-abort" => completion_abort(vendor),
         s => bail!(
-            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn or forget"
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget or completion-abort"
         ),
     }
 }
@@ -756,6 +757,51 @@ fn forget(vendor: Vendor) -> anyhow::Result<()> {
     );
     println!(
         "faults forget: rank {r}: the drop waited {:.0} ms; PASSED",
+        took.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// A completion handle whose own communicator is aborted from another thread while its
+/// all-reduce waits (rank 1 arrives only after the abort): `wait` ends with `Aborted` at
+/// once, not `Timeout` at the deadline (20 s here). Rank 1 then finds the world aborted or
+/// times out on its own; only rank 0's verdict counts.
+fn completion_abort(vendor: Vendor) -> anyhow::Result<()> {
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    ensure!(w >= 2, "needs at least 2 ranks");
+    // A deadline far past the 5 s the verdict allows (the mock keeps its configured one).
+    let _ = comm.set_timeout(Duration::from_secs(20));
+    let st = comm.create_stream()?;
+    let x = comm.upload(&vec![1.0f32; 1 << 16], &st)?;
+    if r != 0 {
+        // Late: rank 0's collective waits for this rank until its abort.
+        std::thread::sleep(Duration::from_secs(3));
+        // Its answer does not matter (the world may be aborted already): rank 0's counts.
+        if let Ok(mut y) = comm.upload(&vec![1.0f32; 1 << 16], &st) {
+            let _ = comm.all_reduce_in_place(&mut y, ReduceOp::Sum, &st);
+            let _ = st.synchronize();
+        }
+        let _ = comm.abort();
+        println!("faults completion-abort: rank {r}: done");
+        return Ok(());
+    }
+    let t = Instant::now();
+    let h = unicomm::Completion::start(&st, |s| s.all_reduce_in_place(&comm, &x, ReduceOp::Sum))?;
+    let res = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            let _ = comm.abort();
+        });
+        h.wait()
+    });
+    let took = t.elapsed();
+    ensure!(
+        matches!(res, Err(Error::Aborted { .. })) && took < Duration::from_secs(5),
+        "rank {r}: a completion whose communicator was aborted ended with {res:?} after {took:?}"
+    );
+    println!(
+        "faults completion-abort: rank {r}: Aborted after {:.0} ms; PASSED",
         took.as_secs_f64() * 1e3
     );
     Ok(())

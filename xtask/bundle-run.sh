@@ -238,6 +238,8 @@ for v in nccl rccl; do
     # A completion handle forgotten while its all-reduce waits for a late peer, then its
     # output dropped: the free waits for the device; a buffer allocated after it is intact.
     step $v faults forget; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario forget 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # A completion handle's own communicator aborted from another thread: Aborted at once.
+    step $v faults completion-abort; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario completion-abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # Started by hand, not by the launcher (which would stop rank 0 as soon as rank 1
     # dies): the verdict is rank 0's, on its own.
     # kill: during plain calls; kill-replay: during a captured graph's replays.

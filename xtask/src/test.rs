@@ -98,6 +98,7 @@ fn mock_examples(o: &Opts) -> Result<()> {
         ("faults", 2, &["--scenario", "skip"], &fast[..], &[]),
         ("faults", 2, &["--scenario", "abort"], &[], &[]),
         ("faults", 2, &["--scenario", "forget"], &[], &[]),
+        ("faults", 2, &["--scenario", "completion-abort"], &[], &[]),
         // A rank SIGKILLed during the replays of a captured graph.
         ("faults", 3, &["--scenario", "kill-replay"], &fast[..], &[2]),
         // A rank SIGKILLed; the survivors shrink and go on (also without rank 0, whose
