@@ -37,10 +37,16 @@ pub fn init_rank(
     world: usize,
     config: MockConfig,
 ) -> Result<MockComm> {
-    if world == 0 || world > MAX_RANKS || rank >= world {
+    if world == 0 || world > MAX_RANKS {
+        return Err(Error::invalid(
+            "world",
+            format!("a world of {world}: a mock world has 1..={MAX_RANKS} ranks"),
+        ));
+    }
+    if rank >= world {
         return Err(Error::invalid(
             "rank",
-            format!("rank {rank} of {world}: a mock world has 1..={MAX_RANKS} ranks"),
+            format!("rank {rank} of {world}: a rank is below the world size (0..{world})"),
         ));
     }
     config.check()?;

@@ -347,8 +347,8 @@ impl unicomm_core::DeviceGraph for MockGraph {
             return Err(Error::invalid(
                 "stream",
                 format!(
-                    "a graph captured on rank {}'s device launched on rank {}'s",
-                    self.owner.1, stream.owner.1
+                    "a graph captured on a stream of rank {} of world {} launched on a stream of rank {} of world {} (a graph is launched on its own rank's streams)",
+                    self.owner.1, self.owner.0, stream.owner.1, stream.owner.0
                 ),
             ));
         }

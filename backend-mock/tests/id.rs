@@ -58,10 +58,14 @@ fn rank_zero_joins_once_where_the_id_was_made() {
         init_rank(&garbage, 1, 2, config()),
         Err(Error::Bootstrap { .. })
     ));
-    assert!(matches!(
-        init_rank(&id, 2, 2, config()),
-        Err(Error::InvalidArgument { .. })
-    ));
+    // Rank 2 of 2 is refused by the rank's rule, not the world's bounds.
+    match init_rank(&id, 2, 2, config()) {
+        Err(Error::InvalidArgument { argument, reason }) => {
+            assert_eq!(argument, "rank");
+            assert!(reason.contains("below the world size"), "{reason}");
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
 }
 
 /// Ranks told different world sizes (rank 0 and 1 a world of 3, rank 2 one of 4) do not

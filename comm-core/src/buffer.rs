@@ -205,7 +205,8 @@ impl<'a, T: Element, C: Collective> ViewMut<'a, T, C> {
         };
         Ok((a, b))
     }
-    /// Copies `src` (at most `len` elements) to the start of the view, ordered after the
+    /// Copies `src` to the start of the view (a source longer than the view is refused,
+    /// `InvalidArgument` naming `src`; a shorter one leaves the rest as it was), ordered after the
     /// work enqueued on `stream`; returns once `src` may be reused (see
     /// [`crate::DeviceMemory::write`]).
     pub fn copy_from_host(&mut self, src: &[T], stream: &C::Stream) -> Result<()> {
@@ -307,7 +308,8 @@ macro_rules! owned_buffer_methods {
                 let (start, len) = range_of(r, $len)?;
                 Ok(ViewMut { mem: $mem, offset: start, len, _t: PhantomData })
             }
-            /// Copies `src` (at most `len` elements) to the start of the buffer, ordered after
+            /// Copies `src` to the start of the buffer (a source longer than the buffer is
+            /// refused, `InvalidArgument` naming `src`; a shorter one leaves the rest), ordered after
             /// the work enqueued on `stream`. Returns once `src` may be reused: the GPU
             /// backends wait for the copy (pageable host memory), the mock stages the bytes.
             pub fn copy_from_host(&mut $self_, src: &[T], stream: &C::Stream) -> Result<()> {

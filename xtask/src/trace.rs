@@ -147,13 +147,20 @@ pub(crate) fn analyze(dumps: &[Dump]) -> Vec<String> {
             "communicator {comm:?} ({world} ranks): dumps of rank(s) {}",
             list(ds.iter().map(|d| d.rank))
         )];
-        let missing: Vec<usize> = (0..world)
-            .filter(|r| !ds.iter().any(|d| d.rank == *r))
-            .collect();
+        // The ranks without a dump, as ranges from the sorted ranks that have one: a header
+        // may claim a world of 2^24 ranks, and the output stays a line.
+        let mut missing = Vec::new();
+        let mut next = 0;
+        for r in ds.iter().map(|d| d.rank).chain([world]) {
+            if r > next {
+                missing.push((next, r - 1));
+            }
+            next = next.max(r + 1);
+        }
         if !missing.is_empty() {
             lines.push(format!(
                 "  no dump from rank(s) {}: they died, hung outside unicomm, or were never told of the failure",
-                list(missing.iter().copied())
+                ranges(&missing)
             ));
         }
         for d in &ds {
@@ -259,8 +266,42 @@ fn verdict(ds: &[&Dump]) -> String {
     }
 }
 
+/// The most ranks or ranges a line lists before it says how many more there are.
+const LISTED: usize = 32;
+
 fn list(rs: impl Iterator<Item = usize>) -> String {
-    rs.map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+    let rs: Vec<usize> = rs.collect();
+    let mut s = rs
+        .iter()
+        .take(LISTED)
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if rs.len() > LISTED {
+        s.push_str(&format!(" and {} more", rs.len() - LISTED));
+    }
+    s
+}
+
+/// Inclusive ranges of ranks, `a-b` where longer than one, at most [`LISTED`] of them.
+fn ranges(rs: &[(usize, usize)]) -> String {
+    let total: usize = rs.iter().map(|(a, b)| b - a + 1).sum();
+    let mut s = rs
+        .iter()
+        .take(LISTED)
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    if rs.len() > LISTED {
+        s.push_str(&format!(" and {} more ranges", rs.len() - LISTED));
+    }
+    format!("{s} ({total} rank(s))")
 }
 
 /// `cargo xtask trace DIR`.
@@ -445,6 +486,25 @@ mod tests {
             t.elapsed() < std::time::Duration::from_secs(5),
             "{:?}",
             t.elapsed()
+        );
+    }
+
+    /// Dumps whose header claims a world of 2^24 ranks give a few short lines, not a line
+    /// listing every rank without a dump (1.2 GB printed before).
+    #[test]
+    fn a_dump_claiming_a_huge_world_is_summarised_in_short_lines() {
+        let mut ds: Vec<Dump> = (0..8)
+            .map(|r| dump(r * 3, &[("all_reduce", 4)], "pending"))
+            .collect();
+        for d in &mut ds {
+            d.world = MAX_WORLD;
+        }
+        let text = analyze(&ds).join("\n");
+        assert!(text.len() < 8 << 10, "{} bytes", text.len());
+        assert!(text.contains("1-2, 4-5"), "{text}");
+        assert!(
+            text.contains(&format!("22-{} ({} rank(s))", MAX_WORLD - 1, MAX_WORLD - 8)),
+            "{text}"
         );
     }
 }
