@@ -42,6 +42,21 @@ pub(crate) fn listen_capped(addr: SocketAddr, world: usize, cap: usize) -> Resul
             .clamp(2, MAX_QUEUES),
     };
     let backlog = world.div_ceil(queues).clamp(128, 65_535) as i32;
+    if queues > 1 {
+        // Shared queues would also share the port with a stale rank 0 of an earlier run
+        // that opened its own shared queues there (same user, same token: it would hand
+        // some ranks its old ids). A plain socket binds only where nothing listens: the
+        // port is refused at once if anything does, as it is with one queue.
+        let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+            .map_err(|e| io(&what, e))?;
+        probe.set_reuse_address(true).map_err(|e| io(&what, e))?;
+        probe.bind(&addr.into()).map_err(|e| {
+            io(
+                &format!("{what} (something listens there already: a rank 0 of an earlier run?)"),
+                e,
+            )
+        })?;
+    }
     (0..queues)
         .map(|_| {
             let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))

@@ -357,4 +357,10 @@ fn the_port_is_shared_only_between_rank_0s_own_queues() {
     let several = stream::listen_capped(addr, 24, 8).unwrap();
     assert_eq!(several.len(), 4);
     assert!(std::net::TcpListener::bind(addr).is_err());
+    // A relaunched rank 0 with shared queues of its own beside the stale one's: refused at
+    // once, never sharing the port (the stale one would hand some ranks its old ids).
+    let again = stream::listen_capped(addr, 24, 8);
+    assert!(again.is_err(), "a second rank 0 shared the port");
+    let e = again.err().unwrap().to_string();
+    assert!(e.contains("listens there already"), "{e}");
 }
