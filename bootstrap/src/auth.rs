@@ -4,17 +4,21 @@
 use unicomm_core::{Error, Result};
 
 /// The handshake's version is in its magic: a rank of another version is dropped as "not
-/// unicomm's" (version 2: one message each way; version 1 had a challenge between them).
-pub(crate) const MAGIC: &[u8; 8] = b"UNICOMM2";
+/// unicomm's" (version 3: the rank's hello, rank 0's answer, the rank's acknowledgement;
+/// version 2 had no acknowledgement; version 1 a challenge before the answer).
+pub(crate) const MAGIC: &[u8; 8] = b"UNICOMM3";
 
 /// A rank's first and only message: its hello, the number of ids it expects (u16), then its
 /// proof of the token over both (`MAC("client", rank, world, nonce, count)`). One round trip: rank 0 answers with the ids (or a
 /// refusal) at once, where a challenge first cost each rank two more messages, and rank 0
 /// two more system calls and the packets behind them (the kernel's loopback TCP, not the
 /// MACs, is nearly all of rank 0's time per rank: 93% under `perf` at 4,096 ranks).
-/// Freshness needs no challenge: a rank is served once (a replayed message can only claim a
-/// rank that has not joined, and gets ids it cannot open), and the ids are sealed under the
-/// rank's nonce and one rank 0 draws for this answer, so no two answers share a keystream.
+/// Freshness needs no challenge before the answer: the ids are sealed under the rank's nonce
+/// and one rank 0 draws for this answer, so no two answers share a keystream, and a replayed
+/// hello gets ids it cannot open. A rank counts as joined only once it acknowledges the
+/// answer ([`ACK`]: a proof over rank 0's fresh nonce, which a replayer cannot make), so a
+/// hello captured by a squatter before rank 0 listened and replayed to it takes no rank's
+/// place: the real rank is still served.
 pub(crate) const FIRST_LEN: usize = HELLO_LEN + 2 + 32;
 
 /// Rank 0's answers. `REFUSED` is followed by the number of ids rank 0 hands out (u16) and
@@ -24,6 +28,10 @@ pub(crate) const IDS: u8 = 2;
 /// After `IDS`: rank 0's nonce (16), the number of ids (u16), its proof (32, over the
 /// rank's hello, both nonces and that number); then the ids, sealed.
 pub(crate) const IDS_HEAD_LEN: usize = 16 + 2 + 32;
+/// A rank's acknowledgement of the ids: `ACK`, then its proof over its hello and rank 0's
+/// nonce (`MAC("ack", rank, world, nonce, rank 0's nonce)`). Rank 0 writes nothing back.
+pub(crate) const ACK: u8 = 3;
+pub(crate) const ACK_LEN: usize = 1 + 32;
 pub(crate) fn io(what: &str, e: std::io::Error) -> Error {
     Error::Bootstrap {
         reason: format!("{what}: {e}"),

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
 
-use super::auth::{io, nonce, same, Hello, Key, FIRST_LEN, HELLO_LEN, IDS, IDS_HEAD_LEN, REFUSED};
+use super::auth::{
+    io, nonce, same, Hello, Key, ACK, ACK_LEN, FIRST_LEN, HELLO_LEN, IDS, IDS_HEAD_LEN, REFUSED,
+};
 use super::drops::DropLog;
 use super::file::missing;
 use super::launcher::LaunchEnv;
@@ -48,18 +50,21 @@ pub(crate) struct Tally {
     /// queue is tried again on its next arrival, not whenever a slot frees).
     pub(crate) empty_accepts: u64,
     /// Write calls that sent bytes to connections that ended (one per connection answered:
-    /// the handshake is one message each way, and a small answer goes out in one write).
+    /// rank 0 writes one answer per handshake, and a small answer goes out in one write).
     pub(crate) writes: u64,
 }
 
-/// What a connection's answer ends with: the rank it served, or why it served none.
-type Outcome = std::result::Result<usize, String>;
+/// What a connection's answer ends with: the rank it answered with the ids and the
+/// acknowledgement due from it, or why it served none.
+type Outcome = std::result::Result<(usize, [u8; 32]), String>;
 
 struct Conn {
     s: Stream,
     /// `None` while reading the rank's hello and proof; then the answer's outcome, known
     /// while the answer (`out`) is written, after which the connection closes.
     answered: Option<Outcome>,
+    /// After the ids: the rank and the acknowledgement it must send to count as joined.
+    acking: Option<(usize, [u8; 32])>,
     inbuf: [u8; FIRST_LEN],
     got: usize,
     out: Vec<u8>,
@@ -346,6 +351,7 @@ impl Conn {
             s,
             generation,
             answered: None,
+            acking: None,
             inbuf: [0; FIRST_LEN],
             got: 0,
             out: Vec::new(),
@@ -356,6 +362,22 @@ impl Conn {
 
     /// As far as the socket lets it go now.
     fn advance(&mut self, srv: &mut Server<'_>) -> Step {
+        if let Some((rank, due)) = self.acking {
+            return match self.fill(ACK_LEN) {
+                Ok(true) => {
+                    let proof: [u8; 32] = self.inbuf[1..ACK_LEN].try_into().unwrap_or([0; 32]);
+                    if self.inbuf[0] == ACK && same(&proof, &due) {
+                        srv.joined(rank)
+                    } else {
+                        Step::Dropped(format!(
+                            "an acknowledgement for rank {rank} that does not prove the token (a replayed hello?)"
+                        ))
+                    }
+                }
+                Ok(false) => Step::Waiting,
+                Err(why) => Step::Dropped(format!("rank {rank}'s acknowledgement: {why}")),
+            };
+        }
         if self.answered.is_none() {
             // A hello's worth is judged as soon as it is in: a stranger's bytes are dropped
             // at once, not held until its connection's deadline.
@@ -385,7 +407,11 @@ impl Conn {
             Err(e) => return Step::Dropped(format!("writing: {e}")),
         }
         match self.answered.take() {
-            Some(Ok(_)) => Step::Served,
+            Some(Ok(due)) => {
+                self.acking = Some(due);
+                self.got = 0;
+                self.advance(srv)
+            }
             Some(Err(why)) => Step::Dropped(why),
             None => Step::Dropped("written to before its answer".into()),
         }
@@ -431,8 +457,9 @@ type Next = std::result::Result<(Outcome, Vec<u8>), String>;
 impl Server<'_> {
     /// The answer to a rank's first message: nothing to one that does not prove the token
     /// (dropped); an authenticated refusal to a rank of another world, rank 0's own or one
-    /// that joined already; else the ids, sealed, after rank 0's proof (the rank taken now:
-    /// two connections of one rank race here).
+    /// that joined already; else the ids, sealed, after rank 0's proof, and the
+    /// acknowledgement due (the rank counts as joined only once it comes: two connections of
+    /// one rank race there).
     fn first(&mut self, b: &[u8; FIRST_LEN]) -> Next {
         let h = Hello::parse(&b[..HELLO_LEN]).map_err(|e| e.to_string())?;
         let (r, w) = words(&h);
@@ -479,9 +506,6 @@ impl Server<'_> {
             }
             return Ok((Err(why), msg));
         }
-        if let Some(t) = self.served.get_mut(h.rank) {
-            *t = true;
-        }
         self.nonces.1 += 1;
         let mut ns = [0u8; 16];
         ns.copy_from_slice(&self.nonces.0.mac(b"nonce", &[&self.nonces.1.to_le_bytes()])[..16]);
@@ -493,7 +517,24 @@ impl Server<'_> {
         let at = msg.len();
         msg.extend_from_slice(&self.ids);
         self.key.seal(&mut msg[at..], (&h.nonce, &ns));
-        Ok((Ok(h.rank), msg))
+        let due = self.key.mac(b"ack", &[&r, &w, &h.nonce, &ns]);
+        Ok((Ok((h.rank, due)), msg))
+    }
+
+    /// `rank` acknowledged its ids: joined, unless it joined already (two processes that
+    /// both hold the token claimed it: the job is misconfigured, and rank 0 fails at once).
+    fn joined(&mut self, rank: usize) -> Step {
+        match self.served.get_mut(rank) {
+            Some(t) if !*t => {
+                *t = true;
+                Step::Served
+            }
+            _ => {
+                let why = format!("rank {rank} joined twice (two processes of this job claim it)");
+                self.misconfigured = Some(why.clone());
+                Step::Dropped(why)
+            }
+        }
     }
 }
 

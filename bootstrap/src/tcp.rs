@@ -64,9 +64,10 @@ impl From<Error> for JoinError {
     }
 }
 
-/// A client's side: its hello and proof in one message, then rank 0's answer: a refusal, or
-/// the `count` ids after rank 0's proof (from rank 0 over TCP, or from the host's first rank
-/// on its local socket).
+/// A client's side: its hello and proof in one message, then rank 0's answer (a refusal, or
+/// the `count` ids after rank 0's proof; from rank 0 over TCP, or from the host's first rank
+/// on its local socket), then its acknowledgement over rank 0's nonce, without which it does
+/// not count as joined.
 pub(crate) fn join<S: Timed>(
     s: &mut S,
     env: &LaunchEnv,
@@ -146,6 +147,12 @@ pub(crate) fn join<S: Timed>(
     let mut ids = vec![0u8; 128 * count];
     read_until(s, &mut ids, deadline).map_err(|e| ioe("receiving the id", e))?;
     key.seal(&mut ids, (&h.nonce, &ns));
+    // Joined only once acknowledged over rank 0's fresh nonce: a replay of this hello (a
+    // squatter's capture) cannot take this rank's place.
+    let mut ack = [0u8; ACK_LEN];
+    ack[0] = ACK;
+    ack[1..].copy_from_slice(&key.mac(b"ack", &[&r, &w, &h.nonce, &ns]));
+    write_until(s, &ack, deadline).map_err(|e| ioe("the acknowledgement", e))?;
     Ok(ids)
 }
 

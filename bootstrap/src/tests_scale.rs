@@ -364,3 +364,43 @@ fn the_port_is_shared_only_between_rank_0s_own_queues() {
     let e = again.err().unwrap().to_string();
     assert!(e.contains("listens there already"), "{e}");
 }
+
+/// A squatter on the port before rank 0 listens captures rank 1's hello, then replays it to
+/// rank 0 once it listens (and never acknowledges the answer): the replay takes no rank's
+/// place. Rank 0 does not count rank 1 as joined until an acknowledgement over its fresh
+/// nonce comes, so it waits for the real rank 1, which retries past the squatter and gets
+/// the id; both return it.
+#[test]
+fn a_hello_captured_before_rank_0_listens_and_replayed_takes_no_ranks_place() {
+    use crate::auth::FIRST_LEN;
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let squat = std::net::TcpListener::bind(addr).unwrap();
+    std::thread::scope(|s| {
+        let r1 = s.spawn(move || {
+            exchange_unique_id(&env(1, 2, port), || Ok([0; 128]), Duration::from_secs(15))
+        });
+        let (mut captured_from, _) = squat.accept().unwrap();
+        let mut hello = vec![0u8; FIRST_LEN];
+        captured_from.read_exact(&mut hello).unwrap();
+        drop(squat);
+        let r0 = s.spawn(move || {
+            exchange_unique_id(&env(0, 2, port), || Ok([5; 128]), Duration::from_secs(15))
+        });
+        let mut replay = connect_when_listening(addr);
+        replay.write_all(&hello).unwrap();
+        let mut kind = [0u8; 1];
+        replay.read_exact(&mut kind).unwrap();
+        assert_eq!(
+            kind[0],
+            crate::auth::IDS,
+            "rank 0 answered the replayed hello"
+        );
+        // Only now does rank 1's first connection end: it retries, reaching rank 0.
+        drop(captured_from);
+        let (r0, r1) = (r0.join().unwrap(), r1.join().unwrap());
+        drop(replay);
+        assert_eq!(r1.unwrap(), [5; 128], "the real rank 1 got the id");
+        assert_eq!(r0.unwrap(), [5; 128]);
+    });
+}
