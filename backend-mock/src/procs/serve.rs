@@ -184,12 +184,36 @@ impl Served {
             .count()
     }
 
-    /// Takes queued connections while fewer than `MAX_UNAUTHENTICATED` are unauthenticated;
-    /// over it they stay in the kernel's queue until a slot frees (a rank early among a
-    /// thousand is served later, not closed).
+    /// The oldest unauthenticated connection but `newest` that has sent nothing yet: what
+    /// gives way to a newer arrival at the cap. A rank sends its hello as soon as it
+    /// connects (its bytes are usually in before the hub accepts it), so a connection silent
+    /// while others arrive is a stranger's, or a rank that reconnects when closed unanswered.
+    fn oldest_silent(&self, newest: Token) -> Option<Token> {
+        let mut silent: Vec<(Instant, Token)> = self
+            .conns
+            .iter()
+            .filter_map(|(t, c)| match c.stage {
+                Stage::Hello(d) if c.inb.is_empty() && *t != newest => Some((d, *t)),
+                _ => None,
+            })
+            .collect();
+        silent.sort_unstable();
+        // Bytes not read yet count: a hello waiting in the socket is not silence.
+        silent.into_iter().map(|(_, t)| t).find(|t| {
+            let mut b = [0u8; 1];
+            self.conns
+                .get(t)
+                .is_some_and(|c| !matches!(c.s.peek(&mut b), Ok(n) if n > 0))
+        })
+    }
+
+    /// Takes every queued connection; over `MAX_UNAUTHENTICATED` unauthenticated ones, each
+    /// arrival takes the place of the oldest silent one (or, where every other slot has
+    /// started a hello, is closed itself: a rank retries a connection closed unanswered), so
+    /// silent strangers cannot hold a real rank in the kernel's queue past its deadline (300
+    /// of them once held the slots 2 s each in turn) and what they hold stays bounded.
     fn accept(&mut self, poll: &Poll, listener: &TcpListener, ready: &mut Vec<Token>) {
-        let mut room = MAX_UNAUTHENTICATED.saturating_sub(self.unauthenticated());
-        while room > 0 {
+        loop {
             match listener.accept() {
                 Ok((mut s, peer)) if peer.ip().is_loopback() => {
                     let t = Token(self.next);
@@ -211,7 +235,10 @@ impl Served {
                         };
                         self.conns.insert(t, conn);
                         ready.push(t); // its hello may have come before the registration
-                        room -= 1;
+                        if self.unauthenticated() > MAX_UNAUTHENTICATED {
+                            let out = self.oldest_silent(t).unwrap_or(t);
+                            self.close(poll, out);
+                        }
                     }
                 }
                 Ok(_) => {} // not from this machine: dropped
