@@ -13,16 +13,36 @@ use crate::fabric::Exchange;
 use crate::procs::{Client, Hub, HubId, ProcFabric};
 use crate::{MockComm, MockConfig, MAX_RANKS};
 
-/// Listeners of the ids made in this process, until their rank 0 joins.
-static MADE: Mutex<Vec<(HubId, TcpListener)>> = Mutex::new(Vec::new());
+/// Listeners of the ids made in this process, until their rank 0 joins, oldest first; and
+/// the first bytes of the secrets of ids given up (most recent last), to name them.
+static MADE: Mutex<(Vec<(HubId, TcpListener)>, Vec<[u8; 8]>)> =
+    Mutex::new((Vec::new(), Vec::new()));
 
-/// A new world id (128 bytes): this process must be the one where rank 0 joins.
+/// The most ids a process holds open (one listening socket each) before its rank 0 joins:
+/// beyond it the oldest is given up, so ids made and never joined cannot exhaust the
+/// process's descriptors (NCCL's `ncclGetUniqueId` starts a listener per id too).
+pub const MAX_UNJOINED_IDS: usize = 64;
+
+/// How many given-up ids are remembered to be named as such.
+const GIVEN_UP_NAMED: usize = 4096;
+
+/// A new world id (128 bytes): this process must be the one where rank 0 joins. At most
+/// [`MAX_UNJOINED_IDS`] are held before their rank 0 joins: the oldest beyond that is given
+/// up (its listener closed; its rank 0 is refused, naming why).
 pub fn unique_id() -> Result<[u8; 128]> {
     let (listener, id) = Hub::bind()?;
     let bytes = id.to_bytes();
-    MADE.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push((id, listener));
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    made.0.push((id, listener));
+    while made.0.len() > MAX_UNJOINED_IDS {
+        let (old, _) = made.0.remove(0);
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&old.secret[..8]);
+        made.1.push(head);
+        if made.1.len() > GIVEN_UP_NAMED {
+            made.1.remove(0);
+        }
+    }
     Ok(bytes)
 }
 
@@ -52,15 +72,19 @@ pub fn init_rank(
     config.check()?;
     let hub = HubId::parse(id)?;
     let fabric: Arc<dyn Exchange> = if rank == 0 {
-        let listener = {
+        let (listener, given_up) = {
             let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
-            let at = made.iter().position(|(h, _)| h.secret == hub.secret);
-            at.map(|i| made.swap_remove(i).1)
+            let at = made.0.iter().position(|(h, _)| h.secret == hub.secret);
+            let given_up = made.1.iter().any(|h| h[..] == hub.secret[..8]);
+            (at.map(|i| made.0.remove(i).1), given_up)
         };
         let listener = listener.ok_or_else(|| {
             Error::invalid(
                 "rank",
-                "the mock's rank 0 joins in the process that made the id, once (its hub serves the other ranks)",
+                match given_up {
+                    true => format!("this id was given up: more than {MAX_UNJOINED_IDS} ids were made in this process after it before its rank 0 joined"),
+                    false => "the mock's rank 0 joins in the process that made the id, once (its hub serves the other ranks)".into(),
+                },
             )
         })?;
         let served = Hub::serve_on(listener, hub.secret, world, config.timeout)?;

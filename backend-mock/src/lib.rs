@@ -58,7 +58,7 @@ pub use config::{
     MAX_RANKS, MAX_TIMEOUT,
 };
 pub use host::host_scope;
-pub use id::{init_rank, unique_id};
+pub use id::{init_rank, unique_id, MAX_UNJOINED_IDS};
 pub use memory::{HostScope, MockMemory};
 pub use stream::MockStream;
 

@@ -137,3 +137,31 @@ fn a_rank_claimed_twice_or_outside_the_world_is_refused_naming_the_rule() {
     // Rank 2 never joins: the world is aborted rather than waited for at the drops.
     let _ = (zero.abort(), one.abort());
 }
+
+/// Ids made and never joined hold at most `MAX_UNJOINED_IDS` listening sockets (300 ids
+/// made in a loop once held 300 descriptors): the oldest beyond that is given up, and its
+/// rank 0 is refused naming why; the newest still works.
+#[test]
+fn ids_made_and_never_joined_hold_a_bounded_number_of_sockets() {
+    let fds = || {
+        std::fs::read_dir("/proc/self/fd")
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let before = fds();
+    let ids: Vec<_> = (0..300).map(|_| unique_id().unwrap()).collect();
+    let grew = fds().saturating_sub(before);
+    assert!(
+        // The other tests of this binary open some descriptors meanwhile.
+        grew <= unicomm_mock::MAX_UNJOINED_IDS + 64,
+        "{grew} descriptors for 300 ids never joined"
+    );
+    match init_rank(&ids[0], 0, 1, config()) {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains("given up"), "{reason}")
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let last = Comm::from_backend(init_rank(&ids[299], 0, 1, config()).unwrap());
+    last.finalize().unwrap();
+}
