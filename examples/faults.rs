@@ -788,14 +788,22 @@ fn completion_abort(vendor: Vendor) -> anyhow::Result<()> {
     }
     let t = Instant::now();
     let h = unicomm::Completion::start(&st, |s| s.all_reduce_in_place(&comm, &x, ReduceOp::Sum))?;
-    let res = std::thread::scope(|s| {
-        s.spawn(|| {
+    let (res, aborted) = std::thread::scope(|s| {
+        let aborting = s.spawn(|| {
             std::thread::sleep(Duration::from_millis(300));
-            let _ = comm.abort();
+            let r = comm.abort();
+            (r, t.elapsed())
         });
-        h.wait()
+        let res = h.wait();
+        (res, aborting.join())
     });
     let took = t.elapsed();
+    if let Ok((ended, at)) = &aborted {
+        println!(
+            "faults completion-abort: rank {r}: the abort returned {ended:?} at {:.0} ms",
+            at.as_secs_f64() * 1e3
+        );
+    }
     ensure!(
         matches!(res, Err(Error::Aborted { .. })) && took < Duration::from_secs(5),
         "rank {r}: a completion whose communicator was aborted ended with {res:?} after {took:?}"

@@ -140,6 +140,8 @@ pub struct Completion<'a, C: Collective> {
     /// Every memory the work uses outlives it (owned allocations, whose free waits for the
     /// device): a pending handle's drop need not wait.
     outlived: bool,
+    /// The failure the stream reported, until the work has let go of the device.
+    failed: Mutex<Option<Error>>,
 }
 
 impl<'a, C: Collective> Completion<'a, C> {
@@ -176,6 +178,7 @@ impl<'a, C: Collective> Completion<'a, C> {
             settled: false,
             look: Look::new(),
             outlived,
+            failed: Mutex::new(None),
         })
     }
 
@@ -227,11 +230,20 @@ impl<'a, C: Collective> Completion<'a, C> {
     /// reached).
     fn outcome(&self) -> Option<Result<()>> {
         let fired = self.slot.lock().0;
-        match self.stream.query() {
-            Err(e) if fired || self.marker.inner().reached() != Some(false) => Some(Err(e)),
-            Err(_) => None,
-            Ok(_) if fired => Some(Ok(())),
-            Ok(_) => None,
+        let query = self.stream.query();
+        // A failure is reported once by the stream (its next query finds the aborted
+        // communicator already told): kept here until the work has let go of the device.
+        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = query {
+            failed.get_or_insert(e);
+        }
+        match &*failed {
+            Some(e) if fired || self.marker.inner().reached() != Some(false) => {
+                Some(Err(e.clone()))
+            }
+            Some(_) => None,
+            None if fired => Some(Ok(())),
+            None => None,
         }
     }
     /// Past the deadline: the communicators aborted (their peers stop waiting too).
