@@ -724,12 +724,18 @@ fn forget(vendor: Vendor) -> anyhow::Result<()> {
     let n = 16 << 20;
     let x = comm.upload(&vec![1.0f32; n], &st)?;
     let y = comm.alloc::<f32>(n)?;
+    // One collective first on every rank: NCCL connects its peers at the first collective
+    // of an algorithm, inside the call, so the late rank below delays the kernel, not the
+    // enqueue (the drop is what is timed).
+    let mut warm = comm.alloc::<f32>(n)?;
+    comm.all_reduce(&x, &mut warm, ReduceOp::Sum, &st)?;
+    st.synchronize()?;
     if r == 1 {
         std::thread::sleep(LATE);
     }
-    let t = Instant::now();
     let h = unicomm::Completion::start(&st, |s| s.all_reduce(&comm, &x, &y, ReduceOp::Sum))?;
     std::mem::forget(h);
+    let t = Instant::now();
     drop(y);
     let took = t.elapsed();
     // Allocated after the drop: the forgotten collective must not write it.
@@ -774,6 +780,15 @@ fn completion_abort(vendor: Vendor) -> anyhow::Result<()> {
     let _ = comm.set_timeout(Duration::from_secs(20));
     let st = comm.create_stream()?;
     let x = comm.upload(&vec![1.0f32; 1 << 16], &st)?;
+    // One collective first on every rank: NCCL connects its peers at the first collective
+    // of an algorithm, inside the call (the call itself waits for the peer there), so the
+    // late rank below delays the kernel, not the enqueue.
+    comm.all_reduce_in_place(
+        &mut comm.upload(&vec![1.0f32; 1 << 16], &st)?,
+        ReduceOp::Sum,
+        &st,
+    )?;
+    st.synchronize()?;
     if r != 0 {
         // Late: rank 0's collective waits for this rank until its abort.
         std::thread::sleep(Duration::from_secs(3));
