@@ -15,8 +15,10 @@ use crate::{MockComm, MockConfig, MAX_RANKS};
 
 /// Listeners of the ids made in this process, until their rank 0 joins, oldest first; and
 /// the first bytes of the secrets of ids given up (most recent last), to name them.
-static MADE: Mutex<(Vec<(HubId, TcpListener)>, Vec<[u8; 8]>)> =
-    Mutex::new((Vec::new(), Vec::new()));
+static MADE: Mutex<Made> = Mutex::new((Vec::new(), Vec::new()));
+
+/// The ids made and not joined (their listeners), and the secrets' heads of those given up.
+type Made = (Vec<(HubId, TcpListener)>, Vec<[u8; 8]>);
 
 /// The most ids a process holds open (one listening socket each) before its rank 0 joins:
 /// beyond it the oldest is given up, so ids made and never joined cannot exhaust the

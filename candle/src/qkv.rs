@@ -95,14 +95,14 @@ impl QkvColumnLinear {
 /// The key/value heads rank `rank` of `world` holds: `(first, count)`.
 fn kv_part(kv: usize, rank: usize, world: usize) -> Result<(usize, usize)> {
     if kv >= world {
-        if kv % world != 0 {
+        if !kv.is_multiple_of(world) {
             candle_core::bail!(
                 "unicomm-candle QkvColumnLinear: {kv} key/value heads do not divide over {world} ranks"
             );
         }
         return Ok((rank * (kv / world), kv / world));
     }
-    if world % kv != 0 {
+    if !world.is_multiple_of(kv) {
         candle_core::bail!(
             "unicomm-candle QkvColumnLinear: {world} ranks are not a multiple of the {kv} key/value heads they replicate"
         );
