@@ -106,7 +106,11 @@ impl<R: Runtime> Agreement<R> {
             Some(made) => made,
             // Plain device memory: the library's allocator would take a whole granule.
             None => (
-                ApiMemory::from_runtime_malloc(lc.rt.clone(), lc.dev, MAX_WORDS * 8)?,
+                ApiMemory::from_runtime_malloc(
+                    lc.rt.clone(),
+                    (lc.dev, lc.deadline()),
+                    MAX_WORDS * 8,
+                )?,
                 lc.create_stream()?,
             ),
         };

@@ -25,7 +25,7 @@ pub(crate) struct Library<R: Runtime> {
 impl<R: Runtime> Library<R> {
     pub(crate) fn new(lc: &LibComm<R>) -> Result<Self> {
         Ok(Library {
-            barrier: ApiMemory::from_runtime_malloc(lc.rt.clone(), lc.dev, 4)?,
+            barrier: ApiMemory::from_runtime_malloc(lc.rt.clone(), (lc.dev, lc.deadline()), 4)?,
             target: lc.api.target(lc.rt.compute_capability(lc.dev)),
         })
     }

@@ -6,6 +6,7 @@
 )]
 
 use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use unicomm_core::{DeviceMemory, DeviceStream, Error, Marker, MarkerTime, Result};
@@ -225,6 +226,9 @@ pub struct ApiMemory<R: Runtime> {
     pub(crate) dev: usize,
     pub(crate) owner: Owner,
     pub(crate) rt: Arc<R>,
+    /// The allocating communicator's deadline in milliseconds: how long a drop waits for the
+    /// device before the free (`None`: lent memory, or `UNICOMM_TIMEOUT_MS`).
+    pub(crate) deadline: Option<Arc<AtomicU64>>,
 }
 
 impl<R: Runtime> std::fmt::Debug for ApiMemory<R> {
@@ -268,6 +272,7 @@ impl<R: Runtime> ApiMemory<R> {
             dev,
             owner: Owner::Borrowed(keep),
             rt,
+            deadline: None,
         })
     }
 
@@ -339,22 +344,12 @@ impl<R: Runtime> Drop for ApiMemory<R> {
             };
             idle.and(freed)
         };
-        let timeout = unicomm_core::env::timeout().unwrap_or(std::time::Duration::from_secs(600));
-        // Errors cannot be reported from drop: logged; a failed free leaks.
-        let report = move |r: Result<()>| {
-            if let Err(e) = r {
-                tracing::warn!("device memory {ptr:#x} on device {dev}: {e}");
-            }
+        let bound = match &self.deadline {
+            Some(ms) => std::time::Duration::from_millis(ms.load(Ordering::Relaxed)),
+            None => unicomm_core::env::timeout().unwrap_or(std::time::Duration::from_secs(600)),
         };
-        match crate::wait::bounded(
-            "freeing device memory after its work",
-            timeout,
-            free,
-            report,
-        ) {
-            Ok(r) => report(r),
-            Err(e) => tracing::warn!("device memory {ptr:#x} on device {dev}: {e}"),
-        }
+        let what = format!("device memory {ptr:#x} on device {dev}");
+        crate::wait::released(what, bound, free);
     }
 }
 
@@ -425,38 +420,44 @@ impl<R: Runtime> ApiMemory<R> {
     /// (cuMem memory, what registration's zero-copy paths and exports need), else the
     /// runtime's (NCCL < 2.19, RCCL before ROCm 6.2: registration still works where the
     /// library has it). Zero bytes allocate nothing.
-    pub(crate) fn alloc(api: &Arc<Api>, rt: Arc<R>, dev: usize, bytes: usize) -> Result<Self> {
-        if bytes == 0 {
-            return Ok(ApiMemory {
-                ptr: 0,
-                bytes: 0,
-                dev,
-                owner: Owner::Runtime,
-                rt,
-            });
-        }
-        if api.has_mem_alloc() {
-            let p = rt.with_device(dev, || api.mem_alloc(bytes))?.into_raw();
-            return Ok(ApiMemory {
-                ptr: p,
-                bytes,
-                dev,
-                owner: Owner::Nccl(api.clone()),
-                rt,
-            });
-        }
-        Self::from_runtime_malloc(rt, dev, bytes)
+    pub(crate) fn alloc(
+        api: &Arc<Api>,
+        rt: Arc<R>,
+        (dev, deadline): (usize, Arc<AtomicU64>),
+        bytes: usize,
+    ) -> Result<Self> {
+        let (ptr, owner) = match bytes {
+            0 => (0, Owner::Runtime),
+            _ if api.has_mem_alloc() => (
+                rt.with_device(dev, || api.mem_alloc(bytes))?.into_raw(),
+                Owner::Nccl(api.clone()),
+            ),
+            _ => return Self::from_runtime_malloc(rt, (dev, deadline), bytes),
+        };
+        Ok(ApiMemory {
+            ptr,
+            bytes,
+            dev,
+            owner,
+            rt,
+            deadline: Some(deadline),
+        })
     }
 
     /// `bytes` of device memory from the runtime (`cuMemAlloc` / `hipMalloc`), not the
     /// library: the communicator's own small buffers, and allocations where the library
     /// cannot allocate. Freed on drop.
-    pub(crate) fn from_runtime_malloc(rt: Arc<R>, dev: usize, bytes: usize) -> Result<Self> {
+    pub(crate) fn from_runtime_malloc(
+        rt: Arc<R>,
+        (dev, deadline): (usize, Arc<AtomicU64>),
+        bytes: usize,
+    ) -> Result<Self> {
         let ptr = rt.malloc(dev, bytes)?;
         Ok(ApiMemory {
             ptr,
             bytes,
             dev,
+            deadline: Some(deadline),
             owner: Owner::Runtime,
             rt,
         })

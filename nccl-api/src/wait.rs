@@ -116,6 +116,43 @@ pub(crate) fn bounded<T: Send + 'static>(
     }
 }
 
+/// Frees still running on their helper threads past their deadline (a device that does not
+/// go idle): while there is one, later frees do not wait at all.
+static LATE_FREES: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+/// Runs `free` (a device synchronization, then the free: what a drop of owned memory does)
+/// on a helper thread and waits for it at most `bound`; past it the helper finishes on its
+/// own and reports there. Where an earlier free is still stuck past its deadline (the
+/// device's work never ends, say a kernel waiting on a lost peer whose abort was given up),
+/// the drop does not wait at all, so a teardown dropping several allocations waits one
+/// deadline, not one per allocation. Errors are logged (a drop reports nothing).
+pub(crate) fn released(
+    what: String,
+    bound: Duration,
+    free: impl FnOnce() -> Result<()> + Send + 'static,
+) {
+    use std::sync::atomic::Ordering;
+    let bound = match LATE_FREES.load(Ordering::Acquire) > 0 {
+        true => Duration::ZERO,
+        false => bound,
+    };
+    let late_what = what.clone();
+    let late = move |r: Result<()>| {
+        LATE_FREES.fetch_sub(1, Ordering::AcqRel);
+        if let Err(e) = r {
+            tracing::warn!("{late_what}: {e}");
+        }
+    };
+    match bounded(&what, bound, free, late) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("{what}: {e}"),
+        Err(_) => {
+            LATE_FREES.fetch_add(1, Ordering::AcqRel);
+            tracing::warn!("{what}: the device was not idle within {bound:?}; freed once it is");
+        }
+    }
+}
+
 /// A call [`bounded`] gave up at its deadline, still running on its thread: whether it has
 /// returned since. NCCL's abort is one (it returns only once every CUDA graph that captured
 /// the communicator's work is destroyed): a process that exits while it runs exits under

@@ -319,6 +319,9 @@ fn an_owned_buffer_is_freed_only_after_the_device_is_done_with_it() {
     let f = loaded();
     let c = comm(flavors(false, false), &f.0);
     let buf = c.alloc::<f32>(1024).unwrap();
+    // The frees of earlier tests' buffers, left to their helpers while those tests' device
+    // was stuck, finish first (while one is late, a drop does not wait at all).
+    std::thread::sleep(Duration::from_millis(200));
     let before = common::DEVICE_SYNCS.load(Ordering::SeqCst);
     HANG.store(true, Ordering::SeqCst);
     let dropped = std::sync::atomic::AtomicBool::new(false);

@@ -61,7 +61,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
 
     fn alloc(&self, bytes: usize) -> Result<ApiMemory<R>> {
         let lc = &self.base.lc;
-        ApiMemory::alloc(&lc.api, lc.rt.clone(), lc.dev, bytes)
+        ApiMemory::alloc(&lc.api, lc.rt.clone(), (lc.dev, lc.deadline()), bytes)
     }
 
     fn check_memory(&self, mem: &ApiMemory<R>) -> Result<()> {

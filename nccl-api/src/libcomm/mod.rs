@@ -78,8 +78,9 @@ pub(crate) struct LibComm<R: Runtime> {
     pub(crate) dev: usize,
     pub(crate) rank: usize,
     pub(crate) world: usize,
-    /// The deadline of every wait, in milliseconds.
-    timeout_ms: AtomicU64,
+    /// The deadline of every wait, in milliseconds (shared with the memory it allocates,
+    /// whose frees wait for the device at most this long).
+    timeout_ms: Arc<AtomicU64>,
     /// Communicators created from this one, ended before it.
     children: Mutex<Vec<NcclComm>>,
     hooks: Mutex<Vec<Arc<dyn AbortHook>>>,
@@ -114,7 +115,7 @@ impl<R: Runtime> LibComm<R> {
             dev,
             rank,
             world,
-            timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
+            timeout_ms: Arc::new(AtomicU64::new(timeout.as_millis() as u64)),
             children: Mutex::new(Vec::new()),
             hooks: Mutex::new(Vec::new()),
             late_end: Mutex::new(None),
@@ -123,6 +124,12 @@ impl<R: Runtime> LibComm<R> {
 
     pub(crate) fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// The deadline as the memory this communicator allocates holds it (it follows
+    /// [`LibComm::set_timeout`]).
+    pub(crate) fn deadline(&self) -> Arc<AtomicU64> {
+        self.timeout_ms.clone()
     }
 
     pub(crate) fn set_timeout(&self, t: Duration) {
