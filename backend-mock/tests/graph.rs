@@ -243,3 +243,48 @@ fn a_caught_panic_in_the_capture_leaves_the_stream_eager_and_exact() {
         unicomm_conformance::capture_panic_leaves_the_stream_eager(&comms).unwrap();
     }
 }
+
+/// A decode loop writes its graph's input between replays while the graph borrows it
+/// (`write_from`, a device copy in stream order through a shared borrow; `write_from_host`
+/// from host memory): each replay reduces that step's input, exactly. Inside the capture's
+/// closure the same write is refused (it would be captured without the graph borrowing its
+/// source).
+#[test]
+fn a_decode_loop_writes_its_graphs_input_between_replays() {
+    let comms = unicomm_mock::local_comms(2).unwrap();
+    each_rank(comms, |c| -> unicomm_core::Result<()> {
+        let st = c.create_stream()?;
+        let input = c.alloc::<f32>(8)?;
+        let out = c.alloc::<f32>(8)?;
+        let step = Graph::capture(&st, |g| {
+            if !g.is_warm_up() {
+                let r = input.write_from_host(&[0.0; 8], &st);
+                assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+            }
+            g.all_reduce(&c, &input, &out, ReduceOp::Sum)
+        })?;
+        let r = c.rank() as f32;
+        for token in 0..5 {
+            let next = c.upload(&[token as f32 + r; 8], &st)?;
+            if token % 2 == 0 {
+                input.write_from(&next, &st)?;
+            } else {
+                input.write_from_host(&[token as f32 + r; 8], &st)?;
+            }
+            step.launch(&st)?;
+            let want = 2.0 * token as f32 + 1.0;
+            assert_eq!(out.copy_to_host(&st)?, vec![want; 8], "token {token}");
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The conformance suite's decode loop with new inputs per replay, at worlds 1 and 3.
+#[test]
+fn graph_inputs_written_between_replays_at_several_worlds() {
+    for w in [1, 3] {
+        let comms = unicomm_mock::local_comms(w).unwrap();
+        unicomm_conformance::graph_inputs_written_between_replays(&comms).unwrap();
+    }
+}

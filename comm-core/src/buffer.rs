@@ -287,6 +287,52 @@ impl<T: Element, C: Collective> Buffer<T, C> {
 
 // The methods every owned device buffer has, written once for both owners (Buffer and
 // Registration).
+/// A write into an owned buffer through a shared borrow ([`Buffer::write_from`]): the
+/// lengths checked, refused inside a capture's closure (it would be captured into the graph
+/// without the graph borrowing `src`), then a device copy in stream order.
+pub(crate) fn write_shared<T: Element, C: Collective>(
+    dst: View<'_, T, C>,
+    src: View<'_, T, C>,
+    stream: &C::Stream,
+) -> Result<()> {
+    if !crate::capturing::direct_call_allowed() {
+        return Err(crate::capturing::direct_call_refused());
+    }
+    if src.len != dst.len {
+        return Err(Error::invalid(
+            "src",
+            format!("holds {} elements, the buffer {}", src.len, dst.len),
+        ));
+    }
+    let size = std::mem::size_of::<T>();
+    dst.mem.copy_from(
+        dst.offset * size,
+        src.mem,
+        src.offset * size,
+        src.len * size,
+        stream,
+    )
+}
+
+/// [`write_shared`] from host memory ([`Buffer::write_from_host`]).
+pub(crate) fn write_shared_host<T: Element, C: Collective>(
+    dst: View<'_, T, C>,
+    src: &[T],
+    stream: &C::Stream,
+) -> Result<()> {
+    if !crate::capturing::direct_call_allowed() {
+        return Err(crate::capturing::direct_call_refused());
+    }
+    if src.len() > dst.len {
+        return Err(Error::invalid(
+            "src",
+            format!("holds {} elements, the buffer only {}", src.len(), dst.len),
+        ));
+    }
+    dst.mem
+        .write(dst.offset * std::mem::size_of::<T>(), as_bytes(src), stream)
+}
+
 macro_rules! owned_buffer_methods {
     ([$($gen:tt)*] $ty:ty, $self_:ident => $mem:expr, $len:expr) => {
         impl<$($gen)*> $ty {
@@ -314,6 +360,25 @@ macro_rules! owned_buffer_methods {
             /// backends wait for the copy (pageable host memory), the mock stages the bytes.
             pub fn copy_from_host(&mut $self_, src: &[T], stream: &C::Stream) -> Result<()> {
                 $crate::buffer::DeviceSliceMut::view_mut($self_).copy_from_host(src, stream)
+            }
+            /// Copies `src` (a device range of as many elements) into this buffer in stream
+            /// order on `stream`, the host not waiting (`cuMemcpyDtoDAsync`): through a shared
+            /// borrow, so that a captured graph's input is written between its replays while
+            /// the graph borrows it (a decode loop's next hidden state or token), with no
+            /// staging and no wait. The write lands in stream order: after the replay
+            /// launched before it on `stream`, before the one launched after (order another
+            /// stream with a marker). Inside a capture's closure it is refused, as every
+            /// call beside the [`Step`](crate::step::Step) is.
+            pub fn write_from(&$self_, src: &impl $crate::buffer::DeviceSlice<T, C>, stream: &C::Stream) -> Result<()> {
+                $crate::buffer::write_shared::<T, C>(View { mem: $mem, offset: 0, len: $len, _t: PhantomData }, src.view(), stream)
+            }
+            /// Copies `src` (at most as many elements; a longer one is refused) to the start of
+            /// this buffer through a shared borrow, in stream order on `stream`, returning once
+            /// `src` may be reused (the GPU backends wait for the copy, the mock stages it):
+            /// a graph's input written from the host between replays, where the next input is
+            /// on the host (token ids). [`write_from`](Self::write_from) does not wait.
+            pub fn write_from_host(&$self_, src: &[T], stream: &C::Stream) -> Result<()> {
+                $crate::buffer::write_shared_host::<T, C>(View { mem: $mem, offset: 0, len: $len, _t: PhantomData }, src, stream)
             }
             /// Copies the whole buffer to a new host vector after the work enqueued on
             /// `stream` (waits for it).

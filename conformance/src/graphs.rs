@@ -366,3 +366,37 @@ pub fn capture_panic_leaves_the_stream_eager<C: Collective>(comms: &[Comm<C>]) -
     })?;
     Ok(())
 }
+
+/// A decode loop's graph fed a new input at each replay: the input written through a
+/// shared borrow between launches (`write_from`, a device copy in stream order, the host not
+/// waiting; `write_from_host` on alternate steps), each replay's all-reduce exact for that
+/// step's input.
+pub fn graph_inputs_written_between_replays<C: Collective>(comms: &[Comm<C>]) -> Result<()> {
+    each_rank(comms, |c| {
+        let (r, w) = (c.rank() as i64, c.world_size() as i64);
+        let st = c.create_stream()?;
+        let input = c.alloc::<i64>(N)?;
+        let out = c.alloc::<i64>(N)?;
+        let next = c.alloc::<i64>(N)?;
+        let step = Graph::capture(&st, |g| g.all_reduce(c, &input, &out, ReduceOp::Sum))?;
+        for token in 0..6i64 {
+            let mine = vec![100 * token + r; N];
+            if token % 2 == 0 {
+                next.write_from_host(&mine, &st)?;
+                input.write_from(&next, &st)?;
+            } else {
+                input.write_from_host(&mine, &st)?;
+            }
+            step.launch(&st)?;
+            let want = vec![100 * token * w + w * (w - 1) / 2; N];
+            check(
+                "all_reduce of the step's input",
+                token as u64,
+                out.copy_to_host(&st)?,
+                want,
+            )?;
+        }
+        Ok::<_, Error>(())
+    })?;
+    Ok(())
+}

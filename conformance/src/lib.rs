@@ -31,7 +31,7 @@ mod var;
 
 pub use graphs::{
     capture_cycles, capture_panic_leaves_the_stream_eager, captured_copy_engine_replays,
-    captured_step_replays,
+    captured_step_replays, graph_inputs_written_between_replays,
 };
 pub use groups::{
     run_groups, run_groups_on_rank, run_groups_on_rank_refusing, run_groups_refusing,

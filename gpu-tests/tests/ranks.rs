@@ -145,3 +145,13 @@ fn a_caught_capture_panic_leaves_the_stream_eager() -> Result<()> {
     let cs = GPU.comms(w)?;
     unicomm_conformance::capture_panic_leaves_the_stream_eager(&cs)
 }
+
+/// A decode loop writes its graph's input between replays through a shared borrow (a
+/// device copy on the stream, `cuMemcpyDtoDAsync`, and a host copy on alternate steps):
+/// every replay reduces that step's input.
+#[test]
+fn a_graphs_input_is_written_between_replays() -> Result<()> {
+    let w = t::world()?;
+    let cs = GPU.comms(w)?;
+    unicomm_conformance::graph_inputs_written_between_replays(&cs)
+}
