@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use unicomm_bootstrap::LaunchEnv;
 use unicomm_core::{
-    Capabilities, Collective, CommConfig, DeviceMemory, DeviceStream, Error, Op, RawHandle, Result,
+    Capabilities, Collective, CommConfig, DeviceStream, Error, Op, RawHandle, Result,
 };
 
 use crate::Vendor;
@@ -358,35 +358,6 @@ pub(crate) fn from_env_vendor(
     on_vendor!(vendor, B => B::from_env(env, timeout, config))
 }
 
-impl DeviceMemory for AnyMemory {
-    type Stream = AnyStream;
-    fn byte_len(&self) -> usize {
-        each!(self, AnyMemory, m => m.byte_len())
-    }
-    fn address(&self) -> usize {
-        each!(self, AnyMemory, m => m.address())
-    }
-    fn outlives_its_work(&self) -> bool {
-        each!(self, AnyMemory, m => m.outlives_its_work())
-    }
-    fn write(&self, offset: usize, src: &[u8], stream: &AnyStream) -> Result<()> {
-        pair!(self, AnyMemory, stream, AnyStream, "stream", (m, s) => m.write(offset, src, s))
-    }
-    fn read(&self, offset: usize, dst: &mut [u8], stream: &AnyStream) -> Result<()> {
-        pair!(self, AnyMemory, stream, AnyStream, "stream", (m, s) => m.read(offset, dst, s))
-    }
-    fn copy_from(
-        &self,
-        offset: usize,
-        src: &AnyMemory,
-        src_offset: usize,
-        bytes: usize,
-        stream: &AnyStream,
-    ) -> Result<()> {
-        triple!(self, AnyMemory, src, AnyMemory, stream, AnyStream, (d, s, st) => d.copy_from(offset, s, src_offset, bytes, st))
-    }
-}
-
 impl Collective for AnyComm {
     type Stream = AnyStream;
     type Memory = AnyMemory;
@@ -497,4 +468,5 @@ impl Collective for AnyComm {
 }
 
 // The streams' and graphs' side of the dispatch, after the macros it uses.
+mod memory;
 mod streams;

@@ -15,6 +15,10 @@ use unicomm_core::{DeviceMemory, Error, Result};
 use crate::lock::{Guard, Lock};
 use crate::stream::MockStream;
 
+mod checks;
+pub(crate) use checks::check_range;
+use checks::same_rank;
+
 /// Alignment of every mock allocation (what cudaMalloc guarantees is 256; a cache line is
 /// enough for host code and keeps f64/u64 accesses aligned).
 const ALIGN: usize = 64;
@@ -227,21 +231,6 @@ impl MockMemory {
     }
 }
 
-pub(crate) fn check_range(
-    len: usize,
-    offset: usize,
-    bytes: usize,
-    what: &'static str,
-) -> Result<()> {
-    match offset.checked_add(bytes) {
-        Some(end) if end <= len => Ok(()),
-        _ => Err(Error::invalid(
-            what,
-            format!("bytes {offset}..+{bytes} are outside the {len}-byte allocation"),
-        )),
-    }
-}
-
 impl DeviceMemory for MockMemory {
     type Stream = MockStream;
 
@@ -328,22 +317,6 @@ impl DeviceMemory for MockMemory {
             )
         };
         Ok(())
-    }
-}
-
-/// A copy is ordered on a stream of the memory's own rank (another rank's stream would not
-/// order it after this rank's work: stale data).
-fn same_rank(mem: &MockMemory, stream: &MockStream) -> Result<()> {
-    if mem.inner.owner == stream.owner {
-        Ok(())
-    } else {
-        Err(Error::invalid(
-            "stream",
-            format!(
-                "a stream of rank {} used for memory of rank {}",
-                stream.owner.1, mem.inner.owner.1
-            ),
-        ))
     }
 }
 

@@ -22,3 +22,12 @@ pub(crate) fn cuda_err(call: &'static str, e: DriverError) -> Error {
         message,
     }
 }
+
+/// The refusal of stream memory operations where the driver lacks them.
+pub(crate) fn no_mem_ops() -> Error {
+    Error::unsupported(
+        "stream memory operations",
+        "a CUDA driver exporting cuStreamWaitValue32_v2 and cuStreamWriteValue32_v2 (11.7+)",
+        "a driver without them",
+    )
+}

@@ -15,7 +15,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
 use unicomm_core::{Error, Result, StreamPriority};
 
-use crate::driver_error::cuda_err;
+use crate::driver_error::{cuda_err, no_mem_ops};
 
 use unicomm_nccl_api::runtime::Exported;
 use unicomm_nccl_api::Runtime;
@@ -113,14 +113,6 @@ impl CudaRuntime {
         let c = CudaContext::new(dev).map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
         Ok(slot.get_or_init(|| c))
     }
-}
-
-fn no_mem_ops() -> Error {
-    Error::unsupported(
-        "stream memory operations",
-        "a CUDA driver exporting cuStreamWaitValue32_v2 and cuStreamWriteValue32_v2 (11.7+)",
-        "a driver without them",
-    )
 }
 
 impl CudaRuntime {

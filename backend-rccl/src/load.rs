@@ -8,9 +8,27 @@ use std::ffi::{c_int, CStr};
 use unicomm_core::{Error, Result};
 use unicomm_nccl_api::search::open_library;
 
-use crate::runtime::HipRuntime;
 use crate::sys::*;
 use unicomm_nccl_api::Runtime;
+
+/// The HIP runtime: the loaded library, its table and the device count.
+pub struct HipRuntime {
+    /// Where `libamdhip64` was loaded from.
+    pub path: String,
+    pub(crate) fns: HipFns,
+    pub(crate) count: usize,
+    pub(crate) _lib: libloading::Library,
+}
+
+impl std::fmt::Debug for HipRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "HipRuntime(libamdhip64 at {}, {} devices)",
+            self.path, self.count
+        )
+    }
+}
 
 impl HipRuntime {
     /// Loads HIP and counts devices: `LibraryNotFound` (every path tried) without the

@@ -17,24 +17,7 @@ use unicomm_nccl_api::Runtime;
 
 pub use crate::interop::{HipEventHandle, HipStreamHandle};
 
-/// The HIP runtime: the loaded library, its table and the device count.
-pub struct HipRuntime {
-    /// Where `libamdhip64` was loaded from.
-    pub path: String,
-    pub(crate) fns: HipFns,
-    pub(crate) count: usize,
-    pub(crate) _lib: libloading::Library,
-}
-
-impl std::fmt::Debug for HipRuntime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "HipRuntime(libamdhip64 at {}, {} devices)",
-            self.path, self.count
-        )
-    }
-}
+pub use crate::load::HipRuntime;
 
 impl Runtime for HipRuntime {
     const NAME: &'static str = "HIP";
