@@ -16,8 +16,7 @@ use crate::memory::HostAlloc;
 use crate::reduce::reduce;
 use crate::Fault;
 
-mod batch;
-pub(crate) use batch::run_batch;
+pub(crate) mod batch;
 
 /// What one rank's work needs to reach its peers.
 pub(crate) struct RankCtx {

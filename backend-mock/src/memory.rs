@@ -249,7 +249,7 @@ impl DeviceMemory for MockMemory {
     }
 
     fn write(&self, offset: usize, src: &[u8], stream: &MockStream) -> Result<()> {
-        same_rank(self, stream)?;
+        same_rank(self.inner.owner, stream)?;
         check_range(self.inner.bytes, offset, src.len(), "src")?;
         if src.is_empty() {
             return Ok(());
@@ -283,8 +283,8 @@ impl DeviceMemory for MockMemory {
         bytes: usize,
         stream: &MockStream,
     ) -> Result<()> {
-        same_rank(self, stream)?;
-        same_rank(src, stream)?;
+        same_rank(self.inner.owner, stream)?;
+        same_rank(src.inner.owner, stream)?;
         check_range(self.inner.bytes, offset, bytes, "dst")?;
         check_range(src.inner.bytes, src_offset, bytes, "src")?;
         if bytes == 0 {
@@ -298,7 +298,7 @@ impl DeviceMemory for MockMemory {
     }
 
     fn read(&self, offset: usize, dst: &mut [u8], stream: &MockStream) -> Result<()> {
-        same_rank(self, stream)?;
+        same_rank(self.inner.owner, stream)?;
         check_range(self.inner.bytes, offset, dst.len(), "dst")?;
         // Wait for the stream first (errors of earlier work surface here, as with a blocking
         // cudaMemcpy), then read on this thread: `dst` never escapes the call.

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use unicomm_core::Result;
 
-use crate::exec::{run_batch, Task, Work};
+use crate::exec::batch::run_batch;
+use crate::exec::{Task, Work};
 
 impl Work {
     /// The same work as a new operation (a graph's replay): a collective takes the next

@@ -3,7 +3,6 @@
 
 use unicomm_core::{Error, Result};
 
-use super::MockMemory;
 use crate::stream::MockStream;
 
 pub(crate) fn check_range(
@@ -23,15 +22,15 @@ pub(crate) fn check_range(
 
 /// A copy is ordered on a stream of the memory's own rank (another rank's stream would not
 /// order it after this rank's work: stale data).
-pub(super) fn same_rank(mem: &MockMemory, stream: &MockStream) -> Result<()> {
-    if mem.inner.owner == stream.owner {
+pub(super) fn same_rank(owner: (u64, usize), stream: &MockStream) -> Result<()> {
+    if owner == stream.owner {
         Ok(())
     } else {
         Err(Error::invalid(
             "stream",
             format!(
                 "a stream of rank {} used for memory of rank {}",
-                stream.owner.1, mem.inner.owner.1
+                stream.owner.1, owner.1
             ),
         ))
     }

@@ -2,7 +2,7 @@
 
 use candle_core::Shape;
 
-use super::{callers_dims, Coll};
+use super::coll::{callers_dims, Coll};
 
 /// Every rank's input agrees with rank 0's in type and shape (NCCL sees only a count of
 /// elements: ranks of equal counts and other shapes would reinterpret each other's bytes):

@@ -2,9 +2,49 @@
 //! call on unicomm's communicator.
 
 use candle_core::{Result, Shape, WithDType};
-use unicomm::{AnyComm, DeviceSlice, DeviceSliceMut, Element};
+use unicomm::{AnyComm, DeviceSlice, DeviceSliceMut, Element, ReduceOp};
 
-use super::{callers_dims, Reduce};
+/// A reduction, as candle code names it. [`Reduce::Scaled`] is NCCL's pre-multiplied sum:
+/// every rank's input times the scalar, summed (the scalar is converted to the tensor's
+/// element type at each call).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Reduce {
+    /// The sum.
+    Sum,
+    /// The product.
+    Prod,
+    /// The largest.
+    Max,
+    /// The smallest.
+    Min,
+    /// The mean over the ranks (NCCL >= 2.10).
+    Avg,
+    /// The sum of every rank's input times this scalar (NCCL >= 2.11).
+    Scaled(f64),
+}
+
+impl Reduce {
+    pub(crate) fn op<T: Element + WithDType>(self) -> ReduceOp {
+        match self {
+            Reduce::Sum => ReduceOp::Sum,
+            Reduce::Prod => ReduceOp::Prod,
+            Reduce::Max => ReduceOp::Max,
+            Reduce::Min => ReduceOp::Min,
+            Reduce::Avg => ReduceOp::Avg,
+            Reduce::Scaled(s) => ReduceOp::pre_mul_sum(T::from_f64(s)),
+        }
+    }
+}
+
+/// The caller's dimensions of an op's input that is the caller's tensor with dimensions 0
+/// and `dim` swapped.
+pub(crate) fn callers_dims(shape: &Shape, dim: usize) -> Vec<usize> {
+    let mut d = shape.dims().to_vec();
+    if dim < d.len() {
+        d.swap(0, dim);
+    }
+    d
+}
 
 /// Which collective an op runs.
 #[derive(Clone, Copy, Debug)]

@@ -2,60 +2,18 @@
 
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, WithDType};
-use unicomm::{Element, ReduceOp};
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape};
 
 use crate::comm::Communicator;
 pub(crate) use agree::agree;
 pub(crate) use coll::Coll;
+pub use coll::Reduce;
 
 mod agree;
 mod coll;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
-
-/// A reduction, as candle code names it. [`Reduce::Scaled`] is NCCL's pre-multiplied sum:
-/// every rank's input times the scalar, summed (the scalar is converted to the tensor's
-/// element type at each call).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Reduce {
-    /// The sum.
-    Sum,
-    /// The product.
-    Prod,
-    /// The largest.
-    Max,
-    /// The smallest.
-    Min,
-    /// The mean over the ranks (NCCL >= 2.10).
-    Avg,
-    /// The sum of every rank's input times this scalar (NCCL >= 2.11).
-    Scaled(f64),
-}
-
-impl Reduce {
-    fn op<T: Element + WithDType>(self) -> ReduceOp {
-        match self {
-            Reduce::Sum => ReduceOp::Sum,
-            Reduce::Prod => ReduceOp::Prod,
-            Reduce::Max => ReduceOp::Max,
-            Reduce::Min => ReduceOp::Min,
-            Reduce::Avg => ReduceOp::Avg,
-            Reduce::Scaled(s) => ReduceOp::pre_mul_sum(T::from_f64(s)),
-        }
-    }
-}
-
-/// The caller's dimensions of an op's input that is the caller's tensor with dimensions 0
-/// and `dim` swapped.
-pub(crate) fn callers_dims(shape: &Shape, dim: usize) -> Vec<usize> {
-    let mut d = shape.dims().to_vec();
-    if dim < d.len() {
-        d.swap(0, dim);
-    }
-    d
-}
 
 /// The input's elements, which must be contiguous: `(start, end)` in its storage (none for
 /// a receive, whose input is only its output's shape and type).
