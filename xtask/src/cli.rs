@@ -53,9 +53,9 @@ pub(crate) enum Cmd {
         /// With --procs: stop every rank after this many seconds.
         #[arg(long, default_value_t = 600)]
         timeout_s: u64,
-        /// With --procs: every rank on GPU 0, NCCL told they are on different hosts (a
-        /// machine with one GPU runs one-rank-per-process programs; for correctness, not
-        /// speed).
+        /// With --procs: every rank on GPU 0, joined by NCCL's multi-rank mode where
+        /// UNICOMM_NCCL_LIBRARY names a NCCL >= 2.30.3 (at most 2 ranks), else as separate
+        /// hosts (a host id each); for correctness, not speed.
         #[arg(long, requires = "procs")]
         share_gpu: bool,
         /// With --procs: ranks whose death is expected (a fault test kills them): the others
@@ -120,9 +120,9 @@ pub(crate) enum Cmd {
         /// Stop every rank after this many seconds.
         #[arg(long, default_value_t = 600)]
         timeout_s: u64,
-        /// Every rank on GPU 0, each process with a host id of its own for NCCL
-        /// (`NCCL_HOSTID`), which refuses two ranks of one host on one GPU: a machine with
-        /// one GPU runs one-rank-per-process programs (for correctness, not speed).
+        /// Every rank on GPU 0: NCCL's multi-rank mode where UNICOMM_NCCL_LIBRARY names a
+        /// NCCL >= 2.30.3 (one host, at most 2 ranks), else a host id per process
+        /// (`NCCL_HOSTID`: separate hosts over sockets); for correctness, not speed.
         #[arg(long)]
         share_gpu: bool,
         /// Ranks whose death is expected (a fault test kills them): the others go on and

@@ -11,14 +11,16 @@
 //! with 128 + the signal. A rank's output is read as bytes (a line that is not UTF-8 is
 //! printed lossily, never closing the rank's pipe), at most 64 KiB per printed line.
 //!
-//! `--share-gpu` puts every rank on GPU 0 (`LOCAL_RANK=0`) and gives each process a host id
-//! of its own (`NCCL_HOSTID`): NCCL refuses two ranks of one host on one GPU ("Duplicate GPU
-//! detected", 2.28.9), so it then takes them for ranks of different hosts and joins them
-//! over its network transport, while unicomm's own exchanges (the copy-engine path's
-//! abstract Unix sockets, the rendezvous) still find each other on this machine. A machine
-//! with one GPU so runs one-rank-per-process programs (the fault scenarios, the copy-engine
-//! path across processes) for correctness; not for speed (the ranks' contexts time-share the
-//! GPU, NCCL's transport is sockets).
+//! `--share-gpu` puts every rank on GPU 0 (`LOCAL_RANK=0`) and picks how NCCL joins them
+//! (`share.rs`, said in one line): where the NCCL the ranks load (`UNICOMM_NCCL_LIBRARY`,
+//! asked for its version) is 2.30.3 or newer, NCCL's own multi-rank mode (one host,
+//! `NCCL_MULTI_RANK_GPU_ENABLE=1`, `NCCL_MAX_CTAS=8`, at most 2 ranks); below it, or where
+//! the library is not named, a host id per process (`NCCL_HOSTID`): NCCL refuses two ranks
+//! of one host on one GPU ("Duplicate GPU detected", 2.28.9), so it then takes them for ranks
+//! of different hosts and joins them over its network transport, while unicomm's own
+//! exchanges (the copy-engine path's abstract Unix sockets, the rendezvous) still find each
+//! other on this machine. A machine with one GPU so runs one-rank-per-process programs for
+//! correctness; not for speed (the ranks' contexts time-share the GPU).
 
 #![allow(unsafe_code, reason = "signals to the ranks' process groups")]
 
@@ -30,6 +32,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+mod share;
+use share::Share;
 
 /// How long the others get to end after a failure before they are killed.
 const GRACE: Duration = Duration::from_secs(5);
@@ -236,7 +241,19 @@ pub(crate) fn run_until(program: &Path, args: &[String], job: &Job<'_>, stop: &S
         "==> launching {n} processes of {} (MASTER_ADDR=127.0.0.1 MASTER_PORT={port})",
         program.display()
     );
-    let mut kids = spawn_ranks(program, args, job, port, &token)?;
+    let share = match job.share_gpu {
+        true => {
+            let (share, line) = share::decide(
+                n,
+                nccl_version().as_ref().map(|(p, c)| (p.as_str(), *c)),
+                std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").ok().as_deref(),
+            )?;
+            eprintln!("==> {line}");
+            Some(share)
+        }
+        false => None,
+    };
+    let mut kids = spawn_ranks(program, args, (job, share.as_ref()), port, &token)?;
     let start = Instant::now();
     let mut first_failure: Option<(usize, i32)> = None;
     let mut stopping_since: Option<Instant> = None;
@@ -317,7 +334,7 @@ pub(crate) fn run_until(program: &Path, args: &[String], job: &Job<'_>, stop: &S
 fn spawn_ranks(
     program: &Path,
     args: &[String],
-    job: &Job<'_>,
+    (job, share): (&Job<'_>, Option<&Share>),
     port: u16,
     token: &str,
 ) -> Result<Vec<Rank>> {
@@ -338,8 +355,8 @@ fn spawn_ranks(
             .env("MASTER_PORT", port.to_string())
             .env("UNICOMM_RENDEZVOUS_TOKEN", token)
             .envs(env.iter().copied());
-        if share_gpu {
-            cmd.env("NCCL_HOSTID", format!("{token}-rank-{r}"));
+        if let Some(s) = share {
+            s.apply(&mut cmd, token, r);
         }
         #[cfg(unix)]
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
@@ -426,3 +443,26 @@ fn raise_open_files_limit() {
 
 #[cfg(not(unix))]
 fn raise_open_files_limit() {}
+
+/// The path and version code of the NCCL named by `UNICOMM_NCCL_LIBRARY` (what the ranks
+/// load), where it can be read: loaded here and asked (`ncclGetVersion`).
+#[cfg(not(unix))]
+fn nccl_version() -> Option<(String, i32)> {
+    None
+}
+
+/// See the other platforms' [`nccl_version`].
+#[cfg(unix)]
+fn nccl_version() -> Option<(String, i32)> {
+    let path = std::env::var("UNICOMM_NCCL_LIBRARY").ok()?;
+    // SAFETY: NCCL's initialisers are safe to run on load (every NCCL program loads it); the
+    // symbol is called with its declared signature (`ncclResult_t ncclGetVersion(int*)`)
+    // while the library is held.
+    unsafe {
+        let lib = libloading::Library::new(&path).ok()?;
+        let get: libloading::Symbol<unsafe extern "C" fn(*mut i32) -> i32> =
+            lib.get(b"ncclGetVersion\0").ok()?;
+        let mut code = 0i32;
+        (get(&mut code) == 0).then_some((path, code))
+    }
+}
