@@ -404,3 +404,64 @@ fn a_hello_captured_before_rank_0_listens_and_replayed_takes_no_ranks_place() {
         assert_eq!(r0.unwrap(), [5; 128]);
     });
 }
+
+/// A rank that holds its ids but is slow to acknowledge them (its thread descheduled past
+/// the 2 s a handshake gets, as 16,384 ranks on 2 cores were once in three runs) is still
+/// counted: rank 0 returns with every rank, instead of waiting for it until its deadline.
+#[test]
+fn a_rank_slow_to_acknowledge_is_still_counted() {
+    /// A connection whose writes after the first wait `late` first.
+    struct SlowAck {
+        s: TcpStream,
+        writes: usize,
+        late: Duration,
+    }
+    impl Read for SlowAck {
+        fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+            self.s.read(b)
+        }
+    }
+    impl Write for SlowAck {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.writes += 1;
+            if self.writes > 1 {
+                std::thread::sleep(self.late);
+            }
+            self.s.write(b)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.s.flush()
+        }
+    }
+    impl crate::stream::Timed for SlowAck {
+        fn set_read_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+            self.s.set_read_timeout(d)
+        }
+        fn set_write_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+            self.s.set_write_timeout(d)
+        }
+    }
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    std::thread::scope(|s| {
+        let r0 = s.spawn(move || {
+            exchange_unique_id(&env(0, 2, port), || Ok([6; 128]), Duration::from_secs(10))
+        });
+        let mut slow = SlowAck {
+            s: connect_when_listening(addr),
+            writes: 0,
+            late: crate::serve::PER_CONNECTION + Duration::from_millis(700),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let ids = crate::tcp::join(&mut slow, &env(1, 2, port), 1, deadline).map_err(|_| "join");
+        let t = Instant::now();
+        let r0 = r0.join().unwrap();
+        assert_eq!(ids.unwrap(), vec![6u8; 128]);
+        assert_eq!(r0.unwrap(), [6; 128]);
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "rank 0 waited {:?}",
+            t.elapsed()
+        );
+    });
+}
