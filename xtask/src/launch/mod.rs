@@ -241,18 +241,7 @@ pub(crate) fn run_until(program: &Path, args: &[String], job: &Job<'_>, stop: &S
         "==> launching {n} processes of {} (MASTER_ADDR=127.0.0.1 MASTER_PORT={port})",
         program.display()
     );
-    let share = match job.share_gpu {
-        true => {
-            let (share, line) = share::decide(
-                n,
-                nccl_version().as_ref().map(|(p, c)| (p.as_str(), *c)),
-                std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").ok().as_deref(),
-            )?;
-            eprintln!("==> {line}");
-            Some(share)
-        }
-        false => None,
-    };
+    let share = shared(job)?;
     let mut kids = spawn_ranks(program, args, (job, share.as_ref()), port, &token)?;
     let start = Instant::now();
     let mut first_failure: Option<(usize, i32)> = None;
@@ -443,6 +432,20 @@ fn raise_open_files_limit() {
 
 #[cfg(not(unix))]
 fn raise_open_files_limit() {}
+
+/// `--share-gpu`'s mode for this job, said in one line; `None` without `--share-gpu`.
+fn shared(job: &Job<'_>) -> Result<Option<Share>> {
+    if !job.share_gpu {
+        return Ok(None);
+    }
+    let (share, line) = share::decide(
+        job.n,
+        nccl_version().as_ref().map(|(p, c)| (p.as_str(), *c)),
+        std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").ok().as_deref(),
+    )?;
+    eprintln!("==> {line}");
+    Ok(Some(share))
+}
 
 /// The path and version code of the NCCL named by `UNICOMM_NCCL_LIBRARY` (what the ranks
 /// load), where it can be read: loaded here and asked (`ncclGetVersion`).
