@@ -96,9 +96,9 @@ impl Write for Lines {
     }
 }
 
-/// 300 strangers' connections are one warning line (a count and the last reason) and the
-/// summary, not a line each: a log line per dropped connection was 63,790 lines at 16,384
-/// ranks.
+/// 300 strangers' connections are a few warning lines (a count and the last reason, at most
+/// one a second) and the summary, not a line each: a log line per dropped connection was
+/// 63,790 lines at 16,384 ranks.
 #[test]
 fn a_storm_of_dropped_connections_is_a_few_log_lines() {
     let port = free_port();
@@ -129,7 +129,8 @@ fn a_storm_of_dropped_connections_is_a_few_log_lines() {
     });
     let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
     let warns = text.lines().filter(|l| l.contains(" WARN ")).count();
-    assert!((1..=2).contains(&warns), "{warns} warning lines:\n{text}");
+    // At most one line a second: on a loaded 2-core machine the storm takes a few seconds.
+    assert!((1..=5).contains(&warns), "{warns} warning lines:\n{text}");
     assert!(
         text.contains("1 ranks served") && text.contains("301 connections (300 dropped)"),
         "{text}"
