@@ -304,6 +304,16 @@ pub(crate) fn write_shared<T: Element, C: Collective>(
             format!("holds {} elements, the buffer {}", src.len, dst.len),
         ));
     }
+    copy_view(&dst, &src, stream)
+}
+
+/// `src`'s elements into `dst` (of as many) in stream order on `stream`: the device copy of
+/// [`Comm::copy`](crate::Comm::copy) and [`write_shared`].
+pub(crate) fn copy_view<T: Element, C: Collective>(
+    dst: &View<'_, T, C>,
+    src: &View<'_, T, C>,
+    stream: &C::Stream,
+) -> Result<()> {
     let size = std::mem::size_of::<T>();
     dst.mem.copy_from(
         dst.offset * size,

@@ -11,7 +11,6 @@ use unicomm_core::{Error, Result};
 use super::{run_coll, run_recv, RankCtx, Span, Task, Work};
 use crate::fabric::Msg;
 use crate::lock::Guard;
-use crate::memory::HostAlloc;
 use crate::FaultKind;
 
 static NEXT_MSG: AtomicU64 = AtomicU64::new(1);
@@ -22,40 +21,34 @@ static NEXT_MSG: AtomicU64 = AtomicU64::new(1);
 /// Runs a batch (one operation, or a group's); a failure that explains a stuck or
 /// divergent job (a deadline, a disagreement, an abort) dumps the flight recorder.
 pub(crate) fn run_batch(tasks: Vec<Task>) -> Result<()> {
-    let ctx = tasks.first().map(|t| t.ctx.clone());
-    let spans: Vec<Arc<HostAlloc>> = tasks
-        .iter()
-        .flat_map(|t| t.work.spans())
-        .map(|s| s.alloc.clone())
-        .collect();
-    let r = run_tasks(tasks);
+    let r = run_tasks(&tasks);
     if let Err(e) = &r {
         // A host slice lent to this work reports the failure at its scope's end.
-        for a in &spans {
-            a.failed(e);
+        for s in tasks.iter().flat_map(|t| t.work.spans()) {
+            s.alloc.failed(e);
         }
-        if let Some(ctx) = ctx {
-            ctx.flight.dump_if_explains(e);
+        if let Some(t) = tasks.first() {
+            t.ctx.flight.dump_if_explains(e);
         }
     }
     r
 }
 
-fn run_tasks(tasks: Vec<Task>) -> Result<()> {
+fn run_tasks(tasks: &[Task]) -> Result<()> {
     let Some(ctx) = tasks.first().map(|t| t.ctx.clone()) else {
         return Ok(());
     };
-    for t in &tasks {
+    for t in tasks {
         inject(&t.ctx, t.index)?;
     }
     if let Some(e) = ctx.fabric.poisoned() {
         return Err(e);
     }
-    let _guards = lock_all(&tasks, ctx.timeout)?;
+    let _guards = lock_all(tasks, ctx.timeout)?;
 
     let mut posted = Vec::new();
     let mut result = Ok(());
-    for t in &tasks {
+    for t in tasks {
         if let Work::Send {
             span,
             count,
@@ -80,7 +73,7 @@ fn run_tasks(tasks: Vec<Task>) -> Result<()> {
         }
     }
     if result.is_ok() {
-        for t in &tasks {
+        for t in tasks {
             let r = match &t.work {
                 Work::Coll {
                     seq,

@@ -12,7 +12,7 @@ pub use var::packed_displs;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use crate::backend::{Capabilities, Collective, DeviceMemory};
+use crate::backend::{Capabilities, Collective};
 use crate::buffer::{elem_bytes, Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
 use crate::element::Element;
 use crate::{Error, Result};
@@ -209,14 +209,7 @@ impl<C: Collective> Comm<C> {
             ));
         }
         let (s, d) = self.views(src, dst, Ok)?;
-        let size = std::mem::size_of::<T>();
-        d.mem.copy_from(
-            d.offset * size,
-            s.mem,
-            s.offset * size,
-            s.len * size,
-            stream,
-        )
+        crate::buffer::copy_view(&d, &s, stream)
     }
 
     /// Device memory `(free, total)` bytes of this rank's device (GPU backends).
