@@ -92,14 +92,33 @@ pub fn init_rank(
         let served = Hub::serve_on(listener, hub.secret, world, config.timeout)?;
         Arc::new(ProcFabric::hub(served))
     } else {
-        Arc::new(ProcFabric::client(Client::connect(
-            &hub,
-            (rank, world),
-            config.timeout,
-        )?))
+        let client = Client::connect(&hub, (rank, world), config.timeout);
+        Arc::new(ProcFabric::client(
+            client.map_err(|e| unserved(&hub, e, &config))?,
+        ))
     };
     // Ranks of one process re-form on its board, under a key every rank derives from the id.
     let key = u64::from_le_bytes(hub.secret[..8].try_into().unwrap_or([0; 8]));
     let rejoin = unicomm_bootstrap::Rejoin::Local(key);
     crate::process_rank(fabric, (rank, world), &config, rejoin)
+}
+
+/// A rank that could not join an id this process made and whose rank 0 has not joined
+/// here: the hub was never served, whatever the connection saw (a rank 0 that joined in
+/// another process was refused there). Named as such, not as an unreachable hub.
+fn unserved(hub: &HubId, e: Error, config: &MockConfig) -> Error {
+    let made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if made.0.iter().any(|(h, _)| h.secret == hub.secret) {
+        return Error::Timeout {
+            what: "this id's rank 0 to join: the id was made in this process, whose rank 0 serves the other ranks (a rank 0 joining in another process is refused there)".into(),
+            after: config.timeout,
+        };
+    }
+    match made.1.iter().any(|h| h[..] == hub.secret[..8]) {
+        true => Error::invalid(
+            "id",
+            format!("this id was given up before its rank 0 joined: more than {MAX_UNJOINED_IDS} ids were made in this process after it"),
+        ),
+        false => e,
+    }
 }

@@ -283,4 +283,15 @@ mod tests {
         }
         assert_none("commit citations", v);
     }
+
+    /// `cargo xtask` builds where the user's cargo builds: an alias with its own
+    /// `--target-dir` wrote into the checkout's `target/` whatever `CARGO_TARGET_DIR` said.
+    #[test]
+    fn the_xtask_alias_builds_where_cargo_target_dir_says() {
+        let config = std::fs::read_to_string(root().join(".cargo/config.toml"))
+            .unwrap_or_else(|e| panic!(".cargo/config.toml: {e}"));
+        let alias = config.lines().find(|l| l.trim_start().starts_with("xtask"));
+        let alias = alias.unwrap_or_else(|| panic!("no xtask alias in .cargo/config.toml"));
+        assert!(!alias.contains("--target-dir"), "{alias}");
+    }
 }
