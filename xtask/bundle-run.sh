@@ -18,11 +18,32 @@ rc=0
 # (process groups: split, the mesh, gather/scatter, the variable-size exchanges, fp8, scaled
 # sums, in one process and as 2, 3 and 4 processes; the engine example), shrink (a rank
 # SIGKILLed, the survivors shrink or re-form and go on), candle (unicomm-candle's Llama block and
-# its all-reduce op against candle's own, on candle's CUDA backend), rccl-on-cuda (a rocm bundle's RCCL
+# its all-reduce op against candle's own, on candle's CUDA backend), multirank (2 processes on one GPU in
+# NCCL's multi-rank mode, NCCL >= 2.30.3: multirank.sh), rccl-on-cuda (a rocm bundle's RCCL
 # backend on an NVIDIA GPU through its HIP-on-CUDA runtime, NCCL standing in for RCCL): each takes
 # minutes, so a time-limited session can run them in separate calls. BENCH_ARGS adds to the
 # sweep's arguments.
 PARTS=${PARTS:-all}
+# NCCL=torch (PyTorch's wheel, 2.28.9 on the GPU machine), system (the machine's own), a
+# libnccl.so.2 path, or a .so.xz as `nccl-sm90` writes it (unpacked under $TMPDIR): the
+# library every part loads (UNICOMM_NCCL_LIBRARY). Unset: the library's own search. The
+# doctor's line names the path and version loaded, at the top of each part's output.
+TORCH_NCCL=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
+case "${NCCL:-}" in
+  "") ;;
+  torch) export UNICOMM_NCCL_LIBRARY=$TORCH_NCCL ;;
+  system) export UNICOMM_NCCL_LIBRARY=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF; exit}') ;;
+  *.xz) d="${TMPDIR:-/tmp}/unicomm-nccl-$$"; mkdir -p "$d"
+        xz -dc "$NCCL" > "$d/libnccl.so.2" || { echo "NCCL=$NCCL: cannot unpack"; exit 1; }
+        export UNICOMM_NCCL_LIBRARY=$d/libnccl.so.2 ;;
+  *) export UNICOMM_NCCL_LIBRARY=$NCCL ;;
+esac
+if [ -n "${NCCL:-}" ] && [ ! -f "$UNICOMM_NCCL_LIBRARY" ]; then echo "NCCL=$NCCL: no library at '$UNICOMM_NCCL_LIBRARY'"; exit 1; fi
+[ -x ./doctor ] && echo "NCCL for PARTS=$PARTS: $(./doctor 2>&1 | grep -m1 'library: nccl' || echo 'not loaded (see the doctor)')" | tee -a "$OUT/nccl.txt"
+# Ranks sharing a GPU (--share-gpu) as separate hosts in every part but multirank, whatever
+# the NCCL: NCCL's multi-rank mode takes at most 2 ranks per GPU, the parts launch up to 4.
+[ "$PARTS" = multirank ] || export NCCL_MULTI_RANK_GPU_ENABLE=${NCCL_MULTI_RANK_GPU_ENABLE:-0}
+if [ "$PARTS" = multirank ]; then source ./multirank.sh; exit $rc; fi
 gpus() { # $1 = cuda|rocm
   if [ "$1" = cuda ]; then nvidia-smi -L 2>/dev/null | grep -c "^GPU"
   else ls /sys/class/kfd/kfd/topology/nodes 2>/dev/null | while read n; do grep -q "^simd_count [1-9]" /sys/class/kfd/kfd/topology/nodes/$n/properties && echo; done | wc -l; fi

@@ -218,6 +218,7 @@ fn write_bundle(out: &std::path::Path, copies: &[(PathBuf, String)]) -> Result<(
     for (name, text) in [
         ("run.sh", include_str!("../bundle-run.sh")),
         ("parts.sh", include_str!("../bundle-parts.sh")),
+        ("multirank.sh", include_str!("../bundle-multirank.sh")),
     ] {
         let script = out.join(name);
         std::fs::write(&script, text).with_context(|| format!("writing {name}"))?;
