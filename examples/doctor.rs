@@ -29,6 +29,7 @@ fn main() {
             Err(e) => println!("  no communicator: {e}"),
         }
     }
+    nccl_parameters();
     match unicomm::resolve(unicomm::Vendor::Auto) {
         Ok((v, why)) => println!("\nVendor::Auto picks {v}: {why}"),
         Err(e) => println!("\nVendor::Auto: {e}"),
@@ -80,3 +81,21 @@ fn user_library_path() -> Option<String> {
         .collect();
     (!kept.is_empty()).then(|| kept.join(":"))
 }
+
+/// NCCL's parameters in effect (its parameter API, NCCL >= 2.30.4): every key NCCL documents
+/// with its value, whether set by the environment, a config file or NCCL's default.
+#[cfg(feature = "nccl")]
+fn nccl_parameters() {
+    match unicomm::nccl::nccl().and_then(|api| api.parameters()) {
+        Ok(ps) => {
+            println!("\nNCCL's parameters in effect ({}):", ps.len());
+            for (k, v) in ps {
+                println!("  {k}={v}");
+            }
+        }
+        Err(e) => println!("\nNCCL's parameters: {e}"),
+    }
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_parameters() {}

@@ -188,6 +188,10 @@ impl Collective for MockComm {
     }
 
     fn finalize(&mut self) -> Result<()> {
+        // A suspended communicator is finalized as a live one.
+        let _ = self
+            .state
+            .compare_exchange(SUSPENDED, LIVE, Ordering::AcqRel, Ordering::Acquire);
         self.live()?;
         self.state.store(FINALIZED, Ordering::Release);
         // Across processes rank 0 serves the others until they finalized too.
@@ -199,6 +203,22 @@ impl Collective for MockComm {
 
     fn timeout(&self) -> Option<Duration> {
         Some(self.ctx.timeout)
+    }
+
+    fn properties(&self) -> Result<unicomm_core::Properties> {
+        self.properties_comm()
+    }
+
+    fn suspend(&self) -> Result<()> {
+        self.suspend_comm()
+    }
+
+    fn resume(&self) -> Result<()> {
+        self.resume_comm()
+    }
+
+    fn mem_stats(&self) -> Result<unicomm_core::MemStats> {
+        self.mem_stats_comm()
     }
 
     fn abort(&self) -> Result<()> {

@@ -25,6 +25,8 @@ pub(crate) static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
 pub(crate) const LIVE: u8 = 0;
 pub(crate) const FINALIZED: u8 = 1;
 pub(crate) const ABORTED: u8 = 2;
+/// Suspended (`Comm::suspend`): calls are refused until it is resumed; it can be ended.
+pub(crate) const SUSPENDED: u8 = 3;
 
 /// One rank of a mock world.
 pub struct MockComm {
@@ -150,6 +152,7 @@ impl MockComm {
                 None => Ok(()),
             },
             FINALIZED => Err(Error::invalid("comm", "the communicator was finalized")),
+            SUSPENDED => Err(unicomm_core::state::suspended_error()),
             _ => Err(Error::aborted("the communicator was aborted")),
         }
     }
@@ -306,7 +309,7 @@ impl Drop for MockComm {
         // backends' too: a drop finalizes, bounded by the deadline, and peers are not
         // disturbed. A rank that drops it while panicking will not do its part: it aborts,
         // so that its peers learn of it at once instead of at their deadline.
-        if self.state.load(Ordering::Acquire) != LIVE {
+        if !matches!(self.state.load(Ordering::Acquire), LIVE | SUSPENDED) {
             return;
         }
         if std::thread::panicking() {

@@ -37,6 +37,7 @@ mod reduce;
 mod replay;
 mod shm;
 mod shrink;
+mod sleep;
 mod split;
 mod stream;
 

@@ -215,6 +215,47 @@ pub trait Collective: Send + Sync + Sized + 'static {
         ))
     }
 
+    /// What the library says of this communicator (`ncclCommQueryProperties`, NCCL >=
+    /// 2.29.2). Default: `Unsupported`.
+    fn properties(&self) -> Result<crate::state::Properties> {
+        Err(crate::Error::unsupported(
+            "a communicator's properties",
+            "ncclCommQueryProperties (NCCL >= 2.29.2)",
+            self.capabilities().backend,
+        ))
+    }
+
+    /// Frees the library's dynamic device memory of this communicator until
+    /// [`Collective::resume`]; calls on it meanwhile are refused (`ncclCommSuspend`, NCCL >=
+    /// 2.29.7). Default: `Unsupported`.
+    fn suspend(&self) -> Result<()> {
+        Err(crate::Error::unsupported(
+            "suspending a communicator",
+            "ncclCommSuspend (NCCL >= 2.29.7)",
+            self.capabilities().backend,
+        ))
+    }
+
+    /// Gets back what [`Collective::suspend`] freed (`ncclCommResume`). Default:
+    /// `Unsupported`.
+    fn resume(&self) -> Result<()> {
+        Err(crate::Error::unsupported(
+            "resuming a communicator",
+            "ncclCommResume (NCCL >= 2.29.7)",
+            self.capabilities().backend,
+        ))
+    }
+
+    /// The device memory the library holds for this communicator (`ncclCommMemStats`,
+    /// NCCL >= 2.29.7). Default: `Unsupported`.
+    fn mem_stats(&self) -> Result<crate::state::MemStats> {
+        Err(crate::Error::unsupported(
+            "a communicator's memory statistics",
+            "ncclCommMemStats (NCCL >= 2.29.7)",
+            self.capabilities().backend,
+        ))
+    }
+
     /// A captured graph that uses this communicator is launched on `stream`: the stream's
     /// waits watch this communicator from now on (its deadline, its asynchronous errors),
     /// as they do after an eager call. Default: nothing to do.

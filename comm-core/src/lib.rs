@@ -65,6 +65,7 @@ mod ranks;
 pub mod registration;
 pub mod registry;
 pub mod shrink;
+pub mod state;
 pub mod step;
 
 pub use backend::{
@@ -86,3 +87,4 @@ pub use op::{Extent, Kind, Op, Slice};
 pub use ranks::each_rank;
 pub use registration::{AutoRegistered, RegisterError, Registered, Registration, Window};
 pub use shrink::ShrinkMode;
+pub use state::{MemStats, Properties};

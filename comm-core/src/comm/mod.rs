@@ -321,6 +321,34 @@ impl<C: Collective> Comm<C> {
         self.raw.revoke()
     }
 
+    /// What the library says of this communicator: its device, whether NCCL's device API
+    /// and multicast memory can be used on it (`ncclCommQueryProperties`, NCCL >= 2.29.2;
+    /// `Unsupported` naming the release before it).
+    pub fn properties(&self) -> Result<crate::state::Properties> {
+        self.raw.properties()
+    }
+
+    /// An engine's sleep mode: frees the device memory the library holds for this
+    /// communicator beyond what it cannot release (`ncclCommSuspend` with
+    /// `NCCL_SUSPEND_MEM`, NCCL >= 2.29.7), until [`Comm::resume`]. Meanwhile every call on it
+    /// but `resume`, `mem_stats`, `finalize` and `abort` is `InvalidArgument` naming the
+    /// suspension (NCCL's rule: a suspended communicator is not used). Wait for the work
+    /// enqueued on it first (its streams' `synchronize`).
+    pub fn suspend(&self) -> Result<()> {
+        self.raw.suspend()
+    }
+
+    /// Gets back what [`Comm::suspend`] freed; calls are accepted again.
+    pub fn resume(&self) -> Result<()> {
+        self.raw.resume()
+    }
+
+    /// The device memory the library holds for this communicator, and whether it is
+    /// suspended (`ncclCommMemStats`, NCCL >= 2.29.7).
+    pub fn mem_stats(&self) -> Result<crate::state::MemStats> {
+        self.raw.mem_stats()
+    }
+
     /// The flight recorder's state ([`crate::flight`]): this communicator's last operations
     /// as JSON, `None` where the backend keeps no recorder.
     pub fn flight_record(&self, reason: &str) -> Option<String> {

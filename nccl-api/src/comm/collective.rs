@@ -204,6 +204,22 @@ impl<R: Runtime> Collective for ApiComm<R> {
         self.revoke_comm()
     }
 
+    fn properties(&self) -> Result<unicomm_core::Properties> {
+        self.base.lc.properties()
+    }
+
+    fn suspend(&self) -> Result<()> {
+        self.base.lc.suspend()
+    }
+
+    fn resume(&self) -> Result<()> {
+        self.base.lc.resume()
+    }
+
+    fn mem_stats(&self) -> Result<unicomm_core::MemStats> {
+        self.base.lc.mem_stats()
+    }
+
     fn finalize(&mut self) -> Result<()> {
         self.base.lc.destroy(End::Finalize)
     }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use unicomm_core::Result;
 
-use super::{LibComm, ABORTED};
+use super::{LibComm, ABORTED, LIVE, SUSPENDED};
 use crate::group;
 use crate::sys::calls::{take_in_progress, CommRef, Handle};
 use crate::sys::runtime::Runtime;
@@ -71,6 +71,57 @@ impl<R: Runtime> LibComm<R> {
             self.settle_locked("a non-blocking call")?;
         }
         r
+    }
+
+    /// [`LibComm::call`] on a communicator in state `from`, left in state `to` once `f`
+    /// succeeded (suspend: live to suspended; resume: the reverse), the state read and
+    /// changed under the lock every ending takes. In another state: the state's error.
+    #[cold]
+    pub(crate) fn call_in_state<T>(
+        self: &Arc<Self>,
+        (from, to): (u8, u8),
+        f: impl FnOnce(CommRef<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let _g = self.locked()?;
+        let now = self.state.load(Ordering::Acquire);
+        if now != from {
+            return Err(self.live().err().unwrap_or_else(|| {
+                unicomm_core::Error::invalid("comm", "the communicator is not suspended")
+            }));
+        }
+        // SAFETY: neither finalized nor aborted (checked under the lock, which every ending
+        // takes) for as long as the borrow, which ends with `f`; one thread (the lock).
+        let c = unsafe { CommRef::borrow_raw(self.comm, self.world, self.rank) };
+        if self.nonblocking {
+            take_in_progress();
+        }
+        let t = self.rt.with_device(self.dev, || f(c))?;
+        // Settled as a live communicator (a non-blocking suspend or resume may still run).
+        self.state.store(LIVE, Ordering::Release);
+        let settled = match self.nonblocking && take_in_progress() {
+            true => self.settle_locked("ncclCommSuspend/ncclCommResume"),
+            false => Ok(()),
+        };
+        if settled.is_ok() {
+            self.state.store(to, Ordering::Release);
+        }
+        settled.map(|_| t)
+    }
+
+    /// Before a suspended communicator is finalized (with the lock held): resumed, as
+    /// `ncclCommFinalize` flushes work a suspended communicator cannot run. `false` where the
+    /// resume failed (the caller aborts instead).
+    pub(crate) fn woken_for_finalize(&self) -> bool {
+        if self.state.load(Ordering::Acquire) != SUSPENDED {
+            return true;
+        }
+        // SAFETY: suspended, not ended (the caller holds the lock every ending takes).
+        let h = unsafe { Handle::borrow_raw(self.comm) };
+        let ok = self.api.comm_resume(h).is_ok();
+        if ok {
+            self.state.store(LIVE, Ordering::Release);
+        }
+        ok
     }
 
     /// A blocking communicator's library call that waits for the peers on the host

@@ -21,6 +21,7 @@
 )]
 
 mod call;
+mod sleep;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -39,6 +40,8 @@ use crate::watch::Watched;
 const LIVE: u8 = 0;
 const FINALIZED: u8 = 1;
 const ABORTED: u8 = 2;
+/// Suspended (`ncclCommSuspend`): calls are refused until it is resumed; it can be ended.
+const SUSPENDED: u8 = 3;
 
 /// How long an abort lets its hooks release what holds the device before the library's
 /// teardown: they drain within milliseconds where nothing else holds them.
@@ -167,6 +170,7 @@ impl<R: Runtime> LibComm<R> {
         match self.state.load(Ordering::Acquire) {
             LIVE => Ok(()),
             ABORTED => Err(self.aborted_error()),
+            SUSPENDED => Err(unicomm_core::state::suspended_error()),
             _ => Err(Error::invalid("comm", "the communicator was finalized")),
         }
     }
@@ -295,12 +299,17 @@ impl<R: Runtime> LibComm<R> {
     /// of it); what is left waits behind kernels that only the abort ends, and is released
     /// on a thread of its own during it.
     pub(crate) fn destroy_locked(&self, end: End) -> Result<()> {
+        let end = match end == End::Finalize && !self.woken_for_finalize() {
+            true => End::Abort,
+            false => end,
+        };
         let next = if end == End::Finalize {
             FINALIZED
         } else {
             ABORTED
         };
-        if self.state.swap(next, Ordering::AcqRel) != LIVE {
+        // A suspended communicator is ended as a live one (NCCL's finalize and abort take it).
+        if !matches!(self.state.swap(next, Ordering::AcqRel), LIVE | SUSPENDED) {
             return Ok(());
         }
         let full = self.timeout();
@@ -424,7 +433,7 @@ impl<R: Runtime> LibComm<R> {
 
     /// Whether it was finalized or aborted.
     pub(crate) fn ended(&self) -> bool {
-        self.state.load(Ordering::Acquire) != LIVE
+        matches!(self.state.load(Ordering::Acquire), FINALIZED | ABORTED)
     }
 }
 

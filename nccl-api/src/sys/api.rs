@@ -177,6 +177,12 @@ table! {
         red_op_destroy: "ncclRedOpDestroy": fn(c_int, NcclComm) -> NcclResult;
         comm_shrink: "ncclCommShrink": fn(NcclComm, *mut c_int, c_int, *mut NcclComm, *mut c_void, c_int) -> NcclResult;
         comm_revoke: "ncclCommRevoke": fn(NcclComm, c_int) -> NcclResult;
+        comm_query_properties: "ncclCommQueryProperties": fn(NcclComm, *mut c_void) -> NcclResult;
+        comm_suspend: "ncclCommSuspend": fn(NcclComm, c_int) -> NcclResult;
+        comm_resume: "ncclCommResume": fn(NcclComm) -> NcclResult;
+        comm_mem_stats: "ncclCommMemStats": fn(NcclComm, c_int, *mut u64) -> NcclResult;
+        param_all_keys: "ncclParamGetAllParameterKeys": fn(*mut *mut *const c_char, *mut c_int) -> NcclResult;
+        param_get: "ncclParamGetParameter": fn(*const c_char, *mut *const c_char, *mut c_int) -> NcclResult;
     }
 }
 

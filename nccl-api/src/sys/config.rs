@@ -5,7 +5,8 @@
 //! names that it knows itself and takes its defaults for the rest, so the newest layout,
 //! with its true `size` and `version`, is safe to hand to an older library: it never reads
 //! past what it knows. Fields are laid out as NCCL 2.31's `ncclConfig_v23100`
-//! (NVIDIA/nccl `src/nccl.h.in`); the release that added each is named beside it.
+//! (NVIDIA/nccl `src/nccl.h.in`; NCCL 2.32.3's nccl.h has the same layout, no field
+//! newer); the release that added each is named beside it.
 
 use std::ffi::{c_char, c_int, CString};
 
@@ -53,12 +54,12 @@ pub struct Config {
     pub graph_usage_mode: c_int,
     pub num_rma_ctx: c_int,
     pub max_p2p_peers: c_int,
-    /// 2.30.
+    /// 2.30 (`ncclConfig_v23000`, 2.30.7).
     pub graph_stream_ordering: c_int,
+    /// 2.31 (`ncclConfig_v23100`, unchanged in 2.32.3).
     pub launch_order_implicit: c_int,
     pub num_rma_sig: c_int,
     pub rma_eager_init: c_int,
-    /// 2.31.
     pub host_cft_mode: c_int,
     pub nvls_host_mode: c_int,
 }
@@ -166,6 +167,84 @@ impl std::ops::DerefMut for OwnedConfig {
     }
 }
 
+/// The layout of `ncclCommProperties_t` read here: NCCL 2.32's (`nccl_device/host.h`),
+/// whose prefix every release since 2.29.2 shares.
+const PROPERTIES_LAYOUT: u32 = 23203;
+/// Told to a library up to 2.29.3, `ncclCommQueryProperties` fills only the fields up to
+/// `multimemSupport` (2.30.7's dev_runtime.cc).
+const PROPERTIES_HOST_RMA: u32 = 22903;
+
+/// `ncclCommProperties_t` of NCCL 2.32 (C's `bool` read as a byte, enums as `int`).
+#[repr(C)]
+#[derive(Debug)]
+pub struct RawProperties {
+    size: usize,
+    magic: u32,
+    version: u32,
+    rank: c_int,
+    n_ranks: c_int,
+    cuda_dev: c_int,
+    nvml_dev: c_int,
+    device_api_support: u8,
+    multimem_support: u8,
+    gin_type: c_int,
+    n_lsa_teams: c_int,
+    host_rma_support: u8,
+    railed_gin_type: c_int,
+    comm_hash: u64,
+    gin_min_stride: c_int,
+    gin_connection_type: c_int,
+    gin_support: [u8; 64],
+    dev_comm_runtime_version_size: usize,
+    cft_support: u8,
+    cft_multicast_support: u8,
+    cft_counted_support: u8,
+}
+
+impl RawProperties {
+    /// `NCCL_COMM_PROPERTIES_INITIALIZER` for a library of version code `library`: the
+    /// older of its version and the layout's (NCCL refuses a version newer than its own).
+    pub fn new(library: u32) -> Self {
+        RawProperties {
+            size: std::mem::size_of::<RawProperties>(),
+            magic: API_MAGIC,
+            version: library.min(PROPERTIES_LAYOUT),
+            rank: -1,
+            n_ranks: -1,
+            cuda_dev: -1,
+            nvml_dev: -1,
+            device_api_support: 0,
+            multimem_support: 0,
+            gin_type: 0,
+            n_lsa_teams: 0,
+            host_rma_support: 0,
+            railed_gin_type: 0,
+            comm_hash: 0,
+            gin_min_stride: 0,
+            gin_connection_type: 0,
+            gin_support: [0; 64],
+            dev_comm_runtime_version_size: 0,
+            cft_support: 0,
+            cft_multicast_support: 0,
+            cft_counted_support: 0,
+        }
+    }
+
+    /// What the library filled for the version it was told.
+    pub fn read(&self) -> unicomm_core::Properties {
+        let newer = self.version > PROPERTIES_HOST_RMA;
+        unicomm_core::Properties {
+            rank: self.rank.max(0) as usize,
+            world: self.n_ranks.max(0) as usize,
+            device: self.cuda_dev.max(0) as usize,
+            device_api: self.device_api_support != 0,
+            multimem: self.multimem_support != 0,
+            host_rma: newer.then_some(self.host_rma_support != 0),
+            lsa_teams: newer.then_some(self.n_lsa_teams.max(0) as usize),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +259,39 @@ mod tests {
         assert_eq!(c.size, 120);
         assert_eq!(c.version, 23100);
         assert_eq!(c.magic, 0xcafe_beef);
+    }
+
+    /// The 2.31 fields sit where NCCL 2.32.3's nccl.h (`ncclConfig_v23100`) has them: 19
+    /// ints and two pointers after the header, the last at 112.
+    #[test]
+    fn the_2_31_fields_sit_where_nccl_2_32_has_them() {
+        assert_eq!(std::mem::offset_of!(Config, comm_name), 48);
+        assert_eq!(std::mem::offset_of!(Config, collnet_enable), 56);
+        assert_eq!(std::mem::offset_of!(Config, graph_stream_ordering), 92);
+        assert_eq!(std::mem::offset_of!(Config, launch_order_implicit), 96);
+        assert_eq!(std::mem::offset_of!(Config, nvls_host_mode), 112);
+    }
+
+    /// `ncclCommProperties_t` as NCCL 2.32.3's `nccl_device/host.h` lays it out (C's
+    /// alignment of each field), and the version told is never newer than the library.
+    #[test]
+    fn properties_are_laid_out_as_nccl_2_32_and_never_claim_a_newer_version() {
+        assert_eq!(std::mem::offset_of!(RawProperties, rank), 16);
+        assert_eq!(std::mem::offset_of!(RawProperties, device_api_support), 32);
+        assert_eq!(std::mem::offset_of!(RawProperties, gin_type), 36);
+        assert_eq!(std::mem::offset_of!(RawProperties, host_rma_support), 44);
+        assert_eq!(std::mem::offset_of!(RawProperties, comm_hash), 56);
+        assert_eq!(std::mem::offset_of!(RawProperties, gin_support), 72);
+        assert_eq!(
+            std::mem::offset_of!(RawProperties, dev_comm_runtime_version_size),
+            136
+        );
+        assert_eq!(std::mem::size_of::<RawProperties>(), 152);
+        assert_eq!(RawProperties::new(22902).version, 22902);
+        assert_eq!(RawProperties::new(23301).version, 23203);
+        let mut p = RawProperties::new(22903);
+        (p.host_rma_support, p.n_lsa_teams) = (1, 2);
+        assert_eq!(p.read().lsa_teams, None, "2.29.3 does not fill them");
     }
 
     /// Field offsets of NCCL 2.14 (the fields every NCCL-API library since then knows) are

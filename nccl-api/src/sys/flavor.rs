@@ -43,6 +43,14 @@ pub const SPLIT_SINCE: Version = Version::new(2, 18, 0);
 pub const SHRINK_SINCE: Version = Version::new(2, 27, 0);
 /// `ncclCommRevoke` exists from NCCL 2.28.7.
 pub const REVOKE_SINCE: Version = Version::new(2, 28, 7);
+/// `ncclCommQueryProperties` exists from NCCL 2.29.2.
+pub const PROPERTIES_SINCE: Version = Version::new(2, 29, 2);
+/// `ncclCommSuspend`, `ncclCommResume` and `ncclCommMemStats` exist from NCCL 2.29.7 (not in
+/// 2.29.3; in 2.30.3 and later).
+pub const SUSPEND_SINCE: Version = Version::new(2, 29, 7);
+/// NCCL's parameter API (`ncclParamGetAllParameterKeys`, `ncclParamGetParameter`) exists
+/// from NCCL 2.30.4.
+pub const PARAMS_SINCE: Version = Version::new(2, 30, 4);
 /// `ncclCommInitRankScalable` (several roots) exists from NCCL 2.23.
 pub const SCALABLE_SINCE: Version = Version::new(2, 23, 0);
 /// `ncclCommInitRankConfig` exists from NCCL 2.14.

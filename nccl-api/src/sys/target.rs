@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Version};
 
-use crate::sys::flavor::{Flavor, NCCL, RCCL, SPLIT_SINCE};
+use crate::sys::flavor::{Flavor, NCCL, PROPERTIES_SINCE, RCCL, SPLIT_SINCE, SUSPEND_SINCE};
 
 /// The first compute capability on which NCCL reduces the 8-bit floats (sm90, Hopper).
 pub const FP8_REDUCE_COMPUTE: (u32, u32) = (9, 0);
@@ -17,6 +17,12 @@ pub const FP8_REDUCE_COMPUTE: (u32, u32) = (9, 0);
 pub const PRE_MUL_SUM: &str = "a pre-multiplied sum (ncclRedOpCreatePreMulSum)";
 /// See [`PRE_MUL_SUM`].
 pub const PRE_MUL_SUM_SINCE: Version = Version::new(2, 11, 0);
+
+/// What a communicator's properties are called in refusals.
+pub const PROPERTIES_TITLE: &str = "a communicator's properties (ncclCommQueryProperties)";
+/// What the sleep mode is called in refusals.
+pub const SUSPEND_TITLE: &str =
+    "suspending a communicator (ncclCommSuspend, ncclCommResume, ncclCommMemStats)";
 
 /// The newest NCCL unicomm was verified on, on an H200 (sm90): what the mock stands for
 /// unless told otherwise.
@@ -231,6 +237,16 @@ impl Target {
             "symmetric windows (ncclCommWindowRegister)",
             self.flavor.windows_since,
         )
+    }
+
+    /// A communicator's properties (`ncclCommQueryProperties`, NCCL 2.29.2).
+    pub fn properties(&self) -> Result<()> {
+        self.since(PROPERTIES_TITLE, PROPERTIES_SINCE)
+    }
+
+    /// Suspend, resume and memory statistics (`ncclCommSuspend`, NCCL 2.29.7).
+    pub fn suspend(&self) -> Result<()> {
+        self.since(SUSPEND_TITLE, SUSPEND_SINCE)
     }
 
     /// A pre-multiplied sum (`ncclRedOpCreatePreMulSum`, NCCL 2.11).

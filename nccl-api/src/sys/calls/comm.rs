@@ -1,16 +1,24 @@
-//! The calls that make, end, register with and allocate for a communicator.
+//! The calls that make, end, register with, allocate for and describe a communicator, and
+//! the library's parameters.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr};
 
-use unicomm_core::{DataType, Error, Result};
+use unicomm_core::{DataType, Error, MemStats, Properties, Result};
 
 use super::check::rank_in;
 use super::gates::{
-    CONFIG_SINCE, REVOKE_SINCE, SCALABLE_SINCE, SCALAR_HOST_IMMEDIATE, SHRINK_SINCE, SPLIT_SINCE,
+    CONFIG_SINCE, PARAMS_SINCE, PROPERTIES_SINCE, REVOKE_SINCE, SCALABLE_SINCE,
+    SCALAR_HOST_IMMEDIATE, SHRINK_SINCE, SPLIT_SINCE, SUSPEND_SINCE,
 };
 use super::handles::{made, Handle, LibAlloc, OwnedComm, RegHandle, Span};
 use crate::sys::api::{Api, NcclComm, NcclResult, UniqueId, WIN_COLL_SYMMETRIC};
-use crate::sys::config::OwnedConfig;
+use crate::sys::config::{OwnedConfig, RawProperties};
+use crate::sys::target::{PROPERTIES_TITLE, SUSPEND_TITLE};
+
+/// The most parameters [`Api::parameters`] lists.
+pub const MAX_PARAMS: usize = 4096;
+/// The most bytes of one parameter's value [`Api::parameters`] reads.
+pub const MAX_PARAM_BYTES: usize = 4096;
 
 impl Api {
     /// `ncclGroupStart`: the calls that follow, up to the matching [`Api::group_end`], are
@@ -219,6 +227,110 @@ impl Api {
         // requires.
         let code = unsafe { f(comm.raw, 0) };
         self.done("ncclCommRevoke", code, Some(comm.raw))
+    }
+
+    /// `ncclCommQueryProperties` (NCCL >= 2.29.2), the struct told the version of the
+    /// library itself (NCCL refuses a version newer than its own) or of the layout read here,
+    /// the older of the two; the fields that version fills are read.
+    pub fn comm_query_properties(&self, comm: Handle<'_>) -> Result<Properties> {
+        let f = self.gated(
+            PROPERTIES_TITLE,
+            PROPERTIES_SINCE,
+            self.fns.comm_query_properties,
+        )?;
+        let v = self.version;
+        let code = v.major * 10000 + v.minor * 100 + v.patch;
+        let mut p = RawProperties::new(code);
+        // SAFETY: a live communicator; `p` is initialised as NCCL_COMM_PROPERTIES_INITIALIZER
+        // (its size, magic and a version no newer than the library's) and lives across the call.
+        let r = unsafe { f(comm.raw, (&mut p as *mut RawProperties).cast()) };
+        self.check("ncclCommQueryProperties", r, Some(comm.raw))?;
+        Ok(p.read())
+    }
+
+    /// `ncclCommSuspend(comm, NCCL_SUSPEND_MEM)` (NCCL >= 2.29.7).
+    pub fn comm_suspend(&self, comm: Handle<'_>) -> Result<()> {
+        let f = self.gated(SUSPEND_TITLE, SUSPEND_SINCE, self.fns.comm_suspend)?;
+        // SAFETY: a live communicator; NCCL_SUSPEND_MEM (1) is the flag nccl.h defines.
+        let code = unsafe { f(comm.raw, 1) };
+        self.done("ncclCommSuspend", code, Some(comm.raw))
+    }
+
+    /// `ncclCommResume` (NCCL >= 2.29.7).
+    pub fn comm_resume(&self, comm: Handle<'_>) -> Result<()> {
+        let f = self.gated(SUSPEND_TITLE, SUSPEND_SINCE, self.fns.comm_resume)?;
+        // SAFETY: a live communicator.
+        let code = unsafe { f(comm.raw) };
+        self.done("ncclCommResume", code, Some(comm.raw))
+    }
+
+    /// `ncclCommMemStats` of each of its four statistics (NCCL >= 2.29.7).
+    pub fn comm_mem_stats(&self, comm: Handle<'_>) -> Result<MemStats> {
+        let f = self.gated(SUSPEND_TITLE, SUSPEND_SINCE, self.fns.comm_mem_stats)?;
+        let mut v = [0u64; 4];
+        for (stat, out) in v.iter_mut().enumerate() {
+            // SAFETY: a live communicator; `stat` is one of ncclCommMemStat_t's four values
+            // (suspendable, suspended, persistent, total); `out` receives one u64.
+            let code = unsafe { f(comm.raw, stat as c_int, out) };
+            self.check("ncclCommMemStats", code, Some(comm.raw))?;
+        }
+        Ok(MemStats {
+            suspendable: v[0],
+            suspended: v[1] != 0,
+            persistent: v[2],
+            total: v[3],
+        })
+    }
+
+    /// NCCL's parameters in effect, `(key, value)` (`ncclParamGetAllParameterKeys` and
+    /// `ncclParamGetParameter`, NCCL >= 2.30.4): those NCCL documents, or all of them with
+    /// `NCCL_PARAM_DUMP_ALL=true`. At most [`MAX_PARAMS`] keys, each value at most
+    /// [`MAX_PARAM_BYTES`] bytes (longer ones cut, marked `...`).
+    pub fn parameters(&self) -> Result<Vec<(String, String)>> {
+        const WHAT: &str = "NCCL's parameters (ncclParamGetAllParameterKeys)";
+        let all = self.gated(WHAT, PARAMS_SINCE, self.fns.param_all_keys)?;
+        let get = self.gated(WHAT, PARAMS_SINCE, self.fns.param_get)?;
+        let (mut table, mut n): (*mut *const c_char, c_int) = (std::ptr::null_mut(), 0);
+        // SAFETY: both out-pointers are valid; the table stays the library's, valid until
+        // this thread's next call of the same function (nccl.h), read before any.
+        let code = unsafe { all(&mut table, &mut n) };
+        self.check("ncclParamGetAllParameterKeys", code, None)?;
+        let n = (n.max(0) as usize).min(MAX_PARAMS);
+        let keys: Vec<Vec<u8>> = (0..n)
+            .filter(|_| !table.is_null())
+            // SAFETY: `table` holds `n` pointers (the library's count, bounded above), each
+            // a NUL-terminated key or null.
+            .map(|i| unsafe { *table.add(i) })
+            .filter(|k| !k.is_null())
+            // SAFETY: a NUL-terminated string of the library's table, copied at once.
+            .map(|k| unsafe { CStr::from_ptr(k) }.to_bytes().to_vec())
+            .collect();
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let Ok(c) = std::ffi::CString::new(key) else {
+                continue;
+            };
+            let (mut v, mut len): (*const c_char, c_int) = (std::ptr::null(), 0);
+            // SAFETY: a NUL-terminated key and two valid out-pointers; the value stays the
+            // library's until this thread's next call, copied at once below.
+            let code = unsafe { get(c.as_ptr(), &mut v, &mut len) };
+            if self.check("ncclParamGetParameter", code, None).is_err() || v.is_null() {
+                continue;
+            }
+            let len = len.max(0) as usize;
+            // SAFETY: `v` points to `len` bytes of the value (nccl.h), of which at most
+            // MAX_PARAM_BYTES are read.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(v.cast::<u8>(), len.min(MAX_PARAM_BYTES)) };
+            let mut value = String::from_utf8_lossy(bytes)
+                .trim_end_matches('\0')
+                .to_string();
+            if len > MAX_PARAM_BYTES {
+                value.push_str("...");
+            }
+            out.push((c.to_string_lossy().into_owned(), value));
+        }
+        Ok(out)
     }
 
     /// `ncclCommRegister` of `buf` (NCCL >= 2.19).

@@ -240,7 +240,9 @@ pub unsafe extern "C" fn unicommFakeCalls(name: *const c_char) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ncclGetVersion(v: *mut c_int) -> R {
     count("ncclGetVersion");
-    *v = if cfg!(feature = "nccl228") {
+    *v = if cfg!(feature = "nccl232") {
+        23203
+    } else if cfg!(feature = "nccl228") {
         22809
     } else if cfg!(feature = "nccl217") {
         21703
@@ -763,4 +765,116 @@ mod registration {
         count("ncclCommWindowDeregister");
         OK
     }
+}
+
+/// NCCL 2.29.7's suspend: only NCCL_SUSPEND_MEM; the fake's "memory" is 1 MiB while live.
+#[cfg(feature = "nccl232")]
+static SUSPENDED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+#[cfg(feature = "nccl232")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommSuspend(c: *mut Comm, flags: c_int) -> R {
+    count("ncclCommSuspend");
+    if flags != 1 {
+        return fail(INVALID_ARGUMENT, "fake: suspend flags must be NCCL_SUSPEND_MEM");
+    }
+    SUSPENDED.lock().unwrap().push(c as usize);
+    OK
+}
+
+#[cfg(feature = "nccl232")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommResume(c: *mut Comm) -> R {
+    count("ncclCommResume");
+    let mut s = SUSPENDED.lock().unwrap();
+    match s.iter().position(|k| *k == c as usize) {
+        Some(i) => {
+            s.remove(i);
+            OK
+        }
+        None => fail(INVALID_USAGE, "fake: resume of a communicator not suspended"),
+    }
+}
+
+#[cfg(feature = "nccl232")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommMemStats(c: *mut Comm, stat: c_int, v: *mut u64) -> R {
+    count("ncclCommMemStats");
+    let suspended = SUSPENDED.lock().unwrap().contains(&(c as usize));
+    *v = match (stat, suspended) {
+        (0, false) => 1 << 20,
+        (0, true) => 0,
+        (1, s) => u64::from(s),
+        (2, _) => 4096,
+        (3, s) => 4096 + if s { 0 } else { 1 << 20 },
+        _ => return fail(INVALID_ARGUMENT, "fake: no such statistic"),
+    };
+    OK
+}
+
+/// NCCL 2.32's `ncclCommProperties_t` head, as far as the fake fills it.
+#[cfg(feature = "nccl232")]
+#[repr(C)]
+pub struct Props {
+    size: usize,
+    magic: u32,
+    version: u32,
+    rank: c_int,
+    n_ranks: c_int,
+    cuda_dev: c_int,
+    nvml_dev: c_int,
+    device_api: bool,
+    multimem: bool,
+    gin_type: c_int,
+    n_lsa_teams: c_int,
+    host_rma: bool,
+}
+
+#[cfg(feature = "nccl232")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommQueryProperties(c: *mut Comm, p: *mut Props) -> R {
+    count("ncclCommQueryProperties");
+    // NCCL's checks: the initializer's magic, a version no newer than the library's.
+    if (*p).magic != 0xcafe_beef || (*p).version > 23203 || (*p).size < 152 {
+        return fail(INVALID_USAGE, "fake: properties not initialised as NCCL_COMM_PROPERTIES_INITIALIZER");
+    }
+    (*p).rank = (*c).rank;
+    (*p).n_ranks = (*c).nranks;
+    (*p).cuda_dev = 0;
+    (*p).device_api = true;
+    (*p).multimem = false;
+    if (*p).version > 22903 {
+        (*p).n_lsa_teams = 1;
+        (*p).host_rma = true;
+    }
+    OK
+}
+
+#[cfg(feature = "nccl232")]
+static KEYS: [&[u8]; 2] = [b"NCCL_PROTO\0", b"NCCL_MAX_CTAS\0"];
+
+#[cfg(feature = "nccl232")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclParamGetAllParameterKeys(t: *mut *const *const c_char, n: *mut c_int) -> R {
+    count("ncclParamGetAllParameterKeys");
+    static TABLE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    let mut table = TABLE.lock().unwrap();
+    *table = KEYS.iter().map(|k| k.as_ptr() as usize).collect();
+    *t = table.as_ptr().cast();
+    *n = KEYS.len() as c_int;
+    OK
+}
+
+#[cfg(feature = "nccl232")]
+#[no_mangle]
+pub unsafe extern "C" fn ncclParamGetParameter(key: *const c_char, v: *mut *const c_char, len: *mut c_int) -> R {
+    count("ncclParamGetParameter");
+    let value: &[u8] = match CStr::from_ptr(key).to_bytes() {
+        b"NCCL_PROTO" => b"LL,LL128,Simple\0",
+        b"NCCL_MAX_CTAS" => b"8\0",
+        _ => return fail(INVALID_ARGUMENT, "fake: no such parameter"),
+    };
+    *v = value.as_ptr().cast();
+    *len = (value.len() - 1) as c_int;
+    OK
 }
