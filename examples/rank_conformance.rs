@@ -92,6 +92,19 @@ fn run() -> anyhow::Result<()> {
             bail!("rank {r}: process groups: {e}");
         }
     }
+    // The sleep mode and properties where the library has them (NCCL 2.29.7, 2.29.2).
+    if only_graphs.is_none() {
+        match unicomm_conformance::sleep_mode_and_properties(std::slice::from_ref(&comm)) {
+            Ok(seen) => println!(
+                "rank_conformance: rank {r}: sleep mode, properties: {:?}",
+                seen[0]
+            ),
+            Err(e) => {
+                let _ = comm.abort();
+                bail!("rank {r}: sleep mode: {e}");
+            }
+        }
+    }
     // A captured step of every collective, replayed (CUDA or HIP graphs across the
     // processes; the mock's replays).
     let graphs = comm.capabilities().graph_capture;

@@ -143,3 +143,17 @@ fn before_their_release_the_calls_are_unsupported_naming_it() {
     c.resume().unwrap();
     assert!(c.properties().is_ok());
 }
+
+/// The conformance suite's sleep-mode case, the same the GPU backends pass: the full mode on
+/// a 2.32.3 target, `Unsupported` on 2.28.9; worlds of 1 and 3.
+#[test]
+fn the_suites_sleep_mode_case_passes_on_both_sides_of_the_release() {
+    for w in [1, 3] {
+        let seen =
+            unicomm_conformance::sleep_mode_and_properties(&comms(w, "nccl-2.32.3")).unwrap();
+        assert!(seen.iter().all(|&s| s == (true, true)), "{seen:?}");
+        let seen =
+            unicomm_conformance::sleep_mode_and_properties(&comms(w, "nccl-2.28.9")).unwrap();
+        assert!(seen.iter().all(|&s| s == (false, false)), "{seen:?}");
+    }
+}

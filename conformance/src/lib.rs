@@ -26,6 +26,7 @@ mod reference;
 mod refusals;
 mod runner;
 mod sample;
+mod sleep;
 mod table;
 mod var;
 
@@ -37,6 +38,7 @@ pub use groups::{
     run_groups, run_groups_on_rank, run_groups_on_rank_refusing, run_groups_refusing,
 };
 pub use refusals::{group_check_refused_by_design, refused_by_design};
+pub use sleep::sleep_mode_and_properties;
 
 use unicomm_core::{bf16, f16, Collective, Comm, DataType, Error, ReduceOp, F8E4M3, F8E5M2};
 

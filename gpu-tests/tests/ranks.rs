@@ -155,3 +155,23 @@ fn a_graphs_input_is_written_between_replays() -> Result<()> {
     let cs = GPU.comms(w)?;
     unicomm_conformance::graph_inputs_written_between_replays(&cs)
 }
+
+/// The sleep mode and properties (NCCL 2.29.7 and 2.29.2): run where the loaded library has
+/// them, `Unsupported` naming the release where it does not; said which, never silent.
+#[test]
+fn the_sleep_mode_and_properties_follow_the_loaded_release() -> Result<()> {
+    let w = t::world()?;
+    let cs = GPU.comms(w)?;
+    let seen = unicomm_conformance::sleep_mode_and_properties(&cs)?;
+    let v = cs[0].capabilities().version;
+    println!(
+        "sleep mode and properties on {} {v}: {seen:?}",
+        cs[0].capabilities().backend
+    );
+    let want = (
+        v >= unicomm_core::Version::new(2, 29, 7),
+        v >= unicomm_core::Version::new(2, 29, 2),
+    );
+    assert!(seen.iter().all(|&s| s == want), "{seen:?} on {v}");
+    Ok(())
+}
