@@ -284,8 +284,8 @@ impl Api {
 
     /// NCCL's parameters in effect, `(key, value)` (`ncclParamGetAllParameterKeys` and
     /// `ncclParamGetParameter`, NCCL >= 2.30.4): those NCCL documents, or all of them with
-    /// `NCCL_PARAM_DUMP_ALL=true`. At most [`MAX_PARAMS`] keys, each value at most
-    /// [`MAX_PARAM_BYTES`] bytes (longer ones cut, marked `...`).
+    /// `NCCL_PARAM_DUMP_ALL=true`. At most 4,096 keys, each value at most 4,096
+    /// bytes (longer ones cut, marked `...`).
     pub fn parameters(&self) -> Result<Vec<(String, String)>> {
         const WHAT: &str = "NCCL's parameters (ncclParamGetAllParameterKeys)";
         let all = self.gated(WHAT, PARAMS_SINCE, self.fns.param_all_keys)?;
