@@ -456,6 +456,9 @@ impl Collective for AnyComm {
             Ok(())
         });
     }
+    fn graphs_held(&self) {
+        each!(self, AnyComm, c => c.graphs_held())
+    }
     fn graphs_released(&self) {
         each!(self, AnyComm, c => c.graphs_released())
     }

@@ -34,9 +34,10 @@ for sc in kill kill-replay; do
   done >> "$L" 2>&1
   wait; grep -qE "faults $sc: rank 0: (.*; )?PASSED" "$L" && echo "multirank faults $sc: rank 0 PASSED" || { echo "multirank faults $sc: rank 0 did not pass"; rc=1; }
 done
-step multirank faults churn; timeout 200 ./faults --vendor cuda --scenario churn --comms 200 --budget-s 120 >> "$L" 2>&1 || rc=1
+step multirank faults churn; timeout 200 ./faults --vendor cuda --scenario churn --comms 200 --budget-s 120 >> "$L" 2>&1; c=$?
+echo "multirank faults churn: rc=$c" | tee -a "$L"; [ $c = 0 ] || rc=1
 # A rank SIGKILLed, the survivor shrinks or re-forms; a planned departure (default, abort).
-UNICOMM_TIMEOUT_MS=10000 $L2 --expect-lost 1 -- ./shrink --vendor cuda --victim 1 >> "$L" 2>&1; echo "multirank shrink killed: rc=$?" | tee -a "$L" | grep -q "rc=0" || rc=1
+UNICOMM_TIMEOUT_MS=10000 $L2 --expect-lost 1 -- ./shrink --vendor cuda --victim 1 >> "$L" 2>&1; c=$?; echo "multirank shrink killed: rc=$c" | tee -a "$L"; [ $c = 0 ] || rc=1
 for mode in default abort; do UNICOMM_TIMEOUT_MS=30000 run2 "shrink leave $mode" ./shrink --vendor cuda --victim 1 --fault leave --mode $mode; done
 if [ -x ./llama_tp ]; then
   NCCL_DIR=$(dirname "$TORCH_NCCL") LD_LIBRARY_PATH=/usr/local/cuda/lib64:$(dirname "$TORCH_NCCL")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} run2 "candle llama_tp bf16" ./llama_tp --vendor cuda --dtype bf16

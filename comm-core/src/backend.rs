@@ -263,6 +263,12 @@ pub trait Collective: Send + Sync + Sized + 'static {
         let _ = stream;
     }
 
+    /// A graph that captured this communicator's work now lives (the first of them): from
+    /// now until [`Collective::graphs_released`], NCCL's and RCCL's abort does not return
+    /// (it waits for the graphs' destruction), so a backend bounds that wait by a short
+    /// grace instead of the whole deadline. Default: nothing to do.
+    fn graphs_held(&self) {}
+
     /// The last live graph that captured this communicator's work was destroyed. A library
     /// teardown that waited for it may return now (NCCL's and RCCL's abort waits until every
     /// graph that captured the communicator's work is destroyed): the backend waits for it,

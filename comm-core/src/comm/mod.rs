@@ -133,7 +133,9 @@ impl<C: Collective> Comm<C> {
 
     /// A graph that captured this communicator's work was made.
     pub(crate) fn graph_made(&self) {
-        self.graphs.fetch_add(1, Ordering::AcqRel);
+        if self.graphs.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.raw.graphs_held();
+        }
     }
 
     /// A graph that captured this communicator's work was destroyed: the last one tells the

@@ -1,6 +1,7 @@
 //! [`Collective`] for [`ApiComm`]: each operation of the contract, routed (`route.rs`) to
 //! the path that runs it.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use unicomm_core::backend::grouped;
@@ -139,8 +140,13 @@ impl<R: Runtime> Collective for ApiComm<R> {
         stream.watched_by(&self.base.lc);
     }
 
+    fn graphs_held(&self) {
+        self.base.lc.graphs_held.store(true, Ordering::Release);
+    }
+
     fn graphs_released(&self) {
         let lc = &self.base.lc;
+        lc.graphs_held.store(false, Ordering::Release);
         if !lc.wait_late_end(lc.timeout()) {
             tracing::warn!(
                 rank = lc.rank,

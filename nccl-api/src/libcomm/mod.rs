@@ -22,6 +22,7 @@
 
 mod call;
 mod sleep;
+mod teardown;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,7 +35,7 @@ use crate::sys::api::{Api, NcclComm};
 use crate::sys::calls::{CommRef, Handle, OwnedComm};
 use crate::sys::config::IN_PROGRESS;
 use crate::sys::runtime::Runtime;
-use crate::wait::{bounded, settle_raw, Late};
+use crate::wait::{settle_raw, Late};
 use crate::watch::Watched;
 
 const LIVE: u8 = 0;
@@ -89,6 +90,9 @@ pub(crate) struct LibComm<R: Runtime> {
     hooks: Mutex<Vec<Arc<dyn AbortHook>>>,
     /// The library's teardown, where it was given up at its deadline and still runs.
     late_end: Mutex<Option<Arc<Late>>>,
+    /// A live graph captured this communicator's work: the library's abort waits for the
+    /// graphs' destruction, so it is given [`teardown::ABORT_GRACE_UNDER_GRAPHS`], not the deadline.
+    pub(crate) graphs_held: AtomicBool,
 }
 
 // SAFETY: the raw communicators are used only under `lock` (NCCL's rule for a communicator
@@ -122,6 +126,7 @@ impl<R: Runtime> LibComm<R> {
             children: Mutex::new(Vec::new()),
             hooks: Mutex::new(Vec::new()),
             late_end: Mutex::new(None),
+            graphs_held: AtomicBool::new(false),
         }
     }
 
@@ -342,61 +347,6 @@ impl<R: Runtime> LibComm<R> {
         })
     }
 
-    /// The library calls of [`LibComm::destroy_locked`], once the state says so: the
-    /// children first, then this communicator.
-    fn teardown_locked(&self, end: End) -> Result<()> {
-        let api = self.api.clone();
-        let children =
-            std::mem::take(&mut *self.children.lock().unwrap_or_else(|e| e.into_inner()));
-        // SAFETY: this communicator and its children, owned here; the state swap of
-        // `destroy_locked` lets one caller through, so each is taken (and ended) once.
-        let all: Vec<OwnedComm> = children
-            .into_iter()
-            .chain([self.comm])
-            .map(|c| unsafe { OwnedComm::from_raw(c) })
-            .collect();
-        let timeout = self.timeout();
-        // Calls with no deadline of their own, each given this communicator's on a thread of
-        // its own: a blocking ncclCommFinalize waits for the peers (a dead peer: forever), and
-        // ncclCommAbort returns only once every CUDA graph that captured the communicator's
-        // work is destroyed (its teardown waits for the graphs' references to the
-        // communicator: on 1x H200, NCCL 2.28.9, a peer SIGKILLed during a graph's replays,
-        // the survivor's abort never returned while the graph lived). Past the deadline the
-        // communicator is left to that thread (the state says finalized or aborted already,
-        // so nothing here touches it again), the caller gets `Timeout`, and the thread is
-        // kept in `late_end` (`wait_late_end`: the graphs' end waits for it, so that a
-        // process exiting next does not exit under the library's teardown).
-        let unbounded: Option<(&str, EndOne)> = match end {
-            End::Abort => Some((
-                "ncclCommAbort (it returns once every CUDA graph that captured this communicator's work is destroyed)",
-                |api, c| api.comm_abort(c),
-            )),
-            End::Finalize if !self.nonblocking => Some(("ncclCommFinalize", finalize_blocking)),
-            End::Finalize => None,
-        };
-        if let Some((what, end_one)) = unbounded {
-            let (rt, dev) = (self.rt.clone(), self.dev);
-            let work = move || -> Result<()> {
-                let all = all;
-                rt.with_device(dev, || every(all.into_iter().map(|c| end_one(&api, c))))
-            };
-            let late = Arc::new(Late::default());
-            let mark = late.clone();
-            let r = bounded(what, timeout, work, move |_| mark.finish());
-            // Given up at the deadline (not refused a thread): the call still runs.
-            if let Err(Error::Timeout { .. }) = r {
-                *self.late_end.lock().unwrap_or_else(|e| e.into_inner()) = Some(late);
-            }
-            return r?;
-        }
-        self.rt.with_device(self.dev, || {
-            every(
-                all.into_iter()
-                    .map(|c| finalize_nonblocking(&api, c, timeout)),
-            )
-        })
-    }
-
     /// `finalize` or `abort` from any thread.
     pub(crate) fn destroy(&self, end: End) -> Result<()> {
         let _g = self.locked_for_teardown(end)?;
@@ -435,38 +385,6 @@ impl<R: Runtime> LibComm<R> {
     pub(crate) fn ended(&self) -> bool {
         matches!(self.state.load(Ordering::Acquire), FINALIZED | ABORTED)
     }
-}
-
-/// Runs every teardown (one failing must not leave the others' communicators alive) and
-/// returns the first error.
-fn every(results: impl Iterator<Item = Result<()>>) -> Result<()> {
-    let mut first = Ok(());
-    for r in results {
-        if first.is_ok() {
-            first = r;
-        }
-    }
-    first
-}
-
-/// The library call that ends one communicator.
-type EndOne = fn(&Api, OwnedComm) -> Result<()>;
-
-/// `ncclCommFinalize` + `ncclCommDestroy` of a blocking communicator.
-fn finalize_blocking(api: &Api, c: OwnedComm) -> Result<()> {
-    api.comm_finalize(c.handle())?;
-    api.comm_destroy(c)
-}
-
-/// `ncclCommFinalize` settled with the deadline, then `ncclCommDestroy`; a finalize that
-/// cannot finish (a dead peer) ends in an abort.
-fn finalize_nonblocking(api: &Api, c: OwnedComm, timeout: Duration) -> Result<()> {
-    api.comm_finalize(c.handle())?;
-    if let Err(e) = settle_raw(api, c.handle(), "ncclCommFinalize", timeout, &|| false) {
-        let _ = api.comm_abort(c);
-        return Err(e);
-    }
-    api.comm_destroy(c)
 }
 
 impl<R: Runtime> Watched for LibComm<R> {

@@ -110,6 +110,7 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "nccl-api/src/copy_engine/signals.rs",
     "nccl-api/src/libcomm/call.rs",
     "nccl-api/src/libcomm/mod.rs",
+    "nccl-api/src/libcomm/teardown.rs",
     "nccl-api/src/memory.rs",
     "nccl-api/src/sys/api.rs",
     "nccl-api/src/sys/calls/check.rs",
