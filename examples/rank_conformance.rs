@@ -104,6 +104,14 @@ fn run() -> anyhow::Result<()> {
                 bail!("rank {r}: sleep mode: {e}");
             }
         }
+        // Per-call options where the library has them (NCCL 2.32).
+        match unicomm_conformance::call_options(std::slice::from_ref(&comm)) {
+            Ok(seen) => println!("rank_conformance: rank {r}: per-call options: {}", seen[0]),
+            Err(e) => {
+                let _ = comm.abort();
+                bail!("rank {r}: per-call options: {e}");
+            }
+        }
     }
     // A captured step of every collective, replayed (CUDA or HIP graphs across the
     // processes; the mock's replays).

@@ -278,6 +278,11 @@ impl MockComm {
         if let Some(unicomm_core::ReduceOp::PreMulSum(_)) = op.kind.reduction() {
             self.ctx.target.pre_mul_sum()?;
         }
+        if op.options.is_some() {
+            // Per-call options as the target takes them; the mock has no CTAs or algorithms
+            // to apply them to (the results are the same either way).
+            self.ctx.target.call_options(op.kind)?;
+        }
         if op.kind == unicomm_core::Kind::AllGather {
             // Checked before the window test's arithmetic (a caller's count can overflow it;
             // `work` checks every other kind).

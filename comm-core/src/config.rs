@@ -66,47 +66,16 @@ const MAX_CTAS: u32 = 32;
 impl CommConfig {
     /// Checks the values NCCL documents a range for.
     pub fn check_values(&self) -> Result<()> {
-        if self.cga_cluster_size.is_some_and(|c| c > 8) {
+        check_ctas(
+            (self.min_ctas, self.max_ctas),
+            self.nvls_ctas,
+            self.cga_cluster_size,
+        )?;
+        if self.traffic_class.is_some_and(|x| x > i32::MAX as u32) {
             return Err(Error::invalid(
-                "cga_cluster_size",
-                "NCCL takes 0..=8 (larger is a CUDA launch error)",
+                "traffic_class",
+                format!("{} does not fit a C int", self.traffic_class.unwrap_or(0)),
             ));
-        }
-        let int = |x: Option<u32>, arg: &'static str| -> Result<()> {
-            match x {
-                Some(x) if x > i32::MAX as u32 => {
-                    Err(Error::invalid(arg, format!("{x} does not fit a C int")))
-                }
-                _ => Ok(()),
-            }
-        };
-        int(self.min_ctas, "min_ctas")?;
-        int(self.max_ctas, "max_ctas")?;
-        int(self.traffic_class, "traffic_class")?;
-        int(self.nvls_ctas, "nvls_ctas")?;
-        // NCCL's user guide (ncclConfig_t): minCTAs and maxCTAs "a positive integer value,
-        // up to 32", nvlsCTAs a positive integer.
-        for (x, arg) in [(self.min_ctas, "min_ctas"), (self.max_ctas, "max_ctas")] {
-            if x.is_some_and(|x| !(1..=MAX_CTAS).contains(&x)) {
-                return Err(Error::invalid(
-                    arg,
-                    format!("NCCL takes 1..={MAX_CTAS}, not {}", x.unwrap_or(0)),
-                ));
-            }
-        }
-        if self.nvls_ctas == Some(0) {
-            return Err(Error::invalid(
-                "nvls_ctas",
-                "NCCL takes a positive count, not 0",
-            ));
-        }
-        if let (Some(lo), Some(hi)) = (self.min_ctas, self.max_ctas) {
-            if lo > hi {
-                return Err(Error::invalid(
-                    "min_ctas",
-                    format!("{lo} is above max_ctas = {hi}"),
-                ));
-            }
         }
         for (s, arg) in [(&self.net_name, "net_name"), (&self.comm_name, "comm_name")] {
             if s.as_deref().is_some_and(|s| s.contains('\0')) {
@@ -115,6 +84,54 @@ impl CommConfig {
         }
         Ok(())
     }
+}
+
+/// The CTA fields' ranges, shared by `ncclConfig_t` and `ncclCollConfig_t`: NCCL's user
+/// guide gives minCTAs and maxCTAs "a positive integer value, up to 32" (min at most max),
+/// nvlsCTAs a positive integer, cgaClusterSize 0..=8 (larger is a CUDA launch error).
+pub(crate) fn check_ctas(
+    (min_ctas, max_ctas): (Option<u32>, Option<u32>),
+    nvls_ctas: Option<u32>,
+    cga_cluster_size: Option<u32>,
+) -> Result<()> {
+    if cga_cluster_size.is_some_and(|c| c > 8) {
+        return Err(Error::invalid(
+            "cga_cluster_size",
+            "NCCL takes 0..=8 (larger is a CUDA launch error)",
+        ));
+    }
+    for (x, arg) in [(min_ctas, "min_ctas"), (max_ctas, "max_ctas")] {
+        if x.is_some_and(|x| !(1..=MAX_CTAS).contains(&x)) {
+            return Err(Error::invalid(
+                arg,
+                format!("NCCL takes 1..={MAX_CTAS}, not {}", x.unwrap_or(0)),
+            ));
+        }
+    }
+    match nvls_ctas {
+        Some(0) => {
+            return Err(Error::invalid(
+                "nvls_ctas",
+                "NCCL takes a positive count, not 0",
+            ))
+        }
+        Some(x) if x > i32::MAX as u32 => {
+            return Err(Error::invalid(
+                "nvls_ctas",
+                format!("{x} does not fit a C int"),
+            ))
+        }
+        _ => {}
+    }
+    if let (Some(lo), Some(hi)) = (min_ctas, max_ctas) {
+        if lo > hi {
+            return Err(Error::invalid(
+                "min_ctas",
+                format!("{lo} is above max_ctas = {hi}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

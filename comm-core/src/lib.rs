@@ -42,6 +42,7 @@
 
 pub mod backend;
 pub mod buffer;
+pub mod call_options;
 mod capturing;
 mod clock;
 pub mod comm;
@@ -73,6 +74,7 @@ pub use backend::{
     MarkerTime, RawHandle, StreamPriority, Version,
 };
 pub use buffer::{Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
+pub use call_options::{Algorithm, Algorithms, CallOptions};
 pub use comm::{packed_displs, Comm};
 pub use config::{CommConfig, CtaPolicy};
 pub use counts::{layout_disagreement, Counts, Layout};

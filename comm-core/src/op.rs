@@ -81,6 +81,8 @@ pub struct Op<'a, M> {
     pub dtype: DataType,
     /// Per-rank counts of the variable-size kinds ([`Kind::is_var`]); empty otherwise.
     pub layout: Layout<'a>,
+    /// The call's options ([`crate::Comm::with_options`]); `None` for the communicator's.
+    pub options: Option<&'a crate::call_options::CallOptions>,
 }
 
 impl<M> Clone for Op<'_, M> {
@@ -106,6 +108,7 @@ impl<'a, M> Op<'a, M> {
             count,
             dtype,
             layout: Layout::default(),
+            options: None,
         }
     }
 
@@ -126,6 +129,7 @@ impl<'a, M> Op<'a, M> {
             count,
             dtype,
             layout,
+            options: None,
         }
     }
 
@@ -138,6 +142,7 @@ impl<'a, M> Op<'a, M> {
             count,
             dtype,
             layout: Layout::default(),
+            options: None,
         }
     }
 
@@ -150,6 +155,7 @@ impl<'a, M> Op<'a, M> {
             count,
             dtype,
             layout: Layout::default(),
+            options: None,
         }
     }
 
@@ -162,6 +168,7 @@ impl<'a, M> Op<'a, M> {
             count: 0,
             dtype: DataType::U8,
             layout: Layout::default(),
+            options: None,
         }
     }
 
@@ -188,6 +195,7 @@ impl<'a, M> Op<'a, M> {
             count: self.count,
             dtype: self.dtype,
             layout: self.layout,
+            options: self.options,
         })
     }
 

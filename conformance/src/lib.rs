@@ -19,6 +19,7 @@ use std::fmt;
 #[doc(hidden)]
 pub use unicomm_core;
 
+mod call_options;
 mod exact;
 mod graphs;
 mod groups;
@@ -30,6 +31,7 @@ mod sleep;
 mod table;
 mod var;
 
+pub use call_options::{call_options, portable_options};
 pub use graphs::{
     capture_cycles, capture_panic_leaves_the_stream_eager, captured_copy_engine_replays,
     captured_step_replays, graph_inputs_written_between_replays,

@@ -175,3 +175,20 @@ fn the_sleep_mode_and_properties_follow_the_loaded_release() -> Result<()> {
     assert!(seen.iter().all(|&s| s == want), "{seen:?} on {v}");
     Ok(())
 }
+
+/// Per-call options (NCCL 2.32's `nccl*Config`): taken and exact where the loaded library
+/// has them, `Unsupported` naming 2.32 where it does not; said which, never silent.
+#[test]
+fn per_call_options_follow_the_loaded_release() -> Result<()> {
+    let w = t::world()?;
+    let cs = GPU.comms(w)?;
+    let seen = unicomm_conformance::call_options(&cs)?;
+    let v = cs[0].capabilities().version;
+    println!(
+        "per-call options on {} {v}: {seen:?}",
+        cs[0].capabilities().backend
+    );
+    let want = v >= unicomm_core::Version::new(2, 32, 0);
+    assert!(seen.iter().all(|&s| s == want), "{seen:?} on {v}");
+    Ok(())
+}

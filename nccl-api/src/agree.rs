@@ -129,6 +129,7 @@ impl<R: Runtime> Agreement<R> {
             let sides = Sides {
                 send: Some(&sl),
                 recv: Some(&sl),
+                config: None,
             };
             lc.call(|c| {
                 lc.api

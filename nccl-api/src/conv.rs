@@ -141,6 +141,33 @@ pub(crate) fn to_config(config: &CommConfig, nonblocking: bool) -> Result<Option
     Ok(Some(owned))
 }
 
+/// Per-call options as the `ncclCollConfig_t` of one call (values checked by
+/// [`CallOptions::check_values`] when the scope opened).
+pub(crate) fn coll_config(
+    o: &unicomm_core::CallOptions,
+) -> Result<crate::sys::coll_config::CollConfig> {
+    let alg = match &o.algorithms {
+        Some(a) => Some(
+            CString::new(a.selection())
+                .map_err(|_| Error::invalid("algorithms", "contains a NUL byte"))?,
+        ),
+        None => None,
+    };
+    let mut c = crate::sys::coll_config::CollConfig::new(alg);
+    let r = c.raw_mut();
+    let int = |x: Option<u32>| x.map_or(UNDEF, |x| x.min(c_int::MAX as u32) as c_int);
+    r.min_ctas = int(o.min_ctas);
+    r.max_ctas = int(o.max_ctas);
+    r.nvls_ctas = int(o.nvls_ctas);
+    r.cga_cluster_size = int(o.cga_cluster_size);
+    if let Some(f) = o.force_algorithms {
+        r.force_alg_selection = c_int::from(f);
+    }
+    r.cta_policy = o.cta_policy.map_or(UNDEF, cta_policy);
+    r.user_profiler_tag = o.profiler_tag.unwrap_or(0);
+    Ok(c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ use crate::libcomm::LibComm;
 use crate::memory::ApiMemory;
 use crate::sys::api::{Api, NcclComm};
 use crate::sys::calls::{CommRef, Handle, P2p, Sides, StreamRef};
+use crate::sys::coll_config::CollConfig;
 use crate::sys::runtime::Runtime;
 use crate::sys::target::Target;
 
@@ -44,6 +45,10 @@ impl<R: Runtime> Library<R> {
         st: StreamRef<'_>,
     ) -> Result<()> {
         let wire = wire_type(&self.target, lc.world, op.kind, op.dtype)?;
+        let config = match op.options {
+            None => None,
+            Some(o) => Some(self.configured(o, op.kind)?),
+        };
         if let (Kind::AllGather, None) = (op.kind, child) {
             // Only this communicator's window kernels have the defect; the second
             // communicator sees an ordinary registration.
@@ -67,8 +72,17 @@ impl<R: Runtime> Library<R> {
                 Some(raw) => lc.child(c, raw),
                 None => c,
             };
-            self.call(lc, op, wire, on, st)
+            self.call(lc, op, (wire, config.as_ref()), on, st)
         })
+    }
+
+    /// The `ncclCollConfig_t` of a call with per-call options, where the library takes
+    /// them for its kind (out of line: rare).
+    #[cold]
+    #[inline(never)]
+    fn configured(&self, o: &unicomm_core::CallOptions, kind: Kind) -> Result<CollConfig> {
+        self.target.call_options(kind)?;
+        crate::conv::coll_config(o)
     }
 
     /// A stream-ordered barrier on `st`: an in-place one-element all-reduce of the
@@ -86,6 +100,7 @@ impl<R: Runtime> Library<R> {
         let sides = Sides {
             send: Some(&b),
             recv: Some(&b),
+            config: None,
         };
         api.all_reduce(sides, 1, DataType::F32, RED_SUM, on, st)
     }
@@ -96,7 +111,7 @@ impl<R: Runtime> Library<R> {
         &self,
         lc: &LibComm<R>,
         op: &Op<'_, ApiMemory<R>>,
-        wire: DataType,
+        (wire, config): (DataType, Option<&CollConfig>),
         on: CommRef<'_>,
         st: StreamRef<'_>,
     ) -> Result<()> {
@@ -105,6 +120,7 @@ impl<R: Runtime> Library<R> {
         let b = Sides {
             send: op.send.as_ref(),
             recv: op.recv.as_ref(),
+            config,
         };
         match op.kind {
             Kind::AllReduce { op: red } => {

@@ -39,6 +39,7 @@ fn a_call_refuses_memory_that_cannot_hold_what_it_reads_or_writes() {
     let both = |s| Sides {
         send: Some(s),
         recv: Some(s),
+        config: None,
     };
     let before = calls(&path, "ncclAllReduce");
     let invalid = |r: &unicomm_core::Result<()>| matches!(r, Err(Error::InvalidArgument { .. }));
@@ -114,6 +115,7 @@ fn a_variable_size_part_past_its_buffer_is_refused_but_an_empty_one_is_not() {
     let both = Sides {
         send: Some(&whole),
         recv: Some(&whole),
+        config: None,
     };
     let per = |counts: &'static [usize], displs: &'static [usize]| Counts { counts, displs };
     let before = calls(&path, "ncclAllToAllv");
@@ -133,6 +135,7 @@ fn a_variable_size_part_past_its_buffer_is_refused_but_an_empty_one_is_not() {
     let both = Sides {
         send: Some(&whole),
         recv: Some(&whole),
+        config: None,
     };
     let empty = per(&[0], &[1000]);
     let fine = api.all_to_allv(both, (empty, per(&[0], &[1000])), DataType::F32, on, st);

@@ -10,11 +10,13 @@ mod var;
 pub use var::packed_displs;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::backend::{Capabilities, Collective};
 use crate::buffer::{elem_bytes, Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
+use crate::call_options::{self, CallOptions};
 use crate::element::Element;
+use crate::op::Op;
 use crate::{Error, Result};
 
 static NEXT_COMM_ID: AtomicU64 = AtomicU64::new(1);
@@ -53,6 +55,23 @@ fn checking() -> bool {
 pub(crate) struct Sole<'a, C> {
     raw: &'a C,
     busy: Option<&'a AtomicU32>,
+    /// This thread's scope of options for the communicator ([`Comm::with_options`]).
+    options: Option<Arc<CallOptions>>,
+}
+
+impl<C: Collective> Sole<'_, C> {
+    /// The backend's `enqueue`, the call carrying the scope's options.
+    #[inline]
+    pub(crate) fn enqueue<'b>(
+        &'b self,
+        mut op: Op<'b, C::Memory>,
+        stream: &C::Stream,
+    ) -> Result<()> {
+        if let Some(o) = &self.options {
+            op.options = Some(o);
+        }
+        self.raw.enqueue(op, stream)
+    }
 }
 
 impl<C> std::ops::Deref for Sole<'_, C> {
@@ -99,6 +118,7 @@ impl<C: Collective> Comm<C> {
             return Ok(Sole {
                 raw: &self.raw,
                 busy: None,
+                options: call_options::current(self.id),
             });
         }
         if self.busy.fetch_add(1, Ordering::AcqRel) > 0 {
@@ -111,7 +131,29 @@ impl<C: Collective> Comm<C> {
         Ok(Sole {
             raw: &self.raw,
             busy: Some(&self.busy),
+            options: call_options::current(self.id),
         })
+    }
+
+    /// Runs `f` with `options` on every collective this thread calls on this communicator
+    /// inside it (NCCL 2.32's per-collective configuration, `ncclCollConfig_t`): CTA counts
+    /// and policy, the algorithms a call may use, a profiler tag. One scope for every
+    /// collective, not a second method per collective; scopes nest (the innermost wins) and
+    /// end with `f`, also by an unwind. Graphs captured inside keep the options in their
+    /// replays. Every rank must run the same calls with the same options.
+    ///
+    /// The options are checked first (`InvalidArgument` naming the field); a call inside
+    /// that cannot carry them is refused, not run without them: `Unsupported` naming the
+    /// release on a library before NCCL 2.32 (RCCL has none), `InvalidArgument` for a call
+    /// NCCL has no per-call options for (send, receive, the variable-size exchanges, a
+    /// barrier) or one that takes unicomm's copy-engine path.
+    pub fn with_options<R>(
+        &self,
+        options: &CallOptions,
+        f: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        let _scope = call_options::Scope::open(self.id, options)?;
+        f()
     }
 
     /// The backend communicator.

@@ -247,6 +247,9 @@ impl<R: Runtime> ApiComm<R> {
             return Err(foreign_stream(stream.dev, b.lc.dev));
         }
         let route = route::decide(b, &self.ce, &self.auto, op, stream);
+        if op.options.is_some() {
+            options_route(b, op, &route)?;
+        }
         match route {
             // Agreed by the ranks while planned: no comparison again.
             Ok(Route::CopyEngine(plan)) if matches!(op.kind, Kind::AllToAllV) => {
@@ -316,4 +319,27 @@ fn foreign_stream(stream: usize, comm: usize) -> Error {
         "stream",
         format!("a stream of device {stream} used by the communicator of device {comm}"),
     )
+}
+
+/// A call with per-call options: refused where they would not reach NCCL's kernels (a
+/// kind NCCL has no `nccl*Config` for, a release before it, unicomm's copy-engine path),
+/// never run without them.
+#[cold]
+#[inline(never)]
+fn options_route<R: Runtime>(
+    b: &crate::base::Base<R>,
+    op: &Op<'_, ApiMemory<R>>,
+    route: &Result<Route>,
+) -> Result<()> {
+    b.library.target.call_options(op.kind)?;
+    if let Ok(Route::CopyEngine(_)) = route {
+        return Err(Error::invalid(
+            "options",
+            format!(
+                "per-call options configure NCCL's kernels, and this {} takes unicomm's copy-engine path (set_copy_engine(false) around it, or no options)",
+                op.name()
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -183,6 +183,14 @@ table! {
         comm_mem_stats: "ncclCommMemStats": fn(NcclComm, c_int, *mut u64) -> NcclResult;
         param_all_keys: "ncclParamGetAllParameterKeys": fn(*mut *mut *const c_char, *mut c_int) -> NcclResult;
         param_get: "ncclParamGetParameter": fn(*const c_char, *mut *const c_char, *mut c_int) -> NcclResult;
+        all_reduce_config: "ncclAllReduceConfig": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream, *const c_void) -> NcclResult;
+        broadcast_config: "ncclBroadcastConfig": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream, *const c_void) -> NcclResult;
+        reduce_config: "ncclReduceConfig": fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, NcclComm, RawStream, *const c_void) -> NcclResult;
+        all_gather_config: "ncclAllGatherConfig": fn(*const c_void, *mut c_void, usize, c_int, NcclComm, RawStream, *const c_void) -> NcclResult;
+        reduce_scatter_config: "ncclReduceScatterConfig": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream, *const c_void) -> NcclResult;
+        all_to_all_config: "ncclAlltoAllConfig": fn(*const c_void, *mut c_void, usize, c_int, NcclComm, RawStream, *const c_void) -> NcclResult;
+        gather_config: "ncclGatherConfig": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream, *const c_void) -> NcclResult;
+        scatter_config: "ncclScatterConfig": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream, *const c_void) -> NcclResult;
     }
 }
 

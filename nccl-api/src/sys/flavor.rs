@@ -51,6 +51,9 @@ pub const SUSPEND_SINCE: Version = Version::new(2, 29, 7);
 /// NCCL's parameter API (`ncclParamGetAllParameterKeys`, `ncclParamGetParameter`) exists
 /// from NCCL 2.30.4.
 pub const PARAMS_SINCE: Version = Version::new(2, 30, 4);
+/// The per-collective configuration (`ncclCollConfig_t` and the `nccl*Config` entry
+/// points): the layout unicomm fills is 2.32's nccl.h (`ncclCollConfig_v23200`).
+pub const CALL_OPTIONS_SINCE: Version = Version::new(2, 32, 0);
 /// `ncclCommInitRankScalable` (several roots) exists from NCCL 2.23.
 pub const SCALABLE_SINCE: Version = Version::new(2, 23, 0);
 /// `ncclCommInitRankConfig` exists from NCCL 2.14.

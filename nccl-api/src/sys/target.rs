@@ -7,7 +7,9 @@ use std::borrow::Cow;
 
 use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Version};
 
-use crate::sys::flavor::{Flavor, NCCL, PROPERTIES_SINCE, RCCL, SPLIT_SINCE, SUSPEND_SINCE};
+use crate::sys::flavor::{
+    Flavor, CALL_OPTIONS_SINCE, NCCL, PROPERTIES_SINCE, RCCL, SPLIT_SINCE, SUSPEND_SINCE,
+};
 
 /// The first compute capability on which NCCL reduces the 8-bit floats (sm90, Hopper).
 pub const FP8_REDUCE_COMPUTE: (u32, u32) = (9, 0);
@@ -23,6 +25,9 @@ pub const PROPERTIES_TITLE: &str = "a communicator's properties (ncclCommQueryPr
 /// What the sleep mode is called in refusals.
 pub const SUSPEND_TITLE: &str =
     "suspending a communicator (ncclCommSuspend, ncclCommResume, ncclCommMemStats)";
+
+/// What per-call options are called in refusals.
+pub const CALL_OPTIONS_TITLE: &str = "per-call options (ncclCollConfig_t, nccl*Config)";
 
 /// The newest NCCL unicomm was verified on, on an H200 (sm90): what the mock stands for
 /// unless told otherwise.
@@ -242,6 +247,29 @@ impl Target {
     /// A communicator's properties (`ncclCommQueryProperties`, NCCL 2.29.2).
     pub fn properties(&self) -> Result<()> {
         self.since(PROPERTIES_TITLE, PROPERTIES_SINCE)
+    }
+
+    /// Per-call options on a call of `kind` (`nccl*Config`, NCCL 2.32): the release, then
+    /// the eight collectives NCCL has an entry point for (`InvalidArgument` for the others).
+    pub fn call_options(&self, kind: Kind) -> Result<()> {
+        self.since(CALL_OPTIONS_TITLE, CALL_OPTIONS_SINCE)?;
+        match kind {
+            Kind::AllReduce { .. }
+            | Kind::Broadcast { .. }
+            | Kind::Reduce { .. }
+            | Kind::AllGather
+            | Kind::ReduceScatter { .. }
+            | Kind::AllToAll
+            | Kind::Gather { .. }
+            | Kind::Scatter { .. } => Ok(()),
+            other => Err(Error::invalid(
+                "options",
+                format!(
+                    "NCCL has no per-call options for {} (its nccl*Config calls: AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather, Scatter)",
+                    other.name()
+                ),
+            )),
+        }
     }
 
     /// Suspend, resume and memory statistics (`ncclCommSuspend`, NCCL 2.29.7).

@@ -9,13 +9,32 @@ use super::check::{bytes_of, rank_in, span, DeviceBytes};
 use super::gates::P2P_SINCE;
 use super::handles::{CommRef, StreamRef};
 use crate::sys::api::Api;
+use crate::sys::coll_config::CollConfig;
 
-/// The buffers of one data call: what this rank sends and receives.
+/// The buffers of one data call: what this rank sends and receives, and the call's
+/// per-collective configuration where it has one.
 pub struct Sides<'s, 'a, M> {
     /// What the call reads.
     pub send: Option<&'s Slice<'a, M>>,
     /// What the call writes.
     pub recv: Option<&'s Slice<'a, M>>,
+    /// `ncclCollConfig_t`: the call is its `nccl*Config` variant (NCCL >= 2.32; the caller
+    /// checked the release, the symbol is checked here).
+    pub config: Option<&'s CollConfig>,
+}
+
+/// Where `$b.config` is set, the `nccl*Config` variant of the call: `$f` its symbol in the
+/// table, `$name` its name, then the plain call's arguments (checked by the caller).
+macro_rules! configured {
+    ($self:ident, $b:ident, $f:ident, $name:literal, $comm:ident, ($($arg:expr),*)) => {
+        if let Some(cfg) = $b.config {
+            let f = $self.fns.$f.ok_or_else(|| $self.not_exported($name))?;
+            // SAFETY: the plain call's arguments, checked above; `cfg` is a filled
+            // ncclCollConfig_t that outlives the call.
+            let code = unsafe { f($($arg),*, cfg.as_ptr()) };
+            return $self.done($name, code, Some($comm.handle.raw));
+        }
+    };
 }
 
 /// Which side of a point-to-point call, with the peer.
@@ -74,6 +93,14 @@ impl Api {
     ) -> Result<()> {
         let n = bytes_of(count, wire, 1)?;
         let (s, r) = (span(b.send, n, "send")?, span(b.recv, n, "recv")?);
+        configured!(
+            self,
+            b,
+            all_reduce_config,
+            "ncclAllReduceConfig",
+            comm,
+            (s, r, count, wire.nccl(), op, comm.handle.raw, st.raw)
+        );
         // SAFETY: both sides hold `count` elements (checked); live communicator and stream.
         let code =
             unsafe { (self.fns.all_reduce)(s, r, count, wire.nccl(), op, comm.handle.raw, st.raw) };
@@ -94,6 +121,14 @@ impl Api {
         let root_c = rank_in(root, comm.world, "root")?;
         let s = span(b.send, at_root(comm, root, n), "send")?;
         let r = span(b.recv, n, "recv")?;
+        configured!(
+            self,
+            b,
+            broadcast_config,
+            "ncclBroadcastConfig",
+            comm,
+            (s, r, count, wire.nccl(), root_c, comm.handle.raw, st.raw)
+        );
         // SAFETY: the root's send and every recv hold `count` elements (checked).
         let code = unsafe {
             (self.fns.broadcast)(s, r, count, wire.nccl(), root_c, comm.handle.raw, st.raw)
@@ -117,6 +152,23 @@ impl Api {
         let root_c = rank_in(root, comm.world, "root")?;
         let s = span(b.send, n, "send")?;
         let r = span(b.recv, at_root(comm, root, n), "recv")?;
+        configured!(
+            self,
+            b,
+            reduce_config,
+            "ncclReduceConfig",
+            comm,
+            (
+                s,
+                r,
+                count,
+                wire.nccl(),
+                op,
+                root_c,
+                comm.handle.raw,
+                st.raw
+            )
+        );
         // SAFETY: send holds `count` elements, and the root's recv (checked).
         let code = unsafe {
             (self.fns.reduce)(
@@ -144,6 +196,14 @@ impl Api {
     ) -> Result<()> {
         let s = span(b.send, bytes_of(count, wire, 1)?, "send")?;
         let r = span(b.recv, bytes_of(count, wire, comm.world)?, "recv")?;
+        configured!(
+            self,
+            b,
+            all_gather_config,
+            "ncclAllGatherConfig",
+            comm,
+            (s, r, count, wire.nccl(), comm.handle.raw, st.raw)
+        );
         // SAFETY: send holds `count` elements, recv `count` per rank (checked).
         let code =
             unsafe { (self.fns.all_gather)(s, r, count, wire.nccl(), comm.handle.raw, st.raw) };
@@ -162,6 +222,14 @@ impl Api {
     ) -> Result<()> {
         let s = span(b.send, bytes_of(count, wire, comm.world)?, "send")?;
         let r = span(b.recv, bytes_of(count, wire, 1)?, "recv")?;
+        configured!(
+            self,
+            b,
+            reduce_scatter_config,
+            "ncclReduceScatterConfig",
+            comm,
+            (s, r, count, wire.nccl(), op, comm.handle.raw, st.raw)
+        );
         // SAFETY: send holds `count` per rank, recv `count` elements (checked).
         let code = unsafe {
             (self.fns.reduce_scatter)(s, r, count, wire.nccl(), op, comm.handle.raw, st.raw)
@@ -185,6 +253,14 @@ impl Api {
             .ok_or_else(|| self.not_exported("all-to-all (ncclAlltoAll)"))?;
         let n = bytes_of(count, wire, comm.world)?;
         let (s, r) = (span(b.send, n, "send")?, span(b.recv, n, "recv")?);
+        configured!(
+            self,
+            b,
+            all_to_all_config,
+            "ncclAlltoAllConfig",
+            comm,
+            (s, r, count, wire.nccl(), comm.handle.raw, st.raw)
+        );
         // SAFETY: both sides hold `count` per rank (checked).
         let code = unsafe { f(s, r, count, wire.nccl(), comm.handle.raw, st.raw) };
         self.done("ncclAlltoAll", code, Some(comm.handle.raw))
@@ -210,6 +286,14 @@ impl Api {
             at_root(comm, root, bytes_of(count, wire, comm.world)?),
             "recv",
         )?;
+        configured!(
+            self,
+            b,
+            gather_config,
+            "ncclGatherConfig",
+            comm,
+            (s, r, count, wire.nccl(), root_c, comm.handle.raw, st.raw)
+        );
         // SAFETY: send holds `count` elements, the root's recv `count` per rank (checked).
         let code = unsafe { f(s, r, count, wire.nccl(), root_c, comm.handle.raw, st.raw) };
         self.done("ncclGather", code, Some(comm.handle.raw))
@@ -235,6 +319,14 @@ impl Api {
             "send",
         )?;
         let r = span(b.recv, bytes_of(count, wire, 1)?, "recv")?;
+        configured!(
+            self,
+            b,
+            scatter_config,
+            "ncclScatterConfig",
+            comm,
+            (s, r, count, wire.nccl(), root_c, comm.handle.raw, st.raw)
+        );
         // SAFETY: the root's send holds `count` per rank, recv `count` elements (checked).
         let code = unsafe { f(s, r, count, wire.nccl(), root_c, comm.handle.raw, st.raw) };
         self.done("ncclScatter", code, Some(comm.handle.raw))

@@ -878,3 +878,7 @@ pub unsafe extern "C" fn ncclParamGetParameter(key: *const c_char, v: *mut *cons
     *len = (value.len() - 1) as c_int;
     OK
 }
+
+/// NCCL 2.32's per-collective configuration.
+#[cfg(feature = "nccl232")]
+mod coll_config;

@@ -1,0 +1,236 @@
+//! Per-call options ([`CallOptions`]): NCCL 2.32's per-collective configuration
+//! (`ncclCollConfig_t`, the `nccl*Config` entry points) for every collective through one
+//! scope, [`Comm::with_options`](crate::Comm::with_options), rather than a second method per
+//! collective. The scope is this thread's and this communicator's; collectives called in it
+//! carry the options to the backend ([`crate::Op::options`]), which passes them to the
+//! library or refuses them (`Unsupported` naming the release, `InvalidArgument` for a
+//! call NCCL has no per-call options for).
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::config::{check_ctas, CtaPolicy};
+use crate::{Error, Result};
+
+/// One of NCCL's algorithms, as `NCCL_ALGO` and `ncclCollConfig_t::algSelection` name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// `Ring`.
+    Ring,
+    /// `Tree`.
+    Tree,
+    /// `CollnetDirect` (in-network reduction, direct).
+    CollnetDirect,
+    /// `CollnetChain` (in-network reduction, chained).
+    CollnetChain,
+    /// `NVLS` (NVLink SHARP: multicast memory).
+    Nvls,
+    /// `NVLSTree` (NVLink SHARP within nodes, a tree across).
+    NvlsTree,
+    /// `PAT` (parallel aggregated trees: all-gather and reduce-scatter, one GPU per node).
+    Pat,
+}
+
+impl Algorithm {
+    /// NCCL's name of it.
+    pub fn nccl_name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "Ring",
+            Algorithm::Tree => "Tree",
+            Algorithm::CollnetDirect => "CollnetDirect",
+            Algorithm::CollnetChain => "CollnetChain",
+            Algorithm::Nvls => "NVLS",
+            Algorithm::NvlsTree => "NVLSTree",
+            Algorithm::Pat => "PAT",
+        }
+    }
+}
+
+/// Which algorithms a call may use (`algSelection`, the syntax of `NCCL_ALGO`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Algorithms {
+    /// Only these (`"Ring,Tree"`).
+    Only(Vec<Algorithm>),
+    /// Any but these (`"^NVLS"`).
+    Except(Vec<Algorithm>),
+}
+
+impl Algorithms {
+    /// NCCL's selection string.
+    pub fn selection(&self) -> String {
+        let (prefix, list) = match self {
+            Algorithms::Only(l) => ("", l),
+            Algorithms::Except(l) => ("^", l),
+        };
+        let names: Vec<&str> = list.iter().map(|a| a.nccl_name()).collect();
+        format!("{prefix}{}", names.join(","))
+    }
+}
+
+/// Options of one collective call, each `None` for the communicator's or NCCL's own choice
+/// (`ncclCollConfig_t`, NCCL >= 2.32). Every rank must give the same options to the same
+/// call (NCCL checks them only locally).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct CallOptions {
+    /// `minCTAs`: at least this many CTAs (channels), 1..=32.
+    pub min_ctas: Option<u32>,
+    /// `maxCTAs`: at most this many, 1..=32 and at most the communicator's own cap.
+    pub max_ctas: Option<u32>,
+    /// `nvlsCTAs`: the cap of NVLink SHARP's channels, positive.
+    pub nvls_ctas: Option<u32>,
+    /// `cgaClusterSize` (Hopper and newer), 0..=8: the same for every call of a group.
+    pub cga_cluster_size: Option<u32>,
+    /// `algSelection`: which algorithms the call may use.
+    pub algorithms: Option<Algorithms>,
+    /// `forceAlgSelection` (NCCL's default: `true`): a selection the call cannot satisfy is
+    /// an error; `false` lets NCCL fall back to its own choice.
+    pub force_algorithms: Option<bool>,
+    /// `CTAPolicy`: overrides the communicator's ([`crate::CommConfig::cta_policy`]).
+    pub cta_policy: Option<CtaPolicy>,
+    /// `userProfilerTag`: delivered verbatim to NCCL's profiler plugins with the call's
+    /// events; values with the top bit set are NCCL's (refused).
+    pub profiler_tag: Option<u64>,
+}
+
+impl CallOptions {
+    /// Refuses what NCCL documents as out of range (`InvalidArgument` naming the field).
+    pub fn check_values(&self) -> Result<()> {
+        check_ctas(
+            (self.min_ctas, self.max_ctas),
+            self.nvls_ctas,
+            self.cga_cluster_size,
+        )?;
+        if let Some(Algorithms::Only(l) | Algorithms::Except(l)) = &self.algorithms {
+            if l.is_empty() {
+                return Err(Error::invalid(
+                    "algorithms",
+                    "an empty list (leave it None for NCCL's choice)",
+                ));
+            }
+        }
+        if self.profiler_tag.is_some_and(|t| t >> 63 != 0) {
+            return Err(Error::invalid(
+                "profiler_tag",
+                "values with the most significant bit set are reserved by NCCL",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Open scopes in the process: a call reads its thread's scopes only while one is open.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's scopes, innermost last: (communicator id, options).
+    static SCOPES: RefCell<Vec<(u64, Arc<CallOptions>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The options of this thread's innermost scope for communicator `comm`.
+#[inline]
+pub(crate) fn current(comm: u64) -> Option<Arc<CallOptions>> {
+    if OPEN.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    SCOPES.with(|s| {
+        s.borrow()
+            .iter()
+            .rev()
+            .find(|(c, _)| *c == comm)
+            .map(|(_, o)| o.clone())
+    })
+}
+
+/// A scope open on this thread until dropped (also by an unwind).
+pub(crate) struct Scope(());
+
+impl Scope {
+    pub(crate) fn open(comm: u64, options: &CallOptions) -> Result<Scope> {
+        options.check_values()?;
+        SCOPES.with(|s| s.borrow_mut().push((comm, Arc::new(options.clone()))));
+        OPEN.fetch_add(1, Ordering::Relaxed);
+        Ok(Scope(()))
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        SCOPES.with(|s| s.borrow_mut().pop());
+        OPEN.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_selection_string_is_ncclalgos_syntax() {
+        let only = Algorithms::Only(vec![Algorithm::Ring, Algorithm::Tree]);
+        assert_eq!(only.selection(), "Ring,Tree");
+        let except = Algorithms::Except(vec![Algorithm::Nvls, Algorithm::NvlsTree]);
+        assert_eq!(except.selection(), "^NVLS,NVLSTree");
+    }
+
+    /// NCCL reserves profiler tags with the top bit set; ncclCollConfig_t's CTA fields have
+    /// ncclConfig_t's ranges.
+    #[test]
+    fn values_nccl_reserves_or_refuses_are_refused() {
+        for bad in [
+            CallOptions {
+                profiler_tag: Some(1 << 63),
+                ..CallOptions::default()
+            },
+            CallOptions {
+                min_ctas: Some(4),
+                max_ctas: Some(2),
+                ..CallOptions::default()
+            },
+            CallOptions {
+                max_ctas: Some(33),
+                ..CallOptions::default()
+            },
+            CallOptions {
+                cga_cluster_size: Some(9),
+                ..CallOptions::default()
+            },
+            CallOptions {
+                algorithms: Some(Algorithms::Only(vec![])),
+                ..CallOptions::default()
+            },
+        ] {
+            assert!(
+                matches!(bad.check_values(), Err(Error::InvalidArgument { .. })),
+                "{bad:?}"
+            );
+        }
+        CallOptions {
+            max_ctas: Some(32),
+            profiler_tag: Some((1 << 63) - 1),
+            ..CallOptions::default()
+        }
+        .check_values()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_scope_is_this_threads_and_this_communicators_and_ends_with_an_unwind() {
+        let o = CallOptions {
+            max_ctas: Some(2),
+            ..CallOptions::default()
+        };
+        assert!(current(7).is_none());
+        let r = std::panic::catch_unwind(|| {
+            let _s = Scope::open(7, &o).unwrap();
+            assert_eq!(current(7).as_deref(), Some(&o));
+            assert!(current(8).is_none());
+            std::thread::scope(|t| {
+                t.spawn(|| assert!(current(7).is_none()));
+            });
+            panic!("unwound");
+        });
+        assert!(r.is_err());
+        assert!(current(7).is_none());
+    }
+}
