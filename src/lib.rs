@@ -87,9 +87,10 @@ pub mod guide {}
 #[doc = include_str!("rules.md")]
 pub mod rules {}
 pub use unicomm_core::{
-    backend, bf16, f16, packed_displs, Capabilities, CommConfig, Counts, CtaPolicy, DataType,
-    DeviceInfo, DeviceSlice, DeviceSliceMut, DeviceStream, Element, Error, Marker, Op, RawHandle,
-    ReduceOp, Result, Scalar, ShrinkMode, Version, F8E4M3, F8E5M2,
+    backend, bf16, f16, packed_displs, Algorithm, Algorithms, CallOptions, Capabilities,
+    CommConfig, Counts, CtaPolicy, DataType, DeviceInfo, DeviceSlice, DeviceSliceMut, DeviceStream,
+    Element, Error, Marker, Op, RawHandle, ReduceOp, Result, Scalar, ShrinkMode, Version, F8E4M3,
+    F8E5M2,
 };
 
 /// This rank's communicators along each dimension of a mesh of the world (`dp` x `tp`,
