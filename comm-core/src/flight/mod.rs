@@ -142,14 +142,17 @@ impl FlightRecorder {
     ) -> Result<()> {
         // One call site of `enqueue`, so that it is inlined here.
         let r = enqueue();
+        // Under capture nothing runs yet: kept for the graph (what it holds, and its
+        // launches' records), whatever the recorder's size.
+        if let Ok(path) = r {
+            if crate::capturing::note_captured(self as *const Self as usize, what, path) {
+                return Ok(());
+            }
+        }
         if self.cap == 0 {
             return r.map(drop);
         }
         let path = *r.as_ref().unwrap_or(&"refused");
-        // Under capture nothing runs yet: kept for the graph's launches to record.
-        if r.is_ok() && crate::capturing::note_captured(self as *const Self as usize, what, path) {
-            return Ok(());
-        }
         let done = if self.completion && r.is_ok() {
             mark()
         } else {
