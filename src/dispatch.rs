@@ -27,6 +27,12 @@ pub(crate) trait Backend {
     /// Rank `rank` of `world` on device `dev`, joining the world of `id`.
     fn init_rank(id: &[u8; 128], at: (usize, usize, usize), config: &CommConfig)
         -> Result<AnyComm>;
+    /// New rank `rank` of a world grown to `world` with `id` (its rank 0's grow id).
+    fn init_grown(
+        id: &[u8; 128],
+        at: (usize, usize, usize),
+        config: &CommConfig,
+    ) -> Result<AnyComm>;
 }
 
 macro_rules! backends {
@@ -119,6 +125,13 @@ macro_rules! backends {
         }
 
         impl AnyComm {
+            /// The vendor whose communicator this is.
+            pub(crate) fn vendor(&self) -> Vendor {
+                match self {
+                    $( #[cfg(feature = $feature)] AnyComm::$variant(_) => Vendor::$vendor, )*
+                }
+            }
+
             #[inline]
             fn enqueue_any(&self, op: Op<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
                 match (self, stream) {
@@ -241,6 +254,15 @@ impl Backend for unicomm_mock::Facade {
         let mock = ::unicomm_mock::MockConfig::from_env()?;
         ::unicomm_mock::init_rank(id, rank, world, mock).map(AnyComm::from)
     }
+    fn init_grown(
+        id: &[u8; 128],
+        (rank, world, _): (usize, usize, usize),
+        config: &CommConfig,
+    ) -> Result<AnyComm> {
+        config.check_values()?;
+        let mock = ::unicomm_mock::MockConfig::from_env()?;
+        ::unicomm_mock::init_grown(id, rank, world, mock).map(AnyComm::from)
+    }
 }
 
 /// NCCL and RCCL have the same entry points (the shared NCCL-API layer).
@@ -313,6 +335,14 @@ macro_rules! gpu_backend {
                 let id = ::$krate::UniqueId::from_bytes(*id);
                 ::$krate::init_rank_with(id, at, config).map(AnyComm::from)
             }
+            fn init_grown(
+                id: &[u8; 128],
+                at: (usize, usize, usize),
+                config: &CommConfig,
+            ) -> Result<AnyComm> {
+                let id = ::$krate::UniqueId::from_bytes(*id);
+                ::$krate::init_grown_with(id, at, config).map(AnyComm::from)
+            }
         }
     };
 }
@@ -346,6 +376,16 @@ pub(crate) fn init_rank_vendor(
     config: &CommConfig,
 ) -> Result<AnyComm> {
     on_vendor!(vendor, B => B::init_rank(id, at, config))
+}
+
+/// New rank `at.0` of a world of `vendor` grown to `at.1` ranks with `id`.
+pub(crate) fn init_grown_vendor(
+    vendor: Vendor,
+    id: &[u8; 128],
+    at: (usize, usize, usize),
+    config: &CommConfig,
+) -> Result<AnyComm> {
+    on_vendor!(vendor, B => B::init_grown(id, at, config))
 }
 
 /// One rank of `vendor` in a world launched one rank per process.
@@ -444,6 +484,12 @@ impl Collective for AnyComm {
     }
     fn revoke(&self) -> Result<()> {
         each!(self, AnyComm, c => c.revoke())
+    }
+    fn grow_id(&self) -> Result<[u8; 128]> {
+        each!(self, AnyComm, c => c.grow_id())
+    }
+    fn grow(&self, world: usize, id: Option<&[u8; 128]>, config: &CommConfig) -> Result<Self> {
+        each!(self, AnyComm, c => Ok(AnyComm::from(c.grow(world, id, config)?)))
     }
     fn flight(&self) -> Option<&std::sync::Arc<unicomm_core::flight::FlightRecorder>> {
         each!(self, AnyComm, c => c.flight())

@@ -76,6 +76,44 @@ impl UniqueId {
         Ok(UniqueId { vendor, bytes })
     }
 
+    /// Rank 0's id for growing `comm`'s world ([`unicomm_core::Comm::grow_id`]), to send
+    /// to the new ranks ([`init_grown`]); rank 0 passes [`UniqueId::bytes`] to
+    /// `comm.grow(world, Some(..))`, the world's other ranks pass `None`.
+    pub fn for_grow(comm: &Comm) -> Result<Self> {
+        let bytes = comm.grow_id()?;
+        Ok(UniqueId {
+            vendor: comm.backend().vendor(),
+            bytes,
+        })
+    }
+
+    /// The library's 128 bytes (what [`unicomm_core::Comm::grow`] takes).
+    pub fn bytes(&self) -> &[u8; 128] {
+        &self.bytes
+    }
+
+    /// `made` (on rank 0) handed to every rank of `env` through its rendezvous, as
+    /// [`UniqueId::exchange`] hands a new one: for an id rank 0 made otherwise, such as a
+    /// grow id ([`UniqueId::for_grow`]) sent to the ranks that join the grown world. The
+    /// other ranks pass `None` and the same vendor.
+    pub fn share(
+        env: &unicomm_bootstrap::LaunchEnv,
+        made: Option<&UniqueId>,
+        vendor: Vendor,
+        timeout: std::time::Duration,
+    ) -> Result<Self> {
+        let (vendor, _) = resolve(made.map_or(vendor, |m| m.vendor))?;
+        let bytes = unicomm_bootstrap::exchange_unique_id(
+            env,
+            || {
+                made.map(|m| m.bytes)
+                    .ok_or_else(|| Error::invalid("made", "rank 0 shares the id it made"))
+            },
+            timeout,
+        )?;
+        Ok(UniqueId { vendor, bytes })
+    }
+
     /// An id received from the rank that made it: `InvalidArgument` for bytes that are not
     /// one (a wrong length or vendor code).
     pub fn from_bytes(b: &[u8]) -> Result<Self> {
@@ -130,6 +168,21 @@ pub fn init_rank(
     config: &CommConfig,
 ) -> Result<Comm> {
     let raw = dispatch::init_rank_vendor(id.vendor, &id.bytes, (rank, world, device), config)?;
+    Ok(unicomm_core::Comm::from_backend(raw))
+}
+
+/// Joins a world grown with `id` ([`UniqueId::for_grow`] on its rank 0) as new rank `rank`
+/// of `world` on device `device`, while every rank of the world calls
+/// [`unicomm_core::Comm::grow`] (`ncclCommGrow`, NCCL >= 2.29.2; the mock as the NCCL it
+/// stands for). New ranks follow the world's: `rank` in `old world..world`.
+pub fn init_grown(
+    id: &UniqueId,
+    rank: usize,
+    world: usize,
+    device: usize,
+    config: &CommConfig,
+) -> Result<Comm> {
+    let raw = dispatch::init_grown_vendor(id.vendor, &id.bytes, (rank, world, device), config)?;
     Ok(unicomm_core::Comm::from_backend(raw))
 }
 

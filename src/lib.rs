@@ -77,7 +77,7 @@ mod id;
 pub use dispatch::{AnyComm, AnyGraph, AnyMemory, AnyStream};
 #[cfg(feature = "mock")]
 pub use host::{host_scope, HostScope};
-pub use id::{init_rank, UniqueId};
+pub use id::{init_grown, init_rank, UniqueId};
 pub use unicomm_core::each_rank;
 
 #[doc = include_str!("guide.md")]

@@ -22,6 +22,8 @@ grep -hoE "via P2P[^ ]*|via NET[^ ]*|via SHM[^ ]*|isAllCudaP2p [0-9]|symmetricSu
 rm -f "$OUT"/mr-init.*.log
 run2 "groups suite" ./rank_conformance --vendor cuda --groups-only
 run2 "by_id" ./by_id --vendor cuda
+# A world of one grown into both processes (ncclCommGrow, NCCL >= 2.29.2).
+run2 "grow" ./grow --vendor cuda
 for sc in skip abort ce-skip ce-abort mismatch forget completion-abort; do
   UNICOMM_TIMEOUT_MS=10000 run2 "faults $sc" ./faults --vendor cuda --scenario $sc
 done

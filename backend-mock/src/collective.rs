@@ -230,6 +230,15 @@ impl Collective for MockComm {
         self.ctx.target.check_config(config)?;
         self.shrink_comm(exclude, mode, config)
     }
+
+    fn grow_id(&self) -> Result<[u8; 128]> {
+        self.grow_id_comm()
+    }
+
+    fn grow(&self, world: usize, id: Option<&[u8; 128]>, config: &CommConfig) -> Result<Self> {
+        self.ctx.target.check_config(config)?;
+        self.grow_comm(world, id, config)
+    }
 }
 
 impl MockComm {

@@ -72,6 +72,17 @@ pub fn init_rank(
         ));
     }
     config.check()?;
+    let (fabric, rejoin) = hub_fabric(id, (rank, world), &config)?;
+    crate::process_rank(fabric, (rank, world), &config, rejoin)
+}
+
+/// The fabric of the world of `id` for `rank` of `world` (rank 0 serves the hub this
+/// process made for the id; the others connect), and the key its ranks re-form under.
+pub(crate) fn hub_fabric(
+    id: &[u8; 128],
+    (rank, world): (usize, usize),
+    config: &MockConfig,
+) -> Result<(Arc<dyn Exchange>, unicomm_bootstrap::Rejoin)> {
     let hub = HubId::parse(id)?;
     let fabric: Arc<dyn Exchange> = if rank == 0 {
         let (listener, given_up) = {
@@ -94,13 +105,13 @@ pub fn init_rank(
     } else {
         let client = Client::connect(&hub, (rank, world), config.timeout);
         Arc::new(ProcFabric::client(
-            client.map_err(|e| unserved(&hub, e, &config))?,
+            client.map_err(|e| unserved(&hub, e, config))?,
         ))
     };
     // Ranks of one process re-form on its board, under a key every rank derives from the id.
     let key = u64::from_le_bytes(hub.secret[..8].try_into().unwrap_or([0; 8]));
     let rejoin = unicomm_bootstrap::Rejoin::Local(key);
-    crate::process_rank(fabric, (rank, world), &config, rejoin)
+    Ok((fabric, rejoin))
 }
 
 /// A rank that could not join an id this process made and whose rank 0 has not joined

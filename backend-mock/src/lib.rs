@@ -28,6 +28,7 @@ mod comm;
 mod config;
 mod exec;
 mod fabric;
+mod grow;
 mod host;
 mod id;
 mod lock;
@@ -58,6 +59,7 @@ pub use config::{
     ranks_from_env, Fault, FaultKind, MockConfig, Target, DEFAULT_RANKS, DEFAULT_TIMEOUT,
     MAX_RANKS, MAX_TIMEOUT,
 };
+pub use grow::init_grown;
 pub use host::host_scope;
 pub use id::{init_rank, unique_id, MAX_UNJOINED_IDS};
 pub use memory::{HostScope, MockMemory};
@@ -79,34 +81,43 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
     let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
     let rejoin = unicomm_bootstrap::Rejoin::local();
     (0..n)
-        .map(|rank| -> Result<MockComm> {
-            Ok(MockComm {
-                ctx: Arc::new(RankCtx {
-                    rank,
-                    world: n,
-                    fabric: fabric.clone(),
-                    timeout: config.timeout,
-                    faults: config
-                        .faults
-                        .iter()
-                        .filter(|f| f.rank == rank)
-                        .copied()
-                        .collect(),
-                    flight: FlightRecorder::from_env("world", rank, n)?,
-                    target: config.target.clone(),
-                }),
-                shared: false,
-                world_id,
-                device: (NEXT_DEVICE.fetch_add(1, Ordering::Relaxed), rank),
-                registry: Registry::new(),
-                seq: Arc::new(AtomicU64::new(0)),
-                issued: Arc::new(AtomicU64::new(0)),
-                state: AtomicU8::new(LIVE),
-                rejoin: rejoin.clone(),
-                shrinks: AtomicU64::new(0),
-            })
-        })
+        .map(|rank| local_rank(fabric.clone(), (rank, n), world_id, &config, rejoin.clone()))
         .collect()
+}
+
+/// Rank `rank` of `n` on a fabric of this process (buffers in its memory).
+pub(crate) fn local_rank(
+    fabric: Arc<dyn Exchange>,
+    (rank, n): (usize, usize),
+    world_id: u64,
+    config: &MockConfig,
+    rejoin: unicomm_bootstrap::Rejoin,
+) -> Result<MockComm> {
+    Ok(MockComm {
+        ctx: Arc::new(RankCtx {
+            rank,
+            world: n,
+            fabric,
+            timeout: config.timeout,
+            faults: config
+                .faults
+                .iter()
+                .filter(|f| f.rank == rank)
+                .copied()
+                .collect(),
+            flight: FlightRecorder::from_env("world", rank, n)?,
+            target: config.target.clone(),
+        }),
+        shared: false,
+        world_id,
+        device: (NEXT_DEVICE.fetch_add(1, Ordering::Relaxed), rank),
+        registry: Registry::new(),
+        seq: Arc::new(AtomicU64::new(0)),
+        issued: Arc::new(AtomicU64::new(0)),
+        state: AtomicU8::new(LIVE),
+        rejoin,
+        shrinks: AtomicU64::new(0),
+    })
 }
 
 /// Joins a world whose ranks are processes of this machine, one rank per process, as

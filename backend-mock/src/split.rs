@@ -33,7 +33,7 @@ const RECORD: usize = 16;
 impl MockComm {
     /// Every rank's `mine` (each `mine.len()` bytes), through the fabric: a collective the
     /// host waits for, checked like any other (every rank must call it with the same size).
-    fn host_all_gather(&self, kind: &'static str, mine: &[u8]) -> Result<Vec<u8>> {
+    pub(crate) fn host_all_gather(&self, kind: &'static str, mine: &[u8]) -> Result<Vec<u8>> {
         self.live()?;
         let (w, timeout) = (self.ctx.world, self.ctx.timeout);
         let send = MockMemory::new(mine.len(), self.owner(), self.shared)?;

@@ -99,6 +99,17 @@ pub fn init_rank(id: UniqueId, rank: usize, world: usize, dev: usize) -> Result<
     ApiComm::init_rank(nccl()?, cuda()?, id, rank, world, dev)
 }
 
+/// Joins a grown world as new rank `rank` of `world` on GPU `dev` with the id its rank 0
+/// made (`Comm::grow_id`), while every rank of the world calls `Comm::grow`
+/// (`ncclCommGrow`, NCCL >= 2.29.2; `Unsupported` naming the release before).
+pub fn init_grown_with(
+    id: UniqueId,
+    (rank, world, dev): (usize, usize, usize),
+    config: &CommConfig,
+) -> Result<NcclComm> {
+    ApiComm::init_grown_with(nccl()?, cuda()?, id, (rank, world, dev), config)
+}
+
 /// [`init_rank_with`] through several roots, one per id (`ncclCommInitRankScalable`,
 /// NCCL with NCCL's API >= 2.23, else `Unsupported` naming the version): every rank passes
 /// the same ids in the same order, made by [`unique_id`]; [`roots_for`] says how many.

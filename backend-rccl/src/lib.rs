@@ -93,6 +93,17 @@ pub fn init_rank_with(
     ApiComm::init_rank_with(rccl()?, hip()?, id, (rank, world, dev), config)
 }
 
+/// Joins a grown world as new rank `rank` of `world` on GPU `dev` with the id its rank 0
+/// made (`Comm::grow_id`), while every rank of the world calls `Comm::grow`
+/// (`ncclCommGrow`, NCCL >= 2.29.2; `Unsupported` naming the release before).
+pub fn init_grown_with(
+    id: UniqueId,
+    (rank, world, dev): (usize, usize, usize),
+    config: &CommConfig,
+) -> Result<RcclComm> {
+    ApiComm::init_grown_with(rccl()?, hip()?, id, (rank, world, dev), config)
+}
+
 /// [`init_rank_with`] through several roots, one per id (`ncclCommInitRankScalable`,
 /// RCCL with NCCL's API >= 2.23, else `Unsupported` naming the version): every rank passes
 /// the same ids in the same order, made by [`unique_id`]; [`roots_for`] says how many.

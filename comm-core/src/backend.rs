@@ -215,6 +215,30 @@ pub trait Collective: Send + Sync + Sized + 'static {
         ))
     }
 
+    /// An id for growing this communicator's world (`ncclCommGetUniqueId`, NCCL >= 2.29.2),
+    /// made on the rank that will pass it to [`Collective::grow`] and sent to the new
+    /// ranks; one at a time, each used once (NCCL's rule). Default: `Unsupported`.
+    fn grow_id(&self) -> Result<[u8; 128]> {
+        Err(crate::Error::unsupported(
+            "growing a communicator",
+            "ncclCommGrow (NCCL >= 2.29.2)",
+            self.capabilities().backend,
+        ))
+    }
+
+    /// This rank's communicator in a world grown to `world` ranks (`ncclCommGrow`, NCCL >=
+    /// 2.29.2), with the ranks it had and the new ones after them: `id` on the rank that made
+    /// it, `None` on the others (see [`Comm::grow`](crate::Comm::grow)). Default:
+    /// `Unsupported`.
+    fn grow(&self, world: usize, id: Option<&[u8; 128]>, config: &CommConfig) -> Result<Self> {
+        let _ = (world, id, config);
+        Err(crate::Error::unsupported(
+            "growing a communicator",
+            "ncclCommGrow (NCCL >= 2.29.2)",
+            self.capabilities().backend,
+        ))
+    }
+
     /// What the library says of this communicator (`ncclCommQueryProperties`, NCCL >=
     /// 2.29.2). Default: `Unsupported`.
     fn properties(&self) -> Result<crate::state::Properties> {

@@ -11,7 +11,7 @@ use unicomm_core::{CommConfig, Result};
 
 use crate::conv::to_config;
 use crate::sys::api::{Api, UniqueId};
-use crate::sys::calls::{OwnedComm, CONFIG_SINCE};
+use crate::sys::calls::{Grower, OwnedComm, CONFIG_SINCE};
 use crate::sys::runtime::Runtime;
 use crate::wait::{bounded, settle_raw};
 
@@ -149,11 +149,13 @@ pub(crate) fn one_rank<R: Runtime + 'static>(
     }
     // Blocking: NCCL waits for every rank with no deadline; the call gets one.
     let (a, r, late_api) = (api.clone(), rt.clone(), api.clone());
-    let (config, (list, scalable)) = (config.clone(), (ids.list.to_vec(), ids.scalable));
+    let (config, (list, scalable, grown)) =
+        (config.clone(), (ids.list.to_vec(), ids.scalable, ids.grown));
     let create = move || {
         let ids = Ids {
             list: &list,
             scalable,
+            grown,
         };
         r.with_device(dev, || init_call(&a, world, ids, rank, false, &config))
     };
@@ -181,18 +183,26 @@ fn init_call(
     match ids {
         Ids {
             list: [id],
+            grown: true,
+            ..
+        } => api.comm_grow(Grower::New(id, rank), world, cfg.as_mut()),
+        Ids {
+            list: [id],
             scalable: false,
+            ..
         } => api.comm_init_rank(world, *id, rank, cfg.as_mut()),
         _ => api.comm_init_rank_scalable(world, ids.list, rank, cfg.as_mut()),
     }
 }
 
 /// The ids a rank is created from, and whether through the many-root call
-/// (`ncclCommInitRankScalable`, always with several ids; asked for explicitly with one).
+/// (`ncclCommInitRankScalable`, always with several ids; asked for explicitly with one) or
+/// as a new rank of a grown world (`ncclCommGrow` with no communicator, one id).
 #[derive(Clone, Copy)]
 pub(crate) struct Ids<'a> {
     pub(crate) list: &'a [UniqueId],
     pub(crate) scalable: bool,
+    pub(crate) grown: bool,
 }
 
 impl<'a> Ids<'a> {
@@ -200,6 +210,15 @@ impl<'a> Ids<'a> {
         Ids {
             list: std::slice::from_ref(id),
             scalable: false,
+            grown: false,
+        }
+    }
+
+    /// A new rank of the world grown with `id`.
+    pub(crate) fn grown(id: &'a UniqueId) -> Self {
+        Ids {
+            grown: true,
+            ..Ids::one(id)
         }
     }
 }

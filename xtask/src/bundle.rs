@@ -97,6 +97,7 @@ fn common_binaries(vendors: &[GpuVendor]) -> Result<Vec<(PathBuf, String)>> {
         "doctor",
         "from_env",
         "faults",
+        "grow",
         "rank_conformance",
         "engine_mesh",
         "shrink",

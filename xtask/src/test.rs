@@ -88,6 +88,7 @@ fn mock_examples(o: &Opts) -> Result<()> {
     let rdv = std::env::temp_dir().join(format!("unicomm-xtask-{}.id", std::process::id()));
     let rdv = rdv.to_string_lossy().into_owned();
     let file = [("UNICOMM_RENDEZVOUS_FILE", rdv.as_str())];
+    let nccl232 = [("UNICOMM_MOCK_TARGET", "nccl-2.32.3")];
     let jobs = [
         ("allreduce_ub", 2, &[][..], &[][..], &[][..]),
         ("alltoall_ub", 4, &[], &[], &[]),
@@ -95,6 +96,8 @@ fn mock_examples(o: &Opts) -> Result<()> {
         ("from_env", 3, &[], &file[..], &[]),
         // An engine's own bootstrap: the id through a file under the job's secret.
         ("by_id", 3, &[], &[], &[]),
+        // A world of one grown by two processes (the mock as NCCL 2.32.3: grow is 2.29.2's).
+        ("grow", 3, &[], &nccl232[..], &[]),
         ("faults", 2, &["--scenario", "skip"], &fast[..], &[]),
         ("faults", 2, &["--scenario", "abort"], &[], &[]),
         ("faults", 2, &["--scenario", "forget"], &[], &[]),

@@ -157,4 +157,64 @@ impl<C: Collective> Comm<C> {
         sorted.sort_unstable();
         Ok(Comm::from_backend(self.raw.shrink(&sorted, mode, config)?))
     }
+
+    /// An id for growing this world ([`Comm::grow`]), made on rank 0 and sent to the new
+    /// ranks, which join with it (`init_grown` of the backend, `unicomm::init_grown`).
+    /// NCCL's rules (`ncclCommGetUniqueId`, NCCL >= 2.29.2): one id at a time, each used by
+    /// one grow.
+    pub fn grow_id(&self) -> Result<[u8; 128]> {
+        if self.rank() != 0 {
+            return Err(Error::invalid(
+                "comm",
+                format!(
+                    "rank {} made a grow id: rank 0 makes it (and passes it to grow; the other ranks pass none)",
+                    self.rank()
+                ),
+            ));
+        }
+        self.raw.grow_id()
+    }
+
+    /// This rank's communicator in the world grown to `world` ranks (`ncclCommGrow`, NCCL >=
+    /// 2.29.2): an engine adding replicas, the inverse of [`Comm::shrink`]. Every rank of
+    /// this world calls it, rank 0 with the id it made ([`Comm::grow_id`]), the others with
+    /// `None`; the new ranks, `world_size()..world`, join at the same time with that id.
+    /// Ranks keep their numbers; this communicator stays usable and independent of the new
+    /// one. `Unsupported` naming the release where the library predates it.
+    pub fn grow(&self, world: usize, id: Option<&[u8; 128]>) -> Result<Comm<C>> {
+        self.grow_with(world, id, &CommConfig::default())
+    }
+
+    /// [`Comm::grow`] with the new communicator's configuration.
+    pub fn grow_with(
+        &self,
+        world: usize,
+        id: Option<&[u8; 128]>,
+        config: &CommConfig,
+    ) -> Result<Comm<C>> {
+        let (r, w) = (self.rank(), self.world_size());
+        if world <= w {
+            return Err(Error::invalid(
+                "world",
+                format!("a world of {w} grows to more ranks, not {world}"),
+            ));
+        }
+        match (r, id) {
+            (0, None) => {
+                return Err(Error::invalid(
+                    "id",
+                    "rank 0 passes the id it made with grow_id (NCCL's root of the grow)",
+                ))
+            }
+            (r, Some(_)) if r != 0 => {
+                return Err(Error::invalid(
+                    "id",
+                    format!("rank {r} passed an id: only rank 0 does (NCCL's rule: the other existing ranks pass none)"),
+                ))
+            }
+            _ => {}
+        }
+        config.check_values()?;
+        Ok(Comm::from_backend(self.raw.grow(world, id, config)?))
+    }
 }

@@ -206,6 +206,14 @@ impl<R: Runtime> Collective for ApiComm<R> {
         self.shrink_child(exclude, mode, config)
     }
 
+    fn grow_id(&self) -> Result<[u8; 128]> {
+        self.grow_id_comm()
+    }
+
+    fn grow(&self, world: usize, id: Option<&[u8; 128]>, config: &CommConfig) -> Result<Self> {
+        self.grow_comm(world, id, config)
+    }
+
     fn revoke(&self) -> Result<()> {
         self.revoke_comm()
     }

@@ -7,6 +7,7 @@
 
 mod children;
 mod collective;
+mod grow;
 mod route;
 mod shrink;
 
@@ -202,6 +203,7 @@ impl<R: Runtime> ApiComm<R> {
         let ids = create::Ids {
             list: ids,
             scalable: true,
+            grown: false,
         };
         Self::init_rank_ids(api, rt, ids, at, config)
     }
@@ -233,7 +235,8 @@ impl<R: Runtime> ApiComm<R> {
         }
         let mode = Mode::from_env(&api)?.with(config);
         // Every variable read before anything is created: a bad one leaves nothing behind.
-        let flight = FlightRecorder::from_env("world", rank, world)?;
+        let flight =
+            FlightRecorder::from_env(if ids.grown { "grown" } else { "world" }, rank, world)?;
         let c = create::one_rank(&api, &rt, ids, (rank, world, dev), mode, config)?;
         let lc = LibComm::new(
             api,
@@ -243,13 +246,13 @@ impl<R: Runtime> ApiComm<R> {
             mode.nonblocking,
             mode.timeout,
         );
-        Self::compose(
-            lc,
-            mode,
-            Sharing::new(None, Some(&id.to_bytes())),
-            None,
-            flight,
-        )
+        // A grown world's existing ranks never see the id (NCCL's non-root ranks pass
+        // none): no copy-engine sharing keyed by it on either side.
+        let sharing = match ids.grown {
+            true => Sharing::default(),
+            false => Sharing::new(None, Some(&id.to_bytes())),
+        };
+        Self::compose(lc, mode, sharing, None, flight)
     }
 
     /// The communicator of a library communicator just created: its parts built over it.

@@ -178,6 +178,8 @@ table! {
         comm_shrink: "ncclCommShrink": fn(NcclComm, *mut c_int, c_int, *mut NcclComm, *mut c_void, c_int) -> NcclResult;
         comm_revoke: "ncclCommRevoke": fn(NcclComm, c_int) -> NcclResult;
         comm_query_properties: "ncclCommQueryProperties": fn(NcclComm, *mut c_void) -> NcclResult;
+        comm_get_unique_id: "ncclCommGetUniqueId": fn(NcclComm, *mut UniqueId) -> NcclResult;
+        comm_grow: "ncclCommGrow": fn(NcclComm, c_int, *const UniqueId, c_int, *mut NcclComm, *mut c_void) -> NcclResult;
         comm_suspend: "ncclCommSuspend": fn(NcclComm, c_int) -> NcclResult;
         comm_resume: "ncclCommResume": fn(NcclComm) -> NcclResult;
         comm_mem_stats: "ncclCommMemStats": fn(NcclComm, c_int, *mut u64) -> NcclResult;

@@ -43,6 +43,8 @@ pub const SPLIT_SINCE: Version = Version::new(2, 18, 0);
 pub const SHRINK_SINCE: Version = Version::new(2, 27, 0);
 /// `ncclCommRevoke` exists from NCCL 2.28.7.
 pub const REVOKE_SINCE: Version = Version::new(2, 28, 7);
+/// `ncclCommGrow` and `ncclCommGetUniqueId` exist from NCCL 2.29.2.
+pub const GROW_SINCE: Version = Version::new(2, 29, 2);
 /// `ncclCommQueryProperties` exists from NCCL 2.29.2.
 pub const PROPERTIES_SINCE: Version = Version::new(2, 29, 2);
 /// `ncclCommSuspend`, `ncclCommResume` and `ncclCommMemStats` exist from NCCL 2.29.7 (not in

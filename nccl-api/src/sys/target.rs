@@ -8,7 +8,8 @@ use std::borrow::Cow;
 use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Version};
 
 use crate::sys::flavor::{
-    Flavor, CALL_OPTIONS_SINCE, NCCL, PROPERTIES_SINCE, RCCL, SPLIT_SINCE, SUSPEND_SINCE,
+    Flavor, CALL_OPTIONS_SINCE, GROW_SINCE, NCCL, PROPERTIES_SINCE, RCCL, SPLIT_SINCE,
+    SUSPEND_SINCE,
 };
 
 /// The first compute capability on which NCCL reduces the 8-bit floats (sm90, Hopper).
@@ -26,6 +27,8 @@ pub const PROPERTIES_TITLE: &str = "a communicator's properties (ncclCommQueryPr
 pub const SUSPEND_TITLE: &str =
     "suspending a communicator (ncclCommSuspend, ncclCommResume, ncclCommMemStats)";
 
+/// What growing a communicator is called in refusals.
+pub const GROW_TITLE: &str = "growing a communicator (ncclCommGrow, ncclCommGetUniqueId)";
 /// What per-call options are called in refusals.
 pub const CALL_OPTIONS_TITLE: &str = "per-call options (ncclCollConfig_t, nccl*Config)";
 
@@ -270,6 +273,11 @@ impl Target {
                 ),
             )),
         }
+    }
+
+    /// Growing a communicator (`ncclCommGrow`, NCCL 2.29.2).
+    pub fn grow(&self) -> Result<()> {
+        self.since(GROW_TITLE, GROW_SINCE)
     }
 
     /// Suspend, resume and memory statistics (`ncclCommSuspend`, NCCL 2.29.7).

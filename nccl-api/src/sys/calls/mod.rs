@@ -32,11 +32,13 @@ mod check;
 mod comm;
 mod data;
 mod gates;
+mod grow;
 mod handles;
 
 pub use check::DeviceBytes;
 pub use data::{P2p, Sides};
 pub use gates::{CONFIG_SINCE, NO_COLOR, P2P_SINCE, REVOKE_SINCE, SHRINK_SINCE, SPLIT_SINCE};
+pub use grow::Grower;
 pub use handles::{CommRef, Handle, LibAlloc, OwnedComm, RegHandle, Span, StreamRef};
 
 thread_local! {

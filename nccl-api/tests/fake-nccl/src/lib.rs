@@ -882,3 +882,36 @@ pub unsafe extern "C" fn ncclParamGetParameter(key: *const c_char, v: *mut *cons
 /// NCCL 2.32's per-collective configuration.
 #[cfg(feature = "nccl232")]
 mod coll_config;
+
+/// NCCL 2.29.2's grow: an id per communicator, one at a time; the grown communicator has
+/// the new size, the existing rank's number or the new rank's.
+#[cfg(feature = "nccl232")]
+mod grow {
+    use super::*;
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclCommGetUniqueId(_c: *mut Comm, id: *mut [u8; 128]) -> R {
+        count("ncclCommGetUniqueId");
+        (*id) = [9; 128];
+        OK
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclCommGrow(c: *mut Comm, n: c_int, id: *const [u8; 128], rank: c_int, out: *mut *mut Comm, _cfg: *mut c_void) -> R {
+        count("ncclCommGrow");
+        let who = match (c.is_null(), id.is_null()) {
+            (false, false) if rank == -1 && *id == [9; 128] => "root".to_string(),
+            (false, true) if rank == -1 => "existing".to_string(),
+            (true, false) if rank >= 0 && rank < n && *id == [9; 128] => format!("new rank {rank}"),
+            _ => return fail(INVALID_ARGUMENT, "fake: ncclCommGrow's parameter rules broken"),
+        };
+        if !c.is_null() && n <= (*c).nranks {
+            return fail(INVALID_ARGUMENT, "fake: a grow to no more ranks");
+        }
+        count(&format!("grow {who} to {n}"));
+        let mut g = Comm::new(n, false, false);
+        g.rank = if c.is_null() { rank } else { (*c).rank };
+        *out = Box::into_raw(Box::new(g));
+        OK
+    }
+}
