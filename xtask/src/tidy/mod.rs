@@ -116,6 +116,7 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "nccl-api/src/sys/calls/check.rs",
     "nccl-api/src/sys/calls/comm.rs",
     "nccl-api/src/sys/calls/data.rs",
+    "nccl-api/src/sys/calls/grow.rs",
     "nccl-api/src/sys/calls/handles.rs",
     "nccl-api/src/sys/config.rs",
     "nccl-api/src/sys/runtime.rs",
