@@ -96,6 +96,9 @@ pub fn lend<T: Element, S: DevicePtr<T>>(slice: &S) -> Result<Lent<'_, T, NcclCo
     // `slice`, which the result holds for its lifetime, keeps it allocated and unwritten by
     // safe code; `Borrowed(None)` never frees it.
     let mem = unsafe { ApiMemory::borrowed(cuda()?, dev, p as usize, bytes, None) }?;
+    // cudarc frees the slice in stream order on its stream: a collective on another stream
+    // orders that stream after itself.
+    let mem = mem.lent_on(CudaStreamHandle(stream.clone()));
     Lent::from_memory(mem, slice.len())
 }
 
@@ -121,6 +124,7 @@ pub fn lend_mut<T: Element, S: DevicePtrMut<T>>(slice: &mut S) -> Result<LentMut
     drop(sync);
     // SAFETY: as in `lend`, with the exclusive borrow of `slice` held by the result.
     let mem = unsafe { ApiMemory::borrowed(cuda()?, dev, p as usize, bytes, None) }?;
+    let mem = mem.lent_on(CudaStreamHandle(stream));
     LentMut::from_memory(mem, len)
 }
 

@@ -229,6 +229,9 @@ pub struct ApiMemory<R: Runtime> {
     /// The allocating communicator's deadline in milliseconds: how long a drop waits for the
     /// device before the free (`None`: lent memory, or `UNICOMM_TIMEOUT_MS`).
     pub(crate) deadline: Option<Arc<AtomicU64>>,
+    /// The lender's stream, where its owner frees it in stream order (a cudarc slice's):
+    /// a collective on another stream orders this one after itself ([`ApiMemory::lent_on`]).
+    pub(crate) home: Option<R::Stream>,
 }
 
 impl<R: Runtime> std::fmt::Debug for ApiMemory<R> {
@@ -273,7 +276,17 @@ impl<R: Runtime> ApiMemory<R> {
             owner: Owner::Borrowed(keep),
             rt,
             deadline: None,
+            home: None,
         })
+    }
+
+    /// This lent memory's owner frees it in stream order on `home` (a cudarc slice's
+    /// stream): a collective on another stream then makes `home` wait for it, so that the
+    /// owner's free follows the collective even where the caller leaked what waited for it
+    /// (a `Completion` or a `Graph` forgotten); a capture on another stream is refused.
+    pub fn lent_on(mut self, home: R::Stream) -> Self {
+        self.home = Some(home);
+        self
     }
 
     /// [`ApiMemory::borrowed`] for `len` elements of `T` at `ptr` (what the backends'
@@ -441,6 +454,7 @@ impl<R: Runtime> ApiMemory<R> {
             owner,
             rt,
             deadline: Some(deadline),
+            home: None,
         })
     }
 
@@ -458,6 +472,7 @@ impl<R: Runtime> ApiMemory<R> {
             bytes,
             dev,
             deadline: Some(deadline),
+            home: None,
             owner: Owner::Runtime,
             rt,
         })

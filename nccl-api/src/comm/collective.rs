@@ -128,12 +128,20 @@ impl<R: Runtime> Collective for ApiComm<R> {
     #[inline]
     fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
         let what = (op.kind, op.count, op.dtype);
+        let homes = lent_elsewhere(&op, stream);
+        if homes {
+            refuse_lent_capture(&op)?;
+        }
         self.flight.enqueued(
             what,
             stream.raw() as u64,
             || self.enqueue_op(&op, stream),
             || unicomm_core::DeviceStream::record(stream).ok(),
-        )
+        )?;
+        if homes {
+            order_homes(&self.base.lc.rt, &op, stream)?;
+        }
+        Ok(())
     }
 
     fn graph_launched(&self, stream: &ApiStream<R>) {
@@ -348,6 +356,60 @@ fn options_route<R: Runtime>(
                 op.name()
             ),
         ));
+    }
+    Ok(())
+}
+
+/// Whether a side of `op` is memory lent from a stream other than `stream` (a cudarc slice
+/// used on another stream): two loads where nothing is lent.
+#[inline]
+fn lent_elsewhere<R: Runtime>(op: &Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> bool {
+    let foreign = |s: &Option<unicomm_core::Slice<'_, ApiMemory<R>>>| {
+        s.as_ref()
+            .and_then(|s| s.mem.home.as_ref())
+            .is_some_and(|h| R::raw_stream(h) != R::raw_stream(&stream.s))
+    };
+    foreign(&op.send) || foreign(&op.recv)
+}
+
+/// Lent memory is captured only on its lender's stream: a replay on another stream could
+/// outlive the lender's stream-ordered free once the graph is leaked, and a capture cannot
+/// order a stream outside it.
+#[cold]
+#[inline(never)]
+fn refuse_lent_capture<R: Runtime>(op: &Op<'_, ApiMemory<R>>) -> Result<()> {
+    if !unicomm_core::graph::capturing() {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "stream",
+        format!(
+            "a {} captured on a stream other than the one its lent memory belongs to (a cudarc slice's stream): capture it on that stream (stream_from_cudarc(slice.stream()))",
+            op.name()
+        ),
+    ))
+}
+
+/// Makes each lent side's home stream wait for the collective just enqueued on `stream`,
+/// so the lender's stream-ordered free follows it whatever the caller leaks.
+#[cold]
+#[inline(never)]
+fn order_homes<R: Runtime>(
+    rt: &Arc<R>,
+    op: &Op<'_, ApiMemory<R>>,
+    stream: &ApiStream<R>,
+) -> Result<()> {
+    let done = rt.record(&stream.s)?;
+    let mut waited = None;
+    for side in [&op.send, &op.recv].into_iter().flatten() {
+        if let Some(home) = side.mem.home.as_ref() {
+            let raw = R::raw_stream(home);
+            // In place, both sides are one lender's: one wait.
+            if raw != R::raw_stream(&stream.s) && waited != Some(raw) {
+                rt.wait_event(side.mem.dev, home, &done)?;
+                waited = Some(raw);
+            }
+        }
     }
     Ok(())
 }

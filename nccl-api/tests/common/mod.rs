@@ -114,8 +114,16 @@ pub static DEVICE_SYNCS: std::sync::atomic::AtomicUsize = std::sync::atomic::Ato
 #[derive(Debug)]
 pub struct Host;
 
+/// A host "stream", numbered so that two of them are told apart (`raw_stream`).
 #[derive(Debug)]
-pub struct HostStream;
+pub struct HostStream(usize);
+
+static NEXT_STREAM: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+/// The host stream of number `raw` (another handle to the same "stream").
+pub fn host_stream(raw: usize) -> HostStream {
+    HostStream(raw)
+}
 
 impl Runtime for Host {
     const NAME: &'static str = "host";
@@ -129,10 +137,10 @@ impl Runtime for Host {
         f()
     }
     fn create_stream(&self, _: usize) -> Result<HostStream> {
-        Ok(HostStream)
+        Ok(HostStream(NEXT_STREAM.fetch_add(1, SeqCst)))
     }
-    fn raw_stream(_: &HostStream) -> *mut c_void {
-        std::ptr::null_mut()
+    fn raw_stream(s: &HostStream) -> *mut c_void {
+        s.0 as *mut c_void
     }
     fn synchronize(&self, _: &HostStream) -> Result<()> {
         Ok(())
