@@ -140,6 +140,40 @@ fn lent_cudarc_slices_a_device_copy_and_a_host_function_in_stream_order() {
     }
 }
 
+/// A cudarc slice lent to a collective on a stream other than its own: the slice's stream
+/// is made to wait for the collective, so cudarc's next work on it (a read here, its
+/// stream-ordered free after a forgotten completion) follows the collective without a host
+/// wait on unicomm's stream. 64 MiB, so that a read not ordered after the collective would
+/// see zeros.
+#[test]
+fn a_slice_lent_on_another_stream_orders_its_own_stream_after_the_collective() -> Result<()> {
+    let w = world().expect("UNICOMM_GPU_WORLD");
+    let cs = comms(w);
+    let out = each(&cs, |c| -> Result<Vec<f32>> {
+        let ctx = cudarc::driver::CudaContext::new(c.backend().device()).unwrap();
+        let cu = ctx.new_stream().unwrap();
+        let n = 16 << 20;
+        let x = cu.clone_htod(&vec![c.rank() as f32 + 1.0; n]).unwrap();
+        let mut y = cu.alloc_zeros::<f32>(n).unwrap();
+        cu.synchronize().unwrap();
+        let st = c.create_stream()?;
+        {
+            let send = unicomm_nccl::lend(&x)?;
+            let mut recv = unicomm_nccl::lend_mut(&mut y)?;
+            c.all_reduce(&send, &mut recv, ReduceOp::Sum, &st)?;
+        }
+        // Read on the slice's stream, with no wait on `st` by the host.
+        Ok(cu.clone_dtoh(&y).unwrap())
+    });
+    let want = (w * (w + 1) / 2) as f32;
+    for o in out {
+        let y = o?;
+        let bad = y.iter().filter(|&&v| v != want).count();
+        assert_eq!(bad, 0, "{bad} elements read before the collective wrote them");
+    }
+    Ok(())
+}
+
 /// A raw CUDA stream of another library (here a cudarc stream's `CUstream`, as PyTorch's
 /// current stream would be handed over) serves as a unicomm stream: a collective runs on it
 /// after a marker of a unicomm stream it waits for, and the stream outlives the wrapper.
