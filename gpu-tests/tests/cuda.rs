@@ -169,7 +169,10 @@ fn a_slice_lent_on_another_stream_orders_its_own_stream_after_the_collective() -
     for o in out {
         let y = o?;
         let bad = y.iter().filter(|&&v| v != want).count();
-        assert_eq!(bad, 0, "{bad} elements read before the collective wrote them");
+        assert_eq!(
+            bad, 0,
+            "{bad} elements read before the collective wrote them"
+        );
     }
     Ok(())
 }
