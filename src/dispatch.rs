@@ -150,6 +150,28 @@ macro_rules! backends {
                     _ => Err(Error::invalid("stream", "belongs to another backend")),
                 }
             }
+
+            fn one_sided_any(
+                &self,
+                op: unicomm_core::one_sided::OneSided<'_, AnyMemory>,
+                stream: &AnyStream,
+            ) -> Result<()> {
+                match (self, stream) {
+                    $(
+                        #[cfg(feature = $feature)]
+                        (AnyComm::$variant(c), AnyStream::$variant(s)) => c.one_sided(
+                            op.map_mem(|m| match m {
+                                AnyMemory::$variant(m) => Some(m),
+#[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
+                                _ => None,
+                            })?,
+                            s,
+                        ),
+                    )*
+                    #[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
+                    _ => Err(Error::invalid("stream", "belongs to another backend")),
+                }
+            }
         }
 
         /// Runs `$body` with `$b` the [`Backend`] of `$vendor`, or gives `Unsupported`
@@ -353,6 +375,13 @@ impl Collective for AnyComm {
     }
     fn revoke(&self) -> Result<()> {
         each!(self, AnyComm, c => c.revoke())
+    }
+    fn one_sided(
+        &self,
+        op: unicomm_core::one_sided::OneSided<'_, AnyMemory>,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        self.one_sided_any(op, stream)
     }
     fn grow_id(&self) -> Result<[u8; 128]> {
         each!(self, AnyComm, c => c.grow_id())

@@ -83,11 +83,7 @@ impl Collective for MockComm {
     }
 
     fn check_memory(&self, mem: &MockMemory) -> Result<()> {
-        if mem.inner.owner == self.owner() {
-            Ok(())
-        } else {
-            Err(foreign_memory(mem, self.owner()))
-        }
+        self.check_memory_of(mem)
     }
 
     fn register(&self, mem: &MockMemory, offset: usize, bytes: usize) -> Result<RawHandle> {
@@ -138,6 +134,14 @@ impl Collective for MockComm {
             || self.enqueue_op(op, stream).map(|()| path),
             || unicomm_core::DeviceStream::record(stream).ok(),
         )
+    }
+
+    fn one_sided(
+        &self,
+        op: unicomm_core::one_sided::OneSided<'_, MockMemory>,
+        stream: &MockStream,
+    ) -> Result<()> {
+        self.one_sided_op(op, stream)
     }
 
     fn flight(&self) -> Option<&Arc<unicomm_core::flight::FlightRecorder>> {
@@ -256,6 +260,12 @@ impl MockComm {
         let h = RawHandle(NEXT_HANDLE.fetch_add(1, Ordering::Relaxed));
         self.registry
             .insert(h, mem.address() + offset, bytes, kind)?;
+        let part = crate::exec::Span {
+            alloc: mem.inner.clone(),
+            offset,
+            write: true,
+        };
+        self.windows.add(h, part, bytes);
         Ok(h)
     }
 
@@ -263,6 +273,7 @@ impl MockComm {
     fn unwindow(&self, handle: RawHandle, kind: RegKind) -> Result<()> {
         self.registry.check(handle, kind)?;
         self.blocking_collective("WindowDeregister", 0)?;
+        self.windows.remove(handle);
         self.registry.remove(handle, kind)
     }
 
@@ -270,15 +281,7 @@ impl MockComm {
     /// parts are not recorded again).
     fn enqueue_op(&self, op: Op<'_, MockMemory>, stream: &MockStream) -> Result<()> {
         self.live()?;
-        if stream.owner != self.owner() {
-            return Err(Error::invalid(
-                "stream",
-                format!(
-                    "a stream of device {} (rank {}) used on device {} (rank {})",
-                    stream.owner.0, stream.owner.1, self.device.0, self.ctx.rank
-                ),
-            ));
-        }
+        self.check_stream(stream)?;
         // What the target refuses, refused here in its words (fp8 reductions, NCCL's
         // one-rank path, scaled sums before 2.11).
         self.ctx
@@ -349,6 +352,16 @@ impl MockComm {
         stream: &MockStream,
     ) -> Result<()> {
         let work = self.work(op)?;
+        self.enqueue_work(work, internal, stream)
+    }
+
+    /// One task of `work` on `stream`, or held by this thread's open group.
+    pub(crate) fn enqueue_work(
+        &self,
+        work: crate::exec::Work,
+        internal: bool,
+        stream: &MockStream,
+    ) -> Result<()> {
         let index = match internal {
             true => u64::MAX,
             false => self.issued.fetch_add(1, Ordering::Relaxed),

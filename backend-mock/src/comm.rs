@@ -49,6 +49,8 @@ pub struct MockComm {
     pub(crate) rejoin: unicomm_bootstrap::Rejoin,
     /// Re-formings so far (each survivor counts the same).
     pub(crate) shrinks: AtomicU64,
+    /// The windows by the ordinal every rank gives them (where one-sided puts land).
+    pub(crate) windows: Arc<crate::one_sided::Windows>,
 }
 
 impl std::fmt::Debug for MockComm {
@@ -142,6 +144,7 @@ impl MockComm {
             state: AtomicU8::new(LIVE),
             rejoin: self.rejoin.derived(step.as_bytes(), ranks),
             shrinks: AtomicU64::new(0),
+            windows: crate::one_sided::windows(),
         }
     }
 
@@ -154,6 +157,29 @@ impl MockComm {
             FINALIZED => Err(Error::invalid("comm", "the communicator was finalized")),
             SUSPENDED => Err(unicomm_core::state::suspended_error()),
             _ => Err(Error::aborted("the communicator was aborted")),
+        }
+    }
+
+    /// A stream of this rank's device.
+    pub(crate) fn check_stream(&self, stream: &crate::stream::MockStream) -> Result<()> {
+        if stream.owner == self.owner() {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            "stream",
+            format!(
+                "a stream of device {} (rank {}) used on device {} (rank {})",
+                stream.owner.0, stream.owner.1, self.device.0, self.ctx.rank
+            ),
+        ))
+    }
+
+    /// Memory of this rank's device.
+    pub(crate) fn check_memory_of(&self, mem: &MockMemory) -> Result<()> {
+        if mem.inner.owner == self.owner() {
+            Ok(())
+        } else {
+            Err(foreign_memory(mem, self.owner()))
         }
     }
 

@@ -5,14 +5,15 @@
     reason = "the mock's host memory and shared mappings, read and written as device memory"
 )]
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Scalar};
+use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Scalar, SignalWait};
 
-use crate::fabric::{Desc, Exchange, Signature};
+use crate::fabric::{Desc, Exchange, Load, Msg, Signature, LOAD_PART};
 use crate::memory::HostAlloc;
+use crate::one_sided::Windows;
 use crate::reduce::reduce;
 use crate::Fault;
 
@@ -80,6 +81,17 @@ pub(crate) enum Work {
         dtype: DataType,
         peer: usize,
     },
+    /// A one-sided signal to `peer`, after a put's bytes where `put` is some: the source
+    /// (read), its length, and the window's ordinal and byte offset.
+    Signal {
+        put: Option<(Span, usize, (u64, usize))>,
+        peer: usize,
+    },
+    /// A wait for one-sided signals; the puts' bytes land in this rank's windows.
+    Wait {
+        waits: Vec<unicomm_core::SignalWait>,
+        windows: Arc<crate::one_sided::Windows>,
+    },
 }
 
 impl Work {
@@ -88,6 +100,8 @@ impl Work {
         let (a, b) = match self {
             Work::Coll { send, recv, .. } => (send.as_ref(), recv.as_ref()),
             Work::Send { span, .. } | Work::Recv { span, .. } => (Some(span), None),
+            Work::Signal { put, .. } => (put.as_ref().map(|p| &p.0), None),
+            Work::Wait { .. } => (None, None),
         };
         a.into_iter().chain(b)
     }
@@ -360,5 +374,114 @@ fn run_recv(ctx: &RankCtx, span: &Span, count: usize, dtype: DataType, peer: usi
     // hold `count` elements and is locked for writing by this batch.
     unsafe { copy(msg.addr, span.addr(), count * dtype.size()) };
     ctx.fabric.complete(msg.id, None);
+    Ok(())
+}
+
+// One-sided operations: a signal posts its message (after a put's bytes, carried in it) and
+// does not wait; a wait takes the peers' messages until each entry's signals arrived,
+// writing the puts' bytes into this rank's windows.
+
+fn post(ctx: &RankCtx, peer: usize, load: Load) -> Result<()> {
+    let msg = Msg {
+        id: (ctx.rank as u64) << 44 | batch::NEXT_MSG.fetch_add(1, Ordering::Relaxed),
+        addr: 0,
+        count: load.bytes.len(),
+        dtype: DataType::U8,
+        at: None,
+        load: Some(load),
+    };
+    ctx.fabric.post(ctx.rank, peer, msg)
+}
+
+/// A signal to `peer`, after `put`'s bytes (source, length, window ordinal and offset):
+/// the bytes are copied out now (the batch holds the source's read lock), in parts of at
+/// most [`LOAD_PART`], the last counting the signal.
+pub(crate) fn signal(
+    ctx: &RankCtx,
+    put: Option<&(Span, usize, (u64, usize))>,
+    peer: usize,
+) -> Result<()> {
+    let Some((span, bytes, (ord, offset))) = put else {
+        let load = Load {
+            window: None,
+            bytes: Arc::from(&[][..]),
+            signal: true,
+        };
+        return post(ctx, peer, load);
+    };
+    let mut done = 0;
+    loop {
+        let n = (bytes - done).min(LOAD_PART);
+        let mut part = vec![0u8; n];
+        // SAFETY: the source span holds `bytes` bytes (checked at enqueue) and is read-locked
+        // by this batch; `part` is a fresh vector of `n` bytes.
+        unsafe { copy(span.addr() + done, part.as_mut_ptr() as usize, n) };
+        let load = Load {
+            window: Some((*ord, offset + done)),
+            bytes: part.into(),
+            signal: done + n == *bytes,
+        };
+        post(ctx, peer, load)?;
+        done += n;
+        if done == *bytes {
+            return Ok(());
+        }
+    }
+}
+
+/// Takes every entry's signals in turn, writing the puts' bytes into this rank's part of
+/// their windows (each under the window allocation's write lock), until the deadline.
+pub(crate) fn wait(ctx: &RankCtx, waits: &[SignalWait], windows: &Windows) -> Result<()> {
+    let deadline = ctx.deadline();
+    for w in waits {
+        let mut got = 0;
+        while got < w.count {
+            let m = ctx.fabric.take_one_sided(w.peer, ctx.rank, deadline)?;
+            let Some(load) = m.load else {
+                return Err(Error::invalid(
+                    "waits",
+                    "a send reached the one-sided mailbox",
+                ));
+            };
+            if let Some((ord, offset)) = load.window {
+                land(ctx, w.peer, windows, (ord, offset), &load.bytes)?;
+            }
+            got += u32::from(load.signal);
+        }
+    }
+    Ok(())
+}
+
+/// Writes a put's `bytes` at `offset` of this rank's part of window `ord`.
+fn land(
+    ctx: &RankCtx,
+    peer: usize,
+    windows: &Windows,
+    (ord, offset): (u64, usize),
+    bytes: &[u8],
+) -> Result<()> {
+    let Some((span, size)) = windows.part(ord) else {
+        return Err(Error::invalid(
+            "window",
+            format!(
+                "rank {peer} put into window #{ord}, which rank {} has deregistered or never registered",
+                ctx.rank
+            ),
+        ));
+    };
+    if offset.checked_add(bytes.len()).is_none_or(|end| end > size) {
+        return Err(Error::Mismatch {
+            what: "window",
+            detail: format!(
+                "rank {peer} put {} bytes at byte {offset} of window #{ord}, whose part on rank {} holds {size} (every rank's part must be the same size)",
+                bytes.len(),
+                ctx.rank
+            ),
+        });
+    }
+    let _g = span.alloc.write_lock(ctx.timeout)?;
+    // SAFETY: `offset + len <= size`, the window's part on this rank, which its table entry
+    // keeps allocated; the allocation is write-locked; `bytes` is a separate vector.
+    unsafe { copy(bytes.as_ptr() as usize, span.addr() + offset, bytes.len()) };
     Ok(())
 }

@@ -33,6 +33,7 @@ mod host;
 mod id;
 mod lock;
 mod memory;
+mod one_sided;
 mod procs;
 mod reduce;
 mod replay;
@@ -117,6 +118,7 @@ pub(crate) fn local_rank(
         state: AtomicU8::new(LIVE),
         rejoin,
         shrinks: AtomicU64::new(0),
+        windows: crate::one_sided::windows(),
     })
 }
 
@@ -206,6 +208,7 @@ pub(crate) fn process_rank(
         state: AtomicU8::new(LIVE),
         rejoin,
         shrinks: AtomicU64::new(0),
+        windows: crate::one_sided::windows(),
     })
 }
 

@@ -164,6 +164,12 @@ fn rank() {
             println!("rank {r}: {} cases; RANK PASSED", cases.len());
         }
         "by_id" => by_id(),
+        "one_sided" => {
+            let seen = unicomm_conformance::one_sided_put_signal(std::slice::from_ref(&c));
+            assert_eq!(seen.unwrap(), vec![true], "rank {r}");
+            c.finalize().unwrap();
+            println!("rank {r}: one-sided ring; RANK PASSED");
+        }
         "groups" => {
             let refused =
                 |check: &str| unicomm_conformance::group_check_refused_by_design(check, w, true);
@@ -269,6 +275,13 @@ fn rank() {
         }
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// Puts' bytes travel in their messages through rank 0's hub (parts of at most 4 MiB):
+/// the ring of the conformance case, across processes.
+#[test]
+fn one_sided_puts_and_signals_across_three_processes() {
+    all_passed(3, "one_sided", &[("UNICOMM_MOCK_TARGET", "nccl-2.32.3")]);
 }
 
 #[test]

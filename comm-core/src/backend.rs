@@ -280,6 +280,22 @@ pub trait Collective: Send + Sync + Sized + 'static {
         ))
     }
 
+    /// One one-sided operation on `stream` (`ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`,
+    /// NCCL >= 2.29.2; see [`Comm::put_signal`](crate::Comm::put_signal)). Not a collective:
+    /// only the ranks it names take part. Default: `Unsupported`.
+    fn one_sided(
+        &self,
+        op: crate::one_sided::OneSided<'_, Self::Memory>,
+        stream: &Self::Stream,
+    ) -> Result<()> {
+        let _ = stream;
+        Err(crate::Error::unsupported(
+            format!("one-sided operations ({})", op.name()),
+            "ncclPutSignal, ncclSignal, ncclWaitSignal (NCCL >= 2.29.2)",
+            self.capabilities().backend,
+        ))
+    }
+
     /// A captured graph that uses this communicator is launched on `stream`: the stream's
     /// waits watch this communicator from now on (its deadline, its asynchronous errors),
     /// as they do after an eager call. Default: nothing to do.

@@ -226,6 +226,20 @@ impl Registry {
         }
     }
 
+    /// Runs `f` with the size in bytes of `handle`, a live registration of `kind`, while no
+    /// other thread can end it (the table's lock is held): for a library call that names
+    /// the registration itself (a one-sided put's window).
+    pub fn while_live<T>(
+        &self,
+        handle: RawHandle,
+        kind: RegKind,
+        f: impl FnOnce(usize) -> Result<T>,
+    ) -> Result<T> {
+        let live = self.lock();
+        let e = Self::live_entry(&live, handle, kind)?;
+        f(e.bytes)
+    }
+
     /// Removes `handle` (check and removal are one step under the lock: of two threads
     /// removing one handle, exactly one succeeds).
     pub fn remove(&self, handle: RawHandle, kind: RegKind) -> Result<()> {

@@ -20,14 +20,14 @@ use crate::libcomm::LibComm;
 use crate::library::Library;
 use crate::memory::ApiMemory;
 use crate::sys::api::Api;
-use crate::sys::calls::{CommRef, RegHandle, Span, StreamRef};
+use crate::sys::calls::{CommRef, RegHandle, Span, StreamRef, WindowRef};
 use crate::sys::runtime::Runtime;
 
 /// Handles for zero-byte registrations, which never reach the library (there is nothing
 /// to register); they live in the upper half of the address space no library hands out.
 static NEXT_EMPTY: AtomicUsize = AtomicUsize::new(usize::MAX / 2);
 
-fn is_empty_handle(h: RawHandle) -> bool {
+pub(crate) fn is_empty_handle(h: RawHandle) -> bool {
     h.0 >= usize::MAX / 2
 }
 
@@ -136,6 +136,21 @@ impl<R: Runtime> Base<R> {
         })
     }
 
+    /// Runs `f` with `h`, a live window of this communicator, and its size in bytes, the
+    /// window held registered through `f` (the registry's lock: a deregistration on another
+    /// thread waits for it).
+    pub(crate) fn with_window<T>(
+        &self,
+        h: RawHandle,
+        f: impl FnOnce(WindowRef<'_>, usize) -> Result<T>,
+    ) -> Result<T> {
+        self.registry.while_live(h, RegKind::Window, |size| {
+            // SAFETY: a window of this communicator (the registry recorded it so, with the
+            // library's handle), live while the registry's lock is held.
+            f(unsafe { WindowRef::borrow_raw(h.0) }, size)
+        })
+    }
+
     /// `ncclCommRegister` over `mem[offset..offset+bytes]`.
     pub(crate) fn buffer_register(
         &self,
@@ -192,14 +207,29 @@ impl<R: Runtime> Base<R> {
                 )??;
                 w.0
             };
-            Api::window_of(w).ok_or_else(|| {
+            let h = Api::window_of(w).ok_or_else(|| {
                 // NCCL returns success and no window where symmetric memory is unsupported.
                 Error::unsupported(
                     "symmetric window",
                     "symmetric-memory support (cuMem memory from ncclMemAlloc, NVLink or a supported transport)",
                     format!("{} {} returned a NULL window", api.flavor.library, api.version),
                 )
-            })
+            })?;
+            if api.version >= crate::sys::flavor::ONE_SIDED_SINCE && api.fns.win_get_user_ptr.is_some() {
+                // The library's own record of the window (`ncclWinGetUserPtr`) names the
+                // buffer: what one-sided puts into it rest on.
+                // SAFETY: the window just registered on this communicator, not yet
+                // deregistered (the handle is still ours).
+                let at = api.win_user_ptr(c.handle(), unsafe { WindowRef::borrow_raw(w as usize) })?;
+                if at != buf.address() {
+                    let _ = api.window_deregister(c.handle(), h);
+                    return Err(Error::invalid(
+                        "buffer",
+                        format!("{} says the window starts at {at:#x}, registered at {:#x}", api.flavor.library, buf.address()),
+                    ));
+                }
+            }
+            Ok(h)
         })
     }
 }

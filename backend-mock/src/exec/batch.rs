@@ -13,7 +13,7 @@ use crate::fabric::Msg;
 use crate::lock::Guard;
 use crate::FaultKind;
 
-static NEXT_MSG: AtomicU64 = AtomicU64::new(1);
+pub(super) static NEXT_MSG: AtomicU64 = AtomicU64::new(1);
 
 /// Runs a batch (one operation, or a whole group for one stream): sends are posted first,
 /// then collectives and receives run in order, then the sends are awaited, so that grouped
@@ -63,6 +63,7 @@ fn run_tasks(tasks: &[Task]) -> Result<()> {
                 count: *count,
                 dtype: *dtype,
                 at: span.alloc.remote(span.offset),
+                load: None,
             };
             let id = msg.id;
             if let Err(e) = ctx.fabric.post(t.ctx.rank, *peer, msg) {
@@ -89,6 +90,8 @@ fn run_tasks(tasks: &[Task]) -> Result<()> {
                     peer,
                 } => run_recv(&t.ctx, span, *count, *dtype, *peer),
                 Work::Send { .. } => Ok(()),
+                Work::Signal { put, peer } => super::signal(&t.ctx, put.as_ref(), *peer),
+                Work::Wait { waits, windows } => super::wait(&t.ctx, waits, windows),
             };
             if let Err(e) = r {
                 result = Err(e);
@@ -146,6 +149,9 @@ fn lock_all(tasks: &[Task], timeout: Duration) -> Result<Vec<Guard<'_>>> {
         match &t.work {
             Work::Coll { send, recv, .. } => spans.extend(send.iter().chain(recv.iter())),
             Work::Send { span, .. } | Work::Recv { span, .. } => spans.push(span),
+            Work::Signal { put, .. } => spans.extend(put.as_ref().map(|p| &p.0)),
+            // The windows a wait writes are locked per message, as the bytes arrive.
+            Work::Wait { .. } => {}
         }
     }
     // By address, then by allocation: distinct empty allocations share one (dangling)

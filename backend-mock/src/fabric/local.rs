@@ -25,7 +25,7 @@ pub(super) struct Slot {
 #[derive(Default)]
 pub(crate) struct State {
     pub(super) slots: HashMap<u64, Slot>,
-    pub(super) mail: HashMap<(usize, usize), VecDeque<Msg>>,
+    pub(super) mail: HashMap<(usize, usize, bool), VecDeque<Msg>>,
     pub(super) copying: HashSet<u64>,
     pub(super) completed: HashMap<u64, Option<Error>>,
     pub(super) poison: Option<Error>,
@@ -217,14 +217,35 @@ impl Exchange for LocalFabric {
         if let Some(e) = &st.poison {
             return Err(e.clone());
         }
-        st.mail.entry((src, dst)).or_default().push_back(msg);
+        let one_sided = msg.load.is_some();
+        st.mail
+            .entry((src, dst, one_sided))
+            .or_default()
+            .push_back(msg);
         drop(st);
         self.changed();
         Ok(())
     }
 
     fn take(&self, src: usize, dst: usize, deadline: Instant, _after: Duration) -> Result<Msg> {
-        match self.block(Wait::Take { src, dst }, deadline)? {
+        let wait = Wait::Take {
+            src,
+            dst,
+            one_sided: false,
+        };
+        match self.block(wait, deadline)? {
+            Done::Msg(m) => Ok(m),
+            _ => Err(Error::aborted("mailbox emptied while waiting")),
+        }
+    }
+
+    fn take_one_sided(&self, src: usize, dst: usize, deadline: Instant) -> Result<Msg> {
+        let wait = Wait::Take {
+            src,
+            dst,
+            one_sided: true,
+        };
+        match self.block(wait, deadline)? {
             Done::Msg(m) => Ok(m),
             _ => Err(Error::aborted("mailbox emptied while waiting")),
         }

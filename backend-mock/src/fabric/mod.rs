@@ -15,4 +15,4 @@ mod types;
 mod wait;
 
 pub(crate) use local::LocalFabric;
-pub(crate) use types::{Desc, Done, Exchange, Msg, Signature, Wait};
+pub(crate) use types::{Desc, Done, Exchange, Load, Msg, Signature, Wait, LOAD_PART};

@@ -48,7 +48,8 @@ pub(crate) struct Desc {
     pub recv_at: Option<crate::shm::Remote>,
 }
 
-/// A posted send, waiting for its receiver.
+/// A posted send, waiting for its receiver; or a one-sided message (`load`), which no
+/// receive matches and whose sender does not wait.
 #[derive(Debug, Clone)]
 pub(crate) struct Msg {
     pub id: u64,
@@ -57,7 +58,27 @@ pub(crate) struct Msg {
     pub dtype: DataType,
     /// Where a receiver in another process finds the bytes.
     pub at: Option<crate::shm::Remote>,
+    /// A one-sided message's load (its own mailbox: sends and receives never meet it).
+    pub load: Option<Load>,
 }
+
+/// What a one-sided message carries (the mock's `ncclPutSignal`, `ncclSignal`): a part of a
+/// put's bytes for the receiver's part of a window, or nothing (a bare signal). The bytes
+/// travel with the message, so the sender never waits for the receiver (one-sided), and
+/// they land when the receiver's wait takes them.
+#[derive(Debug, Clone)]
+pub(crate) struct Load {
+    /// The window's ordinal on its communicator (every rank registers windows in one
+    /// order) and the byte offset in it; `None` for a bare signal.
+    pub window: Option<(u64, usize)>,
+    /// The bytes (a put is cut into parts of at most [`LOAD_PART`] bytes).
+    pub bytes: Arc<[u8]>,
+    /// Whether the message counts one signal (a put's last part, or a bare signal).
+    pub signal: bool,
+}
+
+/// The largest part of a put one message carries (well inside the hub's frame).
+pub(crate) const LOAD_PART: usize = 4 << 20;
 
 /// The exchange a mock rank needs from its peers.
 pub(crate) trait Exchange: Send + Sync {
@@ -78,6 +99,9 @@ pub(crate) trait Exchange: Send + Sync {
     fn post(&self, src: usize, dst: usize, msg: Msg) -> Result<()>;
     /// Takes the next send from `src` to `dst`.
     fn take(&self, src: usize, dst: usize, deadline: Instant, after: Duration) -> Result<Msg>;
+    /// Takes the next one-sided message from `src` to `dst` (never completed: its sender
+    /// does not wait).
+    fn take_one_sided(&self, src: usize, dst: usize, deadline: Instant) -> Result<Msg>;
     /// Marks a taken send as copied (`None`) or refused (`Some(error)`, given to the sender).
     fn complete(&self, id: u64, refused: Option<Error>);
     /// Waits until send `id` was copied by its receiver.
@@ -104,8 +128,12 @@ pub(crate) enum Wait {
     },
     /// Every rank past barrier `phase` of collective `seq`.
     Phase { seq: u64, rank: usize, phase: u32 },
-    /// The next send from `src` to `dst`.
-    Take { src: usize, dst: usize },
+    /// The next send from `src` to `dst` (or, `one_sided`, the next one-sided message).
+    Take {
+        src: usize,
+        dst: usize,
+        one_sided: bool,
+    },
     /// Send `id` copied (or refused) by its receiver `dst`.
     Sent { id: u64, dst: usize },
     /// Send `id` failed with `e` and was withdrawn: until its receiver no longer copies it

@@ -47,17 +47,30 @@ impl LocalFabric {
                     format!("collective #{seq}: a peer never finished phase {phase} (rank {rank} gave up waiting)")
                 })
             }
-            Wait::Take { src, dst } => {
-                let (src, dst) = (*src, *dst);
-                if let Some(m) = st.mail.get_mut(&(src, dst)).and_then(|q| q.pop_front()) {
-                    st.copying.insert(m.id);
+            Wait::Take {
+                src,
+                dst,
+                one_sided,
+            } => {
+                let (src, dst, one_sided) = (*src, *dst, *one_sided);
+                let q = st.mail.get_mut(&(src, dst, one_sided));
+                if let Some(m) = q.and_then(|q| q.pop_front()) {
+                    if !one_sided {
+                        // A one-sided message is never completed: nothing to wait for.
+                        st.copying.insert(m.id);
+                    }
                     return Some(Ok(Done::Msg(m)));
                 }
                 self.not_yet(
                     st,
                     |_| None,
                     late,
-                    |_| format!("recv of rank {dst} from rank {src}: rank {src} never sent"),
+                    |_| match one_sided {
+                        false => format!("recv of rank {dst} from rank {src}: rank {src} never sent"),
+                        true => format!(
+                            "a wait of rank {dst} for signals of rank {src}: rank {src} never signalled"
+                        ),
+                    },
                 )
             }
             Wait::Sent { id, dst } => {

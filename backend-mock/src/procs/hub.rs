@@ -264,7 +264,12 @@ impl Host for Hub {
             }
             op::TAKE => {
                 let (src, ms, _after) = (r.usize()?, r.u64()?, r.u64()?);
-                let wait = Wait::Take { src, dst: rank };
+                let one_sided = r.u8()? == 1;
+                let wait = Wait::Take {
+                    src,
+                    dst: rank,
+                    one_sided,
+                };
                 return Ok(Step::Wait(wait, within(ms)));
             }
             op::COMPLETE => {

@@ -245,20 +245,7 @@ impl Exchange for ProcFabric {
     fn take(&self, src: usize, dst: usize, deadline: Instant, after: Duration) -> Result<Msg> {
         let mut m = match &self.link {
             Link::Hub(h) => h.fabric.take(src, dst, deadline, after)?,
-            Link::Client(c) => {
-                let ms = remaining(deadline);
-                let mut w = W::default();
-                w.u8(op::TAKE)
-                    .u64(src as u64)
-                    .u64(ms)
-                    .u64(after.as_millis() as u64);
-                let reply = c.call(&w.0, Duration::from_millis(ms))?;
-                let mut r = R(&reply);
-                match r.u8()? {
-                    0 => r.msg()?,
-                    _ => return Err(r.error()?),
-                }
-            }
+            Link::Client(c) => take_from_hub(c, src, deadline, after, false)?,
         };
         if let Some(at) = m.at.filter(|_| src != dst) {
             match crate::shm::PeerMap::open(&at) {
@@ -273,6 +260,14 @@ impl Exchange for ProcFabric {
             }
         }
         Ok(m)
+    }
+
+    fn take_one_sided(&self, src: usize, dst: usize, deadline: Instant) -> Result<Msg> {
+        // The bytes travel in the message: nothing of the sender's to map.
+        match &self.link {
+            Link::Hub(h) => h.fabric.take_one_sided(src, dst, deadline),
+            Link::Client(c) => take_from_hub(c, src, deadline, Duration::ZERO, true),
+        }
     }
 
     fn complete(&self, id: u64, refused: Option<Error>) {
@@ -340,5 +335,29 @@ impl Exchange for ProcFabric {
             Link::Hub(h) => h.fabric.poisoned(),
             Link::Client(c) => c.poison.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
+    }
+}
+
+/// A client's take of the next message from `src` (a send, or a one-sided message) at the
+/// hub.
+fn take_from_hub(
+    c: &Client,
+    src: usize,
+    deadline: Instant,
+    after: Duration,
+    one_sided: bool,
+) -> Result<Msg> {
+    let ms = remaining(deadline);
+    let mut w = W::default();
+    w.u8(op::TAKE)
+        .u64(src as u64)
+        .u64(ms)
+        .u64(after.as_millis() as u64)
+        .u8(u8::from(one_sided));
+    let reply = c.call(&w.0, Duration::from_millis(ms))?;
+    let mut r = R(&reply);
+    match r.u8()? {
+        0 => r.msg(),
+        _ => Err(r.error()?),
     }
 }

@@ -3,12 +3,13 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::Duration;
 
 use unicomm_core::registry::RegKind;
 use unicomm_core::{DataType, Error, ReduceOp, Result, Scalar};
 
-use crate::fabric::{Desc, Msg, Signature};
+use crate::fabric::{Desc, Load, Msg, Signature};
 use crate::shm::Remote;
 
 /// The first bytes of a mock unique id (NCCL's are random: no collision in practice).
@@ -117,6 +118,14 @@ impl W {
             .u64(m.count as u64)
             .u8(m.dtype as u8);
         self.opt(m.at, W::remote);
+        self.opt(m.load.as_ref(), |w, l| {
+            w.opt(l.window, |w, (ord, off)| {
+                w.u64(ord).u64(off as u64);
+            });
+            w.u64(l.bytes.len() as u64);
+            w.0.extend_from_slice(&l.bytes);
+            w.u8(u8::from(l.signal));
+        });
     }
     pub(crate) fn error(&mut self, e: &Error) {
         match e {
@@ -299,6 +308,17 @@ impl R<'_> {
             count: self.usize()?,
             dtype: self.dtype()?,
             at: self.opt(R::remote)?,
+            load: self.opt(|r| {
+                let window = r.opt(|r| Ok((r.u64()?, r.usize()?)))?;
+                let n = r.usize()?;
+                let bytes: Arc<[u8]> = r.take(n)?.into();
+                let signal = r.u8()? == 1;
+                Ok(Load {
+                    window,
+                    bytes,
+                    signal,
+                })
+            })?,
         })
     }
     pub(crate) fn error(&mut self) -> Result<Error> {

@@ -4,6 +4,7 @@
 
 mod collectives;
 mod groups;
+mod one_sided;
 mod register;
 mod var;
 

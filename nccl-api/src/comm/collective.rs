@@ -230,6 +230,14 @@ impl<R: Runtime> Collective for ApiComm<R> {
         self.base.lc.properties()
     }
 
+    fn one_sided(
+        &self,
+        op: unicomm_core::one_sided::OneSided<'_, ApiMemory<R>>,
+        stream: &ApiStream<R>,
+    ) -> Result<()> {
+        self.one_sided_op(op, stream)
+    }
+
     fn suspend(&self) -> Result<()> {
         self.base.lc.suspend()
     }
@@ -330,7 +338,7 @@ impl<R: Runtime> ApiComm<R> {
 
 #[cold]
 #[inline(never)]
-fn foreign_stream(stream: usize, comm: usize) -> Error {
+pub(super) fn foreign_stream(stream: usize, comm: usize) -> Error {
     Error::invalid(
         "stream",
         format!("a stream of device {stream} used by the communicator of device {comm}"),

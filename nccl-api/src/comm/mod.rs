@@ -8,6 +8,7 @@
 mod children;
 mod collective;
 mod grow;
+mod one_sided;
 mod route;
 mod shrink;
 

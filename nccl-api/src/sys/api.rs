@@ -183,6 +183,10 @@ table! {
         comm_suspend: "ncclCommSuspend": fn(NcclComm, c_int) -> NcclResult;
         comm_resume: "ncclCommResume": fn(NcclComm) -> NcclResult;
         comm_mem_stats: "ncclCommMemStats": fn(NcclComm, c_int, *mut u64) -> NcclResult;
+        put_signal: "ncclPutSignal": fn(*const c_void, usize, c_int, c_int, *mut c_void, usize, c_int, c_int, u32, NcclComm, RawStream) -> NcclResult;
+        signal: "ncclSignal": fn(c_int, c_int, c_int, u32, NcclComm, RawStream) -> NcclResult;
+        wait_signal: "ncclWaitSignal": fn(c_int, *mut c_void, NcclComm, RawStream) -> NcclResult;
+        win_get_user_ptr: "ncclWinGetUserPtr": fn(NcclComm, *mut c_void, *mut *mut c_void) -> NcclResult;
         param_all_keys: "ncclParamGetAllParameterKeys": fn(*mut *mut *const c_char, *mut c_int) -> NcclResult;
         param_get: "ncclParamGetParameter": fn(*const c_char, *mut *const c_char, *mut c_int) -> NcclResult;
         all_reduce_config: "ncclAllReduceConfig": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream, *const c_void) -> NcclResult;

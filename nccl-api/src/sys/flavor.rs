@@ -45,6 +45,9 @@ pub const SHRINK_SINCE: Version = Version::new(2, 27, 0);
 pub const REVOKE_SINCE: Version = Version::new(2, 28, 7);
 /// `ncclCommGrow` and `ncclCommGetUniqueId` exist from NCCL 2.29.2.
 pub const GROW_SINCE: Version = Version::new(2, 29, 2);
+/// `ncclPutSignal`, `ncclSignal`, `ncclWaitSignal` and `ncclWinGetUserPtr` exist from NCCL
+/// 2.29.2 (RCCL 2.30.4 has them too).
+pub const ONE_SIDED_SINCE: Version = Version::new(2, 29, 2);
 /// `ncclCommQueryProperties` exists from NCCL 2.29.2.
 pub const PROPERTIES_SINCE: Version = Version::new(2, 29, 2);
 /// `ncclCommSuspend`, `ncclCommResume` and `ncclCommMemStats` exist from NCCL 2.29.7 (not in

@@ -8,8 +8,8 @@ use std::borrow::Cow;
 use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Version};
 
 use crate::sys::flavor::{
-    Flavor, CALL_OPTIONS_SINCE, GROW_SINCE, NCCL, PROPERTIES_SINCE, RCCL, SPLIT_SINCE,
-    SUSPEND_SINCE,
+    Flavor, CALL_OPTIONS_SINCE, GROW_SINCE, NCCL, ONE_SIDED_SINCE, PROPERTIES_SINCE, RCCL,
+    SPLIT_SINCE, SUSPEND_SINCE,
 };
 
 /// The first compute capability on which NCCL reduces the 8-bit floats (sm90, Hopper).
@@ -29,6 +29,9 @@ pub const SUSPEND_TITLE: &str =
 
 /// What growing a communicator is called in refusals.
 pub const GROW_TITLE: &str = "growing a communicator (ncclCommGrow, ncclCommGetUniqueId)";
+/// What the one-sided operations are called in refusals.
+pub const ONE_SIDED_TITLE: &str =
+    "one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal)";
 /// What per-call options are called in refusals.
 pub const CALL_OPTIONS_TITLE: &str = "per-call options (ncclCollConfig_t, nccl*Config)";
 
@@ -278,6 +281,12 @@ impl Target {
     /// Growing a communicator (`ncclCommGrow`, NCCL 2.29.2).
     pub fn grow(&self) -> Result<()> {
         self.since(GROW_TITLE, GROW_SINCE)
+    }
+
+    /// The one-sided operations (`ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`, NCCL
+    /// 2.29.2).
+    pub fn one_sided(&self) -> Result<()> {
+        self.since(ONE_SIDED_TITLE, ONE_SIDED_SINCE)
     }
 
     /// Suspend, resume and memory statistics (`ncclCommSuspend`, NCCL 2.29.7).

@@ -7,13 +7,13 @@ use unicomm_core::{DataType, Error, MemStats, Properties, Result};
 
 use super::check::rank_in;
 use super::gates::{
-    CONFIG_SINCE, PARAMS_SINCE, PROPERTIES_SINCE, REVOKE_SINCE, SCALABLE_SINCE,
+    CONFIG_SINCE, ONE_SIDED_SINCE, PARAMS_SINCE, PROPERTIES_SINCE, REVOKE_SINCE, SCALABLE_SINCE,
     SCALAR_HOST_IMMEDIATE, SHRINK_SINCE, SPLIT_SINCE, SUSPEND_SINCE,
 };
-use super::handles::{made, Handle, LibAlloc, OwnedComm, RegHandle, Span};
+use super::handles::{made, Handle, LibAlloc, OwnedComm, RegHandle, Span, WindowRef};
 use crate::sys::api::{Api, NcclComm, NcclResult, UniqueId, WIN_COLL_SYMMETRIC};
 use crate::sys::config::{OwnedConfig, RawProperties};
-use crate::sys::target::{PROPERTIES_TITLE, SUSPEND_TITLE};
+use crate::sys::target::{ONE_SIDED_TITLE, PROPERTIES_TITLE, SUSPEND_TITLE};
 
 /// The most parameters [`Api::parameters`] lists.
 pub const MAX_PARAMS: usize = 4096;
@@ -398,6 +398,16 @@ impl Api {
         // SAFETY: a window of this communicator (the handle's contract), consumed.
         let code = unsafe { f(comm.raw, w.raw) };
         self.done("ncclCommWindowDeregister", code, Some(comm.raw))
+    }
+
+    /// `ncclWinGetUserPtr`: the address the window was registered at.
+    pub fn win_user_ptr(&self, comm: Handle<'_>, win: WindowRef<'_>) -> Result<usize> {
+        let f = self.gated(ONE_SIDED_TITLE, ONE_SIDED_SINCE, self.fns.win_get_user_ptr)?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a live communicator and a live window of it; `p` receives a pointer.
+        let code = unsafe { f(comm.raw, win.raw, &mut p) };
+        self.check("ncclWinGetUserPtr", code, Some(comm.raw))?;
+        Ok(p as usize)
     }
 
     /// `ncclMemAlloc` of `bytes` (NCCL >= 2.19).

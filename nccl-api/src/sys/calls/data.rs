@@ -3,13 +3,14 @@
 
 use std::ffi::c_int;
 
-use unicomm_core::{Counts, DataType, Error, Result, Slice};
+use unicomm_core::{Counts, DataType, Error, Result, SignalWait, Slice};
 
 use super::check::{bytes_of, rank_in, span, DeviceBytes};
-use super::gates::P2P_SINCE;
-use super::handles::{CommRef, StreamRef};
+use super::gates::{ONE_SIDED_SINCE, P2P_SINCE};
+use super::handles::{CommRef, StreamRef, WindowRef};
 use crate::sys::api::Api;
 use crate::sys::coll_config::CollConfig;
+use crate::sys::target::ONE_SIDED_TITLE;
 
 /// The buffers of one data call: what this rank sends and receives, and the call's
 /// per-collective configuration where it has one.
@@ -388,5 +389,85 @@ impl Api {
             }
         };
         self.done(name, code, Some(c))
+    }
+}
+
+/// `ncclUint8`: a put moves bytes.
+const BYTES: c_int = 1;
+
+/// `ncclWaitSignalDesc_t`.
+#[repr(C)]
+struct WaitDesc {
+    op_cnt: c_int,
+    peer: c_int,
+    sig_idx: c_int,
+    ctx: c_int,
+}
+
+/// The one-sided calls (NCCL >= 2.29.2). NCCL takes signal index 0, context 0 and no flags
+/// only (its `rmaTaskAppend`), so the calls pass those.
+impl Api {
+    /// `ncclPutSignal` of `src`'s bytes into `peer`'s part of `win` at byte `offset`, then a
+    /// signal to `peer`.
+    pub fn put_signal<M: DeviceBytes>(
+        &self,
+        src: &Slice<'_, M>,
+        (peer, win, offset): (usize, WindowRef<'_>, usize),
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let f = self.gated(ONE_SIDED_TITLE, ONE_SIDED_SINCE, self.fns.put_signal)?;
+        let p = span(Some(src), src.bytes, "src")?;
+        let peer = rank_in(peer, comm.world, "peer")?;
+        let c = comm.handle.raw;
+        // SAFETY: `src` holds its bytes (checked), `win` a live window of `c` (the reference's
+        // contract), a live communicator and stream; signal index, context and flags 0.
+        let code = unsafe {
+            f(
+                p, src.bytes, BYTES, peer, win.raw, offset, 0, 0, 0, c, st.raw,
+            )
+        };
+        self.done("ncclPutSignal", code, Some(c))
+    }
+
+    /// `ncclSignal` to `peer`.
+    pub fn signal(&self, peer: usize, comm: CommRef<'_>, st: StreamRef<'_>) -> Result<()> {
+        let f = self.gated(ONE_SIDED_TITLE, ONE_SIDED_SINCE, self.fns.signal)?;
+        let peer = rank_in(peer, comm.world, "peer")?;
+        let c = comm.handle.raw;
+        // SAFETY: a live communicator and stream; signal index, context and flags 0.
+        let code = unsafe { f(peer, 0, 0, 0, c, st.raw) };
+        self.done("ncclSignal", code, Some(c))
+    }
+
+    /// `ncclWaitSignal` for `waits`.
+    pub fn wait_signal(
+        &self,
+        waits: &[SignalWait],
+        comm: CommRef<'_>,
+        st: StreamRef<'_>,
+    ) -> Result<()> {
+        let f = self.gated(ONE_SIDED_TITLE, ONE_SIDED_SINCE, self.fns.wait_signal)?;
+        let mut descs = waits
+            .iter()
+            .map(|w| {
+                let op_cnt = c_int::try_from(w.count)
+                    .map_err(|_| Error::invalid("waits", "a count past a C int"))?;
+                let peer = rank_in(w.peer, comm.world, "waits")?;
+                Ok(WaitDesc {
+                    op_cnt,
+                    peer,
+                    sig_idx: 0,
+                    ctx: 0,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let n = c_int::try_from(descs.len())
+            .map_err(|_| Error::invalid("waits", "more entries than a C int counts"))?;
+        let c = comm.handle.raw;
+        // SAFETY: `descs` holds `n` ncclWaitSignalDesc_t read during the call; a live
+        // communicator and stream.
+        let code = unsafe { f(n, descs.as_mut_ptr().cast(), c, st.raw) };
+        self.done("ncclWaitSignal", code, Some(c))
     }
 }

@@ -170,6 +170,25 @@ impl RegHandle {
     }
 }
 
+/// A window of the communicator a call names, borrowed for the call.
+#[derive(Clone, Copy)]
+pub struct WindowRef<'a> {
+    pub(super) raw: *mut c_void,
+    _life: std::marker::PhantomData<&'a ()>,
+}
+
+impl WindowRef<'_> {
+    /// # Safety
+    /// `raw` is a live window (`ncclCommWindowRegister`) of the communicator the call names,
+    /// not deregistered while the reference is used.
+    pub unsafe fn borrow_raw(raw: usize) -> Self {
+        WindowRef {
+            raw: raw as *mut c_void,
+            _life: std::marker::PhantomData,
+        }
+    }
+}
+
 /// Memory from `ncclMemAlloc`, freed by [`Api::mem_free`](crate::sys::api::Api::mem_free).
 #[derive(Debug)]
 pub struct LibAlloc {
