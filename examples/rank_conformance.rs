@@ -104,6 +104,15 @@ fn run() -> anyhow::Result<()> {
                 bail!("rank {r}: sleep mode: {e}");
             }
         }
+        // One-sided puts and signals around the ring where the library has them (NCCL
+        // 2.29.2) and the communicator NCCL's host RMA.
+        match unicomm_conformance::one_sided_put_signal(std::slice::from_ref(&comm)) {
+            Ok(seen) => println!("rank_conformance: rank {r}: one-sided ring: {}", seen[0]),
+            Err(e) => {
+                let _ = comm.abort();
+                bail!("rank {r}: one-sided ring: {e}");
+            }
+        }
         // Per-call options where the library has them (NCCL 2.32).
         match unicomm_conformance::call_options(std::slice::from_ref(&comm)) {
             Ok(seen) => println!("rank_conformance: rank {r}: per-call options: {}", seen[0]),

@@ -192,3 +192,24 @@ fn per_call_options_follow_the_loaded_release() -> Result<()> {
     assert!(seen.iter().all(|&s| s == want), "{seen:?} on {v}");
     Ok(())
 }
+
+/// One-sided operations (NCCL 2.29.2's `ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`):
+/// NCCL's source rule refused before the library where the loaded library has them,
+/// `Unsupported` naming 2.29.2 where it does not; at world 2 or more the ring's blocks
+/// move exactly (or the communicator's missing host RMA is said). Never silent.
+#[test]
+fn one_sided_operations_follow_the_loaded_release() -> Result<()> {
+    let w = t::world()?;
+    let cs = GPU.comms(w)?;
+    let seen = unicomm_conformance::one_sided_put_signal(&cs)?;
+    let v = cs[0].capabilities().version;
+    println!(
+        "one-sided operations on {} {v}, world {w}: {seen:?}",
+        cs[0].capabilities().backend
+    );
+    if v < unicomm_core::Version::new(2, 29, 2) || w == 1 {
+        let want = v >= unicomm_core::Version::new(2, 29, 2);
+        assert!(seen.iter().all(|&s| s == want), "{seen:?} on {v}");
+    }
+    Ok(())
+}

@@ -915,3 +915,88 @@ mod grow {
         OK
     }
 }
+
+/// NCCL 2.29.2's one-sided calls at world 1 (a put to itself), over host memory: a put
+/// copies into the window (`ncclCommWindowRegister`'s handle is the buffer | 2) and counts a
+/// signal, as a bare signal does; a wait takes what its descriptors ask or refuses.
+#[cfg(feature = "nccl232")]
+mod one_sided {
+    use super::*;
+
+    static SIGNALS: Mutex<i64> = Mutex::new(0);
+    static SHIFT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    fn rules(peer: c_int, sig: c_int, ctx: c_int, flags: u32, c: *mut Comm) -> Result<(), R> {
+        // SAFETY: a communicator of this fake (nccl.h's contract).
+        let n = unsafe { (*c).nranks };
+        if sig != 0 || ctx != 0 || flags != 0 {
+            return Err(fail(INVALID_ARGUMENT, "fake: signal index, context and flags must be 0"));
+        }
+        if peer < 0 || peer >= n {
+            return Err(fail(INVALID_ARGUMENT, "fake: no such peer"));
+        }
+        Ok(())
+    }
+
+    /// The window handles' user pointers are reported `by` bytes off (a library that
+    /// disagrees with the registration).
+    #[no_mangle]
+    pub extern "C" fn unicommFakeShiftWindows(by: usize) {
+        SHIFT.store(by, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclPutSignal(src: *const c_void, n: usize, t: c_int, peer: c_int, win: *mut c_void, off: usize, sig: c_int, ctx: c_int, flags: u32, c: *mut Comm, _s: *mut c_void) -> R {
+        count("ncclPutSignal");
+        if let Err(e) = rules(peer, sig, ctx, flags, c) {
+            return e;
+        }
+        if t != 1 || (win as usize) & 2 == 0 {
+            return fail(INVALID_ARGUMENT, "fake: a put moves ncclUint8 into a window");
+        }
+        count(&format!("put {n} bytes at {off}"));
+        std::ptr::copy(src as *const u8, ((win as usize & !2) + off) as *mut u8, n);
+        *SIGNALS.lock().unwrap() += 1;
+        OK
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclSignal(peer: c_int, sig: c_int, ctx: c_int, flags: u32, c: *mut Comm, _s: *mut c_void) -> R {
+        count("ncclSignal");
+        if let Err(e) = rules(peer, sig, ctx, flags, c) {
+            return e;
+        }
+        *SIGNALS.lock().unwrap() += 1;
+        OK
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclWaitSignal(n: c_int, descs: *const [c_int; 4], c: *mut Comm, _s: *mut c_void) -> R {
+        count("ncclWaitSignal");
+        let mut need = 0i64;
+        for d in std::slice::from_raw_parts(descs, n as usize) {
+            let [op_cnt, peer, sig, ctx] = *d;
+            if let Err(e) = rules(peer, sig, ctx, 0, c) {
+                return e;
+            }
+            if op_cnt <= 0 {
+                return fail(INVALID_ARGUMENT, "fake: opCnt must be positive");
+            }
+            need += i64::from(op_cnt);
+        }
+        let mut s = SIGNALS.lock().unwrap();
+        if *s < need {
+            return fail(INVALID_USAGE, "fake: a wait for signals never sent");
+        }
+        *s -= need;
+        count(&format!("wait {need}"));
+        OK
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclWinGetUserPtr(_c: *mut Comm, win: *mut c_void, out: *mut *mut c_void) -> R {
+        count("ncclWinGetUserPtr");
+        *out = ((win as usize & !2) + SHIFT.load(std::sync::atomic::Ordering::SeqCst)) as *mut c_void;
+        OK
+    }
+}
