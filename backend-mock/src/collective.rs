@@ -260,10 +260,9 @@ impl MockComm {
         let h = RawHandle(NEXT_HANDLE.fetch_add(1, Ordering::Relaxed));
         self.registry
             .insert(h, mem.address() + offset, bytes, kind)?;
-        let part = crate::exec::Span {
+        let part = crate::windows::Part {
             alloc: mem.inner.clone(),
             offset,
-            write: true,
         };
         self.windows.add(h, part, bytes);
         Ok(h)

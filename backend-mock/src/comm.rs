@@ -50,7 +50,7 @@ pub struct MockComm {
     /// Re-formings so far (each survivor counts the same).
     pub(crate) shrinks: AtomicU64,
     /// The windows by the ordinal every rank gives them (where one-sided puts land).
-    pub(crate) windows: Arc<crate::one_sided::Windows>,
+    pub(crate) windows: Arc<crate::windows::Windows>,
 }
 
 impl std::fmt::Debug for MockComm {
@@ -144,7 +144,7 @@ impl MockComm {
             state: AtomicU8::new(LIVE),
             rejoin: self.rejoin.derived(step.as_bytes(), ranks),
             shrinks: AtomicU64::new(0),
-            windows: crate::one_sided::windows(),
+            windows: crate::windows::windows(),
         }
     }
 

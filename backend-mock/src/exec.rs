@@ -13,8 +13,8 @@ use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Scalar, SignalWait};
 
 use crate::fabric::{Desc, Exchange, Load, Msg, Signature, LOAD_PART};
 use crate::memory::HostAlloc;
-use crate::one_sided::Windows;
 use crate::reduce::reduce;
+use crate::windows::Windows;
 use crate::Fault;
 
 pub(crate) mod batch;
@@ -90,7 +90,7 @@ pub(crate) enum Work {
     /// A wait for one-sided signals; the puts' bytes land in this rank's windows.
     Wait {
         waits: Vec<unicomm_core::SignalWait>,
-        windows: Arc<crate::one_sided::Windows>,
+        windows: Arc<Windows>,
     },
 }
 

@@ -42,6 +42,7 @@ mod shrink;
 mod sleep;
 mod split;
 mod stream;
+mod windows;
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -118,7 +119,7 @@ pub(crate) fn local_rank(
         state: AtomicU8::new(LIVE),
         rejoin,
         shrinks: AtomicU64::new(0),
-        windows: crate::one_sided::windows(),
+        windows: crate::windows::windows(),
     })
 }
 
@@ -208,7 +209,7 @@ pub(crate) fn process_rank(
         state: AtomicU8::new(LIVE),
         rejoin,
         shrinks: AtomicU64::new(0),
-        windows: crate::one_sided::windows(),
+        windows: crate::windows::windows(),
     })
 }
 

@@ -5,62 +5,13 @@
 //! never later than NCCL would show them, so a program that reads only after its wait (as
 //! NCCL requires) sees the same bytes.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use unicomm_core::one_sided::OneSided;
-use unicomm_core::{Error, RawHandle, Result};
+use unicomm_core::{Error, Result};
 
 use crate::comm::MockComm;
 use crate::exec::{Span, Work};
 use crate::memory::MockMemory;
 use crate::stream::MockStream;
-
-/// The windows of one communicator by the ordinal every rank gives them (windows are
-/// registered by every rank in one order, so the n-th is the same window everywhere).
-#[derive(Default)]
-pub(crate) struct Windows {
-    inner: Mutex<Table>,
-}
-
-#[derive(Default)]
-struct Table {
-    next: u64,
-    ordinals: HashMap<RawHandle, u64>,
-    parts: HashMap<u64, (Span, usize)>,
-}
-
-impl Windows {
-    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A window registered (collectively): the next ordinal, this rank's part of it.
-    pub(crate) fn add(&self, handle: RawHandle, part: Span, bytes: usize) {
-        let mut t = self.table();
-        let ord = t.next;
-        t.next += 1;
-        t.ordinals.insert(handle, ord);
-        t.parts.insert(ord, (part, bytes));
-    }
-
-    /// A window deregistered: puts into it land nowhere from now on (an error).
-    pub(crate) fn remove(&self, handle: RawHandle) {
-        let mut t = self.table();
-        if let Some(ord) = t.ordinals.remove(&handle) {
-            t.parts.remove(&ord);
-        }
-    }
-
-    fn ordinal(&self, handle: RawHandle) -> Option<u64> {
-        self.table().ordinals.get(&handle).copied()
-    }
-
-    /// This rank's part of window `ord` and its size in bytes.
-    pub(crate) fn part(&self, ord: u64) -> Option<(Span, usize)> {
-        self.table().parts.get(&ord).cloned()
-    }
-}
 
 impl MockComm {
     /// One one-sided operation, checked as NCCL checks it, as one task of `stream`.
@@ -111,9 +62,4 @@ impl MockComm {
         };
         self.enqueue_work(work, false, stream)
     }
-}
-
-/// The windows of a new communicator.
-pub(crate) fn windows() -> Arc<Windows> {
-    Arc::new(Windows::default())
 }

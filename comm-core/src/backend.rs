@@ -101,10 +101,7 @@ pub struct DeviceInfo {
     pub pci_bus_id: Option<String>,
 }
 
-/// An opaque registration handle a backend hands out (`ncclCommRegister`'s `void*`, a
-/// window pointer, or the mock's id).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RawHandle(pub usize);
+pub use crate::registry::RawHandle;
 
 /// The communicator of one rank, as a backend implements it.
 ///

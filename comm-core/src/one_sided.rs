@@ -4,8 +4,8 @@
 //! typed calls are [`Comm::put_signal`](crate::Comm::put_signal),
 //! [`Comm::signal`](crate::Comm::signal) and [`Comm::wait_signal`](crate::Comm::wait_signal).
 
-use crate::backend::RawHandle;
 use crate::op::Slice;
+use crate::registry::RawHandle;
 use crate::{DataType, Error, Result};
 
 /// One entry of a wait (`ncclWaitSignalDesc_t`): `count` signals from `peer`. Every put of

@@ -5,8 +5,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use crate::backend::RawHandle;
 use crate::{Error, Result};
+
+/// An opaque registration handle a backend hands out (`ncclCommRegister`'s `void*`, a
+/// window pointer, or the mock's id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawHandle(pub usize);
 
 /// Ordinary registration or symmetric window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
