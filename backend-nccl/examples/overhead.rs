@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use unicomm_core::{Collective, Comm, DataType, Kind, Op, ReduceOp, Slice};
 use unicomm_nccl::NcclComm;
+use unicomm_nccl_api::sys::codes::NcclCode;
 
 const TRIALS: usize = 9;
 

@@ -73,15 +73,17 @@ pub fn probe() -> Result<String> {
 /// One communicator per visible AMD GPU (or the first `n`), created from this thread.
 pub fn local_comms(n: Option<usize>) -> Result<Vec<RcclComm>> {
     // The device first: "no GPU" says more than "no library" on a machine without either.
-    let rt = hip()?;
-    ApiComm::local(rccl()?, rt, n)
+    local_comms_with(n, &CommConfig::default())
 }
 
 /// [`local_comms`] with a configuration (`ncclCommInitRankConfig`; a field the library
 /// predates is `Unsupported`, naming it and its version).
 pub fn local_comms_with(n: Option<usize>, config: &CommConfig) -> Result<Vec<RcclComm>> {
     let rt = hip()?;
-    ApiComm::local_with(rccl()?, rt, n, config)
+    let comms = ApiComm::local_with(rccl()?, rt, n, config)?;
+    // The survivors of a shrink without ncclCommShrink meet on a board of this process.
+    ApiComm::share_rejoin(&comms, Arc::new(unicomm_bootstrap::Rejoin::local()))?;
+    Ok(comms)
 }
 
 /// [`init_rank`] with a configuration.

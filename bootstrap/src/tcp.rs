@@ -191,8 +191,8 @@ pub fn exchange_unique_id(
 }
 
 /// The most unique ids one rendezvous hands out (32 KiB to each rank): NCCL's many-root
-/// creation takes one per root.
-pub const MAX_IDS: usize = 256;
+/// creation takes one per root (the contract's constant).
+pub use unicomm_core::shrink::MAX_IDS;
 
 /// [`exchange_unique_id`] for `count` ids made by rank 0 (NCCL's many-root creation,
 /// `ncclCommInitRankScalable`, takes one per root): every rank passes the same `count`

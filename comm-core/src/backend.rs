@@ -30,17 +30,6 @@ impl Version {
             patch,
         }
     }
-
-    /// Decodes `ncclGetVersion`'s integer (`NCCL_VERSION_CODE`): `major*10000+minor*100+patch`
-    /// from 2.9 on, `major*1000+minor*100+patch` before.
-    pub const fn from_nccl_code(code: i32) -> Self {
-        let code = if code < 0 { 0 } else { code as u32 };
-        if code >= 20900 {
-            Version::new(code / 10000, (code % 10000) / 100, code % 100)
-        } else {
-            Version::new(code / 1000, (code % 1000) / 100, code % 100)
-        }
-    }
 }
 
 impl std::fmt::Display for Version {

@@ -34,7 +34,7 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// NCCL's name of it.
-    pub fn nccl_name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "Ring",
             Algorithm::Tree => "Tree",
@@ -63,7 +63,7 @@ impl Algorithms {
             Algorithms::Only(l) => ("", l),
             Algorithms::Except(l) => ("^", l),
         };
-        let names: Vec<&str> = list.iter().map(|a| a.nccl_name()).collect();
+        let names: Vec<&str> = list.iter().map(|a| a.name()).collect();
         format!("{prefix}{}", names.join(","))
     }
 }

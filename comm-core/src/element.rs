@@ -8,36 +8,35 @@
 use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 
-/// The element type of a collective, numbered as `ncclDataType_t` (NCCL and RCCL agree on
-/// these values for every type listed here).
+/// The element type of a collective (each named by the C API's type it is; the backends
+/// number them as their library does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(i32)]
 pub enum DataType {
     /// `ncclInt8`
-    I8 = 0,
+    I8,
     /// `ncclUint8`
-    U8 = 1,
+    U8,
     /// `ncclInt32`
-    I32 = 2,
+    I32,
     /// `ncclUint32`
-    U32 = 3,
+    U32,
     /// `ncclInt64`
-    I64 = 4,
+    I64,
     /// `ncclUint64`
-    U64 = 5,
+    U64,
     /// `ncclFloat16`
-    F16 = 6,
+    F16,
     /// `ncclFloat32`
-    F32 = 7,
+    F32,
     /// `ncclFloat64`
-    F64 = 8,
+    F64,
     /// `ncclBfloat16`
-    Bf16 = 9,
+    Bf16,
     /// `ncclFloat8e4m3` (NCCL >= 2.24; RCCL's `ncclFp8E4M3`, whose MI300 encoding differs:
     /// see docs/rocm.md): OCP e4m3, as [`float8::F8E4M3`] holds it.
-    F8E4M3 = 10,
+    F8E4M3,
     /// `ncclFloat8e5m2` (NCCL >= 2.24): OCP e5m2, as [`float8::F8E5M2`] holds it.
-    F8E5M2 = 11,
+    F8E5M2,
 }
 
 impl DataType {
@@ -65,11 +64,6 @@ impl DataType {
             DataType::I32 | DataType::U32 | DataType::F32 => 4,
             DataType::I64 | DataType::U64 | DataType::F64 => 8,
         }
-    }
-
-    /// The `ncclDataType_t` value.
-    pub const fn nccl(self) -> i32 {
-        self as i32
     }
 
     /// Whether the type is a floating-point type.
@@ -204,19 +198,6 @@ impl ReduceOp {
     /// collective's element type (NCCL's `ncclRedOpCreatePreMulSum` with a host scalar).
     pub fn pre_mul_sum<T: Element>(scale: T) -> Self {
         ReduceOp::PreMulSum(Scalar::new(scale))
-    }
-
-    /// The built-in `ncclRedOp_t` value; `None` for [`ReduceOp::PreMulSum`], a custom
-    /// operation the backend creates on the communicator.
-    pub const fn nccl(self) -> Option<i32> {
-        match self {
-            ReduceOp::Sum => Some(0),
-            ReduceOp::Prod => Some(1),
-            ReduceOp::Max => Some(2),
-            ReduceOp::Min => Some(3),
-            ReduceOp::Avg => Some(4),
-            ReduceOp::PreMulSum(_) => None,
-        }
     }
 
     /// The reduction without its per-rank value: what every rank must agree on (each rank

@@ -90,5 +90,5 @@ pub use one_sided::SignalWait;
 pub use op::{Extent, Kind, Op, Slice};
 pub use ranks::each_rank;
 pub use registration::{AutoRegistered, RegisterError, Registered, Registration, Window};
-pub use shrink::ShrinkMode;
+pub use shrink::{Rejoin, ShrinkMode};
 pub use state::{MemStats, Properties};

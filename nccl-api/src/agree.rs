@@ -17,6 +17,7 @@ use crate::group;
 use crate::libcomm::LibComm;
 use crate::memory::{ApiMemory, ApiStream};
 use crate::sys::calls::Sides;
+use crate::sys::codes::NcclCode;
 use crate::sys::runtime::Runtime;
 
 /// The most words one exchange carries (2 KiB of scratch: the copy-engine all-to-all-v's

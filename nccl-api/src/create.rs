@@ -228,7 +228,7 @@ pub const RANKS_PER_ROOT: u64 = 128;
 
 /// How many roots (unique ids) a world of `world` ranks is created from: one per
 /// `UNICOMM_RANKS_PER_ROOT` ranks (default [`RANKS_PER_ROOT`], 1..=2^20), at most
-/// `unicomm_bootstrap::MAX_IDS` (so each rank receives at most 32 KiB of ids); one where the
+/// [`MAX_IDS`](unicomm_core::shrink::MAX_IDS) (so each rank receives at most 32 KiB of ids); one where the
 /// world fits one root or where the library predates `ncclCommInitRankScalable` (NCCL 2.23:
 /// the documented fallback, said at `info` level). Every rank must compute the same number
 /// (the same variable and library on every rank; the rendezvous refuses a difference).
@@ -241,7 +241,7 @@ pub fn roots_for(api: &Api, world: usize) -> Result<usize> {
     )?;
     let wanted = (world as u64)
         .div_ceil(per)
-        .clamp(1, unicomm_bootstrap::MAX_IDS as u64) as usize;
+        .clamp(1, unicomm_core::shrink::MAX_IDS as u64) as usize;
     if wanted > 1 && !api.has_scalable_init() {
         tracing::info!(
             library = %api.path,

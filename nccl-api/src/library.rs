@@ -12,6 +12,7 @@ use crate::libcomm::LibComm;
 use crate::memory::ApiMemory;
 use crate::sys::api::{Api, NcclComm};
 use crate::sys::calls::{CommRef, Handle, P2p, Sides, StreamRef};
+use crate::sys::codes::NcclCode;
 use crate::sys::coll_config::CollConfig;
 use crate::sys::runtime::Runtime;
 use crate::sys::target::Target;

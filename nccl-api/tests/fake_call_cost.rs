@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use common::{comm, fake, flavors, medians_ns};
 use nix::sys::mman::{mmap_anonymous, mprotect, MapFlags, ProtFlags};
 use unicomm_core::{DataType, DeviceSlice, ReduceOp};
+use unicomm_nccl_api::sys::codes::NcclCode;
 
 /// Straight-line code of `bytes` bytes ending in `ret` (x86-64), to run between calls.
 struct Thrash {

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{calls, comm, fake, flavors};
-use unicomm_core::{DeviceStream, Error, SignalWait};
+use unicomm_core::{Error, SignalWait};
 
 #[test]
 fn a_put_and_a_signal_reach_nccl_as_it_asks_and_the_bytes_land() {

@@ -53,7 +53,7 @@ fn run_with(
     let api =
         Arc::new(Api::open(flavors(false, feature == "rccl-old"), &path).expect("load the fake"));
     let id = api.unique_id().unwrap();
-    let board = Rejoin::local();
+    let board: Arc<dyn unicomm_core::Rejoin> = Arc::new(Rejoin::local());
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..W)
             .map(|r| {

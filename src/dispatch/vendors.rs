@@ -117,7 +117,7 @@ macro_rules! gpu_backend {
                 // Created: every rank held the ids, so the rendezvous ends at once.
                 serving.finish()?;
                 // After a failure the survivors re-form over the job's rendezvous.
-                comm.set_rejoin(unicomm_bootstrap::Rejoin::job(env))?;
+                comm.set_rejoin(std::sync::Arc::new(unicomm_bootstrap::Rejoin::job(env)))?;
                 Ok(AnyComm::from(comm))
             }
             fn unique_id() -> Result<[u8; 128]> {

@@ -96,7 +96,9 @@ impl W {
                 w.0.extend_from_slice(x.bytes());
             }
             o => {
-                w.u8(o.nccl().unwrap_or(0) as u8);
+                // Its place in `ReduceOp::ALL` (the wire's own numbering).
+                let k = ReduceOp::ALL.iter().position(|x| *x == o).unwrap_or(0);
+                w.u8(k as u8);
             }
         });
         self.opt(s.root, |w, r| {
@@ -285,8 +287,8 @@ impl R<'_> {
                         .ok_or_else(|| bad("scalar"));
                 }
                 ReduceOp::ALL
-                    .into_iter()
-                    .find(|o| o.nccl() == Some(i32::from(c)))
+                    .get(usize::from(c))
+                    .copied()
                     .ok_or_else(|| bad("reduction"))
             })?,
             root: self.opt(R::usize)?,

@@ -8,6 +8,7 @@ use std::ffi::c_void;
 use anyhow::{bail, Context};
 use unicomm::generic::DeviceSliceMut;
 use unicomm::{AnyComm, AnyStream, Buffer, Capabilities, DataType, ReduceOp};
+use unicomm_nccl_api::sys::codes::NcclCode;
 use unicomm_nccl_api::{ApiComm, ApiStream, Runtime};
 
 use super::data::*;

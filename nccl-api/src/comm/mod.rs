@@ -40,7 +40,7 @@ pub struct ApiComm<R: Runtime> {
     /// Shrinks so far (each survivor counts the same).
     shrinks: std::sync::atomic::AtomicU64,
     /// Where the survivors meet to re-form (`shrink` without `ncclCommShrink`).
-    rejoin: std::sync::OnceLock<unicomm_bootstrap::Rejoin>,
+    rejoin: std::sync::OnceLock<Arc<dyn unicomm_core::Rejoin>>,
     /// Its last operations, dumped when it is aborted (a deadline, an asynchronous error,
     /// `abort`) or asked to.
     flight: Arc<FlightRecorder>,
@@ -131,7 +131,6 @@ impl<R: Runtime> ApiComm<R> {
             .collect::<Result<Vec<_>>>()?;
         let raw = create::local_world(&api, &rt, devs, mode, id, config)?;
         let local = Arc::new(LocalWorld::new(n));
-        let rejoin = unicomm_bootstrap::Rejoin::local();
         let mut out = Vec::with_capacity(n);
         let mut raw = raw.into_iter();
         for (rank, (c, &dev)) in raw.by_ref().zip(devs).enumerate() {
@@ -145,7 +144,7 @@ impl<R: Runtime> ApiComm<R> {
             );
             let sharing = Sharing::new(Some(local.clone()), None);
             let flight = flights[rank].clone();
-            match Self::compose(lc, mode, sharing, Some(rejoin.clone()), flight) {
+            match Self::compose(lc, mode, sharing, None, flight) {
                 Ok(me) => out.push(me),
                 Err(e) => {
                     // The rest were created and are not wrapped: ended here (the wrapped
@@ -262,7 +261,7 @@ impl<R: Runtime> ApiComm<R> {
         lc: LibComm<R>,
         mode: Mode,
         sharing: Sharing,
-        rejoin: Option<unicomm_bootstrap::Rejoin>,
+        rejoin: Option<Arc<dyn unicomm_core::Rejoin>>,
         flight: Arc<FlightRecorder>,
     ) -> Result<Self> {
         let lc = Arc::new(lc);

@@ -3,8 +3,9 @@
 //! re-form from a fresh unique id that meets them through the communicator's [`Rejoin`]
 //! (in this process, or over the job's rendezvous).
 
-use unicomm_bootstrap::Rejoin;
-use unicomm_core::{CommConfig, Error, Result, ShrinkMode};
+use std::sync::Arc;
+
+use unicomm_core::{CommConfig, Error, Rejoin, Result, ShrinkMode};
 
 use super::ApiComm;
 use crate::create::{self, Mode};
@@ -17,13 +18,20 @@ use crate::sys::runtime::Runtime;
 const SHRINK_WORLDS: u64 = 1 << 63;
 
 impl<R: Runtime> ApiComm<R> {
-    /// Where this communicator's survivors meet to re-form, for one joined with
-    /// `init_rank` (the facade's `from_env` sets the job's rendezvous); worlds made together
-    /// in this process and children have theirs already. Once per communicator.
-    pub fn set_rejoin(&self, rejoin: Rejoin) -> Result<()> {
+    /// Where this communicator's survivors meet to re-form, handed in from above (the vendor
+    /// crates' `local_comms` give a world of this process an in-process board, the facade's
+    /// `from_env` the job's rendezvous); children derive theirs from it. Once per
+    /// communicator.
+    pub fn set_rejoin(&self, rejoin: Arc<dyn Rejoin>) -> Result<()> {
         self.rejoin
             .set(rejoin)
             .map_err(|_| Error::invalid("rejoin", "already set for this communicator"))
+    }
+
+    /// [`ApiComm::set_rejoin`] on every rank of a world made in this process, with one
+    /// channel (its ranks meet on it).
+    pub fn share_rejoin(comms: &[Self], rejoin: Arc<dyn Rejoin>) -> Result<()> {
+        comms.iter().try_for_each(|c| c.set_rejoin(rejoin.clone()))
     }
 
     /// `shrink` (see [`unicomm_core::Comm::shrink`]); `exclude` sorted and checked.
@@ -117,7 +125,7 @@ impl<R: Runtime> ApiComm<R> {
             round,
             survivors,
             lc.rank,
-            || Ok(api.unique_id()?.to_bytes()),
+            &mut || Ok(api.unique_id()?.to_bytes()),
             lc.timeout(),
         )?;
         let rank = survivors.iter().position(|&r| r == lc.rank).unwrap_or(0);

@@ -23,6 +23,7 @@ use super::{CopyEngine, Plan};
 use crate::base::Base;
 use crate::group;
 use crate::memory::{ApiMemory, ApiStream};
+use crate::sys::codes::NcclCode;
 use crate::sys::runtime::Runtime;
 
 /// Words each rank offers before its three per-peer columns: whether it can take the path,

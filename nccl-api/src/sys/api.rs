@@ -298,7 +298,7 @@ impl Api {
             _lib: lib,
         };
         api.check("ncclGetVersion", r, None)?;
-        api.version = Version::from_nccl_code(code);
+        api.version = crate::sys::codes::version_of_code(code);
         Ok(api)
     }
 

@@ -5,6 +5,7 @@
 //!   the loader), result codes, version gates and error translation, in [`api`];
 //! - one safe method per library call, with its gate and typed result, in [`calls`] (the
 //!   only place the library is called above the loader);
+//! - the contract's values as the C API numbers them, in [`codes`];
 //! - `ncclConfig_t`, in [`config`], and `ncclCollConfig_t`, in [`coll_config`];
 //! - what a library version on a device permits, written once for the backends and the
 //!   mock, in [`target`];
@@ -14,6 +15,7 @@
 
 pub mod api;
 pub mod calls;
+pub mod codes;
 pub mod coll_config;
 pub mod config;
 pub mod flavor;

@@ -47,6 +47,11 @@ const CONTRACT_MUST_NOT_DEPEND_ON: &[&str] = &[
     "libloading",
 ];
 
+/// What the NCCL-API layer must never depend on: the rendezvous (re-forming is a trait of
+/// the contract, handed in from above) and the cryptography and sockets it brings.
+const NCCL_API_MUST_NOT_DEPEND_ON: &[&str] =
+    &["unicomm-bootstrap", "hmac", "sha2", "mio", "socket2"];
+
 /// nccl-api's modules, lowest layer first (by top-level module).
 pub(crate) const NCCL_API_LAYERS: Layers = &[
     (
@@ -202,11 +207,31 @@ mod tests {
         let Some((_, _, _, all)) = core else {
             panic!("no unicomm-core package")
         };
-        let bad: Vec<String> = all
-            .into_iter()
-            .filter(|d| CONTRACT_MUST_NOT_DEPEND_ON.contains(&d.as_str()))
-            .collect();
+        let bad = rules::forbidden_deps("unicomm-core", &all, CONTRACT_MUST_NOT_DEPEND_ON);
         assert_none("unicomm-core's dependencies", bad);
+    }
+
+    /// The GPU layer compiles no rendezvous: re-forming after a shrink reaches it as the
+    /// contract's `Rejoin` trait, handed in from above.
+    #[test]
+    fn nccl_api_depends_on_no_rendezvous() {
+        let api = packages().into_iter().find(|p| p.0 == "unicomm-nccl-api");
+        let Some((_, _, _, all)) = api else {
+            panic!("no unicomm-nccl-api package")
+        };
+        let bad = rules::forbidden_deps("unicomm-nccl-api", &all, NCCL_API_MUST_NOT_DEPEND_ON);
+        assert_none("unicomm-nccl-api's dependencies", bad);
+    }
+
+    /// ARCHITECTURE.md: "comm-core knows no vendor's library" (its codes and names live in
+    /// nccl-api's `sys::codes` and conversions).
+    #[test]
+    fn the_contract_names_no_vendor_library_in_code() {
+        let c = crates().into_iter().find(|c| c.name == "unicomm-core");
+        let c = c.unwrap_or_else(|| panic!("no unicomm-core"));
+        let mut v = rules::vendor_identifiers(&c, "nccl");
+        v.extend(rules::vendor_identifiers(&c, "rccl"));
+        assert_none("vendor identifiers in unicomm-core", v);
     }
 
     #[test]

@@ -177,3 +177,25 @@ fn a_commit_citation_is_refused_in_docs_and_comments() {
     let texts = rules::comment_texts(&[&c]);
     assert_eq!(rules::commit_citations(&texts[0].0, &texts[0].1).len(), 1);
 }
+
+#[test]
+fn a_forbidden_dependency_is_refused() {
+    let deps = vec!["libloading".to_string(), "unicomm-bootstrap".to_string()];
+    let v = rules::forbidden_deps("p", &deps, &["unicomm-bootstrap", "hmac"]);
+    assert_eq!(v, vec!["p depends on unicomm-bootstrap".to_string()]);
+    assert!(rules::forbidden_deps("p", &deps[..1], &["unicomm-bootstrap"]).is_empty());
+}
+
+#[test]
+fn a_vendor_identifier_in_code_is_refused_and_one_in_a_comment_or_string_is_not() {
+    for (code, found) in [
+        ("pub const fn from_nccl_code(c: i32) -> i32 { c }", 1),
+        ("fn f() -> i32 { ncclSum }", 1),
+        ("/// `ncclSum` in a doc comment\nfn f() {}", 0),
+        ("fn f() -> &'static str { \"ncclSum\" }", 0),
+    ] {
+        let c = Crate::from_texts("t", &[("lib.rs", code)]);
+        let v = rules::vendor_identifiers(&c, "nccl");
+        assert_eq!(v.len(), found, "{code}: {v:?}");
+    }
+}

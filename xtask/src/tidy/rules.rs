@@ -151,6 +151,34 @@ pub(crate) fn unsafe_outside(krates: &[&Crate], allowed: &[&str]) -> Vec<String>
     out
 }
 
+/// The dependencies of `package` among `deps` that `forbidden` names.
+pub(crate) fn forbidden_deps(package: &str, deps: &[String], forbidden: &[&str]) -> Vec<String> {
+    deps.iter()
+        .filter(|d| forbidden.contains(&d.as_str()))
+        .map(|d| format!("{package} depends on {d}"))
+        .collect()
+}
+
+/// Identifiers in code (not comments or strings) that name a vendor's library (`word`,
+/// any case, inside an identifier: `nccl`, `from_nccl_code`, `ncclDataType`): the contract
+/// knows no vendor's codes or names.
+pub(crate) fn vendor_identifiers(krate: &Crate, word: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, src) in krate.files.values() {
+        let file = path.to_string_lossy().replace('\\', "/");
+        for (line, text) in src.code.lines().enumerate() {
+            let idents = text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+            for id in idents.filter(|id| id.to_ascii_lowercase().contains(word)) {
+                out.push(format!(
+                    "{file}:{}: `{id}` names a vendor's library",
+                    line + 1
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Uses of the library's function table (`fns.NAME`) outside the modules `allowed` (by
 /// top-level module) other than asking whether an entry exists: the library is called in one
 /// layer, whose functions carry the version gates and the typed results.

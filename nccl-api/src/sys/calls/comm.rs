@@ -12,6 +12,7 @@ use super::gates::{
 };
 use super::handles::{made, Handle, LibAlloc, OwnedComm, RegHandle, Span, WindowRef};
 use crate::sys::api::{Api, NcclComm, NcclResult, UniqueId, WIN_COLL_SYMMETRIC};
+use crate::sys::codes::NcclCode;
 use crate::sys::config::{OwnedConfig, RawProperties};
 use crate::sys::target::{ONE_SIDED_TITLE, PROPERTIES_TITLE, SUSPEND_TITLE};
 

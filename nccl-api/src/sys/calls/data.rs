@@ -9,6 +9,7 @@ use super::check::{bytes_of, rank_in, span, DeviceBytes};
 use super::gates::{ONE_SIDED_SINCE, P2P_SINCE};
 use super::handles::{CommRef, StreamRef, WindowRef};
 use crate::sys::api::Api;
+use crate::sys::codes::NcclCode;
 use crate::sys::coll_config::CollConfig;
 use crate::sys::target::ONE_SIDED_TITLE;
 
