@@ -127,7 +127,13 @@ impl Collective for MockComm {
 
     fn enqueue(&self, op: Op<'_, MockMemory>, stream: &MockStream) -> Result<()> {
         let what = (op.kind, op.count, op.dtype);
-        let path = if op.kind.is_var() { "lowered" } else { "mock" };
+        // The routes' one vocabulary: the mock's own call is the library's it stands for.
+        use unicomm_nccl_api::policy::Taken;
+        let path = match op.kind.is_var() {
+            true => Taken::Lowered,
+            false => Taken::Library,
+        }
+        .name();
         self.ctx.flight.enqueued(
             what,
             Arc::as_ptr(&stream.inner) as u64,

@@ -44,6 +44,65 @@ impl Path {
     }
 }
 
+/// Where a call went: the one vocabulary of the ranks' comparison, the flight recorder and
+/// the mock (which names its own calls as the library it stands for), the automatic
+/// policy's words for its paths among them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// The library's call on the communicator.
+    Library,
+    /// The library's call on the automatic registrations' second communicator.
+    Registered,
+    /// The copy engines.
+    CopyEngine,
+    /// Refused on this rank (its own error; the rank still takes part in a comparison).
+    Refused,
+    /// A composition of other calls, where the library has none of its own.
+    Lowered,
+}
+
+impl Taken {
+    /// Every route, in the order of [`Taken::code`].
+    pub const ALL: [Taken; 5] = [
+        Taken::Library,
+        Taken::Registered,
+        Taken::CopyEngine,
+        Taken::Refused,
+        Taken::Lowered,
+    ];
+
+    /// Every route's name, by [`Taken::code`] (what a comparison's numbers are shown as).
+    pub const NAMES: [&'static str; 5] = [
+        Taken::Library.name(),
+        Taken::Registered.name(),
+        Taken::CopyEngine.name(),
+        Taken::Refused.name(),
+        Taken::Lowered.name(),
+    ];
+
+    /// Its one word.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Taken::Library => "library",
+            Taken::Registered => Path::Registered.name(),
+            Taken::CopyEngine => Path::CopyEngine.name(),
+            Taken::Refused => "refused",
+            Taken::Lowered => "lowered",
+        }
+    }
+
+    /// Its number, the same on every rank (a comparison's value).
+    pub const fn code(self) -> u64 {
+        match self {
+            Taken::Library => 0,
+            Taken::Registered => 1,
+            Taken::CopyEngine => 2,
+            Taken::Refused => 3,
+            Taken::Lowered => 4,
+        }
+    }
+}
+
 /// Per collective (its [`Kind::code`]), ordered `(up to bytes, path)` rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {

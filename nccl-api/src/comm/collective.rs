@@ -16,6 +16,7 @@ use super::ApiComm;
 use crate::group;
 use crate::libcomm::End;
 use crate::memory::{ApiMemory, ApiStream};
+use crate::policy::Taken;
 use crate::sys::runtime::Runtime;
 
 impl<R: Runtime> Collective for ApiComm<R> {
@@ -288,12 +289,12 @@ impl<R: Runtime> ApiComm<R> {
         stream.watched_by(&b.lc);
         // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
         // rank whose call is refused here still takes part, so its peers do not wait.
-        let path = || (route::code(&route), &route::NAMES[..]);
+        let path = || (route::taken(&route).code(), &Taken::NAMES[..]);
         let checked = b.agree.check_collective(&b.lc, op, path, stream);
         let route = route?;
         checked?;
         let st = stream.lend();
-        let name = route::name(&route);
+        let name = route.taken().name();
         // One call site of the library's path, so that it is inlined here.
         let child = match route {
             Route::Library => None,
@@ -318,7 +319,7 @@ impl<R: Runtime> ApiComm<R> {
         stream.watched_by(&self.base.lc);
         self.ce
             .run(&self.base, plan, &stream.s)
-            .map(|()| route::NAMES[route::COPY_ENGINE])
+            .map(|()| Taken::CopyEngine.name())
     }
 
     /// A collective the library has no call for: its parts (empty ones left out), in one
@@ -332,7 +333,7 @@ impl<R: Runtime> ApiComm<R> {
             ops.into_iter()
                 .try_for_each(|o| self.enqueue_op(&o, stream).map(drop))
         })
-        .map(|()| route::NAMES[route::LOWERED])
+        .map(|()| Taken::Lowered.name())
     }
 }
 

@@ -11,7 +11,7 @@ use crate::auto::Auto;
 use crate::base::Base;
 use crate::copy_engine::{CopyEngine, Plan};
 use crate::memory::{ApiMemory, ApiStream};
-use crate::policy::Path;
+use crate::policy::{Path, Taken};
 use crate::sys::api::NcclComm;
 use crate::sys::runtime::Runtime;
 
@@ -29,43 +29,23 @@ pub(crate) enum Route {
     Lowered,
 }
 
-/// The routes as the ranks' comparison and the flight recorder name them, by [`code`]:
-/// the library's call on this communicator, the automatic policy's words for its paths
-/// (also unicomm-bench's modes), a refusal (the rank's own error), and a lowering.
-pub(crate) const NAMES: [&str; 5] = [
-    "library",
-    Path::Registered.name(),
-    Path::CopyEngine.name(),
-    "refused",
-    "lowered",
-];
-
-/// [`NAMES`]' places of the copy engines and of a lowering.
-pub(crate) const COPY_ENGINE: usize = 2;
-pub(crate) const LOWERED: usize = 4;
-
-/// A route's number in [`NAMES`]; a refused call has one too, so that its rank still takes
-/// part in the comparison and its peers do not wait.
-pub(crate) fn code(route: &Result<Route>) -> u64 {
-    match route {
-        Ok(r) => index(r) as u64,
-        Err(_) => 3,
-    }
+/// What a decision is called ([`Taken`], the one vocabulary); a refused call has a name too,
+/// so that its rank still takes part in the comparison and its peers do not wait.
+pub(crate) fn taken(route: &Result<Route>) -> Taken {
+    route.as_ref().map_or(Taken::Refused, Route::taken)
 }
 
-fn index(route: &Route) -> usize {
-    match route {
-        Route::Library => 0,
-        Route::Registered(_) => 1,
-        Route::CopyEngine(_) => COPY_ENGINE,
-        Route::Lowered => LOWERED,
+impl Route {
+    /// What this route is called.
+    #[inline]
+    pub(crate) fn taken(&self) -> Taken {
+        match self {
+            Route::Library => Taken::Library,
+            Route::Registered(_) => Taken::Registered,
+            Route::CopyEngine(_) => Taken::CopyEngine,
+            Route::Lowered => Taken::Lowered,
+        }
     }
-}
-
-/// A route's name, as [`NAMES`] has it.
-#[inline]
-pub(crate) fn name(route: &Route) -> &'static str {
-    NAMES[index(route)]
 }
 
 /// Whether `kind` runs as a composition of other calls on this library.
