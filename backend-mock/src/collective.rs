@@ -305,18 +305,13 @@ impl MockComm {
             // `work` checks every other kind).
             op.check(self.ctx.rank, self.ctx.world)?;
             let (send, recv) = op.pair()?;
-            let (rank, world) = (self.ctx.rank, self.ctx.world);
-            let chunk = op.count * op.dtype.size();
-            self.ctx.target.window_all_gather(world, chunk, || {
-                Ok(send.address() == recv.address() + rank * chunk
-                    && self
-                        .registry
-                        .covering(recv.address(), chunk * world)?
-                        // Windows only: the mock has no automatic policy (on the NCCL-API
-                        // backends an automatic registration is refused where the policy
-                        // picks the window path for the size, docs/usage.md).
-                        .is_some_and(|k| k == RegKind::Window))
-            })?;
+            // NCCL-API's one rule; the mock's automatic registration is a window.
+            self.ctx.target.window_all_gather(
+                (self.ctx.rank, self.ctx.world),
+                (send.address(), recv.address()),
+                op.count * op.dtype.size(),
+                |at, bytes| self.registry.covering(at, bytes),
+            )?;
         }
         if op.kind.is_var() {
             // No library has these whole (RCCL's all-to-all-v aside): the mock runs what

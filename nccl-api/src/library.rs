@@ -5,7 +5,7 @@
 use std::ffi::c_int;
 use std::sync::Arc;
 
-use unicomm_core::registry::{RegKind, Registry};
+use unicomm_core::registry::Registry;
 use unicomm_core::{DataType, Error, Kind, Op, ReduceOp, Result, Slice};
 
 use crate::libcomm::LibComm;
@@ -56,16 +56,13 @@ impl<R: Runtime> Library<R> {
             // The common route reaches here before any size check: an overflowing size is
             // the call's refusal below (`sys::calls`), not this check's.
             let (send, recv) = op.pair()?;
-            let size = op.count.checked_mul(op.dtype.size());
-            if let Some((chunk, total)) = size.and_then(|c| Some((c, c.checked_mul(lc.world)?))) {
-                self.target.window_all_gather(lc.world, chunk, || {
-                    Ok(
-                        send.address() == recv.address().wrapping_add(lc.rank * chunk)
-                            && registry
-                                .covering(recv.address(), total)?
-                                .is_some_and(RegKind::is_window),
-                    )
-                })?;
+            if let Some(chunk) = op.count.checked_mul(op.dtype.size()) {
+                self.target.window_all_gather(
+                    (lc.rank, lc.world),
+                    (send.address(), recv.address()),
+                    chunk,
+                    |at, bytes| registry.covering(at, bytes),
+                )?;
             }
         }
         lc.call_enqueue(|c| {

@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 
+use unicomm_core::registry::RegKind;
 use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Version};
 
 use crate::sys::flavor::{
@@ -210,18 +211,30 @@ impl Target {
     /// NCCL 2.28.9's symmetric-window all-gather, in place, corrupts the ranks' chunks when
     /// a chunk is not a multiple of 4 bytes (measured on 2x H200: f16/bf16/i8/u8 with 1001
     /// elements per rank get garbage from the next 8-byte boundary on; 4- and 8-byte types
-    /// and out-of-place calls are right; so is a world of one). `in_window_in_place`: the
-    /// call is in place in a window (what the caller knows). Refused as `Unsupported` rather
+    /// and out-of-place calls are right; so is a world of one). The one rule of both
+    /// backends: rank `rank` of `world` gathers `chunk` bytes from `send` into `recv`, in
+    /// place (`send` is `recv`'s chunk `rank`) and inside a symmetric window of the
+    /// communicator (`covering` says which registration covers a range: a window, or an
+    /// automatic registration running through its window). Refused as `Unsupported` rather
     /// than computed wrong; RCCL reports the NCCL API it implements and is held to it.
     #[inline]
     pub fn window_all_gather(
         &self,
-        world: usize,
+        (rank, world): (usize, usize),
+        (send, recv): (usize, usize),
         chunk: usize,
-        in_window_in_place: impl FnOnce() -> Result<bool>,
+        covering: impl FnOnce(usize, usize) -> Result<Option<RegKind>>,
     ) -> Result<()> {
         // One rank gathers nothing from peers (and was measured right).
-        if world == 1 || chunk.is_multiple_of(4) || !in_window_in_place()? {
+        if world == 1 || chunk.is_multiple_of(4) {
+            return Ok(());
+        }
+        // An overflowing size is the call's own refusal, not this rule's.
+        let (Some(at), Some(total)) = (rank.checked_mul(chunk), chunk.checked_mul(world)) else {
+            return Ok(());
+        };
+        if send != recv.wrapping_add(at) || !covering(recv, total)?.is_some_and(RegKind::is_window)
+        {
             return Ok(());
         }
         Err(Error::unsupported(
