@@ -168,6 +168,24 @@ fn board(
     }
 }
 
+/// The contract's rejoin channel (what a backend is handed to re-form after a shrink).
+impl unicomm_core::Rejoin for Rejoin {
+    fn derived(&self, step: &[u8], ranks: &[usize]) -> std::sync::Arc<dyn unicomm_core::Rejoin> {
+        std::sync::Arc::new(Rejoin::derived(self, step, ranks))
+    }
+
+    fn exchange(
+        &self,
+        round: u64,
+        survivors: &[usize],
+        me: usize,
+        make: &mut dyn FnMut() -> Result<[u8; 128]>,
+        timeout: Duration,
+    ) -> Result<[u8; 128]> {
+        Rejoin::exchange(self, round, survivors, me, make, timeout)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,23 +221,5 @@ mod tests {
         assert!(matches!(e, Err(Error::Timeout { .. })), "{e:?}");
         let e = r.exchange(1, &[0, 3], 1, || Ok([1; 128]), Duration::from_millis(50));
         assert!(matches!(e, Err(Error::InvalidArgument { .. })), "{e:?}");
-    }
-}
-
-/// The contract's rejoin channel (what a backend is handed to re-form after a shrink).
-impl unicomm_core::Rejoin for Rejoin {
-    fn derived(&self, step: &[u8], ranks: &[usize]) -> std::sync::Arc<dyn unicomm_core::Rejoin> {
-        std::sync::Arc::new(Rejoin::derived(self, step, ranks))
-    }
-
-    fn exchange(
-        &self,
-        round: u64,
-        survivors: &[usize],
-        me: usize,
-        make: &mut dyn FnMut() -> Result<[u8; 128]>,
-        timeout: Duration,
-    ) -> Result<[u8; 128]> {
-        Rejoin::exchange(self, round, survivors, me, make, timeout)
     }
 }
