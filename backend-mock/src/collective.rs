@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use unicomm_core::registry::RegKind;
+use unicomm_core::state::Life;
 use unicomm_core::{
     Capabilities, Collective, CommConfig, DeviceMemory, Error, Op, RawHandle, Result, ShrinkMode,
     Version, Zeros,
@@ -199,11 +200,9 @@ impl Collective for MockComm {
 
     fn finalize(&mut self) -> Result<()> {
         // A suspended communicator is finalized as a live one.
-        let _ = self
-            .state
-            .compare_exchange(SUSPENDED, LIVE, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self.state.compare_exchange(Life::Suspended, Life::Live);
         self.live()?;
-        self.state.store(FINALIZED, Ordering::Release);
+        self.state.store(Life::Finalized);
         // Across processes rank 0 serves the others until they finalized too.
         let joined = self.seq.load(Ordering::Relaxed);
         self.ctx

@@ -2,10 +2,11 @@
 //! registrations and teardown; its collectives are in `collective.rs`.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use unicomm_core::registry::{RegKind, Registry};
+use unicomm_core::state::{AtomicLife, Life};
 use unicomm_core::{DataType, Error, Extent, Kind, Op, Result, Slice};
 
 use crate::exec::{self, RankCtx, Span, Spec, Task, Work};
@@ -21,12 +22,6 @@ pub(crate) static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
 /// Registration handles are unique in the process, so another communicator's handle is
 /// never mistaken for one of this one's (it is not in this registry: an error).
 pub(crate) static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
-
-pub(crate) const LIVE: u8 = 0;
-pub(crate) const FINALIZED: u8 = 1;
-pub(crate) const ABORTED: u8 = 2;
-/// Suspended (`Comm::suspend`): calls are refused until it is resumed; it can be ended.
-pub(crate) const SUSPENDED: u8 = 3;
 
 /// One rank of a mock world.
 pub struct MockComm {
@@ -44,7 +39,7 @@ pub struct MockComm {
     /// Operations enqueued so far (the index faults refer to).
     /// (Shared with the graphs captured on it: a replay counts as new operations.)
     pub(crate) issued: Arc<AtomicU64>,
-    pub(crate) state: AtomicU8,
+    pub(crate) state: AtomicLife,
     /// Where the survivors meet to re-form after a failure (`shrink`).
     pub(crate) rejoin: unicomm_bootstrap::Rejoin,
     /// Re-formings so far (each survivor counts the same).
@@ -107,7 +102,7 @@ impl MockComm {
     /// Marks the communicator aborted and tells its peers (those blocked in a collective with
     /// this rank learn of it now, not at their deadline).
     pub(crate) fn abort_comm(&self) {
-        self.state.store(ABORTED, Ordering::Release);
+        self.state.store(Life::Aborted);
         let rank = self.ctx.rank;
         let e = Error::lost(vec![rank], format!("rank {rank} aborted the communicator"));
         self.ctx.flight.dump_on(&e);
@@ -141,7 +136,7 @@ impl MockComm {
             registry: Registry::new(),
             seq: Arc::new(AtomicU64::new(0)),
             issued: Arc::new(AtomicU64::new(0)),
-            state: AtomicU8::new(LIVE),
+            state: AtomicLife::new(Life::Live),
             rejoin: self.rejoin.derived(step.as_bytes(), ranks),
             shrinks: AtomicU64::new(0),
             windows: crate::windows::windows(),
@@ -149,13 +144,13 @@ impl MockComm {
     }
 
     pub(crate) fn live(&self) -> Result<()> {
-        match self.state.load(Ordering::Acquire) {
-            LIVE => match self.ctx.fabric.poisoned() {
+        match self.state.load() {
+            Life::Live => match self.ctx.fabric.poisoned() {
                 Some(e) => Err(e),
                 None => Ok(()),
             },
-            FINALIZED => Err(Error::invalid("comm", "the communicator was finalized")),
-            SUSPENDED => Err(unicomm_core::state::suspended_error()),
+            Life::Finalized => Err(Error::invalid("comm", "the communicator was finalized")),
+            Life::Suspended => Err(unicomm_core::state::suspended_error()),
             _ => Err(Error::aborted("the communicator was aborted")),
         }
     }
@@ -335,18 +330,18 @@ impl Drop for MockComm {
         // backends' too: a drop finalizes, bounded by the deadline, and peers are not
         // disturbed. A rank that drops it while panicking will not do its part: it aborts,
         // so that its peers learn of it at once instead of at their deadline.
-        if !matches!(self.state.load(Ordering::Acquire), LIVE | SUSPENDED) {
+        if !matches!(self.state.load(), Life::Live | Life::Suspended) {
             return;
         }
         if std::thread::panicking() {
-            self.state.store(ABORTED, Ordering::Release);
+            self.state.store(Life::Aborted);
             let rank = self.ctx.rank;
             self.ctx.fabric.poison(Error::lost(
                 vec![rank],
                 format!("rank {rank} dropped its communicator while panicking"),
             ));
         } else {
-            self.state.store(FINALIZED, Ordering::Release);
+            self.state.store(Life::Finalized);
             let joined = self.seq.load(Ordering::Relaxed);
             let _ = self
                 .ctx

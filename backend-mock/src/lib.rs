@@ -44,7 +44,7 @@ mod split;
 mod stream;
 mod windows;
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,7 +67,8 @@ pub use id::{init_rank, unique_id, MAX_UNJOINED_IDS};
 pub use memory::{HostScope, MockMemory};
 pub use stream::MockStream;
 
-use comm::{LIVE, NEXT_DEVICE, NEXT_WORLD};
+use comm::{NEXT_DEVICE, NEXT_WORLD};
+use unicomm_core::state::{AtomicLife, Life};
 
 /// Creates the `n` ranks of a new world (one communicator per rank; hand each to its own
 /// thread, or drive them all from one thread).
@@ -116,7 +117,7 @@ pub(crate) fn local_rank(
         registry: Registry::new(),
         seq: Arc::new(AtomicU64::new(0)),
         issued: Arc::new(AtomicU64::new(0)),
-        state: AtomicU8::new(LIVE),
+        state: AtomicLife::new(Life::Live),
         rejoin,
         shrinks: AtomicU64::new(0),
         windows: crate::windows::windows(),
@@ -206,7 +207,7 @@ pub(crate) fn process_rank(
         registry: Registry::new(),
         seq: Arc::new(AtomicU64::new(0)),
         issued: Arc::new(AtomicU64::new(0)),
-        state: AtomicU8::new(LIVE),
+        state: AtomicLife::new(Life::Live),
         rejoin,
         shrinks: AtomicU64::new(0),
         windows: crate::windows::windows(),

@@ -3,11 +3,10 @@
 //! every call but resume, its statistics, finalize and abort. The mock's library holds no
 //! device memory of its own (its buffers are the user's), so its statistics are zeros.
 
-use std::sync::atomic::Ordering;
-
 use unicomm_core::{Error, MemStats, Properties, Result};
 
-use crate::comm::{MockComm, LIVE, SUSPENDED};
+use crate::comm::MockComm;
+use unicomm_core::state::Life;
 
 impl MockComm {
     /// `suspend`: live to suspended.
@@ -15,7 +14,7 @@ impl MockComm {
         self.ctx.target.suspend()?;
         self.live()?;
         self.state
-            .compare_exchange(LIVE, SUSPENDED, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(Life::Live, Life::Suspended)
             .map(|_| ())
             .or_else(|_| self.live())
     }
@@ -23,12 +22,9 @@ impl MockComm {
     /// `resume`: suspended to live.
     pub(crate) fn resume_comm(&self) -> Result<()> {
         self.ctx.target.suspend()?;
-        match self
-            .state
-            .compare_exchange(SUSPENDED, LIVE, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match self.state.compare_exchange(Life::Suspended, Life::Live) {
             Ok(_) => Ok(()),
-            Err(LIVE) => Err(Error::invalid("comm", "the communicator is not suspended")),
+            Err(Life::Live) => Err(Error::invalid("comm", "the communicator is not suspended")),
             Err(_) => self.live(),
         }
     }
@@ -36,7 +32,7 @@ impl MockComm {
     /// `mem_stats`, live or suspended.
     pub(crate) fn mem_stats_comm(&self) -> Result<MemStats> {
         self.ctx.target.suspend()?;
-        let suspended = self.state.load(Ordering::Acquire) == SUSPENDED;
+        let suspended = self.state.load() == Life::Suspended;
         if !suspended {
             self.live()?;
         }

@@ -7,16 +7,16 @@
     reason = "the owner of the communicator lends it for one call (the architecture test's UNSAFE_FILES lists it)"
 )]
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use unicomm_core::Result;
 
-use super::{LibComm, ABORTED, LIVE, SUSPENDED};
+use super::LibComm;
 use crate::group;
 use crate::sys::calls::{take_in_progress, CommRef, Handle};
 use crate::sys::runtime::Runtime;
 use crate::wait::bounded;
+use unicomm_core::state::Life;
 
 impl<R: Runtime> LibComm<R> {
     /// Runs `f` on the communicator: not destroyed, not used by another thread, with this
@@ -79,11 +79,11 @@ impl<R: Runtime> LibComm<R> {
     #[cold]
     pub(crate) fn call_in_state<T>(
         self: &Arc<Self>,
-        (from, to): (u8, u8),
+        (from, to): (Life, Life),
         f: impl FnOnce(CommRef<'_>) -> Result<T>,
     ) -> Result<T> {
         let _g = self.locked()?;
-        let now = self.state.load(Ordering::Acquire);
+        let now = self.state.load();
         if now != from {
             return Err(self.live().err().unwrap_or_else(|| {
                 unicomm_core::Error::invalid("comm", "the communicator is not suspended")
@@ -97,13 +97,13 @@ impl<R: Runtime> LibComm<R> {
         }
         let t = self.rt.with_device(self.dev, || f(c))?;
         // Settled as a live communicator (a non-blocking suspend or resume may still run).
-        self.state.store(LIVE, Ordering::Release);
+        self.state.store(Life::Live);
         let settled = match self.nonblocking && take_in_progress() {
             true => self.settle_locked("ncclCommSuspend/ncclCommResume"),
             false => Ok(()),
         };
         if settled.is_ok() {
-            self.state.store(to, Ordering::Release);
+            self.state.store(to);
         }
         settled.map(|_| t)
     }
@@ -112,14 +112,14 @@ impl<R: Runtime> LibComm<R> {
     /// `ncclCommFinalize` flushes work a suspended communicator cannot run. `false` where the
     /// resume failed (the caller aborts instead).
     pub(crate) fn woken_for_finalize(&self) -> bool {
-        if self.state.load(Ordering::Acquire) != SUSPENDED {
+        if self.state.load() != Life::Suspended {
             return true;
         }
         // SAFETY: suspended, not ended (the caller holds the lock every ending takes).
         let h = unsafe { Handle::borrow_raw(self.comm) };
         let ok = self.api.comm_resume(h).is_ok();
         if ok {
-            self.state.store(LIVE, Ordering::Release);
+            self.state.store(Life::Live);
         }
         ok
     }
@@ -157,7 +157,7 @@ impl<R: Runtime> LibComm<R> {
                 }
             },
         );
-        r.inspect_err(|_| self.state.store(ABORTED, Ordering::Release))?
+        r.inspect_err(|_| self.state.store(Life::Aborted))?
     }
 }
 

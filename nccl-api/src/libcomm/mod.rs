@@ -24,10 +24,11 @@ mod call;
 mod sleep;
 mod teardown;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use unicomm_core::state::{AtomicLife, Life};
 use unicomm_core::{Error, Result};
 
 use crate::memory::ApiStream;
@@ -37,12 +38,6 @@ use crate::sys::config::IN_PROGRESS;
 use crate::sys::runtime::Runtime;
 use crate::wait::{settle_raw, Late};
 use crate::watch::Watched;
-
-const LIVE: u8 = 0;
-const FINALIZED: u8 = 1;
-const ABORTED: u8 = 2;
-/// Suspended (`ncclCommSuspend`): calls are refused until it is resumed; it can be ended.
-const SUSPENDED: u8 = 3;
 
 /// How long an abort lets its hooks release what holds the device before the library's
 /// teardown: they drain within milliseconds where nothing else holds them.
@@ -71,7 +66,7 @@ pub(crate) struct LibComm<R: Runtime> {
     /// NCCL communicators must not be called from two threads at once; waited for at most
     /// twice the deadline.
     lock: parking_lot::Mutex<()>,
-    state: AtomicU8,
+    state: AtomicLife,
     /// Created with `blocking = 0`: calls may return `ncclInProgress`.
     pub(crate) nonblocking: bool,
     /// Set by `abort` before it takes the lock, so a call settling under the lock gives up.
@@ -113,7 +108,7 @@ impl<R: Runtime> LibComm<R> {
     ) -> Self {
         LibComm {
             lock: parking_lot::Mutex::new(()),
-            state: AtomicU8::new(LIVE),
+            state: AtomicLife::new(Life::Live),
             nonblocking,
             abort_requested: AtomicBool::new(false),
             comm: comm.into_raw(),
@@ -172,10 +167,10 @@ impl<R: Runtime> LibComm<R> {
     /// `Ok` while the communicator is live; `Aborted` after an abort, `InvalidArgument`
     /// after finalize. Read under the lock where the library is called next.
     pub(crate) fn live(&self) -> Result<()> {
-        match self.state.load(Ordering::Acquire) {
-            LIVE => Ok(()),
-            ABORTED => Err(self.aborted_error()),
-            SUSPENDED => Err(unicomm_core::state::suspended_error()),
+        match self.state.load() {
+            Life::Live => Ok(()),
+            Life::Aborted => Err(self.aborted_error()),
+            Life::Suspended => Err(unicomm_core::state::suspended_error()),
             _ => Err(Error::invalid("comm", "the communicator was finalized")),
         }
     }
@@ -241,7 +236,7 @@ impl<R: Runtime> LibComm<R> {
     /// communicator and its children (non-blocking mode). On an error or at the deadline
     /// the communicator is aborted (it cannot be used after either).
     pub(crate) fn settle_locked(&self, what: &str) -> Result<()> {
-        if !self.nonblocking || self.state.load(Ordering::Acquire) != LIVE {
+        if !self.nonblocking || self.state.load() != Life::Live {
             return Ok(());
         }
         let stop = || self.abort_requested.load(Ordering::Relaxed);
@@ -262,9 +257,9 @@ impl<R: Runtime> LibComm<R> {
     /// With the lock held: the first asynchronous error of this communicator and its
     /// children (`ncclCommGetAsyncError`); `ncclInProgress` is not an error.
     pub(crate) fn async_error_locked(&self) -> Result<()> {
-        match self.state.load(Ordering::Acquire) {
-            LIVE => {}
-            ABORTED => return Err(self.aborted_error()),
+        match self.state.load() {
+            Life::Live => {}
+            Life::Aborted => return Err(self.aborted_error()),
             _ => return Ok(()),
         }
         for c in std::iter::once(self.comm).chain(self.children()) {
@@ -309,12 +304,12 @@ impl<R: Runtime> LibComm<R> {
             false => end,
         };
         let next = if end == End::Finalize {
-            FINALIZED
+            Life::Finalized
         } else {
-            ABORTED
+            Life::Aborted
         };
         // A suspended communicator is ended as a live one (NCCL's finalize and abort take it).
-        if !matches!(self.state.swap(next, Ordering::AcqRel), LIVE | SUSPENDED) {
+        if !matches!(self.state.swap(next), Life::Live | Life::Suspended) {
             return Ok(());
         }
         let full = self.timeout();
@@ -350,7 +345,7 @@ impl<R: Runtime> LibComm<R> {
     /// `finalize` or `abort` from any thread.
     pub(crate) fn destroy(&self, end: End) -> Result<()> {
         let _g = self.locked_for_teardown(end)?;
-        if end == End::Abort && self.state.load(Ordering::Acquire) == LIVE {
+        if end == End::Abort && self.state.load() == Life::Live {
             tracing::info!(
                 rank = self.rank,
                 world = self.world,
@@ -383,7 +378,7 @@ impl<R: Runtime> LibComm<R> {
 
     /// Whether it was finalized or aborted.
     pub(crate) fn ended(&self) -> bool {
-        matches!(self.state.load(Ordering::Acquire), FINALIZED | ABORTED)
+        matches!(self.state.load(), Life::Finalized | Life::Aborted)
     }
 }
 
@@ -405,6 +400,6 @@ impl<R: Runtime> Watched for LibComm<R> {
         self.settle_locked(what)
     }
     fn aborted(&self) -> bool {
-        self.state.load(Ordering::Acquire) == ABORTED
+        self.state.load() == Life::Aborted
     }
 }
