@@ -46,7 +46,11 @@ fn run() -> anyhow::Result<()> {
     };
     let secret = std::env::var("UNICOMM_RENDEZVOUS_TOKEN")
         .context("UNICOMM_RENDEZVOUS_TOKEN: the job's secret, shared by its ranks only")?;
-    let env = unicomm::bootstrap::LaunchEnv::shared_file(&file, (r, w, local), secret.as_bytes())?;
+    let env = unicomm::bootstrap::LaunchEnv::shared_file(
+        &file,
+        unicomm::Place::new(r, w, local),
+        secret.as_bytes(),
+    )?;
     let id = UniqueId::exchange(&env, vendor, Duration::from_secs(60))
         .with_context(|| format!("rank {r}: the id through {}", file.display()))?;
     let comm = unicomm::init_rank(&id, r, w, local, &Default::default())

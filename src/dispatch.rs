@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use unicomm_bootstrap::LaunchEnv;
 use unicomm_core::{
-    Capabilities, Collective, CommConfig, DeviceStream, Error, Op, RawHandle, Result,
+    Capabilities, Collective, CommConfig, DeviceStream, Error, Op, Place, RawHandle, Result,
 };
 
 use crate::Vendor;
@@ -25,14 +25,9 @@ pub(crate) trait Backend {
     /// A new world's id (the library's 128 bytes).
     fn unique_id() -> Result<[u8; 128]>;
     /// Rank `rank` of `world` on device `dev`, joining the world of `id`.
-    fn init_rank(id: &[u8; 128], at: (usize, usize, usize), config: &CommConfig)
-        -> Result<AnyComm>;
+    fn init_rank(id: &[u8; 128], at: Place, config: &CommConfig) -> Result<AnyComm>;
     /// New rank `rank` of a world grown to `world` with `id` (its rank 0's grow id).
-    fn init_grown(
-        id: &[u8; 128],
-        at: (usize, usize, usize),
-        config: &CommConfig,
-    ) -> Result<AnyComm>;
+    fn init_grown(id: &[u8; 128], at: Place, config: &CommConfig) -> Result<AnyComm>;
 }
 
 macro_rules! backends {
@@ -263,7 +258,7 @@ pub(crate) fn unique_id_vendor(vendor: Vendor) -> Result<[u8; 128]> {
 pub(crate) fn init_rank_vendor(
     vendor: Vendor,
     id: &[u8; 128],
-    at: (usize, usize, usize),
+    at: Place,
     config: &CommConfig,
 ) -> Result<AnyComm> {
     on_vendor!(vendor, B => B::init_rank(id, at, config))
@@ -273,7 +268,7 @@ pub(crate) fn init_rank_vendor(
 pub(crate) fn init_grown_vendor(
     vendor: Vendor,
     id: &[u8; 128],
-    at: (usize, usize, usize),
+    at: Place,
     config: &CommConfig,
 ) -> Result<AnyComm> {
     on_vendor!(vendor, B => B::init_grown(id, at, config))

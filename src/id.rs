@@ -2,7 +2,7 @@
 //! already has (a file, a socket, its own store) carries the id's bytes; `from_env` is one
 //! way among others to share it.
 
-use unicomm_core::{CommConfig, Error, Result};
+use unicomm_core::{CommConfig, Error, Place, Result};
 
 use crate::{dispatch, resolve, Comm, Vendor};
 
@@ -167,7 +167,12 @@ pub fn init_rank(
     device: usize,
     config: &CommConfig,
 ) -> Result<Comm> {
-    let raw = dispatch::init_rank_vendor(id.vendor, &id.bytes, (rank, world, device), config)?;
+    let raw = dispatch::init_rank_vendor(
+        id.vendor,
+        &id.bytes,
+        Place::new(rank, world, device),
+        config,
+    )?;
     Ok(unicomm_core::Comm::from_backend(raw))
 }
 
@@ -182,7 +187,12 @@ pub fn init_grown(
     device: usize,
     config: &CommConfig,
 ) -> Result<Comm> {
-    let raw = dispatch::init_grown_vendor(id.vendor, &id.bytes, (rank, world, device), config)?;
+    let raw = dispatch::init_grown_vendor(
+        id.vendor,
+        &id.bytes,
+        Place::new(rank, world, device),
+        config,
+    )?;
     Ok(unicomm_core::Comm::from_backend(raw))
 }
 

@@ -89,7 +89,7 @@ pub mod rules {}
 pub use unicomm_core::{
     backend, bf16, f16, packed_displs, Algorithm, Algorithms, CallOptions, Capabilities,
     CommConfig, Counts, CtaPolicy, DataType, DeviceInfo, DeviceSlice, DeviceSliceMut, DeviceStream,
-    Element, Error, Marker, Op, RawHandle, ReduceOp, Result, Scalar, ShrinkMode, SignalWait,
+    Element, Error, Marker, Op, Place, RawHandle, ReduceOp, Result, Scalar, ShrinkMode, SignalWait,
     Version, F8E4M3, F8E5M2,
 };
 

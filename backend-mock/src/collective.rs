@@ -304,12 +304,17 @@ impl MockComm {
             // `work` checks every other kind).
             op.check(self.ctx.rank, self.ctx.world)?;
             let (send, recv) = op.pair()?;
-            // NCCL-API's one rule; the mock's automatic registration is a window.
+            // NCCL-API's one rule, asked of what the call runs through: a window, not an
+            // automatic registration (NCCL-API's built-in policy never routes an all-gather
+            // through the window: registered, then the copy engines).
             self.ctx.target.window_all_gather(
                 (self.ctx.rank, self.ctx.world),
                 (send.address(), recv.address()),
                 op.count * op.dtype.size(),
-                |at, bytes| self.registry.covering(at, bytes),
+                |at, bytes| {
+                    let k = self.registry.covering(at, bytes)?;
+                    Ok(k.filter(|&k| k == RegKind::Window))
+                },
             )?;
         }
         if op.kind.is_var() {

@@ -22,7 +22,7 @@ pub mod runtime;
 mod vmm;
 
 use std::sync::{Arc, OnceLock};
-use unicomm_core::CommConfig;
+use unicomm_core::{CommConfig, Place};
 
 use unicomm_core::Result;
 use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Runtime};
@@ -87,12 +87,8 @@ pub fn local_comms_with(n: Option<usize>, config: &CommConfig) -> Result<Vec<Ncc
 }
 
 /// [`init_rank`] with a configuration.
-pub fn init_rank_with(
-    id: UniqueId,
-    (rank, world, dev): (usize, usize, usize),
-    config: &CommConfig,
-) -> Result<NcclComm> {
-    ApiComm::init_rank_with(nccl()?, cuda()?, id, (rank, world, dev), config)
+pub fn init_rank_with(id: UniqueId, at: Place, config: &CommConfig) -> Result<NcclComm> {
+    ApiComm::init_rank_with(nccl()?, cuda()?, id, at, config)
 }
 
 /// Joins a world as `rank` of `world` on GPU `dev` (one rank per thread or per process);
@@ -104,12 +100,8 @@ pub fn init_rank(id: UniqueId, rank: usize, world: usize, dev: usize) -> Result<
 /// Joins a grown world as new rank `rank` of `world` on GPU `dev` with the id its rank 0
 /// made (`Comm::grow_id`), while every rank of the world calls `Comm::grow`
 /// (`ncclCommGrow`, NCCL >= 2.29.2; `Unsupported` naming the release before).
-pub fn init_grown_with(
-    id: UniqueId,
-    (rank, world, dev): (usize, usize, usize),
-    config: &CommConfig,
-) -> Result<NcclComm> {
-    ApiComm::init_grown_with(nccl()?, cuda()?, id, (rank, world, dev), config)
+pub fn init_grown_with(id: UniqueId, at: Place, config: &CommConfig) -> Result<NcclComm> {
+    ApiComm::init_grown_with(nccl()?, cuda()?, id, at, config)
 }
 
 /// [`init_rank_with`] through several roots, one per id (`ncclCommInitRankScalable`,
@@ -117,7 +109,7 @@ pub fn init_grown_with(
 /// the same ids in the same order, made by [`unique_id`]; [`roots_for`] says how many.
 pub fn init_rank_scalable_with(
     ids: &[UniqueId],
-    at: (usize, usize, usize),
+    at: Place,
     config: &CommConfig,
 ) -> Result<NcclComm> {
     ApiComm::init_rank_scalable_with(nccl()?, cuda()?, ids, at, config)

@@ -27,7 +27,7 @@ mod streams;
 pub mod sys;
 
 use std::sync::{Arc, OnceLock};
-use unicomm_core::CommConfig;
+use unicomm_core::{CommConfig, Place};
 
 use unicomm_core::Result;
 use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Runtime};
@@ -87,23 +87,15 @@ pub fn local_comms_with(n: Option<usize>, config: &CommConfig) -> Result<Vec<Rcc
 }
 
 /// [`init_rank`] with a configuration.
-pub fn init_rank_with(
-    id: UniqueId,
-    (rank, world, dev): (usize, usize, usize),
-    config: &CommConfig,
-) -> Result<RcclComm> {
-    ApiComm::init_rank_with(rccl()?, hip()?, id, (rank, world, dev), config)
+pub fn init_rank_with(id: UniqueId, at: Place, config: &CommConfig) -> Result<RcclComm> {
+    ApiComm::init_rank_with(rccl()?, hip()?, id, at, config)
 }
 
 /// Joins a grown world as new rank `rank` of `world` on GPU `dev` with the id its rank 0
 /// made (`Comm::grow_id`), while every rank of the world calls `Comm::grow`
 /// (`ncclCommGrow`, NCCL >= 2.29.2; `Unsupported` naming the release before).
-pub fn init_grown_with(
-    id: UniqueId,
-    (rank, world, dev): (usize, usize, usize),
-    config: &CommConfig,
-) -> Result<RcclComm> {
-    ApiComm::init_grown_with(rccl()?, hip()?, id, (rank, world, dev), config)
+pub fn init_grown_with(id: UniqueId, at: Place, config: &CommConfig) -> Result<RcclComm> {
+    ApiComm::init_grown_with(rccl()?, hip()?, id, at, config)
 }
 
 /// [`init_rank_with`] through several roots, one per id (`ncclCommInitRankScalable`,
@@ -111,7 +103,7 @@ pub fn init_grown_with(
 /// the same ids in the same order, made by [`unique_id`]; [`roots_for`] says how many.
 pub fn init_rank_scalable_with(
     ids: &[UniqueId],
-    at: (usize, usize, usize),
+    at: Place,
     config: &CommConfig,
 ) -> Result<RcclComm> {
     ApiComm::init_rank_scalable_with(rccl()?, hip()?, ids, at, config)

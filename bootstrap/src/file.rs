@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::auth::*;
 use super::backoff::Backoff;
+use super::deadline::Deadline;
 use super::launcher::*;
 use unicomm_core::env::read_bounded;
 use unicomm_core::{Error, Result};
@@ -64,10 +65,27 @@ pub(crate) fn file_exchange(
 ) -> Result<[u8; 128]> {
     if env.rank == 0 {
         let id = make_id()?;
-        serve_file(env, path, &id, (start, deadline, timeout))?;
+        serve_file(
+            env,
+            path,
+            &id,
+            Deadline {
+                start,
+                at: deadline,
+                timeout,
+            },
+        )?;
         return Ok(id);
     }
-    take_file(env, path, (start, deadline, timeout))
+    take_file(
+        env,
+        path,
+        Deadline {
+            start,
+            at: deadline,
+            timeout,
+        },
+    )
 }
 
 /// The job's world size as the file's bytes hold it.
@@ -85,7 +103,11 @@ fn serve_file(
     env: &LaunchEnv,
     path: &std::path::Path,
     id: &[u8; 128],
-    (start, deadline, timeout): (Instant, Instant, Duration),
+    Deadline {
+        start,
+        at: deadline,
+        timeout,
+    }: Deadline,
 ) -> Result<()> {
     let world = world_bytes(env);
     let keystream = |n: &[u8; 16], k: usize| keystream(env, n, k);
@@ -160,7 +182,11 @@ fn serve_file(
 fn take_file(
     env: &LaunchEnv,
     path: &std::path::Path,
-    (start, deadline, timeout): (Instant, Instant, Duration),
+    Deadline {
+        start,
+        at: deadline,
+        timeout,
+    }: Deadline,
 ) -> Result<[u8; 128]> {
     let world = world_bytes(env);
     let keystream = |n: &[u8; 16], k: usize| keystream(env, n, k);

@@ -439,7 +439,11 @@ impl LaunchEnv {
     /// job's ranks only (at least [`MIN_SECRET`] bytes; a job id is public, not a secret).
     pub fn shared_file(
         path: impl Into<std::path::PathBuf>,
-        (rank, world_size, local_rank): (usize, usize, usize),
+        unicomm_core::Place {
+            rank,
+            world: world_size,
+            device: local_rank,
+        }: unicomm_core::Place,
         secret: &[u8],
     ) -> Result<Self> {
         if world_size == 0 || world_size > MAX_WORLD || rank >= world_size {

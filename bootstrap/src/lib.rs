@@ -6,6 +6,7 @@
 
 mod auth;
 mod backoff;
+mod deadline;
 mod drops;
 mod file;
 mod forward;

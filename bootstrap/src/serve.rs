@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 
 use super::auth::{io, nonce, same, Hello, Key, ACK, ACK_LEN, FIRST_LEN, HELLO_LEN};
+use super::deadline::Deadline;
 use super::drops::DropLog;
 use super::file::missing;
 use super::launcher::LaunchEnv;
@@ -107,7 +108,11 @@ pub(crate) fn serve(
     (addr, listeners): (String, Vec<Listener>),
     ids: &[u8],
     serves: impl Fn(usize) -> bool,
-    (start, deadline, timeout): (Instant, Instant, Duration),
+    Deadline {
+        start,
+        at: deadline,
+        timeout,
+    }: Deadline,
 ) -> Result<Tally> {
     // The ranks served elsewhere (and this rank) count as served from the start.
     let served: Vec<bool> = (0..env.world_size).map(|r| !serves(r)).collect();

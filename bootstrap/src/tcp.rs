@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::auth::*;
 use super::backoff::Backoff;
+use super::deadline::Deadline;
 use super::file::file_exchange;
 use super::forward::{rank0_serves, role, Role};
 use super::launcher::*;
@@ -269,7 +270,11 @@ fn exchange(
         return Ok((vec![id], Serving::finished()));
     }
     let addr = resolve(env)?;
-    let times = (start, deadline, timeout);
+    let times = Deadline {
+        start,
+        at: deadline,
+        timeout,
+    };
     let got = match role(env) {
         Role::Root => {
             let ids = make_ids()?;
@@ -344,7 +349,11 @@ fn serve_ids(
     (place, listener): (String, Vec<Listener>),
     payload: Vec<u8>,
     serves: impl Fn(usize) -> bool + Send + 'static,
-    (start, deadline, timeout): (Instant, Instant, Duration),
+    Deadline {
+        start,
+        at: deadline,
+        timeout,
+    }: Deadline,
     beside: bool,
 ) -> Result<Serving> {
     let env = env.clone();
@@ -354,7 +363,11 @@ fn serve_ids(
             (place.clone(), listener),
             &payload,
             serves,
-            (start, deadline, timeout),
+            Deadline {
+                start,
+                at: deadline,
+                timeout,
+            },
         )?;
         tracing::info!(
             "unicomm rendezvous on {place}: {} ranks served in {:.1?}: {} connections \
@@ -382,7 +395,7 @@ fn join_rank0(
     env: &LaunchEnv,
     addr: std::net::SocketAddr,
     count: usize,
-    times: (Instant, Instant, Duration),
+    times: Deadline,
 ) -> Result<Vec<u8>> {
     let server = format!("rank 0's rendezvous on {addr}");
     let connect = |left: Duration| TcpStream::connect_timeout(&addr, left.min(CONNECT_TIMEOUT));
@@ -400,7 +413,7 @@ pub(crate) fn join_local(
     env: &LaunchEnv,
     host: usize,
     count: usize,
-    times: (Instant, Instant, Duration),
+    times: Deadline,
 ) -> Result<Vec<u8>> {
     let addr = super::forward::local_addr(env, host)?;
     let first = host * env.forward.unwrap_or(1);
@@ -416,7 +429,11 @@ fn join_retrying<S: Timed>(
     env: &LaunchEnv,
     count: usize,
     (server, mut connect): (&str, impl FnMut(Duration) -> std::io::Result<S>),
-    (start, deadline, timeout): (Instant, Instant, Duration),
+    Deadline {
+        start,
+        at: deadline,
+        timeout,
+    }: Deadline,
 ) -> Result<Vec<u8>> {
     let mut last = String::from("never answered");
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));

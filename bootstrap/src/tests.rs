@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
-use unicomm_core::{Error, Result};
+use unicomm_core::{Error, Place, Result};
 
 fn vars(kv: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let m: HashMap<String, String> = kv
@@ -737,7 +737,7 @@ fn an_engines_shared_file_ignores_a_planted_id_and_a_fifo_beside_it() {
             .map(|r| {
                 let p = path.clone();
                 s.spawn(move || {
-                    let env = LaunchEnv::shared_file(p, (r, 3, r), secret)?;
+                    let env = LaunchEnv::shared_file(p, Place::new(r, 3, r), secret)?;
                     exchange_unique_id(&env, || Ok([7; 128]), Duration::from_secs(10))
                 })
             })
@@ -747,7 +747,7 @@ fn an_engines_shared_file_ignores_a_planted_id_and_a_fifo_beside_it() {
     for id in ids {
         assert_eq!(id.unwrap(), [7; 128]);
     }
-    assert!(LaunchEnv::shared_file(&path, (0, 2, 0), b"job-42").is_err());
-    assert!(LaunchEnv::shared_file(&path, (2, 2, 0), secret).is_err());
+    assert!(LaunchEnv::shared_file(&path, Place::new(0, 2, 0), b"job-42").is_err());
+    assert!(LaunchEnv::shared_file(&path, Place::new(2, 2, 0), secret).is_err());
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -295,7 +295,11 @@ fn serve_now(
         (format!("127.0.0.1:{port}"), listeners),
         &[7; 128],
         |r| r != 0,
-        (now, now + Duration::from_secs(10), Duration::from_secs(10)),
+        crate::deadline::Deadline {
+            start: now,
+            at: now + Duration::from_secs(10),
+            timeout: Duration::from_secs(10),
+        },
     )
 }
 

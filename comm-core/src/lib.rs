@@ -88,7 +88,7 @@ pub use lent::{Lent, LentMut};
 pub use mesh::DeviceMesh;
 pub use one_sided::SignalWait;
 pub use op::{Extent, Kind, Op, Slice};
-pub use ranks::each_rank;
+pub use ranks::{each_rank, Place};
 pub use registration::{AutoRegistered, RegisterError, Registered, Registration, Window};
 pub use shrink::{Rejoin, ShrinkMode};
 pub use state::{MemStats, Properties};

@@ -33,3 +33,26 @@ where
     });
     results.into_iter().collect()
 }
+
+/// One rank's place: its number, its world's size and its device, the three a rank is
+/// created with, named (never a positional tuple whose order a reader must know).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Place {
+    /// This rank, `0..world`.
+    pub rank: usize,
+    /// The number of ranks.
+    pub world: usize,
+    /// The device it runs on (CUDA's or HIP's ordinal; the mock ignores it).
+    pub device: usize,
+}
+
+impl Place {
+    /// Rank `rank` of `world` on `device`.
+    pub const fn new(rank: usize, world: usize, device: usize) -> Self {
+        Place {
+            rank,
+            world,
+            device,
+        }
+    }
+}

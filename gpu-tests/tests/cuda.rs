@@ -213,7 +213,8 @@ fn a_raw_cuda_stream_orders_a_collective_after_another_streams_marker() -> Resul
 fn a_world_created_from_the_many_root_call_carries_an_all_reduce() -> Result<()> {
     let id = unicomm_nccl::unique_id()?;
     let cfg = unicomm_core::CommConfig::default();
-    let raw = unicomm_nccl::init_rank_scalable_with(&[id], (0, 1, 0), &cfg)?;
+    let raw =
+        unicomm_nccl::init_rank_scalable_with(&[id], unicomm_core::Place::new(0, 1, 0), &cfg)?;
     let c = Comm::from_backend(raw);
     let st = c.create_stream()?;
     let mut b = c.alloc::<f32>(1024)?;

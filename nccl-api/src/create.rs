@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use unicomm_core::{CommConfig, Result};
+use unicomm_core::{CommConfig, Place, Result};
 
 use crate::conv::to_config;
 use crate::sys::api::{Api, UniqueId};
@@ -132,7 +132,11 @@ pub(crate) fn one_rank<R: Runtime + 'static>(
     api: &Arc<Api>,
     rt: &Arc<R>,
     ids: Ids<'_>,
-    (rank, world, dev): (usize, usize, usize),
+    Place {
+        rank,
+        world,
+        device: dev,
+    }: Place,
     mode: Mode,
     config: &CommConfig,
 ) -> Result<OwnedComm> {

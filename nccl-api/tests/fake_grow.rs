@@ -32,7 +32,7 @@ fn every_caller_passes_what_nccl_asks_and_gets_the_grown_world() {
         api,
         Arc::new(Host),
         UniqueId::from_bytes(id),
-        (2, 3, 0),
+        unicomm_core::Place::new(2, 3, 0),
         &CommConfig::default(),
     )
     .unwrap();
@@ -55,7 +55,7 @@ fn a_2_28_library_refuses_naming_2_29_2_before_any_call() {
         api,
         Arc::new(Host),
         UniqueId::from_bytes([9; 128]),
-        (1, 2, 0),
+        unicomm_core::Place::new(1, 2, 0),
         &CommConfig::default(),
     );
     assert!(needs(n.map(drop)).contains("2.29.2"));

@@ -30,7 +30,13 @@ fn several_ids_create_the_world_through_the_scalable_call_in_order() {
                 let (api, ids) = (api.clone(), &ids);
                 s.spawn(move || {
                     let cfg = CommConfig::default();
-                    ApiComm::init_rank_scalable_with(api, Arc::new(Host), ids, (r, 3, 0), &cfg)
+                    ApiComm::init_rank_scalable_with(
+                        api,
+                        Arc::new(Host),
+                        ids,
+                        unicomm_core::Place::new(r, 3, 0),
+                        &cfg,
+                    )
                 })
             })
             .collect();
@@ -65,7 +71,7 @@ fn a_library_before_2_23_creates_from_one_root_and_refuses_several_by_version() 
         api,
         Arc::new(Host),
         &ids(2),
-        (0, 2, 0),
+        unicomm_core::Place::new(0, 2, 0),
         &CommConfig::default(),
     );
     match r {
@@ -85,6 +91,12 @@ fn one_id_asked_through_the_scalable_call_takes_it() {
     let cfg = CommConfig::default();
     // Kept until the count is read: dropping the last holder of the library unloads it,
     // and its counts with it.
-    let _c = ApiComm::init_rank_scalable_with(api, Arc::new(Host), &ids(1), (0, 1, 0), &cfg);
+    let _c = ApiComm::init_rank_scalable_with(
+        api,
+        Arc::new(Host),
+        &ids(1),
+        unicomm_core::Place::new(0, 1, 0),
+        &cfg,
+    );
     assert_eq!(calls(&path, tag), before + 1);
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use unicomm_bootstrap::LaunchEnv;
-use unicomm_core::{CommConfig, Result};
+use unicomm_core::{CommConfig, Place, Result};
 
 #[cfg(feature = "mock")]
 use super::unicomm_mock;
@@ -43,7 +43,7 @@ impl Backend for unicomm_mock::Facade {
     }
     fn init_rank(
         id: &[u8; 128],
-        (rank, world, _): (usize, usize, usize),
+        Place { rank, world, .. }: Place,
         config: &CommConfig,
     ) -> Result<AnyComm> {
         config.check_values()?;
@@ -52,7 +52,7 @@ impl Backend for unicomm_mock::Facade {
     }
     fn init_grown(
         id: &[u8; 128],
-        (rank, world, _): (usize, usize, usize),
+        Place { rank, world, .. }: Place,
         config: &CommConfig,
     ) -> Result<AnyComm> {
         config.check_values()?;
@@ -100,7 +100,7 @@ macro_rules! gpu_backend {
                     .into_iter()
                     .map(::$krate::UniqueId::from_bytes)
                     .collect();
-                let where_ = (env.rank, env.world_size, env.local_rank);
+                let where_ = Place::new(env.rank, env.world_size, env.local_rank);
                 let comm = match ids.as_slice() {
                     [id] => ::$krate::init_rank_with(*id, where_, config),
                     _ => ::$krate::init_rank_scalable_with(&ids, where_, config),
@@ -123,19 +123,11 @@ macro_rules! gpu_backend {
             fn unique_id() -> Result<[u8; 128]> {
                 Ok(::$krate::unique_id()?.to_bytes())
             }
-            fn init_rank(
-                id: &[u8; 128],
-                at: (usize, usize, usize),
-                config: &CommConfig,
-            ) -> Result<AnyComm> {
+            fn init_rank(id: &[u8; 128], at: Place, config: &CommConfig) -> Result<AnyComm> {
                 let id = ::$krate::UniqueId::from_bytes(*id);
                 ::$krate::init_rank_with(id, at, config).map(AnyComm::from)
             }
-            fn init_grown(
-                id: &[u8; 128],
-                at: (usize, usize, usize),
-                config: &CommConfig,
-            ) -> Result<AnyComm> {
+            fn init_grown(id: &[u8; 128], at: Place, config: &CommConfig) -> Result<AnyComm> {
                 let id = ::$krate::UniqueId::from_bytes(*id);
                 ::$krate::init_grown_with(id, at, config).map(AnyComm::from)
             }

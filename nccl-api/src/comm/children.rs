@@ -49,7 +49,7 @@ impl<R: Runtime> ApiComm<R> {
             lc.api.clone(),
             lc.rt.clone(),
             raw,
-            (lc.dev, rank, world),
+            unicomm_core::Place::new(rank, world, lc.dev),
             mode.nonblocking,
             mode.timeout,
         );
@@ -144,7 +144,7 @@ impl<R: Runtime> ApiComm<R> {
             &lc.api,
             &lc.rt,
             create::Ids::one(&id),
-            (rank, world, lc.dev),
+            unicomm_core::Place::new(rank, world, lc.dev),
             mode,
             config,
         )?;

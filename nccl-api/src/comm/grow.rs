@@ -47,7 +47,7 @@ impl<R: Runtime> ApiComm<R> {
             lc.api.clone(),
             lc.rt.clone(),
             raw,
-            (lc.dev, rank, world),
+            unicomm_core::Place::new(rank, world, lc.dev),
             mode.nonblocking,
             mode.timeout,
         );
@@ -63,7 +63,7 @@ impl<R: Runtime> ApiComm<R> {
         api: Arc<Api>,
         rt: Arc<R>,
         id: UniqueId,
-        at: (usize, usize, usize),
+        at: unicomm_core::Place,
         config: &CommConfig,
     ) -> Result<Self> {
         api.target(None).grow()?;

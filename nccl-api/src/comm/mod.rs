@@ -138,7 +138,7 @@ impl<R: Runtime> ApiComm<R> {
                 api.clone(),
                 rt.clone(),
                 c,
-                (dev, rank, n),
+                unicomm_core::Place::new(rank, n, dev),
                 mode.nonblocking,
                 mode.timeout,
             );
@@ -170,7 +170,8 @@ impl<R: Runtime> ApiComm<R> {
         world: usize,
         dev: usize,
     ) -> Result<Self> {
-        Self::init_rank_with(api, rt, id, (rank, world, dev), &CommConfig::default())
+        let at = unicomm_core::Place::new(rank, world, dev);
+        Self::init_rank_with(api, rt, id, at, &CommConfig::default())
     }
 
     /// [`ApiComm::init_rank`] with a configuration.
@@ -178,7 +179,7 @@ impl<R: Runtime> ApiComm<R> {
         api: Arc<Api>,
         rt: Arc<R>,
         id: UniqueId,
-        at: (usize, usize, usize),
+        at: unicomm_core::Place,
         config: &CommConfig,
     ) -> Result<Self> {
         Self::init_rank_ids(api, rt, create::Ids::one(&id), at, config)
@@ -194,7 +195,7 @@ impl<R: Runtime> ApiComm<R> {
         api: Arc<Api>,
         rt: Arc<R>,
         ids: &[UniqueId],
-        at: (usize, usize, usize),
+        at: unicomm_core::Place,
         config: &CommConfig,
     ) -> Result<Self> {
         if ids.is_empty() {
@@ -212,7 +213,7 @@ impl<R: Runtime> ApiComm<R> {
         api: Arc<Api>,
         rt: Arc<R>,
         ids: create::Ids<'_>,
-        (rank, world, dev): (usize, usize, usize),
+        at: unicomm_core::Place,
         config: &CommConfig,
     ) -> Result<Self> {
         let id = *ids
@@ -220,6 +221,11 @@ impl<R: Runtime> ApiComm<R> {
             .first()
             .ok_or_else(|| Error::invalid("ids", "no unique id"))?;
         crate::conv::check_config(config, api.flavor.library, api.version)?;
+        let unicomm_core::Place {
+            rank,
+            world,
+            device: dev,
+        } = at;
         if rank >= world {
             return Err(Error::invalid(
                 "rank",
@@ -237,15 +243,8 @@ impl<R: Runtime> ApiComm<R> {
         // Every variable read before anything is created: a bad one leaves nothing behind.
         let flight =
             FlightRecorder::from_env(if ids.grown { "grown" } else { "world" }, rank, world)?;
-        let c = create::one_rank(&api, &rt, ids, (rank, world, dev), mode, config)?;
-        let lc = LibComm::new(
-            api,
-            rt,
-            c,
-            (dev, rank, world),
-            mode.nonblocking,
-            mode.timeout,
-        );
+        let c = create::one_rank(&api, &rt, ids, at, mode, config)?;
+        let lc = LibComm::new(api, rt, c, at, mode.nonblocking, mode.timeout);
         // A grown world's existing ranks never see the id (NCCL's non-root ranks pass
         // none): no copy-engine sharing keyed by it on either side.
         let sharing = match ids.grown {

@@ -102,7 +102,11 @@ impl<R: Runtime> LibComm<R> {
         api: Arc<Api>,
         rt: Arc<R>,
         comm: OwnedComm,
-        (dev, rank, world): (usize, usize, usize),
+        unicomm_core::Place {
+            rank,
+            world,
+            device: dev,
+        }: unicomm_core::Place,
         nonblocking: bool,
         timeout: Duration,
     ) -> Self {
