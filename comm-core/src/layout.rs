@@ -27,8 +27,9 @@ fn sub<'a, M>(s: Slice<'a, M>, elem: usize, at: usize, n: usize) -> Slice<'a, M>
 
 impl<'a, M> Op<'a, M> {
     /// This rank's part of the operation as operations every NCCL has (to enqueue inside
-    /// one group): gather and scatter as send/recv to and from the root, all-to-all-v as a
-    /// send and a receive per peer, all-gather-v as one broadcast per rank, reduce-scatter-v
+    /// one group): gather and scatter as send/recv to and from the root, all-to-all and
+    /// all-to-all-v as a send and a receive per peer (as nccl-tests' alltoall runs where the
+    /// library has no all-to-all, NCCL before 2.28), all-gather-v as one broadcast per rank, reduce-scatter-v
     /// as one reduce per rank. Any other kind lowers to itself. Call [`Op::check`] first:
     /// the ranges below are cut from checked ones.
     pub fn lower(&self, rank: usize, world: usize, zeros: Zeros) -> Result<Vec<Op<'a, M>>> {
@@ -96,6 +97,14 @@ impl<'a, M> Op<'a, M> {
                     let out = if r == rank { recv } else { input };
                     let kind = Kind::Reduce { op, root: r };
                     ops.push(Op::new(kind, input, out, sc.counts[r], dt));
+                }
+            }
+            Kind::AllToAll => {
+                let send = self.send.ok_or_else(|| missing("send"))?;
+                let recv = self.recv.ok_or_else(|| missing("recv"))?;
+                for p in (0..world).filter(|_| keep(n)) {
+                    ops.push(Op::send(sub(send, es, p * n, n), n, dt, p));
+                    ops.push(Op::recv(sub(recv, es, p * n, n), n, dt, p));
                 }
             }
             _ => ops.push(*self),

@@ -104,20 +104,21 @@ fn create_group<R: Runtime>(
 ) -> Result<Vec<OwnedComm>> {
     let n = devs.len();
     let mut made = Vec::with_capacity(n);
-    api.group_start()?;
-    let mut first_err = None;
-    for (rank, &dev) in devs.iter().enumerate() {
-        let ids = Ids::one(&id);
-        match rt.with_device(dev, || init_call(api, n, ids, rank, nonblocking, config)) {
-            Ok(c) => made.push(c),
-            Err(e) => {
-                first_err.get_or_insert(e);
+    // ncclInProgress is a non-blocking group's success (settled by the caller).
+    let grouped = api.grouped(|| {
+        let mut first_err = None;
+        for (rank, &dev) in devs.iter().enumerate() {
+            let ids = Ids::one(&id);
+            match rt.with_device(dev, || init_call(api, n, ids, rank, nonblocking, config)) {
+                Ok(c) => made.push(c),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
         }
-    }
-    // ncclInProgress is a non-blocking group's success (settled by the caller).
-    let end = api.group_end();
-    if let Some(e) = first_err.or(end.err()) {
+        first_err.map_or(Ok(()), Err)
+    });
+    if let Err(e) = grouped {
         for c in made {
             let _ = api.comm_abort(c);
         }

@@ -135,27 +135,8 @@ impl<R: Runtime> Library<R> {
                 let red = RedOp::new(api, on.handle(), red, wire)?;
                 api.reduce_scatter(b, count, wire, red.code, on, st)
             }
-            Kind::AllToAll if api.all_to_all.is_some() => api.all_to_all(b, count, wire, on, st),
-            // No native all-to-all (NCCL < 2.28): one send and one receive per peer in a
-            // group, as nccl-tests' alltoall does.
-            Kind::AllToAll => {
-                let (send, recv) = op.pair()?;
-                let part = count * op.dtype.size();
-                fn at<'m, M>(s: Slice<'m, M>, p: usize, part: usize) -> Slice<'m, M> {
-                    Slice {
-                        offset: s.offset + p * part,
-                        bytes: part,
-                        ..s
-                    }
-                }
-                api.grouped(|| {
-                    for p in 0..lc.world {
-                        api.send_recv(&at(send, p, part), (count, wire), P2p::Send(p), on, st)?;
-                        api.send_recv(&at(recv, p, part), (count, wire), P2p::Recv(p), on, st)?;
-                    }
-                    Ok(())
-                })
-            }
+            // Without the library's all-to-all (NCCL < 2.28) the route lowers it first.
+            Kind::AllToAll => api.all_to_all(b, count, wire, on, st),
             Kind::Gather { root } => api.gather(b, count, wire, root, on, st),
             Kind::Scatter { root } => api.scatter(b, count, wire, root, on, st),
             Kind::AllToAllV => {

@@ -53,6 +53,8 @@ impl Route {
 fn lowered(api: &crate::sys::api::Api, kind: Kind) -> bool {
     match kind {
         Kind::Gather { .. } | Kind::Scatter { .. } => !api.native_gather_scatter(),
+        // NCCL before 2.28 has no all-to-all: one send and one receive per peer.
+        Kind::AllToAll => api.all_to_all.is_none(),
         Kind::AllToAllV => api.fns.all_to_allv.is_none(),
         Kind::AllGatherV | Kind::ReduceScatterV { .. } => true,
         _ => false,

@@ -37,11 +37,24 @@ impl Api {
         self.done("ncclGroupEnd", code, None)
     }
 
-    /// `f` between `ncclGroupStart` and `ncclGroupEnd`; the group is ended even where `f`
-    /// fails (its error first).
+    /// `f` between `ncclGroupStart` and `ncclGroupEnd`: the layer's one bracket of a group
+    /// it opens itself (a caller's own group is `Collective::group_start`/`group_end`). The
+    /// group is ended where `f` fails (its error first) and where it unwinds (a thread's
+    /// group left open would hold every later call of the thread).
     pub fn grouped<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        /// Ends the group if `f` unwinds.
+        struct Open<'a>(&'a Api, bool);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    let _ = self.0.group_end();
+                }
+            }
+        }
         self.group_start()?;
+        let mut open = Open(self, true);
         let r = f();
+        open.1 = false;
         let end = self.group_end();
         let r = r?;
         end?;
