@@ -7,6 +7,14 @@ use std::time::Duration;
 use unicomm_core::{Comm, DeviceStream, Error, ReduceOp};
 use unicomm_mock::{init_rank, unique_id, MockConfig};
 
+/// The tests of this binary one at a time: the test that makes 300 ids gives up the oldest
+/// unjoined ones, which are another test's while they run beside it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn config() -> MockConfig {
     MockConfig {
         timeout: Duration::from_secs(10),
@@ -16,6 +24,7 @@ fn config() -> MockConfig {
 
 #[test]
 fn threads_join_by_id_and_reduce() {
+    let _serial = serial();
     let id = unique_id().unwrap();
     let out: Vec<Vec<f32>> = std::thread::scope(|s| {
         let joins: Vec<_> = (0..3)
@@ -42,6 +51,7 @@ fn threads_join_by_id_and_reduce() {
 // second rank 0, or rank 0 of an id made elsewhere, is refused at once, not a hang.
 #[test]
 fn rank_zero_joins_once_where_the_id_was_made() {
+    let _serial = serial();
     let id = unique_id().unwrap();
     let first = init_rank(&id, 0, 1, config()).unwrap();
     match init_rank(&id, 0, 1, config()) {
@@ -74,6 +84,7 @@ fn rank_zero_joins_once_where_the_id_was_made() {
 /// deadline (20 s here), not a `Timeout` and never a panic of a stream worker.
 #[test]
 fn ranks_told_different_world_sizes_are_refused_at_once_naming_both() {
+    let _serial = serial();
     let config = MockConfig {
         timeout: Duration::from_secs(20),
         ..MockConfig::default()
@@ -132,6 +143,7 @@ fn ranks_told_different_world_sizes_are_refused_at_once_naming_both() {
 /// not "cannot reach the hub" after the deadline.
 #[test]
 fn a_rank_claimed_twice_or_outside_the_world_is_refused_naming_the_rule() {
+    let _serial = serial();
     let id = unique_id().unwrap();
     let zero = Comm::from_backend(init_rank(&id, 0, 3, config()).unwrap());
     let one = Comm::from_backend(init_rank(&id, 1, 3, config()).unwrap());
@@ -152,6 +164,7 @@ fn a_rank_claimed_twice_or_outside_the_world_is_refused_naming_the_rule() {
 /// rank 0 is refused naming why; the newest still works.
 #[test]
 fn ids_made_and_never_joined_hold_a_bounded_number_of_sockets() {
+    let _serial = serial();
     let fds = || {
         std::fs::read_dir("/proc/self/fd")
             .map(|d| d.count())
