@@ -169,15 +169,6 @@ impl MockComm {
         ))
     }
 
-    /// Memory of this rank's device.
-    pub(crate) fn check_memory_of(&self, mem: &MockMemory) -> Result<()> {
-        if mem.inner.owner == self.owner() {
-            Ok(())
-        } else {
-            Err(foreign_memory(mem, self.owner()))
-        }
-    }
-
     fn span(&self, s: &Slice<'_, MockMemory>, write: bool) -> Span {
         Span {
             alloc: s.mem.inner.clone(),

@@ -6,7 +6,7 @@
 //! NCCL requires) sees the same bytes.
 
 use unicomm_core::one_sided::OneSided;
-use unicomm_core::{Error, Result};
+use unicomm_core::{Collective, Error, Result};
 
 use crate::comm::MockComm;
 use crate::exec::{Span, Work};
@@ -31,20 +31,8 @@ impl MockComm {
                 windows: self.windows.clone(),
             },
             OneSided::Put(p) => {
-                self.check_memory_of(p.src.mem)?;
-                p.src.holds(p.count, p.dtype, "src")?;
-                let bytes = p.count * p.dtype.size();
-                // NCCL's rule: the source lies in a symmetric window of the communicator.
-                if !self
-                    .registry
-                    .covering(p.src.address(), bytes)?
-                    .is_some_and(|k| k.is_window())
-                {
-                    return Err(Error::invalid(
-                        "src",
-                        "a put's source must lie inside a symmetric window of the communicator (NCCL's rule)",
-                    ));
-                }
+                self.check_memory(p.src.mem)?;
+                let bytes = p.checked_source(&self.registry)?;
                 let ord = self
                     .windows
                     .ordinal(p.window)

@@ -4,8 +4,9 @@
 //! typed calls are [`Comm::put_signal`](crate::Comm::put_signal),
 //! [`Comm::signal`](crate::Comm::signal) and [`Comm::wait_signal`](crate::Comm::wait_signal).
 
+use crate::device::DeviceMemory;
 use crate::op::Slice;
-use crate::registry::RawHandle;
+use crate::registry::{RawHandle, RegKind, Registry};
 use crate::{DataType, Error, Result};
 
 /// One entry of a wait (`ncclWaitSignalDesc_t`): `count` signals from `peer`. Every put of
@@ -45,6 +46,24 @@ pub struct Put<'a, M> {
     pub offset: usize,
     /// This rank's part of the window, in bytes (every rank's is the same size).
     pub window_bytes: usize,
+}
+
+impl<M: DeviceMemory> Put<'_, M> {
+    /// NCCL's rules for the source on this rank, asked of the backend's `registry`: it holds
+    /// `count` elements and lies inside a symmetric window of the communicator (NCCL finds
+    /// its window by address, `ncclDevrFindWindow`). Its bytes.
+    pub fn checked_source(&self, registry: &Registry) -> Result<usize> {
+        self.src.holds(self.count, self.dtype, "src")?;
+        let bytes = self.count * self.dtype.size();
+        let covering = registry.covering(self.src.address(), bytes)?;
+        if !covering.is_some_and(RegKind::is_window) {
+            return Err(Error::invalid(
+                "src",
+                "a put's source must lie inside a symmetric window of the communicator (NCCL's rule)",
+            ));
+        }
+        Ok(bytes)
+    }
 }
 
 impl<M> Clone for Put<'_, M> {

@@ -215,23 +215,34 @@ impl<R: Runtime> Base<R> {
                     format!("{} {} returned a NULL window", api.flavor.library, api.version),
                 )
             })?;
-            if api.version >= crate::sys::flavor::ONE_SIDED_SINCE && api.fns.win_get_user_ptr.is_some() {
-                // The library's own record of the window (`ncclWinGetUserPtr`) names the
-                // buffer: what one-sided puts into it rest on.
-                // SAFETY: the window just registered on this communicator, not yet
-                // deregistered (the handle is still ours).
-                let at = api.win_user_ptr(c.handle(), unsafe { WindowRef::borrow_raw(w as usize) })?;
-                if at != buf.address() {
-                    let _ = api.window_deregister(c.handle(), h);
-                    return Err(Error::invalid(
-                        "buffer",
-                        format!("{} says the window starts at {at:#x}, registered at {:#x}", api.flavor.library, buf.address()),
-                    ));
-                }
-            }
+            window_starts_at(api, c, &h, buf.address())?;
             Ok(h)
         })
     }
+}
+
+/// Where the library has `ncclWinGetUserPtr` (NCCL >= 2.29.2): its own record of window `h`
+/// names the buffer registered at `addr`, what one-sided puts into it rest on. Otherwise
+/// the registration is refused; the window is left with the library until the communicator
+/// ends (its deregistration is collective: this rank alone would wait for its peers).
+fn window_starts_at(api: &Api, c: CommRef<'_>, h: &RegHandle, addr: usize) -> Result<()> {
+    if api.version < crate::sys::flavor::ONE_SIDED_SINCE || api.fns.win_get_user_ptr.is_none() {
+        return Ok(());
+    }
+    // SAFETY: a window just registered on this communicator, not deregistered (the caller
+    // still holds its handle).
+    let win = unsafe { WindowRef::borrow_raw(h.as_raw()) };
+    let at = api.win_user_ptr(c.handle(), win)?;
+    if at == addr {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "buffer",
+        format!(
+            "{} says the window starts at {at:#x}, registered at {addr:#x}",
+            api.flavor.library
+        ),
+    ))
 }
 
 /// A window written by a registration on a helper thread.

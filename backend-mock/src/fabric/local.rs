@@ -176,6 +176,25 @@ impl LocalFabric {
     }
 }
 
+impl LocalFabric {
+    /// The next message of mailbox `(src, dst, one_sided)`, until `deadline`.
+    fn take_from(
+        &self,
+        (src, dst, one_sided): (usize, usize, bool),
+        deadline: Instant,
+    ) -> Result<Msg> {
+        let wait = Wait::Take {
+            src,
+            dst,
+            one_sided,
+        };
+        match self.block(wait, deadline)? {
+            Done::Msg(m) => Ok(m),
+            _ => Err(Error::aborted("mailbox emptied while waiting")),
+        }
+    }
+}
+
 impl Exchange for LocalFabric {
     fn gather(&self, seq: u64, rank: usize, desc: Desc, deadline: Instant) -> Result<Vec<Desc>> {
         match self.block(self.start_gather(seq, rank, desc)?, deadline)? {
@@ -228,27 +247,11 @@ impl Exchange for LocalFabric {
     }
 
     fn take(&self, src: usize, dst: usize, deadline: Instant, _after: Duration) -> Result<Msg> {
-        let wait = Wait::Take {
-            src,
-            dst,
-            one_sided: false,
-        };
-        match self.block(wait, deadline)? {
-            Done::Msg(m) => Ok(m),
-            _ => Err(Error::aborted("mailbox emptied while waiting")),
-        }
+        self.take_from((src, dst, false), deadline)
     }
 
     fn take_one_sided(&self, src: usize, dst: usize, deadline: Instant) -> Result<Msg> {
-        let wait = Wait::Take {
-            src,
-            dst,
-            one_sided: true,
-        };
-        match self.block(wait, deadline)? {
-            Done::Msg(m) => Ok(m),
-            _ => Err(Error::aborted("mailbox emptied while waiting")),
-        }
+        self.take_from((src, dst, true), deadline)
     }
 
     fn complete(&self, id: u64, refused: Option<Error>) {

@@ -3,7 +3,6 @@
 //! window it fits), then called with the window held live for the call.
 
 use unicomm_core::one_sided::{OneSided, Put};
-use unicomm_core::registry::RegKind;
 use unicomm_core::{Error, Result};
 
 use super::collective::foreign_stream;
@@ -39,19 +38,7 @@ impl<R: Runtime> ApiComm<R> {
     fn put(&self, p: &Put<'_, ApiMemory<R>>, st: StreamRef<'_>) -> Result<()> {
         let b = &self.base;
         b.check_memory(p.src.mem)?;
-        p.src.holds(p.count, p.dtype, "src")?;
-        let bytes = p.count * p.dtype.size();
-        // NCCL's rule (its `ncclDevrFindWindow`): the source lies in a symmetric window.
-        if !b
-            .registry
-            .covering(p.src.address(), bytes)?
-            .is_some_and(RegKind::is_window)
-        {
-            return Err(Error::invalid(
-                "src",
-                "a put's source must lie inside a symmetric window of the communicator (NCCL's rule)",
-            ));
-        }
+        let bytes = p.checked_source(&b.registry)?;
         if is_empty_handle(p.window) {
             return Err(Error::invalid(
                 "dst",

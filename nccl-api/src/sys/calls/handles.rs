@@ -168,6 +168,10 @@ impl RegHandle {
     pub fn into_raw(self) -> usize {
         self.raw as usize
     }
+    /// The handle as a number, still owned.
+    pub fn as_raw(&self) -> usize {
+        self.raw as usize
+    }
 }
 
 /// A window of the communicator a call names, borrowed for the call.
