@@ -123,3 +123,105 @@ impl AtomicLife {
             .map_err(Life::of)
     }
 }
+
+/// A [`Life`] that owns what lives with it: `T` (a library's communicator and the children
+/// made from it) is held while live or suspended and gone once ended, so nothing ended can be
+/// named. A communicator's lock guards one: the state and what it owns change together.
+#[derive(Debug)]
+pub enum Held<T> {
+    /// Calls are taken.
+    Live(T),
+    /// Suspended: calls are refused until it is resumed; it can still be ended.
+    Suspended(T),
+    /// Ended by finalize.
+    Finalized,
+    /// Ended by an abort, or given up (what it owned left with whoever still uses it).
+    Aborted,
+}
+
+impl<T> Held<T> {
+    /// Its [`Life`].
+    #[inline]
+    pub fn life(&self) -> Life {
+        match self {
+            Held::Live(_) => Life::Live,
+            Held::Suspended(_) => Life::Suspended,
+            Held::Finalized => Life::Finalized,
+            Held::Aborted => Life::Aborted,
+        }
+    }
+    /// What it owns, while live.
+    #[inline]
+    pub fn live(&self) -> Option<&T> {
+        match self {
+            Held::Live(t) => Some(t),
+            _ => None,
+        }
+    }
+    /// What it owns, live or suspended (not ended).
+    #[inline]
+    pub fn not_ended(&self) -> Option<&T> {
+        match self {
+            Held::Live(t) | Held::Suspended(t) => Some(t),
+            _ => None,
+        }
+    }
+    /// Ends it (`to` finalized or aborted; any other is taken as aborted): what it owned,
+    /// where it was not ended already.
+    pub fn end(&mut self, to: Life) -> Option<T> {
+        let next = match to {
+            Life::Finalized => Held::Finalized,
+            _ => Held::Aborted,
+        };
+        match std::mem::replace(self, next) {
+            Held::Live(t) | Held::Suspended(t) => Some(t),
+            ended => {
+                *self = ended;
+                None
+            }
+        }
+    }
+    /// Moves between live and suspended (`to` one of them); `false` (unchanged) where it
+    /// was ended or `to` is an end.
+    pub fn rest(&mut self, to: Life) -> bool {
+        if !matches!(to, Life::Live | Life::Suspended) {
+            return false;
+        }
+        let t = match std::mem::replace(self, Held::Aborted) {
+            Held::Live(t) | Held::Suspended(t) => t,
+            ended => {
+                *self = ended;
+                return false;
+            }
+        };
+        *self = match to {
+            Life::Live => Held::Live(t),
+            _ => Held::Suspended(t),
+        };
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Held, Life};
+
+    #[test]
+    fn an_ended_state_owns_nothing_and_stays_ended() {
+        let mut h = Held::Live(7);
+        assert!(h.rest(Life::Suspended));
+        assert_eq!(
+            (h.life(), h.live(), h.not_ended()),
+            (Life::Suspended, None, Some(&7))
+        );
+        assert!(!h.rest(Life::Finalized), "an end is not a resting state");
+        assert_eq!(h.not_ended(), Some(&7));
+        assert_eq!(h.end(Life::Aborted), Some(7));
+        assert_eq!(h.life(), Life::Aborted);
+        // A second end takes nothing and does not turn an abort into a finalize.
+        assert_eq!(h.end(Life::Finalized), None);
+        assert_eq!(h.life(), Life::Aborted);
+        assert!(!h.rest(Life::Live));
+        assert_eq!(h.life(), Life::Aborted);
+    }
+}

@@ -22,9 +22,9 @@ use unicomm_core::{Error, Extent, Kind, Op, RawHandle, Result, Slice};
 
 use crate::base::Base;
 use crate::copy_engine::CopyEngine;
+use crate::libcomm::Child;
 use crate::memory::ApiMemory;
 use crate::policy::{Path, Policy};
-use crate::sys::api::NcclComm;
 use crate::sys::calls::{RegHandle, Span};
 use crate::sys::runtime::Runtime;
 
@@ -42,7 +42,7 @@ struct Agreed {
 /// with it).
 #[derive(Debug)]
 struct Second {
-    comm: NcclComm,
+    comm: Child,
     /// Automatic handle -> this communicator's `ncclCommRegister` handle.
     regs: Mutex<HashMap<RawHandle, usize>>,
 }
@@ -97,7 +97,9 @@ impl Auto {
         if let Some(s) = &*slot {
             return Ok(s.clone());
         }
-        let comm = lc.adopt_child(made);
+        // SAFETY: split with one color and this rank as its key: this communicator's ranks
+        // in its order.
+        let comm = unsafe { lc.adopt_child(made) }?;
         let s = Arc::new(Second {
             comm,
             regs: Mutex::new(HashMap::new()),
@@ -211,11 +213,12 @@ impl Auto {
         if bytes > 0 {
             let buf = Slice { mem, offset, bytes };
             let handle = lc
-                .call(|c| {
-                    let on = lc.child(c, second.comm);
-                    let h = lc.api.comm_register(on.handle(), Span::of(&buf)?)?;
+                .call_lent(|l| {
+                    let h = lc
+                        .api
+                        .comm_register(l.child(second.comm)?.handle(), Span::of(&buf)?)?;
                     // Non-blocking: the handle is written when the call is done.
-                    lc.settle_locked("ncclCommRegister")?;
+                    l.settle("ncclCommRegister")?;
                     Ok(h.into_raw())
                 })
                 .map_err(undo)?;
@@ -248,8 +251,8 @@ impl Auto {
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&h);
                 if let Some(rh) = taken {
-                    lc.call(|c| {
-                        let on = lc.child(c, second.comm);
+                    lc.call_lent(|l| {
+                        let on = l.child(second.comm)?;
                         // SAFETY: a registration of the second communicator, taken out of
                         // its table above, so deregistered once.
                         let rh = unsafe { RegHandle::from_raw(rh) };
@@ -312,7 +315,7 @@ impl Auto {
     }
 
     /// The second communicator's handle, for a call the policy sends there.
-    pub(crate) fn second_comm(&self) -> Option<NcclComm> {
+    pub(crate) fn second_comm(&self) -> Option<Child> {
         let second = self.second.lock().unwrap_or_else(|e| e.into_inner());
         second.as_ref().map(|s| s.comm)
     }

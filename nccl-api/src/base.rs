@@ -16,6 +16,7 @@ use unicomm_core::{Error, RawHandle, Result, Slice};
 
 use crate::agree::Agreement;
 use crate::group;
+use crate::libcomm::call::Lent;
 use crate::libcomm::LibComm;
 use crate::library::Library;
 use crate::memory::ApiMemory;
@@ -96,7 +97,7 @@ impl<R: Runtime> Base<R> {
         mem: &ApiMemory<R>,
         (offset, bytes): (usize, usize),
         kind: RegKind,
-        call: impl FnOnce(CommRef<'_>, &Slice<'_, ApiMemory<R>>) -> Result<RegHandle>,
+        call: impl FnOnce(&mut Lent<'_, R>, &Slice<'_, ApiMemory<R>>) -> Result<RegHandle>,
     ) -> Result<RawHandle> {
         self.check_memory(mem)?;
         let addr = mem.range(offset, bytes, "bytes")?;
@@ -104,7 +105,7 @@ impl<R: Runtime> Base<R> {
             RawHandle(NEXT_EMPTY.fetch_add(1, Ordering::Relaxed))
         } else {
             let buf = Slice { mem, offset, bytes };
-            RawHandle(self.lc.call(|c| call(c, &buf))?.into_raw())
+            RawHandle(self.lc.call_lent(|l| call(l, &buf))?.into_raw())
         };
         self.registry.insert(h, addr, bytes, kind)?;
         Ok(h)
@@ -158,10 +159,10 @@ impl<R: Runtime> Base<R> {
         range: (usize, usize),
     ) -> Result<RawHandle> {
         let lc = &self.lc;
-        self.register_range(mem, range, RegKind::Buffer, |c, buf| {
-            let h = lc.api.comm_register(c.handle(), Span::of(buf)?)?;
+        self.register_range(mem, range, RegKind::Buffer, |l, buf| {
+            let h = lc.api.comm_register(l.comm()?.handle(), Span::of(buf)?)?;
             // Non-blocking: the handle is written when the call is done.
-            lc.settle_locked("ncclCommRegister")?;
+            l.settle("ncclCommRegister")?;
             Ok(h)
         })
     }
@@ -182,12 +183,12 @@ impl<R: Runtime> Base<R> {
             api.fns.window_register.is_some() && api.fns.window_deregister.is_some(),
         )?;
         self.not_in_group("a symmetric window registration")?;
-        self.register_range(mem, range, kind, |c, buf| {
+        self.register_range(mem, range, kind, |l, buf| {
             let w = if lc.nonblocking {
                 let mut w = std::ptr::null_mut();
-                api.window_register(c.handle(), Span::of(buf)?, &mut w)?;
+                api.window_register(l.comm()?.handle(), Span::of(buf)?, &mut w)?;
                 // Non-blocking: the window is written when the call is done.
-                lc.settle_locked("ncclCommWindowRegister")?;
+                l.settle("ncclCommWindowRegister")?;
                 w
             } else {
                 // Collective: it waits for the peers on the host; bounded by the deadline.
@@ -196,9 +197,8 @@ impl<R: Runtime> Base<R> {
                 // through it) and the communicator is given up.
                 let span = unsafe { Span::of(buf)?.unbound() };
                 let api2 = api.clone();
-                let w = lc.bounded_locked(
+                let w = l.bounded(
                     "ncclCommWindowRegister",
-                    c,
                     move |h| {
                         let mut w = std::ptr::null_mut();
                         api2.window_register(h, span, &mut w).map(|()| SendWindow(w))
@@ -215,7 +215,7 @@ impl<R: Runtime> Base<R> {
                     format!("{} {} returned a NULL window", api.flavor.library, api.version),
                 )
             })?;
-            window_starts_at(api, c, &h, buf.address())?;
+            window_starts_at(api, l.comm()?, &h, buf.address())?;
             Ok(h)
         })
     }

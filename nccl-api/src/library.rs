@@ -8,9 +8,9 @@ use std::sync::Arc;
 use unicomm_core::registry::Registry;
 use unicomm_core::{DataType, Error, Kind, Op, ReduceOp, Result, Slice};
 
-use crate::libcomm::LibComm;
+use crate::libcomm::{Child, LibComm};
 use crate::memory::ApiMemory;
-use crate::sys::api::{Api, NcclComm};
+use crate::sys::api::Api;
 use crate::sys::calls::{CommRef, Handle, P2p, Sides, StreamRef};
 use crate::sys::codes::NcclCode;
 use crate::sys::coll_config::CollConfig;
@@ -41,7 +41,7 @@ impl<R: Runtime> Library<R> {
         &self,
         lc: &Arc<LibComm<R>>,
         registry: &Registry,
-        child: Option<NcclComm>,
+        child: Option<Child>,
         op: &Op<'_, ApiMemory<R>>,
         st: StreamRef<'_>,
     ) -> Result<()> {
@@ -65,11 +65,7 @@ impl<R: Runtime> Library<R> {
                 )?;
             }
         }
-        lc.call_enqueue(|c| {
-            let on = match child {
-                Some(raw) => lc.child(c, raw),
-                None => c,
-            };
+        lc.call_enqueue(child, |on| {
             self.call(lc, op, (wire, config.as_ref()), on, st)
         })
     }

@@ -44,16 +44,15 @@ pub(crate) fn derive_raw<R: Runtime>(
         + Send
         + 'static,
 ) -> Result<Option<OwnedComm>> {
-    lc.call(|c| {
+    lc.call_lent(|l| {
         let out = if lc.nonblocking {
-            call(c.handle(), config.as_mut())?
+            call(l.comm()?.handle(), config.as_mut())?
         } else {
             let api = lc.api.clone();
             // The caller holds the lock while this runs and gives the parent up if it does
             // not return in time; the config is owned by the closure.
-            lc.bounded_locked(
+            l.bounded(
                 name,
-                c,
                 move |h| {
                     let mut config = config;
                     call(h, config.as_mut())
@@ -68,7 +67,7 @@ pub(crate) fn derive_raw<R: Runtime>(
         };
         // A non-blocking child answers ncclInProgress until it settles: where it is adopted
         // (`adopt_raw`), or below for a non-blocking parent's.
-        lc.settle_locked(name)?;
+        l.settle(name)?;
         let Some(out) = out else {
             return Ok(None);
         };

@@ -189,8 +189,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
 
     fn poll_async_error(&self) -> Result<()> {
         let lc = &self.base.lc;
-        let _g = lc.locked()?;
-        lc.async_error_locked()
+        lc.async_error()
     }
 
     fn set_timeout(&self, timeout: std::time::Duration) -> Result<()> {

@@ -299,7 +299,7 @@ impl<R: Runtime> ApiComm<R> {
     /// to compare). Using it while this communicator is used from another thread breaks
     /// NCCL's rule; that is the caller's responsibility.
     pub fn raw_comm(&self) -> NcclComm {
-        self.base.lc.comm
+        self.base.lc.raw()
     }
 
     /// This rank's device.
@@ -366,8 +366,8 @@ impl<R: Runtime> Drop for ApiComm<R> {
             End::Abort
         };
         match lc.locked_for_teardown(end) {
-            Ok(_g) => {
-                let _ = lc.destroy_locked(end);
+            Ok(mut g) => {
+                let _ = lc.destroy_locked(&mut g, end);
             }
             Err(e) => {
                 // Another thread's call (an abort, a settle) still holds the communicator

@@ -29,8 +29,8 @@ impl<R: Runtime> ApiComm<R> {
         let api = &b.lc.api;
         let r = match op {
             OneSided::Put(p) => self.put(&p, st),
-            OneSided::Signal(peer) => b.lc.call_enqueue(|c| api.signal(peer, c, st)),
-            OneSided::Wait(waits) => b.lc.call_enqueue(|c| api.wait_signal(waits, c, st)),
+            OneSided::Signal(peer) => b.lc.call_enqueue(None, |c| api.signal(peer, c, st)),
+            OneSided::Wait(waits) => b.lc.call_enqueue(None, |c| api.wait_signal(waits, c, st)),
         };
         r.map_err(|e| self.host_rma_refusal(e))
     }
@@ -46,7 +46,7 @@ impl<R: Runtime> ApiComm<R> {
             ));
         }
         let src = unicomm_core::Slice { bytes, ..p.src };
-        b.lc.call_enqueue(|c| {
+        b.lc.call_enqueue(None, |c| {
             b.with_window(p.window, |win, size| {
                 if p.offset.checked_add(bytes).is_none_or(|end| end > size) {
                     return Err(Error::invalid(

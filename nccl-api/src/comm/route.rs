@@ -10,9 +10,9 @@ use unicomm_core::{Kind, Op, ReduceOp, Result};
 use crate::auto::Auto;
 use crate::base::Base;
 use crate::copy_engine::{CopyEngine, Plan};
+use crate::libcomm::Child;
 use crate::memory::{ApiMemory, ApiStream};
 use crate::policy::{Path, Taken};
-use crate::sys::api::NcclComm;
 use crate::sys::runtime::Runtime;
 
 /// Where a call goes.
@@ -21,7 +21,7 @@ pub(crate) enum Route {
     Library,
     /// The automatic policy's registered path ([`Path::Registered`]): the library's call on
     /// the automatic registrations' second communicator.
-    Registered(NcclComm),
+    Registered(Child),
     /// The copy engines, by this plan.
     CopyEngine(Plan),
     /// No call of the library's own: NCCL's documented composition (grouped send/recv,

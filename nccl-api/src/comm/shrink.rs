@@ -52,7 +52,7 @@ impl<R: Runtime> ApiComm<R> {
         let native = lc.api.fns.comm_shrink.is_some()
             && lc.api.version >= SHRINK_SINCE
             && mode != ShrinkMode::Reform
-            && lc.live().is_ok();
+            && lc.live_now().is_ok();
         tracing::info!(
             rank = lc.rank,
             ?exclude,

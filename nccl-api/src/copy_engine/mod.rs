@@ -247,7 +247,7 @@ impl<R: Runtime> CopyEngine<R> {
         // every operation enqueued before it and none starts after. (The barriers take
         // the communicator's lock, which comes first in the lock order: they run without this held.)
         let mut held = signals.then(|| self.pending.lock());
-        lc.live()?;
+        lc.live_now()?;
         if track {
             // Signals pair the ranks' operations in issue order: one on another stream
             // must not overtake the previous one (NCCL orders one communicator's work so).

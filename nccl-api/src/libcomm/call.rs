@@ -1,22 +1,94 @@
 //! Calling the library on a [`LibComm`]: the lock, the live state and the device around one
-//! call ([`LibComm::call`], [`LibComm::call_enqueue`]), non-blocking settling, and a
-//! blocking call bounded by the deadline on a helper thread ([`LibComm::bounded_locked`]).
-
-#![allow(
-    unsafe_code,
-    reason = "the owner of the communicator lends it for one call (the architecture test's UNSAFE_FILES lists it)"
-)]
+//! call ([`LibComm::call`], [`LibComm::call_enqueue`], [`LibComm::call_lent`]), non-blocking
+//! settling, and a blocking call bounded by the deadline on a helper thread
+//! ([`Lent::bounded`]).
 
 use std::sync::Arc;
 
-use unicomm_core::Result;
+use unicomm_core::state::{Held, Life};
+use unicomm_core::{Error, Result};
 
-use super::LibComm;
+use super::{Child, LibComm, Owned};
 use crate::group;
-use crate::sys::calls::{take_in_progress, CommRef, Handle};
+use crate::sys::calls::{take_in_progress, CommRef, Handle, ShapedComm};
 use crate::sys::runtime::Runtime;
 use crate::wait::bounded;
-use unicomm_core::state::Life;
+
+/// The communicator lent to one call with its lock held: the communicator and its
+/// children, the settling of a non-blocking call, and a blocking call bounded by the
+/// deadline.
+pub(crate) struct Lent<'g, R: Runtime> {
+    lc: &'g LibComm<R>,
+    held: &'g mut Held<Owned>,
+}
+
+impl<R: Runtime> Lent<'_, R> {
+    /// The communicator, while live.
+    #[inline]
+    pub(crate) fn comm(&self) -> Result<CommRef<'_>> {
+        Ok(self.lc.live(self.held)?.comm.lend())
+    }
+
+    /// A child adopted by [`LibComm::adopt_child`], while this communicator is live.
+    pub(crate) fn child(&self, id: Child) -> Result<CommRef<'_>> {
+        self.lc
+            .live(self.held)?
+            .children
+            .get(id.0)
+            .map(ShapedComm::lend)
+            .ok_or_else(|| Error::invalid("comm", "no such child communicator"))
+    }
+
+    /// Waits until the library is done with the last calls (non-blocking mode; see
+    /// [`LibComm::settle_locked`]).
+    pub(crate) fn settle(&mut self, what: &str) -> Result<()> {
+        self.lc.settle_locked(self.held, what)
+    }
+
+    /// A blocking library call on the communicator that waits for the peers on the host
+    /// (collective window registration, split), run by [`bounded`] under the deadline. The
+    /// communicator and its children go to the call's thread and come back with its result;
+    /// past the deadline they stay there, given up (the state is aborted: nothing here calls
+    /// or ends them again) and the result is `Timeout`; `late` receives the call's result if
+    /// it ever returns.
+    pub(crate) fn bounded<T: Send + 'static>(
+        &mut self,
+        what: &str,
+        work: impl FnOnce(Handle<'_>) -> T + Send + 'static,
+        late: impl FnOnce(T) + Send + 'static,
+    ) -> Result<T> {
+        let lc = self.lc;
+        lc.live(self.held)?;
+        let Some(owned) = self.held.end(Life::Aborted) else {
+            return Err(lc.not_live(self.held.life()));
+        };
+        let (rt, dev) = (lc.rt.clone(), lc.dev);
+        let r = bounded(
+            what,
+            lc.timeout(),
+            move || {
+                let r = rt.with_device(dev, || Ok(work(owned.comm.handle())));
+                (owned, r)
+            },
+            move |(owned, r)| {
+                drop(owned); // given up: dropping leaks the library's communicators
+                if let Ok(t) = r {
+                    late(t)
+                }
+            },
+        );
+        match r {
+            Ok((owned, r)) => {
+                *self.held = Held::Live(owned);
+                r
+            }
+            Err(e) => {
+                lc.mirror(self.held);
+                Err(e)
+            }
+        }
+    }
+}
 
 impl<R: Runtime> LibComm<R> {
     /// Runs `f` on the communicator: not destroyed, not used by another thread, with this
@@ -24,43 +96,58 @@ impl<R: Runtime> LibComm<R> {
     /// (inside a group, left to the group's end): one that answered ncclSuccess is enqueued
     /// (NCCL's non-blocking rule), so it is not polled.
     pub(crate) fn call<T>(self: &Arc<Self>, f: impl FnOnce(CommRef<'_>) -> Result<T>) -> Result<T> {
-        self.call_in(true, f)
+        self.call_with(true, |l| f(l.comm()?))
     }
 
-    /// [`LibComm::call`] for a collective or point-to-point call, without making the device
-    /// current: NCCL and RCCL make the communicator's device current themselves for every
-    /// operation they enqueue and launch (NCCL's documented single-thread, several-GPU
-    /// example calls them for each device's communicator without `cudaSetDevice`), so the
-    /// driver call that would check it (`cuCtxGetCurrent`) is left out of the hot path.
+    /// [`LibComm::call`] with the communicator lent as [`Lent`]: its children, settling
+    /// inside the call, a bounded blocking call.
+    pub(crate) fn call_lent<T>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Lent<'_, R>) -> Result<T>,
+    ) -> Result<T> {
+        self.call_with(true, f)
+    }
+
+    /// [`LibComm::call`] for a collective or point-to-point call, on this communicator or
+    /// its `child`, without making the device current: NCCL and RCCL make the
+    /// communicator's device current themselves for every operation they enqueue and launch
+    /// (NCCL's documented single-thread, several-GPU example calls them for each device's
+    /// communicator without `cudaSetDevice`), so the driver call that would check it
+    /// (`cuCtxGetCurrent`) is left out of the hot path.
     #[inline]
     pub(crate) fn call_enqueue<T>(
         self: &Arc<Self>,
+        child: Option<Child>,
         f: impl FnOnce(CommRef<'_>) -> Result<T>,
     ) -> Result<T> {
-        self.call_in(false, f)
+        self.call_with(false, |l| match child {
+            None => f(l.comm()?),
+            Some(id) => f(l.child(id)?),
+        })
     }
 
     #[inline]
-    fn call_in<T>(
+    fn call_with<T>(
         self: &Arc<Self>,
         set_device: bool,
-        f: impl FnOnce(CommRef<'_>) -> Result<T>,
+        f: impl FnOnce(&mut Lent<'_, R>) -> Result<T>,
     ) -> Result<T> {
-        // The state is read under the lock that the teardown also takes, so a communicator
-        // aborted by another thread is never used after it was freed.
-        let _g = self.locked()?;
-        self.live()?;
-        // SAFETY: live (checked under the lock, which every ending takes) for as long as the
-        // borrow, which ends with `f`; one thread (the lock); `world` and `rank` its shape.
-        let c = unsafe { CommRef::borrow_raw(self.comm, self.world, self.rank) };
+        // The communicator is reached only through the lock that the teardown also takes,
+        // and lent only while live (`Lent::comm`), so one aborted by another thread is never
+        // used after it was freed.
+        let mut g = self.locked()?;
         let nonblocking = self.nonblocking;
         if nonblocking {
             take_in_progress(); // what an earlier call of this thread left is not this call's
         }
+        let mut lent = Lent {
+            lc: self,
+            held: &mut g,
+        };
         // One call site of `f`, so that it is inlined here.
         let r = match set_device {
-            true => self.rt.with_device(self.dev, || f(c)),
-            false => f(c),
+            true => self.rt.with_device(self.dev, || f(&mut lent)),
+            false => f(&mut lent),
         };
         if !nonblocking {
             return r;
@@ -68,7 +155,7 @@ impl<R: Runtime> LibComm<R> {
         if group::in_group() {
             group::join(self.clone()); // ncclGroupEnd settles every member
         } else if take_in_progress() {
-            self.settle_locked("a non-blocking call")?;
+            self.settle_locked(&mut g, "a non-blocking call")?;
         }
         r
     }
@@ -82,28 +169,28 @@ impl<R: Runtime> LibComm<R> {
         (from, to): (Life, Life),
         f: impl FnOnce(CommRef<'_>) -> Result<T>,
     ) -> Result<T> {
-        let _g = self.locked()?;
-        let now = self.state.load();
-        if now != from {
-            return Err(self.live().err().unwrap_or_else(|| {
-                unicomm_core::Error::invalid("comm", "the communicator is not suspended")
-            }));
-        }
-        // SAFETY: neither finalized nor aborted (checked under the lock, which every ending
-        // takes) for as long as the borrow, which ends with `f`; one thread (the lock).
-        let c = unsafe { CommRef::borrow_raw(self.comm, self.world, self.rank) };
+        let mut g = self.locked()?;
+        let Some(o) = g.not_ended().filter(|_| g.life() == from) else {
+            return Err(match self.live(&g) {
+                Err(e) => e,
+                Ok(_) => Error::invalid("comm", "the communicator is not suspended"),
+            });
+        };
+        let c = o.comm.lend();
         if self.nonblocking {
             take_in_progress();
         }
         let t = self.rt.with_device(self.dev, || f(c))?;
         // Settled as a live communicator (a non-blocking suspend or resume may still run).
-        self.state.store(Life::Live);
+        g.rest(Life::Live);
+        self.mirror(&g);
         let settled = match self.nonblocking && take_in_progress() {
-            true => self.settle_locked("ncclCommSuspend/ncclCommResume"),
+            true => self.settle_locked(&mut g, "ncclCommSuspend/ncclCommResume"),
             false => Ok(()),
         };
         if settled.is_ok() {
-            self.state.store(to);
+            g.rest(to);
+            self.mirror(&g);
         }
         settled.map(|_| t)
     }
@@ -111,58 +198,15 @@ impl<R: Runtime> LibComm<R> {
     /// Before a suspended communicator is finalized (with the lock held): resumed, as
     /// `ncclCommFinalize` flushes work a suspended communicator cannot run. `false` where the
     /// resume failed (the caller aborts instead).
-    pub(crate) fn woken_for_finalize(&self) -> bool {
-        if self.state.load() != Life::Suspended {
+    pub(crate) fn woken_for_finalize(&self, held: &mut Held<Owned>) -> bool {
+        let Held::Suspended(o) = &*held else {
             return true;
-        }
-        // SAFETY: suspended, not ended (the caller holds the lock every ending takes).
-        let h = unsafe { Handle::borrow_raw(self.comm) };
-        let ok = self.api.comm_resume(h).is_ok();
+        };
+        let ok = self.api.comm_resume(o.comm.handle()).is_ok();
         if ok {
-            self.state.store(Life::Live);
+            held.rest(Life::Live);
+            self.mirror(held);
         }
         ok
     }
-
-    /// A blocking communicator's library call that waits for the peers on the host
-    /// (collective window registration, split), with the lock held: run by [`bounded`]
-    /// under the deadline on the communicator `c` the caller was lent by [`LibComm::call`].
-    /// Past it the communicator is given up (aborted state: nothing here calls or ends it
-    /// again, its thread keeps it) and the result is `Timeout`; `late` receives the call's
-    /// result if it ever returns.
-    pub(crate) fn bounded_locked<T: Send + 'static>(
-        &self,
-        what: &str,
-        c: CommRef<'_>,
-        work: impl FnOnce(Handle<'static>) -> T + Send + 'static,
-        late: impl FnOnce(T) + Send + 'static,
-    ) -> Result<T> {
-        let (rt, dev) = (self.rt.clone(), self.dev);
-        // SAFETY: the caller holds the lock for the whole wait, so nothing else uses or ends
-        // the communicator while `work` may run; past the deadline the state is aborted
-        // before the lock is released, and a given-up communicator is never ended, so it
-        // outlives the thread that keeps it.
-        let h = unsafe { Handle::borrow_raw(c.handle().as_raw()) };
-        let h = SendHandle(h);
-        let r = bounded(
-            what,
-            self.timeout(),
-            move || {
-                let h = h;
-                rt.with_device(dev, || Ok(work(h.0)))
-            },
-            move |r| {
-                if let Ok(t) = r {
-                    late(t)
-                }
-            },
-        );
-        r.inspect_err(|_| self.state.store(Life::Aborted))?
-    }
 }
-
-/// A borrowed communicator handed to the thread of a bounded call.
-struct SendHandle(Handle<'static>);
-// SAFETY: a communicator may move between threads; the lender keeps NCCL's one-thread rule
-// (`LibComm::bounded_locked` holds the lock while the thread may use it).
-unsafe impl Send for SendHandle {}

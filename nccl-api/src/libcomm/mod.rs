@@ -17,10 +17,10 @@
 
 #![allow(
     unsafe_code,
-    reason = "the owner of the communicator: it vouches for the handles it lends (the architecture test's UNSAFE_FILES lists it)"
+    reason = "the owner of the communicator: it vouches once for the shape of what it holds, a communicator and its children (the architecture test's UNSAFE_FILES lists it)"
 )]
 
-mod call;
+pub(crate) mod call;
 mod sleep;
 mod teardown;
 
@@ -28,12 +28,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use unicomm_core::state::{AtomicLife, Life};
+use unicomm_core::state::{AtomicLife, Held, Life};
 use unicomm_core::{Error, Result};
 
 use crate::memory::ApiStream;
 use crate::sys::api::{Api, NcclComm};
-use crate::sys::calls::{CommRef, Handle, OwnedComm};
+use crate::sys::calls::{Handle, OwnedComm, ShapedComm};
 use crate::sys::config::IN_PROGRESS;
 use crate::sys::runtime::Runtime;
 use crate::wait::{settle_raw, Late};
@@ -61,17 +61,51 @@ pub(crate) trait AbortHook: Send + Sync {
     fn release(&self, within: Duration, report: bool) -> bool;
 }
 
+/// What the lock guards while the communicator is not ended: the library's communicator and
+/// the children made from it (ended with it, first).
+#[derive(Debug)]
+pub(crate) struct Owned {
+    comm: ShapedComm,
+    children: Vec<ShapedComm>,
+}
+
+impl Owned {
+    /// This communicator and its children, borrowed.
+    fn handles(&self) -> impl Iterator<Item = Handle<'_>> {
+        std::iter::once(self.comm.handle()).chain(self.children.iter().map(ShapedComm::handle))
+    }
+
+    /// Every communicator, the children first (the order they are ended in).
+    fn into_all(self) -> Vec<OwnedComm> {
+        self.children
+            .into_iter()
+            .chain([self.comm])
+            .map(ShapedComm::into_owned)
+            .collect()
+    }
+}
+
+/// A communicator adopted by [`LibComm::adopt_child`], named by its place among the
+/// children (they are only added until the communicator ends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Child(usize);
+
+/// The lock's guard: the communicator's state and what it owns.
+pub(crate) type Guard<'a> = parking_lot::MutexGuard<'a, Held<Owned>>;
+
 /// One rank's `ncclComm_t`, shared with the streams that wait on its work.
 pub(crate) struct LibComm<R: Runtime> {
-    /// NCCL communicators must not be called from two threads at once; waited for at most
-    /// twice the deadline.
-    lock: parking_lot::Mutex<()>,
-    state: AtomicLife,
+    /// The state and, until it ends, the communicator and its children: NCCL communicators
+    /// must not be called from two threads at once, so they are reached only through this
+    /// lock, waited for at most twice the deadline.
+    held: parking_lot::Mutex<Held<Owned>>,
+    /// The held state's [`Life`], for readers without the lock (a stream's wait asking
+    /// whether an abort came): written under the lock with each change ([`LibComm::mirror`]).
+    life: AtomicLife,
     /// Created with `blocking = 0`: calls may return `ncclInProgress`.
     pub(crate) nonblocking: bool,
     /// Set by `abort` before it takes the lock, so a call settling under the lock gives up.
     abort_requested: AtomicBool,
-    pub(crate) comm: NcclComm,
     pub(crate) api: Arc<Api>,
     pub(crate) rt: Arc<R>,
     pub(crate) dev: usize,
@@ -80,8 +114,6 @@ pub(crate) struct LibComm<R: Runtime> {
     /// The deadline of every wait, in milliseconds (shared with the memory it allocates,
     /// whose frees wait for the device at most this long).
     timeout_ms: Arc<AtomicU64>,
-    /// Communicators created from this one, ended before it.
-    children: Mutex<Vec<NcclComm>>,
     hooks: Mutex<Vec<Arc<dyn AbortHook>>>,
     /// The library's teardown, where it was given up at its deadline and still runs.
     late_end: Mutex<Option<Arc<Late>>>,
@@ -89,12 +121,6 @@ pub(crate) struct LibComm<R: Runtime> {
     /// graphs' destruction, so it is given [`teardown::ABORT_GRACE_UNDER_GRAPHS`], not the deadline.
     pub(crate) graphs_held: AtomicBool,
 }
-
-// SAFETY: the raw communicators are used only under `lock` (NCCL's rule for a communicator
-// shared between threads is one caller at a time; it is not bound to a thread).
-unsafe impl<R: Runtime> Send for LibComm<R> {}
-// SAFETY: as above.
-unsafe impl<R: Runtime> Sync for LibComm<R> {}
 
 impl<R: Runtime> LibComm<R> {
     /// Wraps a communicator just created for `rank` of `world` on `dev`.
@@ -110,19 +136,24 @@ impl<R: Runtime> LibComm<R> {
         nonblocking: bool,
         timeout: Duration,
     ) -> Self {
+        // SAFETY: every creation passes the place it made the communicator for (the rank
+        // count and rank of `ncclCommInitRank*`, of a grown world, or the place NCCL's split
+        // and shrink give a child: by key, then parent rank, `split::members`).
+        let comm = unsafe { comm.shaped(world, rank) };
         LibComm {
-            lock: parking_lot::Mutex::new(()),
-            state: AtomicLife::new(Life::Live),
+            held: parking_lot::Mutex::new(Held::Live(Owned {
+                comm,
+                children: Vec::new(),
+            })),
+            life: AtomicLife::new(Life::Live),
             nonblocking,
             abort_requested: AtomicBool::new(false),
-            comm: comm.into_raw(),
             api,
             rt,
             dev,
             rank,
             world,
             timeout_ms: Arc::new(AtomicU64::new(timeout.as_millis() as u64)),
-            children: Mutex::new(Vec::new()),
             hooks: Mutex::new(Vec::new()),
             late_end: Mutex::new(None),
             graphs_held: AtomicBool::new(false),
@@ -148,9 +179,9 @@ impl<R: Runtime> LibComm<R> {
     /// bounded by one (`bounded_locked`, the settling of non-blocking calls), so a wait
     /// past two means it is stuck.
     #[inline]
-    pub(crate) fn locked(&self) -> Result<parking_lot::MutexGuard<'_, ()>> {
+    pub(crate) fn locked(&self) -> Result<Guard<'_>> {
         // Uncontended (one thread per communicator, the common case): one atomic.
-        match self.lock.try_lock() {
+        match self.held.try_lock() {
             Some(g) => Ok(g),
             None => self.locked_within(),
         }
@@ -158,9 +189,9 @@ impl<R: Runtime> LibComm<R> {
 
     #[cold]
     #[inline(never)]
-    fn locked_within(&self) -> Result<parking_lot::MutexGuard<'_, ()>> {
+    fn locked_within(&self) -> Result<Guard<'_>> {
         let within = self.timeout().saturating_mul(2);
-        self.lock
+        self.held
             .try_lock_for(within)
             .ok_or_else(|| Error::Timeout {
                 what: "the communicator's lock, held by another call".into(),
@@ -168,15 +199,39 @@ impl<R: Runtime> LibComm<R> {
             })
     }
 
-    /// `Ok` while the communicator is live; `Aborted` after an abort, `InvalidArgument`
-    /// after finalize. Read under the lock where the library is called next.
-    pub(crate) fn live(&self) -> Result<()> {
-        match self.state.load() {
-            Life::Live => Ok(()),
-            Life::Aborted => Err(self.aborted_error()),
-            Life::Suspended => Err(unicomm_core::state::suspended_error()),
-            _ => Err(Error::invalid("comm", "the communicator was finalized")),
+    /// What the lock holds while the communicator is live; `Aborted` after an abort,
+    /// `InvalidArgument` after finalize or while suspended.
+    #[inline]
+    pub(crate) fn live<'g>(&self, held: &'g Held<Owned>) -> Result<&'g Owned> {
+        match held {
+            Held::Live(o) => Ok(o),
+            other => Err(self.not_live(other.life())),
         }
+    }
+
+    /// `Ok` while live, read without the lock (the state an abort or finalize publishes
+    /// before its teardown): for work of unicomm's own beside the library's calls.
+    pub(crate) fn live_now(&self) -> Result<()> {
+        match self.life.load() {
+            Life::Live => Ok(()),
+            life => Err(self.not_live(life)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn not_live(&self, life: Life) -> Error {
+        match life {
+            Life::Aborted => self.aborted_error(),
+            Life::Suspended => unicomm_core::state::suspended_error(),
+            _ => Error::invalid("comm", "the communicator was finalized"),
+        }
+    }
+
+    /// The lock-free copy of the state follows `held` (called under the lock, after each
+    /// change of it).
+    fn mirror(&self, held: &Held<Owned>) {
+        self.life.store(held.life());
     }
 
     #[cold]
@@ -201,24 +256,22 @@ impl<R: Runtime> LibComm<R> {
     }
 
     /// Adopts a communicator created from this one (split): settled, polled and ended with
-    /// this one, before it. The handle it is used by is lent by [`LibComm::child`].
-    pub(crate) fn adopt_child(&self, child: OwnedComm) -> NcclComm {
-        let raw = child.into_raw();
-        self.children
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(raw);
-        raw
-    }
-
-    /// A child adopted by [`LibComm::adopt_child`], lent with this communicator's rank count
-    /// for `f`, under the lock [`LibComm::call`] holds (`parent` proves it).
-    pub(crate) fn child<'a>(&self, _parent: CommRef<'a>, raw: NcclComm) -> CommRef<'a> {
-        // SAFETY: a child is ended only with this communicator, by a teardown that takes the
-        // lock the lender of `_parent` holds for 'a; the children the routes use (the
-        // automatic registrations' second communicator, split with this rank as its key)
-        // have the same ranks in the same order.
-        unsafe { CommRef::borrow_raw(raw, self.world, self.rank) }
+    /// this one, before it; lent by `Lent::child` (`call`). Where this one ended meanwhile, the
+    /// child is aborted and the state's error returned.
+    ///
+    /// # Safety
+    /// `child` has this communicator's ranks in its order (split with one color and this
+    /// rank as its key: NCCL orders a split's ranks by key, then parent rank).
+    pub(crate) unsafe fn adopt_child(&self, child: OwnedComm) -> Result<Child> {
+        let mut g = self.locked()?;
+        if let Held::Live(o) | Held::Suspended(o) = &mut *g {
+            // SAFETY: the caller's contract: the parent's shape.
+            o.children
+                .push(unsafe { child.shaped(self.world, self.rank) });
+            return Ok(Child(o.children.len() - 1));
+        }
+        let _ = self.api.comm_abort(child);
+        Err(self.not_live(g.life()))
     }
 
     /// Registers what an abort must release (see [`AbortHook`]).
@@ -229,55 +282,60 @@ impl<R: Runtime> LibComm<R> {
             .push(hook);
     }
 
-    fn children(&self) -> Vec<NcclComm> {
-        self.children
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
     /// With the lock held: waits until the library is done with the last calls on this
     /// communicator and its children (non-blocking mode). On an error or at the deadline
     /// the communicator is aborted (it cannot be used after either).
-    pub(crate) fn settle_locked(&self, what: &str) -> Result<()> {
-        if !self.nonblocking || self.state.load() != Life::Live {
+    pub(crate) fn settle_locked(&self, held: &mut Held<Owned>, what: &str) -> Result<()> {
+        if !self.nonblocking {
             return Ok(());
         }
+        let Held::Live(o) = &*held else {
+            return Ok(());
+        };
         let stop = || self.abort_requested.load(Ordering::Relaxed);
-        let r = std::iter::once(self.comm)
-            .chain(self.children())
-            // SAFETY: this communicator and its children are live (state checked above,
-            // under the lock every ending takes) while the lock is held.
-            .map(|c| unsafe { Handle::borrow_raw(c) })
+        let r = o
+            .handles()
             .try_for_each(|c| settle_raw(&self.api, c, what, self.timeout(), &stop));
         if let Err(e) = &r {
             if !matches!(e, Error::Aborted { .. }) {
-                let _ = self.destroy_locked(End::Abort);
+                let _ = self.destroy_locked(held, End::Abort);
             }
         }
         r
     }
 
-    /// With the lock held: the first asynchronous error of this communicator and its
-    /// children (`ncclCommGetAsyncError`); `ncclInProgress` is not an error.
-    pub(crate) fn async_error_locked(&self) -> Result<()> {
-        match self.state.load() {
-            Life::Live => {}
-            Life::Aborted => return Err(self.aborted_error()),
+    /// The first asynchronous error of this communicator and its children
+    /// (`ncclCommGetAsyncError`); `ncclInProgress` is not an error.
+    pub(crate) fn async_error(&self) -> Result<()> {
+        let g = self.locked()?;
+        self.async_error_locked(&g)
+    }
+
+    fn async_error_locked(&self, held: &Held<Owned>) -> Result<()> {
+        let o = match held {
+            Held::Live(o) => o,
+            Held::Aborted => return Err(self.aborted_error()),
             _ => return Ok(()),
-        }
-        for c in std::iter::once(self.comm).chain(self.children()) {
-            // SAFETY: a live communicator (state checked under the lock every ending takes).
-            let h = unsafe { Handle::borrow_raw(c) };
-            let Some(state) = self.api.comm_get_async_error(h)? else {
+        };
+        for c in o.handles() {
+            let Some(state) = self.api.comm_get_async_error(c)? else {
                 return Ok(()); // no such call: no asynchronous errors to read
             };
             if state != 0 && state != IN_PROGRESS {
                 let what = "ncclCommGetAsyncError (asynchronous error)";
-                return self.api.check(what, state, Some(c));
+                return self.api.check(what, state, Some(c.as_raw()));
             }
         }
         Ok(())
+    }
+
+    /// The raw `ncclComm_t` while the communicator is not ended (NULL after), for calling the
+    /// library directly; NULL too where the lock stays held past twice the deadline.
+    pub(crate) fn raw(&self) -> NcclComm {
+        self.locked().ok().map_or(std::ptr::null_mut(), |g| {
+            g.not_ended()
+                .map_or(std::ptr::null_mut(), |o| o.comm.handle().as_raw())
+        })
     }
 
     fn release_hooks(&self, within: Duration, report: bool) -> bool {
@@ -302,8 +360,8 @@ impl<R: Runtime> LibComm<R> {
     /// (at most `FIRST_RELEASE`: everything, where no library kernel holds a stream ahead
     /// of it); what is left waits behind kernels that only the abort ends, and is released
     /// on a thread of its own during it.
-    pub(crate) fn destroy_locked(&self, end: End) -> Result<()> {
-        let end = match end == End::Finalize && !self.woken_for_finalize() {
+    pub(crate) fn destroy_locked(&self, held: &mut Held<Owned>, end: End) -> Result<()> {
+        let end = match end == End::Finalize && !self.woken_for_finalize(held) {
             true => End::Abort,
             false => end,
         };
@@ -313,25 +371,26 @@ impl<R: Runtime> LibComm<R> {
             Life::Aborted
         };
         // A suspended communicator is ended as a live one (NCCL's finalize and abort take it).
-        if !matches!(self.state.swap(next), Life::Live | Life::Suspended) {
+        let Some(owned) = held.end(next) else {
             return Ok(());
-        }
+        };
+        self.mirror(held);
         let full = self.timeout();
         if end == End::Finalize {
-            let r = self.teardown_locked(End::Finalize);
+            let r = self.teardown(owned, End::Finalize);
             if r.is_err() {
                 self.release_hooks(full, true);
             }
             return r;
         }
         if self.release_hooks(FIRST_RELEASE.min(full), false) {
-            return self.teardown_locked(End::Abort);
+            return self.teardown(owned, End::Abort);
         }
         std::thread::scope(|s| {
             let beside = std::thread::Builder::new()
                 .name("unicomm-release".into())
                 .spawn_scoped(s, || self.release_hooks(full, true));
-            let r = self.teardown_locked(End::Abort);
+            let r = self.teardown(owned, End::Abort);
             match beside {
                 // The release ends by its own deadline; it never panics (it reports).
                 Ok(h) => {
@@ -348,20 +407,20 @@ impl<R: Runtime> LibComm<R> {
 
     /// `finalize` or `abort` from any thread.
     pub(crate) fn destroy(&self, end: End) -> Result<()> {
-        let _g = self.locked_for_teardown(end)?;
-        if end == End::Abort && self.state.load() == Life::Live {
+        let mut g = self.locked_for_teardown(end)?;
+        if end == End::Abort && g.life() == Life::Live {
             tracing::info!(
                 rank = self.rank,
                 world = self.world,
                 "aborting the communicator"
             );
         }
-        self.destroy_locked(end)
+        self.destroy_locked(&mut g, end)
     }
 
     /// The lock for a teardown ([`LibComm::locked`]'s deadline); an abort first asks a call
     /// settling under it to give up, so it never waits for that call's deadline.
-    pub(crate) fn locked_for_teardown(&self, end: End) -> Result<parking_lot::MutexGuard<'_, ()>> {
+    pub(crate) fn locked_for_teardown(&self, end: End) -> Result<Guard<'_>> {
         if end == End::Abort {
             self.abort_requested.store(true, Ordering::Relaxed);
         }
@@ -382,7 +441,7 @@ impl<R: Runtime> LibComm<R> {
 
     /// Whether it was finalized or aborted.
     pub(crate) fn ended(&self) -> bool {
-        matches!(self.state.load(), Life::Finalized | Life::Aborted)
+        self.life.load().ended()
     }
 }
 
@@ -391,8 +450,8 @@ impl<R: Runtime> Watched for LibComm<R> {
         LibComm::timeout(self)
     }
     fn poll(&self) -> Result<()> {
-        match self.lock.try_lock() {
-            Some(_g) => self.async_error_locked(),
+        match self.held.try_lock() {
+            Some(g) => self.async_error_locked(&g),
             None => Ok(()),
         }
     }
@@ -400,10 +459,10 @@ impl<R: Runtime> Watched for LibComm<R> {
         self.destroy(End::Abort)
     }
     fn settle(&self, what: &str) -> Result<()> {
-        let _g = self.locked()?;
-        self.settle_locked(what)
+        let mut g = self.locked()?;
+        self.settle_locked(&mut g, what)
     }
     fn aborted(&self) -> bool {
-        self.state.load() == Life::Aborted
+        self.life.load() == Life::Aborted
     }
 }

@@ -30,7 +30,7 @@ impl<R: Runtime> LibComm<R> {
     /// `ncclCommMemStats`, live or suspended.
     pub(crate) fn mem_stats(self: &Arc<Self>) -> Result<MemStats> {
         let api = self.api.clone();
-        match self.state.load() {
+        match self.life.load() {
             Life::Suspended => self.call_in_state((Life::Suspended, Life::Suspended), |c| {
                 api.comm_mem_stats(c.handle())
             }),

@@ -2,18 +2,13 @@
 //! the deadline on a thread of its own (NCCL's finalize waits for the peers, its abort for
 //! every graph that captured the communicator's work).
 
-#![allow(
-    unsafe_code,
-    reason = "it takes back the communicator and its children to end them (the architecture test's UNSAFE_FILES lists it)"
-)]
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use unicomm_core::{Error, Result};
 
-use super::{End, LibComm};
+use super::{End, LibComm, Owned};
 use crate::sys::api::Api;
 use crate::sys::calls::OwnedComm;
 use crate::sys::runtime::Runtime;
@@ -27,19 +22,11 @@ use crate::wait::{bounded, settle_raw, Late};
 pub(crate) const ABORT_GRACE_UNDER_GRAPHS: Duration = Duration::from_secs(1);
 
 impl<R: Runtime> LibComm<R> {
-    /// The library calls of [`LibComm::destroy_locked`], once the state says so: the
+    /// The library calls of [`LibComm::destroy_locked`], on what the state held: the
     /// children first, then this communicator.
-    pub(super) fn teardown_locked(&self, end: End) -> Result<()> {
+    pub(super) fn teardown(&self, owned: Owned, end: End) -> Result<()> {
         let api = self.api.clone();
-        let children =
-            std::mem::take(&mut *self.children.lock().unwrap_or_else(|e| e.into_inner()));
-        // SAFETY: this communicator and its children, owned here; the state swap of
-        // `destroy_locked` lets one caller through, so each is taken (and ended) once.
-        let all: Vec<OwnedComm> = children
-            .into_iter()
-            .chain([self.comm])
-            .map(|c| unsafe { OwnedComm::from_raw(c) })
-            .collect();
+        let all: Vec<OwnedComm> = owned.into_all();
         let timeout = self.timeout();
         // Calls with no deadline of their own, each given this communicator's on a thread of
         // its own: a blocking ncclCommFinalize waits for the peers (a dead peer: forever), and

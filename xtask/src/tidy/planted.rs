@@ -158,6 +158,27 @@ fn unsafe_outside_the_allowed_files_is_refused_but_not_in_comments_or_strings() 
 }
 
 #[test]
+fn a_type_vouched_for_by_hand_is_refused_outside_the_allowed_files() {
+    let c = Crate::from_texts(
+        "t",
+        &[
+            (
+                "lib.rs",
+                "struct C(*mut u8);\nunsafe\nimpl Send for C {}\nunsafe impl<R> Sync for D<R> {}",
+            ),
+            (
+                "ok.rs",
+                "// unsafe impl Send in a comment\nconst S: &str = \"unsafe impl\";\nunsafe fn f() {}",
+            ),
+        ],
+    );
+    let v = rules::unsafe_impl_outside(&[&c], &[]);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].starts_with("src/lib.rs"), "{v:?}");
+    assert!(rules::unsafe_impl_outside(&[&c], &["src/lib.rs"]).is_empty());
+}
+
+#[test]
 fn a_commit_citation_is_refused_in_docs_and_comments() {
     let v = rules::commit_citations("README.md", "see a2b12b3:docs/results.md for it");
     assert_eq!(v.len(), 1, "{v:?}");

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::source::{functions, has_unsafe, Source};
+use super::source::{functions, has_unsafe, has_unsafe_impl, Source};
 use super::workspace::{circles, Crate, Module};
 
 /// A layer table: groups of names, lowest first. A name may use its own group's (the
@@ -144,6 +144,23 @@ pub(crate) fn unsafe_outside(krates: &[&Crate], allowed: &[&str]) -> Vec<String>
             if has_unsafe(&src.code) && !allowed.contains(&file.as_str()) {
                 out.push(format!(
                     "{file} uses `unsafe`, which belongs to the FFI layers that are allowed it"
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Files outside `allowed` that vouch for a type by hand (`unsafe impl`): a type owns what it
+/// guards (a lock around the handle), so that `Send` and `Sync` follow from its fields.
+pub(crate) fn unsafe_impl_outside(krates: &[&Crate], allowed: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for k in krates {
+        for (path, src) in k.files.values() {
+            let file = path.to_string_lossy().replace('\\', "/");
+            if has_unsafe_impl(&src.code) && !allowed.contains(&file.as_str()) {
+                out.push(format!(
+                    "{file} has an `unsafe impl`: own what the lock guards instead, or hold the raw handle in the files allowed it"
                 ));
             }
         }

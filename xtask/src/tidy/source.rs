@@ -318,6 +318,13 @@ pub(crate) fn functions(code: &str) -> Vec<Function> {
 }
 
 /// Whether `code` holds the keyword `unsafe` (a block, fn, impl or trait).
+/// Whether `code` (comments and strings blanked) vouches for a type by hand (`unsafe impl`,
+/// `Send` and `Sync` above all).
+pub(crate) fn has_unsafe_impl(code: &str) -> bool {
+    let joined = code.split_whitespace().collect::<Vec<_>>().join(" ");
+    find_word(&joined, "unsafe impl", |c| c == b' ' || c == b'<').is_some()
+}
+
 pub(crate) fn has_unsafe(code: &str) -> bool {
     find_word(code, "unsafe", |c| {
         !(c.is_ascii_alphanumeric() || c == b'_')

@@ -90,6 +90,52 @@ impl OwnedComm {
     }
 }
 
+/// An owned communicator with its shape (its rank count and this rank's place), vouched
+/// once where it is made: lent to each call as a [`CommRef`] with no further promise.
+#[derive(Debug)]
+pub struct ShapedComm {
+    comm: OwnedComm,
+    world: usize,
+    rank: usize,
+}
+
+impl OwnedComm {
+    /// This communicator of `world` ranks, where this rank is `rank`.
+    ///
+    /// # Safety
+    /// `world` is the communicator's rank count and `rank` this rank's place in it (the data
+    /// calls size each side's memory by them).
+    pub unsafe fn shaped(self, world: usize, rank: usize) -> ShapedComm {
+        ShapedComm {
+            comm: self,
+            world,
+            rank,
+        }
+    }
+}
+
+impl ShapedComm {
+    /// The communicator with its shape, borrowed: live while `self` is, and `&self` keeps
+    /// it from being ended; one caller at a time is the owner's to keep (NCCL's rule).
+    #[inline]
+    pub fn lend(&self) -> CommRef<'_> {
+        CommRef {
+            handle: self.comm.handle(),
+            world: self.world,
+            rank: self.rank,
+        }
+    }
+    /// The communicator, borrowed.
+    #[inline]
+    pub fn handle(&self) -> Handle<'_> {
+        self.comm.handle()
+    }
+    /// The communicator, for the calls that end it.
+    pub fn into_owned(self) -> OwnedComm {
+        self.comm
+    }
+}
+
 /// A stream of the device the communicator uses, borrowed for `'a`.
 #[derive(Clone, Copy, Debug)]
 pub struct StreamRef<'a> {

@@ -39,7 +39,9 @@ pub use check::DeviceBytes;
 pub use data::{P2p, Sides};
 pub use gates::{CONFIG_SINCE, NO_COLOR, P2P_SINCE, REVOKE_SINCE, SHRINK_SINCE, SPLIT_SINCE};
 pub use grow::Grower;
-pub use handles::{CommRef, Handle, LibAlloc, OwnedComm, RegHandle, Span, StreamRef, WindowRef};
+pub use handles::{
+    CommRef, Handle, LibAlloc, OwnedComm, RegHandle, ShapedComm, Span, StreamRef, WindowRef,
+};
 
 thread_local! {
     /// Whether a call of this thread answered `ncclInProgress` since [`take_in_progress`].
