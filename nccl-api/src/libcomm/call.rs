@@ -31,12 +31,7 @@ impl<R: Runtime> Lent<'_, R> {
 
     /// A child adopted by [`LibComm::adopt_child`], while this communicator is live.
     pub(crate) fn child(&self, id: Child) -> Result<CommRef<'_>> {
-        self.lc
-            .live(self.held)?
-            .children
-            .get(id.0)
-            .map(ShapedComm::lend)
-            .ok_or_else(|| Error::invalid("comm", "no such child communicator"))
+        self.lc.live(self.held)?.child(id)
     }
 
     /// Waits until the library is done with the last calls (non-blocking mode; see
@@ -90,6 +85,17 @@ impl<R: Runtime> Lent<'_, R> {
     }
 }
 
+impl Owned {
+    /// A child adopted by [`LibComm::adopt_child`].
+    #[inline]
+    fn child(&self, id: Child) -> Result<CommRef<'_>> {
+        self.children
+            .get(id.0)
+            .map(ShapedComm::lend)
+            .ok_or_else(|| Error::invalid("comm", "no such child communicator"))
+    }
+}
+
 impl<R: Runtime> LibComm<R> {
     /// Runs `f` on the communicator: not destroyed, not used by another thread, with this
     /// rank's device current. A non-blocking call that answered ncclInProgress is settled
@@ -120,10 +126,23 @@ impl<R: Runtime> LibComm<R> {
         child: Option<Child>,
         f: impl FnOnce(CommRef<'_>) -> Result<T>,
     ) -> Result<T> {
-        self.call_with(false, |l| match child {
-            None => f(l.comm()?),
-            Some(id) => f(l.child(id)?),
-        })
+        // Every collective passes here: the communicator is lent straight from the guard
+        // (one call site of `f`, so that it is inlined here).
+        let mut g = self.locked()?;
+        let c = match (&*g, child) {
+            (Held::Live(o), None) => o.comm.lend(),
+            (Held::Live(o), Some(id)) => o.child(id)?,
+            (other, _) => return Err(self.not_live(other.life())),
+        };
+        let nonblocking = self.nonblocking;
+        if nonblocking {
+            take_in_progress(); // what an earlier call of this thread left is not this call's
+        }
+        let r = f(c);
+        if nonblocking {
+            self.after_nonblocking(&mut g)?;
+        }
+        r
     }
 
     #[inline]
@@ -149,15 +168,25 @@ impl<R: Runtime> LibComm<R> {
             true => self.rt.with_device(self.dev, || f(&mut lent)),
             false => f(&mut lent),
         };
-        if !nonblocking {
-            return r;
-        }
-        if group::in_group() {
-            group::join(self.clone()); // ncclGroupEnd settles every member
-        } else if take_in_progress() {
-            self.settle_locked(&mut g, "a non-blocking call")?;
+        if nonblocking {
+            self.after_nonblocking(&mut g)?;
         }
         r
+    }
+
+    /// After a non-blocking call, with the lock held: inside a group the group's end settles
+    /// it; one that answered ncclInProgress is settled now.
+    #[cold]
+    #[inline(never)]
+    fn after_nonblocking(self: &Arc<Self>, g: &mut Held<Owned>) -> Result<()> {
+        if group::in_group() {
+            group::join(self.clone()); // ncclGroupEnd settles every member
+            return Ok(());
+        }
+        match take_in_progress() {
+            true => self.settle_locked(g, "a non-blocking call"),
+            false => Ok(()),
+        }
     }
 
     /// [`LibComm::call`] on a communicator in state `from`, left in state `to` once `f`
