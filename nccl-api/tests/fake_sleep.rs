@@ -37,6 +37,14 @@ fn suspend_frees_the_library_memory_and_calls_wait_for_resume() {
         reduces,
         "the library was called while suspended"
     );
+    let allocs = calls(&path, "ncclMemAlloc");
+    match c.alloc::<f32>(4) {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains("suspended"), "{reason}")
+        }
+        other => panic!("an allocation while suspended: {:?}", other.map(drop)),
+    }
+    assert_eq!(calls(&path, "ncclMemAlloc"), allocs);
     c.resume().unwrap();
     assert!(!c.mem_stats().unwrap().suspended);
     c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();

@@ -63,6 +63,9 @@ impl<R: Runtime> Collective for ApiComm<R> {
 
     fn alloc(&self, bytes: usize) -> Result<ApiMemory<R>> {
         let lc = &self.base.lc;
+        // A suspended (or ended) communicator refuses every call but its sleep mode's and its
+        // end, allocation included, as the mock's does (the conformance suite's rule).
+        lc.live_now()?;
         ApiMemory::alloc(&lc.api, lc.rt.clone(), (lc.dev, lc.deadline()), bytes)
     }
 
