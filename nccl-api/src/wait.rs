@@ -9,7 +9,7 @@ use unicomm_core::{Error, Result};
 
 use crate::sys::api::Api;
 use crate::sys::calls::Handle;
-use crate::sys::config::IN_PROGRESS;
+use crate::sys::calls::Progress;
 
 /// A pause that starts as a spin (a collective often ends within microseconds) and grows
 /// to 1 ms, so a long wait costs little CPU and a short one little latency.
@@ -45,11 +45,8 @@ pub(crate) fn settle_raw(
         let Some(state) = api.comm_get_async_error(comm)? else {
             return Ok(()); // without it, no call returns ncclInProgress (blocking library)
         };
-        let comm = Some(comm.as_raw());
-        match state {
-            0 => return Ok(()),
-            IN_PROGRESS => {}
-            e => return api.check("ncclCommGetAsyncError (asynchronous error)", e, comm),
+        if state == Progress::Done {
+            return Ok(());
         }
         if stop() {
             return Err(Error::aborted(format!(

@@ -63,9 +63,10 @@ impl<R: Runtime> Collective for ApiComm<R> {
 
     fn alloc(&self, bytes: usize) -> Result<ApiMemory<R>> {
         let lc = &self.base.lc;
-        // A suspended (or ended) communicator refuses every call but its sleep mode's and its
-        // end, allocation included, as the mock's does (the conformance suite's rule).
-        lc.live_now()?;
+        // A suspended communicator refuses every call but its sleep mode's and its end,
+        // allocation included, as the mock's does (the conformance suite's rule); memory
+        // outlives an ended one (it is not the communicator's).
+        lc.not_suspended()?;
         ApiMemory::alloc(&lc.api, lc.rt.clone(), (lc.dev, lc.deadline()), bytes)
     }
 

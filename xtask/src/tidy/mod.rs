@@ -248,6 +248,16 @@ mod tests {
     }
 
     #[test]
+    fn the_library_s_progress_code_is_read_only_in_the_call_layer() {
+        let c = crates().into_iter().find(|c| c.name == "unicomm-nccl-api");
+        let c = c.unwrap_or_else(|| panic!("no unicomm-nccl-api"));
+        assert_none(
+            "ncclInProgress outside sys",
+            rules::names_outside(&c, "IN_PROGRESS", &["sys"]),
+        );
+    }
+
+    #[test]
     fn nccl_api_modules_name_only_their_own_and_lower_layers() {
         let c = crates().into_iter().find(|c| c.name == "unicomm-nccl-api");
         let c = c.unwrap_or_else(|| panic!("no unicomm-nccl-api"));

@@ -179,6 +179,23 @@ fn a_type_vouched_for_by_hand_is_refused_outside_the_allowed_files() {
 }
 
 #[test]
+fn the_progress_code_named_above_the_call_layer_is_refused() {
+    let c = Crate::from_texts(
+        "t",
+        &[
+            ("sys/mod.rs", "pub const IN_PROGRESS: i32 = 7;"),
+            (
+                "wait.rs",
+                "// IN_PROGRESS in a comment\nfn f(s: i32) -> bool { s == crate::sys::IN_PROGRESS && take_in_progress() }",
+            ),
+        ],
+    );
+    let v = rules::names_outside(&c, "IN_PROGRESS", &["sys"]);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].starts_with("src/wait.rs:2"), "{v:?}");
+}
+
+#[test]
 fn a_commit_citation_is_refused_in_docs_and_comments() {
     let v = rules::commit_citations("README.md", "see a2b12b3:docs/results.md for it");
     assert_eq!(v.len(), 1, "{v:?}");

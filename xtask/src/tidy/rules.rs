@@ -196,6 +196,33 @@ pub(crate) fn vendor_identifiers(krate: &Crate, word: &str) -> Vec<String> {
     out
 }
 
+/// The identifier `word` in code outside the modules `allowed` (by top-level module): what
+/// only the call layer may name (the library's raw progress code), so that the rest reads
+/// typed results.
+pub(crate) fn names_outside(krate: &Crate, word: &str, allowed: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (module, (path, src)) in &krate.files {
+        if module
+            .first()
+            .is_some_and(|m| allowed.contains(&m.as_str()))
+        {
+            continue;
+        }
+        let file = path.to_string_lossy().replace('\\', "/");
+        for (line, text) in src.code.lines().enumerate() {
+            let idents = text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+            for id in idents.filter(|id| *id == word) {
+                out.push(format!(
+                    "{file}:{}: `{id}` belongs to the call layer ({})",
+                    line + 1,
+                    allowed.join(", ")
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Uses of the library's function table (`fns.NAME`) outside the modules `allowed` (by
 /// top-level module) other than asking whether an entry exists: the library is called in one
 /// layer, whose functions carry the version gates and the typed results.

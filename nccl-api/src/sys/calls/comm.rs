@@ -11,15 +11,25 @@ use super::gates::{
     SCALAR_HOST_IMMEDIATE, SHRINK_SINCE, SPLIT_SINCE, SUSPEND_SINCE,
 };
 use super::handles::{made, Handle, LibAlloc, OwnedComm, RegHandle, Span, WindowRef};
-use crate::sys::api::{Api, NcclComm, NcclResult, UniqueId, WIN_COLL_SYMMETRIC};
+use crate::sys::api::{Api, NcclComm, UniqueId, WIN_COLL_SYMMETRIC};
 use crate::sys::codes::NcclCode;
-use crate::sys::config::{OwnedConfig, RawProperties};
+use crate::sys::config::{OwnedConfig, RawProperties, IN_PROGRESS};
 use crate::sys::target::{ONE_SIDED_TITLE, PROPERTIES_TITLE, SUSPEND_TITLE};
 
 /// The most parameters [`Api::parameters`] lists.
 pub const MAX_PARAMS: usize = 4096;
 /// The most bytes of one parameter's value [`Api::parameters`] reads.
 pub const MAX_PARAM_BYTES: usize = 4096;
+
+/// Where a non-blocking communicator's last calls stand (`ncclCommGetAsyncError` without an
+/// error): the one reading of `ncclInProgress` outside a call's own result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// The library is done with them.
+    Done,
+    /// `ncclInProgress`: still working.
+    InProgress,
+}
 
 impl Api {
     /// `ncclGroupStart`: the calls that follow, up to the matching [`Api::group_end`], are
@@ -156,9 +166,10 @@ impl Api {
         self.done("ncclCommFinalize", code, Some(comm.raw))
     }
 
-    /// `ncclCommGetAsyncError`: the communicator's state (0, `ncclInProgress` or an error
-    /// code), `None` where the library has no such call (and so no non-blocking mode).
-    pub fn comm_get_async_error(&self, comm: Handle<'_>) -> Result<Option<NcclResult>> {
+    /// `ncclCommGetAsyncError`: whether the library is done with the communicator's last
+    /// calls, its asynchronous error as the error; `None` where the library has no such call
+    /// (and so no non-blocking mode).
+    pub fn comm_get_async_error(&self, comm: Handle<'_>) -> Result<Option<Progress>> {
         let Some(get) = self.fns.comm_get_async_error else {
             return Ok(None);
         };
@@ -166,7 +177,16 @@ impl Api {
         // SAFETY: a live communicator; one int out.
         let code = unsafe { get(comm.raw, &mut state) };
         self.check("ncclCommGetAsyncError", code, Some(comm.raw))?;
-        Ok(Some(state))
+        match state {
+            IN_PROGRESS => Ok(Some(Progress::InProgress)),
+            e => self
+                .check(
+                    "ncclCommGetAsyncError (asynchronous error)",
+                    e,
+                    Some(comm.raw),
+                )
+                .map(|()| Some(Progress::Done)),
+        }
     }
 
     /// `ncclCommCount` and `ncclCommUserRank`: (world, rank).

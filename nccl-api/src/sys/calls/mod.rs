@@ -36,6 +36,7 @@ mod grow;
 mod handles;
 
 pub use check::DeviceBytes;
+pub use comm::Progress;
 pub use data::{P2p, Sides};
 pub use gates::{CONFIG_SINCE, NO_COLOR, P2P_SINCE, REVOKE_SINCE, SHRINK_SINCE, SPLIT_SINCE};
 pub use grow::Grower;
