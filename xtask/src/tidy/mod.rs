@@ -248,6 +248,29 @@ mod tests {
     }
 
     #[test]
+    fn architecture_md_states_the_test_s_layer_tables() {
+        let doc = std::fs::read_to_string(root().join("docs/dev/ARCHITECTURE.md"))
+            .unwrap_or_else(|e| panic!("docs/dev/ARCHITECTURE.md: {e}"));
+        let crates: Vec<&str> = CRATE_LAYERS
+            .iter()
+            .flat_map(|l| l.1.iter().copied())
+            .collect();
+        let stated = rules::doc_layers(&doc, "Packages, lowest first", true, &crates);
+        let mut v = rules::layers_differ("packages", &stated, CRATE_LAYERS);
+        let modules: Vec<&str> = NCCL_API_LAYERS
+            .iter()
+            .flat_map(|l| l.1.iter().copied())
+            .collect();
+        let stated = rules::doc_layers(&doc, "nccl-api's modules, lowest first", false, &modules);
+        v.extend(rules::layers_differ(
+            "nccl-api modules",
+            &stated,
+            NCCL_API_LAYERS,
+        ));
+        assert_none("ARCHITECTURE.md's layers", v);
+    }
+
+    #[test]
     fn the_library_s_progress_code_is_read_only_in_the_call_layer() {
         let c = crates().into_iter().find(|c| c.name == "unicomm-nccl-api");
         let c = c.unwrap_or_else(|| panic!("no unicomm-nccl-api"));

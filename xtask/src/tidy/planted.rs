@@ -196,6 +196,37 @@ fn the_progress_code_named_above_the_call_layer_is_refused() {
 }
 
 #[test]
+fn a_document_whose_layers_differ_from_the_table_is_refused() {
+    const TABLE: rules::Layers = &[("low", &["a"]), ("mid", &["b", "c"]), ("top", &["d"])];
+    let known = ["a", "b", "c", "d"];
+    let doc = |chain: &str, list: &str| {
+        format!(
+            "# A\n\nPackages, lowest first: {chain}.\n\nModules, lowest first:\n\n{list}\n\n## B\n"
+        )
+    };
+    let check = |d: &str| {
+        let mut v = rules::layers_differ(
+            "packages",
+            &rules::doc_layers(d, "Packages, lowest first", true, &known),
+            TABLE,
+        );
+        v.extend(rules::layers_differ(
+            "modules",
+            &rules::doc_layers(d, "Modules, lowest first", false, &known),
+            TABLE,
+        ));
+        v
+    };
+    let list = "1. `a`: the low one (`ncclX`);\n2. the middle: `b`,\n   `c`;\n3. `d`.";
+    assert!(check(&doc("the low (`a`) → `b`, `c` → `d`", list)).is_empty());
+    // A package moved a layer down, a module left out of the list: each refused.
+    let v = check(&doc("`a`, `b` → `c` → `d`", list));
+    assert_eq!(v.len(), 1, "{v:?}");
+    let v = check(&doc("`a` → `b`, `c` → `d`", "1. `a`;\n2. `b`;\n3. `d`."));
+    assert_eq!(v.len(), 1, "{v:?}");
+}
+
+#[test]
 fn a_commit_citation_is_refused_in_docs_and_comments() {
     let v = rules::commit_citations("README.md", "see a2b12b3:docs/results.md for it");
     assert_eq!(v.len(), 1, "{v:?}");

@@ -176,6 +176,70 @@ pub(crate) fn forbidden_deps(package: &str, deps: &[String], forbidden: &[&str])
         .collect()
 }
 
+/// The layers a document states, lowest first, as the backticked names of `known` in each:
+/// for `list` the paragraph after the line starting with `marker`, its layers separated by
+/// `→`; otherwise the numbered list after `marker`, one layer per item. So that the
+/// document and the test's tables are one (rust-analyzer ties its docs to its code).
+pub(crate) fn doc_layers(
+    doc: &str,
+    marker: &str,
+    arrows: bool,
+    known: &[&str],
+) -> Vec<Vec<String>> {
+    let Some(at) = doc.find(marker) else {
+        return Vec::new();
+    };
+    let rest = &doc[at + marker.len()..];
+    let text = match arrows {
+        true => rest.split("\n\n").next().unwrap_or(""),
+        false => rest
+            .split("\n\n")
+            .find(|p| p.trim_start().starts_with("1."))
+            .unwrap_or(""),
+    };
+    let parts: Vec<String> = if arrows {
+        text.split('→').map(str::to_string).collect()
+    } else {
+        let mut items: Vec<String> = Vec::new();
+        for line in text.lines() {
+            let t = line.trim_start();
+            let numbered = t
+                .split_once(". ")
+                .is_some_and(|(n, _)| n.parse::<u32>().is_ok());
+            match (numbered, items.last_mut()) {
+                (false, Some(last)) => last.push_str(line),
+                _ => items.push(line.to_string()),
+            }
+        }
+        items
+    };
+    parts
+        .iter()
+        .map(|p| {
+            p.split('`')
+                .skip(1)
+                .step_by(2)
+                .filter(|n| known.contains(n))
+                .map(str::to_string)
+                .collect()
+        })
+        .collect()
+}
+
+/// Where `stated` (a document's layers) differs from `table`.
+pub(crate) fn layers_differ(what: &str, stated: &[Vec<String>], table: Layers) -> Vec<String> {
+    let want: Vec<Vec<String>> = table
+        .iter()
+        .map(|(_, names)| names.iter().map(|n| n.to_string()).collect())
+        .collect();
+    match stated == want.as_slice() {
+        true => Vec::new(),
+        false => vec![format!(
+            "{what}: ARCHITECTURE.md states {stated:?}, the test's table is {want:?}"
+        )],
+    }
+}
+
 /// Identifiers in code (not comments or strings) that name a vendor's library (`word`,
 /// any case, inside an identifier: `nccl`, `from_nccl_code`, `ncclDataType`): the contract
 /// knows no vendor's codes or names.
