@@ -71,14 +71,40 @@ pub(crate) const NCCL_API_LAYERS: Layers = &[
     ("the composed communicator and its routing", &["comm"]),
 ];
 
-/// Library functions may have at most this many lines.
-pub(crate) const MAX_FN_LINES: usize = 100;
+/// Library functions may have at most this many lines (100 until 2026-12-05; the functions
+/// then between 81 and 100 lines wait in [`LONG_FUNCTIONS`] to be split by phase).
+pub(crate) const MAX_FN_LINES: usize = 80;
 
 /// Functions over [`MAX_FN_LINES`] while they wait to be split by phase, with their length
 /// today: an entry may only go (or its length fall), never be added.
 pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
+    ("backend-mock/src/comm.rs", "work", 91),
+    ("backend-mock/src/fabric/wait.rs", "check", 89),
+    ("backend-mock/src/shrink.rs", "shrink_comm", 98),
+    ("backend-rccl/src/load.rs", "from_library", 93),
+    ("bench/src/bin/rendezvous_scale/roles.rs", "join", 96),
     ("bench/src/main.rs", "bench", 108),
+    ("bench/src/report/plot.rs", "draw", 92),
+    ("bench/src/report/table.rs", "table", 95),
+    ("bench/src/workloads.rs", "workloads", 97),
+    ("bootstrap/src/file.rs", "take_file", 81),
+    ("bootstrap/src/tcp.rs", "exchange", 98),
+    ("bootstrap/src/tcp.rs", "join", 87),
+    ("conformance/src/graphs.rs", "captured_step_replays", 95),
+    ("conformance/src/runner.rs", "run_typed", 93),
+    (
+        "gpu-tests/src/signals_cases.rs",
+        "signals_latency_on_one_gpu",
+        84,
+    ),
+    ("nccl-api/src/copy_engine/export.rs", "swap", 85),
+    ("nccl-api/src/copy_engine/ipc.rs", "exchange", 100),
+    ("nccl-api/src/copy_engine/ipc.rs", "read_offer", 82),
     ("nccl-api/src/copy_engine/var.rs", "plan_v_of", 102),
+    ("xtask/src/launch/mod.rs", "run_until", 95),
+    ("xtask/src/main.rs", "xtask", 99),
+    ("xtask/src/trace.rs", "verdict", 90),
+    ("comm-core/src/op.rs", "check_in_full", 100),
 ];
 
 /// The files that may hold `unsafe`: FFI layers and the memory they own. The list may only
