@@ -278,38 +278,41 @@ impl<R: Runtime> ApiComm<R> {
         if op.options.is_some() {
             options_route(b, op, &route)?;
         }
-        match route {
+        // The one match on the route: what runs elsewhere leaves here, the rest is a call
+        // made below, after the ranks' comparison.
+        let direct = match route {
+            Ok(Route::Library) => Ok(Direct::Library(None)),
+            Ok(Route::Registered(c)) => Ok(Direct::Library(Some(c))),
             // Agreed by the ranks while planned: no comparison again.
             Ok(Route::CopyEngine(plan)) if matches!(op.kind, Kind::AllToAllV) => {
                 return self.copy_engine_v(plan, stream);
             }
+            Ok(Route::CopyEngine(plan)) => Ok(Direct::CopyEngine(plan)),
             Ok(Route::Lowered) => return self.lowered(op, stream),
-            _ => {}
-        }
-        if op.kind.is_var() && route.is_ok() {
+            Err(e) => Err(e),
+        };
+        if op.kind.is_var() && direct.is_ok() {
             b.agree.check_layout(&b.lc, op, stream)?;
         }
         stream.watched_by(&b.lc);
         // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
         // rank whose call is refused here still takes part, so its peers do not wait.
-        let path = || (route::taken(&route).code(), &Taken::NAMES[..]);
-        let checked = b.agree.check_collective(&b.lc, op, path, stream);
-        let route = route?;
-        checked?;
-        let st = stream.lend();
-        let name = route.taken().name();
-        // One call site of the library's path, so that it is inlined here.
-        let child = match route {
-            Route::Library => None,
-            Route::Registered(c) => Some(c),
-            Route::CopyEngine(plan) => return self.ce.run(b, plan, &stream.s).map(|()| name),
-            Route::Lowered => {
-                return Err(Error::invalid("op", "a lowered call reached the library"))
-            }
+        let path = || {
+            let taken = direct.as_ref().map_or(Taken::Refused, Direct::taken);
+            (taken.code(), &Taken::NAMES[..])
         };
-        b.library
-            .enqueue(&b.lc, &b.registry, child, op, st)
-            .map(|()| name)
+        let checked = b.agree.check_collective(&b.lc, op, path, stream);
+        let direct = direct?;
+        checked?;
+        let name = direct.taken().name();
+        match direct {
+            // One call site of the library's path, so that it is inlined here.
+            Direct::Library(child) => b
+                .library
+                .enqueue(&b.lc, &b.registry, child, op, stream.lend())
+                .map(|()| name),
+            Direct::CopyEngine(plan) => self.ce.run(b, plan, &stream.s).map(|()| name),
+        }
     }
 
     /// An all-to-all-v by copy engine, its plan agreed by the ranks.
@@ -337,6 +340,25 @@ impl<R: Runtime> ApiComm<R> {
                 .try_for_each(|o| self.enqueue_op(&o, stream).map(drop))
         })
         .map(|()| Taken::Lowered.name())
+    }
+}
+
+/// A call made after the ranks' comparison: the library's (on this communicator, or on the
+/// automatic registrations' second one) or the copy engines' by a plan.
+enum Direct {
+    Library(Option<crate::libcomm::Child>),
+    CopyEngine(crate::copy_engine::Plan),
+}
+
+impl Direct {
+    /// What the route it came from is called.
+    #[inline]
+    fn taken(&self) -> Taken {
+        match self {
+            Direct::Library(None) => Taken::Library,
+            Direct::Library(Some(_)) => Taken::Registered,
+            Direct::CopyEngine(_) => Taken::CopyEngine,
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use crate::base::Base;
 use crate::copy_engine::{CopyEngine, Plan};
 use crate::libcomm::Child;
 use crate::memory::{ApiMemory, ApiStream};
-use crate::policy::{Path, Taken};
+use crate::policy::Path;
 use crate::sys::runtime::Runtime;
 
 /// Where a call goes.
@@ -27,25 +27,6 @@ pub(crate) enum Route {
     /// No call of the library's own: NCCL's documented composition (grouped send/recv,
     /// broadcasts, reduces), in one group of this communicator.
     Lowered,
-}
-
-/// What a decision is called ([`Taken`], the one vocabulary); a refused call has a name too,
-/// so that its rank still takes part in the comparison and its peers do not wait.
-pub(crate) fn taken(route: &Result<Route>) -> Taken {
-    route.as_ref().map_or(Taken::Refused, Route::taken)
-}
-
-impl Route {
-    /// What this route is called.
-    #[inline]
-    pub(crate) fn taken(&self) -> Taken {
-        match self {
-            Route::Library => Taken::Library,
-            Route::Registered(_) => Taken::Registered,
-            Route::CopyEngine(_) => Taken::CopyEngine,
-            Route::Lowered => Taken::Lowered,
-        }
-    }
 }
 
 /// Whether `kind` runs as a composition of other calls on this library.
