@@ -30,7 +30,7 @@ use std::sync::{Arc, OnceLock};
 use unicomm_core::{CommConfig, Place};
 
 use unicomm_core::Result;
-use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Runtime};
+use unicomm_nccl_api::{Api, ApiComm, ApiMemory, ApiStream, Runtime, Vendor};
 
 pub use interop::{lend_raw, lend_raw_mut, stream_from_raw};
 pub use runtime::{HipRuntime, HipStreamHandle};
@@ -58,70 +58,85 @@ pub fn hip() -> Result<Arc<HipRuntime>> {
     RT.get_or_init(|| HipRuntime::new().map(Arc::new)).clone()
 }
 
-/// What is usable here: the devices and the RCCL library, or why not.
-pub fn probe() -> Result<String> {
-    let rt = hip()?;
-    let api = rccl()?;
-    Ok(format!(
-        "{}; RCCL (NCCL API {}) at {}",
-        rt.describe(),
-        api.version,
-        api.path
-    ))
+/// Rccl's entry points (the shared NCCL-API layer's [`Vendor`], written once for NCCL and
+/// RCCL); the free functions below are its methods.
+#[derive(Debug, Clone, Copy)]
+pub struct Rccl;
+
+impl Vendor for Rccl {
+    type Runtime = HipRuntime;
+    fn library() -> Result<Arc<Api>> {
+        rccl()
+    }
+    fn runtime() -> Result<Arc<HipRuntime>> {
+        hip()
+    }
+    fn local_rejoin() -> Arc<dyn unicomm_core::shrink::Rejoin> {
+        Arc::new(unicomm_bootstrap::Rejoin::local())
+    }
+    /// RCCL reports the NCCL API version it implements, not its own.
+    fn probe() -> Result<String> {
+        let rt = hip()?;
+        let api = rccl()?;
+        Ok(format!(
+            "{}; RCCL (NCCL API {}) at {}",
+            rt.describe(),
+            api.version,
+            api.path
+        ))
+    }
 }
 
-/// One communicator per visible AMD GPU (or the first `n`), created from this thread.
+/// What is usable here: one line naming the devices and the RCCL library, or the reason
+/// it is not (`NoDevice`, `LibraryNotFound`).
+pub fn probe() -> Result<String> {
+    Rccl::probe()
+}
+
+/// One communicator per visible GPU (or the first `n`), created from this thread.
 pub fn local_comms(n: Option<usize>) -> Result<Vec<RcclComm>> {
-    // The device first: "no GPU" says more than "no library" on a machine without either.
-    local_comms_with(n, &CommConfig::default())
+    Rccl::local_comms_with(n, &CommConfig::default())
 }
 
 /// [`local_comms`] with a configuration (`ncclCommInitRankConfig`; a field the library
 /// predates is `Unsupported`, naming it and its version).
 pub fn local_comms_with(n: Option<usize>, config: &CommConfig) -> Result<Vec<RcclComm>> {
-    let rt = hip()?;
-    let comms = ApiComm::local_with(rccl()?, rt, n, config)?;
-    // The survivors of a shrink without ncclCommShrink meet on a board of this process.
-    ApiComm::share_rejoin(&comms, Arc::new(unicomm_bootstrap::Rejoin::local()))?;
-    Ok(comms)
+    Rccl::local_comms_with(n, config)
 }
 
 /// [`init_rank`] with a configuration.
 pub fn init_rank_with(id: UniqueId, at: Place, config: &CommConfig) -> Result<RcclComm> {
-    ApiComm::init_rank_with(rccl()?, hip()?, id, at, config)
+    Rccl::init_rank_with(id, at, config)
 }
 
-/// Joins a grown world as new rank `rank` of `world` on GPU `dev` with the id its rank 0
-/// made (`Comm::grow_id`), while every rank of the world calls `Comm::grow`
-/// (`ncclCommGrow`, NCCL >= 2.29.2; `Unsupported` naming the release before).
+/// Joins a world as `rank` of `world` on GPU `dev` (one rank per thread or per process);
+/// every rank passes the same `id` (from [`unique_id`] on one of them).
+pub fn init_rank(id: UniqueId, rank: usize, world: usize, dev: usize) -> Result<RcclComm> {
+    Rccl::init_rank_with(id, Place::new(rank, world, dev), &CommConfig::default())
+}
+
+/// Joins a grown world ([`Vendor::init_grown_with`]).
 pub fn init_grown_with(id: UniqueId, at: Place, config: &CommConfig) -> Result<RcclComm> {
-    ApiComm::init_grown_with(rccl()?, hip()?, id, at, config)
+    Rccl::init_grown_with(id, at, config)
 }
 
-/// [`init_rank_with`] through several roots, one per id (`ncclCommInitRankScalable`,
-/// RCCL with NCCL's API >= 2.23, else `Unsupported` naming the version): every rank passes
-/// the same ids in the same order, made by [`unique_id`]; [`roots_for`] says how many.
+/// [`init_rank_with`] through several roots ([`Vendor::init_rank_scalable_with`]).
 pub fn init_rank_scalable_with(
     ids: &[UniqueId],
     at: Place,
     config: &CommConfig,
 ) -> Result<RcclComm> {
-    ApiComm::init_rank_scalable_with(rccl()?, hip()?, ids, at, config)
+    Rccl::init_rank_scalable_with(ids, at, config)
 }
 
 /// How many roots a world of `world` ranks is created from: one per
 /// `UNICOMM_RANKS_PER_ROOT` ranks (default 128), one where the loaded library predates
 /// many-root creation (`unicomm_nccl_api::roots_for`).
 pub fn roots_for(world: usize) -> Result<usize> {
-    unicomm_nccl_api::roots_for(&*rccl()?, world)
+    Rccl::roots_for(world)
 }
 
-/// A new world id (`ncclGetUniqueId` of RCCL), to share with every rank.
+/// A new world id (`ncclGetUniqueId`), to share with every rank.
 pub fn unique_id() -> Result<UniqueId> {
-    rccl()?.unique_id()
-}
-
-/// Joins a world as `rank` of `world` on GPU `dev`.
-pub fn init_rank(id: UniqueId, rank: usize, world: usize, dev: usize) -> Result<RcclComm> {
-    ApiComm::init_rank(rccl()?, hip()?, id, rank, world, dev)
+    Rccl::unique_id()
 }

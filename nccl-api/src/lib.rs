@@ -54,6 +54,7 @@ pub mod policy;
 mod shrink;
 mod split;
 pub mod sys;
+mod vendor;
 mod wait;
 mod watch;
 
@@ -66,6 +67,7 @@ pub use sys::api::{Api, Flavor, UniqueId};
 pub use sys::runtime::Runtime;
 pub use sys::target::Target;
 pub use sys::{api, config, flavor, runtime, search, target};
+pub use vendor::Vendor;
 
 /// The copy-engine path's building blocks, for the GPU test crate (`unicomm-gpu-tests`) to
 /// run on a real GPU what the fake library cannot reach: not a stable API.

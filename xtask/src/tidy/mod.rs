@@ -68,7 +68,10 @@ pub(crate) const NCCL_API_LAYERS: Layers = &[
         &["agree", "library", "split", "shrink", "base"],
     ),
     ("the other paths: copy engines, automatic registration", &["copy_engine", "auto"]),
-    ("the composed communicator and its routing", &["comm"]),
+    (
+        "the composed communicator and its routing; a vendor crate's entry points",
+        &["comm", "vendor"],
+    ),
 ];
 
 /// Library functions may have at most this many lines (100 until 2026-12-05; the functions

@@ -10,7 +10,7 @@ use super::gates::{
     CONFIG_SINCE, ONE_SIDED_SINCE, PARAMS_SINCE, PROPERTIES_SINCE, REVOKE_SINCE, SCALABLE_SINCE,
     SCALAR_HOST_IMMEDIATE, SHRINK_SINCE, SPLIT_SINCE, SUSPEND_SINCE,
 };
-use super::handles::{made, Handle, LibAlloc, OwnedComm, RegHandle, Span, WindowRef};
+use super::handles::{made, Handle, LibAlloc, OwnedComm, Progress, RegHandle, Span, WindowRef};
 use crate::sys::api::{Api, NcclComm, UniqueId, WIN_COLL_SYMMETRIC};
 use crate::sys::codes::NcclCode;
 use crate::sys::config::{OwnedConfig, RawProperties, IN_PROGRESS};
@@ -20,16 +20,6 @@ use crate::sys::target::{ONE_SIDED_TITLE, PROPERTIES_TITLE, SUSPEND_TITLE};
 pub const MAX_PARAMS: usize = 4096;
 /// The most bytes of one parameter's value [`Api::parameters`] reads.
 pub const MAX_PARAM_BYTES: usize = 4096;
-
-/// Where a non-blocking communicator's last calls stand (`ncclCommGetAsyncError` without an
-/// error): the one reading of `ncclInProgress` outside a call's own result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Progress {
-    /// The library is done with them.
-    Done,
-    /// `ncclInProgress`: still working.
-    InProgress,
-}
 
 impl Api {
     /// `ncclGroupStart`: the calls that follow, up to the matching [`Api::group_end`], are

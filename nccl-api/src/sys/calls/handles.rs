@@ -136,6 +136,16 @@ impl ShapedComm {
     }
 }
 
+/// Where a non-blocking communicator's last calls stand (`ncclCommGetAsyncError` without an
+/// error): the one reading of `ncclInProgress` outside a call's own result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// The library is done with them.
+    Done,
+    /// `ncclInProgress`: still working.
+    InProgress,
+}
+
 /// A stream of the device the communicator uses, borrowed for `'a`.
 #[derive(Clone, Copy, Debug)]
 pub struct StreamRef<'a> {

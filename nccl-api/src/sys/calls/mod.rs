@@ -36,12 +36,12 @@ mod grow;
 mod handles;
 
 pub use check::DeviceBytes;
-pub use comm::Progress;
 pub use data::{P2p, Sides};
 pub use gates::{CONFIG_SINCE, NO_COLOR, P2P_SINCE, REVOKE_SINCE, SHRINK_SINCE, SPLIT_SINCE};
 pub use grow::Grower;
 pub use handles::{
-    CommRef, Handle, LibAlloc, OwnedComm, RegHandle, ShapedComm, Span, StreamRef, WindowRef,
+    CommRef, Handle, LibAlloc, OwnedComm, Progress, RegHandle, ShapedComm, Span, StreamRef,
+    WindowRef,
 };
 
 thread_local! {
