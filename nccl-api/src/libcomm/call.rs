@@ -53,9 +53,14 @@ impl<R: Runtime> Lent<'_, R> {
         late: impl FnOnce(T) + Send + 'static,
     ) -> Result<T> {
         let lc = self.lc;
-        lc.live(self.held)?;
-        let Some(owned) = self.held.end(Life::Aborted) else {
-            return Err(lc.not_live(self.held.life()));
+        // Taken only while live; otherwise put back as it was, with its state's error.
+        let owned = match std::mem::replace(self.held, Held::Aborted) {
+            Held::Live(o) => o,
+            other => {
+                let e = lc.not_live(other.life());
+                *self.held = other;
+                return Err(e);
+            }
         };
         let (rt, dev) = (lc.rt.clone(), lc.dev);
         let r = bounded(

@@ -202,10 +202,7 @@ impl<R: Runtime> LibComm<R> {
     /// `InvalidArgument` after finalize or while suspended.
     #[inline]
     pub(crate) fn live<'g>(&self, held: &'g Held<Owned>) -> Result<&'g Owned> {
-        match held {
-            Held::Live(o) => Ok(o),
-            other => Err(self.not_live(other.life())),
-        }
+        held.live().ok_or_else(|| self.not_live(held.life()))
     }
 
     /// `Ok` while live, read without the lock (the state an abort or finalize publishes

@@ -347,15 +347,7 @@ mod tests {
         let refs: Vec<&Crate> = cs.iter().collect();
         assert_none("unsafe", rules::unsafe_outside(&refs, UNSAFE_FILES));
         // The list only shrinks: a file allowed `unsafe` that has none loses its place.
-        let stale: Vec<String> = UNSAFE_FILES
-            .iter()
-            .filter(|f| {
-                !refs.iter().flat_map(|c| c.files.values()).any(|(p, s)| {
-                    rules::rel(Path::new(""), p) == **f && source::has_unsafe(&s.code)
-                })
-            })
-            .map(|f| format!("{f} is allowed `unsafe` but has none: remove it"))
-            .collect();
+        let stale = rules::stale_allowed(&refs, UNSAFE_FILES, source::has_unsafe, "`unsafe`");
         assert_none("stale unsafe entries", stale);
     }
 
@@ -367,15 +359,12 @@ mod tests {
             "unsafe impl",
             rules::unsafe_impl_outside(&refs, UNSAFE_IMPL_FILES),
         );
-        let stale: Vec<String> = UNSAFE_IMPL_FILES
-            .iter()
-            .filter(|f| {
-                !refs.iter().flat_map(|c| c.files.values()).any(|(p, s)| {
-                    rules::rel(Path::new(""), p) == **f && source::has_unsafe_impl(&s.code)
-                })
-            })
-            .map(|f| format!("{f} is allowed `unsafe impl` but has none: remove it"))
-            .collect();
+        let stale = rules::stale_allowed(
+            &refs,
+            UNSAFE_IMPL_FILES,
+            source::has_unsafe_impl,
+            "`unsafe impl`",
+        );
         assert_none("stale unsafe impl entries", stale);
     }
 

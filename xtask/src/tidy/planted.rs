@@ -176,6 +176,11 @@ fn a_type_vouched_for_by_hand_is_refused_outside_the_allowed_files() {
     assert_eq!(v.len(), 1, "{v:?}");
     assert!(v[0].starts_with("src/lib.rs"), "{v:?}");
     assert!(rules::unsafe_impl_outside(&[&c], &["src/lib.rs"]).is_empty());
+    // An allowed file that no longer vouches for a type (or is gone) loses its place.
+    let has = crate::tidy::source::has_unsafe_impl;
+    assert!(rules::stale_allowed(&[&c], &["src/lib.rs"], has, "x").is_empty());
+    let v = rules::stale_allowed(&[&c], &["src/lib.rs", "src/ok.rs", "src/gone.rs"], has, "x");
+    assert_eq!(v.len(), 2, "{v:?}");
 }
 
 #[test]

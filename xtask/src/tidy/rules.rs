@@ -135,37 +135,63 @@ pub(crate) fn long_functions(
     out
 }
 
-/// Files that hold `unsafe` but are not among the files allowed it.
-pub(crate) fn unsafe_outside(krates: &[&Crate], allowed: &[&str]) -> Vec<String> {
+/// Files whose code `holds` but that are not among `allowed`, each with `why`.
+fn held_outside(
+    krates: &[&Crate],
+    allowed: &[&str],
+    holds: fn(&str) -> bool,
+    why: &str,
+) -> Vec<String> {
     let mut out = Vec::new();
     for k in krates {
         for (path, src) in k.files.values() {
             let file = path.to_string_lossy().replace('\\', "/");
-            if has_unsafe(&src.code) && !allowed.contains(&file.as_str()) {
-                out.push(format!(
-                    "{file} uses `unsafe`, which belongs to the FFI layers that are allowed it"
-                ));
+            if holds(&src.code) && !allowed.contains(&file.as_str()) {
+                out.push(format!("{file} {why}"));
             }
         }
     }
     out
 }
 
+/// Entries of `allowed` whose file no longer `holds` (or is gone): such a list only shrinks.
+pub(crate) fn stale_allowed(
+    krates: &[&Crate],
+    allowed: &[&str],
+    holds: fn(&str) -> bool,
+    what: &str,
+) -> Vec<String> {
+    allowed
+        .iter()
+        .filter(|f| {
+            !krates
+                .iter()
+                .flat_map(|c| c.files.values())
+                .any(|(p, s)| rel(Path::new(""), p) == **f && holds(&s.code))
+        })
+        .map(|f| format!("{f} is allowed {what} but has none: remove it"))
+        .collect()
+}
+
+/// Files that hold `unsafe` but are not among the files allowed it.
+pub(crate) fn unsafe_outside(krates: &[&Crate], allowed: &[&str]) -> Vec<String> {
+    held_outside(
+        krates,
+        allowed,
+        has_unsafe,
+        "uses `unsafe`, which belongs to the FFI layers that are allowed it",
+    )
+}
+
 /// Files outside `allowed` that vouch for a type by hand (`unsafe impl`): a type owns what it
 /// guards (a lock around the handle), so that `Send` and `Sync` follow from its fields.
 pub(crate) fn unsafe_impl_outside(krates: &[&Crate], allowed: &[&str]) -> Vec<String> {
-    let mut out = Vec::new();
-    for k in krates {
-        for (path, src) in k.files.values() {
-            let file = path.to_string_lossy().replace('\\', "/");
-            if has_unsafe_impl(&src.code) && !allowed.contains(&file.as_str()) {
-                out.push(format!(
-                    "{file} has an `unsafe impl`: own what the lock guards instead, or hold the raw handle in the files allowed it"
-                ));
-            }
-        }
-    }
-    out
+    held_outside(
+        krates,
+        allowed,
+        has_unsafe_impl,
+        "has an `unsafe impl`: own what the lock guards instead, or hold the raw handle in the files allowed it",
+    )
 }
 
 /// The dependencies of `package` among `deps` that `forbidden` names.
@@ -244,47 +270,47 @@ pub(crate) fn layers_differ(what: &str, stated: &[Vec<String>], table: Layers) -
 /// any case, inside an identifier: `nccl`, `from_nccl_code`, `ncclDataType`): the contract
 /// knows no vendor's codes or names.
 pub(crate) fn vendor_identifiers(krate: &Crate, word: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for (path, src) in krate.files.values() {
-        let file = path.to_string_lossy().replace('\\', "/");
-        for (line, text) in src.code.lines().enumerate() {
-            let idents = text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
-            for id in idents.filter(|id| id.to_ascii_lowercase().contains(word)) {
-                out.push(format!(
-                    "{file}:{}: `{id}` names a vendor's library",
-                    line + 1
-                ));
-            }
-        }
-    }
-    out
+    krate
+        .files
+        .values()
+        .flat_map(|(path, src)| identifiers(path, &src.code))
+        .filter(|(_, id)| id.to_ascii_lowercase().contains(word))
+        .map(|(at, id)| format!("{at}: `{id}` names a vendor's library"))
+        .collect()
+}
+
+/// Every identifier of `code` (comments and strings blanked) with its `file:line`.
+fn identifiers<'a>(path: &Path, code: &'a str) -> impl Iterator<Item = (String, &'a str)> {
+    let file = path.to_string_lossy().replace('\\', "/");
+    code.lines().enumerate().flat_map(move |(line, text)| {
+        let at = format!("{file}:{}", line + 1);
+        text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|id| !id.is_empty())
+            .map(move |id| (at.clone(), id))
+    })
 }
 
 /// The identifier `word` in code outside the modules `allowed` (by top-level module): what
 /// only the call layer may name (the library's raw progress code), so that the rest reads
 /// typed results.
 pub(crate) fn names_outside(krate: &Crate, word: &str, allowed: &[&str]) -> Vec<String> {
-    let mut out = Vec::new();
-    for (module, (path, src)) in &krate.files {
-        if module
-            .first()
-            .is_some_and(|m| allowed.contains(&m.as_str()))
-        {
-            continue;
-        }
-        let file = path.to_string_lossy().replace('\\', "/");
-        for (line, text) in src.code.lines().enumerate() {
-            let idents = text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
-            for id in idents.filter(|id| *id == word) {
-                out.push(format!(
-                    "{file}:{}: `{id}` belongs to the call layer ({})",
-                    line + 1,
-                    allowed.join(", ")
-                ));
-            }
-        }
-    }
-    out
+    krate
+        .files
+        .iter()
+        .filter(|(module, _)| {
+            !module
+                .first()
+                .is_some_and(|m| allowed.contains(&m.as_str()))
+        })
+        .flat_map(|(_, (path, src))| identifiers(path, &src.code))
+        .filter(|(_, id)| *id == word)
+        .map(|(at, id)| {
+            format!(
+                "{at}: `{id}` belongs to the call layer ({})",
+                allowed.join(", ")
+            )
+        })
+        .collect()
 }
 
 /// Uses of the library's function table (`fns.NAME`) outside the modules `allowed` (by
