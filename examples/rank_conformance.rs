@@ -113,6 +113,17 @@ fn run() -> anyhow::Result<()> {
                 bail!("rank {r}: one-sided ring: {e}");
             }
         }
+        // The same ring captured in a graph and replayed (NCCL 2.30.3).
+        match unicomm_conformance::one_sided_in_graph(std::slice::from_ref(&comm), 200) {
+            Ok(seen) => println!(
+                "rank_conformance: rank {r}: one-sided in a graph: {}",
+                seen[0]
+            ),
+            Err(e) => {
+                let _ = comm.abort();
+                bail!("rank {r}: one-sided in a graph: {e}");
+            }
+        }
         // Per-call options where the library has them (NCCL 2.32).
         match unicomm_conformance::call_options(std::slice::from_ref(&comm)) {
             Ok(seen) => println!("rank_conformance: rank {r}: per-call options: {}", seen[0]),

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Scalar, SignalWait};
+use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Scalar};
 
 use crate::fabric::{Desc, Exchange, Load, Msg, Signature, LOAD_PART};
 use crate::memory::HostAlloc;
@@ -18,6 +18,7 @@ use crate::windows::Windows;
 use crate::Fault;
 
 pub(crate) mod batch;
+pub(crate) mod signals;
 
 /// What one rank's work needs to reach its peers.
 pub(crate) struct RankCtx {
@@ -83,14 +84,18 @@ pub(crate) enum Work {
     },
     /// A one-sided signal to `peer`, after a put's bytes where `put` is some: the source
     /// (read), its length, and the window's ordinal and byte offset.
+    /// `graph`: recorded by a capture (its signals count only in graphs' waits).
     Signal {
         put: Option<(Span, usize, (u64, usize))>,
         peer: usize,
+        graph: bool,
     },
-    /// A wait for one-sided signals; the puts' bytes land in this rank's windows.
+    /// A wait for one-sided signals; the puts' bytes land in this rank's windows. `graph`:
+    /// recorded by a capture (it counts only graphs' signals).
     Wait {
         waits: Vec<unicomm_core::SignalWait>,
         windows: Arc<Windows>,
+        graph: bool,
     },
 }
 
@@ -399,13 +404,14 @@ fn post(ctx: &RankCtx, peer: usize, load: Load) -> Result<()> {
 pub(crate) fn signal(
     ctx: &RankCtx,
     put: Option<&(Span, usize, (u64, usize))>,
-    peer: usize,
+    (peer, graph): (usize, bool),
 ) -> Result<()> {
     let Some((span, bytes, (ord, offset))) = put else {
         let load = Load {
             window: None,
             bytes: Arc::from(&[][..]),
             signal: true,
+            graph,
         };
         return post(ctx, peer, load);
     };
@@ -420,6 +426,7 @@ pub(crate) fn signal(
             window: Some((*ord, offset + done)),
             bytes: part.into(),
             signal: done + n == *bytes,
+            graph,
         };
         post(ctx, peer, load)?;
         done += n;
@@ -429,31 +436,8 @@ pub(crate) fn signal(
     }
 }
 
-/// Takes every entry's signals in turn, writing the puts' bytes into this rank's part of
-/// their windows (each under the window allocation's write lock), until the deadline.
-pub(crate) fn wait(ctx: &RankCtx, waits: &[SignalWait], windows: &Windows) -> Result<()> {
-    let deadline = ctx.deadline();
-    for w in waits {
-        let mut got = 0;
-        while got < w.count {
-            let m = ctx.fabric.take_one_sided(w.peer, ctx.rank, deadline)?;
-            let Some(load) = m.load else {
-                return Err(Error::invalid(
-                    "waits",
-                    "a send reached the one-sided mailbox",
-                ));
-            };
-            if let Some((ord, offset)) = load.window {
-                land(ctx, w.peer, windows, (ord, offset), &load.bytes)?;
-            }
-            got += u32::from(load.signal);
-        }
-    }
-    Ok(())
-}
-
 /// Writes a put's `bytes` at `offset` of this rank's part of window `ord`.
-fn land(
+pub(super) fn land(
     ctx: &RankCtx,
     peer: usize,
     windows: &Windows,

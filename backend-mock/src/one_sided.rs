@@ -3,7 +3,10 @@
 //! inside a symmetric window, its destination a window of the communicator. A put's bytes
 //! travel in its message and land in the peer's window when the peer's wait takes them:
 //! never later than NCCL would show them, so a program that reads only after its wait (as
-//! NCCL requires) sees the same bytes.
+//! NCCL requires) sees the same bytes. Captured in a graph (NCCL >= 2.30.3) they are a
+//! graph's: its signals count only in graphs' waits, as NCCL keeps them apart; NCCL's
+//! acknowledgement (a graph's second put to a peer waits until the peer's graph took the
+//! first's signal) is not modelled: the mock's puts never wait.
 
 use unicomm_core::one_sided::OneSided;
 use unicomm_core::{Collective, Error, Result};
@@ -24,11 +27,20 @@ impl MockComm {
         self.check_stream(stream)?;
         self.ctx.target.one_sided()?;
         op.check(self.ctx.world)?;
+        let graph = stream.inner.capturing();
+        if graph {
+            self.ctx.target.one_sided_captured()?;
+        }
         let work = match op {
-            OneSided::Signal(peer) => Work::Signal { put: None, peer },
+            OneSided::Signal(peer) => Work::Signal {
+                put: None,
+                peer,
+                graph,
+            },
             OneSided::Wait(waits) => Work::Wait {
                 waits: waits.to_vec(),
                 windows: self.windows.clone(),
+                graph,
             },
             OneSided::Put(p) => {
                 self.check_memory(p.src.mem)?;
@@ -45,6 +57,7 @@ impl MockComm {
                 Work::Signal {
                     put: Some((span, bytes, (ord, p.offset))),
                     peer: p.peer,
+                    graph,
                 }
             }
         };

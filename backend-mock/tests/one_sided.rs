@@ -1,7 +1,7 @@
 //! One-sided operations on the mock with NCCL 2.29.2's rules (`ncclPutSignal`, `ncclSignal`,
 //! `ncclWaitSignal`): the conformance case around rings of threads; a put's bytes land when
 //! the peer's wait takes them, not before; a put larger than a message's part arrives
-//! whole; inside a capture they are refused; a peer that never signals ends the wait at the
+//! whole; called directly inside a capture they are refused; a peer that never signals ends the wait at the
 //! deadline naming it; misuse is refused before anything is enqueued; a target before
 //! 2.29.2 refuses naming it.
 
@@ -94,9 +94,9 @@ fn a_wait_whose_peer_never_signals_ends_at_the_deadline_naming_it() {
     assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
 }
 
-/// Not through a graph's step (NCCL's one-sided calls are host calls on a stream, not
-/// captured work unicomm replays): called inside a capture's closure, refused naming the
-/// step, as every direct call there.
+/// Called directly inside a capture's closure (not through its step, which borrows the
+/// window and the source for the graph's life): refused naming the step, as every direct
+/// call there.
 #[test]
 fn inside_a_capture_they_are_refused_naming_the_step() {
     let cs = comms(1, "nccl-2.32.3");

@@ -167,8 +167,11 @@ fn rank() {
         "one_sided" => {
             let seen = unicomm_conformance::one_sided_put_signal(std::slice::from_ref(&c));
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
+            // A graph's signals cross the processes marked as a graph's.
+            let seen = unicomm_conformance::one_sided_in_graph(std::slice::from_ref(&c), 50);
+            assert_eq!(seen.unwrap(), vec![true], "rank {r}");
             c.finalize().unwrap();
-            println!("rank {r}: one-sided ring; RANK PASSED");
+            println!("rank {r}: one-sided ring, eager and in a graph; RANK PASSED");
         }
         "groups" => {
             let refused =

@@ -11,6 +11,8 @@ use crate::capturing::{Phase, StepCall};
 use crate::comm::Comm;
 use crate::counts::Counts;
 use crate::element::{Element, ReduceOp};
+use crate::one_sided::SignalWait;
+use crate::registration::Window;
 use crate::Result;
 
 /// What a step's closure enqueues through ([`Graph::capture`](crate::graph::Graph::capture),
@@ -94,16 +96,24 @@ impl<'a, C: Collective> Step<'a, C> {
         self.phase == Phase::Warm
     }
 
-    fn arg<T: Element>(&self, comm: &'a Comm<C>, v: View<'a, T, C>) -> Result<Arg<'a, T, C>> {
+    /// The communicator among those the step used.
+    fn note_comm(&self, comm: &'a Comm<C>) {
+        let mut cs = self.comms.borrow_mut();
+        if !cs.iter().any(|c| std::ptr::eq(*c, comm)) {
+            cs.push(comm);
+        }
+    }
+
+    /// `v` used by the step's work on `comm`.
+    fn used<T: Element>(&self, comm: &'a Comm<C>, v: &View<'_, T, C>) {
         if !crate::device::DeviceMemory::outlives_its_work(v.mem) {
             self.outlived.set(false);
         }
-        {
-            let mut cs = self.comms.borrow_mut();
-            if !cs.iter().any(|c| std::ptr::eq(*c, comm)) {
-                cs.push(comm);
-            }
-        }
+        self.note_comm(comm);
+    }
+
+    fn arg<T: Element>(&self, comm: &'a Comm<C>, v: View<'a, T, C>) -> Result<Arg<'a, T, C>> {
+        self.used(comm, &v);
         match self.phase {
             // Nothing to stand in for an empty argument (no memory is touched).
             Phase::Warm if v.len > 0 => Ok(Arg::Scratch(comm.alloc_scratch(v.len)?)),
@@ -393,5 +403,49 @@ impl<'a, C: Collective> Step<'a, C> {
         self.two(comm, (send.view(), recv.view()), |s, r| {
             comm.reduce_scatter_v(s, send_counts, r, op, self.stream)
         })
+    }
+
+    /// [`Comm::put_signal`], through the step: `src` and the window `dst` are borrowed for
+    /// the graph's life, so neither is freed nor deregistered while a replay may write.
+    /// Captured one-sided operations need NCCL >= 2.30.3 (its copy-engine path keeps
+    /// signals of its own for graphs; 2.29's baked the host's count into the graph, so a
+    /// replay's wait would not wait): `Unsupported` naming it below that.
+    ///
+    /// In a capture's warm-up pass the put is a bare [`Comm::signal`] to `peer`: it counts
+    /// as the put's signal in the peers' warm-up waits and sets up the library's one-sided
+    /// state outside the capture (NCCL allocates it at the first one-sided call, which a
+    /// capture forbids), while no byte is written into a peer's window before the graph
+    /// runs. A graph's signals count only in graphs' waits, and an eager call's only in
+    /// eager waits (NCCL keeps them apart): every launch of a graph that puts to a peer is
+    /// matched by a launch of the peer's graph that waits for it.
+    pub fn put_signal<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        src: &'a impl DeviceSlice<T, C>,
+        peer: usize,
+        dst: &'a Window<'_, T, C>,
+        at: usize,
+    ) -> Result<()> {
+        self.used(comm, &src.view());
+        let _call = StepCall::enter();
+        match self.phase {
+            Phase::Warm => comm.signal(peer, self.stream),
+            _ => comm.put_signal(src, peer, dst, at, self.stream),
+        }
+    }
+
+    /// [`Comm::signal`], through the step (the rules of [`Step::put_signal`]).
+    pub fn signal(&self, comm: &'a Comm<C>, peer: usize) -> Result<()> {
+        self.note_comm(comm);
+        let _call = StepCall::enter();
+        comm.signal(peer, self.stream)
+    }
+
+    /// [`Comm::wait_signal`], through the step (the rules of [`Step::put_signal`]): a
+    /// graph's wait counts the signals of the peers' graphs.
+    pub fn wait_signal(&self, comm: &'a Comm<C>, waits: &[SignalWait]) -> Result<()> {
+        self.note_comm(comm);
+        let _call = StepCall::enter();
+        comm.wait_signal(waits, self.stream)
     }
 }

@@ -40,7 +40,7 @@ pub use graphs::{
 pub use groups::{
     run_groups, run_groups_on_rank, run_groups_on_rank_refusing, run_groups_refusing,
 };
-pub use one_sided::one_sided_put_signal;
+pub use one_sided::{one_sided_in_graph, one_sided_put_signal};
 pub use refusals::{group_check_refused_by_design, refused_by_design};
 pub use sleep::sleep_mode_and_properties;
 

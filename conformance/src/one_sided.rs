@@ -75,3 +75,63 @@ fn block(r: usize, round: usize) -> Vec<u32> {
 fn wrong(what: String) -> Error {
     Error::invalid("one-sided", what)
 }
+
+/// The ring of [`one_sided_put_signal`] captured in a graph (NCCL >= 2.30.3) and replayed
+/// `replays` times. Each replay clears this rank's window (a copy of zeros), meets the
+/// others (an all-reduce, so that no put lands before a clear), puts and waits: after every
+/// replay the window holds exactly the left neighbour's block and zeros elsewhere, so a
+/// replay that moved nothing is seen. The capture itself wrote nothing there (its warm-up
+/// pass signals without putting). What each rank saw: `true`, or `false` where the library
+/// refuses captured one-sided operations (`Unsupported` naming 2.30.3 or 2.29.2, or the
+/// host RMA it lacks).
+pub fn one_sided_in_graph<C: Collective>(comms: &[Comm<C>], replays: usize) -> Result<Vec<bool>> {
+    each_rank(comms, |c| -> Result<bool> {
+        let (r, w) = (c.rank(), c.world_size());
+        let st = c.create_stream()?;
+        let dst = c.register_window(c.upload(&vec![7u32; w * N], &st)?)?;
+        let src = c.register_window(c.upload(&block(r, 0), &st)?)?;
+        let zeros = c.upload(&vec![0u32; w * N], &st)?;
+        let meet = c.upload(&[1u32], &st)?;
+        let (right, left) = ((r + 1) % w, (r + w - 1) % w);
+        let captured = unicomm_core::graph::Graph::capture(&st, |g| {
+            g.copy(c, &zeros, &dst)?;
+            g.all_reduce_in_place(c, &meet, unicomm_core::ReduceOp::Max)?;
+            g.put_signal(c, &src, right, &dst, r * N)?;
+            g.wait_signal(c, &[SignalWait::new(left, 1)])
+        });
+        let graph = match captured {
+            Err(Error::Unsupported { needs, .. })
+                if ["2.30.3", "2.29.2", "host RMA"]
+                    .iter()
+                    .any(|n| needs.contains(n)) =>
+            {
+                return Ok(false)
+            }
+            other => other?,
+        };
+        st.synchronize()?;
+        if dst.copy_to_host(&st)?.iter().any(|&x| x != 7) {
+            return Err(wrong(format!(
+                "rank {r}: the capture wrote into the window"
+            )));
+        }
+        for k in 1..=replays {
+            graph.launch(&st)?;
+            st.synchronize()?;
+            let got = dst.copy_to_host(&st)?;
+            for (slot, chunk) in got.chunks(N).enumerate() {
+                let want = if slot == left {
+                    block(left, 0)
+                } else {
+                    vec![0; N]
+                };
+                if chunk != want.as_slice() {
+                    return Err(wrong(format!(
+                        "replay {k}: rank {r}'s slot {slot} holds {chunk:?}, {want:?} was due"
+                    )));
+                }
+            }
+        }
+        Ok(true)
+    })
+}

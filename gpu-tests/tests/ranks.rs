@@ -213,3 +213,22 @@ fn one_sided_operations_follow_the_loaded_release() -> Result<()> {
     }
     Ok(())
 }
+
+/// The ring captured in a graph and replayed 200 times (NCCL 2.30.3 gives captured
+/// one-sided operations signals of their own): exact at each replay, `Unsupported` naming
+/// the release below it. Never silent.
+#[test]
+fn one_sided_operations_in_a_graph_follow_the_loaded_release() -> Result<()> {
+    let w = t::world()?;
+    let cs = GPU.comms(w)?;
+    let seen = unicomm_conformance::one_sided_in_graph(&cs, 200)?;
+    let v = cs[0].capabilities().version;
+    println!(
+        "one-sided operations in a graph on {} {v}, world {w}: {seen:?}",
+        cs[0].capabilities().backend
+    );
+    if v < unicomm_core::Version::new(2, 30, 3) {
+        assert!(seen.iter().all(|&s| !s), "{seen:?} on {v}");
+    }
+    Ok(())
+}

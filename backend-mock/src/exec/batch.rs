@@ -90,8 +90,14 @@ fn run_tasks(tasks: &[Task]) -> Result<()> {
                     peer,
                 } => run_recv(&t.ctx, span, *count, *dtype, *peer),
                 Work::Send { .. } => Ok(()),
-                Work::Signal { put, peer } => super::signal(&t.ctx, put.as_ref(), *peer),
-                Work::Wait { waits, windows } => super::wait(&t.ctx, waits, windows),
+                Work::Signal { put, peer, graph } => {
+                    super::signal(&t.ctx, put.as_ref(), (*peer, *graph))
+                }
+                Work::Wait {
+                    waits,
+                    windows,
+                    graph,
+                } => super::signals::wait(&t.ctx, waits, windows, *graph),
             };
             if let Err(e) = r {
                 result = Err(e);

@@ -75,6 +75,9 @@ pub(crate) struct Load {
     pub bytes: Arc<[u8]>,
     /// Whether the message counts one signal (a put's last part, or a bare signal).
     pub signal: bool,
+    /// Whether a graph's replay sent it: NCCL counts a graph's signals only in graphs'
+    /// waits, and an eager call's only in eager waits.
+    pub graph: bool,
 }
 
 /// The largest part of a put one message carries (well inside the hub's frame).

@@ -126,7 +126,7 @@ impl W {
             });
             w.u64(l.bytes.len() as u64);
             w.0.extend_from_slice(&l.bytes);
-            w.u8(u8::from(l.signal));
+            w.u8(u8::from(l.signal) | u8::from(l.graph) << 1);
         });
     }
     pub(crate) fn error(&mut self, e: &Error) {
@@ -314,11 +314,12 @@ impl R<'_> {
                 let window = r.opt(|r| Ok((r.u64()?, r.usize()?)))?;
                 let n = r.usize()?;
                 let bytes: Arc<[u8]> = r.take(n)?.into();
-                let signal = r.u8()? == 1;
+                let flags = r.u8()?;
                 Ok(Load {
                     window,
                     bytes,
-                    signal,
+                    signal: flags & 1 != 0,
+                    graph: flags & 2 != 0,
                 })
             })?,
         })

@@ -24,6 +24,9 @@ impl<R: Runtime> ApiComm<R> {
         }
         b.library.target.one_sided()?;
         op.check(b.lc.world)?;
+        if b.lc.rt.capturing(stream.inner())? {
+            b.library.target.one_sided_captured()?;
+        }
         stream.watched_by(&b.lc);
         let st = stream.lend();
         let api = &b.lc.api;

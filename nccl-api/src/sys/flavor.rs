@@ -48,6 +48,12 @@ pub const GROW_SINCE: Version = Version::new(2, 29, 2);
 /// `ncclPutSignal`, `ncclSignal`, `ncclWaitSignal` and `ncclWinGetUserPtr` exist from NCCL
 /// 2.29.2 (RCCL 2.30.4 has them too).
 pub const ONE_SIDED_SINCE: Version = Version::new(2, 29, 2);
+/// One-sided operations captured in a graph: NCCL 2.30.3's copy-engine path gives graphs
+/// signals of their own (a flag the receiver's wait resets and acknowledges, read in its
+/// `rma_ce.cc`); 2.29's bakes the host's running count into the graph, so a replay's wait
+/// would find it reached and not wait. RCCL 2.30.4 is taken by its number (not checked on
+/// an AMD GPU).
+pub const ONE_SIDED_CAPTURED_SINCE: Version = Version::new(2, 30, 3);
 /// `ncclCommQueryProperties` exists from NCCL 2.29.2.
 pub const PROPERTIES_SINCE: Version = Version::new(2, 29, 2);
 /// `ncclCommSuspend`, `ncclCommResume` and `ncclCommMemStats` exist from NCCL 2.29.7 (not in

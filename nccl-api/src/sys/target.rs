@@ -9,8 +9,8 @@ use unicomm_core::registry::RegKind;
 use unicomm_core::{DataType, Error, Kind, ReduceOp, Result, Version};
 
 use crate::sys::flavor::{
-    Flavor, CALL_OPTIONS_SINCE, GROW_SINCE, NCCL, ONE_SIDED_SINCE, PROPERTIES_SINCE, RCCL,
-    SPLIT_SINCE, SUSPEND_SINCE,
+    Flavor, CALL_OPTIONS_SINCE, GROW_SINCE, NCCL, ONE_SIDED_CAPTURED_SINCE, ONE_SIDED_SINCE,
+    PROPERTIES_SINCE, RCCL, SPLIT_SINCE, SUSPEND_SINCE,
 };
 
 /// The first compute capability on which NCCL reduces the 8-bit floats (sm90, Hopper).
@@ -33,6 +33,9 @@ pub const GROW_TITLE: &str = "growing a communicator (ncclCommGrow, ncclCommGetU
 /// What the one-sided operations are called in refusals.
 pub const ONE_SIDED_TITLE: &str =
     "one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal)";
+/// What captured one-sided operations are called in refusals.
+pub const ONE_SIDED_CAPTURED_TITLE: &str =
+    "one-sided operations captured in a graph (ncclPutSignal, ncclSignal, ncclWaitSignal)";
 /// What per-call options are called in refusals.
 pub const CALL_OPTIONS_TITLE: &str = "per-call options (ncclCollConfig_t, nccl*Config)";
 
@@ -300,6 +303,12 @@ impl Target {
     /// 2.29.2).
     pub fn one_sided(&self) -> Result<()> {
         self.since(ONE_SIDED_TITLE, ONE_SIDED_SINCE)
+    }
+
+    /// One-sided operations inside a graph's capture (NCCL 2.30.3,
+    /// [`ONE_SIDED_CAPTURED_SINCE`]).
+    pub fn one_sided_captured(&self) -> Result<()> {
+        self.since(ONE_SIDED_CAPTURED_TITLE, ONE_SIDED_CAPTURED_SINCE)
     }
 
     /// Suspend, resume and memory statistics (`ncclCommSuspend`, NCCL 2.29.7).
