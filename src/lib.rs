@@ -89,8 +89,8 @@ pub mod rules {}
 pub use unicomm_core::{
     backend, bf16, f16, packed_displs, Algorithm, Algorithms, CallOptions, Capabilities,
     CommConfig, Counts, CtaPolicy, DataType, DeviceInfo, DeviceSlice, DeviceSliceMut, DeviceStream,
-    Element, Error, Marker, Op, Place, RawHandle, ReduceOp, Result, Scalar, ShrinkMode, SignalWait,
-    Version, F8E4M3, F8E5M2,
+    Element, Error, LaunchMarker, Marker, Op, Place, RawHandle, ReduceOp, Result, Scalar,
+    ShrinkMode, SignalWait, Version, F8E4M3, F8E5M2,
 };
 
 /// This rank's communicators along each dimension of a mesh of the world (`dp` x `tp`,

@@ -340,7 +340,25 @@ impl MockComm {
                 ops.into_iter().try_for_each(|o| self.enqueue_op(o, stream))
             });
         }
+        if let Some(m) = op.options.as_ref().and_then(|o| o.launch_marker.as_ref()) {
+            self.mark_launch(m, stream)?;
+        }
         self.enqueue_task(op, false, stream)
+    }
+
+    /// Arms a call's launch marker and reaches it when the stream's worker begins the call
+    /// (the job right before it). Refused in a group and in a capture, as on NCCL.
+    #[cold]
+    fn mark_launch(&self, m: &unicomm_core::LaunchMarker, stream: &MockStream) -> Result<()> {
+        if GROUP.with(|g| g.borrow().depth > 0) || stream.inner.capturing() {
+            return Err(unicomm_core::LaunchMarker::refused_here());
+        }
+        let mark = crate::marker::MockMarker::of(m.marker())?;
+        let point = mark.arm();
+        stream.push(Box::new(move || {
+            mark.reach(point);
+            Ok(())
+        }))
     }
 
     /// The mock's own collective (the ranks' agreement on a layout), outside the count of

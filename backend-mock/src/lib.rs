@@ -32,6 +32,7 @@ mod grow;
 mod host;
 mod id;
 mod lock;
+mod marker;
 mod memory;
 mod one_sided;
 mod procs;

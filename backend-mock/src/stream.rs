@@ -2,11 +2,13 @@
 //! Errors of the work are kept and returned by the next `synchronize`.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use unicomm_core::{DeviceStream, Error, Marker, MarkerTime, Result};
+use unicomm_core::{DeviceStream, Error, Marker, Result};
+
+use crate::marker::{Mark, MockMarker};
 
 pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
 
@@ -264,31 +266,26 @@ impl DeviceStream for MockStream {
     }
 
     fn record(&self) -> Result<Marker> {
-        let at = Arc::new(OnceLock::new());
-        let set = at.clone();
+        let mark = Mark::new(1);
+        let set = mark.clone();
         self.push(Box::new(move || {
-            let _ = set.set(Instant::now());
+            set.reach(1);
             Ok(())
         }))?;
-        Ok(Marker::new(MockMarker(at)))
+        Ok(Marker::new(MockMarker(mark)))
     }
 
     fn wait(&self, marker: &Marker) -> Result<()> {
-        let at = marker
-            .inner()
-            .as_any()
-            .downcast_ref::<MockMarker>()
-            .ok_or_else(|| Error::invalid("marker", "a marker of another backend"))?
-            .0
-            .clone();
+        let mark = MockMarker::of(marker)?;
+        let point = mark.armed();
         let timeout = self.inner.idle_timeout;
         // The worker holds this stream's later work until the other stream's worker reached
         // the marker, as a GPU stream waits for an event; bounded by the stream's deadline.
         self.push_replayable(Arc::new(move || {
-            let at = at.clone();
+            let mark = mark.clone();
             Box::new(move || {
                 let deadline = Instant::now() + timeout;
-                while at.get().is_none() {
+                while !mark.passed(point) {
                     if Instant::now() >= deadline {
                         return Err(Error::Timeout {
                             what: "a stream waiting for a marker of another stream".into(),
@@ -300,6 +297,10 @@ impl DeviceStream for MockStream {
                 Ok(())
             })
         }))
+    }
+
+    fn launch_marker(&self) -> Result<Marker> {
+        Ok(Marker::new(MockMarker(Mark::new(0))))
     }
 
     fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
@@ -375,31 +376,6 @@ fn not_capturable() -> Error {
         "stream",
         "the stream is capturing a graph, and this operation cannot be captured (host copies and waits, host functions run once, markers)",
     )
-}
-
-/// The instant the stream's worker reached the marker (host time: the mock's "device").
-struct MockMarker(Arc<OnceLock<Instant>>);
-
-impl MarkerTime for MockMarker {
-    fn ms_until(&self, later: &dyn MarkerTime) -> Result<f64> {
-        let later = later
-            .as_any()
-            .downcast_ref::<MockMarker>()
-            .ok_or_else(|| Error::invalid("marker", "a marker of another backend"))?;
-        match (self.0.get(), later.0.get()) {
-            (Some(a), Some(b)) => Ok(b.saturating_duration_since(*a).as_secs_f64() * 1e3),
-            _ => Err(Error::invalid(
-                "marker",
-                "not reached yet: synchronize the stream before reading the time",
-            )),
-        }
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-    fn reached(&self) -> Option<bool> {
-        Some(self.0.get().is_some())
-    }
 }
 
 impl Drop for MockStream {

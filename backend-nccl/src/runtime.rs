@@ -15,7 +15,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
 use unicomm_core::{Error, Result, StreamPriority};
 
-use crate::driver_error::{cuda_err, no_mem_ops};
+use crate::driver_error::cuda_err;
 
 use unicomm_nccl_api::runtime::Exported;
 use unicomm_nccl_api::Runtime;
@@ -52,7 +52,7 @@ pub struct CudaRuntime {
     count: usize,
     /// The driver exports the stream memory operations (cudarc panics on a missing
     /// symbol, so they are looked up once, here, before any call).
-    mem_ops: bool,
+    pub(crate) mem_ops: bool,
 }
 
 impl std::fmt::Debug for CudaRuntime {
@@ -115,22 +115,6 @@ impl CudaRuntime {
     }
 }
 
-impl CudaRuntime {
-    /// A stream memory operation on `dev` (`op` makes the call), or `Unsupported` where the
-    /// driver lacks them.
-    fn mem_op(
-        &self,
-        dev: usize,
-        call: &'static str,
-        op: impl FnOnce() -> sys::CUresult,
-    ) -> Result<()> {
-        if !self.mem_ops {
-            return Err(no_mem_ops());
-        }
-        self.with_device(dev, || op().result().map_err(|e| cuda_err(call, e)))
-    }
-}
-
 /// A CUDA stream (cudarc's), with the context it belongs to.
 #[derive(Debug, Clone)]
 pub struct CudaStreamHandle(pub Arc<CudaStream>);
@@ -145,6 +129,16 @@ impl Runtime for CudaRuntime {
         // Timing events: cudarc's default disables timing.
         s.0.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| cuda_err("cuEventRecord", e))
+    }
+
+    fn launch_event(&self, dev: usize) -> Result<(cudarc::driver::CudaEvent, usize)> {
+        // CUDA takes a launch completion event only without timing.
+        let ev = self
+            .ctx(dev)?
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| cuda_err("cuEventCreate", e))?;
+        let handle = ev.cu_event() as usize;
+        Ok((ev, handle))
     }
 
     fn record_again(&self, e: &mut cudarc::driver::CudaEvent, s: &CudaStreamHandle) -> Result<()> {

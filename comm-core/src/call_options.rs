@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::config::{check_ctas, CtaPolicy};
-use crate::{Error, Result};
+use crate::{DeviceStream, Error, Marker, Result};
 
 /// One of NCCL's algorithms, as `NCCL_ALGO` and `ncclCollConfig_t::algSelection` name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,6 +91,65 @@ pub struct CallOptions {
     /// `userProfilerTag`: delivered verbatim to NCCL's profiler plugins with the call's
     /// events; values with the top bit set are NCCL's (refused).
     pub profiler_tag: Option<u64>,
+    /// `launchCompletionEvent`: recorded by each call when its kernel has begun on every
+    /// block, so that a compute stream that waits on it ([`DeviceStream::wait`]) starts
+    /// only once the collective holds its SMs, not when it ends (how engines keep a
+    /// communication kernel from being starved by the compute they overlap). Not inside a
+    /// group (NCCL launches a group's kernels together at its end) nor a graph's capture
+    /// (CUDA takes the event on a launch, not a graph node): refused there.
+    pub launch_marker: Option<LaunchMarker>,
+}
+
+/// A marker a collective records when it has begun on the device (the
+/// [`CallOptions::launch_marker`]): shared, so the options and the stream that waits on it
+/// hold the same one. Equal only to its own clones.
+#[derive(Clone)]
+pub struct LaunchMarker(Arc<Marker>);
+
+impl LaunchMarker {
+    /// A new one, of `stream`'s backend and device ([`DeviceStream::launch_marker`]).
+    pub fn new<S: DeviceStream>(stream: &S) -> Result<Self> {
+        Ok(LaunchMarker(Arc::new(stream.launch_marker()?)))
+    }
+
+    /// The marker, for [`DeviceStream::wait`] or `reached`.
+    pub fn marker(&self) -> &Marker {
+        &self.0
+    }
+
+    /// What a backend answers for a launch marker inside a group or a graph's capture
+    /// (every backend in the same words).
+    #[cold]
+    pub fn refused_here() -> Error {
+        Error::invalid(
+            "options",
+            "a launch marker inside a group or a graph's capture: NCCL launches a group's kernels together at its end, and CUDA takes a launch completion event on a launch, not a graph's node (mark a call outside them)",
+        )
+    }
+}
+
+impl std::fmt::Debug for LaunchMarker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LaunchMarker({:p})", Arc::as_ptr(&self.0))
+    }
+}
+
+// A marker's state is the device's (an event): an unwind leaves nothing half-changed in it,
+// so options holding one stay usable across `catch_unwind` as they were before it existed.
+impl std::panic::UnwindSafe for LaunchMarker {}
+impl std::panic::RefUnwindSafe for LaunchMarker {}
+
+impl PartialEq for LaunchMarker {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+impl Eq for LaunchMarker {}
+
+impl std::hash::Hash for LaunchMarker {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        Arc::as_ptr(&self.0).hash(h)
+    }
 }
 
 impl CallOptions {

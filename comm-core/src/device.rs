@@ -46,6 +46,21 @@ pub trait DeviceStream: Send + Sync + Sized {
     /// without the host waiting. The host does not block.
     fn wait(&self, marker: &Marker) -> Result<()>;
 
+    /// A marker for [`CallOptions::launch_marker`](crate::CallOptions::launch_marker),
+    /// recorded by each collective that carries it when the collective has begun on the
+    /// device (NCCL 2.32's `launchCompletionEvent`: CUDA's launch completion event, created
+    /// without timing as CUDA requires), not when it ends. Until a collective recorded it,
+    /// waiting on it returns at once (a CUDA event never recorded). Prefer
+    /// [`LaunchMarker::new`](crate::call_options::LaunchMarker::new). `Unsupported` where
+    /// the backend has none.
+    fn launch_marker(&self) -> Result<Marker> {
+        Err(crate::Error::unsupported(
+            "a launch marker",
+            "a backend whose collectives record one (NCCL >= 2.32, the mock)",
+            "this backend",
+        ))
+    }
+
     /// Runs `f` on a host thread once the work enqueued so far has finished, before the
     /// work enqueued after it (`cuLaunchHostFunc` / `hipLaunchHostFunc`; a job of the mock's
     /// stream): an engine's own host step in stream order. `f` must not call the device

@@ -75,7 +75,7 @@ pub use backend::{
     MarkerTime, RawHandle, StreamPriority, Version,
 };
 pub use buffer::{Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
-pub use call_options::{Algorithm, Algorithms, CallOptions};
+pub use call_options::{Algorithm, Algorithms, CallOptions, LaunchMarker};
 pub use comm::{packed_displs, Comm};
 pub use config::{CommConfig, CtaPolicy};
 pub use counts::{layout_disagreement, Counts, Layout};

@@ -64,10 +64,34 @@ pub fn call_options<C: Collective>(comms: &[Comm<C>]) -> Result<Vec<bool>> {
                 if reason.contains("no per-call options") => {}
             other => return Err(wrong(&format!("a barrier with options: {other:?}"))),
         }
+        launch_marked(c, &st, &mut a)?;
         Ok(true)
     })
 }
 
 fn wrong(what: &str) -> Error {
     Error::invalid("call options", what)
+}
+
+/// An all-reduce with a launch marker: another stream waiting on the marker runs once the
+/// all-reduce launched, and the marker is reached by the time the all-reduce ended.
+fn launch_marked<C: Collective>(
+    c: &Comm<C>,
+    st: &C::Stream,
+    a: &mut unicomm_core::Buffer<f32, C>,
+) -> Result<()> {
+    let m = unicomm_core::LaunchMarker::new(st)?;
+    let o = unicomm_core::CallOptions {
+        launch_marker: Some(m.clone()),
+        ..portable_options()
+    };
+    let other = c.create_stream()?;
+    c.with_options(&o, || c.all_reduce_in_place(a, ReduceOp::Max, st))?;
+    other.wait(m.marker())?;
+    other.synchronize()?;
+    st.synchronize()?;
+    match m.marker().inner().reached() {
+        Some(false) => Err(wrong("a launch marker not reached after its call ended")),
+        _ => Ok(()),
+    }
 }

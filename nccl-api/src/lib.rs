@@ -49,6 +49,7 @@ mod create;
 mod group;
 mod libcomm;
 mod library;
+mod marker;
 pub mod memory;
 pub mod policy;
 mod shrink;

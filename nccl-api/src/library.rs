@@ -76,7 +76,14 @@ impl<R: Runtime> Library<R> {
     #[inline(never)]
     fn configured(&self, o: &unicomm_core::CallOptions, kind: Kind) -> Result<CollConfig> {
         self.target.call_options(kind)?;
-        crate::conv::coll_config(o)
+        let mut c = crate::conv::coll_config(o)?;
+        if let Some(m) = &o.launch_marker {
+            // Kept alive by the options' scope until the call returned, by which time NCCL
+            // launched (a non-blocking call is settled before it returns; a group, which
+            // launches at its end, and a capture are refused before).
+            c.set_launch_event(crate::marker::launch_handle::<R>(m.marker())?);
+        }
+        Ok(c)
     }
 
     /// A stream-ordered barrier on `st`: an in-place one-element all-reduce of the

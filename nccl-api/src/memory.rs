@@ -9,7 +9,9 @@ use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use unicomm_core::{DeviceMemory, DeviceStream, Error, Marker, MarkerTime, Result};
+use unicomm_core::{DeviceMemory, DeviceStream, Error, Marker, Result};
+
+use crate::marker::ApiMarker;
 
 use crate::sys::api::Api;
 use crate::sys::calls::{DeviceBytes, LibAlloc, StreamRef};
@@ -109,6 +111,16 @@ impl<R: Runtime> DeviceStream for ApiStream<R> {
         Ok(Marker::new(ApiMarker {
             ev,
             rt: self.rt.clone(),
+            launch: 0,
+        }))
+    }
+
+    fn launch_marker(&self) -> Result<Marker> {
+        let (ev, handle) = self.rt.launch_event(self.dev)?;
+        Ok(Marker::new(ApiMarker {
+            ev,
+            rt: self.rt.clone(),
+            launch: handle,
         }))
     }
 
@@ -182,28 +194,6 @@ impl<R: Runtime> unicomm_core::DeviceGraph for ApiGraph<R> {
             ));
         }
         self.rt.launch_graph(self.dev, &self.g, &stream.s)
-    }
-}
-
-/// A timing event of a NCCL-API backend's runtime.
-struct ApiMarker<R: Runtime> {
-    ev: R::Event,
-    rt: Arc<R>,
-}
-
-impl<R: Runtime> MarkerTime for ApiMarker<R> {
-    fn ms_until(&self, later: &dyn MarkerTime) -> Result<f64> {
-        let later = later
-            .as_any()
-            .downcast_ref::<ApiMarker<R>>()
-            .ok_or_else(|| Error::invalid("marker", "a marker of another backend"))?;
-        self.rt.elapsed_ms(&self.ev, &later.ev)
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-    fn reached(&self) -> Option<bool> {
-        self.rt.event_done(&self.ev)
     }
 }
 

@@ -23,13 +23,42 @@ fn options() -> CallOptions {
 }
 
 const SEEN: &str =
-    "collconfig version=23200 min=1 max=2 nvls=- cga=- alg=Ring force=0 policy=1 tag=42";
+    "collconfig version=23200 min=1 max=2 nvls=- cga=- alg=Ring force=0 policy=1 tag=42 event=-";
 
 /// One test for both cases on the 2.32 fake: its call counters are the process's.
 #[test]
 fn on_nccl_2_32() {
     the_scopes_options_reach_the_library_and_only_inside_it();
     what_cannot_carry_them_is_refused_before_the_library();
+    a_launch_marker_reaches_the_library_outside_groups_only();
+}
+
+/// The launch marker's event reaches `launchCompletionEvent`; inside a group (NCCL launches
+/// the group's kernels at its end, after the scope) it is refused before the library.
+fn a_launch_marker_reaches_the_library_outside_groups_only() {
+    let path = fake("nccl232");
+    let c = comm(flavors(false, false), &path);
+    let st = c.create_stream().unwrap();
+    let mut a = c.alloc::<f32>(16).unwrap();
+    let o = CallOptions {
+        launch_marker: Some(unicomm_core::LaunchMarker::new(&st).unwrap()),
+        ..CallOptions::default()
+    };
+    let seen =
+        "collconfig version=23200 min=- max=- nvls=- cga=- alg=- force=1 policy=- tag=0 event=set";
+    c.with_options(&o, || c.all_reduce_in_place(&mut a, ReduceOp::Sum, &st))
+        .unwrap();
+    assert_eq!(calls(&path, seen), 1);
+    let r = c.with_options(&o, || {
+        c.group(|| c.all_reduce_in_place(&mut a, ReduceOp::Sum, &st))
+    });
+    match r {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains("launch marker"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(calls(&path, seen), 1, "refused before the library");
 }
 
 fn the_scopes_options_reach_the_library_and_only_inside_it() {

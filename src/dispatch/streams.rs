@@ -18,6 +18,9 @@ impl DeviceStream for AnyStream {
     fn wait(&self, marker: &Marker) -> Result<()> {
         each!(self, AnyStream, s => s.wait(marker))
     }
+    fn launch_marker(&self) -> Result<Marker> {
+        each!(self, AnyStream, s => s.launch_marker())
+    }
     fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
         each!(self, AnyStream, s => s.launch_host_fn(f))
     }

@@ -276,7 +276,7 @@ impl<R: Runtime> ApiComm<R> {
         }
         let route = route::decide(b, &self.ce, &self.auto, op, stream);
         if op.options.is_some() {
-            options_route(b, op, &route)?;
+            options_route(b, op, &route, stream)?;
         }
         // The one match on the route: what runs elsewhere leaves here, the rest is a call
         // made below, after the ranks' comparison.
@@ -380,8 +380,17 @@ fn options_route<R: Runtime>(
     b: &crate::base::Base<R>,
     op: &Op<'_, ApiMemory<R>>,
     route: &Result<Route>,
+    stream: &ApiStream<R>,
 ) -> Result<()> {
     b.library.target.call_options(op.kind)?;
+    if op
+        .options
+        .as_ref()
+        .is_some_and(|o| o.launch_marker.is_some())
+        && (crate::group::in_group() || b.lc.rt.capturing(stream.inner())?)
+    {
+        return Err(unicomm_core::LaunchMarker::refused_here());
+    }
     if let Ok(Route::CopyEngine(_)) = route {
         return Err(Error::invalid(
             "options",

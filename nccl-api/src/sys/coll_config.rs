@@ -67,6 +67,12 @@ impl CollConfig {
         CollConfig { raw, _alg: alg }
     }
 
+    /// `launchCompletionEvent`: the handle of an event (a `cudaEvent_t` created without
+    /// timing) that must live until the call has launched.
+    pub fn set_launch_event(&mut self, handle: usize) {
+        self.raw.launch_completion_event = handle as *mut c_void;
+    }
+
     /// The fields.
     pub fn raw_mut(&mut self) -> &mut RawCollConfig {
         &mut self.raw

@@ -86,6 +86,19 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         *e = self.record(s)?;
         Ok(())
     }
+    /// An event not yet recorded, without timing, for a call's launch completion (NCCL
+    /// 2.32's `launchCompletionEvent`; CUDA takes only events created with
+    /// `CU_EVENT_DISABLE_TIMING`), with its handle as an address (what `ncclCollConfig_t`
+    /// carries), valid while the event lives. `Unsupported` where the runtime's library has
+    /// no per-call options (HIP: RCCL has no `ncclCollConfig_t`).
+    fn launch_event(&self, dev: usize) -> Result<(Self::Event, usize)> {
+        let _ = dev;
+        Err(unicomm_core::Error::unsupported(
+            "a launch marker",
+            "NCCL >= 2.32 on CUDA (ncclCollConfig_t's launchCompletionEvent)",
+            Self::NAME,
+        ))
+    }
     /// Makes `s` wait, on the device, for the work recorded in `e` (`cuStreamWaitEvent`);
     /// the host does not wait.
     fn wait_event(&self, dev: usize, s: &Self::Stream, e: &Self::Event) -> Result<()>;

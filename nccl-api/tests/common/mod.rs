@@ -188,6 +188,11 @@ impl Runtime for Host {
     fn elapsed_ms(&self, a: &std::time::Instant, b: &std::time::Instant) -> Result<f64> {
         Ok(b.saturating_duration_since(*a).as_secs_f64() * 1e3)
     }
+    fn launch_event(&self, _: usize) -> Result<(std::time::Instant, usize)> {
+        // A handle the fake only tells from null.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0x1000);
+        Ok((std::time::Instant::now(), NEXT.fetch_add(16, SeqCst)))
+    }
     fn wait_event(&self, _: usize, _: &HostStream, _: &std::time::Instant) -> Result<()> {
         EVENT_WAITS.fetch_add(1, SeqCst);
         Ok(())

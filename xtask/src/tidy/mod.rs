@@ -59,8 +59,8 @@ pub(crate) const NCCL_API_LAYERS: Layers = &[
         &["sys"],
     ),
     (
-        "tools: waiting, the thread's group, stream watchers, memory, conversions, the policy's table",
-        &["wait", "watch", "group", "memory", "conv", "policy"],
+        "tools: waiting, the thread's group, stream watchers, memory and markers, conversions, the policy's table",
+        &["wait", "watch", "group", "memory", "marker", "conv", "policy"],
     ),
     ("one safe ncclComm_t and its creation", &["libcomm", "create"]),
     (

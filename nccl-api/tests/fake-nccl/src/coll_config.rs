@@ -41,7 +41,7 @@ unsafe fn seen(call: &str, cfg: *const CollConfig) -> Option<R> {
     };
     let int = |x: c_int| if x == c_int::MIN { "-".to_string() } else { x.to_string() };
     count(&format!(
-        "collconfig version={} min={} max={} nvls={} cga={} alg={alg} force={} policy={} tag={}",
+        "collconfig version={} min={} max={} nvls={} cga={} alg={alg} force={} policy={} tag={} event={}",
         c.version,
         int(c.min_ctas),
         int(c.max_ctas),
@@ -49,7 +49,8 @@ unsafe fn seen(call: &str, cfg: *const CollConfig) -> Option<R> {
         int(c.cga_cluster_size),
         c.force_alg_selection,
         int(c.cta_policy),
-        c.user_profiler_tag
+        c.user_profiler_tag,
+        if c.launch_completion_event.is_null() { "-" } else { "set" }
     ));
     None
 }
