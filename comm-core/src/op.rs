@@ -264,6 +264,37 @@ impl<M: DeviceMemory> Op<'_, M> {
     #[cold]
     #[inline(never)]
     fn check_in_full(&self, rank: usize, world: usize) -> Result<()> {
+        self.check_arguments(world)?;
+        let at_root = self.kind.rank_arg().is_none_or(|(r, _)| r == rank);
+        let (se, re) = self.kind.extents();
+        self.check_side(
+            Side {
+                slice: self.send.as_ref(),
+                extent: se,
+                arg: "send",
+                counts: self.layout.send,
+                written: false,
+            },
+            world,
+            at_root,
+        )?;
+        self.check_side(
+            Side {
+                slice: self.recv.as_ref(),
+                extent: re,
+                arg: "recv",
+                counts: self.layout.recv,
+                written: true,
+            },
+            world,
+            at_root,
+        )?;
+        self.check_own_count(rank)
+    }
+
+    /// The root (or peer) inside the world, a pre-multiplied sum's scalar of the elements'
+    /// type.
+    fn check_arguments(&self, world: usize) -> Result<()> {
         if let Some((r, arg)) = self.kind.rank_arg() {
             if r >= world {
                 return Err(Error::invalid(
@@ -280,88 +311,92 @@ impl<M: DeviceMemory> Op<'_, M> {
                 ));
             }
         }
-        let at_root = self.kind.rank_arg().is_none_or(|(r, _)| r == rank);
-        let (se, re) = self.kind.extents();
-        let sides = [
-            (&self.send, se, "send", self.layout.send, false),
-            (&self.recv, re, "recv", self.layout.recv, true), // written
-        ];
-        for (slice, extent, arg, counts, written) in sides {
-            let extent = match extent {
-                Extent::RootPerRank if !at_root => Extent::None,
-                e => e,
-            };
-            match (slice, extent) {
-                (None, Extent::None) => {}
-                (Some(_), Extent::None) => {
-                    return Err(Error::invalid(
-                        arg,
-                        format!("{} takes no {arg} buffer on this rank", self.kind.name()),
-                    ))
-                }
-                (None, _) => {
-                    return Err(Error::invalid(
-                        arg,
-                        format!("{} needs a {arg} buffer", self.kind.name()),
-                    ))
-                }
-                (Some(s), e) => {
-                    // Kernels read elements through typed pointers (the mock's as Rust
-                    // slices): a range must start on an element boundary.
-                    // (An empty range reads nothing; empty allocations may have any address.)
-                    if s.bytes > 0 && s.address() % self.dtype.size() != 0 {
-                        return Err(Error::invalid(
-                            arg,
-                            format!(
-                                "address {:#x} is not aligned to the {}-byte {}",
-                                s.address(),
-                                self.dtype.size(),
-                                self.dtype
-                            ),
-                        ));
-                    }
-                    let elems = match (e, counts) {
-                        (Extent::Var, Some(c)) => {
-                            c.check(world, s.bytes / self.dtype.size(), arg)?;
-                            if written {
-                                // What is received is written once; what is sent may be
-                                // read twice.
-                                c.check_disjoint(arg)?;
-                            }
-                            c.extent().unwrap_or(0)
-                        }
-                        (Extent::Var, None) => {
-                            return Err(Error::invalid(
-                                arg,
-                                format!("{} needs per-rank {arg} counts", self.kind.name()),
-                            ))
-                        }
-                        (e, _) => e.elems(self.count, world).ok_or_else(|| {
-                            Error::invalid("count", "count x world size overflows")
-                        })?,
-                    };
-                    s.holds(elems, self.dtype, arg)?;
-                }
+        Ok(())
+    }
+
+    /// One side: present exactly where the kind takes it on this rank, aligned to the
+    /// element, holding what the kind (or its per-rank counts) needs.
+    fn check_side(&self, side: Side<'_, '_, M>, world: usize, at_root: bool) -> Result<()> {
+        let Side {
+            slice,
+            extent,
+            arg,
+            counts,
+            written,
+        } = side;
+        let extent = match extent {
+            Extent::RootPerRank if !at_root => Extent::None,
+            e => e,
+        };
+        let s = match (slice, extent) {
+            (None, Extent::None) => return Ok(()),
+            (Some(_), Extent::None) => {
+                return Err(Error::invalid(
+                    arg,
+                    format!("{} takes no {arg} buffer on this rank", self.kind.name()),
+                ))
             }
+            (None, _) => {
+                return Err(Error::invalid(
+                    arg,
+                    format!("{} needs a {arg} buffer", self.kind.name()),
+                ))
+            }
+            (Some(s), _) => s,
+        };
+        // Kernels read elements through typed pointers (the mock's as Rust slices): a range
+        // must start on an element boundary. (An empty range reads nothing; empty
+        // allocations may have any address.)
+        if s.bytes > 0 && s.address() % self.dtype.size() != 0 {
+            return Err(Error::invalid(
+                arg,
+                format!(
+                    "address {:#x} is not aligned to the {}-byte {}",
+                    s.address(),
+                    self.dtype.size(),
+                    self.dtype
+                ),
+            ));
         }
-        // A variable-size kind's own count is its rank's entry of the layout.
+        let elems = match (extent, counts) {
+            (Extent::Var, Some(c)) => {
+                c.check(world, s.bytes / self.dtype.size(), arg)?;
+                if written {
+                    // What is received is written once; what is sent may be read twice.
+                    c.check_disjoint(arg)?;
+                }
+                c.extent().unwrap_or(0)
+            }
+            (Extent::Var, None) => {
+                return Err(Error::invalid(
+                    arg,
+                    format!("{} needs per-rank {arg} counts", self.kind.name()),
+                ))
+            }
+            (e, _) => e
+                .elems(self.count, world)
+                .ok_or_else(|| Error::invalid("count", "count x world size overflows"))?,
+        };
+        s.holds(elems, self.dtype, arg)
+    }
+
+    /// A variable-size kind's own count is its rank's entry of the layout.
+    fn check_own_count(&self, rank: usize) -> Result<()> {
         let own = match self.kind {
             Kind::AllGatherV => self.layout.recv.map(|c| c.counts[rank]),
             Kind::ReduceScatterV { .. } => self.layout.send.map(|c| c.counts[rank]),
             _ => None,
         };
-        if let Some(n) = own {
-            if n != self.count {
-                return Err(Error::invalid(
-                    "count",
-                    format!(
-                        "{} elements on rank {rank}, whose entry of the counts is {n}",
-                        self.count
-                    ),
-                ));
-            }
+        match own {
+            Some(n) if n != self.count => Err(Error::invalid(
+                "count",
+                format!(
+                    "{} elements on rank {rank}, whose entry of the counts is {n}",
+                    self.count
+                ),
+            )),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// The device address of the input, or 0 (NULL) when the kind has none.
@@ -373,4 +408,14 @@ impl<M: DeviceMemory> Op<'_, M> {
     pub fn recv_address(&self) -> usize {
         self.recv.map_or(0, |s| s.address())
     }
+}
+
+/// One side of an operation as [`Op::check_in_full`] checks it.
+struct Side<'s, 'a, M> {
+    slice: Option<&'s Slice<'a, M>>,
+    extent: Extent,
+    arg: &'static str,
+    counts: Option<crate::counts::Counts<'a>>,
+    /// Written by the operation (its counts must not overlap).
+    written: bool,
 }

@@ -8,13 +8,14 @@ use std::time::Instant;
 use unicomm_core::{Error, Result};
 
 use super::ipc;
+use super::local::PeerPart;
 use super::pending::Pending;
 use crate::base::Base;
 use crate::sys::runtime::Runtime;
 
 /// Memory swapped between processes: every rank's (device, address here, bytes), and the
 /// peers' allocations mapped into this process for it, (address, size).
-pub(crate) type Swapped = (Vec<(usize, usize, usize)>, Vec<(usize, usize)>);
+pub(crate) type Swapped = (Vec<PeerPart>, Vec<(usize, usize)>);
 
 /// A host-side barrier: a one-element all-reduce on a stream of its own, waited for with
 /// the communicator's deadline.
@@ -108,9 +109,14 @@ pub(crate) fn swap<R: Runtime>(
         pending.unmap_after(mapped(&maps));
         return Ok(None);
     }
-    let mut peers = vec![(lc.dev, addr, bytes); lc.world];
+    let part = |addr, bytes| PeerPart {
+        dev: lc.dev,
+        addr,
+        bytes,
+    };
+    let mut peers = vec![part(addr, bytes); lc.world];
     for &(p, va, _, offset, b) in &maps {
-        peers[p] = (lc.dev, va + offset, b);
+        peers[p] = part(va + offset, b);
     }
     Ok(Some((peers, mapped(&maps))))
 }

@@ -7,8 +7,17 @@ use std::time::{Duration, Instant};
 
 use unicomm_core::{Error, Result};
 
-/// One window as every rank sees it: per rank, (device, address, bytes).
-pub(crate) type Peers = Arc<Vec<(usize, usize, usize)>>;
+/// One rank's part of a window as this rank sees it: the device it lives on, its address
+/// in this process (mapped here where the rank is another process), and its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerPart {
+    pub dev: usize,
+    pub addr: usize,
+    pub bytes: usize,
+}
+
+/// One window as every rank sees it: each rank's part.
+pub(crate) type Peers = Arc<Vec<PeerPart>>;
 
 /// A child's world being handed to its members: the world and the members still to take it.
 type Forming = (Arc<LocalWorld>, usize);
@@ -25,7 +34,7 @@ pub(crate) struct LocalWorld {
 
 #[derive(Debug, Default)]
 struct Slot {
-    entries: Vec<Option<(usize, usize, usize)>>,
+    entries: Vec<Option<PeerPart>>,
     taken: usize,
 }
 
@@ -59,12 +68,7 @@ impl LocalWorld {
 
     /// Deposits this rank's entry for registration number `seq` and returns every rank's,
     /// once all arrived (`Timeout` naming the missing ranks after the deadline).
-    pub(crate) fn exchange(
-        &self,
-        seq: u64,
-        rank: usize,
-        entry: (usize, usize, usize),
-    ) -> Result<Peers> {
+    pub(crate) fn exchange(&self, seq: u64, rank: usize, entry: PeerPart) -> Result<Peers> {
         let deadline = Instant::now() + EXCHANGE_DEADLINE;
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let world = self.world;
@@ -104,7 +108,7 @@ impl LocalWorld {
         let slot = slots
             .get_mut(&seq)
             .ok_or_else(|| Error::invalid("window", "exchange slot vanished"))?;
-        let all: Vec<(usize, usize, usize)> = slot.entries.iter().flatten().copied().collect();
+        let all: Vec<PeerPart> = slot.entries.iter().flatten().copied().collect();
         slot.taken += 1;
         if slot.taken == world {
             slots.remove(&seq);

@@ -198,7 +198,11 @@ impl<R: Runtime> CopyEngine<R> {
             // Peers first, in a rotating order so the ranks do not all write to one peer at
             // once; this rank's own chunk last.
             let p = (b.lc.rank + k) % b.lc.world;
-            let (_, peer_base, peer_bytes) = peers[p];
+            let local::PeerPart {
+                addr: peer_base,
+                bytes: peer_bytes,
+                ..
+            } = peers[p];
             let at = off + b.lc.rank * chunk;
             if at + chunk > peer_bytes {
                 return Err(Error::invalid(
@@ -399,14 +403,14 @@ impl<R: Runtime> CopyEngine<R> {
             return Ok(self
                 .sharing
                 .swap_ipc(b, &self.pending, job, (addr, bytes), addr != 0)?
-                .map(|(peers, maps)| (peers.iter().map(|p| p.1).collect(), maps)));
+                .map(|(peers, maps)| (peers.iter().map(|p| p.addr).collect(), maps)));
         }
         // The signals are copied into the peers' blocks: this runs before the first
         // window's exchange, so peer access is enabled here.
         Ok(self
             .sharing
             .swap_local(b, (addr, bytes))?
-            .map(|all| (all.iter().map(|&(_, a, _)| a).collect(), Vec::new())))
+            .map(|all| (all.iter().map(|p| p.addr).collect(), Vec::new())))
     }
 
     /// At the communicator's drop, after its teardown: peers' memory still mapped for

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use unicomm_core::{RawHandle, Result};
 
-use super::local::{LocalWorld, Peers};
+use super::local::{LocalWorld, PeerPart, Peers};
 use super::pending::Pending;
 use crate::base::Base;
 use crate::sys::runtime::Runtime;
@@ -122,11 +122,12 @@ impl Sharing {
             return Ok(None);
         };
         let seq = self.exchanges.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(world.exchange(
-            seq,
-            base.lc.rank,
-            (base.lc.dev, addr, bytes),
-        )?))
+        let mine = PeerPart {
+            dev: base.lc.dev,
+            addr,
+            bytes,
+        };
+        Ok(Some(world.exchange(seq, base.lc.rank, mine)?))
     }
 
     fn insert(&self, handle: RawHandle, peers: Peers, maps: Option<Vec<(usize, usize)>>) {
@@ -166,7 +167,7 @@ impl Sharing {
         let Some(all) = self.exchange_here(base, (addr, bytes))? else {
             return Ok(None);
         };
-        if all.iter().any(|&(_, a, _)| a == 0) {
+        if all.iter().any(|p| p.addr == 0) {
             return Ok(None);
         }
         enable_peers(base, &all)?;
@@ -193,11 +194,11 @@ impl Sharing {
 }
 
 /// Lets this rank's device reach every other device in `peers` (in-process worlds).
-fn enable_peers<R: Runtime>(base: &Base<R>, peers: &[(usize, usize, usize)]) -> Result<()> {
+fn enable_peers<R: Runtime>(base: &Base<R>, peers: &[PeerPart]) -> Result<()> {
     let lc = &base.lc;
-    for &(dev, _, _) in peers {
-        if dev != lc.dev {
-            lc.rt.enable_peer_access(lc.dev, dev)?;
+    for p in peers {
+        if p.dev != lc.dev {
+            lc.rt.enable_peer_access(lc.dev, p.dev)?;
         }
     }
     Ok(())

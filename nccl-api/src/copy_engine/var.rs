@@ -19,6 +19,7 @@
 
 use unicomm_core::{Error, Kind, Op, Result};
 
+use super::local::PeerPart;
 use super::{CopyEngine, Plan};
 use crate::base::Base;
 use crate::group;
@@ -60,21 +61,65 @@ impl<R: Runtime> CopyEngine<R> {
         if group::in_group() || b.lc.rt.capturing(stream.inner())? {
             return Ok(None);
         }
-        let lc = &b.lc;
-        let (w, me, es) = (lc.world, lc.rank, op.dtype.size());
         let (send, recv) = op.pair()?;
         let (Some(sc), Some(rc)) = (op.layout.send, op.layout.recv) else {
             return Err(Error::invalid("counts", "all_to_all_v needs both layouts"));
         };
         // Checked by `Op::check`: in bounds, no overflow.
-        let extent = rc.extent().unwrap_or(0) * es;
+        let extent = rc.extent().unwrap_or(0) * op.dtype.size();
         let mine = b
             .registry
             .window_covering(recv.address(), extent)?
             .and_then(|(h, _, base)| Some((recv.address() - base, self.sharing.peers_of(h)?)));
+        let rows = Rows::gather(b, op, mine.as_ref().map(|m| m.0), (sc, rc))?;
+        rows.check_type(op, b.lc.rank)?;
+        if !rows.all_windowed() {
+            return Ok(None);
+        }
+        rows.check_counts()?;
+        let Some((_, peers)) = mine else {
+            return Ok(None);
+        };
+        let me = b.lc.rank;
+        let es = op.dtype.size();
+        let mut copies = Vec::with_capacity(rows.w);
+        for k in 1..=rows.w {
+            // Peers first, in a rotating order so the ranks do not all write to one peer at
+            // once; this rank's own part last.
+            let p = (me + k) % rows.w;
+            let bytes = sc.counts[p] * es;
+            let at = rows.place(p, me, es, bytes, peers[p])?;
+            let src = send.address() + sc.displs[p] * es;
+            let dst = peers[p].addr + at;
+            if bytes > 0 && src != dst {
+                copies.push((dst, src, bytes, p == me));
+            }
+        }
+        Ok(Some(Plan { copies }))
+    }
+}
+
+/// Every rank's row of the agreement, in rank order: [`HEAD`] words (whether its output
+/// lies in a shared window, the output's offset in it, its element type's code), then its
+/// send counts, receive counts and receive displacements, one per peer.
+struct Rows {
+    all: Vec<u64>,
+    /// Words per row.
+    n: usize,
+    w: usize,
+}
+
+impl Rows {
+    /// This rank's row offered to every rank and theirs gathered (one host round trip).
+    fn gather<R: Runtime>(
+        b: &Base<R>,
+        op: &Op<'_, ApiMemory<R>>,
+        offset: Option<usize>,
+        (sc, rc): (unicomm_core::Counts<'_>, unicomm_core::Counts<'_>),
+    ) -> Result<Rows> {
         let head = [
-            u64::from(mine.is_some()),
-            mine.as_ref().map_or(0, |m| m.0 as u64),
+            u64::from(offset.is_some()),
+            offset.map_or(0, |o| o as u64),
             op.dtype.nccl() as u64,
         ];
         let row: Vec<u64> = head
@@ -83,74 +128,87 @@ impl<R: Runtime> CopyEngine<R> {
             .chain(rc.counts.iter().map(|&c| c as u64))
             .chain(rc.displs.iter().map(|&d| d as u64))
             .collect();
-        let n = row.len();
+        let (n, w) = (row.len(), b.lc.world);
         let all = if w == 1 {
             row
         } else {
-            b.agree.gather(lc, &row)?
+            b.agree.gather(&b.lc, &row)?
         };
-        let at = |r: usize, i: usize| all[r * n + i];
-        let (sends, recvs, rdispl) = (
-            |r: usize, p: usize| at(r, HEAD + p),
-            |r: usize, p: usize| at(r, HEAD + w + p),
-            |r: usize, p: usize| at(r, HEAD + 2 * w + p),
-        );
-        if let Some(r) = (0..w).find(|&r| at(r, 2) != head[2]) {
-            return Err(Error::Mismatch {
+        Ok(Rows { all, n, w })
+    }
+
+    fn at(&self, r: usize, i: usize) -> u64 {
+        self.all[r * self.n + i]
+    }
+
+    /// Elements rank `r` sends rank `p`.
+    fn sends(&self, r: usize, p: usize) -> u64 {
+        self.at(r, HEAD + p)
+    }
+
+    /// Elements rank `r` receives from rank `p`.
+    fn recvs(&self, r: usize, p: usize) -> u64 {
+        self.at(r, HEAD + self.w + p)
+    }
+
+    /// Every rank's element type is this rank's (a peer of another element size would
+    /// place the copies at other byte offsets): `Mismatch` naming the first that differs.
+    fn check_type<R: Runtime>(&self, op: &Op<'_, ApiMemory<R>>, me: usize) -> Result<()> {
+        let code = op.dtype.nccl() as u64;
+        match (0..self.w).find(|&r| self.at(r, 2) != code) {
+            Some(r) => Err(Error::Mismatch {
                 what: "data type",
                 detail: format!(
                     "all_to_all_v: {} here (rank {me}), type code {} on rank {r}",
                     op.dtype.name(),
-                    at(r, 2)
+                    self.at(r, 2)
                 ),
-            });
+            }),
+            None => Ok(()),
         }
-        if (0..w).any(|r| at(r, 0) == 0) {
-            return Ok(None);
-        }
-        // Every pair, on every rank: all ranks reach the same verdict.
+    }
+
+    /// Whether every rank's output lies in a shared window (else none takes the path).
+    fn all_windowed(&self) -> bool {
+        (0..self.w).all(|r| self.at(r, 0) != 0)
+    }
+
+    /// What each rank sends each peer is what that peer receives from it: the whole matrix,
+    /// on every rank, so every rank reaches the same verdict.
+    fn check_counts(&self) -> Result<()> {
+        let w = self.w;
         for (s, d) in (0..w).flat_map(|s| (0..w).map(move |d| (s, d))) {
-            if sends(s, d) != recvs(d, s) {
+            if self.sends(s, d) != self.recvs(d, s) {
                 return Err(Error::Mismatch {
                     what: "count",
                     detail: format!(
                         "all_to_all_v: rank {s} sends {} elements to rank {d}, which receives {} from it",
-                        sends(s, d),
-                        recvs(d, s)
+                        self.sends(s, d),
+                        self.recvs(d, s)
                     ),
                 });
             }
         }
-        let Some((_, peers)) = mine else {
-            return Ok(None);
-        };
-        let mut copies = Vec::with_capacity(w);
-        for k in 1..=w {
-            // Peers first, in a rotating order so the ranks do not all write to one peer at
-            // once; this rank's own part last.
-            let p = (me + k) % w;
-            let (_, peer_base, peer_bytes) = peers[p];
-            let bytes = sc.counts[p] * es;
-            // The peer checked its own layout against its window; checked again here, in
-            // bytes of this rank's element type, so no copy leaves the peer's window.
-            let at = rdispl(p, me)
-                .checked_mul(es as u64)
-                .and_then(|d| d.checked_add(at(p, 1)))
-                .filter(|&a| a.saturating_add(bytes as u64) <= peer_bytes as u64);
-            let Some(at) = at else {
-                return Err(Error::invalid(
+        Ok(())
+    }
+
+    /// Where in rank `p`'s window this rank's `bytes` for it go: `p`'s offset plus its
+    /// receive displacement for this rank (in bytes of this rank's element type), checked
+    /// again here so that no copy leaves the peer's window.
+    fn place(&self, p: usize, me: usize, es: usize, bytes: usize, part: PeerPart) -> Result<usize> {
+        self.at(p, HEAD + 2 * self.w + me)
+            .checked_mul(es as u64)
+            .and_then(|d| d.checked_add(self.at(p, 1)))
+            .filter(|&a| a.saturating_add(bytes as u64) <= part.bytes as u64)
+            .map(|a| a as usize)
+            .ok_or_else(|| {
+                Error::invalid(
                     "recv_counts",
                     format!(
-                        "rank {p}'s displacement for rank {me} lies outside its {peer_bytes}-byte window"
+                        "rank {p}'s displacement for rank {me} lies outside its {}-byte window",
+                        part.bytes
                     ),
-                ));
-            };
-            let src = send.address() + sc.displs[p] * es;
-            let dst = peer_base + at as usize;
-            if bytes > 0 && src != dst {
-                copies.push((dst, src, bytes, p == me));
-            }
-        }
-        Ok(Some(Plan { copies }))
+                )
+            })
     }
 }

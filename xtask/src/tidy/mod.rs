@@ -103,11 +103,9 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("nccl-api/src/copy_engine/export.rs", "swap", 85),
     ("nccl-api/src/copy_engine/ipc.rs", "exchange", 100),
     ("nccl-api/src/copy_engine/ipc.rs", "read_offer", 82),
-    ("nccl-api/src/copy_engine/var.rs", "plan_v_of", 102),
     ("xtask/src/launch/mod.rs", "run_until", 95),
     ("xtask/src/main.rs", "xtask", 99),
     ("xtask/src/trace.rs", "verdict", 90),
-    ("comm-core/src/op.rs", "check_in_full", 100),
 ];
 
 /// The files that may hold `unsafe`: FFI layers and the memory they own. The list may only
