@@ -39,28 +39,9 @@ pub(crate) fn swap<R: Runtime>(
 ) -> Result<Option<Swapped>> {
     let lc = &base.lc;
     let listener = ipc::Listener::bind(job, seq, lc.rank)?;
-    // The range must lie inside the exported allocation (the driver says so; a runtime
-    // that said otherwise offers nothing rather than a wrong range).
-    let exported = if offer {
-        lc.rt.export_memory(lc.dev, addr).and_then(|x| {
-            let inside = addr
-                .checked_sub(x.base)
-                .and_then(|off| off.checked_add(bytes))
-                .is_some_and(|end| end <= x.size);
-            if inside {
-                Ok(x)
-            } else {
-                Err(Error::invalid(
-                    "export",
-                    format!(
-                        "the range {addr:#x}+{bytes} is not inside the exported allocation {:#x}+{}",
-                        x.base, x.size
-                    ),
-                ))
-            }
-        })
-    } else {
-        Err(Error::invalid("export", "this rank offers nothing"))
+    let exported = match offer {
+        true => export_range(base, (addr, bytes)),
+        false => Err(Error::invalid("export", "this rank offers nothing")),
     };
     host_barrier(base)?;
     let deadline = Instant::now() + lc.timeout();
@@ -68,29 +49,19 @@ pub(crate) fn swap<R: Runtime>(
         (
             ipc::Offer {
                 size: x.size as u64,
-                offset: (addr - x.base) as u64, // checked above
+                offset: (addr - x.base) as u64, // checked by `export_range`
                 bytes: bytes as u64,
             },
             x.fd.as_fd(),
         )
     });
-    // (rank, mapped address, mapped size, offset, bytes) per peer.
-    let mut maps: Vec<(usize, usize, usize, usize, usize)> = Vec::new();
+    let mut maps: Vec<Mapping> = Vec::new();
     let out = ipc::exchange(&listener, lc.world, mine, deadline, |p, o, fd| {
-        let (size, offset, b) = (o.size as usize, o.offset as usize, o.bytes as usize);
-        if offset.checked_add(b).is_none_or(|end| end > size) {
-            return Err(Error::invalid(
-                "copy-engine exchange",
-                format!("rank {p}'s memory ({offset}+{b}) lies outside its allocation ({size})"),
-            ));
-        }
-        let va = lc.rt.import_memory(lc.dev, fd, size)?;
-        maps.push((p, va, size, offset, b));
+        maps.push(map_offer(base, p, o, fd)?);
         Ok(())
     });
-    let mapped = |maps: &[(usize, usize, usize, usize, usize)]| -> Vec<(usize, usize)> {
-        maps.iter().map(|m| (m.1, m.2)).collect()
-    };
+    let mapped =
+        |maps: &[Mapping]| -> Vec<(usize, usize)> { maps.iter().map(|m| (m.va, m.size)).collect() };
     let agreed = match out {
         Ok(a) => a,
         Err(e) => {
@@ -115,8 +86,68 @@ pub(crate) fn swap<R: Runtime>(
         bytes,
     };
     let mut peers = vec![part(addr, bytes); lc.world];
-    for &(p, va, _, offset, b) in &maps {
-        peers[p] = part(va + offset, b);
+    for m in &maps {
+        peers[m.rank] = part(m.va + m.offset, m.bytes);
     }
     Ok(Some((peers, mapped(&maps))))
+}
+
+/// A peer's allocation mapped into this process for an exchange.
+struct Mapping {
+    rank: usize,
+    /// Where it is mapped here, and its size.
+    va: usize,
+    size: usize,
+    /// The peer's range in it.
+    offset: usize,
+    bytes: usize,
+}
+
+/// This rank's allocation holding `addr..addr+bytes`, exported. The range must lie inside
+/// it (the driver says so; a runtime that said otherwise offers nothing rather than a
+/// wrong range).
+fn export_range<R: Runtime>(
+    base: &Base<R>,
+    (addr, bytes): (usize, usize),
+) -> Result<crate::sys::runtime::Exported> {
+    let lc = &base.lc;
+    let x = lc.rt.export_memory(lc.dev, addr)?;
+    let inside = addr
+        .checked_sub(x.base)
+        .and_then(|off| off.checked_add(bytes))
+        .is_some_and(|end| end <= x.size);
+    if !inside {
+        return Err(Error::invalid(
+            "export",
+            format!(
+                "the range {addr:#x}+{bytes} is not inside the exported allocation {:#x}+{}",
+                x.base, x.size
+            ),
+        ));
+    }
+    Ok(x)
+}
+
+/// Rank `p`'s offer mapped here, its range checked inside its allocation first.
+fn map_offer<R: Runtime>(
+    base: &Base<R>,
+    p: usize,
+    o: &ipc::Offer,
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> Result<Mapping> {
+    let (size, offset, b) = (o.size as usize, o.offset as usize, o.bytes as usize);
+    if offset.checked_add(b).is_none_or(|end| end > size) {
+        return Err(Error::invalid(
+            "copy-engine exchange",
+            format!("rank {p}'s memory ({offset}+{b}) lies outside its allocation ({size})"),
+        ));
+    }
+    let va = base.lc.rt.import_memory(base.lc.dev, fd, size)?;
+    Ok(Mapping {
+        rank: p,
+        va,
+        size,
+        offset,
+        bytes: b,
+    })
 }
