@@ -148,100 +148,161 @@ pub fn exchange(
     world: usize,
     mine: Option<(Offer, BorrowedFd<'_>)>,
     deadline: Instant,
-    mut import: impl FnMut(usize, &Offer, BorrowedFd<'_>) -> Result<()>,
+    import: impl FnMut(usize, &Offer, BorrowedFd<'_>) -> Result<()>,
 ) -> Result<bool> {
-    let (job, seq, rank) = (listener.job, listener.seq, listener.rank);
-    let me = uid();
-    let start = Instant::now();
+    let round = Round {
+        job: listener.job,
+        seq: listener.seq,
+        rank: listener.rank,
+        world,
+        me: uid(),
+        deadline,
+        start: Instant::now(),
+    };
     // 1. Offer: to every peer's listener (bound before the barrier that preceded this).
     let mut outgoing = Vec::new();
     let mut reached_all = true;
-    for p in (0..world).filter(|&p| p != rank) {
-        match offer_to(job, seq, rank, world, p, mine, me, deadline) {
-            Ok(Some(s)) => outgoing.push((p, s)),
-            Ok(None) => reached_all = false,
-            Err(e) => return Err(e),
+    for p in (0..world).filter(|&p| p != round.rank) {
+        match round.offer_to(p, mine)? {
+            Some(s) => outgoing.push((p, s)),
+            None => reached_all = false,
         }
     }
     // 2. Accept the peers' offers: as many as this rank reached (reachability is
     // symmetric: on one host every listener was bound before anyone connected).
-    let mut incoming: Vec<(usize, UnixStream)> = Vec::new();
-    let mut ok = reached_all && mine.is_some();
-    while incoming.len() < outgoing.len() {
-        let (s, _) = match listener.sock.accept() {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let heard: Vec<usize> = incoming.iter().map(|x| x.0).collect();
-                    let missing: Vec<String> = outgoing
-                        .iter()
-                        .map(|x| x.0)
-                        .filter(|p| !heard.contains(p))
-                        .map(|p| p.to_string())
-                        .collect();
-                    return Err(Error::Timeout {
-                        what: format!(
-                            "copy-engine exchange #{seq}: rank(s) {} never sent their window",
-                            missing.join(", ")
-                        ),
-                        after: start.elapsed(),
-                    });
+    let (mut incoming, imported) = round.accept(listener, &outgoing, import)?;
+    // 3. Agree: answer every accepted connection, read every opened one's answer.
+    round.agree(
+        &mut incoming,
+        &mut outgoing,
+        reached_all && mine.is_some() && imported,
+    )
+}
+
+/// One exchange as this rank takes part in it: which (job, registration), who (rank, world,
+/// this process's user), and until when.
+struct Round {
+    job: Job,
+    seq: u64,
+    rank: usize,
+    world: usize,
+    me: u32,
+    deadline: Instant,
+    start: Instant,
+}
+
+impl Round {
+    /// Accepts one offer from each peer this rank reached, importing each: the accepted
+    /// connections and whether every import succeeded (and every peer had memory to offer).
+    fn accept(
+        &self,
+        listener: &Listener,
+        outgoing: &[(usize, UnixStream)],
+        mut import: impl FnMut(usize, &Offer, BorrowedFd<'_>) -> Result<()>,
+    ) -> Result<(Vec<(usize, UnixStream)>, bool)> {
+        let (seq, rank) = (self.seq, self.rank);
+        let mut incoming: Vec<(usize, UnixStream)> = Vec::new();
+        let mut ok = true;
+        while incoming.len() < outgoing.len() {
+            let s = match listener.sock.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= self.deadline {
+                        return Err(self.never_sent(&incoming, outgoing));
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
                 }
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            }
-            Err(e) => return Err(io("accept", e)),
-        };
-        match read_offer(&s, job, seq, world, me, deadline) {
-            Ok((p, offer, fd)) if p != rank && !incoming.iter().any(|x| x.0 == p) => {
-                match (offer, fd) {
-                    (Some(o), Some(fd)) => match import(p, &o, fd.as_fd()) {
-                        Ok(()) => {}
-                        Err(e) => {
-                            tracing::warn!("unicomm copy-engine exchange #{seq}: rank {rank} could not map rank {p}'s window: {e}");
-                            ok = false;
+                Err(e) => return Err(io("accept", e)),
+            };
+            match self.read_offer(&s) {
+                Ok((p, offer, fd)) if p != rank && !incoming.iter().any(|x| x.0 == p) => {
+                    match (offer, fd) {
+                        (Some(o), Some(fd)) => {
+                            if let Err(e) = import(p, &o, fd.as_fd()) {
+                                tracing::warn!("unicomm copy-engine exchange #{seq}: rank {rank} could not map rank {p}'s window: {e}");
+                                ok = false;
+                            }
                         }
-                    },
-                    _ => ok = false, // the peer could not export its memory
+                        _ => ok = false, // the peer could not export its memory
+                    }
+                    incoming.push((p, s));
                 }
-                incoming.push((p, s));
-            }
-            Ok((p, ..)) => {
-                tracing::warn!(
-                    "unicomm copy-engine exchange #{seq}: dropped a second offer claiming rank {p}"
-                )
-            }
-            Err(why) => {
-                tracing::warn!("unicomm copy-engine exchange #{seq}: dropped a connection: {why}")
+                Ok((p, ..)) => {
+                    tracing::warn!(
+                        "unicomm copy-engine exchange #{seq}: dropped a second offer claiming rank {p}"
+                    )
+                }
+                Err(why) => {
+                    tracing::warn!(
+                        "unicomm copy-engine exchange #{seq}: dropped a connection: {why}"
+                    )
+                }
             }
         }
+        Ok((incoming, ok))
     }
-    // 3. Agree: answer every accepted connection, read every opened one's answer.
-    for (_, s) in &mut incoming {
-        with_deadline(s, deadline)?;
-        s.write_all(&[b'K', u8::from(ok)])
-            .map_err(|e| io("answer", e))?;
+
+    /// The deadline's error: the peers reached whose offers never came.
+    fn never_sent(
+        &self,
+        incoming: &[(usize, UnixStream)],
+        outgoing: &[(usize, UnixStream)],
+    ) -> Error {
+        let heard: Vec<usize> = incoming.iter().map(|x| x.0).collect();
+        let missing: Vec<String> = outgoing
+            .iter()
+            .map(|x| x.0)
+            .filter(|p| !heard.contains(p))
+            .map(|p| p.to_string())
+            .collect();
+        Error::Timeout {
+            what: format!(
+                "copy-engine exchange #{}: rank(s) {} never sent their window",
+                self.seq,
+                missing.join(", ")
+            ),
+            after: self.start.elapsed(),
+        }
     }
-    let mut agreed = ok;
-    for (p, s) in &mut outgoing {
-        with_deadline(s, deadline)?;
-        let mut a = [0u8; 2];
-        s.read_exact(&mut a).map_err(|e| {
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) {
-                Error::Timeout {
-                    what: format!("copy-engine exchange #{seq}: rank {p} never answered"),
-                    after: start.elapsed(),
+
+    /// Answers every accepted connection with this rank's verdict `ok` and reads every
+    /// opened one's: whether all said yes.
+    fn agree(
+        &self,
+        incoming: &mut [(usize, UnixStream)],
+        outgoing: &mut [(usize, UnixStream)],
+        ok: bool,
+    ) -> Result<bool> {
+        for (_, s) in incoming.iter_mut() {
+            with_deadline(s, self.deadline)?;
+            s.write_all(&[b'K', u8::from(ok)])
+                .map_err(|e| io("answer", e))?;
+        }
+        let mut agreed = ok;
+        for (p, s) in outgoing.iter_mut() {
+            with_deadline(s, self.deadline)?;
+            let mut a = [0u8; 2];
+            s.read_exact(&mut a).map_err(|e| {
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) {
+                    Error::Timeout {
+                        what: format!(
+                            "copy-engine exchange #{}: rank {p} never answered",
+                            self.seq
+                        ),
+                        after: self.start.elapsed(),
+                    }
+                } else {
+                    io(&format!("rank {p}'s answer"), e)
                 }
-            } else {
-                io(&format!("rank {p}'s answer"), e)
-            }
-        })?;
-        agreed &= a == [b'K', 1];
+            })?;
+            agreed &= a == [b'K', 1];
+        }
+        Ok(agreed)
     }
-    Ok(agreed)
 }
 
 fn uid() -> u32 {
@@ -260,102 +321,146 @@ fn with_deadline(s: &UnixStream, deadline: Instant) -> Result<()> {
 
 /// Connects to peer `p`'s listener and sends this rank's offer: `None` when `p` is not
 /// reachable from here (no such listener on this host).
-#[expect(clippy::too_many_arguments, reason = "one message's fields")]
-fn offer_to(
-    job: Job,
-    seq: u64,
-    rank: usize,
-    world: usize,
-    p: usize,
-    mine: Option<(Offer, BorrowedFd<'_>)>,
-    me: u32,
-    deadline: Instant,
-) -> Result<Option<UnixStream>> {
-    let addr =
-        SocketAddr::from_abstract_name(job.name(seq, p).as_bytes()).map_err(|e| io("name", e))?;
-    let s = match UnixStream::connect_addr(&addr) {
-        Ok(s) => s,
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
-            ) =>
-        {
-            return Ok(None)
-        }
-        Err(e) => return Err(io(&format!("connecting to rank {p}"), e)),
-    };
-    let cred =
-        socket::getsockopt(&s, sockopt::PeerCredentials).map_err(|e| io("SO_PEERCRED", e))?;
-    if cred.uid() != me {
-        // Someone else holds this job's name: talk to nobody there.
-        tracing::warn!(
+impl Round {
+    fn offer_to(
+        &self,
+        p: usize,
+        mine: Option<(Offer, BorrowedFd<'_>)>,
+    ) -> Result<Option<UnixStream>> {
+        let addr = SocketAddr::from_abstract_name(self.job.name(self.seq, p).as_bytes())
+            .map_err(|e| io("name", e))?;
+        let s = match UnixStream::connect_addr(&addr) {
+            Ok(s) => s,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(io(&format!("connecting to rank {p}"), e)),
+        };
+        let cred =
+            socket::getsockopt(&s, sockopt::PeerCredentials).map_err(|e| io("SO_PEERCRED", e))?;
+        let (seq, me) = (self.seq, self.me);
+        if cred.uid() != me {
+            // Someone else holds this job's name: talk to nobody there.
+            tracing::warn!(
             "unicomm copy-engine exchange #{seq}: rank {p}'s socket belongs to user {} (pid {}), not to this job's user {me}: not sent",
             cred.uid(),
             cred.pid()
         );
-        return Ok(None);
+            return Ok(None);
+        }
+        with_deadline(&s, self.deadline)?;
+        let offer = mine.map(|m| m.0).unwrap_or(Offer {
+            size: 0,
+            offset: 0,
+            bytes: 0,
+        });
+        let mut msg = Vec::with_capacity(MSG);
+        msg.extend_from_slice(MAGIC);
+        msg.extend_from_slice(&self.job.key);
+        msg.extend_from_slice(&seq.to_le_bytes());
+        msg.extend_from_slice(&(self.rank as u32).to_le_bytes());
+        msg.extend_from_slice(&(self.world as u32).to_le_bytes());
+        msg.extend_from_slice(&u32::from(mine.is_some()).to_le_bytes());
+        msg.extend_from_slice(&offer.size.to_le_bytes());
+        msg.extend_from_slice(&offer.offset.to_le_bytes());
+        msg.extend_from_slice(&offer.bytes.to_le_bytes());
+        let fds: Vec<RawFd> = mine.iter().map(|m| m.1.as_raw_fd()).collect();
+        let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() {
+            Vec::new()
+        } else {
+            vec![ControlMessage::ScmRights(&fds)]
+        };
+        let n = socket::sendmsg::<()>(
+            s.as_raw_fd(),
+            &[IoSlice::new(&msg)],
+            &cmsgs,
+            MsgFlags::empty(),
+            None,
+        )
+        .map_err(|e| io(&format!("sending to rank {p}"), e))?;
+        if n < MSG {
+            (&s).write_all(&msg[n..])
+                .map_err(|e| io(&format!("sending to rank {p}"), e))?;
+        }
+        Ok(Some(s))
     }
-    with_deadline(&s, deadline)?;
-    let offer = mine.map(|m| m.0).unwrap_or(Offer {
-        size: 0,
-        offset: 0,
-        bytes: 0,
-    });
-    let mut msg = Vec::with_capacity(MSG);
-    msg.extend_from_slice(MAGIC);
-    msg.extend_from_slice(&job.key);
-    msg.extend_from_slice(&seq.to_le_bytes());
-    msg.extend_from_slice(&(rank as u32).to_le_bytes());
-    msg.extend_from_slice(&(world as u32).to_le_bytes());
-    msg.extend_from_slice(&u32::from(mine.is_some()).to_le_bytes());
-    msg.extend_from_slice(&offer.size.to_le_bytes());
-    msg.extend_from_slice(&offer.offset.to_le_bytes());
-    msg.extend_from_slice(&offer.bytes.to_le_bytes());
-    let fds: Vec<RawFd> = mine.iter().map(|m| m.1.as_raw_fd()).collect();
-    let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() {
-        Vec::new()
-    } else {
-        vec![ControlMessage::ScmRights(&fds)]
-    };
-    let n = socket::sendmsg::<()>(
-        s.as_raw_fd(),
-        &[IoSlice::new(&msg)],
-        &cmsgs,
-        MsgFlags::empty(),
-        None,
-    )
-    .map_err(|e| io(&format!("sending to rank {p}"), e))?;
-    if n < MSG {
-        (&s).write_all(&msg[n..])
-            .map_err(|e| io(&format!("sending to rank {p}"), e))?;
+
+    /// Reads one offer from an accepted connection: (sender's rank, its offer if it had
+    /// one, its descriptor). An error (logged by the caller, the connection dropped) for a
+    /// stranger: another user, a wrong key, registration or world, a short or slow message.
+    fn read_offer(
+        &self,
+        s: &UnixStream,
+    ) -> std::result::Result<(usize, Option<Offer>, Option<OwnedFd>), String> {
+        let cred = socket::getsockopt(s, sockopt::PeerCredentials).map_err(|e| e.to_string())?;
+        if cred.uid() != self.me {
+            return Err(format!(
+                "pid {} of user {}, not {}",
+                cred.pid(),
+                cred.uid(),
+                self.me
+            ));
+        }
+        s.set_nonblocking(false).map_err(|e| e.to_string())?;
+        // A peer sends its whole offer as soon as it connects; a stranger that holds the
+        // connection open gets at most `PER_OFFER` of the deadline, not all of it.
+        with_deadline(s, self.deadline.min(Instant::now() + PER_OFFER))
+            .map_err(|e| e.to_string())?;
+        let (buf, fd) = receive(s)?;
+        self.parse(&buf, fd)
     }
-    Ok(Some(s))
+
+    /// The offer in `buf` (with `fd`, the descriptor that came with it), checked to be this
+    /// round's.
+    fn parse(
+        &self,
+        buf: &[u8; MSG],
+        fd: Option<OwnedFd>,
+    ) -> std::result::Result<(usize, Option<Offer>, Option<OwnedFd>), String> {
+        let u32_at = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut b = [0; 8];
+            b.copy_from_slice(&buf[i..i + 8]);
+            u64::from_le_bytes(b)
+        };
+        if &buf[..8] != MAGIC {
+            return Err("not an offer (bad magic)".into());
+        }
+        if buf[8..24] != self.job.key {
+            return Err("a wrong key (another job?)".into());
+        }
+        if u64_at(24) != self.seq {
+            return Err(format!(
+                "registration #{} while this is #{}",
+                u64_at(24),
+                self.seq
+            ));
+        }
+        let (r, w, has) = (u32_at(32) as usize, u32_at(36) as usize, u32_at(40));
+        if w != self.world || r >= self.world {
+            return Err(format!("rank {r} of {w}, this world has {}", self.world));
+        }
+        let offer = Offer {
+            size: u64_at(44),
+            offset: u64_at(52),
+            bytes: u64_at(60),
+        };
+        match (has, fd) {
+            (1, Some(fd)) => Ok((r, Some(offer), Some(fd))),
+            (0, _) => Ok((r, None, None)),
+            _ => Err(format!("rank {r}'s offer came without its descriptor")),
+        }
+    }
 }
 
-/// Reads one offer from an accepted connection: (sender's rank, its offer if it had one,
-/// its descriptor). An error (logged by the caller, the connection dropped) for a stranger:
-/// another user, a wrong key, registration or world, a short or slow message.
-fn read_offer(
-    s: &UnixStream,
-    job: Job,
-    seq: u64,
-    world: usize,
-    me: u32,
-    deadline: Instant,
-) -> std::result::Result<(usize, Option<Offer>, Option<OwnedFd>), String> {
-    let cred = socket::getsockopt(s, sockopt::PeerCredentials).map_err(|e| e.to_string())?;
-    if cred.uid() != me {
-        return Err(format!(
-            "pid {} of user {}, not {me}",
-            cred.pid(),
-            cred.uid()
-        ));
-    }
-    s.set_nonblocking(false).map_err(|e| e.to_string())?;
-    // A peer sends its whole offer as soon as it connects; a stranger that holds the
-    // connection open gets at most `PER_OFFER` of the deadline, not all of it.
-    with_deadline(s, deadline.min(Instant::now() + PER_OFFER)).map_err(|e| e.to_string())?;
+/// One message of `MSG` bytes from `s` and the first descriptor that came with it (any
+/// others closed).
+fn receive(s: &UnixStream) -> std::result::Result<([u8; MSG], Option<OwnedFd>), String> {
     let mut buf = [0u8; MSG];
     let mut cmsg = nix::cmsg_space!([RawFd; 1]);
     let (n, fd) = {
@@ -388,35 +493,7 @@ fn read_offer(
             .read_exact(&mut buf[n..])
             .map_err(|e| format!("a short offer ({n} of {MSG} bytes): {e}"))?;
     }
-    let u32_at = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
-    let u64_at = |i: usize| {
-        let mut b = [0; 8];
-        b.copy_from_slice(&buf[i..i + 8]);
-        u64::from_le_bytes(b)
-    };
-    if &buf[..8] != MAGIC {
-        return Err("not an offer (bad magic)".into());
-    }
-    if buf[8..24] != job.key {
-        return Err("a wrong key (another job?)".into());
-    }
-    if u64_at(24) != seq {
-        return Err(format!("registration #{} while this is #{seq}", u64_at(24)));
-    }
-    let (r, w, has) = (u32_at(32) as usize, u32_at(36) as usize, u32_at(40));
-    if w != world || r >= world {
-        return Err(format!("rank {r} of {w}, this world has {world}"));
-    }
-    let offer = Offer {
-        size: u64_at(44),
-        offset: u64_at(52),
-        bytes: u64_at(60),
-    };
-    match (has, fd) {
-        (1, Some(fd)) => Ok((r, Some(offer), Some(fd))),
-        (0, _) => Ok((r, None, None)),
-        _ => Err(format!("rank {r}'s offer came without its descriptor")),
-    }
+    Ok((buf, fd))
 }
 
 #[cfg(test)]

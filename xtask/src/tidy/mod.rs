@@ -100,8 +100,6 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
         "signals_latency_on_one_gpu",
         84,
     ),
-    ("nccl-api/src/copy_engine/ipc.rs", "exchange", 100),
-    ("nccl-api/src/copy_engine/ipc.rs", "read_offer", 82),
     ("xtask/src/launch/mod.rs", "run_until", 95),
     ("xtask/src/main.rs", "xtask", 99),
     ("xtask/src/trace.rs", "verdict", 90),
