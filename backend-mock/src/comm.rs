@@ -94,6 +94,22 @@ pub(crate) fn placement(
     }
 }
 
+/// Out of place, or in place exactly as NCCL lays `kind` out, where `own` is this rank's
+/// chunk's byte offset in the larger buffer (all-gather, gather: the output's; reduce-scatter,
+/// scatter: the input's); the other kinds in place at the same address.
+fn check_placement(
+    kind: Kind,
+    own: usize,
+    (s, r): (&Slice<'_, MockMemory>, &Slice<'_, MockMemory>),
+) -> Result<()> {
+    match kind {
+        Kind::AllGather | Kind::Gather { .. } => placement(s, r, Some(own)),
+        Kind::ReduceScatter { .. } | Kind::Scatter { .. } => placement(r, s, Some(own)),
+        Kind::AllToAll => placement(s, r, None),
+        _ => placement(s, r, Some(0)),
+    }
+}
+
 impl MockComm {
     pub(crate) fn owner(&self) -> (u64, usize) {
         self.device
@@ -212,44 +228,10 @@ impl MockComm {
             }
             _ => {}
         }
-        let b = count * dtype.size();
         if let (Some(s), Some(r)) = (&op.send, &op.recv) {
-            // Gather and scatter in place: the root's own chunk of the larger buffer.
-            // Out of place, or in place exactly as NCCL lays it out.
-            match op.kind {
-                Kind::AllGather => placement(s, r, Some(rank * b))?,
-                Kind::ReduceScatter { .. } => placement(r, s, Some(rank * b))?,
-                Kind::AllToAll => placement(s, r, None)?,
-                Kind::Gather { .. } => placement(s, r, Some(rank * b))?,
-                Kind::Scatter { .. } => placement(r, s, Some(rank * b))?,
-                _ => placement(s, r, Some(0))?,
-            }
+            check_placement(op.kind, rank * count * dtype.size(), (s, r))?;
         }
-        // `op.check` proved these products fit the ranges, so they do not overflow.
-        let (se, re) = op.kind.extents();
-        let bytes = |e: Extent| e.elems(count, w).unwrap_or(0) * dtype.size();
-        let send_reg = op
-            .send
-            .map(|s| self.reg(&s, bytes(se)))
-            .transpose()?
-            .flatten();
-        let recv_reg = op
-            .recv
-            .map(|r| self.reg(&r, bytes(re)))
-            .transpose()?
-            .flatten();
-        // A gather's output and a scatter's input exist on the root only (NCCL reads no
-        // other rank's): their registration is not compared across the ranks.
-        let recv_reg = if matches!(op.kind, Kind::Gather { .. }) {
-            None
-        } else {
-            recv_reg
-        };
-        let send_reg = if matches!(op.kind, Kind::Scatter { .. }) {
-            None
-        } else {
-            send_reg
-        };
+        let (send_reg, recv_reg) = self.registrations(&op)?;
         let same = matches!((&op.send, &op.recv), (Some(s), Some(r)) if Arc::ptr_eq(&s.mem.inner, &r.mem.inner));
         let barrier = op.kind == Kind::Barrier;
         Ok(Work::Coll {
@@ -274,6 +256,32 @@ impl MockComm {
             send: op.send.map(|s| self.span(&s, same)),
             recv: op.recv.map(|r| self.span(&r, true)),
         })
+    }
+
+    /// The registrations the ranks compare for `op`'s sides (looked up now, as NCCL does
+    /// at the call). A gather's output and a scatter's input exist on the root only (NCCL
+    /// reads no other rank's): theirs is not compared across the ranks.
+    fn registrations(&self, op: &Op<'_, MockMemory>) -> Result<(Option<RegKind>, Option<RegKind>)> {
+        // `op.check` proved these products fit the ranges, so they do not overflow.
+        let (se, re) = op.kind.extents();
+        let bytes = |e: Extent| e.elems(op.count, self.ctx.world).unwrap_or(0) * op.dtype.size();
+        let send_reg = match op.kind {
+            Kind::Scatter { .. } => None,
+            _ => op
+                .send
+                .map(|s| self.reg(&s, bytes(se)))
+                .transpose()?
+                .flatten(),
+        };
+        let recv_reg = match op.kind {
+            Kind::Gather { .. } => None,
+            _ => op
+                .recv
+                .map(|r| self.reg(&r, bytes(re)))
+                .transpose()?
+                .flatten(),
+        };
+        Ok((send_reg, recv_reg))
     }
 
     /// A collective the host waits for (window registration is one in NCCL).

@@ -51,64 +51,14 @@ impl MockComm {
             ?mode,
             "re-forming the mock's world"
         );
-        let timeout = self.ctx.timeout;
-        // The number of the new world: the first survivor's, shared through the rejoin
-        // channel in one process, so that the survivors' later splits (grouped by world,
-        // split and color) find each other; a process of its own numbers its own.
-        let mut world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
-        let fabric: Arc<dyn Exchange> = if self.shared {
-            let mut hub = None;
-            let id = self.rejoin.exchange(
-                round,
-                &survivors,
-                self.ctx.rank,
-                || {
-                    let (h, id) = procs::Hub::start(k, timeout)?;
-                    hub = Some(h);
-                    Ok(id.to_bytes())
-                },
-                timeout,
-            )?;
-            match hub {
-                Some(h) => Arc::new(procs::ProcFabric::hub(h)),
-                None => Arc::new(procs::ProcFabric::client(procs::Client::connect(
-                    &procs::HubId::parse(&id)?,
-                    (me, k),
-                    timeout,
-                )?)),
-            }
-        } else {
-            let id = self.rejoin.exchange(
-                round,
-                &survivors,
-                self.ctx.rank,
-                || {
-                    let f: Arc<dyn Exchange> = Arc::new(LocalFabric::new(k, timeout));
-                    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
-                    made.get_or_insert_with(HashMap::new)
-                        .insert(world_id, (f, k));
-                    let mut b = [0u8; 128];
-                    b[..8].copy_from_slice(&world_id.to_le_bytes());
-                    Ok(b)
-                },
-                timeout,
-            )?;
-            let n = u64::from_le_bytes(id[..8].try_into().unwrap_or([0; 8]));
-            world_id = n;
-            let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
-            let table = made.get_or_insert_with(HashMap::new);
-            let Some((f, left)) = table.get_mut(&n) else {
-                return Err(Error::Bootstrap {
-                    reason: format!("the re-formed world {n} is not in this process"),
-                });
-            };
-            let f = f.clone();
-            *left -= 1;
-            if *left == 0 {
-                table.remove(&n);
-            }
-            f
+        let (fabric, world_id) = match self.shared {
+            true => (
+                self.reformed_hub_fabric(round, &survivors, me)?,
+                NEXT_WORLD.fetch_add(1, Ordering::Relaxed),
+            ),
+            false => self.reformed_local_fabric(round, &survivors)?,
         };
+        let timeout = self.ctx.timeout;
         // Every survivor joins before any goes on, as `ncclCommInitRank` waits for every
         // rank: the re-form completes for all of them or fails for all (a survivor lost
         // during it, or one with another view of who is left, ends the others' wait at the
@@ -122,5 +72,79 @@ impl MockComm {
             &format!("shrink{round}"),
             &survivors,
         ))
+    }
+}
+
+impl MockComm {
+    /// The re-formed world's exchange across processes: the first survivor starts a hub
+    /// and hands its id to the others through the rejoin channel; they connect to it.
+    fn reformed_hub_fabric(
+        &self,
+        round: u64,
+        survivors: &[usize],
+        me: usize,
+    ) -> Result<Arc<dyn Exchange>> {
+        let (k, timeout) = (survivors.len(), self.ctx.timeout);
+        let mut hub = None;
+        let id = self.rejoin.exchange(
+            round,
+            survivors,
+            self.ctx.rank,
+            || {
+                let (h, id) = procs::Hub::start(k, timeout)?;
+                hub = Some(h);
+                Ok(id.to_bytes())
+            },
+            timeout,
+        )?;
+        Ok(match hub {
+            Some(h) => Arc::new(procs::ProcFabric::hub(h)),
+            None => Arc::new(procs::ProcFabric::client(procs::Client::connect(
+                &procs::HubId::parse(&id)?,
+                (me, k),
+                timeout,
+            )?)),
+        })
+    }
+
+    /// The re-formed world's exchange in one process, and its number: the first survivor's
+    /// (made by it, shared through the rejoin channel), so that the survivors' later splits
+    /// (grouped by world, split and color) find each other.
+    fn reformed_local_fabric(
+        &self,
+        round: u64,
+        survivors: &[usize],
+    ) -> Result<(Arc<dyn Exchange>, u64)> {
+        let (k, timeout) = (survivors.len(), self.ctx.timeout);
+        let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
+        let id = self.rejoin.exchange(
+            round,
+            survivors,
+            self.ctx.rank,
+            || {
+                let f: Arc<dyn Exchange> = Arc::new(LocalFabric::new(k, timeout));
+                let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+                made.get_or_insert_with(HashMap::new)
+                    .insert(world_id, (f, k));
+                let mut b = [0u8; 128];
+                b[..8].copy_from_slice(&world_id.to_le_bytes());
+                Ok(b)
+            },
+            timeout,
+        )?;
+        let n = u64::from_le_bytes(id[..8].try_into().unwrap_or([0; 8]));
+        let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+        let table = made.get_or_insert_with(HashMap::new);
+        let Some((f, left)) = table.get_mut(&n) else {
+            return Err(Error::Bootstrap {
+                reason: format!("the re-formed world {n} is not in this process"),
+            });
+        };
+        let f = f.clone();
+        *left -= 1;
+        if *left == 0 {
+            table.remove(&n);
+        }
+        Ok((f, n))
     }
 }

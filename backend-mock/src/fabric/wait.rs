@@ -34,45 +34,15 @@ impl LocalFabric {
         deadline: Instant,
         now: Instant,
     ) -> Option<Result<Done>> {
-        let world = self.world;
         let late = now >= deadline;
         match w {
             Wait::Gather { seq, rank, kind } => self.gathered(st, (*seq, *rank, kind), late),
-            Wait::Phase { seq, rank, phase } => {
-                let (seq, phase) = (*seq, *phase);
-                if st.slots.get(&seq).and_then(|s| s.phases.get(&phase)) == Some(&world) {
-                    return Some(Ok(Done::Unit));
-                }
-                self.not_yet(st, |_| None, late, |_| {
-                    format!("collective #{seq}: a peer never finished phase {phase} (rank {rank} gave up waiting)")
-                })
-            }
+            Wait::Phase { seq, rank, phase } => self.phased(st, (*seq, *rank, *phase), late),
             Wait::Take {
                 src,
                 dst,
                 one_sided,
-            } => {
-                let (src, dst, one_sided) = (*src, *dst, *one_sided);
-                let q = st.mail.get_mut(&(src, dst, one_sided));
-                if let Some(m) = q.and_then(|q| q.pop_front()) {
-                    if !one_sided {
-                        // A one-sided message is never completed: nothing to wait for.
-                        st.copying.insert(m.id);
-                    }
-                    return Some(Ok(Done::Msg(m)));
-                }
-                self.not_yet(
-                    st,
-                    |_| None,
-                    late,
-                    |_| match one_sided {
-                        false => format!("recv of rank {dst} from rank {src}: rank {src} never sent"),
-                        true => format!(
-                            "a wait of rank {dst} for signals of rank {src}: rank {src} never signalled"
-                        ),
-                    },
-                )
-            }
+            } => self.taken(st, (*src, *dst, *one_sided), late),
             Wait::Sent { id, dst } => {
                 let (id, dst) = (*id, *dst);
                 if let Some(refused) = st.completed.remove(&id) {
@@ -99,22 +69,68 @@ impl LocalFabric {
                 st.completed.remove(id);
                 Some(Err(e.clone()))
             }
-            Wait::Leave { seq } => {
-                let seq = *seq;
-                let busy = st.slots.get(&seq).is_some_and(|s| s.active > 0);
-                if busy && !late {
-                    return None;
-                }
-                if busy {
-                    // A peer's process stopped inside its copy: its peers' buffers can no
-                    // longer be trusted.
-                    let e = Error::aborted("a peer stayed inside a copy of a failed collective past the deadline (its process stopped?)");
-                    st.poison.get_or_insert(e);
-                }
-                self.left(st, seq);
-                Some(Ok(Done::Unit))
-            }
+            Wait::Leave { seq } => self.leaving(st, *seq, late),
         }
+    }
+
+    /// Phase `phase` of collective `seq`'s check: every rank past it.
+    fn phased(
+        &self,
+        st: &mut State,
+        (seq, rank, phase): (u64, usize, u32),
+        late: bool,
+    ) -> Option<Result<Done>> {
+        if st.slots.get(&seq).and_then(|s| s.phases.get(&phase)) == Some(&self.world) {
+            return Some(Ok(Done::Unit));
+        }
+        self.not_yet(st, |_| None, late, |_| {
+            format!("collective #{seq}: a peer never finished phase {phase} (rank {rank} gave up waiting)")
+        })
+    }
+
+    /// A take's check: the next message of mailbox `(src, dst, one_sided)`.
+    fn taken(
+        &self,
+        st: &mut State,
+        (src, dst, one_sided): (usize, usize, bool),
+        late: bool,
+    ) -> Option<Result<Done>> {
+        let q = st.mail.get_mut(&(src, dst, one_sided));
+        if let Some(m) = q.and_then(|q| q.pop_front()) {
+            if !one_sided {
+                // A one-sided message is never completed: nothing to wait for.
+                st.copying.insert(m.id);
+            }
+            return Some(Ok(Done::Msg(m)));
+        }
+        self.not_yet(
+            st,
+            |_| None,
+            late,
+            |_| match one_sided {
+                false => format!("recv of rank {dst} from rank {src}: rank {src} never sent"),
+                true => format!(
+                    "a wait of rank {dst} for signals of rank {src}: rank {src} never signalled"
+                ),
+            },
+        )
+    }
+
+    /// Leaving collective `seq`'s check: once no peer is inside a copy of it (past the
+    /// deadline, a peer still inside poisons the world).
+    fn leaving(&self, st: &mut State, seq: u64, late: bool) -> Option<Result<Done>> {
+        let busy = st.slots.get(&seq).is_some_and(|s| s.active > 0);
+        if busy && !late {
+            return None;
+        }
+        if busy {
+            // A peer's process stopped inside its copy: its peers' buffers can no longer be
+            // trusted.
+            let e = Error::aborted("a peer stayed inside a copy of a failed collective past the deadline (its process stopped?)");
+            st.poison.get_or_insert(e);
+        }
+        self.left(st, seq);
+        Some(Ok(Done::Unit))
     }
 
     /// Gather `seq`'s check: every rank's description, once all arrived.
