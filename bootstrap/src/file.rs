@@ -188,8 +188,6 @@ fn take_file(
         timeout,
     }: Deadline,
 ) -> Result<[u8; 128]> {
-    let world = world_bytes(env);
-    let keystream = |n: &[u8; 16], k: usize| keystream(env, n, k);
     let mut last = String::from("no file yet");
     // Rank 0 of this job writes its file within its own deadline of this rank's start: a
     // file older than that (with 30 s for the clocks of a shared file system) is an earlier
@@ -207,41 +205,13 @@ fn take_file(
             Ok(_) if stale => {
                 last = "a file older than this job's rendezvous could be (an earlier run's)".into();
             }
-            Ok(b) if b.len() == FILE_LEN && &b[..8] == FILE_MAGIC => {
-                let mut n = [0u8; 16];
-                n.copy_from_slice(&b[8..24]);
-                let mut tag = [0u8; 32];
-                tag.copy_from_slice(&b[156..]);
-                if b[24..28] != world {
-                    last = "a file for a world of another size".into();
-                } else if !same(
-                    &tag,
-                    &mac(&env.token, b"file-id", &[&n, &world, &b[28..156]]),
-                ) {
-                    last = "a file that does not prove this job's token (another job's?)".into();
-                } else {
-                    let mut id = [0u8; 128];
-                    id.copy_from_slice(&b[28..156]);
-                    for (k, chunk) in id.chunks_mut(32).enumerate() {
-                        chunk
-                            .iter_mut()
-                            .zip(keystream(&n, k))
-                            .for_each(|(b, k)| *b ^= k);
-                    }
-                    let rb = (env.rank as u32).to_le_bytes();
-                    let mut ack = Vec::with_capacity(ACK_LEN);
-                    for part in [
-                        &ACK_MAGIC[..],
-                        &n,
-                        &rb,
-                        &mac(&env.token, b"file-ack", &[&n, &world, &rb]),
-                    ] {
-                        ack.extend_from_slice(part);
-                    }
-                    write_atomically(&ack_path(path, env.rank), &ack)?;
+            Ok(b) if b.len() == FILE_LEN && &b[..8] == FILE_MAGIC => match open_file(env, &b) {
+                Ok((id, n)) => {
+                    acknowledge(env, path, &n)?;
                     return Ok(id);
                 }
-            }
+                Err(why) => last = why.into(),
+            },
             Ok(b) => last = format!("a file that is not unicomm's ({} bytes)", b.len()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => last = e.to_string(),
@@ -259,6 +229,53 @@ fn take_file(
         let left = deadline.saturating_duration_since(Instant::now());
         std::thread::sleep(backoff.next().min(left));
     }
+}
+
+/// The id in rank 0's file `b` (of `FILE_LEN` bytes, unicomm's magic) and the file's nonce,
+/// or why it is not this job's: a world of another size, or no proof of the job's token.
+fn open_file(
+    env: &LaunchEnv,
+    b: &[u8],
+) -> std::result::Result<([u8; 128], [u8; 16]), &'static str> {
+    let world = world_bytes(env);
+    let mut n = [0u8; 16];
+    n.copy_from_slice(&b[8..24]);
+    let mut tag = [0u8; 32];
+    tag.copy_from_slice(&b[156..]);
+    if b[24..28] != world {
+        return Err("a file for a world of another size");
+    }
+    if !same(
+        &tag,
+        &mac(&env.token, b"file-id", &[&n, &world, &b[28..156]]),
+    ) {
+        return Err("a file that does not prove this job's token (another job's?)");
+    }
+    let mut id = [0u8; 128];
+    id.copy_from_slice(&b[28..156]);
+    for (k, chunk) in id.chunks_mut(32).enumerate() {
+        chunk
+            .iter_mut()
+            .zip(keystream(env, &n, k))
+            .for_each(|(b, k)| *b ^= k);
+    }
+    Ok((id, n))
+}
+
+/// This rank's acknowledgement of the file of nonce `n`, proving the job's token.
+fn acknowledge(env: &LaunchEnv, path: &std::path::Path, n: &[u8; 16]) -> Result<()> {
+    let world = world_bytes(env);
+    let rb = (env.rank as u32).to_le_bytes();
+    let mut ack = Vec::with_capacity(ACK_LEN);
+    for part in [
+        &ACK_MAGIC[..],
+        n,
+        &rb,
+        &mac(&env.token, b"file-ack", &[n, &world, &rb]),
+    ] {
+        ack.extend_from_slice(part);
+    }
+    write_atomically(&ack_path(path, env.rank), &ack)
 }
 
 /// The ranks whose acknowledgement (`<file>.ack.<rank>`) is in the file's directory, from

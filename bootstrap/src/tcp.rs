@@ -1,7 +1,7 @@
 //! The TCP rendezvous on `MASTER_ADDR:MASTER_PORT`: rank 0 serves the unique id, every
 //! other rank joins, one deadline over all of it.
 
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::auth::*;
@@ -75,86 +75,129 @@ pub(crate) fn join<S: Timed>(
     count: usize,
     deadline: Instant,
 ) -> std::result::Result<Vec<u8>, JoinError> {
-    let ioe = |what: &str, e: std::io::Error| io(what, e);
-    let key = Key::new(&env.token);
-    let h = Hello {
-        rank: env.rank,
-        world: env.world_size,
-        nonce: nonce()?,
-    };
-    let (r, w) = (
-        (h.rank as u32).to_le_bytes(),
-        (h.world as u32).to_le_bytes(),
-    );
-    let expect = u16::try_from(count)
-        .map_err(|_| Error::invalid("count", format!("{count} ids; at most {MAX_IDS}")))?
-        .to_le_bytes();
-    let mut first = [0u8; FIRST_LEN];
-    first[..HELLO_LEN].copy_from_slice(&h.bytes());
-    first[HELLO_LEN..HELLO_LEN + 2].copy_from_slice(&expect);
-    first[HELLO_LEN + 2..].copy_from_slice(&key.mac(b"client", &[&r, &w, &h.nonce, &expect]));
-    write_until(s, &first, deadline).map_err(|e| ioe("hello", e))?;
+    let j = Joining::hello(s, env, count, deadline)?;
     let mut kind = [0u8; 1];
-    read_until(s, &mut kind, deadline).map_err(|e| ioe("rank 0's answer", e))?;
-    if kind[0] == REFUSED {
+    read_until(s, &mut kind, deadline).map_err(|e| io("rank 0's answer", e))?;
+    match kind[0] {
+        REFUSED => Err(j.refused(s, env)),
+        IDS => j.ids(s),
+        other => Err(Error::Bootstrap {
+            reason: format!("answer {other} is not unicomm's (a stranger on the port)"),
+        }
+        .into()),
+    }
+}
+
+/// A client's join in progress: what its proofs cover (its rank and world as sent, its
+/// nonce, the number of ids it expects).
+struct Joining {
+    key: Key,
+    nonce: [u8; 16],
+    r: [u8; 4],
+    w: [u8; 4],
+    expect: [u8; 2],
+    count: usize,
+    deadline: Instant,
+}
+
+impl Joining {
+    /// Sends the hello and its proof in one message.
+    fn hello<S: Timed>(
+        s: &mut S,
+        env: &LaunchEnv,
+        count: usize,
+        deadline: Instant,
+    ) -> std::result::Result<Joining, JoinError> {
+        let key = Key::new(&env.token);
+        let h = Hello {
+            rank: env.rank,
+            world: env.world_size,
+            nonce: nonce()?,
+        };
+        let (r, w) = (
+            (h.rank as u32).to_le_bytes(),
+            (h.world as u32).to_le_bytes(),
+        );
+        let expect = u16::try_from(count)
+            .map_err(|_| Error::invalid("count", format!("{count} ids; at most {MAX_IDS}")))?
+            .to_le_bytes();
+        let mut first = [0u8; FIRST_LEN];
+        first[..HELLO_LEN].copy_from_slice(&h.bytes());
+        first[HELLO_LEN..HELLO_LEN + 2].copy_from_slice(&expect);
+        first[HELLO_LEN + 2..].copy_from_slice(&key.mac(b"client", &[&r, &w, &h.nonce, &expect]));
+        write_until(s, &first, deadline).map_err(|e| io("hello", e))?;
+        Ok(Joining {
+            key,
+            nonce: h.nonce,
+            r,
+            w,
+            expect,
+            count,
+            deadline,
+        })
+    }
+
+    /// Rank 0's refusal: believed only from a holder of the token (a stranger's is retried);
+    /// then final, naming why.
+    fn refused<S: Timed>(&self, s: &mut S, env: &LaunchEnv) -> JoinError {
         let mut refusal = [0u8; 2 + 32];
-        read_until(s, &mut refusal, deadline).map_err(|e| ioe("rank 0's refusal", e))?;
+        if let Err(e) = read_until(s, &mut refusal, self.deadline) {
+            return io("rank 0's refusal", e).into();
+        }
         let n = [refusal[0], refusal[1]];
         let proof: [u8; 32] = refusal[2..].try_into().unwrap_or([0; 32]);
-        // Believed only from a holder of the token: a stranger's refusal is retried.
-        if !same(&proof, &key.mac(b"refused", &[&r, &w, &h.nonce, &n])) {
-            return Err(Error::Bootstrap {
+        let (r, w) = (&self.r, &self.w);
+        if !same(&proof, &self.key.mac(b"refused", &[r, w, &self.nonce, &n])) {
+            return Error::Bootstrap {
                 reason: "a refusal without this job's token (a stranger on the port)".into(),
             }
-            .into());
+            .into();
         }
-        if n != expect {
-            return Err(other_count(u16::from_le_bytes(n), count));
+        if n != self.expect {
+            return other_count(u16::from_le_bytes(n), self.count);
         }
-        return Err(JoinError::Refused(Error::Bootstrap {
+        JoinError::Refused(Error::Bootstrap {
             reason: format!(
                 "rank 0 refused rank {} of {} (another world size, or this rank already joined)",
                 env.rank, env.world_size
             ),
-        }));
+        })
     }
-    if kind[0] != IDS {
-        return Err(Error::Bootstrap {
-            reason: format!(
-                "answer {} is not unicomm's (a stranger on the port)",
-                kind[0]
-            ),
+
+    /// Rank 0's ids after its proof, then this rank's acknowledgement over rank 0's fresh
+    /// nonce (a replay of this hello, a squatter's capture, cannot take this rank's place).
+    fn ids<S: Timed>(&self, s: &mut S) -> std::result::Result<Vec<u8>, JoinError> {
+        let mut ch = [0u8; IDS_HEAD_LEN];
+        read_until(s, &mut ch, self.deadline).map_err(|e| io("rank 0's answer", e))?;
+        let mut ns = [0u8; 16];
+        ns.copy_from_slice(&ch[..16]);
+        let n = [ch[16], ch[17]];
+        let mut proof = [0u8; 32];
+        proof.copy_from_slice(&ch[18..]);
+        let (r, w) = (&self.r, &self.w);
+        if !same(
+            &proof,
+            &self.key.mac(b"server", &[r, w, &self.nonce, &ns, &n]),
+        ) {
+            return Err(Error::Bootstrap {
+                reason: "the process on the rendezvous port does not hold this job's token \
+                         (another job, or a stranger on the port)"
+                    .into(),
+            }
+            .into());
         }
-        .into());
-    }
-    let mut ch = [0u8; IDS_HEAD_LEN];
-    read_until(s, &mut ch, deadline).map_err(|e| ioe("rank 0's answer", e))?;
-    let mut ns = [0u8; 16];
-    ns.copy_from_slice(&ch[..16]);
-    let n = [ch[16], ch[17]];
-    let mut proof = [0u8; 32];
-    proof.copy_from_slice(&ch[18..]);
-    if !same(&proof, &key.mac(b"server", &[&r, &w, &h.nonce, &ns, &n])) {
-        return Err(Error::Bootstrap {
-            reason: "the process on the rendezvous port does not hold this job's token \
-                     (another job, or a stranger on the port)"
-                .into(),
+        if n != self.expect {
+            return Err(other_count(u16::from_le_bytes(n), self.count));
         }
-        .into());
+        let mut ids = vec![0u8; 128 * self.count];
+        read_until(s, &mut ids, self.deadline).map_err(|e| io("receiving the id", e))?;
+        self.key.seal(&mut ids, (&self.nonce, &ns));
+        let mut ack = [0u8; ACK_LEN];
+        ack[0] = ACK;
+        ack[1..].copy_from_slice(&self.key.mac(b"ack", &[r, w, &self.nonce, &ns]));
+        write_until(s, &ack, self.deadline).map_err(|e| io("the acknowledgement", e))?;
+        Ok(ids)
     }
-    if n != expect {
-        return Err(other_count(u16::from_le_bytes(n), count));
-    }
-    let mut ids = vec![0u8; 128 * count];
-    read_until(s, &mut ids, deadline).map_err(|e| ioe("receiving the id", e))?;
-    key.seal(&mut ids, (&h.nonce, &ns));
-    // Joined only once acknowledged over rank 0's fresh nonce: a replay of this hello (a
-    // squatter's capture) cannot take this rank's place.
-    let mut ack = [0u8; ACK_LEN];
-    ack[0] = ACK;
-    ack[1..].copy_from_slice(&key.mac(b"ack", &[&r, &w, &h.nonce, &ns]));
-    write_until(s, &ack, deadline).map_err(|e| ioe("the acknowledgement", e))?;
-    Ok(ids)
 }
 
 /// Rank 0 hands out `served` ids, this rank expects `count` (an authenticated answer: final).
@@ -256,17 +299,14 @@ fn exchange(
         "rendezvous"
     );
     if let Some(path) = &env.file {
-        let one = || {
-            let ids = make_ids()?;
-            match ids.as_slice() {
-                [id] => Ok(*id),
-                _ => Err(Error::invalid(
-                    "ids",
-                    format!("{} ids made, 1 asked", ids.len()),
-                )),
-            }
-        };
-        let id = file_exchange(env, path, one, start, deadline, timeout)?;
+        let id = file_exchange(
+            env,
+            path,
+            || only_one(make_ids()?),
+            start,
+            deadline,
+            timeout,
+        )?;
         return Ok((vec![id], Serving::finished()));
     }
     let addr = resolve(env)?;
@@ -276,30 +316,7 @@ fn exchange(
         timeout,
     };
     let got = match role(env) {
-        Role::Root => {
-            let ids = make_ids()?;
-            if ids.len() != count {
-                return Err(Error::invalid(
-                    "ids",
-                    format!("{} ids made, {count} asked", ids.len()),
-                ));
-            }
-            let payload: Vec<u8> = ids.iter().flatten().copied().collect();
-            // Bound here, so a port taken is this call's error either way; queues for the
-            // ranks that join rank 0 itself (with forwarding, its host's and each host's first).
-            let listener = listen(addr, joining_rank0(env))?;
-            let root = env.clone();
-            let serves = move |r| rank0_serves(&root, r);
-            let serving = serve_ids(
-                env,
-                (addr.to_string(), listener),
-                payload,
-                serves,
-                times,
-                beside,
-            )?;
-            return Ok((ids, serving));
-        }
+        Role::Root => return serve_as_root(env, (addr, count), make_ids, times, beside),
         Role::Direct => join_rank0(env, addr, count, times)?,
         #[cfg(target_os = "linux")]
         Role::Forwarder { host, per_host } => {
@@ -321,6 +338,43 @@ fn exchange(
         }
     };
     Ok((split_ids(&got), Serving::finished()))
+}
+
+/// The one id a file rendezvous hands out, of those made.
+fn only_one(ids: Vec<[u8; 128]>) -> Result<[u8; 128]> {
+    match ids.as_slice() {
+        [id] => Ok(*id),
+        _ => Err(Error::invalid(
+            "ids",
+            format!("{} ids made, 1 asked", ids.len()),
+        )),
+    }
+}
+
+/// Rank 0: makes the `count` ids and serves them at `addr` (bound here, so a port taken is
+/// this call's error either way; queues for the ranks that join rank 0 itself: with
+/// forwarding, its host's and each host's first), beside the caller or until done.
+fn serve_as_root(
+    env: &LaunchEnv,
+    (addr, count): (SocketAddr, usize),
+    make_ids: impl FnOnce() -> Result<Vec<[u8; 128]>>,
+    times: Deadline,
+    beside: bool,
+) -> Result<(Vec<[u8; 128]>, Serving)> {
+    let ids = make_ids()?;
+    if ids.len() != count {
+        return Err(Error::invalid(
+            "ids",
+            format!("{} ids made, {count} asked", ids.len()),
+        ));
+    }
+    let payload: Vec<u8> = ids.iter().flatten().copied().collect();
+    let listener = listen(addr, joining_rank0(env))?;
+    let root = env.clone();
+    let serves = move |r| rank0_serves(&root, r);
+    let place = (addr.to_string(), listener);
+    let serving = serve_ids(env, place, payload, serves, times, beside)?;
+    Ok((ids, serving))
 }
 
 /// The ids received, 128 bytes each.

@@ -87,9 +87,6 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("bench/src/report/plot.rs", "draw", 92),
     ("bench/src/report/table.rs", "table", 95),
     ("bench/src/workloads.rs", "workloads", 97),
-    ("bootstrap/src/file.rs", "take_file", 81),
-    ("bootstrap/src/tcp.rs", "exchange", 98),
-    ("bootstrap/src/tcp.rs", "join", 87),
     ("conformance/src/graphs.rs", "captured_step_replays", 95),
     ("conformance/src/runner.rs", "run_typed", 93),
     (
