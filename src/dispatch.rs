@@ -146,6 +146,49 @@ macro_rules! backends {
                 }
             }
 
+            fn symmetric_any(
+                &self,
+                op: unicomm_core::symmetric::SymmetricOp<'_, AnyMemory>,
+                stream: &AnyStream,
+            ) -> Result<()> {
+                match (self, stream) {
+                    $(
+                        #[cfg(feature = $feature)]
+                        (AnyComm::$variant(c), AnyStream::$variant(s)) => c.symmetric(
+                            op.map_mem(|m| match m {
+                                AnyMemory::$variant(m) => Some(m),
+#[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
+                                _ => None,
+                            })?,
+                            s,
+                        ),
+                    )*
+                    #[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
+                    _ => Err(Error::invalid("stream", "belongs to another backend")),
+                }
+            }
+
+            fn alloc_symmetric_any(
+                &self,
+                bytes: usize,
+                lamport: Option<unicomm_core::DataType>,
+            ) -> Result<unicomm_core::symmetric::SymmetricParts<AnyMemory>> {
+                match self {
+                    $(
+                        #[cfg(feature = $feature)]
+                        AnyComm::$variant(c) => c.alloc_symmetric(bytes, lamport).map(|p| {
+                            unicomm_core::symmetric::SymmetricParts {
+                                mem: AnyMemory::$variant(p.mem),
+                                handle: p.handle,
+                                peers: p.peers,
+                                pads: p.pads,
+                                bytes: p.bytes,
+                            }
+                        }),
+                    )*
+                }
+            }
+
             fn one_sided_any(
                 &self,
                 op: unicomm_core::one_sided::OneSided<'_, AnyMemory>,
@@ -377,6 +420,23 @@ impl Collective for AnyComm {
         stream: &AnyStream,
     ) -> Result<()> {
         self.one_sided_any(op, stream)
+    }
+    fn alloc_symmetric(
+        &self,
+        bytes: usize,
+        lamport: Option<unicomm_core::DataType>,
+    ) -> Result<unicomm_core::symmetric::SymmetricParts<AnyMemory>> {
+        self.alloc_symmetric_any(bytes, lamport)
+    }
+    fn free_symmetric(&self, handle: RawHandle) -> Result<()> {
+        each!(self, AnyComm, c => c.free_symmetric(handle))
+    }
+    fn symmetric(
+        &self,
+        op: unicomm_core::symmetric::SymmetricOp<'_, AnyMemory>,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        self.symmetric_any(op, stream)
     }
     fn grow_id(&self) -> Result<[u8; 128]> {
         each!(self, AnyComm, c => c.grow_id())

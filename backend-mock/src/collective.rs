@@ -147,6 +147,26 @@ impl Collective for MockComm {
         )
     }
 
+    fn alloc_symmetric(
+        &self,
+        bytes: usize,
+        lamport: Option<unicomm_core::DataType>,
+    ) -> Result<unicomm_core::symmetric::SymmetricParts<MockMemory>> {
+        self.alloc_symmetric_mem(bytes, lamport)
+    }
+
+    fn free_symmetric(&self, handle: RawHandle) -> Result<()> {
+        self.free_symmetric_mem(handle)
+    }
+
+    fn symmetric(
+        &self,
+        op: unicomm_core::symmetric::SymmetricOp<'_, MockMemory>,
+        stream: &MockStream,
+    ) -> Result<()> {
+        self.symmetric_enqueue(op, stream)
+    }
+
     fn one_sided(
         &self,
         op: unicomm_core::one_sided::OneSided<'_, MockMemory>,

@@ -46,6 +46,8 @@ pub struct MockComm {
     pub(crate) shrinks: AtomicU64,
     /// The windows by the ordinal every rank gives them (where one-sided puts land).
     pub(crate) windows: Arc<crate::windows::Windows>,
+    /// The symmetric allocations by handle.
+    pub(crate) symmetric: crate::symmetric::Table,
 }
 
 impl std::fmt::Debug for MockComm {
@@ -156,6 +158,7 @@ impl MockComm {
             rejoin: self.rejoin.derived(step.as_bytes(), ranks),
             shrinks: AtomicU64::new(0),
             windows: crate::windows::windows(),
+            symmetric: crate::symmetric::Table::default(),
         }
     }
 

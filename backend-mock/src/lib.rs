@@ -43,6 +43,7 @@ mod shrink;
 mod sleep;
 mod split;
 mod stream;
+mod symmetric;
 mod windows;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -122,6 +123,7 @@ pub(crate) fn local_rank(
         rejoin,
         shrinks: AtomicU64::new(0),
         windows: crate::windows::windows(),
+        symmetric: crate::symmetric::Table::default(),
     })
 }
 
@@ -212,6 +214,7 @@ pub(crate) fn process_rank(
         rejoin,
         shrinks: AtomicU64::new(0),
         windows: crate::windows::windows(),
+        symmetric: crate::symmetric::Table::default(),
     })
 }
 

@@ -282,6 +282,52 @@ pub trait Collective: Send + Sync + Sized + 'static {
         ))
     }
 
+    /// Allocates `bytes` of symmetric memory on every rank (collective and host-blocking:
+    /// every rank calls it with the same size, in the same order; sizes that differ are
+    /// `Mismatch` on every rank), every rank's mapped on this rank, with a signal pad per
+    /// rank, zeroed; with `lamport`, the Lamport all-reduce's workspace for that element
+    /// type, filled with its poison. Default: `Unsupported`.
+    fn alloc_symmetric(
+        &self,
+        bytes: usize,
+        lamport: Option<crate::DataType>,
+    ) -> Result<crate::symmetric::SymmetricParts<Self::Memory>> {
+        let _ = (bytes, lamport);
+        Err(crate::Error::unsupported(
+            "symmetric memory",
+            "a backend with unicomm's symmetric kernels (the mock)",
+            self.capabilities().backend,
+        ))
+    }
+
+    /// Releases this rank's view of a symmetric allocation: local, not waiting; the work
+    /// still pending on it keeps what it uses. An unknown handle is `InvalidArgument`.
+    /// Default: `Unsupported`.
+    fn free_symmetric(&self, handle: RawHandle) -> Result<()> {
+        let _ = handle;
+        Err(crate::Error::unsupported(
+            "symmetric memory",
+            "a backend with unicomm's symmetric kernels (the mock)",
+            self.capabilities().backend,
+        ))
+    }
+
+    /// One operation of unicomm's kernels on symmetric memory, on `stream` (collective:
+    /// every rank enqueues it). A kernel that waits on a peer gives up at the deadline or an
+    /// abort. Default: `Unsupported`.
+    fn symmetric(
+        &self,
+        op: crate::symmetric::SymmetricOp<'_, Self::Memory>,
+        stream: &Self::Stream,
+    ) -> Result<()> {
+        let _ = (op, stream);
+        Err(crate::Error::unsupported(
+            "unicomm's symmetric kernels",
+            "a backend that runs them (the mock)",
+            self.capabilities().backend,
+        ))
+    }
+
     /// A captured graph that uses this communicator is launched on `stream`: the stream's
     /// waits watch this communicator from now on (its deadline, its asynchronous errors),
     /// as they do after an eager call. Default: nothing to do.

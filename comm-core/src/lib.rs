@@ -69,6 +69,7 @@ pub mod registry;
 pub mod shrink;
 pub mod state;
 pub mod step;
+pub mod symmetric;
 
 pub use backend::{
     Capabilities, Collective, DeviceGraph, DeviceInfo, DeviceMemory, DeviceStream, Marker,

@@ -15,6 +15,8 @@ use crate::one_sided::SignalWait;
 use crate::registration::Window;
 use crate::Result;
 
+mod symmetric;
+
 /// What a step's closure enqueues through ([`Graph::capture`](crate::graph::Graph::capture),
 /// [`Completion::start`](crate::completion::Completion::start)): the collectives of
 /// [`Comm`], each taking its communicator and buffers borrowed for `'a`, the life of the

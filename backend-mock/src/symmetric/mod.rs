@@ -1,0 +1,328 @@
+//! Symmetric memory on the mock: every rank's allocation is a `memfd` segment (in threads
+//! and in processes alike), each rank maps every peer's for the allocation's life, so a
+//! rank's view stays valid whatever its peers free (the kernel frees a segment when its last
+//! mapping goes, as CUDA frees physical memory when its last mapping is unmapped). The
+//! kernels ([`kernels`]) run unicomm's algorithms on the stream's worker thread through
+//! those mappings, with the GPU kernels' protocols: barriers on the signal pads, Lamport's
+//! poison.
+//!
+//! One rank's allocation: its data (rounded up to 256 bytes), its signal pad
+//! ([`PAD_BYTES`]), then, for the Lamport all-reduce, three workspaces of `world` slots of
+//! the data's size each.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use unicomm_core::registry::RawHandle;
+use unicomm_core::symmetric::{SymmetricAlgorithm, SymmetricOp, SymmetricParts, PAD_BYTES};
+use unicomm_core::{Collective, DataType, DeviceMemory, Error, Result};
+
+use crate::comm::MockComm;
+use crate::fabric::{Desc, Signature};
+use crate::memory::MockMemory;
+use crate::stream::MockStream;
+use kernels::{Local, Norm, Reduce, Run, Ty};
+
+pub(crate) mod kernels;
+mod norm;
+
+/// One rank's view of a symmetric allocation: its own memory and its mappings of every
+/// peer's, kept while the allocation or work on it lives.
+pub(crate) struct Record {
+    /// This rank's allocation (what `Symmetric`'s buffer is), kept while work uses it.
+    pub _own: MockMemory,
+    /// The peers' allocations mapped here (`None` for this rank).
+    #[cfg(target_os = "linux")]
+    _maps: Vec<Option<crate::shm::PeerMap>>,
+    /// Each rank's allocation, at its address here.
+    pub bases: Vec<usize>,
+    /// Bytes of data per rank, and where the pad and the workspaces start.
+    pub bytes: usize,
+    pub pad_at: usize,
+    pub lamport: Option<DataType>,
+}
+
+impl Record {
+    /// Rank `p`'s signal pad, at its address here.
+    pub(crate) fn pad(&self, p: usize) -> usize {
+        self.bases[p] + self.pad_at
+    }
+
+    /// Rank `p`'s Lamport workspace `b` (0..3), slot `slot`, at its address here.
+    pub(crate) fn lamport_slot(&self, p: usize, b: usize, slot: usize) -> usize {
+        let world = self.bases.len();
+        self.bases[p] + self.pad_at + PAD_BYTES + (b * world + slot) * self.bytes
+    }
+}
+
+/// A communicator's symmetric allocations by handle.
+#[derive(Default)]
+pub(crate) struct Table {
+    next: std::sync::atomic::AtomicUsize,
+    live: Mutex<HashMap<RawHandle, Arc<Record>>>,
+}
+
+impl Table {
+    /// The allocation `handle` names (`InvalidArgument` for one this communicator does not
+    /// hold).
+    pub(crate) fn get(&self, handle: RawHandle) -> Result<Arc<Record>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&handle)
+            .cloned()
+            .ok_or_else(|| unknown(handle))
+    }
+}
+
+fn unknown(handle: RawHandle) -> Error {
+    Error::invalid(
+        "handle",
+        format!("symmetric allocation {handle:?} is not one of this communicator's (freed, or another's)"),
+    )
+}
+
+/// Rounds `n` up to a multiple of 256.
+fn round_up(n: usize) -> Option<usize> {
+    n.checked_add(255).map(|x| x & !255)
+}
+
+impl MockComm {
+    /// `alloc_symmetric`: this rank's segment made and filled (pad zeroed, workspaces
+    /// poisoned), the ranks' descriptions exchanged and compared (a size or a type that
+    /// differs is `Mismatch` on every rank), every peer's segment mapped here.
+    pub(crate) fn alloc_symmetric_mem(
+        &self,
+        bytes: usize,
+        lamport: Option<DataType>,
+    ) -> Result<SymmetricParts<MockMemory>> {
+        self.live()?;
+        if !cfg!(target_os = "linux") {
+            return Err(Error::unsupported(
+                "symmetric memory on the mock",
+                "Linux (memfd segments)",
+                std::env::consts::OS,
+            ));
+        }
+        let (w, me) = (self.ctx.world, self.ctx.rank);
+        let too_big = || Error::invalid("len", format!("{bytes} bytes per rank overflow"));
+        let data = round_up(bytes.max(1)).ok_or_else(too_big)?;
+        let work = match lamport {
+            Some(_) => data.checked_mul(3 * w).ok_or_else(too_big)?,
+            None => 0,
+        };
+        let total = data
+            .checked_add(PAD_BYTES)
+            .and_then(|x| x.checked_add(work))
+            .ok_or_else(too_big)?;
+        let own = MockMemory::new(total, self.owner(), true)?;
+        if let Some(t) = lamport {
+            kernels::poison(&own, data + PAD_BYTES, work, t, self.ctx.timeout)?;
+        }
+        let all = self.exchange_symmetric(&own, bytes, lamport)?;
+        #[cfg(target_os = "linux")]
+        let (maps, bases) = map_peers(&all, me, own.address())?;
+        #[cfg(not(target_os = "linux"))]
+        let bases = vec![own.address(); w];
+        let record = Record {
+            _own: own.clone(),
+            #[cfg(target_os = "linux")]
+            _maps: maps,
+            bases,
+            bytes,
+            pad_at: data,
+            lamport,
+        };
+        let peers = (0..w).map(|p| record.bases[p]).collect();
+        let pads = (0..w).map(|p| record.pad(p)).collect();
+        let handle = RawHandle(self.symmetric.next.fetch_add(1, Ordering::Relaxed));
+        self.symmetric
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, Arc::new(record));
+        Ok(SymmetricParts {
+            mem: own,
+            handle,
+            peers,
+            pads,
+            bytes,
+        })
+    }
+
+    /// Every rank's description of its allocation, compared: the same size and Lamport
+    /// type everywhere.
+    fn exchange_symmetric(
+        &self,
+        own: &MockMemory,
+        bytes: usize,
+        lamport: Option<DataType>,
+    ) -> Result<Vec<Desc>> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let desc = Desc {
+            sig: Signature {
+                kind: "alloc_symmetric",
+                count: bytes,
+                dtype: lamport,
+                op: None,
+                root: None,
+                send_reg: None,
+                recv_reg: None,
+            },
+            send: own.address(),
+            recv: 0,
+            send_at: own.inner.remote(0),
+            recv_at: None,
+        };
+        let fabric = &*self.ctx.fabric;
+        let deadline = std::time::Instant::now() + self.ctx.timeout;
+        let r = fabric
+            .gather(seq, self.ctx.rank, desc, deadline)
+            .and_then(|all| crate::agree::agree(&all).map(|()| all));
+        fabric.leave(seq, r.is_err(), deadline);
+        r
+    }
+
+    /// Releases this rank's view (the pending kernels hold theirs).
+    pub(crate) fn free_symmetric_mem(&self, handle: RawHandle) -> Result<()> {
+        self.symmetric
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle)
+            .map(drop)
+            .ok_or_else(|| unknown(handle))
+    }
+}
+
+/// Every peer's segment mapped here, and every rank's base address here.
+#[cfg(target_os = "linux")]
+#[allow(clippy::type_complexity, reason = "the mappings and the addresses")]
+fn map_peers(
+    all: &[Desc],
+    me: usize,
+    own: usize,
+) -> Result<(Vec<Option<crate::shm::PeerMap>>, Vec<usize>)> {
+    let mut maps = Vec::with_capacity(all.len());
+    let mut bases = Vec::with_capacity(all.len());
+    for (p, d) in all.iter().enumerate() {
+        if p == me {
+            maps.push(None);
+            bases.push(own);
+            continue;
+        }
+        let remote = d.send_at.ok_or_else(|| {
+            Error::invalid(
+                "symmetric",
+                format!("rank {p}'s allocation is not shared memory"),
+            )
+        })?;
+        let m = crate::shm::PeerMap::open(&remote)?;
+        bases.push(m.addr(remote.offset));
+        maps.push(Some(m));
+    }
+    Ok((maps, bases))
+}
+
+impl MockComm {
+    /// One symmetric operation as a job of `stream` (recorded for a graph's replays while it
+    /// captures), checked first: the allocation is this communicator's, the count inside it,
+    /// the Lamport workspace of this type, the buffers this rank's and large enough.
+    pub(crate) fn symmetric_enqueue(
+        &self,
+        op: SymmetricOp<'_, MockMemory>,
+        stream: &MockStream,
+    ) -> Result<()> {
+        self.live()?;
+        self.check_stream(stream)?;
+        let (rec, kernel) = match op {
+            SymmetricOp::Barrier { handle } => (self.symmetric.get(handle)?, None),
+            SymmetricOp::AllReduce {
+                handle,
+                count,
+                dtype,
+                op,
+                algorithm,
+                out,
+                norm,
+            } => {
+                let rec = self.symmetric.get(handle)?;
+                let ty = Ty::of(dtype)?;
+                if count
+                    .checked_mul(dtype.size())
+                    .is_none_or(|b| b > rec.bytes)
+                {
+                    return Err(Error::invalid(
+                        "count",
+                        format!("{count} x {dtype} past the {}-byte allocation", rec.bytes),
+                    ));
+                }
+                if algorithm == SymmetricAlgorithm::Lamport && rec.lamport != Some(dtype) {
+                    return Err(Error::invalid(
+                        "algorithm",
+                        format!(
+                            "the allocation's Lamport workspace is for {:?}, not {dtype}",
+                            rec.lamport
+                        ),
+                    ));
+                }
+                self.check_memory(out.mem)?;
+                out.holds(count, dtype, "out")?;
+                let norm = match norm {
+                    None => None,
+                    Some(n) => Some(self.norm_of(n, count, dtype)?),
+                };
+                let k = Reduce {
+                    count,
+                    ty,
+                    op,
+                    algorithm,
+                    out: local(&out),
+                    norm,
+                };
+                (rec, Some(Arc::new(k)))
+            }
+        };
+        let ctx = self.ctx.clone();
+        stream.push_replayable(Arc::new(move || {
+            let (rec, ctx, kernel) = (rec.clone(), ctx.clone(), kernel.clone());
+            Box::new(move || {
+                let run = Run {
+                    deadline: std::time::Instant::now() + ctx.timeout,
+                    rec,
+                    ctx,
+                };
+                match &kernel {
+                    None => run.barrier(),
+                    Some(k) => kernels::all_reduce(&run, k),
+                }
+            })
+        }))
+    }
+
+    fn norm_of(
+        &self,
+        n: unicomm_core::symmetric::RmsNorm<'_, MockMemory>,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<Norm> {
+        self.check_memory(n.residual.mem)?;
+        self.check_memory(n.weight.mem)?;
+        n.residual.holds(count, dtype, "residual")?;
+        n.weight.holds(n.hidden, dtype, "weight")?;
+        Ok(Norm {
+            residual: local(&n.residual),
+            weight: local(&n.weight),
+            hidden: n.hidden,
+            eps: n.eps,
+        })
+    }
+}
+
+fn local(s: &unicomm_core::Slice<'_, MockMemory>) -> Local {
+    Local {
+        alloc: s.mem.inner.clone(),
+        offset: s.offset,
+    }
+}

@@ -1,0 +1,60 @@
+//! The fused residual add and RMSNorm after a symmetric all-reduce, on the mock: for each
+//! row of `hidden` elements, `residual = sum + residual` (rounded to the type, as an add
+//! kernel would), then `out = residual * (1 / sqrt(mean(residual^2) + eps)) * weight`, the
+//! mean and the scale in f32 (the precision of the fused kernels engines run).
+
+use std::time::Duration;
+
+use unicomm_core::{ReduceOp, Result};
+
+use super::kernels::{bits, put, read, value, Local, Norm, Ty};
+
+/// `sums` (the all-reduce's result, as bits) added to `n.residual` (overwritten with the
+/// sum) and normalised into `out`. Each allocation is locked on its own, in turn (the
+/// residual, the weight and the output may share one).
+pub(crate) fn add_and_norm(
+    ty: Ty,
+    sums: &[u32],
+    n: &Norm,
+    out: &Local,
+    timeout: Duration,
+) -> Result<()> {
+    let residual: Vec<u32> = {
+        let _g = n.residual.alloc.read_lock(timeout)?;
+        (0..sums.len()).map(|i| read(&n.residual, ty, i)).collect()
+    };
+    let weight: Vec<f32> = {
+        let _g = n.weight.alloc.read_lock(timeout)?;
+        (0..n.hidden)
+            .map(|i| value(ty, read(&n.weight, ty, i)) as f32)
+            .collect()
+    };
+    let summed: Vec<u32> = sums
+        .iter()
+        .zip(&residual)
+        .map(|(&s, &r)| ty.reduce(ReduceOp::Sum, s, r))
+        .collect();
+    let mut normed = Vec::with_capacity(summed.len());
+    for row in summed.chunks(n.hidden) {
+        let xs: Vec<f32> = row.iter().map(|&b| value(ty, b) as f32).collect();
+        let scale = rms_scale(&xs, n.eps);
+        normed.extend(
+            xs.iter()
+                .zip(&weight)
+                .map(|(&x, &w)| bits(ty, f64::from(x * scale * w))),
+        );
+    }
+    {
+        let _g = n.residual.alloc.write_lock(timeout)?;
+        for (i, &b) in summed.iter().enumerate() {
+            put(&n.residual, ty, i, b);
+        }
+    }
+    super::kernels::write(out, ty, &normed, timeout)
+}
+
+/// `1 / sqrt(mean(x^2) + eps)` in f32, the squares summed in order.
+pub(crate) fn rms_scale(xs: &[f32], eps: f32) -> f32 {
+    let ss: f32 = xs.iter().map(|x| x * x).sum();
+    1.0 / (ss / xs.len() as f32 + eps).sqrt()
+}

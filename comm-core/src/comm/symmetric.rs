@@ -1,0 +1,301 @@
+//! Symmetric memory, typed: [`Symmetric`] (one allocation per rank, every rank's mapped on
+//! every rank, a signal pad per rank) and unicomm's own kernels on it, an all-reduce of
+//! three algorithms and the fused all-reduce + residual add + RMSNorm. Checked here (types,
+//! reductions, counts, this rank's memory) before anything is enqueued.
+
+use std::marker::PhantomData;
+use std::ops::RangeBounds;
+
+use super::Comm;
+use crate::backend::Collective;
+use crate::buffer::{owned_buffer_methods, range_of, DeviceSlice, DeviceSliceMut, View, ViewMut};
+use crate::element::{Element, ReduceOp};
+use crate::registry::RawHandle;
+use crate::symmetric::{
+    check_symmetric_op, check_symmetric_type, RmsNorm, SymmetricAlgorithm, SymmetricArgs,
+    SymmetricOp, SymmetricParts, MAX_SYMMETRIC_WORLD,
+};
+use crate::{Error, Result};
+
+/// A symmetric allocation: `len` elements on every rank of the communicator, each rank's
+/// mapped on every rank, with a signal pad per rank. It borrows its communicator (which
+/// cannot end while it lives) and is this rank's buffer for every other call (a
+/// [`DeviceSlice`]). Dropping it releases this rank's view; work still pending on it keeps
+/// what it uses, and peers' views stay valid (memory is freed when its last mapping goes).
+pub struct Symmetric<'c, T: Element, C: Collective> {
+    comm: &'c Comm<C>,
+    mem: C::Memory,
+    handle: RawHandle,
+    len: usize,
+    peers: Vec<usize>,
+    pads: Vec<usize>,
+    lamport: bool,
+    _t: PhantomData<T>,
+}
+
+owned_buffer_methods!(['c, T: Element, C: Collective] Symmetric<'c, T, C>, self => &self.mem, self.len);
+
+impl<T: Element, C: Collective> Symmetric<'_, T, C> {
+    /// Where rank `rank`'s data lies in this process (`InvalidArgument` for a rank outside
+    /// the world): a number, to hand to an engine's kernel ([`Symmetric::kernel_args`]).
+    pub fn peer_address(&self, rank: usize) -> Result<usize> {
+        self.peers.get(rank).copied().ok_or_else(|| {
+            Error::invalid(
+                "rank",
+                format!("rank {rank} is not in a world of {}", self.peers.len()),
+            )
+        })
+    }
+
+    /// What an engine's own kernel takes to reach every rank's data and signal pad (the
+    /// rules it keeps: [`SymmetricArgs`]).
+    pub fn kernel_args(&self) -> SymmetricArgs {
+        let table = |v: &[usize]| {
+            let mut t = [0u64; MAX_SYMMETRIC_WORLD];
+            for (slot, &a) in t.iter_mut().zip(v) {
+                *slot = a as u64;
+            }
+            t
+        };
+        SymmetricArgs {
+            rank: self.comm.rank() as u32,
+            world: self.peers.len() as u32,
+            bytes: (self.len * std::mem::size_of::<T>()) as u64,
+            peers: table(&self.peers),
+            pads: table(&self.pads),
+        }
+    }
+
+    /// Whether it carries the Lamport all-reduce's workspace.
+    pub fn has_lamport(&self) -> bool {
+        self.lamport
+    }
+
+    /// The handle of the allocation on its communicator.
+    pub fn handle(&self) -> RawHandle {
+        self.handle
+    }
+}
+
+impl<T: Element, C: Collective> Drop for Symmetric<'_, T, C> {
+    fn drop(&mut self) {
+        // Local and bounded: the backend keeps what pending work uses; errors cannot be
+        // reported from drop (`Comm::free_symmetric` reports them).
+        let _ = self.comm.backend().free_symmetric(self.handle);
+    }
+}
+
+impl<C: Collective> Comm<C> {
+    /// Allocates `len` elements of symmetric memory on every rank (collective and
+    /// host-blocking: every rank calls it with the same `len`, in the same order; sizes that
+    /// differ are `Mismatch` on every rank), each rank's mapped on every rank, with a
+    /// signal pad per rank, zeroed. At most [`MAX_SYMMETRIC_WORLD`] ranks. Not inside a
+    /// graph's capture.
+    pub fn alloc_symmetric<T: Element>(&self, len: usize) -> Result<Symmetric<'_, T, C>> {
+        self.symmetric_with::<T>(len, false)
+    }
+
+    /// [`Comm::alloc_symmetric`] with the workspace of the Lamport all-reduce (three rounds
+    /// of `world` slots of `len` elements per rank, filled with negative zeros): for
+    /// [`SymmetricAlgorithm::Lamport`], of this element type only (f32, f16, bf16).
+    pub fn alloc_symmetric_lamport<T: Element>(&self, len: usize) -> Result<Symmetric<'_, T, C>> {
+        check_symmetric_type(T::DTYPE)?;
+        self.symmetric_with::<T>(len, true)
+    }
+
+    fn symmetric_with<T: Element>(&self, len: usize, lamport: bool) -> Result<Symmetric<'_, T, C>> {
+        crate::capturing::refuse_in_capture("alloc_symmetric")?;
+        let w = self.world_size();
+        if w > MAX_SYMMETRIC_WORLD {
+            return Err(Error::unsupported(
+                "symmetric memory",
+                format!("at most {MAX_SYMMETRIC_WORLD} ranks (one NVLink domain)"),
+                format!("a world of {w}"),
+            ));
+        }
+        let bytes = crate::buffer::elem_bytes::<T>(len, "len")?;
+        let SymmetricParts {
+            mem,
+            handle,
+            peers,
+            pads,
+            ..
+        } = self
+            .backend()
+            .alloc_symmetric(bytes, lamport.then_some(T::DTYPE))?;
+        Ok(Symmetric {
+            comm: self,
+            mem,
+            handle,
+            len,
+            peers,
+            pads,
+            lamport,
+            _t: PhantomData,
+        })
+    }
+
+    /// Releases a symmetric allocation, reporting what its drop cannot.
+    pub fn free_symmetric<T: Element>(&self, mut sym: Symmetric<'_, T, C>) -> Result<()> {
+        let r = self.backend().free_symmetric(sym.handle);
+        // Released once: the drop's release of the same handle finds it gone and is ignored.
+        sym.handle = RawHandle(usize::MAX);
+        r
+    }
+
+    /// All-reduces the first `count` elements of every rank's part of `input` into `out`
+    /// with unicomm's own kernel of `algorithm` (every rank calls it with the same count,
+    /// algorithm and reduction: a count that differs is `Mismatch` on every rank). f32,
+    /// f16, bf16; sum, max, min; the sum in rank order, so every rank holds the same bits.
+    /// [`SymmetricAlgorithm::TwoShot`] overwrites `input`'s chunks with their sums.
+    pub fn all_reduce_symmetric<T: Element>(
+        &self,
+        input: &Symmetric<'_, T, C>,
+        count: usize,
+        out: &mut impl DeviceSliceMut<T, C>,
+        (op, algorithm): (ReduceOp, SymmetricAlgorithm),
+        stream: &C::Stream,
+    ) -> Result<()> {
+        let out = out.view_mut().into_view();
+        let sym = self.symmetric_all_reduce_op(input, count, (&out, None), (op, algorithm))?;
+        self.sole()?.symmetric(sym, stream)
+    }
+
+    /// The step that ends a tensor-parallel decoder layer, in one kernel: for each row of
+    /// `weight.len()` elements of the first `count` elements, `residual += allreduce(input)`,
+    /// then `out = residual / sqrt(mean(residual^2) + eps) * weight` (f32 inside). The
+    /// unfused sequence (an all-reduce, an add, a norm) is its reference.
+    #[allow(clippy::too_many_arguments, reason = "the fused step's operands")]
+    pub fn all_reduce_rms_norm<T: Element>(
+        &self,
+        input: &Symmetric<'_, T, C>,
+        count: usize,
+        residual: &mut impl DeviceSliceMut<T, C>,
+        weight: &impl DeviceSlice<T, C>,
+        out: &mut impl DeviceSliceMut<T, C>,
+        (eps, algorithm): (f32, SymmetricAlgorithm),
+        stream: &C::Stream,
+    ) -> Result<()> {
+        let (res, w) = (residual.view_mut().into_view(), weight.view());
+        let out = out.view_mut().into_view();
+        let sym = self.symmetric_all_reduce_op(
+            input,
+            count,
+            (&out, Some((&res, &w, eps))),
+            (ReduceOp::Sum, algorithm),
+        )?;
+        self.sole()?.symmetric(sym, stream)
+    }
+
+    /// A barrier over `sym`'s signal pads in stream order on `stream`: the work after it
+    /// on every rank runs after the work before it on every rank.
+    pub fn symmetric_barrier<T: Element>(
+        &self,
+        sym: &Symmetric<'_, T, C>,
+        stream: &C::Stream,
+    ) -> Result<()> {
+        self.own(sym)?;
+        super::direct_call()?;
+        self.sole()?
+            .symmetric(SymmetricOp::Barrier { handle: sym.handle }, stream)
+    }
+
+    fn own<T: Element>(&self, sym: &Symmetric<'_, T, C>) -> Result<()> {
+        if !std::ptr::eq(sym.comm, self) {
+            return Err(Error::invalid(
+                "input",
+                "a symmetric allocation of another communicator",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The backend's operation, checked: this communicator's allocation, a type and a
+    /// reduction the kernels have, the counts inside every buffer, this rank's memory.
+    #[allow(clippy::type_complexity, reason = "the fused operands, borrowed")]
+    pub(crate) fn symmetric_all_reduce_op<'v, T: Element>(
+        &self,
+        input: &Symmetric<'_, T, C>,
+        count: usize,
+        (out, norm): (
+            &View<'v, T, C>,
+            Option<(&View<'v, T, C>, &View<'v, T, C>, f32)>,
+        ),
+        (op, algorithm): (ReduceOp, SymmetricAlgorithm),
+    ) -> Result<SymmetricOp<'v, C::Memory>> {
+        self.own(input)?;
+        check_symmetric_type(T::DTYPE)?;
+        check_symmetric_op(op)?;
+        if count > input.len {
+            return Err(Error::invalid(
+                "count",
+                format!(
+                    "{count} elements of a {}-element symmetric allocation",
+                    input.len
+                ),
+            ));
+        }
+        if algorithm == SymmetricAlgorithm::Lamport && !input.lamport {
+            return Err(Error::invalid(
+                "algorithm",
+                "the Lamport all-reduce needs its workspace: allocate with alloc_symmetric_lamport",
+            ));
+        }
+        self.check(out)?;
+        let out = out
+            .slice(..count)
+            .map_err(|_| short("out", out.len(), count))?;
+        let norm = match norm {
+            None => None,
+            Some((res, weight, eps)) => Some(self.norm_of(count, (res, weight), eps)?),
+        };
+        Ok(SymmetricOp::AllReduce {
+            handle: input.handle,
+            count,
+            dtype: T::DTYPE,
+            op,
+            algorithm,
+            out: out.raw(),
+            norm,
+        })
+    }
+
+    fn norm_of<'v, T: Element>(
+        &self,
+        count: usize,
+        (res, weight): (&View<'v, T, C>, &View<'v, T, C>),
+        eps: f32,
+    ) -> Result<RmsNorm<'v, C::Memory>> {
+        self.check(res)?;
+        self.check(weight)?;
+        let hidden = weight.len();
+        if hidden == 0 || count % hidden != 0 {
+            return Err(Error::invalid(
+                "weight",
+                format!("rows of {hidden} elements do not tile {count} elements"),
+            ));
+        }
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(Error::invalid(
+                "eps",
+                format!("{eps}: a finite, non-negative epsilon"),
+            ));
+        }
+        let res = res
+            .slice(..count)
+            .map_err(|_| short("residual", res.len(), count))?;
+        Ok(RmsNorm {
+            residual: res.raw(),
+            weight: weight.raw(),
+            hidden,
+            eps,
+        })
+    }
+}
+
+fn short(arg: &'static str, len: usize, count: usize) -> Error {
+    Error::invalid(
+        arg,
+        format!("holds {len} elements, the operation needs {count}"),
+    )
+}

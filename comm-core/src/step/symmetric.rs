@@ -1,0 +1,78 @@
+//! unicomm's symmetric kernels through a [`Step`]: the allocation and the buffers borrowed
+//! for the graph's life. The capture's warm-up pass checks them and runs nothing (the
+//! kernels have no state to set up, and running one would overwrite the caller's data
+//! before the graph runs); every rank's barrier counters live in the signal pads, so the
+//! replays count on from where the eager calls left them.
+
+use super::Step;
+use crate::backend::Collective;
+use crate::buffer::{DeviceSlice, DeviceSliceMut};
+use crate::capturing::{Phase, StepCall};
+use crate::comm::{Comm, Symmetric};
+use crate::element::{Element, ReduceOp};
+use crate::symmetric::SymmetricAlgorithm;
+use crate::Result;
+
+impl<'a, C: Collective> Step<'a, C> {
+    /// [`Comm::all_reduce_symmetric`], through the step.
+    pub fn all_reduce_symmetric<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        input: &'a Symmetric<'_, T, C>,
+        count: usize,
+        out: &'a impl DeviceSliceMut<T, C>,
+        how: (ReduceOp, SymmetricAlgorithm),
+    ) -> Result<()> {
+        let out = out.view();
+        self.used(comm, &out);
+        let _call = StepCall::enter();
+        let op = comm.symmetric_all_reduce_op(input, count, (&out, None), how)?;
+        match self.phase {
+            Phase::Warm => Ok(()),
+            _ => comm.sole()?.symmetric(op, self.stream),
+        }
+    }
+
+    /// [`Comm::all_reduce_rms_norm`], through the step.
+    #[allow(clippy::too_many_arguments, reason = "the fused step's operands")]
+    pub fn all_reduce_rms_norm<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        input: &'a Symmetric<'_, T, C>,
+        count: usize,
+        residual: &'a impl DeviceSliceMut<T, C>,
+        weight: &'a impl DeviceSlice<T, C>,
+        out: &'a impl DeviceSliceMut<T, C>,
+        (eps, algorithm): (f32, SymmetricAlgorithm),
+    ) -> Result<()> {
+        let (res, w, out) = (residual.view(), weight.view(), out.view());
+        for v in [&res, &w, &out] {
+            self.used(comm, v);
+        }
+        let _call = StepCall::enter();
+        let op = comm.symmetric_all_reduce_op(
+            input,
+            count,
+            (&out, Some((&res, &w, eps))),
+            (ReduceOp::Sum, algorithm),
+        )?;
+        match self.phase {
+            Phase::Warm => Ok(()),
+            _ => comm.sole()?.symmetric(op, self.stream),
+        }
+    }
+
+    /// [`Comm::symmetric_barrier`], through the step.
+    pub fn symmetric_barrier<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        sym: &'a Symmetric<'_, T, C>,
+    ) -> Result<()> {
+        self.note_comm(comm);
+        let _call = StepCall::enter();
+        match self.phase {
+            Phase::Warm => Ok(()),
+            _ => comm.symmetric_barrier(sym, self.stream),
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Symmetric memory as a backend receives it: one allocation per rank of a communicator,
+//! every rank's mapped on every rank ([`SymmetricParts`]), a signal pad per rank (its
+//! layout: [`PAD_EPOCH`], [`pad_arrival`]), and the operations unicomm's own kernels run on
+//! it ([`SymmetricOp`]). The typed allocation is [`Symmetric`](crate::comm::Symmetric); an
+//! engine's own kernels take [`SymmetricArgs`].
+
+use crate::element::ReduceOp;
+use crate::op::Slice;
+use crate::registry::RawHandle;
+use crate::{DataType, Error, Result};
+
+/// The most ranks a symmetric allocation spans (one NVLink domain's GPUs; the size of the
+/// kernel argument's peer table).
+pub const MAX_SYMMETRIC_WORLD: usize = 16;
+
+/// Bytes of one rank's signal pad: a `u32` epoch ([`PAD_EPOCH`]) and one `u32` arrival
+/// word per peer ([`pad_arrival`]), then a `u64` count word ([`PAD_COUNT`]) and a `u32`
+/// Lamport round ([`PAD_ROUND`]), padded to 256 bytes.
+pub const PAD_BYTES: usize = 256;
+/// Byte offset, in a rank's pad, of its barrier epoch: the number of barriers it entered
+/// (wrapping `u32`), kept in the pad so that a graph's replays count on from the last.
+pub const PAD_EPOCH: usize = 0;
+/// Byte offset, in a rank's pad, of the count word: the element count of the operation in
+/// progress, written before its first barrier so that every rank can compare its peers'.
+pub const PAD_COUNT: usize = 8 + 4 * MAX_SYMMETRIC_WORLD;
+
+/// Byte offset, in a rank's pad, of its Lamport round: the number of Lamport all-reduces
+/// it ran on the allocation (wrapping `u32`; the round picks one of three workspaces).
+pub const PAD_ROUND: usize = PAD_COUNT + 8;
+
+/// Byte offset, in a rank's pad, of the arrival word peer `p` writes: the epoch of the last
+/// barrier `p` entered with this rank's world (wrapping `u32`; a barrier of epoch `e` is
+/// passed once every peer's word, read as `(word - e) as i32`, is at least 0).
+pub const fn pad_arrival(p: usize) -> usize {
+    8 + 4 * p
+}
+
+/// How unicomm's own all-reduce moves the data over symmetric memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SymmetricAlgorithm {
+    /// Every rank reads every peer's input and reduces it all: one barrier before (the
+    /// inputs are ready) and one after (no rank reads an input any more). Latency-bound
+    /// sizes.
+    OneShot,
+    /// Reduce-scatter by peer loads (rank `r` reduces chunk `r` of every input into its own
+    /// input's chunk `r`), a barrier, then all-gather by peer loads: less traffic per rank
+    /// for larger sizes. The input's chunks are overwritten by their sums.
+    TwoShot,
+    /// Every rank stores its input into each peer's slot of a workspace filled with a
+    /// poison value (negative zero), and each reduces its slots once none holds the poison:
+    /// no barrier (safe to replay from a graph back to back), three workspaces in turn. An
+    /// input's negative zeros are sent as positive zeros. Float types only; the allocation
+    /// must carry the workspace ([`Comm::alloc_symmetric_lamport`](crate::Comm::alloc_symmetric_lamport)).
+    Lamport,
+}
+
+impl SymmetricAlgorithm {
+    /// Its name, for logs and benchmark modes.
+    pub fn name(self) -> &'static str {
+        match self {
+            SymmetricAlgorithm::OneShot => "one-shot",
+            SymmetricAlgorithm::TwoShot => "two-shot",
+            SymmetricAlgorithm::Lamport => "lamport",
+        }
+    }
+}
+
+/// One rank's view of a symmetric allocation, as a backend made it.
+#[derive(Debug)]
+pub struct SymmetricParts<M> {
+    /// This rank's own allocation (its data from byte 0).
+    pub mem: M,
+    /// The allocation's handle on its communicator.
+    pub handle: RawHandle,
+    /// Each rank's data, at its address in this process (this rank's own included).
+    pub peers: Vec<usize>,
+    /// Each rank's signal pad ([`PAD_BYTES`]), at its address in this process.
+    pub pads: Vec<usize>,
+    /// Bytes of data per rank.
+    pub bytes: usize,
+}
+
+/// The residual add and RMSNorm fused after a symmetric all-reduce: for each row of
+/// `hidden` elements, `residual = allreduce(input) + residual`, then
+/// `out = residual / sqrt(mean(residual^2) + eps) * weight` (computed in f32).
+#[derive(Debug)]
+pub struct RmsNorm<'a, M> {
+    /// Read and overwritten with the sum (the next layer's residual).
+    pub residual: Slice<'a, M>,
+    /// `hidden` elements.
+    pub weight: Slice<'a, M>,
+    /// Elements per row.
+    pub hidden: usize,
+    /// Added to the mean of squares.
+    pub eps: f32,
+}
+
+impl<M> Clone for RmsNorm<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M> Copy for RmsNorm<'_, M> {}
+
+/// One operation on symmetric memory, as a backend receives it.
+#[derive(Debug)]
+pub enum SymmetricOp<'a, M> {
+    /// An all-reduce of the first `count` elements of every rank's data into `out` (and,
+    /// with `norm`, the fused residual add and RMSNorm).
+    AllReduce {
+        /// The symmetric allocation.
+        handle: RawHandle,
+        /// Elements.
+        count: usize,
+        /// Element type: f32, f16 or bf16.
+        dtype: DataType,
+        /// Sum, max or min.
+        op: ReduceOp,
+        /// How the data moves.
+        algorithm: SymmetricAlgorithm,
+        /// This rank's result (`count` elements).
+        out: Slice<'a, M>,
+        /// The fused norm, if any.
+        norm: Option<RmsNorm<'a, M>>,
+    },
+    /// A barrier over the allocation's signal pads, in stream order.
+    Barrier {
+        /// The symmetric allocation.
+        handle: RawHandle,
+    },
+}
+
+impl<'a, M> SymmetricOp<'a, M> {
+    /// The same operation over another memory type (`None`: memory of another backend, an
+    /// `InvalidArgument` error).
+    pub fn map_mem<N>(self, f: impl Fn(&'a M) -> Option<&'a N>) -> Result<SymmetricOp<'a, N>> {
+        let slice = |s: Slice<'a, M>, arg: &'static str| -> Result<Slice<'a, N>> {
+            Ok(Slice {
+                mem: f(s.mem).ok_or_else(|| {
+                    Error::invalid(arg, "memory of another backend than the communicator's")
+                })?,
+                offset: s.offset,
+                bytes: s.bytes,
+            })
+        };
+        Ok(match self {
+            SymmetricOp::Barrier { handle } => SymmetricOp::Barrier { handle },
+            SymmetricOp::AllReduce {
+                handle,
+                count,
+                dtype,
+                op,
+                algorithm,
+                out,
+                norm,
+            } => SymmetricOp::AllReduce {
+                handle,
+                count,
+                dtype,
+                op,
+                algorithm,
+                out: slice(out, "out")?,
+                norm: match norm {
+                    None => None,
+                    Some(n) => Some(RmsNorm {
+                        residual: slice(n.residual, "residual")?,
+                        weight: slice(n.weight, "weight")?,
+                        hidden: n.hidden,
+                        eps: n.eps,
+                    }),
+                },
+            },
+        })
+    }
+}
+
+/// The element types unicomm's symmetric kernels reduce.
+pub fn check_symmetric_type(dtype: DataType) -> Result<()> {
+    match dtype {
+        DataType::F32 | DataType::F16 | DataType::Bf16 => Ok(()),
+        other => Err(Error::unsupported(
+            format!("a symmetric all-reduce of {other}"),
+            "f32, f16 or bf16 (unicomm's symmetric kernels)",
+            other.name(),
+        )),
+    }
+}
+
+/// The reductions unicomm's symmetric kernels run.
+pub fn check_symmetric_op(op: ReduceOp) -> Result<()> {
+    match op {
+        ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min => Ok(()),
+        other => Err(Error::invalid(
+            "op",
+            format!("{other:?}: unicomm's symmetric kernels reduce by sum, max or min"),
+        )),
+    }
+}
+
+/// What an engine's own kernel takes to reach a symmetric allocation: this rank, the world,
+/// the bytes of data per rank, and every rank's data and signal pad at their addresses in
+/// this process (entries past `world` are 0). `#[repr(C)]`, passed by value as a kernel
+/// argument (`MAX_SYMMETRIC_WORLD` x 16 + 16 bytes).
+///
+/// The rules a kernel keeps (the one `unsafe` step is the engine's launch):
+/// - the addresses are valid while the [`Symmetric`](crate::comm::Symmetric) lives and
+///   only inside `bytes` of data (and [`PAD_BYTES`] of pad) from each;
+/// - a kernel reads a peer's data only after a barrier that follows the peer's writes (on
+///   the pads: [`PAD_EPOCH`], [`pad_arrival`]), and writes a peer's data only where the
+///   peer reads it after a later barrier;
+/// - a kernel that waits on a peer's word also gives up at a deadline or an abort flag, as
+///   unicomm's do: a dead peer must not hang the GPU.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SymmetricArgs {
+    /// This rank.
+    pub rank: u32,
+    /// Ranks.
+    pub world: u32,
+    /// Bytes of data per rank.
+    pub bytes: u64,
+    /// Each rank's data.
+    pub peers: [u64; MAX_SYMMETRIC_WORLD],
+    /// Each rank's signal pad.
+    pub pads: [u64; MAX_SYMMETRIC_WORLD],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pad's words fit its bytes for the largest world, and the layout a kernel reads
+    /// is the documented one.
+    #[test]
+    fn the_pad_layout_fits_and_the_kernel_argument_is_c_sized() {
+        assert!(pad_arrival(MAX_SYMMETRIC_WORLD - 1) + 4 <= PAD_COUNT);
+        assert!(PAD_ROUND + 4 <= PAD_BYTES);
+        assert_eq!(
+            std::mem::size_of::<SymmetricArgs>(),
+            16 + 16 * MAX_SYMMETRIC_WORLD
+        );
+        assert_eq!(
+            std::mem::offset_of!(SymmetricArgs, pads),
+            16 + 8 * MAX_SYMMETRIC_WORLD
+        );
+    }
+
+    #[test]
+    fn only_float_sums_maxima_and_minima() {
+        assert!(check_symmetric_type(DataType::Bf16).is_ok());
+        assert!(check_symmetric_type(DataType::I32).is_err());
+        assert!(check_symmetric_op(ReduceOp::Min).is_ok());
+        assert!(check_symmetric_op(ReduceOp::Avg).is_err());
+    }
+}
