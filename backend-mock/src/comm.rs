@@ -47,7 +47,7 @@ pub struct MockComm {
     /// The windows by the ordinal every rank gives them (where one-sided puts land).
     pub(crate) windows: Arc<crate::windows::Windows>,
     /// The symmetric allocations by handle.
-    pub(crate) symmetric: crate::symmetric::Table,
+    pub(crate) symmetric: crate::symmetric::table::Table,
 }
 
 impl std::fmt::Debug for MockComm {
@@ -158,7 +158,7 @@ impl MockComm {
             rejoin: self.rejoin.derived(step.as_bytes(), ranks),
             shrinks: AtomicU64::new(0),
             windows: crate::windows::windows(),
-            symmetric: crate::symmetric::Table::default(),
+            symmetric: crate::symmetric::table::Table::default(),
         }
     }
 

@@ -123,7 +123,7 @@ pub(crate) fn local_rank(
         rejoin,
         shrinks: AtomicU64::new(0),
         windows: crate::windows::windows(),
-        symmetric: crate::symmetric::Table::default(),
+        symmetric: crate::symmetric::table::Table::default(),
     })
 }
 
@@ -214,7 +214,7 @@ pub(crate) fn process_rank(
         rejoin,
         shrinks: AtomicU64::new(0),
         windows: crate::windows::windows(),
-        symmetric: crate::symmetric::Table::default(),
+        symmetric: crate::symmetric::table::Table::default(),
     })
 }
 

@@ -173,6 +173,17 @@ fn rank() {
             c.finalize().unwrap();
             println!("rank {r}: one-sided ring, eager and in a graph; RANK PASSED");
         }
+        "symmetric" => {
+            // Every rank's part mapped in every process (memfd segments): each algorithm
+            // exact, eager and replayed.
+            let one = std::slice::from_ref(&c);
+            let seen = unicomm_conformance::symmetric_all_reduce::<f32, _>(one, 33, 50);
+            assert_eq!(seen.unwrap(), vec![true], "rank {r}");
+            let seen = unicomm_conformance::symmetric_all_reduce::<half::bf16, _>(one, 16, 5);
+            assert_eq!(seen.unwrap(), vec![true], "rank {r}");
+            c.finalize().unwrap();
+            println!("rank {r}: symmetric kernels; RANK PASSED");
+        }
         "groups" => {
             let refused =
                 |check: &str| unicomm_conformance::group_check_refused_by_design(check, w, true);
@@ -282,6 +293,11 @@ fn rank() {
 
 /// Puts' bytes travel in their messages through rank 0's hub (parts of at most 4 MiB):
 /// the ring of the conformance case, across processes.
+#[test]
+fn symmetric_kernels_across_three_processes() {
+    all_passed(3, "symmetric", &[]);
+}
+
 #[test]
 fn one_sided_puts_and_signals_across_three_processes() {
     all_passed(3, "one_sided", &[("UNICOMM_MOCK_TARGET", "nccl-2.32.3")]);

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use unicomm_core::symmetric::{SymmetricAlgorithm, PAD_EPOCH};
+use unicomm_core::symmetric::{pad_arrival, SymmetricAlgorithm, PAD_EPOCH};
 use unicomm_core::{bf16, each_rank, Comm, DeviceStream, Error, ReduceOp};
 use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
@@ -64,4 +64,257 @@ fn ten_thousand_lamport_replays_are_exact() {
         Ok(())
     });
     seen.unwrap();
+}
+
+/// The reference of the fused step: the unfused all-reduce (the library path), then the add
+/// rounded to the type and the norm in f32, on the host.
+fn unfused(sum: &[f32], residual: &[f32], weight: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
+    let added: Vec<f32> = sum.iter().zip(residual).map(|(s, r)| s + r).collect();
+    let mut out = Vec::new();
+    for row in added.chunks(weight.len()) {
+        let ss: f32 = row.iter().map(|x| x * x).sum();
+        let scale = 1.0 / (ss / row.len() as f32 + eps).sqrt();
+        out.extend(row.iter().zip(weight).map(|(x, w)| x * scale * w));
+    }
+    (added, out)
+}
+
+/// At world 2 the sum's order is fixed: the fused kernel's residual and output are the bits
+/// of the all-reduce, the add and the norm run one after the other, for each algorithm.
+#[test]
+fn the_fused_norm_is_bit_exact_against_the_unfused_sequence_at_world_2() {
+    let (hidden, rows) = (48, 3);
+    let n = hidden * rows;
+    let cs = comms(2, Duration::from_secs(20));
+    let data = |r: usize, k: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 37 + r * 11 + k) % 101) as f32 / 7.3 - 6.1)
+            .collect()
+    };
+    let weight: Vec<f32> = (0..hidden).map(|i| 0.5 + i as f32 / 97.0).collect();
+    each_rank(&cs, |c| -> unicomm_core::Result<()> {
+        let st = c.create_stream()?;
+        let r = c.rank();
+        let sym = c.alloc_symmetric_lamport::<f32>(n)?;
+        let w = c.upload(&weight, &st)?;
+        let mut out = c.alloc::<f32>(n)?;
+        for (k, algorithm) in unicomm_conformance::ALGORITHMS.into_iter().enumerate() {
+            let res0: Vec<f32> = (0..n).map(|i| (i % 13) as f32 / 3.1 - 2.0).collect();
+            let mut residual = c.upload(&res0, &st)?;
+            sym.write_from_host(&data(r, k), &st)?;
+            c.all_reduce_rms_norm(&sym, n, &mut residual, &w, &mut out, (1e-5, algorithm), &st)?;
+            let mut plain = c.upload(&data(r, k), &st)?;
+            c.all_reduce_in_place(&mut plain, ReduceOp::Sum, &st)?;
+            let (res_want, out_want) = unfused(&plain.copy_to_host(&st)?, &res0, &weight, 1e-5);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&residual.copy_to_host(&st)?),
+                bits(&res_want),
+                "{algorithm:?} residual"
+            );
+            assert_eq!(
+                bits(&out.copy_to_host(&st)?),
+                bits(&out_want),
+                "{algorithm:?} output"
+            );
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The barrier's counters are wrapping `u32`s: started 3 below the wrap, 20 barriers and
+/// all-reduces later every rank is still in step.
+#[test]
+fn the_barrier_counters_cross_their_wrap_around() {
+    let cs = comms(3, Duration::from_secs(20));
+    each_rank(&cs, |c| -> unicomm_core::Result<()> {
+        let st = c.create_stream()?;
+        let sym = c.alloc_symmetric::<f32>(4)?;
+        let mut out = c.alloc::<f32>(4)?;
+        let args = sym.kernel_args();
+        let start = u32::MAX - 3;
+        // Every rank writes its own pad's epoch and arrival words (nothing runs on them yet),
+        // then all meet before any barrier reads them.
+        let words = std::iter::once(PAD_EPOCH).chain((0..c.world_size()).map(pad_arrival));
+        for word in words {
+            let at = args.pads[c.rank()] as usize + word;
+            // SAFETY: the words of this rank's own pad, mapped in this process while `sym`
+            // lives, 4-byte aligned; no kernel runs on the allocation during this write.
+            unsafe {
+                (*(at as *const std::sync::atomic::AtomicU32))
+                    .store(start, std::sync::atomic::Ordering::SeqCst)
+            };
+        }
+        c.barrier(&st)?;
+        st.synchronize()?;
+        for k in 0..10 {
+            c.symmetric_barrier(&sym, &st)?;
+            sym.write_from_host(&[(c.rank() + k) as f32; 4], &st)?;
+            c.all_reduce_symmetric(
+                &sym,
+                4,
+                &mut out,
+                (ReduceOp::Sum, SymmetricAlgorithm::OneShot),
+                &st,
+            )?;
+            assert_eq!(
+                out.copy_to_host(&st)?,
+                vec![(3 + 3 * k) as f32; 4],
+                "round {k}"
+            );
+        }
+        // SAFETY: this rank's epoch word, as above; the stream is idle.
+        let epoch = unsafe {
+            (*(args.pads[c.rank()] as *const std::sync::atomic::AtomicU32))
+                .load(std::sync::atomic::Ordering::SeqCst)
+        };
+        assert!(epoch < 100, "the epoch wrapped to {epoch}");
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Rank 1 allocates and never runs the all-reduce: rank 0's kernel ends at the deadline
+/// with `Timeout` naming the missing rank, for each algorithm that waits on a peer.
+#[test]
+fn a_peer_that_never_comes_ends_the_wait_at_the_deadline() {
+    for algorithm in unicomm_conformance::ALGORITHMS {
+        let cs = comms(2, Duration::from_millis(400));
+        let got = each_rank(&cs, |c| -> unicomm_core::Result<Option<Error>> {
+            let st = c.create_stream()?;
+            let sym = c.alloc_symmetric_lamport::<f32>(4)?;
+            let mut out = c.alloc::<f32>(4)?;
+            if c.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(900));
+                return Ok(None);
+            }
+            let t0 = Instant::now();
+            c.all_reduce_symmetric(&sym, 4, &mut out, (ReduceOp::Sum, algorithm), &st)?;
+            let e = st.synchronize().err();
+            assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+            Ok(e)
+        })
+        .unwrap();
+        match &got[0] {
+            Some(Error::Timeout { what, .. }) => assert!(what.contains("rank 1"), "{what}"),
+            other => panic!("{algorithm:?}: {other:?}"),
+        }
+    }
+}
+
+/// An abort of rank 0's communicator from another thread ends its kernel's wait at once
+/// (long before the 20 s deadline).
+#[test]
+fn an_abort_ends_a_waiting_kernel_at_once() {
+    let cs = comms(2, Duration::from_secs(20));
+    let c = &cs[0];
+    let st = c.create_stream().unwrap();
+    let (sym, mut out) = std::thread::scope(|s| {
+        let peer = s.spawn(|| cs[1].alloc_symmetric::<f32>(4).map(drop));
+        let sym = c.alloc_symmetric::<f32>(4).unwrap();
+        peer.join().unwrap().unwrap();
+        (sym, c.alloc::<f32>(4).unwrap())
+    });
+    let t0 = Instant::now();
+    c.all_reduce_symmetric(
+        &sym,
+        4,
+        &mut out,
+        (ReduceOp::Sum, SymmetricAlgorithm::OneShot),
+        &st,
+    )
+    .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            c.abort().unwrap();
+        });
+        let e = st.synchronize().unwrap_err();
+        assert!(matches!(e, Error::Aborted { .. }), "{e:?}");
+    });
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    drop(sym);
+}
+
+/// What the kernels cannot run is refused before anything is enqueued: a rank outside the
+/// world, a count past the allocation, Lamport without its workspace, a type or reduction
+/// the kernels lack, an output too short; sizes or counts that differ across the ranks are
+/// `Mismatch` on every rank.
+#[test]
+fn misuse_is_refused() {
+    let cs = comms(2, Duration::from_secs(5));
+    let got = each_rank(&cs, |c| -> unicomm_core::Result<()> {
+        let st = c.create_stream()?;
+        let invalid = |r: unicomm_core::Result<()>, arg: &str| match r {
+            Err(Error::InvalidArgument { argument, .. }) => assert_eq!(argument, arg),
+            other => panic!("{arg}: {other:?}"),
+        };
+        let sym = c.alloc_symmetric::<f32>(8)?;
+        invalid(sym.peer_address(2).map(drop), "rank");
+        assert!(sym.peer_address(1).is_ok());
+        let mut out = c.alloc::<f32>(8)?;
+        let mut short = c.alloc::<f32>(2)?;
+        let one = (ReduceOp::Sum, SymmetricAlgorithm::OneShot);
+        invalid(c.all_reduce_symmetric(&sym, 9, &mut out, one, &st), "count");
+        invalid(c.all_reduce_symmetric(&sym, 8, &mut short, one, &st), "out");
+        invalid(
+            c.all_reduce_symmetric(
+                &sym,
+                8,
+                &mut out,
+                (ReduceOp::Sum, SymmetricAlgorithm::Lamport),
+                &st,
+            ),
+            "algorithm",
+        );
+        invalid(
+            c.all_reduce_symmetric(
+                &sym,
+                8,
+                &mut out,
+                (ReduceOp::Avg, SymmetricAlgorithm::OneShot),
+                &st,
+            ),
+            "op",
+        );
+        let ints = c.alloc_symmetric::<i32>(4)?;
+        let mut iout = c.alloc::<i32>(4)?;
+        assert!(matches!(
+            c.all_reduce_symmetric(&ints, 4, &mut iout, one, &st),
+            Err(Error::Unsupported { .. })
+        ));
+        // Sizes that differ at allocation: Mismatch on both ranks.
+        match c.alloc_symmetric::<f32>(16 + c.rank()) {
+            Err(Error::Mismatch { .. }) => {}
+            other => panic!("{:?}", other.map(drop)),
+        }
+        Ok(())
+    });
+    got.unwrap();
+}
+
+/// Counts that differ across the ranks: each rank's kernel compares the counts in the pads
+/// after its first barrier and reports `Mismatch`, never reading past a peer's data.
+#[test]
+fn counts_that_differ_across_ranks_are_mismatch_on_every_rank() {
+    let cs = comms(2, Duration::from_secs(5));
+    let got = each_rank(&cs, |c| -> unicomm_core::Result<Error> {
+        let st = c.create_stream()?;
+        let sym = c.alloc_symmetric::<f32>(8)?;
+        let mut out = c.alloc::<f32>(8)?;
+        let n = 4 + c.rank();
+        c.all_reduce_symmetric(
+            &sym,
+            n,
+            &mut out,
+            (ReduceOp::Sum, SymmetricAlgorithm::TwoShot),
+            &st,
+        )?;
+        Ok(st.synchronize().unwrap_err())
+    })
+    .unwrap();
+    for e in got {
+        assert!(matches!(e, Error::Mismatch { what: "count", .. }), "{e:?}");
+    }
 }

@@ -6,6 +6,7 @@
 
 mod auth;
 mod backoff;
+mod client;
 mod deadline;
 mod drops;
 mod file;
@@ -24,7 +25,7 @@ pub use rejoin::Rejoin;
 pub use serving::Serving;
 pub use tcp::{exchange_unique_id, exchange_unique_ids, exchange_unique_ids_serving, MAX_IDS};
 #[cfg(test)]
-use {auth::*, backoff::*, file::listed_acks, serve::*, tcp::*};
+use {auth::*, backoff::*, client::*, file::listed_acks, serve::*, tcp::*};
 
 #[cfg(test)]
 mod tests;

@@ -464,7 +464,7 @@ fn a_rank_slow_to_acknowledge_is_still_counted() {
             late: crate::serve::PER_CONNECTION + Duration::from_millis(700),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        let ids = crate::tcp::join(&mut slow, &env(1, 2, port), 1, deadline).map_err(|_| "join");
+        let ids = crate::client::join(&mut slow, &env(1, 2, port), 1, deadline).map_err(|_| "join");
         let t = Instant::now();
         let r0 = r0.join().unwrap();
         assert_eq!(ids.unwrap(), vec![6u8; 128]);

@@ -1,7 +1,7 @@
 //! Symmetric memory as a backend receives it: one allocation per rank of a communicator,
 //! every rank's mapped on every rank ([`SymmetricParts`]), a signal pad per rank (its
 //! layout: [`PAD_EPOCH`], [`pad_arrival`]), and the operations unicomm's own kernels run on
-//! it ([`SymmetricOp`]). The typed allocation is [`Symmetric`](crate::comm::Symmetric); an
+//! it ([`SymmetricOp`]). The typed allocation is [`Symmetric`](crate::Symmetric); an
 //! engine's own kernels take [`SymmetricArgs`].
 
 use crate::element::ReduceOp;
@@ -203,7 +203,7 @@ pub fn check_symmetric_op(op: ReduceOp) -> Result<()> {
 /// argument (`MAX_SYMMETRIC_WORLD` x 16 + 16 bytes).
 ///
 /// The rules a kernel keeps (the one `unsafe` step is the engine's launch):
-/// - the addresses are valid while the [`Symmetric`](crate::comm::Symmetric) lives and
+/// - the addresses are valid while the [`Symmetric`](crate::Symmetric) lives and
 ///   only inside `bytes` of data (and [`PAD_BYTES`] of pad) from each;
 /// - a kernel reads a peer's data only after a barrier that follows the peer's writes (on
 ///   the pads: [`PAD_EPOCH`], [`pad_arrival`]), and writes a peer's data only where the
@@ -233,8 +233,8 @@ mod tests {
     /// is the documented one.
     #[test]
     fn the_pad_layout_fits_and_the_kernel_argument_is_c_sized() {
-        assert!(pad_arrival(MAX_SYMMETRIC_WORLD - 1) + 4 <= PAD_COUNT);
-        assert!(PAD_ROUND + 4 <= PAD_BYTES);
+        const { assert!(pad_arrival(MAX_SYMMETRIC_WORLD - 1) + 4 <= PAD_COUNT) };
+        const { assert!(PAD_ROUND + 4 <= PAD_BYTES) };
         assert_eq!(
             std::mem::size_of::<SymmetricArgs>(),
             16 + 16 * MAX_SYMMETRIC_WORLD

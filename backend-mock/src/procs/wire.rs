@@ -186,6 +186,7 @@ pub(crate) const KINDS: &[&str] = &[
     "WindowDeregister",
     "CommSplit",
     "CommSplitHub",
+    "SymmetricAlloc",
 ];
 
 /// The wire code of a pre-multiplied sum (after the built-in reductions' `ncclRedOp_t`s).

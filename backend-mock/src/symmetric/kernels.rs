@@ -19,7 +19,7 @@ use half::{bf16, f16};
 use unicomm_core::symmetric::{pad_arrival, SymmetricAlgorithm, PAD_COUNT, PAD_EPOCH, PAD_ROUND};
 use unicomm_core::{DataType, Error, ReduceOp, Result};
 
-use super::Record;
+use super::table::Record;
 use crate::exec::RankCtx;
 use crate::memory::{HostAlloc, MockMemory};
 
@@ -169,7 +169,7 @@ impl Run {
         let mut spins = 0u32;
         while !ready() {
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 if let Some(e) = self.ctx.fabric.poisoned() {
                     return Err(e);
                 }
@@ -260,17 +260,12 @@ pub(crate) struct Norm {
     pub eps: f32,
 }
 
-/// One all-reduce (and its fused norm) on this rank.
-pub(crate) fn all_reduce(run: &Run, k: &Reduce) -> Result<()> {
-    let sums = match k.algorithm {
-        SymmetricAlgorithm::OneShot => one_shot(run, k)?,
-        SymmetricAlgorithm::TwoShot => two_shot(run, k)?,
-        SymmetricAlgorithm::Lamport => lamport(run, k)?,
-    };
-    let t = run.ctx.timeout;
-    match &k.norm {
-        None => write(&k.out, k.ty, &sums, t),
-        Some(n) => super::norm::add_and_norm(k.ty, &sums, n, &k.out, t),
+/// One all-reduce on this rank: its result, as bits (written, or normed, by the caller).
+pub(crate) fn sums(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
+    match k.algorithm {
+        SymmetricAlgorithm::OneShot => one_shot(run, k),
+        SymmetricAlgorithm::TwoShot => two_shot(run, k),
+        SymmetricAlgorithm::Lamport => lamport(run, k),
     }
 }
 
@@ -311,12 +306,12 @@ fn two_shot(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
 fn reduce_range(run: &Run, k: &Reduce, range: std::ops::Range<usize>) -> Vec<u32> {
     range
         .map(|i| {
+            // SAFETY: element `i < count` of a rank's data (count checked against the
+            // allocation at enqueue), inside its mapping, which the record keeps.
+            let load = |b: usize| unsafe { k.ty.load(b, i) };
             let mut ranks = run.rec.bases.iter();
-            // SAFETY (both loads): element `i < count` of a rank's data, inside its mapping.
-            let first = ranks.next().map_or(0, |&b| unsafe { k.ty.load(b, i) });
-            ranks.fold(first, |acc, &b| {
-                k.ty.reduce(k.op, acc, unsafe { k.ty.load(b, i) })
-            })
+            let first = ranks.next().map_or(0, |&b| load(b));
+            ranks.fold(first, |acc, &b| k.ty.reduce(k.op, acc, load(b)))
         })
         .collect()
 }
@@ -336,6 +331,7 @@ fn lamport(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
             // workspace `b` (each slot holds the data's bytes).
             let x = unsafe { t.load(input, i) };
             let x = if x == t.poison() { 0 } else { x };
+            // SAFETY: as above, the store into the peer's slot.
             unsafe { t.store(slot, i, x) };
         }
     }

@@ -10,9 +10,8 @@
 //! ([`PAD_BYTES`]), then, for the Lamport all-reduce, three workspaces of `world` slots of
 //! the data's size each.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use unicomm_core::registry::RawHandle;
 use unicomm_core::symmetric::{SymmetricAlgorithm, SymmetricOp, SymmetricParts, PAD_BYTES};
@@ -23,65 +22,11 @@ use crate::fabric::{Desc, Signature};
 use crate::memory::MockMemory;
 use crate::stream::MockStream;
 use kernels::{Local, Norm, Reduce, Run, Ty};
+use table::{unknown, Record};
 
 pub(crate) mod kernels;
 mod norm;
-
-/// One rank's view of a symmetric allocation: its own memory and its mappings of every
-/// peer's, kept while the allocation or work on it lives.
-pub(crate) struct Record {
-    /// This rank's allocation (what `Symmetric`'s buffer is), kept while work uses it.
-    pub _own: MockMemory,
-    /// The peers' allocations mapped here (`None` for this rank).
-    #[cfg(target_os = "linux")]
-    _maps: Vec<Option<crate::shm::PeerMap>>,
-    /// Each rank's allocation, at its address here.
-    pub bases: Vec<usize>,
-    /// Bytes of data per rank, and where the pad and the workspaces start.
-    pub bytes: usize,
-    pub pad_at: usize,
-    pub lamport: Option<DataType>,
-}
-
-impl Record {
-    /// Rank `p`'s signal pad, at its address here.
-    pub(crate) fn pad(&self, p: usize) -> usize {
-        self.bases[p] + self.pad_at
-    }
-
-    /// Rank `p`'s Lamport workspace `b` (0..3), slot `slot`, at its address here.
-    pub(crate) fn lamport_slot(&self, p: usize, b: usize, slot: usize) -> usize {
-        let world = self.bases.len();
-        self.bases[p] + self.pad_at + PAD_BYTES + (b * world + slot) * self.bytes
-    }
-}
-
-/// A communicator's symmetric allocations by handle.
-#[derive(Default)]
-pub(crate) struct Table {
-    next: std::sync::atomic::AtomicUsize,
-    live: Mutex<HashMap<RawHandle, Arc<Record>>>,
-}
-
-impl Table {
-    /// The allocation `handle` names (`InvalidArgument` for one this communicator does not
-    /// hold).
-    pub(crate) fn get(&self, handle: RawHandle) -> Result<Arc<Record>> {
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&handle)
-            .cloned()
-            .ok_or_else(|| unknown(handle))
-    }
-}
-
-fn unknown(handle: RawHandle) -> Error {
-    Error::invalid(
-        "handle",
-        format!("symmetric allocation {handle:?} is not one of this communicator's (freed, or another's)"),
-    )
-}
+pub(crate) mod table;
 
 /// Rounds `n` up to a multiple of 256.
 fn round_up(n: usize) -> Option<usize> {
@@ -105,7 +50,7 @@ impl MockComm {
                 std::env::consts::OS,
             ));
         }
-        let (w, me) = (self.ctx.world, self.ctx.rank);
+        let w = self.ctx.world;
         let too_big = || Error::invalid("len", format!("{bytes} bytes per rank overflow"));
         let data = round_up(bytes.max(1)).ok_or_else(too_big)?;
         let work = match lamport {
@@ -120,9 +65,8 @@ impl MockComm {
         if let Some(t) = lamport {
             kernels::poison(&own, data + PAD_BYTES, work, t, self.ctx.timeout)?;
         }
-        let all = self.exchange_symmetric(&own, bytes, lamport)?;
         #[cfg(target_os = "linux")]
-        let (maps, bases) = map_peers(&all, me, own.address())?;
+        let (maps, bases) = self.exchange_symmetric(&own, bytes, lamport)?;
         #[cfg(not(target_os = "linux"))]
         let bases = vec![own.address(); w];
         let record = Record {
@@ -151,18 +95,21 @@ impl MockComm {
         })
     }
 
-    /// Every rank's description of its allocation, compared: the same size and Lamport
-    /// type everywhere.
+    /// Every rank's description of its allocation, compared (the same size and Lamport
+    /// type everywhere), every peer's segment mapped here, and a barrier: no rank returns
+    /// (and may free its part) before every rank mapped it.
+    #[cfg(target_os = "linux")]
+    #[allow(clippy::type_complexity, reason = "the mappings and the addresses")]
     fn exchange_symmetric(
         &self,
         own: &MockMemory,
         bytes: usize,
         lamport: Option<DataType>,
-    ) -> Result<Vec<Desc>> {
+    ) -> Result<(Vec<Option<crate::shm::PeerMap>>, Vec<usize>)> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let desc = Desc {
             sig: Signature {
-                kind: "alloc_symmetric",
+                kind: "SymmetricAlloc",
                 count: bytes,
                 dtype: lamport,
                 op: None,
@@ -177,9 +124,12 @@ impl MockComm {
         };
         let fabric = &*self.ctx.fabric;
         let deadline = std::time::Instant::now() + self.ctx.timeout;
+        let (me, own_at) = (self.ctx.rank, own.address());
         let r = fabric
-            .gather(seq, self.ctx.rank, desc, deadline)
-            .and_then(|all| crate::agree::agree(&all).map(|()| all));
+            .gather(seq, me, desc, deadline)
+            .and_then(|all| crate::agree::agree(&all).map(|()| all))
+            .and_then(|all| map_peers(&all, me, own_at))
+            .and_then(|mapped| fabric.phase(seq, me, 1, deadline).map(|()| mapped));
         fabric.leave(seq, r.is_err(), deadline);
         r
     }
@@ -295,7 +245,14 @@ impl MockComm {
                 };
                 match &kernel {
                     None => run.barrier(),
-                    Some(k) => kernels::all_reduce(&run, k),
+                    Some(k) => {
+                        let sums = kernels::sums(&run, k)?;
+                        let t = run.ctx.timeout;
+                        match &k.norm {
+                            None => kernels::write(&k.out, k.ty, &sums, t),
+                            Some(n) => norm::add_and_norm(k.ty, &sums, n, &k.out, t),
+                        }
+                    }
                 }
             })
         }))

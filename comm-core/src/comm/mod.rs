@@ -6,10 +6,9 @@ mod collectives;
 mod groups;
 mod one_sided;
 mod register;
-mod symmetric;
+pub mod symmetric;
 mod var;
 
-pub use symmetric::Symmetric;
 pub use var::packed_displs;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -269,7 +269,7 @@ impl<C: Collective> Comm<C> {
         self.check(res)?;
         self.check(weight)?;
         let hidden = weight.len();
-        if hidden == 0 || count % hidden != 0 {
+        if hidden == 0 || !count.is_multiple_of(hidden) {
             return Err(Error::invalid(
                 "weight",
                 format!("rows of {hidden} elements do not tile {count} elements"),
