@@ -86,6 +86,7 @@ pub mod guide {}
 /// compile (each checked by `cargo test`, with its error code).
 #[doc = include_str!("rules.md")]
 pub mod rules {}
+pub use unicomm_core::symmetric::{SymmetricAlgorithm, SymmetricArgs, MAX_SYMMETRIC_WORLD};
 pub use unicomm_core::{
     backend, bf16, f16, packed_displs, Algorithm, Algorithms, CallOptions, Capabilities,
     CommConfig, Counts, CtaPolicy, DataType, DeviceInfo, DeviceSlice, DeviceSliceMut, DeviceStream,
@@ -110,7 +111,8 @@ pub mod generic {
     pub use unicomm_core::registration::{AutoKind, BufferKind, Kind, WindowKind};
     #[doc(inline)]
     pub use unicomm_core::{
-        Buffer, Comm, DeviceSlice, DeviceSliceMut, RegisterError, Registration, View, ViewMut,
+        Buffer, Comm, DeviceSlice, DeviceSliceMut, RegisterError, Registration, Symmetric, View,
+        ViewMut,
     };
 }
 /// The CPU mock backend (feature `mock`): configuration and fault injection.
@@ -137,6 +139,9 @@ pub type Registered<'c, T> = unicomm_core::Registered<'c, T, AnyComm>;
 pub type AutoRegistered<'c, T> = unicomm_core::AutoRegistered<'c, T, AnyComm>;
 /// A buffer in a symmetric window: [`generic::Registration`] of the window kind.
 pub type Window<'c, T> = unicomm_core::Window<'c, T, AnyComm>;
+/// Symmetric memory: one allocation per rank, every rank's mapped on every rank, with
+/// unicomm's own kernels on it ([`generic::Symmetric`], methods there; docs/symmetric.md).
+pub type Symmetric<'c, T> = unicomm_core::Symmetric<'c, T, AnyComm>;
 /// A stream ([`AnyStream`]).
 pub type Stream = AnyStream;
 /// A shared view of device elements: [`generic::View`] (methods there).
