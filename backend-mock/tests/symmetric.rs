@@ -31,6 +31,19 @@ fn every_algorithm_is_exact_at_worlds_1_to_8_eager_and_replayed() {
     }
 }
 
+/// The fused all-reduce + residual add + RMSNorm, every algorithm, against the unfused
+/// sequence at worlds 1-8: the same bits on the mock.
+#[test]
+fn the_fused_norm_matches_the_unfused_sequence_at_worlds_1_to_8() {
+    for w in [1, 2, 3, 5, 8] {
+        let cs = comms(w, Duration::from_secs(20));
+        let seen = unicomm_conformance::symmetric_rms_norm::<f32, _>(&cs, (32, 3), 0.0);
+        assert_eq!(seen.unwrap(), vec![true; w], "f32 at world {w}");
+        let seen = unicomm_conformance::symmetric_rms_norm::<bf16, _>(&cs, (16, 2), 0.0);
+        assert_eq!(seen.unwrap(), vec![true; w], "bf16 at world {w}");
+    }
+}
+
 /// Lamport's three workspaces in turn, each cleared a round after it was read: 10,000
 /// replays with new data each (a stale workspace would hand back an earlier round's).
 #[test]

@@ -22,6 +22,8 @@ pub trait Small: Element {
     fn of(x: i32) -> Self;
     /// The element as f64.
     fn f64(self) -> f64;
+    /// An f32 result rounded to the element, as f64 (what a kernel writes).
+    fn from_f64_rounded(x: f64) -> f64;
 }
 
 impl Small for f32 {
@@ -31,6 +33,9 @@ impl Small for f32 {
     fn f64(self) -> f64 {
         f64::from(self)
     }
+    fn from_f64_rounded(x: f64) -> f64 {
+        f64::from(x as f32)
+    }
 }
 impl Small for f16 {
     fn of(x: i32) -> Self {
@@ -39,6 +44,9 @@ impl Small for f16 {
     fn f64(self) -> f64 {
         self.to_f64()
     }
+    fn from_f64_rounded(x: f64) -> f64 {
+        f16::from_f64(x).to_f64()
+    }
 }
 impl Small for bf16 {
     fn of(x: i32) -> Self {
@@ -46,6 +54,9 @@ impl Small for bf16 {
     }
     fn f64(self) -> f64 {
         self.to_f64()
+    }
+    fn from_f64_rounded(x: f64) -> f64 {
+        bf16::from_f64(x).to_f64()
     }
 }
 
@@ -147,4 +158,72 @@ fn check<T: Small>(
             ),
         )),
     }
+}
+
+/// The fused all-reduce + residual add + RMSNorm of each algorithm over `rows` rows of
+/// `hidden` elements of `T`, against the host's unfused sequence on the same small-integer
+/// data (the all-reduce and the add exact, the norm in f32 as the kernel's contract says):
+/// the residual exactly, the output within `tolerance` relative (0: the same bits, what
+/// the mock gives; a GPU's reduction order may differ in the last bits). What each rank
+/// saw: `true`, or `false` where the backend has no symmetric memory.
+pub fn symmetric_rms_norm<T: Small, C: Collective>(
+    comms: &[Comm<C>],
+    (hidden, rows): (usize, usize),
+    tolerance: f64,
+) -> Result<Vec<bool>> {
+    let n = hidden * rows;
+    each_rank(comms, |c| -> Result<bool> {
+        let (r, w) = (c.rank(), c.world_size());
+        let st = c.create_stream()?;
+        let sym = match c.alloc_symmetric_lamport::<T>(n) {
+            Err(Error::Unsupported { .. }) => return Ok(false),
+            other => other?,
+        };
+        let weight: Vec<i32> = (0..hidden).map(|i| (i % 5) as i32 - 2).collect();
+        let wbuf = c.upload(&of::<T>(&weight), &st)?;
+        let mut out = c.alloc::<T>(n)?;
+        for (k, algorithm) in ALGORITHMS.into_iter().enumerate() {
+            let res0: Vec<i32> = (0..n).map(|i| (i % 7) as i32 - 3).collect();
+            let mut residual = c.upload(&of::<T>(&res0), &st)?;
+            sym.write_from_host(&of::<T>(&input(r, k, n)), &st)?;
+            c.all_reduce_rms_norm(
+                &sym,
+                n,
+                &mut residual,
+                &wbuf,
+                &mut out,
+                (1e-5, algorithm),
+                &st,
+            )?;
+            let sums = expected(w, k, n, ReduceOp::Sum);
+            let added: Vec<i32> = sums.iter().zip(&res0).map(|(s, r)| s + r).collect();
+            check(
+                &residual.copy_to_host(&st)?,
+                &added,
+                (algorithm, ReduceOp::Sum, k),
+            )?;
+            let got = out.copy_to_host(&st)?;
+            for (row, (g, x)) in got.chunks(hidden).zip(added.chunks(hidden)).enumerate() {
+                let xs: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+                let ss: f32 = xs.iter().map(|x| x * x).sum();
+                let scale = 1.0 / (ss / hidden as f32 + 1e-5).sqrt();
+                for (i, (gv, xv)) in g.iter().zip(&xs).enumerate() {
+                    let want = T::from_f64_rounded(f64::from(xv * scale * weight[i] as f32));
+                    let err = (gv.f64() - want).abs();
+                    if err > tolerance * want.abs().max(1e-3) && gv.f64() != want {
+                        return Err(Error::invalid(
+                            "symmetric rms norm",
+                            format!(
+                                "{} row {row} element {i}: {} where the unfused sequence gives {want}",
+                                algorithm.name(),
+                                gv.f64()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        st.synchronize()?;
+        Ok(true)
+    })
 }
