@@ -15,7 +15,9 @@
 //!   (symmetric windows), `raw` (the same NCCL calls through the function table, no unicomm
 //!   layer, plain buffers; `raw-registered` and `raw-window` the same on registered and
 //!   window buffers: every way of calling NCCL by hand), `ce` (the copy-engine path in windows; all_to_all and
-//!   all_gather), `auto` (`register_auto`: the policy picks a path per call). A mode the
+//!   all_gather), `auto` (`register_auto`: the policy picks a path per call), `one-shot`,
+//!   `two-shot`, `lamport` (unicomm's own all-reduce kernels over symmetric memory; float
+//!   all_reduce by sum, max or min, out of place; the mock only so far). A mode the
 //!   backend cannot run is skipped and said so. Each mode's device memory beyond its
 //!   buffers (the library's registrations, the second communicator of `auto`) is reported.
 //! - Output: the table on stdout, `-J FILE` JSON, `--plot FILE.svg`, a progress bar on
@@ -130,6 +132,12 @@ pub enum Mode {
     /// Buffers registered for the automatic policy: each call takes the path the policy
     /// picks for its collective and size.
     Auto,
+    /// unicomm's one-shot all-reduce over symmetric memory (all_reduce, out of place).
+    OneShot,
+    /// unicomm's two-shot all-reduce over symmetric memory.
+    TwoShot,
+    /// unicomm's Lamport all-reduce over symmetric memory.
+    Lamport,
 }
 
 impl Mode {
@@ -144,6 +152,19 @@ impl Mode {
             Mode::RawWindow => "raw-window",
             Mode::Ce => Path::CopyEngine.name(),
             Mode::Auto => "auto",
+            Mode::OneShot | Mode::TwoShot | Mode::Lamport => {
+                self.symmetric().map_or("?", |a| a.name())
+            }
+        }
+    }
+
+    /// The symmetric kernel a mode runs (`one-shot`, `two-shot`, `lamport`).
+    pub fn symmetric(self) -> Option<unicomm::SymmetricAlgorithm> {
+        match self {
+            Mode::OneShot => Some(unicomm::SymmetricAlgorithm::OneShot),
+            Mode::TwoShot => Some(unicomm::SymmetricAlgorithm::TwoShot),
+            Mode::Lamport => Some(unicomm::SymmetricAlgorithm::Lamport),
+            _ => None,
         }
     }
 

@@ -405,3 +405,49 @@ fn graph_mode_captures_and_replays_on_the_mock() {
         "no in-place cell: {all:?}"
     );
 }
+
+/// unicomm's symmetric kernels as modes of their own: every algorithm's all_reduce at each
+/// size, eager and in unicomm's graphs, its data checked (bf16, sum), the other collectives
+/// and in-place forms left to the other modes.
+#[test]
+fn the_symmetric_modes_run_checked_all_reduces_eager_and_in_graphs() {
+    for graphs in [None, Some("2")] {
+        let mut args = vec![
+            "--ranks",
+            "3",
+            "--modes",
+            "one-shot,two-shot,lamport",
+            "-d",
+            "bf16",
+            "-b",
+            "8",
+            "-e",
+            "4K",
+            "-f",
+            "8",
+            "-w",
+            "1",
+            "-n",
+            "2",
+            "-c",
+            "1",
+        ];
+        if let Some(g) = graphs {
+            args.extend(["-G", g]);
+        }
+        let doc = bench_json("symmetric", &args);
+        let rows = cells(&doc);
+        for algorithm in ["one-shot", "two-shot", "lamport"] {
+            let n = rows
+                .iter()
+                .filter(|r| r.contains(&format!("\"{algorithm}\"")))
+                .count();
+            assert!(n >= 4, "{algorithm}: {n} cells of {rows:?}");
+        }
+        assert!(
+            rows.iter()
+                .all(|r| r.starts_with("\"all_reduce\"") && r.ends_with("false")),
+            "{rows:?}"
+        );
+    }
+}

@@ -3,7 +3,7 @@
 //! released.
 
 use anyhow::bail;
-use unicomm::ReduceOp;
+use unicomm::{DataType, ReduceOp};
 
 use super::data::*;
 use super::drive::*;
@@ -121,7 +121,14 @@ impl<'d, 'c, 'a, T: Val> Session<'d, 'c, 'a, T> {
             || (mode == Mode::Ce
                 && !matches!(work.coll, Coll::AllToAll | Coll::AllToAllV | Coll::AllGather))
             // Neither the raw-NCCL baselines nor the copy engines take these.
-            || (mode.is_raw() && new_colls);
+            || (mode.is_raw() && new_colls)
+            // unicomm's symmetric kernels: a float all_reduce by sum, max or min, out of
+            // place.
+            || (mode.symmetric().is_some()
+                && (work.coll != Coll::AllReduce
+                    || in_place
+                    || !matches!(T::DTYPE, DataType::F32 | DataType::F16 | DataType::Bf16)
+                    || !matches!(self.a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min)));
         shape(work, self.w).filter(|_| !skip)
     }
 

@@ -59,6 +59,9 @@ pub fn unsupported(mode: Mode, caps: &Capabilities) -> Option<String> {
             "{} {} lacks registration or windows",
             caps.backend, caps.version
         )),
+        m if m.symmetric().is_some() && gpu => {
+            Some("unicomm's symmetric kernels are not built for GPUs yet".into())
+        }
         Mode::Ce if !caps.copy_engine => Some(format!(
             "{} here has no copy-engine path (GPU ranks in one process with windows)",
             caps.backend
@@ -76,18 +79,35 @@ pub(crate) enum Held<'c, T: Val> {
         unicomm::AutoRegistered<'c, T>,
         unicomm::AutoRegistered<'c, T>,
     ),
+    /// The input in symmetric memory (with the Lamport workspace), the output plain.
+    Sym(unicomm::Symmetric<'c, T>, Buffer<T>),
 }
 
 impl<'c, T: Val> Held<'c, T> {
     pub(crate) fn new(c: &'c unicomm::Comm, mode: Mode, elems: usize) -> anyhow::Result<Self> {
-        let (s, r) = (c.alloc::<T>(elems)?, c.alloc::<T>(elems)?);
+        let two = || -> anyhow::Result<(Buffer<T>, Buffer<T>)> {
+            Ok((c.alloc::<T>(elems)?, c.alloc::<T>(elems)?))
+        };
         Ok(match mode {
-            Mode::Plain | Mode::Raw => Held::Plain(s, r),
-            Mode::Registered | Mode::RawRegistered => Held::Reg(c.register(s)?, c.register(r)?),
+            Mode::Plain | Mode::Raw => {
+                let (s, r) = two()?;
+                Held::Plain(s, r)
+            }
+            Mode::Registered | Mode::RawRegistered => {
+                let (s, r) = two()?;
+                Held::Reg(c.register(s)?, c.register(r)?)
+            }
             Mode::Window | Mode::RawWindow | Mode::Ce => {
+                let (s, r) = two()?;
                 Held::Win(c.register_window(s)?, c.register_window(r)?)
             }
-            Mode::Auto => Held::Auto(c.register_auto(s)?, c.register_auto(r)?),
+            Mode::Auto => {
+                let (s, r) = two()?;
+                Held::Auto(c.register_auto(s)?, c.register_auto(r)?)
+            }
+            Mode::OneShot | Mode::TwoShot | Mode::Lamport => {
+                Held::Sym(c.alloc_symmetric_lamport(elems)?, c.alloc::<T>(elems)?)
+            }
         })
     }
     /// The send and the receive buffer, whatever holds them.
@@ -102,6 +122,7 @@ impl<'c, T: Val> Held<'c, T> {
             Held::Reg(s, r) => (s, r),
             Held::Win(s, r) => (s, r),
             Held::Auto(s, r) => (s, r),
+            Held::Sym(s, r) => (s, r),
         }
     }
     pub(crate) fn release(self, c: &unicomm::Comm) -> anyhow::Result<()> {
@@ -119,6 +140,7 @@ impl<'c, T: Val> Held<'c, T> {
                 c.deregister_auto(s)?;
                 c.deregister_auto(r)?;
             }
+            Held::Sym(s, _) => c.free_symmetric(s)?,
         }
         Ok(())
     }
@@ -143,6 +165,10 @@ pub(crate) fn launch<T: Val>(
 ) -> anyhow::Result<()> {
     let w = c.world_size();
     let n = k.count;
+    if let (Some(algorithm), Held::Sym(sym, out)) = (k.mode.symmetric(), &mut *held) {
+        let how = (k.op, algorithm);
+        return Ok(c.all_reduce_symmetric(sym, n, &mut out.slice_mut(..n)?, how, k.stream)?);
+    }
     let (send, recv) = held.bufs();
     if k.mode.is_raw() {
         let base = recv.view().device_ptr();
