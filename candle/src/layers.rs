@@ -107,6 +107,20 @@ impl TensorParallelRowLinear {
     }
 }
 
+impl TensorParallelRowLinear {
+    /// This rank's partial product `x W_r^T`, before the sum over the ranks (and without
+    /// the bias): what a fused all-reduce + norm
+    /// ([`Communicator::all_reduce_rms_norm`]) takes.
+    pub fn forward_partial(&self, x: &Tensor) -> Result<Tensor> {
+        linear(x, &self.weight, None)
+    }
+
+    /// The bias, added once after the sum.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+}
+
 impl Module for TensorParallelRowLinear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let partial = linear(x, &self.weight, None)?;

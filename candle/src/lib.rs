@@ -44,6 +44,7 @@
 #![deny(unsafe_code)]
 
 mod comm;
+mod fused;
 pub mod layers;
 mod methods;
 mod ops;

@@ -50,6 +50,50 @@ fn check(world: usize, dtype: DType, tolerance: f32) {
     }
 }
 
+/// The blocks with their output projection's all-reduce fused with the residual add and the
+/// MLP's norm (unicomm's symmetric kernel) against the unsharded forward: within the
+/// tolerance of the unfused blocks, the ranks in agreement bit for bit.
+fn check_fused(world: usize, dtype: DType, tolerance: f32) {
+    let comms = unicomm::local_comms_n(Vendor::Mock, Some(world)).unwrap();
+    let outs = unicomm::each_rank(comms, |comm| -> candle_core::Result<(f32, Vec<u32>)> {
+        let comm = Communicator::new(comm);
+        let m = Model::new(&comm, dtype, &Device::Cpu)?;
+        let want = forward(&m.full, &m.input)?.to_dtype(DType::F32)?;
+        let got = forward(&m.fused, &m.input)?.to_dtype(DType::F32)?;
+        let diff = (&got - &want)?
+            .abs()?
+            .flatten_all()?
+            .max(0)?
+            .to_scalar::<f32>()?;
+        let bits = got
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        Ok((diff, bits))
+    })
+    .unwrap();
+    for (r, (diff, bits)) in outs.iter().enumerate() {
+        assert!(
+            *diff <= tolerance,
+            "{world} ranks, {dtype:?}: rank {r} differs by {diff}"
+        );
+        assert_eq!(
+            bits, &outs[0].1,
+            "{world} ranks: rank {r} differs from rank 0"
+        );
+    }
+}
+
+#[test]
+fn the_fused_block_over_1_2_4_ranks_equals_the_unsharded_forward() {
+    for world in [1, 2, 4] {
+        check_fused(world, DType::F32, 1e-4);
+        check_fused(world, DType::BF16, 6e-2);
+    }
+}
+
 #[test]
 fn the_block_sharded_over_1_2_4_ranks_equals_the_unsharded_forward_in_f32() {
     for world in [1, 2, 4] {

@@ -109,6 +109,8 @@ impl Weights {
 pub struct Model {
     pub full: Vec<Block>,
     pub sharded: Vec<Block>,
+    /// The sharded blocks with their fused all-reduce + residual add + norm.
+    pub fused: Vec<Block>,
     pub input: Tensor,
 }
 
@@ -118,16 +120,18 @@ pub const SEQ: usize = 7;
 impl Model {
     pub fn new(comm: &Arc<Communicator>, dtype: DType, dev: &Device) -> Result<Self> {
         let cfg = Config::small();
-        let (mut full, mut sharded) = (Vec::new(), Vec::new());
+        let (mut full, mut sharded, mut fused) = (Vec::new(), Vec::new(), Vec::new());
         for l in 0..LAYERS {
             let w = Weights::seeded(&cfg, 1000 + l as u64, dtype, dev)?;
             full.push(Block::full(cfg, &w));
             sharded.push(Block::sharded(cfg, &w, comm)?);
+            fused.push(Block::sharded_fused(cfg, &w, comm)?);
         }
         let input = Weights::input(&cfg, SEQ, 7, dtype, dev)?;
         Ok(Model {
             full,
             sharded,
+            fused,
             input,
         })
     }
@@ -161,6 +165,9 @@ pub struct Block {
     gate: Box<dyn Module>,
     up: Box<dyn Module>,
     down: Box<dyn Module>,
+    /// The output projection's shard and its communicator, where the block fuses its sum
+    /// all-reduce with the residual add and the MLP's norm (`Block::sharded_fused`).
+    fused: Option<(TensorParallelRowLinear, Arc<Communicator>)>,
 }
 
 impl Block {
@@ -180,6 +187,7 @@ impl Block {
             gate: m(&w.gate),
             up: m(&w.up),
             down: m(&w.down),
+            fused: None,
         }
     }
 
@@ -212,11 +220,31 @@ impl Block {
             gate: col(&w.gate)?,
             up: col(&w.up)?,
             down: row(&w.down)?,
+            fused: None,
         })
+    }
+
+    /// [`Block::sharded`], its output projection's all-reduce fused with the residual add
+    /// and the MLP's RMSNorm in one of unicomm's symmetric kernels.
+    pub fn sharded_fused(cfg: Config, w: &Weights, comm: &Arc<Communicator>) -> Result<Self> {
+        let mut b = Self::sharded(cfg, w, comm)?;
+        b.fused = Some((
+            TensorParallelRowLinear::from_full(&w.o, None, comm)?,
+            comm.clone(),
+        ));
+        Ok(b)
     }
 
     /// `x` (`[seq, hidden]`) through the block: attention then MLP, each with its residual.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some((o, comm)) = &self.fused {
+            let attn = self.attention(&rms_norm(x, &self.attn_norm, self.cfg.eps)?)?;
+            let partial = o.forward_partial(&attn)?;
+            let eps = self.cfg.eps as f32;
+            let (h, x) = comm.all_reduce_rms_norm(&partial, x, &self.mlp_norm, eps)?;
+            let mlp = (self.gate.forward(&h)?.silu()? * self.up.forward(&h)?)?;
+            return x + self.down.forward(&mlp)?;
+        }
         let x = (x + self.o.forward(&self.attention(&rms_norm(
             x,
             &self.attn_norm,

@@ -159,6 +159,19 @@ fn check_rank(comm: &Arc<Communicator>, dtype: DType, dev: &Device) -> anyhow::R
             tolerance(dtype)
         );
     }
+    // The fused all-reduce + residual add + norm (unicomm's symmetric kernel, the CPU path
+    // so far) against the same unsharded forward.
+    if matches!(dev, Device::Cpu) {
+        let fused = forward(&m.fused, &m.input)?;
+        let fdiff = (fused.to_dtype(DType::F32)? - want.to_dtype(DType::F32)?)?
+            .abs()?
+            .flatten_all()?
+            .max(0)?
+            .to_scalar::<f32>()?;
+        if fdiff.is_nan() || fdiff > tolerance(dtype) {
+            bail!("rank {r}: the fused block differs from the unsharded forward by {fdiff:e}");
+        }
+    }
     let all = comm.all_gather(&got.unsqueeze(0)?, 0)?;
     let mine = got.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     for p in 0..comm.world_size() {
