@@ -428,6 +428,9 @@ impl Collective for AnyComm {
     ) -> Result<unicomm_core::symmetric::SymmetricParts<AnyMemory>> {
         self.alloc_symmetric_any(bytes, lamport)
     }
+    fn window_peer_address(&self, handle: RawHandle, peer: usize) -> Result<Option<usize>> {
+        each!(self, AnyComm, c => c.window_peer_address(handle, peer))
+    }
     fn free_symmetric(&self, handle: RawHandle) -> Result<()> {
         each!(self, AnyComm, c => c.free_symmetric(handle))
     }

@@ -331,3 +331,23 @@ fn counts_that_differ_across_ranks_are_mismatch_on_every_rank() {
         assert!(matches!(e, Error::Mismatch { what: "count", .. }), "{e:?}");
     }
 }
+
+/// The mock's windows are not mapped across ranks: a window's peer address is
+/// `Unsupported` there, naming what gives one (symmetric memory), never a wrong address.
+#[test]
+fn a_windows_peer_address_is_unsupported_on_the_mock_naming_symmetric_memory() {
+    let cs = comms(1, Duration::from_secs(5));
+    let c = &cs[0];
+    let st = c.create_stream().unwrap();
+    let w = c
+        .register_window(c.upload(&[0u32; 4], &st).unwrap())
+        .unwrap();
+    assert!(matches!(
+        w.peer_address(1),
+        Err(Error::InvalidArgument { .. })
+    ));
+    match w.peer_address(0) {
+        Err(Error::Unsupported { what, .. }) => assert!(what.contains("peer addresses"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -282,6 +282,18 @@ pub trait Collective: Send + Sync + Sized + 'static {
         ))
     }
 
+    /// Where `peer`'s part of the window `handle` lies for this rank's kernels (NCCL
+    /// 2.29.2's `ncclGetPeerDevicePointer`): `None` where the peer is outside this rank's
+    /// NVLink domain. Default: `Unsupported`.
+    fn window_peer_address(&self, handle: RawHandle, peer: usize) -> Result<Option<usize>> {
+        let _ = (handle, peer);
+        Err(crate::Error::unsupported(
+            "a window's peer addresses",
+            "ncclGetPeerDevicePointer (NCCL >= 2.29.2)",
+            self.capabilities().backend,
+        ))
+    }
+
     /// Allocates `bytes` of symmetric memory on every rank (collective and host-blocking:
     /// every rank calls it with the same size, in the same order; sizes that differ are
     /// `Mismatch` on every rank), every rank's mapped on this rank, with a signal pad per

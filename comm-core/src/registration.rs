@@ -136,6 +136,26 @@ impl<'c, T: Element, C: Collective, K: Kind> Registration<'c, T, C, K> {
 
 owned_buffer_methods!(['c, T: Element, C: Collective, K: Kind] Registration<'c, T, C, K>, self => &self.buf.mem, self.buf.len);
 
+impl<T: Element, C: Collective> Registration<'_, T, C, WindowKind> {
+    /// Where rank `rank`'s part of this window lies for this rank's kernels (NCCL 2.29.2's
+    /// `ncclGetPeerDevicePointer`): an address to hand to an engine's kernel, with the
+    /// rules of [`SymmetricArgs`](crate::symmetric::SymmetricArgs); `None` where the peer
+    /// is outside this rank's NVLink domain. A rank outside the world is `InvalidArgument`;
+    /// a library before 2.29.2 is `Unsupported` naming it. The mock's windows are not
+    /// mapped across ranks: `Unsupported` there (its symmetric memory,
+    /// [`Comm::alloc_symmetric`], gives peer addresses).
+    pub fn peer_address(&self, rank: usize) -> Result<Option<usize>> {
+        let w = self.comm.world_size();
+        if rank >= w {
+            return Err(Error::invalid(
+                "rank",
+                format!("rank {rank} is not in a world of {w}"),
+            ));
+        }
+        self.comm.backend().window_peer_address(self.handle, rank)
+    }
+}
+
 impl<T: Element, C: Collective, K: Kind> std::ops::Deref for Registration<'_, T, C, K> {
     type Target = Buffer<T, C>;
     fn deref(&self) -> &Buffer<T, C> {

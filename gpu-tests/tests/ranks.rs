@@ -232,3 +232,42 @@ fn one_sided_operations_in_a_graph_follow_the_loaded_release() -> Result<()> {
     }
     Ok(())
 }
+
+/// A window's peer addresses (NCCL 2.29.2's `ncclGetPeerDevicePointer`): every rank of the
+/// world in one NVLink domain (one GPU here) has one, non-null; a library before 2.29.2
+/// refuses naming it. Never silent.
+#[test]
+fn a_windows_peer_addresses_follow_the_loaded_release() -> Result<()> {
+    let w = t::world()?;
+    let cs = GPU.comms(w)?;
+    let got = unicomm_core::each_rank(&cs, |c| -> unicomm_core::Result<Vec<Option<usize>>> {
+        let win = match c.register_window(c.alloc::<f32>(1024)?) {
+            Err(e) if matches!(e.error, unicomm_core::Error::Unsupported { .. }) => {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(e.error),
+            Ok(w) => w,
+        };
+        (0..c.world_size())
+            .map(|p| win.peer_address(p))
+            .collect::<unicomm_core::Result<Vec<_>>>()
+            .or_else(|e| match e {
+                unicomm_core::Error::Unsupported { needs, .. } if needs.contains("2.29.2") => {
+                    Ok(Vec::new())
+                }
+                e => Err(e),
+            })
+    })?;
+    let v = cs[0].capabilities().version;
+    println!("window peer addresses on {v}, world {w}: {got:?}");
+    if v >= unicomm_core::Version::new(2, 29, 2) && cs[0].capabilities().windows {
+        assert!(
+            got.iter()
+                .all(|r| r.len() == w && r.iter().all(|a| a.is_some_and(|a| a != 0))),
+            "{got:?}"
+        );
+    } else {
+        assert!(got.iter().all(|r| r.is_empty()), "{got:?}");
+    }
+    Ok(())
+}

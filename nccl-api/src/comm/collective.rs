@@ -234,6 +234,12 @@ impl<R: Runtime> Collective for ApiComm<R> {
         self.base.lc.properties()
     }
 
+    fn window_peer_address(&self, handle: RawHandle, peer: usize) -> Result<Option<usize>> {
+        let b = &self.base;
+        b.lc.live_now()?;
+        b.with_window(handle, |win, _| b.lc.api.peer_device_ptr(win, 0, peer))
+    }
+
     fn one_sided(
         &self,
         op: unicomm_core::one_sided::OneSided<'_, ApiMemory<R>>,

@@ -187,6 +187,7 @@ table! {
         signal: "ncclSignal": fn(c_int, c_int, c_int, u32, NcclComm, RawStream) -> NcclResult;
         wait_signal: "ncclWaitSignal": fn(c_int, *mut c_void, NcclComm, RawStream) -> NcclResult;
         win_get_user_ptr: "ncclWinGetUserPtr": fn(NcclComm, *mut c_void, *mut *mut c_void) -> NcclResult;
+        get_peer_device_pointer: "ncclGetPeerDevicePointer": fn(*mut c_void, usize, c_int, *mut *mut c_void) -> NcclResult;
         param_all_keys: "ncclParamGetAllParameterKeys": fn(*mut *mut *const c_char, *mut c_int) -> NcclResult;
         param_get: "ncclParamGetParameter": fn(*const c_char, *mut *const c_char, *mut c_int) -> NcclResult;
         all_reduce_config: "ncclAllReduceConfig": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream, *const c_void) -> NcclResult;

@@ -48,6 +48,9 @@ pub const GROW_SINCE: Version = Version::new(2, 29, 2);
 /// `ncclPutSignal`, `ncclSignal`, `ncclWaitSignal` and `ncclWinGetUserPtr` exist from NCCL
 /// 2.29.2 (RCCL 2.30.4 has them too).
 pub const ONE_SIDED_SINCE: Version = Version::new(2, 29, 2);
+/// `ncclGetPeerDevicePointer` (a window's part on a peer, as this rank's kernels reach it)
+/// exists from NCCL 2.29.2 (not in 2.28.9's nccl_device/core.h).
+pub const PEER_POINTER_SINCE: Version = Version::new(2, 29, 2);
 /// One-sided operations captured in a graph: NCCL 2.30.3's copy-engine path gives graphs
 /// signals of their own (a flag the receiver's wait resets and acknowledges, read in its
 /// `rma_ce.cc`); 2.29's bakes the host's running count into the graph, so a replay's wait

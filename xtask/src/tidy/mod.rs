@@ -138,6 +138,7 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "nccl-api/src/sys/api.rs",
     "nccl-api/src/sys/calls/check.rs",
     "nccl-api/src/sys/calls/comm.rs",
+    "nccl-api/src/sys/calls/window.rs",
     "nccl-api/src/sys/calls/data.rs",
     "nccl-api/src/sys/calls/grow.rs",
     "nccl-api/src/sys/calls/handles.rs",

@@ -1,5 +1,5 @@
-//! The calls that make, end, register with, allocate for and describe a communicator, and
-//! the library's parameters.
+//! The calls that make, end, register buffers with, allocate for and describe a
+//! communicator, and the library's parameters (its windows: `window.rs`).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -7,14 +7,14 @@ use unicomm_core::{DataType, Error, MemStats, Properties, Result};
 
 use super::check::rank_in;
 use super::gates::{
-    CONFIG_SINCE, ONE_SIDED_SINCE, PARAMS_SINCE, PROPERTIES_SINCE, REVOKE_SINCE, SCALABLE_SINCE,
+    CONFIG_SINCE, PARAMS_SINCE, PROPERTIES_SINCE, REVOKE_SINCE, SCALABLE_SINCE,
     SCALAR_HOST_IMMEDIATE, SHRINK_SINCE, SPLIT_SINCE, SUSPEND_SINCE,
 };
-use super::handles::{made, Handle, LibAlloc, OwnedComm, Progress, RegHandle, Span, WindowRef};
-use crate::sys::api::{Api, NcclComm, UniqueId, WIN_COLL_SYMMETRIC};
+use super::handles::{made, Handle, LibAlloc, OwnedComm, Progress, RegHandle, Span};
+use crate::sys::api::{Api, NcclComm, UniqueId};
 use crate::sys::codes::NcclCode;
 use crate::sys::config::{OwnedConfig, RawProperties, IN_PROGRESS};
-use crate::sys::target::{ONE_SIDED_TITLE, PROPERTIES_TITLE, SUSPEND_TITLE};
+use crate::sys::target::{PROPERTIES_TITLE, SUSPEND_TITLE};
 
 /// The most parameters [`Api::parameters`] lists.
 pub const MAX_PARAMS: usize = 4096;
@@ -383,55 +383,6 @@ impl Api {
         // SAFETY: a registration of this communicator (the handle's contract), consumed.
         let code = unsafe { f(comm.raw, h.raw) };
         self.done("ncclCommDeregister", code, Some(comm.raw))
-    }
-
-    /// `ncclCommWindowRegister` of `buf` for symmetric collectives (NCCL >= 2.27): `None`
-    /// where the library returned no window (no symmetric memory here). A non-blocking
-    /// communicator writes the window when the call settles: `slot` receives it then.
-    pub fn window_register(
-        &self,
-        comm: Handle<'_>,
-        buf: Span<'_>,
-        slot: &mut *mut c_void,
-    ) -> Result<()> {
-        let f = self.gated(
-            "symmetric windows (ncclCommWindowRegister)",
-            self.flavor.windows_since,
-            self.fns
-                .window_register
-                .filter(|_| self.fns.window_deregister.is_some()),
-        )?;
-        let addr = buf.addr as *mut c_void;
-        // SAFETY: `addr..addr+bytes` is device memory (a checked span); `slot` receives the window
-        // and outlives the call's settling (the caller's borrow).
-        let code = unsafe { f(comm.raw, addr, buf.bytes, slot, WIN_COLL_SYMMETRIC) };
-        self.done("ncclCommWindowRegister", code, Some(comm.raw))
-    }
-
-    /// A window written into the slot of [`Api::window_register`], once settled.
-    pub fn window_of(slot: *mut c_void) -> Option<RegHandle> {
-        (!slot.is_null()).then_some(RegHandle { raw: slot })
-    }
-
-    /// `ncclCommWindowDeregister`.
-    pub fn window_deregister(&self, comm: Handle<'_>, w: RegHandle) -> Result<()> {
-        let f = self.fns.window_deregister;
-        let f = f.ok_or_else(|| {
-            Error::invalid("handle", "the library has no ncclCommWindowDeregister")
-        })?;
-        // SAFETY: a window of this communicator (the handle's contract), consumed.
-        let code = unsafe { f(comm.raw, w.raw) };
-        self.done("ncclCommWindowDeregister", code, Some(comm.raw))
-    }
-
-    /// `ncclWinGetUserPtr`: the address the window was registered at.
-    pub fn win_user_ptr(&self, comm: Handle<'_>, win: WindowRef<'_>) -> Result<usize> {
-        let f = self.gated(ONE_SIDED_TITLE, ONE_SIDED_SINCE, self.fns.win_get_user_ptr)?;
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a live communicator and a live window of it; `p` receives a pointer.
-        let code = unsafe { f(comm.raw, win.raw, &mut p) };
-        self.check("ncclWinGetUserPtr", code, Some(comm.raw))?;
-        Ok(p as usize)
     }
 
     /// `ncclMemAlloc` of `bytes` (NCCL >= 2.19).

@@ -34,6 +34,7 @@ mod data;
 mod gates;
 mod grow;
 mod handles;
+mod window;
 
 pub use check::DeviceBytes;
 pub use data::{P2p, Sides};

@@ -999,4 +999,20 @@ mod one_sided {
         *out = ((win as usize & !2) + SHIFT.load(std::sync::atomic::Ordering::SeqCst)) as *mut c_void;
         OK
     }
+
+    /// The window's address plus the offset, and `peer` x 256 so a test tells the peers
+    /// apart; a peer of 64 or more is outside the "NVLink domain" (NULL, as NCCL answers).
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclGetPeerDevicePointer(win: *mut c_void, offset: usize, peer: c_int, out: *mut *mut c_void) -> R {
+        count(&format!("peer pointer {peer} at {offset}"));
+        if peer < 0 {
+            return fail(INVALID_ARGUMENT, "fake: a negative peer");
+        }
+        *out = if peer >= 64 {
+            std::ptr::null_mut()
+        } else {
+            ((win as usize & !2) + offset + 256 * peer as usize) as *mut c_void
+        };
+        OK
+    }
 }

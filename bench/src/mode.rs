@@ -1,0 +1,68 @@
+//! The modes: how buffers are prepared and calls made.
+
+use clap::ValueEnum;
+use unicomm_nccl_api::policy::Path;
+
+/// How buffers are prepared and calls made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Plain buffers (`ncclMemAlloc`).
+    Plain,
+    /// Buffers registered with `ncclCommRegister`.
+    Registered,
+    /// Buffers in symmetric windows.
+    Window,
+    /// The NCCL call through the function table, no unicomm layer (GPU backends).
+    Raw,
+    /// `raw` on buffers registered with `ncclCommRegister` (through unicomm, once): the
+    /// registered path called by hand.
+    RawRegistered,
+    /// `raw` on buffers in symmetric windows: the window path called by hand.
+    RawWindow,
+    /// The copy-engine path (windows; all_to_all and all_gather; ranks in one process).
+    Ce,
+    /// Buffers registered for the automatic policy: each call takes the path the policy
+    /// picks for its collective and size.
+    Auto,
+    /// unicomm's one-shot all-reduce over symmetric memory (all_reduce, out of place).
+    OneShot,
+    /// unicomm's two-shot all-reduce over symmetric memory.
+    TwoShot,
+    /// unicomm's Lamport all-reduce over symmetric memory.
+    Lamport,
+}
+
+impl Mode {
+    /// The name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Plain => "plain",
+            Mode::Registered => Path::Registered.name(),
+            Mode::Window => Path::Window.name(),
+            Mode::Raw => "raw",
+            Mode::RawRegistered => "raw-registered",
+            Mode::RawWindow => "raw-window",
+            Mode::Ce => Path::CopyEngine.name(),
+            Mode::Auto => "auto",
+            Mode::OneShot | Mode::TwoShot | Mode::Lamport => {
+                self.symmetric().map_or("?", |a| a.name())
+            }
+        }
+    }
+
+    /// The symmetric kernel a mode runs (`one-shot`, `two-shot`, `lamport`).
+    pub fn symmetric(self) -> Option<unicomm::SymmetricAlgorithm> {
+        match self {
+            Mode::OneShot => Some(unicomm::SymmetricAlgorithm::OneShot),
+            Mode::TwoShot => Some(unicomm::SymmetricAlgorithm::TwoShot),
+            Mode::Lamport => Some(unicomm::SymmetricAlgorithm::Lamport),
+            _ => None,
+        }
+    }
+
+    /// The NCCL call made by hand through the function table (`raw`, `raw-registered`,
+    /// `raw-window`): the ways of calling NCCL that unicomm's modes are measured against.
+    pub fn is_raw(self) -> bool {
+        matches!(self, Mode::Raw | Mode::RawRegistered | Mode::RawWindow)
+    }
+}
