@@ -86,81 +86,17 @@ pub fn captured_step_replays<C: Collective>(
     each_rank(comms, |c| {
         let (r, w) = (c.rank(), c.world_size());
         let st = c.create_stream()?;
-        let x: Vec<i64> = (0..N).map(|i| (10 * r + i) as i64).collect();
-        let big: Vec<i64> = (0..N * w).map(|i| (100 * r + i) as i64).collect();
-        let (xs, bigs) = (c.upload(&x, &st)?, c.upload(&big, &st)?);
-        let zeros = |n: usize| c.upload(&vec![0i64; n], &st);
-        let (ar, bc, rd, cp) = (zeros(N)?, zeros(N)?, zeros(N)?, zeros(N)?);
-        let (ag, rs, a2a, ring) = (zeros(N * w)?, zeros(N)?, zeros(N * w)?, zeros(N)?);
-        let ip = c.upload(&[1i64; N], &st)?;
-        // The in-place and rooted ones: broadcast and reduce in place, all-gather and
-        // reduce-scatter in NCCL's in-place layout, gather and scatter.
-        let (bip, rip) = (c.upload(&x, &st)?, c.upload(&x, &st)?);
-        let mut agi = vec![0i64; N * w];
-        agi[r * N..(r + 1) * N].copy_from_slice(&x);
-        let agi = c.upload(&agi, &st)?;
-        let (gat, sca) = (zeros(N * w)?, zeros(N)?);
-        let v = Layouts::new(w)?;
-        let xv = xs.slice(..var(r))?;
-        let (agv, rsv, a2av) = (zeros(v.shares.iter().sum())?, zeros(var(r))?, zeros(N * w)?);
+        let b = Every::new(c, &st)?;
         let held = match reg {
             Reg::None => None,
             _ => Some(hold(c, c.upload(&[1i64; N], &st)?, reg)?),
         };
         let reg = held.as_ref().map(Held::buffer);
-        let graph = Graph::capture(&st, |g| {
-            g.all_reduce(c, &xs, &ar, ReduceOp::Sum)?;
-            g.broadcast(c, &xs, &bc, w - 1)?;
-            g.reduce(c, &xs, &rd, ReduceOp::Max, 0)?;
-            g.all_gather(c, &xs, &ag)?;
-            g.reduce_scatter(c, &bigs, &rs, ReduceOp::Sum)?;
-            g.all_to_all(c, &bigs, &a2a)?;
-            g.group(c, || {
-                g.send(c, &xs, (r + 1) % w)?;
-                g.recv(c, &ring, (r + w - 1) % w)
-            })?;
-            g.copy(c, &xs, &cp)?;
-            g.all_reduce_in_place(c, &ip, ReduceOp::Sum)?;
-            g.broadcast_in_place(c, &bip, w - 1)?;
-            g.reduce_in_place(c, &rip, ReduceOp::Sum, 0)?;
-            g.all_gather_in_place(c, &agi)?;
-            g.gather(c, &xs, &gat, 0)?;
-            g.scatter(c, &bigs, &sca, w - 1)?;
-            g.all_gather_v(c, &xv, &agv, v.counts(&v.shares, &v.packed))?;
-            g.reduce_scatter_v(
-                c,
-                &bigs,
-                v.counts(&v.shares, &v.packed),
-                &rsv,
-                ReduceOp::Sum,
-            )?;
-            let (out_of, into) = (v.counts(&v.even, &v.rev), v.counts(&v.even, &v.fwd));
-            g.all_to_all_v(c, &bigs, out_of, &a2av, into)?;
-            match reg {
-                Some(b) => g.all_reduce_in_place(c, b, ReduceOp::Sum),
-                None => Ok(()),
-            }
-        })?;
+        // The variable all-gather's input: a view of the first input, borrowed by the graph.
+        let xv = b.xs.slice(..var(r))?;
+        let graph = Graph::capture(&st, |g| b.capture(g, c, (&xv, reg)))?;
         st.synchronize()?;
-        let mut outs = vec![
-            ("all_reduce", &ar),
-            ("broadcast", &bc),
-            ("reduce (max)", &rd),
-            ("all_gather", &ag),
-            ("reduce_scatter", &rs),
-            ("all_to_all", &a2a),
-            ("send/recv", &ring),
-            ("copy", &cp),
-            ("in place", &ip),
-            ("broadcast in place", &bip),
-            ("reduce in place", &rip),
-            ("all_gather in place", &agi),
-            ("gather", &gat),
-            ("scatter", &sca),
-            ("all_gather_v", &agv),
-            ("reduce_scatter_v", &rsv),
-            ("all_to_all_v", &a2av),
-        ];
+        let mut outs = b.outputs();
         if let Some(b) = reg {
             outs.push(("in place", b));
         }
@@ -172,6 +108,104 @@ pub fn captured_step_replays<C: Collective>(
         Ok(())
     })
     .map(drop)
+}
+
+/// The buffers of a step holding every collective: inputs, then one output each.
+struct Every<C: Collective> {
+    xs: Buffer<i64, C>,
+    bigs: Buffer<i64, C>,
+    v: Layouts,
+    outs: Vec<(&'static str, Buffer<i64, C>)>,
+}
+
+impl<C: Collective> Every<C> {
+    fn new(c: &Comm<C>, st: &C::Stream) -> Result<Self> {
+        let (r, w) = (c.rank(), c.world_size());
+        let x: Vec<i64> = (0..N).map(|i| (10 * r + i) as i64).collect();
+        let big: Vec<i64> = (0..N * w).map(|i| (100 * r + i) as i64).collect();
+        let zeros = |n: usize| c.upload(&vec![0i64; n], st);
+        // The in-place and rooted ones: broadcast and reduce in place, all-gather and
+        // reduce-scatter in NCCL's in-place layout, gather and scatter.
+        let mut agi = vec![0i64; N * w];
+        agi[r * N..(r + 1) * N].copy_from_slice(&x);
+        let v = Layouts::new(w)?;
+        let outs = vec![
+            ("all_reduce", zeros(N)?),
+            ("broadcast", zeros(N)?),
+            ("reduce (max)", zeros(N)?),
+            ("all_gather", zeros(N * w)?),
+            ("reduce_scatter", zeros(N)?),
+            ("all_to_all", zeros(N * w)?),
+            ("send/recv", zeros(N)?),
+            ("copy", zeros(N)?),
+            ("in place", c.upload(&[1i64; N], st)?),
+            ("broadcast in place", c.upload(&x, st)?),
+            ("reduce in place", c.upload(&x, st)?),
+            ("all_gather in place", c.upload(&agi, st)?),
+            ("gather", zeros(N * w)?),
+            ("scatter", zeros(N)?),
+            ("all_gather_v", zeros(v.shares.iter().sum())?),
+            ("reduce_scatter_v", zeros(var(r))?),
+            ("all_to_all_v", zeros(N * w)?),
+        ];
+        Ok(Every {
+            xs: c.upload(&x, st)?,
+            bigs: c.upload(&big, st)?,
+            v,
+            outs,
+        })
+    }
+
+    /// Output `i` (in the order of [`Every::new`]).
+    fn o(&self, i: usize) -> &Buffer<i64, C> {
+        &self.outs[i].1
+    }
+
+    /// Every collective through the step (`xv`: the variable all-gather's input), then an
+    /// in-place all-reduce on `reg` if any.
+    fn capture<'a>(
+        &'a self,
+        g: &unicomm_core::step::Step<'a, C>,
+        c: &'a Comm<C>,
+        (xv, reg): (
+            &'a unicomm_core::View<'a, i64, C>,
+            Option<&'a Buffer<i64, C>>,
+        ),
+    ) -> Result<()> {
+        let (r, w) = (c.rank(), c.world_size());
+        let (xs, bigs, v) = (&self.xs, &self.bigs, &self.v);
+        g.all_reduce(c, xs, self.o(0), ReduceOp::Sum)?;
+        g.broadcast(c, xs, self.o(1), w - 1)?;
+        g.reduce(c, xs, self.o(2), ReduceOp::Max, 0)?;
+        g.all_gather(c, xs, self.o(3))?;
+        g.reduce_scatter(c, bigs, self.o(4), ReduceOp::Sum)?;
+        g.all_to_all(c, bigs, self.o(5))?;
+        g.group(c, || {
+            g.send(c, xs, (r + 1) % w)?;
+            g.recv(c, self.o(6), (r + w - 1) % w)
+        })?;
+        g.copy(c, xs, self.o(7))?;
+        g.all_reduce_in_place(c, self.o(8), ReduceOp::Sum)?;
+        g.broadcast_in_place(c, self.o(9), w - 1)?;
+        g.reduce_in_place(c, self.o(10), ReduceOp::Sum, 0)?;
+        g.all_gather_in_place(c, self.o(11))?;
+        g.gather(c, xs, self.o(12), 0)?;
+        g.scatter(c, bigs, self.o(13), w - 1)?;
+        g.all_gather_v(c, xv, self.o(14), v.counts(&v.shares, &v.packed))?;
+        let shares = v.counts(&v.shares, &v.packed);
+        g.reduce_scatter_v(c, bigs, shares, self.o(15), ReduceOp::Sum)?;
+        let (out_of, into) = (v.counts(&v.even, &v.rev), v.counts(&v.even, &v.fwd));
+        g.all_to_all_v(c, bigs, out_of, self.o(16), into)?;
+        match reg {
+            Some(b) => g.all_reduce_in_place(c, b, ReduceOp::Sum),
+            None => Ok(()),
+        }
+    }
+
+    /// The outputs by name, for the checks after each replay.
+    fn outputs(&self) -> Vec<(&'static str, &Buffer<i64, C>)> {
+        self.outs.iter().map(|(n, b)| (*n, b)).collect()
+    }
 }
 
 /// The copy-engine path inside a graph (`set_copy_engine(true)`): an all-to-all and an

@@ -203,61 +203,80 @@ pub(super) fn run_typed<T: Sample, C: Collective>(
         .into_iter()
         .map(|r| r.unwrap_or_else(|_| Err(Failure::msg("a rank thread panicked"))))
         .collect(),
-        Mode::SingleThread => {
-            // Window registration is collective, so setup runs per rank; every collective is
-            // then issued by this one thread for all ranks inside one group.
-            let ranks: Vec<Rank<'_, T, C>> = if case.reg.is_collective() {
-                let mut v = Vec::new();
-                for r in per_rank(comms, |c| setup::<T, C>(c, case, exp)) {
-                    v.push(r.map_err(|_| Failure::msg("a setup thread panicked"))??);
-                }
-                v
-            } else {
-                comms
-                    .iter()
-                    .map(|c| setup::<T, C>(c, case, exp))
-                    .collect::<Result<_>>()?
-            };
-            let mut ranks = ranks;
-            // A refused launch (an expected `Unsupported`) still releases every rank's
-            // collective registrations below, one thread per rank: dropped here, in this one
-            // thread, the first rank's deregistration would wait for the others' forever.
-            let launched = comms[0].group(|| ranks.iter_mut().try_for_each(|rk| launch(rk, case)));
-            let mut out: Vec<_> = match launched {
-                Ok(()) => ranks
-                    .iter_mut()
-                    .map(|rk| check_output(rk, case, exp))
-                    .collect(),
-                Err(e) => ranks
-                    .iter()
-                    .map(|_| Err(Failure::from(e.clone())))
-                    .collect(),
-            };
-            // Window deregistration is collective too: one thread per rank.
-            let released: Vec<_> = if case.reg.is_collective() {
-                std::thread::scope(|s| {
-                    let hs: Vec<_> = ranks
-                        .into_iter()
-                        .map(|rk| s.spawn(move || release(rk)))
-                        .collect();
-                    hs.into_iter()
-                        .map(|h| {
-                            h.join()
-                                .unwrap_or_else(|_| Err(Failure::msg("a release thread panicked")))
-                        })
-                        .collect()
-                })
-            } else {
-                ranks.into_iter().map(release).collect()
-            };
-            for (o, r) in out.iter_mut().zip(released) {
-                if o.is_ok() {
-                    *o = r;
-                }
-            }
-            out
-        }
+        Mode::SingleThread => single_thread(comms, case, exp)?,
     };
+    verdict(outcome)
+}
+
+/// Every rank's collective issued by this one thread inside one group (window
+/// registration, being collective, set up and released one thread per rank): each rank's
+/// outcome.
+fn single_thread<T: Sample, C: Collective>(
+    comms: &[Comm<C>],
+    case: &Case,
+    exp: &Expected<T>,
+) -> std::result::Result<Vec<std::result::Result<(), Failure>>, Failure> {
+    let mut ranks: Vec<Rank<'_, T, C>> = if case.reg.is_collective() {
+        let mut v = Vec::new();
+        for r in per_rank(comms, |c| setup::<T, C>(c, case, exp)) {
+            v.push(r.map_err(|_| Failure::msg("a setup thread panicked"))??);
+        }
+        v
+    } else {
+        comms
+            .iter()
+            .map(|c| setup::<T, C>(c, case, exp))
+            .collect::<Result<_>>()?
+    };
+    // A refused launch (an expected `Unsupported`) still releases every rank's collective
+    // registrations below, one thread per rank: dropped here, in this one thread, the first
+    // rank's deregistration would wait for the others' forever.
+    let launched = comms[0].group(|| ranks.iter_mut().try_for_each(|rk| launch(rk, case)));
+    let mut out: Vec<_> = match launched {
+        Ok(()) => ranks
+            .iter_mut()
+            .map(|rk| check_output(rk, case, exp))
+            .collect(),
+        Err(e) => ranks
+            .iter()
+            .map(|_| Err(Failure::from(e.clone())))
+            .collect(),
+    };
+    for (o, r) in out.iter_mut().zip(release_all(ranks, case)) {
+        if o.is_ok() {
+            *o = r;
+        }
+    }
+    Ok(out)
+}
+
+/// Every rank's buffers released (window deregistration is collective: one thread per rank
+/// then).
+fn release_all<T: Sample, C: Collective>(
+    ranks: Vec<Rank<'_, T, C>>,
+    case: &Case,
+) -> Vec<std::result::Result<(), Failure>> {
+    if !case.reg.is_collective() {
+        return ranks.into_iter().map(release).collect();
+    }
+    std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|rk| s.spawn(move || release(rk)))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Failure::msg("a release thread panicked")))
+            })
+            .collect()
+    })
+}
+
+/// The ranks' outcomes as one: `Ok`, or every failure named by rank, with the error kept
+/// where every failing rank returned the same variant (so that a harness can match an
+/// expected refusal, `Unsupported`, without a data error hiding).
+fn verdict(outcome: Vec<std::result::Result<(), Failure>>) -> std::result::Result<(), Failure> {
     let failed: Vec<(usize, Failure)> = outcome
         .into_iter()
         .enumerate()

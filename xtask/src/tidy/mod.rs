@@ -87,8 +87,6 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("bench/src/report/plot.rs", "draw", 92),
     ("bench/src/report/table.rs", "table", 95),
     ("bench/src/workloads.rs", "workloads", 97),
-    ("conformance/src/graphs.rs", "captured_step_replays", 95),
-    ("conformance/src/runner.rs", "run_typed", 93),
     (
         "gpu-tests/src/signals_cases.rs",
         "signals_latency_on_one_gpu",
