@@ -351,16 +351,7 @@ fn bench() -> anyhow::Result<()> {
     }
     let vendor: Vendor = args.vendor.parse()?;
     let (vendor, why) = unicomm::resolve(vendor).context("choosing the vendor")?;
-    // Under a launcher (torchrun, mpirun, srun, `cargo xtask launch`): this process's one
-    // rank, the figures combined across processes; else every rank of a local world.
-    let comms = if unicomm::bootstrap::LaunchEnv::detect().is_ok() {
-        if args.ranks.is_some() {
-            bail!("--ranks is for one process driving every rank; under a launcher the launcher sets the world");
-        }
-        vec![unicomm::from_env(vendor).context("joining the launched world")?]
-    } else {
-        unicomm::local_comms_n(vendor, args.ranks).context("creating communicators")?
-    };
+    let comms = communicators(&args, vendor)?;
     let w = comms[0].world_size();
     // Only rank 0 reports (one process per rank under a launcher).
     let lead = comms[0].rank() == 0;
@@ -372,27 +363,8 @@ fn bench() -> anyhow::Result<()> {
         );
     }
     let work = workloads(&args, w)?;
-    let mut modes = Vec::new();
-    for &m in &args.modes {
-        let why = run::unsupported(m, &caps).or_else(|| {
-            (m == Mode::Ce && args.single_thread).then(|| {
-                "the copy-engine path does not run inside a group: not with --single-thread".into()
-            })
-        });
-        match why {
-            Some(why) => eprintln!("# mode {}: skipped ({why})", m.name()),
-            None => modes.push(m),
-        }
-    }
-    let places: Vec<bool> = args
-        .place
-        .iter()
-        .map(|p| match p.as_str() {
-            "out" => Ok(false),
-            "in" => Ok(true),
-            _ => bail!("--place takes out and/or in, not {p:?}"),
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let modes = runnable_modes(&args, &caps);
+    let places = placements(&args)?;
     let dtype = work.first().map_or(args.dtype, |w| w.dtype);
     let devices = run::devices(&comms).context("gathering every rank's device")?;
     let header = report::Header::new(&args, dtype, vendor, &why, &caps, w, devices);
@@ -418,19 +390,8 @@ fn bench() -> anyhow::Result<()> {
             }
         },
     )?;
-    let wrong: u64 = results.iter().filter_map(|r| r.wrong).sum();
     if lead {
-        report::table(&results, w);
-        report::memory(&memory);
-        if let Some(p) = &args.json {
-            report::json_with_memory(p, &header, &results, &memory)?;
-        }
-        if let Some(p) = &args.plot {
-            report::plot(p, &header, &results)?;
-        }
-        if let Some(p) = &args.tune {
-            report::tune(p, &header, &results)?;
-        }
+        write_reports(&args, &header, &results, &memory)?;
     }
     if let Some(e) = failed {
         // Communicators were aborted; nothing to finalize.
@@ -439,8 +400,74 @@ fn bench() -> anyhow::Result<()> {
     for c in comms {
         c.finalize()?;
     }
+    let wrong: u64 = results.iter().filter_map(|r| r.wrong).sum();
     if wrong > 0 {
         bail!("{wrong} wrong elements");
+    }
+    Ok(())
+}
+
+/// Under a launcher (torchrun, mpirun, srun, `cargo xtask launch`): this process's one rank,
+/// the figures combined across processes; else every rank of a local world.
+fn communicators(args: &Args, vendor: Vendor) -> anyhow::Result<Vec<unicomm::Comm>> {
+    if unicomm::bootstrap::LaunchEnv::detect().is_ok() {
+        if args.ranks.is_some() {
+            bail!("--ranks is for one process driving every rank; under a launcher the launcher sets the world");
+        }
+        return Ok(vec![
+            unicomm::from_env(vendor).context("joining the launched world")?
+        ]);
+    }
+    unicomm::local_comms_n(vendor, args.ranks).context("creating communicators")
+}
+
+/// The modes asked for that this backend runs (the others named as skipped, with why).
+fn runnable_modes(args: &Args, caps: &unicomm::Capabilities) -> Vec<Mode> {
+    let mut modes = Vec::new();
+    for &m in &args.modes {
+        let why = run::unsupported(m, caps).or_else(|| {
+            (m == Mode::Ce && args.single_thread).then(|| {
+                "the copy-engine path does not run inside a group: not with --single-thread".into()
+            })
+        });
+        match why {
+            Some(why) => eprintln!("# mode {}: skipped ({why})", m.name()),
+            None => modes.push(m),
+        }
+    }
+    modes
+}
+
+/// `--place`: out of place (`false`) and/or in place (`true`).
+fn placements(args: &Args) -> anyhow::Result<Vec<bool>> {
+    args.place
+        .iter()
+        .map(|p| match p.as_str() {
+            "out" => Ok(false),
+            "in" => Ok(true),
+            _ => bail!("--place takes out and/or in, not {p:?}"),
+        })
+        .collect()
+}
+
+/// The table and memory on stdout, and the JSON, plot and tune files asked for.
+fn write_reports(
+    args: &Args,
+    header: &report::Header,
+    results: &[run::Measure],
+    memory: &[run::ModeMemory],
+) -> anyhow::Result<()> {
+    let w = header.world;
+    report::table(results, w);
+    report::memory(memory);
+    if let Some(p) = &args.json {
+        report::json_with_memory(p, header, results, memory)?;
+    }
+    if let Some(p) = &args.plot {
+        report::plot(p, header, results)?;
+    }
+    if let Some(p) = &args.tune {
+        report::tune(p, header, results)?;
     }
     Ok(())
 }
