@@ -9,50 +9,9 @@ use crate::{run, Args, Coll, MoeShape, Preset, Work};
 
 /// The workloads: the size sweep for every collective, or the preset's.
 pub(crate) fn workloads(a: &Args, w: usize) -> anyhow::Result<Vec<Work>> {
-    if let Some(Preset::Visualgen) = a.preset {
-        let b = |elems: usize| elems * 2;
-        let mut v = Vec::new();
-        for (s, h, label_a2a, label_ag) in [
-            (
-                4096usize,
-                24usize,
-                "a2a (1,4096/W,24,128)",
-                "ag (1,4096/W,24,128)",
-            ),
-            (7680, 40, "a2a (1,7680/W,40,128)", "ag (1,7680/W,40,128)"),
-        ] {
-            if s % w != 0 || h % w != 0 {
-                bail!("the visualgen preset needs a world size dividing {s} and {h} (got {w})");
-            }
-            // all_to_all: per rank (1, S/W, H, 128) re-split to (1, S, H/W, 128): the
-            // exchanged buffer is S/W * H * 128 elements per rank.
-            v.push(Work {
-                coll: Coll::AllToAll,
-                bytes: b(s / w * h * 128),
-                dtype: DataType::Bf16,
-                label: label_a2a,
-                moe: None,
-            });
-            // all_gather of (1, S/W, H, 128) into (1, S, H, 128).
-            v.push(Work {
-                coll: Coll::AllGather,
-                bytes: b(s * h * 128),
-                dtype: DataType::Bf16,
-                label: label_ag,
-                moe: None,
-            });
-        }
-        v.push(Work {
-            coll: Coll::AllReduce,
-            bytes: b(512 * 512),
-            dtype: DataType::Bf16,
-            label: "ar (1,512,512)",
-            moe: None,
-        });
-        return Ok(v);
-    }
-    if let Some(Preset::Decode) = a.preset {
-        return Ok(DECODE
+    match a.preset {
+        Some(Preset::Visualgen) => visualgen(w),
+        Some(Preset::Decode) => Ok(DECODE
             .iter()
             .map(|&(hidden, batch, label)| Work {
                 coll: Coll::AllReduce,
@@ -61,28 +20,82 @@ pub(crate) fn workloads(a: &Args, w: usize) -> anyhow::Result<Vec<Work>> {
                 label,
                 moe: None,
             })
-            .collect());
+            .collect()),
+        Some(Preset::Moe) => moe(a, w),
+        None => sweep(a),
     }
-    if let Some(Preset::Moe) = a.preset {
-        let moe = MoeShape {
-            tokens: 4096,
-            hidden: 7168,
-            top_k: 8,
-            experts: 256,
-        };
-        if !moe.experts.is_multiple_of(w) {
-            bail!("the moe preset spreads 256 experts over the ranks: the world size must divide 256 (got {w})");
+}
+
+/// Ulysses sequence parallelism of a diffusion model: the bf16 all_to_alls and all_gathers
+/// of two attention shapes, and a (1, 512, 512) all_reduce.
+fn visualgen(w: usize) -> anyhow::Result<Vec<Work>> {
+    let b = |elems: usize| elems * 2;
+    let mut v = Vec::new();
+    for (s, h, label_a2a, label_ag) in [
+        (
+            4096usize,
+            24usize,
+            "a2a (1,4096/W,24,128)",
+            "ag (1,4096/W,24,128)",
+        ),
+        (7680, 40, "a2a (1,7680/W,40,128)", "ag (1,7680/W,40,128)"),
+    ] {
+        if s % w != 0 || h % w != 0 {
+            bail!("the visualgen preset needs a world size dividing {s} and {h} (got {w})");
         }
-        // nccl-tests' size: the mean of what a rank sends each peer, times the ranks.
-        let per_peer = run::moe_mean_elems(&moe, w);
-        return Ok(vec![Work {
-            coll: Coll::AllToAllV,
-            bytes: per_peer * w * a.dtype.size(),
-            dtype: a.dtype,
-            label: "moe dispatch (4096 tok, top-8/256, 7168)",
-            moe: Some(moe),
-        }]);
+        // all_to_all: per rank (1, S/W, H, 128) re-split to (1, S, H/W, 128): the exchanged
+        // buffer is S/W * H * 128 elements per rank.
+        v.push(Work {
+            coll: Coll::AllToAll,
+            bytes: b(s / w * h * 128),
+            dtype: DataType::Bf16,
+            label: label_a2a,
+            moe: None,
+        });
+        // all_gather of (1, S/W, H, 128) into (1, S, H, 128).
+        v.push(Work {
+            coll: Coll::AllGather,
+            bytes: b(s * h * 128),
+            dtype: DataType::Bf16,
+            label: label_ag,
+            moe: None,
+        });
     }
+    v.push(Work {
+        coll: Coll::AllReduce,
+        bytes: b(512 * 512),
+        dtype: DataType::Bf16,
+        label: "ar (1,512,512)",
+        moe: None,
+    });
+    Ok(v)
+}
+
+/// The MoE dispatch: 4096 tokens per rank routed top-8 among 256 experts spread over the
+/// ranks, one all_to_all_v.
+fn moe(a: &Args, w: usize) -> anyhow::Result<Vec<Work>> {
+    let moe = MoeShape {
+        tokens: 4096,
+        hidden: 7168,
+        top_k: 8,
+        experts: 256,
+    };
+    if !moe.experts.is_multiple_of(w) {
+        bail!("the moe preset spreads 256 experts over the ranks: the world size must divide 256 (got {w})");
+    }
+    // nccl-tests' size: the mean of what a rank sends each peer, times the ranks.
+    let per_peer = run::moe_mean_elems(&moe, w);
+    Ok(vec![Work {
+        coll: Coll::AllToAllV,
+        bytes: per_peer * w * a.dtype.size(),
+        dtype: a.dtype,
+        label: "moe dispatch (4096 tok, top-8/256, 7168)",
+        moe: Some(moe),
+    }])
+}
+
+/// The size sweep: every collective from `-b` to `-e` by `-f`.
+fn sweep(a: &Args) -> anyhow::Result<Vec<Work>> {
     if a.step_factor < 2 {
         bail!("-f must be at least 2");
     }

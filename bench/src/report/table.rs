@@ -40,37 +40,7 @@ pub fn table(results: &[Measure], world: usize) {
         );
     }
     for coll in colls {
-        println!("#\n# {}", coll.name());
-        println!(
-            "# {:>12} {:>12} {:>8} {:>10} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}",
-            "size",
-            "count",
-            "type",
-            "mode",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong"
-        );
-        println!(
-            "# {:>12} {:>12} {:>8} {:>10} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}",
-            "(B)",
-            "(elements)",
-            "",
-            "",
-            "(us)",
-            "(GB/s)",
-            "(GB/s)",
-            "out",
-            "(us)",
-            "(GB/s)",
-            "(GB/s)",
-            "in"
-        );
+        heading(coll);
         let mut keys: Vec<(usize, Mode, &'static str)> = Vec::new();
         for r in results.iter().filter(|r| r.work.coll == coll) {
             let k = (r.work.bytes, r.mode, r.work.label);
@@ -78,48 +48,82 @@ pub fn table(results: &[Measure], world: usize) {
                 keys.push(k);
             }
         }
-        for (bytes, mode, label) in keys {
-            let find = |inp: bool| {
-                results.iter().find(|r| {
-                    r.work.coll == coll
-                        && r.work.bytes == bytes
-                        && r.mode == mode
-                        && r.in_place == inp
-                })
-            };
-            let cell = |m: Option<&Measure>| match m {
-                Some(m) => {
-                    let alg = gbps(bytes, m.time_us);
-                    format!(
-                        "{:>9.2}{} {:>8.2} {:>8.2} {:>6}",
-                        m.time_us,
-                        if host_bound(m) { '*' } else { ' ' },
-                        alg,
-                        alg * coll.bus_factor(world),
-                        wrong(m.wrong)
-                    )
-                }
-                None => format!("{:>10} {:>8} {:>8} {:>6}", "-", "-", "-", "-"),
-            };
-            let any = find(false).or(find(true));
-            let (count, dtype) =
-                any.map_or((0, String::new()), |m| (m.count, m.work.dtype.to_string()));
-            println!(
-                "  {:>12} {:>12} {:>8} {:>10} | {} | {}{}",
-                bytes,
-                count,
-                dtype,
-                mode.name(),
-                cell(find(false)),
-                cell(find(true)),
-                if label.is_empty() {
-                    String::new()
-                } else {
-                    format!("  {label}")
-                }
-            );
+        for key in keys {
+            row(results, (coll, world), key);
         }
     }
+}
+
+/// A collective's name and its columns' two header lines.
+fn heading(coll: Coll) {
+    println!("#\n# {}", coll.name());
+    let line = |c: [&str; 12]| {
+        println!(
+            "# {:>12} {:>12} {:>8} {:>10} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}",
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11]
+        )
+    };
+    line([
+        "size", "count", "type", "mode", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+        "busbw", "#wrong",
+    ]);
+    line([
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "out",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "in",
+    ]);
+}
+
+/// One row: a size in one mode, out of place then in place.
+fn row(
+    results: &[Measure],
+    (coll, world): (Coll, usize),
+    (bytes, mode, label): (usize, Mode, &'static str),
+) {
+    let find = |inp: bool| {
+        results.iter().find(|r| {
+            r.work.coll == coll && r.work.bytes == bytes && r.mode == mode && r.in_place == inp
+        })
+    };
+    let cell = |m: Option<&Measure>| match m {
+        Some(m) => {
+            let alg = gbps(bytes, m.time_us);
+            format!(
+                "{:>9.2}{} {:>8.2} {:>8.2} {:>6}",
+                m.time_us,
+                if host_bound(m) { '*' } else { ' ' },
+                alg,
+                alg * coll.bus_factor(world),
+                wrong(m.wrong)
+            )
+        }
+        None => format!("{:>10} {:>8} {:>8} {:>6}", "-", "-", "-", "-"),
+    };
+    let any = find(false).or(find(true));
+    let (count, dtype) = any.map_or((0, String::new()), |m| (m.count, m.work.dtype.to_string()));
+    println!(
+        "  {:>12} {:>12} {:>8} {:>10} | {} | {}{}",
+        bytes,
+        count,
+        dtype,
+        mode.name(),
+        cell(find(false)),
+        cell(find(true)),
+        if label.is_empty() {
+            String::new()
+        } else {
+            format!("  {label}")
+        }
+    );
 }
 
 pub(crate) fn percentile(v: &[f64], p: f64) -> f64 {

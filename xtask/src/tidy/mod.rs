@@ -84,8 +84,6 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("backend-rccl/src/load.rs", "from_library", 93),
     ("bench/src/bin/rendezvous_scale/roles.rs", "join", 96),
     ("bench/src/report/plot.rs", "draw", 92),
-    ("bench/src/report/table.rs", "table", 95),
-    ("bench/src/workloads.rs", "workloads", 97),
     (
         "gpu-tests/src/signals_cases.rs",
         "signals_latency_on_one_gpu",
