@@ -82,56 +82,69 @@ pub fn draw(
             .iter()
             .flat_map(|s| s.1.iter().map(|p| p.2))
             .fold(10.0, f64::max);
-        for (panel, latency) in [(&left, false), (&right, true)] {
+        for (area, latency) in [(&left, false), (&right, true)] {
             let ymax = if latency { tmax * 1.5 } else { bmax * 1.2 };
-            let what = if latency {
-                "time per call (us)"
-            } else {
-                "bus bandwidth (GB/s)"
-            };
-            let mut chart = ChartBuilder::on(panel)
-                .caption(
-                    format!("{title}: {} {what}", coll.name()),
-                    ("sans-serif", 17),
-                )
-                .margin(12)
-                .x_label_area_size(40)
-                .y_label_area_size(60)
-                .build_cartesian_2d(
-                    (1.0f64..xmax * 1.5).log_scale(),
-                    (0.01f64..ymax).log_scale(),
-                )?;
-            chart
-                .configure_mesh()
-                .x_desc("size (bytes)")
-                .y_desc(if latency { "us" } else { "GB/s" })
-                .x_label_formatter(&|x| human(*x))
-                .draw()?;
-            for (name, pts) in &series {
-                let i = modes.iter().position(|m| m == name).unwrap_or(0);
-                let color = Palette99::pick(i).to_rgba();
-                let data: Vec<(f64, f64)> = pts
-                    .iter()
-                    .map(|p| (p.0, if latency { p.2 } else { p.1.max(0.01) }))
-                    .collect();
-                chart
-                    .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))?
-                    .label(name.clone())
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                    });
-                chart.draw_series(data.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
-            }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()?;
+            panel(area, (title, *coll, latency), &series, &modes, (xmax, ymax))?;
         }
     }
     root.present()
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// One panel: a collective's bus bandwidth (or, `latency`, time per call) by size, a line
+/// per mode, on log axes up to `(xmax, ymax)`.
+fn panel(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    (title, coll, latency): (&str, Coll, bool),
+    series: &[Series],
+    modes: &[String],
+    (xmax, ymax): (f64, f64),
+) -> anyhow::Result<()> {
+    let what = if latency {
+        "time per call (us)"
+    } else {
+        "bus bandwidth (GB/s)"
+    };
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!("{title}: {} {what}", coll.name()),
+            ("sans-serif", 17),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(
+            (1.0f64..xmax * 1.5).log_scale(),
+            (0.01f64..ymax).log_scale(),
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc("size (bytes)")
+        .y_desc(if latency { "us" } else { "GB/s" })
+        .x_label_formatter(&|x| human(*x))
+        .draw()?;
+    for (name, pts) in series {
+        let i = modes.iter().position(|m| m == name).unwrap_or(0);
+        let color = Palette99::pick(i).to_rgba();
+        let data: Vec<(f64, f64)> = pts
+            .iter()
+            .map(|p| (p.0, if latency { p.2 } else { p.1.max(0.01) }))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))?
+            .label(name.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+        chart.draw_series(data.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
 }
 
 /// 8 B, 1 KiB, 512 MiB.
