@@ -72,48 +72,14 @@ fn xtask(cli: Cli) -> Result<()> {
             step("doctor", c)
         }
         Cmd::Test(o) => test::test(&o),
-        Cmd::Bench(o) => {
-            // unicomm-bench: nccl-tests' method, every mode side by side. Its arguments
-            // follow `--` (`-b 8 -e 512M -f 4 -J out.json --plot out.svg`, `--help`).
-            let mut c = bench_command(o.vendor);
-            c.args(&o.args);
-            if o.vendor == Vendor::Mock && std::env::var_os("UNICOMM_MOCK_RANKS").is_none() {
-                c.env("UNICOMM_MOCK_RANKS", "4");
-            }
-            step(&format!("unicomm-bench on {}", o.vendor.arg()), c)
-        }
+        Cmd::Bench(o) => bench(&o),
         Cmd::Rendezvous { args } => {
             step("rendezvous-scale", crate::cargo::rendezvous_command(&args))
         }
-        Cmd::Tune { opts, out } => {
-            let mut c = bench_command(opts.vendor);
-            c.args([
-                "--modes",
-                "registered,window,ce",
-                "--place",
-                "out",
-                "--coll",
-                "all_reduce,all_to_all,all_gather,reduce_scatter,broadcast",
-            ]);
-            c.arg("--tune").arg(root().join(&out).as_os_str());
-            c.args(&opts.args);
-            step("calibrate the automatic policy", c)?;
-            eprintln!(
-                "thresholds written: export UNICOMM_TUNE_FILE={}",
-                root().join(&out).display()
-            );
-            Ok(())
-        }
+        Cmd::Tune { opts, out } => tune(&opts, &out),
         Cmd::Bundle(o) => bundle::bundle(&o),
         Cmd::Msrv => msrv::msrv(),
-        Cmd::CudaKit { compute_cap } => {
-            if compute_cap.is_empty() || !compute_cap.bytes().all(|b| b.is_ascii_digit()) {
-                anyhow::bail!("--compute-cap {compute_cap:?}: digits, as nvidia-smi's compute_cap without the dot (90)");
-            }
-            let kit = cuda_kit::toolkit()?;
-            print!("{}", cuda_kit::exports(&kit, &compute_cap));
-            Ok(())
-        }
+        Cmd::CudaKit { compute_cap } => cuda_kit_exports(&compute_cap),
         Cmd::Consumers => consumers::consumers(),
         Cmd::Trace { dir } => trace::trace(&dir),
         Cmd::Launch {
@@ -134,4 +100,48 @@ fn xtask(cli: Cli) -> Result<()> {
             launch::run(Path::new(prog), args, &job)
         }
     }
+}
+
+/// unicomm-bench: nccl-tests' method, every mode side by side. Its arguments follow `--`
+/// (`-b 8 -e 512M -f 4 -J out.json --plot out.svg`, `--help`).
+fn bench(o: &Opts) -> Result<()> {
+    let mut c = bench_command(o.vendor);
+    c.args(&o.args);
+    if o.vendor == Vendor::Mock && std::env::var_os("UNICOMM_MOCK_RANKS").is_none() {
+        c.env("UNICOMM_MOCK_RANKS", "4");
+    }
+    step(&format!("unicomm-bench on {}", o.vendor.arg()), c)
+}
+
+/// The automatic policy's thresholds calibrated by unicomm-bench into `out`.
+fn tune(opts: &Opts, out: &Path) -> Result<()> {
+    let mut c = bench_command(opts.vendor);
+    c.args([
+        "--modes",
+        "registered,window,ce",
+        "--place",
+        "out",
+        "--coll",
+        "all_reduce,all_to_all,all_gather,reduce_scatter,broadcast",
+    ]);
+    c.arg("--tune").arg(root().join(out).as_os_str());
+    c.args(&opts.args);
+    step("calibrate the automatic policy", c)?;
+    eprintln!(
+        "thresholds written: export UNICOMM_TUNE_FILE={}",
+        root().join(out).display()
+    );
+    Ok(())
+}
+
+/// The environment that builds candle's CUDA backend with the CUDA kit, for sm`cap`.
+fn cuda_kit_exports(cap: &str) -> Result<()> {
+    if cap.is_empty() || !cap.bytes().all(|b| b.is_ascii_digit()) {
+        anyhow::bail!(
+            "--compute-cap {cap:?}: digits, as nvidia-smi's compute_cap without the dot (90)"
+        );
+    }
+    let kit = cuda_kit::toolkit()?;
+    print!("{}", cuda_kit::exports(&kit, cap));
+    Ok(())
 }

@@ -205,30 +205,7 @@ fn verdict(ds: &[&Dump]) -> String {
             continue;
         };
         if reached.len() < ds.len() {
-            let never: Vec<usize> = ds
-                .iter()
-                .zip(&index)
-                .filter(|(_, ix)| !ix.contains_key(&seq))
-                .map(|(d, _)| d.rank)
-                .collect();
-            let mut s = format!(
-                "  first divergence at sequence number {seq}: rank(s) {} reached it ({}); rank(s) {} never did",
-                list(reached.iter().map(|(r, _)| *r)),
-                first_entry.fate(),
-                list(never.iter().copied())
-            );
-            for d in ds.iter().filter(|d| never.contains(&d.rank)) {
-                match d.entries.last() {
-                    Some(e) => s.push_str(&format!(
-                        "\n    rank {}'s last operation: sequence number {}, {}",
-                        d.rank,
-                        e.seq,
-                        e.fate()
-                    )),
-                    None => s.push_str(&format!("\n    rank {} recorded no operation", d.rank)),
-                }
-            }
-            return s;
+            return missed(ds, &index, seq, &reached);
         }
         let first = first_entry.call();
         if let Some((r, e)) = reached.iter().find(|(_, e)| e.call() != first) {
@@ -238,6 +215,46 @@ fn verdict(ds: &[&Dump]) -> String {
             );
         }
     }
+    no_divergence(ds)
+}
+
+/// Sequence number `seq`, reached by the ranks of `reached` only: who never did, and each
+/// of those ranks' last operation.
+fn missed(
+    ds: &[&Dump],
+    index: &[std::collections::HashMap<u64, &Entry>],
+    seq: u64,
+    reached: &[(usize, &Entry)],
+) -> String {
+    let never: Vec<usize> = ds
+        .iter()
+        .zip(index)
+        .filter(|(_, ix)| !ix.contains_key(&seq))
+        .map(|(d, _)| d.rank)
+        .collect();
+    let mut s = format!(
+        "  first divergence at sequence number {seq}: rank(s) {} reached it ({}); rank(s) {} never did",
+        list(reached.iter().map(|(r, _)| *r)),
+        reached[0].1.fate(),
+        list(never.iter().copied())
+    );
+    for d in ds.iter().filter(|d| never.contains(&d.rank)) {
+        match d.entries.last() {
+            Some(e) => s.push_str(&format!(
+                "\n    rank {}'s last operation: sequence number {}, {}",
+                d.rank,
+                e.seq,
+                e.fate()
+            )),
+            None => s.push_str(&format!("\n    rank {} recorded no operation", d.rank)),
+        }
+    }
+    s
+}
+
+/// No rank parted from the others: where every dump ends, or the first operation still
+/// pending.
+fn no_divergence(ds: &[&Dump]) -> String {
     let pending: Vec<String> = ds
         .iter()
         .filter_map(|d| {

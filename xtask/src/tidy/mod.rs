@@ -89,8 +89,6 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
         84,
     ),
     ("xtask/src/launch/mod.rs", "run_until", 95),
-    ("xtask/src/main.rs", "xtask", 99),
-    ("xtask/src/trace.rs", "verdict", 90),
 ];
 
 /// The files that may hold `unsafe`: FFI layers and the memory they own. The list may only
