@@ -288,11 +288,17 @@ pub(crate) fn run_until(program: &Path, args: &[String], job: &Job<'_>, stop: &S
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // The ranks' last lines: their pipes close when they exit (a process they started and
-    // left behind may hold one open: waited for at most 2 s, and never past the deadline).
+    drain(kids, start.checked_add(timeout));
+    outcome(n, first_failure, &lost)
+}
+
+/// The ranks' last lines: their pipes close when they exit (a process they started and left
+/// behind may hold one open: waited for at most 2 s, and never past the job's deadline, if
+/// one can be represented).
+fn drain(kids: Vec<Rank>, deadline: Option<Instant>) {
+    // A deadline too far to represent (`--timeout-s` of u64::MAX) is no deadline here.
     let until = (Instant::now() + Duration::from_secs(2))
-        // A deadline too far to represent (`--timeout-s` of u64::MAX) is no deadline here.
-        .min(start.checked_add(timeout).unwrap_or(until_far()))
+        .min(deadline.unwrap_or(until_far()))
         .max(Instant::now());
     for h in kids.into_iter().flat_map(|k| k.readers) {
         while !h.is_finished() && Instant::now() < until {
@@ -302,6 +308,14 @@ pub(crate) fn run_until(program: &Path, args: &[String], job: &Job<'_>, stop: &S
             let _ = h.join();
         }
     }
+}
+
+/// The job's result: every rank succeeded (but those expected lost), or the first failure.
+fn outcome(
+    n: usize,
+    first_failure: Option<(usize, i32)>,
+    lost: &std::collections::BTreeSet<usize>,
+) -> Result<()> {
     match first_failure {
         None if lost.is_empty() => {
             eprintln!("==> all {n} ranks succeeded");

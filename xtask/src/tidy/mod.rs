@@ -88,7 +88,6 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
         "signals_latency_on_one_gpu",
         84,
     ),
-    ("xtask/src/launch/mod.rs", "run_until", 95),
 ];
 
 /// The files that may hold `unsafe`: FFI layers and the memory they own. The list may only
