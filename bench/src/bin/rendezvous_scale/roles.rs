@@ -211,6 +211,45 @@ fn serve(port: u16, token: &str, world: usize, timeout: Duration) -> Result<()> 
 
 type Gate = Arc<(Mutex<Option<Instant>>, Condvar)>;
 
+/// One rank: released by the gate, started at a uniform time within the spread, joined:
+/// how long its join took, how long since the release it was done, and whether it received
+/// the id (or why it failed).
+fn one_rank(
+    rank: usize,
+    e: &unicomm::bootstrap::LaunchEnv,
+    (gate, spread_ms): (&Gate, u64),
+    want: [u8; 128],
+    timeout: Duration,
+) -> (Duration, Duration, std::result::Result<bool, String>) {
+    let release = {
+        let (m, cv) = &**gate;
+        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+        while g.is_none() {
+            g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        g.unwrap_or_else(Instant::now)
+    };
+    // A uniform start within the spread (xorshift seeded by the rank).
+    let mut x = (rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    let jitter = if spread_ms == 0 {
+        0
+    } else {
+        x % (spread_ms * 1000)
+    };
+    sleep_until(release + Duration::from_micros(jitter));
+    let start = Instant::now();
+    let r = exchange_unique_id(e, || Err(unicomm::Error::invalid("rank", "not 0")), timeout);
+    let done = Instant::now();
+    (
+        done - start,
+        done - release,
+        r.map(|id| id == want).map_err(|e| e.to_string()),
+    )
+}
+
 fn join(
     ranks: std::ops::Range<usize>,
     job: (u16, &str, usize),
@@ -232,41 +271,9 @@ fn join(
     let mut handles = Vec::new();
     for rank in ranks {
         let (gate, e) = (gate.clone(), env(rank, job)?);
-        let h = std::thread::Builder::new().stack_size(256 << 10).spawn(
-            move || -> (Duration, Duration, std::result::Result<bool, String>) {
-                let release = {
-                    let (m, cv) = &*gate;
-                    let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
-                    while g.is_none() {
-                        g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
-                    }
-                    g.unwrap_or_else(Instant::now)
-                };
-                // A uniform start within the spread (xorshift seeded by the rank).
-                let mut x = (rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let jitter = if spread_ms == 0 {
-                    0
-                } else {
-                    x % (spread_ms * 1000)
-                };
-                sleep_until(release + Duration::from_micros(jitter));
-                let start = Instant::now();
-                let r = exchange_unique_id(
-                    &e,
-                    || Err(unicomm::Error::invalid("rank", "not 0")),
-                    timeout,
-                );
-                let done = Instant::now();
-                (
-                    done - start,
-                    done - release,
-                    r.map(|id| id == want).map_err(|e| e.to_string()),
-                )
-            },
-        )?;
+        let h = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || one_rank(rank, &e, (&gate, spread_ms), want, timeout))?;
         handles.push(h);
     }
     let release = ready_then_release(timeout)?;
