@@ -86,43 +86,11 @@ impl HipRuntime {
             device_get_name: opt!("hipDeviceGetName"),
             device_get_pci_bus_id: opt!("hipDeviceGetPCIBusId"),
             event_query: opt!("hipEventQuery"),
-            vmm: (|| {
-                Some(HipVmm {
-                    mem_get_address_range: opt!("hipMemGetAddressRange")?,
-                    mem_retain_allocation_handle: opt!("hipMemRetainAllocationHandle")?,
-                    mem_export_to_shareable_handle: opt!("hipMemExportToShareableHandle")?,
-                    mem_import_from_shareable_handle: opt!("hipMemImportFromShareableHandle")?,
-                    mem_address_reserve: opt!("hipMemAddressReserve")?,
-                    mem_map: opt!("hipMemMap")?,
-                    mem_set_access: opt!("hipMemSetAccess")?,
-                    mem_release: opt!("hipMemRelease")?,
-                    mem_unmap: opt!("hipMemUnmap")?,
-                    mem_address_free: opt!("hipMemAddressFree")?,
-                })
-            })(),
-            mem_ops: (|| {
-                Some(HipMemOps {
-                    wait_value32: opt!("hipStreamWaitValue32")?,
-                    write_value32: opt!("hipStreamWriteValue32")?,
-                })
-            })(),
+            vmm: optional_vmm(&lib),
+            mem_ops: optional_mem_ops(&lib),
             stream_is_capturing: opt!("hipStreamIsCapturing"),
-            priorities: (|| {
-                Some(HipPriorities {
-                    device_get_stream_priority_range: opt!("hipDeviceGetStreamPriorityRange")?,
-                    stream_create_with_priority: opt!("hipStreamCreateWithPriority")?,
-                })
-            })(),
-            graphs: (|| {
-                Some(HipGraphs {
-                    stream_begin_capture: opt!("hipStreamBeginCapture")?,
-                    stream_end_capture: opt!("hipStreamEndCapture")?,
-                    graph_instantiate_with_flags: opt!("hipGraphInstantiateWithFlags")?,
-                    graph_launch: opt!("hipGraphLaunch")?,
-                    graph_exec_destroy: opt!("hipGraphExecDestroy")?,
-                    graph_destroy: opt!("hipGraphDestroy")?,
-                })
-            })(),
+            priorities: optional_priorities(&lib),
+            graphs: optional_graphs(&lib),
             launch_host_func: opt!("hipLaunchHostFunc"),
         };
         let rt = HipRuntime {
@@ -247,5 +215,70 @@ impl HipRuntime {
     /// `hipDriverGetVersion`, decoded.
     pub fn driver_version(&self) -> String {
         self.version(self.fns.driver_get_version)
+    }
+}
+
+/// Symbol `name` of `lib` as `T`, or `None` where the library lacks it.
+///
+/// # Safety
+/// `T` is the symbol's type as hip_runtime_api.h declares it.
+unsafe fn opt<T: Copy>(lib: &libloading::Library, name: &[u8]) -> Option<T> {
+    // SAFETY: the caller's: `T` is the declared type of the symbol.
+    unsafe { lib.get::<T>(name) }.ok().map(|s| *s)
+}
+
+/// The virtual-memory calls (the copy-engine path's export and import), all or none.
+fn optional_vmm(lib: &libloading::Library) -> Option<HipVmm> {
+    // SAFETY: each field's type is hip_runtime_api.h's signature of its name.
+    unsafe {
+        Some(HipVmm {
+            mem_get_address_range: opt(lib, b"hipMemGetAddressRange\0")?,
+            mem_retain_allocation_handle: opt(lib, b"hipMemRetainAllocationHandle\0")?,
+            mem_export_to_shareable_handle: opt(lib, b"hipMemExportToShareableHandle\0")?,
+            mem_import_from_shareable_handle: opt(lib, b"hipMemImportFromShareableHandle\0")?,
+            mem_address_reserve: opt(lib, b"hipMemAddressReserve\0")?,
+            mem_map: opt(lib, b"hipMemMap\0")?,
+            mem_set_access: opt(lib, b"hipMemSetAccess\0")?,
+            mem_release: opt(lib, b"hipMemRelease\0")?,
+            mem_unmap: opt(lib, b"hipMemUnmap\0")?,
+            mem_address_free: opt(lib, b"hipMemAddressFree\0")?,
+        })
+    }
+}
+
+/// The stream memory operations (the copy-engine path's signals), both or none.
+fn optional_mem_ops(lib: &libloading::Library) -> Option<HipMemOps> {
+    // SAFETY: both fields' types are hip_runtime_api.h's signatures of their names.
+    unsafe {
+        Some(HipMemOps {
+            wait_value32: opt(lib, b"hipStreamWaitValue32\0")?,
+            write_value32: opt(lib, b"hipStreamWriteValue32\0")?,
+        })
+    }
+}
+
+/// Prioritised streams, both calls or none.
+fn optional_priorities(lib: &libloading::Library) -> Option<HipPriorities> {
+    // SAFETY: both fields' types are hip_runtime_api.h's signatures of their names.
+    unsafe {
+        Some(HipPriorities {
+            device_get_stream_priority_range: opt(lib, b"hipDeviceGetStreamPriorityRange\0")?,
+            stream_create_with_priority: opt(lib, b"hipStreamCreateWithPriority\0")?,
+        })
+    }
+}
+
+/// Graph capture and launch, every call or none.
+fn optional_graphs(lib: &libloading::Library) -> Option<HipGraphs> {
+    // SAFETY: every field's type is hip_runtime_api.h's signature of its name.
+    unsafe {
+        Some(HipGraphs {
+            stream_begin_capture: opt(lib, b"hipStreamBeginCapture\0")?,
+            stream_end_capture: opt(lib, b"hipStreamEndCapture\0")?,
+            graph_instantiate_with_flags: opt(lib, b"hipGraphInstantiateWithFlags\0")?,
+            graph_launch: opt(lib, b"hipGraphLaunch\0")?,
+            graph_exec_destroy: opt(lib, b"hipGraphExecDestroy\0")?,
+            graph_destroy: opt(lib, b"hipGraphDestroy\0")?,
+        })
     }
 }

@@ -25,17 +25,7 @@ pub fn signals_latency_on_one_gpu<R: Runtime>(g: &Gpu<R>) -> Result<()> {
     const LAT_ITERS: usize = 500;
     let rt = (g.vendor.runtime)()?;
     let (mut mem, setup, bases) = blocks(&*rt)?;
-    let (mut send, mut recv) = (Vec::new(), Vec::new());
-    for r in 0..W {
-        let sb = mem.alloc(4 * W)?;
-        let words: Vec<u8> = (0..W)
-            .flat_map(|p| ((r * 10 + p) as u32).to_ne_bytes())
-            .collect();
-        // SAFETY: `sb` holds `4 * W` bytes.
-        unsafe { rt.htod(0, sb, &words, &setup)? };
-        send.push(sb);
-        recv.push(mem.alloc(4 * W)?);
-    }
+    let (send, recv) = latency_buffers(&*rt, &mut mem, &setup)?;
     // Signalled both ways: by 4-byte copies of the constant, and by stream writes.
     let sig = |by_write: bool| -> Vec<Signals<R>> {
         (0..W)
@@ -104,6 +94,27 @@ pub fn signals_latency_on_one_gpu<R: Runtime>(g: &Gpu<R>) -> Result<()> {
         if rt.signal_by_write(0) { "writes" } else { "copies" }
     );
     Ok(())
+}
+
+/// Each rank's send buffer (word `p` of rank `r`: `r * 10 + p`) and output buffer, `W`
+/// words each, on device 0.
+fn latency_buffers<R: Runtime>(
+    rt: &R,
+    mem: &mut Mem<'_, R>,
+    setup: &R::Stream,
+) -> Result<(Vec<usize>, Vec<usize>)> {
+    let (mut send, mut recv) = (Vec::new(), Vec::new());
+    for r in 0..W {
+        let sb = mem.alloc(4 * W)?;
+        let words: Vec<u8> = (0..W)
+            .flat_map(|p| ((r * 10 + p) as u32).to_ne_bytes())
+            .collect();
+        // SAFETY: `sb` holds `4 * W` bytes.
+        unsafe { rt.htod(0, sb, &words, setup)? };
+        send.push(sb);
+        recv.push(mem.alloc(4 * W)?);
+    }
+    Ok((send, recv))
 }
 
 /// What a vendor's graph capture gives the harness: `capture(origin, body)` captures what
