@@ -297,6 +297,11 @@ fn misuse_is_refused() {
             c.all_reduce_symmetric(&ints, 4, &mut iout, one, &st),
             Err(Error::Unsupported { .. })
         ));
+        // Not inside a group: they are not the library's calls.
+        invalid(
+            c.group(|| c.all_reduce_symmetric(&sym, 8, &mut out, one, &st)),
+            "group",
+        );
         // Sizes that differ at allocation: Mismatch on both ranks.
         match c.alloc_symmetric::<f32>(16 + c.rank()) {
             Err(Error::Mismatch { .. }) => {}

@@ -186,6 +186,12 @@ impl MockComm {
     ) -> Result<()> {
         self.live()?;
         self.check_stream(stream)?;
+        if crate::comm::GROUP.with(|g| g.borrow().depth > 0) {
+            return Err(Error::invalid(
+                "group",
+                "unicomm's symmetric kernels are not the library's calls: they run where they are enqueued, not at a group's end (call them outside the group)",
+            ));
+        }
         let (rec, kernel) = match op {
             SymmetricOp::Barrier { handle } => (self.symmetric.get(handle)?, None),
             SymmetricOp::AllReduce {

@@ -26,6 +26,9 @@ pub struct Symmetric<'c, T: Element, C: Collective> {
     comm: &'c Comm<C>,
     mem: C::Memory,
     handle: RawHandle,
+    /// Whether this rank's view is still to be released (by the drop, unless
+    /// [`Comm::free_symmetric`] did).
+    held: bool,
     len: usize,
     peers: Vec<usize>,
     pads: Vec<usize>,
@@ -81,7 +84,9 @@ impl<T: Element, C: Collective> Drop for Symmetric<'_, T, C> {
     fn drop(&mut self) {
         // Local and bounded: the backend keeps what pending work uses; errors cannot be
         // reported from drop (`Comm::free_symmetric` reports them).
-        let _ = self.comm.backend().free_symmetric(self.handle);
+        if self.held {
+            let _ = self.comm.backend().free_symmetric(self.handle);
+        }
     }
 }
 
@@ -127,6 +132,7 @@ impl<C: Collective> Comm<C> {
             comm: self,
             mem,
             handle,
+            held: true,
             len,
             peers,
             pads,
@@ -137,10 +143,9 @@ impl<C: Collective> Comm<C> {
 
     /// Releases a symmetric allocation, reporting what its drop cannot.
     pub fn free_symmetric<T: Element>(&self, mut sym: Symmetric<'_, T, C>) -> Result<()> {
-        let r = self.backend().free_symmetric(sym.handle);
-        // Released once: the drop's release of the same handle finds it gone and is ignored.
-        sym.handle = RawHandle(usize::MAX);
-        r
+        self.own(&sym)?;
+        sym.held = false;
+        self.backend().free_symmetric(sym.handle)
     }
 
     /// All-reduces the first `count` elements of every rank's part of `input` into `out`
