@@ -242,6 +242,8 @@ pub unsafe extern "C" fn ncclGetVersion(v: *mut c_int) -> R {
     count("ncclGetVersion");
     *v = if cfg!(feature = "nccl232") {
         23203
+    } else if cfg!(feature = "nccl230") {
+        23007
     } else if cfg!(feature = "nccl228") {
         22809
     } else if cfg!(feature = "nccl217") {
@@ -768,10 +770,10 @@ mod registration {
 }
 
 /// NCCL 2.29.7's suspend: only NCCL_SUSPEND_MEM; the fake's "memory" is 1 MiB while live.
-#[cfg(feature = "nccl232")]
+#[cfg(feature = "nccl230")]
 static SUSPENDED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
-#[cfg(feature = "nccl232")]
+#[cfg(feature = "nccl230")]
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommSuspend(c: *mut Comm, flags: c_int) -> R {
     count("ncclCommSuspend");
@@ -782,7 +784,7 @@ pub unsafe extern "C" fn ncclCommSuspend(c: *mut Comm, flags: c_int) -> R {
     OK
 }
 
-#[cfg(feature = "nccl232")]
+#[cfg(feature = "nccl230")]
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommResume(c: *mut Comm) -> R {
     count("ncclCommResume");
@@ -796,7 +798,7 @@ pub unsafe extern "C" fn ncclCommResume(c: *mut Comm) -> R {
     }
 }
 
-#[cfg(feature = "nccl232")]
+#[cfg(feature = "nccl230")]
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommMemStats(c: *mut Comm, stat: c_int, v: *mut u64) -> R {
     count("ncclCommMemStats");
@@ -813,7 +815,7 @@ pub unsafe extern "C" fn ncclCommMemStats(c: *mut Comm, stat: c_int, v: *mut u64
 }
 
 /// NCCL 2.32's `ncclCommProperties_t` head, as far as the fake fills it.
-#[cfg(feature = "nccl232")]
+#[cfg(feature = "nccl230")]
 #[repr(C)]
 pub struct Props {
     size: usize,
@@ -830,12 +832,13 @@ pub struct Props {
     host_rma: bool,
 }
 
-#[cfg(feature = "nccl232")]
+#[cfg(feature = "nccl230")]
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommQueryProperties(c: *mut Comm, p: *mut Props) -> R {
     count("ncclCommQueryProperties");
     // NCCL's checks: the initializer's magic, a version no newer than the library's.
-    if (*p).magic != 0xcafe_beef || (*p).version > 23203 || (*p).size < 152 {
+    let newest = if cfg!(feature = "nccl232") { 23203 } else { 23007 };
+    if (*p).magic != 0xcafe_beef || (*p).version > newest || (*p).size < 152 {
         return fail(INVALID_USAGE, "fake: properties not initialised as NCCL_COMM_PROPERTIES_INITIALIZER");
     }
     (*p).rank = (*c).rank;
@@ -850,10 +853,10 @@ pub unsafe extern "C" fn ncclCommQueryProperties(c: *mut Comm, p: *mut Props) ->
     OK
 }
 
-#[cfg(feature = "nccl232")]
+#[cfg(feature = "nccl230")]
 static KEYS: [&[u8]; 2] = [b"NCCL_PROTO\0", b"NCCL_MAX_CTAS\0"];
 
-#[cfg(feature = "nccl232")]
+#[cfg(feature = "nccl230")]
 #[no_mangle]
 pub unsafe extern "C" fn ncclParamGetAllParameterKeys(t: *mut *const *const c_char, n: *mut c_int) -> R {
     count("ncclParamGetAllParameterKeys");
@@ -865,7 +868,7 @@ pub unsafe extern "C" fn ncclParamGetAllParameterKeys(t: *mut *const *const c_ch
     OK
 }
 
-#[cfg(feature = "nccl232")]
+#[cfg(feature = "nccl230")]
 #[no_mangle]
 pub unsafe extern "C" fn ncclParamGetParameter(key: *const c_char, v: *mut *const c_char, len: *mut c_int) -> R {
     count("ncclParamGetParameter");
@@ -885,7 +888,7 @@ mod coll_config;
 
 /// NCCL 2.29.2's grow: an id per communicator, one at a time; the grown communicator has
 /// the new size, the existing rank's number or the new rank's.
-#[cfg(feature = "nccl232")]
+#[cfg(feature = "nccl230")]
 mod grow {
     use super::*;
 
@@ -919,7 +922,7 @@ mod grow {
 /// NCCL 2.29.2's one-sided calls at world 1 (a put to itself), over host memory: a put
 /// copies into the window (`ncclCommWindowRegister`'s handle is the buffer | 2) and counts a
 /// signal, as a bare signal does; a wait takes what its descriptors ask or refuses.
-#[cfg(feature = "nccl232")]
+#[cfg(feature = "nccl230")]
 mod one_sided {
     use super::*;
 
