@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use unicomm_core::registry::RawHandle;
 use unicomm_core::symmetric::{SymmetricAlgorithm, SymmetricOp, SymmetricParts, PAD_BYTES};
-use unicomm_core::{Collective, DataType, DeviceMemory, Error, Result};
+use unicomm_core::{Collective, DataType, DeviceMemory, Error, ReduceOp, Result};
 
 use crate::comm::MockComm;
 use crate::fabric::{Desc, Signature};
@@ -204,39 +204,7 @@ impl MockComm {
                 norm,
             } => {
                 let rec = self.symmetric.get(handle)?;
-                let ty = Ty::of(dtype)?;
-                if count
-                    .checked_mul(dtype.size())
-                    .is_none_or(|b| b > rec.bytes)
-                {
-                    return Err(Error::invalid(
-                        "count",
-                        format!("{count} x {dtype} past the {}-byte allocation", rec.bytes),
-                    ));
-                }
-                if algorithm == SymmetricAlgorithm::Lamport && rec.lamport != Some(dtype) {
-                    return Err(Error::invalid(
-                        "algorithm",
-                        format!(
-                            "the allocation's Lamport workspace is for {:?}, not {dtype}",
-                            rec.lamport
-                        ),
-                    ));
-                }
-                self.check_memory(out.mem)?;
-                out.holds(count, dtype, "out")?;
-                let norm = match norm {
-                    None => None,
-                    Some(n) => Some(self.norm_of(n, count, dtype)?),
-                };
-                let k = Reduce {
-                    count,
-                    ty,
-                    op,
-                    algorithm,
-                    out: local(&out),
-                    norm,
-                };
+                let k = self.reduce_of(&rec, (count, dtype, op, algorithm), out, norm)?;
                 (rec, Some(Arc::new(k)))
             }
         };
@@ -262,6 +230,52 @@ impl MockComm {
                 }
             })
         }))
+    }
+
+    /// An all-reduce's kernel, checked: the count inside the allocation, the Lamport
+    /// workspace of this type, the output (and the norm's buffers) this rank's and large
+    /// enough.
+    fn reduce_of(
+        &self,
+        rec: &Record,
+        (count, dtype, op, algorithm): (usize, DataType, ReduceOp, SymmetricAlgorithm),
+        out: unicomm_core::Slice<'_, MockMemory>,
+        norm: Option<unicomm_core::symmetric::RmsNorm<'_, MockMemory>>,
+    ) -> Result<Reduce> {
+        let ty = Ty::of(dtype)?;
+        if count
+            .checked_mul(dtype.size())
+            .is_none_or(|b| b > rec.bytes)
+        {
+            return Err(Error::invalid(
+                "count",
+                format!("{count} x {dtype} past the {}-byte allocation", rec.bytes),
+            ));
+        }
+        if algorithm == SymmetricAlgorithm::Lamport && rec.lamport != Some(dtype) {
+            return Err(Error::invalid(
+                "algorithm",
+                format!(
+                    "the allocation's Lamport workspace is for {:?}, not {dtype}",
+                    rec.lamport
+                ),
+            ));
+        }
+        self.check_memory(out.mem)?;
+        out.holds(count, dtype, "out")?;
+        let norm = match norm {
+            None => None,
+            Some(n) => Some(self.norm_of(n, count, dtype)?),
+        };
+        let k = Reduce {
+            count,
+            ty,
+            op,
+            algorithm,
+            out: local(&out),
+            norm,
+        };
+        Ok(k)
     }
 
     fn norm_of(
