@@ -229,6 +229,39 @@ fn rank() {
             }
             panic!("rank {r}: the killed peer was never noticed");
         }
+        "symmetric-kill" => {
+            // The last rank kills itself among the replays of a graph of symmetric
+            // all-reduces: the others' kernels, waiting on its pad, end by the deadline.
+            let st = c.create_stream().unwrap();
+            let x = c.alloc_symmetric::<f32>(64).unwrap();
+            let out = c.alloc::<f32>(64).unwrap();
+            let how = (
+                ReduceOp::Sum,
+                unicomm_core::symmetric::SymmetricAlgorithm::OneShot,
+            );
+            let g = unicomm_core::graph::Graph::capture(&st, |g| {
+                g.all_reduce_symmetric(&c, &x, 64, &out, how)
+            })
+            .unwrap();
+            let t = Instant::now();
+            for i in 0..100_000u64 {
+                if r == w - 1 && i == 50 {
+                    // SAFETY: kill(2) on this process; nothing after it runs.
+                    unsafe { libc::kill(std::process::id() as i32, libc::SIGKILL) };
+                }
+                if let Err(e) = g.launch(&st).and_then(|_| st.synchronize()) {
+                    let waited = t.elapsed();
+                    assert!(
+                        matches!(e, Error::Aborted { .. } | Error::Timeout { .. }),
+                        "{e}"
+                    );
+                    assert!(waited < Duration::from_secs(20), "{waited:?}");
+                    println!("rank {r}: after {i} replays: {e}; RANK PASSED");
+                    return;
+                }
+            }
+            panic!("rank {r}: the killed peer was never noticed");
+        }
         "skip" => {
             // Rank 1 skips the second all-reduce; rank 0 times out at its deadline (2 s).
             let st = c.create_stream().unwrap();
@@ -348,6 +381,27 @@ fn a_killed_process_fails_its_peers_at_once() {
         killed.code, None,
         "rank 2 was to die by SIGKILL:\n{}",
         killed.out
+    );
+    for r in &ranks[..2] {
+        assert!(
+            r.code == Some(0) && r.out.contains("RANK PASSED"),
+            "rank {}: {:?}\n{}",
+            r.rank,
+            r.code,
+            r.out
+        );
+    }
+}
+
+/// A rank SIGKILLed among the replays of a graph of symmetric all-reduces: the survivors'
+/// kernels, waiting on its signal pad, end by the deadline (3 s) with an error.
+#[test]
+fn a_killed_process_ends_its_peers_symmetric_kernels_by_the_deadline() {
+    let ranks = launch(3, "symmetric-kill", &[("UNICOMM_MOCK_TIMEOUT_MS", "3000")]);
+    assert_eq!(
+        ranks[2].code, None,
+        "rank 2 was to die by SIGKILL:\n{}",
+        ranks[2].out
     );
     for r in &ranks[..2] {
         assert!(
