@@ -1,5 +1,5 @@
 //! Symmetric memory and unicomm's kernels on the mock: every algorithm exact at worlds 1-8
-//! (threads), eager and over graph replays; 10,000 Lamport replays; the fused residual add
+//! (threads), eager and over graph replays; 10,000 replays of each; the fused residual add
 //! and RMSNorm bit-exact against its unfused sequence at world 2; the barrier's counters
 //! across their wrap-around; a peer that never comes and an abort ending the waits; misuse
 //! refused before anything runs.
@@ -44,39 +44,33 @@ fn the_fused_norm_matches_the_unfused_sequence_at_worlds_1_to_8() {
     }
 }
 
-/// Lamport's three workspaces in turn, each cleared a round after it was read: 10,000
-/// replays with new data each (a stale workspace would hand back an earlier round's).
+/// Every algorithm over 10,000 graph replays with new data each: the barrier counters and
+/// Lamport's round counting on in the pads, its three workspaces in turn, each cleared a
+/// round after it was read (a stale workspace would hand back an earlier round's data).
 #[test]
-fn ten_thousand_lamport_replays_are_exact() {
+fn ten_thousand_replays_of_each_algorithm_are_exact() {
     let cs = comms(2, Duration::from_secs(20));
-    let seen = each_rank(&cs, |c| -> unicomm_core::Result<()> {
-        let st = c.create_stream()?;
-        let sym = c.alloc_symmetric_lamport::<f32>(8)?;
-        let out = c.alloc::<f32>(8)?;
-        let graph = unicomm_core::graph::Graph::capture(&st, |g| {
-            g.all_reduce_symmetric(
-                c,
-                &sym,
-                8,
-                &out,
-                (ReduceOp::Sum, SymmetricAlgorithm::Lamport),
-            )
-        })?;
-        for k in 0..10_000u32 {
-            let mine: Vec<f32> = (0..8)
-                .map(|i| (k % 1000) as f32 + (c.rank() * 8 + i) as f32)
-                .collect();
-            sym.write_from_host(&mine, &st)?;
-            graph.launch(&st)?;
-            let got = out.copy_to_host(&st)?;
-            let want: Vec<f32> = (0..8)
-                .map(|i| 2.0 * (k % 1000) as f32 + (2 * i + 8) as f32)
-                .collect();
-            assert_eq!(got, want, "replay {k} on rank {}", c.rank());
-        }
-        Ok(())
-    });
-    seen.unwrap();
+    for algorithm in unicomm_conformance::ALGORITHMS {
+        each_rank(&cs, |c| -> unicomm_core::Result<()> {
+            let st = c.create_stream()?;
+            let sym = c.alloc_symmetric_lamport::<f32>(8)?;
+            let out = c.alloc::<f32>(8)?;
+            let graph = unicomm_core::graph::Graph::capture(&st, |g| {
+                g.all_reduce_symmetric(c, &sym, 8, &out, (ReduceOp::Sum, algorithm))
+            })?;
+            for k in 0..10_000u32 {
+                let base = (k % 1000) as f32;
+                let mine: Vec<f32> = (0..8).map(|i| base + (c.rank() * 8 + i) as f32).collect();
+                sym.write_from_host(&mine, &st)?;
+                graph.launch(&st)?;
+                let got = out.copy_to_host(&st)?;
+                let want: Vec<f32> = (0..8).map(|i| 2.0 * base + (2 * i + 8) as f32).collect();
+                assert_eq!(got, want, "{algorithm:?} replay {k} on rank {}", c.rank());
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
 }
 
 /// The reference of the fused step: the unfused all-reduce (the library path), then the add
