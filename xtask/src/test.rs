@@ -130,6 +130,9 @@ fn mock_examples(o: &Opts) -> Result<()> {
         // Two pipeline stages of two tensor-parallel ranks, the stages' hand-offs by
         // send/recv: equal to the unsharded forward on every rank.
         ("pipeline_tp", 4, &[], &[], &[]),
+        // A decode step's end on symmetric memory (unicomm's kernels, the fused norm, 200
+        // replays), one rank per process.
+        ("symmetric_decode", 3, &[], &[], &[]),
     ]
     .map(|(example, n, args, env, expect_lost)| {
         let job = launch::Job {
