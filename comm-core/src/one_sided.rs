@@ -175,13 +175,7 @@ impl<'a, M> OneSided<'a, M> {
             OneSided::Signal(p) => OneSided::Signal(p),
             OneSided::Wait(w) => OneSided::Wait(w),
             OneSided::Put(p) => OneSided::Put(Put {
-                src: Slice {
-                    mem: f(p.src.mem).ok_or_else(|| {
-                        Error::invalid("src", "memory of another backend than the communicator's")
-                    })?,
-                    offset: p.src.offset,
-                    bytes: p.src.bytes,
-                },
+                src: p.src.map_mem(f, "src")?,
                 count: p.count,
                 dtype: p.dtype,
                 peer: p.peer,

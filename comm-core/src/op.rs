@@ -21,6 +21,25 @@ pub struct Slice<'a, M> {
     pub bytes: usize,
 }
 
+impl<'a, M> Slice<'a, M> {
+    /// The same range over another memory type: `f` maps the memory, or returns `None`
+    /// when it belongs to another backend (an `InvalidArgument` error naming `arg`). What
+    /// dispatching layers such as the `unicomm` facade map every operation's slices with.
+    pub fn map_mem<N>(
+        self,
+        f: impl Fn(&'a M) -> Option<&'a N>,
+        arg: &'static str,
+    ) -> Result<Slice<'a, N>> {
+        Ok(Slice {
+            mem: f(self.mem).ok_or_else(|| {
+                Error::invalid(arg, "memory of another backend than the communicator's")
+            })?,
+            offset: self.offset,
+            bytes: self.bytes,
+        })
+    }
+}
+
 impl<M> Clone for Slice<'_, M> {
     fn clone(&self) -> Self {
         *self
@@ -177,16 +196,7 @@ impl<'a, M> Op<'a, M> {
     /// the side). Used by dispatching layers such as the `unicomm` facade.
     pub fn map_mem<N>(self, f: impl Fn(&'a M) -> Option<&'a N>) -> Result<Op<'a, N>> {
         let m = |s: Option<Slice<'a, M>>, arg: &'static str| -> Result<Option<Slice<'a, N>>> {
-            s.map(|s| {
-                Ok(Slice {
-                    mem: f(s.mem).ok_or_else(|| {
-                        Error::invalid(arg, "memory of another backend than the communicator's")
-                    })?,
-                    offset: s.offset,
-                    bytes: s.bytes,
-                })
-            })
-            .transpose()
+            s.map(|s| s.map_mem(&f, arg)).transpose()
         };
         Ok(Op {
             kind: self.kind,

@@ -134,15 +134,7 @@ impl<'a, M> SymmetricOp<'a, M> {
     /// The same operation over another memory type (`None`: memory of another backend, an
     /// `InvalidArgument` error).
     pub fn map_mem<N>(self, f: impl Fn(&'a M) -> Option<&'a N>) -> Result<SymmetricOp<'a, N>> {
-        let slice = |s: Slice<'a, M>, arg: &'static str| -> Result<Slice<'a, N>> {
-            Ok(Slice {
-                mem: f(s.mem).ok_or_else(|| {
-                    Error::invalid(arg, "memory of another backend than the communicator's")
-                })?,
-                offset: s.offset,
-                bytes: s.bytes,
-            })
-        };
+        let slice = |s: Slice<'a, M>, arg: &'static str| s.map_mem(&f, arg);
         Ok(match self {
             SymmetricOp::Barrier { handle } => SymmetricOp::Barrier { handle },
             SymmetricOp::AllReduce {

@@ -37,28 +37,23 @@ impl Small for f32 {
         f64::from(x as f32)
     }
 }
-impl Small for f16 {
-    fn of(x: i32) -> Self {
-        f16::from_f32(x as f32)
-    }
-    fn f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn from_f64_rounded(x: f64) -> f64 {
-        f16::from_f64(x).to_f64()
-    }
+/// The 16-bit floats, through `half`'s conversions.
+macro_rules! small_half {
+    ($($t:ty),*) => {$(
+        impl Small for $t {
+            fn of(x: i32) -> Self {
+                <$t>::from_f32(x as f32)
+            }
+            fn f64(self) -> f64 {
+                self.to_f64()
+            }
+            fn from_f64_rounded(x: f64) -> f64 {
+                <$t>::from_f64(x).to_f64()
+            }
+        }
+    )*};
 }
-impl Small for bf16 {
-    fn of(x: i32) -> Self {
-        bf16::from_f32(x as f32)
-    }
-    fn f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn from_f64_rounded(x: f64) -> f64 {
-        bf16::from_f64(x).to_f64()
-    }
-}
+small_half!(f16, bf16);
 
 /// Rank `r`'s input of round `k`: small integers, some negative (Lamport sends a negative
 /// zero as a positive one: zeros of both signs appear).
