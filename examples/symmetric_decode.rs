@@ -117,15 +117,13 @@ fn fused_against_unfused(
         .zip(&res0)
         .map(|(s, r)| s + r.to_f32())
         .collect();
-    let mut worst = 0f32;
-    for (row, g) in added.chunks(HIDDEN).zip(got.chunks(HIDDEN)) {
-        let ss: f32 = row.iter().map(|v| v * v).sum();
-        let scale = 1.0 / (ss / HIDDEN as f32 + 1e-5).sqrt();
-        for ((v, wt), g) in row.iter().zip(&weight).zip(g) {
-            let want = bf16::from_f32(v * scale * wt.to_f32()).to_f32();
-            worst = worst.max((g.to_f32() - want).abs());
-        }
-    }
+    let ws: Vec<f32> = weight.iter().map(|w| w.to_f32()).collect();
+    let want = unicomm_conformance::rms_norm_reference(&added, &ws, 1e-5);
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(g, w)| (g.to_f32() - bf16::from_f32(*w).to_f32()).abs())
+        .fold(0f32, f32::max);
     if worst > 0.0 {
         bail!("rank {r}: the fused norm differs from the unfused step by {worst}");
     }

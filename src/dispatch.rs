@@ -101,6 +101,28 @@ macro_rules! backends {
             };
         }
 
+        /// `$call` on the backend of `$on` and `$queue` with `$operation`'s memory mapped to that
+        /// backend's (`map_mem`): memory or a stream of another backend is `InvalidArgument`.
+        macro_rules! mapped {
+            ($on:expr, $queue:expr, $operation:expr, $call:ident) => {
+                match ($on, $queue) {
+                    $(
+                        #[cfg(feature = $feature)]
+                        (AnyComm::$variant(c), AnyStream::$variant(s)) => c.$call(
+                            $operation.map_mem(|m| match m {
+                                AnyMemory::$variant(m) => Some(m),
+#[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
+                                _ => None,
+                            })?,
+                            s,
+                        ),
+                    )*
+                    #[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
+                    _ => Err(Error::invalid("stream", "belongs to another backend")),
+                }
+            };
+        }
+
         macro_rules! triple {
             ($a:expr, $ta:ident, $b:expr, $tb:ident, $c:expr, $tc:ident, ($x:ident, $y:ident, $z:ident) => $body:expr) => {
                 match ($a, $b, $c) {
@@ -129,21 +151,7 @@ macro_rules! backends {
 
             #[inline]
             fn enqueue_any(&self, op: Op<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
-                match (self, stream) {
-                    $(
-                        #[cfg(feature = $feature)]
-                        (AnyComm::$variant(c), AnyStream::$variant(s)) => c.enqueue(
-                            op.map_mem(|m| match m {
-                                AnyMemory::$variant(m) => Some(m),
-#[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
-                                _ => None,
-                            })?,
-                            s,
-                        ),
-                    )*
-                    #[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
-                    _ => Err(Error::invalid("stream", "belongs to another backend")),
-                }
+                mapped!(self, stream, op, enqueue)
             }
 
             fn symmetric_any(
@@ -151,21 +159,7 @@ macro_rules! backends {
                 op: unicomm_core::symmetric::SymmetricOp<'_, AnyMemory>,
                 stream: &AnyStream,
             ) -> Result<()> {
-                match (self, stream) {
-                    $(
-                        #[cfg(feature = $feature)]
-                        (AnyComm::$variant(c), AnyStream::$variant(s)) => c.symmetric(
-                            op.map_mem(|m| match m {
-                                AnyMemory::$variant(m) => Some(m),
-#[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
-                                _ => None,
-                            })?,
-                            s,
-                        ),
-                    )*
-                    #[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
-                    _ => Err(Error::invalid("stream", "belongs to another backend")),
-                }
+                mapped!(self, stream, op, symmetric)
             }
 
             fn alloc_symmetric_any(
@@ -194,21 +188,7 @@ macro_rules! backends {
                 op: unicomm_core::one_sided::OneSided<'_, AnyMemory>,
                 stream: &AnyStream,
             ) -> Result<()> {
-                match (self, stream) {
-                    $(
-                        #[cfg(feature = $feature)]
-                        (AnyComm::$variant(c), AnyStream::$variant(s)) => c.one_sided(
-                            op.map_mem(|m| match m {
-                                AnyMemory::$variant(m) => Some(m),
-#[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
-                                _ => None,
-                            })?,
-                            s,
-                        ),
-                    )*
-                    #[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
-                    _ => Err(Error::invalid("stream", "belongs to another backend")),
-                }
+                mapped!(self, stream, op, one_sided)
             }
         }
 

@@ -375,14 +375,18 @@ fn ranks_that_disagree_get_mismatch_across_processes() {
 
 #[test]
 fn a_killed_process_fails_its_peers_at_once() {
-    let ranks = launch(3, "kill", &[]);
-    let killed = &ranks[2];
+    survivors_passed(&launch(3, "kill", &[]));
+}
+
+/// The last rank died by SIGKILL, every other passed.
+fn survivors_passed(ranks: &[Rank]) {
+    let (killed, rest) = ranks.split_last().expect("ranks were launched");
     assert_eq!(
         killed.code, None,
-        "rank 2 was to die by SIGKILL:\n{}",
-        killed.out
+        "rank {} was to die by SIGKILL:\n{}",
+        killed.rank, killed.out
     );
-    for r in &ranks[..2] {
+    for r in rest {
         assert!(
             r.code == Some(0) && r.out.contains("RANK PASSED"),
             "rank {}: {:?}\n{}",
@@ -397,21 +401,8 @@ fn a_killed_process_fails_its_peers_at_once() {
 /// kernels, waiting on its signal pad, end by the deadline (3 s) with an error.
 #[test]
 fn a_killed_process_ends_its_peers_symmetric_kernels_by_the_deadline() {
-    let ranks = launch(3, "symmetric-kill", &[("UNICOMM_MOCK_TIMEOUT_MS", "3000")]);
-    assert_eq!(
-        ranks[2].code, None,
-        "rank 2 was to die by SIGKILL:\n{}",
-        ranks[2].out
-    );
-    for r in &ranks[..2] {
-        assert!(
-            r.code == Some(0) && r.out.contains("RANK PASSED"),
-            "rank {}: {:?}\n{}",
-            r.rank,
-            r.code,
-            r.out
-        );
-    }
+    let fast = [("UNICOMM_MOCK_TIMEOUT_MS", "3000")];
+    survivors_passed(&launch(3, "symmetric-kill", &fast));
 }
 
 #[test]

@@ -198,27 +198,40 @@ pub fn symmetric_rms_norm<T: Small, C: Collective>(
                 (algorithm, ReduceOp::Sum, k),
             )?;
             let got = out.copy_to_host(&st)?;
-            for (row, (g, x)) in got.chunks(hidden).zip(added.chunks(hidden)).enumerate() {
-                let xs: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-                let ss: f32 = xs.iter().map(|x| x * x).sum();
-                let scale = 1.0 / (ss / hidden as f32 + 1e-5).sqrt();
-                for (i, (gv, xv)) in g.iter().zip(&xs).enumerate() {
-                    let want = T::from_f64_rounded(f64::from(xv * scale * weight[i] as f32));
-                    let err = (gv.f64() - want).abs();
-                    if err > tolerance * want.abs().max(1e-3) && gv.f64() != want {
-                        return Err(Error::invalid(
-                            "symmetric rms norm",
-                            format!(
-                                "{} row {row} element {i}: {} where the unfused sequence gives {want}",
-                                algorithm.name(),
-                                gv.f64()
-                            ),
-                        ));
-                    }
+            let xs: Vec<f32> = added.iter().map(|&v| v as f32).collect();
+            let ws: Vec<f32> = weight.iter().map(|&v| v as f32).collect();
+            let want = rms_norm_reference(&xs, &ws, 1e-5);
+            for (i, (gv, wv)) in got.iter().zip(&want).enumerate() {
+                let want = T::from_f64_rounded(f64::from(*wv));
+                let err = (gv.f64() - want).abs();
+                if err > tolerance * want.abs().max(1e-3) && gv.f64() != want {
+                    return Err(Error::invalid(
+                        "symmetric rms norm",
+                        format!(
+                            "{} row {} element {}: {} where the unfused sequence gives {want}",
+                            algorithm.name(),
+                            i / hidden,
+                            i % hidden,
+                            gv.f64()
+                        ),
+                    ));
                 }
             }
         }
         st.synchronize()?;
         Ok(true)
     })
+}
+
+/// The RMSNorm of the fused step's contract, on the host: for each row of `weight.len()`
+/// elements of `xs` (the summed residual), `x * (1 / sqrt(mean(x^2) + eps)) * weight` in f32,
+/// the squares summed in order. What the unfused sequence's norm computes.
+pub fn rms_norm_reference(xs: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let mut out = Vec::with_capacity(xs.len());
+    for row in xs.chunks(weight.len()) {
+        let ss: f32 = row.iter().map(|x| x * x).sum();
+        let scale = 1.0 / (ss / row.len() as f32 + eps).sqrt();
+        out.extend(row.iter().zip(weight).map(|(x, w)| x * scale * w));
+    }
+    out
 }

@@ -87,7 +87,7 @@ impl Ty {
         }
     }
 
-    fn to_f64(self, b: u32) -> f64 {
+    pub(crate) fn to_f64(self, b: u32) -> f64 {
         match self {
             Ty::F32 => f64::from(f32::from_bits(b)),
             Ty::F16 => f16::from_bits(b as u16).to_f64(),
@@ -96,7 +96,7 @@ impl Ty {
     }
 
     /// `x` rounded to the type, as bits.
-    fn bits(self, x: f64) -> u32 {
+    pub(crate) fn bits(self, x: f64) -> u32 {
         match self {
             Ty::F32 => (x as f32).to_bits(),
             Ty::F16 => u32::from(f16::from_f64(x).to_bits()),
@@ -383,14 +383,4 @@ pub(crate) fn read(l: &Local, ty: Ty, i: usize) -> u32 {
 pub(crate) fn put(l: &Local, ty: Ty, i: usize, b: u32) {
     // SAFETY: as `read`.
     unsafe { ty.store(l.addr(), i, b) }
-}
-
-/// Element `b` as f64 (for the norm).
-pub(crate) fn value(ty: Ty, b: u32) -> f64 {
-    ty.to_f64(b)
-}
-
-/// `x` rounded to the type (for the norm).
-pub(crate) fn bits(ty: Ty, x: f64) -> u32 {
-    ty.bits(x)
 }

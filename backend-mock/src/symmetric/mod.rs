@@ -37,19 +37,13 @@ impl MockComm {
     /// `alloc_symmetric`: this rank's segment made and filled (pad zeroed, workspaces
     /// poisoned), the ranks' descriptions exchanged and compared (a size or a type that
     /// differs is `Mismatch` on every rank), every peer's segment mapped here.
+    #[cfg(target_os = "linux")]
     pub(crate) fn alloc_symmetric_mem(
         &self,
         bytes: usize,
         lamport: Option<DataType>,
     ) -> Result<SymmetricParts<MockMemory>> {
         self.live()?;
-        if !cfg!(target_os = "linux") {
-            return Err(Error::unsupported(
-                "symmetric memory on the mock",
-                "Linux (memfd segments)",
-                std::env::consts::OS,
-            ));
-        }
         let w = self.ctx.world;
         let too_big = || Error::invalid("len", format!("{bytes} bytes per rank overflow"));
         let data = round_up(bytes.max(1)).ok_or_else(too_big)?;
@@ -65,20 +59,16 @@ impl MockComm {
         if let Some(t) = lamport {
             kernels::poison(&own, data + PAD_BYTES, work, t, self.ctx.timeout)?;
         }
-        #[cfg(target_os = "linux")]
         let (maps, bases) = self.exchange_symmetric(&own, bytes, lamport)?;
-        #[cfg(not(target_os = "linux"))]
-        let bases = vec![own.address(); w];
         let record = Record {
             _own: own.clone(),
-            #[cfg(target_os = "linux")]
             _maps: maps,
             bases,
             bytes,
             pad_at: data,
             lamport,
         };
-        let peers = (0..w).map(|p| record.bases[p]).collect();
+        let peers = record.bases.clone();
         let pads = (0..w).map(|p| record.pad(p)).collect();
         let handle = RawHandle(self.symmetric.next.fetch_add(1, Ordering::Relaxed));
         self.symmetric
@@ -93,6 +83,20 @@ impl MockComm {
             pads,
             bytes,
         })
+    }
+
+    /// The mock's symmetric memory is memfd segments: Linux only.
+    #[cfg(not(target_os = "linux"))]
+    pub(crate) fn alloc_symmetric_mem(
+        &self,
+        _bytes: usize,
+        _lamport: Option<DataType>,
+    ) -> Result<SymmetricParts<MockMemory>> {
+        Err(Error::unsupported(
+            "symmetric memory on the mock",
+            "Linux (memfd segments)",
+            std::env::consts::OS,
+        ))
     }
 
     /// Every rank's description of its allocation, compared (the same size and Lamport

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use unicomm_core::{ReduceOp, Result};
 
-use super::kernels::{bits, put, read, value, Local, Norm, Ty};
+use super::kernels::{put, read, Local, Norm, Ty};
 
 /// `sums` (the all-reduce's result, as bits) added to `n.residual` (overwritten with the
 /// sum) and normalised into `out`. Each allocation is locked on its own, in turn (the
@@ -26,7 +26,7 @@ pub(crate) fn add_and_norm(
     let weight: Vec<f32> = {
         let _g = n.weight.alloc.read_lock(timeout)?;
         (0..n.hidden)
-            .map(|i| value(ty, read(&n.weight, ty, i)) as f32)
+            .map(|i| ty.to_f64(read(&n.weight, ty, i)) as f32)
             .collect()
     };
     let summed: Vec<u32> = sums
@@ -36,12 +36,12 @@ pub(crate) fn add_and_norm(
         .collect();
     let mut normed = Vec::with_capacity(summed.len());
     for row in summed.chunks(n.hidden) {
-        let xs: Vec<f32> = row.iter().map(|&b| value(ty, b) as f32).collect();
+        let xs: Vec<f32> = row.iter().map(|&b| ty.to_f64(b) as f32).collect();
         let scale = rms_scale(&xs, n.eps);
         normed.extend(
             xs.iter()
                 .zip(&weight)
-                .map(|(&x, &w)| bits(ty, f64::from(x * scale * w))),
+                .map(|(&x, &w)| ty.bits(f64::from(x * scale * w))),
         );
     }
     {
