@@ -36,6 +36,10 @@
 //!   decode step): the others' wait must end within their deadline in `Timeout` (or the
 //!   loss, where NCCL or the mock's hub sees it first), never hang in the library's abort,
 //!   and their flight record must name the graph and a replay after the ones that completed.
+//! - `sym-skip`, `sym-abort`: rank 1 skips unicomm's one-shot all-reduce on symmetric
+//!   memory; rank 0's kernel waits for it on the device: the wait must end with `Timeout`
+//!   at the deadline (the kernel's own deadline or the stream wait's), or `Aborted` at
+//!   once when a watchdog thread aborts after 3 s (the abort word ends the kernel).
 //! - `churn` (one process, every local device): register/deregister, window and
 //!   communicator create/destroy cycles, with the device's free memory (the driver's
 //!   figure) compared before and after.
@@ -100,7 +104,7 @@ fn args() -> anyhow::Result<Args> {
             "--comms" => a.comms = val()?.parse()?,
             "--budget-s" => a.budget = Duration::from_secs(val()?.parse()?),
             other => bail!(
-                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|policy|mismatch|kill|kill-replay|churn, \
+                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|policy|mismatch|kill|kill-replay|churn|sym-skip|sym-abort, \
                  --registrations N, --windows N, --comms N, --budget-s S)"
             ),
         }
@@ -129,8 +133,10 @@ fn run() -> anyhow::Result<()> {
         "churn" => churn(vendor, &a),
         "forget" => forget(vendor),
         "completion-abort" => completion_abort(vendor),
+        "sym-skip" => symmetric_skip(vendor, false),
+        "sym-abort" => symmetric_skip(vendor, true),
         s => bail!(
-            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget or completion-abort"
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget, completion-abort, sym-skip or sym-abort"
         ),
     }
 }
@@ -826,6 +832,83 @@ fn completion_abort(vendor: Vendor) -> anyhow::Result<()> {
     println!(
         "faults completion-abort: rank {r}: Aborted after {:.0} ms; PASSED",
         took.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// The symmetric skip scenarios: a kernel of unicomm's waiting on the device for a peer
+/// that never comes ends by its deadline, or at once by the abort.
+fn symmetric_skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
+    let name = if by_abort { "sym-abort" } else { "sym-skip" };
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    ensure!(w >= 2, "needs at least 2 ranks");
+    if by_abort {
+        let _ = comm.set_timeout(Duration::from_secs(120));
+    }
+    let st = comm.create_stream()?;
+    let n = 4096;
+    let sym = comm.alloc_symmetric::<f32>(n)?;
+    let mut out = comm.alloc::<f32>(n)?;
+    let algo = (ReduceOp::Sum, unicomm::SymmetricAlgorithm::OneShot);
+    sym.write_from_host(&vec![(r + 1) as f32; n], &st)?;
+    comm.all_reduce_symmetric(&sym, n, &mut out, algo, &st)?;
+    let got = out.copy_to_host(&st)?;
+    let want = (w * (w + 1) / 2) as f32;
+    ensure!(
+        got.iter().all(|&x| x == want),
+        "rank {r}: {:?}.. where {want} was due",
+        &got[..4]
+    );
+    let limit = deadline(&comm);
+    if r != 0 {
+        std::thread::sleep(if by_abort {
+            Duration::from_secs(8)
+        } else {
+            limit + Duration::from_secs(3)
+        });
+        let _ = comm.abort();
+        drop(sym);
+        println!("faults {name}: rank {r} skipped the symmetric all-reduce; PASSED");
+        return Ok(());
+    }
+    let t = Instant::now();
+    comm.all_reduce_symmetric(&sym, n, &mut out, algo, &st)?;
+    let res = std::thread::scope(|s| {
+        if by_abort {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_secs(3));
+                let _ = comm.abort();
+            });
+        }
+        st.synchronize()
+    });
+    let waited = t.elapsed();
+    let Err(e) = res else {
+        bail!("rank 0: the symmetric all-reduce completed although rank 1 skipped it");
+    };
+    let (ok, bound) = match by_abort {
+        true => (matches!(e, Error::Aborted { .. }), Duration::from_secs(6)),
+        false => (
+            matches!(e, Error::Timeout { .. }),
+            limit + Duration::from_secs(5),
+        ),
+    };
+    ensure!(
+        ok && waited < bound,
+        "rank 0: {e} after {waited:?} (deadline {limit:?})"
+    );
+    let drain = drained_soon(&st, "the symmetric kernel's end")?;
+    let again = comm.all_reduce_symmetric(&sym, n, &mut out, algo, &st);
+    ensure!(
+        again.is_err(),
+        "rank 0: an aborted communicator launched a kernel"
+    );
+    drop(sym);
+    println!(
+        "faults {name}: rank 0: {e} after {:.2} s (deadline {limit:?}); the stream drained {:.1} ms later; PASSED",
+        waited.as_secs_f64(),
+        drain.as_secs_f64() * 1e3
     );
     Ok(())
 }

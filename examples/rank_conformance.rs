@@ -124,6 +124,23 @@ fn run() -> anyhow::Result<()> {
                 bail!("rank {r}: one-sided in a graph: {e}");
             }
         }
+        // unicomm's symmetric kernels across the processes (where the backend has them):
+        // every algorithm exact eagerly and over graph replays, the fused norm.
+        let one = std::slice::from_ref(&comm);
+        let sym = unicomm_conformance::symmetric_all_reduce::<f32, _>(one, 4099, replays as usize)
+            .and_then(|a| {
+                let b =
+                    unicomm_conformance::symmetric_all_reduce::<unicomm::bf16, _>(one, 1000, 20)?;
+                let n = unicomm_conformance::symmetric_rms_norm::<f32, _>(one, (1024, 3), 1e-5)?;
+                Ok(a[0] && b[0] && n[0])
+            });
+        match sym {
+            Ok(seen) => println!("rank_conformance: rank {r}: symmetric kernels: {seen}"),
+            Err(e) => {
+                let _ = comm.abort();
+                bail!("rank {r}: symmetric kernels: {e}");
+            }
+        }
         // Per-call options where the library has them (NCCL 2.32).
         match unicomm_conformance::call_options(std::slice::from_ref(&comm)) {
             Ok(seen) => println!("rank_conformance: rank {r}: per-call options: {}", seen[0]),

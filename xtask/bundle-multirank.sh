@@ -24,7 +24,7 @@ run2 "groups suite" ./rank_conformance --vendor cuda --groups-only
 run2 "by_id" ./by_id --vendor cuda
 # A world of one grown into both processes (ncclCommGrow, NCCL >= 2.29.2).
 run2 "grow" ./grow --vendor cuda
-for sc in skip abort ce-skip ce-abort mismatch forget completion-abort; do
+for sc in skip abort ce-skip ce-abort mismatch forget completion-abort sym-skip sym-abort; do
   UNICOMM_TIMEOUT_MS=10000 run2 "faults $sc" ./faults --vendor cuda --scenario $sc
 done
 # kill and kill-replay started by hand (the launcher would stop rank 0 when rank 1 dies),
@@ -54,6 +54,7 @@ for mode in plain registered window ce; do
   } | tee -a "$L"
   rm -f "$OUT"/mr-tune-$mode.*.log
 done
+run2 "bench symmetric kernels" ./unicomm-bench --vendor cuda --modes plain,window,one-shot,two-shot,lamport --coll all_reduce -b 8 -e 1M -f 8 -w 2 -n 5 -c 1 --place out
 run2 "bench fp8 all_reduce" ./unicomm-bench --vendor cuda --modes plain,window --coll all_reduce -d f8e4m3 -b 8 -e 1M -f 8 -w 2 -n 5 -c 1 --place out
 run2 "bench scaled sums" ./unicomm-bench --vendor cuda --modes plain,window --coll all_reduce,reduce_scatter -o premulsum -b 8 -e 1M -f 8 -w 2 -n 5 -c 1 --place out
 run2 "bench decode preset in graphs" ./unicomm-bench --vendor cuda --preset decode --modes plain,window -G 5 -w 2 -n 5 -c 1 --place out

@@ -18,6 +18,7 @@
 mod driver_error;
 mod graph;
 pub mod interop;
+mod kernels;
 mod mem_ops;
 pub mod runtime;
 mod vmm;

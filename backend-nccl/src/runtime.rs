@@ -12,13 +12,11 @@
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
-
 use unicomm_core::{Error, Result, StreamPriority};
-
-use crate::driver_error::cuda_err;
-
 use unicomm_nccl_api::runtime::Exported;
 use unicomm_nccl_api::Runtime;
+
+use crate::driver_error::cuda_err;
 
 /// The names the CUDA driver is opened by, in order (the system loader searches them).
 const DRIVER_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
@@ -192,6 +190,24 @@ impl Runtime for CudaRuntime {
         self.with_device(dev, || unsafe { crate::vmm::unmap(addr, size) })
     }
 
+    fn alloc_host_mapped(&self, dev: usize, bytes: usize) -> Result<usize> {
+        self.host_mapped(dev, bytes)
+    }
+    unsafe fn free_host_mapped(&self, addr: usize) -> Result<()> {
+        // SAFETY: the trait's contract is `free_mapped`'s.
+        unsafe { self.free_mapped(addr) }
+    }
+    unsafe fn launch_symmetric(
+        &self,
+        dev: usize,
+        dtype: unicomm_core::DataType,
+        params: &unicomm_nccl_api::sys::kernel_args::KernelParams,
+        s: &CudaStreamHandle,
+    ) -> Result<()> {
+        // SAFETY: the trait's contract is `launch_symmetric_on`'s, `s` a stream of `dev`.
+        unsafe { self.launch_symmetric_on(dev, dtype, params, s.0.cu_stream()) }
+    }
+
     fn stream_memory_ops(&self, _dev: usize) -> bool {
         // 32-bit waits and writes are supported on every device since CUDA 12 (the
         // device attribute that gated them is deprecated); the symbols are what can miss.
@@ -199,11 +215,9 @@ impl Runtime for CudaRuntime {
     }
 
     fn signal_by_write(&self, _dev: usize) -> bool {
-        // cuStreamWriteValue32 takes any device address the context can reach (peer memory
-        // with peer access, imported cuMem mappings). Measured on one H200 (two streams as
-        // two ranks, 500 operations): the signals cost 11-17 us per operation by writes
-        // against 24-31 us by 4-byte copies, in each of ten runs
-        // (1x H200, NCCL 2.28.9, the latency A/B of `overhead`).
+        // Any device address the context reaches (peer memory, imported cuMem mappings).
+        // 1x H200, NCCL 2.28.9, `overhead`'s latency A/B, 500 operations, ten runs: 11-17
+        // us per operation by writes against 24-31 us by 4-byte copies.
         self.mem_ops
     }
 
@@ -454,15 +468,7 @@ impl Runtime for CudaRuntime {
     }
 
     fn compute_capability(&self, dev: usize) -> Option<(u32, u32)> {
-        use sys::CUdevice_attribute as A;
-        let c = self.context(dev).ok()?;
-        let major = c
-            .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-            .ok()?;
-        let minor = c
-            .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
-            .ok()?;
-        Some((u32::try_from(major).ok()?, u32::try_from(minor).ok()?))
+        self.capability(dev)
     }
 
     fn describe(&self) -> String {

@@ -28,6 +28,11 @@ pub const PAD_COUNT: usize = 8 + 4 * MAX_SYMMETRIC_WORLD;
 /// it ran on the allocation (wrapping `u32`; the round picks one of three workspaces).
 pub const PAD_ROUND: usize = PAD_COUNT + 8;
 
+/// Byte offset, in a rank's pad, of its poison word on the GPUs: 0, or 1 + the rank whose
+/// kernel gave up at its deadline and so ended every peer's waits (the mock poisons its
+/// world instead and leaves the word 0).
+pub const PAD_POISON: usize = PAD_ROUND + 4;
+
 /// Byte offset, in a rank's pad, of the arrival word peer `p` writes: the epoch of the last
 /// barrier `p` entered with this rank's world (wrapping `u32`; a barrier of epoch `e` is
 /// passed once every peer's word, read as `(word - e) as i32`, is at least 0).

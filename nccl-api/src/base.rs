@@ -249,3 +249,13 @@ fn window_starts_at(api: &Api, c: CommRef<'_>, h: &RegHandle, addr: usize) -> Re
 struct SendWindow(*mut c_void);
 // SAFETY: an opaque token of the library, a plain value to the host.
 unsafe impl Send for SendWindow {}
+
+/// A stream of another device than the communicator's.
+#[cold]
+#[inline(never)]
+pub(crate) fn foreign_stream(stream: usize, comm: usize) -> Error {
+    Error::invalid(
+        "stream",
+        format!("a stream of device {stream} used by the communicator of device {comm}"),
+    )
+}

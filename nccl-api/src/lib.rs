@@ -54,6 +54,7 @@ pub mod memory;
 pub mod policy;
 mod shrink;
 mod split;
+mod symmetric;
 pub mod sys;
 mod vendor;
 mod wait;

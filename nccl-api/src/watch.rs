@@ -25,6 +25,12 @@ pub(crate) trait Watched: Send + Sync {
     fn settle(&self, what: &str) -> Result<()>;
     /// Whether it was aborted (its work on the stream may have been cut short).
     fn aborted(&self) -> bool;
+    /// A failure its own kernels reported on the device (unicomm's symmetric kernels give
+    /// up at their deadline, or find a count that differs): asked when the stream is idle
+    /// too, since such a kernel ends and leaves the stream idle. Default: none.
+    fn fault(&self) -> Option<Error> {
+        None
+    }
 }
 
 /// The communicators that enqueued work on one stream (weakly: a stream may outlive them),
@@ -111,6 +117,12 @@ impl Watchers {
         idle: bool,
         poll: bool,
     ) -> std::result::Result<bool, Box<(Error, Option<Error>)>> {
+        if let Some(e) = ws
+            .iter()
+            .find_map(|(w, told)| (!told).then(|| w.fault()).flatten())
+        {
+            return Err(Box::new((e, self.abort_all(ws))));
+        }
         if idle {
             let aborted: Vec<&(Arc<dyn Watched>, bool)> =
                 ws.iter().filter(|(w, _)| w.aborted()).collect();
@@ -298,6 +310,54 @@ mod tests {
         fn aborted(&self) -> bool {
             self.0.load(Ordering::Acquire)
         }
+    }
+
+    /// A communicator whose own kernel reported a failure on the device (unicomm's
+    /// symmetric kernels) and ended, leaving the stream idle.
+    #[derive(Default)]
+    struct Faulted(AtomicBool);
+
+    impl Watched for Faulted {
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+        fn poll(&self) -> Result<()> {
+            Ok(())
+        }
+        fn abort(&self) -> Result<()> {
+            self.0.store(true, Ordering::Release);
+            Ok(())
+        }
+        fn settle(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        fn aborted(&self) -> bool {
+            self.0.load(Ordering::Acquire)
+        }
+        fn fault(&self) -> Option<Error> {
+            Some(Error::Timeout {
+                what: "a symmetric kernel: rank 1 never arrived".into(),
+                after: Duration::from_secs(1),
+            })
+        }
+    }
+
+    /// A kernel that gave up ends and leaves its stream idle: the idle stream's wait must
+    /// still report its fault (not `Ok` over a result never computed), abort the
+    /// communicator, and report it once.
+    #[test]
+    fn a_kernels_fault_is_reported_by_the_wait_of_an_idle_stream() {
+        let w = Watchers::default();
+        let c = Arc::new(Faulted::default());
+        w.add(&c);
+        let r = w.wait("test stream", Duration::from_secs(1), || Ok(true));
+        assert!(
+            matches!(&r, Err(Error::Timeout { what, .. }) if what.contains("rank 1 never arrived")),
+            "{r:?}"
+        );
+        assert!(c.aborted(), "the communicator was not aborted");
+        let again = w.wait("test stream", Duration::from_secs(1), || Ok(true));
+        assert!(again.is_ok(), "reported twice: {again:?}");
     }
 
     fn listed(w: &Watchers) -> usize {

@@ -101,6 +101,9 @@ pub(crate) enum Cmd {
         #[arg(long, default_value = "90")]
         compute_cap: String,
     },
+    /// Build unicomm's GPU kernels (backend-nccl/kernels/*.cu) into the PTX the CUDA
+    /// backend embeds, with nvcc 13.0 from the CUDA kit (installed on first use).
+    Kernels,
     /// `cargo check` a program using unicomm's NCCL backend beside its own cudarc, in each
     /// way engines build cudarc (candle's dynamic-linking, loading, cubecl's fallback).
     Consumers,

@@ -48,6 +48,7 @@ impl GpuVendor {
                 "ipc",
                 "signals",
                 "cuda",
+                "symmetric",
             ],
             GpuVendor::Rocm => &[
                 "conformance",

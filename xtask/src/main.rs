@@ -11,6 +11,7 @@ mod cli;
 mod consumers;
 mod cuda_kit;
 mod gpu;
+mod kernels;
 mod launch;
 mod msrv;
 mod run;
@@ -81,6 +82,7 @@ fn xtask(cli: Cli) -> Result<()> {
         Cmd::Msrv => msrv::msrv(),
         Cmd::CudaKit { compute_cap } => cuda_kit_exports(&compute_cap),
         Cmd::Consumers => consumers::consumers(),
+        Cmd::Kernels => kernels::kernels(),
         Cmd::Trace { dir } => trace::trace(&dir),
         Cmd::Launch {
             procs,

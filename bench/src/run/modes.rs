@@ -59,8 +59,8 @@ pub fn unsupported(mode: Mode, caps: &Capabilities) -> Option<String> {
             "{} {} lacks registration or windows",
             caps.backend, caps.version
         )),
-        m if m.symmetric().is_some() && gpu => {
-            Some("unicomm's symmetric kernels are not built for GPUs yet".into())
+        m if m.symmetric().is_some() && caps.backend == "rccl" => {
+            Some("unicomm's symmetric kernels are not built for HIP yet".into())
         }
         Mode::Ce if !caps.copy_engine => Some(format!(
             "{} here has no copy-engine path (GPU ranks in one process with windows)",

@@ -240,6 +240,26 @@ impl<R: Runtime> Collective for ApiComm<R> {
         b.with_window(handle, |win, _| b.lc.api.peer_device_ptr(win, 0, peer))
     }
 
+    fn alloc_symmetric(
+        &self,
+        bytes: usize,
+        lamport: Option<unicomm_core::DataType>,
+    ) -> Result<unicomm_core::symmetric::SymmetricParts<ApiMemory<R>>> {
+        self.sym.alloc(&self.base, &self.ce, bytes, lamport)
+    }
+
+    fn free_symmetric(&self, handle: RawHandle) -> Result<()> {
+        self.sym.free(&self.base, handle)
+    }
+
+    fn symmetric(
+        &self,
+        op: unicomm_core::symmetric::SymmetricOp<'_, ApiMemory<R>>,
+        stream: &ApiStream<R>,
+    ) -> Result<()> {
+        self.sym.enqueue(&self.base, op, stream)
+    }
+
     fn one_sided(
         &self,
         op: unicomm_core::one_sided::OneSided<'_, ApiMemory<R>>,
@@ -278,7 +298,7 @@ impl<R: Runtime> ApiComm<R> {
     fn enqueue_op(&self, op: &Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<&'static str> {
         let b = &self.base;
         if stream.dev != b.lc.dev {
-            return Err(foreign_stream(stream.dev, b.lc.dev));
+            return Err(crate::base::foreign_stream(stream.dev, b.lc.dev));
         }
         let route = route::decide(b, &self.ce, &self.auto, op, stream);
         if op.options.is_some() {
@@ -366,15 +386,6 @@ impl Direct {
             Direct::CopyEngine(_) => Taken::CopyEngine,
         }
     }
-}
-
-#[cold]
-#[inline(never)]
-pub(super) fn foreign_stream(stream: usize, comm: usize) -> Error {
-    Error::invalid(
-        "stream",
-        format!("a stream of device {stream} used by the communicator of device {comm}"),
-    )
 }
 
 /// A call with per-call options: refused where they would not reach NCCL's kernels (a

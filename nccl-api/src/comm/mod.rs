@@ -44,6 +44,8 @@ pub struct ApiComm<R: Runtime> {
     /// Its last operations, dumped when it is aborted (a deadline, an asynchronous error,
     /// `abort`) or asked to.
     flight: Arc<FlightRecorder>,
+    /// Symmetric allocations and unicomm's kernels' control block.
+    sym: crate::symmetric::SymmetricMemory<R>,
 }
 
 /// The flight recorder's dump at the communicator's abort (registered as an abort hook).
@@ -284,6 +286,7 @@ impl<R: Runtime> ApiComm<R> {
             shrinks: std::sync::atomic::AtomicU64::new(0),
             rejoin: rejoin.map(std::sync::OnceLock::from).unwrap_or_default(),
             flight,
+            sym: Default::default(),
         })
     }
 

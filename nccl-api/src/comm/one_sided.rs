@@ -5,9 +5,8 @@
 use unicomm_core::one_sided::{OneSided, Put};
 use unicomm_core::{Error, Result};
 
-use super::collective::foreign_stream;
 use super::ApiComm;
-use crate::base::is_empty_handle;
+use crate::base::{foreign_stream, is_empty_handle};
 use crate::memory::{ApiMemory, ApiStream};
 use crate::sys::calls::StreamRef;
 use crate::sys::runtime::Runtime;

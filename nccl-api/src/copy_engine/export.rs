@@ -13,9 +13,7 @@ use super::pending::Pending;
 use crate::base::Base;
 use crate::sys::runtime::Runtime;
 
-/// Memory swapped between processes: every rank's (device, address here, bytes), and the
-/// peers' allocations mapped into this process for it, (address, size).
-pub(crate) type Swapped = (Vec<PeerPart>, Vec<(usize, usize)>);
+pub(crate) use super::local::Swapped;
 
 /// A host-side barrier: a one-element all-reduce on a stream of its own, waited for with
 /// the communicator's deadline.

@@ -116,3 +116,7 @@ impl LocalWorld {
         Ok(Arc::new(all))
     }
 }
+
+/// Memory swapped between processes: every rank's (device, address here, bytes), and the
+/// peers' allocations mapped into this process for it, (address, size).
+pub(crate) type Swapped = (Vec<PeerPart>, Vec<(usize, usize)>);

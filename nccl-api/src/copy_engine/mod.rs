@@ -111,6 +111,31 @@ impl<R: Runtime> CopyEngine<R> {
         self.sharing.reachable()
     }
 
+    /// Whether peers' memory is exchanged between processes (one rank per process joined
+    /// by unique id, Linux): what symmetric memory across ranks takes.
+    pub(crate) fn exchanges_memory(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return self.sharing.job.is_some();
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+
+    /// Device memory swapped between the job's processes (collective): every rank's
+    /// (device, address here, bytes) and the peers' mappings made, or `None` where some
+    /// rank could not export or map (nothing stays mapped then) or there is no job.
+    pub(crate) fn swap_memory(
+        &self,
+        base: &Base<R>,
+        range: (usize, usize),
+    ) -> Result<Option<local::Swapped>> {
+        #[cfg(target_os = "linux")]
+        if let Some(job) = self.sharing.job {
+            return self.sharing.swap_ipc(base, &self.pending, job, range, true);
+        }
+        let _ = (base, range);
+        Ok(None)
+    }
+
     /// Whether windows registered now are shared for the path (`set_copy_engine`).
     pub(crate) fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)

@@ -58,6 +58,12 @@ pub(crate) trait AbortHook: Send + Sync {
     /// Releases it for at most `within`; whether everything it had completed (also where
     /// there was nothing). Reports what it could not release (stderr) when `report`.
     fn release(&self, within: Duration, report: bool) -> bool;
+    /// A failure its own device work reported (a kernel that gave up at its deadline), read
+    /// without waiting: the stream's waits report it as the communicator's error and abort
+    /// it. Only asked of hooks added with [`LibComm::add_fault_hook`].
+    fn fault(&self) -> Option<Error> {
+        None
+    }
 }
 
 /// What the lock guards while the communicator is not ended: the library's communicator and
@@ -114,6 +120,8 @@ pub(crate) struct LibComm<R: Runtime> {
     /// whose frees wait for the device at most this long).
     timeout_ms: Arc<AtomicU64>,
     hooks: Mutex<Vec<Arc<dyn AbortHook>>>,
+    /// Some hook reports its device work's failures ([`LibComm::add_fault_hook`]).
+    fault_hooks: AtomicBool,
     /// The library's teardown, where it was given up at its deadline and still runs.
     late_end: Mutex<Option<Arc<Late>>>,
     /// A live graph captured this communicator's work: the library's abort waits for the
@@ -154,6 +162,7 @@ impl<R: Runtime> LibComm<R> {
             world,
             timeout_ms: Arc::new(AtomicU64::new(timeout.as_millis() as u64)),
             hooks: Mutex::new(Vec::new()),
+            fault_hooks: AtomicBool::new(false),
             late_end: Mutex::new(None),
             graphs_held: AtomicBool::new(false),
         }
@@ -284,6 +293,22 @@ impl<R: Runtime> LibComm<R> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(hook);
+    }
+
+    /// Registers a hook whose device work reports failures ([`AbortHook::fault`]): from
+    /// now on the stream's waits ask it.
+    pub(crate) fn add_fault_hook(&self, hook: Arc<dyn AbortHook>) {
+        self.add_abort_hook(hook);
+        self.fault_hooks.store(true, Ordering::Release);
+    }
+
+    /// The first failure a fault hook reports, if any (one atomic load without them).
+    fn hook_fault(&self) -> Option<Error> {
+        if !self.fault_hooks.load(Ordering::Acquire) {
+            return None;
+        }
+        let hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        hooks.iter().find_map(|h| h.fault())
     }
 
     /// With the lock held: waits until the library is done with the last calls on this
@@ -465,5 +490,8 @@ impl<R: Runtime> Watched for LibComm<R> {
     }
     fn aborted(&self) -> bool {
         self.life.load() == Life::Aborted
+    }
+    fn fault(&self) -> Option<Error> {
+        self.hook_fault()
     }
 }

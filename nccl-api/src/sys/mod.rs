@@ -11,7 +11,7 @@
 //!   mock, in [`target`];
 //! - where a vendor library is looked for (also used by the HIP loader), in [`search`];
 //! - the device [`Runtime`](runtime::Runtime) trait (CUDA for NCCL, HIP for RCCL), in
-//!   [`runtime`].
+//!   [`runtime`], and what unicomm's symmetric kernels take, in [`kernel_args`].
 
 pub mod api;
 pub mod calls;
@@ -19,6 +19,7 @@ pub mod codes;
 pub mod coll_config;
 pub mod config;
 pub mod flavor;
+pub mod kernel_args;
 pub mod runtime;
 pub mod search;
 pub mod target;

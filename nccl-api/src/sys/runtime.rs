@@ -245,6 +245,41 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         Ok(false)
     }
 
+    /// Host memory the device reads and writes (`cuMemHostAlloc` with
+    /// `CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE`), zeroed, at one address for
+    /// the host and the device (unified addressing): the control block unicomm's kernels
+    /// watch. `Unsupported` where the runtime has no symmetric kernels.
+    fn alloc_host_mapped(&self, dev: usize, bytes: usize) -> Result<usize> {
+        let _ = (dev, bytes);
+        Err(no_kernels(Self::NAME))
+    }
+    /// Frees what `alloc_host_mapped` returned.
+    ///
+    /// # Safety
+    /// `addr` came from `alloc_host_mapped`, is freed once, and no device work uses it.
+    unsafe fn free_host_mapped(&self, addr: usize) -> Result<()> {
+        let _ = addr;
+        Err(no_kernels(Self::NAME))
+    }
+    /// Launches unicomm's symmetric kernel of `dtype` (f32, f16, bf16) with `params` on `s`
+    /// (one thread block; the module loaded on `dev` at first use). `Unsupported` where the
+    /// runtime has no build of the kernels.
+    ///
+    /// # Safety
+    /// Every address in `params` is device memory reachable from `dev` (or the mapped
+    /// control block), inside its allocation for the sizes `params` gives, live until the
+    /// kernel completes; the pads and workspaces follow comm-core's layout.
+    unsafe fn launch_symmetric(
+        &self,
+        dev: usize,
+        dtype: unicomm_core::DataType,
+        params: &super::kernel_args::KernelParams,
+        s: &Self::Stream,
+    ) -> Result<()> {
+        let _ = (dev, dtype, params, s);
+        Err(no_kernels(Self::NAME))
+    }
+
     /// Exports the device allocation holding `addr` for another process (the copy-engine
     /// path with one rank per process): a POSIX file descriptor of the allocation's
     /// physical memory (`cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`, or
@@ -284,6 +319,14 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         let _ = (dev, addr, size);
         Ok(())
     }
+}
+
+fn no_kernels(runtime: &'static str) -> unicomm_core::Error {
+    unicomm_core::Error::unsupported(
+        "unicomm's symmetric kernels",
+        "CUDA on sm_90 or newer (the kernels' PTX, backend-nccl/kernels)",
+        format!("{runtime}: no build of them for this runtime"),
+    )
 }
 
 fn no_mem_ops(runtime: &'static str) -> unicomm_core::Error {

@@ -67,7 +67,10 @@ pub(crate) const NCCL_API_LAYERS: Layers = &[
         "over one communicator: agreement, calls, split, shrink, registration bookkeeping",
         &["agree", "library", "split", "shrink", "base"],
     ),
-    ("the other paths: copy engines, automatic registration", &["copy_engine", "auto"]),
+    (
+        "the other paths: copy engines, automatic registration, symmetric memory",
+        &["copy_engine", "auto", "symmetric"],
+    ),
     (
         "the composed communicator and its routing; a vendor crate's entry points",
         &["comm", "vendor"],
@@ -95,6 +98,7 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "backend-nccl/src/graph.rs",
     "backend-rccl/src/graph.rs",
     "backend-nccl/src/interop.rs",
+    "backend-nccl/src/kernels.rs",
     "backend-nccl/src/runtime.rs",
     "backend-nccl/src/vmm.rs",
     "backend-rccl/src/interop.rs",
@@ -129,6 +133,8 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "nccl-api/src/sys/config.rs",
     "nccl-api/src/sys/runtime.rs",
     "nccl-api/src/sys/search.rs",
+    "nccl-api/src/symmetric/control.rs",
+    "nccl-api/src/symmetric/mod.rs",
     "xtask/src/launch/mod.rs",
 ];
 
@@ -380,5 +386,25 @@ mod tests {
         let alias = config.lines().find(|l| l.trim_start().starts_with("xtask"));
         let alias = alias.unwrap_or_else(|| panic!("no xtask alias in .cargo/config.toml"));
         assert!(!alias.contains("--target-dir"), "{alias}");
+    }
+
+    /// A GPU kernel ships with its source and the command that builds it: each PTX the CUDA
+    /// backend embeds names, on its first line, the digest of the source it was built from
+    /// (`cargo xtask kernels`), and that source is the one in the tree.
+    #[test]
+    fn every_kernel_s_ptx_was_built_from_the_source_beside_it() {
+        let sources = crate::kernels::sources().unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(!sources.is_empty(), "no kernel sources found");
+        for src in sources {
+            let text = std::fs::read_to_string(&src).unwrap_or_else(|e| panic!("{e}"));
+            let ptx = std::fs::read_to_string(src.with_extension("ptx"))
+                .unwrap_or_else(|e| panic!("{}'s PTX: {e}", src.display()));
+            assert_eq!(
+                ptx.lines().next(),
+                Some(crate::kernels::header(&text).as_str()),
+                "{}'s PTX was not built from it: run `cargo xtask kernels`",
+                src.display()
+            );
+        }
     }
 }

@@ -1,0 +1,317 @@
+// unicomm's symmetric kernels for NVIDIA GPUs: the one-shot, two-shot and Lamport
+// all-reduce over symmetric memory, the fused residual add + RMSNorm after any of them, and
+// the barrier on the signal pads. The protocol is the mock's (backend-mock/src/symmetric/
+// kernels.rs) and the layout comm-core's (comm-core/src/symmetric.rs): a pad per rank with
+// its epoch, one arrival word per peer, the count word and the Lamport round, counters that
+// wrap and live in the pad so that a graph's replays count on.
+//
+// One thread block of BLOCK threads per launch: thread 0 runs the barriers, every thread
+// its elements. Every wait on a peer also watches the communicator's abort word (mapped
+// host memory the host sets at abort), the world's poison word in this rank's pad (a peer
+// that gave up) and a deadline (%globaltimer from the kernel's start), and reports the
+// first fault into the control block the host reads at its next wait.
+//
+// Built by `cargo xtask kernels` (nvcc 13.0 from NVIDIA's wheels, -arch=sm_90 -ptx) into
+// symmetric.ptx beside it, which the CUDA runtime loads at run time.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define MAX_WORLD 16
+#define BLOCK 512
+#define PAD_EPOCH 0
+#define PAD_ARRIVAL(p) (8 + 4 * (p))
+#define PAD_COUNT (8 + 4 * MAX_WORLD)
+#define PAD_ROUND (PAD_COUNT + 8)
+#define PAD_POISON (PAD_ROUND + 4)
+
+enum { ALG_ONE_SHOT = 0, ALG_TWO_SHOT = 1, ALG_LAMPORT = 2, ALG_BARRIER = 3 };
+enum { OP_SUM = 0, OP_MAX = 1, OP_MIN = 2 };
+enum { FAULT_TIMEOUT = 1, FAULT_ABORTED = 2, FAULT_MISMATCH = 3, FAULT_POISONED = 4 };
+
+// The communicator's control block, in mapped host memory.
+struct Control {
+  uint32_t abort;   // set by the host at abort
+  uint32_t fault;   // the first fault's code (0: none)
+  uint32_t rank;    // the rank it names
+  uint32_t epoch;   // the barrier epoch or Lamport round it happened in
+  uint64_t detail;  // a mismatch: the count that rank had
+};
+
+// nccl-api/src/symmetric/params.rs's `KernelParams`, field for field.
+struct Params {
+  uint64_t peers[MAX_WORLD];
+  uint64_t pads[MAX_WORLD];
+  uint64_t out, residual, weight;
+  uint64_t control;
+  uint64_t timeout_ns;
+  uint64_t count;
+  uint64_t hidden;
+  uint64_t lamport;  // byte offset of the Lamport workspace from a rank's data
+  uint64_t slot;     // bytes of one Lamport slot
+  uint32_t rank, world, algorithm, op, norm;
+  float eps;
+};
+
+__device__ __forceinline__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t* pad_word(const Params& p, uint32_t rank, int at) {
+  return (uint32_t*)(p.pads[rank] + at);
+}
+
+// The element types, as their bits.
+template <typename T> struct Ty;
+template <> struct Ty<float> {
+  typedef uint32_t Bits;
+  static const uint32_t poison = 0x80000000u;
+  __device__ static float f(Bits b) { return __uint_as_float(b); }
+  __device__ static Bits bits(float x) { return __float_as_uint(x); }
+};
+template <> struct Ty<__half> {
+  typedef uint16_t Bits;
+  static const uint16_t poison = 0x8000u;
+  __device__ static float f(Bits b) { return __half2float(__ushort_as_half(b)); }
+  __device__ static Bits bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+};
+template <> struct Ty<__nv_bfloat16> {
+  typedef uint16_t Bits;
+  static const uint16_t poison = 0x8000u;
+  __device__ static float f(Bits b) { return __bfloat162float(__ushort_as_bfloat16(b)); }
+  __device__ static Bits bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+};
+
+template <typename T>
+__device__ __forceinline__ typename Ty<T>::Bits load(uint64_t base, uint64_t i) {
+  return ((volatile typename Ty<T>::Bits*)base)[i];
+}
+template <typename T>
+__device__ __forceinline__ void store(uint64_t base, uint64_t i, typename Ty<T>::Bits b) {
+  ((volatile typename Ty<T>::Bits*)base)[i] = b;
+}
+
+// `a` and `b` reduced by `op`, rounded to the type (the mock's rounding at each step).
+template <typename T>
+__device__ __forceinline__ typename Ty<T>::Bits reduce(uint32_t op, typename Ty<T>::Bits a,
+                                                       typename Ty<T>::Bits b) {
+  float x = Ty<T>::f(a), y = Ty<T>::f(b);
+  float r = op == OP_MAX ? fmaxf(x, y) : op == OP_MIN ? fminf(x, y) : x + y;
+  return Ty<T>::bits(r);
+}
+
+// Records the first fault; a timeout also poisons every rank's pad, so that the peers'
+// waits end at once.
+__device__ void report(const Params& p, uint32_t code, uint32_t rank, uint32_t epoch,
+                       uint64_t detail) {
+  Control* c = (Control*)p.control;
+  if (atomicCAS_system(&c->fault, 0u, 0xffffffffu) == 0u) {
+    c->rank = rank;
+    c->epoch = epoch;
+    c->detail = detail;
+    __threadfence_system();
+    atomicExch_system(&c->fault, code);
+  }
+  if (code == FAULT_TIMEOUT) {
+    for (uint32_t q = 0; q < p.world; q++) atomicExch_system(pad_word(p, q, PAD_POISON), p.rank + 1);
+  }
+  __threadfence_system();
+}
+
+// A fault that ends a wait now: the host's abort, a peer's poison, the deadline.
+__device__ uint32_t stop(const Params& p, uint64_t start) {
+  if (((volatile Control*)p.control)->abort) return FAULT_ABORTED;
+  if (*(volatile uint32_t*)pad_word(p, p.rank, PAD_POISON)) return FAULT_POISONED;
+  if (now_ns() - start > p.timeout_ns) return FAULT_TIMEOUT;
+  return 0;
+}
+
+// Thread 0's barrier: this rank's epoch advanced and written into every rank's arrival
+// word for it, then every rank's word for this epoch awaited. 0, or the fault.
+__device__ uint32_t barrier0(const Params& p, uint64_t start) {
+  uint32_t* epoch = pad_word(p, p.rank, PAD_EPOCH);
+  uint32_t e = *(volatile uint32_t*)epoch + 1;
+  *(volatile uint32_t*)epoch = e;
+  __threadfence_system();
+  for (uint32_t q = 0; q < p.world; q++) st_release(pad_word(p, q, PAD_ARRIVAL(p.rank)), e);
+  for (uint32_t q = 0; q < p.world; q++) {
+    const uint32_t* w = pad_word(p, p.rank, PAD_ARRIVAL(q));
+    for (uint32_t n = 1; (int32_t)(ld_acquire(w) - e) < 0; n++) {
+      if ((n & 255) == 0) {
+        uint32_t f = stop(p, start);
+        if (f) {
+          report(p, f, q, e, 0);
+          return f;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+// Every thread's barrier: true when passed; false after a fault (reported).
+__device__ bool barrier(const Params& p, uint64_t start, uint32_t* fault) {
+  __syncthreads();
+  if (threadIdx.x == 0) *fault = barrier0(p, start);
+  __syncthreads();
+  __threadfence();
+  return *fault == 0;
+}
+
+// The count word published and compared after a barrier (a mismatch is reported by every
+// rank, which all stop after the same barrier).
+__device__ bool agree_count(const Params& p, uint64_t start, uint32_t* fault) {
+  if (threadIdx.x == 0) *(volatile uint64_t*)(p.pads[p.rank] + PAD_COUNT) = p.count;
+  if (!barrier(p, start, fault)) return false;
+  for (uint32_t q = 0; q < p.world; q++) {
+    uint64_t theirs = *(volatile uint64_t*)(p.pads[q] + PAD_COUNT);
+    if (theirs != p.count) {
+      if (threadIdx.x == 0) report(p, FAULT_MISMATCH, q, 0, theirs);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Element i of every rank's data reduced in rank order.
+template <typename T>
+__device__ __forceinline__ typename Ty<T>::Bits reduce_all(const Params& p, uint64_t i) {
+  typename Ty<T>::Bits acc = load<T>(p.peers[0], i);
+  for (uint32_t q = 1; q < p.world; q++) acc = reduce<T>(p.op, acc, load<T>(p.peers[q], i));
+  return acc;
+}
+
+template <typename T> __device__ bool one_shot(const Params& p, uint64_t start, uint32_t* fault) {
+  if (!agree_count(p, start, fault)) return false;
+  for (uint64_t i = threadIdx.x; i < p.count; i += BLOCK) store<T>(p.out, i, reduce_all<T>(p, i));
+  return barrier(p, start, fault);
+}
+
+template <typename T> __device__ bool two_shot(const Params& p, uint64_t start, uint32_t* fault) {
+  if (!agree_count(p, start, fault)) return false;
+  uint64_t lo = p.count * p.rank / p.world, hi = p.count * (p.rank + 1) / p.world;
+  for (uint64_t i = lo + threadIdx.x; i < hi; i += BLOCK)
+    store<T>(p.peers[p.rank], i, reduce_all<T>(p, i));
+  if (!barrier(p, start, fault)) return false;
+  for (uint32_t r = 0; r < p.world; r++) {
+    uint64_t a = p.count * r / p.world, b = p.count * (r + 1) / p.world;
+    for (uint64_t i = a + threadIdx.x; i < b; i += BLOCK) store<T>(p.out, i, load<T>(p.peers[r], i));
+  }
+  return barrier(p, start, fault);
+}
+
+// Rank q's Lamport workspace b, slot s.
+__device__ __forceinline__ uint64_t lamport_slot(const Params& p, uint32_t q, uint32_t b, uint32_t s) {
+  return p.peers[q] + p.lamport + ((uint64_t)b * p.world + s) * p.slot;
+}
+
+template <typename T> __device__ bool lamport(const Params& p, uint64_t start, uint32_t* fault) {
+  typedef typename Ty<T>::Bits B;
+  __shared__ uint32_t round, missing;
+  if (threadIdx.x == 0) {
+    round = *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND);
+    missing = 0;
+  }
+  __syncthreads();
+  uint32_t b = round % 3;
+  for (uint64_t i = threadIdx.x; i < p.count; i += BLOCK) {
+    B x = load<T>(p.peers[p.rank], i);
+    if (x == Ty<T>::poison) x = 0;
+    for (uint32_t q = 0; q < p.world; q++) store<T>(lamport_slot(p, q, b, p.rank), i, x);
+  }
+  for (uint64_t i = threadIdx.x; i < p.count && !*(volatile uint32_t*)&missing; i += BLOCK) {
+    B acc = 0;
+    for (uint32_t q = 0; q < p.world; q++) {
+      uint64_t slot = lamport_slot(p, p.rank, b, q);
+      B v;
+      for (uint32_t n = 1; (v = load<T>(slot, i)) == Ty<T>::poison; n++) {
+        if ((n & 255) == 0) {
+          uint32_t f = stop(p, start);
+          if (f) {
+            if (atomicCAS(&missing, 0u, q + 1) == 0u) *fault = f;
+            break;
+          }
+        }
+      }
+      if (*(volatile uint32_t*)&missing) break;
+      acc = q == 0 ? v : reduce<T>(p.op, acc, v);
+    }
+    store<T>(p.out, i, acc);
+  }
+  __syncthreads();
+  if (missing) {
+    if (threadIdx.x == 0) report(p, *fault, missing - 1, round, 0);
+    return false;
+  }
+  uint64_t stale = lamport_slot(p, p.rank, (b + 2) % 3, 0);
+  for (uint64_t i = threadIdx.x; i < (uint64_t)p.world * p.slot / sizeof(B); i += BLOCK)
+    store<T>(stale, i, Ty<T>::poison);
+  __syncthreads();
+  if (threadIdx.x == 0) *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND) = round + 1;
+  return true;
+}
+
+// The fused residual add and RMSNorm over `out` (the all-reduce's result): per row,
+// residual = out + residual (rounded to the type), out = residual / sqrt(mean(residual^2)
+// + eps) * weight, the mean and the scale in f32.
+template <typename T> __device__ void add_and_norm(const Params& p) {
+  __shared__ float partial[BLOCK / 32];
+  __shared__ float scale;
+  __syncthreads();
+  for (uint64_t row = 0; row < p.count / p.hidden; row++) {
+    uint64_t base = row * p.hidden;
+    float ss = 0.f;
+    for (uint64_t j = threadIdx.x; j < p.hidden; j += BLOCK) {
+      typename Ty<T>::Bits r = reduce<T>(OP_SUM, load<T>(p.out, base + j), load<T>(p.residual, base + j));
+      store<T>(p.residual, base + j, r);
+      float x = Ty<T>::f(r);
+      ss += x * x;
+    }
+    for (int o = 16; o > 0; o /= 2) ss += __shfl_down_sync(0xffffffffu, ss, o);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float t = 0.f;
+      for (int w = 0; w < BLOCK / 32; w++) t += partial[w];
+      scale = 1.f / sqrtf(t / (float)p.hidden + p.eps);
+    }
+    __syncthreads();
+    for (uint64_t j = threadIdx.x; j < p.hidden; j += BLOCK) {
+      float x = Ty<T>::f(load<T>(p.residual, base + j));
+      store<T>(p.out, base + j, Ty<T>::bits(x * scale * Ty<T>::f(load<T>(p.weight, j))));
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T> __device__ void run(const Params& p) {
+  __shared__ uint32_t fault;
+  __shared__ uint64_t start;
+  if (threadIdx.x == 0) {
+    fault = 0;
+    start = now_ns();
+  }
+  __syncthreads();
+  bool ok;
+  switch (p.algorithm) {
+    case ALG_ONE_SHOT: ok = one_shot<T>(p, start, &fault); break;
+    case ALG_TWO_SHOT: ok = two_shot<T>(p, start, &fault); break;
+    case ALG_LAMPORT: ok = lamport<T>(p, start, &fault); break;
+    default: barrier(p, start, &fault); return;
+  }
+  if (ok && p.norm) add_and_norm<T>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_f32(Params p) { run<float>(p); }
+extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_f16(Params p) { run<__half>(p); }
+extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_bf16(Params p) { run<__nv_bfloat16>(p); }

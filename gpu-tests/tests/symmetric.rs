@@ -1,0 +1,107 @@
+//! unicomm's symmetric memory and kernels on the GPU (the PTX of backend-nccl/kernels):
+//! every algorithm exact over f32, f16, bf16 by sum, max and min, eagerly and over 10,000
+//! graph replays with new data before each; the fused all-reduce + residual add + RMSNorm
+//! against the host's unfused sequence; misuse refused before any launch; the abort word
+//! ending a kernel that waits. One communicator per GPU here; two processes on one GPU run
+//! the same functions through `rank_conformance` (NCCL's multi-rank mode).
+#![cfg(feature = "nccl")]
+
+use unicomm_core::symmetric::SymmetricAlgorithm;
+use unicomm_core::{bf16, f16, Error, ReduceOp, Result};
+use unicomm_gpu_tests::{self as t, GPU};
+
+/// Exact at the GPUs' world on small integers, eagerly and over 10,000 replays (f32),
+/// fewer for the 16-bit types; never `Unsupported` on CUDA.
+#[test]
+fn every_algorithm_is_exact_eagerly_and_over_ten_thousand_replays() -> Result<()> {
+    let cs = GPU.comms(t::world()?)?;
+    let seen = unicomm_conformance::symmetric_all_reduce::<f32, _>(&cs, 4099, 10_000)?;
+    assert!(
+        seen.iter().all(|&s| s),
+        "symmetric memory refused: {seen:?}"
+    );
+    let seen = unicomm_conformance::symmetric_all_reduce::<bf16, _>(&cs, 1024, 200)?;
+    assert!(seen.iter().all(|&s| s), "{seen:?}");
+    let seen = unicomm_conformance::symmetric_all_reduce::<f16, _>(&cs, 7, 200)?;
+    assert!(seen.iter().all(|&s| s), "{seen:?}");
+    Ok(())
+}
+
+/// The fused norm against the host's unfused sequence: the residual exact, the output within
+/// 1e-5 relative in f32 (the block's sum of squares is in another order than the host's)
+/// and one 16-bit rounding step in bf16.
+#[test]
+fn the_fused_norm_matches_the_unfused_sequence() -> Result<()> {
+    let cs = GPU.comms(t::world()?)?;
+    let seen = unicomm_conformance::symmetric_rms_norm::<f32, _>(&cs, (4096, 3), 1e-5)?;
+    assert!(seen.iter().all(|&s| s), "{seen:?}");
+    let seen = unicomm_conformance::symmetric_rms_norm::<bf16, _>(&cs, (1024, 2), 1.0 / 128.0)?;
+    assert!(seen.iter().all(|&s| s), "{seen:?}");
+    Ok(())
+}
+
+/// What no kernel may be launched for: a count past the allocation, Lamport without its
+/// workspace, a type the kernels lack, a call inside a group.
+#[test]
+fn misuse_is_refused_before_any_launch() -> Result<()> {
+    let cs = GPU.comms(1)?;
+    let c = &cs[0];
+    let st = c.create_stream()?;
+    let sym = c.alloc_symmetric::<f32>(64)?;
+    let mut out = c.alloc::<f32>(128)?;
+    let r = c.all_reduce_symmetric(
+        &sym,
+        65,
+        &mut out,
+        (ReduceOp::Sum, SymmetricAlgorithm::OneShot),
+        &st,
+    );
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let r = c.all_reduce_symmetric(
+        &sym,
+        8,
+        &mut out,
+        (ReduceOp::Sum, SymmetricAlgorithm::Lamport),
+        &st,
+    );
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let ints = c.alloc_symmetric::<i32>(8)?;
+    let mut iout = c.alloc::<i32>(8)?;
+    let r = c.all_reduce_symmetric(
+        &ints,
+        8,
+        &mut iout,
+        (ReduceOp::Sum, SymmetricAlgorithm::OneShot),
+        &st,
+    );
+    assert!(matches!(r, Err(Error::Unsupported { .. })), "{r:?}");
+    let r = c.group(|| {
+        c.all_reduce_symmetric(
+            &sym,
+            8,
+            &mut out,
+            (ReduceOp::Sum, SymmetricAlgorithm::OneShot),
+            &st,
+        )
+    });
+    assert!(r.is_err(), "a symmetric kernel inside a group: {r:?}");
+    st.synchronize()
+}
+
+/// After an abort no kernel is launched on the communicator's symmetric memory: `Aborted`
+/// (a kernel waiting for a peer ended by the abort word runs in the multi-rank faults).
+#[test]
+fn after_an_abort_no_kernel_is_launched() -> Result<()> {
+    let cs = GPU.comms(1)?;
+    let c = &cs[0];
+    let st = c.create_stream()?;
+    let sym = c.alloc_symmetric::<f32>(256)?;
+    let mut out = c.alloc::<f32>(256)?;
+    let sum = (ReduceOp::Sum, SymmetricAlgorithm::OneShot);
+    c.all_reduce_symmetric(&sym, 256, &mut out, sum, &st)?;
+    st.synchronize()?;
+    c.abort()?;
+    let r = c.all_reduce_symmetric(&sym, 256, &mut out, sum, &st);
+    assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
+    Ok(())
+}

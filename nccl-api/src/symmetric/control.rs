@@ -1,0 +1,128 @@
+//! A communicator's control block for unicomm's symmetric kernels: host memory the device
+//! maps, holding the abort word every kernel's wait watches (set here at the communicator's
+//! abort) and the first fault a kernel reports (read by the stream's waits, which then
+//! report it and abort the communicator, as they do NCCL's asynchronous errors).
+
+#![allow(
+    unsafe_code,
+    reason = "the control block is host memory the device maps, read and written as atomics"
+)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use unicomm_core::{Error, Result};
+
+use crate::libcomm::AbortHook;
+use crate::sys::kernel_args::{fault, Control};
+use crate::sys::runtime::Runtime;
+
+/// The control block of one communicator's symmetric kernels.
+pub(crate) struct ControlBlock<R: Runtime> {
+    rt: Arc<R>,
+    dev: usize,
+    /// The mapped host memory (a [`Control`]), at one address for host and device.
+    addr: usize,
+    rank: usize,
+    /// The kernels' deadline when it was made (for the `Timeout` a kernel reports).
+    timeout: Duration,
+}
+
+impl<R: Runtime> ControlBlock<R> {
+    /// A zeroed block on `dev` (`Unsupported` where the runtime has no symmetric kernels).
+    pub(crate) fn new(rt: Arc<R>, dev: usize, rank: usize, timeout: Duration) -> Result<Self> {
+        let addr = rt.alloc_host_mapped(dev, std::mem::size_of::<Control>())?;
+        Ok(ControlBlock {
+            rt,
+            dev,
+            addr,
+            rank,
+            timeout,
+        })
+    }
+
+    /// Its address, for a kernel's argument.
+    pub(crate) fn address(&self) -> usize {
+        self.addr
+    }
+
+    /// The `u32` word at byte `at` of the block.
+    fn word(&self, at: usize) -> &AtomicU32 {
+        // SAFETY: `addr` is a live, 8-byte aligned mapping of a `Control` (freed only at
+        // drop) and `at` one of its `u32` fields' offsets; the device writes it only with
+        // atomic or volatile stores.
+        unsafe { &*((self.addr + at) as *const AtomicU32) }
+    }
+
+    /// The fault a kernel reported, as the error the communicator's waits report.
+    fn reported(&self) -> Option<Error> {
+        let code = self
+            .word(std::mem::offset_of!(Control, fault))
+            .load(Ordering::Acquire);
+        if code == 0 || code == fault::WRITING {
+            return None;
+        }
+        let rank = self
+            .word(std::mem::offset_of!(Control, rank))
+            .load(Ordering::Relaxed);
+        let epoch = self
+            .word(std::mem::offset_of!(Control, epoch))
+            .load(Ordering::Relaxed);
+        let at = std::mem::offset_of!(Control, detail);
+        let detail = u64::from(self.word(at).load(Ordering::Relaxed))
+            | (u64::from(self.word(at + 4).load(Ordering::Relaxed)) << 32);
+        let me = self.rank;
+        Some(match code {
+            fault::TIMEOUT => Error::Timeout {
+                what: format!(
+                    "a symmetric kernel of rank {me} (barrier epoch or Lamport round {epoch}): rank {rank} never arrived"
+                ),
+                after: self.timeout,
+            },
+            fault::MISMATCH => Error::Mismatch {
+                what: "count",
+                detail: format!(
+                    "a symmetric all-reduce on rank {me}: rank {rank} called it with {detail} elements"
+                ),
+            },
+            fault::POISONED => Error::aborted(format!(
+                "a symmetric kernel of rank {me}: a peer's kernel gave up at its deadline"
+            )),
+            _ => Error::aborted(format!(
+                "a symmetric kernel of rank {me} ended: the communicator was aborted"
+            )),
+        })
+    }
+}
+
+impl<R: Runtime> AbortHook for ControlBlock<R> {
+    /// Sets the abort word: every waiting kernel of this communicator ends within a few
+    /// microseconds.
+    fn release(&self, _within: Duration, _report: bool) -> bool {
+        self.word(std::mem::offset_of!(Control, abort))
+            .store(1, Ordering::Release);
+        true
+    }
+
+    fn fault(&self) -> Option<Error> {
+        self.reported()
+    }
+}
+
+impl<R: Runtime> Drop for ControlBlock<R> {
+    /// Freed once the device is idle (no kernel reads it any more), within the deadline on
+    /// a helper thread; past it, freed when the device is (never: leaked, not freed under a
+    /// kernel).
+    fn drop(&mut self) {
+        let (rt, dev, addr) = (self.rt.clone(), self.dev, self.addr);
+        let free = move || -> Result<()> {
+            rt.synchronize_device(dev)?;
+            // SAFETY: `addr` came from `alloc_host_mapped`, freed once, here, after the
+            // device's work (synchronized above).
+            unsafe { rt.free_host_mapped(addr) }
+        };
+        let what = format!("the symmetric kernels' control block on device {dev}");
+        crate::wait::released(what, self.timeout, free);
+    }
+}

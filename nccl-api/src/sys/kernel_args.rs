@@ -1,0 +1,108 @@
+//! What unicomm's symmetric kernels take (`backend-nccl/kernels/symmetric.cu`'s `Params`
+//! and `Control`, field for field): the launch's argument, passed by value, and the
+//! communicator's control block in host memory the device maps (the host's abort word and
+//! the first fault a kernel reports).
+
+use unicomm_core::symmetric::MAX_SYMMETRIC_WORLD;
+
+/// The algorithm code of a launch (`ALG_*` in the kernel source).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum KernelAlgorithm {
+    /// Every rank's data read and reduced between two barriers.
+    OneShot = 0,
+    /// Reduce-scatter and all-gather by peer loads.
+    TwoShot = 1,
+    /// Lamport's poison, no barrier.
+    Lamport = 2,
+    /// A barrier on the signal pads alone.
+    Barrier = 3,
+}
+
+/// One launch's argument (`Params`): every rank's data and pad, the operands, the control
+/// block, the deadline, the sizes, the codes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KernelParams {
+    /// Each rank's data at its address in this process (0 past the world).
+    pub peers: [u64; MAX_SYMMETRIC_WORLD],
+    /// Each rank's signal pad.
+    pub pads: [u64; MAX_SYMMETRIC_WORLD],
+    /// This rank's result.
+    pub out: u64,
+    /// The fused norm's residual (0 without it).
+    pub residual: u64,
+    /// The fused norm's weight (0 without it).
+    pub weight: u64,
+    /// The communicator's [`Control`], at its device address.
+    pub control: u64,
+    /// How long a wait on a peer lasts, from the kernel's start, in nanoseconds.
+    pub timeout_ns: u64,
+    /// Elements.
+    pub count: u64,
+    /// Elements per row of the fused norm (0 without it).
+    pub hidden: u64,
+    /// Byte offset of the Lamport workspace from a rank's data.
+    pub lamport: u64,
+    /// Bytes of one Lamport slot.
+    pub slot: u64,
+    /// This rank.
+    pub rank: u32,
+    /// Ranks.
+    pub world: u32,
+    /// [`KernelAlgorithm`] as its code.
+    pub algorithm: u32,
+    /// 0 sum, 1 max, 2 min.
+    pub op: u32,
+    /// 1 with the fused norm.
+    pub norm: u32,
+    /// The norm's epsilon.
+    pub eps: f32,
+}
+
+/// The fault codes a kernel reports in [`Control::fault`].
+pub mod fault {
+    /// A peer never arrived by the deadline (the world's pads poisoned).
+    pub const TIMEOUT: u32 = 1;
+    /// The host aborted the communicator.
+    pub const ABORTED: u32 = 2;
+    /// A peer's count differs.
+    pub const MISMATCH: u32 = 3;
+    /// A peer gave up at its deadline (this rank's pad poisoned).
+    pub const POISONED: u32 = 4;
+    /// Being written (the fields after it are not complete yet).
+    pub const WRITING: u32 = u32::MAX;
+}
+
+/// The communicator's control block (`Control`), in host memory the device maps.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Control {
+    /// Set to 1 by the host at abort; every wait of a kernel watches it.
+    pub abort: u32,
+    /// The first fault's code ([`fault`]), 0 while none.
+    pub fault: u32,
+    /// The rank it names (the one that never arrived, or whose count differs).
+    pub rank: u32,
+    /// The barrier epoch or Lamport round it happened in.
+    pub epoch: u32,
+    /// A mismatch: the count that rank had.
+    pub detail: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel source's `Params` is 41 eight-byte words and six four-byte ones; its
+    /// `Control` four words and a count: the layouts the launch copies byte for byte.
+    #[test]
+    fn the_arguments_have_the_kernel_sources_layout() {
+        assert_eq!(std::mem::size_of::<KernelParams>(), 41 * 8 + 6 * 4);
+        assert_eq!(std::mem::offset_of!(KernelParams, control), 35 * 8);
+        assert_eq!(std::mem::offset_of!(KernelParams, rank), 41 * 8);
+        assert_eq!(std::mem::offset_of!(KernelParams, eps), 41 * 8 + 5 * 4);
+        assert_eq!(std::mem::size_of::<Control>(), 24);
+        assert_eq!(std::mem::offset_of!(Control, detail), 16);
+    }
+}
