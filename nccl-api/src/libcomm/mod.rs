@@ -120,8 +120,9 @@ pub(crate) struct LibComm<R: Runtime> {
     /// whose frees wait for the device at most this long).
     timeout_ms: Arc<AtomicU64>,
     hooks: Mutex<Vec<Arc<dyn AbortHook>>>,
-    /// Some hook reports its device work's failures ([`LibComm::add_fault_hook`]).
-    fault_hooks: AtomicBool,
+    /// The hook that reports its device work's failures ([`LibComm::add_fault_hook`]),
+    /// read without a lock by every stream wait.
+    fault_hook: std::sync::OnceLock<Arc<dyn AbortHook>>,
     /// The library's teardown, where it was given up at its deadline and still runs.
     late_end: Mutex<Option<Arc<Late>>>,
     /// A live graph captured this communicator's work: the library's abort waits for the
@@ -162,7 +163,7 @@ impl<R: Runtime> LibComm<R> {
             world,
             timeout_ms: Arc::new(AtomicU64::new(timeout.as_millis() as u64)),
             hooks: Mutex::new(Vec::new()),
-            fault_hooks: AtomicBool::new(false),
+            fault_hook: std::sync::OnceLock::new(),
             late_end: Mutex::new(None),
             graphs_held: AtomicBool::new(false),
         }
@@ -295,20 +296,14 @@ impl<R: Runtime> LibComm<R> {
             .push(hook);
     }
 
-    /// Registers a hook whose device work reports failures ([`AbortHook::fault`]): from
-    /// now on the stream's waits ask it.
-    pub(crate) fn add_fault_hook(&self, hook: Arc<dyn AbortHook>) {
+    /// Registers the hook whose device work reports failures ([`AbortHook::fault`]): from
+    /// now on the stream's waits ask it. One per communicator (a second is an error).
+    pub(crate) fn add_fault_hook(&self, hook: Arc<dyn AbortHook>) -> Result<()> {
+        self.fault_hook
+            .set(hook.clone())
+            .map_err(|_| Error::invalid("hook", "a second fault hook on one communicator"))?;
         self.add_abort_hook(hook);
-        self.fault_hooks.store(true, Ordering::Release);
-    }
-
-    /// The first failure a fault hook reports, if any (one atomic load without them).
-    fn hook_fault(&self) -> Option<Error> {
-        if !self.fault_hooks.load(Ordering::Acquire) {
-            return None;
-        }
-        let hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        hooks.iter().find_map(|h| h.fault())
+        Ok(())
     }
 
     /// With the lock held: waits until the library is done with the last calls on this
@@ -492,6 +487,6 @@ impl<R: Runtime> Watched for LibComm<R> {
         self.life.load() == Life::Aborted
     }
     fn fault(&self) -> Option<Error> {
-        self.hook_fault()
+        self.fault_hook.get()?.fault()
     }
 }

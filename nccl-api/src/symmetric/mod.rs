@@ -97,11 +97,12 @@ impl<R: Runtime> SymmetricMemory<R> {
             lc.rank,
             lc.timeout(),
         )?);
-        let c = self.control.get_or_init(|| {
-            lc.add_fault_hook(c.clone());
-            c
-        });
-        Ok(c)
+        // Allocations are collective calls of one thread at a time per communicator; were
+        // two to race, the second's block is dropped unused.
+        if self.control.set(c.clone()).is_ok() {
+            lc.add_fault_hook(c)?;
+        }
+        self.control.get().ok_or_else(|| unknown(RawHandle(0)))
     }
 
     /// `alloc_symmetric` (collective): the size and the Lamport type compared on every
