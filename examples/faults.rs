@@ -40,6 +40,9 @@
 //!   memory; rank 0's kernel waits for it on the device: the wait must end with `Timeout`
 //!   at the deadline (the kernel's own deadline or the stream wait's), or `Aborted` at
 //!   once when a watchdog thread aborts after 3 s (the abort word ends the kernel).
+//! - `sym-kill`: `kill-replay` with the graph a one-shot all-reduce of unicomm's on
+//!   symmetric memory: the survivor's kernel, waiting on the device for the dead peer, ends
+//!   by its deadline (or the abort that the loss causes), never hangs the GPU.
 //! - `churn` (one process, every local device): register/deregister, window and
 //!   communicator create/destroy cycles, with the device's free memory (the driver's
 //!   figure) compared before and after.
@@ -104,7 +107,7 @@ fn args() -> anyhow::Result<Args> {
             "--comms" => a.comms = val()?.parse()?,
             "--budget-s" => a.budget = Duration::from_secs(val()?.parse()?),
             other => bail!(
-                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|policy|mismatch|kill|kill-replay|churn|sym-skip|sym-abort, \
+                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|policy|mismatch|kill|kill-replay|churn|sym-skip|sym-abort|sym-kill, \
                  --registrations N, --windows N, --comms N, --budget-s S)"
             ),
         }
@@ -135,8 +138,9 @@ fn run() -> anyhow::Result<()> {
         "completion-abort" => completion_abort(vendor),
         "sym-skip" => symmetric_skip(vendor, false),
         "sym-abort" => symmetric_skip(vendor, true),
+        "sym-kill" => symmetric_kill(vendor),
         s => bail!(
-            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget, completion-abort, sym-skip or sym-abort"
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget, completion-abort, sym-skip, sym-abort or sym-kill"
         ),
     }
 }
@@ -910,5 +914,25 @@ fn symmetric_skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
         waited.as_secs_f64(),
         drain.as_secs_f64() * 1e3
     );
+    Ok(())
+}
+
+fn symmetric_kill(vendor: Vendor) -> anyhow::Result<()> {
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let r = comm.rank();
+    let st = comm.create_stream()?;
+    let n = 1 << 12;
+    let sym = comm.alloc_symmetric::<f32>(n)?;
+    let out = comm.alloc::<f32>(n)?;
+    let how = (ReduceOp::Sum, unicomm::SymmetricAlgorithm::OneShot);
+    let graph =
+        unicomm::Graph::capture(&st, |g| g.all_reduce_symmetric(&comm, &sym, n, &out, how))?;
+    let (_, e) = until_the_loss_is_seen(&comm, &st, "sym-kill", |_| graph.launch(&st))?;
+    ensure!(
+        matches!(e, Error::Timeout { .. } | Error::Aborted { .. } | Error::Library { .. }),
+        "rank {r}: {e}: a lost peer during a symmetric kernel's replays must end in Timeout or the loss"
+    );
+    drop(graph);
+    println!("faults sym-kill: rank {r}: {e}; PASSED");
     Ok(())
 }
