@@ -110,20 +110,22 @@ __device__ __forceinline__ typename Ty<T>::Bits reduce(uint32_t op, typename Ty<
   return Ty<T>::bits(r);
 }
 
-// Records the first fault; a timeout also poisons every rank's pad, so that the peers'
+// Records a fault (the first, unless two kernels of the communicator fail at once) with
+// plain stores and fences: the control block is host memory, where a PCIe system may not
+// run the device's atomics. A timeout also poisons every rank's pad, so that the peers'
 // waits end at once.
 __device__ void report(const Params& p, uint32_t code, uint32_t rank, uint32_t epoch,
                        uint64_t detail) {
-  Control* c = (Control*)p.control;
-  if (atomicCAS_system(&c->fault, 0u, 0xffffffffu) == 0u) {
+  volatile Control* c = (volatile Control*)p.control;
+  if (c->fault == 0u) {
     c->rank = rank;
     c->epoch = epoch;
     c->detail = detail;
     __threadfence_system();
-    atomicExch_system(&c->fault, code);
+    c->fault = code;
   }
   if (code == FAULT_TIMEOUT) {
-    for (uint32_t q = 0; q < p.world; q++) atomicExch_system(pad_word(p, q, PAD_POISON), p.rank + 1);
+    for (uint32_t q = 0; q < p.world; q++) st_release(pad_word(p, q, PAD_POISON), p.rank + 1);
   }
   __threadfence_system();
 }

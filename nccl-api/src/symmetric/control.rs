@@ -60,7 +60,7 @@ impl<R: Runtime> ControlBlock<R> {
         let code = self
             .word(std::mem::offset_of!(Control, fault))
             .load(Ordering::Acquire);
-        if code == 0 || code == fault::WRITING {
+        if code == 0 {
             return None;
         }
         let rank = self

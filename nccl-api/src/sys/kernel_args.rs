@@ -70,8 +70,6 @@ pub mod fault {
     pub const MISMATCH: u32 = 3;
     /// A peer gave up at its deadline (this rank's pad poisoned).
     pub const POISONED: u32 = 4;
-    /// Being written (the fields after it are not complete yet).
-    pub const WRITING: u32 = u32::MAX;
 }
 
 /// The communicator's control block (`Control`), in host memory the device maps.
@@ -80,7 +78,8 @@ pub mod fault {
 pub struct Control {
     /// Set to 1 by the host at abort; every wait of a kernel watches it.
     pub abort: u32,
-    /// The first fault's code ([`fault`]), 0 while none.
+    /// The fault's code ([`fault`]), 0 while none; written last, after its fields and a
+    /// system fence.
     pub fault: u32,
     /// The rank it names (the one that never arrived, or whose count differs).
     pub rank: u32,
