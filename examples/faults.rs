@@ -251,15 +251,7 @@ fn skip_with(
         comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &st)?;
     }
     collective(&mut b)?;
-    let res = std::thread::scope(|s| {
-        if by_abort {
-            s.spawn(|| {
-                std::thread::sleep(Duration::from_secs(3));
-                let _ = comm.abort();
-            });
-        }
-        st.synchronize()
-    });
+    let res = wait_aborting_after_3_s(&comm, &st, by_abort);
     let waited = t.elapsed();
     let e = match res {
         Ok(()) => bail!("rank 0: the collective completed although rank 1 skipped it"),
@@ -878,15 +870,7 @@ fn symmetric_skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
     }
     let t = Instant::now();
     comm.all_reduce_symmetric(&sym, n, &mut out, algo, &st)?;
-    let res = std::thread::scope(|s| {
-        if by_abort {
-            s.spawn(|| {
-                std::thread::sleep(Duration::from_secs(3));
-                let _ = comm.abort();
-            });
-        }
-        st.synchronize()
-    });
+    let res = wait_aborting_after_3_s(&comm, &st, by_abort);
     let waited = t.elapsed();
     let Err(e) = res else {
         bail!("rank 0: the symmetric all-reduce completed although rank 1 skipped it");
@@ -935,4 +919,21 @@ fn symmetric_kill(vendor: Vendor) -> anyhow::Result<()> {
     drop(graph);
     println!("faults sym-kill: rank {r}: {e}; PASSED");
     Ok(())
+}
+
+/// A wait on `st`; with `by_abort`, a watchdog thread aborts `comm` after 3 s.
+fn wait_aborting_after_3_s(
+    comm: &unicomm::Comm,
+    st: &unicomm::Stream,
+    by_abort: bool,
+) -> unicomm::Result<()> {
+    std::thread::scope(|s| {
+        if by_abort {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_secs(3));
+                let _ = comm.abort();
+            });
+        }
+        st.synchronize()
+    })
 }

@@ -171,6 +171,39 @@ impl<'a, M> SymmetricOp<'a, M> {
     }
 }
 
+/// What every backend checks of an all-reduce before its kernel runs, on an allocation of
+/// `bytes` per rank with the Lamport workspace of `lamport`: the count inside the
+/// allocation, the workspace of this type for [`SymmetricAlgorithm::Lamport`], the output
+/// (and the fused norm's residual and weight) large enough. That the memory is this
+/// rank's is the backend's check.
+pub fn check_all_reduce<M: crate::DeviceMemory>(
+    (bytes, lamport): (usize, Option<DataType>),
+    count: usize,
+    dtype: DataType,
+    algorithm: SymmetricAlgorithm,
+    out: &Slice<'_, M>,
+    norm: Option<&RmsNorm<'_, M>>,
+) -> Result<()> {
+    if count.checked_mul(dtype.size()).is_none_or(|b| b > bytes) {
+        return Err(Error::invalid(
+            "count",
+            format!("{count} x {dtype} past the {bytes}-byte allocation"),
+        ));
+    }
+    if algorithm == SymmetricAlgorithm::Lamport && lamport != Some(dtype) {
+        return Err(Error::invalid(
+            "algorithm",
+            format!("the allocation's Lamport workspace is for {lamport:?}, not {dtype}"),
+        ));
+    }
+    out.holds(count, dtype, "out")?;
+    if let Some(n) = norm {
+        n.residual.holds(count, dtype, "residual")?;
+        n.weight.holds(n.hidden, dtype, "weight")?;
+    }
+    Ok(())
+}
+
 /// The element types unicomm's symmetric kernels reduce.
 pub fn check_symmetric_type(dtype: DataType) -> Result<()> {
     match dtype {

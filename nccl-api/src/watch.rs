@@ -232,9 +232,13 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
 
-    /// A communicator as a stream's waits see it: aborted or not.
+    /// A communicator as a stream's waits see it: aborted or not, and the fault its own
+    /// kernels reported, if any.
     #[derive(Default)]
-    struct Fake(AtomicBool);
+    struct Fake {
+        aborted: AtomicBool,
+        fault: Option<&'static str>,
+    }
 
     /// A communicator with an asynchronous error whose abort never finishes (NCCL 2.28.9's
     /// `ncclCommAbort` with a peer SIGKILLed during a graph's replays), or finishes.
@@ -301,42 +305,18 @@ mod tests {
             Ok(())
         }
         fn abort(&self) -> Result<()> {
-            self.0.store(true, Ordering::Release);
+            self.aborted.store(true, Ordering::Release);
             Ok(())
         }
         fn settle(&self, _: &str) -> Result<()> {
             Ok(())
         }
         fn aborted(&self) -> bool {
-            self.0.load(Ordering::Acquire)
-        }
-    }
-
-    /// A communicator whose own kernel reported a failure on the device (unicomm's
-    /// symmetric kernels) and ended, leaving the stream idle.
-    #[derive(Default)]
-    struct Faulted(AtomicBool);
-
-    impl Watched for Faulted {
-        fn timeout(&self) -> Duration {
-            Duration::from_secs(1)
-        }
-        fn poll(&self) -> Result<()> {
-            Ok(())
-        }
-        fn abort(&self) -> Result<()> {
-            self.0.store(true, Ordering::Release);
-            Ok(())
-        }
-        fn settle(&self, _: &str) -> Result<()> {
-            Ok(())
-        }
-        fn aborted(&self) -> bool {
-            self.0.load(Ordering::Acquire)
+            self.aborted.load(Ordering::Acquire)
         }
         fn fault(&self) -> Option<Error> {
-            Some(Error::Timeout {
-                what: "a symmetric kernel: rank 1 never arrived".into(),
+            self.fault.map(|what| Error::Timeout {
+                what: what.into(),
                 after: Duration::from_secs(1),
             })
         }
@@ -348,7 +328,10 @@ mod tests {
     #[test]
     fn a_kernels_fault_is_reported_by_the_wait_of_an_idle_stream() {
         let w = Watchers::default();
-        let c = Arc::new(Faulted::default());
+        let c = Arc::new(Fake {
+            fault: Some("a symmetric kernel: rank 1 never arrived"),
+            ..Fake::default()
+        });
         w.add(&c);
         let r = w.wait("test stream", Duration::from_secs(1), || Ok(true));
         assert!(

@@ -247,29 +247,18 @@ impl MockComm {
         norm: Option<unicomm_core::symmetric::RmsNorm<'_, MockMemory>>,
     ) -> Result<Reduce> {
         let ty = Ty::of(dtype)?;
-        if count
-            .checked_mul(dtype.size())
-            .is_none_or(|b| b > rec.bytes)
-        {
-            return Err(Error::invalid(
-                "count",
-                format!("{count} x {dtype} past the {}-byte allocation", rec.bytes),
-            ));
-        }
-        if algorithm == SymmetricAlgorithm::Lamport && rec.lamport != Some(dtype) {
-            return Err(Error::invalid(
-                "algorithm",
-                format!(
-                    "the allocation's Lamport workspace is for {:?}, not {dtype}",
-                    rec.lamport
-                ),
-            ));
-        }
+        unicomm_core::symmetric::check_all_reduce(
+            (rec.bytes, rec.lamport),
+            count,
+            dtype,
+            algorithm,
+            &out,
+            norm.as_ref(),
+        )?;
         self.check_memory(out.mem)?;
-        out.holds(count, dtype, "out")?;
         let norm = match norm {
             None => None,
-            Some(n) => Some(self.norm_of(n, count, dtype)?),
+            Some(n) => Some(self.norm_of(n)?),
         };
         let k = Reduce {
             count,
@@ -282,16 +271,9 @@ impl MockComm {
         Ok(k)
     }
 
-    fn norm_of(
-        &self,
-        n: unicomm_core::symmetric::RmsNorm<'_, MockMemory>,
-        count: usize,
-        dtype: DataType,
-    ) -> Result<Norm> {
+    fn norm_of(&self, n: unicomm_core::symmetric::RmsNorm<'_, MockMemory>) -> Result<Norm> {
         self.check_memory(n.residual.mem)?;
         self.check_memory(n.weight.mem)?;
-        n.residual.holds(count, dtype, "residual")?;
-        n.weight.holds(n.hidden, dtype, "weight")?;
         Ok(Norm {
             residual: local(&n.residual),
             weight: local(&n.weight),

@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use unicomm_core::registry::RawHandle;
 use unicomm_core::symmetric::{
-    SymmetricAlgorithm, SymmetricOp, SymmetricParts, MAX_SYMMETRIC_WORLD, PAD_BYTES,
+    check_all_reduce, SymmetricAlgorithm, SymmetricOp, SymmetricParts, MAX_SYMMETRIC_WORLD,
+    PAD_BYTES,
 };
 use unicomm_core::{DataType, Error, ReduceOp, Result};
 
@@ -360,26 +361,9 @@ fn all_reduce_params<R: Runtime>(
     };
     unicomm_core::symmetric::check_symmetric_type(dtype)?;
     unicomm_core::symmetric::check_symmetric_op(op)?;
-    if count
-        .checked_mul(dtype.size())
-        .is_none_or(|b| b > rec.bytes)
-    {
-        return Err(Error::invalid(
-            "count",
-            format!("{count} x {dtype} past the {}-byte allocation", rec.bytes),
-        ));
-    }
-    if algorithm == SymmetricAlgorithm::Lamport && rec.lamport != Some(dtype) {
-        return Err(Error::invalid(
-            "algorithm",
-            format!(
-                "the allocation's Lamport workspace is for {:?}, not {dtype}",
-                rec.lamport
-            ),
-        ));
-    }
+    let shape = (rec.bytes, rec.lamport);
+    check_all_reduce(shape, count, dtype, algorithm, &out, norm.as_ref())?;
     base.check_memory(out.mem)?;
-    out.holds(count, dtype, "out")?;
     let kernel = match algorithm {
         SymmetricAlgorithm::OneShot => KernelAlgorithm::OneShot,
         SymmetricAlgorithm::TwoShot => KernelAlgorithm::TwoShot,
@@ -396,8 +380,6 @@ fn all_reduce_params<R: Runtime>(
     if let Some(n) = norm {
         base.check_memory(n.residual.mem)?;
         base.check_memory(n.weight.mem)?;
-        n.residual.holds(count, dtype, "residual")?;
-        n.weight.holds(n.hidden, dtype, "weight")?;
         p.residual = n.residual.address() as u64;
         p.weight = n.weight.address() as u64;
         p.hidden = n.hidden as u64;
