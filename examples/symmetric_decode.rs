@@ -5,8 +5,10 @@
 //! step unfused; then 200 decode steps as replays of one captured graph (Lamport, new data
 //! before each). Prints what an engine's own kernel would be handed (`kernel_args`).
 //!
-//! `cargo xtask run --vendor mock --example symmetric_decode [-- --ranks N]`; on NCCL and
-//! RCCL unicomm's symmetric kernels are not built yet: the run says so (`Unsupported`).
+//! `cargo xtask run --vendor mock --example symmetric_decode [-- --ranks N]`; on NCCL one
+//! rank per process (`cargo xtask launch --procs 2 -- symmetric_decode --vendor cuda`) or a
+//! world of one; on RCCL unicomm's kernels are not built yet: the run says so
+//! (`Unsupported`).
 
 use anyhow::bail;
 use unicomm::{bf16, ReduceOp, SymmetricAlgorithm};

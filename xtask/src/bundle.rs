@@ -102,6 +102,7 @@ fn common_binaries(vendors: &[GpuVendor]) -> Result<Vec<(PathBuf, String)>> {
         "engine_mesh",
         "shrink",
         "split_abort",
+        "symmetric_decode",
     ];
     for e in examples {
         ex.args(["--example", e]);
