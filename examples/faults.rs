@@ -288,11 +288,7 @@ fn skip_with(
     drop(a2a);
     drop(b);
     drop(comm);
-    println!(
-        "faults {name}: rank 0: {e} after {:.2} s (deadline {limit:?}); the stream drained {:.1} ms later; PASSED",
-        waited.as_secs_f64(),
-        drain.as_secs_f64() * 1e3
-    );
+    passed_after(name, &e, (waited, limit, drain));
     Ok(())
 }
 
@@ -893,11 +889,7 @@ fn symmetric_skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
         "rank 0: an aborted communicator launched a kernel"
     );
     drop(sym);
-    println!(
-        "faults {name}: rank 0: {e} after {:.2} s (deadline {limit:?}); the stream drained {:.1} ms later; PASSED",
-        waited.as_secs_f64(),
-        drain.as_secs_f64() * 1e3
-    );
+    passed_after(name, &e, (waited, limit, drain));
     Ok(())
 }
 
@@ -936,4 +928,13 @@ fn wait_aborting_after_3_s(
         }
         st.synchronize()
     })
+}
+
+/// Rank 0's verdict of a skip scenario: the error, when it came, and the stream's drain.
+fn passed_after(name: &str, e: &Error, (waited, limit, drain): (Duration, Duration, Duration)) {
+    println!(
+        "faults {name}: rank 0: {e} after {:.2} s (deadline {limit:?}); the stream drained {:.1} ms later; PASSED",
+        waited.as_secs_f64(),
+        drain.as_secs_f64() * 1e3
+    );
 }

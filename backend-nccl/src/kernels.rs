@@ -121,10 +121,12 @@ impl CudaRuntime {
         params: &KernelParams,
         stream: sys::CUstream,
     ) -> Result<()> {
-        let cc = self.compute_capability(dev);
         self.with_device(dev, || {
             let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
-            let k = loaded.entry(dev).or_insert_with(|| load(cc));
+            // The capability is asked once, at the load (not on every launch).
+            let k = loaded
+                .entry(dev)
+                .or_insert_with(|| load(self.capability(dev)));
             let k = k.as_ref().map_err(Clone::clone)?;
             // SAFETY: the caller's contract; the module was loaded in `dev`'s context.
             unsafe { k.launch(dtype, params, stream) }

@@ -85,6 +85,35 @@ pub struct SymmetricParts<M> {
     pub bytes: usize,
 }
 
+impl<M> SymmetricParts<M> {
+    /// One rank's view where every rank's part holds its data from byte 0 and its signal
+    /// pad from byte `pad_at` (the data rounded up), as both backends lay a part out.
+    pub fn laid_out(
+        mem: M,
+        handle: RawHandle,
+        peers: Vec<usize>,
+        pad_at: usize,
+        bytes: usize,
+    ) -> Self {
+        let pads = peers.iter().map(|&p| p + pad_at).collect();
+        SymmetricParts {
+            mem,
+            handle,
+            peers,
+            pads,
+            bytes,
+        }
+    }
+}
+
+/// Why a symmetric kernel is refused inside a group, on every backend.
+pub fn refused_in_group() -> Error {
+    Error::invalid(
+        "group",
+        "unicomm's symmetric kernels are not the library's calls: they run where they are enqueued, not at a group's end (call them outside the group)",
+    )
+}
+
 /// The residual add and RMSNorm fused after a symmetric all-reduce: for each row of
 /// `hidden` elements, `residual = allreduce(input) + residual`, then
 /// `out = residual / sqrt(mean(residual^2) + eps) * weight` (computed in f32).

@@ -69,20 +69,13 @@ impl MockComm {
             lamport,
         };
         let peers = record.bases.clone();
-        let pads = (0..w).map(|p| record.pad(p)).collect();
         let handle = RawHandle(self.symmetric.next.fetch_add(1, Ordering::Relaxed));
         self.symmetric
             .live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(handle, Arc::new(record));
-        Ok(SymmetricParts {
-            mem: own,
-            handle,
-            peers,
-            pads,
-            bytes,
-        })
+        Ok(SymmetricParts::laid_out(own, handle, peers, data, bytes))
     }
 
     /// The mock's symmetric memory is memfd segments: Linux only.
@@ -191,10 +184,7 @@ impl MockComm {
         self.live()?;
         self.check_stream(stream)?;
         if crate::comm::GROUP.with(|g| g.borrow().depth > 0) {
-            return Err(Error::invalid(
-                "group",
-                "unicomm's symmetric kernels are not the library's calls: they run where they are enqueued, not at a group's end (call them outside the group)",
-            ));
+            return Err(unicomm_core::symmetric::refused_in_group());
         }
         let (rec, kernel) = match op {
             SymmetricOp::Barrier { handle } => (self.symmetric.get(handle)?, None),

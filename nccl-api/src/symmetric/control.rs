@@ -8,7 +8,7 @@
     reason = "the control block is host memory the device maps, read and written as atomics"
 )]
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,21 +25,31 @@ pub(crate) struct ControlBlock<R: Runtime> {
     /// The mapped host memory (a [`Control`]), at one address for host and device.
     addr: usize,
     rank: usize,
-    /// The kernels' deadline when it was made (for the `Timeout` a kernel reports).
-    timeout: Duration,
+    /// The communicator's deadline in milliseconds, as it follows `set_timeout` (the
+    /// kernels' deadline, named by the `Timeout` a kernel reports).
+    timeout_ms: Arc<AtomicU64>,
 }
 
 impl<R: Runtime> ControlBlock<R> {
     /// A zeroed block on `dev` (`Unsupported` where the runtime has no symmetric kernels).
-    pub(crate) fn new(rt: Arc<R>, dev: usize, rank: usize, timeout: Duration) -> Result<Self> {
+    pub(crate) fn new(
+        rt: Arc<R>,
+        dev: usize,
+        rank: usize,
+        timeout_ms: Arc<AtomicU64>,
+    ) -> Result<Self> {
         let addr = rt.alloc_host_mapped(dev, std::mem::size_of::<Control>())?;
         Ok(ControlBlock {
             rt,
             dev,
             addr,
             rank,
-            timeout,
+            timeout_ms,
         })
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
     }
 
     /// Its address, for a kernel's argument.
@@ -78,7 +88,7 @@ impl<R: Runtime> ControlBlock<R> {
                 what: format!(
                     "a symmetric kernel of rank {me} (barrier epoch or Lamport round {epoch}): rank {rank} never arrived"
                 ),
-                after: self.timeout,
+                after: self.timeout(),
             },
             fault::MISMATCH => Error::Mismatch {
                 what: "count",
@@ -123,6 +133,6 @@ impl<R: Runtime> Drop for ControlBlock<R> {
             unsafe { rt.free_host_mapped(addr) }
         };
         let what = format!("the symmetric kernels' control block on device {dev}");
-        crate::wait::released(what, self.timeout, free);
+        crate::wait::released(what, self.timeout(), free);
     }
 }

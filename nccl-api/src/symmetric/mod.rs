@@ -92,18 +92,15 @@ impl<R: Runtime> SymmetricMemory<R> {
             return Ok(c);
         }
         let lc = &base.lc;
-        let c = Arc::new(ControlBlock::new(
-            lc.rt.clone(),
-            lc.dev,
-            lc.rank,
-            lc.timeout(),
-        )?);
+        let c = ControlBlock::new(lc.rt.clone(), lc.dev, lc.rank, lc.deadline())?;
+        let c = Arc::new(c);
         // Allocations are collective calls of one thread at a time per communicator; were
         // two to race, the second's block is dropped unused.
-        if self.control.set(c.clone()).is_ok() {
+        let kept = self.control.get_or_init(|| c.clone());
+        if Arc::ptr_eq(kept, &c) {
             lc.add_fault_hook(c)?;
         }
-        self.control.get().ok_or_else(|| unknown(RawHandle(0)))
+        Ok(kept)
     }
 
     /// `alloc_symmetric` (collective): the size and the Lamport type compared on every
@@ -157,7 +154,6 @@ impl<R: Runtime> SymmetricMemory<R> {
                 }
             },
         };
-        let pads = peers.iter().map(|&p| p + data).collect();
         let record = Record {
             peers: peers.clone(),
             bytes,
@@ -167,13 +163,7 @@ impl<R: Runtime> SymmetricMemory<R> {
         };
         let handle = RawHandle(self.next.fetch_add(1, Ordering::Relaxed));
         self.table().insert(handle, Arc::new(record));
-        Ok(SymmetricParts {
-            mem: own,
-            handle,
-            peers,
-            pads,
-            bytes,
-        })
+        Ok(SymmetricParts::laid_out(own, handle, peers, data, bytes))
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<RawHandle, Arc<Record>>> {
@@ -226,23 +216,21 @@ impl<R: Runtime> SymmetricMemory<R> {
             return Err(crate::base::foreign_stream(stream.dev, lc.dev));
         }
         if crate::group::in_group() {
-            return Err(Error::invalid(
-                "group",
-                "unicomm's symmetric kernels are not the library's calls: they run where they are enqueued, not at a group's end (call them outside the group)",
-            ));
+            return Err(unicomm_core::symmetric::refused_in_group());
         }
         lc.live_now()?;
-        let control = self.control.get().ok_or_else(|| unknown(RawHandle(0)))?;
+        let handle = match op {
+            SymmetricOp::Barrier { handle } | SymmetricOp::AllReduce { handle, .. } => handle,
+        };
+        let rec = self.get(handle)?;
+        // Made before the first allocation was recorded.
+        let control = self.control.get().ok_or_else(|| unknown(handle))?.address();
         let (dtype, params) = match op {
-            SymmetricOp::Barrier { handle } => {
-                let rec = self.get(handle)?;
-                let p = params_of(base, &rec, control.address(), KernelAlgorithm::Barrier);
-                (DataType::F32, p)
-            }
-            SymmetricOp::AllReduce { handle, .. } => {
-                let rec = self.get(handle)?;
-                all_reduce_params(base, &rec, control.address(), op)?
-            }
+            SymmetricOp::Barrier { .. } => (
+                DataType::F32,
+                params_of(base, &rec, control, KernelAlgorithm::Barrier),
+            ),
+            SymmetricOp::AllReduce { .. } => all_reduce_params(base, &rec, control, op)?,
         };
         stream.watched_by(lc);
         // SAFETY: every address is this rank's checked memory, the peers' mapped data and
