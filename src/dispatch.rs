@@ -411,6 +411,22 @@ impl Collective for AnyComm {
     fn window_peer_address(&self, handle: RawHandle, peer: usize) -> Result<Option<usize>> {
         each!(self, AnyComm, c => c.window_peer_address(handle, peer))
     }
+    fn create_device_comm(
+        &self,
+        reqs: &unicomm_core::DeviceCommRequirements,
+    ) -> Result<unicomm_core::device_api::DeviceCommParts> {
+        each!(self, AnyComm, c => c.create_device_comm(reqs))
+    }
+    fn destroy_device_comm(&self, handle: RawHandle) -> Result<()> {
+        each!(self, AnyComm, c => c.destroy_device_comm(handle))
+    }
+    fn device_kernel(
+        &self,
+        op: unicomm_core::device_api::DeviceKernelOp,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        pair!(self, AnyComm, stream, AnyStream, "stream", (c, s) => c.device_kernel(op, s))
+    }
     fn free_symmetric(&self, handle: RawHandle) -> Result<()> {
         each!(self, AnyComm, c => c.free_symmetric(handle))
     }

@@ -93,6 +93,7 @@ pub use unicomm_core::{
     Element, Error, LaunchMarker, Marker, Op, Place, RawHandle, ReduceOp, Result, Scalar,
     ShrinkMode, SignalWait, Version, F8E4M3, F8E5M2,
 };
+pub use unicomm_core::{DeviceCommLayout, DeviceCommRequirements, Team};
 
 /// This rank's communicators along each dimension of a mesh of the world (`dp` x `tp`,
 /// ...), over the backend chosen at run time.
@@ -142,6 +143,8 @@ pub type Window<'c, T> = unicomm_core::Window<'c, T, AnyComm>;
 /// Symmetric memory: one allocation per rank, every rank's mapped on every rank, with
 /// unicomm's own kernels on it ([`generic::Symmetric`], methods there; docs/symmetric.md).
 pub type Symmetric<'c, T> = unicomm_core::Symmetric<'c, T, AnyComm>;
+/// A device communicator (NCCL's device API) over the backend chosen at run time.
+pub type DeviceComm<'c> = unicomm_core::DeviceComm<'c, AnyComm>;
 /// A stream ([`AnyStream`]).
 pub type Stream = AnyStream;
 /// A shared view of device elements: [`generic::View`] (methods there).

@@ -1,7 +1,7 @@
-//! unicomm's symmetric kernels on CUDA: the PTX built from `kernels/symmetric.cu` (by
-//! `cargo xtask kernels`), loaded into a device's primary context at first use, one
-//! function per element type, launched as one thread block; and the control block's host
-//! memory the device maps.
+//! unicomm's kernels on CUDA: the PTX built from `kernels/*.cu` (by `cargo xtask
+//! kernels`), each module loaded into a device's primary context at first use, one function
+//! per element type: the symmetric kernels (one thread block) and the device-API kernel (a
+//! block per LSA barrier); and the control block's host memory the device maps.
 
 #![allow(
     unsafe_code,
@@ -14,45 +14,87 @@ use std::sync::Mutex;
 
 use cudarc::driver::{result, sys};
 use unicomm_core::{DataType, Error, Result};
-use unicomm_nccl_api::sys::kernel_args::KernelParams;
+use unicomm_nccl_api::sys::kernel_args::{
+    DeviceKernelArgs, KernelParams, DEVICE_KERNEL_DEV_COMM_BYTES,
+};
 
 use crate::driver_error::cuda_err;
 use crate::runtime::CudaRuntime;
 use unicomm_nccl_api::Runtime;
 
-/// The kernels' PTX (sm_90, PTX ISA 9.0: CUDA 13.0's driver or newer), built from the
-/// source beside it.
-pub(crate) const PTX: &str = include_str!("../kernels/symmetric.ptx");
-/// Threads of the one block a launch runs (`BLOCK` in the source).
-const BLOCK: u32 = 512;
-
-/// The kernels loaded on one device: the module's function per element type.
+/// One module of unicomm's kernels: its PTX (sm_90, PTX ISA 9.0: CUDA 13.0's driver or
+/// newer, built from the source beside it) and its function per element type.
 #[derive(Debug)]
-pub(crate) struct Kernels {
-    f32: usize,
-    f16: usize,
-    bf16: usize,
+pub(crate) struct Module {
+    /// What the errors name.
+    what: &'static str,
+    /// The driver calls, as the errors name them.
+    calls: [&'static str; 2],
+    ptx: &'static str,
+    /// The functions for f32, f16, bf16.
+    names: [&'static str; 3],
 }
 
-/// Each device's kernels, or why they could not be loaded (kept: a device that refuses the
-/// module once refuses it again). Primary contexts live as long as the process, and so do
-/// the modules loaded into them.
-static LOADED: Mutex<BTreeMap<usize, std::result::Result<Kernels, Error>>> =
-    Mutex::new(BTreeMap::new());
+/// The symmetric kernels (`kernels/symmetric.cu`): one `Params` by value.
+pub(crate) const SYMMETRIC: Module = Module {
+    what: "unicomm's symmetric kernels",
+    calls: [
+        "cuModuleLoadData (unicomm's symmetric kernels)",
+        "cuLaunchKernel (unicomm's symmetric kernel)",
+    ],
+    ptx: include_str!("../kernels/symmetric.ptx"),
+    names: [
+        "unicomm_symmetric_f32",
+        "unicomm_symmetric_f16",
+        "unicomm_symmetric_bf16",
+    ],
+};
 
-fn load(cc: Option<(u32, u32)>) -> Result<Kernels> {
+/// The device-API kernel (`kernels/device_api.cu`): an `ncclDevComm` and its `Args` by value.
+pub(crate) const DEVICE_API: Module = Module {
+    what: "unicomm's device-API kernel",
+    calls: [
+        "cuModuleLoadData (unicomm's device-API kernel)",
+        "cuLaunchKernel (unicomm's device-API kernel)",
+    ],
+    ptx: include_str!("../kernels/device_api.ptx"),
+    names: [
+        "unicomm_device_api_one_shot_f32",
+        "unicomm_device_api_one_shot_f16",
+        "unicomm_device_api_one_shot_bf16",
+    ],
+};
+
+/// Threads of a block (`BLOCK` in the sources' launch bounds).
+const BLOCK: u32 = 512;
+
+/// A module loaded on one device: its function per element type.
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    functions: [usize; 3],
+}
+
+/// Each module's kernels on each device (by the module's name and the device), or why they
+/// could not be loaded (kept: a device that refuses the module once refuses it again).
+/// Primary contexts live as long as the process, and so do the modules loaded into them.
+static LOADED: Mutex<BTreeMap<(&'static str, usize), Loaded>> = Mutex::new(BTreeMap::new());
+
+/// A module's load on one device: its kernels, or why not.
+type Loaded = std::result::Result<Kernels, Error>;
+
+fn load(m: &Module, cc: Option<(u32, u32)>) -> Result<Kernels> {
     if let Some((major, minor)) = cc.filter(|&(major, _)| major < 9) {
         return Err(Error::unsupported(
-            "unicomm's symmetric kernels",
+            m.what,
             "a GPU of compute capability 9.0 or newer (the kernels are built for sm_90)",
             format!("compute capability {major}.{minor}"),
         ));
     }
-    let image = CString::new(PTX).map_err(|_| Error::invalid("ptx", "a NUL inside the PTX"))?;
+    let image = CString::new(m.ptx).map_err(|_| Error::invalid("ptx", "a NUL inside the PTX"))?;
     // SAFETY: a NUL-terminated PTX image, loaded into the current context (the caller's
     // `with_device`); the module is never unloaded (the process keeps it).
     let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
-        .map_err(|e| cuda_err("cuModuleLoadData (unicomm's symmetric kernels)", e))?;
+        .map_err(|e| cuda_err(m.calls[0], e))?;
     let function = |name: &str| -> Result<usize> {
         let n = CString::new(name).map_err(|_| Error::invalid("kernel", name.to_string()))?;
         // SAFETY: `module` was just loaded and is never unloaded.
@@ -60,57 +102,61 @@ fn load(cc: Option<(u32, u32)>) -> Result<Kernels> {
             .map(|f| f as usize)
             .map_err(|e| cuda_err("cuModuleGetFunction", e))
     };
+    let [a, b, c] = m.names;
     Ok(Kernels {
-        f32: function("unicomm_symmetric_f32")?,
-        f16: function("unicomm_symmetric_f16")?,
-        bf16: function("unicomm_symmetric_bf16")?,
+        functions: [function(a)?, function(b)?, function(c)?],
     })
 }
 
 impl Kernels {
-    /// Launches the kernel of `dtype` with `params` on `stream`.
-    ///
-    /// # Safety
-    /// `params` keeps [`Runtime::launch_symmetric`]'s
-    /// contract; `stream` is a live stream of the context the kernels were loaded in.
-    pub(crate) unsafe fn launch(
-        &self,
-        dtype: DataType,
-        params: &KernelParams,
-        stream: sys::CUstream,
-    ) -> Result<()> {
-        let f = match dtype {
-            DataType::F32 => self.f32,
-            DataType::F16 => self.f16,
-            DataType::Bf16 => self.bf16,
+    /// The function of `dtype`.
+    fn of(&self, m: &Module, dtype: DataType) -> Result<sys::CUfunction> {
+        let i = match dtype {
+            DataType::F32 => 0,
+            DataType::F16 => 1,
+            DataType::Bf16 => 2,
             other => {
                 return Err(Error::invalid(
                     "dtype",
-                    format!("{other}: unicomm's symmetric kernels reduce f32, f16, bf16"),
+                    format!("{other}: {} reduce f32, f16, bf16", m.what),
                 ))
             }
         };
-        let mut arg = *params;
-        let mut args = [(&mut arg as *mut KernelParams).cast::<c_void>()];
-        // SAFETY: `f` is a function of the loaded module taking one `Params` by value, whose
-        // layout `KernelParams` has (tested); the driver copies the argument at the launch.
-        unsafe {
-            result::launch_kernel(
-                f as sys::CUfunction,
-                (1, 1, 1),
-                (BLOCK, 1, 1),
-                0,
-                stream,
-                &mut args,
-            )
-        }
-        .map_err(|e| cuda_err("cuLaunchKernel (unicomm's symmetric kernel)", e))
+        Ok(self.functions[i] as sys::CUfunction)
     }
 }
 
 impl CudaRuntime {
-    /// [`Runtime::launch_symmetric`] on `dev`: the kernels loaded there at first use (sm_90
-    /// or newer), the launch on `stream`.
+    /// Launches `m`'s function of `dtype` on `dev` (the module loaded there at first use,
+    /// sm_90 or newer), `blocks` blocks of [`BLOCK`] threads, with `args` (each pointing at
+    /// one argument's value; the driver copies them at the launch).
+    ///
+    /// # Safety
+    /// `args` are the function's parameters, in its order and layout, and every address
+    /// they hold keeps its launcher's contract; `stream` is a live stream of `dev`'s
+    /// primary context.
+    unsafe fn launch_on(
+        &self,
+        (m, dev, dtype): (&Module, usize, DataType),
+        blocks: u32,
+        args: &mut [*mut c_void],
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        self.with_device(dev, || {
+            let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+            // The capability is asked once, at the load (not on every launch).
+            let k = loaded
+                .entry((m.what, dev))
+                .or_insert_with(|| load(m, self.capability(dev)));
+            let f = k.as_ref().map_err(Clone::clone)?.of(m, dtype)?;
+            // SAFETY: `f` is a function of the module loaded in `dev`'s context; the
+            // caller's contract covers `args` and `stream`.
+            unsafe { result::launch_kernel(f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream, args) }
+                .map_err(|e| cuda_err(m.calls[1], e))
+        })
+    }
+
+    /// [`Runtime::launch_symmetric`] on `dev`: one block, one `Params` by value.
     ///
     /// # Safety
     /// The trait's contract; `stream` is a live stream of `dev`'s primary context.
@@ -121,29 +167,43 @@ impl CudaRuntime {
         params: &KernelParams,
         stream: sys::CUstream,
     ) -> Result<()> {
-        self.with_device(dev, || {
-            let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
-            // The capability is asked once, at the load (not on every launch).
-            let k = loaded
-                .entry(dev)
-                .or_insert_with(|| load(self.capability(dev)));
-            let k = k.as_ref().map_err(Clone::clone)?;
-            // SAFETY: the caller's contract; the module was loaded in `dev`'s context.
-            unsafe { k.launch(dtype, params, stream) }
-        })
+        let mut arg = *params;
+        let mut args = [(&mut arg as *mut KernelParams).cast::<c_void>()];
+        // SAFETY: the symmetric kernels take one `Params` by value, whose layout
+        // `KernelParams` has (tested); the caller's contract covers its addresses.
+        unsafe { self.launch_on((&SYMMETRIC, dev, dtype), 1, &mut args, stream) }
     }
 
-    /// The compute capability of `dev` (`(9, 0)` for sm90), where the driver reports it.
-    pub(crate) fn capability(&self, dev: usize) -> Option<(u32, u32)> {
-        use sys::CUdevice_attribute as A;
-        let c = self.context(dev).ok()?;
-        let major = c
-            .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-            .ok()?;
-        let minor = c
-            .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
-            .ok()?;
-        Some((u32::try_from(major).ok()?, u32::try_from(minor).ok()?))
+    /// [`Runtime::launch_device_kernel`] on `dev`: `blocks` blocks, the device
+    /// communicator's bytes and one `Args` by value.
+    ///
+    /// # Safety
+    /// The trait's contract; `stream` is a live stream of `dev`'s primary context.
+    pub(crate) unsafe fn launch_device_kernel_on(
+        &self,
+        (dev, dtype, blocks): (usize, DataType, u32),
+        (dev_comm, args): (&[u8], &DeviceKernelArgs),
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        if dev_comm.len() < DEVICE_KERNEL_DEV_COMM_BYTES {
+            return Err(Error::invalid(
+                "device_comm",
+                format!(
+                    "{} bytes, the kernel takes {DEVICE_KERNEL_DEV_COMM_BYTES}",
+                    dev_comm.len()
+                ),
+            ));
+        }
+        let mut comm = dev_comm.to_vec();
+        let mut arg = *args;
+        let mut params = [
+            comm.as_mut_ptr().cast::<c_void>(),
+            (&mut arg as *mut DeviceKernelArgs).cast::<c_void>(),
+        ];
+        // SAFETY: the kernel takes an `ncclDevComm` (its first
+        // DEVICE_KERNEL_DEV_COMM_BYTES bytes, checked above) and one `Args` by value, whose
+        // layout `DeviceKernelArgs` has (tested); the caller's contract covers the rest.
+        unsafe { self.launch_on((&DEVICE_API, dev, dtype), blocks, &mut params, stream) }
     }
 
     /// `bytes` of zeroed host memory mapped for `dev`, at one address for the host and the
@@ -202,19 +262,32 @@ mod tests {
         assert_eq!(PAD_POISON, PAD_ROUND + 4);
     }
 
-    /// The PTX holds the three entry points the loader asks for, for sm_90.
+    /// Each PTX holds the three entry points the loader asks for, for sm_90.
     #[test]
-    fn the_ptx_has_every_entry_point() {
-        for name in [
-            "unicomm_symmetric_f32",
-            "unicomm_symmetric_f16",
-            "unicomm_symmetric_bf16",
-        ] {
-            assert!(
-                super::PTX.contains(&format!(".entry {name}(")),
-                "{name} missing"
-            );
+    fn each_ptx_has_every_entry_point() {
+        for m in [&super::SYMMETRIC, &super::DEVICE_API] {
+            for name in m.names {
+                assert!(m.ptx.contains(&format!(".entry {name}(")), "{name} missing");
+            }
+            assert!(m.ptx.contains(".target sm_90"), "{}", m.what);
         }
-        assert!(super::PTX.contains(".target sm_90"));
+    }
+
+    /// The device-API kernel takes an `ncclDevComm` of the size nccl-api checks
+    /// (`DEVICE_KERNEL_DEV_COMM_BYTES`: the source asserts `sizeof(ncclDevComm)` is it) and
+    /// then its `Args` (`DeviceKernelArgs`' 48 bytes): the launch passes exactly these.
+    #[test]
+    fn the_device_api_kernel_takes_the_sizes_the_launch_passes() {
+        use unicomm_nccl_api::sys::kernel_args::DEVICE_KERNEL_DEV_COMM_BYTES as BYTES;
+        let src = include_str!("../kernels/device_api.cu");
+        assert!(src.contains(&format!("sizeof(ncclDevComm) == {BYTES}")));
+        for name in super::DEVICE_API.names {
+            let params = format!(".param .align 8 .b8 {name}_param_0[{BYTES}],\n\t.param .align 8 .b8 {name}_param_1[48]");
+            assert!(super::DEVICE_API.ptx.contains(&params), "{name}: {params}");
+        }
+        assert_eq!(
+            std::mem::size_of::<unicomm_nccl_api::sys::kernel_args::DeviceKernelArgs>(),
+            48
+        );
     }
 }

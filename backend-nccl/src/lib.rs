@@ -15,6 +15,7 @@
 
 #![deny(unsafe_code)]
 
+mod attributes;
 mod driver_error;
 mod graph;
 pub mod interop;

@@ -207,6 +207,17 @@ impl Runtime for CudaRuntime {
         // SAFETY: the trait's contract is `launch_symmetric_on`'s, `s` a stream of `dev`.
         unsafe { self.launch_symmetric_on(dev, dtype, params, s.0.cu_stream()) }
     }
+    unsafe fn launch_device_kernel(
+        &self,
+        dev: usize,
+        dtype: unicomm_core::DataType,
+        args: (&[u8], &unicomm_nccl_api::sys::kernel_args::DeviceKernelArgs),
+        blocks: u32,
+        s: &CudaStreamHandle,
+    ) -> Result<()> {
+        // SAFETY: the trait's contract is `launch_device_kernel_on`'s, `s` a stream of `dev`.
+        unsafe { self.launch_device_kernel_on((dev, dtype, blocks), args, s.0.cu_stream()) }
+    }
 
     fn stream_memory_ops(&self, _dev: usize) -> bool {
         // 32-bit waits and writes are supported on every device since CUDA 12 (the
@@ -449,22 +460,7 @@ impl Runtime for CudaRuntime {
     }
 
     fn device_info(&self, dev: usize) -> Result<(String, Option<String>)> {
-        use sys::CUdevice_attribute as A;
-        let c = self.context(dev)?;
-        let name = c.name().map_err(|e| cuda_err("cuDeviceGetName", e))?;
-        let attr = |a| {
-            c.attribute(a)
-                .map_err(|e| cuda_err("cuDeviceGetAttribute", e))
-        };
-        let bus = (|| -> Result<String> {
-            Ok(format!(
-                "{:04x}:{:02x}:{:02x}",
-                attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
-                attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
-                attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?
-            ))
-        })();
-        Ok((name, bus.ok()))
+        self.name_and_bus(dev)
     }
 
     fn compute_capability(&self, dev: usize) -> Option<(u32, u32)> {

@@ -10,87 +10,13 @@ use crate::{CommConfig, Result};
 pub use crate::device::{DeviceGraph, DeviceMemory, DeviceStream, StreamPriority};
 pub use crate::marker::{Marker, MarkerTime};
 
-/// A library version, as `ncclGetVersion` reports it (`major*10000 + minor*100 + patch`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Version {
-    /// Major version.
-    pub major: u32,
-    /// Minor version.
-    pub minor: u32,
-    /// Patch version.
-    pub patch: u32,
-}
-
-impl Version {
-    /// A version from its parts.
-    pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
-        Version {
-            major,
-            minor,
-            patch,
-        }
-    }
-}
-
-impl std::fmt::Display for Version {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
-    }
-}
-
-/// What the loaded library and device can do. Returned by `Comm::capabilities`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Capabilities {
-    /// The backend: "mock", "nccl" or "rccl".
-    pub backend: &'static str,
-    /// Where the collective library was loaded from ("built-in" for the mock).
-    pub library_path: String,
-    /// The collective library's version (the NCCL API version for RCCL).
-    pub version: Version,
-    /// Ordinary user-buffer registration (`ncclCommRegister`, NCCL >= 2.19).
-    pub registration: bool,
-    /// Symmetric windows (`ncclCommWindowRegister`, NCCL >= 2.27).
-    pub windows: bool,
-    /// A native all-to-all call (`ncclAlltoAll` / RCCL's `ncclAllToAll`); without it
-    /// all-to-all is grouped send/recv.
-    pub native_all_to_all: bool,
-    /// Collectives may be captured into graphs and replayed ([`crate::graph::Graph`]): CUDA
-    /// graphs on NCCL, HIP graphs on RCCL (where the HIP runtime has the graph calls), the
-    /// mock's recorded work.
-    pub graph_capture: bool,
-    /// Allocation through the library (`ncclMemAlloc`, cuMem-backed).
-    pub mem_alloc: bool,
-    /// The copy-engine path for all-to-all, all-to-all-v and all-gather (`set_copy_engine`): symmetric
-    /// windows, and peers' memory reachable (ranks in one process, or one rank per process
-    /// on one host with exportable cuMem/hipMem memory, agreed per window).
-    pub copy_engine: bool,
-    /// `ncclCommSplit` (NCCL >= 2.18, RCCL since ROCm 6.0); without it [`Collective::split`]
-    /// creates the child from a fresh unique id among its members.
-    pub native_split: bool,
-    /// `ncclGather`/`ncclScatter` (NCCL >= 2.28.3, RCCL); without them, grouped send/recv.
-    pub native_gather_scatter: bool,
-    /// A native all-to-all-v (RCCL's `ncclAllToAllv`); without it, grouped send/recv.
-    pub native_all_to_all_v: bool,
-    /// Reductions of the 8-bit floats (NCCL >= 2.24 on sm90 or newer); moving them works on
-    /// every version.
-    pub fp8_reduce: bool,
-    /// `ReduceOp::PreMulSum` (`ncclRedOpCreatePreMulSum`, NCCL >= 2.11, RCCL ROCm 5.2).
-    pub pre_mul_sum: bool,
-}
-
-/// The device a rank drives, as a benchmark reports it (nccl-tests' `device`,
-/// `device_hex`, `device_info`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceInfo {
-    /// The device's index among those this process sees (`None`: not a GPU).
-    pub index: Option<usize>,
-    /// The device's name ("NVIDIA H200"), or what stands for it.
-    pub name: String,
-    /// Its PCI bus id (`0000:1b:00`), where the runtime reports one.
-    pub pci_bus_id: Option<String>,
-}
+pub use crate::info::{Capabilities, DeviceInfo, Version};
 
 pub use crate::registry::RawHandle;
+
+/// What a device communicator needs, as the default refusal names it.
+const DEVICE_API_NEEDS: &str =
+    "NCCL's device API (ncclDevCommCreate: NCCL >= 2.31.2 in its runtime-version mode)";
 
 /// The communicator of one rank, as a backend implements it.
 ///
@@ -290,6 +216,48 @@ pub trait Collective: Send + Sync + Sized + 'static {
         Err(crate::Error::unsupported(
             "a window's peer addresses",
             "ncclGetPeerDevicePointer (NCCL >= 2.29.2)",
+            self.capabilities().backend,
+        ))
+    }
+
+    /// Creates a device communicator (collective and host-blocking, as NCCL's
+    /// `ncclDevCommCreate`): the struct an engine's kernel takes by value, filled in the
+    /// layout `reqs` names. Default: `Unsupported`.
+    fn create_device_comm(
+        &self,
+        reqs: &crate::device_api::DeviceCommRequirements,
+    ) -> Result<crate::device_api::DeviceCommParts> {
+        let _ = reqs;
+        Err(crate::Error::unsupported(
+            "a device communicator",
+            DEVICE_API_NEEDS,
+            self.capabilities().backend,
+        ))
+    }
+
+    /// Ends a device communicator (`ncclDevCommDestroy`; collective where it deregisters
+    /// the library's resource window). An unknown handle is `InvalidArgument`. Default:
+    /// `Unsupported`.
+    fn destroy_device_comm(&self, handle: RawHandle) -> Result<()> {
+        let _ = handle;
+        Err(crate::Error::unsupported(
+            "a device communicator",
+            DEVICE_API_NEEDS,
+            self.capabilities().backend,
+        ))
+    }
+
+    /// unicomm's kernel written against the device API, on `stream` (collective: every
+    /// rank enqueues it). Default: `Unsupported`.
+    fn device_kernel(
+        &self,
+        op: crate::device_api::DeviceKernelOp,
+        stream: &Self::Stream,
+    ) -> Result<()> {
+        let _ = (op, stream);
+        Err(crate::Error::unsupported(
+            "unicomm's kernel on the device API",
+            DEVICE_API_NEEDS,
             self.capabilities().backend,
         ))
     }

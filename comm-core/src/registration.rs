@@ -112,6 +112,11 @@ impl<'c, T: Element, C: Collective, K: Kind> Registration<'c, T, C, K> {
         self.handle
     }
 
+    /// The number of the communicator it belongs to ([`Comm::id`]).
+    pub fn comm_id(&self) -> u64 {
+        self.comm.id()
+    }
+
     /// Ends the registration through `comm` and returns the buffer; a registration of
     /// another communicator is an `InvalidArgument` error (it is then dropped, which
     /// deregisters it from its own communicator).

@@ -46,6 +46,7 @@ mod comm;
 mod conv;
 mod copy_engine;
 mod create;
+mod device_comm;
 mod group;
 mod libcomm;
 mod library;

@@ -15,6 +15,9 @@ use crate::cargo::root;
 pub(crate) const KERNELS_DIR: &str = "backend-nccl/kernels";
 /// The GPU architecture the PTX is built for (H100/H200; newer GPUs JIT it).
 const ARCH: &str = "sm_90";
+/// The NCCL whose device-API headers a kernel including `nccl_device.h` is built against
+/// (nccl-api's `DEVICE_KERNEL_HEADERS`: the layout of the device communicator it takes).
+const NCCL_HEADERS: &str = "nvidia-nccl-cu13==2.32.3";
 
 /// The first line of a PTX built from `source` (its text).
 pub(crate) fn header(source: &str) -> String {
@@ -44,18 +47,58 @@ pub(crate) fn kernels() -> Result<()> {
     Ok(())
 }
 
+/// NCCL's headers of [`NCCL_HEADERS`] (from its wheel, `pip download`, once), for the
+/// kernels written against its device API.
+fn nccl_headers() -> Result<PathBuf> {
+    let dir = crate::cargo::target_dir("cuda-kit").join("nccl-headers");
+    let include = dir.join("nvidia/nccl/include");
+    if include.join("nccl_device.h").is_file() {
+        return Ok(include);
+    }
+    let wheels = dir.join("wheel");
+    std::fs::create_dir_all(&wheels)?;
+    let mut pip = Command::new("python3");
+    pip.args(["-m", "pip", "download", "--no-deps", "--quiet"])
+        .args([
+            "--only-binary=:all:",
+            "--platform",
+            "manylinux_2_27_x86_64",
+            "-d",
+        ])
+        .arg(&wheels)
+        .arg(NCCL_HEADERS);
+    crate::cargo::step(
+        &format!("download {NCCL_HEADERS} for its headers (pip)"),
+        pip,
+    )?;
+    // The headers alone (the wheel's library is not needed to build PTX).
+    let script = "import sys, zipfile\nfor w in sys.argv[2:]:\n  z = zipfile.ZipFile(w)\n  [z.extract(n, sys.argv[1]) for n in z.namelist() if '/include/' in n]";
+    let mut unzip = Command::new("python3");
+    unzip.args(["-c", script]).arg(&dir);
+    for w in std::fs::read_dir(&wheels)? {
+        unzip.arg(w?.path());
+    }
+    crate::cargo::step("unpack NCCL's headers", unzip)?;
+    Ok(include)
+}
+
 fn build(kit: &Path, src: &Path) -> Result<()> {
     let text =
         std::fs::read_to_string(src).with_context(|| format!("reading {}", src.display()))?;
+    let nccl = match text.contains("#include <nccl_device.h>") {
+        true => Some(nccl_headers()?),
+        false => None,
+    };
     let ptx = src.with_extension("ptx");
     let tmp = src.with_extension("ptx.tmp");
     let mut nvcc = Command::new(kit.join("bin/nvcc"));
     nvcc.args(["-ptx", "-O3", "-std=c++17", &format!("-arch={ARCH}")])
         .arg("-I")
-        .arg(kit.join("include"))
-        .arg("-o")
-        .arg(&tmp)
-        .arg(src);
+        .arg(kit.join("include"));
+    if let Some(include) = &nccl {
+        nvcc.arg("-I").arg(include);
+    }
+    nvcc.arg("-o").arg(&tmp).arg(src);
     crate::cargo::step(&format!("nvcc -ptx {}", src.display()), nvcc)?;
     let body = std::fs::read_to_string(&tmp)?;
     std::fs::remove_file(&tmp)?;

@@ -3,6 +3,7 @@
 //! peers, memory of another device) and hands one [`Collective`] call to the backend.
 
 mod collectives;
+pub mod device_api;
 mod groups;
 mod one_sided;
 mod register;

@@ -7,6 +7,7 @@
 
 mod children;
 mod collective;
+mod enqueue;
 mod grow;
 mod one_sided;
 mod route;
@@ -46,6 +47,8 @@ pub struct ApiComm<R: Runtime> {
     flight: Arc<FlightRecorder>,
     /// Symmetric allocations and unicomm's kernels' control block.
     sym: crate::symmetric::SymmetricMemory<R>,
+    /// Device communicators (NCCL's device API) and unicomm's kernel on them.
+    dev: crate::device_comm::DeviceComms,
 }
 
 /// The flight recorder's dump at the communicator's abort (registered as an abort hook).
@@ -287,6 +290,7 @@ impl<R: Runtime> ApiComm<R> {
             rejoin: rejoin.map(std::sync::OnceLock::from).unwrap_or_default(),
             flight,
             sym: Default::default(),
+            dev: Default::default(),
         })
     }
 

@@ -188,6 +188,10 @@ table! {
         wait_signal: "ncclWaitSignal": fn(c_int, *mut c_void, NcclComm, RawStream) -> NcclResult;
         win_get_user_ptr: "ncclWinGetUserPtr": fn(NcclComm, *mut c_void, *mut *mut c_void) -> NcclResult;
         get_peer_device_pointer: "ncclGetPeerDevicePointer": fn(*mut c_void, usize, c_int, *mut *mut c_void) -> NcclResult;
+        dev_comm_create: "ncclDevCommCreate": fn(NcclComm, *const c_void, *mut c_void) -> NcclResult;
+        dev_comm_destroy: "ncclDevCommDestroy": fn(NcclComm, *const c_void) -> NcclResult;
+        team_world: "ncclTeamWorld": fn(NcclComm) -> crate::sys::device_api::RawTeam;
+        team_lsa: "ncclTeamLsa": fn(NcclComm) -> crate::sys::device_api::RawTeam;
         param_all_keys: "ncclParamGetAllParameterKeys": fn(*mut *mut *const c_char, *mut c_int) -> NcclResult;
         param_get: "ncclParamGetParameter": fn(*const c_char, *mut *const c_char, *mut c_int) -> NcclResult;
         all_reduce_config: "ncclAllReduceConfig": fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, RawStream, *const c_void) -> NcclResult;

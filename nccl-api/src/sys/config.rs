@@ -13,7 +13,7 @@ use std::ffi::{c_char, c_int, CString};
 /// `ncclInProgress`: a non-blocking call still running.
 pub const IN_PROGRESS: c_int = 7;
 /// `NCCL_API_MAGIC`, checked by `ncclCommInitRankConfig`.
-const API_MAGIC: u32 = 0xcafe_beef;
+pub(crate) const API_MAGIC: u32 = 0xcafe_beef;
 /// `NCCL_CONFIG_UNDEF_INT`: "the library's default".
 pub const UNDEF: c_int = c_int::MIN;
 /// The `NCCL_VERSION_CODE` whose layout [`Config`] is.
@@ -228,6 +228,13 @@ impl RawProperties {
             cft_multicast_support: 0,
             cft_counted_support: 0,
         }
+    }
+
+    /// `devCommRuntimeVersionSize`, where the version told has it (2.31.2) and the library
+    /// filled it.
+    pub fn runtime_dev_comm_size(&self) -> Option<usize> {
+        (self.version >= 23102 && self.dev_comm_runtime_version_size > 0)
+            .then_some(self.dev_comm_runtime_version_size)
     }
 
     /// What the library filled for the version it was told.

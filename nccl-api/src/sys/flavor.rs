@@ -57,6 +57,11 @@ pub const PEER_POINTER_SINCE: Version = Version::new(2, 29, 2);
 /// would find it reached and not wait. RCCL 2.30.4 is taken by its number (not checked on
 /// an AMD GPU).
 pub const ONE_SIDED_CAPTURED_SINCE: Version = Version::new(2, 30, 3);
+/// NCCL's device communicator (`ncclDevCommCreate`/`ncclDevCommDestroy`, `ncclTeamWorld`,
+/// `ncclTeamLsa`) in the layout unicomm fills (`ncclDevCommRequirements_t` of 2.31.2, which
+/// 2.32.3 keeps byte for byte) and its runtime-version mode (`useRuntimeVersion`, with
+/// `devCommRuntimeVersionSize`): NCCL 2.31.2 (2.28-2.30 had other requirements layouts).
+pub const DEVICE_COMM_SINCE: Version = Version::new(2, 31, 2);
 /// `ncclCommQueryProperties` exists from NCCL 2.29.2.
 pub const PROPERTIES_SINCE: Version = Version::new(2, 29, 2);
 /// `ncclCommSuspend`, `ncclCommResume` and `ncclCommMemStats` exist from NCCL 2.29.7 (not in

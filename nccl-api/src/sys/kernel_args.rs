@@ -60,6 +60,36 @@ pub struct KernelParams {
     pub eps: f32,
 }
 
+/// The release whose device-API headers unicomm's device-API kernel was built against
+/// (`backend-nccl/kernels/device_api.cu`): it takes a device communicator of that layout,
+/// which NCCL fills from that release on.
+pub const DEVICE_KERNEL_HEADERS: unicomm_core::Version = unicomm_core::Version::new(2, 32, 3);
+/// `sizeof(ncclDevComm)` in those headers (the source asserts the same number).
+pub const DEVICE_KERNEL_DEV_COMM_BYTES: usize = 248;
+/// The most blocks a device-API kernel's launch takes (one LSA barrier each).
+pub const DEVICE_KERNEL_MAX_BLOCKS: u32 = 32;
+
+/// The operands of unicomm's device-API kernel after its device communicator (the
+/// source's `Args`), passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceKernelArgs {
+    /// The `send` window (`ncclWindow_t`).
+    pub send: u64,
+    /// Its byte offset.
+    pub send_off: u64,
+    /// The `recv` window.
+    pub recv: u64,
+    /// Its byte offset.
+    pub recv_off: u64,
+    /// Elements.
+    pub count: u64,
+    /// 0 sum, 1 max, 2 min.
+    pub op: u32,
+    /// Unused (the source's padding).
+    pub pad: u32,
+}
+
 /// The fault codes a kernel reports in [`Control::fault`].
 pub mod fault {
     /// A peer never arrived by the deadline (the world's pads poisoned).
@@ -103,5 +133,6 @@ mod tests {
         assert_eq!(std::mem::offset_of!(KernelParams, eps), 41 * 8 + 5 * 4);
         assert_eq!(std::mem::size_of::<Control>(), 24);
         assert_eq!(std::mem::offset_of!(Control, detail), 16);
+        assert_eq!(std::mem::size_of::<DeviceKernelArgs>(), 48);
     }
 }

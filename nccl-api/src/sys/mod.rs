@@ -7,6 +7,8 @@
 //!   only place the library is called above the loader);
 //! - the contract's values as the C API numbers them, in [`codes`];
 //! - `ncclConfig_t`, in [`config`], and `ncclCollConfig_t`, in [`coll_config`];
+//!   NCCL's device API's host structs (`ncclDevCommRequirements_t`, `ncclTeam_t`), in
+//!   [`device_api`];
 //! - what a library version on a device permits, written once for the backends and the
 //!   mock, in [`target`];
 //! - where a vendor library is looked for (also used by the HIP loader), in [`search`];
@@ -18,6 +20,7 @@ pub mod calls;
 pub mod codes;
 pub mod coll_config;
 pub mod config;
+pub mod device_api;
 pub mod flavor;
 pub mod kernel_args;
 pub mod runtime;

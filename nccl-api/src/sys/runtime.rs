@@ -280,6 +280,28 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         Err(no_kernels(Self::NAME))
     }
 
+    /// Launches unicomm's device-API kernel of `dtype` (f32, f16, bf16) on `s`, `blocks`
+    /// thread blocks, taking `dev_comm` (a device communicator's struct in the layout the
+    /// kernel was built against) and `args` by value. `Unsupported` where the runtime has
+    /// no build of it.
+    ///
+    /// # Safety
+    /// `dev_comm` is a live device communicator's struct as the library filled it, of at
+    /// least the kernel's layout's size, with at least `blocks` LSA barriers; the windows
+    /// in `args` are live windows of its communicator, holding `count` elements past their
+    /// offsets, until the kernel completes.
+    unsafe fn launch_device_kernel(
+        &self,
+        dev: usize,
+        dtype: unicomm_core::DataType,
+        (dev_comm, args): (&[u8], &super::kernel_args::DeviceKernelArgs),
+        blocks: u32,
+        s: &Self::Stream,
+    ) -> Result<()> {
+        let _ = (dev, dtype, dev_comm, args, blocks, s);
+        Err(no_kernels(Self::NAME))
+    }
+
     /// Exports the device allocation holding `addr` for another process (the copy-engine
     /// path with one rank per process): a POSIX file descriptor of the allocation's
     /// physical memory (`cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`, or

@@ -118,6 +118,15 @@ pub struct Host;
 #[derive(Debug)]
 pub struct HostStream(usize);
 
+/// The device-API kernel launches the host runtime was asked for: the device
+/// communicator's bytes, the operands, the blocks (it runs none: the host has no GPU).
+pub static DEVICE_LAUNCHES: std::sync::Mutex<
+    Vec<(
+        Vec<u8>,
+        unicomm_nccl_api::sys::kernel_args::DeviceKernelArgs,
+        u32,
+    )>,
+> = std::sync::Mutex::new(Vec::new());
 static NEXT_STREAM: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
 
 /// The host stream of number `raw` (another handle to the same "stream").
@@ -130,6 +139,18 @@ impl Runtime for Host {
     const VENDOR: &'static str = "host";
     type Stream = HostStream;
     type Graph = std::convert::Infallible;
+    unsafe fn launch_device_kernel(
+        &self,
+        _dev: usize,
+        _dtype: unicomm_core::DataType,
+        (dev_comm, args): (&[u8], &unicomm_nccl_api::sys::kernel_args::DeviceKernelArgs),
+        blocks: u32,
+        _s: &HostStream,
+    ) -> Result<()> {
+        let launch = (dev_comm.to_vec(), *args, blocks);
+        DEVICE_LAUNCHES.lock().unwrap().push(launch);
+        Ok(())
+    }
     fn device_count(&self) -> Result<usize> {
         Ok(1)
     }

@@ -68,8 +68,8 @@ pub(crate) const NCCL_API_LAYERS: Layers = &[
         &["agree", "library", "split", "shrink", "base"],
     ),
     (
-        "the other paths: copy engines, automatic registration, symmetric memory",
-        &["copy_engine", "auto", "symmetric"],
+        "the other paths: copy engines, automatic registration, symmetric memory, the device API",
+        &["copy_engine", "auto", "symmetric", "device_comm"],
     ),
     (
         "the composed communicator and its routing; a vendor crate's entry points",
@@ -88,7 +88,8 @@ pub(crate) const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[];
 
 /// The files that may hold `unsafe`: FFI layers and the memory they own. The list may only
 /// shrink, but for a new layer of that kind (the mock's symmetric kernels reach peers'
-/// memory through its mappings' addresses, as a GPU kernel does).
+/// memory through its mappings' addresses, as a GPU kernel does; NCCL's device API is a
+/// new library call file and a new kernel launch).
 pub(crate) const UNSAFE_FILES: &[&str] = &[
     "backend-mock/src/exec.rs",
     "backend-mock/src/memory.rs",
@@ -121,6 +122,7 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "nccl-api/src/copy_engine/mod.rs",
     "nccl-api/src/copy_engine/pending.rs",
     "nccl-api/src/copy_engine/signals.rs",
+    "nccl-api/src/device_comm.rs",
     "nccl-api/src/libcomm/mod.rs",
     "nccl-api/src/memory.rs",
     "nccl-api/src/sys/api.rs",
@@ -128,6 +130,7 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "nccl-api/src/sys/calls/comm.rs",
     "nccl-api/src/sys/calls/window.rs",
     "nccl-api/src/sys/calls/data.rs",
+    "nccl-api/src/sys/calls/device.rs",
     "nccl-api/src/sys/calls/grow.rs",
     "nccl-api/src/sys/calls/handles.rs",
     "nccl-api/src/sys/config.rs",

@@ -31,6 +31,7 @@ use crate::sys::config::IN_PROGRESS;
 mod check;
 mod comm;
 mod data;
+mod device;
 mod gates;
 mod grow;
 mod handles;
@@ -38,6 +39,7 @@ mod window;
 
 pub use check::DeviceBytes;
 pub use data::{P2p, Sides};
+pub use device::OwnedDevComm;
 pub use gates::{CONFIG_SINCE, NO_COLOR, P2P_SINCE, REVOKE_SINCE, SHRINK_SINCE, SPLIT_SINCE};
 pub use grow::Grower;
 pub use handles::{

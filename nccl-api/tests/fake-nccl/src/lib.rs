@@ -830,7 +830,17 @@ pub struct Props {
     gin_type: c_int,
     n_lsa_teams: c_int,
     host_rma: bool,
+    railed_gin_type: c_int,
+    comm_hash: u64,
+    gin_min_stride: c_int,
+    gin_connection_type: c_int,
+    gin_support: [bool; 64],
+    dev_comm_runtime_version_size: usize,
 }
+
+/// The runtime layout's size the 2.32 fake reports (`sizeof(ncclDevComm)` in 2.32.3).
+#[cfg(feature = "nccl232")]
+pub const DEV_COMM_RUNTIME_SIZE: usize = 248;
 
 #[cfg(feature = "nccl230")]
 #[no_mangle]
@@ -850,7 +860,76 @@ pub unsafe extern "C" fn ncclCommQueryProperties(c: *mut Comm, p: *mut Props) ->
         (*p).n_lsa_teams = 1;
         (*p).host_rma = true;
     }
+    #[cfg(feature = "nccl232")]
+    if (*p).version >= 23102 {
+        (*p).dev_comm_runtime_version_size = DEV_COMM_RUNTIME_SIZE;
+    }
     OK
+}
+
+/// NCCL 2.31.2's device communicator, as far as its host side goes: the requirements'
+/// header checked as NCCL checks it (magic, a version no newer than the library's), the
+/// struct's header written (magic, the layout's version, rank, ranks), each creation counted
+/// by what it asked for.
+#[cfg(feature = "nccl232")]
+mod device_api {
+    use super::*;
+
+    #[repr(C)]
+    pub struct Reqs {
+        size: usize,
+        magic: u32,
+        version: u32,
+        lists: [usize; 2],
+        lsa_multimem: bool,
+        barrier_count: c_int,
+        lsa_barrier_count: c_int,
+        rest: [u8; 60],
+        use_runtime_version: bool,
+    }
+
+    #[repr(C)]
+    pub struct Team {
+        n_ranks: c_int,
+        rank: c_int,
+        stride: c_int,
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclDevCommCreate(c: *mut Comm, r: *const Reqs, out: *mut u32) -> R {
+        let r = &*r;
+        if r.magic != 0xcafe_beef || r.version > 23203 || r.size < 120 {
+            return fail(INVALID_USAGE, "fake: requirements not initialised as NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER");
+        }
+        count(&format!(
+            "devcomm create v{} rt{} lsa{} mm{}",
+            r.version, r.use_runtime_version as u8, r.lsa_barrier_count, r.lsa_multimem as u8
+        ));
+        *out = 0xcafe_beef;
+        *out.add(1) = if r.use_runtime_version { 23203 } else { r.version };
+        *out.add(2) = (*c).rank as u32;
+        *out.add(3) = (*c).nranks as u32;
+        OK
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclDevCommDestroy(_c: *mut Comm, dc: *const u32) -> R {
+        if *dc != 0xcafe_beef {
+            return fail(INVALID_USAGE, "fake: not a device communicator");
+        }
+        count(&format!("devcomm destroy v{}", *dc.add(1)));
+        OK
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclTeamWorld(c: *mut Comm) -> Team {
+        Team { n_ranks: (*c).nranks, rank: (*c).rank, stride: 1 }
+    }
+
+    #[no_mangle]
+    pub unsafe extern "C" fn ncclTeamLsa(c: *mut Comm) -> Team {
+        Team { n_ranks: (*c).nranks, rank: (*c).rank, stride: 1 }
+    }
 }
 
 #[cfg(feature = "nccl230")]
