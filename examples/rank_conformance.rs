@@ -141,6 +141,24 @@ fn run() -> anyhow::Result<()> {
                 bail!("rank {r}: symmetric kernels: {e}");
             }
         }
+        // unicomm's kernel on NCCL's device API (where the library has it: NCCL >= 2.32.3),
+        // exact eagerly and over graph replays.
+        #[cfg(feature = "nccl")]
+        let reqs = unicomm::nccl::device_kernel_requirements(4);
+        #[cfg(not(feature = "nccl"))]
+        let reqs = unicomm::DeviceCommRequirements::runtime(4);
+        match unicomm_conformance::device_api_all_reduce::<f32, _>(
+            one,
+            4099,
+            replays as usize,
+            &reqs,
+        ) {
+            Ok(seen) => println!("rank_conformance: rank {r}: device API kernel: {}", seen[0]),
+            Err(e) => {
+                let _ = comm.abort();
+                bail!("rank {r}: device API kernel: {e}");
+            }
+        }
         // Per-call options where the library has them (NCCL 2.32).
         match unicomm_conformance::call_options(std::slice::from_ref(&comm)) {
             Ok(seen) => println!("rank_conformance: rank {r}: per-call options: {}", seen[0]),

@@ -36,6 +36,7 @@ pub use interop::{
     stream_from_cudarc, stream_from_raw,
 };
 pub use runtime::{CudaRuntime, CudaStreamHandle};
+pub use unicomm_nccl_api::sys::kernel_args::device_kernel_requirements;
 pub use unicomm_nccl_api::{Policy, UniqueId};
 
 /// NCCL on CUDA.

@@ -45,7 +45,8 @@ pub use one_sided::{one_sided_in_graph, one_sided_put_signal};
 pub use refusals::{group_check_refused_by_design, refused_by_design};
 pub use sleep::sleep_mode_and_properties;
 pub use symmetric::{
-    rms_norm_reference, symmetric_all_reduce, symmetric_rms_norm, Small, ALGORITHMS,
+    device_api_all_reduce, rms_norm_reference, symmetric_all_reduce, symmetric_rms_norm, Small,
+    ALGORITHMS,
 };
 
 use unicomm_core::{bf16, f16, Collective, Comm, DataType, Error, ReduceOp, F8E4M3, F8E5M2};

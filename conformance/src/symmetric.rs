@@ -235,3 +235,54 @@ pub fn rms_norm_reference(xs: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
     }
     out
 }
+
+/// unicomm's kernel written against a library's device API (`Comm::all_reduce_device`) on
+/// windows, over `T`, `n` elements, by sum, max and min: eagerly for two rounds each, then
+/// captured in a graph and replayed `replays` times with new data before each, exact; the
+/// device communicator made with `reqs`. What each rank saw: `true`, or `false` where the
+/// backend or its library has no device API (`Unsupported`).
+pub fn device_api_all_reduce<T: Small, C: Collective>(
+    comms: &[Comm<C>],
+    n: usize,
+    replays: usize,
+    reqs: &unicomm_core::DeviceCommRequirements,
+) -> Result<Vec<bool>> {
+    each_rank(comms, |c| -> Result<bool> {
+        let (r, w) = (c.rank(), c.world_size());
+        let st = c.create_stream()?;
+        let dc = match c.device_comm(reqs) {
+            Err(Error::Unsupported { .. }) => return Ok(false),
+            other => other?,
+        };
+        let send = c.register_window(c.alloc::<T>(n)?)?;
+        let mut recv = c.register_window(c.alloc::<T>(n)?)?;
+        let mut round = 0;
+        let algorithm = SymmetricAlgorithm::OneShot; // as the kernel's messages name it
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+            for _ in 0..2 {
+                send.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
+                c.all_reduce_device(&dc, &send, &mut recv, op, &st)?;
+                let want = expected(w, round, n, op);
+                check(&recv.copy_to_host(&st)?, &want, (algorithm, op, round))?;
+                round += 1;
+            }
+        }
+        let graph = Graph::capture(&st, |g| {
+            g.all_reduce_device(c, &dc, &send, &recv, ReduceOp::Sum)
+        })?;
+        for _ in 0..replays {
+            send.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
+            graph.launch(&st)?;
+            let want = expected(w, round, n, ReduceOp::Sum);
+            check(
+                &recv.copy_to_host(&st)?,
+                &want,
+                (algorithm, ReduceOp::Sum, round),
+            )?;
+            round += 1;
+        }
+        st.synchronize()?;
+        drop(graph);
+        Ok(true)
+    })
+}

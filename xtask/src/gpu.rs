@@ -49,6 +49,7 @@ impl GpuVendor {
                 "signals",
                 "cuda",
                 "symmetric",
+                "device_api",
             ],
             GpuVendor::Rocm => &[
                 "conformance",

@@ -118,6 +118,19 @@ impl<C: Collective> Comm<C> {
         op: ReduceOp,
         stream: &C::Stream,
     ) -> Result<()> {
+        let op = self.device_kernel_op(dc, send, recv, op)?;
+        self.sole()?.device_kernel(op, stream)
+    }
+
+    /// The operation of [`Comm::all_reduce_device`], checked: the type and reduction, the
+    /// device communicator and both windows this communicator's, `send` long enough.
+    pub(crate) fn device_kernel_op<T: Element>(
+        &self,
+        dc: &DeviceComm<'_, C>,
+        send: &Window<'_, T, C>,
+        recv: &Window<'_, T, C>,
+        op: ReduceOp,
+    ) -> Result<DeviceKernelOp> {
         check_device_kernel(T::DTYPE, op)?;
         for (what, id) in [
             ("device_comm", dc.comm.id()),
@@ -141,14 +154,13 @@ impl<C: Collective> Comm<C> {
                 ),
             ));
         }
-        let op = DeviceKernelOp {
+        Ok(DeviceKernelOp {
             device_comm: dc.parts.handle,
             send: send.handle(),
             recv: recv.handle(),
             count: recv.len(),
             dtype: T::DTYPE,
             op,
-        };
-        self.sole()?.device_kernel(op, stream)
+        })
     }
 }

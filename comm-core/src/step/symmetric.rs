@@ -8,9 +8,11 @@ use super::Step;
 use crate::backend::Collective;
 use crate::buffer::{DeviceSlice, DeviceSliceMut};
 use crate::capturing::{Phase, StepCall};
+use crate::comm::device_api::DeviceComm;
 use crate::comm::symmetric::Symmetric;
 use crate::comm::Comm;
 use crate::element::{Element, ReduceOp};
+use crate::registration::Window;
 use crate::symmetric::SymmetricAlgorithm;
 use crate::Result;
 
@@ -74,6 +76,28 @@ impl<'a, C: Collective> Step<'a, C> {
         match self.phase {
             Phase::Warm => Ok(()),
             _ => comm.symmetric_barrier(sym, self.stream),
+        }
+    }
+
+    /// [`Comm::all_reduce_device`], through the step: the device communicator and both
+    /// windows borrowed for the graph's life (the warm-up pass checks and runs nothing;
+    /// NCCL's LSA barriers keep their epochs in the device communicator's resources, so
+    /// the replays count on).
+    pub fn all_reduce_device<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        dc: &'a DeviceComm<'_, C>,
+        send: &'a Window<'_, T, C>,
+        recv: &'a Window<'_, T, C>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.used(comm, &send.view());
+        self.used(comm, &recv.view());
+        let _call = StepCall::enter();
+        let op = comm.device_kernel_op(dc, send, recv, op)?;
+        match self.phase {
+            Phase::Warm => Ok(()),
+            _ => comm.sole()?.device_kernel(op, self.stream),
         }
     }
 }

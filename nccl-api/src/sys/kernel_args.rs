@@ -69,6 +69,22 @@ pub const DEVICE_KERNEL_DEV_COMM_BYTES: usize = 248;
 /// The most blocks a device-API kernel's launch takes (one LSA barrier each).
 pub const DEVICE_KERNEL_MAX_BLOCKS: u32 = 32;
 
+/// The requirements of a device communicator that unicomm's device-API kernel takes
+/// (`Comm::all_reduce_device`): the layout of the headers it was built against,
+/// `lsa_barriers` barriers (a block each, at most [`DEVICE_KERNEL_MAX_BLOCKS`] used).
+pub fn device_kernel_requirements(
+    lsa_barriers: u32,
+) -> unicomm_core::device_api::DeviceCommRequirements {
+    unicomm_core::device_api::DeviceCommRequirements {
+        layout: unicomm_core::device_api::DeviceCommLayout::Built {
+            version: DEVICE_KERNEL_HEADERS,
+            size: DEVICE_KERNEL_DEV_COMM_BYTES,
+        },
+        lsa_barriers,
+        lsa_multimem: false,
+    }
+}
+
 /// The operands of unicomm's device-API kernel after its device communicator (the
 /// source's `Args`), passed by value.
 #[repr(C)]
