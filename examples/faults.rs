@@ -43,6 +43,10 @@
 //! - `sym-kill`: `kill-replay` with the graph a one-shot all-reduce of unicomm's on
 //!   symmetric memory: the survivor's kernel, waiting on the device for the dead peer, ends
 //!   by its deadline (or the abort that the loss causes), never hangs the GPU.
+//! - `dev-skip`: rank 1 skips unicomm's all-reduce on NCCL's device API (NCCL >= 2.32.3);
+//!   rank 0's kernel waits in NCCL's LSA barrier: the wait must end with `Timeout` by the
+//!   deadline (the communicator's abort raises NCCL's abort flag, which the barrier
+//!   watches), never hang the GPU.
 //! - `churn` (one process, every local device): register/deregister, window and
 //!   communicator create/destroy cycles, with the device's free memory (the driver's
 //!   figure) compared before and after.
@@ -107,7 +111,7 @@ fn args() -> anyhow::Result<Args> {
             "--comms" => a.comms = val()?.parse()?,
             "--budget-s" => a.budget = Duration::from_secs(val()?.parse()?),
             other => bail!(
-                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|policy|mismatch|kill|kill-replay|churn|sym-skip|sym-abort|sym-kill, \
+                "unknown argument {other} (expected --vendor V, --scenario skip|abort|ce-skip|ce-abort|ce-behind|ce-drop|policy|mismatch|kill|kill-replay|churn|sym-skip|sym-abort|sym-kill|dev-skip, \
                  --registrations N, --windows N, --comms N, --budget-s S)"
             ),
         }
@@ -139,8 +143,9 @@ fn run() -> anyhow::Result<()> {
         "sym-skip" => symmetric_skip(vendor, false),
         "sym-abort" => symmetric_skip(vendor, true),
         "sym-kill" => symmetric_kill(vendor),
+        "dev-skip" => device_skip(vendor),
         s => bail!(
-            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget, completion-abort, sym-skip, sym-abort or sym-kill"
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget, completion-abort, sym-skip, sym-abort, sym-kill or dev-skip"
         ),
     }
 }
@@ -890,6 +895,54 @@ fn symmetric_skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
     );
     drop(sym);
     passed_after(name, &e, (waited, limit, drain));
+    Ok(())
+}
+
+/// `dev-skip`: unicomm's kernel on NCCL's device API waiting in NCCL's barrier for a peer
+/// that never comes ends by the deadline.
+fn device_skip(vendor: Vendor) -> anyhow::Result<()> {
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    ensure!(w >= 2, "needs at least 2 ranks");
+    #[cfg(feature = "nccl")]
+    let reqs = unicomm::nccl::device_kernel_requirements(1);
+    // Elsewhere the creation is refused (the mock and RCCL have no device API): the
+    // scenario fails naming why, never passes.
+    #[cfg(not(feature = "nccl"))]
+    let reqs = unicomm::DeviceCommRequirements::runtime(1);
+    let st = comm.create_stream()?;
+    let n = 4096;
+    let dc = comm.device_comm(&reqs).context("the device communicator")?;
+    let send = comm.register_window(comm.upload(&vec![(r + 1) as f32; n], &st)?)?;
+    let mut recv = comm.register_window(comm.alloc::<f32>(n)?)?;
+    comm.all_reduce_device(&dc, &send, &mut recv, ReduceOp::Sum, &st)?;
+    let got = recv.copy_to_host(&st)?;
+    let want = (w * (w + 1) / 2) as f32;
+    ensure!(
+        got.iter().all(|&x| x == want),
+        "rank {r}: {:?}.. where {want} was due",
+        &got[..4]
+    );
+    let limit = deadline(&comm);
+    if r != 0 {
+        std::thread::sleep(limit + Duration::from_secs(3));
+        let _ = comm.abort();
+        println!("faults dev-skip: rank {r} skipped the device-API all-reduce; PASSED");
+        return Ok(());
+    }
+    let t = Instant::now();
+    comm.all_reduce_device(&dc, &send, &mut recv, ReduceOp::Sum, &st)?;
+    let res = wait_aborting_after_3_s(&comm, &st, false);
+    let waited = t.elapsed();
+    let Err(e) = res else {
+        bail!("rank 0: the device-API all-reduce completed although rank 1 skipped it");
+    };
+    ensure!(
+        matches!(e, Error::Timeout { .. }) && waited < limit + Duration::from_secs(5),
+        "rank 0: {e} after {waited:?} (deadline {limit:?})"
+    );
+    let drain = drained_soon(&st, "the device-API kernel's end")?;
+    passed_after("dev-skip", &e, (waited, limit, drain));
     Ok(())
 }
 
