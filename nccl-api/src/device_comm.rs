@@ -99,6 +99,16 @@ impl DeviceComms {
         let lc = &base.lc;
         lc.not_suspended()?;
         let (version, size) = layout_of(base, reqs)?;
+        // NCCL refuses a communicator without symmetric memory support with a bare
+        // "invalid usage": its properties say so first, as a typed refusal.
+        let props = lc.call(|c| lc.api.comm_query_properties(c.handle()))?;
+        if !props.device_api {
+            return Err(Error::unsupported(
+                "a device communicator",
+                "a communicator with symmetric memory support (NCCL's deviceApiSupport: cuMem, P2P or NVLink between every rank)",
+                format!("{} {} reports none for this communicator", lc.api.flavor.library, lc.api.version),
+            ));
+        }
         let (reqs_c, library) = (*reqs, lc.api.version);
         let owned = lc.call_lent(|l| {
             if lc.nonblocking {
