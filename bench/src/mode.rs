@@ -30,6 +30,9 @@ pub enum Mode {
     TwoShot,
     /// unicomm's Lamport all-reduce over symmetric memory.
     Lamport,
+    /// unicomm's one-shot all-reduce written against NCCL's device API, on windows
+    /// (NCCL >= 2.32.3; all_reduce, out of place).
+    DeviceApi,
 }
 
 impl Mode {
@@ -44,6 +47,7 @@ impl Mode {
             Mode::RawWindow => "raw-window",
             Mode::Ce => Path::CopyEngine.name(),
             Mode::Auto => "auto",
+            Mode::DeviceApi => "device-api",
             Mode::OneShot | Mode::TwoShot | Mode::Lamport => {
                 self.symmetric().map_or("?", |a| a.name())
             }
@@ -58,6 +62,12 @@ impl Mode {
             Mode::Lamport => Some(unicomm::SymmetricAlgorithm::Lamport),
             _ => None,
         }
+    }
+
+    /// A mode of unicomm's own kernels (symmetric memory or NCCL's device API): a float
+    /// all_reduce by sum, max or min, out of place.
+    pub fn own_kernel(self) -> bool {
+        self.symmetric().is_some() || self == Mode::DeviceApi
     }
 
     /// The NCCL call made by hand through the function table (`raw`, `raw-registered`,

@@ -261,14 +261,14 @@ pub fn device_api_all_reduce<T: Small, C: Collective>(
         for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
             for _ in 0..2 {
                 send.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
-                c.all_reduce_device(&dc, &send, &mut recv, op, &st)?;
+                c.all_reduce_device(&dc, (&send, &mut recv), n, op, &st)?;
                 let want = expected(w, round, n, op);
                 check(&recv.copy_to_host(&st)?, &want, (algorithm, op, round))?;
                 round += 1;
             }
         }
         let graph = Graph::capture(&st, |g| {
-            g.all_reduce_device(c, &dc, &send, &recv, ReduceOp::Sum)
+            g.all_reduce_device(c, &dc, (&send, &recv), n, ReduceOp::Sum)
         })?;
         for _ in 0..replays {
             send.write_from_host(&of::<T>(&input(r, round, n)), &st)?;

@@ -122,9 +122,8 @@ impl<'d, 'c, 'a, T: Val> Session<'d, 'c, 'a, T> {
                 && !matches!(work.coll, Coll::AllToAll | Coll::AllToAllV | Coll::AllGather))
             // Neither the raw-NCCL baselines nor the copy engines take these.
             || (mode.is_raw() && new_colls)
-            // unicomm's symmetric kernels: a float all_reduce by sum, max or min, out of
-            // place.
-            || (mode.symmetric().is_some()
+            // unicomm's own kernels: a float all_reduce by sum, max or min, out of place.
+            || (mode.own_kernel()
                 && (work.coll != Coll::AllReduce
                     || in_place
                     || !matches!(T::DTYPE, DataType::F32 | DataType::F16 | DataType::Bf16)

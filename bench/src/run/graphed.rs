@@ -69,6 +69,13 @@ pub(crate) fn step_graph_turn<'c, T: Val>(
         .context("capturing the symmetric all-reduce through unicomm::Graph")?;
         return launched(d, &graph, iters, launches);
     }
+    if let Held::Dev(dc, s, r) = &*h {
+        let graph = unicomm::Graph::capture(st, |step| {
+            (0..iters).try_for_each(|_| step.all_reduce_device(c, dc, (s, r), k.count, k.op))
+        })
+        .context("capturing the device-API all-reduce through unicomm::Graph")?;
+        return launched(d, &graph, iters, launches);
+    }
     let (sn, rn) = lens(k, c.rank(), c.world_size())?;
     let (send, recv) = h.bufs();
     let s = send.view().slice(..sn)?;

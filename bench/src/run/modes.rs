@@ -62,6 +62,14 @@ pub fn unsupported(mode: Mode, caps: &Capabilities) -> Option<String> {
         m if m.symmetric().is_some() && caps.backend == "rccl" => {
             Some("unicomm's symmetric kernels are not built for HIP yet".into())
         }
+        Mode::DeviceApi
+            if caps.backend != "nccl" || caps.version < unicomm::Version::new(2, 32, 3) =>
+        {
+            Some(format!(
+                "unicomm's device-API kernel needs NCCL >= 2.32.3 (the headers it was built against); here {} {}",
+                caps.backend, caps.version
+            ))
+        }
         Mode::Ce if !caps.copy_engine => Some(format!(
             "{} here has no copy-engine path (GPU ranks in one process with windows)",
             caps.backend
@@ -81,6 +89,12 @@ pub(crate) enum Held<'c, T: Val> {
     ),
     /// The input in symmetric memory (with the Lamport workspace), the output plain.
     Sym(unicomm::Symmetric<'c, T>, Buffer<T>),
+    /// A device communicator (NCCL's device API) and both buffers in windows.
+    Dev(
+        unicomm::DeviceComm<'c>,
+        unicomm::Window<'c, T>,
+        unicomm::Window<'c, T>,
+    ),
 }
 
 impl<'c, T: Val> Held<'c, T> {
@@ -108,6 +122,11 @@ impl<'c, T: Val> Held<'c, T> {
             Mode::OneShot | Mode::TwoShot | Mode::Lamport => {
                 Held::Sym(c.alloc_symmetric_lamport(elems)?, c.alloc::<T>(elems)?)
             }
+            Mode::DeviceApi => {
+                let (s, r) = two()?;
+                let dc = c.device_comm(&unicomm::nccl::device_kernel_requirements(8))?;
+                Held::Dev(dc, c.register_window(s)?, c.register_window(r)?)
+            }
         })
     }
     /// The send and the receive buffer, whatever holds them.
@@ -123,6 +142,7 @@ impl<'c, T: Val> Held<'c, T> {
             Held::Win(s, r) => (s, r),
             Held::Auto(s, r) => (s, r),
             Held::Sym(s, r) => (s, r),
+            Held::Dev(_, s, r) => (s, r),
         }
     }
     pub(crate) fn release(self, c: &unicomm::Comm) -> anyhow::Result<()> {
@@ -141,6 +161,11 @@ impl<'c, T: Val> Held<'c, T> {
                 c.deregister_auto(r)?;
             }
             Held::Sym(s, _) => c.free_symmetric(s)?,
+            Held::Dev(dc, s, r) => {
+                c.deregister_window(s)?;
+                c.deregister_window(r)?;
+                drop(dc);
+            }
         }
         Ok(())
     }
@@ -168,6 +193,9 @@ pub(crate) fn launch<T: Val>(
     if let (Some(algorithm), Held::Sym(sym, out)) = (k.mode.symmetric(), &mut *held) {
         let how = (k.op, algorithm);
         return Ok(c.all_reduce_symmetric(sym, n, &mut out.slice_mut(..n)?, how, k.stream)?);
+    }
+    if let Held::Dev(dc, s, r) = held {
+        return Ok(c.all_reduce_device(dc, (s, r), n, k.op, k.stream)?);
     }
     let (send, recv) = held.bufs();
     if k.mode.is_raw() {

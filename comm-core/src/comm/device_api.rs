@@ -104,31 +104,31 @@ impl<C: Collective> Comm<C> {
     }
 
     /// unicomm's one-shot all-reduce written against the device API, on `stream`: each
-    /// rank reads every LSA peer's part of `send` (its first `recv.len()` elements, in rank
-    /// order, rounded to the type at each step) and writes its own part of `recv`, between
-    /// two LSA barriers, one block per barrier of `dc`. Collective; f32, f16, bf16; sum,
-    /// max, min. The windows and `dc` must be this communicator's; `send` at least as long
-    /// as `recv`. NCCL >= 2.32.3 (the headers it was built against: see
-    /// docs/symmetric.md).
+    /// rank reads every LSA peer's part of `send` (its first `count` elements, in rank
+    /// order, rounded to the type at each step) and writes them reduced into its own part
+    /// of `recv`, between two LSA barriers, one block per barrier of `dc`. Collective;
+    /// f32, f16, bf16; sum, max, min. The windows and `dc` must be this communicator's,
+    /// both windows at least `count` long. NCCL >= 2.32.3 (the headers it was built
+    /// against: see docs/symmetric.md).
     pub fn all_reduce_device<T: Element>(
         &self,
         dc: &DeviceComm<'_, C>,
-        send: &Window<'_, T, C>,
-        recv: &mut Window<'_, T, C>,
+        (send, recv): (&Window<'_, T, C>, &mut Window<'_, T, C>),
+        count: usize,
         op: ReduceOp,
         stream: &C::Stream,
     ) -> Result<()> {
-        let op = self.device_kernel_op(dc, send, recv, op)?;
+        let op = self.device_kernel_op(dc, (send, recv), count, op)?;
         self.sole()?.device_kernel(op, stream)
     }
 
     /// The operation of [`Comm::all_reduce_device`], checked: the type and reduction, the
-    /// device communicator and both windows this communicator's, `send` long enough.
+    /// device communicator and both windows this communicator's, both holding `count`.
     pub(crate) fn device_kernel_op<T: Element>(
         &self,
         dc: &DeviceComm<'_, C>,
-        send: &Window<'_, T, C>,
-        recv: &Window<'_, T, C>,
+        (send, recv): (&Window<'_, T, C>, &Window<'_, T, C>),
+        count: usize,
         op: ReduceOp,
     ) -> Result<DeviceKernelOp> {
         check_device_kernel(T::DTYPE, op)?;
@@ -144,21 +144,19 @@ impl<C: Collective> Comm<C> {
                 ));
             }
         }
-        if send.len() < recv.len() {
-            return Err(Error::invalid(
-                "send",
-                format!(
-                    "{} elements, shorter than the output's {}",
-                    send.len(),
-                    recv.len()
-                ),
-            ));
+        for (what, len) in [("send", send.len()), ("recv", recv.len())] {
+            if len < count {
+                return Err(Error::invalid(
+                    what,
+                    format!("a window of {len} elements cannot hold {count}"),
+                ));
+            }
         }
         Ok(DeviceKernelOp {
             device_comm: dc.parts.handle,
             send: send.handle(),
             recv: recv.handle(),
-            count: recv.len(),
+            count,
             dtype: T::DTYPE,
             op,
         })
