@@ -54,7 +54,7 @@ for mode in plain registered window ce; do
   } | tee -a "$L"
   rm -f "$OUT"/mr-tune-$mode.*.log
 done
-run2 "bench symmetric kernels" ./unicomm-bench --vendor cuda --modes plain,window,one-shot,two-shot,lamport --coll all_reduce -b 8 -e 1M -f 8 -w 2 -n 5 -c 1 --place out
+run2 "bench symmetric kernels" ./unicomm-bench --vendor cuda --modes plain,window,one-shot,two-shot,lamport,device-api --coll all_reduce -b 8 -e 1M -f 8 -w 2 -n 5 -c 1 --place out
 run2 "bench fp8 all_reduce" ./unicomm-bench --vendor cuda --modes plain,window --coll all_reduce -d f8e4m3 -b 8 -e 1M -f 8 -w 2 -n 5 -c 1 --place out
 run2 "bench scaled sums" ./unicomm-bench --vendor cuda --modes plain,window --coll all_reduce,reduce_scatter -o premulsum -b 8 -e 1M -f 8 -w 2 -n 5 -c 1 --place out
 run2 "bench decode preset in graphs" ./unicomm-bench --vendor cuda --preset decode --modes plain,window -G 5 -w 2 -n 5 -c 1 --place out
