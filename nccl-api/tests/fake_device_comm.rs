@@ -8,7 +8,9 @@
 mod common;
 
 use common::{calls, comm, fake, flavors, DEVICE_LAUNCHES};
-use unicomm_core::{DeviceCommLayout, DeviceCommRequirements, Error, ReduceOp, Version};
+use unicomm_core::{
+    CommConfig, DeviceCommLayout, DeviceCommRequirements, Error, ReduceOp, Version,
+};
 
 fn built(version: Version, size: usize) -> DeviceCommRequirements {
     DeviceCommRequirements {
@@ -127,4 +129,42 @@ fn the_kernel_gets_the_struct_both_windows_and_a_block_per_barrier() {
         Err(Error::InvalidArgument { .. })
     ));
     assert!(DEVICE_LAUNCHES.lock().unwrap().is_empty(), "none launched");
+}
+
+/// A non-blocking communicator's creation answers ncclInProgress: it is settled (polled)
+/// before the struct is read, and so is its end.
+#[test]
+fn a_non_blocking_communicator_s_device_communicator_is_settled_before_it_is_read() {
+    let path = fake("nccl232");
+    let config = CommConfig {
+        blocking: Some(false),
+        ..CommConfig::default()
+    };
+    let c = comm(flavors(false, false), &path);
+    let nb = c.split_with(Some(0), 0, &config).unwrap().expect("a child");
+    let (progress, polls) = (
+        calls(&path, "inProgress"),
+        calls(&path, "ncclCommGetAsyncError"),
+    );
+    // A layout and barrier count no other test here asks for (the counters are shared).
+    let mut reqs = built(Version::new(2, 31, 2), 248);
+    reqs.lsa_barriers = 2;
+    let dc = nb.device_comm(&reqs).unwrap();
+    assert_eq!(calls(&path, "devcomm create v23102 rt0 lsa2 mm0"), 1);
+    assert_eq!(
+        calls(&path, "inProgress"),
+        progress + 1,
+        "the creation answered in progress"
+    );
+    assert!(
+        calls(&path, "ncclCommGetAsyncError") - polls >= 3,
+        "settled by polling"
+    );
+    assert_eq!(dc.kernel_arg()[..4], 0xcafe_beef_u32.to_ne_bytes());
+    drop(dc);
+    assert_eq!(
+        calls(&path, "inProgress"),
+        progress + 2,
+        "its end settled too"
+    );
 }
