@@ -79,6 +79,19 @@ impl<R: Runtime> Base<R> {
     /// out-parameter then, after this call returned (a dangling write), and a bounded call
     /// cannot run on another thread (groups are per thread). The mock accepts them there
     /// (its registrations are not deferred): documented in docs/reliability.md.
+    /// Before one of unicomm's kernels is launched on `stream`: the stream of this
+    /// communicator's device, not inside a group (a kernel is not the library's to defer),
+    /// the communicator live.
+    pub(crate) fn ready_for_kernel(&self, stream: &crate::memory::ApiStream<R>) -> Result<()> {
+        if stream.dev != self.lc.dev {
+            return Err(foreign_stream(stream.dev, self.lc.dev));
+        }
+        if group::in_group() {
+            return Err(unicomm_core::symmetric::refused_in_group());
+        }
+        self.lc.live_now()
+    }
+
     pub(crate) fn not_in_group(&self, what: &str) -> Result<()> {
         if group::in_group() {
             return Err(Error::invalid(

@@ -182,14 +182,8 @@ impl DeviceComms {
         stream: &ApiStream<R>,
     ) -> Result<()> {
         let lc = &base.lc;
-        if stream.dev != lc.dev {
-            return Err(crate::base::foreign_stream(stream.dev, lc.dev));
-        }
-        if crate::group::in_group() {
-            return Err(unicomm_core::symmetric::refused_in_group());
-        }
+        base.ready_for_kernel(stream)?;
         check_device_kernel(op.dtype, op.op)?;
-        lc.live_now()?;
         if op.count == 0 {
             return Ok(()); // every rank's count is the same: none launches
         }

@@ -212,13 +212,7 @@ impl<R: Runtime> SymmetricMemory<R> {
         stream: &ApiStream<R>,
     ) -> Result<()> {
         let lc = &base.lc;
-        if stream.dev != lc.dev {
-            return Err(crate::base::foreign_stream(stream.dev, lc.dev));
-        }
-        if crate::group::in_group() {
-            return Err(unicomm_core::symmetric::refused_in_group());
-        }
-        lc.live_now()?;
+        base.ready_for_kernel(stream)?;
         let handle = match op {
             SymmetricOp::Barrier { handle } | SymmetricOp::AllReduce { handle, .. } => handle,
         };
