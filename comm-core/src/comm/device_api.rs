@@ -22,7 +22,7 @@ use crate::{Error, Result};
 ///
 /// The rules an engine's kernel keeps (the one `unsafe` step is its launch):
 /// - it was built against the layout the requirements named: the loaded library's headers
-///   for [`DeviceCommLayout::Runtime`], or those of the `Built` release;
+///   for [`DeviceCommLayout::Runtime`](crate::DeviceCommLayout::Runtime), or those of the `Built` release;
 /// - it takes the bytes by value as one kernel argument and never keeps them past this
 ///   value's life, nor uses a window after the window's drop;
 /// - it uses at most [`DeviceCommRequirements::lsa_barriers`] barrier indices, and a wait on
