@@ -25,6 +25,15 @@ fn main() {
                     "  capabilities: registration={} windows={} native_all_to_all={} graph_capture={} mem_alloc={}",
                     caps.registration, caps.windows, caps.native_all_to_all, caps.graph_capture, caps.mem_alloc
                 );
+                // NCCL's device API: a device communicator in the loaded library's own layout.
+                match comms[0].device_comm(&unicomm::DeviceCommRequirements::runtime(1)) {
+                    Ok(dc) => println!(
+                        "  device API: a device communicator of {} bytes (the runtime layout of {})",
+                        dc.kernel_arg().len(),
+                        dc.layout_version()
+                    ),
+                    Err(e) => println!("  device API: {e}"),
+                }
             }
             Err(e) => println!("  no communicator: {e}"),
         }
