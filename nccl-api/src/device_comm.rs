@@ -148,15 +148,24 @@ impl DeviceComms {
         })
     }
 
-    /// `destroy_device_comm`: taken out of the table, then `ncclDevCommDestroy` (collective:
-    /// it deregisters the library's resource window; a blocking communicator's under the
-    /// deadline).
+    /// `destroy_device_comm`: taken out of the table; the device's work waited for (within
+    /// the deadline: NCCL unmaps the resource window's peers' memory at once, read in its
+    /// `symWindowDestroy`, and a kernel still running may be using it), then
+    /// `ncclDevCommDestroy` (a blocking communicator's under the deadline).
     pub(crate) fn destroy<R: Runtime>(&self, base: &Base<R>, handle: RawHandle) -> Result<()> {
         let rec = self
             .table()
             .remove(&handle)
             .ok_or_else(|| unknown(handle))?;
         let lc = &base.lc;
+        let (rt, dev) = (lc.rt.clone(), lc.dev);
+        let what = "the device's work before ncclDevCommDestroy";
+        crate::wait::bounded(
+            what,
+            lc.timeout(),
+            move || rt.synchronize_device(dev),
+            |_| {},
+        )??;
         lc.call_lent(|l| {
             if lc.nonblocking {
                 lc.api.dev_comm_destroy(l.comm()?.handle(), rec.owned)?;
