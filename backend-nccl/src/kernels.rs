@@ -275,19 +275,19 @@ mod tests {
 
     /// The device-API kernel takes an `ncclDevComm` of the size nccl-api checks
     /// (`DEVICE_KERNEL_DEV_COMM_BYTES`: the source asserts `sizeof(ncclDevComm)` is it) and
-    /// then its `Args` (`DeviceKernelArgs`' 48 bytes): the launch passes exactly these.
+    /// then its `Args` (`DeviceKernelArgs`' 64 bytes): the launch passes exactly these.
     #[test]
     fn the_device_api_kernel_takes_the_sizes_the_launch_passes() {
         use unicomm_nccl_api::sys::kernel_args::DEVICE_KERNEL_DEV_COMM_BYTES as BYTES;
         let src = include_str!("../kernels/device_api.cu");
         assert!(src.contains(&format!("sizeof(ncclDevComm) == {BYTES}")));
         for name in super::DEVICE_API.names {
-            let params = format!(".param .align 8 .b8 {name}_param_0[{BYTES}],\n\t.param .align 8 .b8 {name}_param_1[48]");
+            let params = format!(".param .align 8 .b8 {name}_param_0[{BYTES}],\n\t.param .align 8 .b8 {name}_param_1[64]");
             assert!(super::DEVICE_API.ptx.contains(&params), "{name}: {params}");
         }
         assert_eq!(
             std::mem::size_of::<unicomm_nccl_api::sys::kernel_args::DeviceKernelArgs>(),
-            48
+            64
         );
     }
 }

@@ -186,7 +186,7 @@ impl DeviceComms {
     /// LSA team; one block per LSA barrier (at most 32).
     pub(crate) fn launch<R: Runtime>(
         &self,
-        base: &Base<R>,
+        (base, control): (&Base<R>, usize),
         op: DeviceKernelOp,
         stream: &ApiStream<R>,
     ) -> Result<()> {
@@ -213,12 +213,14 @@ impl DeviceComms {
             recv: op.recv.0 as u64,
             recv_off: 0,
             count: op.count as u64,
+            control: control as u64,
+            timeout_ns: u64::try_from(lc.timeout().as_nanos()).unwrap_or(u64::MAX),
             op: match op.op {
                 ReduceOp::Max => 1,
                 ReduceOp::Min => 2,
                 _ => 0,
             },
-            pad: 0,
+            rank: lc.rank as u32,
         };
         let blocks = rec.lsa_barriers.min(DEVICE_KERNEL_MAX_BLOCKS);
         stream.watched_by(lc);

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{calls, comm, fake, flavors, DEVICE_LAUNCHES};
+use common::{calls, comm, fake, flavors, DEVICE_LAUNCHES, MAPPED};
 use unicomm_core::{
     CommConfig, DeviceCommLayout, DeviceCommRequirements, Error, ReduceOp, Version,
 };
@@ -89,6 +89,7 @@ fn what_no_library_takes_is_refused_before_it() {
 
 #[test]
 fn the_kernel_gets_the_struct_both_windows_and_a_block_per_barrier() {
+    MAPPED.store(true, std::sync::atomic::Ordering::SeqCst);
     let path = fake("nccl232");
     let c = comm(flavors(false, false), &path);
     let st = c.create_stream().unwrap();
@@ -107,7 +108,12 @@ fn the_kernel_gets_the_struct_both_windows_and_a_block_per_barrier() {
         (args.send, args.recv),
         (send.handle().0 as u64, recv.handle().0 as u64)
     );
-    assert_eq!((args.count, args.op), (48, 1));
+    assert_eq!((args.count, args.op, args.rank), (48, 1, 0));
+    assert_ne!(
+        args.control, 0,
+        "the control block's abort word is the kernel's to watch"
+    );
+    assert_eq!(args.timeout_ns, c.timeout().unwrap().as_nanos() as u64);
     assert_eq!(blocks, 32, "one block per barrier, at most 32");
 
     let other = c.device_comm(&built(Version::new(2, 31, 2), 248)).unwrap();

@@ -252,7 +252,9 @@ impl<R: Runtime> Collective for ApiComm<R> {
         op: unicomm_core::device_api::DeviceKernelOp,
         stream: &ApiStream<R>,
     ) -> Result<()> {
-        self.dev.launch(&self.base, op, stream)
+        // The kernel watches the control block's abort word (set before NCCL's abort).
+        let control = self.sym.control_address(&self.base)?;
+        self.dev.launch((&self.base, control), op, stream)
     }
 
     fn alloc_symmetric(

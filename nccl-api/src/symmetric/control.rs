@@ -96,6 +96,13 @@ impl<R: Runtime> ControlBlock<R> {
                     "a symmetric all-reduce on rank {me}: rank {rank} called it with {detail} elements"
                 ),
             },
+            fault::BARRIER => Error::Timeout {
+                what: format!(
+                    "unicomm's device-API kernel of rank {me} (NCCL's LSA barrier {}): an LSA peer never arrived",
+                    if epoch == 0 { "before the reads" } else { "after the reads" }
+                ),
+                after: self.timeout(),
+            },
             fault::POISONED => Error::aborted(format!(
                 "a symmetric kernel of rank {me}: a peer's kernel gave up at its deadline"
             )),

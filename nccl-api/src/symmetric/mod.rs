@@ -85,6 +85,12 @@ fn lamport_code(t: Option<DataType>) -> u64 {
 }
 
 impl<R: Runtime> SymmetricMemory<R> {
+    /// The control block's address for a kernel's argument (made at the first use: the
+    /// device-API kernel watches it too).
+    pub(crate) fn control_address(&self, base: &Base<R>) -> Result<usize> {
+        Ok(self.control(base)?.address())
+    }
+
     /// The control block, made (and registered with the communicator's abort and fault
     /// hooks) at the first allocation.
     fn control(&self, base: &Base<R>) -> Result<&Arc<ControlBlock<R>>> {

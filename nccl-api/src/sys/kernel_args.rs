@@ -100,10 +100,15 @@ pub struct DeviceKernelArgs {
     pub recv_off: u64,
     /// Elements.
     pub count: u64,
+    /// The communicator's [`Control`], at its device address (the abort word the kernel
+    /// watches between NCCL's timed barrier waits, and where it reports a fault).
+    pub control: u64,
+    /// How long a wait on a peer lasts, from the kernel's start, in nanoseconds.
+    pub timeout_ns: u64,
     /// 0 sum, 1 max, 2 min.
     pub op: u32,
-    /// Unused (the source's padding).
-    pub pad: u32,
+    /// This rank (named by a fault).
+    pub rank: u32,
 }
 
 /// The fault codes a kernel reports in [`Control::fault`].
@@ -116,6 +121,8 @@ pub mod fault {
     pub const MISMATCH: u32 = 3;
     /// A peer gave up at its deadline (this rank's pad poisoned).
     pub const POISONED: u32 = 4;
+    /// An LSA peer never arrived at NCCL's barrier of the device-API kernel by the deadline.
+    pub const BARRIER: u32 = 5;
 }
 
 /// The communicator's control block (`Control`), in host memory the device maps.
@@ -149,6 +156,6 @@ mod tests {
         assert_eq!(std::mem::offset_of!(KernelParams, eps), 41 * 8 + 5 * 4);
         assert_eq!(std::mem::size_of::<Control>(), 24);
         assert_eq!(std::mem::offset_of!(Control, detail), 16);
-        assert_eq!(std::mem::size_of::<DeviceKernelArgs>(), 48);
+        assert_eq!(std::mem::size_of::<DeviceKernelArgs>(), 64);
     }
 }

@@ -127,6 +127,9 @@ pub static DEVICE_LAUNCHES: std::sync::Mutex<
         u32,
     )>,
 > = std::sync::Mutex::new(Vec::new());
+/// While set, the host runtime gives mapped host memory (a control block) as a GPU
+/// runtime does; otherwise it has none, as HIP today.
+pub static MAPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static NEXT_STREAM: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
 
 /// The host stream of number `raw` (another handle to the same "stream").
@@ -139,6 +142,20 @@ impl Runtime for Host {
     const VENDOR: &'static str = "host";
     type Stream = HostStream;
     type Graph = std::convert::Infallible;
+    fn alloc_host_mapped(&self, _dev: usize, bytes: usize) -> Result<usize> {
+        if !MAPPED.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(unicomm_core::Error::unsupported(
+                "unicomm's symmetric kernels",
+                "CUDA on sm_90 or newer (the kernels' PTX, backend-nccl/kernels)",
+                "host: no build of them for this runtime",
+            ));
+        }
+        // Leaked: a control block lives as long as its communicator, and the tests are short.
+        Ok(Box::into_raw(vec![0u64; bytes.div_ceil(8)].into_boxed_slice()) as *mut u64 as usize)
+    }
+    unsafe fn free_host_mapped(&self, _addr: usize) -> Result<()> {
+        Ok(())
+    }
     unsafe fn launch_device_kernel(
         &self,
         _dev: usize,
