@@ -290,4 +290,18 @@ mod tests {
             64
         );
     }
+
+    /// The device-API kernel reports into the same control block as the symmetric kernels:
+    /// its `Control` and fault codes must be nccl-api's (a fault read with another layout or
+    /// code would be reported as another error, or not at all).
+    #[test]
+    fn the_device_api_kernel_reports_in_the_control_block_s_layout() {
+        use unicomm_nccl_api::sys::kernel_args::fault;
+        let src = include_str!("../kernels/device_api.cu");
+        assert!(src.contains(&format!("#define FAULT_ABORTED {}", fault::ABORTED)));
+        assert!(src.contains(&format!("#define FAULT_BARRIER {}", fault::BARRIER)));
+        assert!(src.contains(
+            "struct Control {\n  unsigned int abort, fault, rank, epoch;\n  unsigned long long detail;\n};"
+        ));
+    }
 }
