@@ -139,6 +139,20 @@ impl<R: Runtime> Base<R> {
         if is_empty_handle(h) {
             return Ok(()); // a zero-byte registration never reached the library
         }
+        if kind != RegKind::Buffer {
+            // NCCL unmaps a window's peer mappings at once (2.30.7's symWindowDestroy), while
+            // a kernel of NCCL's or an engine's may still read them: the device's work first,
+            // within the deadline.
+            self.lc.live_now()?;
+            let (rt, dev) = (self.lc.rt.clone(), self.lc.dev);
+            let what = "the device's work before ncclCommWindowDeregister";
+            crate::wait::bounded(
+                what,
+                self.lc.timeout(),
+                move || rt.synchronize_device(dev),
+                |_| {},
+            )??;
+        }
         self.lc.call(|c| {
             // SAFETY: a registration of this communicator of this kind (the registry
             // recorded it so), taken out of the table by the caller: deregistered once.

@@ -12,6 +12,12 @@ use unicomm_core::{
     CommConfig, DeviceCommLayout, DeviceCommRequirements, Error, ReduceOp, Version,
 };
 
+/// One test at a time: they read the fake's shared counters.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn built(version: Version, size: usize) -> DeviceCommRequirements {
     DeviceCommRequirements {
         layout: DeviceCommLayout::Built { version, size },
@@ -29,6 +35,7 @@ fn unsupported_naming<T: std::fmt::Debug>(r: Result<T, Error>, release: &str) {
 
 #[test]
 fn each_layout_reaches_the_library_as_nccl_2_32_reads_it() {
+    let _one = serial();
     let path = fake("nccl232");
     let c = comm(flavors(false, false), &path);
     let dc = c.device_comm(&DeviceCommRequirements::runtime(3)).unwrap();
@@ -45,8 +52,11 @@ fn each_layout_reaches_the_library_as_nccl_2_32_reads_it() {
     drop(dc);
     assert_eq!(calls(&path, "devcomm destroy v23203"), 1, "ended at drop");
 
-    let dc = c.device_comm(&built(Version::new(2, 31, 2), 200)).unwrap();
-    assert_eq!(calls(&path, "devcomm create v23102 rt0 lsa4 mm0"), 1);
+    // Five barriers: a count no other test here asks for (the counters are shared).
+    let mut five = built(Version::new(2, 31, 2), 200);
+    five.lsa_barriers = 5;
+    let dc = c.device_comm(&five).unwrap();
+    assert_eq!(calls(&path, "devcomm create v23102 rt0 lsa5 mm0"), 1);
     assert_eq!(
         dc.kernel_arg().len(),
         200,
@@ -57,6 +67,7 @@ fn each_layout_reaches_the_library_as_nccl_2_32_reads_it() {
 
 #[test]
 fn what_no_library_takes_is_refused_before_it() {
+    let _one = serial();
     let path = fake("nccl232");
     let c = comm(flavors(false, false), &path);
     unsupported_naming(c.device_comm(&built(Version::new(2, 33, 0), 248)), "2.33.0");
@@ -89,6 +100,7 @@ fn what_no_library_takes_is_refused_before_it() {
 
 #[test]
 fn the_kernel_gets_the_struct_both_windows_and_a_block_per_barrier() {
+    let _one = serial();
     MAPPED.store(true, std::sync::atomic::Ordering::SeqCst);
     let path = fake("nccl232");
     let c = comm(flavors(false, false), &path);
@@ -141,6 +153,7 @@ fn the_kernel_gets_the_struct_both_windows_and_a_block_per_barrier() {
 /// before the struct is read, and so is its end.
 #[test]
 fn a_non_blocking_communicator_s_device_communicator_is_settled_before_it_is_read() {
+    let _one = serial();
     let path = fake("nccl232");
     let config = CommConfig {
         blocking: Some(false),
