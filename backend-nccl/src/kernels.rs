@@ -194,10 +194,11 @@ impl CudaRuntime {
                 ),
             ));
         }
-        let mut comm = dev_comm.to_vec();
         let mut arg = *args;
+        // The driver only reads the arguments (it copies them at the launch): the struct's
+        // bytes are lent as they are, not copied again on the launch path.
         let mut params = [
-            comm.as_mut_ptr().cast::<c_void>(),
+            dev_comm.as_ptr().cast_mut().cast::<c_void>(),
             (&mut arg as *mut DeviceKernelArgs).cast::<c_void>(),
         ];
         // SAFETY: the kernel takes an `ncclDevComm` (its first
