@@ -24,7 +24,7 @@ run2 "groups suite" ./rank_conformance --vendor cuda --groups-only
 run2 "by_id" ./by_id --vendor cuda
 # A world of one grown into both processes (ncclCommGrow, NCCL >= 2.29.2).
 run2 "grow" ./grow --vendor cuda
-for sc in skip abort ce-skip ce-abort mismatch forget completion-abort sym-skip sym-abort dev-skip; do
+for sc in skip abort ce-skip ce-abort mismatch forget completion-abort completion-drop sym-skip sym-abort dev-skip; do
   UNICOMM_TIMEOUT_MS=10000 run2 "faults $sc" ./faults --vendor cuda --scenario $sc
 done
 # kill and kill-replay started by hand (the launcher would stop rank 0 when rank 1 dies),
@@ -36,6 +36,12 @@ for sc in kill kill-replay; do
   done >> "$L" 2>&1
   wait; grep -qE "faults $sc: rank 0: (.*; )?PASSED" "$L" && echo "multirank faults $sc: rank 0 PASSED" || { echo "multirank faults $sc: rank 0 did not pass"; rc=1; }
 done
+# Ranks told different world sizes (rank 0 WORLD_SIZE=2, rank 1 3): both refused at once.
+step multirank faults world-mismatch; kport=$((29600 + RANDOM % 300))
+for r in 0 1; do
+  env -u NCCL_HOSTID NCCL_MULTI_RANK_GPU_ENABLE=1 RANK=$r WORLD_SIZE=$((2 + r)) LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$kport UNICOMM_BOOTSTRAP_TIMEOUT_S=60 timeout 90 ./faults --vendor cuda --scenario world-mismatch &
+done >> "$L" 2>&1
+wait; [ "$(grep -cE "faults world-mismatch: rank [01]: .*PASSED" "$L")" = 2 ] && echo "multirank faults world-mismatch: both ranks PASSED" || { echo "multirank faults world-mismatch: not both ranks passed"; rc=1; }
 step multirank faults churn; timeout 200 ./faults --vendor cuda --scenario churn --comms 200 --budget-s 120 >> "$L" 2>&1; c=$?
 echo "multirank faults churn: rc=$c" | tee -a "$L"; [ $c = 0 ] || rc=1
 # A rank SIGKILLed, the survivor shrinks or re-forms; a planned departure (default, abort).

@@ -261,6 +261,15 @@ for v in nccl rccl; do
     step $v faults forget; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario forget 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # A completion handle's own communicator aborted from another thread: Aborted at once.
     step $v faults completion-abort; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario completion-abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # A pending completion handle dropped while its peer is late: at once, the work exact.
+    step $v faults completion-drop; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario completion-drop 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # Ranks told different world sizes by their launcher: each refused at once (by hand).
+    step $v faults world-mismatch; kport=$((29600 + RANDOM % 300))
+    for r in 0 1; do
+      if [ -n "$share" ]; then dev=0; hostid="NCCL_HOSTID=unicomm-wm-$kport-$r"; else dev=$r; hostid=; fi
+      env $hostid RANK=$r WORLD_SIZE=$((2 + r)) LOCAL_RANK=$dev MASTER_ADDR=127.0.0.1 MASTER_PORT=$kport UNICOMM_BOOTSTRAP_TIMEOUT_S=60 timeout 90 ./faults --vendor $vendor --scenario world-mismatch &
+    done 2>&1 | tee -a "$OUT/$v-faults.log"
+    wait; [ "$(grep -cE "faults world-mismatch: rank [01]: .*PASSED" "$OUT/$v-faults.log")" = 2 ] || { echo "faults world-mismatch: not both ranks passed"; rc=1; }
     # Started by hand, not by the launcher (which would stop rank 0 as soon as rank 1
     # dies): the verdict is rank 0's, on its own.
     # kill: during plain calls; kill-replay: during a captured graph's replays.

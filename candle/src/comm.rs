@@ -8,7 +8,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 /// How long a call waits for another thread's call on the same rank when the
 /// communicator has no deadline of its own (unicomm's default deadline).
-const DEFAULT_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_WAIT: Duration = Duration::from_secs(60);
 
 /// One rank's communicator for candle: `Send + Sync` (from unicomm's own types, no
 /// `unsafe impl`), shared by the ops as an `Arc`. Its calls are serialised: a collective is

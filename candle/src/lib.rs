@@ -51,6 +51,7 @@ mod ops;
 mod qkv;
 
 pub use comm::{unicomm_error, Communicator};
+pub use fused::FusedNorm;
 pub use layers::{Shard, ShardedEmbedding, TensorParallelColumnLinear, TensorParallelRowLinear};
 pub use ops::{
     AllGather, AllReduce, AllToAll, Broadcast, Gather, Recv, Reduce, ReduceScatter, Scatter, Send,

@@ -117,3 +117,66 @@ fn after_an_abort_no_kernel_is_launched() -> Result<()> {
     assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
     Ok(())
 }
+
+/// The median cost of each phase of a replay's round, printed and bounded: a host write of
+/// 16 KiB, a host read, a symmetric kernel eagerly and from a graph, NCCL's all-reduce, each
+/// to an idle stream. The 10,000-replay test above is three of these rounds per replay, so a
+/// phase of milliseconds (an H100 took about 13 ms a round) makes it miss its time.
+#[test]
+fn each_phase_of_a_replay_s_round_costs_under_two_milliseconds() -> Result<()> {
+    use unicomm_core::graph::Graph;
+    let cs = GPU.comms(1)?;
+    let c = &cs[0];
+    let st = c.create_stream()?;
+    let n = 4099;
+    let sym = c.alloc_symmetric::<f32>(n)?;
+    let mut out = c.alloc::<f32>(n)?;
+    let mut plain = c.alloc::<f32>(n)?;
+    let replayed = c.alloc::<f32>(n)?;
+    let host = vec![1.0f32; n];
+    let sum = (ReduceOp::Sum, SymmetricAlgorithm::OneShot);
+    let graph = Graph::capture(&st, |g| g.all_reduce_symmetric(c, &sym, n, &replayed, sum))?;
+    fn median(mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        let mut ts = Vec::with_capacity(100);
+        for _ in 0..100 {
+            let t = std::time::Instant::now();
+            f()?;
+            ts.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        ts.sort_by(f64::total_cmp);
+        Ok(ts[50])
+    }
+    let phases = [
+        ("host write", median(|| sym.write_from_host(&host, &st))?),
+        ("host read", median(|| out.copy_to_host(&st).map(drop))?),
+        (
+            "symmetric eager + sync",
+            median(|| {
+                c.all_reduce_symmetric(&sym, n, &mut out, sum, &st)?;
+                st.synchronize()
+            })?,
+        ),
+        (
+            "graph launch + sync",
+            median(|| {
+                graph.launch(&st)?;
+                st.synchronize()
+            })?,
+        ),
+        (
+            "NCCL all_reduce + sync",
+            median(|| {
+                c.all_reduce_in_place(&mut plain, ReduceOp::Sum, &st)?;
+                st.synchronize()
+            })?,
+        ),
+    ];
+    for (what, us) in phases {
+        println!("a replay round's phase: {what}: median {us:.1} us");
+    }
+    for (what, us) in phases {
+        assert!(us < 2000.0, "{what}: median {us:.0} us");
+    }
+    drop(graph);
+    Ok(())
+}

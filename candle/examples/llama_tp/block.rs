@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Module, Result, Tensor, D};
-use unicomm_candle::{Communicator, TensorParallelColumnLinear, TensorParallelRowLinear};
+use unicomm_candle::{
+    Communicator, FusedNorm, TensorParallelColumnLinear, TensorParallelRowLinear,
+};
 
 /// The block's sizes: small, but with every feature of the real one (grouped-query heads,
 /// a head dimension split in halves by the rotary embedding, an MLP wider than the model).
@@ -105,27 +107,43 @@ impl Weights {
 }
 
 /// The model the example and its tests run, on every rank alike: `LAYERS` blocks of seeded
-/// weights, unsharded and this rank's part of them, and an input of `SEQ` positions.
-pub struct Model {
-    pub full: Vec<Block>,
-    pub sharded: Vec<Block>,
-    /// The sharded blocks with their fused all-reduce + residual add + norm.
-    pub fused: Vec<Block>,
+/// weights, unsharded and this rank's part of them, and an input of `SEQ` positions. The
+/// fused blocks' workspaces borrow the communicator (`'c`).
+pub struct Model<'c> {
+    pub full: Vec<Block<'c>>,
+    pub sharded: Vec<Block<'c>>,
+    /// The sharded blocks with their fused all-reduce + residual add + norm, or why the
+    /// backend has none here (its `Unsupported`).
+    pub fused: std::result::Result<Vec<Block<'c>>, unicomm::Error>,
     pub input: Tensor,
 }
 
 pub const LAYERS: usize = 2;
 pub const SEQ: usize = 7;
 
-impl Model {
-    pub fn new(comm: &Arc<Communicator>, dtype: DType, dev: &Device) -> Result<Self> {
+impl<'c> Model<'c> {
+    pub fn new(comm: &'c Arc<Communicator>, dtype: DType, dev: &Device) -> Result<Self> {
         let cfg = Config::small();
-        let (mut full, mut sharded, mut fused) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut full, mut sharded, mut fused) = (Vec::new(), Vec::new(), Ok(Vec::new()));
         for l in 0..LAYERS {
             let w = Weights::seeded(&cfg, 1000 + l as u64, dtype, dev)?;
             full.push(Block::full(cfg, &w));
             sharded.push(Block::sharded(cfg, &w, comm)?);
-            fused.push(Block::sharded_fused(cfg, &w, comm)?);
+            if fused.is_ok() {
+                let b = match Block::sharded_fused(cfg, &w, comm, SEQ * cfg.hidden) {
+                    Ok(b) => Ok(b),
+                    Err(e) => match unicomm_candle::unicomm_error(&e) {
+                        Some(u @ unicomm::Error::Unsupported { .. }) => Err(u.clone()),
+                        _ => return Err(e),
+                    },
+                };
+                fused = fused.and_then(|mut v: Vec<Block<'c>>| {
+                    b.map(|b| {
+                        v.push(b);
+                        v
+                    })
+                });
+            }
         }
         let input = Weights::input(&cfg, SEQ, 7, dtype, dev)?;
         Ok(Model {
@@ -138,7 +156,7 @@ impl Model {
 }
 
 /// `x` through `blocks` in order.
-pub fn forward(blocks: &[Block], x: &Tensor) -> Result<Tensor> {
+pub fn forward(blocks: &[Block<'_>], x: &Tensor) -> Result<Tensor> {
     blocks.iter().try_fold(x.clone(), |x, b| b.forward(&x))
 }
 
@@ -152,7 +170,7 @@ impl Module for Plain {
 }
 
 /// The block, with its linear layers and the heads this rank computes.
-pub struct Block {
+pub struct Block<'c> {
     cfg: Config,
     heads: usize,
     kv_heads: usize,
@@ -165,12 +183,13 @@ pub struct Block {
     gate: Box<dyn Module>,
     up: Box<dyn Module>,
     down: Box<dyn Module>,
-    /// The output projection's shard and its communicator, where the block fuses its sum
-    /// all-reduce with the residual add and the MLP's norm (`Block::sharded_fused`).
-    fused: Option<(TensorParallelRowLinear, Arc<Communicator>)>,
+    /// The output projection's shard and the workspace of its communicator, where the
+    /// block fuses its sum all-reduce with the residual add and the MLP's norm
+    /// (`Block::sharded_fused`).
+    fused: Option<(TensorParallelRowLinear, FusedNorm<'c>)>,
 }
 
-impl Block {
+impl<'c> Block<'c> {
     /// The unsharded block: every head, plain matrix products.
     pub fn full(cfg: Config, w: &Weights) -> Self {
         let m = |t: &Tensor| -> Box<dyn Module> { Box::new(Plain(t.clone())) };
@@ -225,23 +244,27 @@ impl Block {
     }
 
     /// [`Block::sharded`], its output projection's all-reduce fused with the residual add
-    /// and the MLP's RMSNorm in one of unicomm's symmetric kernels.
-    pub fn sharded_fused(cfg: Config, w: &Weights, comm: &Arc<Communicator>) -> Result<Self> {
+    /// and the MLP's RMSNorm in one of unicomm's symmetric kernels, on a workspace of
+    /// `capacity` elements made here once (collectively) for every forward.
+    pub fn sharded_fused(
+        cfg: Config,
+        w: &Weights,
+        comm: &'c Arc<Communicator>,
+        capacity: usize,
+    ) -> Result<Self> {
         let mut b = Self::sharded(cfg, w, comm)?;
-        b.fused = Some((
-            TensorParallelRowLinear::from_full(&w.o, None, comm)?,
-            comm.clone(),
-        ));
+        let norm = comm.fused_norm(w.mlp_norm.dtype(), capacity)?;
+        b.fused = Some((TensorParallelRowLinear::from_full(&w.o, None, comm)?, norm));
         Ok(b)
     }
 
     /// `x` (`[seq, hidden]`) through the block: attention then MLP, each with its residual.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if let Some((o, comm)) = &self.fused {
+        if let Some((o, norm)) = &self.fused {
             let attn = self.attention(&rms_norm(x, &self.attn_norm, self.cfg.eps)?)?;
             let partial = o.forward_partial(&attn)?;
             let eps = self.cfg.eps as f32;
-            let (h, x) = comm.all_reduce_rms_norm(&partial, x, &self.mlp_norm, eps)?;
+            let (h, x) = norm.all_reduce_rms_norm(&partial, x, &self.mlp_norm, eps)?;
             let mlp = (self.gate.forward(&h)?.silu()? * self.up.forward(&h)?)?;
             return x + self.down.forward(&mlp)?;
         }

@@ -84,3 +84,69 @@ fn candle_stream<'s>(streams: &'s mut Streams, dev: &CudaDevice) -> Result<&'s u
     };
     Ok(&streams.cuda.insert((key, s)).1)
 }
+
+/// The fused all-reduce + residual add + RMSNorm on candle's CUDA tensors: the partial
+/// product copied into the workspace and the residual into the output's second half, both
+/// on candle's stream, then unicomm's kernel there (the host never waits). The output holds
+/// `[normed; next residual]`, every element written by the copy or the kernel.
+pub(crate) fn fused_cuda(
+    comm: &Communicator,
+    work: &mut crate::fused::Workspace<'_>,
+    inputs: [(&CudaStorage, &Layout); 3],
+    eps: f32,
+) -> Result<CudaStorage> {
+    use crate::fused::Workspace;
+    match work {
+        Workspace::F32(s) => fused_run::<f32>(comm, s, inputs, eps),
+        Workspace::Bf16(s) => fused_run::<unicomm::bf16>(comm, s, inputs, eps),
+        Workspace::F16(s) => fused_run::<unicomm::f16>(comm, s, inputs, eps),
+    }
+}
+
+fn fused_run<T: Element + WithDType + CudaDType + DeviceRepr>(
+    comm: &Communicator,
+    sym: &mut unicomm::Symmetric<'_, T>,
+    [(s1, l1), (s2, l2), (s3, l3)]: [(&CudaStorage, &Layout); 3],
+    eps: f32,
+) -> Result<CudaStorage> {
+    use crate::fused::{offsets, NAME};
+    let e = |e| wrap(NAME, e);
+    let (x, r, w) = (offsets(l1)?, offsets(l2)?, offsets(l3)?);
+    let n = x.1 - x.0;
+    let dev = s1.device();
+    let partial = s1.as_cuda_slice::<T>()?.slice(x.0..x.1);
+    let residual = s2.as_cuda_slice::<T>()?.slice(r.0..r.1);
+    let weight = s3.as_cuda_slice::<T>()?.slice(w.0..w.1);
+    // SAFETY: the first half is written by the kernel and the second by the copy below,
+    // both enqueued on the stream candle's later kernels use, before anything reads them;
+    // if either is not enqueued, `dst` is dropped unread.
+    let mut dst = unsafe { dev.alloc::<T>(2 * n) }?;
+    let mut streams = comm.locked(NAME)?;
+    let stream = candle_stream(&mut streams, dev)?;
+    let c = comm.comm();
+    {
+        let (mut normed, mut summed) = dst.split_at_mut(n);
+        let (xs, rs, ws) = (lent(&partial)?, lent(&residual)?, lent(&weight)?);
+        let mut into_sym = sym.slice_mut(..n).map_err(e)?;
+        c.copy(&xs, &mut into_sym, stream).map_err(e)?;
+        let mut sm = unicomm::nccl::lend_mut(&mut summed)
+            .map_err(e)?
+            .into_backend();
+        c.copy(&rs, &mut sm, stream).map_err(e)?;
+        let mut nm = unicomm::nccl::lend_mut(&mut normed)
+            .map_err(e)?
+            .into_backend();
+        let how = (eps, unicomm::SymmetricAlgorithm::OneShot);
+        c.all_reduce_rms_norm(sym, n, &mut sm, &ws, &mut nm, how, stream)
+            .map_err(e)?;
+    }
+    Ok(CudaStorage::wrap_cuda_slice(dst, dev.clone()))
+}
+
+/// A cudarc view lent to unicomm's facade, read-only.
+fn lent<'a, T: Element + DeviceRepr>(
+    v: &'a cudarc::driver::CudaView<'_, T>,
+) -> Result<unicomm::Lent<'a, T>> {
+    let l = unicomm::nccl::lend(v).map_err(|e| wrap(crate::fused::NAME, e))?;
+    Ok(l.into_backend())
+}

@@ -47,6 +47,10 @@
 //!   rank 0's kernel waits in NCCL's LSA barrier: the wait must end with `Timeout` by the
 //!   deadline (the communicator's abort raises NCCL's abort flag, which the barrier
 //!   watches), never hang the GPU.
+//! - `completion-drop`: a pending `Completion` dropped while its peer is 2 s late returns at
+//!   once and the work still ends exact (a cancelled future costs an executor nothing).
+//! - `world-mismatch` (started by hand, rank 0 told `WORLD_SIZE=2`, rank 1 `3`): every rank
+//!   is refused at once naming the world size, never `Ok` nor `Timeout`.
 //! - `churn` (one process, every local device): register/deregister, window and
 //!   communicator create/destroy cycles, with the device's free memory (the driver's
 //!   figure) compared before and after.
@@ -57,7 +61,9 @@ use anyhow::{bail, ensure, Context as _};
 use unicomm::{Error, ReduceOp, Vendor};
 
 #[expect(dead_code, reason = "its own arguments: the shared parser is not used")]
+#[path = "../common/mod.rs"]
 mod common;
+mod engine;
 
 /// `$e` with `$c` the communicator's NCCL or RCCL backend and `$m` that backend's crate
 /// (the same API over both), else `$none` (the mock).
@@ -144,8 +150,10 @@ fn run() -> anyhow::Result<()> {
         "sym-abort" => symmetric_skip(vendor, true),
         "sym-kill" => symmetric_kill(vendor),
         "dev-skip" => device_skip(vendor),
+        "completion-drop" => engine::completion_drop(vendor),
+        "world-mismatch" => engine::world_mismatch(vendor),
         s => bail!(
-            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget, completion-abort, sym-skip, sym-abort, sym-kill or dev-skip"
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget, completion-abort, completion-drop, world-mismatch, sym-skip, sym-abort, sym-kill or dev-skip"
         ),
     }
 }
