@@ -101,21 +101,13 @@ macro_rules! gpu_backend {
                     .map(::$krate::UniqueId::from_bytes)
                     .collect();
                 let where_ = Place::new(env.rank, env.world_size, env.local_rank);
-                let comm = match ids.as_slice() {
-                    [id] => ::$krate::init_rank_with(*id, where_, config),
-                    _ => ::$krate::init_rank_scalable_with(&ids, where_, config),
-                };
-                let comm = match comm {
-                    Ok(c) => c,
-                    // A rendezvous that already failed says which ranks never came; one
-                    // still serving is left to serve the others until its deadline.
-                    Err(e) if serving.is_finished() => {
-                        return Err(serving.finish().err().unwrap_or(e))
-                    }
-                    Err(e) => return Err(e),
-                };
-                // Created: every rank held the ids, so the rendezvous ends at once.
-                serving.finish()?;
+                let config = config.clone();
+                // Rank 0's creation waits for every rank in the library; a rendezvous that
+                // fails meanwhile (a rank refused) ends rank 0's wait at once.
+                let comm = serving.create_beside(move || match ids.as_slice() {
+                    [id] => ::$krate::init_rank_with(*id, where_, &config),
+                    _ => ::$krate::init_rank_scalable_with(&ids, where_, &config),
+                })?;
                 // After a failure the survivors re-form over the job's rendezvous.
                 comm.set_rejoin(std::sync::Arc::new(unicomm_bootstrap::Rejoin::job(env)))?;
                 Ok(AnyComm::from(comm))
