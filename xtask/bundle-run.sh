@@ -40,9 +40,17 @@ case "${NCCL:-}" in
 esac
 if [ -n "${NCCL:-}" ] && [ ! -f "$UNICOMM_NCCL_LIBRARY" ]; then echo "NCCL=$NCCL: no library at '$UNICOMM_NCCL_LIBRARY'"; exit 1; fi
 [ -x ./doctor ] && echo "NCCL for PARTS=$PARTS: $(./doctor 2>&1 | grep -m1 'library: nccl' || echo 'not loaded (see the doctor)')" | tee -a "$OUT/nccl.txt"
-# Ranks sharing a GPU (--share-gpu) as separate hosts in every part but multirank, whatever
-# the NCCL: NCCL's multi-rank mode takes at most 2 ranks per GPU, the parts launch up to 4.
-[ "$PARTS" = multirank ] || export NCCL_MULTI_RANK_GPU_ENABLE=${NCCL_MULTI_RANK_GPU_ENABLE:-0}
+# Ranks sharing a GPU (--share-gpu): two take NCCL's multi-rank mode where the NCCL has it
+# (>= 2.30.3; the launcher says which), more are separate hosts (the mode takes at most 2
+# per GPU). NCCL 2.32.3 gives no symmetric window to ranks it sees on separate hosts (a
+# NULL window: Unsupported), where 2.28.9 gave one, so two ranks on one GPU reach windows
+# only in the mode. Set NCCL_MULTI_RANK_GPU_ENABLE to choose for every launch.
+xlaunch() {
+  local n; n=$(printf '%s ' "$@" | sed -nE 's/.*--procs ([0-9]+).*/\1/p')
+  if [ "${n:-2}" -gt 2 ] && [ -z "${NCCL_MULTI_RANK_GPU_ENABLE:-}" ]; then
+    NCCL_MULTI_RANK_GPU_ENABLE=0 ./xtask launch "$@"
+  else ./xtask launch "$@"; fi
+}
 if [ "$PARTS" = multirank ]; then source ./multirank.sh; exit $rc; fi
 gpus() { # $1 = cuda|rocm
   if [ "$1" = cuda ]; then nvidia-smi -L 2>/dev/null | grep -c "^GPU"
@@ -71,11 +79,11 @@ if [ "$PARTS" = candle ]; then
   step candle llama_tp, one rank; timeout 120 ./llama_tp --vendor cuda --ranks 1 --dtype bf16 2>&1 | tee -a "$L" | tail -2; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   for dt in bf16 f32; do
     step candle llama_tp, 2 processes, $dt
-    ./xtask launch --procs 2 $share --timeout-s 200 -- ./llama_tp --vendor cuda --dtype $dt 2>&1 | tee -a "$L" | grep -E "llama_tp|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    xlaunch --procs 2 $share --timeout-s 200 -- ./llama_tp --vendor cuda --dtype $dt 2>&1 | tee -a "$L" | grep -E "llama_tp|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   done
   # Two pipeline stages of two tensor-parallel ranks (send/recv between the stages).
   step candle pipeline_tp, 4 processes
-  ./xtask launch --procs 4 $share --timeout-s 200 -- ./pipeline_tp --vendor cuda 2>&1 | tee -a "$L" | grep -E "pipeline_tp|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  xlaunch --procs 4 $share --timeout-s 200 -- ./pipeline_tp --vendor cuda 2>&1 | tee -a "$L" | grep -E "pipeline_tp|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   step candle allreduce_cost; timeout 200 ./allreduce_cost 2>&1 | tee -a "$L"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   echo "overall rc=$rc"; exit $rc
 fi
@@ -98,11 +106,11 @@ if [ "$PARTS" = rccl-on-cuda ]; then
   step rccl-on-cuda conformance and groups, world 1
   timeout 300 ./rccl-conformance --test-threads=1 $(skips 1) >> "$L" 2>&1 || rc=1
   timeout 200 ./rccl-groups --test-threads=1 >> "$L" 2>&1 || rc=1; grep -E "test result|FAILED" "$L" | tail -2
-  for n2 in 2 3; do step rccl-on-cuda $n2 processes; ./xtask launch --procs $n2 $share --timeout-s 200 -- ./rank_conformance --vendor rocm 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1; done
+  for n2 in 2 3; do step rccl-on-cuda $n2 processes; xlaunch --procs $n2 $share --timeout-s 200 -- ./rank_conformance --vendor rocm 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1; done
   step rccl-on-cuda copy engines across processes, data checked
-  ./xtask launch --procs 2 $share --timeout-s 200 -- ./unicomm-bench --vendor rocm --modes window,ce --coll all_to_all,all_to_all_v,all_gather -b 64K -e 4M -f 4 -w 2 -n 5 --place out 2>&1 | tee -a "$L" | grep -E "wrong|error|==>" ; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
-  for sc in skip ce-skip ce-abort; do step rccl-on-cuda faults $sc; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor rocm --scenario $sc 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1; done
-  step rccl-on-cuda shrink; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 4 $share --expect-lost 3 --timeout-s 200 -- ./shrink --vendor rocm --victim 3 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  xlaunch --procs 2 $share --timeout-s 200 -- ./unicomm-bench --vendor rocm --modes window,ce --coll all_to_all,all_to_all_v,all_gather -b 64K -e 4M -f 4 -w 2 -n 5 --place out 2>&1 | tee -a "$L" | grep -E "wrong|error|==>" ; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  for sc in skip ce-skip ce-abort; do step rccl-on-cuda faults $sc; UNICOMM_TIMEOUT_MS=10000 xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor rocm --scenario $sc 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1; done
+  step rccl-on-cuda shrink; UNICOMM_TIMEOUT_MS=10000 xlaunch --procs 4 $share --expect-lost 3 --timeout-s 200 -- ./shrink --vendor rocm --victim 3 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   echo "overall rc=$rc"; exit $rc
 fi
 for v in nccl rccl; do
@@ -200,20 +208,20 @@ for v in nccl rccl; do
     for n in 2 3 4; do
       if [ "$UNICOMM_GPU_WORLD" -ge $n ]; then share=; else share=--share-gpu; fi
       step $v groups: $n processes $share
-      ./xtask launch --procs $n $share --timeout-s 300 -- ./rank_conformance --vendor $vendor --groups-only 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+      xlaunch --procs $n $share --timeout-s 300 -- ./rank_conformance --vendor $vendor --groups-only 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     done
     if [ "$UNICOMM_GPU_WORLD" -ge 4 ]; then share=; else share=--share-gpu; fi
     step $v engine_mesh: 4 processes $share
-    ./xtask launch --procs 4 $share --timeout-s 300 -- ./engine_mesh --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    xlaunch --procs 4 $share --timeout-s 300 -- ./engine_mesh --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # An engine's own bootstrap: rank 0's UniqueId through a file, init_rank on every rank.
     if [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then share=; else share=--share-gpu; fi
     step $v by_id: 2 processes $share
-    ./xtask launch --procs 2 $share --timeout-s 120 -- ./by_id --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    xlaunch --procs 2 $share --timeout-s 120 -- ./by_id --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # NCCL's many-root creation (ncclCommInitRankScalable): 4 ranks, one root per 2; NCCL's
     # own log says how the communicator was made (kept in the groups log).
     if [ "$UNICOMM_GPU_WORLD" -ge 4 ]; then share=; else share=--share-gpu; fi
     step $v many roots: 4 processes $share, UNICOMM_RANKS_PER_ROOT=2
-    UNICOMM_RANKS_PER_ROOT=2 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT ./xtask launch --procs 4 $share --timeout-s 120 -- ./from_env --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>|[Ss]calable|roots"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    UNICOMM_RANKS_PER_ROOT=2 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT xlaunch --procs 4 $share --timeout-s 120 -- ./from_env --vendor $vendor 2>&1 | tee -a "$OUT/$v-groups.log" | grep -E "PASSED|FAILED|error|==>|[Ss]calable|roots"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   fi
   if [ "$PARTS" = groups ]; then continue; fi
   if [ "$PARTS" = shrink ] || [ "$PARTS" = all ]; then
@@ -223,19 +231,19 @@ for v in nccl rccl; do
     # so ncclCommShrink runs on it; 3: re-forming asked for, rank 0 lost.
     if [ "$UNICOMM_GPU_WORLD" -ge 4 ]; then share=; else share=--share-gpu; fi
     step $v shrink: deadline, victim 3
-    UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 4 $share --expect-lost 3 --timeout-s 200 -- ./shrink --vendor $vendor --victim 3 2>&1 | tee "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    UNICOMM_TIMEOUT_MS=10000 xlaunch --procs 4 $share --expect-lost 3 --timeout-s 200 -- ./shrink --vendor $vendor --victim 3 2>&1 | tee "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     step $v shrink: revoke after 3 s, victim 3
-    UNICOMM_TIMEOUT_MS=30000 ./xtask launch --procs 4 $share --expect-lost 3 --timeout-s 200 -- ./shrink --vendor $vendor --victim 3 --revoke-after-ms 3000 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    UNICOMM_TIMEOUT_MS=30000 xlaunch --procs 4 $share --expect-lost 3 --timeout-s 200 -- ./shrink --vendor $vendor --victim 3 --revoke-after-ms 3000 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     step $v shrink: re-form asked for, victim 0
-    UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 4 $share --expect-lost 0 --timeout-s 200 -- ./shrink --vendor $vendor --victim 0 --mode reform 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    UNICOMM_TIMEOUT_MS=10000 xlaunch --procs 4 $share --expect-lost 0 --timeout-s 200 -- ./shrink --vendor $vendor --victim 0 --mode reform 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # NCCL's own shrink on a live communicator: 4: the victim silent (its peers' collective
     # hangs), a watchdog revokes the communicator (ncclCommRevoke, NCCL >= 2.28.7), then
     # ncclCommShrink; 5 and 6: a planned departure, default and abort modes.
     step $v shrink: a silent rank, revoke, ncclCommShrink
-    UNICOMM_TIMEOUT_MS=60000 ./xtask launch --procs 4 $share --timeout-s 200 -- ./shrink --vendor $vendor --victim 3 --fault hang --revoke-after-ms 3000 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    UNICOMM_TIMEOUT_MS=60000 xlaunch --procs 4 $share --timeout-s 200 -- ./shrink --vendor $vendor --victim 3 --fault hang --revoke-after-ms 3000 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     for mode in default abort; do
       step $v shrink: a planned departure, mode $mode
-      UNICOMM_TIMEOUT_MS=30000 ./xtask launch --procs 4 $share --timeout-s 200 -- ./shrink --vendor $vendor --victim 2 --fault leave --mode $mode 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+      UNICOMM_TIMEOUT_MS=30000 xlaunch --procs 4 $share --timeout-s 200 -- ./shrink --vendor $vendor --victim 2 --fault leave --mode $mode 2>&1 | tee -a "$OUT/$v-shrink.log" | grep -E "PASSED|FAILED|error|lost|now rank|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     done
   fi
   if [ "$PARTS" = shrink ]; then continue; fi
@@ -243,26 +251,26 @@ for v in nccl rccl; do
     # One rank per process through the bundle's launcher (xtask launch = run --procs). With
     # one GPU the two processes share it (--share-gpu: NCCL is told they are on two hosts).
     if [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then share=; else share=--share-gpu; echo "faults: one GPU here: the two ranks share it (xtask launch --share-gpu)"; fi
-    step $v faults skip;  UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario skip 2>&1 | tee "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
-    step $v faults abort; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults skip;  UNICOMM_TIMEOUT_MS=10000 xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario skip 2>&1 | tee "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults abort; xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # The same on the copy-engine path (signal waits, which the abort must release).
-    step $v faults ce-skip; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-skip 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
-    step $v faults ce-abort; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults ce-skip; UNICOMM_TIMEOUT_MS=10000 xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-skip 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults ce-abort; xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # Signal waits behind an all-reduce only the abort ends; a communicator dropped while
     # its all-to-all waits for a peer that never signals.
-    step $v faults ce-behind; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-behind 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
-    step $v faults ce-drop; UNICOMM_TIMEOUT_MS=10000 ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-drop 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults ce-behind; UNICOMM_TIMEOUT_MS=10000 xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-behind 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults ce-drop; UNICOMM_TIMEOUT_MS=10000 xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario ce-drop 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # The ranks' automatic policies differ (rank 1's thresholds and UNICOMM_AUTO_COPY_ENGINE=0).
     # Calls that differ between the ranks, compared first (UNICOMM_CHECK_COLLECTIVES=1).
-    step $v faults mismatch; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario mismatch 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
-    step $v faults policy; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario policy 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults mismatch; xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario mismatch 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults policy; xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario policy 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # A completion handle forgotten while its all-reduce waits for a late peer, then its
     # output dropped: the free waits for the device; a buffer allocated after it is intact.
-    step $v faults forget; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario forget 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults forget; xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario forget 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # A completion handle's own communicator aborted from another thread: Aborted at once.
-    step $v faults completion-abort; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario completion-abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults completion-abort; xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario completion-abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # A pending completion handle dropped while its peer is late: at once, the work exact.
-    step $v faults completion-drop; ./xtask launch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario completion-drop 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults completion-drop; xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario completion-drop 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # Ranks told different world sizes by their launcher: each refused at once (by hand).
     step $v faults world-mismatch; kport=$((29600 + RANDOM % 300))
     for r in 0 1; do
@@ -291,7 +299,7 @@ for v in nccl rccl; do
         log="$OUT/$v-procs-$transport.log"; : > "$log"
         for prog in allreduce_ub alltoall_ub "rank_conformance $nowin"; do
           step $v 2 processes $transport: $prog
-          ./xtask launch --procs 2 --timeout-s 300 -- ./$prog --vendor $vendor 2>&1 | tee -a "$log" | grep -E "PASSED|FAILED|error|NOT run|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+          xlaunch --procs 2 --timeout-s 300 -- ./$prog --vendor $vendor 2>&1 | tee -a "$log" | grep -E "PASSED|FAILED|error|NOT run|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
         done
         step $v bench $transport transports
         timeout ${BENCH_TIMEOUT:-240} ./unicomm-bench --vendor $vendor --modes plain,registered -b 8 -e 512M -f 4 -w 5 -n 20 --coll all_reduce,all_to_all,all_gather --place out -J "$OUT/$v-bench-$transport.json" >> "$log" 2>&1 || rc=1
@@ -301,7 +309,7 @@ for v in nccl rccl; do
       # The copy-engine path with one rank per process (windows exported and mapped across
       # the two processes), beside NCCL's registered and window modes; data checked.
       step $v bench 2 processes: copy engines
-      ./xtask launch --procs 2 --timeout-s 300 -- ./unicomm-bench --vendor $vendor --modes registered,window,ce --coll all_to_all,all_gather -b 1M -e 512M -f 4 -w 5 -n 20 -c 1 --place out -J "$OUT/$v-bench-procs-ce.json" > "$OUT/$v-bench-procs-ce.log" 2>&1 || rc=1
+      xlaunch --procs 2 --timeout-s 300 -- ./unicomm-bench --vendor $vendor --modes registered,window,ce --coll all_to_all,all_gather -b 1M -e 512M -f 4 -w 5 -n 20 -c 1 --place out -J "$OUT/$v-bench-procs-ce.json" > "$OUT/$v-bench-procs-ce.log" 2>&1 || rc=1
       grep -E "mode|512|wrong|error|==>" "$OUT/$v-bench-procs-ce.log" | tail -12
     else
       # One GPU: the two processes share it (xtask launch --share-gpu), for correctness
@@ -310,10 +318,10 @@ for v in nccl rccl; do
       log="$OUT/$v-procs-shared-gpu.log"; : > "$log"
       for prog in allreduce_ub alltoall_ub rank_conformance; do
         step $v 2 processes on one GPU: $prog
-        ./xtask launch --procs 2 --share-gpu --timeout-s 300 -- ./$prog --vendor $vendor 2>&1 | tee -a "$log" | grep -E "PASSED|FAILED|error|NOT run|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+        xlaunch --procs 2 --share-gpu --timeout-s 300 -- ./$prog --vendor $vendor 2>&1 | tee -a "$log" | grep -E "PASSED|FAILED|error|NOT run|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
       done
       step $v bench 2 processes on one GPU: copy engines, data checked
-      ./xtask launch --procs 2 --share-gpu --timeout-s 300 -- ./unicomm-bench --vendor $vendor --modes window,ce --coll all_to_all,all_gather -b 8 -e 64M -f 8 -w 2 -n 10 -c 1 --place out,in -J "$OUT/$v-bench-procs-ce.json" > "$OUT/$v-bench-procs-ce.log" 2>&1 || rc=1
+      xlaunch --procs 2 --share-gpu --timeout-s 300 -- ./unicomm-bench --vendor $vendor --modes window,ce --coll all_to_all,all_gather -b 8 -e 64M -f 8 -w 2 -n 10 -c 1 --place out,in -J "$OUT/$v-bench-procs-ce.json" > "$OUT/$v-bench-procs-ce.log" 2>&1 || rc=1
       grep -E "wrong|error|==>" "$OUT/$v-bench-procs-ce.log" | tail -6
     fi
   fi

@@ -1,6 +1,6 @@
 //! Automatic registration ([`unicomm_core::Collective::register_auto`]) on NCCL/RCCL: the
-//! buffer is a symmetric window of this communicator and `ncclCommRegister`ed with a second
-//! communicator over the same ranks (`ncclCommSplit`, created at the first automatic
+//! buffer is a symmetric window of this communicator (where it has none, `ncclCommRegister`ed
+//! with it) and `ncclCommRegister`ed with a second communicator over the same ranks (`ncclCommSplit`, created at the first automatic
 //! registration, collective like it). A call whose buffers are so registered runs where
 //! the [`Policy`] says: on this communicator (window kernels), on the second (the
 //! registered path), or on the copy engines. Both communicators take the caller's stream,
@@ -62,6 +62,9 @@ pub(crate) struct Auto {
     second: Mutex<Option<Arc<Second>>>,
     /// Live automatic registrations (so calls without any skip the policy's lookups).
     live: AtomicU32,
+    /// Those registered with `ncclCommRegister` where the communicator has no symmetric
+    /// window (deregistered as buffers).
+    windowless: Mutex<std::collections::HashSet<RawHandle>>,
 }
 
 /// `UNICOMM_AUTO_COPY_ENGINE` (`1`, the default, or `0`): whether automatic registrations
@@ -199,14 +202,30 @@ impl Auto {
             lc.api.fns.comm_register.is_some(),
         )?;
         self.agree(b, ce)?;
-        let h = b.window_register(mem, (offset, bytes), RegKind::Auto)?;
+        let (h, windowed) = match b.window_register(mem, (offset, bytes), RegKind::Auto) {
+            Ok(h) => (h, true),
+            // No symmetric window on this communicator (NCCL's NULL window, on every rank
+            // alike: NCCL 2.32.3 gives none to ranks it sees on separate hosts; or a library
+            // without windows): the buffer registered with this communicator instead, where
+            // the window path then runs NCCL's registered kernels and the copy engines,
+            // which need a window, give way to the registered path.
+            Err(Error::Unsupported { .. }) => {
+                let h = b.buffer_register_as(mem, (offset, bytes), RegKind::Auto)?;
+                self.windowless
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(h);
+                (h, false)
+            }
+            Err(e) => return Err(e),
+        };
         let undo = |e: Error| {
             let _ = self.deregister(b, ce, h);
             e
         };
         let addr = mem.range(offset, bytes, "bytes")?;
         let shared = self.agreed.get().is_some_and(|a| a.copy_engine);
-        if ce.reachable() && shared {
+        if ce.reachable() && shared && windowed {
             ce.share_window(b, h, (addr, bytes)).map_err(undo)?;
         }
         let second = self.second(b).map_err(undo)?;
@@ -260,7 +279,15 @@ impl Auto {
                     })?;
                 }
             }
-            b.deregister_raw(h, RegKind::Auto)
+            let windowless = self
+                .windowless
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&h);
+            match windowless {
+                true => b.deregister_raw(h, RegKind::Buffer),
+                false => b.deregister_raw(h, RegKind::Auto),
+            }
         })?;
         self.live.fetch_sub(1, Ordering::Relaxed);
         ce.forget_window(h);

@@ -185,8 +185,19 @@ impl<R: Runtime> Base<R> {
         mem: &ApiMemory<R>,
         range: (usize, usize),
     ) -> Result<RawHandle> {
+        self.buffer_register_as(mem, range, RegKind::Buffer)
+    }
+
+    /// `ncclCommRegister` over `mem[offset..offset+bytes]`, recorded as `kind` (a buffer, or
+    /// an automatic registration where the communicator has no symmetric window).
+    pub(crate) fn buffer_register_as(
+        &self,
+        mem: &ApiMemory<R>,
+        range: (usize, usize),
+        kind: RegKind,
+    ) -> Result<RawHandle> {
         let lc = &self.lc;
-        self.register_range(mem, range, RegKind::Buffer, |l, buf| {
+        self.register_range(mem, range, kind, |l, buf| {
             let h = lc.api.comm_register(l.comm()?.handle(), Span::of(buf)?)?;
             // Non-blocking: the handle is written when the call is done.
             l.settle("ncclCommRegister")?;
