@@ -271,6 +271,8 @@ for v in nccl rccl; do
     step $v faults completion-abort; xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario completion-abort 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # A pending completion handle dropped while its peer is late: at once, the work exact.
     step $v faults completion-drop; xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario completion-drop 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    # A completion handle whose collective the ranks disagree on: Mismatch at once.
+    step $v faults completion-mismatch; xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor $vendor --scenario completion-mismatch 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
     # Ranks told different world sizes by their launcher: each refused at once (by hand).
     step $v faults world-mismatch; kport=$((29600 + RANDOM % 300))
     for r in 0 1; do

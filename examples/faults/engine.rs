@@ -92,3 +92,47 @@ pub fn world_mismatch(vendor: Vendor) -> anyhow::Result<()> {
         }
     }
 }
+
+/// A completion handle whose collective the ranks disagree on (rank 1 another count, with
+/// `UNICOMM_CHECK_COLLECTIVES=1`): every rank's handle ends at once with `Mismatch` (at its
+/// start on the GPUs, where the ranks compare before the library's call; at its wait on
+/// the mock, whose stream compares), never `Timeout` at the deadline; an agreed all-reduce
+/// after it is exact.
+pub fn completion_mismatch(vendor: Vendor) -> anyhow::Result<()> {
+    // Read when the communicator is made, before any thread of this process.
+    std::env::set_var("UNICOMM_CHECK_COLLECTIVES", "1");
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    ensure!(w >= 2, "needs at least 2 ranks");
+    let _ = comm.set_timeout(Duration::from_secs(20));
+    let st = comm.create_stream()?;
+    let n = if r == 1 { 1 << 15 } else { 1 << 16 };
+    let x = comm.upload(&vec![1.0f32; n], &st)?;
+    let t = Instant::now();
+    let res = unicomm::Completion::start(&st, |s| s.all_reduce_in_place(&comm, &x, ReduceOp::Sum))
+        .and_then(|h| h.wait());
+    let took = t.elapsed();
+    match res {
+        Err(Error::Mismatch { what, .. }) if took < Duration::from_secs(5) => println!(
+            "faults completion-mismatch: rank {r}: Mismatch ({what}) after {:.1} ms",
+            took.as_secs_f64() * 1e3
+        ),
+        other => anyhow::bail!("rank {r}: expected Mismatch at once, got {other:?} after {took:?}"),
+    }
+    // Where the backend keeps a stream's error (the mock), it stays for the stream's next
+    // synchronize (`DeviceStream::query`'s rule): taken here, as an engine would.
+    match st.synchronize() {
+        Ok(()) | Err(Error::Mismatch { .. }) => {}
+        Err(e) => anyhow::bail!("rank {r}: the stream after the mismatch: {e}"),
+    }
+    let mut y = comm.upload(&[1.0f32; 1024], &st)?;
+    comm.all_reduce_in_place(&mut y, ReduceOp::Sum, &st)?;
+    let got = y.copy_to_host(&st)?;
+    ensure!(
+        got.iter().all(|&v| v == w as f32),
+        "rank {r}: an agreed all-reduce after the mismatch gave {}",
+        got[0]
+    );
+    println!("faults completion-mismatch: rank {r}: the ranks still in step; PASSED");
+    Ok(())
+}

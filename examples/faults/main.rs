@@ -49,6 +49,8 @@
 //!   watches), never hang the GPU.
 //! - `completion-drop`: a pending `Completion` dropped while its peer is 2 s late returns at
 //!   once and the work still ends exact (a cancelled future costs an executor nothing).
+//! - `completion-mismatch` (`UNICOMM_CHECK_COLLECTIVES=1`): a completion handle whose
+//!   collective the ranks disagree on ends at once with `Mismatch` on every rank.
 //! - `world-mismatch` (started by hand, rank 0 told `WORLD_SIZE=2`, rank 1 `3`): every rank
 //!   is refused at once naming the world size, never `Ok` nor `Timeout`.
 //! - `churn` (one process, every local device): register/deregister, window and
@@ -152,8 +154,9 @@ fn run() -> anyhow::Result<()> {
         "dev-skip" => device_skip(vendor),
         "completion-drop" => engine::completion_drop(vendor),
         "world-mismatch" => engine::world_mismatch(vendor),
+        "completion-mismatch" => engine::completion_mismatch(vendor),
         s => bail!(
-            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget, completion-abort, completion-drop, world-mismatch, sym-skip, sym-abort, sym-kill or dev-skip"
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget, completion-abort, completion-drop, completion-mismatch, world-mismatch, sym-skip, sym-abort, sym-kill or dev-skip"
         ),
     }
 }
