@@ -4,6 +4,7 @@
 //! tables below are the architecture, written once; `planted.rs` shows each rule refusing a
 //! planted violation.
 
+mod package;
 mod rules;
 mod source;
 mod workspace;
@@ -217,6 +218,31 @@ mod tests {
 
     fn assert_none(what: &str, v: Vec<String>) {
         assert!(v.is_empty(), "{what}:\n  {}", v.join("\n  "));
+    }
+
+    /// What a source embeds at build time ships in its package (`include`).
+    #[test]
+    fn every_file_a_source_embeds_ships_in_its_package() {
+        let root = root();
+        let mut bad = Vec::new();
+        for (name, dir, _, _) in packages() {
+            let manifest = std::fs::read_to_string(root.join(&dir).join("Cargo.toml"))
+                .unwrap_or_else(|e| panic!("{name}'s manifest: {e}"));
+            let pkg = root.join(&dir);
+            let files: Vec<String> = package::rust_files(&pkg, Path::new("src"))
+                .into_iter()
+                .flat_map(|f| {
+                    let text = std::fs::read_to_string(pkg.join(&f)).unwrap_or_default();
+                    package::embedded(&f, &text)
+                })
+                .collect();
+            bad.extend(package::unshipped(
+                &name,
+                &package::include_globs(&manifest),
+                &files,
+            ));
+        }
+        assert_none("embedded files left out of packages", bad);
     }
 
     #[test]

@@ -273,3 +273,20 @@ fn a_vendor_identifier_in_code_is_refused_and_one_in_a_comment_or_string_is_not(
         assert_eq!(v.len(), found, "{code}: {v:?}");
     }
 }
+
+#[test]
+fn a_file_embedded_but_left_out_of_the_package_is_refused() {
+    use super::package;
+    let manifest = r#"include = ["src/**/*.rs", "Cargo.toml"]"#;
+    let source = r#"const PTX: &str = include_str!("../kernels/k.ptx");"#;
+    let files = package::embedded(std::path::Path::new("src/kernels.rs"), source);
+    assert_eq!(files, vec!["kernels/k.ptx".to_string()]);
+    let globs = package::include_globs(manifest);
+    let v = package::unshipped("p", &globs, &files);
+    assert_eq!(v.len(), 1, "{v:?}");
+    let globs: Vec<String> = vec!["src/**/*.rs".into(), "kernels/*.ptx".into()];
+    assert!(package::unshipped("p", &globs, &files).is_empty());
+    assert!(package::matches("src/**/*.rs", "src/a/b/c.rs"));
+    assert!(package::matches("src/**/*.md", "src/guide.md"));
+    assert!(!package::matches("src/**/*.rs", "kernels/k.rs"));
+}
