@@ -7,9 +7,7 @@ use parking_lot::{Mutex, MutexGuard};
 use unicomm::{Element, SymmetricAlgorithm};
 
 use crate::comm::{wrap, Communicator, DEFAULT_WAIT};
-
-/// What refusals and errors name.
-pub(crate) const NAME: &str = "all_reduce_rms_norm";
+use crate::workspace::{offsets, Workspace, NAME};
 
 /// A symmetric workspace for the fused all-reduce + residual add + RMSNorm of up to
 /// [`capacity`](FusedNorm::capacity) elements of one type: made once (collectively, as
@@ -22,13 +20,6 @@ pub struct FusedNorm<'c> {
     dtype: DType,
     capacity: usize,
     work: Mutex<Workspace<'c>>,
-}
-
-/// The symmetric memory of a workspace, of its element type.
-pub(crate) enum Workspace<'c> {
-    F32(unicomm::Symmetric<'c, f32>),
-    Bf16(unicomm::Symmetric<'c, unicomm::bf16>),
-    F16(unicomm::Symmetric<'c, unicomm::f16>),
 }
 
 impl std::fmt::Debug for FusedNorm<'_> {
@@ -185,13 +176,6 @@ pub(crate) fn both_shape(l: &Layout) -> Shape {
     Shape::from_dims(&dims)
 }
 
-/// `(start, end)` of a contiguous input in its storage.
-pub(crate) fn offsets(l: &Layout) -> Result<(usize, usize)> {
-    l.contiguous_offsets().ok_or_else(|| {
-        candle_core::Error::Msg(format!("unicomm-candle {NAME}: an input is not contiguous"))
-    })
-}
-
 impl CustomOp3 for FusedOp<'_, '_> {
     fn name(&self) -> &'static str {
         "unicomm-all-reduce-rms-norm"
@@ -241,8 +225,12 @@ impl CustomOp3 for FusedOp<'_, '_> {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let mut work = self.norm.work()?;
         let comm = self.norm.comm;
-        let out =
-            crate::ops::fused_cuda(comm, &mut work, [(s1, l1), (s2, l2), (s3, l3)], self.eps)?;
+        let out = crate::ops::cuda::fused_cuda(
+            comm,
+            &mut work,
+            [(s1, l1), (s2, l2), (s3, l3)],
+            self.eps,
+        )?;
         Ok((out, both_shape(l1)))
     }
 }

@@ -49,6 +49,7 @@ pub mod layers;
 mod methods;
 mod ops;
 mod qkv;
+mod workspace;
 
 pub use comm::{unicomm_error, Communicator};
 pub use fused::FusedNorm;

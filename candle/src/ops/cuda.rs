@@ -91,11 +91,11 @@ fn candle_stream<'s>(streams: &'s mut Streams, dev: &CudaDevice) -> Result<&'s u
 /// `[normed; next residual]`, every element written by the copy or the kernel.
 pub(crate) fn fused_cuda(
     comm: &Communicator,
-    work: &mut crate::fused::Workspace<'_>,
+    work: &mut crate::workspace::Workspace<'_>,
     inputs: [(&CudaStorage, &Layout); 3],
     eps: f32,
 ) -> Result<CudaStorage> {
-    use crate::fused::Workspace;
+    use crate::workspace::Workspace;
     match work {
         Workspace::F32(s) => fused_run::<f32>(comm, s, inputs, eps),
         Workspace::Bf16(s) => fused_run::<unicomm::bf16>(comm, s, inputs, eps),
@@ -109,7 +109,7 @@ fn fused_run<T: Element + WithDType + CudaDType + DeviceRepr>(
     [(s1, l1), (s2, l2), (s3, l3)]: [(&CudaStorage, &Layout); 3],
     eps: f32,
 ) -> Result<CudaStorage> {
-    use crate::fused::{offsets, NAME};
+    use crate::workspace::{offsets, NAME};
     let e = |e| wrap(NAME, e);
     let (x, r, w) = (offsets(l1)?, offsets(l2)?, offsets(l3)?);
     let n = x.1 - x.0;
@@ -147,6 +147,6 @@ fn fused_run<T: Element + WithDType + CudaDType + DeviceRepr>(
 fn lent<'a, T: Element + DeviceRepr>(
     v: &'a cudarc::driver::CudaView<'_, T>,
 ) -> Result<unicomm::Lent<'a, T>> {
-    let l = unicomm::nccl::lend(v).map_err(|e| wrap(crate::fused::NAME, e))?;
+    let l = unicomm::nccl::lend(v).map_err(|e| wrap(crate::workspace::NAME, e))?;
     Ok(l.into_backend())
 }

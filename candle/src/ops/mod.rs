@@ -13,9 +13,7 @@ mod agree;
 mod coll;
 mod cpu;
 #[cfg(feature = "cuda")]
-mod cuda;
-#[cfg(feature = "cuda")]
-pub(crate) use cuda::fused_cuda;
+pub(crate) mod cuda;
 
 /// The input's elements, which must be contiguous: `(start, end)` in its storage (none for
 /// a receive, whose input is only its output's shape and type).
