@@ -7,8 +7,8 @@
 //!
 //! `cargo xtask run --vendor mock --example symmetric_decode [-- --ranks N]`; on NCCL one
 //! rank per process (`cargo xtask launch --procs 2 -- symmetric_decode --vendor cuda`) or a
-//! world of one; on RCCL unicomm's kernels are not built yet: the run says so
-//! (`Unsupported`).
+//! world of one; on RCCL the same kernels where the HIP runtime loads their PTX (HIP on an
+//! NVIDIA GPU); an AMD GPU has no build of them yet: the run says so (`Unsupported`).
 
 use anyhow::bail;
 use unicomm::{bf16, ReduceOp, SymmetricAlgorithm};

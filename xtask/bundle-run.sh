@@ -102,7 +102,13 @@ if [ "$PARTS" = rccl-on-cuda ]; then
   step rccl-on-cuda doctor; ./doctor 2>&1 | tee -a "$L" | grep -A3 "^\[rocm\]"
   for e in allreduce_ub alltoall_ub; do step rccl-on-cuda $e; timeout 120 ./$e --vendor rocm 2>&1 | tee -a "$L" | tail -1; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1; done
   step rccl-on-cuda gpu-specific
-  for t in registration ranks ipc signals; do [ -x ./rccl-$t ] || continue; timeout 200 ./rccl-$t --test-threads=1 >> "$L" 2>&1 || rc=1; done; grep -E "test result|FAILED" "$L" | tail -4
+  for t in registration ranks ipc signals symmetric; do [ -x ./rccl-$t ] || continue; timeout 200 ./rccl-$t --test-threads=1 >> "$L" 2>&1 || rc=1; done; grep -E "test result|FAILED" "$L" | tail -4
+  # unicomm's symmetric kernels through HIP: the one source's PTX, loaded by HIP-on-CUDA
+  # (an AMD GPU refuses it: Unsupported naming why), world 1 and one rank per process.
+  step rccl-on-cuda symmetric_decode, world 1 and 2 processes
+  timeout 120 ./symmetric_decode --vendor rocm --ranks 1 2>&1 | tee -a "$L" | tail -2; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  xlaunch --procs 2 $share --timeout-s 200 -- ./symmetric_decode --vendor rocm 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  step rccl-on-cuda faults sym-skip; UNICOMM_TIMEOUT_MS=10000 xlaunch --procs 2 $share --timeout-s 120 -- ./faults --vendor rocm --scenario sym-skip 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   step rccl-on-cuda conformance and groups, world 1
   timeout 300 ./rccl-conformance --test-threads=1 $(skips 1) >> "$L" 2>&1 || rc=1
   timeout 200 ./rccl-groups --test-threads=1 >> "$L" 2>&1 || rc=1; grep -E "test result|FAILED" "$L" | tail -2

@@ -1,5 +1,6 @@
-//! unicomm's kernels on CUDA: the PTX built from `kernels/*.cu` (by `cargo xtask
-//! kernels`), each module loaded into a device's primary context at first use, one function
+//! unicomm's kernels on CUDA: the PTX built from their CUDA C++ (by `cargo xtask kernels`:
+//! the symmetric kernels' in nccl-api, shared with HIP-on-CUDA, the device-API kernel's in
+//! `kernels/` here), each module loaded into a device's primary context at first use, one function
 //! per element type: the symmetric kernels (one thread block) and the device-API kernel (a
 //! block per LSA barrier); and the control block's host memory the device maps.
 
@@ -15,7 +16,7 @@ use std::sync::Mutex;
 use cudarc::driver::{result, sys};
 use unicomm_core::{DataType, Error, Result};
 use unicomm_nccl_api::sys::kernel_args::{
-    DeviceKernelArgs, KernelParams, DEVICE_KERNEL_DEV_COMM_BYTES,
+    self, DeviceKernelArgs, KernelParams, DEVICE_KERNEL_DEV_COMM_BYTES,
 };
 
 use crate::driver_error::cuda_err;
@@ -35,19 +36,16 @@ pub(crate) struct Module {
     names: [&'static str; 3],
 }
 
-/// The symmetric kernels (`kernels/symmetric.cu`): one `Params` by value.
+/// The symmetric kernels (nccl-api's `kernels/symmetric.cu`, one source for every
+/// runtime): one `Params` by value.
 pub(crate) const SYMMETRIC: Module = Module {
     what: "unicomm's symmetric kernels",
     calls: [
         "cuModuleLoadData (unicomm's symmetric kernels)",
         "cuLaunchKernel (unicomm's symmetric kernel)",
     ],
-    ptx: include_str!("../kernels/symmetric.ptx"),
-    names: [
-        "unicomm_symmetric_f32",
-        "unicomm_symmetric_f16",
-        "unicomm_symmetric_bf16",
-    ],
+    ptx: kernel_args::SYMMETRIC_PTX,
+    names: kernel_args::SYMMETRIC_FUNCTIONS,
 };
 
 /// The device-API kernel (`kernels/device_api.cu`): an `ncclDevComm` and its `Args` by value.
@@ -66,7 +64,7 @@ pub(crate) const DEVICE_API: Module = Module {
 };
 
 /// Threads of a block (`BLOCK` in the sources' launch bounds).
-const BLOCK: u32 = 512;
+const BLOCK: u32 = kernel_args::SYMMETRIC_BLOCK;
 
 /// A module loaded on one device: its function per element type.
 #[derive(Debug)]
@@ -233,36 +231,6 @@ impl CudaRuntime {
 
 #[cfg(test)]
 mod tests {
-    use unicomm_core::symmetric::{
-        pad_arrival, MAX_SYMMETRIC_WORLD, PAD_COUNT, PAD_EPOCH, PAD_POISON, PAD_ROUND,
-    };
-
-    const SOURCE: &str = include_str!("../kernels/symmetric.cu");
-
-    fn define(name: &str) -> String {
-        let line = SOURCE
-            .lines()
-            .find(|l| l.starts_with(&format!("#define {name} ")))
-            .unwrap_or_else(|| panic!("no #define {name} in symmetric.cu"));
-        line[format!("#define {name} ").len()..].trim().to_string()
-    }
-
-    /// The kernel source writes the pad's layout in its own words: they must be comm-core's
-    /// (a kernel and the mock disagreeing on a word is silent corruption).
-    #[test]
-    fn the_kernel_source_keeps_the_contracts_pad_layout() {
-        assert_eq!(define("MAX_WORLD"), MAX_SYMMETRIC_WORLD.to_string());
-        assert_eq!(define("PAD_EPOCH"), PAD_EPOCH.to_string());
-        assert_eq!(define("PAD_ARRIVAL(p)"), "(8 + 4 * (p))");
-        assert_eq!(pad_arrival(3), 8 + 4 * 3);
-        assert_eq!(define("PAD_COUNT"), "(8 + 4 * MAX_WORLD)");
-        assert_eq!(PAD_COUNT, 8 + 4 * MAX_SYMMETRIC_WORLD);
-        assert_eq!(define("PAD_ROUND"), "(PAD_COUNT + 8)");
-        assert_eq!(PAD_ROUND, PAD_COUNT + 8);
-        assert_eq!(define("PAD_POISON"), "(PAD_ROUND + 4)");
-        assert_eq!(PAD_POISON, PAD_ROUND + 4);
-    }
-
     /// Each PTX holds the three entry points the loader asks for, for sm_90.
     #[test]
     fn each_ptx_has_every_entry_point() {

@@ -21,10 +21,12 @@
 #![deny(unsafe_code)]
 mod graph;
 pub mod interop;
+mod kernels;
 mod load;
 pub mod runtime;
 mod streams;
 pub mod sys;
+mod vmm;
 
 use std::sync::{Arc, OnceLock};
 use unicomm_core::{CommConfig, Place};

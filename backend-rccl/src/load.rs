@@ -91,6 +91,7 @@ impl HipRuntime {
             stream_is_capturing: opt!("hipStreamIsCapturing"),
             priorities: optional_priorities(&lib),
             graphs: optional_graphs(&lib),
+            kernels: optional_kernels(&lib),
             launch_host_func: opt!("hipLaunchHostFunc"),
         };
         let rt = HipRuntime {
@@ -279,6 +280,23 @@ fn optional_graphs(lib: &libloading::Library) -> Option<HipGraphs> {
             graph_launch: opt(lib, b"hipGraphLaunch\0")?,
             graph_exec_destroy: opt(lib, b"hipGraphExecDestroy\0")?,
             graph_destroy: opt(lib, b"hipGraphDestroy\0")?,
+        })
+    }
+}
+
+/// Host memory the device maps and kernel modules, every call or none (the names in
+/// [`KERNEL_CALLS`]' order).
+fn optional_kernels(lib: &libloading::Library) -> Option<HipKernels> {
+    let name = |i: usize| format!("{}\0", KERNEL_CALLS[i]).into_bytes();
+    // SAFETY: every field's type is hip_runtime_api.h's signature of its name.
+    unsafe {
+        Some(HipKernels {
+            host_malloc: opt(lib, &name(0))?,
+            host_get_device_pointer: opt(lib, &name(1))?,
+            host_free: opt(lib, &name(2))?,
+            module_load_data: opt(lib, &name(3))?,
+            module_get_function: opt(lib, &name(4))?,
+            module_launch_kernel: opt(lib, &name(5))?,
         })
     }
 }

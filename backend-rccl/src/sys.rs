@@ -83,6 +83,57 @@ pub struct HipFns {
     /// `hipStreamCreateWithPriority(stream, flags, priority)`: optional (prioritised streams
     /// are then `Unsupported`).
     pub priorities: Option<HipPriorities>,
+    /// Host memory the device maps and modules of kernels (unicomm's symmetric kernels):
+    /// optional, all or none (the kernels are then `Unsupported`, naming the calls).
+    pub kernels: Option<HipKernels>,
+}
+
+/// `hipModule_t` and `hipFunction_t`.
+pub(crate) type HipModule = *mut c_void;
+/// `hipHostMallocPortable | hipHostMallocMapped`.
+pub(crate) const HIP_HOST_MALLOC_PORTABLE_MAPPED: c_uint = 0x1 | 0x2;
+
+/// The HIP calls of [`HipKernels`], in its fields' order.
+pub const KERNEL_CALLS: [&str; 6] = [
+    "hipHostMalloc",
+    "hipHostGetDevicePointer",
+    "hipHostFree",
+    "hipModuleLoadData",
+    "hipModuleGetFunction",
+    "hipModuleLaunchKernel",
+];
+
+/// HIP's host-memory and module calls, each the function of the same name.
+#[expect(
+    missing_docs,
+    reason = "each field is the HIP function of the same name"
+)]
+#[derive(Clone, Copy)]
+pub struct HipKernels {
+    pub host_malloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> HipError,
+    pub host_get_device_pointer:
+        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint) -> HipError,
+    pub host_free: unsafe extern "C" fn(*mut c_void) -> HipError,
+    pub module_load_data: unsafe extern "C" fn(*mut HipModule, *const c_void) -> HipError,
+    pub module_get_function:
+        unsafe extern "C" fn(*mut HipModule, HipModule, *const c_char) -> HipError,
+    #[allow(
+        clippy::type_complexity,
+        reason = "hipModuleLaunchKernel's C signature"
+    )]
+    pub module_launch_kernel: unsafe extern "C" fn(
+        HipModule,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        HipStream,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> HipError,
 }
 
 /// HIP's stream priority calls, each the function of the same name.

@@ -133,7 +133,12 @@ fn optional_symbols_exist_in_the_real_hip_runtime() {
         "hipStreamWaitValue32",
         "hipStreamWriteValue32",
         "hipStreamIsCapturing",
-    ] {
+    ]
+    .into_iter()
+    // The symmetric kernels' calls, as the loader names them (a misspelt one would leave
+    // the kernels `Unsupported` on every GPU).
+    .chain(unicomm_rccl::sys::KERNEL_CALLS)
+    {
         // SAFETY: only the symbol's presence is checked; it is never called.
         let s = unsafe { lib.get::<*const ()>(format!("{name}\0").as_bytes()) };
         assert!(s.is_ok(), "{name} is not in the HIP runtime");

@@ -4,7 +4,7 @@
 //! against the host's unfused sequence; misuse refused before any launch; the abort word
 //! ending a kernel that waits. One communicator per GPU here; two processes on one GPU run
 //! the same functions through `rank_conformance` (NCCL's multi-rank mode).
-#![cfg(feature = "nccl")]
+#![cfg(any(feature = "nccl", feature = "rccl"))]
 
 use unicomm_core::symmetric::SymmetricAlgorithm;
 use unicomm_core::{bf16, f16, Error, ReduceOp, Result};

@@ -58,6 +58,7 @@ impl GpuVendor {
                 "ranks",
                 "ipc",
                 "signals",
+                "symmetric",
             ],
         }
     }

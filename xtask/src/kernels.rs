@@ -1,5 +1,6 @@
-//! `kernels`: unicomm's GPU kernels built from their source (`backend-nccl/kernels/*.cu`)
-//! into the PTX the CUDA backend embeds, with nvcc 13.0 from the CUDA kit; each PTX's
+//! `kernels`: unicomm's GPU kernels built from their source (`nccl-api/kernels/*.cu`, the
+//! symmetric kernels every runtime loads; `backend-nccl/kernels/*.cu`, the device-API
+//! kernel) into the PTX the backends embed, with nvcc 13.0 from the CUDA kit; each PTX's
 //! first line names its source's SHA-256, which the architecture test compares (a PTX
 //! built from another source, or edited by hand, fails `cargo xtask test`).
 
@@ -12,7 +13,7 @@ use sha2::{Digest, Sha256};
 use crate::cargo::root;
 
 /// Where the kernels' sources and their PTX lie.
-pub(crate) const KERNELS_DIR: &str = "backend-nccl/kernels";
+pub(crate) const KERNELS_DIRS: [&str; 2] = ["nccl-api/kernels", "backend-nccl/kernels"];
 /// The GPU architecture the PTX is built for (H100/H200; newer GPUs JIT it).
 const ARCH: &str = "sm_90";
 /// The NCCL whose device-API headers a kernel including `nccl_device.h` is built against
@@ -28,12 +29,16 @@ pub(crate) fn header(source: &str) -> String {
 
 /// The kernels' sources, sorted.
 pub(crate) fn sources() -> Result<Vec<PathBuf>> {
-    let dir = root().join(KERNELS_DIR);
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .collect();
+    let mut v: Vec<PathBuf> = Vec::new();
+    for d in KERNELS_DIRS {
+        let dir = root().join(d);
+        v.extend(
+            std::fs::read_dir(&dir)
+                .with_context(|| format!("reading {}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "cu")),
+        );
+    }
     v.sort();
     Ok(v)
 }

@@ -1,9 +1,25 @@
-//! What unicomm's symmetric kernels take (`backend-nccl/kernels/symmetric.cu`'s `Params`
-//! and `Control`, field for field): the launch's argument, passed by value, and the
-//! communicator's control block in host memory the device maps (the host's abort word and
-//! the first fault a kernel reports).
+//! unicomm's symmetric kernels as every runtime loads them, and what they take
+//! (`nccl-api/kernels/symmetric.cu`'s `Params` and `Control`, field for field): the PTX
+//! built from the source beside it (`cargo xtask kernels`), the launch's argument, passed by
+//! value, and the communicator's control block in host memory the device maps (the host's
+//! abort word and the first fault a kernel reports). One source for every runtime: CUDA
+//! loads the PTX, and so does HIP on an NVIDIA GPU (HIP-on-CUDA).
 
 use unicomm_core::symmetric::MAX_SYMMETRIC_WORLD;
+
+/// The symmetric kernels' PTX (sm_90, PTX ISA 9.0: CUDA 13.0's driver or newer), built from
+/// `kernels/symmetric.cu` by `cargo xtask kernels`.
+pub const SYMMETRIC_PTX: &str = include_str!("../../kernels/symmetric.ptx");
+
+/// The symmetric kernels' functions for f32, f16 and bf16.
+pub const SYMMETRIC_FUNCTIONS: [&str; 3] = [
+    "unicomm_symmetric_f32",
+    "unicomm_symmetric_f16",
+    "unicomm_symmetric_bf16",
+];
+
+/// Threads of a symmetric kernel's one block (`BLOCK` in the source's launch bounds).
+pub const SYMMETRIC_BLOCK: u32 = 512;
 
 /// The algorithm code of a launch (`ALG_*` in the kernel source).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +161,46 @@ pub struct Control {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use unicomm_core::symmetric::{pad_arrival, PAD_COUNT, PAD_EPOCH, PAD_POISON, PAD_ROUND};
+
+    const SOURCE: &str = include_str!("../../kernels/symmetric.cu");
+
+    fn define(name: &str) -> String {
+        let line = SOURCE
+            .lines()
+            .find(|l| l.starts_with(&format!("#define {name} ")))
+            .unwrap_or_else(|| panic!("no #define {name} in symmetric.cu"));
+        line[format!("#define {name} ").len()..].trim().to_string()
+    }
+
+    /// The kernel source writes the pad's layout in its own words: they must be comm-core's
+    /// (a kernel and the mock disagreeing on a word is silent corruption).
+    #[test]
+    fn the_kernel_source_keeps_the_contracts_pad_layout() {
+        assert_eq!(define("MAX_WORLD"), MAX_SYMMETRIC_WORLD.to_string());
+        assert_eq!(define("PAD_EPOCH"), PAD_EPOCH.to_string());
+        assert_eq!(define("PAD_ARRIVAL(p)"), "(8 + 4 * (p))");
+        assert_eq!(pad_arrival(3), 8 + 4 * 3);
+        assert_eq!(define("PAD_COUNT"), "(8 + 4 * MAX_WORLD)");
+        assert_eq!(PAD_COUNT, 8 + 4 * MAX_SYMMETRIC_WORLD);
+        assert_eq!(define("PAD_ROUND"), "(PAD_COUNT + 8)");
+        assert_eq!(PAD_ROUND, PAD_COUNT + 8);
+        assert_eq!(define("PAD_POISON"), "(PAD_ROUND + 4)");
+        assert_eq!(PAD_POISON, PAD_ROUND + 4);
+        assert_eq!(define("BLOCK"), SYMMETRIC_BLOCK.to_string());
+    }
+
+    /// The PTX holds the three entry points the loaders ask for, for sm_90.
+    #[test]
+    fn the_ptx_has_every_entry_point() {
+        for name in SYMMETRIC_FUNCTIONS {
+            assert!(
+                SYMMETRIC_PTX.contains(&format!(".entry {name}(")),
+                "{name} missing"
+            );
+        }
+        assert!(SYMMETRIC_PTX.contains(".target sm_90"));
+    }
 
     /// The kernel source's `Params` is 41 eight-byte words and six four-byte ones; its
     /// `Control` four words and a count: the layouts the launch copies byte for byte.

@@ -402,3 +402,50 @@ pub unsafe extern "C" fn hipMemUnmap(p: *mut c_void, size: usize) -> R {
 pub unsafe extern "C" fn hipMemAddressFree(p: *mut c_void, size: usize) -> R {
     in_ctx!(call!("cuMemAddressFree": fn(*mut c_void, usize) (p, size)))
 }
+
+// Host memory the device maps and kernel modules (unicomm's symmetric kernels): HIP's
+// flags hipHostMallocPortable (1) and hipHostMallocMapped (2) are CUDA's
+// CU_MEMHOSTALLOC_PORTABLE and CU_MEMHOSTALLOC_DEVICEMAP; a module's image is PTX.
+
+#[no_mangle]
+pub unsafe extern "C" fn hipHostMalloc(p: *mut *mut c_void, size: usize, flags: c_uint) -> R {
+    in_ctx!(call!("cuMemHostAlloc": fn(*mut *mut c_void, usize, c_uint) (p, size, flags)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn hipHostGetDevicePointer(d: *mut *mut c_void, h: *mut c_void, flags: c_uint) -> R {
+    in_ctx!(call!("cuMemHostGetDevicePointer_v2": fn(*mut *mut c_void, *mut c_void, c_uint) (d, h, flags)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn hipHostFree(p: *mut c_void) -> R {
+    in_ctx!(call!("cuMemFreeHost": fn(*mut c_void) (p)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn hipModuleLoadData(m: *mut *mut c_void, image: *const c_void) -> R {
+    in_ctx!(call!("cuModuleLoadData": fn(*mut *mut c_void, *const c_void) (m, image)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn hipModuleGetFunction(f: *mut *mut c_void, m: *mut c_void, name: *const c_char) -> R {
+    in_ctx!(call!("cuModuleGetFunction": fn(*mut *mut c_void, *mut c_void, *const c_char) (f, m, name)))
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn hipModuleLaunchKernel(
+    f: *mut c_void,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    s: Stream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> R {
+    in_ctx!(call!("cuLaunchKernel": fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Stream, *mut *mut c_void, *mut *mut c_void) (f, gx, gy, gz, bx, by, bz, shared, s, params, extra)))
+}
