@@ -36,8 +36,8 @@ impl Communicator {
     /// A workspace for [`FusedNorm::all_reduce_rms_norm`] of up to `capacity` elements of
     /// `dtype` (f32, f16, bf16): unicomm's symmetric memory, allocated collectively (every
     /// rank calls it with the same type and capacity: `Mismatch` otherwise). Where the
-    /// backend has no symmetric memory here (ranks created together in one process on
-    /// NCCL), unicomm's `Unsupported` inside candle's error.
+    /// backend has no symmetric memory here (an AMD GPU, a runtime without unicomm's
+    /// exchange), unicomm's `Unsupported` inside candle's error.
     pub fn fused_norm(&self, dtype: DType, capacity: usize) -> Result<FusedNorm<'_>> {
         let _turn = self.locked("fused_norm")?;
         let c = self.comm();

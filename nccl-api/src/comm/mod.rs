@@ -147,7 +147,7 @@ impl<R: Runtime> ApiComm<R> {
                 mode.nonblocking,
                 mode.timeout,
             );
-            let sharing = Sharing::new(Some(local.clone()), None);
+            let sharing = Sharing::new(Some(local.clone()), None).with_local_job(&id.to_bytes());
             let flight = flights[rank].clone();
             match Self::compose(lc, mode, sharing, None, flight) {
                 Ok(me) => out.push(me),

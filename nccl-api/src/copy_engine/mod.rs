@@ -111,11 +111,12 @@ impl<R: Runtime> CopyEngine<R> {
         self.sharing.reachable()
     }
 
-    /// Whether peers' memory is exchanged between processes (one rank per process joined
-    /// by unique id, Linux): what symmetric memory across ranks takes.
+    /// Whether peers' memory is exchanged and mapped here (one rank per process joined by
+    /// unique id, or ranks created together in this process; Linux): what symmetric memory
+    /// across ranks takes.
     pub(crate) fn exchanges_memory(&self) -> bool {
         #[cfg(target_os = "linux")]
-        return self.sharing.job.is_some();
+        return self.sharing.memory_job().is_some();
         #[cfg(not(target_os = "linux"))]
         false
     }
@@ -129,7 +130,7 @@ impl<R: Runtime> CopyEngine<R> {
         range: (usize, usize),
     ) -> Result<Option<local::Swapped>> {
         #[cfg(target_os = "linux")]
-        if let Some(job) = self.sharing.job {
+        if let Some(job) = self.sharing.memory_job() {
             return self.sharing.swap_ipc(base, &self.pending, job, range, true);
         }
         let _ = (base, range);

@@ -24,6 +24,12 @@ pub(crate) struct Sharing {
     /// exported and mapped (`ipc.rs`).
     #[cfg(target_os = "linux")]
     pub(crate) job: Option<super::ipc::Job>,
+    /// Ranks created together in this process: the exchange that swaps memory which each
+    /// rank maps for itself (symmetric memory: a mapping keeps the peer's memory alive
+    /// after its owner frees it, where peer access would not), named by the world's own
+    /// unique id. The copy-engine path keeps peer access.
+    #[cfg(target_os = "linux")]
+    pub(crate) local_job: Option<super::ipc::Job>,
     /// Exchanges so far (each one's sequence number).
     exchanges: AtomicU64,
     /// Every rank's (device, address, bytes) per window handle.
@@ -46,6 +52,23 @@ impl Sharing {
         }
     }
 
+    /// The local world's exchange for swapped memory, named by its unique id (`id`).
+    pub(crate) fn with_local_job(self, id: &[u8]) -> Self {
+        #[cfg(not(target_os = "linux"))]
+        let _ = id;
+        Sharing {
+            #[cfg(target_os = "linux")]
+            local_job: Some(super::ipc::Job::from_id(id)),
+            ..self
+        }
+    }
+
+    /// The exchange memory is swapped over: the job's, or the local world's.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn memory_job(&self) -> Option<super::ipc::Job> {
+        self.job.or(self.local_job)
+    }
+
     /// Where the peers of the child of split number `split` (this communicator's) with
     /// `color` and `members` ranks are found: an in-process world of their own, made by the
     /// first member to arrive (every member is in this process where the parent's are), or
@@ -56,6 +79,8 @@ impl Sharing {
             world,
             #[cfg(target_os = "linux")]
             job: self.job.as_ref().map(|j| j.child(split, color)),
+            #[cfg(target_os = "linux")]
+            local_job: self.local_job.as_ref().map(|j| j.child(split, color)),
             ..Sharing::default()
         }
     }

@@ -5,8 +5,9 @@
 //! exportable): its data rounded up to 256 bytes, its signal pad, then for Lamport three
 //! workspaces of `world` slots. Every rank's is mapped here by unicomm's own exchange (the
 //! copy-engine path's: the allocation exported as a POSIX descriptor, the peers' imported),
-//! for one rank per process on one host; a world of one needs none. Ranks created together
-//! in one process are refused for now (their frees would have to wait for the peers' views).
+//! for one rank per process on one host and for ranks created together in one process (the
+//! local world's own exchange: a mapping keeps a peer's memory alive after its owner frees
+//! it, where peer access would not); a world of one needs none.
 //! The kernels (`Runtime::launch_symmetric`) watch the communicator's control block
 //! ([`control`]): its abort word, set at abort, and the fault they report, which the
 //! stream's waits read.
@@ -133,8 +134,8 @@ impl<R: Runtime> SymmetricMemory<R> {
         if w > 1 && !ce.exchanges_memory() {
             return Err(Error::unsupported(
                 "symmetric memory across ranks",
-                "one rank per process on one host, joined by unique id (init_rank), Linux",
-                "ranks created together in one process, or without unicomm's memory exchange",
+                "unicomm's memory exchange: one rank per process on one host joined by unique id (init_rank), or ranks created together in one process; Linux",
+                "a communicator without it",
             ));
         }
         self.control(base)?;
