@@ -437,6 +437,18 @@ impl Collective for AnyComm {
     ) -> Result<()> {
         self.symmetric_any(op, stream)
     }
+    fn properties(&self) -> Result<unicomm_core::Properties> {
+        each!(self, AnyComm, c => c.properties())
+    }
+    fn suspend(&self) -> Result<()> {
+        each!(self, AnyComm, c => c.suspend())
+    }
+    fn resume(&self) -> Result<()> {
+        each!(self, AnyComm, c => c.resume())
+    }
+    fn mem_stats(&self) -> Result<unicomm_core::MemStats> {
+        each!(self, AnyComm, c => c.mem_stats())
+    }
     fn grow_id(&self) -> Result<[u8; 128]> {
         each!(self, AnyComm, c => c.grow_id())
     }

@@ -4,6 +4,7 @@
 //! tables below are the architecture, written once; `planted.rs` shows each rule refusing a
 //! planted violation.
 
+mod forward;
 mod package;
 mod rules;
 mod source;
@@ -220,6 +221,29 @@ mod tests {
 
     fn assert_none(what: &str, v: Vec<String>) {
         assert!(v.is_empty(), "{what}:\n  {}", v.join("\n  "));
+    }
+
+    /// The facade's `AnyComm` implements every method of `Collective` (none is left to
+    /// the trait's default, which would answer `Unsupported` through `unicomm::Comm`).
+    #[test]
+    fn the_facade_forwards_every_backend_call() {
+        let root = root();
+        let read =
+            |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+        let methods = forward::trait_methods(&read("comm-core/src/backend.rs"), "Collective");
+        assert!(methods.len() > 30, "{methods:?}");
+        let mut impls = read("src/dispatch.rs");
+        for f in std::fs::read_dir(root.join("src/dispatch"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            impls.push_str(&std::fs::read_to_string(f.path()).unwrap_or_default());
+        }
+        assert_none(
+            "the facade's forwarding",
+            forward::unforwarded(&methods, &impls),
+        );
     }
 
     /// What a source embeds at build time ships in its package (`include`).
