@@ -109,17 +109,7 @@ fn load(m: &Module, cc: Option<(u32, u32)>) -> Result<Kernels> {
 impl Kernels {
     /// The function of `dtype`.
     fn of(&self, m: &Module, dtype: DataType) -> Result<sys::CUfunction> {
-        let i = match dtype {
-            DataType::F32 => 0,
-            DataType::F16 => 1,
-            DataType::Bf16 => 2,
-            other => {
-                return Err(Error::invalid(
-                    "dtype",
-                    format!("{other}: {} reduce f32, f16, bf16", m.what),
-                ))
-            }
-        };
+        let i = kernel_args::function_index(dtype, m.what)?;
         Ok(self.functions[i] as sys::CUfunction)
     }
 }

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use unicomm_core::{DataType, Error, Result};
 use unicomm_nccl_api::sys::kernel_args::{
-    KernelParams, SYMMETRIC_BLOCK, SYMMETRIC_FUNCTIONS, SYMMETRIC_PTX,
+    self, KernelParams, SYMMETRIC_BLOCK, SYMMETRIC_FUNCTIONS, SYMMETRIC_PTX,
 };
 use unicomm_nccl_api::Runtime;
 
@@ -84,17 +84,7 @@ impl HipRuntime {
         stream: HipStream,
     ) -> Result<()> {
         let k = self.kernel_calls()?;
-        let i = match dtype {
-            DataType::F32 => 0,
-            DataType::F16 => 1,
-            DataType::Bf16 => 2,
-            other => {
-                return Err(Error::invalid(
-                    "dtype",
-                    format!("{other}: {WHAT} reduce f32, f16, bf16"),
-                ))
-            }
-        };
+        let i = kernel_args::function_index(dtype, WHAT)?;
         self.with_device(dev, || {
             let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
             let fns = loaded.entry(dev).or_insert_with(|| self.load(&k));

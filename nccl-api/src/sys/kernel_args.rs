@@ -18,6 +18,22 @@ pub const SYMMETRIC_FUNCTIONS: [&str; 3] = [
     "unicomm_symmetric_bf16",
 ];
 
+/// The place of `dtype`'s function in a kernel module's table (f32, f16, bf16: the order of
+/// [`SYMMETRIC_FUNCTIONS`] and of the device-API kernel's); another type is refused naming
+/// `what` (the kernels).
+pub fn function_index(dtype: unicomm_core::DataType, what: &str) -> unicomm_core::Result<usize> {
+    use unicomm_core::DataType;
+    match dtype {
+        DataType::F32 => Ok(0),
+        DataType::F16 => Ok(1),
+        DataType::Bf16 => Ok(2),
+        other => Err(unicomm_core::Error::invalid(
+            "dtype",
+            format!("{other}: {what} reduce f32, f16, bf16"),
+        )),
+    }
+}
+
 /// Threads of a symmetric kernel's one block (`BLOCK` in the source's launch bounds).
 pub const SYMMETRIC_BLOCK: u32 = 512;
 
