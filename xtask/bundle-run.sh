@@ -84,6 +84,13 @@ if [ "$PARTS" = candle ]; then
   # Two pipeline stages of two tensor-parallel ranks (send/recv between the stages).
   step candle pipeline_tp, 4 processes
   xlaunch --procs 4 $share --timeout-s 200 -- ./pipeline_tp --vendor cuda 2>&1 | tee -a "$L" | grep -E "pipeline_tp|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  # A step of candle's kernels and unicomm's all-reduce captured in one CUDA graph, replayed
+  # with a new input each time: world 1, then 2 processes.
+  if [ -x ./captured_step ]; then
+    step candle captured_step, one rank; timeout 120 ./captured_step 2>&1 | tee -a "$L" | tail -1; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step candle captured_step, 2 processes
+    xlaunch --procs 2 $share --timeout-s 200 -- ./captured_step 2>&1 | tee -a "$L" | grep -E "captured_step|error|==>"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+  else echo "candle: no captured_step in this bundle: not run"; rc=1; fi
   step candle allreduce_cost; timeout 200 ./allreduce_cost 2>&1 | tee -a "$L"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   echo "overall rc=$rc"; exit $rc
 fi

@@ -188,14 +188,14 @@ fn candle_binaries() -> Result<Vec<(PathBuf, String)>> {
     c.args(["build", "--release", "-p", "unicomm-candle"])
         .args(["--features", "bench-candle-nccl"])
         .args(["--example", "llama_tp", "--example", "allreduce_cost"])
-        .args(["--example", "pipeline_tp"])
+        .args(["--example", "pipeline_tp", "--example", "captured_step"])
         .arg("--target-dir")
         .arg(target_dir("candle-cuda"));
     named(
         "build unicomm-candle's examples on candle's CUDA backend",
         c,
         TargetKind::Example,
-        &["llama_tp", "allreduce_cost", "pipeline_tp"],
+        &["llama_tp", "allreduce_cost", "pipeline_tp", "captured_step"],
     )
 }
 
