@@ -57,14 +57,22 @@ impl<R: Runtime> ApiComm<R> {
         let checked = b.agree.check_collective(&b.lc, op, path, stream);
         let direct = direct?;
         checked?;
-        let name = direct.taken().name();
         match direct {
-            // One call site of the library's path, so that it is inlined here.
-            Direct::Library(child) => b
-                .library
-                .enqueue(&b.lc, &b.registry, child, op, stream.lend())
-                .map(|()| name),
-            Direct::CopyEngine(plan) => self.ce.run(b, plan, &stream.s).map(|()| name),
+            // One call site of the library's path, so that it is inlined here. Each name is
+            // a constant chosen here (no table read on the hot path).
+            Direct::Library(child) => {
+                let name = match child {
+                    None => Taken::Library.name(),
+                    Some(_) => Taken::Registered.name(),
+                };
+                b.library
+                    .enqueue(&b.lc, &b.registry, child, op, stream.lend())
+                    .map(|()| name)
+            }
+            Direct::CopyEngine(plan) => self
+                .ce
+                .run(b, plan, &stream.s)
+                .map(|()| Taken::CopyEngine.name()),
         }
     }
 
