@@ -3,9 +3,11 @@
 //! `Unsupported` through `unicomm::Comm` on every vendor, while the backend's own `Comm`
 //! has it (found on an H100: NCCL 2.32.3's properties and sleep mode).
 
-/// The methods declared in `trait <name>` of `src` (its body's `fn` items).
-pub(crate) fn trait_methods(src: &str, name: &str) -> Vec<String> {
-    let Some(at) = src.find(&format!("pub trait {name}")) else {
+/// The methods declared directly in the braced block that follows `header` in `src` (a
+/// trait's `pub trait Name`, an implementation's `impl Name for Type`): its body's `fn`
+/// items, not those of nested items.
+pub(crate) fn block_methods(src: &str, header: &str) -> Vec<String> {
+    let Some(at) = src.find(header) else {
         return Vec::new();
     };
     let Some(open) = src[at..].find('{').map(|i| at + i) else {
@@ -56,11 +58,11 @@ fn fns_at_depth_one(body: &str) -> Vec<String> {
     out
 }
 
-/// The trait's methods that no `fn` of `impls` (the implementing files' text) defines.
-pub(crate) fn unforwarded(methods: &[String], impls: &str) -> Vec<String> {
+/// The trait's methods that the implementation leaves to their defaults.
+pub(crate) fn unforwarded(methods: &[String], implemented: &[String]) -> Vec<String> {
     methods
         .iter()
-        .filter(|m| !impls.contains(&format!("fn {m}(")) && !impls.contains(&format!("fn {m}<")))
+        .filter(|m| !implemented.contains(m))
         .map(|m| format!("Collective::{m} is not forwarded by the facade's AnyComm (it would answer the default)"))
         .collect()
 }

@@ -295,12 +295,15 @@ fn a_file_embedded_but_left_out_of_the_package_is_refused() {
 fn a_trait_method_the_facade_leaves_to_its_default_is_refused() {
     use super::forward;
     let contract = "pub trait Collective: Send {\n    fn rank(&self) -> usize;\n    fn properties(&self) -> Result<P> {\n        Err(unsupported())\n    }\n}\n";
-    let methods = forward::trait_methods(contract, "Collective");
+    let methods = forward::block_methods(contract, "pub trait Collective");
     assert_eq!(methods, vec!["rank".to_string(), "properties".to_string()]);
-    let facade = "impl Collective for AnyComm {\n    fn rank(&self) -> usize { 0 }\n}\n";
-    let v = forward::unforwarded(&methods, facade);
+    // A method of that name elsewhere (another trait's impl) does not count.
+    let facade = "impl Collective for AnyComm {\n    fn rank(&self) -> usize { 0 }\n}\nimpl Other for AnyComm {\n    fn properties(&self) -> P { todo!() }\n}\n";
+    let implemented = forward::block_methods(facade, "impl Collective for AnyComm");
+    let v = forward::unforwarded(&methods, &implemented);
     assert_eq!(v.len(), 1, "{v:?}");
     assert!(v[0].contains("properties"), "{v:?}");
     let whole = "impl Collective for AnyComm {\n    fn rank(&self) -> usize { 0 }\n    fn properties(&self) -> Result<P> { todo!() }\n}\n";
-    assert!(forward::unforwarded(&methods, whole).is_empty());
+    let implemented = forward::block_methods(whole, "impl Collective for AnyComm");
+    assert!(forward::unforwarded(&methods, &implemented).is_empty());
 }
