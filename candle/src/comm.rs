@@ -8,7 +8,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 /// How long a call waits for another thread's call on the same rank when the
 /// communicator has no deadline of its own (unicomm's default deadline).
-pub(crate) const DEFAULT_WAIT: Duration = Duration::from_secs(60);
+const DEFAULT_WAIT: Duration = Duration::from_secs(60);
 
 /// One rank's communicator for candle: `Send + Sync` (from unicomm's own types, no
 /// `unsafe impl`), shared by the ops as an `Arc`. Its calls are serialised: a collective is
@@ -77,22 +77,38 @@ impl Communicator {
     /// The streams, once no other thread of this rank is inside a call (at most the
     /// communicator's deadline: then `Timeout`).
     pub(crate) fn locked(&self, what: &'static str) -> Result<MutexGuard<'_, Streams>> {
-        // Uncontended (one thread per rank, the common case): one atomic, no deadline read.
-        if let Some(g) = self.streams.try_lock() {
-            return Ok(g);
+        self.lock_within(&self.streams, what, "another thread's call on this rank")
+    }
+
+    /// `m`, once no other thread holds it: uncontended (one thread per rank, the common
+    /// case) one atomic and no deadline read; else at most the communicator's deadline, then
+    /// `Timeout` naming `what` and `holder`.
+    pub(crate) fn lock_within<'m, T>(
+        &self,
+        m: &'m Mutex<T>,
+        what: &'static str,
+        holder: &str,
+    ) -> Result<MutexGuard<'m, T>> {
+        match m.try_lock() {
+            Some(g) => Ok(g),
+            None => self.lock_slowly(m, what, holder),
         }
-        self.locked_within(what)
     }
 
     #[cold]
     #[inline(never)]
-    fn locked_within(&self, what: &'static str) -> Result<MutexGuard<'_, Streams>> {
+    fn lock_slowly<'m, T>(
+        &self,
+        m: &'m Mutex<T>,
+        what: &'static str,
+        holder: &str,
+    ) -> Result<MutexGuard<'m, T>> {
         let wait = self.comm.timeout().unwrap_or(DEFAULT_WAIT);
-        self.streams.try_lock_for(wait).ok_or_else(|| {
+        m.try_lock_for(wait).ok_or_else(|| {
             wrap(
                 what,
                 unicomm::Error::Timeout {
-                    what: format!("{what}: another thread's call on this rank"),
+                    what: format!("{what}: {holder}"),
                     after: wait,
                 },
             )

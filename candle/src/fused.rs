@@ -6,7 +6,7 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, W
 use parking_lot::{Mutex, MutexGuard};
 use unicomm::{Element, SymmetricAlgorithm};
 
-use crate::comm::{wrap, Communicator, DEFAULT_WAIT};
+use crate::comm::{wrap, Communicator};
 use crate::workspace::{offsets, Workspace, NAME};
 
 /// A symmetric workspace for the fused all-reduce + residual add + RMSNorm of up to
@@ -73,7 +73,7 @@ impl Communicator {
     }
 }
 
-impl FusedNorm<'_> {
+impl<'c> FusedNorm<'c> {
     /// The most elements a call takes.
     pub fn capacity(&self) -> usize {
         self.capacity
@@ -145,21 +145,12 @@ impl FusedNorm<'_> {
         }
         Ok(())
     }
-}
 
-impl<'c> FusedNorm<'c> {
-    /// The workspace, once no other thread's call holds it (at most the communicator's
-    /// deadline: then `Timeout`, as for the communicator's own lock, which every call
-    /// takes after this one).
+    /// The workspace, once no other thread's call holds it (as the communicator's own lock,
+    /// which every call takes after this one).
     fn work(&self) -> Result<MutexGuard<'_, Workspace<'c>>> {
-        if let Some(g) = self.work.try_lock() {
-            return Ok(g);
-        }
-        let wait = self.comm.comm().timeout().unwrap_or(DEFAULT_WAIT);
-        self.work.try_lock_for(wait).ok_or_else(|| {
-            let what = format!("{NAME}: another thread's call on this workspace");
-            wrap(NAME, unicomm::Error::Timeout { what, after: wait })
-        })
+        self.comm
+            .lock_within(&self.work, NAME, "another thread's call on this workspace")
     }
 }
 
@@ -170,7 +161,7 @@ struct FusedOp<'a, 'c> {
 }
 
 /// The output's shape: both results of `l`'s shape.
-pub(crate) fn both_shape(l: &Layout) -> Shape {
+fn both_shape(l: &Layout) -> Shape {
     let mut dims = vec![2];
     dims.extend_from_slice(l.dims());
     Shape::from_dims(&dims)

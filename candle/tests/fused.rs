@@ -3,19 +3,13 @@
 //! one workspace equal the unfused sequence (candle's all-reduce op, an add, a norm), and
 //! what the workspace cannot take is refused before any kernel.
 
+mod common;
+
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, D};
-use unicomm::Vendor;
+use common::ranks;
 use unicomm_candle::{Communicator, FusedNorm, Reduce};
-
-fn ranks<T: Send>(
-    n: usize,
-    f: impl Fn(Arc<Communicator>) -> candle_core::Result<T> + Sync,
-) -> Vec<T> {
-    let comms = unicomm::local_comms_n(Vendor::Mock, Some(n)).unwrap();
-    unicomm::each_rank(comms, |c| f(Communicator::new(c))).unwrap()
-}
 
 /// The unfused reference: the sum over the ranks, the residual add, the RMSNorm in f32.
 fn unfused(

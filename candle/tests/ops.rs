@@ -1,21 +1,12 @@
 //! The ops on candle's CPU tensors over the mock: values, shapes, dtypes and refusals.
 
-use std::sync::Arc;
+mod common;
 
 use candle_core::{DType, Device, Module, Tensor};
-use unicomm::Vendor;
+use common::ranks;
 use unicomm_candle::{
     unicomm_error, AllReduce, Communicator, Reduce, ShardedEmbedding, TensorParallelColumnLinear,
 };
-
-/// `f` on every rank of a mock world of `n` threads.
-fn ranks<T: Send>(
-    n: usize,
-    f: impl Fn(Arc<Communicator>) -> candle_core::Result<T> + Sync,
-) -> Vec<T> {
-    let comms = unicomm::local_comms_n(Vendor::Mock, Some(n)).unwrap();
-    unicomm::each_rank(comms, |c| f(Communicator::new(c))).unwrap()
-}
 
 /// Rank `r`'s tensor `[2, 3]`: `10 r + i`.
 fn mine(c: &Communicator, dtype: DType) -> candle_core::Result<Tensor> {
