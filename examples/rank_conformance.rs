@@ -105,46 +105,28 @@ fn run() -> anyhow::Result<()> {
     }
     // The sleep mode and properties where the library has them (NCCL 2.29.7, 2.29.2).
     if only_graphs.is_none() {
-        match unicomm_conformance::sleep_mode_and_properties(std::slice::from_ref(&comm)) {
-            Ok(seen) => println!(
-                "rank_conformance: rank {r}: sleep mode, properties: {:?}",
-                seen[0]
-            ),
-            Err(e) => {
-                let _ = comm.abort();
-                bail!("rank {r}: sleep mode: {e}");
-            }
-        }
+        let one = std::slice::from_ref(&comm);
+        reported(
+            &comm,
+            "sleep mode, properties",
+            unicomm_conformance::sleep_mode_and_properties(one).map(first),
+        )?;
         // One-sided puts and signals around the ring where the library has them (NCCL
         // 2.29.2) and the communicator NCCL's host RMA; into windows, so only where the
-        // communicator has them.
-        if !windows {
+        // communicator has them; then the same ring captured in a graph and replayed (NCCL
+        // 2.30.3).
+        if windows {
+            let ring = unicomm_conformance::one_sided_put_signal(one).map(first);
+            reported(&comm, "one-sided ring", ring)?;
+            let graph = unicomm_conformance::one_sided_in_graph(one, 200).map(first);
+            reported(&comm, "one-sided in a graph", graph)?;
+        } else {
             println!(
                 "rank_conformance: rank {r}: no symmetric window here: the one-sided ring NOT run"
             );
-        } else {
-            match unicomm_conformance::one_sided_put_signal(std::slice::from_ref(&comm)) {
-                Ok(seen) => println!("rank_conformance: rank {r}: one-sided ring: {}", seen[0]),
-                Err(e) => {
-                    let _ = comm.abort();
-                    bail!("rank {r}: one-sided ring: {e}");
-                }
-            }
-            // The same ring captured in a graph and replayed (NCCL 2.30.3).
-            match unicomm_conformance::one_sided_in_graph(std::slice::from_ref(&comm), 200) {
-                Ok(seen) => println!(
-                    "rank_conformance: rank {r}: one-sided in a graph: {}",
-                    seen[0]
-                ),
-                Err(e) => {
-                    let _ = comm.abort();
-                    bail!("rank {r}: one-sided in a graph: {e}");
-                }
-            }
         }
         // unicomm's symmetric kernels across the processes (where the backend has them):
         // every algorithm exact eagerly and over graph replays, the fused norm.
-        let one = std::slice::from_ref(&comm);
         let sym = unicomm_conformance::symmetric_all_reduce::<f32, _>(one, 4099, replays as usize)
             .and_then(|a| {
                 let b =
@@ -152,39 +134,23 @@ fn run() -> anyhow::Result<()> {
                 let n = unicomm_conformance::symmetric_rms_norm::<f32, _>(one, (1024, 3), 1e-5)?;
                 Ok(a[0] && b[0] && n[0])
             });
-        match sym {
-            Ok(seen) => println!("rank_conformance: rank {r}: symmetric kernels: {seen}"),
-            Err(e) => {
-                let _ = comm.abort();
-                bail!("rank {r}: symmetric kernels: {e}");
-            }
-        }
+        reported(&comm, "symmetric kernels", sym)?;
         // unicomm's kernel on NCCL's device API (where the library has it: NCCL >= 2.32.3),
         // exact eagerly and over graph replays.
         #[cfg(feature = "nccl")]
         let reqs = unicomm::nccl::device_kernel_requirements(4);
         #[cfg(not(feature = "nccl"))]
         let reqs = unicomm::DeviceCommRequirements::runtime(4);
-        match unicomm_conformance::device_api_all_reduce::<f32, _>(
+        let dev = unicomm_conformance::device_api_all_reduce::<f32, _>(
             one,
             4099,
             replays as usize,
             &reqs,
-        ) {
-            Ok(seen) => println!("rank_conformance: rank {r}: device API kernel: {}", seen[0]),
-            Err(e) => {
-                let _ = comm.abort();
-                bail!("rank {r}: device API kernel: {e}");
-            }
-        }
+        );
+        reported(&comm, "device API kernel", dev.map(first))?;
         // Per-call options where the library has them (NCCL 2.32).
-        match unicomm_conformance::call_options(std::slice::from_ref(&comm)) {
-            Ok(seen) => println!("rank_conformance: rank {r}: per-call options: {}", seen[0]),
-            Err(e) => {
-                let _ = comm.abort();
-                bail!("rank {r}: per-call options: {e}");
-            }
-        }
+        let options = unicomm_conformance::call_options(one).map(first);
+        reported(&comm, "per-call options", options)?;
     }
     // A captured step of every collective, replayed (CUDA or HIP graphs across the
     // processes; the mock's replays).
@@ -256,4 +222,29 @@ fn no_window_here(comm: &unicomm::Comm) -> anyhow::Result<Option<String>> {
             other => Err(other.into()),
         },
     }
+}
+
+/// What a block of checks saw on this rank, printed; its failure aborts the communicator
+/// (so that the other ranks stop waiting) and is this rank's error.
+fn reported<T: std::fmt::Debug>(
+    comm: &unicomm::Comm,
+    what: &str,
+    seen: unicomm::Result<T>,
+) -> anyhow::Result<()> {
+    let r = comm.rank();
+    match seen {
+        Ok(seen) => {
+            println!("rank_conformance: rank {r}: {what}: {seen:?}");
+            Ok(())
+        }
+        Err(e) => {
+            let _ = comm.abort();
+            bail!("rank {r}: {what}: {e}")
+        }
+    }
+}
+
+/// This rank's outcome of a check run over one communicator (the one entry it returns).
+fn first<T: Copy>(seen: Vec<T>) -> T {
+    seen[0]
 }
