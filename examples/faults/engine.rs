@@ -12,17 +12,10 @@ use unicomm::{Error, ReduceOp, Vendor};
 /// exact. The drop must not block the thread (an executor's worker) for the peer.
 pub fn completion_drop(vendor: Vendor) -> anyhow::Result<()> {
     const LATE: Duration = Duration::from_secs(2);
-    let comm = unicomm::from_env(vendor).context("joining the job")?;
-    let (r, w) = (comm.rank(), comm.world_size());
-    ensure!(w >= 2, "needs at least 2 ranks");
-    let st = comm.create_stream()?;
     let n = 1 << 20;
+    let (comm, st) = super::joined_and_connected(vendor, n)?;
+    let (r, w) = (comm.rank(), comm.world_size());
     let x = comm.upload(&vec![(r + 1) as f32; n], &st)?;
-    // One collective first: NCCL connects its peers inside the first call of an algorithm,
-    // so the late rank below delays the kernel, not the enqueue.
-    let mut warm = comm.alloc::<f32>(n)?;
-    comm.all_reduce(&x, &mut warm, ReduceOp::Sum, &st)?;
-    st.synchronize()?;
     if r == 1 {
         std::thread::sleep(LATE);
     }

@@ -161,6 +161,23 @@ fn run() -> anyhow::Result<()> {
     }
 }
 
+/// This rank joined (a world of at least 2) with a stream, its peers connected by one
+/// all-reduce of `n` floats first: NCCL connects them at the first collective of an
+/// algorithm, inside the call (the call itself waits for the peer there), so a rank late
+/// after this delays the kernel, not the enqueue.
+pub(crate) fn joined_and_connected(
+    vendor: Vendor,
+    n: usize,
+) -> anyhow::Result<(unicomm::Comm, unicomm::Stream)> {
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    ensure!(comm.world_size() >= 2, "needs at least 2 ranks");
+    let st = comm.create_stream()?;
+    let mut warm = comm.upload(&vec![1.0f32; n], &st)?;
+    comm.all_reduce_in_place(&mut warm, ReduceOp::Sum, &st)?;
+    st.synchronize()?;
+    Ok((comm, st))
+}
+
 /// The deadline this rank's waits have (GPU: the communicator's; mock: its configuration).
 fn deadline(comm: &unicomm::Comm) -> Duration {
     comm.timeout().unwrap_or(Duration::from_secs(600))
@@ -731,19 +748,11 @@ fn churn(vendor: Vendor, a: &Args) -> anyhow::Result<()> {
 /// forgotten collective. Every rank then checks an all-reduce is still exact.
 fn forget(vendor: Vendor) -> anyhow::Result<()> {
     const LATE: Duration = Duration::from_secs(2);
-    let comm = unicomm::from_env(vendor).context("joining the job")?;
-    let (r, w) = (comm.rank(), comm.world_size());
-    ensure!(w >= 2, "needs at least 2 ranks");
-    let st = comm.create_stream()?;
     let n = 16 << 20;
+    let (comm, st) = joined_and_connected(vendor, n)?;
+    let (r, w) = (comm.rank(), comm.world_size());
     let x = comm.upload(&vec![1.0f32; n], &st)?;
     let y = comm.alloc::<f32>(n)?;
-    // One collective first on every rank: NCCL connects its peers at the first collective
-    // of an algorithm, inside the call, so the late rank below delays the kernel, not the
-    // enqueue (the drop is what is timed).
-    let mut warm = comm.alloc::<f32>(n)?;
-    comm.all_reduce(&x, &mut warm, ReduceOp::Sum, &st)?;
-    st.synchronize()?;
     if r == 1 {
         std::thread::sleep(LATE);
     }
@@ -787,22 +796,11 @@ fn forget(vendor: Vendor) -> anyhow::Result<()> {
 /// once, not `Timeout` at the deadline (20 s here). Rank 1 then finds the world aborted or
 /// times out on its own; only rank 0's verdict counts.
 fn completion_abort(vendor: Vendor) -> anyhow::Result<()> {
-    let comm = unicomm::from_env(vendor).context("joining the job")?;
-    let (r, w) = (comm.rank(), comm.world_size());
-    ensure!(w >= 2, "needs at least 2 ranks");
+    let (comm, st) = joined_and_connected(vendor, 1 << 16)?;
+    let r = comm.rank();
     // A deadline far past the 5 s the verdict allows (the mock keeps its configured one).
     let _ = comm.set_timeout(Duration::from_secs(20));
-    let st = comm.create_stream()?;
     let x = comm.upload(&vec![1.0f32; 1 << 16], &st)?;
-    // One collective first on every rank: NCCL connects its peers at the first collective
-    // of an algorithm, inside the call (the call itself waits for the peer there), so the
-    // late rank below delays the kernel, not the enqueue.
-    comm.all_reduce_in_place(
-        &mut comm.upload(&vec![1.0f32; 1 << 16], &st)?,
-        ReduceOp::Sum,
-        &st,
-    )?;
-    st.synchronize()?;
     if r != 0 {
         // Late: rank 0's collective waits for this rank until its abort.
         std::thread::sleep(Duration::from_secs(3));
