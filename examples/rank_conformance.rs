@@ -27,11 +27,14 @@ fn run() -> anyhow::Result<()> {
     // `--replays N`: the captured steps' replays, each checked (20 by default).
     // `--graphs-only KINDS`: the captured steps alone, of the comma-separated kinds among
     // none, buffer, window, ce (a long replay run within one launch's time).
+    // `--symmetric-only`: unicomm's own kernels alone (the symmetric all-reduces, the fused
+    // norm, the device-API kernel), each replayed `--replays` times.
     let mut vendor = unicomm::Vendor::Auto;
     let mut windows = true;
     let mut subset = true;
     let mut replays: u64 = 20;
     let mut only_graphs: Option<String> = None;
+    let mut symmetric_only = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -39,6 +42,10 @@ fn run() -> anyhow::Result<()> {
             "--no-windows" => windows = false,
             "--groups-only" => subset = false,
             "--replays" => replays = it.next().context("--replays needs a value")?.parse()?,
+            "--symmetric-only" => {
+                symmetric_only = true;
+                subset = false;
+            }
             "--graphs-only" => {
                 let kinds = it.next().context("--graphs-only needs kinds")?;
                 if let Some(bad) = kinds.split(',').find(|k| !GRAPH_KINDS.contains(k)) {
@@ -51,12 +58,22 @@ fn run() -> anyhow::Result<()> {
                 subset = false;
             }
             other => {
-                bail!("unknown argument {other} (expected --vendor V, --no-windows, --groups-only, --graphs-only KINDS, --replays N)")
+                bail!("unknown argument {other} (expected --vendor V, --no-windows, --groups-only, --graphs-only KINDS, --symmetric-only, --replays N)")
             }
         }
     }
     let comm = unicomm::from_env(vendor).context("joining the job")?;
     let (r, w) = (comm.rank(), comm.world_size());
+    if symmetric_only {
+        let t = std::time::Instant::now();
+        own_kernels(&comm, replays)?;
+        comm.finalize()?;
+        println!(
+            "rank_conformance: rank {r} of {w}: unicomm's own kernels alone ({replays} replays of each) in {:.1} s; PASSED",
+            t.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     // A communicator without symmetric windows (NCCL 2.32.3 gives none to ranks it sees on
     // separate hosts, where 2.28.9 gave one): the window cases and checks are not run, and
     // the output says so; the checks that need one must then be Unsupported.
@@ -125,29 +142,7 @@ fn run() -> anyhow::Result<()> {
                 "rank_conformance: rank {r}: no symmetric window here: the one-sided ring NOT run"
             );
         }
-        // unicomm's symmetric kernels across the processes (where the backend has them):
-        // every algorithm exact eagerly and over graph replays, the fused norm.
-        let sym = unicomm_conformance::symmetric_all_reduce::<f32, _>(one, 4099, replays as usize)
-            .and_then(|a| {
-                let b =
-                    unicomm_conformance::symmetric_all_reduce::<unicomm::bf16, _>(one, 1000, 20)?;
-                let n = unicomm_conformance::symmetric_rms_norm::<f32, _>(one, (1024, 3), 1e-5)?;
-                Ok(a[0] && b[0] && n[0])
-            });
-        reported(&comm, "symmetric kernels", sym)?;
-        // unicomm's kernel on NCCL's device API (where the library has it: NCCL >= 2.32.3),
-        // exact eagerly and over graph replays.
-        #[cfg(feature = "nccl")]
-        let reqs = unicomm::nccl::device_kernel_requirements(4);
-        #[cfg(not(feature = "nccl"))]
-        let reqs = unicomm::DeviceCommRequirements::runtime(4);
-        let dev = unicomm_conformance::device_api_all_reduce::<f32, _>(
-            one,
-            4099,
-            replays as usize,
-            &reqs,
-        );
-        reported(&comm, "device API kernel", dev.map(first))?;
+        own_kernels(&comm, replays)?;
         // Per-call options where the library has them (NCCL 2.32).
         let options = unicomm_conformance::call_options(one).map(first);
         reported(&comm, "per-call options", options)?;
@@ -201,6 +196,28 @@ fn run() -> anyhow::Result<()> {
         t.elapsed().as_secs_f64(),
     );
     Ok(())
+}
+
+/// unicomm's own kernels across the processes, where the backend has them: the symmetric
+/// all-reduces of every algorithm exact eagerly and over `replays` graph replays, the fused
+/// norm likewise, and the kernel on the library's device API (NCCL >= 2.32.3).
+fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<()> {
+    let one = std::slice::from_ref(comm);
+    let replays = replays as usize;
+    let sym =
+        unicomm_conformance::symmetric_all_reduce::<f32, _>(one, 4099, replays).and_then(|a| {
+            let b = unicomm_conformance::symmetric_all_reduce::<unicomm::bf16, _>(one, 1000, 20)?;
+            let n =
+                unicomm_conformance::symmetric_rms_norm::<f32, _>(one, (1024, 3), 1e-5, replays)?;
+            Ok(a[0] && b[0] && n[0])
+        });
+    reported(comm, "symmetric kernels", sym)?;
+    #[cfg(feature = "nccl")]
+    let reqs = unicomm::nccl::device_kernel_requirements(4);
+    #[cfg(not(feature = "nccl"))]
+    let reqs = unicomm::DeviceCommRequirements::runtime(4);
+    let dev = unicomm_conformance::device_api_all_reduce::<f32, _>(one, 4099, replays, &reqs);
+    reported(comm, "device API kernel", dev.map(first))
 }
 
 /// The groups suite's checks that register a symmetric window.

@@ -20,6 +20,10 @@ run2() { # $1 = label, then the command after the launcher's --
 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT NCCL_DEBUG_FILE="$OUT/mr-init.%h.%p.log" run2 "rank_conformance (captured steps of every path)" ./rank_conformance --vendor cuda
 grep -hoE "via P2P[^ ]*|via NET[^ ]*|via SHM[^ ]*|isAllCudaP2p [0-9]|symmetricSupport [0-9]|nvlsSupport [0-9]|Duplicate GPU[^\n]*" "$OUT"/mr-init.*.log 2>/dev/null | sort | uniq -c | tee -a "$L"
 rm -f "$OUT"/mr-init.*.log
+# unicomm's own kernels (the symmetric all-reduces, the fused norm, the device-API kernel)
+# over 10,000 graph replays each, every replay checked (MR_REPLAYS to change).
+step multirank own kernels; ./xtask launch --procs 2 --share-gpu --timeout-s 560 -- ./rank_conformance --vendor cuda --symmetric-only --replays ${MR_REPLAYS:-10000} >> "$L" 2>&1; c=$?
+echo "multirank own kernels, ${MR_REPLAYS:-10000} replays: rc=$c" | tee -a "$L"; [ $c -eq 0 ] || rc=1
 run2 "groups suite" ./rank_conformance --vendor cuda --groups-only
 run2 "by_id" ./by_id --vendor cuda
 # A world of one grown into both processes (ncclCommGrow, NCCL >= 2.29.2).
@@ -27,9 +31,9 @@ run2 "grow" ./grow --vendor cuda
 for sc in skip abort ce-skip ce-abort mismatch forget completion-abort completion-drop completion-mismatch sym-skip sym-abort dev-skip; do
   UNICOMM_TIMEOUT_MS=10000 run2 "faults $sc" ./faults --vendor cuda --scenario $sc
 done
-# kill and kill-replay started by hand (the launcher would stop rank 0 when rank 1 dies),
+# kill, kill-replay and sym-kill (a peer SIGKILLed among replays of unicomm's kernel) started by hand (the launcher would stop rank 0 when rank 1 dies),
 # in the multi-rank mode's environment; the verdict is rank 0's.
-for sc in kill kill-replay; do
+for sc in kill kill-replay sym-kill; do
   step multirank faults $sc; kport=$((29600 + RANDOM % 300))
   for r in 0 1; do
     env -u NCCL_HOSTID NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_MAX_CTAS=${NCCL_MAX_CTAS:-8} RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$kport UNICOMM_TIMEOUT_MS=20000 timeout 120 ./faults --vendor cuda --scenario $sc &

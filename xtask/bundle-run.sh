@@ -360,6 +360,11 @@ for v in nccl rccl; do
   fail=0; for t in registration ranks ipc signals cuda symmetric device_api; do [ -x ./$v-$t ] || continue; timeout 300 ./$v-$t --test-threads=1 --nocapture || fail=1; done > "$OUT/$v-gpu_specific.log" 2>&1
   grep -E "^test |test result|panicked|as the library" "$OUT/$v-gpu_specific.log"; [ $fail -eq 0 ] || rc=1
   step doctor;          ./doctor 2>&1 | tee "$OUT/doctor.log"
+  if [ -x ./bootstrap-unit ] && [ -z "${rendezvous_done:-}" ]; then rendezvous_done=1
+    # The rendezvous's tests on this machine's network stack (once, whatever the vendor).
+    step rendezvous;    timeout 300 ./bootstrap-unit --test-threads=2 > "$OUT/rendezvous.log" 2>&1 || rc=1
+    grep -E "test result|FAILED|panicked" "$OUT/rendezvous.log"
+  fi
   step allreduce_ub;    timeout 120 ./allreduce_ub --vendor $vendor 2>&1 | tee "$OUT/$v-allreduce_ub.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   step alltoall_ub;     timeout 120 ./alltoall_ub --vendor $vendor 2>&1 | tee "$OUT/$v-alltoall_ub.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   step from_env;        # one rank per process, as torchrun would start them

@@ -181,7 +181,7 @@ fn rank() {
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
             let seen = unicomm_conformance::symmetric_all_reduce::<half::bf16, _>(one, 16, 5);
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
-            let seen = unicomm_conformance::symmetric_rms_norm::<f32, _>(one, (24, 2), 0.0);
+            let seen = unicomm_conformance::symmetric_rms_norm::<f32, _>(one, (24, 2), 0.0, 10);
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
             c.finalize().unwrap();
             println!("rank {r}: symmetric kernels; RANK PASSED");

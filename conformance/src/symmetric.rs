@@ -158,16 +158,18 @@ fn check<T: Small>(
     }
 }
 
-/// The fused all-reduce + residual add + RMSNorm of each algorithm over `rows` rows of
-/// `hidden` elements of `T`, against the host's unfused sequence on the same small-integer
-/// data (the all-reduce and the add exact, the norm in f32 as the kernel's contract says):
-/// the residual exactly, the output within `tolerance` relative (0: the same bits, what
-/// the mock gives; a GPU's reduction order may differ in the last bits). What each rank
-/// saw: `true`, or `false` where the backend has no symmetric memory.
+/// The fused all-reduce + residual add + RMSNorm of each algorithm over `T`, `rows` rows of
+/// `hidden`: eagerly once, then captured in a graph and replayed `replays` times with a new
+/// input and the residual written again before each, against the host's unfused sequence on
+/// the same small-integer data (the all-reduce and the add exact, the norm in f32 as the
+/// kernel's contract says): the residual exactly, the output within `tolerance` relative (0:
+/// the same bits, what the mock gives; a GPU's reduction order may differ in the last bits).
+/// What each rank saw: `true`, or `false` where the backend has no symmetric memory.
 pub fn symmetric_rms_norm<T: Small, C: Collective>(
     comms: &[Comm<C>],
     (hidden, rows): (usize, usize),
     tolerance: f64,
+    replays: usize,
 ) -> Result<Vec<bool>> {
     let n = hidden * rows;
     each_rank(comms, |c| -> Result<bool> {
@@ -179,11 +181,18 @@ pub fn symmetric_rms_norm<T: Small, C: Collective>(
         };
         let weight: Vec<i32> = (0..hidden).map(|i| (i % 5) as i32 - 2).collect();
         let wbuf = c.upload(&of::<T>(&weight), &st)?;
-        let mut out = c.alloc::<T>(n)?;
-        for (k, algorithm) in ALGORITHMS.into_iter().enumerate() {
-            let res0: Vec<i32> = (0..n).map(|i| (i % 7) as i32 - 3).collect();
+        let res0: Vec<i32> = (0..n).map(|i| (i % 7) as i32 - 3).collect();
+        let fused = Fused {
+            weight: weight.iter().map(|&v| v as f32).collect(),
+            res0: &res0,
+            tolerance,
+            w,
+        };
+        let mut round = 0;
+        for algorithm in ALGORITHMS {
             let mut residual = c.upload(&of::<T>(&res0), &st)?;
-            sym.write_from_host(&of::<T>(&input(r, k, n)), &st)?;
+            let mut out = c.alloc::<T>(n)?;
+            sym.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
             c.all_reduce_rms_norm(
                 &sym,
                 n,
@@ -193,37 +202,71 @@ pub fn symmetric_rms_norm<T: Small, C: Collective>(
                 (1e-5, algorithm),
                 &st,
             )?;
-            let sums = expected(w, k, n, ReduceOp::Sum);
-            let added: Vec<i32> = sums.iter().zip(&res0).map(|(s, r)| s + r).collect();
-            check(
-                &residual.copy_to_host(&st)?,
-                &added,
-                (algorithm, ReduceOp::Sum, k),
-            )?;
-            let got = out.copy_to_host(&st)?;
-            let xs: Vec<f32> = added.iter().map(|&v| v as f32).collect();
-            let ws: Vec<f32> = weight.iter().map(|&v| v as f32).collect();
-            let want = rms_norm_reference(&xs, &ws, 1e-5);
-            for (i, (gv, wv)) in got.iter().zip(&want).enumerate() {
-                let want = T::from_f64_rounded(f64::from(*wv));
-                let err = (gv.f64() - want).abs();
-                if err > tolerance * want.abs().max(1e-3) && gv.f64() != want {
-                    return Err(Error::invalid(
-                        "symmetric rms norm",
-                        format!(
-                            "{} row {} element {}: {} where the unfused sequence gives {want}",
-                            algorithm.name(),
-                            i / hidden,
-                            i % hidden,
-                            gv.f64()
-                        ),
-                    ));
-                }
+            fused.check(&residual, &out, (algorithm, round), &st)?;
+            round += 1;
+            let graph = Graph::capture(&st, |g| {
+                g.all_reduce_rms_norm(c, &sym, n, &residual, &wbuf, &out, (1e-5, algorithm))
+            })?;
+            for _ in 0..replays {
+                sym.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
+                residual.write_from_host(&of::<T>(&res0), &st)?;
+                graph.launch(&st)?;
+                fused.check(&residual, &out, (algorithm, round), &st)?;
+                round += 1;
             }
         }
         st.synchronize()?;
         Ok(true)
     })
+}
+
+/// What a fused step's results must be, for one rank of `w`.
+struct Fused<'r> {
+    weight: Vec<f32>,
+    res0: &'r [i32],
+    tolerance: f64,
+    w: usize,
+}
+
+impl Fused<'_> {
+    /// The residual (exact) and the output (the unfused norm within the tolerance) of the
+    /// step of `round`.
+    fn check<T: Small, C: Collective>(
+        &self,
+        residual: &unicomm_core::Buffer<T, C>,
+        out: &unicomm_core::Buffer<T, C>,
+        (algorithm, round): (SymmetricAlgorithm, usize),
+        st: &C::Stream,
+    ) -> Result<()> {
+        let hidden = self.weight.len();
+        let sums = expected(self.w, round, self.res0.len(), ReduceOp::Sum);
+        let added: Vec<i32> = sums.iter().zip(self.res0).map(|(s, r)| s + r).collect();
+        check(
+            &residual.copy_to_host(st)?,
+            &added,
+            (algorithm, ReduceOp::Sum, round),
+        )?;
+        let got = out.copy_to_host(st)?;
+        let xs: Vec<f32> = added.iter().map(|&v| v as f32).collect();
+        let want = rms_norm_reference(&xs, &self.weight, 1e-5);
+        for (i, (gv, wv)) in got.iter().zip(&want).enumerate() {
+            let want = T::from_f64_rounded(f64::from(*wv));
+            let err = (gv.f64() - want).abs();
+            if err > self.tolerance * want.abs().max(1e-3) && gv.f64() != want {
+                return Err(Error::invalid(
+                    "symmetric rms norm",
+                    format!(
+                        "{} round {round} row {} element {}: {} where the unfused sequence gives {want}",
+                        algorithm.name(),
+                        i / hidden,
+                        i % hidden,
+                        gv.f64()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The RMSNorm of the fused step's contract, on the host: for each row of `weight.len()`

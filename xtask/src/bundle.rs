@@ -46,6 +46,20 @@ fn test_binaries(
         .collect())
 }
 
+/// The unit tests of `pkg`'s library as one binary called `name` in the bundle.
+fn unit_tests(pkg: &str, name: &str) -> Result<Vec<(PathBuf, String)>> {
+    let mut t = bundle_cargo();
+    t.args(["test", "--release", "-p", pkg, "--lib", "--no-run"]);
+    let what = format!("build the unit tests of {pkg}");
+    let found = crate::cargo::executables(&what, t, |a| {
+        (a.profile.test && a.target.is_kind(TargetKind::Lib)).then(|| name.to_string())
+    })?;
+    if found.is_empty() {
+        bail!("{what}: cargo built no test binary of the library");
+    }
+    Ok(found)
+}
+
 /// Release binaries (examples, GPU test binaries, the overhead benchmark), `run.sh` and `parts.sh` in
 /// `dist/unicomm-bundle`, for the vendor asked for (`auto`: both GPU vendors). Always a
 /// release build: timings are part of the run.
@@ -113,6 +127,9 @@ fn common_binaries(vendors: &[GpuVendor]) -> Result<Vec<(PathBuf, String)>> {
         TargetKind::Example,
         &examples,
     )?);
+    // The rendezvous's own tests (a squatter, a replayed hello, a stale rank 0 sharing the
+    // port, strangers' connections): run on the GPU machine's network stack too.
+    copies.extend(unit_tests("unicomm-bootstrap", "bootstrap-unit")?);
     let mut b = bundle_cargo();
     b.args(["build", "--release", "-p", "unicomm-bench", "-p", "xtask"]);
     // The launcher (`xtask launch --procs N -- prog`) for one rank per process.

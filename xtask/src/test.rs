@@ -133,6 +133,15 @@ fn mock_examples(o: &Opts) -> Result<()> {
         // A decode step's end on symmetric memory (unicomm's kernels, the fused norm, 200
         // replays), one rank per process.
         ("symmetric_decode", 3, &[], &[], &[]),
+        // unicomm's own kernels alone, the fused norm's graph replays included, as the GPU
+        // bundle's multi-rank part runs them.
+        (
+            "rank_conformance",
+            2,
+            &["--symmetric-only", "--replays", "50"],
+            &[],
+            &[],
+        ),
     ]
     .map(|(example, n, args, env, expect_lost)| {
         let job = launch::Job {
