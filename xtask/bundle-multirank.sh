@@ -52,7 +52,7 @@ echo "multirank faults churn: rc=$c" | tee -a "$L"; [ $c = 0 ] || rc=1
 UNICOMM_TIMEOUT_MS=10000 $L2 --expect-lost 1 -- ./shrink --vendor cuda --victim 1 >> "$L" 2>&1; c=$?; echo "multirank shrink killed: rc=$c" | tee -a "$L"; [ $c = 0 ] || rc=1
 for mode in default abort; do UNICOMM_TIMEOUT_MS=30000 run2 "shrink leave $mode" ./shrink --vendor cuda --victim 1 --fault leave --mode $mode; done
 if [ -x ./llama_tp ]; then
-  NCCL_DIR=$(dirname "$TORCH_NCCL") LD_LIBRARY_PATH=/usr/local/cuda/lib64:$(dirname "$TORCH_NCCL")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} run2 "candle llama_tp bf16" ./llama_tp --vendor cuda --dtype bf16
+  NCCL_DIR=$(dirname "$UNICOMM_NCCL_LIBRARY") LD_LIBRARY_PATH=/usr/local/cuda/lib64:$(dirname "$UNICOMM_NCCL_LIBRARY")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} run2 "candle llama_tp bf16" ./llama_tp --vendor cuda --dtype bf16
 else echo "multirank: no llama_tp in this bundle: not run" | tee -a "$L"; rc=1; fi
 # unicomm-bench, data checked, every mode and collective; the kernels NCCL ran per mode.
 for mode in plain registered window ce; do

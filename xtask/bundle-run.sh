@@ -70,7 +70,9 @@ if [ "$PARTS" = candle ]; then
   # call against candle's own op over cudarc's NCCL, world 1. candle's binaries link CUDA
   # 13.0's libraries (the toolkit's lib64) and libnccl.so.2 (PyTorch's wheel).
   [ -x ./llama_tp ] && [ -x ./allreduce_cost ] && [ -x ./pipeline_tp ] || { echo "candle: this bundle has no unicomm-candle binaries (cargo xtask bundle --vendor cuda)"; exit 1; }
-  NCCL_DIR=${NCCL_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib}
+  # cudarc's NCCL (candle's own op in allreduce_cost) is the one unicomm loads: two NCCLs in
+  # one process failed candle's op on 2.32.3 (ncclInvalidArgument).
+  NCCL_DIR=${NCCL_DIR:-$(dirname "${UNICOMM_NCCL_LIBRARY:-$TORCH_NCCL}")}
   export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$n" -ge 1 ] || { echo "candle: no NVIDIA GPU here"; exit 1; }
   [ "$n" -ge 2 ] && share= || share=--share-gpu
@@ -126,8 +128,11 @@ if [ "$PARTS" = rccl-on-cuda ]; then
   step rccl-on-cuda shrink; UNICOMM_TIMEOUT_MS=10000 xlaunch --procs 4 $share --expect-lost 3 --timeout-s 200 -- ./shrink --vendor rocm --victim 3 2>&1 | tee -a "$L" | grep -E "PASSED|FAILED|error"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   echo "overall rc=$rc"; exit $rc
 fi
+# A part that finds no vendor's binaries (a slim tar without them) fails, never passes.
+vendors_run=0
 for v in nccl rccl; do
-  [ -x ./$v-conformance ] || continue
+  ls ./$v-* > /dev/null 2>&1 || continue
+  vendors_run=$((vendors_run + 1))
   vendor=$([ $v = nccl ] && echo cuda || echo rocm)
   export UNICOMM_GPU_WORLD=$(gpus $vendor); [ "$UNICOMM_GPU_WORLD" -ge 1 ] || UNICOMM_GPU_WORLD=1
   SKIP=$(skips "$UNICOMM_GPU_WORLD")
@@ -377,8 +382,10 @@ for v in nccl rccl; do
   fi
   fi
   [ "$PARTS" = quick ] && continue
+  [ -x ./$v-conformance ] || { echo "$v conformance: no $v-conformance in this bundle: NOT run"; rc=1; continue; }
   step $v conformance;  timeout ${CONF_TIMEOUT:-400} ./$v-conformance --test-threads=1 $SKIP > "$OUT/$v-conformance.log" 2>&1; c=$?
   grep -E "test result|^failures:|FAILED" "$OUT/$v-conformance.log" | head -20; grep -c " ok$" "$OUT/$v-conformance.log"; [ $c -eq 0 ] || rc=1
 done
+[ $vendors_run -gt 0 ] || { echo "PARTS=$PARTS: this bundle holds no vendor's binaries (nccl-*, rccl-*): nothing run"; rc=1; }
 echo "overall rc=$rc"
 exit $rc
