@@ -8,6 +8,8 @@
 //! (`cargo xtask launch --procs 2 --share-gpu -- captured_step`).
 //!
 //! What a capture of candle's kernels asks of the engine, all here:
+//! - candle's device made with a stream of its own (`Device::new_cuda_with_stream`):
+//!   `Device::new_cuda` runs on CUDA's legacy default stream, which cannot be captured;
 //! - the step run eagerly once first: NCCL connects its peers and cuBLAS makes its
 //!   workspace at their first call, which a capture does not allow;
 //! - candle allocating from the stream's pool (`cuMemAllocAsync`): the tensors the step makes
@@ -67,22 +69,37 @@ fn run() -> anyhow::Result<()> {
         None => unicomm::local_comms_n(Vendor::Cuda, Some(1))?.remove(0),
     };
     let r = comm.rank();
-    let dev = Device::new_cuda(local)?;
+    // A stream of its own: `Device::new_cuda` runs candle on CUDA's legacy default stream,
+    // which CUDA cannot capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED at the capture's
+    // start, seen on an H100).
+    let dev = Device::new_cuda_with_stream(local)?;
     let Device::Cuda(cuda) = &dev else {
         bail!("not a CUDA device")
     };
     let comm = Communicator::new(comm);
     let up = TensorParallelColumnLinear::from_full(&weight(FFN, HIDDEN, 1.0, &dev)?, None, &comm)?;
     let down = TensorParallelRowLinear::from_full(&weight(HIDDEN, FFN, 2.0, &dev)?, None, &comm)?;
-    let step =
-        |x: &Tensor| -> candle_core::Result<Tensor> { x + down.forward(&up.forward(x)?.silu()?)? };
+    // Each stage named in an error (a call a capture does not allow says which).
+    let step = |x: &Tensor| -> anyhow::Result<Tensor> {
+        let h = up.forward(x).context("the column-parallel layer")?;
+        let h = h.silu().context("SiLU")?;
+        let h = down
+            .forward(&h)
+            .context("the row-parallel layer (its matmul and unicomm's all-reduce)")?;
+        (x + h).context("the residual add")
+    };
     // The tensor the graph reads, and the eager step once (outside any capture).
     let x = input(0, &dev)?;
     step(&x)?;
     let stream = cuda.cuda_stream();
+    if stream.cu_stream().is_null() {
+        bail!("candle's device runs on CUDA's legacy default stream, which cannot be captured: make it with Device::new_cuda_with_stream");
+    }
     let watched = unicomm::Stream::from(unicomm::nccl::stream_from_cudarc(stream.clone())?);
     watched.synchronize()?;
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .context("beginning the capture on candle's stream")?;
     let y = step(&x);
     // Ended whatever the step answered: a stream left capturing would refuse later work.
     let graph = stream.end_capture(
