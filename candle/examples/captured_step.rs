@@ -34,6 +34,8 @@ const HIDDEN: usize = 64;
 const FFN: usize = 128;
 const ROWS: usize = 4;
 const STEPS: usize = 50;
+/// cuBLAS's workspace for the captured matmuls (what PyTorch gives Hopper: 32 MiB).
+const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 fn main() {
     if let Err(e) = run() {
@@ -95,10 +97,34 @@ fn run() -> anyhow::Result<()> {
     if stream.cu_stream().is_null() {
         bail!("candle's device runs on CUDA's legacy default stream, which cannot be captured: make it with Device::new_cuda_with_stream");
     }
+    // cuBLAS's own workspace is allocated on demand, which a capture does not allow
+    // (candle's matmul failed with CUBLAS_STATUS_EXECUTION_FAILED inside the capture on an
+    // H200): hand its handle one that lives as long as the graph, as PyTorch does.
+    let mut workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE)?;
+    {
+        let blas = cuda.cublas_handle();
+        let (p, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut workspace, &stream);
+        // SAFETY: a live handle of candle's device; the workspace, on the handle's stream,
+        // outlives every use of the handle here (it is dropped after the graph, below).
+        let status = unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                p as *mut _,
+                CUBLAS_WORKSPACE,
+            )
+        };
+        if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            bail!("cublasSetWorkspace: {status:?}");
+        }
+    }
+    let mode = match std::env::var("CAPTURE_MODE").as_deref() {
+        Ok("relaxed") => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        _ => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+    };
     let watched = unicomm::Stream::from(unicomm::nccl::stream_from_cudarc(stream.clone())?);
     watched.synchronize()?;
     stream
-        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .begin_capture(mode)
         .context("beginning the capture on candle's stream")?;
     let y = step(&x);
     // Ended whatever the step answered: a stream left capturing would refuse later work.
@@ -127,6 +153,7 @@ fn run() -> anyhow::Result<()> {
         worst = worst.max(d);
     }
     drop(graph);
+    drop(workspace);
     println!(
         "captured_step: rank {r} of {}: {STEPS} replays of candle's kernels and unicomm's all-reduce in one CUDA graph, a new input before each, within {worst:e} of the eager step; PASSED",
         comm.world_size()
