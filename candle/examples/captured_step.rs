@@ -10,6 +10,8 @@
 //! What a capture of candle's kernels asks of the engine, all here:
 //! - candle's device made with a stream of its own (`Device::new_cuda_with_stream`):
 //!   `Device::new_cuda` runs on CUDA's legacy default stream, which cannot be captured;
+//! - cudarc's event tracking off before the tensors are made (one stream orders them): a
+//!   slice's wait on an event recorded before the capture invalidates it;
 //! - the step run eagerly once first: NCCL connects its peers and cuBLAS makes its
 //!   workspace at their first call, which a capture does not allow;
 //! - candle allocating from the stream's pool (`cuMemAllocAsync`): the tensors the step makes
@@ -78,6 +80,14 @@ fn run() -> anyhow::Result<()> {
     let Device::Cuda(cuda) = &dev else {
         bail!("not a CUDA device")
     };
+    // A second stream puts cudarc in its multi-stream mode, where every use of a slice first
+    // waits on the event of its last write: inside a capture, a wait on an event recorded
+    // before it invalidates the capture (cudarc keeps the error to itself; the next launch,
+    // candle's first matmul, then failed with CUBLAS_STATUS_EXECUTION_FAILED on an H100 and
+    // an H200). Everything here runs on candle's one stream, so no tracking is needed.
+    // SAFETY: every slice made from here on is used on candle's stream only (unicomm's
+    // all-reduce enqueues there too), so stream order alone orders its uses and frees.
+    unsafe { cuda.cuda_stream().context().disable_event_tracking() };
     let comm = Communicator::new(comm);
     let up = TensorParallelColumnLinear::from_full(&weight(FFN, HIDDEN, 1.0, &dev)?, None, &comm)?;
     let down = TensorParallelRowLinear::from_full(&weight(HIDDEN, FFN, 2.0, &dev)?, None, &comm)?;
@@ -97,9 +107,9 @@ fn run() -> anyhow::Result<()> {
     if stream.cu_stream().is_null() {
         bail!("candle's device runs on CUDA's legacy default stream, which cannot be captured: make it with Device::new_cuda_with_stream");
     }
-    // cuBLAS's own workspace is allocated on demand, which a capture does not allow
-    // (candle's matmul failed with CUBLAS_STATUS_EXECUTION_FAILED inside the capture on an
-    // H200): hand its handle one that lives as long as the graph, as PyTorch does.
+    // A cuBLAS workspace of the step's own, alive as long as the graph: cuBLAS's guide on
+    // graph capture asks for one (its default pool is allocated on demand), as PyTorch
+    // gives each handle. (It did not cure the capture failure described above.)
     let mut workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE)?;
     {
         let blas = cuda.cublas_handle();
@@ -117,14 +127,10 @@ fn run() -> anyhow::Result<()> {
             bail!("cublasSetWorkspace: {status:?}");
         }
     }
-    let mode = match std::env::var("CAPTURE_MODE").as_deref() {
-        Ok("relaxed") => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-        _ => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-    };
     let watched = unicomm::Stream::from(unicomm::nccl::stream_from_cudarc(stream.clone())?);
     watched.synchronize()?;
     stream
-        .begin_capture(mode)
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .context("beginning the capture on candle's stream")?;
     let y = step(&x);
     // Ended whatever the step answered: a stream left capturing would refuse later work.
