@@ -7,7 +7,7 @@
 //! call NCCL has no per-call options for).
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::config::{check_ctas, CtaPolicy};
@@ -178,20 +178,14 @@ impl CallOptions {
     }
 }
 
-/// Open scopes in the process: a call reads its thread's scopes only while one is open.
-static OPEN: AtomicUsize = AtomicUsize::new(0);
-
 thread_local! {
     /// This thread's scopes, innermost last: (communicator id, options).
     static SCOPES: RefCell<Vec<(u64, Arc<CallOptions>)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The options of this thread's innermost scope for communicator `comm`.
-#[inline]
+/// The options of this thread's innermost scope for communicator `comm` (read only while
+/// the communicator counts an open scope: a call reads no thread-local otherwise).
 pub(crate) fn current(comm: u64) -> Option<Arc<CallOptions>> {
-    if OPEN.load(Ordering::Relaxed) == 0 {
-        return None;
-    }
     SCOPES.with(|s| {
         s.borrow()
             .iter()
@@ -201,22 +195,23 @@ pub(crate) fn current(comm: u64) -> Option<Arc<CallOptions>> {
     })
 }
 
-/// A scope open on this thread until dropped (also by an unwind).
-pub(crate) struct Scope(());
+/// A scope open on this thread until dropped (also by an unwind), counted by its
+/// communicator's `open` while it lives.
+pub(crate) struct Scope<'c>(&'c AtomicU32);
 
-impl Scope {
-    pub(crate) fn open(comm: u64, options: &CallOptions) -> Result<Scope> {
+impl<'c> Scope<'c> {
+    pub(crate) fn open(comm: u64, open: &'c AtomicU32, options: &CallOptions) -> Result<Self> {
         options.check_values()?;
         SCOPES.with(|s| s.borrow_mut().push((comm, Arc::new(options.clone()))));
-        OPEN.fetch_add(1, Ordering::Relaxed);
-        Ok(Scope(()))
+        open.fetch_add(1, Ordering::Relaxed);
+        Ok(Scope(open))
     }
 }
 
-impl Drop for Scope {
+impl Drop for Scope<'_> {
     fn drop(&mut self) {
         SCOPES.with(|s| s.borrow_mut().pop());
-        OPEN.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -280,8 +275,10 @@ mod tests {
             ..CallOptions::default()
         };
         assert!(current(7).is_none());
+        let open = AtomicU32::new(0);
         let r = std::panic::catch_unwind(|| {
-            let _s = Scope::open(7, &o).unwrap();
+            let _s = Scope::open(7, &open, &o).unwrap();
+            assert_eq!(open.load(Ordering::Relaxed), 1);
             assert_eq!(current(7).as_deref(), Some(&o));
             assert!(current(8).is_none());
             std::thread::scope(|t| {
@@ -291,5 +288,6 @@ mod tests {
         });
         assert!(r.is_err());
         assert!(current(7).is_none());
+        assert_eq!(open.load(Ordering::Relaxed), 0);
     }
 }

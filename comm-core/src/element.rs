@@ -119,7 +119,11 @@ impl std::fmt::Display for DataType {
 /// [`ReduceOp::PreMulSum`] multiplies each rank's input by that rank's own scalar (rounded
 /// to the element type, as the product is) and sums: NCCL's `ncclRedOpCreatePreMulSum`
 /// (NCCL >= 2.11, RCCL since ROCm 5.2), which the backends create and cache themselves.
+///
+/// `repr(u8)`: its tag a byte of its own, in declaration order, so that a backend's
+/// conversion to its library's code is the tag itself (no table read on every call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum ReduceOp {
     /// `ncclSum`
     Sum,

@@ -44,6 +44,10 @@ pub struct Comm<C: Collective> {
     /// `UNICOMM_CHECK_COLLECTIVES=1`, read once per process: a field beside `raw`, so a
     /// call reads no other line for it.
     checked: bool,
+    /// Scopes of per-call options open for this communicator ([`Comm::with_options`]), on
+    /// any thread: a call looks for its thread's only while one is, so the common call
+    /// reads this field and no global or thread-local.
+    scoped: AtomicU32,
 }
 
 /// Whether collectives are checked (`UNICOMM_CHECK_COLLECTIVES=1`; a value that does not
@@ -93,6 +97,15 @@ impl<C> Drop for Sole<'_, C> {
 }
 
 impl<C: Collective> Comm<C> {
+    /// This thread's options for this communicator, where a scope of them is open.
+    #[inline]
+    fn scoped_options(&self) -> Option<Arc<CallOptions>> {
+        if self.scoped.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        call_options::current(self.id)
+    }
+
     /// Whether this process checks collectives across ranks (`UNICOMM_CHECK_COLLECTIVES=1`):
     /// an integration with arguments of its own (a tensor's shape and type) compares those
     /// across the ranks too where it is set.
@@ -108,6 +121,7 @@ impl<C: Collective> Comm<C> {
             busy: AtomicU32::new(0),
             graphs: AtomicU32::new(0),
             checked: checking(),
+            scoped: AtomicU32::new(0),
         }
     }
     /// The backend for a collective call. Collectives of one communicator called from
@@ -121,7 +135,7 @@ impl<C: Collective> Comm<C> {
             return Ok(Sole {
                 raw: &self.raw,
                 busy: None,
-                options: call_options::current(self.id),
+                options: self.scoped_options(),
             });
         }
         if self.busy.fetch_add(1, Ordering::AcqRel) > 0 {
@@ -134,7 +148,7 @@ impl<C: Collective> Comm<C> {
         Ok(Sole {
             raw: &self.raw,
             busy: Some(&self.busy),
-            options: call_options::current(self.id),
+            options: self.scoped_options(),
         })
     }
 
@@ -155,7 +169,7 @@ impl<C: Collective> Comm<C> {
         options: &CallOptions,
         f: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
-        let _scope = call_options::Scope::open(self.id, options)?;
+        let _scope = call_options::Scope::open(self.id, &self.scoped, options)?;
         f()
     }
 

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use unicomm_core::backend::grouped;
-use unicomm_core::{Error, Kind, Op, Result, Zeros};
+use unicomm_core::{Error, Op, Result, Zeros};
 
-use super::route::{self, Route};
+use super::route::{self, Elsewhere, Route};
 use super::ApiComm;
 use crate::memory::{ApiMemory, ApiStream};
 use crate::policy::Taken;
@@ -14,9 +14,8 @@ use crate::sys::runtime::Runtime;
 
 impl<R: Runtime> ApiComm<R> {
     /// One operation, recorded once by the caller (a lowered one's parts are not recorded
-    /// again); the path it took, by name. The common call (the library's, on this
-    /// communicator) runs straight through here; the copy engines' all-to-all-v and a
-    /// lowering are out of line.
+    /// again); the path it took, by name. The common call (the library's) runs straight
+    /// through here; the paths of unicomm's own and a refusal are out of line.
     #[inline]
     pub(super) fn enqueue_op(
         &self,
@@ -31,48 +30,87 @@ impl<R: Runtime> ApiComm<R> {
         if op.options.is_some() {
             options_route(b, op, &route, stream)?;
         }
-        // The one match on the route: what runs elsewhere leaves here, the rest is a call
-        // made below, after the ranks' comparison.
-        let direct = match route {
-            Ok(Route::Library) => Ok(Direct::Library(None)),
-            Ok(Route::Registered(c)) => Ok(Direct::Library(Some(c))),
-            // Agreed by the ranks while planned: no comparison again.
-            Ok(Route::CopyEngine(plan)) if matches!(op.kind, Kind::AllToAllV) => {
-                return self.copy_engine_v(plan, stream);
-            }
-            Ok(Route::CopyEngine(plan)) => Ok(Direct::CopyEngine(plan)),
-            Ok(Route::Lowered) => return self.lowered(op, stream),
-            Err(e) => Err(e),
+        // The one match on the route.
+        let child = match route {
+            Ok(Route::Library(child)) => child,
+            Ok(Route::Elsewhere(path)) => return self.elsewhere(path, op, stream),
+            Err(e) => return self.refused(e, op, stream),
         };
-        if op.kind.is_var() && direct.is_ok() {
+        let taken = match child {
+            None => Taken::Library,
+            Some(_) => Taken::Registered,
+        };
+        self.compared(op, taken, stream)?;
+        // One call site of the library's path, so that it is inlined here. The name is a
+        // constant chosen here (no table read on the hot path).
+        let name = match child {
+            None => Taken::Library.name(),
+            Some(_) => Taken::Registered.name(),
+        };
+        b.library
+            .enqueue(&b.lc, &b.registry, child, op, stream.lend())
+            .map(|()| name)
+    }
+
+    /// What every call that runs after the ranks' comparison does first: the layouts of a
+    /// variable-size exchange agreed, the stream watched, and (with
+    /// `UNICOMM_CHECK_COLLECTIVES=1`) the call and the path it takes compared across ranks.
+    #[inline]
+    fn compared(
+        &self,
+        op: &Op<'_, ApiMemory<R>>,
+        taken: Taken,
+        stream: &ApiStream<R>,
+    ) -> Result<()> {
+        let b = &self.base;
+        if op.kind.is_var() {
             b.agree.check_layout(&b.lc, op, stream)?;
         }
         stream.watched_by(&b.lc);
-        // UNICOMM_CHECK_COLLECTIVES=1: the ranks compare the call and its route first; a
-        // rank whose call is refused here still takes part, so its peers do not wait.
-        let path = || {
-            let taken = direct.as_ref().map_or(Taken::Refused, Direct::taken);
-            (taken.code(), &Taken::NAMES[..])
-        };
-        let checked = b.agree.check_collective(&b.lc, op, path, stream);
-        let direct = direct?;
-        checked?;
-        match direct {
-            // One call site of the library's path, so that it is inlined here. Each name is
-            // a constant chosen here (no table read on the hot path).
-            Direct::Library(child) => {
-                let name = match child {
-                    None => Taken::Library.name(),
-                    Some(_) => Taken::Registered.name(),
-                };
-                b.library
-                    .enqueue(&b.lc, &b.registry, child, op, stream.lend())
-                    .map(|()| name)
+        b.agree
+            .check_collective(&b.lc, op, || (taken.code(), &Taken::NAMES[..]), stream)
+    }
+
+    /// A call the route refused: with `UNICOMM_CHECK_COLLECTIVES=1` the rank still takes
+    /// part in the ranks' comparison (as refused), so that its peers do not wait; the
+    /// route's error is the call's.
+    #[cold]
+    #[inline(never)]
+    fn refused(
+        &self,
+        e: unicomm_core::Error,
+        op: &Op<'_, ApiMemory<R>>,
+        stream: &ApiStream<R>,
+    ) -> Result<&'static str> {
+        let b = &self.base;
+        stream.watched_by(&b.lc);
+        let _ = b.agree.check_collective(
+            &b.lc,
+            op,
+            || (Taken::Refused.code(), &Taken::NAMES[..]),
+            stream,
+        );
+        Err(e)
+    }
+
+    /// The paths of unicomm's own: the copy engines (compared across ranks first, as the
+    /// library's call is), an all-to-all-v by them (agreed while planned) and a lowering.
+    #[inline(never)]
+    fn elsewhere(
+        &self,
+        path: Elsewhere,
+        op: &Op<'_, ApiMemory<R>>,
+        stream: &ApiStream<R>,
+    ) -> Result<&'static str> {
+        match path {
+            Elsewhere::CopyEngine(plan) => {
+                self.compared(op, Taken::CopyEngine, stream)?;
+                self.ce
+                    .run(&self.base, plan, &stream.s)
+                    .map(|()| Taken::CopyEngine.name())
             }
-            Direct::CopyEngine(plan) => self
-                .ce
-                .run(b, plan, &stream.s)
-                .map(|()| Taken::CopyEngine.name()),
+            Elsewhere::CopyEngineV(plan) => self.copy_engine_v(plan, stream),
+            Elsewhere::Lowered => self.lowered(op, stream),
         }
     }
 
@@ -104,25 +142,6 @@ impl<R: Runtime> ApiComm<R> {
     }
 }
 
-/// A call made after the ranks' comparison: the library's (on this communicator, or on the
-/// automatic registrations' second one) or the copy engines' by a plan.
-enum Direct {
-    Library(Option<crate::libcomm::Child>),
-    CopyEngine(crate::copy_engine::Plan),
-}
-
-impl Direct {
-    /// What the route it came from is called.
-    #[inline]
-    fn taken(&self) -> Taken {
-        match self {
-            Direct::Library(None) => Taken::Library,
-            Direct::Library(Some(_)) => Taken::Registered,
-            Direct::CopyEngine(_) => Taken::CopyEngine,
-        }
-    }
-}
-
 /// A call with per-call options: refused where they would not reach NCCL's kernels (a
 /// kind NCCL has no `nccl*Config` for, a release before it, unicomm's copy-engine path),
 /// never run without them.
@@ -143,7 +162,7 @@ fn options_route<R: Runtime>(
     {
         return Err(unicomm_core::LaunchMarker::refused_here());
     }
-    if let Ok(Route::CopyEngine(_)) = route {
+    if let Ok(Route::Elsewhere(Elsewhere::CopyEngine(_) | Elsewhere::CopyEngineV(_))) = route {
         return Err(Error::invalid(
             "options",
             format!(

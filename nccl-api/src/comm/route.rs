@@ -15,15 +15,23 @@ use crate::memory::{ApiMemory, ApiStream};
 use crate::policy::Path;
 use crate::sys::runtime::Runtime;
 
-/// Where a call goes.
+/// Where a call goes: the library's call (the common case, matched first by the caller)
+/// or elsewhere.
 pub(crate) enum Route {
-    /// The library's call, on this communicator.
-    Library,
-    /// The automatic policy's registered path ([`Path::Registered`]): the library's call on
-    /// the automatic registrations' second communicator.
-    Registered(Child),
-    /// The copy engines, by this plan.
+    /// The library's call: on this communicator (`None`), or on the automatic
+    /// registrations' second communicator (`Some`: the policy's registered path,
+    /// [`Path::Registered`]).
+    Library(Option<Child>),
+    /// A path of unicomm's own.
+    Elsewhere(Elsewhere),
+}
+
+/// The paths other than the library's call.
+pub(crate) enum Elsewhere {
+    /// The copy engines, by this plan (the ranks compare the call first).
     CopyEngine(Plan),
+    /// An all-to-all-v by the copy engines, its plan agreed by the ranks while planned.
+    CopyEngineV(Plan),
     /// No call of the library's own: NCCL's documented composition (grouped send/recv,
     /// broadcasts, reduces), in one group of this communicator.
     Lowered,
@@ -87,27 +95,28 @@ pub(crate) fn decide<R: Runtime>(
     stream: &ApiStream<R>,
 ) -> Result<Route> {
     if checked_by_its_call(&base.lc.api, op) && !ce.enabled() && auto.idle() {
-        return Ok(Route::Library);
+        return Ok(Route::Library(None));
     }
     op.check(base.lc.rank, base.lc.world)?;
     if let Some(plan) = ce.plan_v(base, op, stream)? {
-        return Ok(Route::CopyEngine(plan));
+        return Ok(Route::Elsewhere(Elsewhere::CopyEngineV(plan)));
     }
     if lowered(&base.lc.api, op.kind) {
-        return Ok(Route::Lowered);
+        return Ok(Route::Elsewhere(Elsewhere::Lowered));
     }
-    let registered = || auto.second_comm().map_or(Route::Library, Route::Registered);
+    let copy_engine = |plan| Route::Elsewhere(Elsewhere::CopyEngine(plan));
+    let registered = || Route::Library(auto.second_comm());
     Ok(match auto.path(base, op)? {
         Some(Path::CopyEngine) => match ce.plan(base, op, true)? {
-            Some(plan) => Route::CopyEngine(plan),
+            Some(plan) => copy_engine(plan),
             // Not possible here (a group, one rank per process): the registered path.
             None => registered(),
         },
         Some(Path::Registered) => registered(),
-        Some(Path::Window) => Route::Library,
+        Some(Path::Window) => Route::Library(None),
         None => match ce.plan(base, op, false)? {
-            Some(plan) => Route::CopyEngine(plan),
-            None => Route::Library,
+            Some(plan) => copy_engine(plan),
+            None => Route::Library(None),
         },
     })
 }
