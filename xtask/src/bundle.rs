@@ -253,3 +253,32 @@ fn write_bundle(out: &std::path::Path, copies: &[(PathBuf, String)]) -> Result<(
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    /// A part run from a bundle that holds none of a vendor's binaries (a slim tar made
+    /// for a short device call) fails saying so: once it passed in 4 s having run nothing.
+    #[cfg(unix)]
+    #[test]
+    fn a_part_without_any_vendor_binaries_fails_instead_of_passing() {
+        let dir = std::env::temp_dir().join(format!("unicomm-bundle-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("run.sh"), include_str!("../bundle-run.sh")).unwrap();
+        for part in ["groups", "faults", "conformance"] {
+            let out = std::process::Command::new("bash")
+                .arg(dir.join("run.sh"))
+                .env("PARTS", part)
+                .env("OUT", dir.join("logs"))
+                .env_remove("NCCL")
+                .output()
+                .expect("bash runs the bundle's run.sh");
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(!out.status.success(), "PARTS={part} passed: {text}");
+            assert!(
+                text.contains("holds no vendor's binaries") && text.contains("overall rc=1"),
+                "PARTS={part}: {text}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
