@@ -41,20 +41,16 @@ impl<R: Runtime> ApiComm<R> {
             Some(_) => Taken::Registered,
         };
         self.compared(op, taken, stream)?;
-        // One call site of the library's path, so that it is inlined here. The name is a
-        // constant chosen here (no table read on the hot path).
-        let name = match child {
-            None => Taken::Library.name(),
-            Some(_) => Taken::Registered.name(),
-        };
+        // One call site of the library's path, so that it is inlined here.
         b.library
             .enqueue(&b.lc, &b.registry, child, op, stream.lend())
-            .map(|()| name)
+            .map(|()| taken.name())
     }
 
-    /// What every call that runs after the ranks' comparison does first: the layouts of a
-    /// variable-size exchange agreed, the stream watched, and (with
-    /// `UNICOMM_CHECK_COLLECTIVES=1`) the call and the path it takes compared across ranks.
+    /// What every call does before it runs, refused ones too: the layouts of a
+    /// variable-size exchange agreed (not for a refused call), the stream watched, and
+    /// (with `UNICOMM_CHECK_COLLECTIVES=1`) the call and the path it takes compared across
+    /// ranks.
     #[inline]
     fn compared(
         &self,
@@ -63,7 +59,7 @@ impl<R: Runtime> ApiComm<R> {
         stream: &ApiStream<R>,
     ) -> Result<()> {
         let b = &self.base;
-        if op.kind.is_var() {
+        if op.kind.is_var() && taken != Taken::Refused {
             b.agree.check_layout(&b.lc, op, stream)?;
         }
         stream.watched_by(&b.lc);
@@ -82,14 +78,8 @@ impl<R: Runtime> ApiComm<R> {
         op: &Op<'_, ApiMemory<R>>,
         stream: &ApiStream<R>,
     ) -> Result<&'static str> {
-        let b = &self.base;
-        stream.watched_by(&b.lc);
-        let _ = b.agree.check_collective(
-            &b.lc,
-            op,
-            || (Taken::Refused.code(), &Taken::NAMES[..]),
-            stream,
-        );
+        // The route's error comes first; the comparison's, if any, is the peers' to see.
+        let _ = self.compared(op, Taken::Refused, stream);
         Err(e)
     }
 
