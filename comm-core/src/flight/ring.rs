@@ -74,6 +74,12 @@ impl Ring {
         &self.slots[(seq & self.mask) as usize]
     }
 
+    /// The operations kept.
+    #[inline]
+    pub(crate) fn cap(&self) -> usize {
+        self.cap as usize
+    }
+
     /// The number the next operation takes.
     pub(crate) fn next(&self) -> u64 {
         self.next.load(Ordering::Acquire)
