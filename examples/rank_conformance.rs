@@ -42,10 +42,7 @@ fn run() -> anyhow::Result<()> {
             "--no-windows" => windows = false,
             "--groups-only" => subset = false,
             "--replays" => replays = it.next().context("--replays needs a value")?.parse()?,
-            "--symmetric-only" => {
-                symmetric_only = true;
-                subset = false;
-            }
+            "--symmetric-only" => symmetric_only = true,
             "--graphs-only" => {
                 let kinds = it.next().context("--graphs-only needs kinds")?;
                 if let Some(bad) = kinds.split(',').find(|k| !GRAPH_KINDS.contains(k)) {

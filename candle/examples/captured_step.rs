@@ -83,10 +83,10 @@ fn run() -> anyhow::Result<()> {
     // A second stream puts cudarc in its multi-stream mode, where every use of a slice first
     // waits on the event of its last write: inside a capture, a wait on an event recorded
     // before it invalidates the capture (CUDA's rule: a capturing stream may wait only on
-    // events captured with it, unless the wait is flagged external; cudarc keeps the error
-    // to itself; the next launch,
-    // candle's first matmul, then failed with CUBLAS_STATUS_EXECUTION_FAILED on an H100 and
-    // an H200). Everything here runs on candle's one stream, so no tracking is needed.
+    // events captured with it, unless the wait is flagged external). cudarc keeps the error
+    // to itself, and the next launch fails: candle's first matmul, with
+    // CUBLAS_STATUS_EXECUTION_FAILED on an H100 and an H200. Everything here runs on
+    // candle's one stream, so no tracking is needed.
     // SAFETY: every slice made from here on is used on candle's stream only (unicomm's
     // all-reduce enqueues there too), so stream order alone orders its uses and frees.
     unsafe { cuda.cuda_stream().context().disable_event_tracking() };

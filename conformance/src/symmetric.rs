@@ -182,6 +182,7 @@ pub fn symmetric_rms_norm<T: Small, C: Collective>(
         let weight: Vec<i32> = (0..hidden).map(|i| (i % 5) as i32 - 2).collect();
         let wbuf = c.upload(&of::<T>(&weight), &st)?;
         let res0: Vec<i32> = (0..n).map(|i| (i % 7) as i32 - 3).collect();
+        let res0_t = of::<T>(&res0);
         let fused = Fused {
             weight: weight.iter().map(|&v| v as f32).collect(),
             res0: &res0,
@@ -190,7 +191,7 @@ pub fn symmetric_rms_norm<T: Small, C: Collective>(
         };
         let mut round = 0;
         for algorithm in ALGORITHMS {
-            let mut residual = c.upload(&of::<T>(&res0), &st)?;
+            let mut residual = c.upload(&res0_t, &st)?;
             let mut out = c.alloc::<T>(n)?;
             sym.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
             c.all_reduce_rms_norm(
@@ -209,7 +210,7 @@ pub fn symmetric_rms_norm<T: Small, C: Collective>(
             })?;
             for _ in 0..replays {
                 sym.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
-                residual.write_from_host(&of::<T>(&res0), &st)?;
+                residual.write_from_host(&res0_t, &st)?;
                 graph.launch(&st)?;
                 fused.check(&residual, &out, (algorithm, round), &st)?;
                 round += 1;
