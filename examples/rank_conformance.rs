@@ -63,7 +63,10 @@ fn run() -> anyhow::Result<()> {
     let (r, w) = (comm.rank(), comm.world_size());
     if symmetric_only {
         let t = std::time::Instant::now();
-        own_kernels(&comm, replays)?;
+        if !own_kernels(&comm, replays)? {
+            // Never a pass that ran nothing.
+            bail!("rank {r}: unicomm's symmetric kernels are Unsupported here: --symmetric-only ran nothing");
+        }
         comm.finalize()?;
         println!(
             "rank_conformance: rank {r} of {w}: unicomm's own kernels alone ({replays} replays of each) in {:.1} s; PASSED",
@@ -139,8 +142,8 @@ fn run() -> anyhow::Result<()> {
                 "rank_conformance: rank {r}: no symmetric window here: the one-sided ring NOT run"
             );
         }
-        own_kernels(&comm, replays)?;
-        // Per-call options where the library has them (NCCL 2.32).
+        own_kernels(&comm, replays)?; // printed; a backend without them says `false`
+                                      // Per-call options where the library has them (NCCL 2.32).
         let options = unicomm_conformance::call_options(one).map(first);
         reported(&comm, "per-call options", options)?;
     }
@@ -197,8 +200,9 @@ fn run() -> anyhow::Result<()> {
 
 /// unicomm's own kernels across the processes, where the backend has them: the symmetric
 /// all-reduces of every algorithm exact eagerly and over `replays` graph replays, the fused
-/// norm likewise, and the kernel on the library's device API (NCCL >= 2.32.3).
-fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<()> {
+/// norm likewise, and the kernel on the library's device API (NCCL >= 2.32.3). Whether the
+/// symmetric kernels ran (`false`: the backend has no symmetric memory).
+fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
     let one = std::slice::from_ref(comm);
     let replays = replays as usize;
     // Each block's time printed: the replays' rate on a time-shared GPU.
@@ -210,17 +214,21 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<()> {
             let b = unicomm_conformance::symmetric_all_reduce::<unicomm::bf16, _>(one, 1000, 20)?;
             Ok(a[0] && b[0])
         });
+    let ran = matches!(sym, Ok(true));
     reported(comm, &timed("symmetric all-reduces", t), sym)?;
     let t = std::time::Instant::now();
-    let norm = unicomm_conformance::symmetric_rms_norm::<f32, _>(one, (1024, 3), 1e-5, replays);
-    reported(comm, &timed("fused norm", t), norm.map(first))?;
+    let norm =
+        unicomm_conformance::symmetric_rms_norm::<f32, _>(one, (1024, 3), 1e-5, replays).map(first);
+    let ran = ran && matches!(norm, Ok(true));
+    reported(comm, &timed("fused norm", t), norm)?;
     let t = std::time::Instant::now();
     #[cfg(feature = "nccl")]
     let reqs = unicomm::nccl::device_kernel_requirements(4);
     #[cfg(not(feature = "nccl"))]
     let reqs = unicomm::DeviceCommRequirements::runtime(4);
     let dev = unicomm_conformance::device_api_all_reduce::<f32, _>(one, 4099, replays, &reqs);
-    reported(comm, &timed("device API kernel", t), dev.map(first))
+    reported(comm, &timed("device API kernel", t), dev.map(first))?;
+    Ok(ran)
 }
 
 /// The groups suite's checks that register a symmetric window.
