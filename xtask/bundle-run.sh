@@ -362,8 +362,8 @@ for v in nccl rccl; do
   if [ "$PARTS" != conformance ]; then
   step $v loader;       ./$loader --test-threads=1 --nocapture 2>&1 | tee "$OUT/$v-loader.log" | tail -3; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   step $v gpu-specific  # the GPU test crate's binaries but the suite, one per area
-  fail=0; for t in registration ranks ipc signals cuda symmetric device_api; do [ -x ./$v-$t ] || continue; timeout 300 ./$v-$t --test-threads=1 --nocapture || fail=1; done > "$OUT/$v-gpu_specific.log" 2>&1
-  grep -E "^test |test result|panicked|as the library" "$OUT/$v-gpu_specific.log"; [ $fail -eq 0 ] || rc=1
+  fail=0; for t in registration ranks ipc signals cuda symmetric device_api config_log; do [ -x ./$v-$t ] || continue; timeout 300 ./$v-$t --test-threads=1 --nocapture || fail=1; done > "$OUT/$v-gpu_specific.log" 2>&1
+  grep -E "^test |test result|panicked|as the library|Comm config" "$OUT/$v-gpu_specific.log"; [ $fail -eq 0 ] || rc=1
   step doctor;          ./doctor 2>&1 | tee "$OUT/doctor.log"
   if [ -x ./bootstrap-unit ] && [ -z "${rendezvous_done:-}" ]; then rendezvous_done=1
     # The rendezvous's tests on this machine's network stack (once, whatever the vendor).

@@ -50,6 +50,7 @@ impl GpuVendor {
                 "cuda",
                 "symmetric",
                 "device_api",
+                "config_log",
             ],
             GpuVendor::Rocm => &[
                 "conformance",
