@@ -139,9 +139,10 @@ fn a_configuration_field_the_target_predates_is_refused_at_split() {
     assert_eq!(out, vec![true, true]);
 }
 
-// The graph modes of NCCL 2.29 (graphUsageMode) and 2.30 (graphStreamOrdering): a mock
+// The graph modes of NCCL 2.29 (graphUsageMode) and 2.30.5 (graphStreamOrdering): a mock
 // standing for NCCL 2.28.9 (the GPU machine's) refuses them by name, one for 2.29 takes
-// the first and refuses the second.
+// the first and refuses the second, as one for 2.30.3 does (NCCL resets the field for a
+// config of an earlier 2.30), one for 2.30.5 takes both.
 #[test]
 fn the_graph_modes_follow_the_targets_release() {
     let usage = CommConfig {
@@ -156,6 +157,8 @@ fn the_graph_modes_follow_the_targets_release() {
         ("nccl-2.28.9", &usage, Some("graphUsageMode")),
         ("nccl-2.29.2", &usage, None),
         ("nccl-2.29.2", &ordering, Some("graphStreamOrdering")),
+        ("nccl-2.30.3", &ordering, Some("graphStreamOrdering")),
+        ("nccl-2.30.5", &ordering, None),
     ] {
         let world = comms(2, target);
         let out = unicomm_core::each_rank(&world, |c| {

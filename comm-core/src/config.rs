@@ -55,7 +55,7 @@ pub struct CommConfig {
     /// (TensorRT-LLM creates its communicators with 1); the values are NCCL's
     /// (`ncclConfig_t`), checked by the library.
     pub graph_usage_mode: Option<i32>,
-    /// `graphStreamOrdering` (2.30): how captured work orders itself with the stream's
+    /// `graphStreamOrdering` (2.30.5): how captured work orders itself with the stream's
     /// other work; the values are NCCL's, checked by the library.
     pub graph_stream_ordering: Option<i32>,
 }

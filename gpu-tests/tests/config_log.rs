@@ -46,7 +46,7 @@ fn expected(cfg: &CommConfig) -> Vec<(&'static str, String)> {
 }
 
 /// Every field the loaded NCCL has, each away from NCCL's default so its line shows it came
-/// from us: the 2.29 and 2.30 fields only where the library has them (older ones refuse them
+/// from us: the 2.29 and 2.30.5 fields only where the library has them (older ones refuse them
 /// as `Unsupported`, tested on the fake NCCLs).
 fn config_for(v: Version) -> CommConfig {
     CommConfig {
@@ -62,7 +62,7 @@ fn config_for(v: Version) -> CommConfig {
         cta_policy: Some(CtaPolicy::Efficiency),
         nvls_ctas: Some(3),
         graph_usage_mode: (v >= Version::new(2, 29, 0)).then_some(1),
-        graph_stream_ordering: (v >= Version::new(2, 30, 0)).then_some(0),
+        graph_stream_ordering: (v >= Version::new(2, 30, 5)).then_some(0),
     }
 }
 

@@ -68,7 +68,9 @@ pub(crate) fn set_fields(config: &CommConfig) -> Vec<Field> {
         (
             c.graph_stream_ordering.is_some(),
             "graphStreamOrdering",
-            v(30),
+            // 2.30.5: NCCL's own check (`parseCommConfig`) resets the field for a config
+            // claiming 2.30.0-2.30.4, whose headers lack it.
+            Version::new(2, 30, 5),
         ),
     ];
     table
@@ -197,7 +199,7 @@ mod tests {
     /// The graph modes are gated like the other fields: on NCCL 2.28.9 (the GPU machine's)
     /// setting either is `Unsupported` naming the field and its release, never dropped.
     #[test]
-    fn the_graph_modes_need_nccl_2_29_and_2_30() {
+    fn the_graph_modes_need_nccl_2_29_and_2_30_5() {
         let usage = CommConfig {
             graph_usage_mode: Some(1),
             ..CommConfig::default()
@@ -211,13 +213,16 @@ mod tests {
             graph_stream_ordering: Some(1),
             ..usage
         };
-        let e = check_config(&ordering, "nccl", Version::new(2, 29, 2))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("graphStreamOrdering") && e.contains("2.30.0"),
-            "{e}"
-        );
+        for older in [Version::new(2, 29, 2), Version::new(2, 30, 3)] {
+            let e = check_config(&ordering, "nccl", older)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("graphStreamOrdering") && e.contains("2.30.5"),
+                "{e}"
+            );
+        }
+        assert!(check_config(&ordering, "nccl", Version::new(2, 30, 5)).is_ok());
         let c = to_config(&ordering, false).unwrap().expect("set fields");
         assert_eq!((c.graph_usage_mode, c.graph_stream_ordering), (1, 1));
     }

@@ -54,7 +54,8 @@ pub struct Config {
     pub graph_usage_mode: c_int,
     pub num_rma_ctx: c_int,
     pub max_p2p_peers: c_int,
-    /// 2.30 (`ncclConfig_v23000`, 2.30.7).
+    /// 2.30.5 (`ncclConfig_v23000`, read in 2.30.7; NCCL resets it for a config claiming
+    /// an earlier 2.30).
     pub graph_stream_ordering: c_int,
     /// 2.31 (`ncclConfig_v23100`, unchanged in 2.32.3).
     pub launch_order_implicit: c_int,
