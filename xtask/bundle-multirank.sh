@@ -47,7 +47,7 @@ for r in 0 1; do
   env -u NCCL_HOSTID NCCL_MULTI_RANK_GPU_ENABLE=1 RANK=$r WORLD_SIZE=$((2 + r)) LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$kport UNICOMM_BOOTSTRAP_TIMEOUT_S=60 timeout 90 ./faults --vendor cuda --scenario world-mismatch &
 done >> "$L" 2>&1
 wait; [ "$(grep -cE "faults world-mismatch: rank [01]: .*PASSED" "$L")" = 2 ] && echo "multirank faults world-mismatch: both ranks PASSED" || { echo "multirank faults world-mismatch: not both ranks passed"; rc=1; }
-step multirank faults churn; timeout $(( ${CHURN_BUDGET:-120} + 80 )) ./faults --vendor cuda --scenario churn --comms 200 --budget-s ${CHURN_BUDGET:-120} >> "$L" 2>&1; c=$?
+step multirank faults churn; timeout $(( ${CHURN_BUDGET:-120} + 90 )) ./faults --vendor cuda --scenario churn --comms 200 --budget-s ${CHURN_BUDGET:-120} >> "$L" 2>&1; c=$?
 echo "multirank faults churn: rc=$c" | tee -a "$L"; [ $c = 0 ] || rc=1
 # A rank SIGKILLed, the survivor shrinks or re-forms; a planned departure (default, abort).
 UNICOMM_TIMEOUT_MS=10000 $L2 --expect-lost 1 -- ./shrink --vendor cuda --victim 1 >> "$L" 2>&1; c=$?; echo "multirank shrink killed: rc=$c" | tee -a "$L"; [ $c = 0 ] || rc=1

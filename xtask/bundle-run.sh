@@ -310,7 +310,7 @@ for v in nccl rccl; do
       done 2>&1 | tee -a "$OUT/$v-faults.log"
       wait; grep -qE "faults $scenario: rank 0: (.*; )?PASSED" "$OUT/$v-faults.log" || { echo "faults $scenario: rank 0 did not pass"; rc=1; }
     done
-    step $v faults churn; timeout ${CHURN_TIMEOUT:-330} ./faults --vendor $vendor --scenario churn --comms ${CHURN_COMMS:-1000} --budget-s ${CHURN_BUDGET:-240} 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+    step $v faults churn; timeout $(( ${CHURN_BUDGET:-240} + 90 )) ./faults --vendor $vendor --scenario churn --comms ${CHURN_COMMS:-1000} --budget-s ${CHURN_BUDGET:-240} 2>&1 | tee -a "$OUT/$v-faults.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
   fi
   if [ "$PARTS" = procs ] || [ "$PARTS" = all ]; then
     if [ "$UNICOMM_GPU_WORLD" -ge 2 ]; then
