@@ -295,6 +295,7 @@ fn join_retrying<S: Timed>(
     }: Deadline,
 ) -> Result<Vec<u8>> {
     let mut last = String::from("never answered");
+    let mut first_attempt = true;
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -304,17 +305,23 @@ fn join_retrying<S: Timed>(
                 after: timeout,
             });
         }
-        match connect(left) {
+        let failed = match connect(left) {
             Ok(mut s) => match join(&mut s, env, count, deadline) {
                 Ok(ids) => return Ok(ids),
                 // Refused by the real server (wrong size, rank taken): final.
                 Err(JoinError::Refused(e)) => return Err(e),
                 // A stranger or a broken connection: try again until the deadline.
-                Err(JoinError::Retry(e)) => last = e.to_string(),
+                Err(JoinError::Retry(e)) => e.to_string(),
             },
             // Not listening yet: try again until the deadline.
-            Err(e) => last = e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        // An attempt cut by this rank's own deadline heard nothing new: the timeout keeps
+        // naming the last answer heard in full (a stranger's refusal, a refused connection).
+        if first_attempt || Instant::now() < deadline {
+            last = failed;
         }
+        first_attempt = false;
         let left = deadline.saturating_duration_since(Instant::now());
         std::thread::sleep(backoff.next().min(left));
     }

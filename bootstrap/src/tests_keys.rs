@@ -217,6 +217,49 @@ fn a_refusal_without_the_token_is_not_believed() {
 }
 
 #[test]
+fn a_timeout_names_the_last_answer_heard_not_the_attempt_its_own_deadline_cut() {
+    let d = scratch("cut");
+    let key = d.join("k");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let port = free_port();
+    // A squatter refuses the first connection without the token, then reads every later
+    // rank's message and never answers: the rank's last attempt is cut by its deadline.
+    let squat = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let squatter = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for (i, s) in squat.incoming().enumerate() {
+            let Ok(mut s) = s else { break };
+            let mut first = [0u8; FIRST_LEN];
+            if s.read_exact(&mut first).is_err() {
+                break; // the test's own wake-up connection
+            }
+            if i == 0 {
+                let _ = s.write_all(&[REFUSED]);
+                let _ = s.write_all(&[0u8; 2 + 32]);
+            } else {
+                held.push(s);
+            }
+        }
+    });
+    let r = exchange_unique_id(
+        &job(1, 2, port, &key),
+        || Ok([0; 128]),
+        Duration::from_millis(600),
+    );
+    drop(TcpStream::connect(("127.0.0.1", port)));
+    squatter.join().unwrap();
+    match r {
+        Err(Error::Timeout { what, .. }) => {
+            assert!(what.contains("stranger"), "{what}");
+            assert!(!what.contains("timed out"), "{what}");
+        }
+        other => panic!("expected a timeout naming the stranger, got {other:?}"),
+    }
+}
+
+#[test]
 fn a_stale_file_of_an_earlier_run_with_the_same_token_is_never_taken() {
     let d = scratch("stale");
     let path = d.join("job.id");
