@@ -294,14 +294,17 @@ fn join_retrying<S: Timed>(
         timeout,
     }: Deadline,
 ) -> Result<Vec<u8>> {
-    let mut last = String::from("never answered");
-    let mut first_attempt = true;
+    let mut last: Option<String> = None;
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::Timeout {
-                what: format!("{server} (waited {:.1?}; last: {last})", start.elapsed()),
+                what: format!(
+                    "{server} (waited {:.1?}; last: {})",
+                    start.elapsed(),
+                    last.as_deref().unwrap_or("never answered")
+                ),
                 after: timeout,
             });
         }
@@ -318,10 +321,9 @@ fn join_retrying<S: Timed>(
         };
         // An attempt cut by this rank's own deadline heard nothing new: the timeout keeps
         // naming the last answer heard in full (a stranger's refusal, a refused connection).
-        if first_attempt || Instant::now() < deadline {
-            last = failed;
+        if last.is_none() || Instant::now() < deadline {
+            last = Some(failed);
         }
-        first_attempt = false;
         let left = deadline.saturating_duration_since(Instant::now());
         std::thread::sleep(backoff.next().min(left));
     }

@@ -39,6 +39,15 @@ fn scratch(name: &str) -> std::path::PathBuf {
     d
 }
 
+/// A key file as an operator makes it: 32 hex digits, readable by its owner only.
+fn private_key(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let key = dir.join("k");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    key
+}
+
 #[test]
 fn rank_zero_creates_a_private_key_file_and_a_stranger_with_the_job_id_cannot_join() {
     use std::os::unix::fs::PermissionsExt;
@@ -173,10 +182,7 @@ fn silent_connections_do_not_lock_a_real_rank_out() {
 #[test]
 fn a_refusal_without_the_token_is_not_believed() {
     let d = scratch("squat");
-    let key = d.join("k");
-    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = private_key(&d);
     let port = free_port();
     // A squatter answers every rank's message with the refusal byte (and some bytes as the
     // number of ids and its "proof").
@@ -219,10 +225,7 @@ fn a_refusal_without_the_token_is_not_believed() {
 #[test]
 fn a_timeout_names_the_last_answer_heard_not_the_attempt_its_own_deadline_cut() {
     let d = scratch("cut");
-    let key = d.join("k");
-    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = private_key(&d);
     let port = free_port();
     // A squatter refuses the first connection without the token, then reads every later
     // rank's message and never answers: the rank's last attempt is cut by its deadline.
