@@ -228,7 +228,42 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
     let reqs = unicomm::DeviceCommRequirements::runtime(4);
     let dev = unicomm_conformance::device_api_all_reduce::<f32, _>(one, 4099, replays, &reqs);
     reported(comm, &timed("device API kernel", t), dev.map(first))?;
+    if comm.world_size() > 1 {
+        disagreements(comm)?;
+    }
     Ok(ran)
+}
+
+/// Ranks that disagree: Lamport calls of count 0 among others exact (20 fresh
+/// allocations), then every disagreement of every algorithm on a child communicator of its
+/// own (a kernel's `Mismatch` ends its communicator on the GPU), each rank's outcome and
+/// its time printed.
+fn disagreements(comm: &unicomm::Comm) -> anyhow::Result<()> {
+    let r = comm.rank();
+    let t = std::time::Instant::now();
+    let zero = unicomm_conformance::lamport_count_zero_sequence(comm, 20);
+    reported(
+        comm,
+        &format!(
+            "Lamport count-0 sequence x20 ({:.1} s)",
+            t.elapsed().as_secs_f64()
+        ),
+        zero,
+    )?;
+    for algorithm in unicomm_conformance::ALGORITHMS {
+        for d in unicomm_conformance::Disagreement::all(algorithm) {
+            let t = std::time::Instant::now();
+            let seen = unicomm_conformance::symmetric_disagreement_ending(comm, (d, algorithm))
+                .map_err(|e| anyhow::anyhow!("rank {r}: {d:?} in {}: {e}", algorithm.name()))?;
+            println!(
+                "rank_conformance: rank {r}: {d:?} in {} ({:.2} s): {}",
+                algorithm.name(),
+                t.elapsed().as_secs_f64(),
+                seen.as_deref().unwrap_or("no symmetric memory")
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The groups suite's checks that register a symmetric window.

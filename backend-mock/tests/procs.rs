@@ -186,6 +186,21 @@ fn rank() {
             c.finalize().unwrap();
             println!("rank {r}: symmetric kernels; RANK PASSED");
         }
+        "symmetric-disagree" => {
+            // Every disagreement of every algorithm, 100 attempts each, the differing rank
+            // rotating: Mismatch on every rank, never Ok; count-0 Lamport calls exact.
+            for algorithm in unicomm_conformance::ALGORITHMS {
+                for d in unicomm_conformance::Disagreement::all(algorithm) {
+                    let seen = unicomm_conformance::symmetric_disagreement(&c, (d, algorithm), 100);
+                    let seen = seen.unwrap_or_else(|e| panic!("rank {r}: {d:?}: {e}"));
+                    assert!(seen.is_some(), "rank {r}: {d:?}");
+                }
+            }
+            let zero = unicomm_conformance::lamport_count_zero_sequence(&c, 100);
+            assert!(zero.unwrap(), "rank {r}");
+            c.finalize().unwrap();
+            println!("rank {r}: symmetric disagreements; RANK PASSED");
+        }
         "groups" => {
             let refused =
                 |check: &str| unicomm_conformance::group_check_refused_by_design(check, w, true);
@@ -331,6 +346,15 @@ fn rank() {
 #[test]
 fn symmetric_kernels_across_three_processes() {
     all_passed(3, "symmetric", &[]);
+}
+
+/// Ranks in processes whose symmetric calls disagree get `Mismatch` on every rank (the
+/// signature compared in the pads and in Lamport's headers, across mappings of memfd
+/// segments); Lamport calls of count 0 keep the rounds in step.
+#[test]
+fn symmetric_disagreements_across_two_and_three_processes() {
+    all_passed(2, "symmetric-disagree", &[]);
+    all_passed(3, "symmetric-disagree", &[]);
 }
 
 #[test]

@@ -30,6 +30,7 @@ mod runner;
 mod sample;
 mod sleep;
 mod symmetric;
+mod symmetric_agree;
 mod table;
 mod var;
 
@@ -47,6 +48,10 @@ pub use sleep::sleep_mode_and_properties;
 pub use symmetric::{
     device_api_all_reduce, rms_norm_reference, symmetric_all_reduce, symmetric_rms_norm, Small,
     ALGORITHMS,
+};
+pub use symmetric_agree::{
+    lamport_count_zero_sequence, symmetric_disagreement, symmetric_disagreement_ending,
+    Disagreement,
 };
 
 use unicomm_core::{bf16, f16, Collective, Comm, DataType, Error, ReduceOp, F8E4M3, F8E5M2};

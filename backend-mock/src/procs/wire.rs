@@ -202,6 +202,14 @@ pub(crate) const MISMATCH: &[&str] = &[
     "root",
     "registration of the send buffer",
     "registration of the receive buffer",
+    // A symmetric call's signature (unicomm_core::symmetric::Signature).
+    "algorithm",
+    "dtype",
+    "op",
+    "norm",
+    "hidden",
+    "eps",
+    "round",
 ];
 
 pub(crate) struct R<'a>(pub(crate) &'a [u8]);

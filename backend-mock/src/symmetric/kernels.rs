@@ -11,12 +11,14 @@
     reason = "peers' memory reached through its mapping's addresses, as a GPU kernel does"
 )]
 
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
-use unicomm_core::symmetric::{pad_arrival, SymmetricAlgorithm, PAD_COUNT, PAD_EPOCH, PAD_ROUND};
+use unicomm_core::symmetric::{
+    pad_arrival, pad_signature, SymmetricAlgorithm, PAD_EPOCH, SIGNATURE_WORDS,
+};
 use unicomm_core::{DataType, Error, ReduceOp, Result};
 
 use super::table::Record;
@@ -44,6 +46,14 @@ impl Ty {
         }
     }
 
+    pub(crate) fn dtype(self) -> DataType {
+        match self {
+            Ty::F32 => DataType::F32,
+            Ty::F16 => DataType::F16,
+            Ty::Bf16 => DataType::Bf16,
+        }
+    }
+
     pub(crate) fn size(self) -> usize {
         match self {
             Ty::F32 => 4,
@@ -52,7 +62,7 @@ impl Ty {
     }
 
     /// Negative zero: Lamport's "not written yet".
-    fn poison(self) -> u32 {
+    pub(crate) fn poison(self) -> u32 {
         match self {
             Ty::F32 => 0x8000_0000,
             _ => 0x8000,
@@ -63,7 +73,7 @@ impl Ty {
     ///
     /// # Safety
     /// `addr + (i + 1) * size` lies inside a live mapping, `addr` aligned to the size.
-    unsafe fn load(self, addr: usize, i: usize) -> u32 {
+    pub(crate) unsafe fn load(self, addr: usize, i: usize) -> u32 {
         // SAFETY: the caller's: inside a live mapping, aligned; atomics (peers share it).
         unsafe {
             match self {
@@ -77,7 +87,7 @@ impl Ty {
     ///
     /// # Safety
     /// As [`Ty::load`].
-    unsafe fn store(self, addr: usize, i: usize, b: u32) {
+    pub(crate) unsafe fn store(self, addr: usize, i: usize, b: u32) {
         // SAFETY: as `load`.
         unsafe {
             match self {
@@ -95,26 +105,25 @@ impl Ty {
         }
     }
 
-    /// `x` rounded to the type, as bits.
-    pub(crate) fn bits(self, x: f64) -> u32 {
+    /// `x` rounded once to the type, as bits (a GPU kernel's `__float2bfloat16_rn`).
+    pub(crate) fn bits_f32(self, x: f32) -> u32 {
         match self {
-            Ty::F32 => (x as f32).to_bits(),
-            Ty::F16 => u32::from(f16::from_f64(x).to_bits()),
-            Ty::Bf16 => u32::from(bf16::from_f64(x).to_bits()),
+            Ty::F32 => x.to_bits(),
+            Ty::F16 => u32::from(f16::from_f32(x).to_bits()),
+            Ty::Bf16 => u32::from(bf16::from_f32(x).to_bits()),
         }
     }
 
-    /// `acc` and `x` (bits) reduced by `op`, rounded to the type at each step as the
-    /// mock's library path rounds them (for two ranks, one rounding of the exact result).
+    /// `acc` and `x` (bits) reduced by `op` in f32 and rounded once to the type, as the GPU
+    /// kernels and NCCL's reduce 16-bit types (a sum at each step of the rank order).
     pub(crate) fn reduce(self, op: ReduceOp, acc: u32, x: u32) -> u32 {
-        let (a, b) = (self.to_f64(acc), self.to_f64(x));
+        let (a, b) = (self.to_f64(acc) as f32, self.to_f64(x) as f32);
         let r = match op {
             ReduceOp::Max => a.max(b),
             ReduceOp::Min => a.min(b),
-            _ if self == Ty::F32 => f64::from(f32::from_bits(acc) + f32::from_bits(x)),
             _ => a + b,
         };
-        self.bits(r)
+        self.bits_f32(r)
     }
 }
 
@@ -138,11 +147,13 @@ pub(crate) fn poison(
     Ok(())
 }
 
-/// One run of a kernel on one rank: the allocation, the world, until when.
+/// One run of a kernel on one rank: the allocation, the world, until when, and the
+/// signature of the call every rank must make alike.
 pub(crate) struct Run {
     pub rec: Arc<Record>,
     pub ctx: Arc<RankCtx>,
     pub deadline: Instant,
+    pub sig: [u32; SIGNATURE_WORDS],
 }
 
 /// A range of this rank's memory a kernel writes or reads (its allocation kept alive).
@@ -159,18 +170,28 @@ impl Local {
 }
 
 impl Run {
-    fn world(&self) -> usize {
+    pub(crate) fn world(&self) -> usize {
         self.rec.bases.len()
     }
 
-    /// Waits until `ready`, watching the world's poison and the deadline (then `Timeout`
-    /// naming `what`, the world poisoned so that the peers end too).
-    fn wait(&self, what: impl Fn() -> String, ready: impl Fn() -> bool) -> Result<()> {
+    /// Waits until `ready`, watching the world's poison, `diverged` (a peer's call of
+    /// another kind: it poisons the world, the ranks' counters being out of step) and the
+    /// deadline (then `Timeout` naming `what`, the world poisoned so that the peers end too).
+    pub(crate) fn wait(
+        &self,
+        what: impl Fn() -> String,
+        ready: impl Fn() -> bool,
+        diverged: impl Fn() -> Option<Error>,
+    ) -> Result<()> {
         let mut spins = 0u32;
         while !ready() {
             spins += 1;
             if spins.is_multiple_of(64) {
                 if let Some(e) = self.ctx.fabric.poisoned() {
+                    return Err(e);
+                }
+                if let Some(e) = diverged() {
+                    self.ctx.fabric.poison(e.clone());
                     return Err(e);
                 }
                 if Instant::now() >= self.deadline {
@@ -190,15 +211,20 @@ impl Run {
     }
 
     /// The `u32` word at byte `at` of rank `p`'s pad.
-    fn word(&self, p: usize, at: usize) -> &AtomicU32 {
+    pub(crate) fn word(&self, p: usize, at: usize) -> &AtomicU32 {
         // SAFETY: the pad lies inside rank `p`'s mapping, which `rec` keeps; `at` is one of
         // the pad's documented offsets (4-byte aligned, inside `PAD_BYTES`).
         unsafe { &*((self.rec.pad(p) + at) as *const AtomicU32) }
     }
 
+    /// The `SIGNATURE_WORDS` words from byte `at` of rank `p`'s pad.
+    pub(crate) fn words(&self, p: usize, at: usize) -> [u32; SIGNATURE_WORDS] {
+        std::array::from_fn(|i| self.word(p, at + 4 * i).load(Ordering::Relaxed))
+    }
+
     /// The barrier: this rank's epoch advanced, written into every rank's arrival word for
-    /// it, then every rank's word for this epoch awaited.
-    pub(crate) fn barrier(&self) -> Result<()> {
+    /// it, then every rank's word for this epoch awaited. Its epoch.
+    pub(crate) fn barrier(&self) -> Result<u32> {
         let (me, w) = (self.ctx.rank, self.world());
         let e = self
             .word(me, PAD_EPOCH)
@@ -213,30 +239,30 @@ impl Run {
             self.wait(
                 || format!("a symmetric barrier of rank {me} (epoch {e}): rank {p} never arrived"),
                 || word.load(Ordering::Acquire).wrapping_sub(e) as i32 >= 0,
+                || super::lamport::in_lamport(self, p, e),
             )?;
         }
-        Ok(())
+        Ok(e)
     }
 
-    /// Publishes `count` in this rank's pad, meets the peers, and compares theirs.
-    fn agree_count(&self, count: usize) -> Result<()> {
+    /// The call's signature published in this rank's pad, the first barrier, and every
+    /// rank's compared: `Mismatch` on every rank where any differs (every rank reads the
+    /// same words: each stays in place until its rank's next first barrier, which no rank
+    /// passes before every rank read them).
+    pub(crate) fn agree(&self) -> Result<()> {
         let me = self.ctx.rank;
-        let slot = |p: usize| {
-            // SAFETY: the pad's count word, 8-byte aligned inside the pad of a live mapping.
-            unsafe { &*((self.rec.pad(p) + PAD_COUNT) as *const AtomicU64) }
-        };
-        slot(me).store(count as u64, Ordering::Relaxed);
-        self.barrier()?;
+        let next = self
+            .word(me, PAD_EPOCH)
+            .load(Ordering::Relaxed)
+            .wrapping_add(1);
+        for (i, &w) in self.sig.iter().enumerate() {
+            self.word(me, pad_signature(next) + 4 * i)
+                .store(w, Ordering::Relaxed);
+        }
+        let e = self.barrier()?;
         for p in 0..self.world() {
-            let theirs = slot(p).load(Ordering::Relaxed);
-            if theirs != count as u64 {
-                return Err(Error::Mismatch {
-                    what: "count",
-                    detail: format!(
-                        "a symmetric all-reduce of {count} elements on rank {me}, {theirs} on rank {p}"
-                    ),
-                });
-            }
+            let theirs = self.words(p, pad_signature(e));
+            unicomm_core::symmetric::compare(me, &self.sig, p, &theirs)?;
         }
         Ok(())
     }
@@ -265,13 +291,13 @@ pub(crate) fn sums(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
     match k.algorithm {
         SymmetricAlgorithm::OneShot => one_shot(run, k),
         SymmetricAlgorithm::TwoShot => two_shot(run, k),
-        SymmetricAlgorithm::Lamport => lamport(run, k),
+        SymmetricAlgorithm::Lamport => super::lamport::lamport(run, k),
     }
 }
 
 /// Every rank's first `count` elements reduced in rank order, read between two barriers.
 fn one_shot(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
-    run.agree_count(k.count)?;
+    run.agree()?;
     let sums = reduce_range(run, k, 0..k.count);
     run.barrier()?;
     Ok(sums)
@@ -281,7 +307,7 @@ fn one_shot(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
 /// read from its rank, a barrier.
 fn two_shot(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
     let (me, w) = (run.ctx.rank, run.world());
-    run.agree_count(k.count)?;
+    run.agree()?;
     let chunk = |r: usize| (k.count * r / w)..(k.count * (r + 1) / w);
     let mine = chunk(me);
     let part = reduce_range(run, k, mine.clone());
@@ -314,53 +340,6 @@ fn reduce_range(run: &Run, k: &Reduce, range: std::ops::Range<usize>) -> Vec<u32
             ranks.fold(first, |acc, &b| k.ty.reduce(k.op, acc, load(b)))
         })
         .collect()
-}
-
-/// Lamport's one shot: this rank's input stored (negative zeros as positive ones) into
-/// its slot of every rank's workspace of this round, its own slots awaited until none
-/// holds the poison and reduced in rank order, the workspace of the round before cleared.
-fn lamport(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
-    let (me, w, t) = (run.ctx.rank, run.world(), k.ty);
-    let round = run.word(me, PAD_ROUND).load(Ordering::Relaxed);
-    let b = (round % 3) as usize;
-    let input = run.rec.bases[me];
-    for p in 0..w {
-        let slot = run.rec.lamport_slot(p, b, me);
-        for i in 0..k.count {
-            // SAFETY: element `i < count` of this rank's data and of slot `me` of rank `p`'s
-            // workspace `b` (each slot holds the data's bytes).
-            let x = unsafe { t.load(input, i) };
-            let x = if x == t.poison() { 0 } else { x };
-            // SAFETY: as above, the store into the peer's slot.
-            unsafe { t.store(slot, i, x) };
-        }
-    }
-    let mut sums = vec![0u32; k.count];
-    for (i, sum) in sums.iter_mut().enumerate() {
-        for p in 0..w {
-            let slot = run.rec.lamport_slot(me, b, p);
-            // SAFETY: element `i` of slot `p` of this rank's own workspace `b`.
-            let read = || unsafe { t.load(slot, i) };
-            run.wait(
-                || format!("a Lamport all-reduce of rank {me} (round {round}): rank {p}'s element {i} never came"),
-                || read() != t.poison(),
-            )?;
-            *sum = if p == 0 {
-                read()
-            } else {
-                t.reduce(k.op, *sum, read())
-            };
-        }
-    }
-    let stale = run.rec.lamport_slot(me, (b + 2) % 3, 0);
-    for i in 0..w * run.rec.bytes / t.size() {
-        // SAFETY: the whole of this rank's workspace of the round before (`world` slots of
-        // the data's bytes), which no peer writes until this rank's next round's stores.
-        unsafe { t.store(stale, i, t.poison()) };
-    }
-    run.word(me, PAD_ROUND)
-        .store(round.wrapping_add(1), Ordering::Relaxed);
-    Ok(sums)
 }
 
 /// `bits` written to `out` under its allocation's write lock.

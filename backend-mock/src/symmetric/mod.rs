@@ -14,7 +14,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use unicomm_core::registry::RawHandle;
-use unicomm_core::symmetric::{SymmetricAlgorithm, SymmetricOp, SymmetricParts, PAD_BYTES};
+use unicomm_core::symmetric::{
+    SymmetricAlgorithm, SymmetricOp, SymmetricParts, LAMPORT_HEADER, PAD_BYTES,
+};
 use unicomm_core::{Collective, DataType, DeviceMemory, Error, ReduceOp, Result};
 
 use crate::comm::MockComm;
@@ -25,6 +27,7 @@ use kernels::{Local, Norm, Reduce, Run, Ty};
 use table::{unknown, Record};
 
 pub(crate) mod kernels;
+mod lamport;
 mod norm;
 pub(crate) mod table;
 
@@ -48,7 +51,9 @@ impl MockComm {
         let too_big = || Error::invalid("len", format!("{bytes} bytes per rank overflow"));
         let data = round_up(bytes.max(1)).ok_or_else(too_big)?;
         let work = match lamport {
-            Some(_) => data.checked_mul(3 * w).ok_or_else(too_big)?,
+            Some(_) => (data + LAMPORT_HEADER)
+                .checked_mul(3 * w)
+                .ok_or_else(too_big)?,
             None => 0,
         };
         let total = data
@@ -186,6 +191,7 @@ impl MockComm {
         if crate::comm::GROUP.with(|g| g.borrow().depth > 0) {
             return Err(unicomm_core::symmetric::refused_in_group());
         }
+        let sig = op.signature().words();
         let (rec, kernel) = match op {
             SymmetricOp::Barrier { handle } => (self.symmetric.get(handle)?, None),
             SymmetricOp::AllReduce {
@@ -210,9 +216,10 @@ impl MockComm {
                     deadline: std::time::Instant::now() + ctx.timeout,
                     rec,
                     ctx,
+                    sig,
                 };
                 match &kernel {
-                    None => run.barrier(),
+                    None => run.agree(),
                     Some(k) => {
                         let sums = kernels::sums(&run, k)?;
                         let t = run.ctx.timeout;

@@ -41,7 +41,7 @@ pub(crate) fn add_and_norm(
         normed.extend(
             xs.iter()
                 .zip(&weight)
-                .map(|(&x, &w)| ty.bits(f64::from(x * scale * w))),
+                .map(|(&x, &w)| ty.bits_f32(x * scale * w)),
         );
     }
     {

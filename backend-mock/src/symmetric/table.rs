@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use unicomm_core::registry::RawHandle;
-use unicomm_core::symmetric::PAD_BYTES;
+use unicomm_core::symmetric::{LAMPORT_HEADER, PAD_BYTES};
 use unicomm_core::{DataType, Error, Result};
 
 use crate::memory::MockMemory;
@@ -32,10 +32,16 @@ impl Record {
         self.bases[p] + self.pad_at
     }
 
-    /// Rank `p`'s Lamport workspace `b` (0..3), slot `slot`, at its address here.
+    /// Bytes from one Lamport slot to the next: its header, then the data's bytes.
+    pub(crate) fn lamport_stride(&self) -> usize {
+        LAMPORT_HEADER + self.pad_at
+    }
+
+    /// Rank `p`'s Lamport workspace `b` (0..3), slot `slot` (its header), at its address
+    /// here.
     pub(crate) fn lamport_slot(&self, p: usize, b: usize, slot: usize) -> usize {
         let world = self.bases.len();
-        self.bases[p] + self.pad_at + PAD_BYTES + (b * world + slot) * self.bytes
+        self.bases[p] + self.pad_at + PAD_BYTES + (b * world + slot) * self.lamport_stride()
     }
 }
 

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use unicomm_core::symmetric::{mismatch, with_word, SIGNATURE_WORDS};
 use unicomm_core::{Error, Result};
 
 use crate::libcomm::AbortHook;
@@ -90,12 +91,18 @@ impl<R: Runtime> ControlBlock<R> {
                 ),
                 after: self.timeout(),
             },
-            fault::MISMATCH => Error::Mismatch {
-                what: "count",
-                detail: format!(
-                    "a symmetric all-reduce on rank {me}: rank {rank} called it with {detail} elements"
-                ),
-            },
+            fault::MISMATCH => {
+                // Only the differing word is known: the others are left 0 on both sides.
+                let i = (detail >> 32) as usize;
+                let none = [0u32; SIGNATURE_WORDS];
+                let mine = with_word(&none, i, epoch);
+                let theirs = with_word(&none, i, detail as u32);
+                mismatch(me, &mine, rank as usize, &theirs, i.min(SIGNATURE_WORDS - 1))
+            }
+            fault::TYPE => Error::invalid(
+                "dtype",
+                format!("a Lamport all-reduce on rank {me}: every rank called it with another type than the allocation's workspace"),
+            ),
             fault::BARRIER => Error::Timeout {
                 what: format!(
                     "unicomm's device-API kernel of rank {me} (NCCL's LSA barrier {}): an LSA peer never arrived",

@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use unicomm_core::registry::RawHandle;
 use unicomm_core::symmetric::{
-    check_all_reduce, SymmetricAlgorithm, SymmetricOp, SymmetricParts, MAX_SYMMETRIC_WORLD,
-    PAD_BYTES,
+    check_all_reduce, SymmetricAlgorithm, SymmetricOp, SymmetricParts, LAMPORT_HEADER,
+    MAX_SYMMETRIC_WORLD, PAD_BYTES,
 };
 use unicomm_core::{DataType, Error, ReduceOp, Result};
 
@@ -142,7 +142,9 @@ impl<R: Runtime> SymmetricMemory<R> {
         let too_big = || Error::invalid("len", format!("{bytes} bytes per rank overflow"));
         let data = round_up(bytes.max(1)).ok_or_else(too_big)?;
         let work = match lamport {
-            Some(_) => data.checked_mul(3 * w).ok_or_else(too_big)?,
+            Some(_) => (data + LAMPORT_HEADER)
+                .checked_mul(3 * w)
+                .ok_or_else(too_big)?,
             None => 0,
         };
         let total = data.checked_add(PAD_BYTES + work).ok_or_else(too_big)?;
@@ -226,13 +228,15 @@ impl<R: Runtime> SymmetricMemory<R> {
         let rec = self.get(handle)?;
         // Made before the first allocation was recorded.
         let control = self.control.get().ok_or_else(|| unknown(handle))?.address();
-        let (dtype, params) = match op {
+        let sig = op.signature().words();
+        let (dtype, mut params) = match op {
             SymmetricOp::Barrier { .. } => (
                 DataType::F32,
                 params_of(base, &rec, control, KernelAlgorithm::Barrier),
             ),
             SymmetricOp::AllReduce { .. } => all_reduce_params(base, &rec, control, op)?,
         };
+        params.sig = sig;
         stream.watched_by(lc);
         // SAFETY: every address is this rank's checked memory, the peers' mapped data and
         // pads (kept mapped while the record lives, and after its release until the device
@@ -319,13 +323,16 @@ fn params_of<R: Runtime>(
         count: 0,
         hidden: 0,
         lamport: (rec.data + PAD_BYTES) as u64,
-        slot: rec.data as u64,
+        slot: (LAMPORT_HEADER + rec.data) as u64,
         rank: base.lc.rank as u32,
         world: base.lc.world as u32,
         algorithm: algorithm as u32,
         op: 0,
         norm: 0,
         eps: 0.0,
+        sig: [0; unicomm_core::symmetric::SIGNATURE_WORDS],
+        typed: 0,
+        workspace: u32::from(rec.lamport.is_some()),
     }
 }
 
@@ -361,6 +368,7 @@ fn all_reduce_params<R: Runtime>(
     let mut p = params_of(base, rec, control, kernel);
     p.out = out.address() as u64;
     p.count = count as u64;
+    p.typed = u32::from(rec.lamport == Some(dtype));
     p.op = match op {
         ReduceOp::Max => 1,
         ReduceOp::Min => 2,

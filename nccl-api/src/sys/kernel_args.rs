@@ -5,7 +5,7 @@
 //! abort word and the first fault a kernel reports). One source for every runtime: CUDA
 //! loads the PTX, and so does HIP on an NVIDIA GPU (HIP-on-CUDA).
 
-use unicomm_core::symmetric::MAX_SYMMETRIC_WORLD;
+use unicomm_core::symmetric::{MAX_SYMMETRIC_WORLD, SIGNATURE_WORDS};
 
 /// The symmetric kernels' PTX (sm_90, PTX ISA 9.0: CUDA 13.0's driver or newer), built from
 /// `kernels/symmetric.cu` by `cargo xtask kernels`.
@@ -90,6 +90,13 @@ pub struct KernelParams {
     pub norm: u32,
     /// The norm's epsilon.
     pub eps: f32,
+    /// The call's signature ([`unicomm_core::symmetric::Signature`]), the round word 0.
+    pub sig: [u32; SIGNATURE_WORDS],
+    /// Lamport: 1 where the call's type is the workspace's (else only its headers move).
+    pub typed: u32,
+    /// 1 where the allocation has Lamport workspaces (a barrier kernel then also looks
+    /// for a peer's Lamport header).
+    pub workspace: u32,
 }
 
 /// The release whose device-API headers unicomm's device-API kernel was built against
@@ -149,12 +156,15 @@ pub mod fault {
     pub const TIMEOUT: u32 = 1;
     /// The host aborted the communicator.
     pub const ABORTED: u32 = 2;
-    /// A peer's count differs.
+    /// A peer's call differs: `rank` names it, `epoch` holds this rank's differing
+    /// signature word, `detail` the word's index `<< 32 |` the peer's word.
     pub const MISMATCH: u32 = 3;
     /// A peer gave up at its deadline (this rank's pad poisoned).
     pub const POISONED: u32 = 4;
     /// An LSA peer never arrived at NCCL's barrier of the device-API kernel by the deadline.
     pub const BARRIER: u32 = 5;
+    /// Every rank called a Lamport all-reduce of another type than the workspace's.
+    pub const TYPE: u32 = 6;
 }
 
 /// The communicator's control block (`Control`), in host memory the device maps.
@@ -170,14 +180,17 @@ pub struct Control {
     pub rank: u32,
     /// The barrier epoch or Lamport round it happened in.
     pub epoch: u32,
-    /// A mismatch: the count that rank had.
+    /// A mismatch: the differing signature word's index `<< 32 |` that rank's word.
     pub detail: u64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use unicomm_core::symmetric::{pad_arrival, PAD_COUNT, PAD_EPOCH, PAD_POISON, PAD_ROUND};
+    use unicomm_core::symmetric::{
+        pad_arrival, LAMPORT_HEADER, PAD_EPOCH, PAD_POISON, PAD_ROUND, PAD_SIGNATURE,
+        SIGNATURE_ROUND,
+    };
 
     const SOURCE: &str = include_str!("../../kernels/symmetric.cu");
 
@@ -197,12 +210,17 @@ mod tests {
         assert_eq!(define("PAD_EPOCH"), PAD_EPOCH.to_string());
         assert_eq!(define("PAD_ARRIVAL(p)"), "(8 + 4 * (p))");
         assert_eq!(pad_arrival(3), 8 + 4 * 3);
-        assert_eq!(define("PAD_COUNT"), "(8 + 4 * MAX_WORLD)");
-        assert_eq!(PAD_COUNT, 8 + 4 * MAX_SYMMETRIC_WORLD);
-        assert_eq!(define("PAD_ROUND"), "(PAD_COUNT + 8)");
-        assert_eq!(PAD_ROUND, PAD_COUNT + 8);
+        assert_eq!(define("PAD_ROUND"), "(8 + 4 * MAX_WORLD)");
+        assert_eq!(PAD_ROUND, 8 + 4 * MAX_SYMMETRIC_WORLD);
         assert_eq!(define("PAD_POISON"), "(PAD_ROUND + 4)");
         assert_eq!(PAD_POISON, PAD_ROUND + 4);
+        assert_eq!(define("PAD_SIGNATURE"), "(PAD_POISON + 4)");
+        assert_eq!(PAD_SIGNATURE, PAD_POISON + 4);
+        assert_eq!(define("SIG_WORDS"), SIGNATURE_WORDS.to_string());
+        assert_eq!(define("LAMPORT_HEADER"), "(4 * SIG_WORDS)");
+        assert_eq!(LAMPORT_HEADER, 4 * SIGNATURE_WORDS);
+        assert_eq!(define("SIG_ROUND"), "(SIG_WORDS - 1)");
+        assert_eq!(SIGNATURE_ROUND, SIGNATURE_WORDS - 1);
         assert_eq!(define("BLOCK"), SYMMETRIC_BLOCK.to_string());
     }
 
@@ -218,11 +236,16 @@ mod tests {
         assert!(SYMMETRIC_PTX.contains(".target sm_90"));
     }
 
-    /// The kernel source's `Params` is 41 eight-byte words and six four-byte ones; its
+    /// The kernel source's `Params` is 41 eight-byte words and sixteen four-byte ones; its
     /// `Control` four words and a count: the layouts the launch copies byte for byte.
     #[test]
     fn the_arguments_have_the_kernel_sources_layout() {
-        assert_eq!(std::mem::size_of::<KernelParams>(), 41 * 8 + 6 * 4);
+        assert_eq!(std::mem::size_of::<KernelParams>(), 41 * 8 + 16 * 4);
+        assert_eq!(std::mem::offset_of!(KernelParams, sig), 41 * 8 + 6 * 4);
+        assert_eq!(
+            std::mem::offset_of!(KernelParams, workspace),
+            41 * 8 + 15 * 4
+        );
         assert_eq!(std::mem::offset_of!(KernelParams, control), 35 * 8);
         assert_eq!(std::mem::offset_of!(KernelParams, rank), 41 * 8);
         assert_eq!(std::mem::offset_of!(KernelParams, eps), 41 * 8 + 5 * 4);

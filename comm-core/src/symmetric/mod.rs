@@ -9,29 +9,44 @@ use crate::op::Slice;
 use crate::registry::RawHandle;
 use crate::{DataType, Error, Result};
 
+mod signature;
+pub use signature::{
+    compare, mismatch, with_word, Signature, SignedOp, LAMPORT_HEADER, SIGNATURE_ROUND,
+    SIGNATURE_WORDS,
+};
+
 /// The most ranks a symmetric allocation spans (one NVLink domain's GPUs; the size of the
 /// kernel argument's peer table).
 pub const MAX_SYMMETRIC_WORLD: usize = 16;
 
 /// Bytes of one rank's signal pad: a `u32` epoch ([`PAD_EPOCH`]) and one `u32` arrival
-/// word per peer ([`pad_arrival`]), then a `u64` count word ([`PAD_COUNT`]) and a `u32`
-/// Lamport round ([`PAD_ROUND`]), padded to 256 bytes.
+/// word per peer ([`pad_arrival`]), then the `u32` Lamport round ([`PAD_ROUND`]), the
+/// poison word ([`PAD_POISON`]) and two signatures ([`PAD_SIGNATURE`]), padded to 256 bytes.
 pub const PAD_BYTES: usize = 256;
 /// Byte offset, in a rank's pad, of its barrier epoch: the number of barriers it entered
 /// (wrapping `u32`), kept in the pad so that a graph's replays count on from the last.
 pub const PAD_EPOCH: usize = 0;
-/// Byte offset, in a rank's pad, of the count word: the element count of the operation in
-/// progress, written before its first barrier so that every rank can compare its peers'.
-pub const PAD_COUNT: usize = 8 + 4 * MAX_SYMMETRIC_WORLD;
-
 /// Byte offset, in a rank's pad, of its Lamport round: the number of Lamport all-reduces
 /// it ran on the allocation (wrapping `u32`; the round picks one of three workspaces).
-pub const PAD_ROUND: usize = PAD_COUNT + 8;
+pub const PAD_ROUND: usize = 8 + 4 * MAX_SYMMETRIC_WORLD;
 
 /// Byte offset, in a rank's pad, of its poison word on the GPUs: 0, or 1 + the rank whose
 /// kernel gave up at its deadline and so ended every peer's waits (the mock poisons its
 /// world instead and leaves the word 0).
 pub const PAD_POISON: usize = PAD_ROUND + 4;
+
+/// Byte offset, in a rank's pad, of the signatures of its calls ([`Signature`]): two of
+/// [`SIGNATURE_WORDS`] `u32` words, the one of the call whose first barrier has epoch `e`
+/// at `pad_signature(e)`. A call writes its own before that barrier and every rank reads
+/// every rank's after it; two places, so that a rank that passed the barrier and went on
+/// to its next call never overwrites the one a slower peer still reads.
+pub const PAD_SIGNATURE: usize = PAD_POISON + 4;
+
+/// Byte offset, in a rank's pad, of the signature of the call whose first barrier has
+/// epoch `e`.
+pub const fn pad_signature(e: u32) -> usize {
+    PAD_SIGNATURE + (e as usize % 2) * LAMPORT_HEADER
+}
 
 /// Byte offset, in a rank's pad, of the arrival word peer `p` writes: the epoch of the last
 /// barrier `p` entered with this rank's world (wrapping `u32`; a barrier of epoch `e` is
@@ -165,6 +180,27 @@ pub enum SymmetricOp<'a, M> {
 }
 
 impl<'a, M> SymmetricOp<'a, M> {
+    /// What every rank's call must agree on.
+    pub fn signature(&self) -> Signature {
+        match self {
+            SymmetricOp::Barrier { .. } => Signature::barrier(),
+            SymmetricOp::AllReduce {
+                count,
+                dtype,
+                op,
+                algorithm,
+                norm,
+                ..
+            } => Signature {
+                op: SignedOp::AllReduce(*algorithm),
+                dtype: Some(*dtype),
+                reduce: Some(*op),
+                count: *count,
+                norm: norm.map(|n| (n.hidden, n.eps)),
+            },
+        }
+    }
+
     /// The same operation over another memory type (`None`: memory of another backend, an
     /// `InvalidArgument` error).
     pub fn map_mem<N>(self, f: impl Fn(&'a M) -> Option<&'a N>) -> Result<SymmetricOp<'a, N>> {
@@ -219,10 +255,13 @@ pub fn check_all_reduce<M: crate::DeviceMemory>(
             format!("{count} x {dtype} past the {bytes}-byte allocation"),
         ));
     }
-    if algorithm == SymmetricAlgorithm::Lamport && lamport != Some(dtype) {
+    // A Lamport call of another type than the workspace's still runs its header exchange
+    // (every rank then reports it alike): only a workspace that is not there is this
+    // rank's own refusal, and it is the same on every rank (the allocation is collective).
+    if algorithm == SymmetricAlgorithm::Lamport && lamport.is_none() {
         return Err(Error::invalid(
             "algorithm",
-            format!("the allocation's Lamport workspace is for {lamport:?}, not {dtype}"),
+            "the allocation has no Lamport workspace (alloc_symmetric_lamport makes one)",
         ));
     }
     out.holds(count, dtype, "out")?;
@@ -292,8 +331,8 @@ mod tests {
     /// is the documented one.
     #[test]
     fn the_pad_layout_fits_and_the_kernel_argument_is_c_sized() {
-        const { assert!(pad_arrival(MAX_SYMMETRIC_WORLD - 1) + 4 <= PAD_COUNT) };
-        const { assert!(PAD_ROUND + 4 <= PAD_BYTES) };
+        const { assert!(pad_arrival(MAX_SYMMETRIC_WORLD - 1) + 4 <= PAD_ROUND) };
+        const { assert!(pad_signature(1) + LAMPORT_HEADER <= PAD_BYTES) };
         assert_eq!(
             std::mem::size_of::<SymmetricArgs>(),
             16 + 16 * MAX_SYMMETRIC_WORLD
