@@ -85,6 +85,19 @@ impl Communicator {
         device: &Device,
         peer: usize,
     ) -> Result<Tensor> {
+        let shape = shape.into();
+        // A shape whose bytes overflow is refused before candle counts its elements (its
+        // product overflows and panics there).
+        let bytes = shape
+            .dims()
+            .iter()
+            .try_fold(dtype.size_in_bytes(), |a, &d| a.checked_mul(d));
+        if bytes.is_none_or(|b| b > isize::MAX as usize) {
+            candle_core::bail!(
+                "unicomm-candle recv: a tensor of shape {:?} and {dtype:?} has more bytes than memory can hold",
+                shape.dims()
+            );
+        }
         // Only its shape and type are read: one element, broadcast.
         let like = Tensor::zeros((), dtype, device)?.broadcast_as(shape)?;
         like.apply_op1_no_bwd(&Recv::new(self.clone(), peer))

@@ -295,6 +295,19 @@ fn integer_tensors_are_reduced_broadcast_and_gathered_exactly() {
     }
 }
 
+/// A receive of a shape whose bytes overflow is an error, not a panic in the element count
+/// (`recv((1 << 62, 4), ..)` once panicked with `attempt to multiply with overflow`).
+#[test]
+fn a_receive_of_a_shape_past_memory_is_an_error() {
+    let out = ranks(1, |c| {
+        let e = c
+            .recv((1usize << 62, 4), DType::F32, &Device::Cpu, 0)
+            .unwrap_err();
+        Ok(e.to_string())
+    });
+    assert!(out[0].contains("more bytes than memory"), "{}", out[0]);
+}
+
 /// Broadcast, gather and scatter along any dimension, and a send/receive pair (a pipeline
 /// stage's hand-off), on candle tensors: root's values everywhere, the parts in rank order,
 /// the received tensor equal to the sent one.

@@ -116,11 +116,48 @@ pub fn check_requirements(reqs: &DeviceCommRequirements) -> Result<()> {
             "a device communicator needs at least one LSA barrier (one per block that synchronizes)",
         ));
     }
-    if let DeviceCommLayout::Built { size: 0, .. } = reqs.layout {
-        return Err(Error::invalid(
-            "size",
-            "a built layout's size is its headers' sizeof(ncclDevComm), never 0",
-        ));
+    if let DeviceCommLayout::Built { size, .. } = reqs.layout {
+        if size == 0 || size > MAX_DEV_COMM_BYTES {
+            return Err(Error::invalid(
+                "size",
+                format!("a built layout's size is its headers' sizeof(ncclDevComm), from 1 to {MAX_DEV_COMM_BYTES} bytes (248 at NCCL 2.32.3), not {size}"),
+            ));
+        }
     }
     Ok(())
+}
+
+/// The largest `sizeof(ncclDevComm)` a built layout may claim: a device communicator is a
+/// kernel argument of a few hundred bytes (248 at NCCL 2.32.3), and CUDA takes at most
+/// 32,764 bytes of a launch's parameters; a page is more than any release needs, and a size
+/// past it is refused at once instead of being allocated and handed to the library.
+pub const MAX_DEV_COMM_BYTES: usize = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A size no release can have (1 TiB, usize::MAX) is refused before any allocation:
+    /// it once aborted the process or panicked the library's helper thread.
+    #[test]
+    fn a_built_size_no_release_has_is_refused_at_once() {
+        let reqs = |size| DeviceCommRequirements {
+            layout: DeviceCommLayout::Built {
+                version: crate::Version::new(2, 32, 3),
+                size,
+            },
+            lsa_barriers: 1,
+            lsa_multimem: false,
+        };
+        for size in [0, MAX_DEV_COMM_BYTES + 1, 1 << 40, usize::MAX] {
+            assert!(
+                matches!(
+                    check_requirements(&reqs(size)),
+                    Err(Error::InvalidArgument { .. })
+                ),
+                "{size}"
+            );
+        }
+        assert!(check_requirements(&reqs(248)).is_ok());
+    }
 }
