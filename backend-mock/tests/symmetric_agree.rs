@@ -93,3 +93,42 @@ fn the_fused_norms_bf16_output_is_rounded_once() {
     let wrong = got[0].iter().zip(&want).filter(|(g, w)| g != w).count();
     assert_eq!(wrong, 0, "{wrong} of {n} elements differ from one rounding");
 }
+
+/// A peer that released its part of the allocation without making the call ends the wait
+/// at once with `Mismatch` (its departure word in its pad), as a peer that finalized before
+/// a plain collective does, not at the deadline; for each algorithm.
+#[test]
+fn a_peer_that_released_its_part_ends_the_wait_at_once() {
+    use std::time::Instant;
+    use unicomm_core::{DeviceStream, Error, ReduceOp};
+    for algorithm in ALGORITHMS {
+        let cs = comms(2);
+        let got = each_rank(
+            &cs,
+            |c| -> unicomm_core::Result<Option<(Error, Duration)>> {
+                let st = c.create_stream()?;
+                let sym = c.alloc_symmetric_lamport::<f32>(8)?;
+                let mut out = c.alloc::<f32>(8)?;
+                if c.rank() == 1 {
+                    drop(sym);
+                    return Ok(None);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                let t = Instant::now();
+                c.all_reduce_symmetric(&sym, 8, &mut out, (ReduceOp::Sum, algorithm), &st)?;
+                Ok(st.synchronize().err().map(|e| (e, t.elapsed())))
+            },
+        )
+        .unwrap();
+        match &got[0] {
+            Some((Error::Mismatch { what, .. }, waited)) => {
+                assert_eq!(*what, "the number of symmetric calls");
+                assert!(
+                    *waited < Duration::from_secs(5),
+                    "{algorithm:?}: {waited:?}"
+                );
+            }
+            other => panic!("{algorithm:?}: {other:?}"),
+        }
+    }
+}

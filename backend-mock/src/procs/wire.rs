@@ -210,6 +210,7 @@ pub(crate) const MISMATCH: &[&str] = &[
     "hidden",
     "eps",
     "round",
+    "the number of symmetric calls",
 ];
 
 pub(crate) struct R<'a>(pub(crate) &'a [u8]);

@@ -147,6 +147,14 @@ pub(crate) fn poison(
     Ok(())
 }
 
+/// The `u32` word at byte `at` of rank `p`'s pad, as long as `rec` lives.
+pub(crate) fn pad_word(rec: &Record, p: usize, at: usize) -> &AtomicU32 {
+    // SAFETY: the pad lies inside rank `p`'s mapping, which `rec` keeps (this rank's own
+    // through its allocation, dropped after the record's own drop); `at` is one of the
+    // pad's documented offsets (4-byte aligned, inside `PAD_BYTES`).
+    unsafe { &*((rec.pad(p) + at) as *const AtomicU32) }
+}
+
 /// One run of a kernel on one rank: the allocation, the world, until when, and the
 /// signature of the call every rank must make alike.
 pub(crate) struct Run {
@@ -174,12 +182,13 @@ impl Run {
         self.rec.bases.len()
     }
 
-    /// Waits until `ready`, watching the world's poison, `diverged` (a peer's call of
+    /// Waits on rank `peer` until `ready`, watching the world's poison, the peer's
+    /// departure (it released its part: `Mismatch` at once), `diverged` (a peer's call of
     /// another kind: it poisons the world, the ranks' counters being out of step) and the
     /// deadline (then `Timeout` naming `what`, the world poisoned so that the peers end too).
     pub(crate) fn wait(
         &self,
-        what: impl Fn() -> String,
+        (peer, what): (usize, impl Fn() -> String),
         ready: impl Fn() -> bool,
         diverged: impl Fn() -> Option<Error>,
     ) -> Result<()> {
@@ -189,6 +198,17 @@ impl Run {
             if spins.is_multiple_of(64) {
                 if let Some(e) = self.ctx.fabric.poisoned() {
                     return Err(e);
+                }
+                // Its last writes come before its departure word: seen gone, read again.
+                if self.rec.gone(peer) && !ready() {
+                    return Err(Error::Mismatch {
+                        what: "the number of symmetric calls",
+                        detail: format!(
+                            "rank {peer} released its part of the allocation (freed it, or ended its communicator) without making the call rank {} waits in: {}",
+                            self.ctx.rank,
+                            what()
+                        ),
+                    });
                 }
                 if let Some(e) = diverged() {
                     self.ctx.fabric.poison(e.clone());
@@ -212,9 +232,7 @@ impl Run {
 
     /// The `u32` word at byte `at` of rank `p`'s pad.
     pub(crate) fn word(&self, p: usize, at: usize) -> &AtomicU32 {
-        // SAFETY: the pad lies inside rank `p`'s mapping, which `rec` keeps; `at` is one of
-        // the pad's documented offsets (4-byte aligned, inside `PAD_BYTES`).
-        unsafe { &*((self.rec.pad(p) + at) as *const AtomicU32) }
+        pad_word(&self.rec, p, at)
     }
 
     /// The `SIGNATURE_WORDS` words from byte `at` of rank `p`'s pad.
@@ -237,7 +255,9 @@ impl Run {
         for p in 0..w {
             let word = self.word(me, pad_arrival(p));
             self.wait(
-                || format!("a symmetric barrier of rank {me} (epoch {e}): rank {p} never arrived"),
+                (p, || {
+                    format!("a symmetric barrier of rank {me} (epoch {e}): rank {p} never arrived")
+                }),
                 || word.load(Ordering::Acquire).wrapping_sub(e) as i32 >= 0,
                 || super::lamport::in_lamport(self, p, e),
             )?;

@@ -128,7 +128,7 @@ pub(crate) fn lamport(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
     for p in 0..w {
         let slot = run.rec.lamport_slot(me, b, p);
         run.wait(
-            || format!("a Lamport all-reduce of rank {me} (round {round}): rank {p}'s header never came"),
+            (p, || format!("a Lamport all-reduce of rank {me} (round {round}): rank {p}'s header never came")),
             || written(slot),
             || in_barrier(run, &sig, p, slot),
         )?;
@@ -172,7 +172,7 @@ fn reduce_slots(run: &Run, k: &Reduce, round: u32, b: usize) -> Result<Vec<u32>>
             // SAFETY: element `i < count` of slot `p` of this rank's own workspace `b`.
             let read = || unsafe { t.load(slot, i) };
             run.wait(
-                || format!("a Lamport all-reduce of rank {me} (round {round}): rank {p}'s element {i} never came"),
+                (p, || format!("a Lamport all-reduce of rank {me} (round {round}): rank {p}'s element {i} never came")),
                 || read() != t.poison(),
                 || None,
             )?;

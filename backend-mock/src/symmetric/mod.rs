@@ -72,6 +72,7 @@ impl MockComm {
             bytes,
             pad_at: data,
             lamport,
+            rank: self.ctx.rank,
         };
         let peers = record.bases.clone();
         let handle = RawHandle(self.symmetric.next.fetch_add(1, Ordering::Relaxed));

@@ -42,6 +42,13 @@ pub const PAD_POISON: usize = PAD_ROUND + 4;
 /// to its next call never overwrites the one a slower peer still reads.
 pub const PAD_SIGNATURE: usize = PAD_POISON + 4;
 
+/// Byte offset, in a rank's pad, of its departure word: 0 while the rank holds its part,
+/// 1 once its view of the allocation ended after its last kernel on it (freed, or its
+/// communicator ended). A peer waiting on a rank whose word is 1 (and whose awaited word
+/// never came) ends at once: that rank will never make the call. The mock writes it; the
+/// GPU backends leave it 0 (a waiting kernel ends there at its deadline).
+pub const PAD_GONE: usize = PAD_SIGNATURE + 2 * LAMPORT_HEADER;
+
 /// Byte offset, in a rank's pad, of the signature of the call whose first barrier has
 /// epoch `e`.
 pub const fn pad_signature(e: u32) -> usize {
@@ -332,7 +339,8 @@ mod tests {
     #[test]
     fn the_pad_layout_fits_and_the_kernel_argument_is_c_sized() {
         const { assert!(pad_arrival(MAX_SYMMETRIC_WORLD - 1) + 4 <= PAD_ROUND) };
-        const { assert!(pad_signature(1) + LAMPORT_HEADER <= PAD_BYTES) };
+        const { assert!(pad_signature(1) + LAMPORT_HEADER <= PAD_GONE) };
+        const { assert!(PAD_GONE + 4 <= PAD_BYTES) };
         assert_eq!(
             std::mem::size_of::<SymmetricArgs>(),
             16 + 16 * MAX_SYMMETRIC_WORLD
