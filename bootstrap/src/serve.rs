@@ -28,6 +28,13 @@ pub(crate) const PER_CONNECTION: Duration = Duration::from_secs(2);
 /// connections in the kernel's listen queue until a slot frees.
 pub(crate) const MAX_HANDSHAKES: usize = 256;
 
+/// The most connections rank 0 holds that were answered and owe their acknowledgement. They
+/// take no handshake slot (a replayed hello, answered but never acknowledged, would
+/// otherwise hold one until the rendezvous' deadline, and 256 of them lock every real rank
+/// out); past this many the oldest is read once more and dropped: what a stranger with a
+/// captured hello can make rank 0 hold is this many sockets.
+pub(crate) const MAX_ACKING: usize = 1024;
+
 /// The listeners' tokens count down from the top; the connections' are their slots.
 const LISTENERS: usize = usize::MAX - MAX_QUEUES;
 
@@ -72,6 +79,8 @@ struct Conn {
     sent: usize,
     deadline: Instant,
     generation: u64,
+    /// Counted among the connections owing an acknowledgement.
+    counted: bool,
 }
 
 /// Where a connection stands after some progress.
@@ -183,6 +192,10 @@ struct Loop {
     pending: Vec<bool>,
     /// When to try accepting again after a failure for want of resources.
     retry: Option<Instant>,
+    /// The connections that owe an acknowledgement, (slot, generation) in the order their
+    /// answers went out, and how many are live.
+    ackers: std::collections::VecDeque<(usize, u64)>,
+    acking: usize,
 }
 
 impl Loop {
@@ -203,6 +216,8 @@ impl Loop {
             expiry: Default::default(),
             generation: 0,
             retry: None,
+            ackers: Default::default(),
+            acking: 0,
         })
     }
 
@@ -213,6 +228,42 @@ impl Loop {
 
     fn live(&self) -> usize {
         self.conns.len() - self.free.len()
+    }
+
+    /// The handshakes that hold a slot: the live connections but those owing an
+    /// acknowledgement.
+    fn handshaking(&self) -> usize {
+        self.live() - self.acking
+    }
+
+    /// Counts connection `i` among those owing an acknowledgement once its answer went out;
+    /// past [`MAX_ACKING`] of them, the oldest is read once more and dropped.
+    fn track(&mut self, i: usize, srv: &mut Server<'_>) -> Vec<(usize, Step)> {
+        let mut out = Vec::new();
+        if let Some(Some(c)) = self.conns.get_mut(i) {
+            if c.acking.is_some() && !c.counted {
+                c.counted = true;
+                self.acking += 1;
+                self.ackers.push_back((i, c.generation));
+            }
+        }
+        while self.acking > MAX_ACKING {
+            let Some((j, g)) = self.ackers.pop_front() else { break };
+            let Some(Some(c)) = self.conns.get_mut(j) else { continue };
+            if c.generation != g {
+                continue;
+            }
+            match c.advance(srv) {
+                Step::Waiting => out.push((j, Step::Dropped(format!(
+                    "no acknowledgement while {MAX_ACKING} answered connections waited for theirs (replayed hellos?)"
+                )))),
+                step => out.push((j, step)),
+            }
+            // Closed by the caller; not counted twice meanwhile.
+            c.counted = false;
+            self.acking -= 1;
+        }
+        out
     }
 
     /// Whether the entry of the expiry queue is a handshake still under way.
@@ -264,7 +315,7 @@ impl Loop {
             None => wake,
         };
         let left =
-            if self.pending().is_some() && self.live() < MAX_HANDSHAKES && self.retry.is_none() {
+            if self.pending().is_some() && self.handshaking() < MAX_HANDSHAKES && self.retry.is_none() {
                 Duration::ZERO
             } else {
                 wake.saturating_duration_since(Instant::now())
@@ -285,7 +336,12 @@ impl Loop {
         let mut moved = Vec::with_capacity(ready.len());
         for i in ready {
             if let Some(Some(c)) = self.conns.get_mut(i) {
-                moved.push((i, c.advance(srv)));
+                let step = c.advance(srv);
+                let waiting = matches!(step, Step::Waiting);
+                moved.push((i, step));
+                if waiting {
+                    moved.extend(self.track(i, srv));
+                }
             }
         }
         moved.extend(self.accept(srv)?);
@@ -296,7 +352,7 @@ impl Loop {
     /// connection advanced at once (its hello is often there already).
     fn accept(&mut self, srv: &mut Server<'_>) -> Result<Vec<(usize, Step)>> {
         let mut moved = Vec::new();
-        while self.live() < MAX_HANDSHAKES {
+        while self.handshaking() < MAX_HANDSHAKES {
             let Some(k) = self.pending() else { break };
             let mut s = match self.listeners[k].accept() {
                 Ok(x) => x,
@@ -337,8 +393,12 @@ impl Loop {
             let mut c = Conn::new(s, self.generation);
             self.expiry.push_back((c.deadline, i, c.generation));
             let step = c.advance(srv);
+            let waiting = matches!(step, Step::Waiting);
             self.conns[i] = Some(c);
             moved.push((i, step));
+            if waiting {
+                moved.extend(self.track(i, srv));
+            }
         }
         Ok(moved)
     }
@@ -350,8 +410,11 @@ impl Loop {
             // A queue is tried again on its next arrival (each is an event), not whenever a
             // slot frees: retrying every queue at each close was one empty accept per queue
             // per rank, a fifth of rank 0's CPU per rank at 16,384 ranks in five queues.
-            if slot.take().is_some() {
+            if let Some(c) = slot.take() {
                 self.free.push(i);
+                if c.counted {
+                    self.acking -= 1;
+                }
             }
         }
     }
@@ -369,6 +432,7 @@ impl Conn {
             out: Vec::new(),
             sent: 0,
             deadline: Instant::now() + PER_CONNECTION,
+            counted: false,
         }
     }
 

@@ -476,3 +476,46 @@ fn a_rank_slow_to_acknowledge_is_still_counted() {
         );
     });
 }
+
+/// 256 replays of one captured hello, answered and never acknowledged, once held every
+/// handshake slot until rank 0's deadline: every real rank was locked out. A connection
+/// that owes its acknowledgement takes no slot, so the real ranks join at once.
+#[test]
+fn replayed_hellos_that_never_acknowledge_lock_no_rank_out() {
+    use crate::auth::FIRST_LEN;
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let squat = std::net::TcpListener::bind(addr).unwrap();
+    std::thread::scope(|s| {
+        let r1 = s.spawn(move || {
+            exchange_unique_id(&env(1, 3, port), || Ok([0; 128]), Duration::from_secs(20))
+        });
+        let (mut captured_from, _) = squat.accept().unwrap();
+        let mut hello = vec![0u8; FIRST_LEN];
+        captured_from.read_exact(&mut hello).unwrap();
+        drop(squat);
+        let t = Instant::now();
+        let r0 = s.spawn(move || {
+            exchange_unique_id(&env(0, 3, port), || Ok([5; 128]), Duration::from_secs(20))
+        });
+        let replays: Vec<TcpStream> = (0..crate::serve::MAX_HANDSHAKES)
+            .map(|_| {
+                let mut c = connect_when_listening(addr);
+                c.write_all(&hello).unwrap();
+                let mut kind = [0u8; 1];
+                c.read_exact(&mut kind).unwrap();
+                c
+            })
+            .collect();
+        drop(captured_from);
+        let r2 = s.spawn(move || {
+            exchange_unique_id(&env(2, 3, port), || Ok([0; 128]), Duration::from_secs(20))
+        });
+        let (r0, r1, r2) = (r0.join().unwrap(), r1.join().unwrap(), r2.join().unwrap());
+        drop(replays);
+        assert_eq!(r0.unwrap(), [5; 128]);
+        assert_eq!(r1.unwrap(), [5; 128]);
+        assert_eq!(r2.unwrap(), [5; 128]);
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    });
+}
