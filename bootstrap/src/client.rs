@@ -63,16 +63,18 @@ impl From<Error> for JoinError {
 /// A client's side: its hello and proof in one message, then rank 0's answer (a refusal, or
 /// the `count` ids after rank 0's proof; from rank 0 over TCP, or from the host's first rank
 /// on its local socket), then its acknowledgement over rank 0's nonce, without which it does
-/// not count as joined.
+/// not count as joined. It waits for the answer's first byte only until `answer_by` (a process that holds the
+/// connection open and silent, a squatter that took it before rank 0 listened, is then left
+/// for a new connection), and for the rest until `deadline`.
 pub(crate) fn join<S: Timed>(
     s: &mut S,
     env: &LaunchEnv,
     count: usize,
-    deadline: Instant,
+    (answer_by, deadline): (Instant, Instant),
 ) -> std::result::Result<Vec<u8>, JoinError> {
     let j = Joining::hello(s, env, count, deadline)?;
     let mut kind = [0u8; 1];
-    read_until(s, &mut kind, deadline).map_err(|e| io("rank 0's answer", e))?;
+    read_until(s, &mut kind, answer_by.min(deadline)).map_err(|e| io("rank 0's answer", e))?;
     match kind[0] {
         REFUSED => Err(j.refused(s, env)),
         IDS => j.ids(s),

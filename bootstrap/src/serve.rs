@@ -248,8 +248,12 @@ impl Loop {
             }
         }
         while self.acking > MAX_ACKING {
-            let Some((j, g)) = self.ackers.pop_front() else { break };
-            let Some(Some(c)) = self.conns.get_mut(j) else { continue };
+            let Some((j, g)) = self.ackers.pop_front() else {
+                break;
+            };
+            let Some(Some(c)) = self.conns.get_mut(j) else {
+                continue;
+            };
             if c.generation != g {
                 continue;
             }
@@ -314,12 +318,14 @@ impl Loop {
             Some(r) => wake.min(r),
             None => wake,
         };
-        let left =
-            if self.pending().is_some() && self.handshaking() < MAX_HANDSHAKES && self.retry.is_none() {
-                Duration::ZERO
-            } else {
-                wake.saturating_duration_since(Instant::now())
-            };
+        let left = if self.pending().is_some()
+            && self.handshaking() < MAX_HANDSHAKES
+            && self.retry.is_none()
+        {
+            Duration::ZERO
+        } else {
+            wake.saturating_duration_since(Instant::now())
+        };
         self.retry = None;
         match self.poll.poll(&mut self.events, Some(left)) {
             Ok(()) => {}

@@ -261,6 +261,12 @@ fn join_rank0(
     join_retrying(env, count, (&server, connect), times)
 }
 
+/// How long a rank waits for the first byte of an answer on one connection before it tries
+/// a new one (doubling at each attempt): a squatter that took the rank's first connection
+/// before rank 0 listened, and holds it open and silent, costs the rank this long, not its
+/// whole deadline. Rank 0 answers 16,384 ranks in under 2 s, so a real rank 0 is never left.
+const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(5);
+
 /// How long one connection attempt may take: past the kernel's SYN retransmits at 1, 3 and
 /// 7 s, so a full listen queue delays a rank rather than making it start over.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -296,6 +302,7 @@ fn join_retrying<S: Timed>(
 ) -> Result<Vec<u8>> {
     let mut last: Option<String> = None;
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
+    let mut answer_wait = FIRST_ANSWER_WAIT;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -309,7 +316,7 @@ fn join_retrying<S: Timed>(
             });
         }
         let failed = match connect(left) {
-            Ok(mut s) => match join(&mut s, env, count, deadline) {
+            Ok(mut s) => match join(&mut s, env, count, (Instant::now() + answer_wait, deadline)) {
                 Ok(ids) => return Ok(ids),
                 // Refused by the real server (wrong size, rank taken): final.
                 Err(JoinError::Refused(e)) => return Err(e),
@@ -324,6 +331,8 @@ fn join_retrying<S: Timed>(
         if last.is_none() || Instant::now() < deadline {
             last = Some(failed);
         }
+        // A server slower than the wait (a queue of thousands) gets twice as long next time.
+        answer_wait = answer_wait.saturating_mul(2);
         let left = deadline.saturating_duration_since(Instant::now());
         std::thread::sleep(backoff.next().min(left));
     }

@@ -286,7 +286,10 @@ fn strangers_partial_and_malformed_hellos_are_dropped_and_the_job_still_joins() 
         let mut stray = TcpStream::connect(addr).unwrap();
         let mut e = env(1, 2, addr.port());
         e.token = b"not-the-job".to_vec();
-        let got = join(&mut stray, &e, 1, Instant::now() + Duration::from_secs(3));
+        let got = {
+            let by = Instant::now() + Duration::from_secs(3);
+            join(&mut stray, &e, 1, (by, by))
+        };
         assert!(got.is_err(), "a stranger got {got:?}");
         drop(half);
     });

@@ -464,7 +464,8 @@ fn a_rank_slow_to_acknowledge_is_still_counted() {
             late: crate::serve::PER_CONNECTION + Duration::from_millis(700),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        let ids = crate::client::join(&mut slow, &env(1, 2, port), 1, deadline).map_err(|_| "join");
+        let ids = crate::client::join(&mut slow, &env(1, 2, port), 1, (deadline, deadline))
+            .map_err(|_| "join");
         let t = Instant::now();
         let r0 = r0.join().unwrap();
         assert_eq!(ids.unwrap(), vec![6u8; 128]);
@@ -517,5 +518,34 @@ fn replayed_hellos_that_never_acknowledge_lock_no_rank_out() {
         assert_eq!(r1.unwrap(), [5; 128]);
         assert_eq!(r2.unwrap(), [5; 128]);
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    });
+}
+
+/// A squatter that took rank 1's first connection before rank 0 listened and keeps it open
+/// and silent once it let the port go: rank 1 leaves it after the first answer's wait and
+/// joins the real rank 0 on a new connection, instead of waiting its whole deadline.
+#[test]
+fn a_silent_squatter_holding_a_ranks_connection_costs_it_one_answer_wait() {
+    use crate::auth::FIRST_LEN;
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let squat = std::net::TcpListener::bind(addr).unwrap();
+    std::thread::scope(|s| {
+        let t = Instant::now();
+        let r1 = s.spawn(move || {
+            exchange_unique_id(&env(1, 2, port), || Ok([0; 128]), Duration::from_secs(30))
+        });
+        let (mut held, _) = squat.accept().unwrap();
+        let mut hello = vec![0u8; FIRST_LEN];
+        held.read_exact(&mut hello).unwrap();
+        drop(squat);
+        let r0 = s.spawn(move || {
+            exchange_unique_id(&env(0, 2, port), || Ok([4; 128]), Duration::from_secs(30))
+        });
+        let (r0, r1) = (r0.join().unwrap(), r1.join().unwrap());
+        drop(held);
+        assert_eq!(r0.unwrap(), [4; 128]);
+        assert_eq!(r1.unwrap(), [4; 128]);
+        assert!(t.elapsed() < Duration::from_secs(12), "{:?}", t.elapsed());
     });
 }
