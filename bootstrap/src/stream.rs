@@ -42,6 +42,13 @@ pub(crate) fn listen_capped(addr: SocketAddr, world: usize, cap: usize) -> Resul
             .clamp(2, MAX_QUEUES),
     };
     let backlog = world.div_ceil(queues).clamp(128, 65_535) as i32;
+    // Shared queues: the port is first taken in one step that another rank 0 of the same
+    // job, started at the same moment, cannot also take (two that probed, then bound their
+    // shared queues, both had the port in 7-15 of 20 trials).
+    let lock = match queues > 1 {
+        true => Some(std::sync::Arc::new(PortLock::take(addr, &what)?)),
+        false => None,
+    };
     if queues > 1 {
         // Shared queues would also share the port with a stale rank 0 of an earlier run
         // that opened its own shared queues there (same user, same token: it would hand
@@ -70,7 +77,10 @@ pub(crate) fn listen_capped(addr: SocketAddr, world: usize, cap: usize) -> Resul
             s.bind(&addr.into()).map_err(|e| io(&what, e))?;
             s.listen(backlog).map_err(|e| io(&what, e))?;
             s.set_nonblocking(true).map_err(|e| io(&what, e))?;
-            Ok(Listener::Tcp(mio::net::TcpListener::from_std(s.into())))
+            Ok(Listener::Tcp(TcpQueue {
+                l: mio::net::TcpListener::from_std(s.into()),
+                _lock: lock.clone(),
+            }))
         })
         .collect()
 }
@@ -85,9 +95,65 @@ fn somaxconn() -> usize {
         .unwrap_or(4096)
 }
 
+/// The port of a rank 0 with shared queues, taken in one step: on Linux a name of the
+/// host's abstract socket namespace (per network namespace, as the port is), bound by one
+/// socket at a time and released when its last queue closes (the process's end included).
+/// Elsewhere nothing: the probe's bind alone, which two rank 0s started together can both
+/// pass.
+pub(crate) struct PortLock {
+    #[cfg(target_os = "linux")]
+    _name: std::os::unix::net::UnixDatagram,
+}
+
+impl PortLock {
+    fn take(addr: SocketAddr, what: &str) -> Result<PortLock> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::linux::net::SocketAddrExt;
+            let name = format!("unicomm-rendezvous/{addr}");
+            let at = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+                .map_err(|e| io(what, e))?;
+            let s = std::os::unix::net::UnixDatagram::bind_addr(&at).map_err(|e| {
+                io(
+                    &format!(
+                        "{what} (a rank 0 listens there already: its shared queues hold the port)"
+                    ),
+                    e,
+                )
+            })?;
+            // Nothing is ever read from it: what a stranger sends is refused.
+            let _ = s.shutdown(std::net::Shutdown::Read);
+            Ok(PortLock { _name: s })
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (addr, what);
+            Ok(PortLock {})
+        }
+    }
+}
+
+/// One of rank 0's TCP queues, holding the port's lock where the queues share the port.
+pub(crate) struct TcpQueue {
+    l: mio::net::TcpListener,
+    _lock: Option<std::sync::Arc<PortLock>>,
+}
+
+impl Source for TcpQueue {
+    fn register(&mut self, r: &Registry, t: Token, i: Interest) -> std::io::Result<()> {
+        self.l.register(r, t, i)
+    }
+    fn reregister(&mut self, r: &Registry, t: Token, i: Interest) -> std::io::Result<()> {
+        self.l.reregister(r, t, i)
+    }
+    fn deregister(&mut self, r: &Registry) -> std::io::Result<()> {
+        self.l.deregister(r)
+    }
+}
+
 /// A listener the server's event loop accepts on.
 pub(crate) enum Listener {
-    Tcp(mio::net::TcpListener),
+    Tcp(TcpQueue),
     #[cfg(target_os = "linux")]
     Local(mio::net::UnixListener),
 }
@@ -102,7 +168,7 @@ pub(crate) enum Stream {
 impl Listener {
     pub(crate) fn accept(&self) -> std::io::Result<Stream> {
         match self {
-            Listener::Tcp(l) => l.accept().map(|(s, _)| Stream::Tcp(s)),
+            Listener::Tcp(q) => q.l.accept().map(|(s, _)| Stream::Tcp(s)),
             #[cfg(target_os = "linux")]
             Listener::Local(l) => l.accept().map(|(s, _)| Stream::Local(s)),
         }

@@ -376,6 +376,32 @@ fn the_port_is_shared_only_between_rank_0s_own_queues() {
     assert!(e.contains("listens there already"), "{e}");
 }
 
+/// Two rank 0s of one job started at the same moment, each with shared queues: exactly one
+/// has the port, in every trial (a probe, then the binds, let both have it in 7-15 of 20).
+#[test]
+fn of_two_rank_0s_started_together_one_has_the_port() {
+    for trial in 0..20 {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let start = std::sync::Barrier::new(2);
+        let got: Vec<bool> = std::thread::scope(|s| {
+            let take = || {
+                start.wait();
+                stream::listen_capped(addr, 24, 8)
+            };
+            let a = s.spawn(take);
+            let b = s.spawn(take);
+            let (a, b) = (a.join().unwrap(), b.join().unwrap());
+            // Both results held until both ended: a refused one sees the other's port.
+            vec![a.is_ok(), b.is_ok()]
+        });
+        assert_eq!(
+            got.iter().filter(|&&ok| ok).count(),
+            1,
+            "trial {trial}: {got:?}"
+        );
+    }
+}
+
 /// A squatter on the port before rank 0 listens captures rank 1's hello, then replays it to
 /// rank 0 once it listens (and never acknowledges the answer): the replay takes no rank's
 /// place. Rank 0 does not count rank 1 as joined until an acknowledgement over its fresh
