@@ -15,6 +15,8 @@ pub(crate) const FILE_MAGIC: &[u8; 8] = b"UNICFID1";
 pub(crate) const ACK_MAGIC: &[u8; 8] = b"UNICFAK1";
 pub(crate) const FILE_LEN: usize = 8 + 16 + 4 + 128 + 32;
 pub(crate) const ACK_LEN: usize = 8 + 16 + 4 + 32;
+/// The acknowledgements rank 0 looks for by name in one poll, beside the listing.
+const BY_NAME: usize = 256;
 
 /// Writes `bytes` to `path` all at once: a private temporary file beside it (mode 0600,
 /// created new), synced, then renamed over `path`, so a reader sees all of it or nothing.
@@ -40,6 +42,18 @@ pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(
     })
 }
 
+/// Where the job's files lie for the path it was given: `<path>.<tag>`, the tag a MAC of the
+/// job's token, so that no one without the token can know the names in advance (another
+/// user's file or FIFO made at a predictable name in a sticky shared directory such as
+/// `/tmp` stopped the job: rank 0 cannot rename over it, a rank waited its deadline).
+pub(crate) fn job_file(env: &LaunchEnv, path: &std::path::Path) -> std::path::PathBuf {
+    let tag = mac(&env.token, b"file-name", &[]);
+    let hex: String = tag[..12].iter().map(|b| format!("{b:02x}")).collect();
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".{hex}"));
+    p.into()
+}
+
 pub(crate) fn ack_path(path: &std::path::Path, rank: usize) -> std::path::PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(format!(".ack.{rank}"));
@@ -63,6 +77,7 @@ pub(crate) fn file_exchange(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<[u8; 128]> {
+    let path = &job_file(env, path);
     if env.rank == 0 {
         let id = make_id()?;
         serve_file(
@@ -129,14 +144,29 @@ fn serve_file(
     let mut acked = vec![false; env.world_size];
     acked[0] = true;
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
+    let mut turn = 0;
     loop {
         // One listing of the directory per poll, then only the acknowledgements that
         // exist are opened (a reopen of every missing one every 20 ms was 200,000 opens a
-        // second at 4,096 ranks on a shared file system).
-        let present: Vec<usize> = match listed_acks(path, env.world_size) {
+        // second at 4,096 ranks on a shared file system); and by name, up to
+        // `BY_NAME` missing ranks a poll in turn, so that a directory crowded past the
+        // listing's bound (another job's 10,000 files) hides no acknowledgement.
+        let mut present: Vec<usize> = match listed_acks(path, env.world_size) {
             Ok(v) => v,
             Err(_) => (1..env.world_size).collect(),
         };
+        let waiting: Vec<usize> = (1..env.world_size).filter(|&r| !acked[r]).collect();
+        if !waiting.is_empty() {
+            turn %= waiting.len();
+            present.extend(
+                waiting
+                    .iter()
+                    .cycle()
+                    .skip(turn)
+                    .take(BY_NAME.min(waiting.len())),
+            );
+            turn += BY_NAME;
+        }
         for r in present {
             if acked.get(r) != Some(&false) {
                 continue;

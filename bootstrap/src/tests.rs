@@ -457,6 +457,12 @@ fn scratch(name: &str) -> std::path::PathBuf {
     d
 }
 
+/// Where a job of `token` keeps its file for the path `given` (what a stranger would have to
+/// guess to plant a file the ranks read).
+fn job_path(given: &std::path::Path, token: &[u8]) -> std::path::PathBuf {
+    crate::file::job_file(&file_env(0, 1, given, token), given)
+}
+
 fn file_env(rank: usize, world: usize, path: &std::path::Path, token: &[u8]) -> LaunchEnv {
     LaunchEnv {
         file: Some(path.to_path_buf()),
@@ -558,9 +564,12 @@ fn file_rendezvous_deadline_names_the_missing_ranks_and_ignores_garbage() {
     .expect_err("nobody took the id");
     assert!(start.elapsed() < Duration::from_secs(3));
     assert!(e.to_string().contains("rank(s) 1, 2"), "{e}");
-    assert!(!path.exists(), "the id file outlived the failed rendezvous");
+    assert!(
+        !job_path(&path, b"t").exists(),
+        "the id file outlived the failed rendezvous"
+    );
     // A rank that only ever finds garbage times out, saying what it found.
-    std::fs::write(&path, b"GET / HTTP/1.1").unwrap();
+    std::fs::write(job_path(&path, b"t"), b"GET / HTTP/1.1").unwrap();
     let e = exchange_unique_id(
         &file_env(1, 2, &path, b"t"),
         || Ok([0; 128]),
@@ -586,6 +595,7 @@ fn file_rendezvous_file_is_private_to_its_user() {
             )
         }
     });
+    let path = job_path(&path, b"t");
     let t0 = Instant::now();
     while !path.exists() && t0.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(5));
@@ -676,7 +686,8 @@ fn a_variable_that_is_not_utf8_is_an_error_naming_it() {
 fn file_rendezvous_refuses_a_fifo_within_its_deadline() {
     let d = scratch("fifo");
     let path = d.join("job.id");
-    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let planted = job_path(&path, b"t");
+    let c = std::ffi::CString::new(planted.to_str().unwrap()).unwrap();
     // SAFETY: a NUL-terminated path; mkfifo creates the node or fails.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -704,7 +715,8 @@ fn file_rendezvous_refuses_a_fifo_within_its_deadline() {
 fn file_rendezvous_reads_at_most_what_a_rendezvous_file_holds() {
     let d = scratch("huge");
     let path = d.join("job.id");
-    let f = std::fs::File::create(&path).unwrap();
+    let planted = job_path(&path, b"t");
+    let f = std::fs::File::create(&planted).unwrap();
     f.set_len(512 << 20).unwrap();
     let e = exchange_unique_id(
         &file_env(1, 2, &path, b"t"),
@@ -714,8 +726,75 @@ fn file_rendezvous_reads_at_most_what_a_rendezvous_file_holds() {
     .expect_err("no id in a giant file")
     .to_string();
     assert!(e.contains("longer than"), "{e}");
-    let b = unicomm_core::env::read_bounded(&path, 64);
+    let b = unicomm_core::env::read_bounded(&planted, 64);
     assert!(b.is_err());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A directory crowded with 40,000 other files: rank 0 finds every rank's acknowledgement
+/// by its name, not only in its bounded listing (which reads at most world + 4,096 entries,
+/// and missed acknowledgements that existed in 2 of 3 jobs).
+#[test]
+fn rank_0_finds_every_acknowledgement_in_a_crowded_directory() {
+    let d = scratch("crowded");
+    for i in 0..40_000 {
+        std::fs::File::create(d.join(format!("another-job-{i}"))).unwrap();
+    }
+    let path = d.join("job.id");
+    let secret = b"a crowded directory's secret....";
+    let t = Instant::now();
+    let ids: Vec<Result<[u8; 128]>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8)
+            .map(|r| {
+                let p = path.clone();
+                s.spawn(move || {
+                    let env = LaunchEnv::shared_file(p, Place::new(r, 8, r), secret)?;
+                    exchange_unique_id(&env, || Ok([9; 128]), Duration::from_secs(20))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for id in ids {
+        assert_eq!(id.unwrap(), [9; 128]);
+    }
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// In a sticky shared directory another user can make entries at any name it can predict:
+/// the job's files carry a tag of its secret, so an entry at the path the job was given,
+/// and at `<path>.ack.<rank>`, neither stops rank 0 nor holds a rank.
+#[cfg(unix)]
+#[test]
+fn squatted_names_beside_the_given_path_do_not_stop_the_job() {
+    let d = scratch("squatted");
+    let path = d.join("by-id-29500");
+    // Directories: nothing renames a file over one, root included (this test may run as
+    // root, whom a sticky directory does not stop); another user's file or FIFO stops a
+    // job of another user the same way.
+    std::fs::create_dir(&path).unwrap();
+    std::fs::create_dir(crate::file::ack_path(&path, 1)).unwrap();
+    let fifo = crate::file::ack_path(&path, 2);
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo creates the node or fails.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let secret = b"a squatted directory's secret...";
+    let ids: Vec<Result<[u8; 128]>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                let p = path.clone();
+                s.spawn(move || {
+                    let env = LaunchEnv::shared_file(p, Place::new(r, 3, r), secret)?;
+                    exchange_unique_id(&env, || Ok([8; 128]), Duration::from_secs(10))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for id in ids {
+        assert_eq!(id.unwrap(), [8; 128]);
+    }
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -280,6 +280,8 @@ fn a_stale_file_of_an_earlier_run_with_the_same_token_is_never_taken() {
     };
     // An earlier run's rank 0 wrote its file and died (a copy of it, kept as it was).
     let copy = d.join("earlier.id");
+    let given = path.clone();
+    let path = crate::file::job_file(&env(0), &given);
     std::thread::scope(|s| {
         let e0 = env(0);
         let r0 =
