@@ -199,6 +199,11 @@ impl Run {
                 if let Some(e) = self.ctx.fabric.poisoned() {
                     return Err(e);
                 }
+                if let Some(e) = diverged() {
+                    self.ctx.fabric.poison(e.clone());
+                    return Err(e);
+                }
+                // A call of another kind first: a peer that left after it had arrived there.
                 // Its last writes come before its departure word: seen gone, read again.
                 if self.rec.gone(peer) && !ready() {
                     return Err(Error::Mismatch {
@@ -209,10 +214,6 @@ impl Run {
                             what()
                         ),
                     });
-                }
-                if let Some(e) = diverged() {
-                    self.ctx.fabric.poison(e.clone());
-                    return Err(e);
                 }
                 if Instant::now() >= self.deadline {
                     let e = Error::Timeout {
