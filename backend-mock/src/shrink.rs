@@ -44,7 +44,10 @@ impl MockComm {
             // NCCL's abort mode ends the work in flight; a re-form leaves the old world.
             self.abort_comm();
         }
-        let round = self.shrinks.fetch_add(1, Ordering::Relaxed);
+        // The number of re-forms that succeeded: an attempt that failed is retried under
+        // the same number, so survivors whose first attempts failed at different times
+        // still meet (counting attempts, a survivor one failure ahead never met the other).
+        let round = self.shrinks.load(Ordering::Relaxed);
         tracing::info!(
             rank = self.ctx.rank,
             ?exclude,
@@ -66,6 +69,7 @@ impl MockComm {
         let deadline = std::time::Instant::now() + timeout;
         fabric.phase(JOIN, me, 0, deadline)?;
         fabric.leave(JOIN, false, deadline);
+        self.shrinks.fetch_max(round + 1, Ordering::Relaxed);
         Ok(self.derived(
             (me, k),
             (fabric, world_id),

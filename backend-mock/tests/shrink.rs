@@ -233,3 +233,42 @@ fn the_old_communicator_after_a_shrink_follows_its_mode_eager_and_replayed() {
         }
     }
 }
+
+/// Survivors whose first re-forms failed at different times (one arrived after the
+/// other's deadline) retry and meet: a failed attempt is retried under the same round
+/// (counting attempts, the survivor one failure ahead met the other never, 1 run in 3
+/// across processes).
+#[test]
+fn survivors_whose_attempts_failed_at_different_times_meet_on_retry() {
+    let out = each_rank(
+        world(3),
+        |c| -> unicomm_core::Result<Option<(usize, f32)>> {
+            let r = c.rank();
+            if r == 2 {
+                return Ok(None);
+            }
+            if r == 0 {
+                // Later than rank 1's whole first attempt (its deadline is 300 ms).
+                std::thread::sleep(Duration::from_millis(450));
+            }
+            let mut failures = 0;
+            for _ in 0..20 {
+                match c.shrink(&[2], ShrinkMode::Default) {
+                    Ok(small) => return Ok(Some((failures, sum_of_ranks(&small, r)?))),
+                    Err(_) => failures += 1,
+                }
+            }
+            Err(Error::invalid(
+                "shrink",
+                format!("rank {r}: 20 attempts failed"),
+            ))
+        },
+    )
+    .unwrap();
+    assert_eq!(out[0].map(|o| o.1), Some(3.0), "{out:?}");
+    assert_eq!(out[1].map(|o| o.1), Some(3.0), "{out:?}");
+    assert!(
+        out[1].is_some_and(|o| o.0 >= 1),
+        "rank 1's first attempt had to fail: {out:?}"
+    );
+}

@@ -46,9 +46,9 @@ impl<R: Runtime> ApiComm<R> {
         let survivors: Vec<usize> = (0..lc.world)
             .filter(|r| exclude.binary_search(r).is_err())
             .collect();
-        let round = self
-            .shrinks
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The re-forms that succeeded (an attempt that failed is retried under the same
+        // number, so survivors whose attempts failed at different times still meet).
+        let round = self.shrinks.load(std::sync::atomic::Ordering::Relaxed);
         let native = lc.api.fns.comm_shrink.is_some()
             && lc.api.version >= SHRINK_SINCE
             && mode != ShrinkMode::Reform
@@ -80,6 +80,8 @@ impl<R: Runtime> ApiComm<R> {
             }
             false => self.reform(&survivors, round, mode_c, config)?,
         };
+        self.shrinks
+            .fetch_max(round + 1, std::sync::atomic::Ordering::Relaxed);
         let lc = LibComm::new(
             lc.api.clone(),
             lc.rt.clone(),
