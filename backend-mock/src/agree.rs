@@ -36,7 +36,11 @@ pub(crate) fn agree(all: &[Desc]) -> Result<()> {
         .to_string()
     }
     check(all, "operation", |s| s.kind.to_string())?;
-    check(all, "count", |s| s.count.to_string())?;
+    // A symmetric allocation's agreement counts bytes per rank, every other one elements.
+    match all.first().map(|d| d.sig.kind) {
+        Some("SymmetricAlloc") => check(all, "bytes", |s| format!("{} bytes", s.count))?,
+        _ => check(all, "count", |s| s.count.to_string())?,
+    }
     check(all, "data type", |s| or_none(s.dtype))?;
     check(all, "reduction", |s| or_none(s.op))?;
     check(all, "root", |s| or_none(s.root))?;

@@ -213,11 +213,13 @@ fn an_abort_ends_a_waiting_kernel_at_once() {
     let cs = comms(2, Duration::from_secs(20));
     let c = &cs[0];
     let st = c.create_stream().unwrap();
-    let (sym, mut out) = std::thread::scope(|s| {
-        let peer = s.spawn(|| cs[1].alloc_symmetric::<f32>(4).map(drop));
+    // The peer keeps its part (a peer that released it would end the wait at once, as a
+    // departed peer) and never calls.
+    let (sym, _peers, mut out) = std::thread::scope(|s| {
+        let peer = s.spawn(|| cs[1].alloc_symmetric::<f32>(4));
         let sym = c.alloc_symmetric::<f32>(4).unwrap();
-        peer.join().unwrap().unwrap();
-        (sym, c.alloc::<f32>(4).unwrap())
+        let peers = peer.join().unwrap().unwrap();
+        (sym, peers, c.alloc::<f32>(4).unwrap())
     });
     let t0 = Instant::now();
     c.all_reduce_symmetric(
@@ -292,9 +294,18 @@ fn misuse_is_refused() {
             c.group(|| c.all_reduce_symmetric(&sym, 8, &mut out, one, &st)),
             "group",
         );
-        // Sizes that differ at allocation: Mismatch on both ranks.
+        // Sizes that differ at allocation: Mismatch on both ranks, naming bytes (what it
+        // compares), not a count.
         match c.alloc_symmetric::<f32>(16 + c.rank()) {
-            Err(Error::Mismatch { .. }) => {}
+            Err(Error::Mismatch {
+                what: "bytes",
+                detail,
+            }) => {
+                assert!(
+                    detail.contains("64 bytes") && detail.contains("68 bytes"),
+                    "{detail}"
+                );
+            }
             other => panic!("{:?}", other.map(drop)),
         }
         Ok(())

@@ -132,3 +132,31 @@ fn a_peer_that_released_its_part_ends_the_wait_at_once() {
         }
     }
 }
+
+/// Where the mock stands for a library whose GPU backend refuses unicomm's kernels (RCCL on
+/// an AMD GPU, NCCL on an sm80 GPU: the PTX targets sm_90), it refuses them too, naming
+/// why: a program tested on the mock meets the refusal it will meet there.
+#[test]
+fn the_mock_refuses_the_kernels_where_its_target_would() {
+    use unicomm_core::Error;
+    for (target, refused) in [
+        ("rccl-2.22.3", true),
+        ("nccl-2.28.9-sm80", true),
+        ("nccl-2.28.9", false),
+    ] {
+        let config = MockConfig {
+            timeout: Duration::from_secs(20),
+            target: unicomm_mock::Target::parse(target).unwrap(),
+            ..MockConfig::default()
+        };
+        let cs = local_comms_with(2, config).unwrap();
+        let got = each_rank(&cs, |c| c.alloc_symmetric::<f32>(8).map(drop));
+        match got {
+            Err(Error::Unsupported { what, .. }) if refused => {
+                assert!(what.contains("symmetric"), "{what}")
+            }
+            Ok(_) if !refused => {}
+            other => panic!("{target}: {other:?}"),
+        }
+    }
+}

@@ -211,6 +211,7 @@ pub(crate) const MISMATCH: &[&str] = &[
     "eps",
     "round",
     "the number of symmetric calls",
+    "bytes",
 ];
 
 pub(crate) struct R<'a>(pub(crate) &'a [u8]);

@@ -47,6 +47,8 @@ impl MockComm {
         lamport: Option<DataType>,
     ) -> Result<SymmetricParts<MockMemory>> {
         self.live()?;
+        // The refusals of the GPU backends the mock stands for.
+        self.ctx.target.symmetric_kernels()?;
         let w = self.ctx.world;
         let too_big = || Error::invalid("len", format!("{bytes} bytes per rank overflow"));
         let data = round_up(bytes.max(1)).ok_or_else(too_big)?;

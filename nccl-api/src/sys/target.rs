@@ -305,6 +305,28 @@ impl Target {
         self.since(ONE_SIDED_TITLE, ONE_SIDED_SINCE)
     }
 
+    /// unicomm's own symmetric kernels: built for NVIDIA GPUs of sm90 or newer (their PTX's
+    /// target), so refused on an older GPU and on RCCL on an AMD GPU (no code object for
+    /// one yet), as the GPU backends refuse them; `Unsupported` naming which.
+    pub fn symmetric_kernels(&self) -> Result<()> {
+        let what = "unicomm's symmetric kernels";
+        if std::ptr::eq(self.flavor, &RCCL) {
+            return Err(Error::unsupported(
+                what,
+                "an NVIDIA GPU of sm90 or newer (no code object for AMD GPUs yet)",
+                self.found(""),
+            ));
+        }
+        match self.compute {
+            Some(c) if c < (9, 0) => Err(Error::unsupported(
+                what,
+                "a GPU of sm90 or newer (the kernels' PTX targets sm_90)",
+                self.found(&format!(" on sm{}{}", c.0, c.1)),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// One-sided operations inside a graph's capture (NCCL 2.30.3,
     /// [`ONE_SIDED_CAPTURED_SINCE`]).
     pub fn one_sided_captured(&self) -> Result<()> {
