@@ -29,7 +29,7 @@ run2 "groups suite" ./rank_conformance --vendor cuda --groups-only
 run2 "by_id" ./by_id --vendor cuda
 # A world of one grown into both processes (ncclCommGrow, NCCL >= 2.29.2).
 run2 "grow" ./grow --vendor cuda
-for sc in skip abort ce-skip ce-abort mismatch forget completion-abort completion-drop completion-mismatch sym-skip sym-abort dev-skip; do
+for sc in skip abort ce-skip ce-abort mismatch forget completion-abort completion-drop completion-mismatch sym-skip sym-abort sym-leave dev-skip; do
   UNICOMM_TIMEOUT_MS=10000 run2 "faults $sc" ./faults --vendor cuda --scenario $sc
 done
 # kill, kill-replay and sym-kill (a peer SIGKILLed among replays of unicomm's kernel) started by hand (the launcher would stop rank 0 when rank 1 dies),

@@ -40,6 +40,10 @@
 //!   memory; rank 0's kernel waits for it on the device: the wait must end with `Timeout`
 //!   at the deadline (the kernel's own deadline or the stream wait's), or `Aborted` at
 //!   once when a watchdog thread aborts after 3 s (the abort word ends the kernel).
+//! - `sym-leave`: rank 1 drops its symmetric allocation and finalizes its communicator
+//!   after one agreed all-reduce; rank 0's next all-reduce waits for it: on the mock it ends
+//!   at once with `Mismatch` ("the number of symmetric calls", the peer's departure word),
+//!   on a GPU backend with `Timeout` at the deadline (no departure word there yet).
 //! - `sym-kill`: `kill-replay` with the graph a one-shot all-reduce of unicomm's on
 //!   symmetric memory: the survivor's kernel, waiting on the device for the dead peer, ends
 //!   by its deadline (or the abort that the loss causes), never hangs the GPU.
@@ -151,12 +155,13 @@ fn run() -> anyhow::Result<()> {
         "sym-skip" => symmetric_skip(vendor, false),
         "sym-abort" => symmetric_skip(vendor, true),
         "sym-kill" => symmetric_kill(vendor),
+        "sym-leave" => symmetric_leave(vendor),
         "dev-skip" => device_skip(vendor),
         "completion-drop" => engine::completion_drop(vendor),
         "world-mismatch" => engine::world_mismatch(vendor),
         "completion-mismatch" => engine::completion_mismatch(vendor),
         s => bail!(
-            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget, completion-abort, completion-drop, completion-mismatch, world-mismatch, sym-skip, sym-abort, sym-kill or dev-skip"
+            "--scenario {s:?}: expected skip, abort, ce-skip, ce-abort, ce-behind, ce-drop, policy, mismatch, kill, kill-replay, churn, forget, completion-abort, completion-drop, completion-mismatch, world-mismatch, sym-skip, sym-abort, sym-leave, sym-kill or dev-skip"
         ),
     }
 }
@@ -902,6 +907,49 @@ fn symmetric_skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
 }
 
 /// Every element of `got` is the sum of every rank's `rank + 1`.
+/// `sym-leave` (see the module's list): each backend's documented outcome, and its time.
+fn symmetric_leave(vendor: Vendor) -> anyhow::Result<()> {
+    let comm = unicomm::from_env(vendor).context("joining the job")?;
+    let (r, w) = (comm.rank(), comm.world_size());
+    ensure!(w >= 2, "needs at least 2 ranks");
+    let st = comm.create_stream()?;
+    let n = 4096;
+    let sym = comm.alloc_symmetric::<f32>(n)?;
+    let mut out = comm.alloc::<f32>(n)?;
+    let algo = (ReduceOp::Sum, unicomm::SymmetricAlgorithm::OneShot);
+    sym.write_from_host(&vec![(r + 1) as f32; n], &st)?;
+    comm.all_reduce_symmetric(&sym, n, &mut out, algo, &st)?;
+    summed_ranks(&out.copy_to_host(&st)?, r, w)?;
+    if r != 0 {
+        drop(sym);
+        comm.finalize()?;
+        println!("faults sym-leave: rank {r} released its part and finalized; PASSED");
+        return Ok(());
+    }
+    let limit = deadline(&comm);
+    let mock = vendor == Vendor::Mock;
+    let t = Instant::now();
+    comm.all_reduce_symmetric(&sym, n, &mut out, algo, &st)?;
+    let e = st
+        .synchronize()
+        .err()
+        .context("rank 0: the all-reduce completed without its peer")?;
+    let waited = t.elapsed();
+    let ok = match mock {
+        true => {
+            matches!(&e, Error::Mismatch { what, .. } if *what == "the number of symmetric calls")
+                && waited < Duration::from_secs(5)
+        }
+        false => matches!(e, Error::Timeout { .. }) && waited < limit + Duration::from_secs(5),
+    };
+    ensure!(ok, "rank 0: {e} after {waited:?} (deadline {limit:?})");
+    println!(
+        "faults sym-leave: rank 0: {e} after {:.2} s (deadline {limit:?}); PASSED",
+        waited.as_secs_f64()
+    );
+    Ok(())
+}
+
 fn summed_ranks(got: &[f32], r: usize, w: usize) -> anyhow::Result<()> {
     let want = (w * (w + 1) / 2) as f32;
     ensure!(

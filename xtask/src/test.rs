@@ -102,6 +102,8 @@ fn mock_examples(o: &Opts) -> Result<()> {
         ("faults", 2, &["--scenario", "abort"], &[], &[]),
         ("faults", 2, &["--scenario", "forget"], &[], &[]),
         ("faults", 2, &["--scenario", "completion-abort"], &[], &[]),
+        // A peer that released its symmetric part: named at once, not at the deadline.
+        ("faults", 2, &["--scenario", "sym-leave"], &[], &[]),
         // A rank SIGKILLed during the replays of a captured graph.
         ("faults", 3, &["--scenario", "kill-replay"], &fast[..], &[2]),
         // A rank SIGKILLed; the survivors shrink and go on (also without rank 0, whose

@@ -119,7 +119,19 @@ fn read_bounded(path: &Path) -> Result<String> {
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
         .open(path)
         .with_context(|| format!("opening {}", path.display()))?;
+    // Its size, known before a byte is read: a larger file is refused at once (it was read
+    // up to the bound first, 256 MiB of a 1 GiB file).
+    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if size > MAX_DUMP_BYTES {
+        bail!(
+            "{}: {} MiB, larger than {} MiB: not a dump",
+            path.display(),
+            size >> 20,
+            MAX_DUMP_BYTES >> 20
+        );
+    }
     let mut text = String::new();
+    // Bounded still: the file may grow while it is read.
     f.take(MAX_DUMP_BYTES + 1)
         .read_to_string(&mut text)
         .with_context(|| format!("reading {}", path.display()))?;
@@ -414,6 +426,21 @@ mod tests {
             a.contains("ends at the same operation, sequence number 1 (all_reduce of 4 float32"),
             "{a}"
         );
+    }
+
+    #[test]
+    fn a_file_larger_than_a_dump_is_refused_by_its_size_before_any_read() {
+        let dir = std::env::temp_dir().join(format!("unicomm-trace-big-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("flight-0.txt");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        let e = read_bounded(&path).unwrap_err().to_string();
+        // Only the file's size says 1024: a read stops at the bound.
+        assert!(e.contains("1024 MiB"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -75,8 +75,14 @@ impl Client {
             let mut w = W::default();
             w.0.extend_from_slice(&self.secret);
             w.u64(self.rank as u64).u8(kind).u64(self.world as u64);
-            send_frame(&mut s, &w.0).map_err(|e| self.lost(e))?;
-            match recv_frame_within(&mut s, 16, deadline) {
+            // A hello the hub does not take (a secret that is not its own) ends with the
+            // connection closed unacknowledged, before or after the hello is sent: the
+            // same as a hub busy with strangers, retried, and named as either at the end;
+            // never the hub's loss (which poisons the world).
+            let answer = send_frame(&mut s, &w.0)
+                .map_err(|e| e.to_string())
+                .and_then(|()| recv_frame_within(&mut s, 16, deadline).map_err(|e| e.to_string()));
+            match answer {
                 Ok(ack) if ack == [0] => {
                     let _ = s.set_read_timeout(None);
                     return Ok(s);
@@ -86,8 +92,8 @@ impl Client {
                 Err(e) if std::time::Instant::now() >= deadline => {
                     return Err(Error::Bootstrap {
                         reason: format!(
-                            "rank {}: the mock's hub did not accept this rank (busy with strangers' connections past the deadline): {e}",
-                            self.rank
+                            "rank {}: the mock's hub at {} closed this rank's connections unacknowledged until the deadline: the unique id's secret is not this hub's (an id of another job or run), or the hub was busy with strangers' connections ({e})",
+                            self.rank, self.addr
                         ),
                     })
                 }

@@ -228,3 +228,25 @@ fn a_request_waiting_in_the_hubs_loop_ends_at_its_deadline() {
     assert!(matches!(hub.fabric.poisoned(), Some(Error::Timeout { .. })));
     drop(hub);
 }
+
+/// A rank given a unique id whose secret is not the hub's is refused as a bootstrap error
+/// naming the secret, not as the hub's loss (`Aborted`, "cannot reach the hub").
+#[test]
+fn a_wrong_secret_is_named_not_taken_for_the_hubs_loss() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (hub, id) = Hub::start(2, Duration::from_secs(30)).unwrap();
+    let mut secret = id.secret;
+    secret[0] ^= 0xff;
+    let wrong = super::wire::HubId {
+        port: id.port,
+        secret,
+    };
+    let e = Client::connect(&wrong, (1, 2), Duration::from_secs(2))
+        .err()
+        .expect("a wrong secret joins nothing");
+    match &e {
+        Error::Bootstrap { reason } => assert!(reason.contains("secret"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    drop(hub);
+}
