@@ -125,21 +125,7 @@ fn serve_file(
     }: Deadline,
 ) -> Result<()> {
     let world = world_bytes(env);
-    let keystream = |n: &[u8; 16], k: usize| keystream(env, n, k);
-    let id = *id;
-    let n = nonce()?;
-    let mut sealed = id;
-    for (k, chunk) in sealed.chunks_mut(32).enumerate() {
-        chunk
-            .iter_mut()
-            .zip(keystream(&n, k))
-            .for_each(|(b, k)| *b ^= k);
-    }
-    let tag = mac(&env.token, b"file-id", &[&n, &world, &sealed]);
-    let mut bytes = Vec::with_capacity(FILE_LEN);
-    for part in [&FILE_MAGIC[..], &n, &world, &sealed, &tag] {
-        bytes.extend_from_slice(part);
-    }
+    let (n, bytes) = sealed_file(env, id)?;
     write_atomically(path, &bytes)?;
     let mut acked = vec![false; env.world_size];
     acked[0] = true;
@@ -151,23 +137,7 @@ fn serve_file(
         // second at 4,096 ranks on a shared file system); and by name, up to
         // `BY_NAME` missing ranks a poll in turn, so that a directory crowded past the
         // listing's bound (another job's 10,000 files) hides no acknowledgement.
-        let mut present: Vec<usize> = match listed_acks(path, env.world_size) {
-            Ok(v) => v,
-            Err(_) => (1..env.world_size).collect(),
-        };
-        let waiting: Vec<usize> = (1..env.world_size).filter(|&r| !acked[r]).collect();
-        if !waiting.is_empty() {
-            turn %= waiting.len();
-            present.extend(
-                waiting
-                    .iter()
-                    .cycle()
-                    .skip(turn)
-                    .take(BY_NAME.min(waiting.len())),
-            );
-            turn += BY_NAME;
-        }
-        for r in present {
+        for r in to_look_at(path, &acked, &mut turn) {
             if acked.get(r) != Some(&false) {
                 continue;
             }
@@ -205,6 +175,48 @@ fn serve_file(
         let _ = std::fs::remove_file(ack_path(path, r));
     }
     Ok(())
+}
+
+/// Rank 0's file for `id`: sealed and authenticated under a fresh nonce; the nonce and the
+/// file's bytes.
+fn sealed_file(env: &LaunchEnv, id: &[u8; 128]) -> Result<([u8; 16], Vec<u8>)> {
+    let world = world_bytes(env);
+    let n = nonce()?;
+    let mut sealed = *id;
+    for (k, chunk) in sealed.chunks_mut(32).enumerate() {
+        chunk
+            .iter_mut()
+            .zip(keystream(env, &n, k))
+            .for_each(|(b, k)| *b ^= k);
+    }
+    let tag = mac(&env.token, b"file-id", &[&n, &world, &sealed]);
+    let mut bytes = Vec::with_capacity(FILE_LEN);
+    for part in [&FILE_MAGIC[..], &n, &world, &sealed, &tag] {
+        bytes.extend_from_slice(part);
+    }
+    Ok((n, bytes))
+}
+
+/// The ranks whose acknowledgement rank 0 looks at in this poll: those its bounded listing
+/// shows, and up to [`BY_NAME`] of the missing ones by name, in turn from `turn`.
+fn to_look_at(path: &std::path::Path, acked: &[bool], turn: &mut usize) -> Vec<usize> {
+    let world = acked.len();
+    let mut present: Vec<usize> = match listed_acks(path, world) {
+        Ok(v) => v,
+        Err(_) => (1..world).collect(),
+    };
+    let waiting: Vec<usize> = (1..world).filter(|&r| !acked[r]).collect();
+    if !waiting.is_empty() {
+        *turn %= waiting.len();
+        let by_name = waiting
+            .iter()
+            .cycle()
+            .skip(*turn)
+            .take(BY_NAME.min(waiting.len()));
+        present.extend(by_name);
+        *turn += BY_NAME;
+    }
+    present
 }
 
 /// Another rank's side: the id taken from a file that proves the job's token, then

@@ -223,11 +223,11 @@ fn attempt<C: Collective>(
     let got = (|| {
         let b = made.insert(Bufs {
             out: c.alloc::<f32>(N)?,
-            residual: c.upload(&vec![0.0f32; N], &st)?,
-            weight: c.upload(&vec![1.0f32; HIDDEN], &st)?,
+            residual: c.upload(&[0.0f32; N], &st)?,
+            weight: c.upload(&[1.0f32; HIDDEN], &st)?,
             sym,
         });
-        b.sym.write_from_host(&vec![(r + 1) as f32; N], &st)?;
+        b.sym.write_from_host(&[(r + 1) as f32; N], &st)?;
         call(c, b, (d, algorithm), odd, &st)?;
         st.synchronize()
     })();
@@ -236,7 +236,7 @@ fn attempt<C: Collective>(
         .as_mut()
         .ok_or_else(|| Error::invalid("disagreement", "no buffers"))?;
     if after {
-        b.sym.write_from_host(&vec![(r + 1) as f32; N], &st)?;
+        b.sym.write_from_host(&[(r + 1) as f32; N], &st)?;
         c.all_reduce_symmetric(&b.sym, N, &mut b.out, (ReduceOp::Sum, algorithm), &st)?;
         let got = b.out.copy_to_host(&st)?;
         let want = (w * (w + 1) / 2) as f32;

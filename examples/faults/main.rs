@@ -43,7 +43,8 @@
 //! - `sym-leave`: rank 1 drops its symmetric allocation and finalizes its communicator
 //!   after one agreed all-reduce; rank 0's next all-reduce waits for it: on the mock it ends
 //!   at once with `Mismatch` ("the number of symmetric calls", the peer's departure word),
-//!   on a GPU backend with `Timeout` at the deadline (no departure word there yet).
+//!   on a GPU backend with `Timeout` at the deadline (no departure word there yet; rank 1's
+//!   finalize, which waits for rank 0's pending kernel as NCCL's does, ends then too).
 //! - `sym-kill`: `kill-replay` with the graph a one-shot all-reduce of unicomm's on
 //!   symmetric memory: the survivor's kernel, waiting on the device for the dead peer, ends
 //!   by its deadline (or the abort that the loss causes), never hangs the GPU.
@@ -920,14 +921,18 @@ fn symmetric_leave(vendor: Vendor) -> anyhow::Result<()> {
     sym.write_from_host(&vec![(r + 1) as f32; n], &st)?;
     comm.all_reduce_symmetric(&sym, n, &mut out, algo, &st)?;
     summed_ranks(&out.copy_to_host(&st)?, r, w)?;
+    let mock = vendor == Vendor::Mock;
     if r != 0 {
         drop(sym);
-        comm.finalize()?;
-        println!("faults sym-leave: rank {r} released its part and finalized; PASSED");
+        // NCCL's finalize waits for the peers' pending work: on a GPU it ends when rank 0's
+        // kernel does (at its deadline), or at this rank's own; the mock's returns at once.
+        let fin = comm.finalize();
+        ensure!(!mock || fin.is_ok(), "rank {r}: finalize: {fin:?}");
+        let how = fin.map_or_else(|e| format!("its finalize: {e}"), |()| "finalized".into());
+        println!("faults sym-leave: rank {r} released its part; {how}; PASSED");
         return Ok(());
     }
     let limit = deadline(&comm);
-    let mock = vendor == Vendor::Mock;
     let t = Instant::now();
     comm.all_reduce_symmetric(&sym, n, &mut out, algo, &st)?;
     let e = st

@@ -16,9 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
-use unicomm_core::symmetric::{
-    pad_arrival, pad_signature, SymmetricAlgorithm, PAD_EPOCH, SIGNATURE_WORDS,
-};
+use unicomm_core::symmetric::{pad_arrival, LAMPORT_HEADER, PAD_EPOCH, PAD_GONE, SIGNATURE_WORDS};
 use unicomm_core::{DataType, Error, ReduceOp, Result};
 
 use super::table::Record;
@@ -155,6 +153,139 @@ pub(crate) fn pad_word(rec: &Record, p: usize, at: usize) -> &AtomicU32 {
     unsafe { &*((rec.pad(p) + at) as *const AtomicU32) }
 }
 
+/// The largest value a signature word holds: a word with its top bit set is the poison.
+pub(crate) const WORD: u32 = 0x7fff_ffff;
+
+/// One Lamport slot as this rank sees it: its header ([`LAMPORT_HEADER`] bytes of signature
+/// words), then the data's bytes; every access checked against them.
+#[derive(Clone, Copy)]
+pub(crate) struct Slot<'a> {
+    rec: &'a Record,
+    at: usize,
+}
+
+/// An access past what a kernel's checks allow: a bug in the mock, refused, never done.
+fn outside(what: &str) -> Error {
+    Error::invalid(
+        "symmetric",
+        format!("{what} outside its slot (a bug in the mock's kernels)"),
+    )
+}
+
+impl Record {
+    /// Rank `p`'s Lamport workspace `b` (0..3), slot `s`.
+    pub(crate) fn slot(&self, p: usize, b: usize, s: usize) -> Result<Slot<'_>> {
+        let w = self.bases.len();
+        if self.lamport.is_none() || p >= w || s >= w || b >= 3 {
+            return Err(outside("a Lamport slot"));
+        }
+        Ok(Slot {
+            rec: self,
+            at: self.lamport_slot(p, b, s),
+        })
+    }
+
+    /// Element `i` of rank `p`'s data, as bits.
+    pub(crate) fn data(&self, ty: Ty, p: usize, i: usize) -> Result<u32> {
+        match (i + 1).checked_mul(ty.size()) {
+            Some(end) if end <= self.bytes && p < self.bases.len() => {
+                // SAFETY: inside rank `p`'s data (`bytes`), which this record keeps mapped;
+                // aligned (256-byte parts, elements of their size).
+                Ok(unsafe { ty.load(self.bases[p], i) })
+            }
+            _ => Err(outside("a data element")),
+        }
+    }
+
+    /// Stores bits `x` as element `i` of this rank's own data.
+    pub(crate) fn set_own(&self, ty: Ty, i: usize, x: u32) -> Result<()> {
+        match (i + 1).checked_mul(ty.size()) {
+            Some(end) if end <= self.bytes => {
+                // SAFETY: inside this rank's data (`bytes`), which this record keeps mapped;
+                // aligned.
+                unsafe { ty.store(self.bases[self.rank], i, x) };
+                Ok(())
+            }
+            _ => Err(outside("a data element")),
+        }
+    }
+
+    /// Rank `p`'s whole workspace `b` filled with the poison of `ty`.
+    pub(crate) fn clear_workspace(&self, ty: Ty, p: usize, b: usize) -> Result<()> {
+        let first = self.slot(p, b, 0)?;
+        for i in 0..self.bases.len() * self.lamport_stride() / ty.size() {
+            // SAFETY: inside workspace `b` of rank `p` (`world` slots of `lamport_stride`
+            // bytes from its first), which this record keeps mapped; aligned.
+            unsafe { ty.store(first.at, i, ty.poison()) };
+        }
+        Ok(())
+    }
+}
+
+impl Slot<'_> {
+    fn word(&self, i: usize) -> &AtomicU32 {
+        // SAFETY: the header's `SIGNATURE_WORDS` words (the index is reduced to them) at
+        // the start of a slot of a live mapping; 32-byte aligned (slots are laid out in
+        // multiples of 32 bytes from 256-byte aligned parts).
+        unsafe { &*((self.at + 4 * (i % SIGNATURE_WORDS)) as *const AtomicU32) }
+    }
+
+    /// Whether the header was written (its first word is not the poison).
+    pub(crate) fn written(&self) -> bool {
+        self.word(0).load(Ordering::Acquire) >> 31 == 0
+    }
+
+    pub(crate) fn header(&self) -> [u32; SIGNATURE_WORDS] {
+        std::array::from_fn(|i| self.word(i).load(Ordering::Relaxed))
+    }
+
+    /// `sig` as the header, its first word stored last.
+    pub(crate) fn set_header(&self, sig: &[u32; SIGNATURE_WORDS]) {
+        for (i, &x) in sig.iter().enumerate().skip(1) {
+            self.word(i).store(x, Ordering::Relaxed);
+        }
+        self.word(0).store(sig[0], Ordering::Release);
+    }
+
+    /// Element `i` of the slot's data, as bits.
+    pub(crate) fn load(&self, ty: Ty, i: usize) -> Result<u32> {
+        self.check(ty, i)?;
+        // SAFETY: inside the slot's data (checked), of a live mapping; aligned.
+        Ok(unsafe { ty.load(self.at + LAMPORT_HEADER, i) })
+    }
+
+    /// Stores bits `x` as element `i` of the slot's data.
+    pub(crate) fn store(&self, ty: Ty, i: usize, x: u32) -> Result<()> {
+        self.check(ty, i)?;
+        // SAFETY: as `load`.
+        unsafe { ty.store(self.at + LAMPORT_HEADER, i, x) };
+        Ok(())
+    }
+
+    fn check(&self, ty: Ty, i: usize) -> Result<()> {
+        match (i + 1).checked_mul(ty.size()) {
+            Some(end) if end <= self.rec.pad_at => Ok(()),
+            _ => Err(outside("a slot's element")),
+        }
+    }
+}
+
+impl Drop for Record {
+    /// The last holder of this rank's view (the allocation's handle, a pending kernel, a
+    /// graph's step) is gone, so this rank will never run another kernel on the allocation:
+    /// its departure word tells the peers that still wait on it.
+    fn drop(&mut self) {
+        pad_word(self, self.rank, PAD_GONE).store(1, Ordering::Release);
+    }
+}
+
+impl Record {
+    /// Whether rank `p` released its part ([`PAD_GONE`]).
+    pub(crate) fn gone(&self, p: usize) -> bool {
+        pad_word(self, p, PAD_GONE).load(Ordering::Acquire) == 1
+    }
+}
+
 /// One run of a kernel on one rank: the allocation, the world, until when, and the
 /// signature of the call every rank must make alike.
 pub(crate) struct Run {
@@ -242,8 +373,9 @@ impl Run {
     }
 
     /// The barrier: this rank's epoch advanced, written into every rank's arrival word for
-    /// it, then every rank's word for this epoch awaited. Its epoch.
-    pub(crate) fn barrier(&self) -> Result<u32> {
+    /// it, then every rank's word for this epoch awaited, `diverged(p, e)` watched while
+    /// rank `p` is. Its epoch.
+    pub(crate) fn barrier(&self, diverged: impl Fn(usize, u32) -> Option<Error>) -> Result<u32> {
         let (me, w) = (self.ctx.rank, self.world());
         let e = self
             .word(me, PAD_EPOCH)
@@ -260,107 +392,11 @@ impl Run {
                     format!("a symmetric barrier of rank {me} (epoch {e}): rank {p} never arrived")
                 }),
                 || word.load(Ordering::Acquire).wrapping_sub(e) as i32 >= 0,
-                || super::lamport::in_lamport(self, p, e),
+                || diverged(p, e),
             )?;
         }
         Ok(e)
     }
-
-    /// The call's signature published in this rank's pad, the first barrier, and every
-    /// rank's compared: `Mismatch` on every rank where any differs (every rank reads the
-    /// same words: each stays in place until its rank's next first barrier, which no rank
-    /// passes before every rank read them).
-    pub(crate) fn agree(&self) -> Result<()> {
-        let me = self.ctx.rank;
-        let next = self
-            .word(me, PAD_EPOCH)
-            .load(Ordering::Relaxed)
-            .wrapping_add(1);
-        for (i, &w) in self.sig.iter().enumerate() {
-            self.word(me, pad_signature(next) + 4 * i)
-                .store(w, Ordering::Relaxed);
-        }
-        let e = self.barrier()?;
-        for p in 0..self.world() {
-            let theirs = self.words(p, pad_signature(e));
-            unicomm_core::symmetric::compare(me, &self.sig, p, &theirs)?;
-        }
-        Ok(())
-    }
-}
-
-/// What an all-reduce kernel computes.
-pub(crate) struct Reduce {
-    pub count: usize,
-    pub ty: Ty,
-    pub op: ReduceOp,
-    pub algorithm: SymmetricAlgorithm,
-    pub out: Local,
-    pub norm: Option<Norm>,
-}
-
-/// The fused residual add and RMSNorm.
-pub(crate) struct Norm {
-    pub residual: Local,
-    pub weight: Local,
-    pub hidden: usize,
-    pub eps: f32,
-}
-
-/// One all-reduce on this rank: its result, as bits (written, or normed, by the caller).
-pub(crate) fn sums(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
-    match k.algorithm {
-        SymmetricAlgorithm::OneShot => one_shot(run, k),
-        SymmetricAlgorithm::TwoShot => two_shot(run, k),
-        SymmetricAlgorithm::Lamport => super::lamport::lamport(run, k),
-    }
-}
-
-/// Every rank's first `count` elements reduced in rank order, read between two barriers.
-fn one_shot(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
-    run.agree()?;
-    let sums = reduce_range(run, k, 0..k.count);
-    run.barrier()?;
-    Ok(sums)
-}
-
-/// Chunk `r` of every rank reduced by rank `r` into its own chunk, a barrier, every chunk
-/// read from its rank, a barrier.
-fn two_shot(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
-    let (me, w) = (run.ctx.rank, run.world());
-    run.agree()?;
-    let chunk = |r: usize| (k.count * r / w)..(k.count * (r + 1) / w);
-    let mine = chunk(me);
-    let part = reduce_range(run, k, mine.clone());
-    for (i, b) in mine.zip(part) {
-        // SAFETY: element `i < count` of this rank's data (count checked against the
-        // allocation at enqueue); only this rank writes its chunk in this phase.
-        unsafe { k.ty.store(run.rec.bases[me], i, b) };
-    }
-    run.barrier()?;
-    let mut sums = vec![0u32; k.count];
-    for r in 0..w {
-        for i in chunk(r) {
-            // SAFETY: element `i < count` of rank `r`'s data, written before the barrier.
-            sums[i] = unsafe { k.ty.load(run.rec.bases[r], i) };
-        }
-    }
-    run.barrier()?;
-    Ok(sums)
-}
-
-/// Elements `range` of every rank's data reduced in rank order.
-fn reduce_range(run: &Run, k: &Reduce, range: std::ops::Range<usize>) -> Vec<u32> {
-    range
-        .map(|i| {
-            // SAFETY: element `i < count` of a rank's data (count checked against the
-            // allocation at enqueue), inside its mapping, which the record keeps.
-            let load = |b: usize| unsafe { k.ty.load(b, i) };
-            let mut ranks = run.rec.bases.iter();
-            let first = ranks.next().map_or(0, |&b| load(b));
-            ranks.fold(first, |acc, &b| k.ty.reduce(k.op, acc, load(b)))
-        })
-        .collect()
 }
 
 /// `bits` written to `out` under its allocation's write lock.

@@ -23,12 +23,14 @@ use crate::comm::MockComm;
 use crate::fabric::{Desc, Signature};
 use crate::memory::MockMemory;
 use crate::stream::MockStream;
-use kernels::{Local, Norm, Reduce, Run, Ty};
+use kernels::{Local, Run, Ty};
+use protocol::{Norm, Reduce};
 use table::{unknown, Record};
 
 pub(crate) mod kernels;
 mod lamport;
 mod norm;
+mod protocol;
 pub(crate) mod table;
 
 /// Rounds `n` up to a multiple of 256.
@@ -222,9 +224,9 @@ impl MockComm {
                     sig,
                 };
                 match &kernel {
-                    None => run.agree(),
+                    None => protocol::agree(&run),
                     Some(k) => {
-                        let sums = kernels::sums(&run, k)?;
+                        let sums = sums(&run, k)?;
                         let t = run.ctx.timeout;
                         match &k.norm {
                             None => kernels::write(&k.out, k.ty, &sums, t),
@@ -280,6 +282,15 @@ impl MockComm {
             hidden: n.hidden,
             eps: n.eps,
         })
+    }
+}
+
+/// One all-reduce on this rank: its result, as bits (written, or normed, by the caller).
+fn sums(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
+    match k.algorithm {
+        SymmetricAlgorithm::OneShot => protocol::one_shot(run, k),
+        SymmetricAlgorithm::TwoShot => protocol::two_shot(run, k),
+        SymmetricAlgorithm::Lamport => lamport::lamport(run, k),
     }
 }
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use unicomm_core::{ReduceOp, Result};
 
-use super::kernels::{put, read, Local, Norm, Ty};
+use super::kernels::{put, read, Local, Ty};
+use super::protocol::Norm;
 
 /// `sums` (the all-reduce's result, as bits) added to `n.residual` (overwritten with the
 /// sum) and normalised into `out`. Each allocation is locked on its own, in turn (the

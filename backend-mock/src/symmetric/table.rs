@@ -2,11 +2,10 @@
 //! ([`Record`]): its own memory, its mappings of the peers', where each part lies.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use unicomm_core::registry::RawHandle;
-use unicomm_core::symmetric::{LAMPORT_HEADER, PAD_BYTES, PAD_GONE};
+use unicomm_core::symmetric::{LAMPORT_HEADER, PAD_BYTES};
 use unicomm_core::{DataType, Error, Result};
 
 use crate::memory::MockMemory;
@@ -27,22 +26,6 @@ pub(crate) struct Record {
     pub lamport: Option<DataType>,
     /// This rank.
     pub rank: usize,
-}
-
-impl Drop for Record {
-    /// The last holder of this rank's view (the allocation's handle, a pending kernel, a
-    /// graph's step) is gone, so this rank will never run another kernel on the allocation:
-    /// its departure word tells the peers that still wait on it.
-    fn drop(&mut self) {
-        super::kernels::pad_word(self, self.rank, PAD_GONE).store(1, Ordering::Release);
-    }
-}
-
-impl Record {
-    /// Whether rank `p` released its part ([`PAD_GONE`]).
-    pub(crate) fn gone(&self, p: usize) -> bool {
-        super::kernels::pad_word(self, p, PAD_GONE).load(Ordering::Acquire) == 1
-    }
 }
 
 impl Record {

@@ -9,7 +9,9 @@ use crate::op::Slice;
 use crate::registry::RawHandle;
 use crate::{DataType, Error, Result};
 
+mod algorithm;
 mod signature;
+pub use algorithm::SymmetricAlgorithm;
 pub use signature::{
     compare, mismatch, with_word, Signature, SignedOp, LAMPORT_HEADER, SIGNATURE_ROUND,
     SIGNATURE_WORDS,
@@ -60,36 +62,6 @@ pub const fn pad_signature(e: u32) -> usize {
 /// passed once every peer's word, read as `(word - e) as i32`, is at least 0).
 pub const fn pad_arrival(p: usize) -> usize {
     8 + 4 * p
-}
-
-/// How unicomm's own all-reduce moves the data over symmetric memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SymmetricAlgorithm {
-    /// Every rank reads every peer's input and reduces it all: one barrier before (the
-    /// inputs are ready) and one after (no rank reads an input any more). Latency-bound
-    /// sizes.
-    OneShot,
-    /// Reduce-scatter by peer loads (rank `r` reduces chunk `r` of every input into its own
-    /// input's chunk `r`), a barrier, then all-gather by peer loads: less traffic per rank
-    /// for larger sizes. The input's chunks are overwritten by their sums.
-    TwoShot,
-    /// Every rank stores its input into each peer's slot of a workspace filled with a
-    /// poison value (negative zero), and each reduces its slots once none holds the poison:
-    /// no barrier (safe to replay from a graph back to back), three workspaces in turn. An
-    /// input's negative zeros are sent as positive zeros. Float types only; the allocation
-    /// must carry the workspace ([`Comm::alloc_symmetric_lamport`](crate::Comm::alloc_symmetric_lamport)).
-    Lamport,
-}
-
-impl SymmetricAlgorithm {
-    /// Its name, for logs and benchmark modes.
-    pub fn name(self) -> &'static str {
-        match self {
-            SymmetricAlgorithm::OneShot => "one-shot",
-            SymmetricAlgorithm::TwoShot => "two-shot",
-            SymmetricAlgorithm::Lamport => "lamport",
-        }
-    }
 }
 
 /// One rank's view of a symmetric allocation, as a backend made it.

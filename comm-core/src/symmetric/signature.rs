@@ -10,7 +10,7 @@
 use crate::element::ReduceOp;
 use crate::{DataType, Error};
 
-use super::SymmetricAlgorithm;
+use super::algorithm::SymmetricAlgorithm;
 
 /// `u32` words of a signature (32 bytes: the header of a Lamport slot).
 pub const SIGNATURE_WORDS: usize = 8;
