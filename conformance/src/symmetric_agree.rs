@@ -271,7 +271,7 @@ fn dtype_attempt<C: Collective>(
         };
         let got = (|| {
             let mut out = c.alloc::<bf16>(2 * N)?;
-            x.write_from_host(&vec![bf16::ONE; 2 * N], &st)?;
+            x.write_from_host(&[bf16::ONE; 2 * N], &st)?;
             c.all_reduce_symmetric(&x, 2 * N, &mut out, how, &st)?;
             st.synchronize()
         })();
@@ -283,7 +283,7 @@ fn dtype_attempt<C: Collective>(
         };
         let got = (|| {
             let mut out = c.alloc::<f32>(N)?;
-            x.write_from_host(&vec![1.0f32; N], &st)?;
+            x.write_from_host(&[1.0f32; N], &st)?;
             c.all_reduce_symmetric(&x, N, &mut out, how, &st)?;
             st.synchronize()
         })();
