@@ -1,28 +1,109 @@
-//! The limits of the OCP 8-bit floats, right: `float8` 0.7's `F8E4M3::MAX` is 416 (OCP
-//! e4m3fn's largest finite value is 448, bit pattern 0x7E), its `F8E4M3::INFINITY` is 448
-//! (e4m3fn has no infinity), its `F8E5M2::MAX` is 49152 (e5m2's is 57344, 0x7B) and its
-//! `F8E5M2::INFINITY` is 57344 (e5m2's infinity is 0x7C). Its conversions are right (every
-//! one of the 256 patterns of each is tested against the OCP definition below): use these
-//! constants instead of the types' own.
+//! The OCP 8-bit floats as collectives' elements: [`F8E4M3`] (e4m3fn: no infinity, NaN at
+//! all ones, 448 its largest finite value) and [`F8E5M2`] (IEEE-like: infinities, 57344 its
+//! largest finite value). Each wraps the `float8` crate's type of the same name, whose
+//! conversions are right (every one of the 256 patterns of each is tested below against the
+//! OCP definition) but whose constants are not (`float8` 0.7: `F8E4M3::MAX` 416,
+//! `F8E5M2::MAX` 49152, `F8E5M2::INFINITY` 57344): these types' constants are OCP's, and
+//! `From` converts to and from `float8`'s for code that holds those.
 
-use float8::{F8E4M3, F8E5M2};
+use std::fmt;
 
-/// e4m3fn's largest finite value, 448.
-pub const E4M3_MAX: F8E4M3 = F8E4M3::from_bits(0x7E);
-/// e4m3fn's most negative finite value, -448.
-pub const E4M3_MIN: F8E4M3 = F8E4M3::from_bits(0xFE);
-/// e4m3fn's NaN (it has no infinity).
-pub const E4M3_NAN: F8E4M3 = F8E4M3::from_bits(0x7F);
-/// e5m2's largest finite value, 57344.
-pub const E5M2_MAX: F8E5M2 = F8E5M2::from_bits(0x7B);
-/// e5m2's most negative finite value, -57344.
-pub const E5M2_MIN: F8E5M2 = F8E5M2::from_bits(0xFB);
-/// e5m2's positive infinity.
-pub const E5M2_INFINITY: F8E5M2 = F8E5M2::from_bits(0x7C);
-/// e5m2's negative infinity.
-pub const E5M2_NEG_INFINITY: F8E5M2 = F8E5M2::from_bits(0xFC);
-/// A NaN of e5m2.
-pub const E5M2_NAN: F8E5M2 = F8E5M2::from_bits(0x7E);
+macro_rules! fp8 {
+    ($(#[$doc:meta])* $t:ident, $max:expr, $min:expr, $nan:expr) => {
+        $(#[$doc])*
+        #[repr(transparent)]
+        #[derive(Clone, Copy, Default, PartialEq, PartialOrd)]
+        pub struct $t(float8::$t);
+
+        impl $t {
+            /// Zero.
+            pub const ZERO: $t = $t::from_bits(0x00);
+            /// One.
+            pub const ONE: $t = $t(float8::$t::ONE);
+            /// The largest finite value (OCP's).
+            pub const MAX: $t = $t::from_bits($max);
+            /// The most negative finite value (OCP's).
+            pub const MIN: $t = $t::from_bits($min);
+            /// A NaN.
+            pub const NAN: $t = $t::from_bits($nan);
+
+            /// The value of these bits.
+            pub const fn from_bits(bits: u8) -> $t {
+                $t(float8::$t::from_bits(bits))
+            }
+            /// Its bits.
+            pub const fn to_bits(self) -> u8 {
+                self.0.to_bits()
+            }
+            /// `x` rounded to nearest (even), saturating as `float8` does.
+            pub fn from_f32(x: f32) -> $t {
+                $t(float8::$t::from_f32(x))
+            }
+            /// `x` rounded to nearest (even), saturating as `float8` does.
+            pub fn from_f64(x: f64) -> $t {
+                $t(float8::$t::from_f64(x))
+            }
+            /// Its value (exact).
+            pub fn to_f32(self) -> f32 {
+                self.0.to_f32()
+            }
+            /// Its value (exact).
+            pub fn to_f64(self) -> f64 {
+                self.0.to_f64()
+            }
+            /// Whether it is a NaN.
+            pub fn is_nan(self) -> bool {
+                self.to_f64().is_nan()
+            }
+        }
+
+        impl From<float8::$t> for $t {
+            fn from(x: float8::$t) -> $t {
+                $t(x)
+            }
+        }
+
+        impl From<$t> for float8::$t {
+            fn from(x: $t) -> float8::$t {
+                x.0
+            }
+        }
+
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&self.to_f32(), f)
+            }
+        }
+
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.to_f32(), f)
+            }
+        }
+    };
+}
+
+fp8!(
+    /// OCP e4m3fn, as NCCL's `ncclFloat8e4m3` holds it: no infinity, NaN at all ones.
+    F8E4M3,
+    0x7E,
+    0xFE,
+    0x7F
+);
+fp8!(
+    /// OCP e5m2, as NCCL's `ncclFloat8e5m2` holds it: infinities and NaNs as IEEE's.
+    F8E5M2,
+    0x7B,
+    0xFB,
+    0x7E
+);
+
+impl F8E5M2 {
+    /// Positive infinity.
+    pub const INFINITY: F8E5M2 = F8E5M2::from_bits(0x7C);
+    /// Negative infinity.
+    pub const NEG_INFINITY: F8E5M2 = F8E5M2::from_bits(0xFC);
+}
 
 #[cfg(test)]
 mod tests {
@@ -81,18 +162,21 @@ mod tests {
         }
     }
 
+    /// The types' constants are OCP's (float8 0.7's own are not: its e4m3 MAX is 416, its
+    /// e5m2 MAX 49152 and INFINITY 57344, re-exported as unicomm's three times over).
     #[test]
     fn the_limits_are_ocps() {
-        assert_eq!(E4M3_MAX.to_f64(), 448.0);
-        assert_eq!(E4M3_MIN.to_f64(), -448.0);
-        assert!(E4M3_NAN.to_f64().is_nan());
-        assert_eq!(E5M2_MAX.to_f64(), 57344.0);
-        assert_eq!(E5M2_MIN.to_f64(), -57344.0);
-        assert_eq!(E5M2_INFINITY.to_f64(), f64::INFINITY);
-        assert_eq!(E5M2_NEG_INFINITY.to_f64(), f64::NEG_INFINITY);
-        assert!(E5M2_NAN.to_f64().is_nan());
+        assert_eq!(F8E4M3::MAX.to_f64(), 448.0);
+        assert_eq!(F8E4M3::MIN.to_f64(), -448.0);
+        assert!(F8E4M3::NAN.is_nan());
+        assert_eq!(F8E5M2::MAX.to_f64(), 57344.0);
+        assert_eq!(F8E5M2::MIN.to_f64(), -57344.0);
+        assert_eq!(F8E5M2::INFINITY.to_f64(), f64::INFINITY);
+        assert_eq!(F8E5M2::NEG_INFINITY.to_f64(), f64::NEG_INFINITY);
+        assert!(F8E5M2::NAN.is_nan());
+        assert_eq!(F8E4M3::ONE.to_f64(), 1.0);
         // What float8 0.7 says, so that a fixed release is noticed here.
-        assert_eq!(F8E4M3::MAX.to_f64(), 416.0);
-        assert_eq!(F8E5M2::MAX.to_f64(), 49152.0);
+        assert_eq!(float8::F8E4M3::MAX.to_f64(), 416.0);
+        assert_eq!(float8::F8E5M2::MAX.to_f64(), 49152.0);
     }
 }

@@ -87,7 +87,7 @@ pub use counts::{layout_disagreement, Counts, Layout};
 pub use device_api::{DeviceCommLayout, DeviceCommRequirements, Team};
 pub use element::{DataType, Element, ReduceOp, Scalar};
 pub use error::{Error, Result};
-pub use float8::{F8E4M3, F8E5M2};
+pub use fp8::{F8E4M3, F8E5M2};
 pub use half::{bf16, f16};
 pub use layout::Zeros;
 pub use lent::{Lent, LentMut};

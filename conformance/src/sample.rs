@@ -83,7 +83,7 @@ macro_rules! sample_fp8 {
     ($($t:ty),*) => {$(
         impl Sample for $t {
             fn from_i64(v: i64) -> Self { <$t>::from_f64(v as f64) }
-            fn to_f64(self) -> f64 { <$t>::to_f64(&self) }
+            fn to_f64(self) -> f64 { <$t>::to_f64(self) }
             fn wrap(v: i128) -> Self { <$t>::from_f64(v as f64) }
             const SIGNED: bool = true;
             const NARROW: bool = true;
