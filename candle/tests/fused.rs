@@ -121,3 +121,27 @@ fn what_the_workspace_cannot_take_is_refused_naming_it() {
         assert!(ints.contains("U32"), "{ints}");
     }
 }
+
+/// Ranks whose fused steps differ in shape with the same element count (`[2, 6]` against
+/// `[3, 4]`: rows of 6 against rows of 4) get an error naming the row width on every rank,
+/// where every other op compares shapes; the kernels' signature carries the width.
+#[test]
+fn ranks_whose_shapes_differ_get_an_error_naming_the_row_width() {
+    let got = ranks(2, |c| {
+        let norm = c.fused_norm(DType::F32, 12)?;
+        let (rows, hidden) = if c.rank() == 0 { (2, 6) } else { (3, 4) };
+        let partial = input(c.rank(), 0, rows, hidden)?;
+        let residual = input(5, 0, rows, hidden)?;
+        let weight = input(9, 0, 1, hidden)?.flatten_all()?;
+        let e = norm
+            .all_reduce_rms_norm(&partial, &residual, &weight, 1e-5)
+            .and_then(|(n, _)| n.to_vec2::<f32>())
+            .err()
+            .map(|e| e.to_string());
+        Ok(e)
+    });
+    for (r, e) in got.iter().enumerate() {
+        let e = e.as_deref().unwrap_or("Ok");
+        assert!(e.contains("hidden") && e.contains("rows of"), "rank {r}: {e}");
+    }
+}
