@@ -105,16 +105,16 @@ impl Drop for Guard<'_> {
     }
 }
 
-/// Waits until `alloc` (at `addr`) is held through this `Arc` alone (no work or view holds
-/// another), at most until `deadline`.
+/// Waits until `alloc` (at `addr`) is held through this `Arc` and the `forgotten` views'
+/// alone (no work or live view holds another), at most until `deadline`.
 pub(crate) fn wait_unheld<T>(
     alloc: &Arc<T>,
     addr: usize,
-    deadline: Instant,
+    (deadline, forgotten): (Instant, usize),
     timeout: Duration,
 ) -> Result<()> {
     let mut pause = Duration::from_micros(10);
-    while Arc::strong_count(alloc) > 1 {
+    while Arc::strong_count(alloc) > 1 + forgotten {
         let now = Instant::now();
         if now >= deadline {
             return Err(Error::Timeout {

@@ -206,9 +206,20 @@ impl Drop for HostAlloc {
 
 /// A mock "device" allocation: host memory, shared with the stream workers that use it so
 /// that it lives until enqueued work is done.
-#[derive(Clone)]
 pub struct MockMemory {
     pub(crate) inner: Arc<HostAlloc>,
+    /// A lent slice's view: the mark its scope counts (never copied into a clone, so work
+    /// holding the memory is not counted as a view).
+    _view: Option<Arc<()>>,
+}
+
+impl Clone for MockMemory {
+    fn clone(&self) -> Self {
+        MockMemory {
+            inner: self.inner.clone(),
+            _view: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for MockMemory {
@@ -227,6 +238,7 @@ impl MockMemory {
     pub(crate) fn new(bytes: usize, owner: (u64, usize), shared: bool) -> Result<Self> {
         Ok(MockMemory {
             inner: Arc::new(HostAlloc::new_in(bytes, owner, shared)?),
+            _view: None,
         })
     }
 }
@@ -373,6 +385,9 @@ pub struct HostScope<'scope, 'env: 'scope, D = crate::MockComm> {
 struct Lending<'scope> {
     alloc: Arc<HostAlloc>,
     back: Option<&'scope mut [u8]>,
+    /// Held by the slice's view while it lives: one still held at the scope's end was
+    /// forgotten (`mem::forget`), as no view can outlive its scope otherwise.
+    view: Arc<()>,
 }
 
 /// A slice of a scope's caller, to be read or written.
@@ -409,10 +424,12 @@ impl<'scope, 'env, D> HostScope<'scope, 'env, D> {
                     HostBytes::Read(b) => Lending {
                         alloc: copied(b)?,
                         back: None,
+                        view: Arc::new(()),
                     },
                     HostBytes::Write(b) => Lending {
                         alloc: copied(b)?,
                         back: Some(b),
+                        view: Arc::new(()),
                     },
                 }
             }
@@ -424,6 +441,7 @@ impl<'scope, 'env, D> HostScope<'scope, 'env, D> {
                 Lending {
                     alloc: Arc::new(alloc),
                     back: None,
+                    view: Arc::new(()),
                 }
             }
             HostBytes::Write(b) => {
@@ -434,11 +452,13 @@ impl<'scope, 'env, D> HostScope<'scope, 'env, D> {
                 Lending {
                     alloc: Arc::new(alloc),
                     back: None,
+                    view: Arc::new(()),
                 }
             }
         };
         let mem = MockMemory {
             inner: lending.alloc.clone(),
+            _view: Some(lending.view.clone()),
         };
         self.lent.borrow_mut().push(lending);
         Ok(mem)
@@ -452,7 +472,10 @@ impl<'scope, 'env, D> HostScope<'scope, 'env, D> {
         let deadline = std::time::Instant::now() + timeout;
         let mut first = Ok(());
         for l in self.lent.borrow_mut().drain(..) {
-            let mut r = crate::lock::wait_unheld(&l.alloc, l.alloc.addr(), deadline, timeout);
+            // A view forgotten (`mem::forget`) holds its memory for ever: not waited for.
+            let forgotten = Arc::strong_count(&l.view) - 1;
+            let (addr, held) = (l.alloc.addr(), (deadline, forgotten));
+            let mut r = crate::lock::wait_unheld(&l.alloc, addr, held, timeout);
             // Work that used the slice and failed (a peer that never joined, an abort):
             // its failure, even where it let go of the slice before the deadline.
             if let (Ok(()), Some(e)) = (&r, l.alloc.failure.get()) {

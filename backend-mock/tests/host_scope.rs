@@ -144,3 +144,30 @@ fn a_scope_whose_work_failed_reports_the_failure_whenever_it_ends() {
         let _ = (c.abort(), peer.abort());
     }
 }
+
+/// A view forgotten with `mem::forget` holds its memory for ever, but no view can outlive
+/// its scope otherwise: the scope ends once the work is done, not at its deadline with
+/// `Timeout` (as it did, waiting for the forgotten view to let go).
+#[test]
+fn a_forgotten_view_does_not_hold_its_scope_until_the_deadline() {
+    let config = MockConfig {
+        timeout: Duration::from_secs(20),
+        ..MockConfig::default()
+    };
+    let comms = unicomm_mock::local_comms_with(1, config).unwrap();
+    let c = &comms[0];
+    let (input, mut output) = (vec![2.5f32; 64], vec![0f32; 64]);
+    let st = c.create_stream().unwrap();
+    let t = Instant::now();
+    unicomm_mock::host_scope(c.backend(), |s| {
+        let send = s.lend(&input)?;
+        let mut recv = s.lend_mut(&mut output)?;
+        c.all_reduce(&send, &mut recv, ReduceOp::Sum, &st)?;
+        st.synchronize()?;
+        std::mem::forget(send);
+        Ok(())
+    })
+    .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(output, input);
+}

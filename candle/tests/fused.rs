@@ -142,6 +142,9 @@ fn ranks_whose_shapes_differ_get_an_error_naming_the_row_width() {
     });
     for (r, e) in got.iter().enumerate() {
         let e = e.as_deref().unwrap_or("Ok");
-        assert!(e.contains("hidden") && e.contains("rows of"), "rank {r}: {e}");
+        assert!(
+            e.contains("hidden") && e.contains("rows of"),
+            "rank {r}: {e}"
+        );
     }
 }
