@@ -34,6 +34,13 @@ fn main() {
                     ),
                     Err(e) => println!("  device API: {e}"),
                 }
+                #[cfg(feature = "nccl")]
+                if vendor == unicomm::Vendor::Cuda {
+                    match unicomm::nccl::cuda().and_then(|rt| rt.symmetric_kernels_image(0)) {
+                        Ok(s) => println!("  unicomm's symmetric kernels on device 0: {s}"),
+                        Err(e) => println!("  unicomm's symmetric kernels: {e}"),
+                    }
+                }
             }
             Err(e) => println!("  no communicator: {e}"),
         }

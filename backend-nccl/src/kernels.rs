@@ -23,17 +23,27 @@ use crate::driver_error::cuda_err;
 use crate::runtime::CudaRuntime;
 use unicomm_nccl_api::Runtime;
 
-/// One module of unicomm's kernels: its PTX (sm_90, PTX ISA 9.0: CUDA 13.0's driver or
-/// newer, built from the source beside it) and its function per element type.
+/// One module of unicomm's kernels: its image (built from the source beside it) and its
+/// function per element type.
 #[derive(Debug)]
 pub(crate) struct Module {
     /// What the errors name.
     what: &'static str,
     /// The driver calls, as the errors name them.
     calls: [&'static str; 2],
-    ptx: &'static str,
+    image: Image,
     /// The functions for f32, f16, bf16.
     names: [&'static str; 3],
+}
+
+/// What a module's image is.
+#[derive(Debug)]
+enum Image {
+    /// PTX text (the device-API kernel's: sm_90, ISA 9.0, CUDA 13.0's driver or newer).
+    Ptx(&'static str),
+    /// A fat binary (the symmetric kernels': SASS for sm_90 and sm_100 and PTX of ISA 8.3,
+    /// CUDA 12.3's driver or newer).
+    Fatbin(&'static [u8]),
 }
 
 /// The symmetric kernels (nccl-api's `kernels/symmetric.cu`, one source for every
@@ -44,7 +54,7 @@ pub(crate) const SYMMETRIC: Module = Module {
         "cuModuleLoadData (unicomm's symmetric kernels)",
         "cuLaunchKernel (unicomm's symmetric kernel)",
     ],
-    ptx: kernel_args::SYMMETRIC_PTX,
+    image: Image::Fatbin(kernel_args::SYMMETRIC_IMAGE),
     names: kernel_args::SYMMETRIC_FUNCTIONS,
 };
 
@@ -55,7 +65,7 @@ pub(crate) const DEVICE_API: Module = Module {
         "cuModuleLoadData (unicomm's device-API kernel)",
         "cuLaunchKernel (unicomm's device-API kernel)",
     ],
-    ptx: include_str!("../kernels/device_api.ptx"),
+    image: Image::Ptx(include_str!("../kernels/device_api.ptx")),
     names: [
         "unicomm_device_api_one_shot_f32",
         "unicomm_device_api_one_shot_f16",
@@ -88,11 +98,33 @@ fn load(m: &Module, cc: Option<(u32, u32)>) -> Result<Kernels> {
             format!("compute capability {major}.{minor}"),
         ));
     }
-    let image = CString::new(m.ptx).map_err(|_| Error::invalid("ptx", "a NUL inside the PTX"))?;
-    // SAFETY: a NUL-terminated PTX image, loaded into the current context (the caller's
-    // `with_device`); the module is never unloaded (the process keeps it).
-    let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
-        .map_err(|e| cuda_err(m.calls[0], e))?;
+    // A PTX image is NUL-terminated text; a fat binary is copied to 8-byte aligned memory
+    // (its table's alignment; `include_bytes!` promises none).
+    let (text, words);
+    let at: *const c_void = match m.image {
+        Image::Ptx(ptx) => {
+            text = CString::new(ptx).map_err(|_| Error::invalid("ptx", "a NUL inside"))?;
+            text.as_ptr().cast()
+        }
+        Image::Fatbin(b) => {
+            words = aligned(b);
+            words.as_ptr().cast()
+        }
+    };
+    // SAFETY: a NUL-terminated PTX image or a whole fat binary, alive across the call,
+    // loaded into the current context (the caller's `with_device`); the module is never
+    // unloaded (the process keeps it).
+    let module = unsafe { result::module::load_data(at) }.map_err(|e| cuda_err(m.calls[0], e))?;
+    if let (Image::Fatbin(b), Some((major, minor))) = (&m.image, cc) {
+        let arch = major * 10 + minor;
+        let took = unicomm_nccl_api::sys::fatbin::taken_on(b, arch);
+        tracing::info!(
+            what = m.what,
+            arch,
+            image = took.map_or("none".to_string(), |t| t.to_string()),
+            "loaded"
+        );
+    }
     let function = |name: &str| -> Result<usize> {
         let n = CString::new(name).map_err(|_| Error::invalid("kernel", name.to_string()))?;
         // SAFETY: `module` was just loaded and is never unloaded.
@@ -106,6 +138,17 @@ fn load(m: &Module, cc: Option<(u32, u32)>) -> Result<Kernels> {
     })
 }
 
+/// `b` in 8-byte words (a fat binary's table is read as 8-byte fields).
+fn aligned(b: &[u8]) -> Vec<u64> {
+    let mut words = vec![0u64; b.len().div_ceil(8)];
+    for (w, chunk) in words.iter_mut().zip(b.chunks(8)) {
+        let mut x = [0u8; 8];
+        x[..chunk.len()].copy_from_slice(chunk);
+        *w = u64::from_le_bytes(x);
+    }
+    words
+}
+
 impl Kernels {
     /// The function of `dtype`.
     fn of(&self, m: &Module, dtype: DataType) -> Result<sys::CUfunction> {
@@ -115,6 +158,35 @@ impl Kernels {
 }
 
 impl CudaRuntime {
+    /// Which image of unicomm's symmetric kernels `dev`'s driver takes, the module loaded
+    /// there (at its first use, as a launch would): "SASS for sm_90", or the PTX it
+    /// compiles, with what the fat binary holds and the driver it needs.
+    pub fn symmetric_kernels_image(&self, dev: usize) -> Result<String> {
+        use unicomm_nccl_api::sys::fatbin::{images, taken_on};
+        let cc = self.capability(dev);
+        self.with_device(dev, || {
+            let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+            let k = loaded
+                .entry((SYMMETRIC.what, dev))
+                .or_insert_with(|| load(&SYMMETRIC, cc));
+            k.as_ref().map(|_| ()).map_err(Clone::clone)
+        })?;
+        let all = images(kernel_args::SYMMETRIC_IMAGE)?;
+        let held: Vec<String> = all.iter().map(|(i, _)| i.to_string()).collect();
+        let floor = kernel_args::SYMMETRIC_DRIVER_FLOOR;
+        let took = match cc {
+            Some((major, minor)) => taken_on(kernel_args::SYMMETRIC_IMAGE, major * 10 + minor)
+                .map_or("no image".into(), |t| t.to_string()),
+            None => "an image (the device's capability unknown)".into(),
+        };
+        Ok(format!(
+            "{took}, of a fat binary of {} (CUDA driver {}.{} or newer)",
+            held.join(", "),
+            floor / 1000,
+            floor % 1000 / 10
+        ))
+    }
+
     /// Launches `m`'s function of `dtype` on `dev` (the module loaded there at first use,
     /// sm_90 or newer), `blocks` blocks of [`BLOCK`] threads, with `args` (each pointing at
     /// one argument's value; the driver copies them at the launch).
@@ -221,14 +293,34 @@ impl CudaRuntime {
 
 #[cfg(test)]
 mod tests {
-    /// Each PTX holds the three entry points the loader asks for, for sm_90.
+    use super::Image;
+
+    /// Each module's PTX (the fat binary's, for the symmetric kernels) holds the three
+    /// entry points the loader asks for, for sm_90.
     #[test]
     fn each_ptx_has_every_entry_point() {
         for m in [&super::SYMMETRIC, &super::DEVICE_API] {
+            let ptx = match m.image {
+                Image::Ptx(p) => p.to_string(),
+                Image::Fatbin(b) => {
+                    let all = unicomm_nccl_api::sys::fatbin::images(b).unwrap();
+                    let ptx = all.iter().find(|(i, _)| {
+                        matches!(i, unicomm_nccl_api::sys::fatbin::FatImage::Ptx { .. })
+                    });
+                    String::from_utf8_lossy(&b[ptx.unwrap().1.clone()]).into_owned()
+                }
+            };
             for name in m.names {
-                assert!(m.ptx.contains(&format!(".entry {name}(")), "{name} missing");
+                assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
             }
-            assert!(m.ptx.contains(".target sm_90"), "{}", m.what);
+            assert!(ptx.contains(".target sm_90"), "{}", m.what);
+        }
+    }
+
+    fn device_api_ptx() -> &'static str {
+        match super::DEVICE_API.image {
+            Image::Ptx(p) => p,
+            Image::Fatbin(_) => "",
         }
     }
 
@@ -242,7 +334,7 @@ mod tests {
         assert!(src.contains(&format!("sizeof(ncclDevComm) == {BYTES}")));
         for name in super::DEVICE_API.names {
             let params = format!(".param .align 8 .b8 {name}_param_0[{BYTES}],\n\t.param .align 8 .b8 {name}_param_1[64]");
-            assert!(super::DEVICE_API.ptx.contains(&params), "{name}: {params}");
+            assert!(device_api_ptx().contains(&params), "{name}: {params}");
         }
         assert_eq!(
             std::mem::size_of::<unicomm_nccl_api::sys::kernel_args::DeviceKernelArgs>(),

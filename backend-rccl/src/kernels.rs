@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use unicomm_core::{DataType, Error, Result};
 use unicomm_nccl_api::sys::kernel_args::{
-    self, KernelParams, SYMMETRIC_BLOCK, SYMMETRIC_FUNCTIONS, SYMMETRIC_PTX,
+    self, KernelParams, SYMMETRIC_BLOCK, SYMMETRIC_FUNCTIONS, SYMMETRIC_IMAGE,
 };
 use unicomm_nccl_api::Runtime;
 
@@ -45,18 +45,24 @@ impl HipRuntime {
     }
 
     /// The module loaded into the current device: its functions, or why not. A runtime
-    /// that refuses the PTX (an AMD GPU) answers `Unsupported`, naming its error.
+    /// that refuses the image (an AMD GPU) answers `Unsupported`, naming its error.
     fn load(&self, k: &HipKernels) -> Result<[usize; 3]> {
-        let image =
-            CString::new(SYMMETRIC_PTX).map_err(|_| Error::invalid("ptx", "a NUL inside"))?;
+        // The fat binary in 8-byte words (its table's alignment; `include_bytes!` has none).
+        let mut image = vec![0u64; SYMMETRIC_IMAGE.len().div_ceil(8)];
+        for (w, chunk) in image.iter_mut().zip(SYMMETRIC_IMAGE.chunks(8)) {
+            let mut x = [0u8; 8];
+            x[..chunk.len()].copy_from_slice(chunk);
+            *w = u64::from_le_bytes(x);
+        }
         let mut module: HipModule = std::ptr::null_mut();
-        // SAFETY: a NUL-terminated image, loaded into the current device; never unloaded.
+        // SAFETY: a whole fat binary, alive across the call, loaded into the current device;
+        // never unloaded.
         let r = unsafe { (k.module_load_data)(&mut module, image.as_ptr().cast()) };
         if let Err(e) = self.check("hipModuleLoadData", r) {
             return Err(Error::unsupported(
                 WHAT,
-                "a GPU that loads their PTX (NVIDIA, sm_90 or newer, through HIP-on-CUDA); AMD GPUs need a code object built by hipcc, not built yet",
-                format!("the runtime at {} refused the PTX: {e}", self.path),
+                "a GPU that loads their image (NVIDIA, sm_90 or newer, through HIP-on-CUDA); AMD GPUs need a code object built by hipcc, not built yet",
+                format!("the runtime at {} refused the image: {e}", self.path),
             ));
         }
         let mut out = [0usize; 3];

@@ -71,6 +71,34 @@ pub(crate) fn toolkit() -> Result<PathBuf> {
     Ok(cuda)
 }
 
+/// CUDA 12.8's PTX assembler (`nvidia-cuda-nvcc-cu12`, whose wheel holds `ptxas` but no
+/// `nvcc`), installed on first use: it assembles the kernels' PTX, declared at the lowest ISA
+/// it accepts, into SASS that loads on CUDA 12 drivers.
+pub(crate) fn ptxas12() -> Result<PathBuf> {
+    let kit = target_dir("cuda-kit").join("cu12");
+    let ptxas = kit.join("nvidia/cuda_nvcc/bin/ptxas");
+    if ptxas.is_file() {
+        return Ok(ptxas);
+    }
+    let wheels = kit.join("wheels");
+    std::fs::create_dir_all(&wheels)?;
+    let mut pip = Command::new("python3");
+    pip.args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
+        .arg(&wheels)
+        .arg(PTXAS_12);
+    crate::cargo::step("download CUDA 12.8's ptxas (pip)", pip)?;
+    for w in std::fs::read_dir(&wheels)? {
+        let mut unzip = Command::new("python3");
+        unzip.args(["-m", "zipfile", "-e"]).arg(w?.path()).arg(&kit);
+        crate::cargo::step("unpack CUDA 12.8's ptxas", unzip)?;
+    }
+    executable(&kit.join("nvidia/cuda_nvcc/bin"))?;
+    Ok(ptxas)
+}
+
+/// The wheel of [`ptxas12`], pinned.
+const PTXAS_12: &str = "nvidia-cuda-nvcc-cu12==12.8.93";
+
 /// The environment of [`with_toolkit`] as shell `export` lines, for an engine's own build
 /// (`eval "$(cargo xtask cuda-kit)"`), with the link stubs on the linker's search path.
 pub(crate) fn exports(cuda: &Path, compute_cap: &str) -> String {

@@ -110,5 +110,73 @@ fn build(kit: &Path, src: &Path) -> Result<()> {
     std::fs::write(&ptx, format!("{}\n{body}", header(&text)))
         .with_context(|| format!("writing {}", ptx.display()))?;
     eprintln!("kernels: {} from {}", ptx.display(), src.display());
+    if nccl.is_none() {
+        fatbin(kit, src, &body)?;
+    }
     Ok(())
 }
+
+/// The kernels' image for CUDA 12 drivers beside their PTX (`<name>.fatbin`): the PTX declared
+/// at ISA [`FATBIN_PTX_ISA`] (the lowest CUDA 12.8's `ptxas` accepts for what nvcc 13 emits),
+/// assembled by that `ptxas` into SASS for each of [`FATBIN_SASS`], and kept as PTX for
+/// newer GPUs, packed by nvcc 13's `fatbinary`.
+fn fatbin(kit: &Path, src: &Path, body: &str) -> Result<()> {
+    let ptxas = crate::cuda_kit::ptxas12()?;
+    let isa = format!(".version {}.{}", FATBIN_PTX_ISA.0, FATBIN_PTX_ISA.1);
+    let lowered = retarget(body, &isa)?;
+    let dir = src.with_extension("fatbin.d");
+    std::fs::create_dir_all(&dir)?;
+    let ptx = dir.join("kernels.ptx");
+    std::fs::write(&ptx, &lowered)?;
+    let mut pack = Command::new(kit.join("bin/fatbinary"));
+    // Uncompressed: CUDA 13's default compression of the PTX may be one an older driver
+    // cannot unpack.
+    pack.args(["-64", "--compress=false"]).arg(format!(
+        "--create={}",
+        src.with_extension("fatbin").display()
+    ));
+    for sm in FATBIN_SASS {
+        let cubin = dir.join(format!("sm_{sm}.cubin"));
+        let mut asm = Command::new(&ptxas);
+        asm.args(["-O3", &format!("-arch=sm_{sm}"), "-o"])
+            .arg(&cubin)
+            .arg(&ptx);
+        crate::cargo::step(&format!("ptxas 12.8 sm_{sm} {}", src.display()), asm)?;
+        pack.arg(format!(
+            "--image3=kind=elf,sm={sm},file={}",
+            cubin.display()
+        ));
+    }
+    pack.arg(format!(
+        "--image3=kind=ptx,sm={},file={}",
+        FATBIN_SASS[0],
+        ptx.display()
+    ));
+    crate::cargo::step(&format!("fatbinary {}", src.display()), pack)?;
+    std::fs::remove_dir_all(&dir)?;
+    eprintln!("kernels: {}", src.with_extension("fatbin").display());
+    Ok(())
+}
+
+/// `body` (PTX) with its `.version` line replaced by `isa`.
+pub(crate) fn retarget(body: &str, isa: &str) -> Result<String> {
+    let mut found = false;
+    let lines: Vec<&str> = body
+        .lines()
+        .map(|l| match l.starts_with(".version ") {
+            true => {
+                found = true;
+                isa
+            }
+            false => l,
+        })
+        .collect();
+    anyhow::ensure!(found, "no .version line in the PTX");
+    Ok(lines.join("\n") + "\n")
+}
+
+/// The PTX ISA the fatbin's PTX is declared at: nccl-api's `SYMMETRIC_PTX_ISA`, whose test
+/// reads it back from the fatbin (8.3: what nvcc 13 emits uses `used_bytes_mask`, 8.3's).
+const FATBIN_PTX_ISA: (u32, u32) = (8, 3);
+/// The GPUs the fatbin holds SASS for: nccl-api's `SYMMETRIC_SASS`, checked the same way.
+const FATBIN_SASS: [u32; 2] = [90, 100];

@@ -1,15 +1,30 @@
 //! unicomm's symmetric kernels as every runtime loads them, and what they take
-//! (`nccl-api/kernels/symmetric.cu`'s `Params` and `Control`, field for field): the PTX
-//! built from the source beside it (`cargo xtask kernels`), the launch's argument, passed by
-//! value, and the communicator's control block in host memory the device maps (the host's
-//! abort word and the first fault a kernel reports). One source for every runtime: CUDA
-//! loads the PTX, and so does HIP on an NVIDIA GPU (HIP-on-CUDA).
+//! (`nccl-api/kernels/symmetric.cu`'s `Params` and `Control`, field for field): the fat
+//! binary built from the source beside it (`cargo xtask kernels`), the launch's argument,
+//! passed by value, and the communicator's control block in host memory the device maps
+//! (the host's abort word and the first fault a kernel reports). One source for every
+//! runtime: CUDA loads the image, and so does HIP on an NVIDIA GPU (HIP-on-CUDA).
 
 use unicomm_core::symmetric::{MAX_SYMMETRIC_WORLD, SIGNATURE_WORDS};
 
-/// The symmetric kernels' PTX (sm_90, PTX ISA 9.0: CUDA 13.0's driver or newer), built from
-/// `kernels/symmetric.cu` by `cargo xtask kernels`.
-pub const SYMMETRIC_PTX: &str = include_str!("../../kernels/symmetric.ptx");
+/// The symmetric kernels as a CUDA fat binary, built from `kernels/symmetric.cu` by `cargo
+/// xtask kernels`: SASS for each of [`SYMMETRIC_SASS`] (assembled by CUDA 12.8's `ptxas`)
+/// and the PTX, declared at ISA [`SYMMETRIC_PTX_ISA`], for newer GPUs; so it loads on the
+/// drivers of [`SYMMETRIC_DRIVER_FLOOR`] and newer (nvcc 13's own PTX, ISA 9.0, needed a
+/// CUDA 13 driver, r580). Its table: [`fatbin::images`](super::fatbin::images).
+pub const SYMMETRIC_IMAGE: &[u8] = include_bytes!("../../kernels/symmetric.fatbin");
+
+/// The GPU architectures [`SYMMETRIC_IMAGE`] holds SASS for (H100/H200, B200).
+pub const SYMMETRIC_SASS: [u32; 2] = [90, 100];
+
+/// The PTX ISA of [`SYMMETRIC_IMAGE`]'s PTX: the lowest that CUDA 12.8's `ptxas` accepts for
+/// what nvcc 13 emits (`used_bytes_mask` is 8.3's).
+pub const SYMMETRIC_PTX_ISA: (u32, u32) = (8, 3);
+
+/// The oldest CUDA driver that takes every image of [`SYMMETRIC_IMAGE`], as
+/// `cuDriverGetVersion` says it (12.3, driver r545: PTX ISA 8.3 is CUDA 12.3's). On sm_90
+/// and sm_100 the driver takes the SASS, which does not need its PTX compiler.
+pub const SYMMETRIC_DRIVER_FLOOR: i32 = 12030;
 
 /// The symmetric kernels' functions for f32, f16 and bf16.
 pub const SYMMETRIC_FUNCTIONS: [&str; 3] = [
@@ -227,13 +242,74 @@ mod tests {
     /// The PTX holds the three entry points the loaders ask for, for sm_90.
     #[test]
     fn the_ptx_has_every_entry_point() {
+        let ptx = include_str!("../../kernels/symmetric.ptx");
         for name in SYMMETRIC_FUNCTIONS {
-            assert!(
-                SYMMETRIC_PTX.contains(&format!(".entry {name}(")),
-                "{name} missing"
-            );
+            assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
         }
-        assert!(SYMMETRIC_PTX.contains(".target sm_90"));
+        assert!(ptx.contains(".target sm_90"));
+    }
+
+    /// The embedded image is the one the constants name, built from the PTX beside the
+    /// source (itself built from the source, as the architecture test checks): SASS for
+    /// each of `SYMMETRIC_SASS`, and that PTX declared at `SYMMETRIC_PTX_ISA`, nothing else;
+    /// so it loads on CUDA 12 drivers (ISA 9.0 PTX alone needed CUDA 13's).
+    #[test]
+    fn the_embedded_image_holds_the_sass_and_ptx_its_constants_name() {
+        use super::super::fatbin::{images, taken_on, FatImage};
+        let all = images(SYMMETRIC_IMAGE).unwrap();
+        let sass: Vec<u32> = all
+            .iter()
+            .filter_map(|(i, _)| match i {
+                FatImage::Sass { arch } => Some(*arch),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sass, SYMMETRIC_SASS);
+        let ptx: Vec<_> = all
+            .iter()
+            .filter_map(|(i, r)| match i {
+                FatImage::Ptx { arch, isa } => Some((*arch, *isa, r.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ptx.len(), 1, "{all:?}");
+        let (arch, isa, range) = ptx[0].clone();
+        assert_eq!((arch, isa), (90, SYMMETRIC_PTX_ISA));
+        assert!(isa < (9, 0), "PTX ISA 9.0 needs a CUDA 13 driver");
+        let text = String::from_utf8_lossy(&SYMMETRIC_IMAGE[range]);
+        let text = text.trim_end_matches('\0');
+        let source = include_str!("../../kernels/symmetric.ptx");
+        let body = source.split_once('\n').map_or("", |(_, b)| b);
+        let declared = format!(".version {}.{}", isa.0, isa.1);
+        // fatbinary keeps the PTX's instructions, not its comments and indentation.
+        let norm = |t: &str| -> Vec<String> {
+            t.lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .filter(|l| !l.is_empty() && !l.starts_with("//"))
+                .map(|l| {
+                    if l.starts_with(".version ") {
+                        declared.clone()
+                    } else {
+                        l
+                    }
+                })
+                .collect()
+        };
+        let (got, want) = (norm(text), norm(body));
+        let first = (0..got.len().max(want.len())).find(|&i| got.get(i) != want.get(i));
+        assert_eq!(
+            first, None,
+            "the fatbin's PTX is not the tree's: cargo xtask kernels"
+        );
+        assert_eq!(
+            taken_on(SYMMETRIC_IMAGE, 90),
+            Some(FatImage::Sass { arch: 90 })
+        );
+        assert!(matches!(
+            taken_on(SYMMETRIC_IMAGE, 120),
+            Some(FatImage::Ptx { .. })
+        ));
+        assert_eq!(taken_on(SYMMETRIC_IMAGE, 80), None);
     }
 
     /// The kernel source's `Params` is 41 eight-byte words and sixteen four-byte ones; its
