@@ -33,9 +33,9 @@ pub enum DataType {
     /// `ncclBfloat16`
     Bf16,
     /// `ncclFloat8e4m3` (NCCL >= 2.24; RCCL's `ncclFp8E4M3`, whose MI300 encoding differs:
-    /// see docs/rocm.md): OCP e4m3, as [`F8E4M3`](crate::F8E4M3) holds it.
+    /// see docs/rocm.md): OCP e4m3, as [`F8E4M3`] holds it.
     F8E4M3,
-    /// `ncclFloat8e5m2` (NCCL >= 2.24): OCP e5m2, as [`F8E5M2`](crate::F8E5M2) holds it.
+    /// `ncclFloat8e5m2` (NCCL >= 2.24): OCP e5m2, as [`F8E5M2`] holds it.
     F8E5M2,
 }
 
