@@ -13,8 +13,10 @@ use unicomm_core::{each_rank, Comm};
 use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
 fn comms(world: usize) -> Vec<Comm<MockComm>> {
+    // A generous deadline: 1,200 splits and allocations on a loaded 2-core machine once
+    // left a rank 20 s behind its peers at a split.
     let config = MockConfig {
-        timeout: Duration::from_secs(20),
+        timeout: Duration::from_secs(60),
         ..MockConfig::default()
     };
     local_comms_with(world, config).unwrap()

@@ -35,10 +35,18 @@
 #define SIG_WORDS 8
 #define LAMPORT_HEADER (4 * SIG_WORDS)
 #define SIG_ROUND (SIG_WORDS - 1)
+#define PAD_GONE(q) (PAD_SIGNATURE + 2 * LAMPORT_HEADER + 4 * (q))
 
 enum { ALG_ONE_SHOT = 0, ALG_TWO_SHOT = 1, ALG_LAMPORT = 2, ALG_BARRIER = 3 };
 enum { OP_SUM = 0, OP_MAX = 1, OP_MIN = 2 };
-enum { FAULT_TIMEOUT = 1, FAULT_ABORTED = 2, FAULT_MISMATCH = 3, FAULT_POISONED = 4, FAULT_TYPE = 6 };
+enum {
+  FAULT_TIMEOUT = 1,
+  FAULT_ABORTED = 2,
+  FAULT_MISMATCH = 3,
+  FAULT_POISONED = 4,
+  FAULT_TYPE = 6,
+  FAULT_GONE = 7
+};
 
 // The communicator's control block, in mapped host memory.
 struct Control {
@@ -178,6 +186,12 @@ __device__ uint32_t in_lamport(const Params& p, uint32_t q, uint32_t e) {
   return FAULT_MISMATCH;
 }
 
+// Whether rank q released its part (its departure word in this rank's pad, written by q's
+// host once q's device was idle).
+__device__ __forceinline__ bool gone(const Params& p, uint32_t q) {
+  return *(volatile uint32_t*)pad_word(p, p.rank, PAD_GONE(q)) != 0u;
+}
+
 // Thread 0's barrier: this rank's epoch advanced and written into every rank's arrival
 // word for it, then every rank's word for this epoch awaited. 0, or the fault.
 __device__ uint32_t barrier0(const Params& p, uint64_t start) {
@@ -196,6 +210,11 @@ __device__ uint32_t barrier0(const Params& p, uint64_t start) {
           return f;
         }
         if (in_lamport(p, q, e)) return FAULT_MISMATCH;
+        // Its last arrival came before its departure word: seen gone, read again.
+        if (gone(p, q) && (int32_t)(ld_acquire(w) - e) < 0) {
+          report(p, FAULT_GONE, q, e, 0);
+          return FAULT_GONE;
+        }
       }
     }
   }
@@ -289,6 +308,10 @@ __device__ uint32_t header0(const Params& p, uint64_t start, const uint32_t* sig
     if ((int32_t)(a - e) > 0 && (ld_acquire(h) >> 31)) {
       report_mismatch(p, sig, q, pad_signature(p, q, a));
       return FAULT_MISMATCH;
+    }
+    if (gone(p, q) && (ld_acquire(h) >> 31)) {
+      report(p, FAULT_GONE, q, round, 0);
+      return FAULT_GONE;
     }
   }
   return 0;

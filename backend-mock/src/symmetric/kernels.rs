@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
-use unicomm_core::symmetric::{pad_arrival, LAMPORT_HEADER, PAD_EPOCH, PAD_GONE, SIGNATURE_WORDS};
+use unicomm_core::symmetric::{pad_arrival, pad_gone, LAMPORT_HEADER, PAD_EPOCH, SIGNATURE_WORDS};
 use unicomm_core::{DataType, Error, ReduceOp, Result};
 
 use super::table::Record;
@@ -275,14 +275,16 @@ impl Drop for Record {
     /// graph's step) is gone, so this rank will never run another kernel on the allocation:
     /// its departure word tells the peers that still wait on it.
     fn drop(&mut self) {
-        pad_word(self, self.rank, PAD_GONE).store(1, Ordering::Release);
+        for p in 0..self.bases.len() {
+            pad_word(self, p, pad_gone(self.rank)).store(1, Ordering::Release);
+        }
     }
 }
 
 impl Record {
-    /// Whether rank `p` released its part ([`PAD_GONE`]).
+    /// Whether rank `p` released its part (its departure word in this rank's pad).
     pub(crate) fn gone(&self, p: usize) -> bool {
-        pad_word(self, p, PAD_GONE).load(Ordering::Acquire) == 1
+        pad_word(self, self.rank, pad_gone(p)).load(Ordering::Acquire) == 1
     }
 }
 

@@ -44,12 +44,17 @@ pub const PAD_POISON: usize = PAD_ROUND + 4;
 /// to its next call never overwrites the one a slower peer still reads.
 pub const PAD_SIGNATURE: usize = PAD_POISON + 4;
 
-/// Byte offset, in a rank's pad, of its departure word: 0 while the rank holds its part,
-/// 1 once its view of the allocation ended after its last kernel on it (freed, or its
-/// communicator ended). A peer waiting on a rank whose word is 1 (and whose awaited word
-/// never came) ends at once: that rank will never make the call. The mock writes it; the
-/// GPU backends leave it 0 (a waiting kernel ends there at its deadline).
+/// Byte offset, in a rank's pad, of the departure words: one `u32` per rank
+/// ([`pad_gone`]), 0 while that rank holds its part, 1 once its view of the allocation
+/// ended after its last kernel on it (freed, or its communicator ended): it writes its word
+/// into every rank's pad then. A rank waiting on a peer whose word is 1 in its own pad (and
+/// whose awaited word never came) ends at once: that peer will never make the call.
 pub const PAD_GONE: usize = PAD_SIGNATURE + 2 * LAMPORT_HEADER;
+
+/// Byte offset, in a rank's pad, of rank `q`'s departure word.
+pub const fn pad_gone(q: usize) -> usize {
+    PAD_GONE + 4 * q
+}
 
 /// Byte offset, in a rank's pad, of the signature of the call whose first barrier has
 /// epoch `e`.
@@ -312,7 +317,7 @@ mod tests {
     fn the_pad_layout_fits_and_the_kernel_argument_is_c_sized() {
         const { assert!(pad_arrival(MAX_SYMMETRIC_WORLD - 1) + 4 <= PAD_ROUND) };
         const { assert!(pad_signature(1) + LAMPORT_HEADER <= PAD_GONE) };
-        const { assert!(PAD_GONE + 4 <= PAD_BYTES) };
+        const { assert!(pad_gone(MAX_SYMMETRIC_WORLD - 1) + 4 <= PAD_BYTES) };
         assert_eq!(
             std::mem::size_of::<SymmetricArgs>(),
             16 + 16 * MAX_SYMMETRIC_WORLD

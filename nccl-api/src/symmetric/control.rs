@@ -99,6 +99,12 @@ impl<R: Runtime> ControlBlock<R> {
                 let theirs = with_word(&none, i, detail as u32);
                 mismatch(me, &mine, rank as usize, &theirs, i.min(SIGNATURE_WORDS - 1))
             }
+            fault::GONE => Error::Mismatch {
+                what: "the number of symmetric calls",
+                detail: format!(
+                    "a symmetric kernel of rank {me} (barrier epoch or Lamport round {epoch}): rank {rank} released its part of the allocation (freed it, or ended its communicator) without making the call"
+                ),
+            },
             fault::TYPE => Error::invalid(
                 "dtype",
                 format!("a Lamport all-reduce on rank {me}: every rank called it with another type than the allocation's workspace"),

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use unicomm_core::registry::RawHandle;
 use unicomm_core::symmetric::{
-    check_all_reduce, SymmetricAlgorithm, SymmetricOp, SymmetricParts, LAMPORT_HEADER,
+    check_all_reduce, pad_gone, SymmetricAlgorithm, SymmetricOp, SymmetricParts, LAMPORT_HEADER,
     MAX_SYMMETRIC_WORLD, PAD_BYTES,
 };
 use unicomm_core::{DataType, Error, ReduceOp, Result};
@@ -197,8 +197,22 @@ impl<R: Runtime> SymmetricMemory<R> {
             return Ok(());
         }
         let (rt, dev, maps) = (base.lc.rt.clone(), base.lc.dev, rec.maps.clone());
+        // This rank's departure word in every peer's pad, once its device is idle (its
+        // kernels on the allocation have all ended), before the mappings go.
+        let me = base.lc.rank;
+        let words: Vec<usize> = (rec.peers.iter().enumerate())
+            .filter(|&(q, _)| q != me)
+            .map(|(_, &p)| p + rec.data + pad_gone(me))
+            .collect();
         let unmap = move || -> Result<()> {
             rt.synchronize_device(dev)?;
+            let s = rt.create_stream(dev)?;
+            for at in words {
+                // SAFETY: a `u32` of a peer's pad, inside its part mapped here (the
+                // mappings go below, after this stream's copies ended).
+                unsafe { rt.htod(dev, at, &1u32.to_le_bytes(), &s) }?;
+            }
+            rt.synchronize(&s)?;
             for (addr, size) in maps {
                 // SAFETY: mappings of `import_memory`, taken out of the table (unmapped
                 // once, here), after the device's work (synchronized above).

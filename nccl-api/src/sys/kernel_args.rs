@@ -180,6 +180,8 @@ pub mod fault {
     pub const BARRIER: u32 = 5;
     /// Every rank called a Lamport all-reduce of another type than the workspace's.
     pub const TYPE: u32 = 6;
+    /// The rank `rank` names released its part without making the call.
+    pub const GONE: u32 = 7;
 }
 
 /// The communicator's control block (`Control`), in host memory the device maps.
@@ -203,7 +205,7 @@ pub struct Control {
 mod tests {
     use super::*;
     use unicomm_core::symmetric::{
-        pad_arrival, LAMPORT_HEADER, PAD_EPOCH, PAD_POISON, PAD_ROUND, PAD_SIGNATURE,
+        pad_arrival, pad_gone, LAMPORT_HEADER, PAD_EPOCH, PAD_POISON, PAD_ROUND, PAD_SIGNATURE,
         SIGNATURE_ROUND,
     };
 
@@ -235,6 +237,11 @@ mod tests {
         assert_eq!(define("LAMPORT_HEADER"), "(4 * SIG_WORDS)");
         assert_eq!(LAMPORT_HEADER, 4 * SIGNATURE_WORDS);
         assert_eq!(define("SIG_ROUND"), "(SIG_WORDS - 1)");
+        assert_eq!(
+            define("PAD_GONE(q)"),
+            "(PAD_SIGNATURE + 2 * LAMPORT_HEADER + 4 * (q))"
+        );
+        assert_eq!(pad_gone(2), PAD_SIGNATURE + 2 * LAMPORT_HEADER + 4 * 2);
         assert_eq!(SIGNATURE_ROUND, SIGNATURE_WORDS - 1);
         assert_eq!(define("BLOCK"), SYMMETRIC_BLOCK.to_string());
     }
