@@ -9,9 +9,7 @@
     reason = "the CUDA driver's module, launch and host-memory calls"
 )]
 
-use std::collections::BTreeMap;
 use std::ffi::{c_void, CString};
-use std::sync::Mutex;
 
 use cudarc::driver::{result, sys};
 use unicomm_core::{DataType, Error, Result};
@@ -82,15 +80,7 @@ pub(crate) struct Kernels {
     functions: [usize; 3],
 }
 
-/// Each module's kernels on each device (by the module's name and the device), or why they
-/// could not be loaded (kept: a device that refuses the module once refuses it again).
-/// Primary contexts live as long as the process, and so do the modules loaded into them.
-static LOADED: Mutex<BTreeMap<(&'static str, usize), Loaded>> = Mutex::new(BTreeMap::new());
-
-/// A module's load on one device: its kernels, or why not.
-type Loaded = std::result::Result<Kernels, Error>;
-
-fn load(m: &Module, cc: Option<(u32, u32)>) -> Result<Kernels> {
+fn load(m: &Module, cc: Option<(u32, u32)>) -> Result<[usize; 3]> {
     if let Some((major, minor)) = cc.filter(|&(major, _)| major < 9) {
         return Err(Error::unsupported(
             m.what,
@@ -133,9 +123,7 @@ fn load(m: &Module, cc: Option<(u32, u32)>) -> Result<Kernels> {
             .map_err(|e| cuda_err("cuModuleGetFunction", e))
     };
     let [a, b, c] = m.names;
-    Ok(Kernels {
-        functions: [function(a)?, function(b)?, function(c)?],
-    })
+    Ok([function(a)?, function(b)?, function(c)?])
 }
 
 /// `b` in 8-byte words (a fat binary's table is read as 8-byte fields).
@@ -165,7 +153,7 @@ impl CudaRuntime {
         use unicomm_nccl_api::sys::fatbin::{images, taken_on};
         let cc = self.capability(dev);
         self.with_device(dev, || {
-            let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+            let mut loaded = self.modules.lock().unwrap_or_else(|e| e.into_inner());
             let k = loaded
                 .entry((SYMMETRIC.what, dev))
                 .or_insert_with(|| load(&SYMMETRIC, cc));
@@ -203,12 +191,13 @@ impl CudaRuntime {
         stream: sys::CUstream,
     ) -> Result<()> {
         self.with_device(dev, || {
-            let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+            let mut loaded = self.modules.lock().unwrap_or_else(|e| e.into_inner());
             // The capability is asked once, at the load (not on every launch).
             let k = loaded
                 .entry((m.what, dev))
                 .or_insert_with(|| load(m, self.capability(dev)));
-            let f = k.as_ref().map_err(Clone::clone)?.of(m, dtype)?;
+            let functions = *k.as_ref().map_err(Clone::clone)?;
+            let f = Kernels { functions }.of(m, dtype)?;
             // SAFETY: `f` is a function of the module loaded in `dev`'s context; the
             // caller's contract covers `args` and `stream`.
             unsafe { result::launch_kernel(f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream, args) }
@@ -322,6 +311,36 @@ mod tests {
             Image::Ptx(p) => p,
             Image::Fatbin(_) => "",
         }
+    }
+
+    /// The device-API kernel's fault and reduction codes are nccl-api's (the control block
+    /// and the argument it shares with the symmetric kernels): each `#define FAULT_*` is its
+    /// Rust twin, and the reduction reads max and min by `op_code`'s values.
+    #[test]
+    fn the_device_api_kernels_codes_are_their_rust_twins() {
+        use unicomm_core::ReduceOp;
+        use unicomm_nccl_api::sys::kernel_args::{fault, op_code};
+        let src = include_str!("../kernels/device_api.cu");
+        let defines: Vec<(&str, u32)> = src
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define FAULT_"))
+            .map(|l| {
+                let mut w = l.split_whitespace();
+                let name = w.next().unwrap_or("");
+                (
+                    name,
+                    w.next().and_then(|v| v.parse().ok()).unwrap_or(u32::MAX),
+                )
+            })
+            .collect();
+        assert_eq!(
+            defines,
+            vec![("ABORTED", fault::ABORTED), ("BARRIER", fault::BARRIER)]
+        );
+        let (max, min) = (op_code(ReduceOp::Max), op_code(ReduceOp::Min));
+        assert!(src.contains(&format!(
+            "op == {max} ? fmaxf(a, b) : op == {min} ? fminf(a, b)"
+        )));
     }
 
     /// The device-API kernel takes an `ncclDevComm` of the size nccl-api checks

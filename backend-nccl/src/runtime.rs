@@ -51,7 +51,15 @@ pub struct CudaRuntime {
     /// The driver exports the stream memory operations (cudarc panics on a missing
     /// symbol, so they are looked up once, here, before any call).
     pub(crate) mem_ops: bool,
+    /// unicomm's kernel modules this runtime loaded, by module and device: each one's
+    /// functions (f32, f16, bf16), or why it could not be loaded (kept: a device that
+    /// refuses a module once refuses it again). Loaded into primary contexts, which live as
+    /// long as the process, and never unloaded (a kernel may still run at any drop).
+    pub(crate) modules: std::sync::Mutex<ModuleTable>,
 }
+
+/// [`CudaRuntime::modules`]' table.
+pub(crate) type ModuleTable = std::collections::BTreeMap<(&'static str, usize), Result<[usize; 3]>>;
 
 impl std::fmt::Debug for CudaRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,6 +100,7 @@ impl CudaRuntime {
             contexts: (0..count).map(|_| OnceLock::new()).collect(),
             count,
             mem_ops,
+            modules: Default::default(),
         })
     }
 

@@ -19,7 +19,7 @@ use unicomm_core::device_api::{
     DeviceCommRequirements, DeviceKernelOp,
 };
 use unicomm_core::registry::RawHandle;
-use unicomm_core::{Error, ReduceOp, Result, Version};
+use unicomm_core::{Error, Result, Version};
 
 use crate::base::Base;
 use crate::memory::ApiStream;
@@ -215,11 +215,7 @@ impl DeviceComms {
             count: op.count as u64,
             control: control as u64,
             timeout_ns: u64::try_from(lc.timeout().as_nanos()).unwrap_or(u64::MAX),
-            op: match op.op {
-                ReduceOp::Max => 1,
-                ReduceOp::Min => 2,
-                _ => 0,
-            },
+            op: crate::sys::kernel_args::op_code(op.op),
             rank: lc.rank as u32,
         };
         let blocks = rec.lsa_barriers.min(DEVICE_KERNEL_MAX_BLOCKS);

@@ -28,7 +28,7 @@ use unicomm_core::symmetric::{
     check_all_reduce, pad_gone, SymmetricAlgorithm, SymmetricOp, SymmetricParts, LAMPORT_HEADER,
     MAX_SYMMETRIC_WORLD, PAD_BYTES,
 };
-use unicomm_core::{DataType, Error, ReduceOp, Result};
+use unicomm_core::{DataType, Error, Result};
 
 use crate::base::Base;
 use crate::copy_engine::CopyEngine;
@@ -383,11 +383,7 @@ fn all_reduce_params<R: Runtime>(
     p.out = out.address() as u64;
     p.count = count as u64;
     p.typed = u32::from(rec.lamport == Some(dtype));
-    p.op = match op {
-        ReduceOp::Max => 1,
-        ReduceOp::Min => 2,
-        _ => 0,
-    };
+    p.op = crate::sys::kernel_args::op_code(op);
     if let Some(n) = norm {
         base.check_memory(n.residual.mem)?;
         base.check_memory(n.weight.mem)?;

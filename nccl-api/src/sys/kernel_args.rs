@@ -49,6 +49,16 @@ pub fn function_index(dtype: unicomm_core::DataType, what: &str) -> unicomm_core
     }
 }
 
+/// A reduction's code in a kernel's argument (`OP_*` in the kernel sources): 0 sum, 1 max,
+/// 2 min (the kernels take no other; the callers check it first).
+pub fn op_code(op: unicomm_core::ReduceOp) -> u32 {
+    match op {
+        unicomm_core::ReduceOp::Max => 1,
+        unicomm_core::ReduceOp::Min => 2,
+        _ => 0,
+    }
+}
+
 /// Threads of a symmetric kernel's one block (`BLOCK` in the source's launch bounds).
 pub const SYMMETRIC_BLOCK: u32 = 512;
 
@@ -244,6 +254,53 @@ mod tests {
         assert_eq!(pad_gone(2), PAD_SIGNATURE + 2 * LAMPORT_HEADER + 4 * 2);
         assert_eq!(SIGNATURE_ROUND, SIGNATURE_WORDS - 1);
         assert_eq!(define("BLOCK"), SYMMETRIC_BLOCK.to_string());
+    }
+
+    /// `NAME = value` of every enumerator of the kernel source's `enum { ... }` blocks.
+    fn enumerators() -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        for block in SOURCE.split("enum {").skip(1) {
+            let body = block.split('}').next().unwrap_or("");
+            for item in body.split(',') {
+                if let Some((name, value)) = item.split_once('=') {
+                    let value = value
+                        .trim()
+                        .parse()
+                        .unwrap_or_else(|e| panic!("{item}: {e}"));
+                    out.push((name.trim().to_string(), value));
+                }
+            }
+        }
+        out
+    }
+
+    /// The codes a launch passes and a kernel reports are declared once in the source and
+    /// once here: each of the source's algorithm, reduction and fault codes is its Rust
+    /// twin's, and no code of the source is left without one.
+    #[test]
+    fn the_kernel_sources_codes_are_their_rust_twins() {
+        use unicomm_core::ReduceOp;
+        let twins: Vec<(&str, u32)> = vec![
+            ("ALG_ONE_SHOT", KernelAlgorithm::OneShot as u32),
+            ("ALG_TWO_SHOT", KernelAlgorithm::TwoShot as u32),
+            ("ALG_LAMPORT", KernelAlgorithm::Lamport as u32),
+            ("ALG_BARRIER", KernelAlgorithm::Barrier as u32),
+            ("OP_SUM", op_code(ReduceOp::Sum)),
+            ("OP_MAX", op_code(ReduceOp::Max)),
+            ("OP_MIN", op_code(ReduceOp::Min)),
+            ("FAULT_TIMEOUT", fault::TIMEOUT),
+            ("FAULT_ABORTED", fault::ABORTED),
+            ("FAULT_MISMATCH", fault::MISMATCH),
+            ("FAULT_POISONED", fault::POISONED),
+            ("FAULT_TYPE", fault::TYPE),
+            ("FAULT_GONE", fault::GONE),
+        ];
+        let source = enumerators();
+        for (name, value) in &source {
+            let twin = twins.iter().find(|(n, _)| n == name);
+            assert_eq!(twin.map(|t| t.1), Some(*value), "{name} in symmetric.cu");
+        }
+        assert_eq!(source.len(), twins.len(), "{source:?}");
     }
 
     /// The PTX holds the three entry points the loaders ask for, for sm_90.
