@@ -34,6 +34,8 @@ mod tests_forward;
 #[cfg(test)]
 mod tests_keys;
 #[cfg(test)]
+mod tests_replay;
+#[cfg(test)]
 mod tests_scale;
 #[cfg(test)]
 mod tests_serving;

@@ -4,20 +4,23 @@
 //! the world (`stream::listen`); over [`MAX_HANDSHAKES`] under way it stops accepting and
 //! the kernel queues the rest, so no connection is closed for being early.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
 
-use super::auth::{io, nonce, same, Hello, Key, ACK, ACK_LEN, FIRST_LEN, HELLO_LEN};
+use super::auth::{io, nonce, Key};
 use super::deadline::Deadline;
 use super::drops::DropLog;
 use super::file::missing;
 use super::launcher::LaunchEnv;
-use super::stream::{Listener, Stream, MAX_QUEUES};
+use super::stream::{Listener, MAX_QUEUES};
 use unicomm_core::{Error, Result};
 
 mod answer;
+mod conn;
+
+use conn::Conn;
 
 /// How long one connection may take on the server before it is dropped (so one silent or
 /// dripping client cannot hold a slot for long); never past the deadline.
@@ -65,23 +68,6 @@ pub(crate) struct Tally {
 /// What a connection's answer ends with: the rank it answered with the ids and the
 /// acknowledgement due from it, or why it served none.
 type Outcome = std::result::Result<(usize, [u8; 32]), String>;
-
-struct Conn {
-    s: Stream,
-    /// `None` while reading the rank's hello and proof; then the answer's outcome, known
-    /// while the answer (`out`) is written, after which the connection closes.
-    answered: Option<Outcome>,
-    /// After the ids: the rank and the acknowledgement it must send to count as joined.
-    acking: Option<(usize, [u8; 32])>,
-    inbuf: [u8; FIRST_LEN],
-    got: usize,
-    out: Vec<u8>,
-    sent: usize,
-    deadline: Instant,
-    generation: u64,
-    /// Counted among the connections owing an acknowledgement.
-    counted: bool,
-}
 
 /// Where a connection stands after some progress.
 enum Step {
@@ -423,111 +409,5 @@ impl Loop {
                 }
             }
         }
-    }
-}
-
-impl Conn {
-    fn new(s: Stream, generation: u64) -> Conn {
-        Conn {
-            s,
-            generation,
-            answered: None,
-            acking: None,
-            inbuf: [0; FIRST_LEN],
-            got: 0,
-            out: Vec::new(),
-            sent: 0,
-            deadline: Instant::now() + PER_CONNECTION,
-            counted: false,
-        }
-    }
-
-    /// As far as the socket lets it go now.
-    fn advance(&mut self, srv: &mut Server<'_>) -> Step {
-        if let Some((rank, due)) = self.acking {
-            return match self.fill(ACK_LEN) {
-                Ok(true) => {
-                    let proof: [u8; 32] = self.inbuf[1..ACK_LEN].try_into().unwrap_or([0; 32]);
-                    if self.inbuf[0] == ACK && same(&proof, &due) {
-                        srv.joined(rank)
-                    } else {
-                        Step::Dropped(format!(
-                            "an acknowledgement for rank {rank} that does not prove the token (a replayed hello?)"
-                        ))
-                    }
-                }
-                Ok(false) => Step::Waiting,
-                Err(why) => Step::Dropped(format!("rank {rank}'s acknowledgement: {why}")),
-            };
-        }
-        if self.answered.is_none() {
-            // A hello's worth is judged as soon as it is in: a stranger's bytes are dropped
-            // at once, not held until its connection's deadline.
-            let whole = self.fill(HELLO_LEN).and_then(|_| {
-                if self.got < HELLO_LEN {
-                    return Ok(false);
-                }
-                Hello::parse(&self.inbuf[..HELLO_LEN]).map_err(|e| e.to_string())?;
-                self.fill(FIRST_LEN)
-            });
-            match whole {
-                Ok(true) => {}
-                Ok(false) => return Step::Waiting,
-                Err(why) => return Step::Dropped(why),
-            }
-            let (outcome, out) = match srv.first(&self.inbuf) {
-                Ok(answer) => answer,
-                Err(why) => return Step::Dropped(why),
-            };
-            self.answered = Some(outcome);
-            self.out = out;
-            self.sent = 0;
-        }
-        match self.flush(&mut srv.tally.writes) {
-            Ok(true) => {}
-            Ok(false) => return Step::Waiting,
-            Err(e) => return Step::Dropped(format!("writing: {e}")),
-        }
-        match self.answered.take() {
-            Some(Ok(due)) => {
-                self.acking = Some(due);
-                self.got = 0;
-                self.advance(srv)
-            }
-            Some(Err(why)) => Step::Dropped(why),
-            None => Step::Dropped("written to before its answer".into()),
-        }
-    }
-
-    /// Writes what is pending, counting the write calls in `writes`; `Ok(true)` once all
-    /// of it is out.
-    fn flush(&mut self, writes: &mut u64) -> std::io::Result<bool> {
-        while self.sent < self.out.len() {
-            match self.s.write(&self.out[self.sent..]) {
-                Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    self.sent += n;
-                    *writes += 1;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(true)
-    }
-
-    /// Reads until `want` bytes are in; `Ok(true)` then.
-    fn fill(&mut self, want: usize) -> std::result::Result<bool, String> {
-        while self.got < want {
-            match self.s.read(&mut self.inbuf[self.got..want]) {
-                Ok(0) => return Err("closed before its handshake ended".into()),
-                Ok(n) => self.got += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("reading: {e}")),
-            }
-        }
-        Ok(true)
     }
 }
