@@ -9,18 +9,16 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
 
-use super::auth::{io, nonce, Key};
+use super::auth::{io, nonce, Key, FIRST_LEN};
 use super::deadline::Deadline;
 use super::drops::DropLog;
 use super::file::missing;
 use super::launcher::LaunchEnv;
-use super::stream::{Listener, MAX_QUEUES};
+use super::stream::{Listener, Stream, MAX_QUEUES};
 use unicomm_core::{Error, Result};
 
 mod answer;
 mod conn;
-
-use conn::Conn;
 
 /// How long one connection may take on the server before it is dropped (so one silent or
 /// dripping client cannot hold a slot for long); never past the deadline.
@@ -68,6 +66,23 @@ pub(crate) struct Tally {
 /// What a connection's answer ends with: the rank it answered with the ids and the
 /// acknowledgement due from it, or why it served none.
 type Outcome = std::result::Result<(usize, [u8; 32]), String>;
+
+struct Conn {
+    s: Stream,
+    /// `None` while reading the rank's hello and proof; then the answer's outcome, known
+    /// while the answer (`out`) is written, after which the connection closes.
+    answered: Option<Outcome>,
+    /// After the ids: the rank and the acknowledgement it must send to count as joined.
+    acking: Option<(usize, [u8; 32])>,
+    inbuf: [u8; FIRST_LEN],
+    got: usize,
+    out: Vec<u8>,
+    sent: usize,
+    deadline: Instant,
+    generation: u64,
+    /// Counted among the connections owing an acknowledgement.
+    counted: bool,
+}
 
 /// Where a connection stands after some progress.
 enum Step {

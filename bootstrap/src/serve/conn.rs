@@ -4,26 +4,9 @@
 use std::io::{ErrorKind, Read, Write};
 use std::time::Instant;
 
-use super::{Outcome, Server, Step, PER_CONNECTION};
+use super::{Conn, Server, Step, PER_CONNECTION};
 use crate::auth::{same, Hello, ACK, ACK_LEN, FIRST_LEN, HELLO_LEN};
 use crate::stream::Stream;
-
-pub(super) struct Conn {
-    pub(super) s: Stream,
-    /// `None` while reading the rank's hello and proof; then the answer's outcome, known
-    /// while the answer (`out`) is written, after which the connection closes.
-    pub(super) answered: Option<Outcome>,
-    /// After the ids: the rank and the acknowledgement it must send to count as joined.
-    pub(super) acking: Option<(usize, [u8; 32])>,
-    pub(super) inbuf: [u8; FIRST_LEN],
-    pub(super) got: usize,
-    pub(super) out: Vec<u8>,
-    pub(super) sent: usize,
-    pub(super) deadline: Instant,
-    pub(super) generation: u64,
-    /// Counted among the connections owing an acknowledgement.
-    pub(super) counted: bool,
-}
 
 impl Conn {
     pub(super) fn new(s: Stream, generation: u64) -> Conn {
