@@ -859,12 +859,8 @@ fn symmetric_skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
     }
     let st = comm.create_stream()?;
     let n = 4096;
-    let sym = comm.alloc_symmetric::<f32>(n)?;
-    let mut out = comm.alloc::<f32>(n)?;
-    let algo = (ReduceOp::Sum, unicomm::SymmetricAlgorithm::OneShot);
-    sym.write_from_host(&vec![(r + 1) as f32; n], &st)?;
-    comm.all_reduce_symmetric(&sym, n, &mut out, algo, &st)?;
-    summed_ranks(&out.copy_to_host(&st)?, r, w)?;
+    let (sym, mut out) = agreed_symmetric(&comm, &st, n)?;
+    let algo = ONE_SHOT;
     let limit = deadline(&comm);
     if r != 0 {
         std::thread::sleep(if by_abort {
@@ -906,20 +902,35 @@ fn symmetric_skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every element of `got` is the sum of every rank's `rank + 1`.
-/// `sym-leave` (see the module's list): each backend's documented outcome, and its time.
+/// The one-shot sum the symmetric scenarios run.
+const ONE_SHOT: (ReduceOp, unicomm::SymmetricAlgorithm) =
+    (ReduceOp::Sum, unicomm::SymmetricAlgorithm::OneShot);
+
+/// A symmetric allocation of `n` floats and an output, after one agreed one-shot sum of
+/// every rank's `rank + 1`, checked exact (the peers connected and in step).
+fn agreed_symmetric<'c>(
+    comm: &'c unicomm::Comm,
+    st: &unicomm::Stream,
+    n: usize,
+) -> anyhow::Result<(unicomm::Symmetric<'c, f32>, unicomm::Buffer<f32>)> {
+    let (r, w) = (comm.rank(), comm.world_size());
+    let sym = comm.alloc_symmetric::<f32>(n)?;
+    let mut out = comm.alloc::<f32>(n)?;
+    sym.write_from_host(&vec![(r + 1) as f32; n], st)?;
+    comm.all_reduce_symmetric(&sym, n, &mut out, ONE_SHOT, st)?;
+    summed_ranks(&out.copy_to_host(st)?, r, w)?;
+    Ok((sym, out))
+}
+
+/// `sym-leave` (see the module's list): the peer's release seen at once, and its time.
 fn symmetric_leave(vendor: Vendor) -> anyhow::Result<()> {
     let comm = unicomm::from_env(vendor).context("joining the job")?;
     let (r, w) = (comm.rank(), comm.world_size());
     ensure!(w >= 2, "needs at least 2 ranks");
     let st = comm.create_stream()?;
     let n = 4096;
-    let sym = comm.alloc_symmetric::<f32>(n)?;
-    let mut out = comm.alloc::<f32>(n)?;
-    let algo = (ReduceOp::Sum, unicomm::SymmetricAlgorithm::OneShot);
-    sym.write_from_host(&vec![(r + 1) as f32; n], &st)?;
-    comm.all_reduce_symmetric(&sym, n, &mut out, algo, &st)?;
-    summed_ranks(&out.copy_to_host(&st)?, r, w)?;
+    let (sym, mut out) = agreed_symmetric(&comm, &st, n)?;
+    let algo = ONE_SHOT;
     let mock = vendor == Vendor::Mock;
     if r != 0 {
         drop(sym);
@@ -949,6 +960,7 @@ fn symmetric_leave(vendor: Vendor) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every element of `got` is the sum of every rank's `rank + 1`.
 fn summed_ranks(got: &[f32], r: usize, w: usize) -> anyhow::Result<()> {
     let want = (w * (w + 1) / 2) as f32;
     ensure!(
