@@ -86,13 +86,21 @@ fn launch(n: usize, scenario: &str, env: &[(&str, &str)]) -> Vec<Rank> {
 
 fn all_passed(n: usize, scenario: &str, env: &[(&str, &str)]) {
     let ranks = launch(n, scenario, env);
+    // Every rank's output where one failed: the first to fail is often not the one named
+    // (its peers end with its abort).
+    let all = || {
+        ranks
+            .iter()
+            .map(|r| format!("--- rank {} exited {:?}:\n{}", r.rank, r.code, r.out))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     for r in &ranks {
         assert!(
             r.code == Some(0) && r.out.contains("RANK PASSED"),
-            "rank {} of {n} ({scenario}) exited {:?}:\n{}",
+            "rank {} of {n} ({scenario}) failed; every rank's output:\n{}",
             r.rank,
-            r.code,
-            r.out
+            all()
         );
     }
 }

@@ -232,10 +232,12 @@ fn attempt<C: Collective>(
         st.synchronize()
     })();
     let seen = outcome(r, d, got)?;
-    let b = made
-        .as_mut()
-        .ok_or_else(|| Error::invalid("disagreement", "no buffers"))?;
+    // Where the mismatch ends the communicator (no agreeing call after it), a slower rank
+    // may have met it before its buffers were made.
     if after {
+        let b = made
+            .as_mut()
+            .ok_or_else(|| Error::invalid("disagreement", "no buffers"))?;
         b.sym.write_from_host(&[(r + 1) as f32; N], &st)?;
         c.all_reduce_symmetric(&b.sym, N, &mut b.out, (ReduceOp::Sum, algorithm), &st)?;
         let got = b.out.copy_to_host(&st)?;
