@@ -97,7 +97,7 @@ fn load(m: &Module, cc: Option<(u32, u32)>) -> Result<[usize; 3]> {
             text.as_ptr().cast()
         }
         Image::Fatbin(b) => {
-            words = aligned(b);
+            words = unicomm_nccl_api::sys::fatbin::aligned(b);
             words.as_ptr().cast()
         }
     };
@@ -126,17 +126,6 @@ fn load(m: &Module, cc: Option<(u32, u32)>) -> Result<[usize; 3]> {
     Ok([function(a)?, function(b)?, function(c)?])
 }
 
-/// `b` in 8-byte words (a fat binary's table is read as 8-byte fields).
-fn aligned(b: &[u8]) -> Vec<u64> {
-    let mut words = vec![0u64; b.len().div_ceil(8)];
-    for (w, chunk) in words.iter_mut().zip(b.chunks(8)) {
-        let mut x = [0u8; 8];
-        x[..chunk.len()].copy_from_slice(chunk);
-        *w = u64::from_le_bytes(x);
-    }
-    words
-}
-
 impl Kernels {
     /// The function of `dtype`.
     fn of(&self, m: &Module, dtype: DataType) -> Result<sys::CUfunction> {
@@ -146,19 +135,23 @@ impl Kernels {
 }
 
 impl CudaRuntime {
+    /// `m`'s functions on `dev` (the current device), loaded into the runtime's module table
+    /// at the first use; the capability is asked once, at the load (not on every launch).
+    fn functions(&self, m: &Module, dev: usize) -> Result<[usize; 3]> {
+        let mut loaded = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let k = loaded
+            .entry((m.what, dev))
+            .or_insert_with(|| load(m, self.capability(dev)));
+        k.as_ref().copied().map_err(Clone::clone)
+    }
+
     /// Which image of unicomm's symmetric kernels `dev`'s driver takes, the module loaded
     /// there (at its first use, as a launch would): "SASS for sm_90", or the PTX it
     /// compiles, with what the fat binary holds and the driver it needs.
     pub fn symmetric_kernels_image(&self, dev: usize) -> Result<String> {
         use unicomm_nccl_api::sys::fatbin::{images, taken_on};
         let cc = self.capability(dev);
-        self.with_device(dev, || {
-            let mut loaded = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-            let k = loaded
-                .entry((SYMMETRIC.what, dev))
-                .or_insert_with(|| load(&SYMMETRIC, cc));
-            k.as_ref().map(|_| ()).map_err(Clone::clone)
-        })?;
+        self.with_device(dev, || self.functions(&SYMMETRIC, dev).map(drop))?;
         let all = images(kernel_args::SYMMETRIC_IMAGE)?;
         let held: Vec<String> = all.iter().map(|(i, _)| i.to_string()).collect();
         let floor = kernel_args::SYMMETRIC_DRIVER_FLOOR;
@@ -191,12 +184,7 @@ impl CudaRuntime {
         stream: sys::CUstream,
     ) -> Result<()> {
         self.with_device(dev, || {
-            let mut loaded = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-            // The capability is asked once, at the load (not on every launch).
-            let k = loaded
-                .entry((m.what, dev))
-                .or_insert_with(|| load(m, self.capability(dev)));
-            let functions = *k.as_ref().map_err(Clone::clone)?;
+            let functions = self.functions(m, dev)?;
             let f = Kernels { functions }.of(m, dtype)?;
             // SAFETY: `f` is a function of the module loaded in `dev`'s context; the
             // caller's contract covers `args` and `stream`.

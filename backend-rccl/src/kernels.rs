@@ -47,13 +47,7 @@ impl HipRuntime {
     /// The module loaded into the current device: its functions, or why not. A runtime
     /// that refuses the image (an AMD GPU) answers `Unsupported`, naming its error.
     fn load(&self, k: &HipKernels) -> Result<[usize; 3]> {
-        // The fat binary in 8-byte words (its table's alignment; `include_bytes!` has none).
-        let mut image = vec![0u64; SYMMETRIC_IMAGE.len().div_ceil(8)];
-        for (w, chunk) in image.iter_mut().zip(SYMMETRIC_IMAGE.chunks(8)) {
-            let mut x = [0u8; 8];
-            x[..chunk.len()].copy_from_slice(chunk);
-            *w = u64::from_le_bytes(x);
-        }
+        let image = unicomm_nccl_api::sys::fatbin::aligned(SYMMETRIC_IMAGE);
         let mut module: HipModule = std::ptr::null_mut();
         // SAFETY: a whole fat binary, alive across the call, loaded into the current device;
         // never unloaded.

@@ -81,6 +81,18 @@ pub fn images(b: &[u8]) -> Result<Vec<(FatImage, std::ops::Range<usize>)>> {
     Ok(out)
 }
 
+/// `b` in 8-byte words, as a loader hands a fat binary to the driver (its table is read as
+/// 8-byte fields; `include_bytes!` promises no alignment).
+pub fn aligned(b: &[u8]) -> Vec<u64> {
+    let mut words = vec![0u64; b.len().div_ceil(8)];
+    for (w, chunk) in words.iter_mut().zip(b.chunks(8)) {
+        let mut x = [0u8; 8];
+        x[..chunk.len()].copy_from_slice(chunk);
+        *w = u64::from_le_bytes(x);
+    }
+    words
+}
+
 /// Which image of `b` a driver takes on a GPU of architecture `arch`: its SASS for that
 /// architecture, else its PTX (compiled by the driver) where one targets an architecture at
 /// or below it; `None` if neither.
