@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use unicomm_bootstrap::LaunchEnv;
 use unicomm_core::{
-    Capabilities, Collective, CommConfig, DeviceStream, Error, Op, Place, RawHandle, Result,
+    Capabilities, Collective, CommConfig, DeviceStream, Error, Place, RawHandle, Result, Work,
 };
 
 use crate::Vendor;
@@ -108,13 +108,13 @@ macro_rules! backends {
                 match ($on, $queue) {
                     $(
                         #[cfg(feature = $feature)]
-                        (AnyComm::$variant(c), AnyStream::$variant(s)) => c.$call(
-                            $operation.map_mem(|m| match m {
+                        (AnyComm::$variant(c), AnyStream::$variant(s)) => $operation.map_mem(
+                            |m| match m {
                                 AnyMemory::$variant(m) => Some(m),
 #[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
                                 _ => None,
-                            })?,
-                            s,
+                            },
+                            |w| c.$call(w, s),
                         ),
                     )*
                     #[cfg_attr(one_backend, expect(unreachable_patterns, reason = "one backend compiled in: every pair matches an arm above"))]
@@ -150,16 +150,8 @@ macro_rules! backends {
             }
 
             #[inline]
-            fn enqueue_any(&self, op: Op<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
-                mapped!(self, stream, op, enqueue)
-            }
-
-            fn symmetric_any(
-                &self,
-                op: unicomm_core::symmetric::SymmetricOp<'_, AnyMemory>,
-                stream: &AnyStream,
-            ) -> Result<()> {
-                mapped!(self, stream, op, symmetric)
+            fn enqueue_any(&self, work: Work<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
+                mapped!(self, stream, work, enqueue)
             }
 
             fn alloc_symmetric_any(
@@ -181,14 +173,6 @@ macro_rules! backends {
                         }),
                     )*
                 }
-            }
-
-            fn one_sided_any(
-                &self,
-                op: unicomm_core::one_sided::OneSided<'_, AnyMemory>,
-                stream: &AnyStream,
-            ) -> Result<()> {
-                mapped!(self, stream, op, one_sided)
             }
         }
 
@@ -345,8 +329,8 @@ impl Collective for AnyComm {
         each!(self, AnyComm, c => c.deregister_window(handle))
     }
     #[inline]
-    fn enqueue(&self, op: Op<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
-        self.enqueue_any(op, stream)
+    fn enqueue(&self, work: Work<'_, AnyMemory>, stream: &AnyStream) -> Result<()> {
+        self.enqueue_any(work, stream)
     }
     fn group_start(&self) -> Result<()> {
         each!(self, AnyComm, c => c.group_start())
@@ -394,13 +378,6 @@ impl Collective for AnyComm {
     fn revoke(&self) -> Result<()> {
         each!(self, AnyComm, c => c.revoke())
     }
-    fn one_sided(
-        &self,
-        op: unicomm_core::one_sided::OneSided<'_, AnyMemory>,
-        stream: &AnyStream,
-    ) -> Result<()> {
-        self.one_sided_any(op, stream)
-    }
     fn alloc_symmetric(
         &self,
         bytes: usize,
@@ -420,22 +397,8 @@ impl Collective for AnyComm {
     fn destroy_device_comm(&self, handle: RawHandle) -> Result<()> {
         each!(self, AnyComm, c => c.destroy_device_comm(handle))
     }
-    fn device_kernel(
-        &self,
-        op: unicomm_core::device_api::DeviceKernelOp,
-        stream: &AnyStream,
-    ) -> Result<()> {
-        pair!(self, AnyComm, stream, AnyStream, "stream", (c, s) => c.device_kernel(op, s))
-    }
     fn free_symmetric(&self, handle: RawHandle) -> Result<()> {
         each!(self, AnyComm, c => c.free_symmetric(handle))
-    }
-    fn symmetric(
-        &self,
-        op: unicomm_core::symmetric::SymmetricOp<'_, AnyMemory>,
-        stream: &AnyStream,
-    ) -> Result<()> {
-        self.symmetric_any(op, stream)
     }
     fn properties(&self) -> Result<unicomm_core::Properties> {
         each!(self, AnyComm, c => c.properties())

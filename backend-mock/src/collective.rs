@@ -9,7 +9,7 @@ use unicomm_core::registry::RegKind;
 use unicomm_core::state::Life;
 use unicomm_core::{
     Capabilities, Collective, CommConfig, DeviceMemory, Error, Op, RawHandle, Result, ShrinkMode,
-    Version, Zeros,
+    Version, Work, Zeros,
 };
 
 use crate::comm::*;
@@ -130,21 +130,27 @@ impl Collective for MockComm {
         self.unwindow(handle, RegKind::Window)
     }
 
-    fn enqueue(&self, op: Op<'_, MockMemory>, stream: &MockStream) -> Result<()> {
-        let what = (op.kind, op.count, op.dtype);
+    fn enqueue(&self, work: Work<'_, MockMemory>, stream: &MockStream) -> Result<()> {
+        let what = work.what();
+        let stream_id = Arc::as_ptr(&stream.inner) as u64;
+        let mark = || unicomm_core::DeviceStream::record(stream).ok();
         // The routes' one vocabulary: the mock's own call is the library's it stands for.
         use unicomm_nccl_api::policy::Taken;
-        let path = match op.kind.is_var() {
-            true => Taken::Lowered,
-            false => Taken::Library,
+        match work {
+            Work::Collective(op) => {
+                let path = match op.kind.is_var() {
+                    true => Taken::Lowered,
+                    false => Taken::Library,
+                }
+                .name();
+                let run = || self.enqueue_op(*op, stream).map(|()| path);
+                self.ctx.flight.enqueued(what, stream_id, run, mark)
+            }
+            work => {
+                let run = || self.enqueue_other(work, stream);
+                self.ctx.flight.enqueued(what, stream_id, run, mark)
+            }
         }
-        .name();
-        self.ctx.flight.enqueued(
-            what,
-            Arc::as_ptr(&stream.inner) as u64,
-            || self.enqueue_op(op, stream).map(|()| path),
-            || unicomm_core::DeviceStream::record(stream).ok(),
-        )
     }
 
     fn alloc_symmetric(
@@ -157,22 +163,6 @@ impl Collective for MockComm {
 
     fn free_symmetric(&self, handle: RawHandle) -> Result<()> {
         self.free_symmetric_mem(handle)
-    }
-
-    fn symmetric(
-        &self,
-        op: unicomm_core::symmetric::SymmetricOp<'_, MockMemory>,
-        stream: &MockStream,
-    ) -> Result<()> {
-        self.symmetric_enqueue(op, stream)
-    }
-
-    fn one_sided(
-        &self,
-        op: unicomm_core::one_sided::OneSided<'_, MockMemory>,
-        stream: &MockStream,
-    ) -> Result<()> {
-        self.one_sided_op(op, stream)
     }
 
     fn flight(&self) -> Option<&Arc<unicomm_core::flight::FlightRecorder>> {
@@ -275,6 +265,23 @@ impl Collective for MockComm {
 }
 
 impl MockComm {
+    /// The work that is not a collective, and the path it took: the symmetric kernels by
+    /// their algorithm, the one-sided calls as the library's; the device-API kernel needs
+    /// NCCL's device API, which the mock does not have.
+    fn enqueue_other(
+        &self,
+        work: Work<'_, MockMemory>,
+        stream: &MockStream,
+    ) -> Result<&'static str> {
+        let path = work.path();
+        match work {
+            Work::Symmetric(op) => self.symmetric_enqueue(op, stream),
+            Work::OneSided(op) => self.one_sided_op(op, stream),
+            other => Err(other.unsupported(self.capabilities().backend)),
+        }
+        .map(|()| path)
+    }
+
     /// A window's registration (collective: every rank offers the same size, the
     /// signature's count).
     fn window(

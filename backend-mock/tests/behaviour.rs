@@ -252,13 +252,13 @@ fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
         bytes,
     };
     let r = c.enqueue(
-        Op::new(
+        unicomm_core::Work::Collective(&Op::new(
             Kind::AllReduce { op: ReduceOp::Sum },
             s(0, 64),
             s(0, 64),
             32,
             DataType::F32,
-        ),
+        )),
         &st,
     );
     assert!(
@@ -272,13 +272,13 @@ fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
         "{r:?}"
     );
     let r = c.enqueue(
-        Op::new(
+        unicomm_core::Work::Collective(&Op::new(
             Kind::AllReduce { op: ReduceOp::Sum },
             s(0, 32),
             s(16, 32),
             8,
             DataType::F32,
-        ),
+        )),
         &st,
     );
     assert!(
@@ -292,7 +292,13 @@ fn raw_level_rejects_out_of_bounds_and_partial_overlap() {
         "{r:?}"
     );
     let r = c.enqueue(
-        Op::new(Kind::AllToAll, s(0, 32), s(0, 32), 8, DataType::F32),
+        unicomm_core::Work::Collective(&Op::new(
+            Kind::AllToAll,
+            s(0, 32),
+            s(0, 32),
+            8,
+            DataType::F32,
+        )),
         &st,
     );
     assert!(r.is_err(), "in-place all-to-all must be rejected");
@@ -314,7 +320,13 @@ fn raw_all_gather_with_an_overflowing_count_is_refused_not_a_panic() {
     };
     for count in [usize::MAX, usize::MAX / 4 + 1, 1 << 62] {
         let r = c.enqueue(
-            Op::new(Kind::AllGather, s(0, 32), s(0, 64), count, DataType::F32),
+            unicomm_core::Work::Collective(&Op::new(
+                Kind::AllGather,
+                s(0, 32),
+                s(0, 64),
+                count,
+                DataType::F32,
+            )),
             &st,
         );
         assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
@@ -357,7 +369,7 @@ fn the_backend_refuses_receive_ranges_that_share_elements() {
             DataType::I32,
             layout,
         );
-        b.enqueue(op, &st)
+        b.enqueue(unicomm_core::Work::Collective(&op), &st)
     });
     for r in out {
         assert!(
@@ -393,13 +405,13 @@ fn partially_registered_buffer_is_rejected_at_the_call() {
         bytes: 32,
     };
     let r = c.enqueue(
-        Op::new(
+        unicomm_core::Work::Collective(&Op::new(
             Kind::AllReduce { op: ReduceOp::Sum },
             half,
             half,
             8,
             DataType::F32,
-        ),
+        )),
         &st,
     );
     assert!(
@@ -644,13 +656,13 @@ fn misaligned_raw_ranges_are_refused() {
         bytes: 32,
     };
     let r = c.enqueue(
-        Op::new(
+        unicomm_core::Work::Collective(&Op::new(
             Kind::AllReduce { op: ReduceOp::Sum },
             odd,
             odd,
             8,
             DataType::F32,
-        ),
+        )),
         &st,
     );
     assert!(

@@ -288,3 +288,31 @@ fn graph_inputs_written_between_replays_at_several_worlds() {
         unicomm_conformance::graph_inputs_written_between_replays(&comms).unwrap();
     }
 }
+
+/// The one door: each kind of work (a collective, each symmetric algorithm, a symmetric
+/// barrier, a signal and its wait) is recorded once under its own name and path, and a
+/// graph of three symmetric all-reduces and one all-reduce counts four and records four
+/// at its replay (the symmetric kernels and the one-sided calls once went around the
+/// recorder: an eager symmetric all-reduce left the ring empty, that graph counted one).
+#[test]
+fn every_kind_of_work_is_recorded_once_through_the_one_door() {
+    // The default target predates one-sided calls (refused, and recorded as refused);
+    // NCCL 2.32.3's has them.
+    for (target, one_sided) in [(None, false), (Some("nccl-2.32.3"), true)] {
+        for w in [1, 2, 3] {
+            let mut config = unicomm_mock::MockConfig::default();
+            if let Some(t) = target {
+                config.target = unicomm_mock::Target::parse(t).unwrap();
+            }
+            let cs = unicomm_mock::local_comms_with(w, config).unwrap();
+            let seen = unicomm_conformance::every_kind_of_work_is_recorded_once(&cs, None)
+                .unwrap_or_else(|e| panic!("world {w}, {target:?}: {e}"));
+            for kinds in seen {
+                assert!(kinds.contains(&"symmetric_all_reduce"), "{kinds:?}");
+                assert!(kinds.contains(&"graph"), "{kinds:?}");
+                let signals = kinds.contains(&"wait_signal");
+                assert_eq!(signals, one_sided && w > 1, "{target:?}: {kinds:?}");
+            }
+        }
+    }
+}

@@ -222,7 +222,9 @@ fn run(
             if backend_door {
                 let (sb, rb) = (whole(&send, count * 4), whole(&recv, count * 4));
                 let op = Op::new(kind, sb, rb, per, DataType::F32);
-                c.backend().enqueue(op, &st).unwrap();
+                c.backend()
+                    .enqueue(unicomm_core::Work::Collective(&op), &st)
+                    .unwrap();
                 continue;
             }
             match coll {

@@ -20,6 +20,16 @@ impl CudaRuntime {
         Some((u32::try_from(major).ok()?, u32::try_from(minor).ok()?))
     }
 
+    /// The device's multiprocessors.
+    pub(crate) fn multiprocessors(&self, dev: usize) -> Option<u32> {
+        use sys::CUdevice_attribute as A;
+        let c = self.context(dev).ok()?;
+        let n = c
+            .attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .ok()?;
+        u32::try_from(n).ok()
+    }
+
     /// The device's name and its PCI bus id (where the driver reports one).
     pub(crate) fn name_and_bus(&self, dev: usize) -> Result<(String, Option<String>)> {
         use sys::CUdevice_attribute as A;

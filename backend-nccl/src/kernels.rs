@@ -74,13 +74,16 @@ pub(crate) const DEVICE_API: Module = Module {
 /// Threads of a block (`BLOCK` in the sources' launch bounds).
 const BLOCK: u32 = kernel_args::SYMMETRIC_BLOCK;
 
-/// A module loaded on one device: its function per element type.
-#[derive(Debug)]
+/// A module loaded on one device: its function per element type, and how many of its
+/// blocks the device holds at once (its multiprocessors times the blocks of the hungriest
+/// function one of them holds): a grid that waits on itself is never launched larger.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Kernels {
     functions: [usize; 3],
+    resident: u32,
 }
 
-fn load(m: &Module, cc: Option<(u32, u32)>) -> Result<[usize; 3]> {
+fn load(m: &Module, cc: Option<(u32, u32)>, sms: Option<u32>) -> Result<Kernels> {
     if let Some((major, minor)) = cc.filter(|&(major, _)| major < 9) {
         return Err(Error::unsupported(
             m.what,
@@ -123,7 +126,26 @@ fn load(m: &Module, cc: Option<(u32, u32)>) -> Result<[usize; 3]> {
             .map_err(|e| cuda_err("cuModuleGetFunction", e))
     };
     let [a, b, c] = m.names;
-    Ok([function(a)?, function(b)?, function(c)?])
+    let functions = [function(a)?, function(b)?, function(c)?];
+    let mut per_sm = u32::MAX;
+    for f in functions {
+        // SAFETY: `f` is a function of the module just loaded (never unloaded).
+        let n = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(
+                f as sys::CUfunction,
+                BLOCK as i32,
+                0,
+            )
+        }
+        .map_err(|e| cuda_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        per_sm = per_sm.min(u32::try_from(n).unwrap_or(0));
+    }
+    // Without the device's count, one multiprocessor's worth: still co-resident.
+    let resident = per_sm.saturating_mul(sms.unwrap_or(1));
+    Ok(Kernels {
+        functions,
+        resident,
+    })
 }
 
 impl Kernels {
@@ -137,12 +159,17 @@ impl Kernels {
 impl CudaRuntime {
     /// `m`'s functions on `dev` (the current device), loaded into the runtime's module table
     /// at the first use; the capability is asked once, at the load (not on every launch).
-    fn functions(&self, m: &Module, dev: usize) -> Result<[usize; 3]> {
+    fn functions(&self, m: &Module, dev: usize) -> Result<Kernels> {
         let mut loaded = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        let k = loaded
-            .entry((m.what, dev))
-            .or_insert_with(|| load(m, self.capability(dev)));
-        k.as_ref().copied().map_err(Clone::clone)
+        let k = loaded.entry((m.what, dev)).or_insert_with(|| {
+            load(m, self.capability(dev), self.multiprocessors(dev))
+                .map(|k| (k.functions, k.resident))
+        });
+        let (functions, resident) = k.as_ref().copied().map_err(Clone::clone)?;
+        Ok(Kernels {
+            functions,
+            resident,
+        })
     }
 
     /// Which image of unicomm's symmetric kernels `dev`'s driver takes, the module loaded
@@ -184,8 +211,17 @@ impl CudaRuntime {
         stream: sys::CUstream,
     ) -> Result<()> {
         self.with_device(dev, || {
-            let functions = self.functions(m, dev)?;
-            let f = Kernels { functions }.of(m, dtype)?;
+            let k = self.functions(m, dev)?;
+            let f = k.of(m, dtype)?;
+            if blocks > k.resident {
+                return Err(Error::invalid(
+                    "blocks",
+                    format!(
+                        "a grid of {blocks} blocks whose blocks wait on each other, where {} holds {} at once",
+                        m.what, k.resident
+                    ),
+                ));
+            }
             // SAFETY: `f` is a function of the module loaded in `dev`'s context; the
             // caller's contract covers `args` and `stream`.
             unsafe { result::launch_kernel(f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream, args) }
@@ -205,10 +241,16 @@ impl CudaRuntime {
         stream: sys::CUstream,
     ) -> Result<()> {
         let mut arg = *params;
+        // The grid asked for, within what the device holds at once (the same on every rank
+        // of one GPU model).
+        let resident = self
+            .with_device(dev, || self.functions(&SYMMETRIC, dev))?
+            .resident;
+        arg.blocks = params.blocks.clamp(1, resident.max(1));
         let mut args = [(&mut arg as *mut KernelParams).cast::<c_void>()];
         // SAFETY: the symmetric kernels take one `Params` by value, whose layout
         // `KernelParams` has (tested); the caller's contract covers its addresses.
-        unsafe { self.launch_on((&SYMMETRIC, dev, dtype), 1, &mut args, stream) }
+        unsafe { self.launch_on((&SYMMETRIC, dev, dtype), arg.blocks, &mut args, stream) }
     }
 
     /// [`Runtime::launch_device_kernel`] on `dev`: `blocks` blocks, the device

@@ -9,7 +9,8 @@ use unicomm_core::{DataType, Kind, ReduceOp};
 
 fn per_call_ns(cap: usize, n: u64) -> f64 {
     let f = FlightRecorder::new("world", 0, 1, cap, false, None);
-    let what = (Kind::AllReduce { op: ReduceOp::Sum }, 2, DataType::F32);
+    let what =
+        unicomm_core::What::Collective(Kind::AllReduce { op: ReduceOp::Sum }, 2, DataType::F32);
     let t = Instant::now();
     for i in 0..n {
         std::hint::black_box(f.record(what, "library", std::hint::black_box(i), None));

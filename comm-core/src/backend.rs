@@ -4,7 +4,7 @@
 //! [`crate::comm`] validates arguments first, but a backend still checks what would be
 //! unsound for it to get wrong (bounds of host memory on the mock, unknown handles).
 
-use crate::op::Op;
+use crate::work::Work;
 use crate::{CommConfig, Result};
 
 pub use crate::device::{DeviceGraph, DeviceMemory, DeviceStream, StreamPriority};
@@ -14,21 +14,20 @@ pub use crate::info::{Capabilities, DeviceInfo, Version};
 
 pub use crate::registry::RawHandle;
 
-/// What a device communicator needs, as the default refusal names it.
-const DEVICE_API_NEEDS: &str =
-    "NCCL's device API (ncclDevCommCreate: NCCL >= 2.31.2 in its runtime-version mode)";
+use crate::device_api::DEVICE_API_NEEDS;
 
 /// The communicator of one rank, as a backend implements it.
 ///
 /// Users reach it through [`crate::Comm`], which adds element types and ownership. A
-/// backend implements the required methods; every collective reaches it as one [`Op`]
-/// through [`Collective::enqueue`], the one door into a backend ([`crate::Comm`] builds the
-/// `Op`), so where a call goes is decided in one place per backend.
+/// backend implements the required methods; every stream-ordered operation reaches it as
+/// one [`Work`] through [`Collective::enqueue`], the one door into a backend
+/// ([`crate::Comm`] builds it), so where a call goes, and its one flight record, are decided
+/// in one place per backend.
 ///
 /// Ordering: every `enqueue` and every memory copy runs after the work enqueued before it
 /// on the same stream. Errors of the work itself surface at the next `synchronize` of that
 /// stream (or at a blocking read), as on real hardware. Every method checks what would be
-/// unsound for the backend to get wrong ([`Op::check`]); the typed layer checks the rest
+/// unsound for the backend to get wrong ([`crate::Op::check`]); the typed layer checks the rest
 /// first.
 pub trait Collective: Send + Sync + Sized + 'static {
     /// The backend's stream.
@@ -74,9 +73,12 @@ pub trait Collective: Send + Sync + Sized + 'static {
     /// `ncclCommWindowDeregister` (collective, like registration).
     fn deregister_window(&self, handle: RawHandle) -> Result<()>;
 
-    /// Enqueues one operation on `stream`: the one entry point every collective below goes
-    /// through unless a backend overrides it.
-    fn enqueue(&self, op: Op<'_, Self::Memory>, stream: &Self::Stream) -> Result<()>;
+    /// Enqueues one piece of work on `stream`: the one door of every stream-ordered
+    /// operation (collectives, unicomm's symmetric kernels, one-sided calls, the device-API
+    /// kernel), where the backend routes it and records it once in its flight recorder.
+    /// Work the backend cannot run is `Unsupported` naming what it needs
+    /// ([`Work::unsupported`]).
+    fn enqueue(&self, work: Work<'_, Self::Memory>, stream: &Self::Stream) -> Result<()>;
     /// `ncclGroupStart`: operations until the matching `group_end` are launched together.
     /// Groups are per thread and span communicators of the same backend.
     fn group_start(&self) -> Result<()>;
@@ -192,22 +194,6 @@ pub trait Collective: Send + Sync + Sized + 'static {
         ))
     }
 
-    /// One one-sided operation on `stream` (`ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`,
-    /// NCCL >= 2.29.2; see [`Comm::put_signal`](crate::Comm::put_signal)). Not a collective:
-    /// only the ranks it names take part. Default: `Unsupported`.
-    fn one_sided(
-        &self,
-        op: crate::one_sided::OneSided<'_, Self::Memory>,
-        stream: &Self::Stream,
-    ) -> Result<()> {
-        let _ = stream;
-        Err(crate::Error::unsupported(
-            format!("one-sided operations ({})", op.name()),
-            "ncclPutSignal, ncclSignal, ncclWaitSignal (NCCL >= 2.29.2)",
-            self.capabilities().backend,
-        ))
-    }
-
     /// Where `peer`'s part of the window `handle` lies for this rank's kernels (NCCL
     /// 2.29.2's `ncclGetPeerDevicePointer`): `None` where the peer is outside this rank's
     /// NVLink domain. Default: `Unsupported`.
@@ -247,21 +233,6 @@ pub trait Collective: Send + Sync + Sized + 'static {
         ))
     }
 
-    /// unicomm's kernel written against the device API, on `stream` (collective: every
-    /// rank enqueues it). Default: `Unsupported`.
-    fn device_kernel(
-        &self,
-        op: crate::device_api::DeviceKernelOp,
-        stream: &Self::Stream,
-    ) -> Result<()> {
-        let _ = (op, stream);
-        Err(crate::Error::unsupported(
-            "unicomm's kernel on the device API",
-            DEVICE_API_NEEDS,
-            self.capabilities().backend,
-        ))
-    }
-
     /// Allocates `bytes` of symmetric memory on every rank (collective and host-blocking:
     /// every rank calls it with the same size, in the same order; sizes that differ are
     /// `Mismatch` on every rank), every rank's mapped on this rank, with a signal pad per
@@ -288,22 +259,6 @@ pub trait Collective: Send + Sync + Sized + 'static {
         Err(crate::Error::unsupported(
             "symmetric memory",
             "a backend with unicomm's symmetric kernels (the mock)",
-            self.capabilities().backend,
-        ))
-    }
-
-    /// One operation of unicomm's kernels on symmetric memory, on `stream` (collective:
-    /// every rank enqueues it). A kernel that waits on a peer gives up at the deadline or an
-    /// abort. Default: `Unsupported`.
-    fn symmetric(
-        &self,
-        op: crate::symmetric::SymmetricOp<'_, Self::Memory>,
-        stream: &Self::Stream,
-    ) -> Result<()> {
-        let _ = (op, stream);
-        Err(crate::Error::unsupported(
-            "unicomm's symmetric kernels",
-            "a backend that runs them (the mock)",
             self.capabilities().backend,
         ))
     }

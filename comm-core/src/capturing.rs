@@ -5,8 +5,7 @@
 
 use std::cell::{Cell, RefCell};
 
-use crate::element::DataType;
-use crate::kind::Kind;
+use crate::kind::What;
 use crate::{Error, Result};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -23,7 +22,7 @@ pub(crate) enum Phase {
 pub(crate) struct Captured {
     /// The recorder's address (which communicator enqueued it).
     pub(crate) recorder: usize,
-    pub(crate) what: (Kind, usize, DataType),
+    pub(crate) what: What,
     pub(crate) path: &'static str,
 }
 
@@ -96,11 +95,7 @@ impl Drop for StepCall {
 /// kept for the graph's replays instead of recorded as a call. `false` when not capturing
 /// (the common case, decided inline on every call's path).
 #[inline]
-pub(crate) fn note_captured(
-    recorder: usize,
-    what: (Kind, usize, DataType),
-    path: &'static str,
-) -> bool {
+pub(crate) fn note_captured(recorder: usize, what: What, path: &'static str) -> bool {
     if !capturing() {
         return false;
     }
@@ -110,7 +105,7 @@ pub(crate) fn note_captured(
 
 #[cold]
 #[inline(never)]
-fn keep_captured(recorder: usize, what: (Kind, usize, DataType), path: &'static str) {
+fn keep_captured(recorder: usize, what: What, path: &'static str) {
     CAPTURED.with(|c| {
         c.borrow_mut().push(Captured {
             recorder,

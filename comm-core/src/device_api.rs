@@ -102,6 +102,10 @@ pub struct DeviceKernelOp {
     pub op: ReduceOp,
 }
 
+/// What a device communicator needs, as refusals name it.
+pub(crate) const DEVICE_API_NEEDS: &str =
+    "NCCL's device API (ncclDevCommCreate: NCCL >= 2.31.2 in its runtime-version mode)";
+
 /// The types and reductions of unicomm's device-API kernel (as its symmetric kernels').
 pub fn check_device_kernel(dtype: DataType, op: ReduceOp) -> Result<()> {
     crate::symmetric::check_symmetric_type(dtype)?;

@@ -246,3 +246,87 @@ impl Kind {
         )
     }
 }
+
+/// The stream-ordered work that is not one of NCCL's collectives, by name: unicomm's
+/// symmetric kernels, the one-sided calls and the device-API kernel. Their codes follow
+/// [`Kind::code`]'s from 32, so that one byte of a flight record names any work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkName {
+    /// unicomm's all-reduce over symmetric memory.
+    SymmetricAllReduce,
+    /// The same, fused with the residual add and RMSNorm.
+    SymmetricAllReduceRmsNorm,
+    /// A barrier over a symmetric allocation's signal pads.
+    SymmetricBarrier,
+    /// `ncclPutSignal`.
+    PutSignal,
+    /// `ncclSignal`.
+    Signal,
+    /// `ncclWaitSignal`.
+    WaitSignal,
+    /// unicomm's all-reduce written against NCCL's device API.
+    DeviceAllReduce,
+}
+
+impl WorkName {
+    /// Every name once, in the order of [`WorkName::code`].
+    pub const ALL: [WorkName; 7] = [
+        WorkName::SymmetricAllReduce,
+        WorkName::SymmetricAllReduceRmsNorm,
+        WorkName::SymmetricBarrier,
+        WorkName::PutSignal,
+        WorkName::Signal,
+        WorkName::WaitSignal,
+        WorkName::DeviceAllReduce,
+    ];
+
+    /// A stable number, from 32 (after every [`Kind::code`]).
+    pub fn code(self) -> u8 {
+        32 + self as u8
+    }
+
+    /// The name in snake case, as flight records and `cargo xtask trace` spell it.
+    pub fn snake_name(self) -> &'static str {
+        match self {
+            WorkName::SymmetricAllReduce => "symmetric_all_reduce",
+            WorkName::SymmetricAllReduceRmsNorm => "symmetric_all_reduce_rms_norm",
+            WorkName::SymmetricBarrier => "symmetric_barrier",
+            WorkName::PutSignal => "put_signal",
+            WorkName::Signal => "signal",
+            WorkName::WaitSignal => "wait_signal",
+            WorkName::DeviceAllReduce => "device_all_reduce",
+        }
+    }
+}
+
+/// What the flight recorder keeps of one piece of work: a collective's kind, count and
+/// element type, or the name, count, element type, reduction and rank argument of the
+/// work that is not a collective.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum What {
+    /// A collective ([`crate::Op`]'s fields).
+    Collective(Kind, usize, crate::DataType),
+    /// Any other work.
+    Other {
+        /// Which.
+        name: WorkName,
+        /// Elements (0 where it moves none).
+        count: usize,
+        /// Their type, where it has one.
+        dtype: Option<crate::DataType>,
+        /// The reduction, where it reduces.
+        op: Option<ReduceOp>,
+        /// The peer it names, where it names one.
+        rank: Option<usize>,
+    },
+}
+
+impl What {
+    /// The name in snake case (a collective's [`Kind::snake_name`] or a [`WorkName`]'s).
+    pub fn snake_name(self) -> &'static str {
+        match self {
+            What::Collective(k, ..) => k.snake_name(),
+            What::Other { name, .. } => name.snake_name(),
+        }
+    }
+}

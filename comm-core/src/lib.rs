@@ -72,6 +72,7 @@ pub mod shrink;
 pub mod state;
 pub mod step;
 pub mod symmetric;
+pub mod work;
 
 pub use backend::{
     Capabilities, Collective, DeviceGraph, DeviceInfo, DeviceMemory, DeviceStream, Marker,
@@ -89,6 +90,7 @@ pub use element::{DataType, Element, ReduceOp, Scalar};
 pub use error::{Error, Result};
 pub use fp8::{F8E4M3, F8E5M2};
 pub use half::{bf16, f16};
+pub use kind::{What, WorkName};
 pub use layout::Zeros;
 pub use lent::{Lent, LentMut};
 pub use mesh::DeviceMesh;
@@ -98,3 +100,4 @@ pub use ranks::{each_rank, Place};
 pub use registration::{AutoRegistered, RegisterError, Registered, Registration, Window};
 pub use shrink::{Rejoin, ShrinkMode};
 pub use state::{MemStats, Properties};
+pub use work::{Work, DEVICE_PATH};

@@ -24,6 +24,7 @@ mod exact;
 mod graphs;
 mod groups;
 mod one_sided;
+mod recorded;
 mod reference;
 mod refusals;
 mod runner;
@@ -43,6 +44,7 @@ pub use groups::{
     run_groups, run_groups_on_rank, run_groups_on_rank_refusing, run_groups_refusing,
 };
 pub use one_sided::{one_sided_in_graph, one_sided_put_signal};
+pub use recorded::every_kind_of_work_is_recorded_once;
 pub use refusals::{group_check_refused_by_design, refused_by_design};
 pub use sleep::sleep_mode_and_properties;
 pub use symmetric::{

@@ -1,25 +1,33 @@
 // unicomm's symmetric kernels for NVIDIA GPUs: the one-shot, two-shot and Lamport
 // all-reduce over symmetric memory, the fused residual add + RMSNorm after any of them, and
 // the barrier on the signal pads. The protocol is the mock's (backend-mock/src/symmetric/
-// kernels.rs) and the layout comm-core's (comm-core/src/symmetric.rs): a pad per rank with
-// its epoch, one arrival word per peer, the count word and the Lamport round, counters that
-// wrap and live in the pad so that a graph's replays count on. Every call carries its
-// signature (comm-core/src/symmetric/signature.rs: the operation, type, reduction, count,
-// the fused norm's width and epsilon, as words with their top bit clear): the barrier
-// kernels publish it in the pad (two places, by the parity of the first barrier's epoch)
-// and compare every rank's after their first barrier; Lamport writes it with its round as
-// the header of every slot and compares every header before it reduces a slot. A rank that
-// waits in a barrier while a peer's Lamport header of this round came (or in Lamport while
-// a peer arrived at a barrier this rank never entered) reports the mismatch, not a timeout.
+// kernels.rs) and the layout comm-core's (comm-core/src/symmetric/mod.rs): a pad per rank
+// with its epoch, one arrival word per peer, the Lamport round, counters that wrap and live
+// in the pad so that a graph's replays count on. Every call carries its signature
+// (comm-core/src/symmetric/signature.rs: the operation, type, reduction, count, the fused
+// norm's width and epsilon, as words with their top bit clear): block 0's barriers publish
+// it in the pad (two places, by the parity of the first barrier's epoch) and compare every
+// rank's after their first barrier; Lamport writes it with its round as the header of every
+// slot and block 0 compares every header. A rank that waits in a barrier while a peer's
+// Lamport header of this round came (or in Lamport while a peer arrived at a barrier this
+// rank never entered) reports the mismatch, not a timeout.
 //
-// One thread block of BLOCK threads per launch: thread 0 runs the barriers, every thread
-// its elements. Every wait on a peer also watches the communicator's abort word (mapped
-// host memory the host sets at abort), the world's poison word in this rank's pad (a peer
-// that gave up) and a deadline (%globaltimer from the kernel's start), and reports the
-// first fault into the control block the host reads at its next wait.
+// A grid of blocks of BLOCK threads (the host sizes it by the count, at most MAX_BLOCKS and
+// what the GPU holds at once: blocks that wait on each other must be co-resident). Block 0
+// runs the agreement and the epoch barriers above; block b > 0 meets the same block of every
+// peer on its own arrival words (PAD_BLOCK_ARRIVAL), with values from the launch's number
+// (PAD_CALL), and ends its waits at block 0's verdict (PAD_VERDICT) where block 0 found the
+// ranks disagreeing. The last block to finish advances the launch's number (PAD_DONE counts
+// them). The data moves in 16-byte vectors where every address and the count allow it.
+// Every wait on a peer also watches the communicator's abort word (mapped host memory the
+// host sets at abort), the world's poison word in this rank's pad (a peer that gave up) and
+// a deadline (%globaltimer from the kernel's start), and reports the first fault into the
+// control block the host reads at its next wait. Fences are at system scope where a peer is
+// another GPU, at GPU scope where every rank is on this one (`local`).
 //
 // Built by `cargo xtask kernels` (nvcc 13.0 from NVIDIA's wheels, -arch=sm_90 -ptx) into
-// symmetric.ptx beside it, which the CUDA runtime loads at run time.
+// symmetric.ptx beside it, and into symmetric.fatbin (SASS for sm_90 and sm_100 by CUDA
+// 12.8's ptxas, and the PTX), which the CUDA runtime loads.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -36,6 +44,14 @@
 #define LAMPORT_HEADER (4 * SIG_WORDS)
 #define SIG_ROUND (SIG_WORDS - 1)
 #define PAD_GONE(q) (PAD_SIGNATURE + 2 * LAMPORT_HEADER + 4 * (q))
+#define PAD_CALL PAD_GONE(MAX_WORLD)
+#define PAD_DONE (PAD_CALL + 4)
+#define PAD_VERDICT (PAD_DONE + 4)
+#define PAD_HOLD (PAD_VERDICT + 4)
+#define PAD_USED(b) (PAD_HOLD + 4 + 4 * (b))
+#define PAD_BLOCKS 256
+#define PAD_BLOCK_ARRIVAL(b, p) (PAD_BLOCKS + 4 * ((b) * MAX_WORLD + (p)))
+#define MAX_BLOCKS 128
 
 enum { ALG_ONE_SHOT = 0, ALG_TWO_SHOT = 1, ALG_LAMPORT = 2, ALG_BARRIER = 3 };
 enum { OP_SUM = 0, OP_MAX = 1, OP_MIN = 2 };
@@ -73,6 +89,8 @@ struct Params {
   uint32_t sig[SIG_WORDS];  // the call's signature, the round word 0
   uint32_t typed;           // Lamport: the type is the workspace's (else headers only)
   uint32_t workspace;       // the allocation has Lamport workspaces
+  uint32_t local;           // every rank on this GPU: fences at GPU scope
+  uint32_t blocks;          // the grid the host asked for (the launcher may clamp it)
 };
 
 __device__ __forceinline__ uint64_t now_ns() {
@@ -87,6 +105,23 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
 }
 __device__ __forceinline__ void st_release(uint32_t* p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// A fence at the scope the peers need: one before a barrier's arrivals (with the relaxed
+// stores after it, a release) and one after its waits (an acquire).
+__device__ __forceinline__ void fence_peers(const Params& p) {
+  if (p.local) {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  } else {
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+  }
 }
 __device__ __forceinline__ uint32_t* pad_word(const Params& p, uint32_t rank, int at) {
   return (uint32_t*)(p.pads[rank] + at);
@@ -198,11 +233,11 @@ __device__ uint32_t barrier0(const Params& p, uint64_t start) {
   uint32_t* epoch = pad_word(p, p.rank, PAD_EPOCH);
   uint32_t e = *(volatile uint32_t*)epoch + 1;
   *(volatile uint32_t*)epoch = e;
-  __threadfence_system();
-  for (uint32_t q = 0; q < p.world; q++) st_release(pad_word(p, q, PAD_ARRIVAL(p.rank)), e);
+  fence_peers(p);
+  for (uint32_t q = 0; q < p.world; q++) st_relaxed(pad_word(p, q, PAD_ARRIVAL(p.rank)), e);
   for (uint32_t q = 0; q < p.world; q++) {
     const uint32_t* w = pad_word(p, p.rank, PAD_ARRIVAL(q));
-    for (uint32_t n = 1; (int32_t)(ld_acquire(w) - e) < 0; n++) {
+    for (uint32_t n = 1; (int32_t)(ld_relaxed(w) - e) < 0; n++) {
       if ((n & 255) == 0) {
         uint32_t f = stop(p, start);
         if (f) {
@@ -218,16 +253,65 @@ __device__ uint32_t barrier0(const Params& p, uint64_t start) {
       }
     }
   }
+  fence_peers(p);
   return 0;
 }
 
-// Every thread's barrier: true when passed; false after a fault (reported).
-__device__ bool barrier(const Params& p, uint64_t start, uint32_t* fault) {
-  __syncthreads();
-  if (threadIdx.x == 0) *fault = barrier0(p, start);
-  __syncthreads();
+// What every block keeps of its launch: its start, the launch's number and Lamport round
+// (read at its start; the last block advances them), its first fault.
+struct Launch {
+  uint64_t start;
+  uint32_t call, round, fault;
+};
+
+// Whether block 0 found this launch's ranks disagreeing (or gave up): the other blocks'
+// waits end there.
+__device__ __forceinline__ bool verdict(const Params& p, const Launch& l) {
+  return *(volatile uint32_t*)pad_word(p, p.rank, PAD_VERDICT) == l.call + 1u;
+}
+__device__ __forceinline__ void post_verdict(const Params& p, const Launch& l) {
+  *(volatile uint32_t*)pad_word(p, p.rank, PAD_VERDICT) = l.call + 1u;
   __threadfence();
-  return *fault == 0;
+}
+
+// Thread 0's barrier `i` (1 to 3) of a block b > 0: its arrival (the launch's number) in
+// every rank's pad, every rank's same block awaited. 0, or the fault (reported; block 0's
+// verdict was reported by block 0).
+__device__ uint32_t block_barrier0(const Params& p, const Launch& l, uint32_t i) {
+  uint32_t b = blockIdx.x, v = 4u * l.call + i;
+  fence_peers(p);
+  for (uint32_t q = 0; q < p.world; q++) st_relaxed(pad_word(p, q, PAD_BLOCK_ARRIVAL(b, p.rank)), v);
+  for (uint32_t q = 0; q < p.world; q++) {
+    const uint32_t* w = pad_word(p, p.rank, PAD_BLOCK_ARRIVAL(b, q));
+    for (uint32_t n = 1; (int32_t)(ld_relaxed(w) - v) < 0; n++) {
+      if ((n & 255) != 0) continue;
+      if (verdict(p, l)) return FAULT_MISMATCH;
+      uint32_t f = stop(p, l.start);
+      if (f) {
+        report(p, f, q, v, 0);
+        return f;
+      }
+      if (gone(p, q) && (int32_t)(ld_acquire(w) - v) < 0) {
+        report(p, FAULT_GONE, q, v, 0);
+        return FAULT_GONE;
+      }
+    }
+  }
+  fence_peers(p);
+  return 0;
+}
+
+// Every thread's barrier `i` of the launch: block 0's on the epoch words, another block's on
+// its own. True when passed; false after a fault (reported, and block 0's posted).
+__device__ bool barrier(const Params& p, Launch& l, uint32_t i) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t f = blockIdx.x == 0 ? barrier0(p, l.start) : block_barrier0(p, l, i);
+    if (f && !l.fault) l.fault = f;
+    if (f && blockIdx.x == 0) post_verdict(p, l);
+  }
+  __syncthreads();
+  return l.fault == 0;
 }
 
 // The signature's place in a pad for the call whose first barrier has epoch e.
@@ -235,65 +319,130 @@ __device__ __forceinline__ uint32_t* pad_signature(const Params& p, uint32_t q, 
   return pad_word(p, q, PAD_SIGNATURE + (e % 2) * LAMPORT_HEADER);
 }
 
-// The signature published, the first barrier, every rank's compared: every rank reads the
-// same words (each stays until its rank's next first barrier, which no rank passes before
-// every rank read them), so a mismatch is reported by every rank after the same barrier.
-__device__ bool agree(const Params& p, uint64_t start, uint32_t* fault) {
-  __shared__ uint32_t differs;
+// Block 0: the signature published, the first barrier, every rank's compared: every rank
+// reads the same words (each stays until its rank's next first barrier, which no rank
+// passes before every rank read them), so a mismatch is reported by every rank after the
+// same barrier. The other blocks: their first barrier.
+__device__ bool enter(const Params& p, Launch& l) {
+  if (blockIdx.x != 0) return barrier(p, l, 1);
   if (threadIdx.x == 0) {
     uint32_t next = *(volatile uint32_t*)pad_word(p, p.rank, PAD_EPOCH) + 1;
     volatile uint32_t* mine = pad_signature(p, p.rank, next);
     for (int i = 0; i < SIG_WORDS; i++) mine[i] = p.sig[i];
-    differs = 0;
   }
-  if (!barrier(p, start, fault)) return false;
+  if (!barrier(p, l, 1)) return false;
   if (threadIdx.x == 0) {
     uint32_t e = *(volatile uint32_t*)pad_word(p, p.rank, PAD_EPOCH);
-    for (uint32_t q = 0; q < p.world && !differs; q++) {
+    for (uint32_t q = 0; q < p.world && !l.fault; q++) {
       volatile uint32_t* theirs = pad_signature(p, q, e);
       for (int i = 0; i < SIG_WORDS; i++) {
         if (theirs[i] != p.sig[i]) {
           report_mismatch(p, p.sig, q, theirs);
-          differs = 1;
+          l.fault = FAULT_MISMATCH;
+          post_verdict(p, l);
           break;
         }
       }
     }
   }
   __syncthreads();
-  return !differs;
+  return l.fault == 0;
 }
 
-// Element i of every rank's data reduced in rank order.
-template <typename T>
-__device__ __forceinline__ typename Ty<T>::Bits reduce_all(const Params& p, uint64_t i) {
-  typename Ty<T>::Bits acc = load<T>(p.peers[0], i);
-  for (uint32_t q = 1; q < p.world; q++) acc = reduce<T>(p.op, acc, load<T>(p.peers[q], i));
+// L elements of T moved as one unit: a 16-byte vector, or one element (L = 1).
+template <typename T, int L> struct Pack {
+  typename Ty<T>::Bits b[L];
+};
+template <typename T> struct Lanes {
+  static const int N = 16 / sizeof(typename Ty<T>::Bits);
+};
+
+// Unit u of `base` (through L2, not L1: a peer's data is read once per call).
+template <typename T, int L> __device__ __forceinline__ Pack<T, L> ld_unit(uint64_t base, uint64_t u) {
+  Pack<T, L> x;
+  if constexpr (sizeof(Pack<T, L>) == 16) {
+    uint4 v = __ldcg((const uint4*)base + u);
+    memcpy(&x, &v, 16);
+  } else {
+    x.b[0] = ((volatile typename Ty<T>::Bits*)base)[u];
+  }
+  return x;
+}
+// The same, read again at every call (Lamport's polling).
+template <typename T, int L> __device__ __forceinline__ Pack<T, L> ld_unit_volatile(uint64_t base, uint64_t u) {
+  Pack<T, L> x;
+  if constexpr (sizeof(Pack<T, L>) == 16) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"((const uint4*)base + u)
+                 : "memory");
+    memcpy(&x, &v, 16);
+  } else {
+    x.b[0] = ((volatile typename Ty<T>::Bits*)base)[u];
+  }
+  return x;
+}
+template <typename T, int L> __device__ __forceinline__ void st_unit(uint64_t base, uint64_t u, const Pack<T, L>& x) {
+  if constexpr (sizeof(Pack<T, L>) == 16) {
+    uint4 v;
+    memcpy(&v, &x, 16);
+    __stcg((uint4*)base + u, v);
+  } else {
+    ((volatile typename Ty<T>::Bits*)base)[u] = x.b[0];
+  }
+}
+template <typename T, int L> __device__ __forceinline__ void reduce_into(uint32_t op, Pack<T, L>& acc, const Pack<T, L>& x) {
+#pragma unroll
+  for (int k = 0; k < L; k++) acc.b[k] = reduce<T>(op, acc.b[k], x.b[k]);
+}
+
+// Every unit of `units` this block's threads own: flat over the grid, or (row > 0: units
+// per row, the fused norm's) whole rows per block, so that a block normalizes what it reduced.
+template <typename F> __device__ __forceinline__ void each(uint64_t units, uint64_t row, F f) {
+  if (row == 0) {
+    for (uint64_t u = (uint64_t)blockIdx.x * BLOCK + threadIdx.x; u < units; u += (uint64_t)gridDim.x * BLOCK) f(u);
+  } else {
+    for (uint64_t r = blockIdx.x; r * row < units; r += gridDim.x)
+      for (uint64_t j = threadIdx.x; j < row; j += BLOCK) f(r * row + j);
+  }
+}
+// Units lo..hi over the grid (the two-shot's partitions: the same block of every rank owns
+// the same units of each).
+template <typename F> __device__ __forceinline__ void each_in(uint64_t lo, uint64_t hi, F f) {
+  for (uint64_t u = lo + (uint64_t)blockIdx.x * BLOCK + threadIdx.x; u < hi; u += (uint64_t)gridDim.x * BLOCK) f(u);
+}
+
+// Unit u of every rank's data reduced in rank order.
+template <typename T, int L> __device__ __forceinline__ Pack<T, L> reduce_all(const Params& p, uint64_t u) {
+  Pack<T, L> acc = ld_unit<T, L>(p.peers[0], u);
+  for (uint32_t q = 1; q < p.world; q++) reduce_into<T, L>(p.op, acc, ld_unit<T, L>(p.peers[q], u));
   return acc;
 }
 
-template <typename T> __device__ bool one_shot(const Params& p, uint64_t start, uint32_t* fault) {
-  if (!agree(p, start, fault)) return false;
-  for (uint64_t i = threadIdx.x; i < p.count; i += BLOCK) store<T>(p.out, i, reduce_all<T>(p, i));
-  return barrier(p, start, fault);
+template <typename T, int L> __device__ bool one_shot(const Params& p, Launch& l, uint64_t row) {
+  if (!enter(p, l)) return false;
+  each(p.count / L, row, [&](uint64_t u) { st_unit<T, L>(p.out, u, reduce_all<T, L>(p, u)); });
+  return barrier(p, l, 2);
 }
 
-template <typename T> __device__ bool two_shot(const Params& p, uint64_t start, uint32_t* fault) {
-  if (!agree(p, start, fault)) return false;
-  uint64_t lo = p.count * p.rank / p.world, hi = p.count * (p.rank + 1) / p.world;
-  for (uint64_t i = lo + threadIdx.x; i < hi; i += BLOCK)
-    store<T>(p.peers[p.rank], i, reduce_all<T>(p, i));
-  if (!barrier(p, start, fault)) return false;
+template <typename T, int L> __device__ bool two_shot(const Params& p, Launch& l) {
+  if (!enter(p, l)) return false;
+  uint64_t units = p.count / L;
+  uint64_t lo = units * p.rank / p.world, hi = units * (p.rank + 1) / p.world;
+  each_in(lo, hi, [&](uint64_t u) { st_unit<T, L>(p.peers[p.rank], u, reduce_all<T, L>(p, u)); });
+  if (!barrier(p, l, 2)) return false;
   for (uint32_t r = 0; r < p.world; r++) {
-    uint64_t a = p.count * r / p.world, b = p.count * (r + 1) / p.world;
-    for (uint64_t i = a + threadIdx.x; i < b; i += BLOCK) store<T>(p.out, i, load<T>(p.peers[r], i));
+    uint64_t a = units * r / p.world, b = units * (r + 1) / p.world;
+    each_in(a, b, [&](uint64_t u) { st_unit<T, L>(p.out, u, ld_unit<T, L>(p.peers[r], u)); });
   }
-  return barrier(p, start, fault);
+  // A third meeting: no rank rewrites its input while a peer still gathers from it.
+  return barrier(p, l, 3);
 }
 
-// Thread 0's wait for rank q's header in this rank's slot: 0 once written, else the fault
-// (reported). Also ends where q arrived at a barrier this rank never entered while its
-// header is still missing (q runs a barrier kernel here: its signature is in its pad).
+// Thread 0 of block 0's wait for rank q's header in this rank's slot: 0 once written, else
+// the fault (reported). Also ends where q arrived at a barrier this rank never entered while
+// its header is still missing (q runs a barrier kernel here: its signature is in its pad).
 __device__ uint32_t header0(const Params& p, uint64_t start, const uint32_t* sig, uint32_t q,
                             const uint32_t* h, uint32_t round) {
   for (uint32_t n = 1; ld_acquire(h) >> 31; n++) {
@@ -317,106 +466,145 @@ __device__ uint32_t header0(const Params& p, uint64_t start, const uint32_t* sig
   return 0;
 }
 
-// Lamport's one shot: this rank's input (where its type is the workspace's) and then its
-// header (signature and round, the first word released last) stored into its slot of
-// every rank's workspace of this round; every header awaited and compared (the same on
-// every rank: a call that differs anywhere is a mismatch everywhere); the slots reduced,
-// each element awaited until it is no longer the poison; the workspace of the round before
-// cleared; the round advanced, after a mismatch too (every call exchanges its headers, of
-// count 0 too, so the rounds stay in step).
-template <typename T> __device__ bool lamport(const Params& p, uint64_t start, uint32_t* fault) {
-  typedef typename Ty<T>::Bits B;
-  __shared__ uint32_t round, missing, sig[SIG_WORDS];
-  if (threadIdx.x == 0) {
-    round = *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND);
-    missing = 0;
-    for (int i = 0; i < SIG_WORDS; i++) sig[i] = p.sig[i];
-    sig[SIG_ROUND] = round & 0x7fffffffu;
+// Block 0's part of Lamport: this rank's header (signature and round, the first word
+// released last) into its slot of every rank's workspace, every header awaited and compared
+// (the same on every rank: a call that differs anywhere is a mismatch everywhere), and the
+// bytes this round leaves in this rank's workspace recorded for their clearing two rounds
+// on. A header never seen holds the round (no round end); a mismatch does not (every call
+// exchanges its headers, of count 0 too, so the rounds stay in step).
+__device__ void lamport_headers0(const Params& p, Launch& l, uint32_t b, uint32_t bytes) {
+  uint32_t sig[SIG_WORDS];
+  for (int i = 0; i < SIG_WORDS; i++) sig[i] = p.sig[i];
+  sig[SIG_ROUND] = l.round & 0x7fffffffu;
+  fence_peers(p);
+  for (uint32_t q = 0; q < p.world; q++) {
+    uint32_t* h = (uint32_t*)lamport_slot(p, q, b, p.rank);
+    for (int i = 1; i < SIG_WORDS; i++) ((volatile uint32_t*)h)[i] = sig[i];
+    st_release(h, sig[0]);
   }
-  __syncthreads();
-  uint32_t b = round % 3;
-  if (p.typed) {
-    for (uint64_t i = threadIdx.x; i < p.count; i += BLOCK) {
-      B x = load<T>(p.peers[p.rank], i);
-      if (x == Ty<T>::poison) x = 0;
-      for (uint32_t q = 0; q < p.world; q++)
-        store<T>(lamport_slot(p, q, b, p.rank) + LAMPORT_HEADER, i, x);
+  uint32_t verdict = 0, held = 0;
+  for (uint32_t q = 0; q < p.world && !verdict; q++) {
+    const uint32_t* h = (const uint32_t*)lamport_slot(p, p.rank, b, q);
+    uint32_t f = header0(p, l.start, sig, q, h, l.round);
+    if (f) {
+      verdict = f;
+      held = 1;
+      break;
     }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (uint32_t q = 0; q < p.world; q++) {
-      uint32_t* h = (uint32_t*)lamport_slot(p, q, b, p.rank);
-      for (int i = 1; i < SIG_WORDS; i++) ((volatile uint32_t*)h)[i] = sig[i];
-      __threadfence_system();
-      st_release(h, sig[0]);
-    }
-    uint32_t verdict = 0;
-    for (uint32_t q = 0; q < p.world && !*fault; q++) {
-      const uint32_t* h = (const uint32_t*)lamport_slot(p, p.rank, b, q);
-      uint32_t f = header0(p, start, sig, q, h, round);
-      if (f) {
-        *fault = f;
-        missing = q + 1;
-        break;
-      }
-      for (int i = 0; i < SIG_WORDS && !verdict; i++) {
-        if (((const volatile uint32_t*)h)[i] != sig[i]) {
-          report_mismatch(p, sig, q, (const volatile uint32_t*)h);
-          verdict = FAULT_MISMATCH;
-        }
+    for (int i = 0; i < SIG_WORDS && !verdict; i++) {
+      if (((const volatile uint32_t*)h)[i] != sig[i]) {
+        report_mismatch(p, sig, q, (const volatile uint32_t*)h);
+        verdict = FAULT_MISMATCH;
       }
     }
-    if (!*fault && verdict) *fault = verdict;
-    if (!*fault && !p.typed) {
-      // Every rank called it with another type than the workspace's.
-      report(p, FAULT_TYPE, p.rank, sig[0], 0);
-      *fault = FAULT_TYPE;
-    }
   }
-  __syncthreads();
-  if (missing) return false;  // a timeout, an abort, a barrier kernel on a peer: no round end
-  bool ok = *fault == 0;
-  for (uint64_t i = threadIdx.x; ok && i < p.count && !*(volatile uint32_t*)&missing; i += BLOCK) {
-    B acc = 0;
-    for (uint32_t q = 0; q < p.world; q++) {
-      uint64_t slot = lamport_slot(p, p.rank, b, q) + LAMPORT_HEADER;
-      B v;
-      for (uint32_t n = 1; (v = load<T>(slot, i)) == Ty<T>::poison; n++) {
-        if ((n & 255) == 0) {
-          uint32_t f = stop(p, start);
-          if (f) {
-            if (atomicCAS(&missing, 0u, q + 1) == 0u) *fault = f;
-            break;
-          }
-        }
-      }
-      if (*(volatile uint32_t*)&missing) break;
-      acc = q == 0 ? v : reduce<T>(p.op, acc, v);
-    }
-    store<T>(p.out, i, acc);
+  if (!verdict && !p.typed) {
+    // Every rank called it with another type than the workspace's.
+    report(p, FAULT_TYPE, p.rank, sig[0], 0);
+    verdict = FAULT_TYPE;
   }
-  __syncthreads();
-  if (missing) {
-    if (threadIdx.x == 0) report(p, *fault, missing - 1, round, 0);
-    return false;
+  // A disagreeing peer may have written past this call's count: all of each slot then.
+  *(volatile uint32_t*)pad_word(p, p.rank, PAD_USED(b)) = verdict ? (uint32_t)p.slot : bytes;
+  if (held) *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) = l.call + 1u;
+  if (verdict) {
+    if (!l.fault) l.fault = verdict;
+    post_verdict(p, l);
   }
-  uint64_t stale = lamport_slot(p, p.rank, (b + 2) % 3, 0);
-  for (uint64_t i = threadIdx.x; i < (uint64_t)p.world * p.slot / sizeof(B); i += BLOCK)
-    store<T>(stale, i, Ty<T>::poison);
-  __syncthreads();
-  if (threadIdx.x == 0) *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND) = round + 1;
-  return ok;
 }
 
-// The fused residual add and RMSNorm over `out` (the all-reduce's result): per row,
-// residual = out + residual (rounded to the type), out = residual / sqrt(mean(residual^2)
-// + eps) * weight, the mean and the scale in f32.
+// The round before's workspace back to the poison, as far as that round wrote into it: this
+// block's share of every slot.
+template <typename T> __device__ void lamport_clear(const Params& p, uint32_t stale) {
+  typedef typename Ty<T>::Bits B;
+  uint64_t used = *(volatile uint32_t*)pad_word(p, p.rank, PAD_USED(stale));
+  if (used > p.slot) used = p.slot;
+  uint64_t base = lamport_slot(p, p.rank, stale, 0);
+  bool wide = (base % 16 == 0) && (p.slot % 16 == 0);
+  uint32_t w = sizeof(B) == 4 ? Ty<T>::poison : ((uint32_t)Ty<T>::poison << 16 | Ty<T>::poison);
+  for (uint32_t q = 0; q < p.world; q++) {
+    uint64_t slot = base + (uint64_t)q * p.slot;
+    if (wide) {
+      uint4 v = make_uint4(w, w, w, w);
+      each_in(0, (used + 15) / 16, [&](uint64_t u) { __stcg((uint4*)slot + u, v); });
+    } else {
+      each_in(0, (used + sizeof(B) - 1) / sizeof(B), [&](uint64_t u) { ((volatile B*)slot)[u] = Ty<T>::poison; });
+    }
+  }
+}
+
+// Lamport's one shot over the grid: this rank's input (where its type is the workspace's)
+// stored into its slot of every rank's workspace of this round, each unit by the block that
+// owns it; block 0 exchanges and compares the headers meanwhile; each block reduces its
+// units, each awaited until no element is the poison (or block 0's verdict, or a fault);
+// then clears its share of the round before's workspace. The last block advances the round
+// unless a header never came.
+template <typename T, int L> __device__ bool lamport(const Params& p, Launch& l, uint64_t row) {
+  typedef typename Ty<T>::Bits B;
+  uint32_t b = l.round % 3;
+  uint64_t units = p.count / L;
+  if (p.typed) {
+    each(units, row, [&](uint64_t u) {
+      Pack<T, L> x = ld_unit<T, L>(p.peers[p.rank], u);
+#pragma unroll
+      for (int k = 0; k < L; k++)
+        if (x.b[k] == Ty<T>::poison) x.b[k] = 0;
+      for (uint32_t q = 0; q < p.world; q++) st_unit<T, L>(lamport_slot(p, q, b, p.rank) + LAMPORT_HEADER, u, x);
+    });
+  }
+  __syncthreads();
+  __shared__ uint32_t stopped;
+  if (threadIdx.x == 0) {
+    stopped = 0;
+    if (blockIdx.x == 0) {
+      uint64_t bytes = (LAMPORT_HEADER + p.count * sizeof(B) + 15) / 16 * 16;
+      lamport_headers0(p, l, b, (uint32_t)(bytes < p.slot ? bytes : p.slot));
+      if (l.fault) stopped = 1;
+    }
+  }
+  __syncthreads();
+  if (p.typed && !stopped) {
+    each(units, row, [&](uint64_t u) {
+      if (*(volatile uint32_t*)&stopped) return;
+      Pack<T, L> acc;
+      for (uint32_t q = 0; q < p.world; q++) {
+        uint64_t slot = lamport_slot(p, p.rank, b, q) + LAMPORT_HEADER;
+        Pack<T, L> v;
+        for (uint32_t n = 1;; n++) {
+          v = ld_unit_volatile<T, L>(slot, u);
+          bool ready = true;
+#pragma unroll
+          for (int k = 0; k < L; k++) ready = ready && v.b[k] != Ty<T>::poison;
+          if (ready) break;
+          if ((n & 255) == 0) {
+            uint32_t f = verdict(p, l) ? FAULT_MISMATCH : stop(p, l.start);
+            if (f) {
+              if (atomicCAS(&stopped, 0u, q + 1) == 0u && f != FAULT_MISMATCH) {
+                report(p, f, q, l.round, 0);
+                *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) = l.call + 1u;
+              }
+              if (!l.fault) l.fault = f;
+              return;
+            }
+          }
+        }
+        if (q == 0) acc = v; else reduce_into<T, L>(p.op, acc, v);
+      }
+      st_unit<T, L>(p.out, u, acc);
+    });
+  }
+  __syncthreads();
+  lamport_clear<T>(p, (b + 2) % 3);
+  return l.fault == 0;
+}
+
+// The fused residual add and RMSNorm over `out` (the all-reduce's result), this block's
+// rows: residual = out + residual (rounded to the type), out = residual / sqrt(mean(
+// residual^2) + eps) * weight, the mean and the scale in f32.
 template <typename T> __device__ void add_and_norm(const Params& p) {
   __shared__ float partial[BLOCK / 32];
   __shared__ float scale;
   __syncthreads();
-  for (uint64_t row = 0; row < p.count / p.hidden; row++) {
+  for (uint64_t row = blockIdx.x; row < p.count / p.hidden; row += gridDim.x) {
     uint64_t base = row * p.hidden;
     float ss = 0.f;
     for (uint64_t j = threadIdx.x; j < p.hidden; j += BLOCK) {
@@ -442,22 +630,52 @@ template <typename T> __device__ void add_and_norm(const Params& p) {
   }
 }
 
+// Whether every address the call moves units through is 16-byte aligned and the count (and
+// the norm's row) a whole number of vectors.
+template <typename T> __device__ bool vectors(const Params& p) {
+  const uint64_t n = Lanes<T>::N;
+  uint64_t any = p.out | p.lamport | p.slot;
+  for (uint32_t q = 0; q < p.world; q++) any |= p.peers[q];
+  return any % 16 == 0 && p.count % n == 0 && (!p.norm || p.hidden % n == 0);
+}
+
+// The last block of the launch: the launch's number advanced, the Lamport round where no
+// header went missing.
+__device__ void finish(const Params& p, const Launch& l) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  uint32_t* done = pad_word(p, p.rank, PAD_DONE);
+  if (atomicAdd(done, 1u) != gridDim.x - 1) return;
+  *(volatile uint32_t*)done = 0;
+  bool held = *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) == l.call + 1u;
+  if (p.algorithm == ALG_LAMPORT && !held) *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND) = l.round + 1;
+  *(volatile uint32_t*)pad_word(p, p.rank, PAD_CALL) = l.call + 1;
+  __threadfence();
+}
+
+template <typename T, int L> __device__ bool algorithm(const Params& p, Launch& l) {
+  uint64_t row = p.norm ? p.hidden / L : 0;
+  switch (p.algorithm) {
+    case ALG_ONE_SHOT: return one_shot<T, L>(p, l, row);
+    case ALG_TWO_SHOT: return two_shot<T, L>(p, l);
+    case ALG_LAMPORT: return lamport<T, L>(p, l, row);
+    default: enter(p, l); return false;
+  }
+}
+
 template <typename T> __device__ void run(const Params& p) {
-  __shared__ uint32_t fault;
-  __shared__ uint64_t start;
+  __shared__ Launch l;
   if (threadIdx.x == 0) {
-    fault = 0;
-    start = now_ns();
+    l.start = now_ns();
+    l.fault = 0;
+    l.call = *(volatile uint32_t*)pad_word(p, p.rank, PAD_CALL);
+    l.round = *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND);
   }
   __syncthreads();
-  bool ok;
-  switch (p.algorithm) {
-    case ALG_ONE_SHOT: ok = one_shot<T>(p, start, &fault); break;
-    case ALG_TWO_SHOT: ok = two_shot<T>(p, start, &fault); break;
-    case ALG_LAMPORT: ok = lamport<T>(p, start, &fault); break;
-    default: agree(p, start, &fault); return;
-  }
+  bool ok = vectors<T>(p) ? algorithm<T, Lanes<T>::N>(p, l) : algorithm<T, 1>(p, l);
   if (ok && p.norm) add_and_norm<T>(p);
+  finish(p, l);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_f32(Params p) { run<float>(p); }

@@ -189,13 +189,19 @@ fn the_common_route_refuses_what_the_contract_refuses_before_the_library_is_call
     // Two bytes in: inside the allocation and long enough, but not on a float's boundary.
     let skewed = Op::new(sum, at(2, 8), at(2, 8), 2, DataType::F32);
     assert!(
-        invalid(c.backend().enqueue(skewed, &st)),
+        invalid(
+            c.backend()
+                .enqueue(unicomm_core::Work::Collective(&skewed), &st)
+        ),
         "a skewed range was accepted"
     );
     let mut missing = Op::new(sum, at(0, 8), at(0, 8), 0, DataType::F32);
     missing.recv = None;
     assert!(
-        invalid(c.backend().enqueue(missing, &st)),
+        invalid(
+            c.backend()
+                .enqueue(unicomm_core::Work::Collective(&missing), &st)
+        ),
         "a missing side was accepted"
     );
     assert_eq!(
@@ -210,9 +216,14 @@ fn the_common_route_refuses_what_the_contract_refuses_before_the_library_is_call
         usize::MAX / 2,
         DataType::F32,
     );
-    assert!(invalid(c.backend().enqueue(huge, &st)));
+    assert!(invalid(
+        c.backend()
+            .enqueue(unicomm_core::Work::Collective(&huge), &st)
+    ));
     // What is well formed still goes through.
     let fine = Op::new(sum, at(4, 8), at(8, 8), 2, DataType::F32);
-    c.backend().enqueue(fine, &st).unwrap();
+    c.backend()
+        .enqueue(unicomm_core::Work::Collective(&fine), &st)
+        .unwrap();
     assert_eq!(calls(&path, "ncclAllReduce"), before + 1);
 }

@@ -189,6 +189,19 @@ fn flight_dumps(o: &Opts) -> Result<()> {
             && said.contains("rank(s) 1 never did"),
         "the flight recorder's dumps do not name the skipped collective:\n{said}"
     );
+    // The same for one of unicomm's symmetric kernels (recorded at the backend's one door
+    // like a collective): the dumps name the kernel a rank never reached.
+    let _ = std::fs::remove_dir_all(&fl);
+    run_procs(&mock(&["--scenario", "sym-skip"]), "faults", &job)
+        .context("faults sym-skip with the flight recorder on the mock")?;
+    let said = crate::trace::analyze(&crate::trace::read_dir(&fl)?).join("\n");
+    println!("{said}");
+    anyhow::ensure!(
+        said.contains("first divergence at sequence number 1")
+            && said.contains("symmetric_all_reduce")
+            && said.contains("rank(s) 1 never did"),
+        "the flight recorder's dumps do not name the skipped symmetric all-reduce:\n{said}"
+    );
     // The recorder at a lost rank: the survivors' dumps name the rank that left none.
     let _ = std::fs::remove_dir_all(&fl);
     let env = [("UNICOMM_FLIGHT_DIR", fl_s.as_str())];

@@ -20,6 +20,7 @@ use crate::buffer::{elem_bytes, Buffer, DeviceSlice, DeviceSliceMut, View, ViewM
 use crate::call_options::{self, CallOptions};
 use crate::element::Element;
 use crate::op::Op;
+use crate::work::Work;
 use crate::{Error, Result};
 
 static NEXT_COMM_ID: AtomicU64 = AtomicU64::new(1);
@@ -77,7 +78,12 @@ impl<C: Collective> Sole<'_, C> {
         if let Some(o) = &self.options {
             op.options = Some(o);
         }
-        self.raw.enqueue(op, stream)
+        self.raw.enqueue(Work::Collective(&op), stream)
+    }
+
+    /// The backend's `enqueue` of work that is not a collective (it takes no call options).
+    pub(crate) fn work(&self, work: Work<'_, C::Memory>, stream: &C::Stream) -> Result<()> {
+        self.raw.enqueue(work, stream)
     }
 }
 

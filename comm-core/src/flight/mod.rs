@@ -21,8 +21,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::element::DataType;
-use crate::kind::Kind;
+use crate::kind::What;
 use crate::marker::Marker;
 use crate::{Error, Result};
 
@@ -144,7 +143,7 @@ impl FlightRecorder {
     #[inline]
     pub fn enqueued(
         &self,
-        what: (Kind, usize, DataType),
+        what: What,
         stream: u64,
         enqueue: impl FnOnce() -> Result<&'static str>,
         mark: impl FnOnce() -> Option<Marker>,
@@ -190,24 +189,17 @@ impl FlightRecorder {
         }
     }
 
-    /// Records an operation (`kind` of `count` `dtype` elements, an [`Op`](crate::Op)'s
-    /// fields) enqueued on `stream` by `path`; `done` is the marker after it (with
+    /// Records an operation (what it is, [`What`]) enqueued on `stream` by `path`; `done` is the marker after it (with
     /// completion tracking). Returns its sequence number.
     #[inline]
-    pub fn record(
-        &self,
-        what: (Kind, usize, DataType),
-        path: &'static str,
-        stream: u64,
-        done: Option<Marker>,
-    ) -> u64 {
+    pub fn record(&self, what: What, path: &'static str, stream: u64, done: Option<Marker>) -> u64 {
         self.push(what, path, stream, done, None)
     }
 
     #[inline]
     fn push(
         &self,
-        what: (Kind, usize, DataType),
+        what: What,
         path: &'static str,
         stream: u64,
         done: Option<Marker>,
@@ -231,12 +223,7 @@ impl FlightRecorder {
 
     /// Records a collective that a graph's launch replays (`graph`: its id and the replay's
     /// number); how replays show in a dump and in `cargo xtask trace`.
-    pub fn record_replay(
-        &self,
-        what: (Kind, usize, DataType),
-        path: &'static str,
-        graph: (u64, u64),
-    ) {
+    pub fn record_replay(&self, what: What, path: &'static str, graph: (u64, u64)) {
         self.push(what, path, 0, None, Some(graph));
     }
 
@@ -408,10 +395,10 @@ pub fn dump_all(reason: &str) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ReduceOp;
+    use crate::{DataType, Kind, ReduceOp};
 
-    fn op(kind: Kind, count: usize) -> (Kind, usize, DataType) {
-        (kind, count, DataType::F32)
+    fn op(kind: Kind, count: usize) -> What {
+        What::Collective(kind, count, DataType::F32)
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::element::{DataType, ReduceOp};
-use crate::kind::Kind;
+use crate::kind::{Kind, What, WorkName};
 
 /// "None" in a packed 32-bit rank or an 8-bit code.
 const NONE32: u64 = u32::MAX as u64;
@@ -89,7 +89,7 @@ impl Ring {
     #[inline]
     pub(crate) fn push(
         &self,
-        (kind, count, dtype): (Kind, usize, DataType),
+        what: What,
         path: &'static str,
         stream: u64,
         stamp: u64,
@@ -100,9 +100,9 @@ impl Ring {
         s.ver.store(2 * seq + 1, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
         s.stamp.store(stamp, Ordering::Relaxed);
+        let (desc, count) = pack(what, path_id(path));
         s.count.store(count as u64, Ordering::Relaxed);
-        s.desc
-            .store(pack(kind, dtype, path_id(path)), Ordering::Relaxed);
+        s.desc.store(desc, Ordering::Relaxed);
         s.stream.store(stream, Ordering::Relaxed);
         let (g, r) = graph.map_or((0, 0), |(g, r)| (g + 1, r));
         s.graph.store(g, Ordering::Relaxed);
@@ -154,20 +154,55 @@ impl Ring {
     }
 }
 
-/// Kind code (8 bits), dtype (8), reduction (8), path id (8), rank argument (32).
-#[inline]
-fn pack(kind: Kind, dtype: DataType, path: u8) -> u64 {
-    // The reduction's place in `ReduceOp::ALL` (5: the pre-multiplied sum), by its variant:
-    // no name compared per call.
-    let code = |o: ReduceOp| match o {
+/// The reduction's place in `ReduceOp::ALL` (5: the pre-multiplied sum), by its variant:
+/// no name compared per call.
+#[inline(always)]
+fn op_code(o: ReduceOp) -> u64 {
+    match o {
         ReduceOp::Sum => 0,
         ReduceOp::Prod => 1,
         ReduceOp::Max => 2,
         ReduceOp::Min => 3,
         ReduceOp::Avg => 4,
         ReduceOp::PreMulSum(_) => 5,
-    };
-    let r = |r: usize| (r as u64).min(NONE32 - 1);
+    }
+}
+
+#[inline]
+fn rank_word(r: usize) -> u64 {
+    (r as u64).min(NONE32 - 1)
+}
+
+/// The packed word of `what` taken by `path`, and its count.
+#[inline(always)]
+fn pack(what: What, path: u8) -> (u64, usize) {
+    match what {
+        What::Collective(kind, count, dtype) => (pack_kind(kind, dtype, path), count),
+        What::Other {
+            name,
+            count,
+            dtype,
+            op,
+            rank,
+        } => {
+            let words = (
+                u64::from(name.code()),
+                dtype.map_or(NONE8, |t| t as i32 as u64 & 0xff),
+                op.map_or(NONE8, op_code),
+                rank.map_or(NONE32, rank_word),
+            );
+            (
+                words.0 | words.1 << 8 | words.2 << 16 | u64::from(path) << 24 | words.3 << 32,
+                count,
+            )
+        }
+    }
+}
+
+/// Kind code (8 bits), dtype (8), reduction (8), path id (8), rank argument (32).
+#[inline(always)]
+fn pack_kind(kind: Kind, dtype: DataType, path: u8) -> u64 {
+    let (code, r) = (op_code, rank_word);
     // One branch on the kind per call (its code, reduction and rank argument at once).
     let (op, rank) = match kind {
         Kind::AllReduce { op } | Kind::ReduceScatter { op } | Kind::ReduceScatterV { op } => {
@@ -202,13 +237,18 @@ fn unpack(
     let code = (d & 0xff) as u8;
     let kind = Kind::ALL
         .iter()
-        .find(|k| k.code() == code)
-        .map_or("unknown", |k| k.snake_name());
+        .map(|k| (k.code(), k.snake_name()))
+        .chain(WorkName::ALL.iter().map(|w| (w.code(), w.snake_name())))
+        .find(|k| k.0 == code)
+        .map_or("unknown", |k| k.1);
     let dt = ((d >> 8) & 0xff) as i32;
-    let dtype = DataType::ALL
-        .iter()
-        .find(|t| **t as i32 == dt)
-        .map_or("unknown", |t| t.name());
+    let dtype = match dt as u64 {
+        NONE8 => "none",
+        _ => DataType::ALL
+            .iter()
+            .find(|t| **t as i32 == dt)
+            .map_or("unknown", |t| t.name()),
+    };
     let op = match (d >> 16) & 0xff {
         NONE8 => None,
         i => Some(
@@ -293,7 +333,7 @@ mod tests {
             .map(|o| (o, o.name()))
             .chain([(ReduceOp::pre_mul_sum(0.5f32), "premulsum")]);
         for (op, name) in ops {
-            let (_, _, got, _, _) = unpack(pack(Kind::AllReduce { op }, DataType::F32, 0));
+            let (_, _, got, _, _) = unpack(pack_kind(Kind::AllReduce { op }, DataType::F32, 0));
             assert_eq!(got, Some(name), "{op:?}");
         }
     }
@@ -315,7 +355,7 @@ mod tests {
         for (i, k) in kinds.iter().enumerate() {
             let g = (i == 4).then_some((9, 41));
             let seq = r.push(
-                (*k, 10 + i, DataType::Bf16),
+                What::Collective(*k, 10 + i, DataType::Bf16),
                 "library",
                 5,
                 100 + i as u64,
@@ -357,7 +397,11 @@ mod tests {
                 s.spawn(move || {
                     for i in 0..1000u64 {
                         r.push(
-                            (Kind::AllGather, (t * 1000 + i) as usize, DataType::F32),
+                            What::Collective(
+                                Kind::AllGather,
+                                (t * 1000 + i) as usize,
+                                DataType::F32,
+                            ),
                             "mock",
                             t,
                             i,

@@ -21,10 +21,17 @@ pub use signature::{
 /// kernel argument's peer table).
 pub const MAX_SYMMETRIC_WORLD: usize = 16;
 
+/// The most thread blocks one launch of unicomm's symmetric kernels runs on the GPUs (each
+/// block past the first meets the same block of every peer on its own arrival words,
+/// [`pad_block_arrival`]).
+pub const MAX_SYMMETRIC_BLOCKS: usize = 128;
+
 /// Bytes of one rank's signal pad: a `u32` epoch ([`PAD_EPOCH`]) and one `u32` arrival
-/// word per peer ([`pad_arrival`]), then the `u32` Lamport round ([`PAD_ROUND`]), the
-/// poison word ([`PAD_POISON`]) and two signatures ([`PAD_SIGNATURE`]), padded to 256 bytes.
-pub const PAD_BYTES: usize = 256;
+/// word per peer ([`pad_arrival`]), the `u32` Lamport round ([`PAD_ROUND`]), the poison
+/// word ([`PAD_POISON`]), two signatures ([`PAD_SIGNATURE`]), the departure words
+/// ([`PAD_GONE`]), the launch's words of the GPU kernels' grid ([`PAD_CALL`] to
+/// [`pad_used`]), then from [`PAD_BLOCKS`] the arrival words of every block past the first.
+pub const PAD_BYTES: usize = pad_block_arrival(MAX_SYMMETRIC_BLOCKS, 0);
 /// Byte offset, in a rank's pad, of its barrier epoch: the number of barriers it entered
 /// (wrapping `u32`), kept in the pad so that a graph's replays count on from the last.
 pub const PAD_EPOCH: usize = 0;
@@ -54,6 +61,34 @@ pub const PAD_GONE: usize = PAD_SIGNATURE + 2 * LAMPORT_HEADER;
 /// Byte offset, in a rank's pad, of rank `q`'s departure word.
 pub const fn pad_gone(q: usize) -> usize {
     PAD_GONE + 4 * q
+}
+
+/// Byte offset, in a rank's pad, of the number of kernel launches on the allocation
+/// (wrapping `u32`; the GPU kernels' blocks past the first meet with values from it; the
+/// last block of a launch advances it).
+pub const PAD_CALL: usize = PAD_GONE + 4 * MAX_SYMMETRIC_WORLD;
+/// Byte offset, in a rank's pad, of the count of a launch's blocks that finished.
+pub const PAD_DONE: usize = PAD_CALL + 4;
+/// Byte offset, in a rank's pad, of block 0's verdict: the launch's number + 1 where block
+/// 0 found the ranks disagreeing or gave up (the other blocks' waits end there).
+pub const PAD_VERDICT: usize = PAD_DONE + 4;
+/// Byte offset, in a rank's pad, of the launch's number + 1 where a Lamport header or
+/// element never came (the round is not advanced).
+pub const PAD_HOLD: usize = PAD_VERDICT + 4;
+
+/// Byte offset, in a rank's pad, of the bytes of each slot that Lamport workspace `b` (of
+/// three) holds since its round: what the round two on clears back to the poison.
+pub const fn pad_used(b: usize) -> usize {
+    PAD_HOLD + 4 + 4 * b
+}
+
+/// Byte offset, in a rank's pad, of the blocks' arrival words.
+pub const PAD_BLOCKS: usize = 256;
+
+/// Byte offset, in a rank's pad, of the arrival word block `b` (> 0) of peer `p` writes:
+/// `4 * launch + i` of that block's `i`-th barrier of the launch.
+pub const fn pad_block_arrival(b: usize, p: usize) -> usize {
+    PAD_BLOCKS + 4 * (b * MAX_SYMMETRIC_WORLD + p)
 }
 
 /// Byte offset, in a rank's pad, of the signature of the call whose first barrier has
@@ -317,7 +352,7 @@ mod tests {
     fn the_pad_layout_fits_and_the_kernel_argument_is_c_sized() {
         const { assert!(pad_arrival(MAX_SYMMETRIC_WORLD - 1) + 4 <= PAD_ROUND) };
         const { assert!(pad_signature(1) + LAMPORT_HEADER <= PAD_GONE) };
-        const { assert!(pad_gone(MAX_SYMMETRIC_WORLD - 1) + 4 <= PAD_BYTES) };
+        const { assert!(pad_used(2) + 4 <= PAD_BLOCKS) };
         assert_eq!(
             std::mem::size_of::<SymmetricArgs>(),
             16 + 16 * MAX_SYMMETRIC_WORLD

@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use unicomm_core::flight::FlightRecorder;
 use unicomm_core::registry::RegKind;
-use unicomm_core::{Capabilities, Collective, CommConfig, Op, RawHandle, Result, ShrinkMode};
+use unicomm_core::{
+    Capabilities, Collective, CommConfig, Op, RawHandle, Result, ShrinkMode, What, Work,
+    DEVICE_PATH,
+};
 
 use super::enqueue::{lent_elsewhere, order_homes, refuse_lent_capture};
 use super::ApiComm;
@@ -126,23 +129,27 @@ impl<R: Runtime> Collective for ApiComm<R> {
         })
     }
 
-    #[inline]
-    fn enqueue(&self, op: Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
-        let what = (op.kind, op.count, op.dtype);
-        let homes = lent_elsewhere(&op, stream);
-        if homes {
-            refuse_lent_capture(&op)?;
+    #[inline(always)]
+    fn enqueue(&self, work: Work<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
+        // Each other kind out of line by its own payload: an out-of-line function given
+        // the whole `Work` would receive the collective's address too, and the operation
+        // built on the caller's stack would no longer be its constants (50 instructions
+        // more per call under callgrind).
+        match work {
+            Work::Collective(op) => self.enqueue_collective(op, stream),
+            Work::Symmetric(op) => self.recorded(op.what(), op.path(), stream, || {
+                self.sym.enqueue(&self.base, op, stream)
+            }),
+            Work::OneSided(op) => self.recorded(op.what(), "library", stream, || {
+                self.one_sided_op(op, stream)
+            }),
+            Work::Device(op) => self.recorded(op.what(), DEVICE_PATH, stream, || {
+                // The kernel watches the control block's abort word (set before NCCL's
+                // abort).
+                let control = self.sym.control_address(&self.base)?;
+                self.dev.launch((&self.base, control), op, stream)
+            }),
         }
-        self.flight.enqueued(
-            what,
-            stream.raw() as u64,
-            || self.enqueue_op(&op, stream),
-            || unicomm_core::DeviceStream::record(stream).ok(),
-        )?;
-        if homes {
-            order_homes(&self.base.lc.rt, &op, stream)?;
-        }
-        Ok(())
     }
 
     fn graph_launched(&self, stream: &ApiStream<R>) {
@@ -247,16 +254,6 @@ impl<R: Runtime> Collective for ApiComm<R> {
         self.dev.destroy(&self.base, handle)
     }
 
-    fn device_kernel(
-        &self,
-        op: unicomm_core::device_api::DeviceKernelOp,
-        stream: &ApiStream<R>,
-    ) -> Result<()> {
-        // The kernel watches the control block's abort word (set before NCCL's abort).
-        let control = self.sym.control_address(&self.base)?;
-        self.dev.launch((&self.base, control), op, stream)
-    }
-
     fn alloc_symmetric(
         &self,
         bytes: usize,
@@ -267,22 +264,6 @@ impl<R: Runtime> Collective for ApiComm<R> {
 
     fn free_symmetric(&self, handle: RawHandle) -> Result<()> {
         self.sym.free(&self.base, handle)
-    }
-
-    fn symmetric(
-        &self,
-        op: unicomm_core::symmetric::SymmetricOp<'_, ApiMemory<R>>,
-        stream: &ApiStream<R>,
-    ) -> Result<()> {
-        self.sym.enqueue(&self.base, op, stream)
-    }
-
-    fn one_sided(
-        &self,
-        op: unicomm_core::one_sided::OneSided<'_, ApiMemory<R>>,
-        stream: &ApiStream<R>,
-    ) -> Result<()> {
-        self.one_sided_op(op, stream)
     }
 
     fn suspend(&self) -> Result<()> {
@@ -303,5 +284,47 @@ impl<R: Runtime> Collective for ApiComm<R> {
 
     fn abort(&self) -> Result<()> {
         self.base.lc.destroy(End::Abort)
+    }
+}
+
+impl<R: Runtime> ApiComm<R> {
+    /// A collective: routed once, recorded once.
+    #[inline]
+    fn enqueue_collective(&self, op: &Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
+        let what = What::Collective(op.kind, op.count, op.dtype);
+        let homes = lent_elsewhere(op, stream);
+        if homes {
+            refuse_lent_capture(op)?;
+        }
+        self.flight.enqueued(
+            what,
+            stream.raw() as u64,
+            || self.enqueue_op(op, stream),
+            || unicomm_core::DeviceStream::record(stream).ok(),
+        )?;
+        if homes {
+            order_homes(&self.base.lc.rt, op, stream)?;
+        }
+        Ok(())
+    }
+
+    /// Work that is not a collective, recorded once as a collective is: unicomm's symmetric
+    /// kernels, the one-sided calls, the device-API kernel (out of line: rare on the path
+    /// of every call).
+    #[cold]
+    #[inline(never)]
+    fn recorded(
+        &self,
+        what: What,
+        path: &'static str,
+        stream: &ApiStream<R>,
+        run: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.flight.enqueued(
+            what,
+            stream.raw() as u64,
+            || run().map(|()| path),
+            || unicomm_core::DeviceStream::record(stream).ok(),
+        )
     }
 }

@@ -347,6 +347,9 @@ fn params_of<R: Runtime>(
         sig: [0; unicomm_core::symmetric::SIGNATURE_WORDS],
         typed: 0,
         workspace: u32::from(rec.lamport.is_some()),
+        // One GPU holds every rank: GPU-scope fences order what the peers see.
+        local: u32::from(base.lc.world == 1),
+        blocks: 1,
     }
 }
 
@@ -393,6 +396,9 @@ fn all_reduce_params<R: Runtime>(
         p.norm = 1;
         p.eps = n.eps;
     }
+    let rows = norm.map(|n| (count / n.hidden.max(1)) as u64);
+    let bytes = (count * dtype.size()) as u64;
+    p.blocks = crate::sys::kernel_args::symmetric_blocks(kernel, bytes, rows);
     Ok((dtype, p))
 }
 

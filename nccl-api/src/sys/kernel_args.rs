@@ -122,6 +122,26 @@ pub struct KernelParams {
     /// 1 where the allocation has Lamport workspaces (a barrier kernel then also looks
     /// for a peer's Lamport header).
     pub workspace: u32,
+    /// 1 where every rank is on this GPU: the kernels fence at GPU scope, not system scope.
+    pub local: u32,
+    /// The grid asked for ([`symmetric_blocks`]; a launcher clamps it to what its GPU holds
+    /// at once).
+    pub blocks: u32,
+}
+
+/// The grid a launch of unicomm's symmetric kernels asks for: one block per 1,024 16-byte
+/// vectors of data (two per thread), one per row of the fused norm (whose rows a block
+/// normalizes after reducing them; the two-shot's fused norm one block, its rows gathered
+/// from every block), one for a barrier, at most
+/// [`MAX_SYMMETRIC_BLOCKS`](unicomm_core::symmetric::MAX_SYMMETRIC_BLOCKS).
+pub fn symmetric_blocks(algorithm: KernelAlgorithm, bytes: u64, rows: Option<u64>) -> u32 {
+    let max = unicomm_core::symmetric::MAX_SYMMETRIC_BLOCKS as u64;
+    let g = match (algorithm, rows) {
+        (KernelAlgorithm::Barrier, _) | (KernelAlgorithm::TwoShot, Some(_)) => 1,
+        (_, Some(rows)) => rows,
+        (_, None) => bytes.div_ceil(16 * 2 * SYMMETRIC_BLOCK as u64),
+    };
+    g.clamp(1, max) as u32
 }
 
 /// The release whose device-API headers unicomm's device-API kernel was built against
@@ -254,6 +274,30 @@ mod tests {
         assert_eq!(pad_gone(2), PAD_SIGNATURE + 2 * LAMPORT_HEADER + 4 * 2);
         assert_eq!(SIGNATURE_ROUND, SIGNATURE_WORDS - 1);
         assert_eq!(define("BLOCK"), SYMMETRIC_BLOCK.to_string());
+        use unicomm_core::symmetric::{
+            pad_block_arrival, pad_used, MAX_SYMMETRIC_BLOCKS, PAD_BLOCKS, PAD_CALL, PAD_DONE,
+            PAD_HOLD, PAD_VERDICT,
+        };
+        assert_eq!(define("PAD_CALL"), "PAD_GONE(MAX_WORLD)");
+        assert_eq!(PAD_CALL, pad_gone(MAX_SYMMETRIC_WORLD));
+        assert_eq!(define("PAD_DONE"), "(PAD_CALL + 4)");
+        assert_eq!(PAD_DONE, PAD_CALL + 4);
+        assert_eq!(define("PAD_VERDICT"), "(PAD_DONE + 4)");
+        assert_eq!(PAD_VERDICT, PAD_DONE + 4);
+        assert_eq!(define("PAD_HOLD"), "(PAD_VERDICT + 4)");
+        assert_eq!(PAD_HOLD, PAD_VERDICT + 4);
+        assert_eq!(define("PAD_USED(b)"), "(PAD_HOLD + 4 + 4 * (b))");
+        assert_eq!(pad_used(2), PAD_HOLD + 4 + 4 * 2);
+        assert_eq!(define("PAD_BLOCKS"), PAD_BLOCKS.to_string());
+        assert_eq!(
+            define("PAD_BLOCK_ARRIVAL(b, p)"),
+            "(PAD_BLOCKS + 4 * ((b) * MAX_WORLD + (p)))"
+        );
+        assert_eq!(
+            pad_block_arrival(5, 3),
+            PAD_BLOCKS + 4 * (5 * MAX_SYMMETRIC_WORLD + 3)
+        );
+        assert_eq!(define("MAX_BLOCKS"), MAX_SYMMETRIC_BLOCKS.to_string());
     }
 
     /// `NAME = value` of every enumerator of the kernel source's `enum { ... }` blocks.
@@ -380,7 +424,8 @@ mod tests {
     /// `Control` four words and a count: the layouts the launch copies byte for byte.
     #[test]
     fn the_arguments_have_the_kernel_sources_layout() {
-        assert_eq!(std::mem::size_of::<KernelParams>(), 41 * 8 + 16 * 4);
+        assert_eq!(std::mem::size_of::<KernelParams>(), 41 * 8 + 18 * 4);
+        assert_eq!(std::mem::offset_of!(KernelParams, blocks), 41 * 8 + 17 * 4);
         assert_eq!(std::mem::offset_of!(KernelParams, sig), 41 * 8 + 6 * 4);
         assert_eq!(
             std::mem::offset_of!(KernelParams, workspace),

@@ -4,6 +4,7 @@
 //! tables below are the architecture, written once; `planted.rs` shows each rule refusing a
 //! planted violation.
 
+mod door;
 mod forward;
 mod package;
 mod rules;
@@ -239,6 +240,21 @@ mod tests {
             "the facade's forwarding",
             forward::unforwarded(&methods, &implemented),
         );
+    }
+
+    /// The one door (docs/dev/ARCHITECTURE.md): every stream-ordered operation reaches a
+    /// backend through `Collective::enqueue`, and only the backends' doors record work.
+    #[test]
+    fn every_stream_ordered_operation_goes_through_the_one_door() {
+        let root = root();
+        let contract = std::fs::read_to_string(root.join("comm-core/src/backend.rs"))
+            .unwrap_or_else(|e| panic!("comm-core/src/backend.rs: {e}"));
+        let code = source::Source::parse(&contract).code;
+        let mut v = door::second_doors(&code, "pub trait Collective");
+        let cs = crates();
+        let refs: Vec<&Crate> = cs.iter().collect();
+        v.extend(door::records_outside_doors(&refs, door::DOOR_FILES));
+        assert_none("the one door", v);
     }
 
     /// What a source embeds at build time ships in its package (`include`).

@@ -307,3 +307,39 @@ fn a_trait_method_the_facade_leaves_to_its_default_is_refused() {
     let implemented = forward::block_methods(whole, "impl Collective for AnyComm");
     assert!(forward::unforwarded(&methods, &implemented).is_empty());
 }
+
+#[test]
+fn a_second_door_for_work_on_a_stream_and_a_record_outside_the_doors_are_refused() {
+    use super::door;
+    use super::source::Source;
+    let contract = "pub trait Collective: Send {\n    type Stream;\n    /// fn in a comment: Self::Stream\n    fn enqueue(&self, work: Work, stream: &Self::Stream) -> Result<()>;\n    fn graph_launched(&self, stream: &Self::Stream) {}\n    fn create_stream(&self) -> Result<Self::Stream>;\n    fn symmetric(\n        &self,\n        op: SymmetricOp,\n        stream: &Self::Stream,\n    ) -> Result<()> {\n        Err(unsupported())\n    }\n}\n";
+    let code = Source::parse(contract).code;
+    let v = door::second_doors(&code, "pub trait Collective");
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].contains("Collective::symmetric"), "{v:?}");
+    let one = contract
+        .replace("fn symmetric(", "fn symmetric_unused(")
+        .replace(
+            "stream: &Self::Stream,\n    ) -> Result<()> {",
+            ") -> Result<()> {",
+        );
+    assert!(door::second_doors(&Source::parse(&one).code, "pub trait Collective").is_empty());
+    let c = Crate::from_texts(
+        "unicomm-nccl-api",
+        &[(
+            "symmetric/mod.rs",
+            "fn f(r: &R) { r.flight.enqueued(what, 0, run, mark); }\n",
+        )],
+    );
+    let v = door::records_outside_doors(&[&c], door::DOOR_FILES);
+    assert_eq!(v.len(), 1, "{v:?}");
+    let door_file = Crate::from_texts(
+        "unicomm-nccl-api",
+        &[(
+            "comm/collective.rs",
+            "fn f(r: &R) { r.flight.enqueued(what, 0, run, mark); }\n",
+        )],
+    );
+    let paths: Vec<&str> = vec!["src/comm/collective.rs"];
+    assert!(door::records_outside_doors(&[&door_file], &paths).is_empty());
+}

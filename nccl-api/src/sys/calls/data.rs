@@ -83,7 +83,7 @@ fn at_root(comm: CommRef<'_>, root: usize, n: usize) -> usize {
 
 impl Api {
     /// `ncclAllReduce` of `count` elements of `wire` with the reduction `op`.
-    #[inline]
+    #[inline(always)]
     pub fn all_reduce<M: DeviceBytes>(
         &self,
         b: Sides<'_, '_, M>,
