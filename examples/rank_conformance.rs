@@ -209,10 +209,18 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
     let timed =
         |what: &str, t: std::time::Instant| format!("{what} ({:.1} s)", t.elapsed().as_secs_f64());
     let t = std::time::Instant::now();
+    // 4,099 floats: two blocks, element by element (no whole vector); 1,000 bf16: one block
+    // of vectors; 2^18 floats and 2^17 + 8 bf16: 64 and 17 blocks of vectors.
     let sym =
         unicomm_conformance::symmetric_all_reduce::<f32, _>(one, 4099, replays).and_then(|a| {
             let b = unicomm_conformance::symmetric_all_reduce::<unicomm::bf16, _>(one, 1000, 20)?;
-            Ok(a[0] && b[0])
+            let c = unicomm_conformance::symmetric_all_reduce::<f32, _>(one, 1 << 18, 20)?;
+            let d = unicomm_conformance::symmetric_all_reduce::<unicomm::bf16, _>(
+                one,
+                (1 << 17) + 8,
+                20,
+            )?;
+            Ok(a[0] && b[0] && c[0] && d[0])
         });
     let ran = matches!(sym, Ok(true));
     reported(comm, &timed("symmetric all-reduces", t), sym)?;
@@ -228,6 +236,13 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
     let reqs = unicomm::DeviceCommRequirements::runtime(4);
     let dev = unicomm_conformance::device_api_all_reduce::<f32, _>(one, 4099, replays, &reqs);
     reported(comm, &timed("device API kernel", t), dev.map(first))?;
+    let t = std::time::Instant::now();
+    let recorded = unicomm_conformance::every_kind_of_work_is_recorded_once(one, Some(&reqs));
+    reported(
+        comm,
+        &timed("every kind of work recorded once", t),
+        recorded.map(|k| k.concat().join(" ")),
+    )?;
     if comm.world_size() > 1 {
         disagreements(comm)?;
     }

@@ -32,6 +32,8 @@ pub(crate) struct Module {
     image: Image,
     /// The functions for f32, f16, bf16.
     names: [&'static str; 3],
+    /// An empty kernel of the module, where it has one.
+    empty: Option<&'static str>,
 }
 
 /// What a module's image is.
@@ -54,6 +56,7 @@ pub(crate) const SYMMETRIC: Module = Module {
     ],
     image: Image::Fatbin(kernel_args::SYMMETRIC_IMAGE),
     names: kernel_args::SYMMETRIC_FUNCTIONS,
+    empty: Some(kernel_args::SYMMETRIC_EMPTY),
 };
 
 /// The device-API kernel (`kernels/device_api.cu`): an `ncclDevComm` and its `Args` by value.
@@ -69,6 +72,7 @@ pub(crate) const DEVICE_API: Module = Module {
         "unicomm_device_api_one_shot_f16",
         "unicomm_device_api_one_shot_bf16",
     ],
+    empty: None,
 };
 
 /// Threads of a block (`BLOCK` in the sources' launch bounds).
@@ -79,7 +83,8 @@ const BLOCK: u32 = kernel_args::SYMMETRIC_BLOCK;
 /// function one of them holds): a grid that waits on itself is never launched larger.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Kernels {
-    functions: [usize; 3],
+    /// f32, f16, bf16, then the empty kernel (0 where the module has none).
+    functions: [usize; 4],
     resident: u32,
 }
 
@@ -126,13 +131,17 @@ fn load(m: &Module, cc: Option<(u32, u32)>, sms: Option<u32>) -> Result<Kernels>
             .map_err(|e| cuda_err("cuModuleGetFunction", e))
     };
     let [a, b, c] = m.names;
-    let functions = [function(a)?, function(b)?, function(c)?];
+    let empty = match m.empty {
+        Some(e) => function(e)?,
+        None => 0,
+    };
+    let functions = [function(a)?, function(b)?, function(c)?, empty];
     let mut per_sm = u32::MAX;
-    for f in functions {
+    for f in &functions[..3] {
         // SAFETY: `f` is a function of the module just loaded (never unloaded).
         let n = unsafe {
             result::occupancy::max_active_block_per_multiprocessor(
-                f as sys::CUfunction,
+                *f as sys::CUfunction,
                 BLOCK as i32,
                 0,
             )
@@ -169,6 +178,21 @@ impl CudaRuntime {
         Ok(Kernels {
             functions,
             resident,
+        })
+    }
+
+    /// Launches the symmetric kernels' module's empty kernel on `s` (one thread): the floor
+    /// of a launch of these kernels, for benchmarks (the module loaded on `dev` at first
+    /// use).
+    pub fn launch_empty(&self, dev: usize, s: &crate::runtime::CudaStreamHandle) -> Result<()> {
+        self.with_device(dev, || {
+            let k = self.functions(&SYMMETRIC, dev)?;
+            let f = k.functions[3] as sys::CUfunction;
+            let mut args: [*mut c_void; 0] = [];
+            // SAFETY: `f` is the module's empty kernel (no parameters), loaded in `dev`'s
+            // context; `s` is a live stream of `dev`'s primary context.
+            unsafe { result::launch_kernel(f, (1, 1, 1), (1, 1, 1), 0, s.0.cu_stream(), &mut args) }
+                .map_err(|e| cuda_err(SYMMETRIC.calls[1], e))
         })
     }
 

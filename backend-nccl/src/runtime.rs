@@ -52,7 +52,7 @@ pub struct CudaRuntime {
     /// symbol, so they are looked up once, here, before any call).
     pub(crate) mem_ops: bool,
     /// unicomm's kernel modules this runtime loaded, by module and device: each one's
-    /// functions (f32, f16, bf16) and how many blocks of it the device holds at once, or
+    /// functions (f32, f16, bf16, the empty kernel) and how many blocks of it the device holds at once, or
     /// why it could not be loaded (kept: a device that
     /// refuses a module once refuses it again). Loaded into primary contexts, which live as
     /// long as the process, and never unloaded (a kernel may still run at any drop).
@@ -61,7 +61,7 @@ pub struct CudaRuntime {
 
 /// [`CudaRuntime::modules`]' table.
 pub(crate) type ModuleTable =
-    std::collections::BTreeMap<(&'static str, usize), Result<([usize; 3], u32)>>;
+    std::collections::BTreeMap<(&'static str, usize), Result<([usize; 4], u32)>>;
 
 impl std::fmt::Debug for CudaRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

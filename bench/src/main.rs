@@ -242,6 +242,9 @@ pub struct Args {
     /// `UNICOMM_TUNE_FILE` (`cargo xtask tune`).
     #[arg(long)]
     pub tune: Option<PathBuf>,
+    /// After the run, the floors of rank 0's GPU beside each all-reduce (CUDA).
+    #[arg(long)]
+    pub floor: bool,
     /// Only re-draw `--plot` from a run's JSON (no measurement).
     #[arg(long)]
     pub replot: Option<PathBuf>,
@@ -392,6 +395,10 @@ fn bench() -> anyhow::Result<()> {
     )?;
     if lead {
         write_reports(&args, &header, &results, &memory)?;
+        if args.floor {
+            let how = (args.iters, args.graphs);
+            report::floors(&comms[0], how, &results, args.json.as_deref())?;
+        }
     }
     if let Some(e) = failed {
         // Communicators were aborted; nothing to finalize.

@@ -678,6 +678,9 @@ template <typename T> __device__ void run(const Params& p) {
   finish(p, l);
 }
 
+// Nothing: the floor a launch of this module has (unicomm-bench's `--floor`).
+extern "C" __global__ void unicomm_symmetric_empty() {}
+
 extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_f32(Params p) { run<float>(p); }
 extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_f16(Params p) { run<__half>(p); }
 extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_bf16(Params p) { run<__nv_bfloat16>(p); }

@@ -1,5 +1,6 @@
 //! What a run prints and writes: the nccl-tests-style table, the JSON, the SVG plot.
 
+mod floor;
 mod header;
 mod json;
 mod plot;
@@ -7,6 +8,7 @@ mod summary;
 mod table;
 mod tune;
 
+pub use floor::floors;
 pub use header::Header;
 pub use json::{json, json_with_memory};
 pub use plot::{plot, replot};

@@ -3,6 +3,7 @@
 mod cells;
 mod data;
 mod drive;
+mod floor;
 mod graphed;
 mod modes;
 mod ranks;
@@ -10,6 +11,8 @@ mod sweep;
 mod types;
 mod vcounts;
 
+pub(crate) use floor::floors;
+pub use floor::Floor;
 pub use modes::{unsupported, Measure, ModeMemory};
 pub use ranks::{devices, DeviceRow};
 pub use sweep::sweep;

@@ -33,6 +33,9 @@ pub const SYMMETRIC_FUNCTIONS: [&str; 3] = [
     "unicomm_symmetric_bf16",
 ];
 
+/// The empty kernel of the same module: the floor of a launch (unicomm-bench's `--floor`).
+pub const SYMMETRIC_EMPTY: &str = "unicomm_symmetric_empty";
+
 /// The place of `dtype`'s function in a kernel module's table (f32, f16, bf16: the order of
 /// [`SYMMETRIC_FUNCTIONS`] and of the device-API kernel's); another type is refused naming
 /// `what` (the kernels).
@@ -351,7 +354,7 @@ mod tests {
     #[test]
     fn the_ptx_has_every_entry_point() {
         let ptx = include_str!("../../kernels/symmetric.ptx");
-        for name in SYMMETRIC_FUNCTIONS {
+        for name in SYMMETRIC_FUNCTIONS.into_iter().chain([SYMMETRIC_EMPTY]) {
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
         }
         assert!(ptx.contains(".target sm_90"));
