@@ -178,6 +178,49 @@ fn the_barrier_counters_cross_their_wrap_around() {
     .unwrap();
 }
 
+/// The GPU kernels' grid as the mock runs it: a call of 16,388 floats is five blocks
+/// (`symmetric_blocks`), exact at worlds 2 and 3 over 50 replays of each barrier algorithm
+/// and two of Lamport, and the pad holds what a GPU's would: the launch count (every launch,
+/// a barrier's too), the last launch's last barrier value (`4 * launch + 2` for the one-shot)
+/// in blocks 1 to 4's arrival words of every rank, and nothing in block 5's.
+#[test]
+fn a_grid_of_blocks_meets_on_each_blocks_words_and_counts_the_launches() {
+    use unicomm_core::symmetric::{pad_block_arrival, PAD_CALL};
+    for w in [2, 3] {
+        let cs = comms(w, Duration::from_secs(20));
+        let n = (1 << 14) + 4;
+        let seen = unicomm_conformance::symmetric_all_reduce::<f32, _>(&cs, n, 50);
+        assert_eq!(seen.unwrap(), vec![true; w], "world {w}");
+        each_rank(&cs, |c| -> unicomm_core::Result<()> {
+            let st = c.create_stream()?;
+            let sym = c.alloc_symmetric::<f32>(n)?;
+            let mut out = c.alloc::<f32>(n)?;
+            for _ in 0..3 {
+                c.symmetric_barrier(&sym, &st)?;
+                let how = (ReduceOp::Sum, SymmetricAlgorithm::OneShot);
+                c.all_reduce_symmetric(&sym, n, &mut out, how, &st)?;
+            }
+            st.synchronize()?;
+            let pad = sym.kernel_args().pads[c.rank()] as usize;
+            // SAFETY: words of this rank's own pad, mapped in this process while `sym`
+            // lives, 4-byte aligned; the stream is idle.
+            let word = |at: usize| unsafe {
+                (*((pad + at) as *const std::sync::atomic::AtomicU32))
+                    .load(std::sync::atomic::Ordering::SeqCst)
+            };
+            assert_eq!(word(PAD_CALL), 6, "rank {}", c.rank());
+            for p in 0..c.world_size() {
+                for b in 1..5 {
+                    assert_eq!(word(pad_block_arrival(b, p)), 4 * 5 + 2, "block {b} of {p}");
+                }
+                assert_eq!(word(pad_block_arrival(5, p)), 0, "block 5 of {p}");
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+}
+
 /// Rank 1 allocates and never runs the all-reduce: rank 0's kernel ends at the deadline
 /// with `Timeout` naming the missing rank, for each algorithm that waits on a peer.
 #[test]

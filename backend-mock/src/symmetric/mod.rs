@@ -23,10 +23,12 @@ use crate::comm::MockComm;
 use crate::fabric::{Desc, Signature};
 use crate::memory::MockMemory;
 use crate::stream::MockStream;
+use grid::Grid;
 use kernels::{Local, Run, Ty};
 use protocol::{Norm, Reduce};
 use table::{unknown, Record};
 
+mod grid;
 pub(crate) mod kernels;
 mod lamport;
 mod norm;
@@ -223,17 +225,19 @@ impl MockComm {
                     ctx,
                     sig,
                 };
-                match &kernel {
+                let grid = Grid::of(&run, kernel.as_deref());
+                let ran = match &kernel {
                     None => protocol::agree(&run),
-                    Some(k) => {
-                        let sums = sums(&run, k)?;
+                    Some(k) => sums(&run, k, &grid).and_then(|sums| {
                         let t = run.ctx.timeout;
                         match &k.norm {
                             None => kernels::write(&k.out, k.ty, &sums, t),
                             Some(n) => norm::add_and_norm(k.ty, &sums, n, &k.out, t),
                         }
-                    }
-                }
+                    }),
+                };
+                grid.end(&run);
+                ran
             })
         }))
     }
@@ -286,10 +290,10 @@ impl MockComm {
 }
 
 /// One all-reduce on this rank: its result, as bits (written, or normed, by the caller).
-fn sums(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
+fn sums(run: &Run, k: &Reduce, grid: &Grid) -> Result<Vec<u32>> {
     match k.algorithm {
-        SymmetricAlgorithm::OneShot => protocol::one_shot(run, k),
-        SymmetricAlgorithm::TwoShot => protocol::two_shot(run, k),
+        SymmetricAlgorithm::OneShot => protocol::one_shot(run, k, grid),
+        SymmetricAlgorithm::TwoShot => protocol::two_shot(run, k, grid),
         SymmetricAlgorithm::Lamport => lamport::lamport(run, k),
     }
 }

@@ -11,6 +11,7 @@ use unicomm_core::symmetric::{
 };
 use unicomm_core::{Error, ReduceOp, Result};
 
+use super::grid::Grid;
 use super::kernels::{Local, Run, Slot, Ty, WORD};
 
 /// A barrier of this run, watching for a peer's Lamport call of this rank's next round.
@@ -110,19 +111,23 @@ pub(crate) struct Norm {
     pub eps: f32,
 }
 
-/// Every rank's first `count` elements reduced in rank order, read between two barriers.
-pub(crate) fn one_shot(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
+/// Every rank's first `count` elements reduced in rank order, read between two barriers
+/// (block 0's, then the grid's other blocks').
+pub(crate) fn one_shot(run: &Run, k: &Reduce, grid: &Grid) -> Result<Vec<u32>> {
     agree(run)?;
+    grid.meet(run, 1)?;
     let sums = reduce_range(run, k, 0..k.count)?;
     barrier(run)?;
+    grid.meet(run, 2)?;
     Ok(sums)
 }
 
 /// Chunk `r` of every rank reduced by rank `r` into its own chunk, a barrier, every chunk
 /// read from its rank, a barrier.
-pub(crate) fn two_shot(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
+pub(crate) fn two_shot(run: &Run, k: &Reduce, grid: &Grid) -> Result<Vec<u32>> {
     let (me, w) = (run.ctx.rank, run.world());
     agree(run)?;
+    grid.meet(run, 1)?;
     let chunk = |r: usize| (k.count * r / w)..(k.count * (r + 1) / w);
     let mine = chunk(me);
     let part = reduce_range(run, k, mine.clone());
@@ -131,6 +136,7 @@ pub(crate) fn two_shot(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
         run.rec.set_own(k.ty, i, b)?;
     }
     barrier(run)?;
+    grid.meet(run, 2)?;
     let mut sums = vec![0u32; k.count];
     for r in 0..w {
         for i in chunk(r) {
@@ -139,6 +145,7 @@ pub(crate) fn two_shot(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
         }
     }
     barrier(run)?;
+    grid.meet(run, 3)?;
     Ok(sums)
 }
 

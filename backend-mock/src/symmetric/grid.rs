@@ -1,0 +1,78 @@
+//! The GPU kernels' grid on the mock: the blocks past the first (`symmetric_blocks`, the
+//! CUDA launcher's grid before its clamp to what a device holds) run one after another on
+//! the rank's thread, in the order every rank runs them, each meeting the same block of
+//! every peer on its own arrival words in the pad (`pad_block_arrival`) with values from the
+//! allocation's launch count (`PAD_CALL`), which every launch advances, its call agreed or
+//! not: so the words and the count a GPU kernel's blocks use move here as there. Where block
+//! 0 finds the ranks disagreeing no later block meets (on the GPU they end at its verdict).
+
+use std::sync::atomic::Ordering;
+
+use unicomm_core::symmetric::{pad_block_arrival, PAD_CALL};
+use unicomm_core::Result;
+use unicomm_nccl_api::sys::kernel_args::{symmetric_blocks, KernelAlgorithm};
+
+use super::kernels::Run;
+use super::protocol::Reduce;
+
+/// A launch's grid: its blocks and the launch's number.
+pub(crate) struct Grid {
+    blocks: usize,
+    call: u32,
+}
+
+impl Grid {
+    /// The grid the GPU kernels run for `k` (one block for a barrier), at the allocation's
+    /// launch count.
+    pub(crate) fn of(run: &Run, k: Option<&Reduce>) -> Grid {
+        use unicomm_core::symmetric::SymmetricAlgorithm as A;
+        let blocks = match k {
+            None => 1,
+            Some(k) => {
+                let algorithm = match k.algorithm {
+                    A::OneShot => KernelAlgorithm::OneShot,
+                    A::TwoShot => KernelAlgorithm::TwoShot,
+                    A::Lamport => KernelAlgorithm::Lamport,
+                };
+                let bytes = (k.count * k.ty.dtype().size()) as u64;
+                let rows = k.norm.as_ref().map(|n| (k.count / n.hidden.max(1)) as u64);
+                symmetric_blocks(algorithm, bytes, rows) as usize
+            }
+        };
+        let call = run.word(run.ctx.rank, PAD_CALL).load(Ordering::Relaxed);
+        Grid { blocks, call }
+    }
+
+    /// Barrier `i` (1 to 3) of every block past the first: its arrival in every rank's pad,
+    /// then every rank's awaited.
+    pub(crate) fn meet(&self, run: &Run, i: u32) -> Result<()> {
+        let (me, w) = (run.ctx.rank, run.world());
+        let v = self.call.wrapping_mul(4).wrapping_add(i);
+        for b in 1..self.blocks {
+            for p in 0..w {
+                run.word(p, pad_block_arrival(b, me))
+                    .store(v, Ordering::Release);
+            }
+            for p in 0..w {
+                let word = run.word(me, pad_block_arrival(b, p));
+                run.wait(
+                    (p, || {
+                        format!(
+                            "block {b}'s barrier {i} of launch {}: rank {p} never came",
+                            self.call
+                        )
+                    }),
+                    || word.load(Ordering::Acquire).wrapping_sub(v) as i32 >= 0,
+                    || None,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The launch counted (whatever it found).
+    pub(crate) fn end(&self, run: &Run) {
+        run.word(run.ctx.rank, PAD_CALL)
+            .store(self.call.wrapping_add(1), Ordering::Relaxed);
+    }
+}
