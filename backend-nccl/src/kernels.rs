@@ -253,7 +253,8 @@ impl CudaRuntime {
         })
     }
 
-    /// [`Runtime::launch_symmetric`] on `dev`: one block, one `Params` by value.
+    /// [`Runtime::launch`] of the symmetric kernels on `dev`: the grid its parameters ask for
+    /// (within what the device holds at once), one `Params` by value.
     ///
     /// # Safety
     /// The trait's contract; `stream` is a live stream of `dev`'s primary context.
@@ -277,14 +278,16 @@ impl CudaRuntime {
         unsafe { self.launch_on((&SYMMETRIC, dev, dtype), arg.blocks, &mut args, stream) }
     }
 
-    /// [`Runtime::launch_device_kernel`] on `dev`: `blocks` blocks, the device
+    /// [`Runtime::launch`] of the device-API kernel on `dev`: `blocks` blocks, the device
     /// communicator's bytes and one `Args` by value.
     ///
     /// # Safety
     /// The trait's contract; `stream` is a live stream of `dev`'s primary context.
     pub(crate) unsafe fn launch_device_kernel_on(
         &self,
-        (dev, dtype, blocks): (usize, DataType, u32),
+        dev: usize,
+        dtype: DataType,
+        blocks: u32,
         (dev_comm, args): (&[u8], &DeviceKernelArgs),
         stream: sys::CUstream,
     ) -> Result<()> {

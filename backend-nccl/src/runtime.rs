@@ -208,26 +208,31 @@ impl Runtime for CudaRuntime {
         // SAFETY: the trait's contract is `free_mapped`'s.
         unsafe { self.free_mapped(addr) }
     }
-    unsafe fn launch_symmetric(
+    unsafe fn launch(
         &self,
         dev: usize,
         dtype: unicomm_core::DataType,
-        params: &unicomm_nccl_api::sys::kernel_args::KernelParams,
+        launch: unicomm_nccl_api::sys::kernel_args::Launch<'_>,
         s: &CudaStreamHandle,
     ) -> Result<()> {
-        // SAFETY: the trait's contract is `launch_symmetric_on`'s, `s` a stream of `dev`.
-        unsafe { self.launch_symmetric_on(dev, dtype, params, s.0.cu_stream()) }
-    }
-    unsafe fn launch_device_kernel(
-        &self,
-        dev: usize,
-        dtype: unicomm_core::DataType,
-        args: (&[u8], &unicomm_nccl_api::sys::kernel_args::DeviceKernelArgs),
-        blocks: u32,
-        s: &CudaStreamHandle,
-    ) -> Result<()> {
-        // SAFETY: the trait's contract is `launch_device_kernel_on`'s, `s` a stream of `dev`.
-        unsafe { self.launch_device_kernel_on((dev, dtype, blocks), args, s.0.cu_stream()) }
+        use unicomm_nccl_api::sys::kernel_args::Launch;
+        let stream = s.0.cu_stream();
+        match launch {
+            // SAFETY: the trait's contract is `launch_symmetric_on`'s, `s` a stream of `dev`.
+            Launch::Symmetric(params) => unsafe {
+                self.launch_symmetric_on(dev, dtype, params, stream)
+            },
+            Launch::DeviceApi {
+                dev_comm,
+                args,
+                blocks,
+            } => {
+                let of = (dev_comm, args);
+                // SAFETY: the trait's contract is `launch_device_kernel_on`'s, `s` a stream
+                // of `dev`.
+                unsafe { self.launch_device_kernel_on(dev, dtype, blocks, of, stream) }
+            }
+        }
     }
 
     fn stream_memory_ops(&self, _dev: usize) -> bool {

@@ -72,7 +72,8 @@ impl HipRuntime {
         Ok(out)
     }
 
-    /// [`Runtime::launch_symmetric`] on `dev`: one block, one `Params` by value.
+    /// [`Runtime::launch`] of the symmetric kernels on `dev`: one block (HIP's occupancy call
+    /// is not wired, so no grid is known to be co-resident), one `Params` by value.
     ///
     /// # Safety
     /// The trait's contract; `stream` is a live stream of `dev`.

@@ -149,15 +149,25 @@ impl Runtime for HipRuntime {
         unsafe { self.free_mapped(addr) }
     }
 
-    unsafe fn launch_symmetric(
+    unsafe fn launch(
         &self,
         dev: usize,
         dtype: unicomm_core::DataType,
-        params: &unicomm_nccl_api::sys::kernel_args::KernelParams,
+        launch: unicomm_nccl_api::sys::kernel_args::Launch<'_>,
         s: &HipStreamHandle,
     ) -> Result<()> {
-        // SAFETY: the trait's contract is `launch_symmetric_on`'s.
-        unsafe { self.launch_symmetric_on(dev, dtype, params, s.0) }
+        use unicomm_nccl_api::sys::kernel_args::Launch;
+        match launch {
+            // SAFETY: the trait's contract is `launch_symmetric_on`'s.
+            Launch::Symmetric(params) => unsafe {
+                self.launch_symmetric_on(dev, dtype, params, s.0)
+            },
+            Launch::DeviceApi { .. } => Err(unicomm_core::Error::unsupported(
+                "unicomm's kernel on the device API",
+                "NCCL's device API (the CUDA backend)",
+                "RCCL",
+            )),
+        }
     }
 
     fn stream_memory_ops(&self, _dev: usize) -> bool {

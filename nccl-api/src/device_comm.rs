@@ -226,13 +226,12 @@ impl DeviceComms {
         // deregistration is collective and ordered after this rank's stream work by
         // NCCL; the device communicator's end deregisters its resources likewise.
         unsafe {
-            lc.rt.launch_device_kernel(
-                lc.dev,
-                op.dtype,
-                (&rec.bytes, &args),
+            let launch = crate::sys::kernel_args::Launch::DeviceApi {
+                dev_comm: &rec.bytes,
+                args: &args,
                 blocks,
-                stream.inner(),
-            )
+            };
+            lc.rt.launch(lc.dev, op.dtype, launch, stream.inner())
         }
     }
 }

@@ -10,10 +10,8 @@ use std::sync::atomic::Ordering;
 
 use unicomm_core::symmetric::{pad_block_arrival, PAD_CALL};
 use unicomm_core::Result;
-use unicomm_nccl_api::sys::kernel_args::{symmetric_blocks, KernelAlgorithm};
 
 use super::kernels::Run;
-use super::protocol::Reduce;
 
 /// A launch's grid: its blocks and the launch's number.
 pub(crate) struct Grid {
@@ -22,23 +20,8 @@ pub(crate) struct Grid {
 }
 
 impl Grid {
-    /// The grid the GPU kernels run for `k` (one block for a barrier), at the allocation's
-    /// launch count.
-    pub(crate) fn of(run: &Run, k: Option<&Reduce>) -> Grid {
-        use unicomm_core::symmetric::SymmetricAlgorithm as A;
-        let blocks = match k {
-            None => 1,
-            Some(k) => {
-                let algorithm = match k.algorithm {
-                    A::OneShot => KernelAlgorithm::OneShot,
-                    A::TwoShot => KernelAlgorithm::TwoShot,
-                    A::Lamport => KernelAlgorithm::Lamport,
-                };
-                let bytes = (k.count * k.ty.dtype().size()) as u64;
-                let rows = k.norm.as_ref().map(|n| (k.count / n.hidden.max(1)) as u64);
-                symmetric_blocks(algorithm, bytes, rows) as usize
-            }
-        };
+    /// A grid of `blocks` at the allocation's launch count.
+    pub(crate) fn at(run: &Run, blocks: usize) -> Grid {
         let call = run.word(run.ctx.rank, PAD_CALL).load(Ordering::Relaxed);
         Grid { blocks, call }
     }

@@ -225,7 +225,7 @@ impl MockComm {
                     ctx,
                     sig,
                 };
-                let grid = Grid::of(&run, kernel.as_deref());
+                let grid = Grid::at(&run, kernel.as_deref().map_or(1, blocks));
                 let ran = match &kernel {
                     None => protocol::agree(&run),
                     Some(k) => sums(&run, k, &grid).and_then(|sums| {
@@ -296,6 +296,20 @@ fn sums(run: &Run, k: &Reduce, grid: &Grid) -> Result<Vec<u32>> {
         SymmetricAlgorithm::TwoShot => protocol::two_shot(run, k, grid),
         SymmetricAlgorithm::Lamport => lamport::lamport(run, k),
     }
+}
+
+/// The grid the GPU kernels run for `k` (`symmetric_blocks`, before the CUDA launcher's
+/// clamp to what a device holds).
+fn blocks(k: &Reduce) -> usize {
+    use unicomm_nccl_api::sys::kernel_args::{symmetric_blocks, KernelAlgorithm as K};
+    let algorithm = match k.algorithm {
+        SymmetricAlgorithm::OneShot => K::OneShot,
+        SymmetricAlgorithm::TwoShot => K::TwoShot,
+        SymmetricAlgorithm::Lamport => K::Lamport,
+    };
+    let bytes = (k.count * k.ty.dtype().size()) as u64;
+    let rows = k.norm.as_ref().map(|n| (k.count / n.hidden.max(1)) as u64);
+    symmetric_blocks(algorithm, bytes, rows) as usize
 }
 
 fn local(s: &unicomm_core::Slice<'_, MockMemory>) -> Local {

@@ -8,7 +8,7 @@
 //! for one rank per process on one host and for ranks created together in one process (the
 //! local world's own exchange: a mapping keeps a peer's memory alive after its owner frees
 //! it, where peer access would not); a world of one needs none.
-//! The kernels (`Runtime::launch_symmetric`) watch the communicator's control block
+//! The kernels (`Runtime::launch`) watch the communicator's control block
 //! ([`control`]): its abort word, set at abort, and the fault they report, which the
 //! stream's waits read.
 
@@ -33,7 +33,7 @@ use unicomm_core::{DataType, Error, Result};
 use crate::base::Base;
 use crate::copy_engine::CopyEngine;
 use crate::memory::{ApiMemory, ApiStream};
-use crate::sys::kernel_args::{KernelAlgorithm, KernelParams};
+use crate::sys::kernel_args::{KernelAlgorithm, KernelParams, Launch};
 use crate::sys::runtime::Runtime;
 use control::ControlBlock;
 
@@ -258,7 +258,7 @@ impl<R: Runtime> SymmetricMemory<R> {
         // checked against the allocations above.
         unsafe {
             lc.rt
-                .launch_symmetric(lc.dev, dtype, &params, stream.inner())
+                .launch(lc.dev, dtype, Launch::Symmetric(&params), stream.inner())
         }
     }
 }

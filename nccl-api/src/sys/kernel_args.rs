@@ -132,6 +132,23 @@ pub struct KernelParams {
     pub blocks: u32,
 }
 
+/// One launch of one of unicomm's kernels, as a runtime's one launch call
+/// (`Runtime::launch`) takes it.
+#[derive(Debug, Clone, Copy)]
+pub enum Launch<'a> {
+    /// The symmetric kernels: one `Params` by value, the grid its `blocks` asks for.
+    Symmetric(&'a KernelParams),
+    /// The device-API kernel: a device communicator's struct and one `Args` by value.
+    DeviceApi {
+        /// The device communicator's bytes.
+        dev_comm: &'a [u8],
+        /// The kernel's arguments.
+        args: &'a DeviceKernelArgs,
+        /// Blocks (one LSA barrier each).
+        blocks: u32,
+    },
+}
+
 /// The grid a launch of unicomm's symmetric kernels asks for: one block per 1,024 16-byte
 /// vectors of data (two per thread), one per row of the fused norm (whose rows a block
 /// normalizes after reducing them; the two-shot's fused norm one block, its rows gathered

@@ -261,44 +261,26 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         let _ = addr;
         Err(no_kernels(Self::NAME))
     }
-    /// Launches unicomm's symmetric kernel of `dtype` (f32, f16, bf16) with `params` on `s`
-    /// (one thread block; the module loaded on `dev` at first use). `Unsupported` where the
-    /// runtime has no build of the kernels.
+    /// Launches one of unicomm's kernels of `dtype` (f32, f16, bf16) on `s`: `launch` says
+    /// which, with its arguments (the module loaded on `dev` at first use). The one launch
+    /// call of every kernel. `Unsupported` where the runtime has no build of it.
     ///
     /// # Safety
-    /// Every address in `params` is device memory reachable from `dev` (or the mapped
-    /// control block), inside its allocation for the sizes `params` gives, live until the
-    /// kernel completes; the pads and workspaces follow comm-core's layout.
-    unsafe fn launch_symmetric(
+    /// The symmetric kernels: every address in the parameters is device memory reachable
+    /// from `dev` (or the mapped control block), inside its allocation for the sizes they
+    /// give, live until the kernel completes; the pads and workspaces follow comm-core's
+    /// layout. The device-API kernel: `dev_comm` is a live device communicator's struct as
+    /// the library filled it, of at least the kernel's layout's size, with at least `blocks`
+    /// LSA barriers; the windows in its arguments are live windows of its communicator,
+    /// holding `count` elements past their offsets, until the kernel completes.
+    unsafe fn launch(
         &self,
         dev: usize,
         dtype: unicomm_core::DataType,
-        params: &super::kernel_args::KernelParams,
+        launch: super::kernel_args::Launch<'_>,
         s: &Self::Stream,
     ) -> Result<()> {
-        let _ = (dev, dtype, params, s);
-        Err(no_kernels(Self::NAME))
-    }
-
-    /// Launches unicomm's device-API kernel of `dtype` (f32, f16, bf16) on `s`, `blocks`
-    /// thread blocks, taking `dev_comm` (a device communicator's struct in the layout the
-    /// kernel was built against) and `args` by value. `Unsupported` where the runtime has
-    /// no build of it.
-    ///
-    /// # Safety
-    /// `dev_comm` is a live device communicator's struct as the library filled it, of at
-    /// least the kernel's layout's size, with at least `blocks` LSA barriers; the windows
-    /// in `args` are live windows of its communicator, holding `count` elements past their
-    /// offsets, until the kernel completes.
-    unsafe fn launch_device_kernel(
-        &self,
-        dev: usize,
-        dtype: unicomm_core::DataType,
-        (dev_comm, args): (&[u8], &super::kernel_args::DeviceKernelArgs),
-        blocks: u32,
-        s: &Self::Stream,
-    ) -> Result<()> {
-        let _ = (dev, dtype, dev_comm, args, blocks, s);
+        let _ = (dev, dtype, launch, s);
         Err(no_kernels(Self::NAME))
     }
 

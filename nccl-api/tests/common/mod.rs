@@ -156,16 +156,30 @@ impl Runtime for Host {
     unsafe fn free_host_mapped(&self, _addr: usize) -> Result<()> {
         Ok(())
     }
-    unsafe fn launch_device_kernel(
+    unsafe fn launch(
         &self,
         _dev: usize,
         _dtype: unicomm_core::DataType,
-        (dev_comm, args): (&[u8], &unicomm_nccl_api::sys::kernel_args::DeviceKernelArgs),
-        blocks: u32,
+        launch: unicomm_nccl_api::sys::kernel_args::Launch<'_>,
         _s: &HostStream,
     ) -> Result<()> {
-        let launch = (dev_comm.to_vec(), *args, blocks);
-        DEVICE_LAUNCHES.lock().unwrap().push(launch);
+        use unicomm_nccl_api::sys::kernel_args::Launch;
+        let Launch::DeviceApi {
+            dev_comm,
+            args,
+            blocks,
+        } = launch
+        else {
+            return Err(unicomm_core::Error::unsupported(
+                "unicomm's symmetric kernels",
+                "a runtime with a build of them",
+                "the host runtime",
+            ));
+        };
+        DEVICE_LAUNCHES
+            .lock()
+            .unwrap()
+            .push((dev_comm.to_vec(), *args, blocks));
         Ok(())
     }
     fn device_count(&self) -> Result<usize> {
