@@ -324,25 +324,9 @@ fn main() {
     }
 }
 
-/// `unicomm-bench report SWEEP.json`: a sweep's JSON read back as tables.
-#[derive(Parser, Debug)]
-#[command(name = "unicomm-bench report")]
-struct ReportArgs {
-    /// The sweep's JSON (`-J`).
-    json: PathBuf,
-    /// The tune file the run's auto read (default: nccl-tune.txt or rccl-tune.txt beside
-    /// the JSON, where the bundle writes it).
-    #[arg(long)]
-    tune: Option<PathBuf>,
-    /// The in-place rows instead of the out-of-place ones.
-    #[arg(long)]
-    in_place: bool,
-}
-
 fn bench() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some("report") {
-        let r = ReportArgs::parse_from(std::env::args().skip(1));
-        return report::summary(&r.json, r.tune.as_deref(), r.in_place);
+        return report::report(std::env::args().skip(1));
     }
     let args = Args::parse();
     if let Some(json) = &args.replot {

@@ -72,3 +72,108 @@ fn print(fl: &[Floor], results: &[Measure]) {
         );
     }
 }
+
+/// The floors' table of a `--floor` run's JSON, in markdown (docs/performance.md keeps it,
+/// checked equal to this): per size, each all-reduce mode's time (out of place), over the
+/// empty kernel node, and its share of the copy's bandwidth.
+pub fn floor_table(doc: &serde_json::Value) -> anyhow::Result<String> {
+    let floors = doc["floors"]
+        .as_array()
+        .context("no `floors` in the JSON: not a --floor run")?;
+    let rows = doc["results"]
+        .as_array()
+        .context("no `results` in the JSON")?;
+    let num = |v: &serde_json::Value, k: &str| v[k].as_f64().with_context(|| format!("no `{k}`"));
+    let mut out = String::from(
+        "| size | mode | time (us) | x empty kernel | % of copy bandwidth |\n| ---: | --- | ---: | ---: | ---: |\n",
+    );
+    for f in floors {
+        let (size, empty, copy) = (num(f, "size")?, num(f, "emptyKernel")?, num(f, "copy")?);
+        out.push_str(&format!(
+            "| {} | empty kernel node | {empty:.2} | 1.00 | |\n",
+            size as u64
+        ));
+        out.push_str(&format!(
+            "| {} | device-to-device copy | {copy:.2} | {:.2} | 100% |\n",
+            size as u64,
+            copy / empty
+        ));
+        for r in rows.iter().filter(|r| {
+            r["collective"] == "all_reduce"
+                && r["inPlace"] == false
+                && r["size"].as_f64() == Some(size)
+        }) {
+            let t = num(r, "time")?;
+            let mode = r["mode"].as_str().unwrap_or("?");
+            out.push_str(&format!(
+                "| {} | {mode} | {t:.2} | {:.2} | {:.0}% |\n",
+                size as u64,
+                t / empty,
+                100.0 * copy / t
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The floors tables of a document (each after `<!-- floors: PATH -->`, up to
+/// `<!-- /floors -->`, PATH the run's JSON from the repository's root) that differ from what
+/// their JSON gives (`table_of(PATH)`), named; and how many there are.
+pub fn stale_floor_tables(
+    text: &str,
+    table_of: impl Fn(&str) -> anyhow::Result<String>,
+) -> (usize, Vec<String>) {
+    let mut stale = Vec::new();
+    let mut n = 0;
+    for part in text.split("<!-- floors: ").skip(1) {
+        n += 1;
+        let Some((path, rest)) = part.split_once(" -->") else {
+            stale.push("a floors marker without its end".to_string());
+            continue;
+        };
+        let kept = rest.split("<!-- /floors -->").next().unwrap_or("").trim();
+        match table_of(path) {
+            Ok(t) if t.trim() == kept => {}
+            Ok(_) => stale.push(format!("the floors table of {path} is not what its JSON gives: run `unicomm-bench report --floors {path}`")),
+            Err(e) => stale.push(format!("{path}: {e:#}")),
+        }
+    }
+    (n, stale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table_of(path: &str) -> anyhow::Result<String> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(root.join(path))?)?;
+        floor_table(&doc)
+    }
+
+    /// docs/performance.md's floors tables are generated from their runs' JSON, not typed.
+    #[test]
+    fn the_performance_page_s_floor_tables_are_their_runs() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let text = std::fs::read_to_string(root.join("docs/performance.md")).unwrap();
+        let (_, stale) = stale_floor_tables(&text, table_of);
+        assert!(stale.is_empty(), "{stale:?}");
+    }
+
+    /// A table edited by hand (or a JSON re-run without regenerating it) is named.
+    #[test]
+    fn a_floor_table_that_differs_from_its_json_is_named() {
+        let doc = serde_json::json!({
+            "floors": [{"size": 8, "emptyKernel": 2.0, "copy": 2.5}],
+            "results": [{"collective": "all_reduce", "inPlace": false, "size": 8, "mode": "lamport", "time": 3.0}],
+        });
+        let t = floor_table(&doc).unwrap();
+        assert!(t.contains("| 8 | lamport | 3.00 | 1.50 | 83% |"), "{t}");
+        let page = format!("x\n<!-- floors: run.json -->\n{t}<!-- /floors -->\n");
+        assert_eq!(stale_floor_tables(&page, |_| Ok(t.clone())), (1, vec![]));
+        let edited = page.replace("3.00", "2.90");
+        let (n, stale) = stale_floor_tables(&edited, |_| Ok(t.clone()));
+        assert_eq!((n, stale.len()), (1, 1), "{stale:?}");
+    }
+}

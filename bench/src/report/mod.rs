@@ -8,13 +8,45 @@ mod summary;
 mod table;
 mod tune;
 
-pub use floor::floors;
+pub use floor::{floor_table, floors};
 pub use header::Header;
 pub use json::{json, json_with_memory};
 pub use plot::{plot, replot};
 pub use summary::summary;
 pub use table::{memory, table};
 pub use tune::tune;
+
+use std::path::PathBuf;
+
+/// `unicomm-bench report SWEEP.json`: a sweep's JSON read back as tables.
+#[derive(clap::Parser, Debug)]
+#[command(name = "unicomm-bench report")]
+struct ReportArgs {
+    /// The sweep's JSON (`-J`).
+    json: PathBuf,
+    /// The tune file the run's auto read (default: nccl-tune.txt or rccl-tune.txt beside
+    /// the JSON, where the bundle writes it).
+    #[arg(long)]
+    tune: Option<PathBuf>,
+    /// The in-place rows instead of the out-of-place ones.
+    #[arg(long)]
+    in_place: bool,
+    /// The floors' table of a `--floor` run (markdown, as docs/performance.md keeps it).
+    #[arg(long)]
+    floors: bool,
+}
+
+/// `unicomm-bench report ARGS`.
+pub fn report(args: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
+    use clap::Parser;
+    let r = ReportArgs::parse_from(args);
+    if r.floors {
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&r.json)?)?;
+        print!("{}", floor_table(&doc)?);
+        return Ok(());
+    }
+    summary(&r.json, r.tune.as_deref(), r.in_place)
+}
 
 #[cfg(test)]
 mod tests {
