@@ -119,7 +119,8 @@ pub fn floor_table(doc: &serde_json::Value) -> anyhow::Result<String> {
 /// The floors tables of a document (each after `<!-- floors: PATH -->`, up to
 /// `<!-- /floors -->`, PATH the run's JSON from the repository's root) that differ from what
 /// their JSON gives (`table_of(PATH)`), named; and how many there are.
-pub fn stale_floor_tables(
+#[cfg(test)]
+fn stale_floor_tables(
     text: &str,
     table_of: impl Fn(&str) -> anyhow::Result<String>,
 ) -> (usize, Vec<String>) {
