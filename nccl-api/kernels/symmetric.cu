@@ -413,11 +413,31 @@ template <typename F> __device__ __forceinline__ void each_in(uint64_t lo, uint6
   for (uint64_t u = lo + (uint64_t)blockIdx.x * BLOCK + threadIdx.x; u < hi; u += (uint64_t)gridDim.x * BLOCK) f(u);
 }
 
-// Unit u of every rank's data reduced in rank order.
+// Unit u of every rank's data reduced in rank order, W ranks (W > 0: known at compile time,
+// every peer's load issued before the first reduction).
+template <typename T, int L, int W> __device__ __forceinline__ Pack<T, L> reduce_w(const Params& p, uint64_t u) {
+  if constexpr (W > 0) {
+    Pack<T, L> x[W];
+#pragma unroll
+    for (int q = 0; q < W; q++) x[q] = ld_unit<T, L>(p.peers[q], u);
+#pragma unroll
+    for (int q = 1; q < W; q++) reduce_into<T, L>(p.op, x[0], x[q]);
+    return x[0];
+  } else {
+    Pack<T, L> acc = ld_unit<T, L>(p.peers[0], u);
+    for (uint32_t q = 1; q < p.world; q++) reduce_into<T, L>(p.op, acc, ld_unit<T, L>(p.peers[q], u));
+    return acc;
+  }
+}
+// The same, the world picked once per unit from the compile-time ones (2, 4, 8) or not.
 template <typename T, int L> __device__ __forceinline__ Pack<T, L> reduce_all(const Params& p, uint64_t u) {
-  Pack<T, L> acc = ld_unit<T, L>(p.peers[0], u);
-  for (uint32_t q = 1; q < p.world; q++) reduce_into<T, L>(p.op, acc, ld_unit<T, L>(p.peers[q], u));
-  return acc;
+  switch (p.world) {
+    case 1: return ld_unit<T, L>(p.peers[0], u);
+    case 2: return reduce_w<T, L, 2>(p, u);
+    case 4: return reduce_w<T, L, 4>(p, u);
+    case 8: return reduce_w<T, L, 8>(p, u);
+    default: return reduce_w<T, L, 0>(p, u);
+  }
 }
 
 template <typename T, int L> __device__ bool one_shot(const Params& p, Launch& l, uint64_t row) {
