@@ -275,8 +275,8 @@ impl MockComm {
     ) -> Result<&'static str> {
         let path = work.path();
         match work {
-            Work::Symmetric(op) => self.symmetric_enqueue(op, stream),
-            Work::OneSided(op) => self.one_sided_op(op, stream),
+            Work::Symmetric(op) => self.symmetric_enqueue(*op, stream),
+            Work::OneSided(op) => self.one_sided_op(*op, stream),
             other => Err(other.unsupported(self.capabilities().backend)),
         }
         .map(|()| path)

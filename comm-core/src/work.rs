@@ -13,17 +13,16 @@ use crate::Result;
 /// One piece of stream-ordered work, as a backend receives it.
 #[derive(Debug)]
 pub enum Work<'a, M> {
-    /// One of NCCL's collectives or point-to-point calls, by reference: built on the
-    /// caller's stack, it stays there (moved into the enum, its kind was no longer the
-    /// caller's constant to the code below the door, about 50 instructions more per call
-    /// under callgrind).
+    /// One of NCCL's collectives or point-to-point calls. Every kind by reference, so that
+    /// the door's argument is two words in registers: built on the caller's stack, the
+    /// operation stays there, and below the door its kind is still the caller's constant.
     Collective(&'a Op<'a, M>),
     /// One of unicomm's kernels over symmetric memory.
-    Symmetric(SymmetricOp<'a, M>),
+    Symmetric(&'a SymmetricOp<'a, M>),
     /// A one-sided call (put with signal, signal, wait).
-    OneSided(OneSided<'a, M>),
+    OneSided(&'a OneSided<'a, M>),
     /// unicomm's kernel written against NCCL's device API.
-    Device(DeviceKernelOp),
+    Device(&'a DeviceKernelOp),
 }
 
 impl<'a, M> From<&'a Op<'a, M>> for Work<'a, M> {
@@ -33,20 +32,20 @@ impl<'a, M> From<&'a Op<'a, M>> for Work<'a, M> {
     }
 }
 
-impl<'a, M> From<SymmetricOp<'a, M>> for Work<'a, M> {
-    fn from(op: SymmetricOp<'a, M>) -> Self {
+impl<'a, M> From<&'a SymmetricOp<'a, M>> for Work<'a, M> {
+    fn from(op: &'a SymmetricOp<'a, M>) -> Self {
         Work::Symmetric(op)
     }
 }
 
-impl<'a, M> From<OneSided<'a, M>> for Work<'a, M> {
-    fn from(op: OneSided<'a, M>) -> Self {
+impl<'a, M> From<&'a OneSided<'a, M>> for Work<'a, M> {
+    fn from(op: &'a OneSided<'a, M>) -> Self {
         Work::OneSided(op)
     }
 }
 
-impl<M> From<DeviceKernelOp> for Work<'_, M> {
-    fn from(op: DeviceKernelOp) -> Self {
+impl<'a, M> From<&'a DeviceKernelOp> for Work<'a, M> {
+    fn from(op: &'a DeviceKernelOp) -> Self {
         Work::Device(op)
     }
 }
@@ -88,8 +87,8 @@ impl<'a, M> Work<'a, M> {
                 let mapped = op.map_mem(f)?;
                 then(Work::Collective(&mapped))
             }
-            Work::Symmetric(s) => then(Work::Symmetric(s.map_mem(f)?)),
-            Work::OneSided(o) => then(Work::OneSided(o.map_mem(f)?)),
+            Work::Symmetric(s) => then(Work::Symmetric(&(*s).map_mem(f)?)),
+            Work::OneSided(o) => then(Work::OneSided(&(*o).map_mem(f)?)),
             Work::Device(d) => then(Work::Device(d)),
         }
     }

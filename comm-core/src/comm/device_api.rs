@@ -119,7 +119,7 @@ impl<C: Collective> Comm<C> {
         stream: &C::Stream,
     ) -> Result<()> {
         let op = self.device_kernel_op(dc, (send, recv), count, op)?;
-        self.sole()?.work(op.into(), stream)
+        self.sole()?.work((&op).into(), stream)
     }
 
     /// The operation of [`Comm::all_reduce_device`], checked: the type and reduction, the

@@ -54,7 +54,7 @@ impl<C: Collective> Comm<C> {
             window_bytes: dst.len() * size,
         });
         op.check(self.world_size())?;
-        self.sole()?.work(op.into(), stream)
+        self.sole()?.work((&op).into(), stream)
     }
 
     /// Signals `peer` once with no data (`ncclSignal`, NCCL >= 2.29.2): counted by `peer`'s
@@ -64,7 +64,7 @@ impl<C: Collective> Comm<C> {
         super::direct_call()?;
         let op = OneSided::Signal(peer);
         op.check(self.world_size())?;
-        self.sole()?.work(op.into(), stream)
+        self.sole()?.work((&op).into(), stream)
     }
 
     /// Work enqueued on `stream` after this waits until, for every entry, `count` signals
@@ -76,6 +76,6 @@ impl<C: Collective> Comm<C> {
         super::direct_call()?;
         let op = OneSided::Wait(waits);
         op.check(self.world_size())?;
-        self.sole()?.work(op.into(), stream)
+        self.sole()?.work((&op).into(), stream)
     }
 }

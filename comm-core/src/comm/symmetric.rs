@@ -163,7 +163,7 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         let out = out.view_mut().into_view();
         let sym = self.symmetric_all_reduce_op(input, count, (&out, None), (op, algorithm))?;
-        self.sole()?.work(sym.into(), stream)
+        self.sole()?.work((&sym).into(), stream)
     }
 
     /// The step that ends a tensor-parallel decoder layer, in one kernel: for each row of
@@ -189,7 +189,7 @@ impl<C: Collective> Comm<C> {
             (&out, Some((&res, &w, eps))),
             (ReduceOp::Sum, algorithm),
         )?;
-        self.sole()?.work(sym.into(), stream)
+        self.sole()?.work((&sym).into(), stream)
     }
 
     /// A barrier over `sym`'s signal pads in stream order on `stream`: the work after it
@@ -201,8 +201,10 @@ impl<C: Collective> Comm<C> {
     ) -> Result<()> {
         self.own(sym)?;
         super::direct_call()?;
-        self.sole()?
-            .work(SymmetricOp::Barrier { handle: sym.handle }.into(), stream)
+        self.sole()?.work(
+            (&SymmetricOp::Barrier { handle: sym.handle }).into(),
+            stream,
+        )
     }
 
     fn own<T: Element>(&self, sym: &Symmetric<'_, T, C>) -> Result<()> {

@@ -32,7 +32,7 @@ impl<'a, C: Collective> Step<'a, C> {
         let op = comm.symmetric_all_reduce_op(input, count, (&out, None), how)?;
         match self.phase {
             Phase::Warm => Ok(()),
-            _ => comm.sole()?.work(op.into(), self.stream),
+            _ => comm.sole()?.work((&op).into(), self.stream),
         }
     }
 
@@ -61,7 +61,7 @@ impl<'a, C: Collective> Step<'a, C> {
         )?;
         match self.phase {
             Phase::Warm => Ok(()),
-            _ => comm.sole()?.work(op.into(), self.stream),
+            _ => comm.sole()?.work((&op).into(), self.stream),
         }
     }
 
@@ -97,7 +97,7 @@ impl<'a, C: Collective> Step<'a, C> {
         let op = comm.device_kernel_op(dc, (send, recv), count, op)?;
         match self.phase {
             Phase::Warm => Ok(()),
-            _ => comm.sole()?.work(op.into(), self.stream),
+            _ => comm.sole()?.work((&op).into(), self.stream),
         }
     }
 }

@@ -198,6 +198,13 @@ pub enum SymmetricOp<'a, M> {
     },
 }
 
+impl<M> Clone for SymmetricOp<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M> Copy for SymmetricOp<'_, M> {}
+
 impl<'a, M> SymmetricOp<'a, M> {
     /// What every rank's call must agree on.
     pub fn signature(&self) -> Signature {

@@ -132,22 +132,20 @@ impl<R: Runtime> Collective for ApiComm<R> {
     #[inline(always)]
     fn enqueue(&self, work: Work<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
         // Each other kind out of line by its own payload: an out-of-line function given
-        // the whole `Work` would receive the collective's address too, and the operation
-        // built on the caller's stack would no longer be its constants (50 instructions
-        // more per call under callgrind).
+        // the whole `Work` would receive the collective's address too.
         match work {
             Work::Collective(op) => self.enqueue_collective(op, stream),
             Work::Symmetric(op) => self.recorded(op.what(), op.path(), stream, || {
-                self.sym.enqueue(&self.base, op, stream)
+                self.sym.enqueue(&self.base, *op, stream)
             }),
             Work::OneSided(op) => self.recorded(op.what(), "library", stream, || {
-                self.one_sided_op(op, stream)
+                self.one_sided_op(*op, stream)
             }),
             Work::Device(op) => self.recorded(op.what(), DEVICE_PATH, stream, || {
                 // The kernel watches the control block's abort word (set before NCCL's
                 // abort).
                 let control = self.sym.control_address(&self.base)?;
-                self.dev.launch((&self.base, control), op, stream)
+                self.dev.launch((&self.base, control), *op, stream)
             }),
         }
     }
