@@ -53,10 +53,12 @@ fn timed(
 ) -> anyhow::Result<f64> {
     let err = |what: &'static str| move |e| anyhow::anyhow!("{what}: {e:?}");
     g.launch().map_err(err("cuGraphLaunch"))?;
-    let mut marks = vec![cs.record_event(None).map_err(err("cuEventRecord"))?];
+    // Events that time (cudarc's default event has timing off).
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let mut marks = vec![cs.record_event(timing).map_err(err("cuEventRecord"))?];
     for _ in 0..launches {
         g.launch().map_err(err("cuGraphLaunch"))?;
-        marks.push(cs.record_event(None).map_err(err("cuEventRecord"))?);
+        marks.push(cs.record_event(timing).map_err(err("cuEventRecord"))?);
     }
     cs.synchronize().map_err(err("cuStreamSynchronize"))?;
     let mut per: Vec<f64> = marks
