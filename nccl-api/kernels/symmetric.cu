@@ -262,6 +262,8 @@ __device__ uint32_t barrier0(const Params& p, uint64_t start) {
 struct Launch {
   uint64_t start;
   uint32_t call, round, fault;
+  uint32_t held;     // this block held the Lamport round (a header or element never came)
+  uint32_t used[3];  // PAD_USED of each workspace, read with the launch's words
 };
 
 // Whether block 0 found this launch's ranks disagreeing (or gave up): the other blocks'
@@ -511,8 +513,15 @@ __device__ void lamport_headers0(const Params& p, Launch& l, uint32_t b, uint32_
       held = 1;
       break;
     }
+    // The header's eight words in two 16-byte loads (not eight round trips).
+    uint4 a, c;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(h) : "memory");
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(c.x), "=r"(c.y), "=r"(c.z), "=r"(c.w) : "l"(h + 4) : "memory");
+    uint32_t got[SIG_WORDS] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
     for (int i = 0; i < SIG_WORDS && !verdict; i++) {
-      if (((const volatile uint32_t*)h)[i] != sig[i]) {
+      if (got[i] != sig[i]) {
         report_mismatch(p, sig, q, (const volatile uint32_t*)h);
         verdict = FAULT_MISMATCH;
       }
@@ -525,7 +534,10 @@ __device__ void lamport_headers0(const Params& p, Launch& l, uint32_t b, uint32_
   }
   // A disagreeing peer may have written past this call's count: all of each slot then.
   *(volatile uint32_t*)pad_word(p, p.rank, PAD_USED(b)) = verdict ? (uint32_t)p.slot : bytes;
-  if (held) *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) = l.call + 1u;
+  if (held) {
+    *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) = l.call + 1u;
+    l.held = 1;
+  }
   if (verdict) {
     if (!l.fault) l.fault = verdict;
     post_verdict(p, l);
@@ -534,9 +546,9 @@ __device__ void lamport_headers0(const Params& p, Launch& l, uint32_t b, uint32_
 
 // The round before's workspace back to the poison, as far as that round wrote into it: this
 // block's share of every slot.
-template <typename T> __device__ void lamport_clear(const Params& p, uint32_t stale) {
+template <typename T> __device__ void lamport_clear(const Params& p, const Launch& l, uint32_t stale) {
   typedef typename Ty<T>::Bits B;
-  uint64_t used = *(volatile uint32_t*)pad_word(p, p.rank, PAD_USED(stale));
+  uint64_t used = l.used[stale];
   if (used > p.slot) used = p.slot;
   uint64_t base = lamport_slot(p, p.rank, stale, 0);
   bool wide = (base % 16 == 0) && (p.slot % 16 == 0);
@@ -601,6 +613,7 @@ template <typename T, int L> __device__ bool lamport(const Params& p, Launch& l,
               if (atomicCAS(&stopped, 0u, q + 1) == 0u && f != FAULT_MISMATCH) {
                 report(p, f, q, l.round, 0);
                 *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) = l.call + 1u;
+                l.held = 1;
               }
               if (!l.fault) l.fault = f;
               return;
@@ -613,7 +626,7 @@ template <typename T, int L> __device__ bool lamport(const Params& p, Launch& l,
     });
   }
   __syncthreads();
-  lamport_clear<T>(p, (b + 2) % 3);
+  lamport_clear<T>(p, l, (b + 2) % 3);
   return l.fault == 0;
 }
 
@@ -664,11 +677,15 @@ template <typename T> __device__ bool vectors(const Params& p) {
 __device__ void finish(const Params& p, const Launch& l) {
   __syncthreads();
   if (threadIdx.x != 0) return;
-  __threadfence();
-  uint32_t* done = pad_word(p, p.rank, PAD_DONE);
-  if (atomicAdd(done, 1u) != gridDim.x - 1) return;
-  *(volatile uint32_t*)done = 0;
-  bool held = *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) == l.call + 1u;
+  bool held = l.held;
+  if (gridDim.x > 1) {
+    // The last block of several, found by the count of those done (one block is the last).
+    __threadfence();
+    uint32_t* done = pad_word(p, p.rank, PAD_DONE);
+    if (atomicAdd(done, 1u) != gridDim.x - 1) return;
+    *(volatile uint32_t*)done = 0;
+    held = *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) == l.call + 1u;
+  }
   if (p.algorithm == ALG_LAMPORT && !held) *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND) = l.round + 1;
   *(volatile uint32_t*)pad_word(p, p.rank, PAD_CALL) = l.call + 1;
   __threadfence();
@@ -687,10 +704,13 @@ template <typename T, int L> __device__ bool algorithm(const Params& p, Launch& 
 template <typename T> __device__ void run(const Params& p) {
   __shared__ Launch l;
   if (threadIdx.x == 0) {
+    // The launch's words in one pass (independent loads, one round trip).
     l.start = now_ns();
     l.fault = 0;
+    l.held = 0;
     l.call = *(volatile uint32_t*)pad_word(p, p.rank, PAD_CALL);
     l.round = *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND);
+    for (int b = 0; b < 3; b++) l.used[b] = *(volatile uint32_t*)pad_word(p, p.rank, PAD_USED(b));
   }
   __syncthreads();
   bool ok = vectors<T>(p) ? algorithm<T, Lanes<T>::N>(p, l) : algorithm<T, 1>(p, l);
