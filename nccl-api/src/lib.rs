@@ -9,7 +9,7 @@
 //!    non-blocking calls (`wait.rs`), the stream watchers (`watch.rs`), the thread's group
 //!    (`group.rs`), streams and memory ([`memory`]), the contract's types in the C API's
 //!    values (`conv.rs`), the automatic policy's table ([`policy`]);
-//! 3. one safe `ncclComm_t` (`libcomm.rs`) and its creation (`create.rs`): its lock,
+//! 3. one safe `ncclComm_t` (`libcomm/mod.rs`) and its creation (`create.rs`): its lock,
 //!    state, deadline and teardown; it names no feature: children and abort hooks are
 //!    registered with it;
 //! 4. over one communicator: the ranks' agreement (`agree.rs`), each operation as the

@@ -1,5 +1,5 @@
 //! Symmetric memory on an NCCL-API communicator and unicomm's own kernels on it (the
-//! contract's layout, comm-core/src/symmetric.rs; the protocols of the mock's kernels).
+//! contract's layout, comm-core/src/symmetric/mod.rs; the protocols of the mock's kernels).
 //!
 //! One rank's allocation is device memory from the library (`ncclMemAlloc`, cuMem:
 //! exportable): its data rounded up to 256 bytes, its signal pad, then for Lamport three
