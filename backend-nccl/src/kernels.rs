@@ -14,7 +14,7 @@ use std::ffi::{c_void, CString};
 use cudarc::driver::{result, sys};
 use unicomm_core::{DataType, Error, Result};
 use unicomm_nccl_api::sys::kernel_args::{
-    self, DeviceKernelArgs, KernelParams, DEVICE_KERNEL_DEV_COMM_BYTES,
+    self, DeviceKernelArgs, KernelParams, Launch, DEVICE_KERNEL_DEV_COMM_BYTES,
 };
 
 use crate::driver_error::cuda_err;
@@ -34,6 +34,9 @@ pub(crate) struct Module {
     names: [&'static str; 3],
     /// An empty kernel of the module, where it has one.
     empty: Option<&'static str>,
+    /// Whether a grid larger than the device holds at once is shrunk to it (the kernels'
+    /// blocks share out any size of work) rather than refused (one block per barrier).
+    shrinks: bool,
 }
 
 /// What a module's image is.
@@ -57,6 +60,7 @@ pub(crate) const SYMMETRIC: Module = Module {
     image: Image::Fatbin(kernel_args::SYMMETRIC_IMAGE),
     names: kernel_args::SYMMETRIC_FUNCTIONS,
     empty: Some(kernel_args::SYMMETRIC_EMPTY),
+    shrinks: true,
 };
 
 /// The device-API kernel (`kernels/device_api.cu`): an `ncclDevComm` and its `Args` by value.
@@ -73,6 +77,7 @@ pub(crate) const DEVICE_API: Module = Module {
         "unicomm_device_api_one_shot_bf16",
     ],
     empty: None,
+    shrinks: false,
 };
 
 /// Threads of a block (`BLOCK` in the sources' launch bounds).
@@ -237,6 +242,11 @@ impl CudaRuntime {
         self.with_device(dev, || {
             let k = self.functions(m, dev)?;
             let f = k.of(m, dtype)?;
+            // The same on every rank of one GPU model, so every rank's grid shrinks alike.
+            let blocks = match m.shrinks {
+                true => blocks.clamp(1, k.resident.max(1)),
+                false => blocks,
+            };
             if blocks > k.resident {
                 return Err(Error::invalid(
                     "blocks",
@@ -253,6 +263,33 @@ impl CudaRuntime {
         })
     }
 
+    /// [`Runtime::launch`] on `dev`: the kernel `launch` names.
+    ///
+    /// # Safety
+    /// The trait's contract; `stream` is a live stream of `dev`'s primary context.
+    pub(crate) unsafe fn launch_kind(
+        &self,
+        dev: usize,
+        dtype: DataType,
+        launch: Launch<'_>,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        match launch {
+            // SAFETY: the trait's contract is `launch_symmetric_on`'s.
+            Launch::Symmetric(params) => unsafe {
+                self.launch_symmetric_on(dev, dtype, params, stream)
+            },
+            Launch::DeviceApi {
+                dev_comm,
+                args,
+                blocks,
+            } => {
+                // SAFETY: the trait's contract is `launch_device_kernel_on`'s.
+                unsafe { self.launch_device_kernel_on(dev, dtype, blocks, dev_comm, args, stream) }
+            }
+        }
+    }
+
     /// [`Runtime::launch`] of the symmetric kernels on `dev`: the grid its parameters ask for
     /// (within what the device holds at once), one `Params` by value.
     ///
@@ -266,16 +303,10 @@ impl CudaRuntime {
         stream: sys::CUstream,
     ) -> Result<()> {
         let mut arg = *params;
-        // The grid asked for, within what the device holds at once (the same on every rank
-        // of one GPU model).
-        let resident = self
-            .with_device(dev, || self.functions(&SYMMETRIC, dev))?
-            .resident;
-        arg.blocks = params.blocks.clamp(1, resident.max(1));
         let mut args = [(&mut arg as *mut KernelParams).cast::<c_void>()];
         // SAFETY: the symmetric kernels take one `Params` by value, whose layout
         // `KernelParams` has (tested); the caller's contract covers its addresses.
-        unsafe { self.launch_on((&SYMMETRIC, dev, dtype), arg.blocks, &mut args, stream) }
+        unsafe { self.launch_on((&SYMMETRIC, dev, dtype), params.blocks, &mut args, stream) }
     }
 
     /// [`Runtime::launch`] of the device-API kernel on `dev`: `blocks` blocks, the device
@@ -288,7 +319,8 @@ impl CudaRuntime {
         dev: usize,
         dtype: DataType,
         blocks: u32,
-        (dev_comm, args): (&[u8], &DeviceKernelArgs),
+        dev_comm: &[u8],
+        args: &DeviceKernelArgs,
         stream: sys::CUstream,
     ) -> Result<()> {
         if dev_comm.len() < DEVICE_KERNEL_DEV_COMM_BYTES {

@@ -215,24 +215,8 @@ impl Runtime for CudaRuntime {
         launch: unicomm_nccl_api::sys::kernel_args::Launch<'_>,
         s: &CudaStreamHandle,
     ) -> Result<()> {
-        use unicomm_nccl_api::sys::kernel_args::Launch;
-        let stream = s.0.cu_stream();
-        match launch {
-            // SAFETY: the trait's contract is `launch_symmetric_on`'s, `s` a stream of `dev`.
-            Launch::Symmetric(params) => unsafe {
-                self.launch_symmetric_on(dev, dtype, params, stream)
-            },
-            Launch::DeviceApi {
-                dev_comm,
-                args,
-                blocks,
-            } => {
-                let of = (dev_comm, args);
-                // SAFETY: the trait's contract is `launch_device_kernel_on`'s, `s` a stream
-                // of `dev`.
-                unsafe { self.launch_device_kernel_on(dev, dtype, blocks, of, stream) }
-            }
-        }
+        // SAFETY: the trait's contract is `launch_kind`'s, `s` a stream of `dev`.
+        unsafe { self.launch_kind(dev, dtype, launch, s.0.cu_stream()) }
     }
 
     fn stream_memory_ops(&self, _dev: usize) -> bool {
