@@ -298,18 +298,13 @@ fn sums(run: &Run, k: &Reduce, grid: &Grid) -> Result<Vec<u32>> {
     }
 }
 
-/// The grid the GPU kernels run for `k` (`symmetric_blocks`, before the CUDA launcher's
-/// clamp to what a device holds).
+/// The grid the GPU kernels run for `k` (before the CUDA launcher's clamp to what a device
+/// holds).
 fn blocks(k: &Reduce) -> usize {
-    use unicomm_nccl_api::sys::kernel_args::{symmetric_blocks, KernelAlgorithm as K};
-    let algorithm = match k.algorithm {
-        SymmetricAlgorithm::OneShot => K::OneShot,
-        SymmetricAlgorithm::TwoShot => K::TwoShot,
-        SymmetricAlgorithm::Lamport => K::Lamport,
-    };
-    let bytes = (k.count * k.ty.dtype().size()) as u64;
-    let rows = k.norm.as_ref().map(|n| (k.count / n.hidden.max(1)) as u64);
-    symmetric_blocks(algorithm, bytes, rows) as usize
+    let hidden = k.norm.as_ref().map(|n| n.hidden);
+    let dtype = k.ty.dtype();
+    unicomm_nccl_api::sys::kernel_args::symmetric_blocks(k.algorithm, k.count, dtype, hidden)
+        as usize
 }
 
 fn local(s: &unicomm_core::Slice<'_, MockMemory>) -> Local {

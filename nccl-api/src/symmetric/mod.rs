@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use unicomm_core::registry::RawHandle;
 use unicomm_core::symmetric::{
-    check_all_reduce, pad_gone, SymmetricAlgorithm, SymmetricOp, SymmetricParts, LAMPORT_HEADER,
-    MAX_SYMMETRIC_WORLD, PAD_BYTES,
+    check_all_reduce, pad_gone, SymmetricOp, SymmetricParts, LAMPORT_HEADER, MAX_SYMMETRIC_WORLD,
+    PAD_BYTES,
 };
 use unicomm_core::{DataType, Error, Result};
 
@@ -377,12 +377,7 @@ fn all_reduce_params<R: Runtime>(
     let shape = (rec.bytes, rec.lamport);
     check_all_reduce(shape, count, dtype, algorithm, &out, norm.as_ref())?;
     base.check_memory(out.mem)?;
-    let kernel = match algorithm {
-        SymmetricAlgorithm::OneShot => KernelAlgorithm::OneShot,
-        SymmetricAlgorithm::TwoShot => KernelAlgorithm::TwoShot,
-        SymmetricAlgorithm::Lamport => KernelAlgorithm::Lamport,
-    };
-    let mut p = params_of(base, rec, control, kernel);
+    let mut p = params_of(base, rec, control, algorithm.into());
     p.out = out.address() as u64;
     p.count = count as u64;
     p.typed = u32::from(rec.lamport == Some(dtype));
@@ -396,9 +391,8 @@ fn all_reduce_params<R: Runtime>(
         p.norm = 1;
         p.eps = n.eps;
     }
-    let rows = norm.map(|n| (count / n.hidden.max(1)) as u64);
-    let bytes = (count * dtype.size()) as u64;
-    p.blocks = crate::sys::kernel_args::symmetric_blocks(kernel, bytes, rows);
+    let hidden = norm.map(|n| n.hidden);
+    p.blocks = crate::sys::kernel_args::symmetric_blocks(algorithm, count, dtype, hidden);
     Ok((dtype, p))
 }
 

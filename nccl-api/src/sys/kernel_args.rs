@@ -149,17 +149,35 @@ pub enum Launch<'a> {
     },
 }
 
-/// The grid a launch of unicomm's symmetric kernels asks for: one block per 1,024 16-byte
-/// vectors of data (two per thread), one per row of the fused norm (whose rows a block
-/// normalizes after reducing them; the two-shot's fused norm one block, its rows gathered
-/// from every block), one for a barrier, at most
-/// [`MAX_SYMMETRIC_BLOCKS`](unicomm_core::symmetric::MAX_SYMMETRIC_BLOCKS).
-pub fn symmetric_blocks(algorithm: KernelAlgorithm, bytes: u64, rows: Option<u64>) -> u32 {
-    let max = unicomm_core::symmetric::MAX_SYMMETRIC_BLOCKS as u64;
-    let g = match (algorithm, rows) {
-        (KernelAlgorithm::Barrier, _) | (KernelAlgorithm::TwoShot, Some(_)) => 1,
-        (_, Some(rows)) => rows,
-        (_, None) => bytes.div_ceil(16 * 2 * SYMMETRIC_BLOCK as u64),
+impl From<unicomm_core::symmetric::SymmetricAlgorithm> for KernelAlgorithm {
+    fn from(a: unicomm_core::symmetric::SymmetricAlgorithm) -> Self {
+        use unicomm_core::symmetric::SymmetricAlgorithm as A;
+        match a {
+            A::OneShot => KernelAlgorithm::OneShot,
+            A::TwoShot => KernelAlgorithm::TwoShot,
+            A::Lamport => KernelAlgorithm::Lamport,
+        }
+    }
+}
+
+/// The grid a launch of unicomm's symmetric all-reduce asks for (`count` elements of `dtype`,
+/// the fused norm's rows of `hidden` where it has one): one block per 1,024 16-byte vectors
+/// of data (two per thread), one per row of the fused norm (whose rows a block normalizes
+/// after reducing them; the two-shot's fused norm one block, its rows gathered from every
+/// block), at most [`MAX_SYMMETRIC_BLOCKS`](unicomm_core::symmetric::MAX_SYMMETRIC_BLOCKS).
+/// A barrier is one block.
+pub fn symmetric_blocks(
+    algorithm: unicomm_core::symmetric::SymmetricAlgorithm,
+    count: usize,
+    dtype: unicomm_core::DataType,
+    hidden: Option<usize>,
+) -> u32 {
+    use unicomm_core::symmetric::SymmetricAlgorithm as A;
+    let max = unicomm_core::symmetric::MAX_SYMMETRIC_BLOCKS;
+    let g = match (algorithm, hidden) {
+        (A::TwoShot, Some(_)) => 1,
+        (_, Some(hidden)) => count / hidden.max(1),
+        (_, None) => (count * dtype.size()).div_ceil(16 * 2 * SYMMETRIC_BLOCK as usize),
     };
     g.clamp(1, max) as u32
 }
