@@ -114,6 +114,15 @@ __device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
 __device__ __forceinline__ void st_relaxed(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+// Sixteen bytes read again at every call (a peer may write them meanwhile).
+__device__ __forceinline__ uint4 ld_volatile_v4(const void* at) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(at)
+               : "memory");
+  return v;
+}
 // A fence at the scope the peers need: one before a barrier's arrivals (with the relaxed
 // stores after it, a release) and one after its waits (an acquire).
 __device__ __forceinline__ void fence_peers(const Params& p) {
@@ -374,11 +383,7 @@ template <typename T, int L> __device__ __forceinline__ Pack<T, L> ld_unit(uint6
 template <typename T, int L> __device__ __forceinline__ Pack<T, L> ld_unit_volatile(uint64_t base, uint64_t u) {
   Pack<T, L> x;
   if constexpr (sizeof(Pack<T, L>) == 16) {
-    uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"((const uint4*)base + u)
-                 : "memory");
+    uint4 v = ld_volatile_v4((const uint4*)base + u);
     memcpy(&x, &v, 16);
   } else {
     x.b[0] = ((volatile typename Ty<T>::Bits*)base)[u];
@@ -514,11 +519,7 @@ __device__ void lamport_headers0(const Params& p, Launch& l, uint32_t b, uint32_
       break;
     }
     // The header's eight words in two 16-byte loads (not eight round trips).
-    uint4 a, c;
-    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(h) : "memory");
-    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(c.x), "=r"(c.y), "=r"(c.z), "=r"(c.w) : "l"(h + 4) : "memory");
+    uint4 a = ld_volatile_v4(h), c = ld_volatile_v4(h + 4);
     uint32_t got[SIG_WORDS] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
     for (int i = 0; i < SIG_WORDS && !verdict; i++) {
       if (got[i] != sig[i]) {
