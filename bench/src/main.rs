@@ -380,8 +380,8 @@ fn bench() -> anyhow::Result<()> {
     if lead {
         write_reports(&args, &header, &results, &memory)?;
         if args.floor {
-            let how = (args.iters, args.graphs);
-            report::floors(&comms[0], how, &results, args.json.as_deref())?;
+            let (iters, graphs, json) = (args.iters, args.graphs, args.json.as_deref());
+            report::floors(&comms[0], iters, graphs, &results, json)?;
         }
     }
     if let Some(e) = failed {

@@ -55,7 +55,7 @@ impl<'a, M> Work<'a, M> {
     #[inline]
     pub fn what(&self) -> What {
         match self {
-            Work::Collective(op) => What::Collective(op.kind, op.count, op.dtype),
+            Work::Collective(op) => op.what(),
             Work::Symmetric(s) => s.what(),
             Work::OneSided(o) => o.what(),
             Work::Device(d) => d.what(),
@@ -114,6 +114,14 @@ impl<M> Work<'_, M> {
             ),
         };
         crate::Error::unsupported(what, needs, backend)
+    }
+}
+
+impl<M> Op<'_, M> {
+    /// What the flight recorder keeps of it.
+    #[inline]
+    pub fn what(&self) -> What {
+        What::Collective(self.kind, self.count, self.dtype)
     }
 }
 

@@ -15,7 +15,8 @@ use crate::Coll;
 /// Measures the floors on `c`'s device at every size of `results` and reports them.
 pub fn floors(
     c: &unicomm::Comm,
-    (iters, launches): (usize, usize),
+    iters: usize,
+    launches: usize,
     results: &[Measure],
     json_path: Option<&Path>,
 ) -> anyhow::Result<()> {
@@ -24,7 +25,7 @@ pub fn floors(
     let mut sizes: Vec<usize> = results.iter().map(|r| r.work.bytes).collect();
     sizes.sort_unstable();
     sizes.dedup();
-    let fl = crate::run::floors(&st, dev, &sizes, (iters, launches.max(20)))
+    let fl = crate::run::floors(&st, dev, &sizes, iters, launches.max(20))
         .context("measuring the floors")?;
     print(&fl, results);
     if let Some(p) = json_path {

@@ -78,7 +78,8 @@ pub(crate) fn floors(
     st: &AnyStream,
     dev: usize,
     sizes: &[usize],
-    (iters, launches): (usize, usize),
+    iters: usize,
+    launches: usize,
 ) -> anyhow::Result<Vec<Floor>> {
     let AnyStream::Nccl(s) = st else {
         bail!("--floor needs the CUDA backend");

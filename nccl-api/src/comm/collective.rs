@@ -289,7 +289,7 @@ impl<R: Runtime> ApiComm<R> {
     /// A collective: routed once, recorded once.
     #[inline]
     fn enqueue_collective(&self, op: &Op<'_, ApiMemory<R>>, stream: &ApiStream<R>) -> Result<()> {
-        let what = What::Collective(op.kind, op.count, op.dtype);
+        let what = op.what();
         let homes = lent_elsewhere(op, stream);
         if homes {
             refuse_lent_capture(op)?;
