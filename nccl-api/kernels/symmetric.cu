@@ -17,7 +17,8 @@
 // runs the agreement and the epoch barriers above; block b > 0 meets the same block of every
 // peer on its own arrival words (PAD_BLOCK_ARRIVAL), with values from the launch's number
 // (PAD_CALL), and ends its waits at block 0's verdict (PAD_VERDICT) where block 0 found the
-// ranks disagreeing. The last block to finish advances the launch's number (PAD_DONE counts
+// ranks disagreeing. Thread q of a block meets rank q (one round trip per barrier at any
+// world); the first fault a block finds is claimed by one thread, which reports it. The last block to finish advances the launch's number (PAD_DONE counts
 // them). The data moves in 16-byte vectors where every address and the count allow it.
 // Every wait on a peer also watches the communicator's abort word (mapped host memory the
 // host sets at abort), the world's poison word in this rank's pad (a peer that gave up) and
@@ -63,6 +64,8 @@ enum {
   FAULT_TYPE = 6,
   FAULT_GONE = 7
 };
+// Within a block: a wait ended by another thread's fault (never in the control block).
+__device__ constexpr uint32_t FAULT_OTHER = 256;
 
 // The communicator's control block, in mapped host memory.
 struct Control {
@@ -123,6 +126,11 @@ __device__ __forceinline__ uint4 ld_volatile_v4(const void* at) {
                : "memory");
   return v;
 }
+__device__ __forceinline__ void st_volatile_v4(void* at, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(at), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
 // A fence at the scope the peers need: one before a barrier's arrivals (with the relaxed
 // stores after it, a release) and one after its waits (an acquire).
 __device__ __forceinline__ void fence_peers(const Params& p) {
@@ -179,7 +187,7 @@ __device__ __forceinline__ typename Ty<T>::Bits reduce(uint32_t op, typename Ty<
 // plain stores and fences: the control block is host memory, where a PCIe system may not
 // run the device's atomics. A timeout also poisons every rank's pad, so that the peers'
 // waits end at once.
-__device__ void report(const Params& p, uint32_t code, uint32_t rank, uint32_t epoch,
+__device__ __noinline__ void report(const Params& p, uint32_t code, uint32_t rank, uint32_t epoch,
                        uint64_t detail) {
   volatile Control* c = (volatile Control*)p.control;
   if (c->fault == 0u) {
@@ -196,7 +204,7 @@ __device__ void report(const Params& p, uint32_t code, uint32_t rank, uint32_t e
 }
 
 // A fault that ends a wait now: the host's abort, a peer's poison, the deadline.
-__device__ uint32_t stop(const Params& p, uint64_t start) {
+__device__ __noinline__ uint32_t stop(const Params& p, uint64_t start) {
   if (((volatile Control*)p.control)->abort) return FAULT_ABORTED;
   if (*(volatile uint32_t*)pad_word(p, p.rank, PAD_POISON)) return FAULT_POISONED;
   if (now_ns() - start > p.timeout_ns) return FAULT_TIMEOUT;
@@ -209,25 +217,37 @@ __device__ __forceinline__ uint64_t lamport_slot(const Params& p, uint32_t q, ui
 }
 
 // Reports the mismatch of `mine` and rank q's `theirs` at their first differing word.
-__device__ void report_mismatch(const Params& p, const uint32_t* mine, uint32_t q,
+__device__ __noinline__ void report_mismatch(const Params& p, const uint32_t* mine, uint32_t q,
                                 const volatile uint32_t* theirs) {
   uint32_t i = 0;
   while (i < SIG_WORDS - 1 && mine[i] == theirs[i]) i++;
   report(p, FAULT_MISMATCH, q, mine[i], ((uint64_t)i << 32) | theirs[i]);
 }
 
-// A barrier of epoch e waiting on rank q: 1 (reported) where q's Lamport header of this
-// rank's round is in this rank's workspace while q never arrived at e (read in that
-// order: q arrives before any later call's header).
-__device__ uint32_t in_lamport(const Params& p, uint32_t q, uint32_t e) {
-  if (!p.workspace) return 0;
-  uint32_t round = *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND);
-  const uint32_t* h = (const uint32_t*)lamport_slot(p, p.rank, round % 3, q);
-  if (ld_acquire(h) >> 31) return 0;
-  if (((volatile const uint32_t*)h)[SIG_ROUND] != (round & 0x7fffffffu)) return 0;
-  if ((int32_t)(ld_acquire(pad_word(p, p.rank, PAD_ARRIVAL(q))) - e) >= 0) return 0;
-  report_mismatch(p, p.sig, q, (const volatile uint32_t*)h);
-  return FAULT_MISMATCH;
+// What every block keeps of its launch: its start, the launch's number, epoch and Lamport
+// round (read at its start; block 0 advances the epoch, the last block the others), its
+// first fault (claimed by one thread: the one that reports it).
+struct Launch {
+  uint64_t start;
+  uint32_t call, epoch, round, fault;
+  uint32_t held;     // this block held the Lamport round (a header or element never came)
+  uint32_t used[3];  // PAD_USED of each workspace, read with the launch's words
+};
+
+// Claims the block's fault for `f`: true for the one thread whose fault it is (it reports).
+__device__ __forceinline__ bool claim(Launch& l, uint32_t f) {
+  return atomicCAS(&l.fault, 0u, f) == 0u;
+}
+
+// Whether rank q's Lamport header of this launch's round is in this rank's workspace while
+// q never arrived at epoch e (read in that order: q arrives before any later call's
+// header): a barrier waiting on q that never ends.
+__device__ __noinline__ bool in_lamport(const Params& p, const Launch& l, uint32_t q, uint32_t e) {
+  if (!p.workspace) return false;
+  const uint32_t* h = (const uint32_t*)lamport_slot(p, p.rank, l.round % 3, q);
+  if (ld_acquire(h) >> 31) return false;
+  if (((volatile const uint32_t*)h)[SIG_ROUND] != (l.round & 0x7fffffffu)) return false;
+  return (int32_t)(ld_acquire(pad_word(p, p.rank, PAD_ARRIVAL(q))) - e) < 0;
 }
 
 // Whether rank q released its part (its departure word in this rank's pad, written by q's
@@ -235,45 +255,6 @@ __device__ uint32_t in_lamport(const Params& p, uint32_t q, uint32_t e) {
 __device__ __forceinline__ bool gone(const Params& p, uint32_t q) {
   return *(volatile uint32_t*)pad_word(p, p.rank, PAD_GONE(q)) != 0u;
 }
-
-// Thread 0's barrier: this rank's epoch advanced and written into every rank's arrival
-// word for it, then every rank's word for this epoch awaited. 0, or the fault.
-__device__ uint32_t barrier0(const Params& p, uint64_t start) {
-  uint32_t* epoch = pad_word(p, p.rank, PAD_EPOCH);
-  uint32_t e = *(volatile uint32_t*)epoch + 1;
-  *(volatile uint32_t*)epoch = e;
-  fence_peers(p);
-  for (uint32_t q = 0; q < p.world; q++) st_relaxed(pad_word(p, q, PAD_ARRIVAL(p.rank)), e);
-  for (uint32_t q = 0; q < p.world; q++) {
-    const uint32_t* w = pad_word(p, p.rank, PAD_ARRIVAL(q));
-    for (uint32_t n = 1; (int32_t)(ld_relaxed(w) - e) < 0; n++) {
-      if ((n & 255) == 0) {
-        uint32_t f = stop(p, start);
-        if (f) {
-          report(p, f, q, e, 0);
-          return f;
-        }
-        if (in_lamport(p, q, e)) return FAULT_MISMATCH;
-        // Its last arrival came before its departure word: seen gone, read again.
-        if (gone(p, q) && (int32_t)(ld_acquire(w) - e) < 0) {
-          report(p, FAULT_GONE, q, e, 0);
-          return FAULT_GONE;
-        }
-      }
-    }
-  }
-  fence_peers(p);
-  return 0;
-}
-
-// What every block keeps of its launch: its start, the launch's number and Lamport round
-// (read at its start; the last block advances them), its first fault.
-struct Launch {
-  uint64_t start;
-  uint32_t call, round, fault;
-  uint32_t held;     // this block held the Lamport round (a header or element never came)
-  uint32_t used[3];  // PAD_USED of each workspace, read with the launch's words
-};
 
 // Whether block 0 found this launch's ranks disagreeing (or gave up): the other blocks'
 // waits end there.
@@ -285,43 +266,68 @@ __device__ __forceinline__ void post_verdict(const Params& p, const Launch& l) {
   __threadfence();
 }
 
-// Thread 0's barrier `i` (1 to 3) of a block b > 0: its arrival (the launch's number) in
-// every rank's pad, every rank's same block awaited. 0, or the fault (reported; block 0's
-// verdict was reported by block 0).
-__device__ uint32_t block_barrier0(const Params& p, const Launch& l, uint32_t i) {
-  uint32_t b = blockIdx.x, v = 4u * l.call + i;
-  fence_peers(p);
-  for (uint32_t q = 0; q < p.world; q++) st_relaxed(pad_word(p, q, PAD_BLOCK_ARRIVAL(b, p.rank)), v);
-  for (uint32_t q = 0; q < p.world; q++) {
-    const uint32_t* w = pad_word(p, p.rank, PAD_BLOCK_ARRIVAL(b, q));
-    for (uint32_t n = 1; (int32_t)(ld_relaxed(w) - v) < 0; n++) {
-      if ((n & 255) != 0) continue;
-      if (verdict(p, l)) return FAULT_MISMATCH;
-      uint32_t f = stop(p, l.start);
-      if (f) {
-        report(p, f, q, v, 0);
-        return f;
-      }
-      if (gone(p, q) && (int32_t)(ld_acquire(w) - v) < 0) {
-        report(p, FAULT_GONE, q, v, 0);
-        return FAULT_GONE;
-      }
+// A release store and an acquire load at the scope the peers need (GPU where every rank
+// is on this one).
+__device__ __forceinline__ void st_release_peers(const Params& p, uint32_t* at, uint32_t v) {
+  if (p.local) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(at), "r"(v) : "memory");
+  } else {
+    st_release(at, v);
+  }
+}
+
+// Thread q's part of a barrier, for rank q (every peer by its own thread, at once): this
+// rank's arrival `v` released into rank q's pad at `mine`, rank q's word `theirs` in this
+// rank's pad awaited (relaxed polls, then one acquire fence). Block 0's waits (`epoch`) also
+// end where q runs Lamport instead; the other blocks' at block 0's verdict. 0, or the fault
+// (claimed and reported by this thread, or another's).
+__device__ __noinline__ uint32_t meet(const Params& p, Launch& l, uint32_t q, int mine, int theirs, uint32_t v,
+                         bool epoch) {
+  st_release_peers(p, pad_word(p, q, mine), v);
+  const uint32_t* w = pad_word(p, p.rank, theirs);
+  for (uint32_t n = 1; (int32_t)(ld_relaxed(w) - v) < 0; n++) {
+    if ((n & 255) != 0) continue;
+    if (*(volatile uint32_t*)&l.fault) return l.fault;
+    if (!epoch && verdict(p, l)) {
+      claim(l, FAULT_MISMATCH);
+      return FAULT_MISMATCH;
+    }
+    uint32_t f = stop(p, l.start);
+    if (!f && epoch && in_lamport(p, l, q, v)) {
+      if (claim(l, FAULT_MISMATCH))
+        report_mismatch(p, p.sig, q, (const volatile uint32_t*)lamport_slot(p, p.rank, l.round % 3, q));
+      return FAULT_MISMATCH;
+    }
+    // Its last arrival came before its departure word: seen gone, read again.
+    if (!f && gone(p, q) && (int32_t)(ld_acquire(w) - v) < 0) f = FAULT_GONE;
+    if (f) {
+      if (claim(l, f)) report(p, f, q, v, 0);
+      return f;
     }
   }
   fence_peers(p);
   return 0;
 }
 
-// Every thread's barrier `i` of the launch: block 0's on the epoch words, another block's on
-// its own. True when passed; false after a fault (reported, and block 0's posted).
-__device__ bool barrier(const Params& p, Launch& l, uint32_t i) {
+// Every thread's barrier `i` (1 to 3) of the launch: block 0's on the epoch words (the
+// epoch advanced), block b's on its own arrival words (the launch's number); rank q met by
+// thread q. True when passed; false after a fault (reported; block 0's verdict posted).
+__device__ __noinline__ bool barrier(const Params& p, Launch& l, uint32_t i) {
+  uint32_t e = l.epoch + 1;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t f = blockIdx.x == 0 ? barrier0(p, l.start) : block_barrier0(p, l, i);
-    if (f && !l.fault) l.fault = f;
-    if (f && blockIdx.x == 0) post_verdict(p, l);
+  uint32_t q = threadIdx.x;
+  if (blockIdx.x == 0) {
+    if (q == 0) {
+      l.epoch = e;
+      *(volatile uint32_t*)pad_word(p, p.rank, PAD_EPOCH) = e;
+    }
+    if (q < p.world) meet(p, l, q, PAD_ARRIVAL(p.rank), PAD_ARRIVAL(q), e, true);
+  } else if (q < p.world) {
+    uint32_t b = blockIdx.x;
+    meet(p, l, q, PAD_BLOCK_ARRIVAL(b, p.rank), PAD_BLOCK_ARRIVAL(b, q), 4u * l.call + i, false);
   }
   __syncthreads();
+  if (l.fault && blockIdx.x == 0 && threadIdx.x == 0) post_verdict(p, l);
   return l.fault == 0;
 }
 
@@ -330,30 +336,30 @@ __device__ __forceinline__ uint32_t* pad_signature(const Params& p, uint32_t q, 
   return pad_word(p, q, PAD_SIGNATURE + (e % 2) * LAMPORT_HEADER);
 }
 
-// Block 0: the signature published, the first barrier, every rank's compared: every rank
-// reads the same words (each stays until its rank's next first barrier, which no rank
-// passes before every rank read them), so a mismatch is reported by every rank after the
-// same barrier. The other blocks: their first barrier.
-__device__ bool enter(const Params& p, Launch& l) {
+// Block 0: the signature published, the first barrier, every rank's compared (rank q's by
+// thread q, its eight words in two 16-byte loads): every rank reads the same words (each
+// stays until its rank's next first barrier, which no rank passes before every rank read
+// them), so a mismatch is reported by every rank after the same barrier. The other blocks:
+// their first barrier.
+__device__ __noinline__ bool enter(const Params& p, Launch& l) {
   if (blockIdx.x != 0) return barrier(p, l, 1);
   if (threadIdx.x == 0) {
-    uint32_t next = *(volatile uint32_t*)pad_word(p, p.rank, PAD_EPOCH) + 1;
-    volatile uint32_t* mine = pad_signature(p, p.rank, next);
-    for (int i = 0; i < SIG_WORDS; i++) mine[i] = p.sig[i];
+    uint4* mine = (uint4*)pad_signature(p, p.rank, l.epoch + 1);
+    st_volatile_v4(mine, make_uint4(p.sig[0], p.sig[1], p.sig[2], p.sig[3]));
+    st_volatile_v4(mine + 1, make_uint4(p.sig[4], p.sig[5], p.sig[6], p.sig[7]));
   }
   if (!barrier(p, l, 1)) return false;
-  if (threadIdx.x == 0) {
-    uint32_t e = *(volatile uint32_t*)pad_word(p, p.rank, PAD_EPOCH);
-    for (uint32_t q = 0; q < p.world && !l.fault; q++) {
-      volatile uint32_t* theirs = pad_signature(p, q, e);
-      for (int i = 0; i < SIG_WORDS; i++) {
-        if (theirs[i] != p.sig[i]) {
-          report_mismatch(p, p.sig, q, theirs);
-          l.fault = FAULT_MISMATCH;
-          post_verdict(p, l);
-          break;
-        }
-      }
+  uint32_t q = threadIdx.x;
+  if (q < p.world) {
+    const uint32_t* theirs = pad_signature(p, q, l.epoch);
+    uint4 a = ld_volatile_v4(theirs), c = ld_volatile_v4(theirs + 4);
+    uint32_t got[SIG_WORDS] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+    bool same = true;
+#pragma unroll
+    for (int i = 0; i < SIG_WORDS; i++) same = same && got[i] == p.sig[i];
+    if (!same && claim(l, FAULT_MISMATCH)) {
+      report_mismatch(p, p.sig, q, theirs);
+      post_verdict(p, l);
     }
   }
   __syncthreads();
@@ -436,7 +442,48 @@ template <typename T, int L, int W> __device__ __forceinline__ Pack<T, L> reduce
     return acc;
   }
 }
-// The same, the world picked once per unit from the compile-time ones (2, 4, 8) or not.
+// Units lo..hi of `dst` over the grid, each the reduction of every rank's same unit, U
+// units per thread at a time (the loads of all U issued before their stores: W * U loads in
+// flight per thread).
+template <typename T, int L, int W, int U>
+__device__ __forceinline__ void reduce_range(const Params& p, uint64_t dst, uint64_t lo, uint64_t hi) {
+  const uint64_t stride = (uint64_t)gridDim.x * BLOCK;
+  uint64_t u = lo + (uint64_t)blockIdx.x * BLOCK + threadIdx.x;
+  for (; u + (U - 1) * stride < hi; u += U * stride) {
+    Pack<T, L> x[U];
+#pragma unroll
+    for (int k = 0; k < U; k++) x[k] = reduce_w<T, L, W>(p, u + k * stride);
+#pragma unroll
+    for (int k = 0; k < U; k++) st_unit<T, L>(dst, u + k * stride, x[k]);
+  }
+  for (; u < hi; u += stride) st_unit<T, L>(dst, u, reduce_w<T, L, W>(p, u));
+}
+// The same, the world picked once from the compile-time ones (1, 2, 4, 8) or not.
+template <typename T, int L>
+__device__ __noinline__ void reduce_units(const Params& p, uint64_t dst, uint64_t lo, uint64_t hi) {
+  switch (p.world) {
+    case 1: return reduce_range<T, L, 1, 4>(p, dst, lo, hi);
+    case 2: return reduce_range<T, L, 2, 2>(p, dst, lo, hi);
+    case 4: return reduce_range<T, L, 4, 1>(p, dst, lo, hi);
+    case 8: return reduce_range<T, L, 8, 1>(p, dst, lo, hi);
+    default: return reduce_range<T, L, 0, 1>(p, dst, lo, hi);
+  }
+}
+// Units lo..hi of `src` copied into `dst` over the grid, four per thread at a time.
+template <typename T, int L>
+__device__ __forceinline__ void copy_units(uint64_t src, uint64_t dst, uint64_t lo, uint64_t hi) {
+  const uint64_t stride = (uint64_t)gridDim.x * BLOCK;
+  uint64_t u = lo + (uint64_t)blockIdx.x * BLOCK + threadIdx.x;
+  for (; u + 3 * stride < hi; u += 4 * stride) {
+    Pack<T, L> x[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) x[k] = ld_unit<T, L>(src, u + k * stride);
+#pragma unroll
+    for (int k = 0; k < 4; k++) st_unit<T, L>(dst, u + k * stride, x[k]);
+  }
+  for (; u < hi; u += stride) st_unit<T, L>(dst, u, ld_unit<T, L>(src, u));
+}
+// Unit u's reduction with the world picked per unit (the fused norm's rows).
 template <typename T, int L> __device__ __forceinline__ Pack<T, L> reduce_all(const Params& p, uint64_t u) {
   switch (p.world) {
     case 1: return ld_unit<T, L>(p.peers[0], u);
@@ -449,7 +496,11 @@ template <typename T, int L> __device__ __forceinline__ Pack<T, L> reduce_all(co
 
 template <typename T, int L> __device__ bool one_shot(const Params& p, Launch& l, uint64_t row) {
   if (!enter(p, l)) return false;
-  each(p.count / L, row, [&](uint64_t u) { st_unit<T, L>(p.out, u, reduce_all<T, L>(p, u)); });
+  if (row == 0) {
+    reduce_units<T, L>(p, p.out, 0, p.count / L);
+  } else {
+    each(p.count / L, row, [&](uint64_t u) { st_unit<T, L>(p.out, u, reduce_all<T, L>(p, u)); });
+  }
   return barrier(p, l, 2);
 }
 
@@ -457,92 +508,83 @@ template <typename T, int L> __device__ bool two_shot(const Params& p, Launch& l
   if (!enter(p, l)) return false;
   uint64_t units = p.count / L;
   uint64_t lo = units * p.rank / p.world, hi = units * (p.rank + 1) / p.world;
-  each_in(lo, hi, [&](uint64_t u) { st_unit<T, L>(p.peers[p.rank], u, reduce_all<T, L>(p, u)); });
+  reduce_units<T, L>(p, p.peers[p.rank], lo, hi);
   if (!barrier(p, l, 2)) return false;
   for (uint32_t r = 0; r < p.world; r++) {
     uint64_t a = units * r / p.world, b = units * (r + 1) / p.world;
-    each_in(a, b, [&](uint64_t u) { st_unit<T, L>(p.out, u, ld_unit<T, L>(p.peers[r], u)); });
+    copy_units<T, L>(p.peers[r], p.out, a, b);
   }
   // A third meeting: no rank rewrites its input while a peer still gathers from it.
   return barrier(p, l, 3);
 }
 
-// Thread 0 of block 0's wait for rank q's header in this rank's slot: 0 once written, else
-// the fault (reported). Also ends where q arrived at a barrier this rank never entered while
-// its header is still missing (q runs a barrier kernel here: its signature is in its pad).
-__device__ uint32_t header0(const Params& p, uint64_t start, const uint32_t* sig, uint32_t q,
-                            const uint32_t* h, uint32_t round) {
+// Thread q of block 0's wait for rank q's header in this rank's slot: 0 once written, else
+// the fault (claimed and reported by this thread; FAULT_OTHER: another thread's). Also ends where q arrived
+// at a barrier this rank never entered while its header is still missing (q runs a barrier
+// kernel here: its signature is in its pad).
+__device__ __noinline__ uint32_t header(const Params& p, Launch& l, const uint32_t* sig, uint32_t q,
+                           const uint32_t* h) {
   for (uint32_t n = 1; ld_acquire(h) >> 31; n++) {
     if ((n & 255) != 0) continue;
-    uint32_t f = stop(p, start);
+    if (*(volatile uint32_t*)&l.fault) return FAULT_OTHER;
+    uint32_t f = stop(p, l.start);
     if (f) {
-      report(p, f, q, round, 0);
+      if (claim(l, f)) report(p, f, q, l.round, 0);
       return f;
     }
     uint32_t a = ld_acquire(pad_word(p, p.rank, PAD_ARRIVAL(q)));
-    uint32_t e = *(volatile uint32_t*)pad_word(p, p.rank, PAD_EPOCH);
-    if ((int32_t)(a - e) > 0 && (ld_acquire(h) >> 31)) {
-      report_mismatch(p, sig, q, pad_signature(p, q, a));
+    if ((int32_t)(a - l.epoch) > 0 && (ld_acquire(h) >> 31)) {
+      if (claim(l, FAULT_MISMATCH)) report_mismatch(p, sig, q, pad_signature(p, q, a));
       return FAULT_MISMATCH;
     }
     if (gone(p, q) && (ld_acquire(h) >> 31)) {
-      report(p, FAULT_GONE, q, round, 0);
+      if (claim(l, FAULT_GONE)) report(p, FAULT_GONE, q, l.round, 0);
       return FAULT_GONE;
     }
   }
   return 0;
 }
 
-// Block 0's part of Lamport: this rank's header (signature and round, the first word
-// released last) into its slot of every rank's workspace, every header awaited and compared
-// (the same on every rank: a call that differs anywhere is a mismatch everywhere), and the
-// bytes this round leaves in this rank's workspace recorded for their clearing two rounds
-// on. A header never seen holds the round (no round end); a mismatch does not (every call
-// exchanges its headers, of count 0 too, so the rounds stay in step).
-__device__ void lamport_headers0(const Params& p, Launch& l, uint32_t b, uint32_t bytes) {
-  uint32_t sig[SIG_WORDS];
-  for (int i = 0; i < SIG_WORDS; i++) sig[i] = p.sig[i];
-  sig[SIG_ROUND] = l.round & 0x7fffffffu;
-  fence_peers(p);
-  for (uint32_t q = 0; q < p.world; q++) {
-    uint32_t* h = (uint32_t*)lamport_slot(p, q, b, p.rank);
-    for (int i = 1; i < SIG_WORDS; i++) ((volatile uint32_t*)h)[i] = sig[i];
-    st_release(h, sig[0]);
-  }
-  uint32_t verdict = 0, held = 0;
-  for (uint32_t q = 0; q < p.world && !verdict; q++) {
+// Block 0's part of Lamport, rank q's by thread q: this rank's header (signature and
+// round, the first word released last) into its slot of rank q's workspace, rank q's
+// header awaited and compared (the same on every rank: a call that differs anywhere is a
+// mismatch everywhere); then the bytes this round leaves in this rank's workspace recorded
+// for their clearing two rounds on. A header never seen holds the round (no round end); a
+// mismatch does not (every call exchanges its headers, of count 0 too, so the rounds stay
+// in step).
+__device__ __noinline__ void lamport_headers(const Params& p, Launch& l, uint32_t b, uint32_t bytes) {
+  uint32_t q = threadIdx.x;
+  if (q < p.world) {
+    uint32_t sig[SIG_WORDS];
+#pragma unroll
+    for (int i = 0; i < SIG_WORDS; i++) sig[i] = p.sig[i];
+    sig[SIG_ROUND] = l.round & 0x7fffffffu;
+    uint32_t* mine = (uint32_t*)lamport_slot(p, q, b, p.rank);
+    st_volatile_v4(mine + 4, make_uint4(sig[4], sig[5], sig[6], sig[7]));
+    for (int i = 1; i < 4; i++) ((volatile uint32_t*)mine)[i] = sig[i];
+    st_release_peers(p, mine, sig[0]);
     const uint32_t* h = (const uint32_t*)lamport_slot(p, p.rank, b, q);
-    uint32_t f = header0(p, l.start, sig, q, h, l.round);
-    if (f) {
-      verdict = f;
-      held = 1;
-      break;
-    }
-    // The header's eight words in two 16-byte loads (not eight round trips).
-    uint4 a = ld_volatile_v4(h), c = ld_volatile_v4(h + 4);
-    uint32_t got[SIG_WORDS] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-    for (int i = 0; i < SIG_WORDS && !verdict; i++) {
-      if (got[i] != sig[i]) {
-        report_mismatch(p, sig, q, (const volatile uint32_t*)h);
-        verdict = FAULT_MISMATCH;
-      }
+    uint32_t f = header(p, l, sig, q, h);
+    if (f && f != FAULT_OTHER) {
+      l.held = 1;
+    } else if (!f) {
+      // The header's eight words in two 16-byte loads (not eight round trips).
+      uint4 x = ld_volatile_v4(h), y = ld_volatile_v4(h + 4);
+      uint32_t got[SIG_WORDS] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+      bool same = true;
+#pragma unroll
+      for (int i = 0; i < SIG_WORDS; i++) same = same && got[i] == sig[i];
+      if (!same && claim(l, FAULT_MISMATCH)) report_mismatch(p, sig, q, (const volatile uint32_t*)h);
     }
   }
-  if (!verdict && !p.typed) {
-    // Every rank called it with another type than the workspace's.
-    report(p, FAULT_TYPE, p.rank, sig[0], 0);
-    verdict = FAULT_TYPE;
-  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  // Every rank called it with another type than the workspace's.
+  if (!p.typed && claim(l, FAULT_TYPE)) report(p, FAULT_TYPE, p.rank, p.sig[0], 0);
   // A disagreeing peer may have written past this call's count: all of each slot then.
-  *(volatile uint32_t*)pad_word(p, p.rank, PAD_USED(b)) = verdict ? (uint32_t)p.slot : bytes;
-  if (held) {
-    *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) = l.call + 1u;
-    l.held = 1;
-  }
-  if (verdict) {
-    if (!l.fault) l.fault = verdict;
-    post_verdict(p, l);
-  }
+  *(volatile uint32_t*)pad_word(p, p.rank, PAD_USED(b)) = l.fault ? (uint32_t)p.slot : bytes;
+  if (l.held) *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) = l.call + 1u;
+  if (l.fault) post_verdict(p, l);
 }
 
 // The round before's workspace back to the poison, as far as that round wrote into it: this
@@ -575,6 +617,8 @@ template <typename T, int L> __device__ bool lamport(const Params& p, Launch& l,
   typedef typename Ty<T>::Bits B;
   uint32_t b = l.round % 3;
   uint64_t units = p.count / L;
+  __shared__ uint32_t stopped;
+  if (threadIdx.x == 0) stopped = 0;
   if (p.typed) {
     each(units, row, [&](uint64_t u) {
       Pack<T, L> x = ld_unit<T, L>(p.peers[p.rank], u);
@@ -585,17 +629,12 @@ template <typename T, int L> __device__ bool lamport(const Params& p, Launch& l,
     });
   }
   __syncthreads();
-  __shared__ uint32_t stopped;
-  if (threadIdx.x == 0) {
-    stopped = 0;
-    if (blockIdx.x == 0) {
-      uint64_t bytes = (LAMPORT_HEADER + p.count * sizeof(B) + 15) / 16 * 16;
-      lamport_headers0(p, l, b, (uint32_t)(bytes < p.slot ? bytes : p.slot));
-      if (l.fault) stopped = 1;
-    }
+  if (blockIdx.x == 0) {
+    uint64_t bytes = (LAMPORT_HEADER + p.count * sizeof(B) + 15) / 16 * 16;
+    lamport_headers(p, l, b, (uint32_t)(bytes < p.slot ? bytes : p.slot));
   }
   __syncthreads();
-  if (p.typed && !stopped) {
+  if (p.typed && !l.fault) {
     each(units, row, [&](uint64_t u) {
       if (*(volatile uint32_t*)&stopped) return;
       Pack<T, L> acc;
@@ -616,7 +655,7 @@ template <typename T, int L> __device__ bool lamport(const Params& p, Launch& l,
                 *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) = l.call + 1u;
                 l.held = 1;
               }
-              if (!l.fault) l.fault = f;
+              claim(l, f);
               return;
             }
           }
@@ -675,7 +714,7 @@ template <typename T> __device__ bool vectors(const Params& p) {
 
 // The last block of the launch: the launch's number advanced, the Lamport round where no
 // header went missing.
-__device__ void finish(const Params& p, const Launch& l) {
+__device__ __noinline__ void finish(const Params& p, const Launch& l) {
   __syncthreads();
   if (threadIdx.x != 0) return;
   bool held = l.held;
@@ -688,8 +727,8 @@ __device__ void finish(const Params& p, const Launch& l) {
     held = *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) == l.call + 1u;
   }
   if (p.algorithm == ALG_LAMPORT && !held) *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND) = l.round + 1;
+  // The next launch on the stream reads them: the kernel's end orders them, no fence.
   *(volatile uint32_t*)pad_word(p, p.rank, PAD_CALL) = l.call + 1;
-  __threadfence();
 }
 
 template <typename T, int L> __device__ bool algorithm(const Params& p, Launch& l) {
@@ -710,6 +749,7 @@ template <typename T> __device__ void run(const Params& p) {
     l.fault = 0;
     l.held = 0;
     l.call = *(volatile uint32_t*)pad_word(p, p.rank, PAD_CALL);
+    l.epoch = *(volatile uint32_t*)pad_word(p, p.rank, PAD_EPOCH);
     l.round = *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND);
     for (int b = 0; b < 3; b++) l.used[b] = *(volatile uint32_t*)pad_word(p, p.rank, PAD_USED(b));
   }
@@ -722,6 +762,6 @@ template <typename T> __device__ void run(const Params& p) {
 // Nothing: the floor a launch of this module has (unicomm-bench's `--floor`).
 extern "C" __global__ void unicomm_symmetric_empty() {}
 
-extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_f32(Params p) { run<float>(p); }
-extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_f16(Params p) { run<__half>(p); }
-extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_bf16(Params p) { run<__nv_bfloat16>(p); }
+extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_f32(const __grid_constant__ Params p) { run<float>(p); }
+extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_f16(const __grid_constant__ Params p) { run<__half>(p); }
+extern "C" __global__ void __launch_bounds__(BLOCK) unicomm_symmetric_bf16(const __grid_constant__ Params p) { run<__nv_bfloat16>(p); }

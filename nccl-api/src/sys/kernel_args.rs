@@ -430,8 +430,10 @@ mod tests {
         // fatbinary keeps the PTX's instructions, not its comments and indentation.
         let norm = |t: &str| -> Vec<String> {
             t.lines()
+                // A call's `{ // callseq 0, 0` as well as whole-line comments.
+                .map(|l| l.split("//").next().unwrap_or(""))
                 .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-                .filter(|l| !l.is_empty() && !l.starts_with("//"))
+                .filter(|l| !l.is_empty())
                 .map(|l| {
                     if l.starts_with(".version ") {
                         declared.clone()
