@@ -17,6 +17,7 @@ use unicomm_nccl_api::sys::kernel_args::{
     self, DeviceKernelArgs, KernelParams, Launch, DEVICE_KERNEL_DEV_COMM_BYTES,
 };
 
+use crate::dependent::{dependent_launch, launch_dependent};
 use crate::driver_error::cuda_err;
 use crate::runtime::CudaRuntime;
 use unicomm_nccl_api::Runtime;
@@ -37,6 +38,9 @@ pub(crate) struct Module {
     /// Whether a grid larger than the device holds at once is shrunk to it (the kernels'
     /// blocks share out any size of work) rather than refused (one block per barrier).
     shrinks: bool,
+    /// Whether its kernels wait for the grid before them (`griddepcontrol.wait` first) and
+    /// so may be launched with programmatic dependent launch.
+    dependent: bool,
 }
 
 /// What a module's image is.
@@ -61,6 +65,7 @@ pub(crate) const SYMMETRIC: Module = Module {
     names: kernel_args::SYMMETRIC_FUNCTIONS,
     empty: Some(kernel_args::SYMMETRIC_EMPTY),
     shrinks: true,
+    dependent: true,
 };
 
 /// The device-API kernel (`kernels/device_api.cu`): an `ncclDevComm` and its `Args` by value.
@@ -78,10 +83,11 @@ pub(crate) const DEVICE_API: Module = Module {
     ],
     empty: None,
     shrinks: false,
+    dependent: false,
 };
 
 /// Threads of a block (`BLOCK` in the sources' launch bounds).
-const BLOCK: u32 = kernel_args::SYMMETRIC_BLOCK;
+pub(crate) const BLOCK: u32 = kernel_args::SYMMETRIC_BLOCK;
 
 /// A module loaded on one device: its function per element type, and how many of its
 /// blocks the device holds at once (its multiprocessors times the blocks of the hungriest
@@ -255,6 +261,11 @@ impl CudaRuntime {
                         m.what, k.resident
                     ),
                 ));
+            }
+            if m.dependent && dependent_launch() {
+                // SAFETY: as below; the kernel waits for the grid before it first.
+                return unsafe { launch_dependent(f, blocks, stream, args) }
+                    .map_err(|e| cuda_err(m.calls[1], e));
             }
             // SAFETY: `f` is a function of the module loaded in `dev`'s context; the
             // caller's contract covers `args` and `stream`.

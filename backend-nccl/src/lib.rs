@@ -16,6 +16,7 @@
 #![deny(unsafe_code)]
 
 mod attributes;
+mod dependent;
 mod driver_error;
 mod graph;
 pub mod interop;

@@ -743,6 +743,11 @@ template <typename T, int L> __device__ bool algorithm(const Params& p, Launch& 
 
 template <typename T> __device__ void run(const Params& p) {
   __shared__ Launch l;
+  // Launched as a programmatic dependent (backend-nccl's dependent.rs): the grid before it
+  // finished and its memory visible before any of this kernel's loads; the next launch may
+  // be scheduled at once (it waits the same way). Without that launch, both are no-ops.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (threadIdx.x == 0) {
     // The launch's words in one pass (independent loads, one round trip).
     l.start = now_ns();
