@@ -11,7 +11,7 @@
 //! NVIDIA GPU); an AMD GPU has no build of them yet: the run says so (`Unsupported`).
 
 use anyhow::bail;
-use unicomm::{bf16, ReduceOp, SymmetricAlgorithm};
+use unicomm::{bf16, ReduceOp, RmsNormOptions, SymmetricAlgorithm, SymmetricOptions};
 
 mod common;
 
@@ -56,7 +56,13 @@ fn run() -> anyhow::Result<()> {
         .enumerate()
         {
             x.write_from_host(&partial(r, k), &st)?;
-            comm.all_reduce_symmetric(&x, N, &mut out, (ReduceOp::Sum, algorithm), &st)?;
+            comm.all_reduce_symmetric(
+                &x,
+                N,
+                &mut out,
+                SymmetricOptions::new(ReduceOp::Sum, algorithm),
+                &st,
+            )?;
             let got: Vec<f32> = out.copy_to_host(&st)?.iter().map(|v| v.to_f32()).collect();
             if got != summed(w, k) {
                 bail!("rank {r}: the {} all-reduce is not exact", algorithm.name());
@@ -69,7 +75,7 @@ fn run() -> anyhow::Result<()> {
                 &x,
                 N,
                 &out,
-                (ReduceOp::Sum, SymmetricAlgorithm::Lamport),
+                SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::Lamport),
             )
         })?;
         for step in 0..200 {
@@ -111,7 +117,7 @@ fn fused_against_unfused(
     let wb = comm.upload(&weight, st)?;
     let mut out = comm.alloc::<bf16>(N)?;
     x.write_from_host(&partial(r, 3), st)?;
-    let how = (1e-5, SymmetricAlgorithm::OneShot);
+    let how = RmsNormOptions::new(1e-5, SymmetricAlgorithm::OneShot);
     comm.all_reduce_rms_norm(x, N, &mut residual, &wb, &mut out, how, st)?;
     let got = out.copy_to_host(st)?;
     let added: Vec<f32> = summed(w, 3)

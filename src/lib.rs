@@ -86,12 +86,14 @@ pub mod guide {}
 /// compile (each checked by `cargo test`, with its error code).
 #[doc = include_str!("rules.md")]
 pub mod rules {}
-pub use unicomm_core::symmetric::{SymmetricAlgorithm, SymmetricArgs, MAX_SYMMETRIC_WORLD};
+pub use unicomm_core::symmetric::{
+    RmsNormOptions, SymmetricAlgorithm, SymmetricArgs, SymmetricOptions, MAX_SYMMETRIC_WORLD,
+};
 pub use unicomm_core::{
     backend, bf16, f16, packed_displs, Algorithm, Algorithms, CallOptions, Capabilities,
     CommConfig, Counts, CtaPolicy, DataType, DeviceInfo, DeviceSlice, DeviceSliceMut, DeviceStream,
-    Element, Error, LaunchMarker, Marker, Op, Place, RawHandle, ReduceOp, Result, Scalar,
-    ShrinkMode, SignalWait, Version, F8E4M3, F8E5M2,
+    Element, Error, Fp8Buffers, LaunchMarker, Marker, Op, Place, RawHandle, ReduceOp, Result,
+    Scalar, ShrinkMode, SignalWait, Version, F8E4M3, F8E5M2,
 };
 pub use unicomm_core::{DeviceCommLayout, DeviceCommRequirements, Team};
 

@@ -258,7 +258,7 @@ fn rank() {
             let st = c.create_stream().unwrap();
             let x = c.alloc_symmetric::<f32>(64).unwrap();
             let out = c.alloc::<f32>(64).unwrap();
-            let how = (
+            let how = unicomm_core::symmetric::SymmetricOptions::new(
                 ReduceOp::Sum,
                 unicomm_core::symmetric::SymmetricAlgorithm::OneShot,
             );

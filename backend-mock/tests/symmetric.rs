@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use unicomm_core::symmetric::{pad_arrival, SymmetricAlgorithm, PAD_EPOCH};
+use unicomm_core::symmetric::{
+    pad_arrival, RmsNormOptions, SymmetricAlgorithm, SymmetricOptions, PAD_EPOCH,
+};
 use unicomm_core::{bf16, each_rank, Comm, DeviceStream, Error, ReduceOp};
 use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
@@ -57,7 +59,13 @@ fn ten_thousand_replays_of_each_algorithm_are_exact() {
             let sym = c.alloc_symmetric_lamport::<f32>(8)?;
             let out = c.alloc::<f32>(8)?;
             let graph = unicomm_core::graph::Graph::capture(&st, |g| {
-                g.all_reduce_symmetric(c, &sym, 8, &out, (ReduceOp::Sum, algorithm))
+                g.all_reduce_symmetric(
+                    c,
+                    &sym,
+                    8,
+                    &out,
+                    SymmetricOptions::new(ReduceOp::Sum, algorithm),
+                )
             })?;
             for k in 0..10_000u32 {
                 let base = (k % 1000) as f32;
@@ -105,7 +113,15 @@ fn the_fused_norm_is_bit_exact_against_the_unfused_sequence_at_world_2() {
             let res0: Vec<f32> = (0..n).map(|i| (i % 13) as f32 / 3.1 - 2.0).collect();
             let mut residual = c.upload(&res0, &st)?;
             sym.write_from_host(&data(r, k), &st)?;
-            c.all_reduce_rms_norm(&sym, n, &mut residual, &w, &mut out, (1e-5, algorithm), &st)?;
+            c.all_reduce_rms_norm(
+                &sym,
+                n,
+                &mut residual,
+                &w,
+                &mut out,
+                RmsNormOptions::new(1e-5, algorithm),
+                &st,
+            )?;
             let mut plain = c.upload(&data(r, k), &st)?;
             c.all_reduce_in_place(&mut plain, ReduceOp::Sum, &st)?;
             let (res_want, out_want) = unfused(&plain.copy_to_host(&st)?, &res0, &weight, 1e-5);
@@ -158,7 +174,7 @@ fn the_barrier_counters_cross_their_wrap_around() {
                 &sym,
                 4,
                 &mut out,
-                (ReduceOp::Sum, SymmetricAlgorithm::OneShot),
+                SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::OneShot),
                 &st,
             )?;
             assert_eq!(
@@ -197,7 +213,7 @@ fn a_grid_of_blocks_meets_on_each_blocks_words_and_counts_the_launches() {
             let mut out = c.alloc::<f32>(n)?;
             for _ in 0..3 {
                 c.symmetric_barrier(&sym, &st)?;
-                let how = (ReduceOp::Sum, SymmetricAlgorithm::OneShot);
+                let how = SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::OneShot);
                 c.all_reduce_symmetric(&sym, n, &mut out, how, &st)?;
             }
             st.synchronize()?;
@@ -236,7 +252,13 @@ fn a_peer_that_never_comes_ends_the_wait_at_the_deadline() {
                 return Ok(None);
             }
             let t0 = Instant::now();
-            c.all_reduce_symmetric(&sym, 4, &mut out, (ReduceOp::Sum, algorithm), &st)?;
+            c.all_reduce_symmetric(
+                &sym,
+                4,
+                &mut out,
+                SymmetricOptions::new(ReduceOp::Sum, algorithm),
+                &st,
+            )?;
             let e = st.synchronize().err();
             assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
             Ok(e)
@@ -269,7 +291,7 @@ fn an_abort_ends_a_waiting_kernel_at_once() {
         &sym,
         4,
         &mut out,
-        (ReduceOp::Sum, SymmetricAlgorithm::OneShot),
+        SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::OneShot),
         &st,
     )
     .unwrap();
@@ -287,7 +309,7 @@ fn an_abort_ends_a_waiting_kernel_at_once() {
 
 /// What the kernels cannot run is refused before anything is enqueued: a rank outside the
 /// world, a count past the allocation, Lamport without its workspace, a type or reduction
-/// the kernels lack, an output too short; sizes or counts that differ across the ranks are
+/// the kernels lack, an output (or the fused step's FP8 output or scale) too short; sizes or counts that differ across the ranks are
 /// `Mismatch` on every rank.
 #[test]
 fn misuse_is_refused() {
@@ -303,7 +325,7 @@ fn misuse_is_refused() {
         assert!(sym.peer_address(1).is_ok());
         let mut out = c.alloc::<f32>(8)?;
         let mut short = c.alloc::<f32>(2)?;
-        let one = (ReduceOp::Sum, SymmetricAlgorithm::OneShot);
+        let one = SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::OneShot);
         invalid(c.all_reduce_symmetric(&sym, 9, &mut out, one, &st), "count");
         invalid(c.all_reduce_symmetric(&sym, 8, &mut short, one, &st), "out");
         invalid(
@@ -311,7 +333,7 @@ fn misuse_is_refused() {
                 &sym,
                 8,
                 &mut out,
-                (ReduceOp::Sum, SymmetricAlgorithm::Lamport),
+                SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::Lamport),
                 &st,
             ),
             "algorithm",
@@ -321,11 +343,20 @@ fn misuse_is_refused() {
                 &sym,
                 8,
                 &mut out,
-                (ReduceOp::Avg, SymmetricAlgorithm::OneShot),
+                SymmetricOptions::new(ReduceOp::Avg, SymmetricAlgorithm::OneShot),
                 &st,
             ),
             "op",
         );
+        // The fused step's FP8 output shorter than the count, and a scale of no element.
+        let (mut res, w) = (c.alloc::<f32>(8)?, c.alloc::<f32>(4)?);
+        let (mut q, mut q_short) = (c.alloc::<unicomm_core::F8E4M3>(8)?, c.alloc(7)?);
+        let (scale, no_scale) = (c.alloc::<f32>(1)?, c.alloc::<f32>(0)?);
+        let how = RmsNormOptions::new(1e-5, SymmetricAlgorithm::OneShot);
+        let fp8 = |out, scale| unicomm_core::Fp8Buffers { out, scale };
+        let mut fused = |f| c.all_reduce_rms_norm_fp8(&sym, 8, &mut res, &w, &mut out, f, how, &st);
+        invalid(fused(fp8(&mut q_short, &scale)), "fp8 out");
+        invalid(fused(fp8(&mut q, &no_scale)), "fp8 scale");
         let ints = c.alloc_symmetric::<i32>(4)?;
         let mut iout = c.alloc::<i32>(4)?;
         assert!(matches!(
@@ -370,7 +401,7 @@ fn counts_that_differ_across_ranks_are_mismatch_on_every_rank() {
             &sym,
             n,
             &mut out,
-            (ReduceOp::Sum, SymmetricAlgorithm::TwoShot),
+            SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::TwoShot),
             &st,
         )?;
         Ok(st.synchronize().unwrap_err())

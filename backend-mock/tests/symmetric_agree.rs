@@ -9,6 +9,7 @@ use std::time::Duration;
 use unicomm_conformance::{
     lamport_count_zero_sequence, symmetric_disagreement, Disagreement, ALGORITHMS,
 };
+use unicomm_core::symmetric::SymmetricOptions;
 use unicomm_core::{each_rank, Comm};
 use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
@@ -87,7 +88,10 @@ fn the_fused_norms_bf16_output_is_rounded_once() {
         let mut residual = c.upload(&res0, &st)?;
         let w = c.upload(&weight, &st)?;
         let mut out = c.alloc::<bf16>(n)?;
-        let how = (eps, unicomm_core::symmetric::SymmetricAlgorithm::OneShot);
+        let how = unicomm_core::symmetric::RmsNormOptions::new(
+            eps,
+            unicomm_core::symmetric::SymmetricAlgorithm::OneShot,
+        );
         c.all_reduce_rms_norm(&sym, n, &mut residual, &w, &mut out, how, &st)?;
         Ok(out.copy_to_host(&st)?.iter().map(|b| b.to_bits()).collect())
     })
@@ -117,7 +121,13 @@ fn a_peer_that_released_its_part_ends_the_wait_at_once() {
                 }
                 std::thread::sleep(Duration::from_millis(50));
                 let t = Instant::now();
-                c.all_reduce_symmetric(&sym, 8, &mut out, (ReduceOp::Sum, algorithm), &st)?;
+                c.all_reduce_symmetric(
+                    &sym,
+                    8,
+                    &mut out,
+                    SymmetricOptions::new(ReduceOp::Sum, algorithm),
+                    &st,
+                )?;
                 Ok(st.synchronize().err().map(|e| (e, t.elapsed())))
             },
         )

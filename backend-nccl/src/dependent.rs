@@ -14,8 +14,6 @@ use std::sync::OnceLock;
 
 use cudarc::driver::{sys, DriverError};
 
-use crate::kernels::BLOCK;
-
 /// Whether unicomm's kernels that wait for the grid before them are launched as its
 /// programmatic dependents (`UNICOMM_KERNEL_PDL`, on unless `0`; read once).
 pub(crate) fn dependent_launch() -> bool {
@@ -23,7 +21,7 @@ pub(crate) fn dependent_launch() -> bool {
     *ON.get_or_init(|| std::env::var("UNICOMM_KERNEL_PDL").map_or(true, |v| v.trim() != "0"))
 }
 
-/// Launches `f` on `blocks` blocks of [`BLOCK`] threads as a programmatic dependent of the
+/// Launches `f` on `blocks` blocks of `threads` threads as a programmatic dependent of the
 /// work before it on `stream`.
 ///
 /// # Safety
@@ -33,6 +31,7 @@ pub(crate) fn dependent_launch() -> bool {
 pub(crate) unsafe fn launch_dependent(
     f: sys::CUfunction,
     blocks: u32,
+    threads: u32,
     stream: sys::CUstream,
     args: &mut [*mut c_void],
 ) -> Result<(), DriverError> {
@@ -44,7 +43,7 @@ pub(crate) unsafe fn launch_dependent(
         gridDimX: blocks,
         gridDimY: 1,
         gridDimZ: 1,
-        blockDimX: BLOCK,
+        blockDimX: threads,
         blockDimY: 1,
         blockDimZ: 1,
         sharedMemBytes: 0,
@@ -54,6 +53,5 @@ pub(crate) unsafe fn launch_dependent(
     };
     // SAFETY: `config` and `attr` outlive the call (the driver copies them); the caller's
     // contract covers `f`, `args` and `stream`.
-    unsafe { sys::cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) }
-        .result()
+    unsafe { sys::cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }

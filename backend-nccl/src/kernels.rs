@@ -87,7 +87,7 @@ pub(crate) const DEVICE_API: Module = Module {
 };
 
 /// Threads of a block (`BLOCK` in the sources' launch bounds).
-pub(crate) const BLOCK: u32 = kernel_args::SYMMETRIC_BLOCK;
+const BLOCK: u32 = kernel_args::SYMMETRIC_BLOCK;
 
 /// A module loaded on one device: its function per element type, and how many of its
 /// blocks the device holds at once (its multiprocessors times the blocks of the hungriest
@@ -264,7 +264,7 @@ impl CudaRuntime {
             }
             if m.dependent && dependent_launch() {
                 // SAFETY: as below; the kernel waits for the grid before it first.
-                return unsafe { launch_dependent(f, blocks, stream, args) }
+                return unsafe { launch_dependent(f, blocks, BLOCK, stream, args) }
                     .map_err(|e| cuda_err(m.calls[1], e));
             }
             // SAFETY: `f` is a function of the module loaded in `dev`'s context; the

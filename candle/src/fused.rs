@@ -243,7 +243,7 @@ fn cpu<T: Element + WithDType>(
     let mut r = c.upload(res, st).map_err(e)?;
     let wb = c.upload(w, st).map_err(e)?;
     let mut out = c.alloc::<T>(n).map_err(e)?;
-    let how = (eps, SymmetricAlgorithm::OneShot);
+    let how = unicomm::RmsNormOptions::new(eps, SymmetricAlgorithm::OneShot);
     c.all_reduce_rms_norm(sym, n, &mut r, &wb, &mut out, how, st)
         .map_err(e)?;
     let mut both = out.copy_to_host(st).map_err(e)?;

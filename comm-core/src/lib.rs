@@ -81,6 +81,7 @@ pub use backend::{
 pub use buffer::{Buffer, DeviceSlice, DeviceSliceMut, View, ViewMut};
 pub use call_options::{Algorithm, Algorithms, CallOptions, LaunchMarker};
 pub use comm::device_api::DeviceComm;
+pub use comm::fused::Fp8Buffers;
 pub use comm::symmetric::Symmetric;
 pub use comm::{packed_displs, Comm};
 pub use config::{CommConfig, CtaPolicy};

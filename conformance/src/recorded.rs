@@ -10,6 +10,7 @@ use unicomm_core::{each_rank, Collective, Comm, DeviceCommRequirements, Error, R
 use unicomm_core::{DeviceStream, ReduceOp, SignalWait};
 
 use crate::symmetric::ALGORITHMS;
+use unicomm_core::symmetric::SymmetricOptions;
 
 /// One record as the dump spells it: its number, kind, path and whether a graph replayed it.
 #[derive(Debug, Clone, PartialEq)]
@@ -130,7 +131,13 @@ fn symmetric_recorded<C: Collective>(c: &Comm<C>, st: &C::Stream) -> Result<bool
     for algorithm in ALGORITHMS {
         let want = [("symmetric_all_reduce", Some(algorithm.name()))];
         recorded_once(c, &want, || {
-            c.all_reduce_symmetric(&sym, n, &mut out, (ReduceOp::Sum, algorithm), st)
+            c.all_reduce_symmetric(
+                &sym,
+                n,
+                &mut out,
+                SymmetricOptions::new(ReduceOp::Sum, algorithm),
+                st,
+            )
         })?;
     }
     recorded_once(c, &[("symmetric_barrier", None)], || {
@@ -139,7 +146,13 @@ fn symmetric_recorded<C: Collective>(c: &Comm<C>, st: &C::Stream) -> Result<bool
     let plain = c.alloc::<f32>(n)?;
     let graph = Graph::capture(st, |g| {
         for algorithm in ALGORITHMS {
-            g.all_reduce_symmetric(c, &sym, n, &out, (ReduceOp::Sum, algorithm))?;
+            g.all_reduce_symmetric(
+                c,
+                &sym,
+                n,
+                &out,
+                SymmetricOptions::new(ReduceOp::Sum, algorithm),
+            )?;
         }
         g.all_reduce_in_place(c, &plain, ReduceOp::Sum)
     })?;

@@ -5,8 +5,9 @@
 //! RMSNorm against its unfused sequence. Where the backend lacks them: `Unsupported`.
 
 use unicomm_core::graph::Graph;
-use unicomm_core::symmetric::SymmetricAlgorithm;
+use unicomm_core::symmetric::{RmsNormOptions, SymmetricAlgorithm, SymmetricOptions};
 use unicomm_core::{bf16, each_rank, f16, Collective, Comm, DeviceStream, Element, Error};
+use unicomm_core::{Fp8Buffers, F8E4M3};
 use unicomm_core::{ReduceOp, Result};
 
 /// The algorithms, in the order the suite runs them.
@@ -101,7 +102,13 @@ pub fn symmetric_all_reduce<T: Small, C: Collective>(
             for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
                 for _ in 0..2 {
                     sym.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
-                    c.all_reduce_symmetric(&sym, n, &mut out, (op, algorithm), &st)?;
+                    c.all_reduce_symmetric(
+                        &sym,
+                        n,
+                        &mut out,
+                        SymmetricOptions::new(op, algorithm),
+                        &st,
+                    )?;
                     check(
                         &out.copy_to_host(&st)?,
                         &expected(w, round, n, op),
@@ -111,7 +118,13 @@ pub fn symmetric_all_reduce<T: Small, C: Collective>(
                 }
             }
             let graph = Graph::capture(&st, |g| {
-                g.all_reduce_symmetric(c, &sym, n, &out, (ReduceOp::Sum, algorithm))
+                g.all_reduce_symmetric(
+                    c,
+                    &sym,
+                    n,
+                    &out,
+                    SymmetricOptions::new(ReduceOp::Sum, algorithm),
+                )
             })?;
             for _ in 0..replays {
                 sym.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
@@ -189,36 +202,76 @@ pub fn symmetric_rms_norm<T: Small, C: Collective>(
             tolerance,
             w,
         };
+        let scale = c.upload(&[FP8_SCALE], &st)?;
         let mut round = 0;
         for algorithm in ALGORITHMS {
+            let how = RmsNormOptions::new(1e-5, algorithm);
             let mut residual = c.upload(&res0_t, &st)?;
             let mut out = c.alloc::<T>(n)?;
             sym.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
-            c.all_reduce_rms_norm(
-                &sym,
-                n,
-                &mut residual,
-                &wbuf,
-                &mut out,
-                (1e-5, algorithm),
-                &st,
-            )?;
+            c.all_reduce_rms_norm(&sym, n, &mut residual, &wbuf, &mut out, how, &st)?;
             fused.check(&residual, &out, (algorithm, round), &st)?;
             round += 1;
+            // The same with the result also as FP8: eagerly, then over a graph's replays.
+            let mut q = c.alloc::<F8E4M3>(n)?;
+            sym.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
+            residual.write_from_host(&res0_t, &st)?;
+            let fp8 = Fp8Buffers {
+                out: &mut q,
+                scale: &scale,
+            };
+            c.all_reduce_rms_norm_fp8(&sym, n, &mut residual, &wbuf, &mut out, fp8, how, &st)?;
+            fused.check(&residual, &out, (algorithm, round), &st)?;
+            check_fp8(&out, &q, FP8_SCALE, &st)?;
+            round += 1;
             let graph = Graph::capture(&st, |g| {
-                g.all_reduce_rms_norm(c, &sym, n, &residual, &wbuf, &out, (1e-5, algorithm))
+                let fp8 = Fp8Buffers {
+                    out: &q,
+                    scale: &scale,
+                };
+                g.all_reduce_rms_norm_fp8(c, &sym, n, &residual, &wbuf, &out, fp8, how)
             })?;
             for _ in 0..replays {
                 sym.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
                 residual.write_from_host(&res0_t, &st)?;
                 graph.launch(&st)?;
                 fused.check(&residual, &out, (algorithm, round), &st)?;
+                check_fp8(&out, &q, FP8_SCALE, &st)?;
                 round += 1;
             }
         }
         st.synchronize()?;
         Ok(true)
     })
+}
+
+/// The FP8 output's scale in the suite: large enough that some of the normalized results
+/// saturate at e4m3's ±448.
+const FP8_SCALE: f32 = 150.0;
+
+/// The fused step's FP8 output against its contract on what the step wrote to `out`:
+/// `e4m3(out[i] * scale)`, saturated to ±448, rounded to nearest even; exact.
+fn check_fp8<T: Small, C: Collective>(
+    out: &unicomm_core::Buffer<T, C>,
+    q: &unicomm_core::Buffer<F8E4M3, C>,
+    scale: f32,
+    st: &C::Stream,
+) -> Result<()> {
+    let (out, q) = (out.copy_to_host(st)?, q.copy_to_host(st)?);
+    for (i, (o, got)) in out.iter().zip(&q).enumerate() {
+        let x = o.f64() as f32 * scale;
+        let want = F8E4M3::from_f32(x.clamp(-448.0, 448.0));
+        if got.to_bits() != want.to_bits() {
+            return Err(Error::invalid(
+                "symmetric rms norm fp8",
+                format!(
+                    "element {i}: {got} (0x{:02x}) where e4m3({x}) is {want}",
+                    got.to_bits()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What a fused step's results must be, for one rank of `w`.

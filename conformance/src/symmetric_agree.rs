@@ -7,7 +7,7 @@
 //! against a barrier kernel) the communicator ends, so each attempt runs on a child of its
 //! own. And Lamport calls of count 0 among others keep the rounds in step.
 
-use unicomm_core::symmetric::SymmetricAlgorithm;
+use unicomm_core::symmetric::{RmsNormOptions, SymmetricAlgorithm, SymmetricOptions};
 use unicomm_core::{
     bf16, Buffer, Collective, Comm, DeviceStream, Error, ReduceOp, Result, Symmetric,
 };
@@ -124,7 +124,13 @@ fn call<C: Collective>(
         }
     }
     if !fused {
-        return c.all_reduce_symmetric(&b.sym, count, &mut b.out, (op, alg), st);
+        return c.all_reduce_symmetric(
+            &b.sym,
+            count,
+            &mut b.out,
+            SymmetricOptions::new(op, alg),
+            st,
+        );
     }
     let weight = b.weight.slice(0..hidden)?;
     c.all_reduce_rms_norm(
@@ -133,7 +139,7 @@ fn call<C: Collective>(
         &mut b.residual,
         &weight,
         &mut b.out,
-        (eps, alg),
+        RmsNormOptions::new(eps, alg),
         st,
     )
 }
@@ -239,7 +245,13 @@ fn attempt<C: Collective>(
             .as_mut()
             .ok_or_else(|| Error::invalid("disagreement", "no buffers"))?;
         b.sym.write_from_host(&[(r + 1) as f32; N], &st)?;
-        c.all_reduce_symmetric(&b.sym, N, &mut b.out, (ReduceOp::Sum, algorithm), &st)?;
+        c.all_reduce_symmetric(
+            &b.sym,
+            N,
+            &mut b.out,
+            SymmetricOptions::new(ReduceOp::Sum, algorithm),
+            &st,
+        )?;
         let got = b.out.copy_to_host(&st)?;
         let want = (w * (w + 1) / 2) as f32;
         if got.iter().any(|&x| x != want) {
@@ -265,7 +277,7 @@ fn dtype_attempt<C: Collective>(
 ) -> Result<Option<String>> {
     let (r, d) = (c.rank(), Disagreement::Dtype);
     let st = c.create_stream()?;
-    let how = (ReduceOp::Sum, algorithm);
+    let how = SymmetricOptions::new(ReduceOp::Sum, algorithm);
     let (got, barrier) = if odd {
         let x = match c.alloc_symmetric::<bf16>(2 * N) {
             Err(Error::Unsupported { .. }) => return Ok(None),
@@ -319,7 +331,7 @@ pub fn lamport_count_zero_sequence<C: Collective>(c: &Comm<C>, runs: usize) -> R
         for (k, count) in [5, 0, 0, 5, 0, 0, 5].into_iter().enumerate() {
             let mine = (r * 10 + k + run) as f32;
             sym.write_from_host(&[mine; 5], &st)?;
-            let how = (ReduceOp::Sum, SymmetricAlgorithm::Lamport);
+            let how = SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::Lamport);
             c.all_reduce_symmetric(&sym, count, &mut out, how, &st)?;
             st.synchronize()?;
             if count == 0 {

@@ -903,8 +903,10 @@ fn symmetric_skip(vendor: Vendor, by_abort: bool) -> anyhow::Result<()> {
 }
 
 /// The one-shot sum the symmetric scenarios run.
-const ONE_SHOT: (ReduceOp, unicomm::SymmetricAlgorithm) =
-    (ReduceOp::Sum, unicomm::SymmetricAlgorithm::OneShot);
+const ONE_SHOT: unicomm::SymmetricOptions = unicomm::SymmetricOptions {
+    op: ReduceOp::Sum,
+    algorithm: unicomm::SymmetricAlgorithm::OneShot,
+};
 
 /// A symmetric allocation of `n` floats and an output, after one agreed one-shot sum of
 /// every rank's `rank + 1`, checked exact (the peers connected and in step).
@@ -1020,7 +1022,7 @@ fn symmetric_kill(vendor: Vendor) -> anyhow::Result<()> {
     let n = 1 << 12;
     let sym = comm.alloc_symmetric::<f32>(n)?;
     let out = comm.alloc::<f32>(n)?;
-    let how = (ReduceOp::Sum, unicomm::SymmetricAlgorithm::OneShot);
+    let how = ONE_SHOT;
     let graph =
         unicomm::Graph::capture(&st, |g| g.all_reduce_symmetric(&comm, &sym, n, &out, how))?;
     let (_, e) = until_the_loss_is_seen(&comm, &st, "sym-kill", |_| graph.launch(&st))?;

@@ -6,7 +6,7 @@
 //! the same functions through `rank_conformance` (NCCL's multi-rank mode).
 #![cfg(any(feature = "nccl", feature = "rccl"))]
 
-use unicomm_core::symmetric::SymmetricAlgorithm;
+use unicomm_core::symmetric::{SymmetricAlgorithm, SymmetricOptions};
 use unicomm_core::{bf16, f16, Error, ReduceOp, Result};
 use unicomm_gpu_tests::{self as t, GPU};
 
@@ -66,7 +66,7 @@ fn misuse_is_refused_before_any_launch() -> Result<()> {
         &sym,
         65,
         &mut out,
-        (ReduceOp::Sum, SymmetricAlgorithm::OneShot),
+        SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::OneShot),
         &st,
     );
     assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
@@ -74,7 +74,7 @@ fn misuse_is_refused_before_any_launch() -> Result<()> {
         &sym,
         8,
         &mut out,
-        (ReduceOp::Sum, SymmetricAlgorithm::Lamport),
+        SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::Lamport),
         &st,
     );
     assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
@@ -84,7 +84,7 @@ fn misuse_is_refused_before_any_launch() -> Result<()> {
         &ints,
         8,
         &mut iout,
-        (ReduceOp::Sum, SymmetricAlgorithm::OneShot),
+        SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::OneShot),
         &st,
     );
     assert!(matches!(r, Err(Error::Unsupported { .. })), "{r:?}");
@@ -93,7 +93,7 @@ fn misuse_is_refused_before_any_launch() -> Result<()> {
             &sym,
             8,
             &mut out,
-            (ReduceOp::Sum, SymmetricAlgorithm::OneShot),
+            SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::OneShot),
             &st,
         )
     });
@@ -110,7 +110,7 @@ fn after_an_abort_no_kernel_is_launched() -> Result<()> {
     let st = c.create_stream()?;
     let sym = c.alloc_symmetric::<f32>(256)?;
     let mut out = c.alloc::<f32>(256)?;
-    let sum = (ReduceOp::Sum, SymmetricAlgorithm::OneShot);
+    let sum = SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::OneShot);
     c.all_reduce_symmetric(&sym, 256, &mut out, sum, &st)?;
     st.synchronize()?;
     c.abort()?;
@@ -135,7 +135,7 @@ fn each_phase_of_a_replay_s_round_costs_under_two_milliseconds() -> Result<()> {
     let mut plain = c.alloc::<f32>(n)?;
     let replayed = c.alloc::<f32>(n)?;
     let host = vec![1.0f32; n];
-    let sum = (ReduceOp::Sum, SymmetricAlgorithm::OneShot);
+    let sum = SymmetricOptions::new(ReduceOp::Sum, SymmetricAlgorithm::OneShot);
     let graph = Graph::capture(&st, |g| g.all_reduce_symmetric(c, &sym, n, &replayed, sum))?;
     fn median(mut f: impl FnMut() -> Result<()>) -> Result<f64> {
         let mut ts = Vec::with_capacity(100);

@@ -32,6 +32,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #define MAX_WORLD 16
@@ -81,6 +82,7 @@ struct Params {
   uint64_t peers[MAX_WORLD];
   uint64_t pads[MAX_WORLD];
   uint64_t out, residual, weight;
+  uint64_t out8, scale;  // the fused norm's FP8 (e4m3) output and its f32 scale (0: none)
   uint64_t control;
   uint64_t timeout_ns;
   uint64_t count;
@@ -672,10 +674,12 @@ template <typename T, int L> __device__ bool lamport(const Params& p, Launch& l,
 
 // The fused residual add and RMSNorm over `out` (the all-reduce's result), this block's
 // rows: residual = out + residual (rounded to the type), out = residual / sqrt(mean(
-// residual^2) + eps) * weight, the mean and the scale in f32.
+// residual^2) + eps) * weight, the mean and the scale in f32; with `out8`, also
+// out8 = e4m3(out * scale), saturated (TensorRT-LLM's and FlashInfer's FP8 output).
 template <typename T> __device__ void add_and_norm(const Params& p) {
   __shared__ float partial[BLOCK / 32];
   __shared__ float scale;
+  const float fp8_scale = p.out8 ? *(const float*)p.scale : 0.f;
   __syncthreads();
   for (uint64_t row = blockIdx.x; row < p.count / p.hidden; row += gridDim.x) {
     uint64_t base = row * p.hidden;
@@ -697,7 +701,11 @@ template <typename T> __device__ void add_and_norm(const Params& p) {
     __syncthreads();
     for (uint64_t j = threadIdx.x; j < p.hidden; j += BLOCK) {
       float x = Ty<T>::f(load<T>(p.residual, base + j));
-      store<T>(p.out, base + j, Ty<T>::bits(x * scale * Ty<T>::f(load<T>(p.weight, j))));
+      typename Ty<T>::Bits y = Ty<T>::bits(x * scale * Ty<T>::f(load<T>(p.weight, j)));
+      store<T>(p.out, base + j, y);
+      // The result in T times the FP8 scale, saturated to e4m3's finite range (the mock's).
+      if (p.out8)
+        ((uint8_t*)p.out8)[base + j] = __nv_cvt_float_to_fp8(Ty<T>::f(y) * fp8_scale, __NV_SATFINITE, __NV_E4M3);
     }
     __syncthreads();
   }

@@ -411,6 +411,14 @@ pub(crate) fn write(out: &Local, ty: Ty, bits: &[u32], timeout: Duration) -> Res
     Ok(())
 }
 
+/// `bytes` written at the start of `out` under its allocation's write lock.
+pub(crate) fn write_bytes(out: &Local, bytes: &[u8], timeout: Duration) -> Result<()> {
+    let _g = out.alloc.write_lock(timeout)?;
+    // SAFETY: `out` holds `bytes.len()` bytes (checked at enqueue) and is write-locked.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.addr() as *mut u8, bytes.len()) };
+    Ok(())
+}
+
 /// Element `i` of `l`, as bits (its allocation read-locked by the caller).
 pub(crate) fn read(l: &Local, ty: Ty, i: usize) -> u32 {
     // SAFETY: the caller checked `i` against the range at enqueue and holds its lock.

@@ -280,11 +280,16 @@ impl MockComm {
     fn norm_of(&self, n: unicomm_core::symmetric::RmsNorm<'_, MockMemory>) -> Result<Norm> {
         self.check_memory(n.residual.mem)?;
         self.check_memory(n.weight.mem)?;
+        if let Some(q) = &n.fp8 {
+            self.check_memory(q.out.mem)?;
+            self.check_memory(q.scale.mem)?;
+        }
         Ok(Norm {
             residual: local(&n.residual),
             weight: local(&n.weight),
             hidden: n.hidden,
             eps: n.eps,
+            fp8: n.fp8.map(|q| (local(&q.out), local(&q.scale))),
         })
     }
 }

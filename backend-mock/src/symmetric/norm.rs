@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use unicomm_core::{ReduceOp, Result};
+use unicomm_core::{ReduceOp, Result, F8E4M3};
 
 use super::kernels::{put, read, Local, Ty};
 use super::protocol::Norm;
@@ -51,7 +51,35 @@ pub(crate) fn add_and_norm(
             put(&n.residual, ty, i, b);
         }
     }
-    super::kernels::write(out, ty, &normed, timeout)
+    super::kernels::write(out, ty, &normed, timeout)?;
+    match &n.fp8 {
+        None => Ok(()),
+        Some((q, scale)) => quantize(ty, &normed, (q, scale), timeout),
+    }
+}
+
+/// The normalized result (`normed`, as bits of `ty`) times the scale, as OCP e4m3
+/// saturated to its finite range: the GPU kernel's `__NV_SATFINITE` conversion.
+fn quantize(ty: Ty, normed: &[u32], (q, scale): (&Local, &Local), timeout: Duration) -> Result<()> {
+    let s = {
+        let _g = scale.alloc.read_lock(timeout)?;
+        f32::from_bits(read(scale, Ty::F32, 0))
+    };
+    let bytes: Vec<u8> = normed
+        .iter()
+        .map(|&b| e4m3_saturated(ty.to_f64(b) as f32 * s))
+        .collect();
+    super::kernels::write_bytes(q, &bytes, timeout)
+}
+
+/// `x` as OCP e4m3, clamped to ±448 first (NaN stays NaN), rounded to nearest even.
+pub(crate) fn e4m3_saturated(x: f32) -> u8 {
+    let x = if x.is_nan() {
+        x
+    } else {
+        x.clamp(-448.0, 448.0)
+    };
+    F8E4M3::from_f32(x).to_bits()
 }
 
 /// `1 / sqrt(mean(x^2) + eps)` in f32, the squares summed in order.

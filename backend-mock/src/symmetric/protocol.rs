@@ -109,6 +109,8 @@ pub(crate) struct Norm {
     pub weight: Local,
     pub hidden: usize,
     pub eps: f32,
+    /// The FP8 output and its scale (one f32), if asked for.
+    pub fp8: Option<(Local, Local)>,
 }
 
 /// Every rank's first `count` elements reduced in rank order, read between two barriers

@@ -62,7 +62,7 @@ pub(crate) fn step_graph_turn<'c, T: Val>(
 ) -> anyhow::Result<Turn> {
     let (c, st) = (&d.comms[0], &d.streams[0]);
     if let (Some(algorithm), Held::Sym(sym, out)) = (k.mode.symmetric(), &*h) {
-        let how = (k.op, algorithm);
+        let how = unicomm::SymmetricOptions::new(k.op, algorithm);
         let graph = unicomm::Graph::capture(st, |step| {
             (0..iters).try_for_each(|_| step.all_reduce_symmetric(c, sym, k.count, out, how))
         })

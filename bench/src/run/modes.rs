@@ -191,7 +191,7 @@ pub(crate) fn launch<T: Val>(
     let w = c.world_size();
     let n = k.count;
     if let (Some(algorithm), Held::Sym(sym, out)) = (k.mode.symmetric(), &mut *held) {
-        let how = (k.op, algorithm);
+        let how = unicomm::SymmetricOptions::new(k.op, algorithm);
         return Ok(c.all_reduce_symmetric(sym, n, &mut out.slice_mut(..n)?, how, k.stream)?);
     }
     if let Held::Dev(dc, s, r) = held {

@@ -136,7 +136,7 @@ fn fused_run<T: Element + WithDType + CudaDType + DeviceRepr>(
         let mut nm = unicomm::nccl::lend_mut(&mut normed)
             .map_err(e)?
             .into_backend();
-        let how = (eps, unicomm::SymmetricAlgorithm::OneShot);
+        let how = unicomm::RmsNormOptions::new(eps, unicomm::SymmetricAlgorithm::OneShot);
         c.all_reduce_rms_norm(sym, n, &mut sm, &ws, &mut nm, how, stream)
             .map_err(e)?;
     }

@@ -4,6 +4,7 @@
 
 mod collectives;
 pub mod device_api;
+pub mod fused;
 mod groups;
 mod one_sided;
 mod register;

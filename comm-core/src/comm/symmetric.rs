@@ -8,19 +8,20 @@ use std::ops::RangeBounds;
 
 use super::Comm;
 use crate::backend::Collective;
-use crate::buffer::{owned_buffer_methods, range_of, DeviceSlice, DeviceSliceMut, View, ViewMut};
-use crate::element::{Element, ReduceOp};
+use crate::buffer::{owned_buffer_methods, range_of, DeviceSliceMut, View, ViewMut};
+use crate::element::Element;
+use crate::fp8::F8E4M3;
 use crate::registry::RawHandle;
 use crate::symmetric::{
-    check_symmetric_op, check_symmetric_type, RmsNorm, SymmetricAlgorithm, SymmetricArgs,
-    SymmetricOp, SymmetricParts, MAX_SYMMETRIC_WORLD,
+    check_symmetric_op, check_symmetric_type, Fp8Out, RmsNorm, SymmetricAlgorithm, SymmetricArgs,
+    SymmetricOp, SymmetricOptions, SymmetricParts, MAX_SYMMETRIC_WORLD,
 };
 use crate::{Error, Result};
 
 /// A symmetric allocation: `len` elements on every rank of the communicator, each rank's
 /// mapped on every rank, with a signal pad per rank. It borrows its communicator (which
 /// cannot end while it lives) and is this rank's buffer for every other call (a
-/// [`DeviceSlice`]). Dropping it releases this rank's view; work still pending on it keeps
+/// [`DeviceSlice`](crate::DeviceSlice)). Dropping it releases this rank's view; work still pending on it keeps
 /// what it uses, and peers' views stay valid (memory is freed when its last mapping goes).
 pub struct Symmetric<'c, T: Element, C: Collective> {
     comm: &'c Comm<C>,
@@ -158,37 +159,11 @@ impl<C: Collective> Comm<C> {
         input: &Symmetric<'_, T, C>,
         count: usize,
         out: &mut impl DeviceSliceMut<T, C>,
-        (op, algorithm): (ReduceOp, SymmetricAlgorithm),
+        how: SymmetricOptions,
         stream: &C::Stream,
     ) -> Result<()> {
         let out = out.view_mut().into_view();
-        let sym = self.symmetric_all_reduce_op(input, count, (&out, None), (op, algorithm))?;
-        self.sole()?.work((&sym).into(), stream)
-    }
-
-    /// The step that ends a tensor-parallel decoder layer, in one kernel: for each row of
-    /// `weight.len()` elements of the first `count` elements, `residual += allreduce(input)`,
-    /// then `out = residual / sqrt(mean(residual^2) + eps) * weight` (f32 inside). The
-    /// unfused sequence (an all-reduce, an add, a norm) is its reference.
-    #[allow(clippy::too_many_arguments, reason = "the fused step's operands")]
-    pub fn all_reduce_rms_norm<T: Element>(
-        &self,
-        input: &Symmetric<'_, T, C>,
-        count: usize,
-        residual: &mut impl DeviceSliceMut<T, C>,
-        weight: &impl DeviceSlice<T, C>,
-        out: &mut impl DeviceSliceMut<T, C>,
-        (eps, algorithm): (f32, SymmetricAlgorithm),
-        stream: &C::Stream,
-    ) -> Result<()> {
-        let (res, w) = (residual.view_mut().into_view(), weight.view());
-        let out = out.view_mut().into_view();
-        let sym = self.symmetric_all_reduce_op(
-            input,
-            count,
-            (&out, Some((&res, &w, eps))),
-            (ReduceOp::Sum, algorithm),
-        )?;
+        let sym = self.symmetric_all_reduce_op(input, count, &out, None, how)?;
         self.sole()?.work((&sym).into(), stream)
     }
 
@@ -219,17 +194,15 @@ impl<C: Collective> Comm<C> {
 
     /// The backend's operation, checked: this communicator's allocation, a type and a
     /// reduction the kernels have, the counts inside every buffer, this rank's memory.
-    #[allow(clippy::type_complexity, reason = "the fused operands, borrowed")]
     pub(crate) fn symmetric_all_reduce_op<'v, T: Element>(
         &self,
         input: &Symmetric<'_, T, C>,
         count: usize,
-        (out, norm): (
-            &View<'v, T, C>,
-            Option<(&View<'v, T, C>, &View<'v, T, C>, f32)>,
-        ),
-        (op, algorithm): (ReduceOp, SymmetricAlgorithm),
+        out: &View<'v, T, C>,
+        norm: Option<&FusedViews<'v, T, C>>,
+        how: SymmetricOptions,
     ) -> Result<SymmetricOp<'v, C::Memory>> {
+        let SymmetricOptions { op, algorithm } = how;
         self.own(input)?;
         check_symmetric_type(T::DTYPE)?;
         check_symmetric_op(op)?;
@@ -254,7 +227,7 @@ impl<C: Collective> Comm<C> {
             .map_err(|_| short("out", out.len(), count))?;
         let norm = match norm {
             None => None,
-            Some((res, weight, eps)) => Some(self.norm_of(count, (res, weight), eps)?),
+            Some(n) => Some(self.norm_of(count, n)?),
         };
         Ok(SymmetricOp::AllReduce {
             handle: input.handle,
@@ -267,12 +240,19 @@ impl<C: Collective> Comm<C> {
         })
     }
 
+    /// The norm's operands checked: this rank's memory, rows that tile the count, an
+    /// epsilon that is a number, the FP8 output's count and its scale.
     fn norm_of<'v, T: Element>(
         &self,
         count: usize,
-        (res, weight): (&View<'v, T, C>, &View<'v, T, C>),
-        eps: f32,
+        views: &FusedViews<'v, T, C>,
     ) -> Result<RmsNorm<'v, C::Memory>> {
+        let FusedViews {
+            residual: res,
+            weight,
+            eps,
+            fp8,
+        } = views;
         self.check(res)?;
         self.check(weight)?;
         let hidden = weight.len();
@@ -282,7 +262,7 @@ impl<C: Collective> Comm<C> {
                 format!("rows of {hidden} elements do not tile {count} elements"),
             ));
         }
-        if !(eps.is_finite() && eps >= 0.0) {
+        if !(eps.is_finite() && *eps >= 0.0) {
             return Err(Error::invalid(
                 "eps",
                 format!("{eps}: a finite, non-negative epsilon"),
@@ -291,13 +271,39 @@ impl<C: Collective> Comm<C> {
         let res = res
             .slice(..count)
             .map_err(|_| short("residual", res.len(), count))?;
+        let fp8 = match fp8 {
+            None => None,
+            Some((q, scale)) => {
+                self.check(q)?;
+                self.check(scale)?;
+                let q = q
+                    .slice(..count)
+                    .map_err(|_| short("fp8 out", q.len(), count))?;
+                if scale.is_empty() {
+                    return Err(Error::invalid("fp8 scale", "no element: it holds one f32"));
+                }
+                Some(Fp8Out {
+                    out: q.raw(),
+                    scale: scale.raw(),
+                })
+            }
+        };
         Ok(RmsNorm {
             residual: res.raw(),
             weight: weight.raw(),
             hidden,
-            eps,
+            eps: *eps,
+            fp8,
         })
     }
+}
+
+/// A fused step's operands past the all-reduce's, as views.
+pub(crate) struct FusedViews<'v, T: Element, C: Collective> {
+    pub(crate) residual: View<'v, T, C>,
+    pub(crate) weight: View<'v, T, C>,
+    pub(crate) eps: f32,
+    pub(crate) fp8: Option<(View<'v, F8E4M3, C>, View<'v, f32, C>)>,
 }
 
 fn short(arg: &'static str, len: usize, count: usize) -> Error {

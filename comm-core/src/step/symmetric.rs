@@ -6,14 +6,18 @@
 
 use super::Step;
 use crate::backend::Collective;
+use crate::buffer::View;
 use crate::buffer::{DeviceSlice, DeviceSliceMut};
 use crate::capturing::{Phase, StepCall};
 use crate::comm::device_api::DeviceComm;
+use crate::comm::fused::Fp8Buffers;
+use crate::comm::symmetric::FusedViews;
 use crate::comm::symmetric::Symmetric;
 use crate::comm::Comm;
 use crate::element::{Element, ReduceOp};
+use crate::fp8::F8E4M3;
 use crate::registration::Window;
-use crate::symmetric::SymmetricAlgorithm;
+use crate::symmetric::{RmsNormOptions, SymmetricOptions};
 use crate::Result;
 
 impl<'a, C: Collective> Step<'a, C> {
@@ -24,12 +28,12 @@ impl<'a, C: Collective> Step<'a, C> {
         input: &'a Symmetric<'_, T, C>,
         count: usize,
         out: &'a impl DeviceSliceMut<T, C>,
-        how: (ReduceOp, SymmetricAlgorithm),
+        how: SymmetricOptions,
     ) -> Result<()> {
         let out = out.view();
         self.used(comm, &out);
         let _call = StepCall::enter();
-        let op = comm.symmetric_all_reduce_op(input, count, (&out, None), how)?;
+        let op = comm.symmetric_all_reduce_op(input, count, &out, None, how)?;
         match self.phase {
             Phase::Warm => Ok(()),
             _ => comm.sole()?.work((&op).into(), self.stream),
@@ -46,19 +50,56 @@ impl<'a, C: Collective> Step<'a, C> {
         residual: &'a impl DeviceSliceMut<T, C>,
         weight: &'a impl DeviceSlice<T, C>,
         out: &'a impl DeviceSliceMut<T, C>,
-        (eps, algorithm): (f32, SymmetricAlgorithm),
+        how: RmsNormOptions,
     ) -> Result<()> {
-        let (res, w, out) = (residual.view(), weight.view(), out.view());
-        for v in [&res, &w, &out] {
+        let views = FusedViews {
+            residual: residual.view(),
+            weight: weight.view(),
+            eps: how.eps,
+            fp8: None,
+        };
+        self.fused(comm, input, count, out.view(), views, how)
+    }
+
+    /// [`Comm::all_reduce_rms_norm_fp8`], through the step.
+    #[allow(clippy::too_many_arguments, reason = "the fused step's operands")]
+    pub fn all_reduce_rms_norm_fp8<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        input: &'a Symmetric<'_, T, C>,
+        count: usize,
+        residual: &'a impl DeviceSliceMut<T, C>,
+        weight: &'a impl DeviceSlice<T, C>,
+        out: &'a impl DeviceSliceMut<T, C>,
+        fp8: Fp8Buffers<&'a impl DeviceSliceMut<F8E4M3, C>, &'a impl DeviceSlice<f32, C>>,
+        how: RmsNormOptions,
+    ) -> Result<()> {
+        let (q, scale) = (fp8.out.view(), fp8.scale.view());
+        self.used(comm, &q);
+        self.used(comm, &scale);
+        let views = FusedViews {
+            residual: residual.view(),
+            weight: weight.view(),
+            eps: how.eps,
+            fp8: Some((q, scale)),
+        };
+        self.fused(comm, input, count, out.view(), views, how)
+    }
+
+    fn fused<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        input: &'a Symmetric<'_, T, C>,
+        count: usize,
+        out: View<'_, T, C>,
+        views: FusedViews<'_, T, C>,
+        how: RmsNormOptions,
+    ) -> Result<()> {
+        for v in [&views.residual, &views.weight, &out] {
             self.used(comm, v);
         }
         let _call = StepCall::enter();
-        let op = comm.symmetric_all_reduce_op(
-            input,
-            count,
-            (&out, Some((&res, &w, eps))),
-            (ReduceOp::Sum, algorithm),
-        )?;
+        let op = comm.fused_op(input, count, &out, &views, how)?;
         match self.phase {
             Phase::Warm => Ok(()),
             _ => comm.sole()?.work((&op).into(), self.stream),

@@ -1,4 +1,7 @@
-//! The algorithms of unicomm's own all-reduce over symmetric memory.
+//! The algorithms of unicomm's own all-reduce over symmetric memory, and the settings of its
+//! calls.
+
+use crate::element::ReduceOp;
 
 /// How unicomm's own all-reduce moves the data over symmetric memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -27,5 +30,39 @@ impl SymmetricAlgorithm {
             SymmetricAlgorithm::TwoShot => "two-shot",
             SymmetricAlgorithm::Lamport => "lamport",
         }
+    }
+}
+
+/// How a fused all-reduce + residual add + RMSNorm runs
+/// ([`Comm::all_reduce_rms_norm`](crate::Comm::all_reduce_rms_norm)).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RmsNormOptions {
+    /// Added to the mean of squares: finite and non-negative (every rank the same).
+    pub eps: f32,
+    /// The all-reduce's algorithm (every rank the same).
+    pub algorithm: SymmetricAlgorithm,
+}
+
+impl RmsNormOptions {
+    /// `eps` over the all-reduce of `algorithm`.
+    pub fn new(eps: f32, algorithm: SymmetricAlgorithm) -> Self {
+        RmsNormOptions { eps, algorithm }
+    }
+}
+
+/// How a symmetric all-reduce runs
+/// ([`Comm::all_reduce_symmetric`](crate::Comm::all_reduce_symmetric)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SymmetricOptions {
+    /// Sum, max or min (every rank the same).
+    pub op: ReduceOp,
+    /// How the data moves (every rank the same).
+    pub algorithm: SymmetricAlgorithm,
+}
+
+impl SymmetricOptions {
+    /// `op` by `algorithm`.
+    pub fn new(op: ReduceOp, algorithm: SymmetricAlgorithm) -> Self {
+        SymmetricOptions { op, algorithm }
     }
 }

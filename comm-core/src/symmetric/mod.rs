@@ -11,7 +11,7 @@ use crate::{DataType, Error, Result};
 
 mod algorithm;
 mod signature;
-pub use algorithm::SymmetricAlgorithm;
+pub use algorithm::{RmsNormOptions, SymmetricAlgorithm, SymmetricOptions};
 pub use signature::{
     compare, mismatch, with_word, Signature, SignedOp, LAMPORT_HEADER, SIGNATURE_ROUND,
     SIGNATURE_WORDS,
@@ -161,7 +161,28 @@ pub struct RmsNorm<'a, M> {
     pub hidden: usize,
     /// Added to the mean of squares.
     pub eps: f32,
+    /// The normalized result also as FP8, if asked for.
+    pub fp8: Option<Fp8Out<'a, M>>,
 }
+
+/// The fused step's result also quantized to FP8 (OCP e4m3), as TensorRT-LLM's and
+/// FlashInfer's fusions give it to the next layer's FP8 GEMM: element `i` is
+/// `out[i] * scale`, saturated to e4m3's finite range (±448) and rounded to nearest even,
+/// `out[i]` the normalized result in the input's type.
+#[derive(Debug)]
+pub struct Fp8Out<'a, M> {
+    /// `count` bytes of e4m3.
+    pub out: Slice<'a, M>,
+    /// One f32 on the device, read at the kernel's run (a graph's replays read it anew).
+    pub scale: Slice<'a, M>,
+}
+
+impl<M> Clone for Fp8Out<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M> Copy for Fp8Out<'_, M> {}
 
 impl<M> Clone for RmsNorm<'_, M> {
     fn clone(&self) -> Self {
@@ -255,6 +276,13 @@ impl<'a, M> SymmetricOp<'a, M> {
                         weight: slice(n.weight, "weight")?,
                         hidden: n.hidden,
                         eps: n.eps,
+                        fp8: match n.fp8 {
+                            None => None,
+                            Some(q) => Some(Fp8Out {
+                                out: slice(q.out, "fp8 out")?,
+                                scale: slice(q.scale, "fp8 scale")?,
+                            }),
+                        },
                     }),
                 },
             },
@@ -294,6 +322,10 @@ pub fn check_all_reduce<M: crate::DeviceMemory>(
     if let Some(n) = norm {
         n.residual.holds(count, dtype, "residual")?;
         n.weight.holds(n.hidden, dtype, "weight")?;
+        if let Some(q) = &n.fp8 {
+            q.out.holds(count, DataType::F8E4M3, "fp8 out")?;
+            q.scale.holds(1, DataType::F32, "fp8 scale")?;
+        }
     }
     Ok(())
 }

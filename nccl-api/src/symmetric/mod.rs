@@ -332,6 +332,8 @@ fn params_of<R: Runtime>(
         out: 0,
         residual: 0,
         weight: 0,
+        out8: 0,
+        scale: 0,
         control: control as u64,
         timeout_ns: u64::try_from(base.lc.timeout().as_nanos()).unwrap_or(u64::MAX),
         count: 0,
@@ -387,6 +389,12 @@ fn all_reduce_params<R: Runtime>(
         base.check_memory(n.weight.mem)?;
         p.residual = n.residual.address() as u64;
         p.weight = n.weight.address() as u64;
+        if let Some(q) = &n.fp8 {
+            base.check_memory(q.out.mem)?;
+            base.check_memory(q.scale.mem)?;
+            p.out8 = q.out.address() as u64;
+            p.scale = q.scale.address() as u64;
+        }
         p.hidden = n.hidden as u64;
         p.norm = 1;
         p.eps = n.eps;

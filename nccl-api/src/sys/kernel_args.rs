@@ -94,6 +94,10 @@ pub struct KernelParams {
     pub residual: u64,
     /// The fused norm's weight (0 without it).
     pub weight: u64,
+    /// The fused norm's FP8 (e4m3) output (0 without it).
+    pub out8: u64,
+    /// The FP8 output's scale, one f32 on the device (0 without it).
+    pub scale: u64,
     /// The communicator's [`Control`], at its device address.
     pub control: u64,
     /// How long a wait on a peer lasts, from the kernel's start, in nanoseconds.
@@ -460,20 +464,22 @@ mod tests {
         assert_eq!(taken_on(SYMMETRIC_IMAGE, 80), None);
     }
 
-    /// The kernel source's `Params` is 41 eight-byte words and sixteen four-byte ones; its
+    /// The kernel source's `Params` is 43 eight-byte words and eighteen four-byte ones; its
     /// `Control` four words and a count: the layouts the launch copies byte for byte.
     #[test]
     fn the_arguments_have_the_kernel_sources_layout() {
-        assert_eq!(std::mem::size_of::<KernelParams>(), 41 * 8 + 18 * 4);
-        assert_eq!(std::mem::offset_of!(KernelParams, blocks), 41 * 8 + 17 * 4);
-        assert_eq!(std::mem::offset_of!(KernelParams, sig), 41 * 8 + 6 * 4);
+        assert_eq!(std::mem::size_of::<KernelParams>(), 43 * 8 + 18 * 4);
+        assert_eq!(std::mem::offset_of!(KernelParams, blocks), 43 * 8 + 17 * 4);
+        assert_eq!(std::mem::offset_of!(KernelParams, sig), 43 * 8 + 6 * 4);
         assert_eq!(
             std::mem::offset_of!(KernelParams, workspace),
-            41 * 8 + 15 * 4
+            43 * 8 + 15 * 4
         );
-        assert_eq!(std::mem::offset_of!(KernelParams, control), 35 * 8);
-        assert_eq!(std::mem::offset_of!(KernelParams, rank), 41 * 8);
-        assert_eq!(std::mem::offset_of!(KernelParams, eps), 41 * 8 + 5 * 4);
+        assert_eq!(std::mem::offset_of!(KernelParams, out8), 35 * 8);
+        assert_eq!(std::mem::offset_of!(KernelParams, scale), 36 * 8);
+        assert_eq!(std::mem::offset_of!(KernelParams, control), 37 * 8);
+        assert_eq!(std::mem::offset_of!(KernelParams, rank), 43 * 8);
+        assert_eq!(std::mem::offset_of!(KernelParams, eps), 43 * 8 + 5 * 4);
         assert_eq!(std::mem::size_of::<Control>(), 24);
         assert_eq!(std::mem::offset_of!(Control, detail), 16);
         assert_eq!(std::mem::size_of::<DeviceKernelArgs>(), 64);

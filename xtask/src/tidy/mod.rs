@@ -102,6 +102,7 @@ pub(crate) const UNSAFE_FILES: &[&str] = &[
     "backend-nccl/src/graph.rs",
     "backend-rccl/src/graph.rs",
     "backend-nccl/src/interop.rs",
+    "backend-nccl/src/dependent.rs",
     "backend-nccl/src/kernels.rs",
     "backend-nccl/src/runtime.rs",
     "backend-nccl/src/vmm.rs",
