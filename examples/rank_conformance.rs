@@ -226,7 +226,7 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
     reported(comm, &timed("symmetric all-reduces", t), sym)?;
     let t = std::time::Instant::now();
     let norm =
-        unicomm_conformance::symmetric_rms_norm::<f32, _>(one, (1024, 3), 1e-5, replays).map(first);
+        unicomm_conformance::symmetric_rms_norm::<f32, _>(one, 1024, 3, 1e-5, replays).map(first);
     let ran = ran && matches!(norm, Ok(true));
     reported(comm, &timed("fused norm", t), norm)?;
     let t = std::time::Instant::now();
@@ -268,7 +268,7 @@ fn disagreements(comm: &unicomm::Comm) -> anyhow::Result<()> {
     for algorithm in unicomm_conformance::ALGORITHMS {
         for d in unicomm_conformance::Disagreement::all(algorithm) {
             let t = std::time::Instant::now();
-            let seen = unicomm_conformance::symmetric_disagreement_ending(comm, (d, algorithm))
+            let seen = unicomm_conformance::symmetric_disagreement_ending(comm, d, algorithm)
                 .map_err(|e| anyhow::anyhow!("rank {r}: {d:?} in {}: {e}", algorithm.name()))?;
             println!(
                 "rank_conformance: rank {r}: {d:?} in {} ({:.2} s): {}",

@@ -339,8 +339,10 @@ impl MockComm {
             // automatic registration (NCCL-API's built-in policy never routes an all-gather
             // through the window: registered, then the copy engines).
             self.ctx.target.window_all_gather(
-                (self.ctx.rank, self.ctx.world),
-                (send.address(), recv.address()),
+                self.ctx.rank,
+                self.ctx.world,
+                send.address(),
+                recv.address(),
                 op.count * op.dtype.size(),
                 |at, bytes| {
                     let k = self.registry.covering(at, bytes)?;

@@ -189,7 +189,7 @@ fn rank() {
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
             let seen = unicomm_conformance::symmetric_all_reduce::<half::bf16, _>(one, 16, 5);
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
-            let seen = unicomm_conformance::symmetric_rms_norm::<f32, _>(one, (24, 2), 0.0, 10);
+            let seen = unicomm_conformance::symmetric_rms_norm::<f32, _>(one, 24, 2, 0.0, 10);
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
             c.finalize().unwrap();
             println!("rank {r}: symmetric kernels; RANK PASSED");
@@ -199,7 +199,7 @@ fn rank() {
             // rotating: Mismatch on every rank, never Ok; count-0 Lamport calls exact.
             for algorithm in unicomm_conformance::ALGORITHMS {
                 for d in unicomm_conformance::Disagreement::all(algorithm) {
-                    let seen = unicomm_conformance::symmetric_disagreement(&c, (d, algorithm), 100);
+                    let seen = unicomm_conformance::symmetric_disagreement(&c, d, algorithm, 100);
                     let seen = seen.unwrap_or_else(|e| panic!("rank {r}: {d:?}: {e}"));
                     assert!(seen.is_some(), "rank {r}: {d:?}");
                 }

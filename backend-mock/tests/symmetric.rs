@@ -40,9 +40,9 @@ fn every_algorithm_is_exact_at_worlds_1_to_8_eager_and_replayed() {
 fn the_fused_norm_matches_the_unfused_sequence_at_worlds_1_to_8() {
     for w in [1, 2, 3, 5, 8] {
         let cs = comms(w, Duration::from_secs(20));
-        let seen = unicomm_conformance::symmetric_rms_norm::<f32, _>(&cs, (32, 3), 0.0, 20);
+        let seen = unicomm_conformance::symmetric_rms_norm::<f32, _>(&cs, 32, 3, 0.0, 20);
         assert_eq!(seen.unwrap(), vec![true; w], "f32 at world {w}");
-        let seen = unicomm_conformance::symmetric_rms_norm::<bf16, _>(&cs, (16, 2), 0.0, 5);
+        let seen = unicomm_conformance::symmetric_rms_norm::<bf16, _>(&cs, 16, 2, 0.0, 5);
         assert_eq!(seen.unwrap(), vec![true; w], "bf16 at world {w}");
     }
 }

@@ -33,7 +33,7 @@ fn every_disagreement_is_mismatch_on_every_rank_over_100_attempts() {
         let cs = comms(w);
         for algorithm in ALGORITHMS {
             for d in Disagreement::all(algorithm) {
-                let seen = each_rank(&cs, |c| symmetric_disagreement(c, (d, algorithm), 100));
+                let seen = each_rank(&cs, |c| symmetric_disagreement(c, d, algorithm, 100));
                 let seen =
                     seen.unwrap_or_else(|e| panic!("{d:?} in {algorithm:?} at world {w}: {e}"));
                 assert!(seen.iter().all(Option::is_some), "{d:?}: {seen:?}");

@@ -57,4 +57,4 @@ pub use layers::{Shard, ShardedEmbedding, TensorParallelColumnLinear, TensorPara
 pub use ops::{
     AllGather, AllReduce, AllToAll, Broadcast, Gather, Recv, Reduce, ReduceScatter, Scatter, Send,
 };
-pub use qkv::QkvColumnLinear;
+pub use qkv::{Qkv, QkvColumnLinear};

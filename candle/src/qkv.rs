@@ -22,12 +22,23 @@ pub struct QkvColumnLinear {
     head_dim: usize,
 }
 
+/// The query, key and value projections (or their biases), whole.
+#[derive(Clone, Copy, Debug)]
+pub struct Qkv<'t> {
+    /// `[q_heads * head_dim, in]` (a bias: `[q_heads * head_dim]`).
+    pub q: &'t Tensor,
+    /// `[kv_heads * head_dim, in]`.
+    pub k: &'t Tensor,
+    /// `[kv_heads * head_dim, in]`.
+    pub v: &'t Tensor,
+}
+
 impl QkvColumnLinear {
-    /// From the full projections `wq` `[q_heads * head_dim, in]`, `wk` and `wv` `[kv_heads *
-    /// head_dim, in]` (and their biases): this rank's rows of each, fused into one weight.
+    /// From the full projections (and their biases): this rank's rows of each, fused into
+    /// one weight.
     pub fn from_full(
-        (wq, wk, wv): (&Tensor, &Tensor, &Tensor),
-        bias: Option<(&Tensor, &Tensor, &Tensor)>,
+        weights: Qkv<'_>,
+        bias: Option<Qkv<'_>>,
         head_dim: usize,
         comm: &Communicator,
     ) -> Result<Self> {
@@ -41,6 +52,11 @@ impl QkvColumnLinear {
             }
             Ok(rows / head_dim)
         };
+        let Qkv {
+            q: wq,
+            k: wk,
+            v: wv,
+        } = weights;
         let (q, kv) = (heads_of(wq, "wq")?, heads_of(wk, "wk")?);
         if heads_of(wv, "wv")? != kv {
             candle_core::bail!(
@@ -54,19 +70,19 @@ impl QkvColumnLinear {
         }
         let (q_local, (kv_first, kv_local)) = (q / world, kv_part(kv, rank, world)?);
         let rows = |t: &Tensor, first: usize, n: usize| t.narrow(0, first * head_dim, n * head_dim);
-        let part = |(tq, tk, tv): (&Tensor, &Tensor, &Tensor)| -> Result<Tensor> {
+        let part = |t: Qkv<'_>| -> Result<Tensor> {
             Tensor::cat(
                 &[
-                    rows(tq, rank * q_local, q_local)?,
-                    rows(tk, kv_first, kv_local)?,
-                    rows(tv, kv_first, kv_local)?,
+                    rows(t.q, rank * q_local, q_local)?,
+                    rows(t.k, kv_first, kv_local)?,
+                    rows(t.v, kv_first, kv_local)?,
                 ],
                 0,
             )?
             .contiguous()
         };
         Ok(QkvColumnLinear {
-            weight: part((wq, wk, wv))?,
+            weight: part(weights)?,
             bias: bias.map(part).transpose()?,
             heads: (q_local, kv_local),
             head_dim,

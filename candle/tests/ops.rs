@@ -370,7 +370,7 @@ fn broadcast_gather_scatter_and_send_recv_move_tensors() {
 /// replicated on two ranks).
 #[test]
 fn the_fused_qkv_layer_gives_each_rank_its_heads_of_the_unsharded_products() {
-    use unicomm_candle::QkvColumnLinear;
+    use unicomm_candle::{Qkv, QkvColumnLinear};
     let (hd, input) = (2, 3);
     let cpu = &Device::Cpu;
     let w = |rows: usize, seed: f64| {
@@ -385,7 +385,16 @@ fn the_fused_qkv_layer_gives_each_rank_its_heads_of_the_unsharded_products() {
     let (fq, fk, fv) = (full(&wq), full(&wk), full(&wv));
     for world in [2usize, 4] {
         let out = ranks(world, |c| {
-            let l = QkvColumnLinear::from_full((&wq, &wk, &wv), None, hd, &c)?;
+            let l = QkvColumnLinear::from_full(
+                Qkv {
+                    q: &wq,
+                    k: &wk,
+                    v: &wv,
+                },
+                None,
+                hd,
+                &c,
+            )?;
             let (q, k, v) = l.forward_qkv(&x)?;
             Ok((c.rank(), l.heads(), q, k, v))
         });

@@ -225,7 +225,7 @@ fn device_recorded<C: Collective>(
     let send = c.register_window(c.upload(&[1.0f32; 8], st)?)?;
     let mut recv = c.register_window(c.alloc::<f32>(8)?)?;
     recorded_once(c, &[("device_all_reduce", Some("device-api"))], || {
-        c.all_reduce_device(&dc, (&send, &mut recv), 8, ReduceOp::Sum, st)
+        c.all_reduce_device(&dc, &send, &mut recv, 8, ReduceOp::Sum, st)
     })?;
     st.synchronize()?;
     Ok(true)

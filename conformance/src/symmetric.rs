@@ -180,7 +180,8 @@ fn check<T: Small>(
 /// What each rank saw: `true`, or `false` where the backend has no symmetric memory.
 pub fn symmetric_rms_norm<T: Small, C: Collective>(
     comms: &[Comm<C>],
-    (hidden, rows): (usize, usize),
+    hidden: usize,
+    rows: usize,
     tolerance: f64,
     replays: usize,
 ) -> Result<Vec<bool>> {
@@ -361,14 +362,14 @@ pub fn device_api_all_reduce<T: Small, C: Collective>(
         for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
             for _ in 0..2 {
                 send.write_from_host(&of::<T>(&input(r, round, n)), &st)?;
-                c.all_reduce_device(&dc, (&send, &mut recv), n, op, &st)?;
+                c.all_reduce_device(&dc, &send, &mut recv, n, op, &st)?;
                 let want = expected(w, round, n, op);
                 check(&recv.copy_to_host(&st)?, &want, (algorithm, op, round))?;
                 round += 1;
             }
         }
         let graph = Graph::capture(&st, |g| {
-            g.all_reduce_device(c, &dc, (&send, &recv), n, ReduceOp::Sum)
+            g.all_reduce_device(c, &dc, &send, &recv, n, ReduceOp::Sum)
         })?;
         for _ in 0..replays {
             send.write_from_host(&of::<T>(&input(r, round, n)), &st)?;

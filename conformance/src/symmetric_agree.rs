@@ -166,7 +166,8 @@ fn outcome(r: usize, d: Disagreement, got: Result<()>) -> Result<String> {
 /// symmetric memory); an error for anything else.
 pub fn symmetric_disagreement<C: Collective>(
     c: &Comm<C>,
-    (d, algorithm): (Disagreement, SymmetricAlgorithm),
+    d: Disagreement,
+    algorithm: SymmetricAlgorithm,
     attempts: usize,
 ) -> Result<Option<String>> {
     let mut first = None;
@@ -198,7 +199,8 @@ pub fn symmetric_disagreement<C: Collective>(
 /// `Mismatch`, as it reads (`None` without symmetric memory).
 pub fn symmetric_disagreement_ending<C: Collective>(
     c: &Comm<C>,
-    (d, algorithm): (Disagreement, SymmetricAlgorithm),
+    d: Disagreement,
+    algorithm: SymmetricAlgorithm,
 ) -> Result<Option<String>> {
     let child = c.split(Some(0), c.rank() as i32)?;
     let child = child.ok_or_else(|| Error::invalid("split", "no child"))?;

@@ -990,7 +990,7 @@ fn device_skip(vendor: Vendor) -> anyhow::Result<()> {
     let dc = comm.device_comm(&reqs).context("the device communicator")?;
     let send = comm.register_window(comm.upload(&vec![(r + 1) as f32; n], &st)?)?;
     let mut recv = comm.register_window(comm.alloc::<f32>(n)?)?;
-    comm.all_reduce_device(&dc, (&send, &mut recv), n, ReduceOp::Sum, &st)?;
+    comm.all_reduce_device(&dc, &send, &mut recv, n, ReduceOp::Sum, &st)?;
     summed_ranks(&recv.copy_to_host(&st)?, r, w)?;
     let limit = deadline(&comm);
     if r != 0 {
@@ -1000,7 +1000,7 @@ fn device_skip(vendor: Vendor) -> anyhow::Result<()> {
         return Ok(());
     }
     let t = Instant::now();
-    comm.all_reduce_device(&dc, (&send, &mut recv), n, ReduceOp::Sum, &st)?;
+    comm.all_reduce_device(&dc, &send, &mut recv, n, ReduceOp::Sum, &st)?;
     let res = wait_aborting_after_3_s(&comm, &st, false);
     let waited = t.elapsed();
     let Err(e) = res else {

@@ -46,9 +46,9 @@ fn every_algorithm_is_exact_eagerly_and_over_ten_thousand_replays() -> Result<()
 #[test]
 fn the_fused_norm_matches_the_unfused_sequence() -> Result<()> {
     let cs = GPU.comms(t::world()?)?;
-    let seen = unicomm_conformance::symmetric_rms_norm::<f32, _>(&cs, (4096, 3), 1e-5, 10_000)?;
+    let seen = unicomm_conformance::symmetric_rms_norm::<f32, _>(&cs, 4096, 3, 1e-5, 10_000)?;
     assert!(seen.iter().all(|&s| s), "{seen:?}");
-    let seen = unicomm_conformance::symmetric_rms_norm::<bf16, _>(&cs, (1024, 2), 1.0 / 128.0, 20)?;
+    let seen = unicomm_conformance::symmetric_rms_norm::<bf16, _>(&cs, 1024, 2, 1.0 / 128.0, 20)?;
     assert!(seen.iter().all(|&s| s), "{seen:?}");
     Ok(())
 }

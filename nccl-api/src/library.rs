@@ -58,8 +58,10 @@ impl<R: Runtime> Library<R> {
             let (send, recv) = op.pair()?;
             if let Some(chunk) = op.count.checked_mul(op.dtype.size()) {
                 self.target.window_all_gather(
-                    (lc.rank, lc.world),
-                    (send.address(), recv.address()),
+                    lc.rank,
+                    lc.world,
+                    send.address(),
+                    recv.address(),
                     chunk,
                     |at, bytes| registry.covering(at, bytes),
                 )?;
@@ -148,20 +150,20 @@ impl<R: Runtime> Library<R> {
                     .send
                     .zip(op.layout.recv)
                     .ok_or_else(|| unlowered("ncclAllToAllv"))?;
-                api.all_to_allv(b, (sc, rc), wire, on, st)
+                api.all_to_allv(b, sc, rc, wire, on, st)
             }
             Kind::AllGatherV | Kind::ReduceScatterV { .. } => Err(unlowered(op.name())),
             Kind::Send { peer } => {
                 let s = op
                     .send
                     .ok_or_else(|| Error::invalid("send", "a send without a buffer"))?;
-                api.send_recv(&s, (count, wire), P2p::Send(peer), on, st)
+                api.send_recv(&s, count, wire, P2p::Send(peer), on, st)
             }
             Kind::Recv { peer } => {
                 let r = op
                     .recv
                     .ok_or_else(|| Error::invalid("recv", "a receive without a buffer"))?;
-                api.send_recv(&r, (count, wire), P2p::Recv(peer), on, st)
+                api.send_recv(&r, count, wire, P2p::Recv(peer), on, st)
             }
             Kind::Barrier => self.barrier_in(api, on, st),
         }

@@ -88,7 +88,7 @@ fn a_call_refuses_memory_that_cannot_hold_what_it_reads_or_writes() {
         on,
         st
     )));
-    let p2p = api.send_recv(&whole, (1, DataType::F32), P2p::Send(1), on, st);
+    let p2p = api.send_recv(&whole, 1, DataType::F32, P2p::Send(1), on, st);
     assert!(invalid(&p2p));
 }
 
@@ -121,7 +121,8 @@ fn a_variable_size_part_past_its_buffer_is_refused_but_an_empty_one_is_not() {
     let before = calls(&path, "ncclAllToAllv");
     let far = api.all_to_allv(
         both,
-        (per(&[4], &[0]), per(&[4], &[14])),
+        per(&[4], &[0]),
+        per(&[4], &[14]),
         DataType::F32,
         on,
         st,
@@ -138,7 +139,7 @@ fn a_variable_size_part_past_its_buffer_is_refused_but_an_empty_one_is_not() {
         config: None,
     };
     let empty = per(&[0], &[1000]);
-    let fine = api.all_to_allv(both, (empty, per(&[0], &[1000])), DataType::F32, on, st);
+    let fine = api.all_to_allv(both, empty, per(&[0], &[1000]), DataType::F32, on, st);
     assert!(fine.is_ok(), "{fine:?}");
     assert_eq!(calls(&path, "ncclAllToAllv"), before + 1);
 }

@@ -112,7 +112,7 @@ fn the_kernel_gets_the_struct_both_windows_and_a_block_per_barrier() {
 
     let runtime_layout = c.device_comm(&DeviceCommRequirements::runtime(40)).unwrap();
     // The runtime layout of 2.32.3 is the kernel's: it takes it.
-    c.all_reduce_device(&runtime_layout, (&send, &mut recv), 48, ReduceOp::Max, &st)
+    c.all_reduce_device(&runtime_layout, &send, &mut recv, 48, ReduceOp::Max, &st)
         .unwrap();
     let (bytes, args, blocks) = DEVICE_LAUNCHES.lock().unwrap().pop().unwrap();
     assert_eq!(bytes, runtime_layout.kernel_arg());
@@ -130,7 +130,7 @@ fn the_kernel_gets_the_struct_both_windows_and_a_block_per_barrier() {
 
     let other = c.device_comm(&built(Version::new(2, 31, 2), 248)).unwrap();
     unsupported_naming(
-        c.all_reduce_device(&other, (&send, &mut recv), 48, ReduceOp::Sum, &st),
+        c.all_reduce_device(&other, &send, &mut recv, 48, ReduceOp::Sum, &st),
         "2.32.3",
     );
     // A count past either window.
@@ -138,12 +138,12 @@ fn the_kernel_gets_the_struct_both_windows_and_a_block_per_barrier() {
     for count in [65, 49] {
         let w = if count == 65 { &mut long } else { &mut recv };
         assert!(matches!(
-            c.all_reduce_device(&runtime_layout, (&send, w), count, ReduceOp::Sum, &st),
+            c.all_reduce_device(&runtime_layout, &send, w, count, ReduceOp::Sum, &st),
             Err(Error::InvalidArgument { .. })
         ));
     }
     assert!(matches!(
-        c.all_reduce_device(&runtime_layout, (&send, &mut recv), 48, ReduceOp::Prod, &st),
+        c.all_reduce_device(&runtime_layout, &send, &mut recv, 48, ReduceOp::Prod, &st),
         Err(Error::InvalidArgument { .. })
     ));
     assert!(DEVICE_LAUNCHES.lock().unwrap().is_empty(), "none launched");

@@ -254,7 +254,8 @@ impl MockComm {
     ) -> Result<Reduce> {
         let ty = Ty::of(dtype)?;
         unicomm_core::symmetric::check_all_reduce(
-            (rec.bytes, rec.lamport),
+            rec.bytes,
+            rec.lamport,
             count,
             dtype,
             algorithm,

@@ -71,7 +71,7 @@ pub(crate) fn step_graph_turn<'c, T: Val>(
     }
     if let Held::Dev(dc, s, r) = &*h {
         let graph = unicomm::Graph::capture(st, |step| {
-            (0..iters).try_for_each(|_| step.all_reduce_device(c, dc, (s, r), k.count, k.op))
+            (0..iters).try_for_each(|_| step.all_reduce_device(c, dc, s, r, k.count, k.op))
         })
         .context("capturing the device-API all-reduce through unicomm::Graph")?;
         return launched(d, &graph, iters, launches);

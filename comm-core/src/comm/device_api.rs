@@ -113,12 +113,13 @@ impl<C: Collective> Comm<C> {
     pub fn all_reduce_device<T: Element>(
         &self,
         dc: &DeviceComm<'_, C>,
-        (send, recv): (&Window<'_, T, C>, &mut Window<'_, T, C>),
+        send: &Window<'_, T, C>,
+        recv: &mut Window<'_, T, C>,
         count: usize,
         op: ReduceOp,
         stream: &C::Stream,
     ) -> Result<()> {
-        let op = self.device_kernel_op(dc, (send, recv), count, op)?;
+        let op = self.device_kernel_op(dc, send, recv, count, op)?;
         self.sole()?.work((&op).into(), stream)
     }
 
@@ -127,7 +128,8 @@ impl<C: Collective> Comm<C> {
     pub(crate) fn device_kernel_op<T: Element>(
         &self,
         dc: &DeviceComm<'_, C>,
-        (send, recv): (&Window<'_, T, C>, &Window<'_, T, C>),
+        send: &Window<'_, T, C>,
+        recv: &Window<'_, T, C>,
         count: usize,
         op: ReduceOp,
     ) -> Result<DeviceKernelOp> {

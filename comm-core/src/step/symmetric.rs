@@ -128,14 +128,15 @@ impl<'a, C: Collective> Step<'a, C> {
         &self,
         comm: &'a Comm<C>,
         dc: &'a DeviceComm<'_, C>,
-        (send, recv): (&'a Window<'_, T, C>, &'a Window<'_, T, C>),
+        send: &'a Window<'_, T, C>,
+        recv: &'a Window<'_, T, C>,
         count: usize,
         op: ReduceOp,
     ) -> Result<()> {
         self.used(comm, &send.view());
         self.used(comm, &recv.view());
         let _call = StepCall::enter();
-        let op = comm.device_kernel_op(dc, (send, recv), count, op)?;
+        let op = comm.device_kernel_op(dc, send, recv, count, op)?;
         match self.phase {
             Phase::Warm => Ok(()),
             _ => comm.sole()?.work((&op).into(), self.stream),

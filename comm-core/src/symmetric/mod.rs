@@ -296,7 +296,8 @@ impl<'a, M> SymmetricOp<'a, M> {
 /// (and the fused norm's residual and weight) large enough. That the memory is this
 /// rank's is the backend's check.
 pub fn check_all_reduce<M: crate::DeviceMemory>(
-    (bytes, lamport): (usize, Option<DataType>),
+    bytes: usize,
+    lamport: Option<DataType>,
     count: usize,
     dtype: DataType,
     algorithm: SymmetricAlgorithm,

@@ -56,7 +56,7 @@ impl<R: Runtime> ApiComm<R> {
                         format!("{bytes} bytes at byte {} of a {size}-byte window", p.offset),
                     ));
                 }
-                b.lc.api.put_signal(&src, (p.peer, win, p.offset), c, st)
+                b.lc.api.put_signal(&src, p.peer, win, p.offset, c, st)
             })
         })
     }

@@ -376,8 +376,8 @@ fn all_reduce_params<R: Runtime>(
     };
     unicomm_core::symmetric::check_symmetric_type(dtype)?;
     unicomm_core::symmetric::check_symmetric_op(op)?;
-    let shape = (rec.bytes, rec.lamport);
-    check_all_reduce(shape, count, dtype, algorithm, &out, norm.as_ref())?;
+    let (bytes, lamport) = (rec.bytes, rec.lamport);
+    check_all_reduce(bytes, lamport, count, dtype, algorithm, &out, norm.as_ref())?;
     base.check_memory(out.mem)?;
     let mut p = params_of(base, rec, control, algorithm.into());
     p.out = out.address() as u64;

@@ -223,8 +223,10 @@ impl Target {
     #[inline]
     pub fn window_all_gather(
         &self,
-        (rank, world): (usize, usize),
-        (send, recv): (usize, usize),
+        rank: usize,
+        world: usize,
+        send: usize,
+        recv: usize,
         chunk: usize,
         covering: impl FnOnce(usize, usize) -> Result<Option<RegKind>>,
     ) -> Result<()> {

@@ -343,3 +343,19 @@ fn a_second_door_for_work_on_a_stream_and_a_record_outside_the_doors_are_refused
     let paths: Vec<&str> = vec!["src/comm/collective.rs"];
     assert!(door::records_outside_doors(&[&door_file], &paths).is_empty());
 }
+
+#[test]
+fn a_public_function_taking_its_settings_as_a_tuple_and_a_rising_count_are_refused() {
+    let text = "pub fn open((op, algorithm): (u8, u8), (a, b): (u8, u8)) {}\n\
+                pub(crate) fn inner(x: u8, (lo, hi): (usize, usize)) {}\n\
+                fn arrow(f: impl Fn(u8) -> u8, (p, q): (u8, u8)) {}\n\
+                pub fn named(how: Options) {}\n";
+    let c = Crate::from_texts("t", &[("lib.rs", text)]);
+    let v = rules::tuple_parameters(&[&c], 4);
+    assert_eq!(v.len(), 2, "{v:?}");
+    assert!(v.iter().all(|l| l.contains("pub fn open")), "{v:?}");
+    // Four in all (two public, one in a crate-visible function, one after an arrow): a
+    // ceiling of three refuses the count as well.
+    let v = rules::tuple_parameters(&[&c], 3);
+    assert!(v.last().is_some_and(|l| l.starts_with("4 parameters")), "{v:?}");
+}

@@ -400,3 +400,31 @@ pub(crate) fn rel(root: &Path, path: &Path) -> String {
         .to_string_lossy()
         .replace('\\', "/")
 }
+
+/// Parameters bound by a tuple pattern: every one in a public function (a group of
+/// settings the caller must pass by position: name it, as `SymmetricOptions`), and one
+/// line saying how many there are in all when that is over `ceiling`.
+pub(crate) fn tuple_parameters(krates: &[&Crate], ceiling: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut total = 0;
+    for k in krates {
+        for (path, src) in k.files.values() {
+            let file = path.to_string_lossy().replace('\\', "/");
+            for t in super::source::tuple_params(&src.code) {
+                total += 1;
+                if t.public {
+                    out.push(format!(
+                        "{file}:{} pub fn {} binds a parameter by a tuple pattern: name the group (an options struct)",
+                        t.line, t.function
+                    ));
+                }
+            }
+        }
+    }
+    if total > ceiling {
+        out.push(format!(
+            "{total} parameters bound by tuple patterns, over the ceiling of {ceiling}"
+        ));
+    }
+    out
+}

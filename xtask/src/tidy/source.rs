@@ -317,6 +317,84 @@ pub(crate) fn functions(code: &str) -> Vec<Function> {
     out
 }
 
+/// A function's parameter bound by a tuple pattern (`(op, algorithm): (ReduceOp, ..)`): a
+/// group of settings without a name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TupleParam {
+    pub function: String,
+    pub line: usize,
+    /// Whether the function is `pub` (not `pub(crate)` or narrower).
+    pub public: bool,
+}
+
+/// Every parameter of a `fn` in `code` (comments and strings blanked) bound by a tuple
+/// pattern, bodies or not (trait methods too).
+pub(crate) fn tuple_params(code: &str) -> Vec<TupleParam> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = find_word(&code[from..], "fn", spaced).map(|a| a + from) {
+        from = at + 2;
+        let rest = &code[from..];
+        let name: String = rest
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let Some(open) = rest.find('(') else { break };
+        // Generics before the parameters (`fn f<T: Fn(u8)>(..)` is rare here): skip `<..>`.
+        if name.is_empty() || rest[..open].contains(['{', ';']) {
+            continue;
+        }
+        let params = balanced(&rest[open..]);
+        let line_start = code[..at].rfind('\n').map_or(0, |i| i + 1);
+        let head = code[line_start..at].trim();
+        let public = head.split_whitespace().any(|w| w == "pub");
+        for p in split_top(params) {
+            let p = p.trim().trim_start_matches("mut ").trim_start();
+            if p.starts_with('(') {
+                out.push(TupleParam {
+                    function: name.clone(),
+                    line: code[..at].matches('\n').count() + 1,
+                    public,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The text inside the bracket `s` opens with, up to its match.
+fn balanced(s: &str) -> &str {
+    let mut depth = 0i32;
+    for (i, c) in s.char_indices() {
+        depth += i32::from(matches!(c, '(' | '[' | '{')) - i32::from(matches!(c, ')' | ']' | '}'));
+        if depth == 0 {
+            return &s[1..i];
+        }
+    }
+    ""
+}
+
+/// `s` split at its top-level commas (none inside brackets or angle brackets).
+fn split_top(s: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' | '[' | '{' | '<' => depth += 1,
+            // An arrow (`impl Fn(u8) -> u8`) closes nothing.
+            '>' if s[..i].ends_with('-') => {}
+            ')' | ']' | '}' | '>' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
 /// Whether `code` holds the keyword `unsafe` (a block, fn, impl or trait).
 /// Whether `code` (comments and strings blanked) vouches for a type by hand (`unsafe impl`,
 /// `Send` and `Sync` above all).

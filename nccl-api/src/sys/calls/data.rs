@@ -338,7 +338,8 @@ impl Api {
     pub fn all_to_allv<M: DeviceBytes>(
         &self,
         b: Sides<'_, '_, M>,
-        (sc, rc): (Counts<'_>, Counts<'_>),
+        sc: Counts<'_>,
+        rc: Counts<'_>,
         wire: DataType,
         comm: CommRef<'_>,
         st: StreamRef<'_>,
@@ -371,7 +372,8 @@ impl Api {
     pub fn send_recv<M: DeviceBytes>(
         &self,
         buf: &Slice<'_, M>,
-        (count, wire): (usize, DataType),
+        count: usize,
+        wire: DataType,
         with: P2p,
         comm: CommRef<'_>,
         st: StreamRef<'_>,
@@ -413,7 +415,9 @@ impl Api {
     pub fn put_signal<M: DeviceBytes>(
         &self,
         src: &Slice<'_, M>,
-        (peer, win, offset): (usize, WindowRef<'_>, usize),
+        peer: usize,
+        win: WindowRef<'_>,
+        offset: usize,
         comm: CommRef<'_>,
         st: StreamRef<'_>,
     ) -> Result<()> {
