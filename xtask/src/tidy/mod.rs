@@ -7,6 +7,8 @@
 mod door;
 mod forward;
 mod package;
+#[cfg(test)]
+mod readme;
 mod rules;
 mod source;
 mod workspace;
