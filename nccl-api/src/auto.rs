@@ -21,6 +21,7 @@ use unicomm_core::registry::RegKind;
 use unicomm_core::{Error, Extent, Kind, Op, RawHandle, Result, Slice};
 
 use crate::base::Base;
+use crate::copy_engine::region::Region;
 use crate::copy_engine::CopyEngine;
 use crate::libcomm::Child;
 use crate::memory::ApiMemory;
@@ -226,7 +227,8 @@ impl Auto {
         let addr = mem.range(offset, bytes, "bytes")?;
         let shared = self.agreed.get().is_some_and(|a| a.copy_engine);
         if ce.reachable() && shared && windowed {
-            ce.share_window(b, h, (addr, bytes)).map_err(undo)?;
+            ce.share_window(b, h, Region { addr, bytes })
+                .map_err(undo)?;
         }
         let second = self.second(b).map_err(undo)?;
         if bytes > 0 {

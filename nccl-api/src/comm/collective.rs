@@ -13,6 +13,7 @@ use unicomm_core::{
 
 use super::enqueue::{lent_elsewhere, order_homes, refuse_lent_capture};
 use super::ApiComm;
+use crate::copy_engine::region::Region;
 use crate::group;
 use crate::libcomm::End;
 use crate::memory::{ApiMemory, ApiStream};
@@ -92,7 +93,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
             .window_register(mem, (offset, bytes), RegKind::Window)?;
         if self.ce.enabled() {
             let addr = mem.range(offset, bytes, "bytes")?;
-            if let Err(e) = self.ce.share_window(&self.base, h, (addr, bytes)) {
+            if let Err(e) = self.ce.share_window(&self.base, h, Region { addr, bytes }) {
                 let _ = self.deregister_window(h);
                 return Err(e);
             }

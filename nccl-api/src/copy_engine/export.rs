@@ -10,6 +10,7 @@ use unicomm_core::{Error, Result};
 use super::ipc;
 use super::local::PeerPart;
 use super::pending::Pending;
+use super::region::Region;
 use crate::base::Base;
 use crate::sys::runtime::Runtime;
 
@@ -31,14 +32,16 @@ fn host_barrier<R: Runtime>(base: &Base<R>) -> Result<()> {
 pub(crate) fn swap<R: Runtime>(
     base: &Base<R>,
     pending: &Pending<R>,
-    (job, seq): (ipc::Job, u64),
-    (addr, bytes): (usize, usize),
+    job: ipc::Job,
+    seq: u64,
+    region: Region,
     offer: bool,
 ) -> Result<Option<Swapped>> {
+    let Region { addr, bytes } = region;
     let lc = &base.lc;
     let listener = ipc::Listener::bind(job, seq, lc.rank)?;
     let exported = match offer {
-        true => export_range(base, (addr, bytes)),
+        true => export_range(base, region),
         false => Err(Error::invalid("export", "this rank offers nothing")),
     };
     host_barrier(base)?;
@@ -106,7 +109,7 @@ struct Mapping {
 /// wrong range).
 fn export_range<R: Runtime>(
     base: &Base<R>,
-    (addr, bytes): (usize, usize),
+    Region { addr, bytes }: Region,
 ) -> Result<crate::sys::runtime::Exported> {
     let lc = &base.lc;
     let x = lc.rt.export_memory(lc.dev, addr)?;

@@ -38,6 +38,7 @@ mod export;
 pub(crate) mod ipc;
 pub(crate) mod local;
 mod pending;
+pub(crate) mod region;
 mod share;
 mod var;
 
@@ -55,6 +56,7 @@ use crate::memory::{ApiMemory, ApiStream};
 use crate::sys::calls::StreamRef;
 use crate::sys::runtime::Runtime;
 use pending::Pending;
+use region::Region;
 use signals::{CopyEngineSync, Phase, Phases, SignalRelease, Signals};
 
 /// What an all-to-all or all-gather becomes on the copy-engine path.
@@ -127,7 +129,7 @@ impl<R: Runtime> CopyEngine<R> {
     pub(crate) fn swap_memory(
         &self,
         base: &Base<R>,
-        range: (usize, usize),
+        range: Region,
     ) -> Result<Option<local::Swapped>> {
         #[cfg(target_os = "linux")]
         if let Some(job) = self.sharing.memory_job() {
@@ -175,7 +177,7 @@ impl<R: Runtime> CopyEngine<R> {
         &self,
         base: &Base<R>,
         handle: RawHandle,
-        range: (usize, usize),
+        range: Region,
     ) -> Result<()> {
         self.agree_phases(base)?;
         self.sharing
@@ -428,14 +430,14 @@ impl<R: Runtime> CopyEngine<R> {
         if let Some(job) = self.sharing.job {
             return Ok(self
                 .sharing
-                .swap_ipc(b, &self.pending, job, (addr, bytes), addr != 0)?
+                .swap_ipc(b, &self.pending, job, Region { addr, bytes }, addr != 0)?
                 .map(|(peers, maps)| (peers.iter().map(|p| p.addr).collect(), maps)));
         }
         // The signals are copied into the peers' blocks: this runs before the first
         // window's exchange, so peer access is enabled here.
         Ok(self
             .sharing
-            .swap_local(b, (addr, bytes))?
+            .swap_local(b, Region { addr, bytes })?
             .map(|all| (all.iter().map(|p| p.addr).collect(), Vec::new())))
     }
 

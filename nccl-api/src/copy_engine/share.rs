@@ -12,6 +12,7 @@ use unicomm_core::{RawHandle, Result};
 
 use super::local::{LocalWorld, PeerPart, Peers};
 use super::pending::Pending;
+use super::region::Region;
 use crate::base::Base;
 use crate::sys::runtime::Runtime;
 
@@ -117,19 +118,18 @@ impl Sharing {
         base: &Base<R>,
         pending: &Pending<R>,
         handle: RawHandle,
-        (addr, bytes): (usize, usize),
+        region: Region,
     ) -> Result<()> {
         #[cfg(target_os = "linux")]
         if let Some(job) = self.job {
-            let Some((peers, maps)) = self.swap_ipc(base, pending, job, (addr, bytes), true)?
-            else {
+            let Some((peers, maps)) = self.swap_ipc(base, pending, job, region, true)? else {
                 return Ok(());
             };
             self.insert(handle, Arc::new(peers), Some(maps));
             return Ok(());
         }
         let _ = pending;
-        if let Some(peers) = self.exchange_here(base, (addr, bytes))? {
+        if let Some(peers) = self.exchange_here(base, region)? {
             enable_peers(base, &peers)?;
             self.insert(handle, peers, None);
         }
@@ -141,7 +141,7 @@ impl Sharing {
     fn exchange_here<R: Runtime>(
         &self,
         base: &Base<R>,
-        (addr, bytes): (usize, usize),
+        Region { addr, bytes }: Region,
     ) -> Result<Option<Peers>> {
         let Some(world) = &self.world else {
             return Ok(None);
@@ -187,9 +187,9 @@ impl Sharing {
     pub(crate) fn swap_local<R: Runtime>(
         &self,
         base: &Base<R>,
-        (addr, bytes): (usize, usize),
+        region: Region,
     ) -> Result<Option<Peers>> {
-        let Some(all) = self.exchange_here(base, (addr, bytes))? else {
+        let Some(all) = self.exchange_here(base, region)? else {
             return Ok(None);
         };
         if all.iter().any(|p| p.addr == 0) {
@@ -210,11 +210,11 @@ impl Sharing {
         base: &Base<R>,
         pending: &Pending<R>,
         job: super::ipc::Job,
-        (addr, bytes): (usize, usize),
+        region: Region,
         offer: bool,
     ) -> Result<Option<super::export::Swapped>> {
         let seq = self.exchanges.fetch_add(1, Ordering::Relaxed);
-        super::export::swap(base, pending, (job, seq), (addr, bytes), offer)
+        super::export::swap(base, pending, job, seq, region, offer)
     }
 }
 

@@ -31,6 +31,7 @@ use unicomm_core::symmetric::{
 use unicomm_core::{DataType, Error, Result};
 
 use crate::base::Base;
+use crate::copy_engine::region::Region;
 use crate::copy_engine::CopyEngine;
 use crate::memory::{ApiMemory, ApiStream};
 use crate::sys::kernel_args::{KernelAlgorithm, KernelParams, Launch};
@@ -152,7 +153,7 @@ impl<R: Runtime> SymmetricMemory<R> {
         fill(base, &own, data, lamport)?;
         let (peers, maps) = match w {
             1 => (vec![own.ptr], Vec::new()),
-            _ => match ce.swap_memory(base, (own.ptr, total))? {
+            _ => match ce.swap_memory(base, Region { addr: own.ptr, bytes: total })? {
                 Some((parts, maps)) => (parts.iter().map(|p| p.addr).collect(), maps),
                 None => {
                     return Err(Error::unsupported(

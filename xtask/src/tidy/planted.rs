@@ -357,5 +357,8 @@ fn a_public_function_taking_its_settings_as_a_tuple_and_a_rising_count_are_refus
     // Four in all (two public, one in a crate-visible function, one after an arrow): a
     // ceiling of three refuses the count as well.
     let v = rules::tuple_parameters(&[&c], 3);
-    assert!(v.last().is_some_and(|l| l.starts_with("4 parameters")), "{v:?}");
+    assert!(
+        v.last().is_some_and(|l| l.starts_with("4 parameters")),
+        "{v:?}"
+    );
 }
