@@ -6,9 +6,9 @@
 
 mod door;
 mod forward;
-mod package;
 #[cfg(test)]
-mod readme;
+mod manual;
+mod package;
 mod rules;
 mod source;
 mod workspace;
