@@ -1,7 +1,10 @@
 //! The manual that ships (README.md and docs/*.md, in the crate): the README reads as a page
 //! (a few words a heading and under a page in all, the rest in the pages it links: tokio's and
-//! rust-analyzer's front pages keep the same measure), and no page is a run log (no date,
-//! no commit id: those are the records' in docs/dev/records/, and the runs' JSON).
+//! rust-analyzer's front pages keep the same measure), no page is a run log (no date, no
+//! commit id: those are the records' in docs/dev/records/, and the runs' JSON), and every
+//! repository path a page or a comment names exists.
+
+use std::path::Path;
 
 /// The most words the README holds.
 pub(crate) const MAX_WORDS: usize = 800;
@@ -67,9 +70,103 @@ pub(crate) fn dated_lines(name: &str, text: &str) -> Vec<String> {
     out
 }
 
+/// The repository paths `text` (page or comments `name`) names that do not exist under
+/// `root`: a word that starts with one of `tops` (the repository's own top-level folders)
+/// and a slash. A path another project's possessive precedes on its line (as in
+/// "rust-analyzer's tidy test") is that project's, not ours.
+pub(crate) fn missing_paths(name: &str, text: &str, root: &Path, tops: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let b = line.as_bytes();
+        for (i, _) in line.char_indices() {
+            let starts =
+                i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b"./-_".contains(&b[i - 1]));
+            if !starts {
+                continue;
+            }
+            let word: String = line[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || "./-_".contains(*c))
+                .collect();
+            let word = word.trim_end_matches(['.', '-']);
+            let Some((first, rest)) = word.split_once('/') else {
+                continue;
+            };
+            if rest.is_empty() || !tops.iter().any(|t| t == first) {
+                continue;
+            }
+            let before = line[..i].trim_end_matches(['`', ' ', '(']);
+            if before.ends_with("'s") || before.ends_with("’s") {
+                continue;
+            }
+            if !root.join(word).exists() {
+                out.push(format!(
+                    "{name}:{}: names {word}, which does not exist",
+                    n + 1
+                ));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The repository's own top-level folders (its crates, docs/, .ci/ ...), not `src/`,
+    /// `tests/` or `examples/`, which a crate's page names relative to itself.
+    fn tops(root: &Path) -> Vec<String> {
+        let mut t: Vec<String> = std::fs::read_dir(root)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| {
+                        !["src", "tests", "examples", "target", ".git"].contains(&n.as_str())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        t.sort();
+        t
+    }
+
+    #[test]
+    fn every_repository_path_a_page_or_a_comment_names_exists() {
+        let root = super::super::root();
+        let tops = tops(&root);
+        let mut pages = shipped();
+        let dev = root.join("docs/dev");
+        for d in [dev.clone(), dev.join("records")] {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
+                    if p.extension().is_some_and(|x| x == "md") {
+                        let name = p.strip_prefix(&root).unwrap_or(&p).display().to_string();
+                        pages.push((name, std::fs::read_to_string(&p).unwrap_or_default()));
+                    }
+                }
+            }
+        }
+        let cs = super::super::crates();
+        let refs: Vec<&super::super::workspace::Crate> = cs.iter().collect();
+        pages.extend(super::super::rules::comment_texts(&refs));
+        let v: Vec<String> = pages
+            .iter()
+            .flat_map(|(n, t)| missing_paths(n, t, &root, &tops))
+            .collect();
+        assert!(v.is_empty(), "{}", v.join("\n"));
+    }
+
+    #[test]
+    fn a_path_that_is_not_there_is_refused_and_another_projects_is_not_ours() {
+        let root = super::super::root();
+        let tops = vec!["docs".to_string(), "xtask".to_string()];
+        let text = "See docs/usage.md and docs/nowhere.md; rust-analyzer's `xtask/src/tidy.rs`.\n";
+        let v = missing_paths("p.md", text, &root, &tops);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].contains("docs/nowhere.md"), "{v:?}");
+    }
 
     /// Every page that ships: README.md and docs/*.md.
     fn shipped() -> Vec<(String, String)> {
