@@ -108,7 +108,7 @@ impl Collective for MockComm {
 
     fn register_window(&self, mem: &MockMemory, offset: usize, bytes: usize) -> Result<RawHandle> {
         self.ctx.target.windows()?;
-        self.window(mem, (offset, bytes), RegKind::Window)
+        self.window(mem, offset, bytes, RegKind::Window)
     }
 
     fn register_auto(&self, mem: &MockMemory, offset: usize, bytes: usize) -> Result<RawHandle> {
@@ -119,7 +119,7 @@ impl Collective for MockComm {
             "automatic registration (ncclCommRegister)",
             t.flavor.registration_since,
         )?;
-        self.window(mem, (offset, bytes), RegKind::Auto)
+        self.window(mem, offset, bytes, RegKind::Auto)
     }
 
     fn deregister_auto(&self, handle: RawHandle) -> Result<()> {
@@ -287,7 +287,8 @@ impl MockComm {
     fn window(
         &self,
         mem: &MockMemory,
-        (offset, bytes): (usize, usize),
+        offset: usize,
+        bytes: usize,
         kind: RegKind,
     ) -> Result<RawHandle> {
         self.check_memory(mem)?;

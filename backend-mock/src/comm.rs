@@ -102,7 +102,8 @@ pub(crate) fn placement(
 fn check_placement(
     kind: Kind,
     own: usize,
-    (s, r): (&Slice<'_, MockMemory>, &Slice<'_, MockMemory>),
+    s: &Slice<'_, MockMemory>,
+    r: &Slice<'_, MockMemory>,
 ) -> Result<()> {
     match kind {
         Kind::AllGather | Kind::Gather { .. } => placement(s, r, Some(own)),
@@ -133,8 +134,10 @@ impl MockComm {
     /// where its survivors meet.
     pub(crate) fn derived(
         &self,
-        (rank, world): (usize, usize),
-        (fabric, world_id): (Arc<dyn crate::fabric::Exchange>, u64),
+        rank: usize,
+        world: usize,
+        fabric: Arc<dyn crate::fabric::Exchange>,
+        world_id: u64,
         step: &str,
         ranks: &[usize],
     ) -> MockComm {
@@ -232,7 +235,7 @@ impl MockComm {
             _ => {}
         }
         if let (Some(s), Some(r)) = (&op.send, &op.recv) {
-            check_placement(op.kind, rank * count * dtype.size(), (s, r))?;
+            check_placement(op.kind, rank * count * dtype.size(), s, r)?;
         }
         let (send_reg, recv_reg) = self.registrations(&op)?;
         let same = matches!((&op.send, &op.recv), (Some(s), Some(r)) if Arc::ptr_eq(&s.mem.inner, &r.mem.inner));

@@ -404,7 +404,8 @@ fn post(ctx: &RankCtx, peer: usize, load: Load) -> Result<()> {
 pub(crate) fn signal(
     ctx: &RankCtx,
     put: Option<&(Span, usize, (u64, usize))>,
-    (peer, graph): (usize, bool),
+    peer: usize,
+    graph: bool,
 ) -> Result<()> {
     let Some((span, bytes, (ord, offset))) = put else {
         let load = Load {
@@ -441,7 +442,8 @@ pub(super) fn land(
     ctx: &RankCtx,
     peer: usize,
     windows: &Windows,
-    (ord, offset): (u64, usize),
+    ord: u64,
+    offset: usize,
     bytes: &[u8],
 ) -> Result<()> {
     let Some((span, size)) = windows.part(ord) else {

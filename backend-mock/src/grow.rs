@@ -149,11 +149,11 @@ impl MockComm {
                     target: self.ctx.target.clone(),
                     ..MockConfig::default()
                 };
-                let (f, rejoin) = crate::id::hub_fabric(&id, (rank, world), &config)?;
+                let (f, rejoin) = crate::id::hub_fabric(&id, rank, world, &config)?;
                 (f, NEXT_WORLD.fetch_add(1, Ordering::Relaxed), rejoin)
             }
         };
-        let mut grown = self.derived((rank, world), (fabric, world_id), "grow", &ranks);
+        let mut grown = self.derived(rank, world, fabric, world_id, "grow", &ranks);
         grown.rejoin = rejoin;
         Ok(grown)
     }
@@ -182,7 +182,7 @@ pub fn init_grown(
         Some(key) => {
             let (fabric, world_id) = take_local(key, world, config.timeout)?;
             let rejoin = unicomm_bootstrap::Rejoin::Local(key);
-            crate::local_rank(fabric, (rank, world), world_id, &config, rejoin)
+            crate::local_rank(fabric, rank, world, world_id, &config, rejoin)
         }
         None => crate::init_rank(id, rank, world, config),
     }

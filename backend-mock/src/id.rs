@@ -72,15 +72,16 @@ pub fn init_rank(
         ));
     }
     config.check()?;
-    let (fabric, rejoin) = hub_fabric(id, (rank, world), &config)?;
-    crate::process_rank(fabric, (rank, world), &config, rejoin)
+    let (fabric, rejoin) = hub_fabric(id, rank, world, &config)?;
+    crate::process_rank(fabric, rank, world, &config, rejoin)
 }
 
 /// The fabric of the world of `id` for `rank` of `world` (rank 0 serves the hub this
 /// process made for the id; the others connect), and the key its ranks re-form under.
 pub(crate) fn hub_fabric(
     id: &[u8; 128],
-    (rank, world): (usize, usize),
+    rank: usize,
+    world: usize,
     config: &MockConfig,
 ) -> Result<(Arc<dyn Exchange>, unicomm_bootstrap::Rejoin)> {
     let hub = HubId::parse(id)?;
@@ -103,7 +104,7 @@ pub(crate) fn hub_fabric(
         let served = Hub::serve_on(listener, hub.secret, world, config.timeout)?;
         Arc::new(ProcFabric::hub(served))
     } else {
-        let client = Client::connect(&hub, (rank, world), config.timeout);
+        let client = Client::connect(&hub, rank, world, config.timeout);
         Arc::new(ProcFabric::client(
             client.map_err(|e| unserved(&hub, e, config))?,
         ))

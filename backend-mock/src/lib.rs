@@ -86,14 +86,15 @@ pub fn world(n: usize, config: MockConfig) -> Result<Vec<MockComm>> {
     let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
     let rejoin = unicomm_bootstrap::Rejoin::local();
     (0..n)
-        .map(|rank| local_rank(fabric.clone(), (rank, n), world_id, &config, rejoin.clone()))
+        .map(|rank| local_rank(fabric.clone(), rank, n, world_id, &config, rejoin.clone()))
         .collect()
 }
 
 /// Rank `rank` of `n` on a fabric of this process (buffers in its memory).
 pub(crate) fn local_rank(
     fabric: Arc<dyn Exchange>,
-    (rank, n): (usize, usize),
+    rank: usize,
+    n: usize,
     world_id: u64,
     config: &MockConfig,
     rejoin: unicomm_bootstrap::Rejoin,
@@ -170,13 +171,15 @@ pub fn join(
         let id = procs::HubId::parse(&id)?;
         Arc::new(procs::ProcFabric::client(procs::Client::connect(
             &id,
-            (env.rank, n),
+            env.rank,
+            n,
             bootstrap_timeout,
         )?))
     };
     process_rank(
         fabric,
-        (env.rank, n),
+        env.rank,
+        n,
         &config,
         unicomm_bootstrap::Rejoin::job(env),
     )
@@ -185,7 +188,8 @@ pub fn join(
 /// Rank `rank` of `n` on a fabric that spans processes (buffers in shared memory).
 pub(crate) fn process_rank(
     fabric: Arc<dyn Exchange>,
-    (rank, n): (usize, usize),
+    rank: usize,
+    n: usize,
     config: &MockConfig,
     rejoin: unicomm_bootstrap::Rejoin,
 ) -> Result<MockComm> {

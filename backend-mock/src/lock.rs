@@ -110,7 +110,8 @@ impl Drop for Guard<'_> {
 pub(crate) fn wait_unheld<T>(
     alloc: &Arc<T>,
     addr: usize,
-    (deadline, forgotten): (Instant, usize),
+    deadline: Instant,
+    forgotten: usize,
     timeout: Duration,
 ) -> Result<()> {
     let mut pause = Duration::from_micros(10);

@@ -474,8 +474,8 @@ impl<'scope, 'env, D> HostScope<'scope, 'env, D> {
         for l in self.lent.borrow_mut().drain(..) {
             // A view forgotten (`mem::forget`) holds its memory for ever: not waited for.
             let forgotten = Arc::strong_count(&l.view) - 1;
-            let (addr, held) = (l.alloc.addr(), (deadline, forgotten));
-            let mut r = crate::lock::wait_unheld(&l.alloc, addr, held, timeout);
+            let addr = l.alloc.addr();
+            let mut r = crate::lock::wait_unheld(&l.alloc, addr, deadline, forgotten, timeout);
             // Work that used the slice and failed (a peer that never joined, an abort):
             // its failure, even where it let go of the slice before the deadline.
             if let (Ok(()), Some(e)) = (&r, l.alloc.failure.get()) {

@@ -71,8 +71,10 @@ impl MockComm {
         fabric.leave(JOIN, false, deadline);
         self.shrinks.fetch_max(round + 1, Ordering::Relaxed);
         Ok(self.derived(
-            (me, k),
-            (fabric, world_id),
+            me,
+            k,
+            fabric,
+            world_id,
             &format!("shrink{round}"),
             &survivors,
         ))
@@ -105,7 +107,8 @@ impl MockComm {
             Some(h) => Arc::new(procs::ProcFabric::hub(h)),
             None => Arc::new(procs::ProcFabric::client(procs::Client::connect(
                 &procs::HubId::parse(&id)?,
-                (me, k),
+                me,
+                k,
                 timeout,
             )?)),
         })

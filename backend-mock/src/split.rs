@@ -114,8 +114,10 @@ impl MockComm {
         };
         let ranks: Vec<usize> = members.iter().map(|&(_, r)| r).collect();
         Ok(Some(self.derived(
-            (child_rank, k),
-            (fabric, world_id),
+            child_rank,
+            k,
+            fabric,
+            world_id,
             &format!("split{split_seq}.c{}", color.unwrap_or(0)),
             &ranks,
         )))
@@ -167,7 +169,7 @@ impl MockComm {
         let mut b = [0u8; 128];
         b.copy_from_slice(&ids[root_rank * 128..][..128]);
         let id = procs::HubId::parse(&b)?;
-        let client = procs::Client::connect(&id, (child_rank, k), self.ctx.timeout)?;
+        let client = procs::Client::connect(&id, child_rank, k, self.ctx.timeout)?;
         Ok(Some((
             Arc::new(procs::ProcFabric::client(client)),
             world_id,

@@ -156,7 +156,8 @@ impl CallOptions {
     /// Refuses what NCCL documents as out of range (`InvalidArgument` naming the field).
     pub fn check_values(&self) -> Result<()> {
         check_ctas(
-            (self.min_ctas, self.max_ctas),
+            self.min_ctas,
+            self.max_ctas,
             self.nvls_ctas,
             self.cga_cluster_size,
         )?;

@@ -67,7 +67,8 @@ impl CommConfig {
     /// Checks the values NCCL documents a range for.
     pub fn check_values(&self) -> Result<()> {
         check_ctas(
-            (self.min_ctas, self.max_ctas),
+            self.min_ctas,
+            self.max_ctas,
             self.nvls_ctas,
             self.cga_cluster_size,
         )?;
@@ -90,7 +91,8 @@ impl CommConfig {
 /// guide gives minCTAs and maxCTAs "a positive integer value, up to 32" (min at most max),
 /// nvlsCTAs a positive integer, cgaClusterSize 0..=8 (larger is a CUDA launch error).
 pub(crate) fn check_ctas(
-    (min_ctas, max_ctas): (Option<u32>, Option<u32>),
+    min_ctas: Option<u32>,
+    max_ctas: Option<u32>,
     nvls_ctas: Option<u32>,
     cga_cluster_size: Option<u32>,
 ) -> Result<()> {

@@ -63,12 +63,7 @@ impl Counts<'_> {
             );
             if let Some((q, q_end)) = reach {
                 if start < q_end {
-                    return Err(overlap(
-                        arg,
-                        (q, self.displs[q], self.counts[q]),
-                        (r, start, self.counts[r]),
-                        q_end.min(end),
-                    ));
+                    return Err(overlap(arg, self, [q, r], q_end.min(end)));
                 }
             }
             if reach.is_none_or(|(_, e)| end > e) {
@@ -87,13 +82,11 @@ impl Counts<'_> {
     }
 }
 
+/// Rank `a`'s range and rank `b`'s sharing elements up to `end`.
 #[cold]
-fn overlap(
-    arg: &'static str,
-    (a, a_at, a_n): (usize, usize, usize),
-    (b, b_at, b_n): (usize, usize, usize),
-    end: usize,
-) -> Error {
+fn overlap(arg: &'static str, c: &Counts<'_>, ranks: [usize; 2], end: usize) -> Error {
+    let [a, b] = ranks;
+    let (a_at, a_n, b_at, b_n) = (c.displs[a], c.counts[a], c.displs[b], c.counts[b]);
     Error::invalid(
         arg,
         format!(

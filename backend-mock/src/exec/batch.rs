@@ -91,7 +91,7 @@ fn run_tasks(tasks: &[Task]) -> Result<()> {
                 } => run_recv(&t.ctx, span, *count, *dtype, *peer),
                 Work::Send { .. } => Ok(()),
                 Work::Signal { put, peer, graph } => {
-                    super::signal(&t.ctx, put.as_ref(), (*peer, *graph))
+                    super::signal(&t.ctx, put.as_ref(), *peer, *graph)
                 }
                 Work::Wait {
                     waits,

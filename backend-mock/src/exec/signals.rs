@@ -32,7 +32,7 @@ pub(crate) fn wait(
                 return Err(crossed_signal(w.peer, graph));
             }
             if let Some((ord, offset)) = load.window {
-                land(ctx, w.peer, windows, (ord, offset), &load.bytes)?;
+                land(ctx, w.peer, windows, ord, offset, &load.bytes)?;
             }
             got += u32::from(load.signal);
         }

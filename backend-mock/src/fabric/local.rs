@@ -178,11 +178,7 @@ impl LocalFabric {
 
 impl LocalFabric {
     /// The next message of mailbox `(src, dst, one_sided)`, until `deadline`.
-    fn take_from(
-        &self,
-        (src, dst, one_sided): (usize, usize, bool),
-        deadline: Instant,
-    ) -> Result<Msg> {
+    fn take_from(&self, src: usize, dst: usize, one_sided: bool, deadline: Instant) -> Result<Msg> {
         let wait = Wait::Take {
             src,
             dst,
@@ -247,11 +243,11 @@ impl Exchange for LocalFabric {
     }
 
     fn take(&self, src: usize, dst: usize, deadline: Instant, _after: Duration) -> Result<Msg> {
-        self.take_from((src, dst, false), deadline)
+        self.take_from(src, dst, false, deadline)
     }
 
     fn take_one_sided(&self, src: usize, dst: usize, deadline: Instant) -> Result<Msg> {
-        self.take_from((src, dst, true), deadline)
+        self.take_from(src, dst, true, deadline)
     }
 
     fn complete(&self, id: u64, refused: Option<Error>) {

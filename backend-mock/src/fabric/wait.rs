@@ -36,13 +36,13 @@ impl LocalFabric {
     ) -> Option<Result<Done>> {
         let late = now >= deadline;
         match w {
-            Wait::Gather { seq, rank, kind } => self.gathered(st, (*seq, *rank, kind), late),
-            Wait::Phase { seq, rank, phase } => self.phased(st, (*seq, *rank, *phase), late),
+            Wait::Gather { seq, rank, kind } => self.gathered(st, *seq, *rank, kind, late),
+            Wait::Phase { seq, rank, phase } => self.phased(st, *seq, *rank, *phase, late),
             Wait::Take {
                 src,
                 dst,
                 one_sided,
-            } => self.taken(st, (*src, *dst, *one_sided), late),
+            } => self.taken(st, *src, *dst, *one_sided, late),
             Wait::Sent { id, dst } => {
                 let (id, dst) = (*id, *dst);
                 if let Some(refused) = st.completed.remove(&id) {
@@ -77,7 +77,9 @@ impl LocalFabric {
     fn phased(
         &self,
         st: &mut State,
-        (seq, rank, phase): (u64, usize, u32),
+        seq: u64,
+        rank: usize,
+        phase: u32,
         late: bool,
     ) -> Option<Result<Done>> {
         if st.slots.get(&seq).and_then(|s| s.phases.get(&phase)) == Some(&self.world) {
@@ -92,7 +94,9 @@ impl LocalFabric {
     fn taken(
         &self,
         st: &mut State,
-        (src, dst, one_sided): (usize, usize, bool),
+        src: usize,
+        dst: usize,
+        one_sided: bool,
         late: bool,
     ) -> Option<Result<Done>> {
         let q = st.mail.get_mut(&(src, dst, one_sided));
@@ -137,7 +141,9 @@ impl LocalFabric {
     fn gathered(
         &self,
         st: &mut State,
-        (seq, rank, kind): (u64, usize, &str),
+        seq: u64,
+        rank: usize,
+        kind: &str,
         late: bool,
     ) -> Option<Result<Done>> {
         let world = self.world;

@@ -26,7 +26,8 @@ pub(crate) struct Client {
 impl Client {
     pub(crate) fn connect(
         id: &HubId,
-        (rank, world): (usize, usize),
+        rank: usize,
+        world: usize,
         timeout: Duration,
     ) -> Result<Arc<Client>> {
         let c = Client {

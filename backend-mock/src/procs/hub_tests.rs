@@ -65,7 +65,7 @@ fn strangers_hold_bounded_threads_and_bytes_and_the_rank_still_joins() {
         .collect();
     std::thread::sleep(Duration::from_millis(100));
     let t = Instant::now();
-    let c = Client::connect(&id, (1, 2), Duration::from_secs(20));
+    let c = Client::connect(&id, 1, 2, Duration::from_secs(20));
     assert!(c.is_ok(), "{:?}", c.err());
     assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
     drop(hub);
@@ -92,7 +92,7 @@ fn every_ranks_life_is_watched_by_one_thread_and_a_death_is_still_seen() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (hub, id) = Hub::start(41, Duration::from_secs(30)).unwrap();
     let clients: Vec<_> = (1..41)
-        .map(|r| Client::connect(&id, (r, 41), Duration::from_secs(20)).unwrap())
+        .map(|r| Client::connect(&id, r, 41, Duration::from_secs(20)).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
@@ -151,7 +151,7 @@ fn three_hundred_silent_strangers_do_not_lock_a_rank_out() {
         .filter_map(|_| TcpStream::connect(addr).ok())
         .collect();
     let t = Instant::now();
-    let c = Client::connect(&id, (1, 2), Duration::from_secs(3));
+    let c = Client::connect(&id, 1, 2, Duration::from_secs(3));
     assert!(c.is_ok(), "{:?}", c.err());
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     drop(hub);
@@ -188,7 +188,7 @@ fn ranks_waiting_in_a_collective_hold_no_thread_of_the_hub() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let waiting: Vec<_> = (1..world)
         .map(|r| {
-            let c = Client::connect(&id, (r, world), Duration::from_secs(20)).unwrap();
+            let c = Client::connect(&id, r, world, Duration::from_secs(20)).unwrap();
             let f = Arc::new(ProcFabric::client(c));
             std::thread::spawn(move || f.gather(0, r, desc(), deadline).map(|all| all.len()))
         })
@@ -219,7 +219,7 @@ fn ranks_waiting_in_a_collective_hold_no_thread_of_the_hub() {
 fn a_request_waiting_in_the_hubs_loop_ends_at_its_deadline() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (hub, id) = Hub::start(3, Duration::from_secs(30)).unwrap();
-    let c = Client::connect(&id, (1, 3), Duration::from_secs(20)).unwrap();
+    let c = Client::connect(&id, 1, 3, Duration::from_secs(20)).unwrap();
     let f = ProcFabric::client(c);
     let t = Instant::now();
     let r = f.gather(0, 1, desc(), t + Duration::from_millis(300));
@@ -241,7 +241,7 @@ fn a_wrong_secret_is_named_not_taken_for_the_hubs_loss() {
         port: id.port,
         secret,
     };
-    let e = Client::connect(&wrong, (1, 2), Duration::from_secs(2))
+    let e = Client::connect(&wrong, 1, 2, Duration::from_secs(2))
         .err()
         .expect("a wrong secret joins nothing");
     match &e {

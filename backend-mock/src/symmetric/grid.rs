@@ -39,12 +39,13 @@ impl Grid {
             for p in 0..w {
                 let word = run.word(me, pad_block_arrival(b, p));
                 run.wait(
-                    (p, || {
+                    p,
+                    || {
                         format!(
                             "block {b}'s barrier {i} of launch {}: rank {p} never came",
                             self.call
                         )
-                    }),
+                    },
                     || word.load(Ordering::Acquire).wrapping_sub(v) as i32 >= 0,
                     || None,
                 )?;

@@ -321,7 +321,8 @@ impl Run {
     /// deadline (then `Timeout` naming `what`, the world poisoned so that the peers end too).
     pub(crate) fn wait(
         &self,
-        (peer, what): (usize, impl Fn() -> String),
+        peer: usize,
+        what: impl Fn() -> String,
         ready: impl Fn() -> bool,
         diverged: impl Fn() -> Option<Error>,
     ) -> Result<()> {
@@ -390,9 +391,8 @@ impl Run {
         for p in 0..w {
             let word = self.word(me, pad_arrival(p));
             self.wait(
-                (p, || {
-                    format!("a symmetric barrier of rank {me} (epoch {e}): rank {p} never arrived")
-                }),
+                p,
+                || format!("a symmetric barrier of rank {me} (epoch {e}): rank {p} never arrived"),
                 || word.load(Ordering::Acquire).wrapping_sub(e) as i32 >= 0,
                 || diverged(p, e),
             )?;

@@ -39,7 +39,7 @@ pub(crate) fn lamport(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
     for p in 0..w {
         let slot = run.rec.slot(me, b, p)?;
         run.wait(
-            (p, || format!("a Lamport all-reduce of rank {me} (round {round}): rank {p}'s header never came")),
+            p, || format!("a Lamport all-reduce of rank {me} (round {round}): rank {p}'s header never came"),
             || slot.written(),
             || in_barrier(run, &sig, p, slot),
         )?;
@@ -80,7 +80,7 @@ fn reduce_slots(run: &Run, k: &Reduce, round: u32, b: usize) -> Result<Vec<u32>>
             slot.load(t, i)?;
             let read = || slot.load(t, i).unwrap_or(t.poison());
             run.wait(
-                (p, || format!("a Lamport all-reduce of rank {me} (round {round}): rank {p}'s element {i} never came")),
+                p, || format!("a Lamport all-reduce of rank {me} (round {round}): rank {p}'s element {i} never came"),
                 || read() != t.poison(),
                 || None,
             )?;

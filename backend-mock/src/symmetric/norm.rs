@@ -54,13 +54,13 @@ pub(crate) fn add_and_norm(
     super::kernels::write(out, ty, &normed, timeout)?;
     match &n.fp8 {
         None => Ok(()),
-        Some((q, scale)) => quantize(ty, &normed, (q, scale), timeout),
+        Some((q, scale)) => quantize(ty, &normed, q, scale, timeout),
     }
 }
 
 /// The normalized result (`normed`, as bits of `ty`) times the scale, as OCP e4m3
 /// saturated to its finite range: the GPU kernel's `__NV_SATFINITE` conversion.
-fn quantize(ty: Ty, normed: &[u32], (q, scale): (&Local, &Local), timeout: Duration) -> Result<()> {
+fn quantize(ty: Ty, normed: &[u32], q: &Local, scale: &Local, timeout: Duration) -> Result<()> {
     let s = {
         let _g = scale.alloc.read_lock(timeout)?;
         f32::from_bits(read(scale, Ty::F32, 0))

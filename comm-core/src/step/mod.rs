@@ -134,7 +134,8 @@ impl<'a, C: Collective> Step<'a, C> {
     fn two<T: Element>(
         &self,
         comm: &'a Comm<C>,
-        (a, b): (View<'a, T, C>, View<'a, T, C>),
+        a: View<'a, T, C>,
+        b: View<'a, T, C>,
         call: impl FnOnce(&View<'_, T, C>, &mut ViewMut<'_, T, C>) -> Result<()>,
     ) -> Result<()> {
         let (a, b) = (self.arg(comm, a)?, self.arg(comm, b)?);
@@ -171,7 +172,7 @@ impl<'a, C: Collective> Step<'a, C> {
         recv: &'a impl DeviceSliceMut<T, C>,
         op: ReduceOp,
     ) -> Result<()> {
-        self.two(comm, (send.view(), recv.view()), |s, r| {
+        self.two(comm, send.view(), recv.view(), |s, r| {
             comm.all_reduce(s, r, op, self.stream)
         })
     }
@@ -196,7 +197,7 @@ impl<'a, C: Collective> Step<'a, C> {
         recv: &'a impl DeviceSliceMut<T, C>,
         root: usize,
     ) -> Result<()> {
-        self.two(comm, (send.view(), recv.view()), |s, r| {
+        self.two(comm, send.view(), recv.view(), |s, r| {
             comm.broadcast(s, r, root, self.stream)
         })
     }
@@ -210,7 +211,7 @@ impl<'a, C: Collective> Step<'a, C> {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.two(comm, (send.view(), recv.view()), |s, r| {
+        self.two(comm, send.view(), recv.view(), |s, r| {
             comm.reduce(s, r, op, root, self.stream)
         })
     }
@@ -222,7 +223,7 @@ impl<'a, C: Collective> Step<'a, C> {
         send: &'a impl DeviceSlice<T, C>,
         recv: &'a impl DeviceSliceMut<T, C>,
     ) -> Result<()> {
-        self.two(comm, (send.view(), recv.view()), |s, r| {
+        self.two(comm, send.view(), recv.view(), |s, r| {
             comm.all_gather(s, r, self.stream)
         })
     }
@@ -235,7 +236,7 @@ impl<'a, C: Collective> Step<'a, C> {
         recv: &'a impl DeviceSliceMut<T, C>,
         op: ReduceOp,
     ) -> Result<()> {
-        self.two(comm, (send.view(), recv.view()), |s, r| {
+        self.two(comm, send.view(), recv.view(), |s, r| {
             comm.reduce_scatter(s, r, op, self.stream)
         })
     }
@@ -247,7 +248,7 @@ impl<'a, C: Collective> Step<'a, C> {
         send: &'a impl DeviceSlice<T, C>,
         recv: &'a impl DeviceSliceMut<T, C>,
     ) -> Result<()> {
-        self.two(comm, (send.view(), recv.view()), |s, r| {
+        self.two(comm, send.view(), recv.view(), |s, r| {
             comm.all_to_all(s, r, self.stream)
         })
     }
@@ -308,7 +309,7 @@ impl<'a, C: Collective> Step<'a, C> {
         recv: &'a impl DeviceSliceMut<T, C>,
         root: usize,
     ) -> Result<()> {
-        self.two(comm, (send.view(), recv.view()), |s, r| {
+        self.two(comm, send.view(), recv.view(), |s, r| {
             comm.gather(s, r, root, self.stream)
         })
     }
@@ -321,7 +322,7 @@ impl<'a, C: Collective> Step<'a, C> {
         recv: &'a impl DeviceSliceMut<T, C>,
         root: usize,
     ) -> Result<()> {
-        self.two(comm, (send.view(), recv.view()), |s, r| {
+        self.two(comm, send.view(), recv.view(), |s, r| {
             comm.scatter(s, r, root, self.stream)
         })
     }
@@ -360,7 +361,7 @@ impl<'a, C: Collective> Step<'a, C> {
         src: &'a impl DeviceSlice<T, C>,
         dst: &'a impl DeviceSliceMut<T, C>,
     ) -> Result<()> {
-        self.two(comm, (src.view(), dst.view()), |s, d| {
+        self.two(comm, src.view(), dst.view(), |s, d| {
             comm.copy(s, d, self.stream)
         })
     }
@@ -375,7 +376,7 @@ impl<'a, C: Collective> Step<'a, C> {
         recv: &'a impl DeviceSliceMut<T, C>,
         recv_counts: Counts<'_>,
     ) -> Result<()> {
-        self.two(comm, (send.view(), recv.view()), |s, r| {
+        self.two(comm, send.view(), recv.view(), |s, r| {
             comm.all_to_all_v(s, send_counts, r, recv_counts, self.stream)
         })
     }
@@ -388,7 +389,7 @@ impl<'a, C: Collective> Step<'a, C> {
         recv: &'a impl DeviceSliceMut<T, C>,
         recv_counts: Counts<'_>,
     ) -> Result<()> {
-        self.two(comm, (send.view(), recv.view()), |s, r| {
+        self.two(comm, send.view(), recv.view(), |s, r| {
             comm.all_gather_v(s, r, recv_counts, self.stream)
         })
     }
@@ -402,7 +403,7 @@ impl<'a, C: Collective> Step<'a, C> {
         recv: &'a impl DeviceSliceMut<T, C>,
         op: ReduceOp,
     ) -> Result<()> {
-        self.two(comm, (send.view(), recv.view()), |s, r| {
+        self.two(comm, send.view(), recv.view(), |s, r| {
             comm.reduce_scatter_v(s, send_counts, r, op, self.stream)
         })
     }
