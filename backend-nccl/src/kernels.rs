@@ -240,7 +240,9 @@ impl CudaRuntime {
     /// primary context.
     unsafe fn launch_on(
         &self,
-        (m, dev, dtype): (&Module, usize, DataType),
+        m: &Module,
+        dev: usize,
+        dtype: DataType,
         blocks: u32,
         args: &mut [*mut c_void],
         stream: sys::CUstream,
@@ -317,7 +319,7 @@ impl CudaRuntime {
         let mut args = [(&mut arg as *mut KernelParams).cast::<c_void>()];
         // SAFETY: the symmetric kernels take one `Params` by value, whose layout
         // `KernelParams` has (tested); the caller's contract covers its addresses.
-        unsafe { self.launch_on((&SYMMETRIC, dev, dtype), params.blocks, &mut args, stream) }
+        unsafe { self.launch_on(&SYMMETRIC, dev, dtype, params.blocks, &mut args, stream) }
     }
 
     /// [`Runtime::launch`] of the device-API kernel on `dev`: `blocks` blocks, the device
@@ -353,7 +355,7 @@ impl CudaRuntime {
         // SAFETY: the kernel takes an `ncclDevComm` (its first
         // DEVICE_KERNEL_DEV_COMM_BYTES bytes, checked above) and one `Args` by value, whose
         // layout `DeviceKernelArgs` has (tested); the caller's contract covers the rest.
-        unsafe { self.launch_on((&DEVICE_API, dev, dtype), blocks, &mut params, stream) }
+        unsafe { self.launch_on(&DEVICE_API, dev, dtype, blocks, &mut params, stream) }
     }
 
     /// `bytes` of zeroed host memory mapped for `dev`, at one address for the host and the

@@ -109,7 +109,8 @@ impl<R: Runtime> Agreement<R> {
             None => (
                 ApiMemory::from_runtime_malloc(
                     lc.rt.clone(),
-                    (lc.dev, lc.deadline()),
+                    lc.dev,
+                    lc.deadline(),
                     MAX_WORDS * 8,
                 )?,
                 lc.create_stream()?,
@@ -190,7 +191,8 @@ impl<R: Runtime> Agreement<R> {
         if !self.check {
             return Ok(());
         }
-        self.check_collective_on(lc, op, path(), stream)
+        let (at, paths) = path();
+        self.check_collective_on(lc, op, at, paths, stream)
     }
 
     #[inline(never)]
@@ -198,7 +200,8 @@ impl<R: Runtime> Agreement<R> {
         &self,
         lc: &Arc<LibComm<R>>,
         op: &Op<'_, ApiMemory<R>>,
-        (path, paths): (u64, &[&str]),
+        path: u64,
+        paths: &[&str],
         stream: &ApiStream<R>,
     ) -> Result<()> {
         if lc.world == 1
@@ -259,7 +262,7 @@ impl<R: Runtime> Agreement<R> {
             return Ok(());
         }
         let shape = Op { count: 0, ..*op };
-        self.check_collective_on(lc, &shape, (0, &["the library"]), stream)?;
+        self.check_collective_on(lc, &shape, 0, &["the library"], stream)?;
         // Every rank holds every rank's counts, so every rank finds the same first
         // disagreement and reports it in the same words.
         let all = self.gather(lc, &op.layout.words(op.kind))?;

@@ -194,7 +194,8 @@ impl Auto {
         b: &Base<R>,
         ce: &CopyEngine<R>,
         mem: &ApiMemory<R>,
-        (offset, bytes): (usize, usize),
+        offset: usize,
+        bytes: usize,
     ) -> Result<RawHandle> {
         let lc = &b.lc;
         lc.api.require(

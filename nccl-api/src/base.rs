@@ -108,7 +108,8 @@ impl<R: Runtime> Base<R> {
     pub(crate) fn register_range(
         &self,
         mem: &ApiMemory<R>,
-        (offset, bytes): (usize, usize),
+        offset: usize,
+        bytes: usize,
         kind: RegKind,
         call: impl FnOnce(&mut Lent<'_, R>, &Slice<'_, ApiMemory<R>>) -> Result<RegHandle>,
     ) -> Result<RawHandle> {
@@ -197,7 +198,7 @@ impl<R: Runtime> Base<R> {
         kind: RegKind,
     ) -> Result<RawHandle> {
         let lc = &self.lc;
-        self.register_range(mem, range, kind, |l, buf| {
+        self.register_range(mem, range.0, range.1, kind, |l, buf| {
             let h = lc.api.comm_register(l.comm()?.handle(), Span::of(buf)?)?;
             // Non-blocking: the handle is written when the call is done.
             l.settle("ncclCommRegister")?;
@@ -221,7 +222,7 @@ impl<R: Runtime> Base<R> {
             api.fns.window_register.is_some() && api.fns.window_deregister.is_some(),
         )?;
         self.not_in_group("a symmetric window registration")?;
-        self.register_range(mem, range, kind, |l, buf| {
+        self.register_range(mem, range.0, range.1, kind, |l, buf| {
             let w = if lc.nonblocking {
                 let mut w = std::ptr::null_mut();
                 api.window_register(l.comm()?.handle(), Span::of(buf)?, &mut w)?;

@@ -186,7 +186,8 @@ impl DeviceComms {
     /// LSA team; one block per LSA barrier (at most 32).
     pub(crate) fn launch<R: Runtime>(
         &self,
-        (base, control): (&Base<R>, usize),
+        base: &Base<R>,
+        control: usize,
         op: DeviceKernelOp,
         stream: &ApiStream<R>,
     ) -> Result<()> {

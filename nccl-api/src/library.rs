@@ -27,7 +27,7 @@ pub(crate) struct Library<R: Runtime> {
 impl<R: Runtime> Library<R> {
     pub(crate) fn new(lc: &LibComm<R>) -> Result<Self> {
         Ok(Library {
-            barrier: ApiMemory::from_runtime_malloc(lc.rt.clone(), (lc.dev, lc.deadline()), 4)?,
+            barrier: ApiMemory::from_runtime_malloc(lc.rt.clone(), lc.dev, lc.deadline(), 4)?,
             target: lc.api.target(lc.rt.compute_capability(lc.dev)),
         })
     }
@@ -67,9 +67,7 @@ impl<R: Runtime> Library<R> {
                 )?;
             }
         }
-        lc.call_enqueue(child, |on| {
-            self.call(lc, op, (wire, config.as_ref()), on, st)
-        })
+        lc.call_enqueue(child, |on| self.call(lc, op, wire, config.as_ref(), on, st))
     }
 
     /// The `ncclCollConfig_t` of a call with per-call options, where the library takes
@@ -114,7 +112,8 @@ impl<R: Runtime> Library<R> {
         &self,
         lc: &LibComm<R>,
         op: &Op<'_, ApiMemory<R>>,
-        (wire, config): (DataType, Option<&CollConfig>),
+        wire: DataType,
+        config: Option<&CollConfig>,
         on: CommRef<'_>,
         st: StreamRef<'_>,
     ) -> Result<()> {

@@ -426,7 +426,8 @@ impl<R: Runtime> ApiMemory<R> {
     pub(crate) fn alloc(
         api: &Arc<Api>,
         rt: Arc<R>,
-        (dev, deadline): (usize, Arc<AtomicU64>),
+        dev: usize,
+        deadline: Arc<AtomicU64>,
         bytes: usize,
     ) -> Result<Self> {
         let (ptr, owner) = match bytes {
@@ -435,7 +436,7 @@ impl<R: Runtime> ApiMemory<R> {
                 rt.with_device(dev, || api.mem_alloc(bytes))?.into_raw(),
                 Owner::Nccl(api.clone()),
             ),
-            _ => return Self::from_runtime_malloc(rt, (dev, deadline), bytes),
+            _ => return Self::from_runtime_malloc(rt, dev, deadline, bytes),
         };
         Ok(ApiMemory {
             ptr,
@@ -453,7 +454,8 @@ impl<R: Runtime> ApiMemory<R> {
     /// cannot allocate. Freed on drop.
     pub(crate) fn from_runtime_malloc(
         rt: Arc<R>,
-        (dev, deadline): (usize, Arc<AtomicU64>),
+        dev: usize,
+        deadline: Arc<AtomicU64>,
         bytes: usize,
     ) -> Result<Self> {
         let ptr = rt.malloc(dev, bytes)?;

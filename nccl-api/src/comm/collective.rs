@@ -67,7 +67,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
         // allocation included, as the mock's does (the conformance suite's rule); memory
         // outlives an ended one (it is not the communicator's).
         lc.not_suspended()?;
-        ApiMemory::alloc(&lc.api, lc.rt.clone(), (lc.dev, lc.deadline()), bytes)
+        ApiMemory::alloc(&lc.api, lc.rt.clone(), lc.dev, lc.deadline(), bytes)
     }
 
     fn check_memory(&self, mem: &ApiMemory<R>) -> Result<()> {
@@ -108,8 +108,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
     }
 
     fn register_auto(&self, mem: &ApiMemory<R>, offset: usize, bytes: usize) -> Result<RawHandle> {
-        self.auto
-            .register(&self.base, &self.ce, mem, (offset, bytes))
+        self.auto.register(&self.base, &self.ce, mem, offset, bytes)
     }
 
     fn deregister_auto(&self, handle: RawHandle) -> Result<()> {
@@ -146,7 +145,7 @@ impl<R: Runtime> Collective for ApiComm<R> {
                 // The kernel watches the control block's abort word (set before NCCL's
                 // abort).
                 let control = self.sym.control_address(&self.base)?;
-                self.dev.launch((&self.base, control), *op, stream)
+                self.dev.launch(&self.base, control, *op, stream)
             }),
         }
     }

@@ -347,7 +347,7 @@ impl<R: Runtime> CopyEngine<R> {
     fn signal_block(&self, b: &Base<R>) -> Result<ApiMemory<R>> {
         let lc = &b.lc;
         let init = signals::block_image(lc.world);
-        let block = ApiMemory::alloc(&lc.api, lc.rt.clone(), (lc.dev, lc.deadline()), init.len())?;
+        let block = ApiMemory::alloc(&lc.api, lc.rt.clone(), lc.dev, lc.deadline(), init.len())?;
         let s = lc.rt.create_stream(lc.dev)?;
         let probe = signals::slot(block.ptr, lc.world, Phase::Ready, lc.rank);
         // SAFETY: `block` holds `init.len()` device bytes of this device; the probe word is one

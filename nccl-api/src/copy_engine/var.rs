@@ -71,7 +71,7 @@ impl<R: Runtime> CopyEngine<R> {
             .registry
             .window_covering(recv.address(), extent)?
             .and_then(|(h, _, base)| Some((recv.address() - base, self.sharing.peers_of(h)?)));
-        let rows = Rows::gather(b, op, mine.as_ref().map(|m| m.0), (sc, rc))?;
+        let rows = Rows::gather(b, op, mine.as_ref().map(|m| m.0), sc, rc)?;
         rows.check_type(op, b.lc.rank)?;
         if !rows.all_windowed() {
             return Ok(None);
@@ -115,7 +115,8 @@ impl Rows {
         b: &Base<R>,
         op: &Op<'_, ApiMemory<R>>,
         offset: Option<usize>,
-        (sc, rc): (unicomm_core::Counts<'_>, unicomm_core::Counts<'_>),
+        sc: unicomm_core::Counts<'_>,
+        rc: unicomm_core::Counts<'_>,
     ) -> Result<Rows> {
         let head = [
             u64::from(offset.is_some()),

@@ -200,7 +200,8 @@ impl<R: Runtime> LibComm<R> {
     #[cold]
     pub(crate) fn call_in_state<T>(
         self: &Arc<Self>,
-        (from, to): (Life, Life),
+        from: Life,
+        to: Life,
         f: impl FnOnce(CommRef<'_>) -> Result<T>,
     ) -> Result<T> {
         let mut g = self.locked()?;

@@ -14,7 +14,7 @@ impl<R: Runtime> LibComm<R> {
     /// `ncclCommSuspend(NCCL_SUSPEND_MEM)`: live to suspended.
     pub(crate) fn suspend(self: &Arc<Self>) -> Result<()> {
         let api = self.api.clone();
-        self.call_in_state((Life::Live, Life::Suspended), |c| {
+        self.call_in_state(Life::Live, Life::Suspended, |c| {
             api.comm_suspend(c.handle())
         })
     }
@@ -22,16 +22,14 @@ impl<R: Runtime> LibComm<R> {
     /// `ncclCommResume`: suspended to live.
     pub(crate) fn resume(self: &Arc<Self>) -> Result<()> {
         let api = self.api.clone();
-        self.call_in_state((Life::Suspended, Life::Live), |c| {
-            api.comm_resume(c.handle())
-        })
+        self.call_in_state(Life::Suspended, Life::Live, |c| api.comm_resume(c.handle()))
     }
 
     /// `ncclCommMemStats`, live or suspended.
     pub(crate) fn mem_stats(self: &Arc<Self>) -> Result<MemStats> {
         let api = self.api.clone();
         match self.life.load() {
-            Life::Suspended => self.call_in_state((Life::Suspended, Life::Suspended), |c| {
+            Life::Suspended => self.call_in_state(Life::Suspended, Life::Suspended, |c| {
                 api.comm_mem_stats(c.handle())
             }),
             _ => self.call(|c| api.comm_mem_stats(c.handle())),

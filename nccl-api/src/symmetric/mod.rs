@@ -149,7 +149,7 @@ impl<R: Runtime> SymmetricMemory<R> {
             None => 0,
         };
         let total = data.checked_add(PAD_BYTES + work).ok_or_else(too_big)?;
-        let own = ApiMemory::alloc(&lc.api, lc.rt.clone(), (lc.dev, lc.deadline()), total)?;
+        let own = ApiMemory::alloc(&lc.api, lc.rt.clone(), lc.dev, lc.deadline(), total)?;
         fill(base, &own, data, lamport)?;
         let (peers, maps) = match w {
             1 => (vec![own.ptr], Vec::new()),
