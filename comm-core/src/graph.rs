@@ -149,7 +149,11 @@ impl<'a, C: Collective> Graph<'a, C> {
         for (c, ops) in &self.comms {
             if let Some(f) = c.backend().flight() {
                 for k in ops {
-                    f.record_replay(k.what, k.path, (self.id, replay));
+                    let at = crate::flight::Replay {
+                        graph: self.id,
+                        replay,
+                    };
+                    f.record_replay(k.what, k.path, at);
                 }
             }
         }

@@ -26,6 +26,7 @@ use crate::marker::Marker;
 use crate::{Error, Result};
 
 mod ring;
+pub use ring::Replay;
 
 /// A communicator's flight recorder (see the module doc).
 ///
@@ -203,7 +204,7 @@ impl FlightRecorder {
         path: &'static str,
         stream: u64,
         done: Option<Marker>,
-        graph: Option<(u64, u64)>,
+        graph: Option<Replay>,
     ) -> u64 {
         if self.cap() == 0 {
             return 0;
@@ -221,10 +222,10 @@ impl FlightRecorder {
         seq
     }
 
-    /// Records a collective that a graph's launch replays (`graph`: its id and the replay's
-    /// number); how replays show in a dump and in `cargo xtask trace`.
-    pub fn record_replay(&self, what: What, path: &'static str, graph: (u64, u64)) {
-        self.push(what, path, 0, None, Some(graph));
+    /// Records a collective that a graph's launch replays; how replays show in a dump and
+    /// in `cargo xtask trace`.
+    pub fn record_replay(&self, what: What, path: &'static str, replay: Replay) {
+        self.push(what, path, 0, None, Some(replay));
     }
 
     /// The recorder's state as JSON, with why it was taken.
@@ -264,8 +265,8 @@ impl FlightRecorder {
                 e.stream,
                 self.born.wall_us(&dumped, e.stamp),
                 json_str(state),
-                opt(e.graph.map(|g| g.0.to_string())),
-                opt(e.graph.map(|g| g.1.to_string())),
+                opt(e.graph.map(|g| g.graph.to_string())),
+                opt(e.graph.map(|g| g.replay.to_string())),
             ));
         }
         o.push_str("]}\n");

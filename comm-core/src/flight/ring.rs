@@ -46,7 +46,16 @@ pub(crate) struct Read {
     pub rank_arg: Option<u64>,
     pub path: &'static str,
     pub stream: u64,
-    pub graph: Option<(u64, u64)>,
+    pub graph: Option<Replay>,
+}
+
+/// Which replay of which graph an operation was recorded by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replay {
+    /// The graph's id.
+    pub graph: u64,
+    /// The launch's number, from 0.
+    pub replay: u64,
 }
 
 /// The fixed ring and the next sequence number: `cap` operations kept, in a power-of-two
@@ -93,7 +102,7 @@ impl Ring {
         path: &'static str,
         stream: u64,
         stamp: u64,
-        graph: Option<(u64, u64)>,
+        graph: Option<Replay>,
     ) -> u64 {
         let seq = self.next.fetch_add(1, Ordering::AcqRel);
         let s = self.slot(seq);
@@ -104,7 +113,7 @@ impl Ring {
         s.count.store(count as u64, Ordering::Relaxed);
         s.desc.store(desc, Ordering::Relaxed);
         s.stream.store(stream, Ordering::Relaxed);
-        let (g, r) = graph.map_or((0, 0), |(g, r)| (g + 1, r));
+        let (g, r) = graph.map_or((0, 0), |x| (x.graph + 1, x.replay));
         s.graph.store(g, Ordering::Relaxed);
         s.replay.store(r, Ordering::Relaxed);
         s.ver.store(2 * seq + 2, Ordering::Release);
@@ -149,7 +158,10 @@ impl Ring {
             rank_arg,
             path,
             stream,
-            graph: (graph > 0).then(|| (graph - 1, replay)),
+            graph: (graph > 0).then(|| Replay {
+                graph: graph - 1,
+                replay,
+            }),
         })
     }
 }
@@ -353,7 +365,10 @@ mod tests {
             Kind::Send { peer: 1 },
         ];
         for (i, k) in kinds.iter().enumerate() {
-            let g = (i == 4).then_some((9, 41));
+            let g = (i == 4).then_some(Replay {
+                graph: 9,
+                replay: 41,
+            });
             let seq = r.push(
                 What::Collective(*k, 10 + i, DataType::Bf16),
                 "library",
@@ -383,7 +398,11 @@ mod tests {
             (last.dtype, last.path, last.stream, last.stamp),
             ("bfloat16", "library", 5, 104)
         );
-        assert_eq!(last.graph, Some((9, 41)));
+        let replay = Replay {
+            graph: 9,
+            replay: 41,
+        };
+        assert_eq!(last.graph, Some(replay));
         assert_eq!(got[1].graph, None);
     }
 
