@@ -5,7 +5,9 @@
 //! until that grid has finished and its memory is visible. unicomm's symmetric kernels wait
 //! first and trigger at once, so back-to-back launches overlap their start with the previous
 //! kernel's end (TensorRT-LLM's and FlashInfer's all-reduce kernels do the same).
-//! `UNICOMM_KERNEL_PDL=0` launches them plainly.
+//! Off until a GPU run has measured it and seen it captured into graphs on the drivers engines
+//! run: `UNICOMM_KERNEL_PDL=1` turns it on (the kernels' `griddepcontrol` instructions do
+//! nothing in a plain launch).
 
 #![allow(unsafe_code, reason = "the CUDA driver's cuLaunchKernelEx")]
 
@@ -15,10 +17,10 @@ use std::sync::OnceLock;
 use cudarc::driver::{sys, DriverError};
 
 /// Whether unicomm's kernels that wait for the grid before them are launched as its
-/// programmatic dependents (`UNICOMM_KERNEL_PDL`, on unless `0`; read once).
+/// programmatic dependents (`UNICOMM_KERNEL_PDL=1`; read once).
 pub(crate) fn dependent_launch() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("UNICOMM_KERNEL_PDL").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| std::env::var("UNICOMM_KERNEL_PDL").is_ok_and(|v| v.trim() == "1"))
 }
 
 /// Launches `f` on `blocks` blocks of `threads` threads as a programmatic dependent of the
