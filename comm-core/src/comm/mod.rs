@@ -10,7 +10,6 @@ mod one_sided;
 mod register;
 pub mod symmetric;
 mod var;
-
 pub use var::packed_displs;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

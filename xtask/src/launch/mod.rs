@@ -33,7 +33,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+mod port;
 mod share;
+use port::free_port;
 use share::Share;
 
 /// How long the others get to end after a failure before they are killed.
@@ -62,14 +64,6 @@ fn prefix(rank: usize, out: impl Read + Send + 'static, err: bool) -> std::threa
             }
         }
     })
-}
-
-/// A port nobody listens on now (the rendezvous binds it right after).
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")
-        .context("finding a free port")?
-        .local_addr()?
-        .port())
 }
 
 fn token() -> Result<String> {
