@@ -8,7 +8,7 @@ use crate::backend::Collective;
 use crate::buffer::{DeviceSlice, DeviceSliceMut, View};
 use crate::element::{Element, ReduceOp};
 use crate::fp8::F8E4M3;
-use crate::symmetric::{RmsNormOptions, SymmetricOptions};
+use crate::symmetric::{RmsNormOptions, SymmetricAlgorithm, SymmetricOptions};
 use crate::Result;
 
 /// Where a fused step's FP8 result goes: `out` (at least `count` e4m3 elements) and the
@@ -39,15 +39,16 @@ impl<C: Collective> Comm<C> {
         how: RmsNormOptions,
         stream: &C::Stream,
     ) -> Result<()> {
-        let views = FusedViews {
-            residual: residual.view_mut().into_view(),
-            weight: weight.view(),
-            eps: how.eps,
-            fp8: None,
-        };
-        let out = out.view_mut().into_view();
-        let sym = self.fused_op(input, count, &out, &views, how)?;
-        self.sole()?.work((&sym).into(), stream)
+        let res = residual.view_mut().into_view();
+        let views = FusedViews::new(res, weight.view(), how.eps, None);
+        self.fused_work(
+            input,
+            count,
+            &out.view_mut().into_view(),
+            &views,
+            how,
+            stream,
+        )
     }
 
     /// [`Comm::all_reduce_rms_norm`] with its result also quantized to FP8 (OCP e4m3) in
@@ -70,27 +71,44 @@ impl<C: Collective> Comm<C> {
         O: DeviceSliceMut<F8E4M3, C>,
         S: DeviceSlice<f32, C>,
     {
-        let views = FusedViews {
-            residual: residual.view_mut().into_view(),
-            weight: weight.view(),
-            eps: how.eps,
-            fp8: Some((fp8.out.view_mut().into_view(), fp8.scale.view())),
-        };
-        let out = out.view_mut().into_view();
-        let sym = self.fused_op(input, count, &out, &views, how)?;
+        let res = residual.view_mut().into_view();
+        let q = Some((fp8.out.view_mut().into_view(), fp8.scale.view()));
+        let views = FusedViews::new(res, weight.view(), how.eps, q);
+        self.fused_work(
+            input,
+            count,
+            &out.view_mut().into_view(),
+            &views,
+            how,
+            stream,
+        )
+    }
+
+    /// The fused step's operation, checked and enqueued on `stream`.
+    fn fused_work<T: Element>(
+        &self,
+        input: &Symmetric<'_, T, C>,
+        count: usize,
+        out: &View<'_, T, C>,
+        views: &FusedViews<'_, T, C>,
+        how: RmsNormOptions,
+        stream: &C::Stream,
+    ) -> Result<()> {
+        let sym = self.fused_op(input, count, out, views, how.algorithm)?;
         self.sole()?.work((&sym).into(), stream)
     }
 
-    /// The fused step's operation, checked (a sum: the norm's residual is a sum).
+    /// The fused step's operation, checked (a sum: the norm's residual is a sum; its
+    /// epsilon is the views').
     pub(crate) fn fused_op<'v, T: Element>(
         &self,
         input: &Symmetric<'_, T, C>,
         count: usize,
         out: &View<'v, T, C>,
         views: &FusedViews<'v, T, C>,
-        how: RmsNormOptions,
+        algorithm: SymmetricAlgorithm,
     ) -> Result<crate::symmetric::SymmetricOp<'v, C::Memory>> {
-        let all_reduce = SymmetricOptions::new(ReduceOp::Sum, how.algorithm);
+        let all_reduce = SymmetricOptions::new(ReduceOp::Sum, algorithm);
         self.symmetric_all_reduce_op(input, count, out, Some(views), all_reduce)
     }
 }

@@ -279,9 +279,6 @@ impl<C: Collective> Comm<C> {
                 let q = q
                     .slice(..count)
                     .map_err(|_| short("fp8 out", q.len(), count))?;
-                if scale.is_empty() {
-                    return Err(Error::invalid("fp8 scale", "no element: it holds one f32"));
-                }
                 Some(Fp8Out {
                     out: q.raw(),
                     scale: scale.raw(),
@@ -304,6 +301,22 @@ pub(crate) struct FusedViews<'v, T: Element, C: Collective> {
     pub(crate) weight: View<'v, T, C>,
     pub(crate) eps: f32,
     pub(crate) fp8: Option<(View<'v, F8E4M3, C>, View<'v, f32, C>)>,
+}
+
+impl<'v, T: Element, C: Collective> FusedViews<'v, T, C> {
+    pub(crate) fn new(
+        residual: View<'v, T, C>,
+        weight: View<'v, T, C>,
+        eps: f32,
+        fp8: Option<(View<'v, F8E4M3, C>, View<'v, f32, C>)>,
+    ) -> Self {
+        FusedViews {
+            residual,
+            weight,
+            eps,
+            fp8,
+        }
+    }
 }
 
 fn short(arg: &'static str, len: usize, count: usize) -> Error {

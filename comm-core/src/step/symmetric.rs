@@ -52,12 +52,7 @@ impl<'a, C: Collective> Step<'a, C> {
         out: &'a impl DeviceSliceMut<T, C>,
         how: RmsNormOptions,
     ) -> Result<()> {
-        let views = FusedViews {
-            residual: residual.view(),
-            weight: weight.view(),
-            eps: how.eps,
-            fp8: None,
-        };
+        let views = FusedViews::new(residual.view(), weight.view(), how.eps, None);
         self.fused(comm, input, count, out.view(), views, how)
     }
 
@@ -77,12 +72,7 @@ impl<'a, C: Collective> Step<'a, C> {
         let (q, scale) = (fp8.out.view(), fp8.scale.view());
         self.used(comm, &q);
         self.used(comm, &scale);
-        let views = FusedViews {
-            residual: residual.view(),
-            weight: weight.view(),
-            eps: how.eps,
-            fp8: Some((q, scale)),
-        };
+        let views = FusedViews::new(residual.view(), weight.view(), how.eps, Some((q, scale)));
         self.fused(comm, input, count, out.view(), views, how)
     }
 
@@ -99,7 +89,7 @@ impl<'a, C: Collective> Step<'a, C> {
             self.used(comm, v);
         }
         let _call = StepCall::enter();
-        let op = comm.fused_op(input, count, &out, &views, how)?;
+        let op = comm.fused_op(input, count, &out, &views, how.algorithm)?;
         match self.phase {
             Phase::Warm => Ok(()),
             _ => comm.sole()?.work((&op).into(), self.stream),
