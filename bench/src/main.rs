@@ -17,7 +17,9 @@
 //!   window buffers: every way of calling NCCL by hand), `ce` (the copy-engine path in windows; all_to_all and
 //!   all_gather), `auto` (`register_auto`: the policy picks a path per call), `one-shot`,
 //!   `two-shot`, `lamport` (unicomm's own all-reduce kernels over symmetric memory; float
-//!   all_reduce by sum, max or min, out of place; the mock only so far). A mode the
+//!   all_reduce by sum, max or min, out of place), `device-api` (the one-shot over NCCL's
+//!   device API), `fused` and `fused-fp8` (the fused all-reduce + residual add + RMSNorm,
+//!   one-shot, on the `decode` preset's rows; the residual checked). A mode the
 //!   backend cannot run is skipped and said so. Each mode's device memory beyond its
 //!   buffers (the library's registrations, the second communicator of `auto`) is reported.
 //! - Output: the table on stdout, `-J FILE` JSON, `--plot FILE.svg`, a progress bar on
@@ -309,6 +311,8 @@ pub struct Work {
     pub label: &'static str,
     /// The routing of an all_to_all_v (the `moe` preset), or the sweep's skewed counts.
     pub moe: Option<MoeShape>,
+    /// The row length of the decode preset's shapes (the fused modes' norm), or `None`.
+    pub hidden: Option<usize>,
 }
 
 fn main() {

@@ -33,6 +33,11 @@ pub enum Mode {
     /// unicomm's one-shot all-reduce written against NCCL's device API, on windows
     /// (NCCL >= 2.32.3; all_reduce, out of place).
     DeviceApi,
+    /// unicomm's fused all-reduce + residual add + RMSNorm (one-shot), over rows of the
+    /// decode preset's hidden size: the step that ends a tensor-parallel decoder layer.
+    Fused,
+    /// `fused` with its result also quantized to FP8 (e4m3) by a device scale.
+    FusedFp8,
 }
 
 impl Mode {
@@ -48,6 +53,8 @@ impl Mode {
             Mode::Ce => Path::CopyEngine.name(),
             Mode::Auto => "auto",
             Mode::DeviceApi => "device-api",
+            Mode::Fused => "fused",
+            Mode::FusedFp8 => "fused-fp8",
             Mode::OneShot | Mode::TwoShot | Mode::Lamport => {
                 self.symmetric().map_or("?", |a| a.name())
             }
@@ -64,10 +71,24 @@ impl Mode {
         }
     }
 
+    /// The fused modes (`fused`, `fused-fp8`): whether the FP8 output is asked, or `None`.
+    pub fn fused(self) -> Option<bool> {
+        match self {
+            Mode::Fused => Some(false),
+            Mode::FusedFp8 => Some(true),
+            _ => None,
+        }
+    }
+
     /// A mode of unicomm's own kernels (symmetric memory or NCCL's device API): a float
     /// all_reduce by sum, max or min, out of place.
     pub fn own_kernel(self) -> bool {
-        self.symmetric().is_some() || self == Mode::DeviceApi
+        self.symmetric().is_some() || self.fused().is_some() || self == Mode::DeviceApi
+    }
+
+    /// A mode of unicomm's kernels over symmetric memory (not built for HIP yet).
+    pub fn on_symmetric_memory(self) -> bool {
+        self.symmetric().is_some() || self.fused().is_some()
     }
 
     /// The NCCL call made by hand through the function table (`raw`, `raw-registered`,

@@ -19,6 +19,7 @@ pub(crate) fn workloads(a: &Args, w: usize) -> anyhow::Result<Vec<Work>> {
                 dtype: DataType::Bf16,
                 label,
                 moe: None,
+                hidden: Some(hidden),
             })
             .collect()),
         Some(Preset::Moe) => moe(a, w),
@@ -51,6 +52,7 @@ fn visualgen(w: usize) -> anyhow::Result<Vec<Work>> {
             dtype: DataType::Bf16,
             label: label_a2a,
             moe: None,
+            hidden: None,
         });
         // all_gather of (1, S/W, H, 128) into (1, S, H, 128).
         v.push(Work {
@@ -59,6 +61,7 @@ fn visualgen(w: usize) -> anyhow::Result<Vec<Work>> {
             dtype: DataType::Bf16,
             label: label_ag,
             moe: None,
+            hidden: None,
         });
     }
     v.push(Work {
@@ -67,6 +70,7 @@ fn visualgen(w: usize) -> anyhow::Result<Vec<Work>> {
         dtype: DataType::Bf16,
         label: "ar (1,512,512)",
         moe: None,
+        hidden: None,
     });
     Ok(v)
 }
@@ -91,6 +95,7 @@ fn moe(a: &Args, w: usize) -> anyhow::Result<Vec<Work>> {
         dtype: a.dtype,
         label: "moe dispatch (4096 tok, top-8/256, 7168)",
         moe: Some(moe),
+        hidden: None,
     }])
 }
 
@@ -109,6 +114,7 @@ fn sweep(a: &Args) -> anyhow::Result<Vec<Work>> {
                 dtype: a.dtype,
                 label: "",
                 moe: None,
+                hidden: None,
             });
             bytes = match bytes.checked_mul(a.step_factor) {
                 Some(b) => b,

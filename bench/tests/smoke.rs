@@ -451,3 +451,59 @@ fn the_symmetric_modes_run_checked_all_reduces_eager_and_in_graphs() {
         );
     }
 }
+
+/// The fused modes on the decode preset's shapes: the all-reduce + residual add + RMSNorm
+/// (and its FP8 output) at every shape, eager and in graphs; the residual checked (one
+/// call from a cleared residual leaves the all-reduce there), sweeps without a row length
+/// left out.
+#[test]
+fn the_fused_modes_time_the_decode_shapes_with_the_residual_checked() {
+    for graphs in [None, Some("1")] {
+        let mut args = vec![
+            "--ranks",
+            "2",
+            "--preset",
+            "decode",
+            "-w",
+            "1",
+            "-n",
+            "1",
+            "-c",
+            "1",
+            "--modes",
+            "fused,fused-fp8",
+        ];
+        if let Some(g) = graphs {
+            args.extend(["-G", g]);
+        }
+        let doc = bench_json("fused", &args);
+        let rows = doc["results"].as_array().expect("results");
+        for mode in ["fused", "fused-fp8"] {
+            let mine: Vec<_> = rows.iter().filter(|r| r["mode"] == mode).collect();
+            assert_eq!(mine.len(), 14, "{mode}: {rows:?}");
+            for r in mine {
+                assert_eq!(r["wrong"], 0, "{r}");
+                assert_eq!(r["inPlace"], false, "{r}");
+            }
+        }
+    }
+    let sweep = bench_json(
+        "fused-sweep",
+        &[
+            "--ranks",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "64",
+            "-w",
+            "1",
+            "-n",
+            "1",
+            "--modes",
+            "plain,fused",
+        ],
+    );
+    let rows = sweep["results"].as_array().expect("results");
+    assert!(rows.iter().all(|r| r["mode"] == "plain"), "{rows:?}");
+}

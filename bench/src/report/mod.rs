@@ -64,6 +64,7 @@ mod tests {
                 dtype: unicomm::DataType::F32,
                 label: "",
                 moe: None,
+                hidden: None,
             },
             mode,
             in_place: false,

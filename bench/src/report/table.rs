@@ -91,7 +91,12 @@ fn row(
 ) {
     let find = |inp: bool| {
         results.iter().find(|r| {
-            r.work.coll == coll && r.work.bytes == bytes && r.mode == mode && r.in_place == inp
+            // The label too: a preset's shapes can share a size (decode h4096 b64, h8192 b32).
+            r.work.coll == coll
+                && r.work.bytes == bytes
+                && r.work.label == label
+                && r.mode == mode
+                && r.in_place == inp
         })
     };
     let cell = |m: Option<&Measure>| match m {

@@ -127,7 +127,9 @@ impl<'d, 'c, 'a, T: Val> Session<'d, 'c, 'a, T> {
                 && (work.coll != Coll::AllReduce
                     || in_place
                     || !matches!(T::DTYPE, DataType::F32 | DataType::F16 | DataType::Bf16)
-                    || !matches!(self.a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min)));
+                    || !matches!(self.a.op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min)))
+            // The fused op: a sum over rows of the decode preset's hidden size.
+            || (mode.fused().is_some() && (work.hidden.is_none() || self.a.op != ReduceOp::Sum));
         shape(work, self.w).filter(|_| !skip)
     }
 
@@ -145,6 +147,7 @@ impl<'d, 'c, 'a, T: Val> Session<'d, 'c, 'a, T> {
                 stream,
                 a2av: (work.coll == Coll::AllToAllV)
                     .then(|| std::sync::Arc::new(super::vcounts::A2av::new(work, count, self.w))),
+                hidden: work.hidden,
             })
             .collect()
     }

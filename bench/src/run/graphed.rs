@@ -69,6 +69,14 @@ pub(crate) fn step_graph_turn<'c, T: Val>(
         .context("capturing the symmetric all-reduce through unicomm::Graph")?;
         return launched(d, &graph, iters, launches);
     }
+    if let Held::Fused(f) = &*h {
+        let weight = f.weight(k)?;
+        let graph = unicomm::Graph::capture(st, |step| {
+            (0..iters).try_for_each(|_| f.step(step, c, k.count, &weight))
+        })
+        .context("capturing the fused all-reduce + RMSNorm through unicomm::Graph")?;
+        return launched(d, &graph, iters, launches);
+    }
     if let Held::Dev(dc, s, r) = &*h {
         let graph = unicomm::Graph::capture(st, |step| {
             (0..iters).try_for_each(|_| step.all_reduce_device(c, dc, s, r, k.count, k.op))

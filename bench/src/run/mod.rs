@@ -4,6 +4,7 @@ mod cells;
 mod data;
 mod drive;
 mod floor;
+mod fused;
 mod graphed;
 mod modes;
 mod ranks;

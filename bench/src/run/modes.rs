@@ -59,7 +59,7 @@ pub fn unsupported(mode: Mode, caps: &Capabilities) -> Option<String> {
             "{} {} lacks registration or windows",
             caps.backend, caps.version
         )),
-        m if m.symmetric().is_some() && caps.backend == "rccl" => {
+        m if m.on_symmetric_memory() && caps.backend == "rccl" => {
             Some("unicomm's symmetric kernels are not built for HIP yet".into())
         }
         Mode::DeviceApi
@@ -89,6 +89,8 @@ pub(crate) enum Held<'c, T: Val> {
     ),
     /// The input in symmetric memory (with the Lamport workspace), the output plain.
     Sym(unicomm::Symmetric<'c, T>, Buffer<T>),
+    /// The fused modes' buffers.
+    Fused(super::fused::Fused<'c, T>),
     /// A device communicator (NCCL's device API) and both buffers in windows.
     Dev(
         unicomm::DeviceComm<'c>,
@@ -122,6 +124,9 @@ impl<'c, T: Val> Held<'c, T> {
             Mode::OneShot | Mode::TwoShot | Mode::Lamport => {
                 Held::Sym(c.alloc_symmetric_lamport(elems)?, c.alloc::<T>(elems)?)
             }
+            Mode::Fused | Mode::FusedFp8 => {
+                Held::Fused(super::fused::Fused::new(c, elems, mode == Mode::FusedFp8)?)
+            }
             Mode::DeviceApi => {
                 let (s, r) = two()?;
                 let dc = c.device_comm(&unicomm::nccl::device_kernel_requirements(8))?;
@@ -142,6 +147,9 @@ impl<'c, T: Val> Held<'c, T> {
             Held::Win(s, r) => (s, r),
             Held::Auto(s, r) => (s, r),
             Held::Sym(s, r) => (s, r),
+            // The residual is the output checked: one call from a cleared residual leaves
+            // the all-reduce there.
+            Held::Fused(f) => (&mut f.x, &mut f.residual),
             Held::Dev(_, s, r) => (s, r),
         }
     }
@@ -161,6 +169,7 @@ impl<'c, T: Val> Held<'c, T> {
                 c.deregister_auto(r)?;
             }
             Held::Sym(s, _) => c.free_symmetric(s)?,
+            Held::Fused(f) => f.release(c)?,
             Held::Dev(dc, s, r) => {
                 c.deregister_window(s)?;
                 c.deregister_window(r)?;
@@ -181,6 +190,8 @@ pub(crate) struct Call<'a> {
     pub(crate) stream: &'a AnyStream,
     /// The per-peer counts of an all_to_all_v.
     pub(crate) a2av: Option<std::sync::Arc<super::vcounts::A2av>>,
+    /// The rows' length of the fused modes (the decode preset's hidden size).
+    pub(crate) hidden: Option<usize>,
 }
 
 pub(crate) fn launch<T: Val>(
@@ -193,6 +204,9 @@ pub(crate) fn launch<T: Val>(
     if let (Some(algorithm), Held::Sym(sym, out)) = (k.mode.symmetric(), &mut *held) {
         let how = unicomm::SymmetricOptions::new(k.op, algorithm);
         return Ok(c.all_reduce_symmetric(sym, n, &mut out.slice_mut(..n)?, how, k.stream)?);
+    }
+    if let Held::Fused(f) = held {
+        return f.launch(c, k);
     }
     if let Held::Dev(dc, s, r) = held {
         return Ok(c.all_reduce_device(dc, s, r, n, k.op, k.stream)?);
