@@ -8,7 +8,6 @@ use unicomm::generic::DeviceSlice;
 use unicomm::{Buffer, Fp8Buffers, RmsNormOptions, Step, SymmetricAlgorithm, View, F8E4M3};
 
 use super::data::*;
-use super::modes::Call;
 
 /// RMSNorm's epsilon (Llama's).
 const EPS: f32 = 1e-5;
@@ -28,9 +27,8 @@ fn how() -> RmsNormOptions {
 }
 
 /// The row length of a fused call (the decode preset's hidden size).
-fn hidden(k: &Call<'_>) -> anyhow::Result<usize> {
-    k.hidden
-        .context("the fused modes run on the decode preset's shapes only")
+fn rows(hidden: Option<usize>) -> anyhow::Result<usize> {
+    hidden.context("the fused modes run on the decode preset's shapes only")
 }
 
 impl<'c, T: Val> Fused<'c, T> {
@@ -55,15 +53,20 @@ impl<'c, T: Val> Fused<'c, T> {
         })
     }
 
-    /// The weight of a call's rows (`hidden` ones).
-    pub(crate) fn weight(&self, k: &Call<'_>) -> anyhow::Result<View<'_, T>> {
-        Ok(self.weight.view().slice(..hidden(k)?)?)
+    /// The weight of rows of `hidden` (ones).
+    pub(crate) fn weight(&self, hidden: Option<usize>) -> anyhow::Result<View<'_, T>> {
+        Ok(self.weight.view().slice(..rows(hidden)?)?)
     }
 
-    /// One call, eagerly.
-    pub(crate) fn launch(&mut self, c: &unicomm::Comm, k: &Call<'_>) -> anyhow::Result<()> {
-        let (n, st) = (k.count, k.stream);
-        let weight = self.weight.view().slice(..hidden(k)?)?;
+    /// One call of `n` elements in rows of `hidden`, eagerly.
+    pub(crate) fn launch(
+        &mut self,
+        c: &unicomm::Comm,
+        n: usize,
+        hidden: Option<usize>,
+        st: &unicomm::AnyStream,
+    ) -> anyhow::Result<()> {
+        let weight = self.weight.view().slice(..rows(hidden)?)?;
         let (x, res, out) = (&self.x, &mut self.residual, &mut self.out);
         match &mut self.fp8 {
             Some((q, scale)) => {

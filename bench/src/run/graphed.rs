@@ -70,7 +70,7 @@ pub(crate) fn step_graph_turn<'c, T: Val>(
         return launched(d, &graph, iters, launches);
     }
     if let Held::Fused(f) = &*h {
-        let weight = f.weight(k)?;
+        let weight = f.weight(k.hidden)?;
         let graph = unicomm::Graph::capture(st, |step| {
             (0..iters).try_for_each(|_| f.step(step, c, k.count, &weight))
         })

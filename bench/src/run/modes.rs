@@ -206,7 +206,7 @@ pub(crate) fn launch<T: Val>(
         return Ok(c.all_reduce_symmetric(sym, n, &mut out.slice_mut(..n)?, how, k.stream)?);
     }
     if let Held::Fused(f) = held {
-        return f.launch(c, k);
+        return f.launch(c, n, k.hidden, k.stream);
     }
     if let Held::Dev(dc, s, r) = held {
         return Ok(c.all_reduce_device(dc, s, r, n, k.op, k.stream)?);

@@ -39,6 +39,22 @@ pub(crate) fn readme_words(text: &str, max: usize, per_heading: usize) -> Vec<St
     out
 }
 
+/// The pages of `pages` (docs/*.md) that the facade's manifest (`cargo`, its text) does not
+/// ship in its `include` list: a page written for users that no user of the crate would get.
+pub(crate) fn unshipped(cargo: &str, pages: &[String]) -> Vec<String> {
+    let include = cargo
+        .lines()
+        .find(|l| l.trim_start().starts_with("include"))
+        .unwrap_or("");
+    pages
+        .iter()
+        .filter(|p| p.starts_with("docs/") && !include.contains(&format!("\"/{p}\"")))
+        .map(|p| {
+            format!("{p} is a user's page the crate does not ship: add it to Cargo.toml's include")
+        })
+        .collect()
+}
+
 /// The lines of `text` (page `name`) that name a date (`2026-12-07`) or a commit id (7 to
 /// 40 hex digits, letters and digits both, standing alone as a word).
 pub(crate) fn dated_lines(name: &str, text: &str) -> Vec<String> {
@@ -186,6 +202,25 @@ mod tests {
                 (name, std::fs::read_to_string(&p).unwrap_or_default())
             })
             .collect()
+    }
+
+    #[test]
+    fn every_users_page_ships_in_the_crate() {
+        let root = super::super::root();
+        let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+        let pages: Vec<String> = shipped().into_iter().map(|(n, _)| n).collect();
+        assert!(pages.iter().any(|p| p == "docs/security.md"), "{pages:?}");
+        let v = unshipped(&cargo, &pages);
+        assert!(v.is_empty(), "{}", v.join("\n"));
+    }
+
+    #[test]
+    fn a_page_left_out_of_the_include_list_is_refused() {
+        let cargo = "[package]\ninclude = [\"/README.md\", \"/docs/usage.md\"]\n";
+        let pages = ["README.md", "docs/usage.md", "docs/security.md"].map(String::from);
+        let v = unshipped(cargo, &pages);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].starts_with("docs/security.md"), "{v:?}");
     }
 
     #[test]
