@@ -117,52 +117,9 @@ pub fn floor_table(doc: &serde_json::Value) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// The floors tables of a document (each after a line `<!-- floors: PATH -->`, up to
-/// `<!-- /floors -->`, PATH the run's JSON from the repository's root) that differ from what
-/// their JSON gives (`table_of(PATH)`), named; and how many there are. A marker counts only
-/// at the start of a line (the page's prose names the markers).
-#[cfg(test)]
-fn stale_floor_tables(
-    text: &str,
-    table_of: impl Fn(&str) -> anyhow::Result<String>,
-) -> (usize, Vec<String>) {
-    let mut stale = Vec::new();
-    let mut n = 0;
-    for part in text.split("\n<!-- floors: ").skip(1) {
-        n += 1;
-        let Some((path, rest)) = part.split_once(" -->") else {
-            stale.push("a floors marker without its end".to_string());
-            continue;
-        };
-        let kept = rest.split("<!-- /floors -->").next().unwrap_or("").trim();
-        match table_of(path) {
-            Ok(t) if t.trim() == kept => {}
-            Ok(_) => stale.push(format!("the floors table of {path} is not what its JSON gives: run `unicomm-bench report --floors {path}`")),
-            Err(e) => stale.push(format!("{path}: {e:#}")),
-        }
-    }
-    (n, stale)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn table_of(path: &str) -> anyhow::Result<String> {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let doc: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(root.join(path))?)?;
-        floor_table(&doc)
-    }
-
-    /// docs/performance.md's floors tables are generated from their runs' JSON, not typed.
-    #[test]
-    fn the_performance_page_s_floor_tables_are_their_runs() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let text = std::fs::read_to_string(root.join("docs/performance.md")).unwrap();
-        let (_, stale) = stale_floor_tables(&text, table_of);
-        assert!(stale.is_empty(), "{stale:?}");
-    }
 
     /// A table edited by hand (or a JSON re-run without regenerating it) is named.
     #[test]
@@ -174,9 +131,13 @@ mod tests {
         let t = floor_table(&doc).unwrap();
         assert!(t.contains("| 8 | lamport | 3.00 | 1.50 | 83% |"), "{t}");
         let page = format!("x\n<!-- floors: run.json -->\n{t}<!-- /floors -->\n");
-        assert_eq!(stale_floor_tables(&page, |_| Ok(t.clone())), (1, vec![]));
+        use super::super::pages::stale_tables;
+        assert_eq!(
+            stale_tables(&page, "floors", |_| Ok(t.clone())),
+            (1, vec![])
+        );
         let edited = page.replace("3.00", "2.90");
-        let (n, stale) = stale_floor_tables(&edited, |_| Ok(t.clone()));
-        assert_eq!((n, stale.len()), (1, 1), "{stale:?}");
+        let (n, v) = stale_tables(&edited, "floors", |_| Ok(t.clone()));
+        assert_eq!((n, v.len()), (1, 1), "{v:?}");
     }
 }

@@ -3,6 +3,7 @@
 mod floor;
 mod header;
 mod json;
+mod pages;
 mod plot;
 mod summary;
 mod table;
@@ -11,6 +12,7 @@ mod tune;
 pub use floor::{floor_table, floors};
 pub use header::Header;
 pub use json::{json, json_with_memory};
+pub use pages::times_table;
 pub use plot::{plot, replot};
 pub use summary::summary;
 pub use table::{memory, table};
@@ -34,15 +36,22 @@ struct ReportArgs {
     /// The floors' table of a `--floor` run (markdown, as docs/performance.md keeps it).
     #[arg(long)]
     floors: bool,
+    /// A table of times, "COLL MODES SIZES" (`"all_reduce plain,window 8,2M"`), in
+    /// markdown as docs/performance.md keeps it (out of place; bus bandwidth from 1 MiB).
+    #[arg(long, value_name = "COLL MODES SIZES")]
+    times: Option<String>,
 }
 
 /// `unicomm-bench report ARGS`.
 pub fn report(args: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
     use clap::Parser;
     let r = ReportArgs::parse_from(args);
-    if r.floors {
+    if r.floors || r.times.is_some() {
         let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&r.json)?)?;
-        print!("{}", floor_table(&doc)?);
+        match &r.times {
+            Some(spec) => print!("{}", times_table(&doc, spec)?),
+            None => print!("{}", floor_table(&doc)?),
+        }
         return Ok(());
     }
     summary(&r.json, r.tune.as_deref(), r.in_place)
