@@ -28,9 +28,7 @@ fn round_trip(c: &Comm<ApiComm<Host>>) -> Result<()> {
     Ok(())
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn nccl_228_like_library_has_everything() {
         let path = fake("nccl228");

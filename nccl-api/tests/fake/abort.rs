@@ -4,9 +4,7 @@
 use crate::common::{calls, comm, fake, flavors};
 use unicomm_core::{Error, ReduceOp};
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     /// `abort` through a shared reference: the library's abort runs once, every later call is
     /// `Aborted` without reaching the library, and dropping the communicator destroys nothing.
     #[test]

@@ -16,9 +16,7 @@ use unicomm_core::{Collective, Error};
 /// While 1, the fake's ncclCommAbort waits (at most 20 s).
 static ABORT_HELD: AtomicUsize = AtomicUsize::new(0);
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn the_last_graphs_release_waits_for_a_given_up_abort_within_the_deadline() {
         let path = fake("nccl228");

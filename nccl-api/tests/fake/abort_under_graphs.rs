@@ -14,9 +14,7 @@ use unicomm_core::{Collective, Error};
 /// While 1, the fake's ncclCommAbort waits (at most 20 s).
 static ABORT_HELD: AtomicUsize = AtomicUsize::new(0);
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn an_abort_held_by_live_graphs_is_given_a_grace_not_the_deadline() {
         let path = fake("nccl228");

@@ -7,9 +7,7 @@
 use crate::common::{calls, comm, fake, flavors};
 use unicomm_core::ReduceOp;
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn each_call_takes_the_path_the_policy_picks() {
         let path = fake("nccl228");

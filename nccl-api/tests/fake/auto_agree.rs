@@ -89,9 +89,7 @@ fn agree(path: &std::path::Path, rccl: bool, windows: &Policy, defaults: &Policy
     );
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn ranks_with_different_policies_fail_together_then_agree() {
         std::env::set_var("FAKE_NCCL_BARRIER_WORLDS", "1");

@@ -8,9 +8,7 @@
 use crate::common::{calls, comm, fake, flavors};
 use unicomm_core::ReduceOp;
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn without_symmetric_windows_automatic_registration_registers_buffers() {
         // Before the fake is loaded or any thread runs.

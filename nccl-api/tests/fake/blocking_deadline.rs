@@ -33,9 +33,7 @@ fn times_out<T>(f: impl FnOnce() -> Result<T, Error>) {
     assert!(matches!(e, Error::Timeout { .. }), "{e}");
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn blocking_init_and_finalize_end_at_the_deadline_and_what_they_made_is_freed_later() {
         std::env::set_var("UNICOMM_TIMEOUT_MS", "300");

@@ -9,9 +9,7 @@ use unicomm_core::Counts;
 use unicomm_core::{DataType, Error, Slice};
 use unicomm_nccl_api::sys::calls::{CommRef, P2p, Sides, StreamRef};
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn a_call_refuses_memory_that_cannot_hold_what_it_reads_or_writes() {
         let path = fake("nccl228");

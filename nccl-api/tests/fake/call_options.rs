@@ -122,9 +122,7 @@ fn what_cannot_carry_them_is_refused_before_the_library() {
     assert!(!ran.get());
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     /// One test for both cases on the 2.32 fake: its call counters are the process's.
     #[test]
     fn on_nccl_2_32() {

@@ -53,9 +53,7 @@ fn run(path: &std::path::Path, rccl: bool, calls_of: fn(usize) -> Vec<Call>) -> 
     })
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn ranks_that_differ_get_mismatch_and_the_call_does_not_run() {
         std::env::set_var("FAKE_NCCL_BARRIER_WORLDS", "1");

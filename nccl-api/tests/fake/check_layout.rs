@@ -31,9 +31,7 @@ fn every_rank_mismatches<T: std::fmt::Debug + Send>(
     out
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn ranks_that_disagree_on_all_to_all_v_counts_all_get_mismatch() {
         let out = every_rank_mismatches(|r, c| {

@@ -6,9 +6,7 @@
 use crate::common::{calls, comm, fake, flavors, library_moves};
 use unicomm_core::Capabilities;
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn all_to_all_and_all_gather_into_windows_take_the_copy_engine_path() {
         let path = fake("nccl228");

@@ -20,9 +20,7 @@ use crate::common::{
 use unicomm_core::{Comm, Error};
 use unicomm_nccl_api::{Api, ApiComm, CopyEngineSync};
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn an_abort_releases_the_copy_engine_signal_waits() {
         std::env::set_var("FAKE_NCCL_BARRIER_WORLDS", "1");

@@ -12,9 +12,7 @@ use crate::common::{calls, fake, flavors, Host, EXPORT, IMPORTS, UNMAPS};
 use unicomm_core::Comm;
 use unicomm_nccl_api::{Api, ApiComm};
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn init_rank_windows_take_the_copy_engine_path_only_where_memory_can_be_exported() {
         let path = fake("nccl228");

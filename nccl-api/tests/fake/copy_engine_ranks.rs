@@ -90,9 +90,7 @@ fn check_data(out: &[Out]) {
     }
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn windows_swapped_between_ranks_carry_the_copy_engine_collectives() {
         std::env::set_var("FAKE_NCCL_BARRIER_WORLDS", "1");

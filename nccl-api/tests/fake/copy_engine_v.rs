@@ -137,9 +137,7 @@ fn run(path: &std::path::Path, call: impl Fn(usize) -> Call + Sync) -> Vec<Out> 
     })
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn all_to_all_v_into_windows_lands_at_each_peers_own_displacements() {
         std::env::set_var("FAKE_NCCL_BARRIER_WORLDS", "1");

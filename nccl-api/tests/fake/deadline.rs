@@ -97,9 +97,7 @@ fn stuck_stream() {
     st.synchronize().unwrap();
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     /// Created non-blocking (ncclCommInitRankConfig), every call that reports ncclInProgress is
     /// settled before it returns, and the data are right.
     #[test]

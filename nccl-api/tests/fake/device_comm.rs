@@ -31,9 +31,7 @@ fn unsupported_naming<T: std::fmt::Debug>(r: Result<T, Error>, release: &str) {
     }
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn each_layout_reaches_the_library_as_nccl_2_32_reads_it() {
         let _one = serial();

@@ -10,9 +10,7 @@ use std::time::Duration;
 use crate::common::{calls, comm, fake, flavors, HANG};
 use unicomm_core::DeviceCommRequirements;
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn the_end_of_a_device_communicator_waits_for_the_device() {
         let path = fake("nccl232");

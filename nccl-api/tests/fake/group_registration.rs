@@ -5,9 +5,7 @@
 use crate::common::{comm, fake, flavors};
 use unicomm_core::Error;
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn window_and_automatic_registration_inside_a_group_are_refused() {
         let path = fake("nccl228");

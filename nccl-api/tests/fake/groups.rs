@@ -67,9 +67,7 @@ impl unicomm_core::MarkerTime for Foreign {
     }
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     /// NCCL >= 2.18: `split` is `ncclCommSplit`; no color gives no child (NCCL_SPLIT_NOCOLOR).
     #[test]
     fn split_is_ncclcommsplit_from_2_18() {

@@ -11,9 +11,7 @@ use unicomm_core::{Collective, CommConfig, Error};
 use unicomm_nccl_api::sys::api::UniqueId;
 use unicomm_nccl_api::{Api, ApiComm};
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn every_caller_passes_what_nccl_asks_and_gets_the_grown_world() {
         let path = fake("nccl232");

@@ -13,9 +13,7 @@ use crate::common::{comm, fake, flavors, Host, EVENT_WAITS};
 use unicomm_core::{LentMut, ReduceOp};
 use unicomm_nccl_api::{ApiMemory, ApiStream, Runtime};
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn a_collective_on_another_stream_orders_the_lenders_stream_after_it() {
         let path = fake("nccl228");

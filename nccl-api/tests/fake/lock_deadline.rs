@@ -19,9 +19,7 @@ fn delay_all_reduce(path: &std::path::Path, ms: u64) {
     }
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn a_call_behind_a_stuck_holder_times_out_at_twice_the_deadline() {
         let path = fake("nccl228");

@@ -14,9 +14,7 @@ use unicomm_core::{Error, ReduceOp};
 /// While 1, the fake's ncclCommAbort waits (at most 20 s).
 static ABORT_HELD: AtomicUsize = AtomicUsize::new(0);
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn a_stuck_library_abort_is_left_at_the_deadline_and_nothing_waits_for_it() {
         let path = fake("nccl228");

@@ -3,6 +3,16 @@
 //! counters and hooks, and the variables a test sets, are the process's; one link of the
 //! crate serves them all.
 
+/// Tests each run in a child process of this binary (rusty-fork), ended at 300 s.
+macro_rules! isolated {
+    ($($tests:tt)*) => {
+        rusty_fork::rusty_fork_test! {
+            #![rusty_fork(timeout_ms = 300_000)]
+            $($tests)*
+        }
+    };
+}
+
 #[path = "../common/mod.rs"]
 mod common;
 

@@ -34,9 +34,7 @@ fn a_window_whose_start_the_library_names_otherwise_is_refused(
     }
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn a_put_and_a_signal_reach_nccl_as_it_asks_and_the_bytes_land() {
         let path = fake("nccl232");

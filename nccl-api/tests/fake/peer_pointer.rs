@@ -6,9 +6,7 @@
 use crate::common::{calls, comm, fake, flavors};
 use unicomm_core::Error;
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn the_library_answers_for_the_window_on_2_32_and_2_28_is_refused() {
         let path = fake("nccl232");

@@ -29,9 +29,7 @@ macro_rules! per_call {
     }};
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     #[ignore = "a timing benchmark; run it with --ignored"]
     fn auto_call_cost_does_not_grow_with_registrations() {

@@ -44,9 +44,7 @@ fn probe(feature: &str) -> (Version, Vec<Option<String>>) {
     (c.capabilities().version, seen)
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn each_new_call_runs_from_its_release_and_names_it_before() {
         let (v, seen) = probe("nccl228");

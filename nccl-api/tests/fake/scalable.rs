@@ -12,9 +12,7 @@ fn ids(n: u8) -> Vec<UniqueId> {
     (1..=n).map(|k| UniqueId::from_bytes([k; 128])).collect()
 }
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     /// Every rank of a world passes the same ids, in order, to one ncclCommInitRankScalable
     /// call; the plain creation stays ncclCommInitRank.
     #[test]

@@ -7,9 +7,7 @@ use crate::common::{calls, comm, fake, flavors};
 use unicomm_core::{Error, ReduceOp};
 use unicomm_nccl_api::Api;
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn suspend_frees_the_library_memory_and_calls_wait_for_resume() {
         let path = fake("nccl232");

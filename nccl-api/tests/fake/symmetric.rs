@@ -5,9 +5,7 @@
 use crate::common::{calls, comm, fake, flavors};
 use unicomm_core::Error;
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn a_runtime_without_the_kernels_refuses_symmetric_memory_naming_them() {
         let path = fake("nccl232");

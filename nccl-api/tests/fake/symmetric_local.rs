@@ -12,9 +12,7 @@ use crate::common::{fake, flavors, Host, EXPORT, IMPORTS, MAPPED, UNMAPS};
 use unicomm_core::Comm;
 use unicomm_nccl_api::{Api, ApiComm};
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn ranks_created_together_map_each_other_s_symmetric_memory() {
         // Before the fake is loaded or any thread runs.

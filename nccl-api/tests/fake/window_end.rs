@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use crate::common::{calls, comm, fake, flavors, HANG};
 
-rusty_fork::rusty_fork_test! {
-    #![rusty_fork(timeout_ms = 300_000)]
-
+isolated! {
     #[test]
     fn a_window_s_deregistration_waits_for_the_device() {
         let path = fake("nccl232");
