@@ -191,6 +191,8 @@ fn rank() {
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
             let seen = unicomm_conformance::symmetric_rms_norm::<f32, _>(one, 24, 2, 0.0, 10);
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
+            let seen = unicomm_conformance::symmetric_all_to_all_v(one, 5, 10);
+            assert_eq!(seen.unwrap(), vec![true], "rank {r}");
             c.finalize().unwrap();
             println!("rank {r}: symmetric kernels; RANK PASSED");
         }

@@ -33,6 +33,25 @@ fn every_algorithm_is_exact_at_worlds_1_to_8_eager_and_replayed() {
     }
 }
 
+/// The all-to-all with counts on the device at worlds 1-8: every element and written count
+/// exact, eagerly and over 20 replays with new counts before each; counts no rank can honour
+/// refused on every rank alike, the ranks in step after it.
+#[test]
+fn the_device_count_all_to_all_is_exact_and_refuses_alike_at_worlds_1_to_8() {
+    for w in [1, 2, 3, 4, 8] {
+        let cs = comms(w, Duration::from_secs(20));
+        let seen = unicomm_conformance::symmetric_all_to_all_v(&cs, 5, 20);
+        assert_eq!(seen.unwrap(), vec![true; w], "world {w}");
+        let refused = unicomm_conformance::all_to_all_v_refused(&cs).unwrap();
+        let first = refused[0].clone().expect("refused");
+        assert!(first.contains("rank"), "{first}");
+        assert!(
+            refused.iter().all(|r| r.as_ref() == Some(&first)),
+            "{refused:?}"
+        );
+    }
+}
+
 /// The fused all-reduce + residual add + RMSNorm, every algorithm, eagerly and over 20
 /// graph replays (the residual written again before each), against the unfused sequence at
 /// worlds 1-8: the same bits on the mock.

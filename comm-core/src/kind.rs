@@ -266,11 +266,13 @@ pub enum WorkName {
     WaitSignal,
     /// unicomm's all-reduce written against NCCL's device API.
     DeviceAllReduce,
+    /// unicomm's all-to-all with counts on the device, over symmetric memory.
+    SymmetricAllToAllV,
 }
 
 impl WorkName {
     /// Every name once, in the order of [`WorkName::code`].
-    pub const ALL: [WorkName; 7] = [
+    pub const ALL: [WorkName; 8] = [
         WorkName::SymmetricAllReduce,
         WorkName::SymmetricAllReduceRmsNorm,
         WorkName::SymmetricBarrier,
@@ -278,6 +280,7 @@ impl WorkName {
         WorkName::Signal,
         WorkName::WaitSignal,
         WorkName::DeviceAllReduce,
+        WorkName::SymmetricAllToAllV,
     ];
 
     /// A stable number, from 32 (after every [`Kind::code`]).
@@ -295,6 +298,7 @@ impl WorkName {
             WorkName::Signal => "signal",
             WorkName::WaitSignal => "wait_signal",
             WorkName::DeviceAllReduce => "device_all_reduce",
+            WorkName::SymmetricAllToAllV => "symmetric_all_to_all_v",
         }
     }
 }

@@ -147,6 +147,7 @@ impl<M> SymmetricOp<'_, M> {
         match self {
             SymmetricOp::AllReduce { algorithm, .. } => algorithm.name(),
             SymmetricOp::Barrier { .. } => "signal-pads",
+            SymmetricOp::AllToAllV(_) => "pull",
         }
     }
 
@@ -169,6 +170,13 @@ fn symmetric_what<M>(s: &SymmetricOp<'_, M>) -> What {
             name: WorkName::SymmetricBarrier,
             count: 0,
             dtype: None,
+            op: None,
+            rank: None,
+        },
+        SymmetricOp::AllToAllV(a) => What::Other {
+            name: WorkName::SymmetricAllToAllV,
+            count: a.capacity,
+            dtype: Some(a.dtype),
             op: None,
             rank: None,
         },

@@ -21,6 +21,7 @@ pub use unicomm_core;
 
 mod call_options;
 mod exact;
+mod exchange;
 mod graphs;
 mod groups;
 mod one_sided;
@@ -36,6 +37,7 @@ mod table;
 mod var;
 
 pub use call_options::{call_options, portable_options};
+pub use exchange::{all_to_all_v_refused, symmetric_all_to_all_v};
 pub use graphs::{
     capture_cycles, capture_panic_leaves_the_stream_eager, captured_copy_engine_replays,
     captured_step_replays, graph_inputs_written_between_replays,

@@ -118,6 +118,22 @@ pub fn every_kind_of_work_is_recorded_once<C: Collective>(
     })
 }
 
+/// The all-to-all with device counts (nothing sent), where the backend runs it.
+fn exchange_recorded<C: Collective>(c: &Comm<C>, st: &C::Stream) -> Result<()> {
+    let w = c.world_size();
+    let (x, splits) = (
+        c.alloc_symmetric::<f32>(4)?,
+        c.alloc_symmetric::<i64>(3 * w)?,
+    );
+    splits.write_from_host(&vec![0i64; 3 * w], st)?;
+    let mut out = c.alloc::<f32>(4)?;
+    let want = [("symmetric_all_to_all_v", Some("pull"))];
+    match recorded_once(c, &want, || c.all_to_all_vdev(&x, &splits, &mut out, st)) {
+        Err(Error::Unsupported { .. }) => Ok(()),
+        other => other,
+    }
+}
+
 /// Each symmetric algorithm and a barrier eagerly, then a graph of three symmetric
 /// all-reduces and one all-reduce: counted as four and recorded as four at its replay.
 fn symmetric_recorded<C: Collective>(c: &Comm<C>, st: &C::Stream) -> Result<bool> {
@@ -143,6 +159,7 @@ fn symmetric_recorded<C: Collective>(c: &Comm<C>, st: &C::Stream) -> Result<bool
     recorded_once(c, &[("symmetric_barrier", None)], || {
         c.symmetric_barrier(&sym, st)
     })?;
+    exchange_recorded(c, st)?;
     let plain = c.alloc::<f32>(n)?;
     let graph = Graph::capture(st, |g| {
         for algorithm in ALGORITHMS {

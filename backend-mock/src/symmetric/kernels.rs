@@ -11,7 +11,7 @@
     reason = "peers' memory reached through its mapping's addresses, as a GPU kernel does"
 )]
 
-use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -194,6 +194,29 @@ impl Record {
                 Ok(unsafe { ty.load(self.bases[p], i) })
             }
             _ => Err(outside("a data element")),
+        }
+    }
+
+    /// The `i`-th i64 of rank `p`'s data (an all-to-all's splits).
+    pub(crate) fn count(&self, p: usize, i: usize) -> Result<&AtomicU64> {
+        match (i + 1).checked_mul(8) {
+            Some(end) if end <= self.bytes && p < self.bases.len() => {
+                // SAFETY: inside rank `p`'s data, which this record keeps mapped; 8-byte
+                // aligned (parts start on page boundaries).
+                Ok(unsafe { &*((self.bases[p] + 8 * i) as *const AtomicU64) })
+            }
+            _ => Err(outside("a split")),
+        }
+    }
+
+    /// Byte `i` of rank `p`'s data.
+    pub(crate) fn byte(&self, p: usize, i: usize) -> Result<u8> {
+        if i < self.bytes && p < self.bases.len() {
+            // SAFETY: inside rank `p`'s data, which this record keeps mapped; atomic (peers
+            // share it).
+            Ok(unsafe { &*((self.bases[p] + i) as *const AtomicU8) }.load(Ordering::Relaxed))
+        } else {
+            Err(outside("a data byte"))
         }
     }
 

@@ -28,6 +28,7 @@ use kernels::{Local, Run, Ty};
 use protocol::{Norm, Reduce};
 use table::{unknown, Record};
 
+mod exchange;
 mod grid;
 pub(crate) mod kernels;
 mod lamport;
@@ -201,6 +202,11 @@ impl MockComm {
         let sig = op.signature().words();
         let (rec, kernel) = match op {
             SymmetricOp::Barrier { handle } => (self.symmetric.get(handle)?, None),
+            SymmetricOp::AllToAllV(a) => {
+                let rec = self.symmetric.get(a.handle)?;
+                let x = self.exchange_of(&rec, a)?;
+                return self.push_exchange(rec, x, sig, stream);
+            }
             SymmetricOp::AllReduce {
                 handle,
                 count,
@@ -240,6 +246,66 @@ impl MockComm {
                 ran
             })
         }))
+    }
+
+    /// The all-to-all with device counts as a job of `stream`.
+    fn push_exchange(
+        &self,
+        rec: Arc<Record>,
+        x: exchange::Exchange,
+        sig: [u32; unicomm_core::symmetric::SIGNATURE_WORDS],
+        stream: &MockStream,
+    ) -> Result<()> {
+        let (ctx, x) = (self.ctx.clone(), Arc::new(x));
+        stream.push_replayable(Arc::new(move || {
+            let (rec, ctx, x) = (rec.clone(), ctx.clone(), x.clone());
+            Box::new(move || {
+                let run = Run {
+                    deadline: std::time::Instant::now() + ctx.timeout,
+                    rec,
+                    ctx,
+                    sig,
+                };
+                let grid = Grid::at(&run, 1);
+                let ran = exchange::all_to_all_v(&run, &x);
+                grid.end(&run);
+                ran
+            })
+        }))
+    }
+
+    /// The all-to-all's operands, checked: the splits' allocation this communicator's
+    /// (`3 x world` i64), the input's size, the output this rank's and large enough.
+    fn exchange_of(
+        &self,
+        rec: &Record,
+        a: unicomm_core::symmetric::AllToAllV<'_, MockMemory>,
+    ) -> Result<exchange::Exchange> {
+        let splits = self.symmetric.get(a.splits)?;
+        let w = rec.bases.len();
+        if splits.bytes < 3 * w * 8 {
+            return Err(Error::invalid(
+                "splits",
+                format!("{} bytes, not 3 x {w} i64", splits.bytes),
+            ));
+        }
+        if a.capacity.checked_mul(a.dtype.size()) != Some(rec.bytes) {
+            return Err(Error::invalid(
+                "capacity",
+                format!(
+                    "{} elements of an allocation of {} bytes",
+                    a.capacity, rec.bytes
+                ),
+            ));
+        }
+        a.out.holds(a.capacity, a.dtype, "out")?;
+        self.check_memory(a.out.mem)?;
+        Ok(exchange::Exchange {
+            splits,
+            size: a.dtype.size(),
+            capacity: a.capacity,
+            out: local(&a.out),
+        })
     }
 
     /// An all-reduce's kernel, checked: the count inside the allocation, the Lamport

@@ -90,7 +90,7 @@ pub(crate) enum Held<'c, T: Val> {
     /// The input in symmetric memory (with the Lamport workspace), the output plain.
     Sym(unicomm::Symmetric<'c, T>, Buffer<T>),
     /// The fused modes' buffers.
-    Fused(super::fused::Fused<'c, T>),
+    Fused(Box<super::fused::Fused<'c, T>>),
     /// A device communicator (NCCL's device API) and both buffers in windows.
     Dev(
         unicomm::DeviceComm<'c>,
@@ -124,9 +124,11 @@ impl<'c, T: Val> Held<'c, T> {
             Mode::OneShot | Mode::TwoShot | Mode::Lamport => {
                 Held::Sym(c.alloc_symmetric_lamport(elems)?, c.alloc::<T>(elems)?)
             }
-            Mode::Fused | Mode::FusedFp8 => {
-                Held::Fused(super::fused::Fused::new(c, elems, mode == Mode::FusedFp8)?)
-            }
+            Mode::Fused | Mode::FusedFp8 => Held::Fused(Box::new(super::fused::Fused::new(
+                c,
+                elems,
+                mode == Mode::FusedFp8,
+            )?)),
             Mode::DeviceApi => {
                 let (s, r) = two()?;
                 let dc = c.device_comm(&unicomm::nccl::device_kernel_requirements(8))?;
@@ -169,7 +171,7 @@ impl<'c, T: Val> Held<'c, T> {
                 c.deregister_auto(r)?;
             }
             Held::Sym(s, _) => c.free_symmetric(s)?,
-            Held::Fused(f) => f.release(c)?,
+            Held::Fused(f) => (*f).release(c)?,
             Held::Dev(dc, s, r) => {
                 c.deregister_window(s)?;
                 c.deregister_window(r)?;

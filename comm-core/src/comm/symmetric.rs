@@ -13,8 +13,8 @@ use crate::element::Element;
 use crate::fp8::F8E4M3;
 use crate::registry::RawHandle;
 use crate::symmetric::{
-    check_symmetric_op, check_symmetric_type, Fp8Out, RmsNorm, SymmetricAlgorithm, SymmetricArgs,
-    SymmetricOp, SymmetricOptions, SymmetricParts, MAX_SYMMETRIC_WORLD,
+    check_symmetric_op, check_symmetric_type, AllToAllV, Fp8Out, RmsNorm, SymmetricAlgorithm,
+    SymmetricArgs, SymmetricOp, SymmetricOptions, SymmetricParts, MAX_SYMMETRIC_WORLD,
 };
 use crate::{Error, Result};
 
@@ -180,6 +180,55 @@ impl<C: Collective> Comm<C> {
             (&SymmetricOp::Barrier { handle: sym.handle }).into(),
             stream,
         )
+    }
+
+    /// Every rank's part of `input` sent to every rank by counts that are on the device,
+    /// read when the work runs (PyTorch's `all_to_all_vdev`), so that a graph's replays
+    /// follow counts a kernel before them wrote. `splits` holds `3 x world` i64 on every
+    /// rank: row 0 is what this rank sends each rank (its input packed in rank order);
+    /// the call writes row 1 (what it received from each rank) and row 2 (where that
+    /// starts in `out`, packed in rank order). `out` holds at least `input.len()` elements,
+    /// the most a rank receives. Collective: every rank calls it with allocations of the
+    /// same type and size. A negative count, a rank sending more than its input holds or
+    /// receiving more than `input.len()` is `InvalidArgument` on every rank, nothing moved.
+    /// The mock runs it; on the GPUs it is `Unsupported` until its kernel is built.
+    pub fn all_to_all_vdev<T: Element>(
+        &self,
+        input: &Symmetric<'_, T, C>,
+        splits: &Symmetric<'_, i64, C>,
+        out: &mut impl DeviceSliceMut<T, C>,
+        stream: &C::Stream,
+    ) -> Result<()> {
+        let out = out.view_mut().into_view();
+        let op = self.all_to_all_vdev_op(input, splits, &out)?;
+        self.sole()?.work((&op).into(), stream)
+    }
+
+    /// The backend's all-to-all, checked: both allocations this communicator's, the splits
+    /// `3 x world`, the output this rank's and large enough.
+    pub(crate) fn all_to_all_vdev_op<'v, T: Element>(
+        &self,
+        input: &Symmetric<'_, T, C>,
+        splits: &Symmetric<'_, i64, C>,
+        out: &View<'v, T, C>,
+    ) -> Result<SymmetricOp<'v, C::Memory>> {
+        self.own(input)?;
+        self.own(splits)?;
+        let w = self.world_size();
+        if splits.len < 3 * w {
+            return Err(short("splits", splits.len, 3 * w));
+        }
+        self.check(out)?;
+        let out = out
+            .slice(..input.len)
+            .map_err(|_| short("out", out.len(), input.len))?;
+        Ok(SymmetricOp::AllToAllV(AllToAllV {
+            handle: input.handle,
+            splits: splits.handle,
+            dtype: T::DTYPE,
+            capacity: input.len,
+            out: out.raw(),
+        }))
     }
 
     fn own<T: Element>(&self, sym: &Symmetric<'_, T, C>) -> Result<()> {

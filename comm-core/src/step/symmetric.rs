@@ -40,6 +40,24 @@ impl<'a, C: Collective> Step<'a, C> {
         }
     }
 
+    /// [`Comm::all_to_all_vdev`], through the step: each replay reads the counts anew.
+    pub fn all_to_all_vdev<T: Element>(
+        &self,
+        comm: &'a Comm<C>,
+        input: &'a Symmetric<'_, T, C>,
+        splits: &'a Symmetric<'_, i64, C>,
+        out: &'a impl DeviceSliceMut<T, C>,
+    ) -> Result<()> {
+        let out = out.view();
+        self.used(comm, &out);
+        let _call = StepCall::enter();
+        let op = comm.all_to_all_vdev_op(input, splits, &out)?;
+        match self.phase {
+            Phase::Warm => Ok(()),
+            _ => comm.sole()?.work((&op).into(), self.stream),
+        }
+    }
+
     /// [`Comm::all_reduce_rms_norm`], through the step.
     #[allow(clippy::too_many_arguments, reason = "the fused step's operands")]
     pub fn all_reduce_rms_norm<T: Element>(

@@ -217,7 +217,38 @@ pub enum SymmetricOp<'a, M> {
         /// The symmetric allocation.
         handle: RawHandle,
     },
+    /// An all-to-all whose counts are on the device ([`AllToAllV`]).
+    AllToAllV(AllToAllV<'a, M>),
 }
+
+/// An all-to-all with its counts on the device, read when the work runs (PyTorch's
+/// `all_to_all_vdev`): rank `r`'s input holds, packed in rank order, `splits[q]` elements
+/// for each rank `q` (row 0 of its `splits` allocation, `3 x world` i64); each rank receives
+/// its part from every rank, packed in rank order into `out`, and the work writes row 1
+/// (what it received from each rank) and row 2 (where that lies in `out`) of its `splits`.
+/// Every rank reads every rank's row 0, so every rank finds the same fault: a negative
+/// count, a rank sending more than its input holds or receiving more than the input's size
+/// (`capacity`, the bound on `out` too) is `InvalidArgument` on every rank, nothing moved.
+#[derive(Debug)]
+pub struct AllToAllV<'a, M> {
+    /// The input's symmetric allocation.
+    pub handle: RawHandle,
+    /// The splits' symmetric allocation (`3 x world` i64).
+    pub splits: RawHandle,
+    /// Element type.
+    pub dtype: DataType,
+    /// Elements of the input per rank: the most a rank sends, and the most it receives.
+    pub capacity: usize,
+    /// This rank's output (`capacity` elements).
+    pub out: Slice<'a, M>,
+}
+
+impl<M> Clone for AllToAllV<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M> Copy for AllToAllV<'_, M> {}
 
 impl<M> Clone for SymmetricOp<'_, M> {
     fn clone(&self) -> Self {
@@ -231,6 +262,13 @@ impl<'a, M> SymmetricOp<'a, M> {
     pub fn signature(&self) -> Signature {
         match self {
             SymmetricOp::Barrier { .. } => Signature::barrier(),
+            SymmetricOp::AllToAllV(a) => Signature {
+                op: SignedOp::AllToAllV,
+                dtype: Some(a.dtype),
+                reduce: None,
+                count: a.capacity,
+                norm: None,
+            },
             SymmetricOp::AllReduce {
                 count,
                 dtype,
@@ -254,6 +292,13 @@ impl<'a, M> SymmetricOp<'a, M> {
         let slice = |s: Slice<'a, M>, arg: &'static str| s.map_mem(&f, arg);
         Ok(match self {
             SymmetricOp::Barrier { handle } => SymmetricOp::Barrier { handle },
+            SymmetricOp::AllToAllV(a) => SymmetricOp::AllToAllV(AllToAllV {
+                out: slice(a.out, "out")?,
+                handle: a.handle,
+                splits: a.splits,
+                dtype: a.dtype,
+                capacity: a.capacity,
+            }),
             SymmetricOp::AllReduce {
                 handle,
                 count,

@@ -32,6 +32,8 @@ pub enum SignedOp {
     Barrier,
     /// An all-reduce (fused or not) by this algorithm.
     AllReduce(SymmetricAlgorithm),
+    /// An all-to-all with counts on the device.
+    AllToAllV,
 }
 
 /// One symmetric call as every rank must make it.
@@ -49,12 +51,14 @@ pub struct Signature {
     pub norm: Option<(usize, f32)>,
 }
 
+/// The operation's code: bits 0-1, and bit 10 for the operations past the first four.
 fn op_code(op: SignedOp) -> u32 {
     match op {
         SignedOp::AllReduce(SymmetricAlgorithm::OneShot) => 0,
         SignedOp::AllReduce(SymmetricAlgorithm::TwoShot) => 1,
         SignedOp::AllReduce(SymmetricAlgorithm::Lamport) => 2,
         SignedOp::Barrier => 3,
+        SignedOp::AllToAllV => 1 << 10,
     }
 }
 
@@ -106,7 +110,7 @@ impl Signature {
 /// What differs between two signatures' words, named by the first field that does.
 fn field(i: usize, a: u32, b: u32) -> &'static str {
     match i {
-        0 if (a & 3) != (b & 3) => "algorithm",
+        0 if (a & 3) != (b & 3) || (a >> 10 & 1) != (b >> 10 & 1) => "algorithm",
         0 if (a >> 2 & 15) != (b >> 2 & 15) => "dtype",
         0 if (a >> 6 & 7) != (b >> 6 & 7) => "op",
         0 => "norm",
@@ -122,6 +126,7 @@ fn describe(what: &str, w: &[u32; SIGNATURE_WORDS]) -> String {
     let wide = |lo: usize| u64::from(w[lo]) | u64::from(w[lo + 1]) << 31;
     let kind = w[0];
     match what {
+        "algorithm" if kind >> 10 & 1 == 1 => "an all-to-all with device counts".into(),
         "algorithm" => match kind & 3 {
             0 => "one-shot".into(),
             1 => "two-shot".into(),

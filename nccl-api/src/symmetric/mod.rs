@@ -239,6 +239,14 @@ impl<R: Runtime> SymmetricMemory<R> {
         base.ready_for_kernel(stream)?;
         let handle = match op {
             SymmetricOp::Barrier { handle } | SymmetricOp::AllReduce { handle, .. } => handle,
+            // The mock runs its protocol; the GPU kernel is not written yet.
+            SymmetricOp::AllToAllV(_) => {
+                return Err(Error::unsupported(
+                    "the all-to-all with counts on the device (all_to_all_vdev)",
+                    "the mock (its GPU kernel is not built yet)",
+                    "a GPU backend (NCCL or RCCL)",
+                ))
+            }
         };
         let rec = self.get(handle)?;
         // Made before the first allocation was recorded.
@@ -250,6 +258,7 @@ impl<R: Runtime> SymmetricMemory<R> {
                 params_of(base, &rec, control, KernelAlgorithm::Barrier),
             ),
             SymmetricOp::AllReduce { .. } => all_reduce_params(base, &rec, control, op)?,
+            SymmetricOp::AllToAllV(_) => return Err(unknown(handle)),
         };
         params.sig = sig;
         stream.watched_by(lc);
