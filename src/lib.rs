@@ -92,8 +92,8 @@ pub use unicomm_core::symmetric::{
 pub use unicomm_core::{
     backend, bf16, f16, packed_displs, Algorithm, Algorithms, CallOptions, Capabilities,
     CommConfig, Counts, CtaPolicy, DataType, DeviceInfo, DeviceSlice, DeviceSliceMut, DeviceStream,
-    Element, Error, Fp8Buffers, LaunchMarker, Marker, Op, Place, RawHandle, ReduceOp, Result,
-    Scalar, ShrinkMode, SignalWait, Version, F8E4M3, F8E5M2,
+    Element, Error, ExpertConfig, ExpertTokens, Fp8Buffers, LaunchMarker, Marker, Op, Place,
+    RawHandle, ReduceOp, Result, Scalar, ShrinkMode, SignalWait, Version, F8E4M3, F8E5M2,
 };
 pub use unicomm_core::{DeviceCommLayout, DeviceCommRequirements, Team};
 
@@ -114,8 +114,8 @@ pub mod generic {
     pub use unicomm_core::registration::{AutoKind, BufferKind, Kind, WindowKind};
     #[doc(inline)]
     pub use unicomm_core::{
-        Buffer, Comm, DeviceSlice, DeviceSliceMut, RegisterError, Registration, Symmetric, View,
-        ViewMut,
+        Buffer, Comm, DeviceSlice, DeviceSliceMut, ExpertGroup, RegisterError, Registration,
+        Symmetric, View, ViewMut,
     };
 }
 /// The CPU mock backend (feature `mock`): configuration and fault injection.
@@ -145,6 +145,9 @@ pub type Window<'c, T> = unicomm_core::Window<'c, T, AnyComm>;
 /// Symmetric memory: one allocation per rank, every rank's mapped on every rank, with
 /// unicomm's own kernels on it ([`generic::Symmetric`], methods there; docs/symmetric.md).
 pub type Symmetric<'c, T> = unicomm_core::Symmetric<'c, T, AnyComm>;
+/// An expert-parallel group: dispatch and combine with counts on the device
+/// ([`generic::ExpertGroup`], methods there; docs/symmetric.md).
+pub type ExpertGroup<'c, T> = unicomm_core::ExpertGroup<'c, T, AnyComm>;
 /// A device communicator (NCCL's device API) over the backend chosen at run time.
 pub type DeviceComm<'c> = unicomm_core::DeviceComm<'c, AnyComm>;
 /// A stream ([`AnyStream`]).

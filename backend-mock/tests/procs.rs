@@ -193,6 +193,14 @@ fn rank() {
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
             let seen = unicomm_conformance::symmetric_all_to_all_v(one, 5, 10);
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
+            let cfg = unicomm_core::ExpertConfig {
+                experts: 2 * c.world_size(),
+                max_tokens: 16,
+                hidden: 5,
+                top_k: 3,
+            };
+            let seen = unicomm_conformance::expert_dispatch_combine(one, cfg, 6, 6);
+            assert_eq!(seen.unwrap(), vec![true], "rank {r}");
             c.finalize().unwrap();
             println!("rank {r}: symmetric kernels; RANK PASSED");
         }

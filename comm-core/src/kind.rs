@@ -268,11 +268,15 @@ pub enum WorkName {
     DeviceAllReduce,
     /// unicomm's all-to-all with counts on the device, over symmetric memory.
     SymmetricAllToAllV,
+    /// Expert parallelism's dispatch.
+    ExpertDispatch,
+    /// Expert parallelism's combine.
+    ExpertCombine,
 }
 
 impl WorkName {
     /// Every name once, in the order of [`WorkName::code`].
-    pub const ALL: [WorkName; 8] = [
+    pub const ALL: [WorkName; 10] = [
         WorkName::SymmetricAllReduce,
         WorkName::SymmetricAllReduceRmsNorm,
         WorkName::SymmetricBarrier,
@@ -281,6 +285,8 @@ impl WorkName {
         WorkName::WaitSignal,
         WorkName::DeviceAllReduce,
         WorkName::SymmetricAllToAllV,
+        WorkName::ExpertDispatch,
+        WorkName::ExpertCombine,
     ];
 
     /// A stable number, from 32 (after every [`Kind::code`]).
@@ -299,6 +305,8 @@ impl WorkName {
             WorkName::WaitSignal => "wait_signal",
             WorkName::DeviceAllReduce => "device_all_reduce",
             WorkName::SymmetricAllToAllV => "symmetric_all_to_all_v",
+            WorkName::ExpertDispatch => "expert_dispatch",
+            WorkName::ExpertCombine => "expert_combine",
         }
     }
 }

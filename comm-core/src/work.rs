@@ -148,6 +148,7 @@ impl<M> SymmetricOp<'_, M> {
             SymmetricOp::AllReduce { algorithm, .. } => algorithm.name(),
             SymmetricOp::Barrier { .. } => "signal-pads",
             SymmetricOp::AllToAllV(_) => "pull",
+            SymmetricOp::Dispatch(_) | SymmetricOp::Combine(_) => "push",
         }
     }
 
@@ -170,6 +171,20 @@ fn symmetric_what<M>(s: &SymmetricOp<'_, M>) -> What {
             name: WorkName::SymmetricBarrier,
             count: 0,
             dtype: None,
+            op: None,
+            rank: None,
+        },
+        SymmetricOp::Dispatch(d) => What::Other {
+            name: WorkName::ExpertDispatch,
+            count: d.n,
+            dtype: Some(d.group.dtype),
+            op: None,
+            rank: None,
+        },
+        SymmetricOp::Combine(c) => What::Other {
+            name: WorkName::ExpertCombine,
+            count: c.n,
+            dtype: Some(c.group.dtype),
             op: None,
             rank: None,
         },

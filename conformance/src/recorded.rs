@@ -7,7 +7,7 @@
 
 use unicomm_core::graph::Graph;
 use unicomm_core::{each_rank, Collective, Comm, DeviceCommRequirements, Error, Result};
-use unicomm_core::{DeviceStream, ReduceOp, SignalWait};
+use unicomm_core::{DeviceStream, ExpertConfig, ExpertTokens, ReduceOp, SignalWait};
 
 use crate::symmetric::ALGORITHMS;
 use unicomm_core::symmetric::SymmetricOptions;
@@ -129,9 +129,29 @@ fn exchange_recorded<C: Collective>(c: &Comm<C>, st: &C::Stream) -> Result<()> {
     let mut out = c.alloc::<f32>(4)?;
     let want = [("symmetric_all_to_all_v", Some("pull"))];
     match recorded_once(c, &want, || c.all_to_all_vdev(&x, &splits, &mut out, st)) {
-        Err(Error::Unsupported { .. }) => Ok(()),
-        other => other,
+        Err(Error::Unsupported { .. }) => return Ok(()),
+        other => other?,
     }
+    // Expert parallelism's dispatch and combine (no token routed).
+    let cfg = ExpertConfig {
+        experts: w,
+        max_tokens: 2,
+        hidden: 1,
+        top_k: 1,
+    };
+    let g = c.expert_group::<f32>(cfg)?;
+    let (none, weights) = (c.alloc::<i32>(0)?, c.alloc::<f32>(0)?);
+    let (mut got, mut counts) = (c.alloc::<f32>(g.received_len())?, c.alloc::<i32>(1)?);
+    recorded_once(c, &[("expert_dispatch", Some("push"))], || {
+        let o = ExpertTokens {
+            tokens: &mut got,
+            counts: &mut counts,
+        };
+        g.dispatch(&x, &none, o, st)
+    })?;
+    recorded_once(c, &[("expert_combine", Some("push"))], || {
+        g.combine(&got, &none, &weights, &mut out, st)
+    })
 }
 
 /// Each symmetric algorithm and a barrier eagerly, then a graph of three symmetric

@@ -220,6 +220,19 @@ impl Record {
         }
     }
 
+    /// Stores bits `x` as element `i` of rank `p`'s data (a push to a peer).
+    pub(crate) fn set(&self, ty: Ty, p: usize, i: usize, x: u32) -> Result<()> {
+        match (i + 1).checked_mul(ty.size()) {
+            Some(end) if end <= self.bytes && p < self.bases.len() => {
+                // SAFETY: inside rank `p`'s data (`bytes`), which this record keeps mapped;
+                // aligned.
+                unsafe { ty.store(self.bases[p], i, x) };
+                Ok(())
+            }
+            _ => Err(outside("a data element")),
+        }
+    }
+
     /// Stores bits `x` as element `i` of this rank's own data.
     pub(crate) fn set_own(&self, ty: Ty, i: usize, x: u32) -> Result<()> {
         match (i + 1).checked_mul(ty.size()) {

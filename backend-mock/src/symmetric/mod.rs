@@ -29,6 +29,7 @@ use protocol::{Norm, Reduce};
 use table::{unknown, Record};
 
 mod exchange;
+mod expert;
 mod grid;
 pub(crate) mod kernels;
 mod lamport;
@@ -202,6 +203,9 @@ impl MockComm {
         let sig = op.signature().words();
         let (rec, kernel) = match op {
             SymmetricOp::Barrier { handle } => (self.symmetric.get(handle)?, None),
+            SymmetricOp::Dispatch(_) | SymmetricOp::Combine(_) => {
+                return self.expert_enqueue(op, sig, stream)
+            }
             SymmetricOp::AllToAllV(a) => {
                 let rec = self.symmetric.get(a.handle)?;
                 let x = self.exchange_of(&rec, a)?;
@@ -242,6 +246,73 @@ impl MockComm {
                         }
                     }),
                 };
+                grid.end(&run);
+                ran
+            })
+        }))
+    }
+
+    /// An expert dispatch or combine, its operands checked (this rank's memory) and taken.
+    fn expert_enqueue(
+        &self,
+        op: SymmetricOp<'_, MockMemory>,
+        sig: [u32; unicomm_core::symmetric::SIGNATURE_WORDS],
+        stream: &MockStream,
+    ) -> Result<()> {
+        match op {
+            SymmetricOp::Dispatch(d) => {
+                let g = expert::Group::new(|h| self.symmetric.get(h), &d.group)?;
+                for sl in [&d.tokens, &d.ids, &d.out, &d.counts] {
+                    self.check_memory(sl.mem)?;
+                }
+                let job = expert::DispatchJob {
+                    n: d.n,
+                    tokens: local(&d.tokens),
+                    ids: local(&d.ids),
+                    out: local(&d.out),
+                    counts: local(&d.counts),
+                };
+                self.push_expert(g, sig, stream, move |run, g| expert::dispatch(run, g, &job))
+            }
+            SymmetricOp::Combine(c) => {
+                let g = expert::Group::new(|h| self.symmetric.get(h), &c.group)?;
+                for sl in [&c.expert_out, &c.ids, &c.weights, &c.out] {
+                    self.check_memory(sl.mem)?;
+                }
+                let job = expert::CombineJob {
+                    n: c.n,
+                    expert_out: local(&c.expert_out),
+                    ids: local(&c.ids),
+                    weights: local(&c.weights),
+                    out: local(&c.out),
+                };
+                self.push_expert(g, sig, stream, move |run, g| expert::combine(run, g, &job))
+            }
+            _ => Err(Error::invalid("op", "not an expert operation")),
+        }
+    }
+
+    /// An expert dispatch or combine as a job of `stream`, its barriers on the receive
+    /// slots' pads.
+    fn push_expert(
+        &self,
+        g: expert::Group,
+        sig: [u32; unicomm_core::symmetric::SIGNATURE_WORDS],
+        stream: &MockStream,
+        kernel: impl Fn(&Run, &expert::Group) -> Result<()> + Send + Sync + 'static,
+    ) -> Result<()> {
+        let (ctx, g, kernel) = (self.ctx.clone(), Arc::new(g), Arc::new(kernel));
+        stream.push_replayable(Arc::new(move || {
+            let (ctx, g, kernel) = (ctx.clone(), g.clone(), kernel.clone());
+            Box::new(move || {
+                let run = Run {
+                    deadline: std::time::Instant::now() + ctx.timeout,
+                    rec: g.recv.clone(),
+                    ctx,
+                    sig,
+                };
+                let grid = Grid::at(&run, 1);
+                let ran = kernel(&run, &g);
                 grid.end(&run);
                 ran
             })

@@ -15,6 +15,7 @@ use crate::one_sided::SignalWait;
 use crate::registration::Window;
 use crate::Result;
 
+mod expert;
 mod symmetric;
 
 /// What a step's closure enqueues through ([`Graph::capture`](crate::graph::Graph::capture),

@@ -10,8 +10,10 @@ use crate::registry::RawHandle;
 use crate::{DataType, Error, Result};
 
 mod algorithm;
+mod expert;
 mod signature;
 pub use algorithm::{RmsNormOptions, SymmetricAlgorithm, SymmetricOptions};
+pub use expert::{Combine, Dispatch, ExpertConfig, ExpertGroupParts};
 pub use signature::{
     compare, mismatch, with_word, Signature, SignedOp, LAMPORT_HEADER, SIGNATURE_ROUND,
     SIGNATURE_WORDS,
@@ -219,6 +221,10 @@ pub enum SymmetricOp<'a, M> {
     },
     /// An all-to-all whose counts are on the device ([`AllToAllV`]).
     AllToAllV(AllToAllV<'a, M>),
+    /// Expert parallelism's dispatch ([`Dispatch`]).
+    Dispatch(Dispatch<'a, M>),
+    /// Expert parallelism's combine ([`Combine`]).
+    Combine(Combine<'a, M>),
 }
 
 /// An all-to-all with its counts on the device, read when the work runs (PyTorch's
@@ -262,6 +268,8 @@ impl<'a, M> SymmetricOp<'a, M> {
     pub fn signature(&self) -> Signature {
         match self {
             SymmetricOp::Barrier { .. } => Signature::barrier(),
+            SymmetricOp::Dispatch(d) => expert::signature(SignedOp::Dispatch, &d.group),
+            SymmetricOp::Combine(c) => expert::signature(SignedOp::Combine, &c.group),
             SymmetricOp::AllToAllV(a) => Signature {
                 op: SignedOp::AllToAllV,
                 dtype: Some(a.dtype),
@@ -292,6 +300,8 @@ impl<'a, M> SymmetricOp<'a, M> {
         let slice = |s: Slice<'a, M>, arg: &'static str| s.map_mem(&f, arg);
         Ok(match self {
             SymmetricOp::Barrier { handle } => SymmetricOp::Barrier { handle },
+            SymmetricOp::Dispatch(d) => SymmetricOp::Dispatch(d.map_mem(f)?),
+            SymmetricOp::Combine(c) => SymmetricOp::Combine(c.map_mem(f)?),
             SymmetricOp::AllToAllV(a) => SymmetricOp::AllToAllV(AllToAllV {
                 out: slice(a.out, "out")?,
                 handle: a.handle,

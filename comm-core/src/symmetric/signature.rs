@@ -34,6 +34,10 @@ pub enum SignedOp {
     AllReduce(SymmetricAlgorithm),
     /// An all-to-all with counts on the device.
     AllToAllV,
+    /// Expert parallelism's dispatch.
+    Dispatch,
+    /// Expert parallelism's combine.
+    Combine,
 }
 
 /// One symmetric call as every rank must make it.
@@ -59,6 +63,8 @@ fn op_code(op: SignedOp) -> u32 {
         SignedOp::AllReduce(SymmetricAlgorithm::Lamport) => 2,
         SignedOp::Barrier => 3,
         SignedOp::AllToAllV => 1 << 10,
+        SignedOp::Dispatch => 1 << 10 | 1,
+        SignedOp::Combine => 1 << 10 | 2,
     }
 }
 
@@ -126,7 +132,11 @@ fn describe(what: &str, w: &[u32; SIGNATURE_WORDS]) -> String {
     let wide = |lo: usize| u64::from(w[lo]) | u64::from(w[lo + 1]) << 31;
     let kind = w[0];
     match what {
-        "algorithm" if kind >> 10 & 1 == 1 => "an all-to-all with device counts".into(),
+        "algorithm" if kind >> 10 & 1 == 1 => match kind & 3 {
+            0 => "an all-to-all with device counts".into(),
+            1 => "an expert dispatch".into(),
+            _ => "an expert combine".into(),
+        },
         "algorithm" => match kind & 3 {
             0 => "one-shot".into(),
             1 => "two-shot".into(),

@@ -239,10 +239,10 @@ impl<R: Runtime> SymmetricMemory<R> {
         base.ready_for_kernel(stream)?;
         let handle = match op {
             SymmetricOp::Barrier { handle } | SymmetricOp::AllReduce { handle, .. } => handle,
-            // The mock runs its protocol; the GPU kernel is not written yet.
-            SymmetricOp::AllToAllV(_) => {
+            // The mock runs their protocols; the GPU kernels are not written yet.
+            SymmetricOp::AllToAllV(_) | SymmetricOp::Dispatch(_) | SymmetricOp::Combine(_) => {
                 return Err(Error::unsupported(
-                    "the all-to-all with counts on the device (all_to_all_vdev)",
+                    format!("{} over symmetric memory", op.what().snake_name()),
                     "the mock (its GPU kernel is not built yet)",
                     "a GPU backend (NCCL or RCCL)",
                 ))
@@ -258,7 +258,9 @@ impl<R: Runtime> SymmetricMemory<R> {
                 params_of(base, &rec, control, KernelAlgorithm::Barrier),
             ),
             SymmetricOp::AllReduce { .. } => all_reduce_params(base, &rec, control, op)?,
-            SymmetricOp::AllToAllV(_) => return Err(unknown(handle)),
+            SymmetricOp::AllToAllV(_) | SymmetricOp::Dispatch(_) | SymmetricOp::Combine(_) => {
+                return Err(unknown(handle))
+            }
         };
         params.sig = sig;
         stream.watched_by(lc);

@@ -1,0 +1,259 @@
+//! Expert parallelism's dispatch and combine on the mock, with the protocol a GPU kernel
+//! runs over the group's symmetric memory (its layout: `unicomm_core::symmetric`'s expert
+//! module). Dispatch: the signature agreed at a barrier; each source pushes every routed
+//! token into its expert's rank's slot `(local expert, source)` with its origin, then
+//! publishes each slot's count in that rank's metadata; a barrier; every rank reads every
+//! rank's counts, so a slot over `max_tokens` or an expert id out of range is the same
+//! `InvalidArgument` on every rank; each rank compacts its slots expert-major. Combine: the
+//! signature agreed; each expert's rank pushes every output row back to its token's rank at
+//! `(token, k)`; a barrier; each rank sums its tokens' rows by their weights in f32, in `k`
+//! order, rounded once. The next call's first barrier keeps any rank from writing a slot a
+//! peer still reads.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use unicomm_core::symmetric::{ExpertConfig, ExpertGroupParts};
+use unicomm_core::{Error, Result};
+
+use super::kernels::{read, write, Local, Run, Ty};
+use super::protocol;
+use super::table::Record;
+
+/// A count that says the source's routing named an expert outside `0..experts`.
+const BAD_ID: u64 = u64::MAX;
+
+/// The group's memory on this rank and its capacities.
+pub(crate) struct Group {
+    pub recv: Arc<Record>,
+    pub meta: Arc<Record>,
+    pub back: Arc<Record>,
+    pub config: ExpertConfig,
+    pub ty: Ty,
+    pub world: usize,
+}
+
+/// One dispatch's operands on this rank.
+pub(crate) struct DispatchJob {
+    pub n: usize,
+    pub tokens: Local,
+    pub ids: Local,
+    pub out: Local,
+    pub counts: Local,
+}
+
+/// One combine's operands on this rank.
+pub(crate) struct CombineJob {
+    pub n: usize,
+    pub expert_out: Local,
+    pub ids: Local,
+    pub weights: Local,
+    pub out: Local,
+}
+
+impl Group {
+    pub(crate) fn new(
+        get: impl Fn(unicomm_core::registry::RawHandle) -> Result<Arc<Record>>,
+        g: &ExpertGroupParts,
+    ) -> Result<Group> {
+        let recv = get(g.recv)?;
+        Ok(Group {
+            world: recv.bases.len(),
+            meta: get(g.meta)?,
+            back: get(g.back)?,
+            recv,
+            config: g.config,
+            ty: Ty::of(g.dtype)?,
+        })
+    }
+
+    fn local(&self) -> usize {
+        self.config.experts / self.world
+    }
+
+    /// Slot `(l, s)`'s count word in rank `p`'s metadata.
+    fn count(&self, p: usize, l: usize, s: usize) -> Result<&std::sync::atomic::AtomicU64> {
+        self.meta.count(p, l * self.world + s)
+    }
+
+    /// Index of slot `(l, s)`'s entry `idx` among the slots.
+    fn slot(&self, l: usize, s: usize, idx: usize) -> usize {
+        (l * self.world + s) * self.config.max_tokens + idx
+    }
+}
+
+/// `n` i32 (as u32 bits) from `l`, under its read lock.
+fn words(l: &Local, n: usize, timeout: std::time::Duration) -> Result<Vec<u32>> {
+    let _g = l.alloc.read_lock(timeout)?;
+    Ok((0..n).map(|i| read(l, Ty::F32, i)).collect())
+}
+
+/// `l` moved on by `elems` elements of `ty`.
+fn at(l: &Local, ty: Ty, elems: usize) -> Local {
+    Local {
+        alloc: l.alloc.clone(),
+        offset: l.offset + elems * ty.size(),
+    }
+}
+
+/// The dispatch on this rank (see the module doc).
+pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
+    protocol::agree(run)?;
+    let (me, w, t) = (run.ctx.rank, g.world, run.ctx.timeout);
+    let ExpertConfig {
+        experts: e,
+        max_tokens: m,
+        hidden: h,
+        top_k: k,
+    } = g.config;
+    let local = g.local();
+    let ids = words(&d.ids, d.n * k, t)?;
+    let mut next = vec![0u64; e];
+    let mut bad = false;
+    {
+        let _r = d.tokens.alloc.read_lock(t)?;
+        for (i, &id) in ids.iter().enumerate() {
+            let id = id as i32;
+            if id < 0 {
+                continue;
+            }
+            let id = id as usize;
+            if id >= e {
+                bad = true;
+                continue;
+            }
+            let (r, l, idx) = (id / local, id % local, next[id] as usize);
+            next[id] += 1;
+            if idx >= m {
+                continue;
+            }
+            let slot = g.slot(l, me, idx);
+            for j in 0..h {
+                g.recv.set(
+                    g.ty,
+                    r,
+                    slot * h + j,
+                    read(&d.tokens, g.ty, (i / k) * h + j),
+                )?;
+            }
+            g.meta
+                .count(r, local * w + slot)?
+                .store(i as u64, Ordering::Relaxed);
+        }
+    }
+    for (id, &c) in next.iter().enumerate() {
+        let c = if bad { BAD_ID } else { c };
+        g.count(id / local, id % local, me)?
+            .store(c, Ordering::Relaxed);
+    }
+    protocol::barrier(run)?;
+    verdict(g)?;
+    compact(run, g, d)
+}
+
+/// Every rank's counts read: the first slot over `max_tokens`, or a source whose routing
+/// named an expert out of range, as the same error on every rank.
+fn verdict(g: &Group) -> Result<()> {
+    let (w, local, m) = (g.world, g.local(), g.config.max_tokens as u64);
+    for p in 0..w {
+        for l in 0..local {
+            for s in 0..w {
+                match g.count(p, l, s)?.load(Ordering::Relaxed) {
+                    BAD_ID => {
+                        return Err(Error::invalid(
+                            "ids",
+                            format!(
+                                "rank {s}'s routing names an expert outside 0..{}",
+                                g.config.experts
+                            ),
+                        ))
+                    }
+                    c if c > m => {
+                        return Err(Error::invalid(
+                            "max_tokens",
+                            format!(
+                                "expert {} (rank {p}) would receive {c} tokens from rank {s}, past max_tokens {m}",
+                                p * local + l
+                            ),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// This rank's slots compacted expert-major into the output, with each expert's count.
+fn compact(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
+    let (me, w, t) = (run.ctx.rank, g.world, run.ctx.timeout);
+    let (m, h) = (g.config.max_tokens, g.config.hidden);
+    let mut counts = Vec::with_capacity(g.local());
+    for l in 0..g.local() {
+        let mut rows = Vec::new();
+        for s in 0..w {
+            let c = g.count(me, l, s)?.load(Ordering::Relaxed) as usize;
+            for idx in 0..c {
+                let slot = g.slot(l, s, idx);
+                for j in 0..h {
+                    rows.push(g.recv.data(g.ty, me, slot * h + j)?);
+                }
+            }
+        }
+        counts.push((rows.len() / h) as u32);
+        write(&at(&d.out, g.ty, l * w * m * h), g.ty, &rows, t)?;
+    }
+    write(&d.counts, Ty::F32, &counts, t)
+}
+
+/// The combine on this rank (see the module doc).
+pub(crate) fn combine(run: &Run, g: &Group, c: &CombineJob) -> Result<()> {
+    protocol::agree(run)?;
+    let (me, w, t) = (run.ctx.rank, g.world, run.ctx.timeout);
+    let (m, h) = (g.config.max_tokens, g.config.hidden);
+    let local = g.local();
+    {
+        let _r = c.expert_out.alloc.read_lock(t)?;
+        for l in 0..local {
+            let mut pos = l * w * m;
+            for s in 0..w {
+                let n = g.count(me, l, s)?.load(Ordering::Relaxed) as usize;
+                for idx in 0..n {
+                    let origin = g.meta.count(me, local * w + g.slot(l, s, idx))?;
+                    let row = origin.load(Ordering::Relaxed) as usize;
+                    for j in 0..h {
+                        let x = read(&c.expert_out, g.ty, pos * h + j);
+                        g.back.set(g.ty, s, row * h + j, x)?;
+                    }
+                    pos += 1;
+                }
+            }
+        }
+    }
+    protocol::barrier(run)?;
+    sum_back(run, g, c)
+}
+
+/// Each of this rank's tokens: its rows weighted and summed in `k` order (f32), rounded.
+fn sum_back(run: &Run, g: &Group, c: &CombineJob) -> Result<()> {
+    let (me, t) = (run.ctx.rank, run.ctx.timeout);
+    let (h, k) = (g.config.hidden, g.config.top_k);
+    let ids = words(&c.ids, c.n * k, t)?;
+    let weights = words(&c.weights, c.n * k, t)?;
+    let mut out = Vec::with_capacity(c.n * h);
+    for tok in 0..c.n {
+        for j in 0..h {
+            let mut acc = 0.0f32;
+            for q in 0..k {
+                if (ids[tok * k + q] as i32) < 0 {
+                    continue;
+                }
+                let x = g.ty.to_f64(g.back.data(g.ty, me, (tok * k + q) * h + j)?) as f32;
+                acc += f32::from_bits(weights[tok * k + q]) * x;
+            }
+            out.push(g.ty.bits_f32(acc));
+        }
+    }
+    write(&c.out, g.ty, &out, t)
+}

@@ -1,0 +1,218 @@
+//! Expert parallelism: an [`ExpertGroup`] made collectively from a communicator with fixed
+//! capacities ([`ExpertConfig`]), and its dispatch (each token to the ranks holding its
+//! top-k experts, received expert-major with per-expert counts on the device) and combine
+//! (the experts' outputs back to their tokens, summed by the routing's weights). The counts
+//! are the device's: nothing waits for the host, and a graph's replays follow a new routing.
+//! Checked here (the capacities, every buffer's size, this rank's memory) before anything
+//! is enqueued; a capacity a routing exceeds on the device is `InvalidArgument` on every
+//! rank alike, never a token dropped.
+
+use crate::backend::Collective;
+use crate::buffer::{DeviceSlice, DeviceSliceMut, View};
+use crate::comm::Comm;
+use crate::element::Element;
+use crate::symmetric::{Combine, Dispatch, ExpertConfig, ExpertGroupParts, SymmetricOp};
+use crate::{Error, Result, Symmetric};
+
+/// Where a dispatch writes: each local expert's tokens (`[local][world * max_tokens]
+/// [hidden]`, expert-major, in source-rank order) and how many each received (`[local]`
+/// i32). An eager call takes them as `&mut`, a graph's step as `&`.
+#[derive(Debug)]
+pub struct ExpertTokens<O, N> {
+    /// The received tokens.
+    pub tokens: O,
+    /// Per local expert, how many.
+    pub counts: N,
+}
+
+/// An expert-parallel group on a communicator: `experts / world` experts on each rank, the
+/// capacities fixed at creation, its memory symmetric (every rank writes its peers' slots).
+/// It borrows its communicator; dropping it releases its memory.
+pub struct ExpertGroup<'c, T: Element, C: Collective> {
+    comm: &'c Comm<C>,
+    config: ExpertConfig,
+    local: usize,
+    recv: Symmetric<'c, T, C>,
+    meta: Symmetric<'c, i64, C>,
+    back: Symmetric<'c, T, C>,
+}
+
+impl<C: Collective> Comm<C> {
+    /// An expert-parallel group (collective and host-blocking: every rank calls it with the
+    /// same configuration, in the same order; capacities whose memory differs are
+    /// `Mismatch` on every rank). Tokens of f32, f16 or bf16. Its memory: `experts x
+    /// max_tokens` tokens to receive, `max_tokens x top_k` to combine, their counts and
+    /// origins. The mock runs it; on the GPUs its dispatch and combine are `Unsupported`
+    /// until their kernels are written.
+    pub fn expert_group<T: Element>(&self, config: ExpertConfig) -> Result<ExpertGroup<'_, T, C>> {
+        let w = self.world_size();
+        let local = config.local_experts(w)?;
+        // Combine sums in f32 and rounds to the tokens' type.
+        crate::symmetric::check_symmetric_type(T::DTYPE)?;
+        let ExpertConfig {
+            max_tokens: m,
+            hidden: h,
+            top_k: k,
+            ..
+        } = config;
+        let too_big = || Error::invalid("expert config", format!("{config:?} overflows"));
+        let slots = local
+            .checked_mul(w)
+            .and_then(|x| x.checked_mul(m))
+            .ok_or_else(too_big)?;
+        let recv = slots.checked_mul(h).ok_or_else(too_big)?;
+        let back = m
+            .checked_mul(k)
+            .and_then(|x| x.checked_mul(h))
+            .ok_or_else(too_big)?;
+        Ok(ExpertGroup {
+            comm: self,
+            config,
+            local,
+            recv: self.alloc_symmetric::<T>(recv)?,
+            meta: self.alloc_symmetric::<i64>(local * w + slots)?,
+            back: self.alloc_symmetric::<T>(back)?,
+        })
+    }
+}
+
+impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
+    /// The capacities.
+    pub fn config(&self) -> ExpertConfig {
+        self.config
+    }
+
+    /// Experts on each rank (rank `r` holds experts `r * local .. (r + 1) * local`).
+    pub fn local_experts(&self) -> usize {
+        self.local
+    }
+
+    /// Elements a dispatch's output holds: `local x world x max_tokens x hidden`.
+    pub fn received_len(&self) -> usize {
+        self.recv.len()
+    }
+
+    /// Sends each of this rank's `tokens` (`[n][hidden]`) once per entry of its row of
+    /// `ids` (`[n][top_k]` i32, the global expert, `-1` for none; `n` at most `max_tokens`)
+    /// to the rank holding that expert; receives each local expert's tokens expert-major
+    /// into `out.tokens` ([`received_len`](Self::received_len) elements; expert `l`'s from
+    /// `l * world * max_tokens` rows, in source-rank order, each source's in its
+    /// `(token, k)` order) and their number into `out.counts` (`[local]` i32). Collective.
+    pub fn dispatch(
+        &self,
+        tokens: &impl DeviceSlice<T, C>,
+        ids: &impl DeviceSlice<i32, C>,
+        out: ExpertTokens<&mut impl DeviceSliceMut<T, C>, &mut impl DeviceSliceMut<i32, C>>,
+        stream: &C::Stream,
+    ) -> Result<()> {
+        let (o, n) = (
+            out.tokens.view_mut().into_view(),
+            out.counts.view_mut().into_view(),
+        );
+        let op = self.dispatch_op(tokens.view(), ids.view(), o, n)?;
+        self.comm.sole()?.work((&op).into(), stream)
+    }
+
+    /// Sends the experts' outputs (`expert_out`, in the last dispatch's layout) back to
+    /// their tokens' ranks and writes each token's sum, weighted by `weights` (`[n][top_k]`
+    /// f32) in `k` order, in f32 and rounded once, into `out` (`[n][hidden]`). `ids` is the
+    /// last dispatch's routing; its `-1` entries contribute nothing. Collective.
+    pub fn combine(
+        &self,
+        expert_out: &impl DeviceSlice<T, C>,
+        ids: &impl DeviceSlice<i32, C>,
+        weights: &impl DeviceSlice<f32, C>,
+        out: &mut impl DeviceSliceMut<T, C>,
+        stream: &C::Stream,
+    ) -> Result<()> {
+        let out = out.view_mut().into_view();
+        let op = self.combine_op(expert_out.view(), ids.view(), weights.view(), out)?;
+        self.comm.sole()?.work((&op).into(), stream)
+    }
+
+    fn parts(&self) -> ExpertGroupParts {
+        ExpertGroupParts {
+            recv: self.recv.handle(),
+            meta: self.meta.handle(),
+            back: self.back.handle(),
+            config: self.config,
+            dtype: T::DTYPE,
+        }
+    }
+
+    /// The tokens of a routing of `ids` (`n` rows of `top_k`, at most `max_tokens`).
+    fn tokens_of(&self, ids: &View<'_, i32, C>) -> Result<usize> {
+        let (k, m) = (self.config.top_k, self.config.max_tokens);
+        let n = ids.len() / k;
+        if !ids.len().is_multiple_of(k) || n > m {
+            return Err(Error::invalid(
+                "ids",
+                format!(
+                    "{} entries: rows of top_k {k}, at most max_tokens {m} rows",
+                    ids.len()
+                ),
+            ));
+        }
+        Ok(n)
+    }
+
+    /// `v`, this rank's, cut to `len` elements (`InvalidArgument` naming `arg` if shorter).
+    fn fit<'v, U: Element>(
+        &self,
+        v: View<'v, U, C>,
+        len: usize,
+        arg: &'static str,
+    ) -> Result<View<'v, U, C>> {
+        self.comm.check(&v)?;
+        let have = v.len();
+        v.slice(..len).map_err(|_| {
+            Error::invalid(
+                arg,
+                format!("holds {have} elements, the operation needs {len}"),
+            )
+        })
+    }
+
+    pub(crate) fn dispatch_op<'v>(
+        &self,
+        tokens: View<'v, T, C>,
+        ids: View<'v, i32, C>,
+        out: View<'v, T, C>,
+        counts: View<'v, i32, C>,
+    ) -> Result<SymmetricOp<'v, C::Memory>> {
+        let n = self.tokens_of(&ids)?;
+        let h = self.config.hidden;
+        Ok(SymmetricOp::Dispatch(Dispatch {
+            group: self.parts(),
+            n,
+            tokens: self.fit(tokens, n * h, "tokens")?.raw(),
+            ids: self.fit(ids, n * self.config.top_k, "ids")?.raw(),
+            out: self.fit(out, self.recv.len(), "out")?.raw(),
+            counts: self.fit(counts, self.local, "counts")?.raw(),
+        }))
+    }
+
+    pub(crate) fn combine_op<'v>(
+        &self,
+        expert_out: View<'v, T, C>,
+        ids: View<'v, i32, C>,
+        weights: View<'v, f32, C>,
+        out: View<'v, T, C>,
+    ) -> Result<SymmetricOp<'v, C::Memory>> {
+        let n = self.tokens_of(&ids)?;
+        let (h, k) = (self.config.hidden, self.config.top_k);
+        Ok(SymmetricOp::Combine(Combine {
+            group: self.parts(),
+            n,
+            expert_out: self.fit(expert_out, self.recv.len(), "expert_out")?.raw(),
+            ids: self.fit(ids, n * k, "ids")?.raw(),
+            weights: self.fit(weights, n * k, "weights")?.raw(),
+            out: self.fit(out, n * h, "out")?.raw(),
+        }))
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &'c Comm<C> {
+        self.comm
+    }
+}

@@ -1,0 +1,57 @@
+//! Expert parallelism's dispatch and combine through a [`Step`]: the group and the buffers
+//! borrowed for the graph's life, the routing read anew at each replay.
+
+use super::Step;
+use crate::backend::Collective;
+use crate::buffer::{DeviceSlice, DeviceSliceMut};
+use crate::capturing::{Phase, StepCall};
+use crate::comm::Comm;
+use crate::element::Element;
+use crate::expert::{ExpertGroup, ExpertTokens};
+use crate::symmetric::SymmetricOp;
+use crate::Result;
+
+impl<'a, C: Collective> Step<'a, C> {
+    /// [`ExpertGroup::dispatch`], through the step.
+    pub fn expert_dispatch<T: Element>(
+        &self,
+        group: &'a ExpertGroup<'_, T, C>,
+        tokens: &'a impl DeviceSlice<T, C>,
+        ids: &'a impl DeviceSlice<i32, C>,
+        out: ExpertTokens<&'a impl DeviceSliceMut<T, C>, &'a impl DeviceSliceMut<i32, C>>,
+    ) -> Result<()> {
+        let (o, n) = (out.tokens.view(), out.counts.view());
+        let comm = group.comm();
+        self.used(comm, &o);
+        self.used(comm, &n);
+        let _call = StepCall::enter();
+        let op = group.dispatch_op(tokens.view(), ids.view(), o, n)?;
+        self.run(comm, op)
+    }
+
+    /// [`ExpertGroup::combine`], through the step.
+    pub fn expert_combine<T: Element>(
+        &self,
+        group: &'a ExpertGroup<'_, T, C>,
+        expert_out: &'a impl DeviceSlice<T, C>,
+        ids: &'a impl DeviceSlice<i32, C>,
+        weights: &'a impl DeviceSlice<f32, C>,
+        out: &'a impl DeviceSliceMut<T, C>,
+    ) -> Result<()> {
+        let o = out.view();
+        let comm = group.comm();
+        self.used(comm, &o);
+        let _call = StepCall::enter();
+        let op = group.combine_op(expert_out.view(), ids.view(), weights.view(), o)?;
+        self.run(comm, op)
+    }
+
+    /// `op` enqueued, except in the capture's warm-up pass (which runs nothing: the data
+    /// moves at the replays).
+    fn run(&self, comm: &'a Comm<C>, op: SymmetricOp<'_, C::Memory>) -> Result<()> {
+        match self.phase {
+            Phase::Warm => Ok(()),
+            _ => comm.sole()?.work((&op).into(), self.stream),
+        }
+    }
+}
