@@ -6,12 +6,12 @@
 //! The CUDA backend only.
 
 use anyhow::{bail, Context};
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
 use std::sync::Arc;
 use unicomm::AnyStream;
 
 use super::drive::cuda_stream;
+use super::modes::{captured, copy_graph};
 
 /// The floors at one size.
 #[derive(Debug, Clone, Copy)]
@@ -22,26 +22,6 @@ pub struct Floor {
     pub empty_us: f64,
     /// A device-to-device copy of `bytes`, per copy (us).
     pub copy_us: f64,
-}
-
-/// `op` (one operation on the capturing stream) `iters` times in a graph.
-fn captured(
-    cs: &Arc<CudaStream>,
-    iters: usize,
-    mut op: impl FnMut() -> anyhow::Result<()>,
-) -> anyhow::Result<CudaGraph> {
-    cs.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(|e| anyhow::anyhow!("cuStreamBeginCapture: {e:?}"))?;
-    let ran = (0..iters).try_for_each(|_| op());
-    // The capture is ended whatever the operations did, so the stream leaves capture mode.
-    let g =
-        cs.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
-    ran?;
-    match g {
-        Ok(Some(g)) => Ok(g),
-        Ok(None) => bail!("the captured graph is empty"),
-        Err(e) => bail!("cuStreamEndCapture: {e:?}"),
-    }
 }
 
 /// Per operation of `g` (`iters` of them): the median over `launches` launches (us).
@@ -99,12 +79,8 @@ pub(crate) fn floors(
         .map_err(|e| anyhow::anyhow!("cuMemAlloc: {e:?}"))?;
     let mut out = Vec::new();
     for &bytes in sizes {
-        let g = captured(&cs, iters, || {
-            let (from, mut to) = (src.slice(0..bytes.max(1)), dst.slice_mut(0..bytes.max(1)));
-            cs.memcpy_dtod(&from, &mut to)
-                .map_err(|e| anyhow::anyhow!("cuMemcpyDtoDAsync: {e:?}"))
-        })
-        .context("capturing the device-to-device copy")?;
+        let g = copy_graph(&cs, iters, &src, &mut dst, bytes)
+            .context("capturing the device-to-device copy")?;
         out.push(Floor {
             bytes,
             empty_us,

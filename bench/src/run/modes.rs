@@ -5,7 +5,11 @@
 
 use std::ffi::c_void;
 
+use std::sync::Arc;
+
 use anyhow::{bail, Context};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use unicomm::generic::DeviceSliceMut;
 use unicomm::{AnyComm, AnyStream, Buffer, Capabilities, DataType, ReduceOp};
 use unicomm_nccl_api::sys::codes::NcclCode;
@@ -433,4 +437,47 @@ pub(crate) fn verify<T: Val>(
         .enumerate()
         .filter(|(j, x)| x.f() != T::of(want(*j)).f())
         .count() as u64)
+}
+
+/// `op` (one operation on the capturing stream) `iters` times in a graph.
+pub(crate) fn captured(
+    cs: &Arc<CudaStream>,
+    iters: usize,
+    mut op: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<CudaGraph> {
+    cs.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(|e| anyhow::anyhow!("cuStreamBeginCapture: {e:?}"))?;
+    let ran = (0..iters).try_for_each(|_| op());
+    // The capture is ended whatever the operations did, so the stream leaves capture mode.
+    let g =
+        cs.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    ran?;
+    match g {
+        Ok(Some(g)) => Ok(g),
+        Ok(None) => bail!("the captured graph is empty"),
+        Err(e) => bail!("cuStreamEndCapture: {e:?}"),
+    }
+}
+
+/// `iters` device-to-device copies of `bytes` (at least 1, at most either buffer) from `src`
+/// to `dst`, captured into one graph on `cs`: the floor's copy. The addresses are taken
+/// before the capture (cudarc's event waits inside it would invalidate it); the graph must
+/// be launched only while both buffers live (`floors` holds them until its graphs are gone).
+pub(crate) fn copy_graph(
+    cs: &Arc<CudaStream>,
+    iters: usize,
+    src: &CudaSlice<u8>,
+    dst: &mut CudaSlice<u8>,
+    bytes: usize,
+) -> anyhow::Result<CudaGraph> {
+    let bytes = bytes.max(1).min(src.len()).min(dst.len());
+    let (from, _read) = src.device_ptr(cs);
+    let (to, _written) = dst.device_ptr_mut(cs);
+    captured(cs, iters, || {
+        // SAFETY: both ranges lie inside live allocations of `cs`'s context (`bytes` is at
+        // most either length); the copy runs at the graph's launches, while the caller
+        // holds the buffers.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, bytes, cs.cu_stream()) }
+            .map_err(|e| anyhow::anyhow!("cuMemcpyDtoDAsync: {e:?}"))
+    })
 }
