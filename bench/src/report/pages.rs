@@ -8,6 +8,9 @@ use anyhow::{bail, Context};
 
 /// `unicomm-bench report --times COLL MODES SIZES RUN.json`'s table: per size (out of place),
 /// each mode's time in microseconds, with its bus bandwidth in GB/s in brackets from 1 MiB.
+/// SIZES is a list of sizes (`8,512K,2M`), or a word of a preset's labels (`h8192`: a row
+/// per label holding it, in the run's order). Bus bandwidth shows from 1 MiB where the run
+/// has one.
 pub fn times_table(doc: &serde_json::Value, spec: &str) -> anyhow::Result<String> {
     let mut words = spec.split_whitespace();
     let (Some(coll), Some(modes), Some(sizes), None) =
@@ -19,12 +22,16 @@ pub fn times_table(doc: &serde_json::Value, spec: &str) -> anyhow::Result<String
     let rows = doc["results"]
         .as_array()
         .context("no `results` in the JSON")?;
-    let mut out = format!("| size | {} |\n| ---: |", modes.join(" | "));
+    let first = if sizes.starts_with(|c: char| c.is_ascii_digit()) {
+        "size"
+    } else {
+        "shape"
+    };
+    let mut out = format!("| {first} | {} |\n| ---: |", modes.join(" | "));
     out.push_str(&" ---: |".repeat(modes.len()));
     out.push('\n');
-    for size in sizes.split(',') {
-        let bytes = parse_size(size)?;
-        out.push_str(&format!("| {} |", pretty(bytes)));
+    for (title, pick) in picks(rows, sizes)? {
+        out.push_str(&format!("| {title} |"));
         for mode in &modes {
             let r = rows
                 .iter()
@@ -32,12 +39,14 @@ pub fn times_table(doc: &serde_json::Value, spec: &str) -> anyhow::Result<String
                     r["collective"] == coll
                         && r["mode"] == *mode
                         && r["inPlace"] == false
-                        && r["size"].as_u64() == Some(bytes)
+                        && pick.holds(r)
                 })
-                .with_context(|| format!("no {coll} {mode} at {size} in the JSON"))?;
+                .with_context(|| format!("no {coll} {mode} at {title} in the JSON"))?;
+            let bytes = r["size"].as_u64().context("no `size`")?;
             let t = r["time"].as_f64().context("no `time`")?;
             let bus = r["busBw"].as_f64().context("no `busBw`")?;
-            if bytes >= 1 << 20 {
+            // Bus bandwidth from 1 MiB, where there is one (a world of one has none).
+            if bytes >= 1 << 20 && bus > 0.0 {
                 out.push_str(&format!(" {t:.1} ({bus:.1}) |"));
             } else {
                 out.push_str(&format!(" {t:.2} |"));
@@ -46,6 +55,47 @@ pub fn times_table(doc: &serde_json::Value, spec: &str) -> anyhow::Result<String
         out.push('\n');
     }
     Ok(out)
+}
+
+/// Which results a row of a times table shows.
+enum Pick {
+    Size(u64),
+    Label(String),
+}
+
+impl Pick {
+    fn holds(&self, r: &serde_json::Value) -> bool {
+        match self {
+            Pick::Size(b) => {
+                r["size"].as_u64() == Some(*b) && r["label"].as_str().is_none_or(str::is_empty)
+            }
+            Pick::Label(l) => r["label"] == l.as_str(),
+        }
+    }
+}
+
+/// The rows SIZES names (see [`times_table`]), each with its title.
+fn picks(rows: &[serde_json::Value], sizes: &str) -> anyhow::Result<Vec<(String, Pick)>> {
+    if sizes.starts_with(|c: char| c.is_ascii_digit()) {
+        return sizes
+            .split(',')
+            .map(|s| Ok((pretty(parse_size(s)?), Pick::Size(parse_size(s)?))))
+            .collect();
+    }
+    let mut labels: Vec<String> = Vec::new();
+    for r in rows {
+        let l = r["label"].as_str().unwrap_or("");
+        if l.split_whitespace().any(|w| w == sizes) && !labels.iter().any(|x| x == l) {
+            labels.push(l.to_string());
+        }
+    }
+    if labels.is_empty() {
+        bail!("no label of the JSON holds {sizes:?}");
+    }
+    Ok(labels
+        .into_iter()
+        .map(|l| (l.clone(), Pick::Label(l)))
+        .collect())
 }
 
 /// `8`, `512K`, `2M`, `1G` as bytes.
