@@ -1,16 +1,20 @@
 //! Expert parallelism on the mock: dispatch and combine exact at worlds 1-8 (threads),
 //! eager and over graph replays with a new routing before each, top-k above the world; a
 //! capacity exceeded or an expert id out of range on one rank refused alike on every rank,
-//! the ranks in step after it.
+//! the ranks in step after it; a rank that never comes ends the others' wait at the deadline.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use unicomm_core::{each_rank, Comm, DeviceStream, Error, ExpertConfig, ExpertTokens};
 use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
 fn comms(world: usize) -> Vec<Comm<MockComm>> {
+    comms_by(world, Duration::from_secs(20))
+}
+
+fn comms_by(world: usize, timeout: Duration) -> Vec<Comm<MockComm>> {
     let config = MockConfig {
-        timeout: Duration::from_secs(20),
+        timeout,
         ..MockConfig::default()
     };
     local_comms_with(world, config).unwrap()
@@ -89,5 +93,42 @@ fn an_overflow_or_a_bad_expert_on_one_rank_is_refused_alike_on_every_rank() {
             };
             assert_eq!(s[2], want, "rank {r} of {w}");
         }
+    }
+}
+
+/// Rank 1 holds its part of the group and never dispatches: rank 0's dispatch ends at the
+/// deadline with `Timeout` naming rank 1 (no wait on a peer without one).
+#[test]
+fn a_rank_that_never_dispatches_ends_the_wait_at_the_deadline() {
+    let cs = comms_by(2, Duration::from_millis(400));
+    let cfg = ExpertConfig {
+        experts: 2,
+        max_tokens: 4,
+        hidden: 2,
+        top_k: 1,
+    };
+    let got = each_rank(&cs, |c| -> unicomm_core::Result<Option<Error>> {
+        let st = c.create_stream()?;
+        let g = c.expert_group::<f32>(cfg)?;
+        if c.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(900));
+            return Ok(None);
+        }
+        let (tokens, ids) = (c.upload(&[1.0f32; 2], &st)?, c.upload(&[1i32], &st)?);
+        let (mut out, mut counts) = (c.alloc::<f32>(g.received_len())?, c.alloc::<i32>(1)?);
+        let t0 = Instant::now();
+        let o = ExpertTokens {
+            tokens: &mut out,
+            counts: &mut counts,
+        };
+        g.dispatch(&tokens, &ids, o, &st)?;
+        let e = st.synchronize().err();
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        Ok(e)
+    })
+    .unwrap();
+    match &got[0] {
+        Some(Error::Timeout { what, .. }) => assert!(what.contains("rank 1"), "{what}"),
+        other => panic!("{other:?}"),
     }
 }
