@@ -99,6 +99,19 @@ pub(crate) fn local_rank(
     config: &MockConfig,
     rejoin: unicomm_bootstrap::Rejoin,
 ) -> Result<MockComm> {
+    rank_on(fabric, rank, n, world_id, false, config, rejoin)
+}
+
+/// Rank `rank` of a world on `fabric`: its buffers in shared memory where `shared`.
+fn rank_on(
+    fabric: Arc<dyn Exchange>,
+    rank: usize,
+    n: usize,
+    world_id: u64,
+    shared: bool,
+    config: &MockConfig,
+    rejoin: unicomm_bootstrap::Rejoin,
+) -> Result<MockComm> {
     Ok(MockComm {
         ctx: Arc::new(RankCtx {
             rank,
@@ -114,7 +127,7 @@ pub(crate) fn local_rank(
             flight: FlightRecorder::from_env("world", rank, n)?,
             target: config.target.clone(),
         }),
-        shared: false,
+        shared,
         world_id,
         device: (NEXT_DEVICE.fetch_add(1, Ordering::Relaxed), rank),
         registry: Registry::new(),
@@ -193,33 +206,8 @@ pub(crate) fn process_rank(
     config: &MockConfig,
     rejoin: unicomm_bootstrap::Rejoin,
 ) -> Result<MockComm> {
-    Ok(MockComm {
-        ctx: Arc::new(RankCtx {
-            rank,
-            world: n,
-            fabric,
-            timeout: config.timeout,
-            faults: config
-                .faults
-                .iter()
-                .filter(|f| f.rank == rank)
-                .copied()
-                .collect(),
-            flight: FlightRecorder::from_env("world", rank, n)?,
-            target: config.target.clone(),
-        }),
-        shared: true,
-        world_id: NEXT_WORLD.fetch_add(1, Ordering::Relaxed),
-        device: (NEXT_DEVICE.fetch_add(1, Ordering::Relaxed), rank),
-        registry: Registry::new(),
-        seq: Arc::new(AtomicU64::new(0)),
-        issued: Arc::new(AtomicU64::new(0)),
-        state: AtomicLife::new(Life::Live),
-        rejoin,
-        shrinks: AtomicU64::new(0),
-        windows: crate::windows::windows(),
-        symmetric: crate::symmetric::table::Table::default(),
-    })
+    let world_id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
+    rank_on(fabric, rank, n, world_id, true, config, rejoin)
 }
 
 /// `n` typed communicators with the default configuration and `UNICOMM_MOCK_TIMEOUT_MS`.
