@@ -672,11 +672,38 @@ template <typename T, int L> __device__ bool lamport(const Params& p, Launch& l,
   return l.fault == 0;
 }
 
+// Element i of `base` through L2 (the block wrote it before its last __syncthreads, or it
+// is read-only), and its store: not `volatile`, so that a thread's loads of several
+// elements are in flight at once rather than one round trip each.
+template <typename T> __device__ __forceinline__ typename Ty<T>::Bits ld_elem(uint64_t base, uint64_t i) {
+  return __ldcg((const typename Ty<T>::Bits*)base + i);
+}
+template <typename T> __device__ __forceinline__ void st_elem(uint64_t base, uint64_t i, typename Ty<T>::Bits b) {
+  __stcg((typename Ty<T>::Bits*)base + i, b);
+}
+
+// The elements j, j + BLOCK, ... of a row this thread owns, NORM_UNROLL at a time (their
+// loads issued before the first use), then one at a time: f(j) for each, in order.
+#define NORM_UNROLL 4
+template <typename Ld, typename Use>
+__device__ __forceinline__ void each_of_row(uint64_t hidden, Ld ld, Use use) {
+  uint64_t j = threadIdx.x;
+  for (; j + (NORM_UNROLL - 1) * BLOCK < hidden; j += NORM_UNROLL * BLOCK) {
+    decltype(ld(j)) v[NORM_UNROLL];
+#pragma unroll
+    for (int k = 0; k < NORM_UNROLL; k++) v[k] = ld(j + k * BLOCK);
+#pragma unroll
+    for (int k = 0; k < NORM_UNROLL; k++) use(j + k * BLOCK, v[k]);
+  }
+  for (; j < hidden; j += BLOCK) use(j, ld(j));
+}
+
 // The fused residual add and RMSNorm over `out` (the all-reduce's result), this block's
 // rows: residual = out + residual (rounded to the type), out = residual / sqrt(mean(
 // residual^2) + eps) * weight, the mean and the scale in f32; with `out8`, also
 // out8 = e4m3(out * scale), saturated (TensorRT-LLM's and FlashInfer's FP8 output).
 template <typename T> __device__ void add_and_norm(const Params& p) {
+  typedef typename Ty<T>::Bits B;
   __shared__ float partial[BLOCK / 32];
   __shared__ float scale;
   const float fp8_scale = p.out8 ? *(const float*)p.scale : 0.f;
@@ -684,12 +711,15 @@ template <typename T> __device__ void add_and_norm(const Params& p) {
   for (uint64_t row = blockIdx.x; row < p.count / p.hidden; row += gridDim.x) {
     uint64_t base = row * p.hidden;
     float ss = 0.f;
-    for (uint64_t j = threadIdx.x; j < p.hidden; j += BLOCK) {
-      typename Ty<T>::Bits r = reduce<T>(OP_SUM, load<T>(p.out, base + j), load<T>(p.residual, base + j));
-      store<T>(p.residual, base + j, r);
-      float x = Ty<T>::f(r);
-      ss += x * x;
-    }
+    each_of_row(
+        p.hidden,
+        [&](uint64_t j) { return make_uint2(ld_elem<T>(p.out, base + j), ld_elem<T>(p.residual, base + j)); },
+        [&](uint64_t j, uint2 v) {
+          B r = reduce<T>(OP_SUM, (B)v.x, (B)v.y);
+          st_elem<T>(p.residual, base + j, r);
+          float x = Ty<T>::f(r);
+          ss += x * x;
+        });
     for (int o = 16; o > 0; o /= 2) ss += __shfl_down_sync(0xffffffffu, ss, o);
     if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
     __syncthreads();
@@ -699,14 +729,16 @@ template <typename T> __device__ void add_and_norm(const Params& p) {
       scale = 1.f / sqrtf(t / (float)p.hidden + p.eps);
     }
     __syncthreads();
-    for (uint64_t j = threadIdx.x; j < p.hidden; j += BLOCK) {
-      float x = Ty<T>::f(load<T>(p.residual, base + j));
-      typename Ty<T>::Bits y = Ty<T>::bits(x * scale * Ty<T>::f(load<T>(p.weight, j)));
-      store<T>(p.out, base + j, y);
-      // The result in T times the FP8 scale, saturated to e4m3's finite range (the mock's).
-      if (p.out8)
-        ((uint8_t*)p.out8)[base + j] = __nv_cvt_float_to_fp8(Ty<T>::f(y) * fp8_scale, __NV_SATFINITE, __NV_E4M3);
-    }
+    each_of_row(
+        p.hidden,
+        [&](uint64_t j) { return make_uint2(ld_elem<T>(p.residual, base + j), ld_elem<T>(p.weight, j)); },
+        [&](uint64_t j, uint2 v) {
+          B y = Ty<T>::bits(Ty<T>::f((B)v.x) * scale * Ty<T>::f((B)v.y));
+          st_elem<T>(p.out, base + j, y);
+          // The result in T times the FP8 scale, saturated to e4m3's finite range (the mock's).
+          if (p.out8)
+            ((uint8_t*)p.out8)[base + j] = __nv_cvt_float_to_fp8(Ty<T>::f(y) * fp8_scale, __NV_SATFINITE, __NV_E4M3);
+        });
     __syncthreads();
   }
 }
