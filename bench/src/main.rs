@@ -28,6 +28,7 @@
 #![deny(unsafe_code)]
 
 mod mode;
+mod moe_ep;
 mod report;
 mod run;
 mod workloads;
@@ -329,8 +330,10 @@ fn main() {
 }
 
 fn bench() -> anyhow::Result<()> {
-    if std::env::args().nth(1).as_deref() == Some("report") {
-        return report::report(std::env::args().skip(1));
+    match std::env::args().nth(1).as_deref() {
+        Some("report") => return report::report(std::env::args().skip(1)),
+        Some("moe-ep") => return moe_ep::moe_ep(std::env::args().skip(1)),
+        _ => {}
     }
     let args = Args::parse();
     if let Some(json) = &args.replot {

@@ -507,3 +507,50 @@ fn the_fused_modes_time_the_decode_shapes_with_the_residual_checked() {
     let rows = sweep["results"].as_array().expect("results");
     assert!(rows.iter().all(|r| r["mode"] == "plain"), "{rows:?}");
 }
+
+/// `moe-ep`: dispatch and combine of a MoE layer's routing on the mock, eager and in a
+/// graph, every rank's combine equal to its fixed-order reference.
+#[test]
+fn the_moe_ep_command_times_dispatch_and_combine_checked() {
+    let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
+        .args([
+            "moe-ep",
+            "--vendor",
+            "mock",
+            "--ranks",
+            "4",
+            "--tokens",
+            "16",
+            "--hidden",
+            "24",
+            "--experts",
+            "16",
+            "--top-k",
+            "4",
+            "-n",
+            "3",
+            "-w",
+            "1",
+            "-G",
+            "2",
+        ])
+        .output()
+        .expect("run unicomm-bench moe-ep");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    for r in rows {
+        let f: Vec<&str> = r.split_whitespace().collect();
+        assert_eq!(f.len(), 4, "{r}");
+        assert_eq!(f[3], "0", "{r}");
+        assert!(
+            f[1].parse::<f64>().is_ok() && f[2].parse::<f64>().is_ok(),
+            "{r}"
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! `unicomm-bench moe-ep`: expert parallelism's dispatch and combine timed as a MoE layer
+//! runs them (DeepSeek-V3's decode by default: 128 tokens a rank, hidden 7168, top-8 of 256
+//! experts, bf16; `--tokens 4096` for a prefill), eagerly and in a graph (`-G`), the
+//! combine's result checked against a fixed-order f32 reference (identity experts: each
+//! token's weighted sum of itself). Device events, back-to-back steps, us per step (a
+//! dispatch and a combine). A backend without expert parallelism's kernels says so.
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use unicomm::{bf16, ExpertConfig, ExpertTokens, Graph, Vendor};
+
+/// `unicomm-bench moe-ep` arguments.
+#[derive(Parser, Debug)]
+#[command(name = "unicomm-bench moe-ep")]
+struct MoeArgs {
+    /// auto, cuda, rocm or mock.
+    #[arg(long, default_value = "auto")]
+    vendor: String,
+    /// Ranks of a local world (one process; under a launcher, the launcher's).
+    #[arg(long)]
+    ranks: Option<usize>,
+    /// Tokens per rank.
+    #[arg(long, default_value_t = 128)]
+    tokens: usize,
+    /// Elements per token.
+    #[arg(long, default_value_t = 7168)]
+    hidden: usize,
+    /// Experts in all (a multiple of the world size).
+    #[arg(long, default_value_t = 256)]
+    experts: usize,
+    /// Experts per token.
+    #[arg(long, default_value_t = 8)]
+    top_k: usize,
+    /// Timed steps.
+    #[arg(short = 'n', long, default_value_t = 20)]
+    iters: usize,
+    /// Warm-up steps.
+    #[arg(short = 'w', long, default_value_t = 5)]
+    warmup: usize,
+    /// Launches of a graph of `iters` steps (0: no graph).
+    #[arg(short = 'G', long, default_value_t = 0)]
+    graphs: usize,
+}
+
+/// One rank's figures: us per step eagerly and in a graph, elements that differ.
+struct Figures {
+    eager_us: f64,
+    graph_us: Option<f64>,
+    wrong: usize,
+}
+
+/// `unicomm-bench moe-ep ARGS`.
+pub fn moe_ep(args: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
+    let a = MoeArgs::parse_from(args);
+    let (vendor, _) =
+        unicomm::resolve(a.vendor.parse::<Vendor>()?).context("choosing the vendor")?;
+    let comms = if unicomm::bootstrap::LaunchEnv::detect().is_ok() {
+        vec![unicomm::from_env(vendor).context("joining the launched world")?]
+    } else {
+        unicomm::local_comms_n(vendor, a.ranks).context("creating communicators")?
+    };
+    let w = comms[0].world_size();
+    let cfg = ExpertConfig {
+        experts: a.experts,
+        max_tokens: a.tokens,
+        hidden: a.hidden,
+        top_k: a.top_k,
+    };
+    let got = unicomm::each_rank(&comms, |c| rank(c, &a, cfg)).map_err(anyhow::Error::from)?;
+    if comms[0].rank() == 0 {
+        println!(
+            "# unicomm-bench moe-ep: {} ranks ({}), {} tokens a rank, hidden {}, top-{} of {} experts, bf16, {} steps",
+            w, comms[0].capabilities().backend, a.tokens, a.hidden, a.top_k, a.experts, a.iters
+        );
+        println!("# rank  eager (us/step)  graph (us/step)  #wrong");
+    }
+    for (c, f) in comms.iter().zip(&got) {
+        match f {
+            None => println!(
+                "  {:>4}  expert parallelism is not run by this backend yet",
+                c.rank()
+            ),
+            Some(f) => println!(
+                "  {:>4}  {:>15.2}  {:>15}  {:>6}",
+                c.rank(),
+                f.eager_us,
+                f.graph_us.map_or("-".into(), |g| format!("{g:.2}")),
+                f.wrong
+            ),
+        }
+    }
+    let wrong: usize = got.iter().flatten().map(|f| f.wrong).sum();
+    if wrong > 0 {
+        bail!("{wrong} wrong elements");
+    }
+    Ok(())
+}
+
+/// Rank `r`'s routing: `top_k` distinct experts a token (`-1` for none on one token in
+/// eleven), weights `1 / top_k`; tokens of small integers.
+fn routing(r: usize, a: &MoeArgs) -> (Vec<i32>, Vec<f32>, Vec<bf16>) {
+    let (n, k, e) = (a.tokens, a.top_k, a.experts);
+    let mut ids = Vec::with_capacity(n * k);
+    for t in 0..n {
+        let start = (r * 131 + t * 17) % e;
+        for q in 0..k {
+            let id = (start + q * (e / k).max(1)) % e;
+            ids.push(if (t + q) % 11 == 10 { -1 } else { id as i32 });
+        }
+    }
+    let weights = vec![1.0 / k as f32; n * k];
+    let tokens = (0..n * a.hidden)
+        .map(|i| bf16::from_f32(((r + i) % 9) as f32 - 4.0))
+        .collect();
+    (ids, weights, tokens)
+}
+
+/// Each token's combine with identity experts: its weighted sum of itself, in `k` order.
+fn reference(ids: &[i32], weights: &[f32], tokens: &[bf16], a: &MoeArgs) -> Vec<bf16> {
+    let (h, k) = (a.hidden, a.top_k);
+    (0..a.tokens * h)
+        .map(|i| {
+            let (t, j) = (i / h, i % h);
+            let mut acc = 0.0f32;
+            for q in 0..k {
+                if ids[t * k + q] >= 0 {
+                    acc += weights[t * k + q] * tokens[t * h + j].to_f32();
+                }
+            }
+            bf16::from_f32(acc)
+        })
+        .collect()
+}
+
+fn rank(c: &unicomm::Comm, a: &MoeArgs, cfg: ExpertConfig) -> unicomm::Result<Option<Figures>> {
+    let st = c.create_stream()?;
+    let g = match c.expert_group::<bf16>(cfg) {
+        Err(unicomm::Error::Unsupported { .. }) => return Ok(None),
+        other => other?,
+    };
+    let (ids, weights, tokens) = routing(c.rank(), a);
+    let want = reference(&ids, &weights, &tokens, a);
+    let (ids_d, weights_d) = (c.upload(&ids, &st)?, c.upload(&weights, &st)?);
+    let tokens_d = c.upload(&tokens, &st)?;
+    let (mut out, mut counts) = (
+        c.alloc::<bf16>(g.received_len())?,
+        c.alloc::<i32>(g.local_experts())?,
+    );
+    let mut back = c.alloc::<bf16>(a.tokens * a.hidden)?;
+    let mut step = |out: &mut unicomm::Buffer<bf16>, back: &mut unicomm::Buffer<bf16>| {
+        let o = ExpertTokens {
+            tokens: &mut *out,
+            counts: &mut counts,
+        };
+        g.dispatch(&tokens_d, &ids_d, o, &st)?;
+        g.combine(&*out, &ids_d, &weights_d, back, &st)
+    };
+    for _ in 0..a.warmup.max(1) {
+        match step(&mut out, &mut back) {
+            Err(unicomm::Error::Unsupported { .. }) => return Ok(None),
+            other => other?,
+        }
+    }
+    let begin = st.record()?;
+    for _ in 0..a.iters {
+        step(&mut out, &mut back)?;
+    }
+    let end = st.record()?;
+    st.synchronize()?;
+    let eager_us = begin.elapsed_ms(&end)? * 1e3 / a.iters.max(1) as f64;
+    let got = back.copy_to_host(&st)?;
+    let wrong = got
+        .iter()
+        .zip(&want)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    let graph_us = if a.graphs > 0 {
+        let (out, back) = (&out, &back);
+        let graph = Graph::capture(&st, |s| {
+            (0..a.iters).try_for_each(|_| {
+                let o = ExpertTokens {
+                    tokens: out,
+                    counts: &counts,
+                };
+                s.expert_dispatch(&g, &tokens_d, &ids_d, o)?;
+                s.expert_combine(&g, out, &ids_d, &weights_d, back)
+            })
+        })?;
+        graph.launch(&st)?;
+        let begin = st.record()?;
+        for _ in 0..a.graphs {
+            graph.launch(&st)?;
+        }
+        let end = st.record()?;
+        st.synchronize()?;
+        Some(begin.elapsed_ms(&end)? * 1e3 / (a.graphs * a.iters.max(1)) as f64)
+    } else {
+        None
+    };
+    Ok(Some(Figures {
+        eager_us,
+        graph_us,
+        wrong,
+    }))
+}
