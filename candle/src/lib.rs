@@ -32,6 +32,9 @@
 //!   [`ShardedEmbedding`], built from a full weight and a [`Shard`] as candle-nn's
 //!   `ShardedVarBuilder` loads them; [`QkvColumnLinear`], grouped-query attention's
 //!   query/key/value projections fused into one column-parallel product.
+//! - [`ExpertParallelMoe`]: a mixture-of-experts layer with its experts spread over the
+//!   ranks, over unicomm's dispatch and combine; [`moe_reference`] is the same layer
+//!   unsharded.
 //!
 //! On the CPU the op lends candle's storage and the output's vector to the mock for the
 //! call (`unicomm::host_scope`): no copy where the ranks are threads of one process, a copy
@@ -47,6 +50,7 @@ mod comm;
 mod fused;
 pub mod layers;
 mod methods;
+mod moe;
 mod ops;
 mod qkv;
 mod workspace;
@@ -54,6 +58,7 @@ mod workspace;
 pub use comm::{unicomm_error, Communicator};
 pub use fused::FusedNorm;
 pub use layers::{Shard, ShardedEmbedding, TensorParallelColumnLinear, TensorParallelRowLinear};
+pub use moe::{moe_reference, ExpertParallelMoe};
 pub use ops::{
     AllGather, AllReduce, AllToAll, Broadcast, Gather, Recv, Reduce, ReduceScatter, Scatter, Send,
 };

@@ -132,6 +132,8 @@ fn mock_examples(o: &Opts) -> Result<()> {
         // Two pipeline stages of two tensor-parallel ranks, the stages' hand-offs by
         // send/recv: equal to the unsharded forward on every rank.
         ("pipeline_tp", 4, &[], &[], &[]),
+        // An expert-parallel MoE layer: equal to the unsharded one on every rank.
+        ("moe_ep", 4, &[], &[], &[]),
         // A decode step's end on symmetric memory (unicomm's kernels, the fused norm, 200
         // replays), one rank per process.
         ("symmetric_decode", 3, &[], &[], &[]),
