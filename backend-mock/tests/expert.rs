@@ -40,6 +40,23 @@ fn dispatch_and_combine_are_exact_at_worlds_1_to_8_eager_and_replayed() {
     }
 }
 
+/// FP8 tokens with their scales (DeepSeek's one per 128 channels, here 3 a token) arrive
+/// byte- and bit-exact at worlds 1-8.
+#[test]
+fn an_fp8_dispatch_forwards_every_byte_and_scale_at_worlds_1_to_8() {
+    for w in [1, 2, 3, 4, 8] {
+        let cs = comms(w);
+        let cfg = ExpertConfig {
+            experts: 2 * w,
+            max_tokens: 24,
+            hidden: 7,
+            top_k: 3,
+        };
+        let seen = unicomm_conformance::expert_dispatch_fp8(&cs, cfg, 3, 6);
+        assert_eq!(seen.unwrap(), vec![true; w], "world {w}");
+    }
+}
+
 /// Rank `w - 1` routes every entry of two tokens to expert 0 (past `max_tokens` 2), then
 /// names expert `experts`: every rank gets the same `InvalidArgument`, then an exact
 /// dispatch (nothing lost, the ranks in step).

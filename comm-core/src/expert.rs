@@ -11,7 +11,8 @@ use crate::backend::Collective;
 use crate::buffer::{DeviceSlice, DeviceSliceMut, View};
 use crate::comm::Comm;
 use crate::element::Element;
-use crate::symmetric::{Combine, Dispatch, ExpertConfig, ExpertGroupParts, SymmetricOp};
+use crate::fp8::F8E4M3;
+use crate::symmetric::{Combine, Dispatch, ExpertConfig, ExpertGroupParts, Fp8Tokens, SymmetricOp};
 use crate::{Error, Result, Symmetric};
 
 /// Where a dispatch writes: each local expert's tokens (`[local][world * max_tokens]
@@ -35,6 +36,8 @@ pub struct ExpertGroup<'c, T: Element, C: Collective> {
     recv: Symmetric<'c, T, C>,
     meta: Symmetric<'c, i64, C>,
     back: Symmetric<'c, T, C>,
+    /// The FP8 dispatch's scale slots and the scales a token, where the group has them.
+    scales: Option<(Symmetric<'c, f32, C>, usize)>,
 }
 
 impl<C: Collective> Comm<C> {
@@ -72,7 +75,24 @@ impl<C: Collective> Comm<C> {
             recv: self.alloc_symmetric::<T>(recv)?,
             meta: self.alloc_symmetric::<i64>(local * w + slots)?,
             back: self.alloc_symmetric::<T>(back)?,
+            scales: None,
         })
+    }
+
+    /// [`Comm::expert_group`] that also dispatches FP8 tokens
+    /// ([`ExpertGroup::dispatch_fp8`]) with `per_token` f32 scales each (DeepEP's one per
+    /// 128 channels: `hidden / 128`), its scale slots allocated with it. Collective.
+    pub fn expert_group_fp8<T: Element>(
+        &self,
+        config: ExpertConfig,
+        per_token: usize,
+    ) -> Result<ExpertGroup<'_, T, C>> {
+        let mut g = self.expert_group::<T>(config)?;
+        let slots = (g.recv.len() / config.hidden)
+            .checked_mul(per_token.max(1))
+            .ok_or_else(|| Error::invalid("per_token", format!("{per_token} scales overflow")))?;
+        g.scales = Some((self.alloc_symmetric::<f32>(slots)?, per_token.max(1)));
+        Ok(g)
     }
 }
 
@@ -105,12 +125,41 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
         out: ExpertTokens<&mut impl DeviceSliceMut<T, C>, &mut impl DeviceSliceMut<i32, C>>,
         stream: &C::Stream,
     ) -> Result<()> {
-        let (o, n) = (
-            out.tokens.view_mut().into_view(),
-            out.counts.view_mut().into_view(),
-        );
-        let op = self.dispatch_op(tokens.view(), ids.view(), o, n)?;
+        let o = ExpertTokens {
+            tokens: out.tokens.view_mut().into_view(),
+            counts: out.counts.view_mut().into_view(),
+        };
+        let op = self.dispatch_op(tokens.view(), ids.view(), o, None)?;
         self.comm.sole()?.work((&op).into(), stream)
+    }
+
+    /// [`dispatch`](Self::dispatch) of FP8 (e4m3) tokens, each with its scales
+    /// (`scales`: `[n][per_token]` f32) forwarded with it: `out_scales`
+    /// ([`received_scales_len`](Self::received_scales_len) f32) holds the received tokens'
+    /// scales in the received tokens' order. A group made by [`Comm::expert_group_fp8`].
+    /// Collective.
+    pub fn dispatch_fp8(
+        &self,
+        tokens: &impl DeviceSlice<F8E4M3, C>,
+        scales: &impl DeviceSlice<f32, C>,
+        ids: &impl DeviceSlice<i32, C>,
+        out: ExpertTokens<&mut impl DeviceSliceMut<F8E4M3, C>, &mut impl DeviceSliceMut<i32, C>>,
+        out_scales: &mut impl DeviceSliceMut<f32, C>,
+        stream: &C::Stream,
+    ) -> Result<()> {
+        let o = ExpertTokens {
+            tokens: out.tokens.view_mut().into_view(),
+            counts: out.counts.view_mut().into_view(),
+        };
+        let q = (scales.view(), out_scales.view_mut().into_view());
+        let op = self.dispatch_op(tokens.view(), ids.view(), o, Some(q))?;
+        self.comm.sole()?.work((&op).into(), stream)
+    }
+
+    /// Elements of an FP8 dispatch's `out_scales`: `local x world x max_tokens x per_token`
+    /// (0 for a group without scale slots).
+    pub fn received_scales_len(&self) -> usize {
+        self.scales.as_ref().map_or(0, |(s, _)| s.len())
     }
 
     /// Sends the experts' outputs (`expert_out`, in the last dispatch's layout) back to
@@ -173,22 +222,38 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
         })
     }
 
-    pub(crate) fn dispatch_op<'v>(
+    pub(crate) fn dispatch_op<'v, U: Element>(
         &self,
-        tokens: View<'v, T, C>,
+        tokens: View<'v, U, C>,
         ids: View<'v, i32, C>,
-        out: View<'v, T, C>,
-        counts: View<'v, i32, C>,
+        out: ExpertTokens<View<'v, U, C>, View<'v, i32, C>>,
+        scales: Option<(View<'v, f32, C>, View<'v, f32, C>)>,
     ) -> Result<SymmetricOp<'v, C::Memory>> {
         let n = self.tokens_of(&ids)?;
         let h = self.config.hidden;
+        let fp8 = match (scales, &self.scales) {
+            (None, _) => None,
+            (Some((s, o)), Some((slots, per))) => Some(Fp8Tokens {
+                slots: slots.handle(),
+                per_token: *per,
+                scales: self.fit(s, n * per, "scales")?.raw(),
+                out_scales: self.fit(o, slots.len(), "out_scales")?.raw(),
+            }),
+            (Some(_), None) => {
+                return Err(Error::invalid(
+                    "scales",
+                    "an FP8 dispatch on a group made without scale slots (Comm::expert_group_fp8 makes them)",
+                ))
+            }
+        };
         Ok(SymmetricOp::Dispatch(Dispatch {
             group: self.parts(),
             n,
             tokens: self.fit(tokens, n * h, "tokens")?.raw(),
             ids: self.fit(ids, n * self.config.top_k, "ids")?.raw(),
-            out: self.fit(out, self.recv.len(), "out")?.raw(),
-            counts: self.fit(counts, self.local, "counts")?.raw(),
+            out: self.fit(out.tokens, self.recv.len(), "out")?.raw(),
+            counts: self.fit(out.counts, self.local, "counts")?.raw(),
+            fp8,
         }))
     }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use unicomm_core::symmetric::{ExpertConfig, ExpertGroupParts};
 use unicomm_core::{Error, Result};
 
-use super::kernels::{read, write, Local, Run, Ty};
+use super::kernels::{read, read_u8, write, write_bytes, Local, Run, Ty};
 use super::protocol;
 use super::table::Record;
 
@@ -40,6 +40,73 @@ pub(crate) struct DispatchJob {
     pub ids: Local,
     pub out: Local,
     pub counts: Local,
+    /// FP8 tokens: the scale slots, the scales a token, the scales and where they go.
+    pub fp8: Option<Fp8Job>,
+}
+
+/// An FP8 dispatch's scales on this rank.
+pub(crate) struct Fp8Job {
+    pub slots: Arc<Record>,
+    pub per: usize,
+    pub scales: Local,
+    pub out_scales: Local,
+}
+
+/// An element a dispatch moves: one of the group's type, or an FP8 byte.
+#[derive(Clone, Copy)]
+enum Elem {
+    Ty(Ty),
+    Byte,
+}
+
+impl Elem {
+    fn of(g: &Group, d: &DispatchJob) -> Elem {
+        if d.fp8.is_some() {
+            Elem::Byte
+        } else {
+            Elem::Ty(g.ty)
+        }
+    }
+
+    /// Element `i` of `l` (read-locked by the caller), as bits.
+    fn read(self, l: &Local, i: usize) -> u32 {
+        match self {
+            Elem::Ty(t) => read(l, t, i),
+            Elem::Byte => u32::from(read_u8(l, i)),
+        }
+    }
+
+    fn set(self, rec: &Record, p: usize, i: usize, x: u32) -> Result<()> {
+        match self {
+            Elem::Ty(t) => rec.set(t, p, i, x),
+            Elem::Byte => rec.set_byte(p, i, x as u8),
+        }
+    }
+
+    fn data(self, rec: &Record, p: usize, i: usize) -> Result<u32> {
+        match self {
+            Elem::Ty(t) => rec.data(t, p, i),
+            Elem::Byte => rec.byte(p, i).map(u32::from),
+        }
+    }
+
+    fn write(self, l: &Local, at: usize, bits: &[u32], t: std::time::Duration) -> Result<()> {
+        match self {
+            Elem::Ty(ty) => write(&shifted(l, at * ty.size()), ty, bits, t),
+            Elem::Byte => {
+                let b: Vec<u8> = bits.iter().map(|&x| x as u8).collect();
+                write_bytes(&shifted(l, at), &b, t)
+            }
+        }
+    }
+}
+
+/// `l` moved on by `bytes`.
+fn shifted(l: &Local, bytes: usize) -> Local {
+    Local {
+        alloc: l.alloc.clone(),
+        offset: l.offset + bytes,
+    }
 }
 
 /// One combine's operands on this rank.
@@ -88,14 +155,6 @@ fn words(l: &Local, n: usize, timeout: std::time::Duration) -> Result<Vec<u32>> 
     Ok((0..n).map(|i| read(l, Ty::F32, i)).collect())
 }
 
-/// `l` moved on by `elems` elements of `ty`.
-fn at(l: &Local, ty: Ty, elems: usize) -> Local {
-    Local {
-        alloc: l.alloc.clone(),
-        offset: l.offset + elems * ty.size(),
-    }
-}
-
 /// The dispatch on this rank (see the module doc).
 pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
     protocol::agree(run)?;
@@ -110,8 +169,13 @@ pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
     let ids = words(&d.ids, d.n * k, t)?;
     let mut next = vec![0u64; e];
     let mut bad = false;
+    let el = Elem::of(g, d);
     {
         let _r = d.tokens.alloc.read_lock(t)?;
+        let _s = match &d.fp8 {
+            Some(q) => Some(q.scales.alloc.read_lock(t)?),
+            None => None,
+        };
         for (i, &id) in ids.iter().enumerate() {
             let id = id as i32;
             if id < 0 {
@@ -129,12 +193,18 @@ pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
             }
             let slot = g.slot(l, me, idx);
             for j in 0..h {
-                g.recv.set(
-                    g.ty,
+                el.set(
+                    &g.recv,
                     r,
                     slot * h + j,
-                    read(&d.tokens, g.ty, (i / k) * h + j),
+                    el.read(&d.tokens, (i / k) * h + j),
                 )?;
+            }
+            if let Some(q) = &d.fp8 {
+                for s in 0..q.per {
+                    let x = read(&q.scales, Ty::F32, (i / k) * q.per + s);
+                    q.slots.set(Ty::F32, r, slot * q.per + s, x)?;
+                }
             }
             g.meta
                 .count(r, local * w + slot)?
@@ -185,24 +255,38 @@ fn verdict(g: &Group) -> Result<()> {
     Ok(())
 }
 
-/// This rank's slots compacted expert-major into the output, with each expert's count.
+/// This rank's slots compacted expert-major into the output (and an FP8 dispatch's scales
+/// alongside), with each expert's count.
 fn compact(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
     let (me, w, t) = (run.ctx.rank, g.world, run.ctx.timeout);
-    let (m, h) = (g.config.max_tokens, g.config.hidden);
+    let (m, h, el) = (g.config.max_tokens, g.config.hidden, Elem::of(g, d));
     let mut counts = Vec::with_capacity(g.local());
     for l in 0..g.local() {
-        let mut rows = Vec::new();
+        let (mut rows, mut scales) = (Vec::new(), Vec::new());
         for s in 0..w {
             let c = g.count(me, l, s)?.load(Ordering::Relaxed) as usize;
             for idx in 0..c {
                 let slot = g.slot(l, s, idx);
                 for j in 0..h {
-                    rows.push(g.recv.data(g.ty, me, slot * h + j)?);
+                    rows.push(el.data(&g.recv, me, slot * h + j)?);
+                }
+                if let Some(q) = &d.fp8 {
+                    for k in 0..q.per {
+                        scales.push(q.slots.data(Ty::F32, me, slot * q.per + k)?);
+                    }
                 }
             }
         }
         counts.push((rows.len() / h) as u32);
-        write(&at(&d.out, g.ty, l * w * m * h), g.ty, &rows, t)?;
+        el.write(&d.out, l * w * m * h, &rows, t)?;
+        if let Some(q) = &d.fp8 {
+            write(
+                &shifted(&q.out_scales, 4 * l * w * m * q.per),
+                Ty::F32,
+                &scales,
+                t,
+            )?;
+        }
     }
     write(&d.counts, Ty::F32, &counts, t)
 }

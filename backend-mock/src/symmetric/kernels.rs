@@ -220,6 +220,18 @@ impl Record {
         }
     }
 
+    /// Stores `x` as byte `i` of rank `p`'s data (an FP8 token's element, pushed to a peer).
+    pub(crate) fn set_byte(&self, p: usize, i: usize, x: u8) -> Result<()> {
+        if i < self.bytes && p < self.bases.len() {
+            // SAFETY: inside rank `p`'s data, which this record keeps mapped; atomic (peers
+            // share it).
+            unsafe { &*((self.bases[p] + i) as *const AtomicU8) }.store(x, Ordering::Relaxed);
+            Ok(())
+        } else {
+            Err(outside("a data byte"))
+        }
+    }
+
     /// Stores bits `x` as element `i` of rank `p`'s data (a push to a peer).
     pub(crate) fn set(&self, ty: Ty, p: usize, i: usize, x: u32) -> Result<()> {
         match (i + 1).checked_mul(ty.size()) {
@@ -459,6 +471,12 @@ pub(crate) fn write_bytes(out: &Local, bytes: &[u8], timeout: Duration) -> Resul
 pub(crate) fn read(l: &Local, ty: Ty, i: usize) -> u32 {
     // SAFETY: the caller checked `i` against the range at enqueue and holds its lock.
     unsafe { ty.load(l.addr(), i) }
+}
+
+/// Byte `i` of `l` (its allocation read-locked by the caller).
+pub(crate) fn read_u8(l: &Local, i: usize) -> u8 {
+    // SAFETY: the caller checked `i` against the range at enqueue and holds its lock.
+    unsafe { *((l.addr() + i) as *const u8) }
 }
 
 /// `b` written as element `i` of `l` (its allocation write-locked by the caller).

@@ -265,12 +265,26 @@ impl MockComm {
                 for sl in [&d.tokens, &d.ids, &d.out, &d.counts] {
                     self.check_memory(sl.mem)?;
                 }
+                let fp8 = match d.fp8 {
+                    None => None,
+                    Some(q) => {
+                        self.check_memory(q.scales.mem)?;
+                        self.check_memory(q.out_scales.mem)?;
+                        Some(expert::Fp8Job {
+                            slots: self.symmetric.get(q.slots)?,
+                            per: q.per_token,
+                            scales: local(&q.scales),
+                            out_scales: local(&q.out_scales),
+                        })
+                    }
+                };
                 let job = expert::DispatchJob {
                     n: d.n,
                     tokens: local(&d.tokens),
                     ids: local(&d.ids),
                     out: local(&d.out),
                     counts: local(&d.counts),
+                    fp8,
                 };
                 self.push_expert(g, sig, stream, move |run, g| expert::dispatch(run, g, &job))
             }

@@ -25,7 +25,15 @@ impl<'a, C: Collective> Step<'a, C> {
         self.used(comm, &o);
         self.used(comm, &n);
         let _call = StepCall::enter();
-        let op = group.dispatch_op(tokens.view(), ids.view(), o, n)?;
+        let op = group.dispatch_op(
+            tokens.view(),
+            ids.view(),
+            ExpertTokens {
+                tokens: o,
+                counts: n,
+            },
+            None,
+        )?;
         self.run(comm, op)
     }
 

@@ -79,6 +79,25 @@ pub struct Dispatch<'a, M> {
     pub out: Slice<'a, M>,
     /// `[L]` i32.
     pub counts: Slice<'a, M>,
+    /// Tokens of FP8 (e4m3) with their scales forwarded, or `None` (tokens of the group's
+    /// type).
+    pub fp8: Option<Fp8Tokens<'a, M>>,
+}
+
+/// A dispatch's tokens as FP8 (OCP e4m3, a byte an element) with `per_token` f32 scales a
+/// token (DeepEP's per-128-channel scales, or one), forwarded with their token into the
+/// group's scale slots (`[L][W][M][per_token]`) and compacted into `out_scales`
+/// (`[L][W * M][per_token]`) as the tokens are.
+#[derive(Debug)]
+pub struct Fp8Tokens<'a, M> {
+    /// The group's scale slots.
+    pub slots: RawHandle,
+    /// Scales a token.
+    pub per_token: usize,
+    /// `[n][per_token]` f32.
+    pub scales: Slice<'a, M>,
+    /// `[L][W * M][per_token]` f32.
+    pub out_scales: Slice<'a, M>,
 }
 
 /// A combine: the experts' outputs in the last dispatch's layout (`[L][W * M][H]`) sent
@@ -111,14 +130,14 @@ macro_rules! copy_op {
         impl<M> Copy for $t<'_, M> {}
     )*};
 }
-copy_op!(Dispatch, Combine);
+copy_op!(Dispatch, Combine, Fp8Tokens);
 
 /// What every rank's dispatch or combine must agree on: the operation and the tokens'
 /// type (the capacities were compared when the group was made).
-pub(crate) fn signature(op: SignedOp, g: &ExpertGroupParts) -> Signature {
+pub(crate) fn signature(op: SignedOp, g: &ExpertGroupParts, fp8: bool) -> Signature {
     Signature {
         op,
-        dtype: Some(g.dtype),
+        dtype: Some(if fp8 { DataType::F8E4M3 } else { g.dtype }),
         reduce: None,
         count: g.config.hidden,
         norm: None,
@@ -135,6 +154,15 @@ impl<'a, M> Dispatch<'a, M> {
             ids: self.ids.map_mem(&f, "ids")?,
             out: self.out.map_mem(&f, "out")?,
             counts: self.counts.map_mem(&f, "counts")?,
+            fp8: match self.fp8 {
+                None => None,
+                Some(q) => Some(Fp8Tokens {
+                    slots: q.slots,
+                    per_token: q.per_token,
+                    scales: q.scales.map_mem(&f, "scales")?,
+                    out_scales: q.out_scales.map_mem(&f, "out_scales")?,
+                }),
+            },
         })
     }
 }

@@ -13,7 +13,7 @@ mod algorithm;
 mod expert;
 mod signature;
 pub use algorithm::{RmsNormOptions, SymmetricAlgorithm, SymmetricOptions};
-pub use expert::{Combine, Dispatch, ExpertConfig, ExpertGroupParts};
+pub use expert::{Combine, Dispatch, ExpertConfig, ExpertGroupParts, Fp8Tokens};
 pub use signature::{
     compare, mismatch, with_word, Signature, SignedOp, LAMPORT_HEADER, SIGNATURE_ROUND,
     SIGNATURE_WORDS,
@@ -268,8 +268,10 @@ impl<'a, M> SymmetricOp<'a, M> {
     pub fn signature(&self) -> Signature {
         match self {
             SymmetricOp::Barrier { .. } => Signature::barrier(),
-            SymmetricOp::Dispatch(d) => expert::signature(SignedOp::Dispatch, &d.group),
-            SymmetricOp::Combine(c) => expert::signature(SignedOp::Combine, &c.group),
+            SymmetricOp::Dispatch(d) => {
+                expert::signature(SignedOp::Dispatch, &d.group, d.fp8.is_some())
+            }
+            SymmetricOp::Combine(c) => expert::signature(SignedOp::Combine, &c.group, false),
             SymmetricOp::AllToAllV(a) => Signature {
                 op: SignedOp::AllToAllV,
                 dtype: Some(a.dtype),
