@@ -60,6 +60,7 @@ impl Collective for MockComm {
             native_all_to_all_v: t.native_all_to_all_v(),
             fp8_reduce: t.fp8_reduce().is_ok(),
             pre_mul_sum: t.pre_mul_sum().is_ok(),
+            device_counts: t.symmetric_kernels().is_ok(),
         }
     }
 

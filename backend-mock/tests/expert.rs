@@ -33,6 +33,7 @@ fn config(w: usize, top_k: usize) -> ExpertConfig {
 fn dispatch_and_combine_are_exact_at_worlds_1_to_8_eager_and_replayed() {
     for w in [1, 2, 3, 4, 8] {
         let cs = comms(w);
+        assert!(cs[0].capabilities().device_counts);
         for top_k in [1, 3] {
             let seen = unicomm_conformance::expert_dispatch_combine(&cs, config(w, top_k), 8, 10);
             assert_eq!(seen.unwrap(), vec![true; w], "world {w}, top-{top_k}");

@@ -52,6 +52,15 @@ impl<C: Collective> Comm<C> {
         let local = config.local_experts(w)?;
         // Combine sums in f32 and rounds to the tokens' type.
         crate::symmetric::check_symmetric_type(T::DTYPE)?;
+        // Refused before any memory is made where the kernels are not there.
+        let caps = self.capabilities();
+        if !caps.device_counts {
+            return Err(Error::unsupported(
+                "expert parallelism's dispatch and combine",
+                "unicomm's expert kernels (the mock runs them; not yet built for GPUs)",
+                format!("{} {}", caps.backend, caps.version),
+            ));
+        }
         let ExpertConfig {
             max_tokens: m,
             hidden: h,

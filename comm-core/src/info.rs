@@ -67,6 +67,9 @@ pub struct Capabilities {
     pub fp8_reduce: bool,
     /// `ReduceOp::PreMulSum` (`ncclRedOpCreatePreMulSum`, NCCL >= 2.11, RCCL ROCm 5.2).
     pub pre_mul_sum: bool,
+    /// unicomm's work with counts on the device: `all_to_all_vdev` and expert
+    /// parallelism's dispatch and combine (the mock; the GPUs once their kernels are built).
+    pub device_counts: bool,
 }
 
 /// The device a rank drives, as a benchmark reports it (nccl-tests' `device`,

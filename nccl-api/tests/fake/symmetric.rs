@@ -1,9 +1,10 @@
 //! Symmetric memory on a runtime without unicomm's kernels (the host runtime the fake NCCL
 //! runs on, as HIP is today): `Unsupported` naming the kernels, with no device memory left
-//! allocated by the library; the sizes compared first on every rank.
+//! allocated by the library; the sizes compared first on every rank. An expert group is
+//! refused before any memory is made (its GPU kernels are not built).
 
 use crate::common::{calls, comm, fake, flavors};
-use unicomm_core::Error;
+use unicomm_core::{Error, ExpertConfig};
 
 isolated! {
     #[test]
@@ -23,5 +24,28 @@ isolated! {
             allocs,
             "refused before the library allocated anything"
         );
+    }
+
+    #[test]
+    fn an_expert_group_is_unsupported_before_any_memory_is_made() {
+        let path = fake("nccl232");
+        let c = comm(flavors(false, false), &path);
+        assert!(!c.capabilities().device_counts);
+        let allocs = calls(&path, "ncclMemAlloc");
+        let cfg = ExpertConfig {
+            experts: 1,
+            max_tokens: 4,
+            hidden: 8,
+            top_k: 1,
+        };
+        match c.expert_group::<f32>(cfg) {
+            Err(Error::Unsupported { what, found, .. }) => {
+                assert!(what.contains("expert"), "{what}");
+                assert!(found.contains("nccl"), "{found}");
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("an expert group without its kernels"),
+        }
+        assert_eq!(calls(&path, "ncclMemAlloc"), allocs);
     }
 }
