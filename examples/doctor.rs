@@ -22,8 +22,8 @@ fn main() {
                     caps.backend, caps.version, caps.library_path
                 );
                 println!(
-                    "  capabilities: registration={} windows={} native_all_to_all={} graph_capture={} mem_alloc={}",
-                    caps.registration, caps.windows, caps.native_all_to_all, caps.graph_capture, caps.mem_alloc
+                    "  capabilities: registration={} windows={} native_all_to_all={} graph_capture={} mem_alloc={} device_counts={}",
+                    caps.registration, caps.windows, caps.native_all_to_all, caps.graph_capture, caps.mem_alloc, caps.device_counts
                 );
                 // NCCL's device API: a device communicator in the loaded library's own layout.
                 match comms[0].device_comm(&unicomm::DeviceCommRequirements::runtime(1)) {
