@@ -247,7 +247,7 @@ impl MockComm {
                     }),
                 };
                 grid.end(&run);
-                ran
+                ended(&run, ran)
             })
         }))
     }
@@ -328,7 +328,7 @@ impl MockComm {
                 let grid = Grid::at(&run, 1);
                 let ran = kernel(&run, &g);
                 grid.end(&run);
-                ran
+                ended(&run, ran)
             })
         }))
     }
@@ -354,7 +354,7 @@ impl MockComm {
                 let grid = Grid::at(&run, 1);
                 let ran = exchange::all_to_all_v(&run, &x);
                 grid.end(&run);
-                ran
+                ended(&run, ran)
             })
         }))
     }
@@ -444,6 +444,15 @@ impl MockComm {
             fp8: n.fp8.map(|q| (local(&q.out), local(&q.scale))),
         })
     }
+}
+
+/// A kernel's outcome, a failure that explains a stuck or divergent job (the deadline, a
+/// disagreement, an abort) dumping the flight recorder, as a collective's does.
+fn ended(run: &Run, ran: Result<()>) -> Result<()> {
+    if let Err(e) = &ran {
+        run.ctx.flight.dump_if_explains(e);
+    }
+    ran
 }
 
 /// One all-reduce on this rank: its result, as bits (written, or normed, by the caller).
