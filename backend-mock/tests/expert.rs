@@ -53,7 +53,7 @@ fn an_fp8_dispatch_forwards_every_byte_and_scale_at_worlds_1_to_8() {
             hidden: 7,
             top_k: 3,
         };
-        let seen = unicomm_conformance::expert_dispatch_fp8(&cs, cfg, 3, 6);
+        let seen = unicomm_conformance::expert_dispatch_fp8(&cs, cfg, 3, 6, 10);
         assert_eq!(seen.unwrap(), vec![true; w], "world {w}");
     }
 }

@@ -8,6 +8,7 @@ use crate::capturing::{Phase, StepCall};
 use crate::comm::Comm;
 use crate::element::Element;
 use crate::expert::{ExpertGroup, ExpertTokens};
+use crate::fp8::F8E4M3;
 use crate::symmetric::SymmetricOp;
 use crate::Result;
 
@@ -34,6 +35,30 @@ impl<'a, C: Collective> Step<'a, C> {
             },
             None,
         )?;
+        self.run(comm, op)
+    }
+
+    /// [`ExpertGroup::dispatch_fp8`], through the step.
+    pub fn expert_dispatch_fp8<T: Element>(
+        &self,
+        group: &'a ExpertGroup<'_, T, C>,
+        tokens: &'a impl DeviceSlice<F8E4M3, C>,
+        scales: &'a impl DeviceSlice<f32, C>,
+        ids: &'a impl DeviceSlice<i32, C>,
+        out: ExpertTokens<&'a impl DeviceSliceMut<F8E4M3, C>, &'a impl DeviceSliceMut<i32, C>>,
+        out_scales: &'a impl DeviceSliceMut<f32, C>,
+    ) -> Result<()> {
+        let (o, n, q) = (out.tokens.view(), out.counts.view(), out_scales.view());
+        let comm = group.comm();
+        self.used(comm, &o);
+        self.used(comm, &n);
+        self.used(comm, &q);
+        let _call = StepCall::enter();
+        let out = ExpertTokens {
+            tokens: o,
+            counts: n,
+        };
+        let op = group.dispatch_op(tokens.view(), ids.view(), out, Some((scales.view(), q)))?;
         self.run(comm, op)
     }
 
