@@ -315,22 +315,9 @@ impl MockComm {
         stream: &MockStream,
         kernel: impl Fn(&Run, &expert::Group) -> Result<()> + Send + Sync + 'static,
     ) -> Result<()> {
-        let (ctx, g, kernel) = (self.ctx.clone(), Arc::new(g), Arc::new(kernel));
-        stream.push_replayable(Arc::new(move || {
-            let (ctx, g, kernel) = (ctx.clone(), g.clone(), kernel.clone());
-            Box::new(move || {
-                let run = Run {
-                    deadline: std::time::Instant::now() + ctx.timeout,
-                    rec: g.recv.clone(),
-                    ctx,
-                    sig,
-                };
-                let grid = Grid::at(&run, 1);
-                let ran = kernel(&run, &g);
-                grid.end(&run);
-                ended(&run, ran)
-            })
-        }))
+        let g = Arc::new(g);
+        let rec = g.recv.clone();
+        self.push_kernel(rec, sig, stream, move |run| kernel(run, &g))
     }
 
     /// The all-to-all with device counts as a job of `stream`.
@@ -341,9 +328,21 @@ impl MockComm {
         sig: [u32; unicomm_core::symmetric::SIGNATURE_WORDS],
         stream: &MockStream,
     ) -> Result<()> {
-        let (ctx, x) = (self.ctx.clone(), Arc::new(x));
+        self.push_kernel(rec, sig, stream, move |run| exchange::all_to_all_v(run, &x))
+    }
+
+    /// One of unicomm's one-block kernels as a job of `stream` (recorded for a graph's
+    /// replays while it captures), its barriers on `rec`'s pads.
+    fn push_kernel(
+        &self,
+        rec: Arc<Record>,
+        sig: [u32; unicomm_core::symmetric::SIGNATURE_WORDS],
+        stream: &MockStream,
+        kernel: impl Fn(&Run) -> Result<()> + Send + Sync + 'static,
+    ) -> Result<()> {
+        let (ctx, kernel) = (self.ctx.clone(), Arc::new(kernel));
         stream.push_replayable(Arc::new(move || {
-            let (rec, ctx, x) = (rec.clone(), ctx.clone(), x.clone());
+            let (rec, ctx, kernel) = (rec.clone(), ctx.clone(), kernel.clone());
             Box::new(move || {
                 let run = Run {
                     deadline: std::time::Instant::now() + ctx.timeout,
@@ -352,7 +351,7 @@ impl MockComm {
                     sig,
                 };
                 let grid = Grid::at(&run, 1);
-                let ran = exchange::all_to_all_v(&run, &x);
+                let ran = kernel(&run);
                 grid.end(&run);
                 ended(&run, ran)
             })
