@@ -408,15 +408,23 @@ fn bench() -> anyhow::Result<()> {
 /// Under a launcher (torchrun, mpirun, srun, `cargo xtask launch`): this process's one rank,
 /// the figures combined across processes; else every rank of a local world.
 fn communicators(args: &Args, vendor: Vendor) -> anyhow::Result<Vec<unicomm::Comm>> {
+    communicators_of(args.ranks, vendor)
+}
+
+/// [`communicators`] of `ranks` local ranks (where no launcher is).
+pub(crate) fn communicators_of(
+    ranks: Option<usize>,
+    vendor: Vendor,
+) -> anyhow::Result<Vec<unicomm::Comm>> {
     if unicomm::bootstrap::LaunchEnv::detect().is_ok() {
-        if args.ranks.is_some() {
+        if ranks.is_some() {
             bail!("--ranks is for one process driving every rank; under a launcher the launcher sets the world");
         }
         return Ok(vec![
             unicomm::from_env(vendor).context("joining the launched world")?
         ]);
     }
-    unicomm::local_comms_n(vendor, args.ranks).context("creating communicators")
+    unicomm::local_comms_n(vendor, ranks).context("creating communicators")
 }
 
 /// The modes asked for that this backend runs (the others named as skipped, with why).

@@ -54,11 +54,7 @@ pub fn moe_ep(args: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
     let a = MoeArgs::parse_from(args);
     let (vendor, _) =
         unicomm::resolve(a.vendor.parse::<Vendor>()?).context("choosing the vendor")?;
-    let comms = if unicomm::bootstrap::LaunchEnv::detect().is_ok() {
-        vec![unicomm::from_env(vendor).context("joining the launched world")?]
-    } else {
-        unicomm::local_comms_n(vendor, a.ranks).context("creating communicators")?
-    };
+    let comms = crate::communicators_of(a.ranks, vendor)?;
     let w = comms[0].world_size();
     let cfg = ExpertConfig {
         experts: a.experts,

@@ -201,15 +201,19 @@ impl MockComm {
             return Err(unicomm_core::symmetric::refused_in_group());
         }
         let sig = op.signature().words();
-        let (rec, kernel) = match op {
-            SymmetricOp::Barrier { handle } => (self.symmetric.get(handle)?, None),
+        match op {
+            SymmetricOp::Barrier { handle } => {
+                let rec = self.symmetric.get(handle)?;
+                self.push_kernel(rec, sig, stream, 1, |run, _| protocol::agree(run))
+            }
             SymmetricOp::Dispatch(_) | SymmetricOp::Combine(_) => {
-                return self.expert_enqueue(op, sig, stream)
+                self.expert_enqueue(op, sig, stream)
             }
             SymmetricOp::AllToAllV(a) => {
                 let rec = self.symmetric.get(a.handle)?;
                 let x = self.exchange_of(&rec, a)?;
-                return self.push_exchange(rec, x, sig, stream);
+                let kernel = move |run: &Run, _: &Grid| exchange::all_to_all_v(run, &x);
+                self.push_kernel(rec, sig, stream, 1, kernel)
             }
             SymmetricOp::AllReduce {
                 handle,
@@ -222,34 +226,17 @@ impl MockComm {
             } => {
                 let rec = self.symmetric.get(handle)?;
                 let k = self.reduce_of(&rec, (count, dtype, op, algorithm), out, norm)?;
-                (rec, Some(Arc::new(k)))
+                let grid = blocks(&k);
+                self.push_kernel(rec, sig, stream, grid, move |run, grid| {
+                    let sums = sums(run, &k, grid)?;
+                    let t = run.ctx.timeout;
+                    match &k.norm {
+                        None => kernels::write(&k.out, k.ty, &sums, t),
+                        Some(n) => norm::add_and_norm(k.ty, &sums, n, &k.out, t),
+                    }
+                })
             }
-        };
-        let ctx = self.ctx.clone();
-        stream.push_replayable(Arc::new(move || {
-            let (rec, ctx, kernel) = (rec.clone(), ctx.clone(), kernel.clone());
-            Box::new(move || {
-                let run = Run {
-                    deadline: std::time::Instant::now() + ctx.timeout,
-                    rec,
-                    ctx,
-                    sig,
-                };
-                let grid = Grid::at(&run, kernel.as_deref().map_or(1, blocks));
-                let ran = match &kernel {
-                    None => protocol::agree(&run),
-                    Some(k) => sums(&run, k, &grid).and_then(|sums| {
-                        let t = run.ctx.timeout;
-                        match &k.norm {
-                            None => kernels::write(&k.out, k.ty, &sums, t),
-                            Some(n) => norm::add_and_norm(k.ty, &sums, n, &k.out, t),
-                        }
-                    }),
-                };
-                grid.end(&run);
-                ended(&run, ran)
-            })
-        }))
+        }
     }
 
     /// An expert dispatch or combine, its operands checked (this rank's memory) and taken.
@@ -315,30 +302,20 @@ impl MockComm {
         stream: &MockStream,
         kernel: impl Fn(&Run, &expert::Group) -> Result<()> + Send + Sync + 'static,
     ) -> Result<()> {
-        let g = Arc::new(g);
         let rec = g.recv.clone();
-        self.push_kernel(rec, sig, stream, move |run| kernel(run, &g))
+        self.push_kernel(rec, sig, stream, 1, move |run, _| kernel(run, &g))
     }
 
-    /// The all-to-all with device counts as a job of `stream`.
-    fn push_exchange(
-        &self,
-        rec: Arc<Record>,
-        x: exchange::Exchange,
-        sig: [u32; unicomm_core::symmetric::SIGNATURE_WORDS],
-        stream: &MockStream,
-    ) -> Result<()> {
-        self.push_kernel(rec, sig, stream, move |run| exchange::all_to_all_v(run, &x))
-    }
-
-    /// One of unicomm's one-block kernels as a job of `stream` (recorded for a graph's
-    /// replays while it captures), its barriers on `rec`'s pads.
+    /// One of unicomm's kernels as a job of `stream` (recorded for a graph's replays while
+    /// it captures) on a grid of `blocks` (the GPU kernels' own), its barriers on `rec`'s
+    /// pads; a failure that explains a stuck job dumps the flight recorder.
     fn push_kernel(
         &self,
         rec: Arc<Record>,
         sig: [u32; unicomm_core::symmetric::SIGNATURE_WORDS],
         stream: &MockStream,
-        kernel: impl Fn(&Run) -> Result<()> + Send + Sync + 'static,
+        blocks: usize,
+        kernel: impl Fn(&Run, &Grid) -> Result<()> + Send + Sync + 'static,
     ) -> Result<()> {
         let (ctx, kernel) = (self.ctx.clone(), Arc::new(kernel));
         stream.push_replayable(Arc::new(move || {
@@ -350,8 +327,8 @@ impl MockComm {
                     ctx,
                     sig,
                 };
-                let grid = Grid::at(&run, 1);
-                let ran = kernel(&run);
+                let grid = Grid::at(&run, blocks);
+                let ran = kernel(&run, &grid);
                 grid.end(&run);
                 ended(&run, ran)
             })

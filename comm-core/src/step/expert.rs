@@ -3,7 +3,7 @@
 
 use super::Step;
 use crate::backend::Collective;
-use crate::buffer::{DeviceSlice, DeviceSliceMut};
+use crate::buffer::{DeviceSlice, DeviceSliceMut, View};
 use crate::capturing::{Phase, StepCall};
 use crate::comm::Comm;
 use crate::element::Element;
@@ -21,21 +21,11 @@ impl<'a, C: Collective> Step<'a, C> {
         ids: &'a impl DeviceSlice<i32, C>,
         out: ExpertTokens<&'a impl DeviceSliceMut<T, C>, &'a impl DeviceSliceMut<i32, C>>,
     ) -> Result<()> {
-        let (o, n) = (out.tokens.view(), out.counts.view());
-        let comm = group.comm();
-        self.used(comm, &o);
-        self.used(comm, &n);
-        let _call = StepCall::enter();
-        let op = group.dispatch_op(
-            tokens.view(),
-            ids.view(),
-            ExpertTokens {
-                tokens: o,
-                counts: n,
-            },
-            None,
-        )?;
-        self.run(comm, op)
+        let out = ExpertTokens {
+            tokens: out.tokens.view(),
+            counts: out.counts.view(),
+        };
+        self.dispatch(group, tokens.view(), ids.view(), out, None)
     }
 
     /// [`ExpertGroup::dispatch_fp8`], through the step.
@@ -48,17 +38,35 @@ impl<'a, C: Collective> Step<'a, C> {
         out: ExpertTokens<&'a impl DeviceSliceMut<F8E4M3, C>, &'a impl DeviceSliceMut<i32, C>>,
         out_scales: &'a impl DeviceSliceMut<f32, C>,
     ) -> Result<()> {
-        let (o, n, q) = (out.tokens.view(), out.counts.view(), out_scales.view());
-        let comm = group.comm();
-        self.used(comm, &o);
-        self.used(comm, &n);
-        self.used(comm, &q);
-        let _call = StepCall::enter();
+        let q = out_scales.view();
+        self.used(group.comm(), &q);
         let out = ExpertTokens {
-            tokens: o,
-            counts: n,
+            tokens: out.tokens.view(),
+            counts: out.counts.view(),
         };
-        let op = group.dispatch_op(tokens.view(), ids.view(), out, Some((scales.view(), q)))?;
+        self.dispatch(
+            group,
+            tokens.view(),
+            ids.view(),
+            out,
+            Some((scales.view(), q)),
+        )
+    }
+
+    /// A dispatch of either kind: its outputs held for the graph's life, then enqueued.
+    fn dispatch<T: Element, U: Element>(
+        &self,
+        group: &'a ExpertGroup<'_, T, C>,
+        tokens: View<'_, U, C>,
+        ids: View<'_, i32, C>,
+        out: ExpertTokens<View<'_, U, C>, View<'_, i32, C>>,
+        scales: Option<(View<'_, f32, C>, View<'_, f32, C>)>,
+    ) -> Result<()> {
+        let comm = group.comm();
+        self.used(comm, &out.tokens);
+        self.used(comm, &out.counts);
+        let _call = StepCall::enter();
+        let op = group.dispatch_op(tokens, ids, out, scales)?;
         self.run(comm, op)
     }
 
