@@ -80,7 +80,14 @@ impl Communicator {
 /// Each token's `top_k` experts (the router's largest probabilities, the lower index first
 /// among equals) and their weights (those probabilities renormalised), as `[n][top_k]`.
 fn route(x: &Tensor, router: &Tensor, top_k: usize) -> Result<(Vec<i32>, Vec<f32>)> {
-    let probs = candle_core::Tensor::exp(&x.matmul(&router.t()?)?)?;
+    if x.dim(0)? == 0 {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    // The softmax from the row's largest logit down, so that no exponential overflows.
+    let logits = x.matmul(&router.t()?)?;
+    let probs = logits
+        .broadcast_sub(&logits.max_keepdim(D::Minus1)?)?
+        .exp()?;
     let probs = probs
         .broadcast_div(&probs.sum_keepdim(D::Minus1)?)?
         .to_vec2::<f32>()?;

@@ -50,3 +50,27 @@ fn the_sharded_layer_equals_the_unsharded_one_at_worlds_1_to_4() {
         }
     }
 }
+
+/// Logits past f32's exponential range (a router scaled up) still route: the softmax is
+/// taken from each row's largest logit, so the layer's output stays finite.
+#[test]
+fn large_logits_route_without_overflow() {
+    let hidden = 8;
+    let got = ranks(2, |c| {
+        let router = (values(1, 4, hidden)? * 1e4)?;
+        let experts: Vec<Tensor> = (0..4)
+            .map(|e| values(10 + e, hidden, hidden))
+            .collect::<candle_core::Result<_>>()?;
+        let moe = c.expert_parallel_moe(&router, &experts, 2, 4)?;
+        let x = values(50 + c.rank(), 3, hidden)?;
+        let y = moe.forward(&x)?.flatten_all()?.to_vec1::<f32>()?;
+        let want = moe_reference(&x, &router, &experts, 2)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        Ok((y, want))
+    });
+    for (y, want) in got {
+        assert!(y.iter().all(|v| v.is_finite()), "{y:?}");
+        assert_eq!(y.len(), want.len());
+    }
+}
