@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use common::{comm, fake, flavors, medians_ns};
 use nix::sys::mman::{mmap_anonymous, mprotect, MapFlags, ProtFlags};
-use unicomm_core::{DataType, DeviceSlice, ReduceOp};
+use unicomm_core::{DataType, DeviceSlice};
 use unicomm_nccl_api::sys::codes::NcclCode;
 
 /// Straight-line code of `bytes` bytes ending in `ret` (x86-64), to run between calls.
@@ -120,13 +120,7 @@ fn unicomm_over_the_table_with_cold_caches() {
         t[1].push(s.elapsed());
         let s = Instant::now();
         for _ in 0..n {
-            c.all_reduce(
-                &a.slice(..2).unwrap(),
-                &mut b.slice_mut(..2).unwrap(),
-                ReduceOp::Sum,
-                &st,
-            )
-            .unwrap();
+            crate::sum_two!(c, a, b, &st).unwrap();
             th.run();
         }
         t[2].push(s.elapsed());

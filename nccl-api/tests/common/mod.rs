@@ -433,3 +433,17 @@ pub fn medians_ns(t: &mut [Vec<std::time::Duration>], n: u32) -> Vec<f64> {
         })
         .collect()
 }
+
+/// The smallest all-reduce: the first two f32 of `$a` summed into `$b`'s on `$st` (8 bytes,
+/// the size the window and the call-cost tests use). The call's result.
+#[macro_export]
+macro_rules! sum_two {
+    ($c:expr, $a:expr, $b:expr, $st:expr) => {
+        $c.all_reduce(
+            &$a.slice(..2).unwrap(),
+            &mut $b.slice_mut(..2).unwrap(),
+            unicomm_core::ReduceOp::Sum,
+            $st,
+        )
+    };
+}

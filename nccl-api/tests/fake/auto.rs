@@ -25,12 +25,7 @@ isolated! {
         let count = |name: &str| calls(&path, name);
         let (ar, ar_split) = (count("ncclAllReduce"), count("ncclAllReduce:split"));
         // 8 bytes: the window of this communicator.
-        c.all_reduce(
-            &a.slice(..2).unwrap(),
-            &mut b.slice_mut(..2).unwrap(),
-            ReduceOp::Sum,
-            &st,
-        )
+        crate::sum_two!(c, a, b, &st)
         .unwrap();
         assert_eq!(
             (

@@ -6,7 +6,6 @@
 //! of its own: the fake's NULL window is a process-wide setting.
 
 use crate::common::{calls, comm, fake, flavors};
-use unicomm_core::ReduceOp;
 
 isolated! {
     #[test]
@@ -31,12 +30,7 @@ isolated! {
         a.copy_from_host(&input, &st).unwrap();
         // Small: this communicator (registered buffers where a window would be).
         let ar = count("ncclAllReduce");
-        c.all_reduce(
-            &a.slice(..2).unwrap(),
-            &mut b.slice_mut(..2).unwrap(),
-            ReduceOp::Sum,
-            &st,
-        )
+        crate::sum_two!(c, a, b, &st)
         .unwrap();
         assert_eq!(count("ncclAllReduce") - ar, 1);
         assert_eq!(b.copy_to_host(&st).unwrap()[..2], input[..2]);

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{comm, fake, flavors};
-use unicomm_core::{Error, ReduceOp};
+use unicomm_core::Error;
 
 fn delay_all_reduce(path: &std::path::Path, ms: u64) {
     // SAFETY: the fake, loaded by the test; unicommFakeDelayAllReduce takes one integer.
@@ -31,23 +31,12 @@ isolated! {
         delay_all_reduce(&path, 1500);
         std::thread::scope(|s| {
             let holder = s.spawn(|| {
-                c.all_reduce(
-                    &a.slice(..2).unwrap(),
-                    &mut b.slice_mut(..2).unwrap(),
-                    ReduceOp::Sum,
-                    &st,
-                )
+                crate::sum_two!(c, a, b, &st)
             });
             // Let the holder take the lock and enter the slowed library call.
             std::thread::sleep(Duration::from_millis(200));
             let t = Instant::now();
-            let e = c
-                .all_reduce(
-                    &a2.slice(..2).unwrap(),
-                    &mut b2.slice_mut(..2).unwrap(),
-                    ReduceOp::Sum,
-                    &st,
-                )
+            let e = crate::sum_two!(c, a2, b2, &st)
                 .expect_err("a call behind a stuck holder");
             let waited = t.elapsed();
             assert!(
@@ -59,12 +48,7 @@ isolated! {
             holder.join().unwrap().unwrap();
         });
         delay_all_reduce(&path, 0);
-        c.all_reduce(
-            &a2.slice(..2).unwrap(),
-            &mut b2.slice_mut(..2).unwrap(),
-            ReduceOp::Sum,
-            &st,
-        )
+        crate::sum_two!(c, a2, b2, &st)
         .unwrap();
     }
 }

@@ -10,20 +10,13 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{comm, fake, flavors, medians_ns};
-use unicomm_core::ReduceOp;
 
 /// The host time of `n` all_reduces of 2 floats from `a` into `b`.
 macro_rules! per_call {
     ($c:expr, $st:expr, $a:expr, $b:expr, $n:expr) => {{
         let t = Instant::now();
         for _ in 0..$n {
-            $c.all_reduce(
-                &$a.slice(..2).unwrap(),
-                &mut $b.slice_mut(..2).unwrap(),
-                ReduceOp::Sum,
-                $st,
-            )
-            .unwrap();
+            crate::sum_two!($c, $a, $b, $st).unwrap();
         }
         t.elapsed()
     }};
