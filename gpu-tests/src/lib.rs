@@ -15,6 +15,22 @@ use unicomm_core::{Comm, Error, ReduceOp, Result, Version};
 
 use unicomm_nccl_api::{Api, ApiComm, Runtime, UniqueId};
 
+/// Test functions that each run one of this crate's checks on the vendor's GPUs: `name =>
+/// check;` (or `check("arg")`), the check called with [`GPU`] and the arguments, its
+/// attributes and doc comment kept.
+#[macro_export]
+macro_rules! on_gpu {
+    ($($(#[$m:meta])* $name:ident => $check:ident $(($($arg:expr),*))?;)*) => {
+        $(
+            $(#[$m])*
+            #[test]
+            fn $name() -> unicomm_core::Result<()> {
+                $crate::$check(&$crate::GPU $($(, $arg)*)?)
+            }
+        )*
+    };
+}
+
 #[cfg(feature = "nccl")]
 /// NCCL on CUDA.
 pub static NCCL: Gpu<unicomm_nccl::CudaRuntime> = Gpu::new(Vendor {

@@ -6,13 +6,9 @@ use unicomm_core::Result;
 use unicomm_gpu_tests as t;
 use unicomm_gpu_tests::GPU;
 
-#[test]
-fn explicit_init_rank_from_one_thread_per_gpu() -> Result<()> {
-    t::init_rank_per_thread(&GPU)
-}
-#[test]
-fn copy_engine_path_with_init_rank_moves_exact_data() -> Result<()> {
-    t::copy_engine_init_rank(&GPU)
+unicomm_gpu_tests::on_gpu! {
+    explicit_init_rank_from_one_thread_per_gpu => init_rank_per_thread;
+    copy_engine_path_with_init_rank_moves_exact_data => copy_engine_init_rank;
 }
 
 /// A device-to-device copy and a host function in stream order, on every vendor (CUDA's
