@@ -18,8 +18,12 @@
 // peer on its own arrival words (PAD_BLOCK_ARRIVAL), with values from the launch's number
 // (PAD_CALL), and ends its waits at block 0's verdict (PAD_VERDICT) where block 0 found the
 // ranks disagreeing. Thread q of a block meets rank q (one round trip per barrier at any
-// world); the first fault a block finds is claimed by one thread, which reports it. The last block to finish advances the launch's number (PAD_DONE counts
-// them). The data moves in 16-byte vectors where every address and the count allow it.
+// world; a rank never waits for itself, so at world 1 a barrier is the block's __syncthreads);
+// the hot path is inline (its parameters read from the constant bank, not through a generic
+// pointer) and the waits' slow paths out of line; the first fault a block finds is claimed by
+// one thread, which reports it. The last block to finish advances the launch's number
+// (PAD_DONE counts them). The data moves in 16-byte vectors where every address and the count
+// allow it.
 // Every wait on a peer also watches the communicator's abort word (mapped host memory the
 // host sets at abort), the world's poison word in this rank's pad (a peer that gave up) and
 // a deadline (%globaltimer from the kernel's start), and reports the first fault into the
@@ -34,6 +38,12 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
+
+// A probe's hook at step n of a launch (bench/probe/stages.cu times each): nothing in the
+// library's build.
+#ifndef STAGE
+#define STAGE(n)
+#endif
 
 #define MAX_WORLD 16
 #define BLOCK 512
@@ -283,10 +293,9 @@ __device__ __forceinline__ void st_release_peers(const Params& p, uint32_t* at, 
 // rank's pad awaited (relaxed polls, then one acquire fence). Block 0's waits (`epoch`) also
 // end where q runs Lamport instead; the other blocks' at block 0's verdict. 0, or the fault
 // (claimed and reported by this thread, or another's).
-__device__ __noinline__ uint32_t meet(const Params& p, Launch& l, uint32_t q, int mine, int theirs, uint32_t v,
-                         bool epoch) {
-  st_release_peers(p, pad_word(p, q, mine), v);
-  const uint32_t* w = pad_word(p, p.rank, theirs);
+// The wait itself (out of line: the word not yet there is the slow path).
+__device__ __noinline__ uint32_t meet_wait(const Params& p, Launch& l, uint32_t q, const uint32_t* w, uint32_t v,
+                                           bool epoch) {
   for (uint32_t n = 1; (int32_t)(ld_relaxed(w) - v) < 0; n++) {
     if ((n & 255) != 0) continue;
     if (*(volatile uint32_t*)&l.fault) return l.fault;
@@ -307,14 +316,25 @@ __device__ __noinline__ uint32_t meet(const Params& p, Launch& l, uint32_t q, in
       return f;
     }
   }
+  return 0;
+}
+__device__ __forceinline__ uint32_t meet(const Params& p, Launch& l, uint32_t q, int mine, int theirs, uint32_t v,
+                                         bool epoch) {
+  st_release_peers(p, pad_word(p, q, mine), v);
+  const uint32_t* w = pad_word(p, p.rank, theirs);
+  if ((int32_t)(ld_relaxed(w) - v) < 0) {
+    uint32_t f = meet_wait(p, l, q, w, v, epoch);
+    if (f) return f;
+  }
   fence_peers(p);
   return 0;
 }
 
 // Every thread's barrier `i` (1 to 3) of the launch: block 0's on the epoch words (the
 // epoch advanced), block b's on its own arrival words (the launch's number); rank q met by
-// thread q. True when passed; false after a fault (reported; block 0's verdict posted).
-__device__ __noinline__ bool barrier(const Params& p, Launch& l, uint32_t i) {
+// thread q (a rank does not wait for itself: at world 1 a barrier is the block's alone).
+// True when passed; false after a fault (reported; block 0's verdict posted).
+__device__ __forceinline__ bool barrier(const Params& p, Launch& l, uint32_t i) {
   uint32_t e = l.epoch + 1;
   __syncthreads();
   uint32_t q = threadIdx.x;
@@ -323,8 +343,8 @@ __device__ __noinline__ bool barrier(const Params& p, Launch& l, uint32_t i) {
       l.epoch = e;
       *(volatile uint32_t*)pad_word(p, p.rank, PAD_EPOCH) = e;
     }
-    if (q < p.world) meet(p, l, q, PAD_ARRIVAL(p.rank), PAD_ARRIVAL(q), e, true);
-  } else if (q < p.world) {
+    if (q < p.world && q != p.rank) meet(p, l, q, PAD_ARRIVAL(p.rank), PAD_ARRIVAL(q), e, true);
+  } else if (q < p.world && q != p.rank) {
     uint32_t b = blockIdx.x;
     meet(p, l, q, PAD_BLOCK_ARRIVAL(b, p.rank), PAD_BLOCK_ARRIVAL(b, q), 4u * l.call + i, false);
   }
@@ -343,7 +363,7 @@ __device__ __forceinline__ uint32_t* pad_signature(const Params& p, uint32_t q, 
 // stays until its rank's next first barrier, which no rank passes before every rank read
 // them), so a mismatch is reported by every rank after the same barrier. The other blocks:
 // their first barrier.
-__device__ __noinline__ bool enter(const Params& p, Launch& l) {
+__device__ __forceinline__ bool enter(const Params& p, Launch& l) {
   if (blockIdx.x != 0) return barrier(p, l, 1);
   if (threadIdx.x == 0) {
     uint4* mine = (uint4*)pad_signature(p, p.rank, l.epoch + 1);
@@ -351,8 +371,9 @@ __device__ __noinline__ bool enter(const Params& p, Launch& l) {
     st_volatile_v4(mine + 1, make_uint4(p.sig[4], p.sig[5], p.sig[6], p.sig[7]));
   }
   if (!barrier(p, l, 1)) return false;
+  STAGE(3);
   uint32_t q = threadIdx.x;
-  if (q < p.world) {
+  if (q < p.world && q != p.rank) {
     const uint32_t* theirs = pad_signature(p, q, l.epoch);
     uint4 a = ld_volatile_v4(theirs), c = ld_volatile_v4(theirs + 4);
     uint32_t got[SIG_WORDS] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
@@ -498,11 +519,13 @@ template <typename T, int L> __device__ __forceinline__ Pack<T, L> reduce_all(co
 
 template <typename T, int L> __device__ bool one_shot(const Params& p, Launch& l, uint64_t row) {
   if (!enter(p, l)) return false;
+  STAGE(4);
   if (row == 0) {
     reduce_units<T, L>(p, p.out, 0, p.count / L);
   } else {
     each(p.count / L, row, [&](uint64_t u) { st_unit<T, L>(p.out, u, reduce_all<T, L>(p, u)); });
   }
+  STAGE(5);
   return barrier(p, l, 2);
 }
 
@@ -547,7 +570,8 @@ __device__ __noinline__ uint32_t header(const Params& p, Launch& l, const uint32
   return 0;
 }
 
-// Block 0's part of Lamport, rank q's by thread q: this rank's header (signature and
+// Block 0's part of Lamport, rank q's by thread q (every peer: a rank's own part never goes
+// through its workspace): this rank's header (signature and
 // round, the first word released last) into its slot of rank q's workspace, rank q's
 // header awaited and compared (the same on every rank: a call that differs anywhere is a
 // mismatch everywhere); then the bytes this round leaves in this rank's workspace recorded
@@ -556,7 +580,7 @@ __device__ __noinline__ uint32_t header(const Params& p, Launch& l, const uint32
 // in step).
 __device__ __noinline__ void lamport_headers(const Params& p, Launch& l, uint32_t b, uint32_t bytes) {
   uint32_t q = threadIdx.x;
-  if (q < p.world) {
+  if (q < p.world && q != p.rank) {
     uint32_t sig[SIG_WORDS];
 #pragma unroll
     for (int i = 0; i < SIG_WORDS; i++) sig[i] = p.sig[i];
@@ -599,6 +623,7 @@ template <typename T> __device__ void lamport_clear(const Params& p, const Launc
   bool wide = (base % 16 == 0) && (p.slot % 16 == 0);
   uint32_t w = sizeof(B) == 4 ? Ty<T>::poison : ((uint32_t)Ty<T>::poison << 16 | Ty<T>::poison);
   for (uint32_t q = 0; q < p.world; q++) {
+    if (q == p.rank) continue;  // never written: this rank's part is read from its input
     uint64_t slot = base + (uint64_t)q * p.slot;
     if (wide) {
       uint4 v = make_uint4(w, w, w, w);
@@ -609,8 +634,18 @@ template <typename T> __device__ void lamport_clear(const Params& p, const Launc
   }
 }
 
+// Unit u of this rank's input as Lamport sends it (the poison, a negative zero, as +0).
+template <typename T, int L> __device__ __forceinline__ Pack<T, L> lamport_own(const Params& p, uint64_t u) {
+  Pack<T, L> x = ld_unit<T, L>(p.peers[p.rank], u);
+#pragma unroll
+  for (int k = 0; k < L; k++)
+    if (x.b[k] == Ty<T>::poison) x.b[k] = 0;
+  return x;
+}
+
 // Lamport's one shot over the grid: this rank's input (where its type is the workspace's)
-// stored into its slot of every rank's workspace of this round, each unit by the block that
+// stored into its slot of every peer's workspace of this round (its own part read from the
+// input), each unit by the block that
 // owns it; block 0 exchanges and compares the headers meanwhile; each block reduces its
 // units, each awaited until no element is the poison (or block 0's verdict, or a fault);
 // then clears its share of the round before's workspace. The last block advances the round
@@ -621,13 +656,11 @@ template <typename T, int L> __device__ bool lamport(const Params& p, Launch& l,
   uint64_t units = p.count / L;
   __shared__ uint32_t stopped;
   if (threadIdx.x == 0) stopped = 0;
-  if (p.typed) {
+  if (p.typed && p.world > 1) {
     each(units, row, [&](uint64_t u) {
-      Pack<T, L> x = ld_unit<T, L>(p.peers[p.rank], u);
-#pragma unroll
-      for (int k = 0; k < L; k++)
-        if (x.b[k] == Ty<T>::poison) x.b[k] = 0;
-      for (uint32_t q = 0; q < p.world; q++) st_unit<T, L>(lamport_slot(p, q, b, p.rank) + LAMPORT_HEADER, u, x);
+      Pack<T, L> x = lamport_own<T, L>(p, u);
+      for (uint32_t q = 0; q < p.world; q++)
+        if (q != p.rank) st_unit<T, L>(lamport_slot(p, q, b, p.rank) + LAMPORT_HEADER, u, x);
     });
   }
   __syncthreads();
@@ -643,7 +676,9 @@ template <typename T, int L> __device__ bool lamport(const Params& p, Launch& l,
       for (uint32_t q = 0; q < p.world; q++) {
         uint64_t slot = lamport_slot(p, p.rank, b, q) + LAMPORT_HEADER;
         Pack<T, L> v;
-        for (uint32_t n = 1;; n++) {
+        if (q == p.rank) {
+          v = lamport_own<T, L>(p, u);
+        } else for (uint32_t n = 1;; n++) {
           v = ld_unit_volatile<T, L>(slot, u);
           bool ready = true;
 #pragma unroll
@@ -754,7 +789,7 @@ template <typename T> __device__ bool vectors(const Params& p) {
 
 // The last block of the launch: the launch's number advanced, the Lamport round where no
 // header went missing.
-__device__ __noinline__ void finish(const Params& p, const Launch& l) {
+__device__ __forceinline__ void finish(const Params& p, const Launch& l) {
   __syncthreads();
   if (threadIdx.x != 0) return;
   bool held = l.held;
@@ -783,25 +818,33 @@ template <typename T, int L> __device__ bool algorithm(const Params& p, Launch& 
 
 template <typename T> __device__ void run(const Params& p) {
   __shared__ Launch l;
+  STAGE(0);
   // Launched as a programmatic dependent (backend-nccl's dependent.rs): the grid before it
   // finished and its memory visible before any of this kernel's loads; the next launch may
   // be scheduled at once (it waits the same way). Without that launch, both are no-ops.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  STAGE(1);
   if (threadIdx.x == 0) {
     // The launch's words in one pass (independent loads, one round trip).
     l.start = now_ns();
     l.fault = 0;
     l.held = 0;
-    l.call = *(volatile uint32_t*)pad_word(p, p.rank, PAD_CALL);
-    l.epoch = *(volatile uint32_t*)pad_word(p, p.rank, PAD_EPOCH);
-    l.round = *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND);
-    for (int b = 0; b < 3; b++) l.used[b] = *(volatile uint32_t*)pad_word(p, p.rank, PAD_USED(b));
+    // Weak loads (several in flight at once): only this rank's kernels write them, and the
+    // previous one on the stream ended before this one's start.
+    const uint32_t* pad = pad_word(p, p.rank, 0);
+    l.call = __ldcg(pad + PAD_CALL / 4);
+    l.epoch = __ldcg(pad + PAD_EPOCH / 4);
+    l.round = __ldcg(pad + PAD_ROUND / 4);
+    for (int b = 0; b < 3; b++) l.used[b] = __ldcg(pad + PAD_USED(b) / 4);
   }
   __syncthreads();
+  STAGE(2);
   bool ok = vectors<T>(p) ? algorithm<T, Lanes<T>::N>(p, l) : algorithm<T, 1>(p, l);
+  STAGE(6);
   if (ok && p.norm) add_and_norm<T>(p);
   finish(p, l);
+  STAGE(7);
 }
 
 // Nothing: the floor a launch of this module has (unicomm-bench's `--floor`).

@@ -32,11 +32,13 @@ impl Grid {
         let (me, w) = (run.ctx.rank, run.world());
         let v = self.call.wrapping_mul(4).wrapping_add(i);
         for b in 1..self.blocks {
-            for p in 0..w {
+            // Every peer (a rank does not wait for itself).
+            let peers = || (0..w).filter(move |&p| p != me);
+            for p in peers() {
                 run.word(p, pad_block_arrival(b, me))
                     .store(v, Ordering::Release);
             }
-            for p in 0..w {
+            for p in peers() {
                 let word = run.word(me, pad_block_arrival(b, p));
                 run.wait(
                     p,

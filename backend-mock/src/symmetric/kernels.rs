@@ -433,10 +433,13 @@ impl Run {
             .load(Ordering::Relaxed)
             .wrapping_add(1);
         self.word(me, PAD_EPOCH).store(e, Ordering::Relaxed);
-        for p in 0..w {
+        // A rank does not wait for itself (the GPU kernels' rule: at world 1 a barrier
+        // waits on nothing).
+        let peers = || (0..w).filter(move |&p| p != me);
+        for p in peers() {
             self.word(p, pad_arrival(me)).store(e, Ordering::Release);
         }
-        for p in 0..w {
+        for p in peers() {
             let word = self.word(me, pad_arrival(p));
             self.wait(
                 p,

@@ -1,5 +1,6 @@
 //! Lamport's all-reduce on the mock, with the GPU kernel's protocol: no barrier; each rank
-//! stores its input into its slot of every rank's workspace of this round, behind a header
+//! stores its input into its slot of every peer's workspace of this round (its own part it
+//! reads from its input: nothing of a rank's goes through its own workspace), behind a header
 //! (the call's signature and the round, [`unicomm_core::symmetric::LAMPORT_HEADER`] bytes, its first word stored
 //! last); each rank waits for every slot's header, compares it with its own call, and only
 //! then reduces the slots' elements, each awaited until it no longer holds the poison. Every
@@ -17,8 +18,8 @@ use super::kernels::{Run, WORD};
 use super::protocol::{in_barrier, Reduce};
 
 /// Lamport's one shot: this rank's input stored (negative zeros as positive ones, and only
-/// where its type is the workspace's) behind its header into its slot of every rank's
-/// workspace of this round; every header awaited and compared; the slots reduced in rank
+/// where its type is the workspace's) behind its header into its slot of every peer's
+/// workspace of this round; every peer's header awaited and compared; the slots reduced in rank
 /// order; the workspace of the round before cleared; the round advanced.
 pub(crate) fn lamport(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
     let (me, w, t) = (run.ctx.rank, run.world(), k.ty);
@@ -27,16 +28,16 @@ pub(crate) fn lamport(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
     let mut sig = run.sig;
     sig[SIGNATURE_ROUND] = round & WORD;
     let typed = run.rec.lamport == Some(t.dtype());
-    for p in 0..w {
+    let peers = || (0..w).filter(move |&p| p != me);
+    for p in peers() {
         let slot = run.rec.slot(p, b, me)?;
         for i in (0..k.count).filter(|_| typed) {
-            let x = run.rec.data(t, me, i)?;
-            slot.store(t, i, if x == t.poison() { 0 } else { x })?;
+            slot.store(t, i, own(run, t, i)?)?;
         }
         slot.set_header(&sig);
     }
     let mut verdict = Ok(());
-    for p in 0..w {
+    for p in peers() {
         let slot = run.rec.slot(me, b, p)?;
         run.wait(
             p, || format!("a Lamport all-reduce of rank {me} (round {round}): rank {p}'s header never came"),
@@ -70,12 +71,24 @@ pub(crate) fn lamport(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
     sums
 }
 
-/// This rank's slots of workspace `b` reduced in rank order, each element awaited.
+/// Element i of this rank's input as Lamport sends it (the poison, a negative zero, as +0).
+fn own(run: &Run, t: super::kernels::Ty, i: usize) -> Result<u32> {
+    let x = run.rec.data(t, run.ctx.rank, i)?;
+    Ok(if x == t.poison() { 0 } else { x })
+}
+
+/// This rank's slots of workspace `b` reduced in rank order (its own part from its input),
+/// each element awaited.
 fn reduce_slots(run: &Run, k: &Reduce, round: u32, b: usize) -> Result<Vec<u32>> {
     let (me, w, t) = (run.ctx.rank, run.world(), k.ty);
     let mut sums = vec![0u32; k.count];
     for (i, sum) in sums.iter_mut().enumerate() {
         for p in 0..w {
+            if p == me {
+                let x = own(run, t, i)?;
+                *sum = if p == 0 { x } else { t.reduce(k.op, *sum, x) };
+                continue;
+            }
             let slot = run.rec.slot(me, b, p)?;
             slot.load(t, i)?;
             let read = || slot.load(t, i).unwrap_or(t.poison());
