@@ -37,7 +37,7 @@ __device__ __forceinline__ void probe_stage(int n) {
 static const char* NAMES[STEPS] = {"start", "griddepcontrol", "launch words", "barrier 1",
                                     "signatures", "data", "barrier 2", "finish"};
 
-struct Case { const char* name; int type; uint32_t alg; uint64_t count; uint32_t elem; };
+struct Case { const char* name; int type; uint32_t alg; uint64_t count; uint32_t elem; uint32_t grid; };
 
 // The Lamport workspaces filled with bf16's poison (negative zero), as the allocation fills them.
 __global__ void fill_poison(uint16_t* w, size_t n) {
@@ -67,6 +67,9 @@ static void one(const Case& c, uint8_t* data, size_t data_bytes, uint8_t* out, C
   uint32_t blocks = (uint32_t)((units + BLOCK - 1) / BLOCK);
   if (blocks < 1) blocks = 1;
   if (blocks > MAX_BLOCKS) blocks = MAX_BLOCKS;
+  // A larger grid than the pads hold arrival words for: world 1 meets no peer, so its blocks
+  // never touch them (what the bandwidth would be with more blocks).
+  if (c.grid) blocks = c.grid;
   p.blocks = blocks;
   cudaGraph_t g; cudaGraphExec_t x;
   CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
@@ -89,7 +92,9 @@ static void one(const Case& c, uint8_t* data, size_t data_bytes, uint8_t* out, C
   CK(cudaMemcpyFromSymbol(clk, probe_clk, sizeof clk));
   CK(cudaMemcpyFromSymbol(ns, probe_ns, sizeof ns));
   CK(cudaMemcpyFromSymbol(&n, probe_n, sizeof n));
-  printf("%-34s %3u blocks  %6.2f us a call (events)  fault %u\n", c.name, blocks, ms * 1000.f / 400.f, host->fault);
+  float us = ms * 1000.f / 400.f;
+  printf("%-34s %3u blocks  %6.2f us a call (events)  %7.1f GB/s read+written  fault %u\n", c.name, blocks, us,
+         2.0 * c.count * c.elem / us / 1000.0, host->fault);
   double sc[STEPS] = {0}, sn[STEPS] = {0}, gap = 0, gap_clk = 0;
   int m = 0;
   for (unsigned k = n - 200; k < n; k++) {
@@ -118,7 +123,7 @@ int main() {
   int clock_khz; CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   printf("SM clock (max) %d MHz\n", clock_khz / 1000);
   cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const size_t data_bytes = 4 << 20;
+  const size_t data_bytes = 64 << 20;
   uint8_t* data; CK(cudaMalloc(&data, data_bytes + 8448 + 3 * (LAMPORT_HEADER + data_bytes)));
   CK(cudaMemset(data, 0, data_bytes + 8448));
   fill_poison<<<256, 512>>>((uint16_t*)(data + data_bytes + 8448), 3 * (LAMPORT_HEADER + data_bytes) / 2);
@@ -134,7 +139,28 @@ int main() {
     {"Lamport bf16 8 B (scalar)", 1, ALG_LAMPORT, 4, 2},
     {"Lamport bf16 8 KiB (vectors)", 1, ALG_LAMPORT, 4096, 2},
     {"barrier", 0, ALG_BARRIER, 0, 4},
+    {"one-shot bf16 64 MiB", 1, ALG_ONE_SHOT, 32u << 20, 2},
+    {"one-shot bf16 64 MiB, 2 blocks an SM", 1, ALG_ONE_SHOT, 32u << 20, 2, 264},
+    {"two-shot bf16 64 MiB", 1, ALG_TWO_SHOT, 32u << 20, 2},
   };
   for (auto& c : cases) one(c, data, data_bytes, out, dctl, ctl, s);
+  // The floor for the data: a device-to-device copy of the same bytes, 20 to a graph.
+  for (size_t bytes : {(size_t)1 << 20, (size_t)64 << 20}) {
+    cudaGraph_t g; cudaGraphExec_t x;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < 20; i++) CK(cudaMemcpyAsync(out, data, bytes, cudaMemcpyDeviceToDevice, s));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&x, g, 0));
+    CK(cudaGraphLaunch(x, s));
+    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+    cudaEventRecord(a, s);
+    for (int i = 0; i < 20; i++) cudaGraphLaunch(x, s);
+    cudaEventRecord(b, s);
+    CK(cudaStreamSynchronize(s));
+    float ms; cudaEventElapsedTime(&ms, a, b);
+    float us = ms * 1000.f / 400.f;
+    printf("copy %6zu KiB                                  %6.2f us a call (events)  %7.1f GB/s read+written\n",
+           bytes >> 10, us, 2.0 * bytes / us / 1000.0);
+  }
   return 0;
 }
