@@ -167,13 +167,8 @@ pub fn init_rank(
     device: usize,
     config: &CommConfig,
 ) -> Result<Comm> {
-    let raw = dispatch::init_rank_vendor(
-        id.vendor,
-        &id.bytes,
-        Place::new(rank, world, device),
-        config,
-    )?;
-    Ok(unicomm_core::Comm::from_backend(raw))
+    let at = Place::new(rank, world, device);
+    dispatch::init_rank_vendor(id.vendor, &id.bytes, at, config).map(Comm::from_backend)
 }
 
 /// Joins a world grown with `id` ([`UniqueId::for_grow`] on its rank 0) as new rank `rank`
@@ -187,13 +182,8 @@ pub fn init_grown(
     device: usize,
     config: &CommConfig,
 ) -> Result<Comm> {
-    let raw = dispatch::init_grown_vendor(
-        id.vendor,
-        &id.bytes,
-        Place::new(rank, world, device),
-        config,
-    )?;
-    Ok(unicomm_core::Comm::from_backend(raw))
+    let at = Place::new(rank, world, device);
+    dispatch::init_grown_vendor(id.vendor, &id.bytes, at, config).map(Comm::from_backend)
 }
 
 #[cfg(all(test, feature = "mock", target_os = "linux"))]

@@ -34,9 +34,7 @@ impl Backend for unicomm_mock::Facade {
         Ok(world.into_iter().map(AnyComm::from).collect())
     }
     fn from_env(env: &LaunchEnv, timeout: Duration, config: &CommConfig) -> Result<AnyComm> {
-        config.check_values()?;
-        let mock = ::unicomm_mock::MockConfig::from_env()?;
-        ::unicomm_mock::join(env, mock, timeout).map(AnyComm::from)
+        ::unicomm_mock::join(env, mock_config(config)?, timeout).map(AnyComm::from)
     }
     fn unique_id() -> Result<[u8; 128]> {
         ::unicomm_mock::unique_id()
@@ -46,19 +44,23 @@ impl Backend for unicomm_mock::Facade {
         Place { rank, world, .. }: Place,
         config: &CommConfig,
     ) -> Result<AnyComm> {
-        config.check_values()?;
-        let mock = ::unicomm_mock::MockConfig::from_env()?;
-        ::unicomm_mock::init_rank(id, rank, world, mock).map(AnyComm::from)
+        ::unicomm_mock::init_rank(id, rank, world, mock_config(config)?).map(AnyComm::from)
     }
     fn init_grown(
         id: &[u8; 128],
         Place { rank, world, .. }: Place,
         config: &CommConfig,
     ) -> Result<AnyComm> {
-        config.check_values()?;
-        let mock = ::unicomm_mock::MockConfig::from_env()?;
-        ::unicomm_mock::init_grown(id, rank, world, mock).map(AnyComm::from)
+        ::unicomm_mock::init_grown(id, rank, world, mock_config(config)?).map(AnyComm::from)
     }
+}
+
+/// The mock's settings from the environment, once `config`'s values are checked (the mock
+/// takes no NCCL settings, but refuses the values NCCL would).
+#[cfg(feature = "mock")]
+fn mock_config(config: &CommConfig) -> Result<::unicomm_mock::MockConfig> {
+    config.check_values()?;
+    ::unicomm_mock::MockConfig::from_env()
 }
 
 /// NCCL and RCCL have the same entry points (the shared NCCL-API layer).
