@@ -380,34 +380,16 @@ fn one_sided_puts_and_signals_across_three_processes() {
     all_passed(3, "one_sided", &[("UNICOMM_MOCK_TARGET", "nccl-2.32.3")]);
 }
 
-#[test]
-fn conformance_subset_in_two_processes() {
-    all_passed(2, "conformance", &[]);
+/// The conformance subset, one rank a process, at worlds 2-4.
+#[rstest::rstest]
+fn conformance_subset_across_processes(#[values(2, 3, 4)] procs: usize) {
+    all_passed(procs, "conformance", &[]);
 }
 
-#[test]
-fn conformance_subset_in_three_processes() {
-    all_passed(3, "conformance", &[]);
-}
-
-#[test]
-fn conformance_subset_in_four_processes() {
-    all_passed(4, "conformance", &[]);
-}
-
-#[test]
-fn process_groups_and_variable_exchanges_in_two_processes() {
-    all_passed(2, "groups", &[]);
-}
-
-#[test]
-fn process_groups_and_variable_exchanges_in_three_processes() {
-    all_passed(3, "groups", &[]);
-}
-
-#[test]
-fn process_groups_and_variable_exchanges_in_four_processes() {
-    all_passed(4, "groups", &[]);
+/// Process groups and the variable-size exchanges, one rank a process, at worlds 2-4.
+#[rstest::rstest]
+fn process_groups_and_variable_exchanges_across_processes(#[values(2, 3, 4)] procs: usize) {
+    all_passed(procs, "groups", &[]);
 }
 
 #[test]
