@@ -19,8 +19,9 @@ rc=0
 # sums, in one process and as 2, 3 and 4 processes; the engine example), shrink (a rank
 # SIGKILLed, the survivors shrink or re-form and go on), candle (unicomm-candle's Llama block and
 # its all-reduce op against candle's own, on candle's CUDA backend), multirank (2 processes on one GPU in
-# NCCL's multi-rank mode, NCCL >= 2.30.3: multirank.sh), rccl-on-cuda (a rocm bundle's RCCL
-# backend on an NVIDIA GPU through its HIP-on-CUDA runtime, NCCL standing in for RCCL): each takes
+# NCCL's multi-rank mode, NCCL >= 2.30.3: multirank.sh), kernels (unicomm's symmetric
+# kernels on one GPU against its floors, world 1 and two ranks under MPS: kernels.sh),
+# rccl-on-cuda (a rocm bundle's RCCL backend on an NVIDIA GPU through its HIP-on-CUDA runtime, NCCL standing in for RCCL): each takes
 # minutes, so a time-limited session can run them in separate calls. BENCH_ARGS adds to the
 # sweep's arguments.
 PARTS=${PARTS:-all}
@@ -52,6 +53,7 @@ xlaunch() {
   else ./xtask launch "$@"; fi
 }
 if [ "$PARTS" = multirank ]; then source ./multirank.sh; exit $rc; fi
+if [ "$PARTS" = kernels ]; then source ./kernels.sh; exit $rc; fi
 gpus() { # $1 = cuda|rocm
   if [ "$1" = cuda ]; then nvidia-smi -L 2>/dev/null | grep -c "^GPU"
   else ls /sys/class/kfd/kfd/topology/nodes 2>/dev/null | while read n; do grep -q "^simd_count [1-9]" /sys/class/kfd/kfd/topology/nodes/$n/properties && echo; done | wc -l; fi

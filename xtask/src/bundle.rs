@@ -166,6 +166,7 @@ fn vendor_binaries(v: GpuVendor) -> Result<Vec<(PathBuf, String)>> {
             )?);
             copies.extend(test_binaries("unicomm-nccl", "", &["loader"], "nccl")?);
             copies.extend(candle_binaries()?);
+            copies.extend(kernel_probes()?);
         }
         GpuVendor::Rocm => {
             copies.extend(test_binaries("unicomm-rccl", "", &["hip_loader"], "rccl")?);
@@ -216,6 +217,24 @@ fn candle_binaries() -> Result<Vec<(PathBuf, String)>> {
     )
 }
 
+/// The kernel probes (`bench/probe/`: where a world-1 launch of the symmetric kernels spends
+/// its time), built by their script with the toolkit candle's kernels use, for the
+/// `kernels` part.
+fn kernel_probes() -> Result<Vec<(PathBuf, String)>> {
+    let kit = crate::cuda_kit::toolkit()?;
+    let out = target_dir("kernel-probes");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let mut c = Command::new("bash");
+    c.arg(root().join("bench/probe/build.sh"))
+        .arg(&out)
+        .env("CUDA_KIT", &kit);
+    crate::cargo::step("build the kernel probes (nvcc 13.0)", c)?;
+    Ok(["probe", "stages"]
+        .into_iter()
+        .map(|p| (out.join(p), p.to_string()))
+        .collect())
+}
+
 /// The binaries (stripped), the suite's world sizes and the run scripts, into `out`.
 fn write_bundle(out: &std::path::Path, copies: &[(PathBuf, String)]) -> Result<()> {
     for (src, name) in copies {
@@ -238,6 +257,7 @@ fn write_bundle(out: &std::path::Path, copies: &[(PathBuf, String)]) -> Result<(
         ("run.sh", include_str!("../bundle-run.sh")),
         ("parts.sh", include_str!("../bundle-parts.sh")),
         ("multirank.sh", include_str!("../bundle-multirank.sh")),
+        ("kernels.sh", include_str!("../bundle-kernels.sh")),
     ] {
         let script = out.join(name);
         std::fs::write(&script, text).with_context(|| format!("writing {name}"))?;
@@ -279,6 +299,28 @@ mod tests {
                 "PARTS={part}: {text}"
             );
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The kernels part from a bundle without its probes and benchmark (one built without
+    /// CUDA, or a slim tar) fails naming what is missing, rather than timing nothing.
+    #[cfg(unix)]
+    #[test]
+    fn the_kernels_part_without_its_binaries_fails_naming_them() {
+        let dir = std::env::temp_dir().join(format!("unicomm-kernels-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("run.sh"), include_str!("../bundle-run.sh")).unwrap();
+        std::fs::write(dir.join("kernels.sh"), include_str!("../bundle-kernels.sh")).unwrap();
+        let out = std::process::Command::new("bash")
+            .arg(dir.join("run.sh"))
+            .env("PARTS", "kernels")
+            .env("OUT", dir.join("logs"))
+            .env_remove("NCCL")
+            .output()
+            .expect("bash runs the bundle's run.sh");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "PARTS=kernels passed: {text}");
+        assert!(text.contains("this bundle has no stages"), "{text}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
