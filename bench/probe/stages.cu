@@ -39,6 +39,27 @@ static const char* NAMES[STEPS] = {"start", "griddepcontrol", "launch words", "b
 
 struct Case { const char* name; int type; uint32_t alg; uint64_t count; uint32_t elem; uint32_t grid; };
 
+// us a call of `launch`: captured 20 times into a graph, the graph launched once, then 20
+// times between two events (as unicomm-bench times a mode).
+template <typename F> static float graph_us(cudaStream_t s, F launch) {
+  cudaGraph_t g; cudaGraphExec_t x;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < 20; i++) launch();
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&x, g, 0));
+  CK(cudaGraphLaunch(x, s));
+  CK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+  cudaEventRecord(a, s);
+  for (int i = 0; i < 20; i++) cudaGraphLaunch(x, s);
+  cudaEventRecord(b, s);
+  CK(cudaStreamSynchronize(s));
+  float ms; cudaEventElapsedTime(&ms, a, b);
+  cudaGraphExecDestroy(x); cudaGraphDestroy(g);
+  cudaEventDestroy(a); cudaEventDestroy(b);
+  return ms * 1000.f / 400.f;
+}
+
 // The Lamport workspaces filled with bf16's poison (negative zero), as the allocation fills them.
 __global__ void fill_poison(uint16_t* w, size_t n) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) w[i] = 0x8000;
@@ -71,28 +92,15 @@ static void one(const Case& c, uint8_t* data, size_t data_bytes, uint8_t* out, C
   // never touch them (what the bandwidth would be with more blocks).
   if (c.grid) blocks = c.grid;
   p.blocks = blocks;
-  cudaGraph_t g; cudaGraphExec_t x;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < 20; i++) {
+  float us = graph_us(s, [&] {
     if (c.type == 0) unicomm_symmetric_f32<<<blocks, BLOCK, 0, s>>>(p);
     else unicomm_symmetric_bf16<<<blocks, BLOCK, 0, s>>>(p);
-  }
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&x, g, 0));
-  CK(cudaGraphLaunch(x, s));
-  CK(cudaStreamSynchronize(s));
-  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-  cudaEventRecord(a, s);
-  for (int i = 0; i < 20; i++) cudaGraphLaunch(x, s);
-  cudaEventRecord(b, s);
-  CK(cudaStreamSynchronize(s));
-  float ms; cudaEventElapsedTime(&ms, a, b);
+  });
   static unsigned long long clk[KEPT][STEPS], ns[KEPT][STEPS];
   unsigned n;
   CK(cudaMemcpyFromSymbol(clk, probe_clk, sizeof clk));
   CK(cudaMemcpyFromSymbol(ns, probe_ns, sizeof ns));
   CK(cudaMemcpyFromSymbol(&n, probe_n, sizeof n));
-  float us = ms * 1000.f / 400.f;
   printf("%-34s %3u blocks  %6.2f us a call (events)  %7.1f GB/s read+written  fault %u\n", c.name, blocks, us,
          2.0 * c.count * c.elem / us / 1000.0, host->fault);
   double sc[STEPS] = {0}, sn[STEPS] = {0}, gap = 0, gap_clk = 0;
@@ -115,7 +123,6 @@ static void one(const Case& c, uint8_t* data, size_t data_bytes, uint8_t* out, C
     printf("   %-16s %8.0f cycles %8.3f us\n", NAMES[st], sc[st] / m, sn[st] / m / 1000.0);
   printf("   %-16s %8s        %8.3f us (start to finish)\n", "in the kernel", "", gap_clk / m / 1000.0);
   printf("   %-16s %8s        %8.3f us (a finish to the next start)\n", "between", "", gap / m / 1000.0);
-  cudaGraphExecDestroy(x); cudaGraphDestroy(g);
 }
 
 int main() {
@@ -146,19 +153,7 @@ int main() {
   for (auto& c : cases) one(c, data, data_bytes, out, dctl, ctl, s);
   // The floor for the data: a device-to-device copy of the same bytes, 20 to a graph.
   for (size_t bytes : {(size_t)1 << 20, (size_t)64 << 20}) {
-    cudaGraph_t g; cudaGraphExec_t x;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < 20; i++) CK(cudaMemcpyAsync(out, data, bytes, cudaMemcpyDeviceToDevice, s));
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&x, g, 0));
-    CK(cudaGraphLaunch(x, s));
-    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-    cudaEventRecord(a, s);
-    for (int i = 0; i < 20; i++) cudaGraphLaunch(x, s);
-    cudaEventRecord(b, s);
-    CK(cudaStreamSynchronize(s));
-    float ms; cudaEventElapsedTime(&ms, a, b);
-    float us = ms * 1000.f / 400.f;
+    float us = graph_us(s, [&] { CK(cudaMemcpyAsync(out, data, bytes, cudaMemcpyDeviceToDevice, s)); });
     printf("copy %6zu KiB                                  %6.2f us a call (events)  %7.1f GB/s read+written\n",
            bytes >> 10, us, 2.0 * bytes / us / 1000.0);
   }

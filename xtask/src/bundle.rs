@@ -276,30 +276,46 @@ fn write_bundle(out: &std::path::Path, copies: &[(PathBuf, String)]) -> Result<(
 
 #[cfg(test)]
 mod tests {
+    /// The bundle's `run.sh` (and the part scripts it sources) in a folder of their own with
+    /// no binaries, run for `PARTS=part`: whether it passed, and what it printed.
+    #[cfg(unix)]
+    fn run_part_without_binaries(part: &str) -> (bool, String) {
+        let dir =
+            std::env::temp_dir().join(format!("unicomm-bundle-{part}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in [
+            ("run.sh", include_str!("../bundle-run.sh")),
+            ("kernels.sh", include_str!("../bundle-kernels.sh")),
+        ] {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        let out = std::process::Command::new("bash")
+            .arg(dir.join("run.sh"))
+            .env("PARTS", part)
+            .env("OUT", dir.join("logs"))
+            .env_remove("NCCL")
+            .output()
+            .expect("bash runs the bundle's run.sh");
+        let _ = std::fs::remove_dir_all(&dir);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
     /// A part run from a bundle that holds none of a vendor's binaries (a slim tar made
     /// for a short device call) fails saying so: once it passed in 4 s having run nothing.
     #[cfg(unix)]
     #[test]
     fn a_part_without_any_vendor_binaries_fails_instead_of_passing() {
-        let dir = std::env::temp_dir().join(format!("unicomm-bundle-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("run.sh"), include_str!("../bundle-run.sh")).unwrap();
         for part in ["groups", "faults", "conformance"] {
-            let out = std::process::Command::new("bash")
-                .arg(dir.join("run.sh"))
-                .env("PARTS", part)
-                .env("OUT", dir.join("logs"))
-                .env_remove("NCCL")
-                .output()
-                .expect("bash runs the bundle's run.sh");
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(!out.status.success(), "PARTS={part} passed: {text}");
+            let (passed, text) = run_part_without_binaries(part);
+            assert!(!passed, "PARTS={part} passed: {text}");
             assert!(
                 text.contains("holds no vendor's binaries") && text.contains("overall rc=1"),
                 "PARTS={part}: {text}"
             );
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The kernels part from a bundle without its probes and benchmark (one built without
@@ -307,20 +323,8 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn the_kernels_part_without_its_binaries_fails_naming_them() {
-        let dir = std::env::temp_dir().join(format!("unicomm-kernels-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("run.sh"), include_str!("../bundle-run.sh")).unwrap();
-        std::fs::write(dir.join("kernels.sh"), include_str!("../bundle-kernels.sh")).unwrap();
-        let out = std::process::Command::new("bash")
-            .arg(dir.join("run.sh"))
-            .env("PARTS", "kernels")
-            .env("OUT", dir.join("logs"))
-            .env_remove("NCCL")
-            .output()
-            .expect("bash runs the bundle's run.sh");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(!out.status.success(), "PARTS=kernels passed: {text}");
+        let (passed, text) = run_part_without_binaries("kernels");
+        assert!(!passed, "PARTS=kernels passed: {text}");
         assert!(text.contains("this bundle has no stages"), "{text}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
