@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use unicomm_core::{each_rank, Comm, DeviceStream, Error, ExpertConfig, ExpertTokens};
+use unicomm_core::{each_rank, Comm, DeviceStream, Error, ExpertConfig, ExpertTokens, RankMask};
 use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
 fn comms(world: usize) -> Vec<Comm<MockComm>> {
@@ -148,5 +148,205 @@ fn a_rank_that_never_dispatches_ends_the_wait_at_the_deadline() {
     match &got[0] {
         Some(Error::Timeout { what, .. }) => assert!(what.contains("rank 1"), "{what}"),
         other => panic!("{other:?}"),
+    }
+}
+
+/// A layout of 4 ranks whose rank 2 is gone, its group over the 3 survivors: entries
+/// routed to rank 2's experts are neither sent nor summed (as `-1` entries), every other
+/// expert keeps its layout place, and the group says which rank is masked.
+#[test]
+fn a_masked_ranks_experts_receive_nothing_and_contribute_nothing() {
+    let cs = comms(3);
+    let mask = RankMask::new(4, &[2]).unwrap();
+    let cfg = ExpertConfig {
+        experts: 8,
+        max_tokens: 16,
+        hidden: 3,
+        top_k: 3,
+    };
+    let (n, h, k, local) = (6, cfg.hidden, cfg.top_k, 2);
+    // Rank p's routing over all 8 experts (rank 2's 4 and 5 among them) and its tokens.
+    let ids_of = |p: usize| -> Vec<i32> {
+        (0..n * k)
+            .map(|i| match (i * 7 + p * 3) % 10 {
+                9 => -1,
+                x => (x % 8) as i32,
+            })
+            .collect()
+    };
+    let tokens_of = |p: usize| -> Vec<f32> {
+        (0..n * h)
+            .map(|i| (p * 100 + i / h * 10 + i % h) as f32)
+            .collect()
+    };
+    let got = each_rank(
+        &cs,
+        |c| -> unicomm_core::Result<(Vec<i32>, Vec<f32>, Vec<f32>)> {
+            let st = c.create_stream()?;
+            let unmasked = c.expert_group_masked::<f32>(cfg, RankMask::none(4), None);
+            assert!(
+                matches!(unmasked, Err(Error::InvalidArgument { .. })),
+                "a layout of 4 on 3 ranks"
+            );
+            let g = c.expert_group_masked::<f32>(cfg, mask, None)?;
+            assert_eq!(g.mask().masked(), vec![2]);
+            let p = c.rank();
+            let (tokens, ids) = (c.upload(&tokens_of(p), &st)?, c.upload(&ids_of(p), &st)?);
+            let (mut out, mut counts) = (c.alloc::<f32>(g.received_len())?, c.alloc::<i32>(local)?);
+            let o = ExpertTokens {
+                tokens: &mut out,
+                counts: &mut counts,
+            };
+            g.dispatch(&tokens, &ids, o, &st)?;
+            let (received, counts) = (out.copy_to_host(&st)?, counts.copy_to_host(&st)?);
+            // Each local expert multiplies its rows by its global id + 1.
+            let lr = mask.layout_rank(p);
+            let slot_rows = 3 * cfg.max_tokens;
+            let scaled: Vec<f32> = received
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| x * ((lr * local + i / h / slot_rows) + 1) as f32)
+                .collect();
+            let expert_out = c.upload(&scaled, &st)?;
+            let weights = c.upload(&vec![0.5f32; n * k], &st)?;
+            let mut sums = c.alloc::<f32>(n * h)?;
+            g.combine(&expert_out, &ids, &weights, &mut sums, &st)?;
+            Ok((counts, received, sums.copy_to_host(&st)?))
+        },
+    )
+    .unwrap();
+    for (p, (counts, received, sums)) in got.iter().enumerate() {
+        let lr = mask.layout_rank(p);
+        for (l, &count) in counts.iter().enumerate() {
+            let e = (lr * local + l) as i32;
+            let mut want = Vec::new();
+            for s in 0..3 {
+                for (i, _) in ids_of(s).iter().enumerate().filter(|(_, &x)| x == e) {
+                    want.extend_from_slice(&tokens_of(s)[i / k * h..(i / k + 1) * h]);
+                }
+            }
+            let at = l * 3 * cfg.max_tokens * h;
+            assert_eq!(count as usize, want.len() / h, "rank {p}, expert {e}");
+            assert_eq!(
+                received[at..at + want.len()],
+                want[..],
+                "rank {p}, expert {e}"
+            );
+        }
+        let (ids, tokens) = (ids_of(p), tokens_of(p));
+        for t in 0..n {
+            for j in 0..h {
+                let mut acc = 0.0f32;
+                for q in 0..k {
+                    let id = ids[t * k + q];
+                    if id >= 0 && !mask.is_masked(id as usize / local) {
+                        acc += 0.5 * (tokens[t * h + j] * (id + 1) as f32);
+                    }
+                }
+                assert_eq!(sums[t * h + j], acc, "rank {p}, token {t}, element {j}");
+            }
+        }
+    }
+}
+
+/// Survivors that pass different masks get `Mismatch` naming the masked ranks on every rank.
+#[test]
+fn survivors_with_different_masks_are_refused_alike() {
+    let cs = comms(2);
+    let cfg = ExpertConfig {
+        experts: 3,
+        max_tokens: 4,
+        hidden: 2,
+        top_k: 1,
+    };
+    let got = each_rank(&cs, |c| -> unicomm_core::Result<String> {
+        let st = c.create_stream()?;
+        let mask = RankMask::new(3, &[c.rank()]).unwrap();
+        let g = c.expert_group_masked::<f32>(cfg, mask, None)?;
+        let (tokens, ids) = (c.upload(&[1.0f32; 2], &st)?, c.upload(&[0i32], &st)?);
+        let (mut out, mut counts) = (c.alloc::<f32>(g.received_len())?, c.alloc::<i32>(1)?);
+        let o = ExpertTokens {
+            tokens: &mut out,
+            counts: &mut counts,
+        };
+        let e = g
+            .dispatch(&tokens, &ids, o, &st)
+            .and_then(|()| st.synchronize());
+        Ok(format!("{e:?}"))
+    })
+    .unwrap();
+    for e in &got {
+        assert!(e.contains("Mismatch") && e.contains("masked"), "{e}");
+    }
+}
+
+/// The whole story of a dead expert rank: rank 2 of 4 stops coming, the survivors'
+/// dispatch ends at the deadline naming it, they shrink the communicator and make the group
+/// again over the same layout with rank 2 masked, and their next dispatch and combine are
+/// exact, rank 2's experts receiving and contributing nothing.
+#[test]
+fn survivors_of_a_dead_expert_rank_shrink_mask_it_and_go_on() {
+    let cs = comms_by(4, Duration::from_millis(400));
+    let cfg = ExpertConfig {
+        experts: 4,
+        max_tokens: 4,
+        hidden: 2,
+        top_k: 2,
+    };
+    let got = each_rank(&cs, |c| -> unicomm_core::Result<Option<Vec<f32>>> {
+        let st = c.create_stream()?;
+        let g = c.expert_group::<f32>(cfg)?;
+        let r = c.rank();
+        if r == 2 {
+            std::thread::sleep(Duration::from_millis(1500));
+            return Ok(None);
+        }
+        // Token 0 to experts 2 (rank 2's) and 3; token 1 to expert 0.
+        let tokens = c.upload(&[1.0f32, 2.0, 3.0, 4.0], &st)?;
+        let ids = c.upload(&[2i32, 3, 0, -1], &st)?;
+        let (mut out, mut counts) = (c.alloc::<f32>(g.received_len())?, c.alloc::<i32>(1)?);
+        let o = ExpertTokens {
+            tokens: &mut out,
+            counts: &mut counts,
+        };
+        let e = g
+            .dispatch(&tokens, &ids, o, &st)
+            .and_then(|()| st.synchronize());
+        match e {
+            Err(Error::Timeout { ref what, .. }) if what.contains("rank 2") => {}
+            Err(Error::Aborted { .. } | Error::Timeout { .. }) => {}
+            other => panic!("rank {r}: {other:?}"),
+        }
+        drop(g);
+        let small = c.shrink(&[2], unicomm_core::ShrinkMode::Abort)?;
+        let st = small.create_stream()?;
+        let g = small.expert_group_masked::<f32>(cfg, RankMask::new(4, &[2])?, None)?;
+        let (tokens, ids) = (
+            small.upload(&[1.0f32, 2.0, 3.0, 4.0], &st)?,
+            small.upload(&[2i32, 3, 0, -1], &st)?,
+        );
+        let (mut out, mut counts) = (
+            small.alloc::<f32>(g.received_len())?,
+            small.alloc::<i32>(1)?,
+        );
+        let o = ExpertTokens {
+            tokens: &mut out,
+            counts: &mut counts,
+        };
+        g.dispatch(&tokens, &ids, o, &st)?;
+        // Each expert returns its rows as they came: the combine sums each token's live
+        // experts' copies by weight 1.
+        let weights = small.upload(&[1.0f32; 4], &st)?;
+        let mut sums = small.alloc::<f32>(4)?;
+        g.combine(&out, &ids, &weights, &mut sums, &st)?;
+        Ok(Some(sums.copy_to_host(&st)?))
+    })
+    .unwrap();
+    for (r, sums) in got.into_iter().enumerate() {
+        match sums {
+            // Token 0: expert 2 masked, expert 3 alive (one copy); token 1: expert 0.
+            Some(s) => assert_eq!(s, vec![1.0, 2.0, 3.0, 4.0], "rank {r}"),
+            None => assert_eq!(r, 2),
+        }
     }
 }

@@ -12,7 +12,9 @@ use crate::buffer::{DeviceSlice, DeviceSliceMut, View};
 use crate::comm::Comm;
 use crate::element::Element;
 use crate::fp8::F8E4M3;
-use crate::symmetric::{Combine, Dispatch, ExpertConfig, ExpertGroupParts, Fp8Tokens, SymmetricOp};
+use crate::symmetric::{
+    Combine, Dispatch, ExpertConfig, ExpertGroupParts, Fp8Tokens, RankMask, SymmetricOp,
+};
 use crate::{Error, Result, Symmetric};
 
 /// Where a dispatch writes: each local expert's tokens (`[local][world * max_tokens]
@@ -32,6 +34,7 @@ pub struct ExpertTokens<O, N> {
 pub struct ExpertGroup<'c, T: Element, C: Collective> {
     comm: &'c Comm<C>,
     config: ExpertConfig,
+    mask: RankMask,
     local: usize,
     recv: Symmetric<'c, T, C>,
     meta: Symmetric<'c, i64, C>,
@@ -48,8 +51,35 @@ impl<C: Collective> Comm<C> {
     /// origins. The mock runs it; on the GPUs its dispatch and combine are `Unsupported`
     /// until their kernels are written.
     pub fn expert_group<T: Element>(&self, config: ExpertConfig) -> Result<ExpertGroup<'_, T, C>> {
+        self.expert_group_masked(config, RankMask::none(self.world_size()), None)
+    }
+
+    /// [`Comm::expert_group`] over the survivors of an expert layout whose masked ranks are
+    /// gone (`mask`: this communicator is the layout's unmasked ranks, in order, as
+    /// [`Comm::shrink`] leaves them): experts keep the layout's places (`experts /
+    /// mask.world()` on each layout rank), and an entry of a routing that names a masked
+    /// rank's expert is not sent and contributes nothing at combine, as a `-1` entry.
+    /// `fp8_scales`: the scales a token of an FP8 dispatch ([`Comm::expert_group_fp8`]).
+    /// Collective over the survivors, with the same mask on each.
+    pub fn expert_group_masked<T: Element>(
+        &self,
+        config: ExpertConfig,
+        mask: RankMask,
+        fp8_scales: Option<usize>,
+    ) -> Result<ExpertGroup<'_, T, C>> {
         let w = self.world_size();
-        let local = config.local_experts(w)?;
+        if mask.survivors() != w {
+            return Err(Error::invalid(
+                "mask",
+                format!(
+                    "{} ranks left of a layout of {} ({:?} masked), on a communicator of {w}",
+                    mask.survivors(),
+                    mask.world(),
+                    mask.masked()
+                ),
+            ));
+        }
+        let local = config.local_experts(mask.world())?;
         // Combine sums in f32 and rounds to the tokens' type.
         crate::symmetric::check_symmetric_type(T::DTYPE)?;
         // Refused before any memory is made where the kernels are not there.
@@ -77,15 +107,25 @@ impl<C: Collective> Comm<C> {
             .checked_mul(k)
             .and_then(|x| x.checked_mul(h))
             .ok_or_else(too_big)?;
-        Ok(ExpertGroup {
+        let mut g = ExpertGroup {
             comm: self,
             config,
+            mask,
             local,
             recv: self.alloc_symmetric::<T>(recv)?,
             meta: self.alloc_symmetric::<i64>(local * w + slots)?,
             back: self.alloc_symmetric::<T>(back)?,
             scales: None,
-        })
+        };
+        if let Some(per_token) = fp8_scales {
+            let slots = (g.recv.len() / config.hidden)
+                .checked_mul(per_token.max(1))
+                .ok_or_else(|| {
+                    Error::invalid("per_token", format!("{per_token} scales overflow"))
+                })?;
+            g.scales = Some((self.alloc_symmetric::<f32>(slots)?, per_token.max(1)));
+        }
+        Ok(g)
     }
 
     /// [`Comm::expert_group`] that also dispatches FP8 tokens
@@ -96,12 +136,7 @@ impl<C: Collective> Comm<C> {
         config: ExpertConfig,
         per_token: usize,
     ) -> Result<ExpertGroup<'_, T, C>> {
-        let mut g = self.expert_group::<T>(config)?;
-        let slots = (g.recv.len() / config.hidden)
-            .checked_mul(per_token.max(1))
-            .ok_or_else(|| Error::invalid("per_token", format!("{per_token} scales overflow")))?;
-        g.scales = Some((self.alloc_symmetric::<f32>(slots)?, per_token.max(1)));
-        Ok(g)
+        self.expert_group_masked(config, RankMask::none(self.world_size()), Some(per_token))
     }
 }
 
@@ -111,9 +146,16 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
         self.config
     }
 
-    /// Experts on each rank (rank `r` holds experts `r * local .. (r + 1) * local`).
+    /// Experts on each rank (the layout's rank `r` holds experts `r * local .. (r + 1) *
+    /// local`).
     pub fn local_experts(&self) -> usize {
         self.local
+    }
+
+    /// The layout's masked ranks ([`Comm::expert_group_masked`]; none for a group made by
+    /// [`Comm::expert_group`]).
+    pub fn mask(&self) -> RankMask {
+        self.mask
     }
 
     /// Elements a dispatch's output holds: `local x world x max_tokens x hidden`.
@@ -194,6 +236,7 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
             meta: self.meta.handle(),
             back: self.back.handle(),
             config: self.config,
+            mask: self.mask,
             dtype: T::DTYPE,
         }
     }

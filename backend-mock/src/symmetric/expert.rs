@@ -8,12 +8,13 @@
 //! signature agreed; each expert's rank pushes every output row back to its token's rank at
 //! `(token, k)`; a barrier; each rank sums its tokens' rows by their weights in f32, in `k`
 //! order, rounded once. The next call's first barrier keeps any rank from writing a slot a
-//! peer still reads.
+//! peer still reads. A layout with masked ranks (the group over the survivors): an entry
+//! naming a masked rank's expert is passed over at dispatch and at combine, as a `-1`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use unicomm_core::symmetric::{ExpertConfig, ExpertGroupParts};
+use unicomm_core::symmetric::{ExpertConfig, ExpertGroupParts, RankMask};
 use unicomm_core::{Error, Result};
 
 use super::kernels::{read, read_u8, write, write_bytes, Local, Run, Ty};
@@ -29,6 +30,7 @@ pub(crate) struct Group {
     pub meta: Arc<Record>,
     pub back: Arc<Record>,
     pub config: ExpertConfig,
+    pub mask: RankMask,
     pub ty: Ty,
     pub world: usize,
 }
@@ -130,12 +132,18 @@ impl Group {
             back: get(g.back)?,
             recv,
             config: g.config,
+            mask: g.mask,
             ty: Ty::of(g.dtype)?,
         })
     }
 
     fn local(&self) -> usize {
-        self.config.experts / self.world
+        self.config.experts / self.mask.world()
+    }
+
+    /// The group's rank holding expert `id` (`None` where its layout rank is masked).
+    fn holder(&self, id: usize) -> Option<usize> {
+        self.mask.group_rank(id / self.local())
     }
 
     /// Slot `(l, s)`'s count word in rank `p`'s metadata.
@@ -186,7 +194,8 @@ pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
                 bad = true;
                 continue;
             }
-            let (r, l, idx) = (id / local, id % local, next[id] as usize);
+            let Some(r) = g.holder(id) else { continue };
+            let (l, idx) = (id % local, next[id] as usize);
             next[id] += 1;
             if idx >= m {
                 continue;
@@ -212,9 +221,9 @@ pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
         }
     }
     for (id, &c) in next.iter().enumerate() {
+        let Some(r) = g.holder(id) else { continue };
         let c = if bad { BAD_ID } else { c };
-        g.count(id / local, id % local, me)?
-            .store(c, Ordering::Relaxed);
+        g.count(r, id % local, me)?.store(c, Ordering::Relaxed);
     }
     protocol::barrier(run)?;
     verdict(g)?;
@@ -243,7 +252,7 @@ fn verdict(g: &Group) -> Result<()> {
                             "max_tokens",
                             format!(
                                 "expert {} (rank {p}) would receive {c} tokens from rank {s}, past max_tokens {m}",
-                                p * local + l
+                                g.mask.layout_rank(p) * local + l
                             ),
                         ))
                     }
@@ -330,7 +339,8 @@ fn sum_back(run: &Run, g: &Group, c: &CombineJob) -> Result<()> {
         for j in 0..h {
             let mut acc = 0.0f32;
             for q in 0..k {
-                if (ids[tok * k + q] as i32) < 0 {
+                let id = ids[tok * k + q] as i32;
+                if id < 0 || g.holder(id as usize).is_none() {
                     continue;
                 }
                 let x = g.ty.to_f64(g.back.data(g.ty, me, (tok * k + q) * h + j)?) as f32;

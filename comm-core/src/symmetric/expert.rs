@@ -46,6 +46,96 @@ impl ExpertConfig {
     }
 }
 
+/// The ranks of an expert layout whose experts are gone (a rank that died, NCCL EP's and
+/// DeepEP's rank mask): a group over the survivors keeps the layout's `world`, and a token
+/// routed to a masked rank's expert is not sent and contributes nothing at combine. The
+/// group's rank `i` is the layout's `i`-th unmasked rank. Every surviving rank passes the
+/// same mask (a call where they differ is `Mismatch` on every rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankMask {
+    world: usize,
+    masked: u64,
+}
+
+impl RankMask {
+    /// The most ranks a layout with a mask has.
+    pub const MAX_WORLD: usize = 62;
+
+    /// No rank masked in a layout of `world` ranks.
+    pub fn none(world: usize) -> Self {
+        RankMask { world, masked: 0 }
+    }
+
+    /// `masked` ranks of a layout of `world` (at most [`MAX_WORLD`](Self::MAX_WORLD)), at
+    /// least one rank left.
+    pub fn new(world: usize, masked: &[usize]) -> Result<Self> {
+        let bad = |why: String| Err(Error::invalid("mask", why));
+        if world == 0 || world > Self::MAX_WORLD {
+            return bad(format!(
+                "a layout of {world} ranks (1 to {})",
+                Self::MAX_WORLD
+            ));
+        }
+        let mut bits = 0u64;
+        for &r in masked {
+            if r >= world {
+                return bad(format!("rank {r} masked in a layout of {world} ranks"));
+            }
+            bits |= 1 << r;
+        }
+        if bits.count_ones() as usize == world {
+            return bad(format!("every rank of {world} masked"));
+        }
+        Ok(RankMask {
+            world,
+            masked: bits,
+        })
+    }
+
+    /// Ranks of the layout.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The masked ranks, in order.
+    pub fn masked(&self) -> Vec<usize> {
+        (0..self.world).filter(|&r| self.is_masked(r)).collect()
+    }
+
+    /// Whether the layout's rank `r` is masked.
+    pub fn is_masked(&self, r: usize) -> bool {
+        r < 64 && self.masked >> r & 1 == 1
+    }
+
+    /// Ranks left: the group's world.
+    pub fn survivors(&self) -> usize {
+        self.world - self.masked.count_ones() as usize
+    }
+
+    /// The group's rank of the layout's rank `r` (`None` where masked or outside the
+    /// layout).
+    pub fn group_rank(&self, r: usize) -> Option<usize> {
+        if r >= self.world || self.is_masked(r) {
+            return None;
+        }
+        let below = self.masked & ((1u64 << r) - 1);
+        Some(r - below.count_ones() as usize)
+    }
+
+    /// The layout's rank of the group's rank `i`.
+    pub fn layout_rank(&self, i: usize) -> usize {
+        (0..self.world)
+            .filter(|&r| !self.is_masked(r))
+            .nth(i)
+            .unwrap_or(self.world)
+    }
+
+    /// The mask as bits (rank `r` at bit `r`).
+    pub fn bits(&self) -> u64 {
+        self.masked
+    }
+}
+
 /// The group as one call's operands name it.
 #[derive(Debug, Clone, Copy)]
 pub struct ExpertGroupParts {
@@ -57,6 +147,8 @@ pub struct ExpertGroupParts {
     pub back: RawHandle,
     /// The capacities.
     pub config: ExpertConfig,
+    /// The layout's masked ranks.
+    pub mask: RankMask,
     /// The tokens' element type.
     pub dtype: DataType,
 }
@@ -132,8 +224,8 @@ macro_rules! copy_op {
 }
 copy_op!(Dispatch, Combine, Fp8Tokens);
 
-/// What every rank's dispatch or combine must agree on: the operation and the tokens'
-/// type (the capacities were compared when the group was made).
+/// What every rank's dispatch or combine must agree on: the operation, the tokens' type
+/// and the layout's masked ranks (the capacities were compared when the group was made).
 pub(crate) fn signature(op: SignedOp, g: &ExpertGroupParts, fp8: bool) -> Signature {
     Signature {
         op,
@@ -141,6 +233,7 @@ pub(crate) fn signature(op: SignedOp, g: &ExpertGroupParts, fp8: bool) -> Signat
         reduce: None,
         count: g.config.hidden,
         norm: None,
+        masked: g.mask.bits(),
     }
 }
 
@@ -178,5 +271,33 @@ impl<'a, M> Combine<'a, M> {
             weights: self.weights.map_mem(&f, "weights")?,
             out: self.out.map_mem(&f, "out")?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RankMask;
+
+    /// The group's ranks are the layout's unmasked ones in order, both ways.
+    #[test]
+    fn a_masks_group_ranks_are_the_layouts_unmasked_ones_in_order() {
+        let m = RankMask::new(6, &[1, 4]).unwrap();
+        assert_eq!((m.world(), m.survivors(), m.masked()), (6, 4, vec![1, 4]));
+        let layout: Vec<usize> = (0..4).map(|i| m.layout_rank(i)).collect();
+        assert_eq!(layout, [0, 2, 3, 5]);
+        let group: Vec<Option<usize>> = (0..7).map(|r| m.group_rank(r)).collect();
+        assert_eq!(
+            group,
+            [Some(0), None, Some(1), Some(2), None, Some(3), None]
+        );
+    }
+
+    /// A rank outside the layout, a layout past the bits, or every rank masked: refused.
+    #[test]
+    fn masks_that_leave_no_layout_are_refused() {
+        assert!(RankMask::new(3, &[3]).is_err());
+        assert!(RankMask::new(RankMask::MAX_WORLD + 1, &[]).is_err());
+        assert!(RankMask::new(2, &[0, 1]).is_err());
+        assert!(RankMask::new(0, &[]).is_err());
     }
 }

@@ -13,7 +13,7 @@ mod algorithm;
 mod expert;
 mod signature;
 pub use algorithm::{RmsNormOptions, SymmetricAlgorithm, SymmetricOptions};
-pub use expert::{Combine, Dispatch, ExpertConfig, ExpertGroupParts, Fp8Tokens};
+pub use expert::{Combine, Dispatch, ExpertConfig, ExpertGroupParts, Fp8Tokens, RankMask};
 pub use signature::{
     compare, mismatch, with_word, Signature, SignedOp, LAMPORT_HEADER, SIGNATURE_ROUND,
     SIGNATURE_WORDS,
@@ -278,6 +278,7 @@ impl<'a, M> SymmetricOp<'a, M> {
                 reduce: None,
                 count: a.capacity,
                 norm: None,
+                masked: 0,
             },
             SymmetricOp::AllReduce {
                 count,
@@ -292,6 +293,7 @@ impl<'a, M> SymmetricOp<'a, M> {
                 reduce: Some(*op),
                 count: *count,
                 norm: norm.map(|n| (n.hidden, n.eps)),
+                masked: 0,
             },
         }
     }

@@ -53,6 +53,9 @@ pub struct Signature {
     pub count: usize,
     /// The fused norm's row width and epsilon, if fused.
     pub norm: Option<(usize, f32)>,
+    /// An expert layout's masked ranks, as bits (0 for every other call); in the norm's
+    /// width words, which no expert call has.
+    pub masked: u64,
 }
 
 /// The operation's code: bits 0-1, and bit 10 for the operations past the first four.
@@ -97,12 +100,15 @@ impl Signature {
             reduce: None,
             count: 0,
             norm: None,
+            masked: 0,
         }
     }
 
     /// Its words, the round word 0 (a kernel fills it).
     pub fn words(&self) -> [u32; SIGNATURE_WORDS] {
-        let (hidden, eps) = self.norm.map_or((0, 0), |(h, e)| (h as u64, e.to_bits()));
+        let (hidden, eps) = self
+            .norm
+            .map_or((self.masked, 0), |(h, e)| (h as u64, e.to_bits()));
         let kind = op_code(self.op)
             | type_code(self.dtype) << 2
             | reduce_code(self.reduce) << 6
@@ -113,14 +119,16 @@ impl Signature {
     }
 }
 
-/// What differs between two signatures' words, named by the first field that does.
-fn field(i: usize, a: u32, b: u32) -> &'static str {
+/// What differs between two signatures' words, named by the first field that does (`kind`:
+/// their first word, the same in both).
+fn field(i: usize, a: u32, b: u32, kind: u32) -> &'static str {
     match i {
         0 if (a & 3) != (b & 3) || (a >> 10 & 1) != (b >> 10 & 1) => "algorithm",
         0 if (a >> 2 & 15) != (b >> 2 & 15) => "dtype",
         0 if (a >> 6 & 7) != (b >> 6 & 7) => "op",
         0 => "norm",
         1 | 2 => "count",
+        3 | 4 if kind >> 9 & 1 == 0 => "masked ranks",
         3 | 4 => "hidden",
         5 | 6 => "eps",
         _ => "round",
@@ -161,6 +169,11 @@ fn describe(what: &str, w: &[u32; SIGNATURE_WORDS]) -> String {
         .into(),
         "count" => format!("{} elements", wide(1)),
         "hidden" => format!("rows of {}", wide(3)),
+        "masked ranks" => {
+            let bits = wide(3);
+            let ranks: Vec<u32> = (0..62).filter(|r| bits >> r & 1 == 1).collect();
+            format!("ranks {ranks:?} masked")
+        }
         "eps" => format!("eps {}", f32::from_bits(w[5] | w[6] << 31)),
         _ => format!("round {}", w[SIGNATURE_ROUND]),
     }
@@ -188,7 +201,7 @@ pub fn mismatch(
     theirs: &[u32; SIGNATURE_WORDS],
     i: usize,
 ) -> Error {
-    let what = field(i, mine[i], theirs[i]);
+    let what = field(i, mine[i], theirs[i], mine[0]);
     Error::Mismatch {
         what,
         detail: format!(
@@ -220,6 +233,7 @@ mod tests {
             reduce: Some(r),
             count,
             norm: None,
+            masked: 0,
         }
     }
 
