@@ -41,6 +41,36 @@ fn dispatch_and_combine_are_exact_at_worlds_1_to_8_eager_and_replayed() {
     }
 }
 
+/// Groups over the survivors of layouts of 2-8 ranks with one to three ranks masked: exact,
+/// eager and replayed, the masked ranks' experts receiving and contributing nothing.
+#[test]
+fn masked_layouts_are_exact_at_worlds_2_to_8_eager_and_replayed() {
+    for (layout, masked) in [
+        (2, &[1][..]),
+        (4, &[2]),
+        (5, &[0, 3]),
+        (8, &[7]),
+        (8, &[1, 2, 5]),
+    ] {
+        let mask = RankMask::new(layout, masked).unwrap();
+        let cs = comms(mask.survivors());
+        for top_k in [1, 3] {
+            let seen = unicomm_conformance::expert_dispatch_combine_masked(
+                &cs,
+                config(layout, top_k),
+                mask,
+                6,
+                6,
+            );
+            assert_eq!(
+                seen.unwrap(),
+                vec![true; mask.survivors()],
+                "{mask:?}, top-{top_k}"
+            );
+        }
+    }
+}
+
 /// FP8 tokens with their scales (DeepSeek's one per 128 channels, here 3 a token) arrive
 /// byte- and bit-exact at worlds 1-8.
 #[test]

@@ -201,6 +201,15 @@ fn rank() {
             };
             let seen = unicomm_conformance::expert_dispatch_combine(one, cfg, 6, 6);
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
+            // The processes as the survivors of a layout one rank larger, its rank 1 masked.
+            let w = c.world_size();
+            let mask = unicomm_core::RankMask::new(w + 1, &[1]).unwrap();
+            let cfg = unicomm_core::ExpertConfig {
+                experts: 2 * (w + 1),
+                ..cfg
+            };
+            let seen = unicomm_conformance::expert_dispatch_combine_masked(one, cfg, mask, 6, 6);
+            assert_eq!(seen.unwrap(), vec![true], "rank {r}");
             c.finalize().unwrap();
             println!("rank {r}: symmetric kernels; RANK PASSED");
         }

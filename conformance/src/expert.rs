@@ -11,7 +11,7 @@
 use unicomm_core::graph::Graph;
 use unicomm_core::{
     each_rank, Buffer, Collective, Comm, DeviceStream, Error, ExpertConfig, ExpertGroup,
-    ExpertTokens, Result,
+    ExpertTokens, RankMask, Result,
 };
 
 /// A routing and the tokens of rank `p` in round `k`.
@@ -58,11 +58,17 @@ fn routing(cfg: &ExpertConfig, k: usize, p: usize, n: Option<usize>) -> Routing 
 
 /// What rank `r` must receive: per local expert its rows (source-rank order, each source's
 /// `(token, k)` order); or `None` where a slot exceeds `max_tokens`.
-fn received(cfg: &ExpertConfig, all: &[Routing], r: usize) -> Option<Vec<Vec<f32>>> {
-    let (w, h, kk) = (all.len(), cfg.hidden, cfg.top_k);
-    let local = cfg.experts / w;
+fn received(
+    cfg: &ExpertConfig,
+    mask: RankMask,
+    all: &[Routing],
+    r: usize,
+) -> Option<Vec<Vec<f32>>> {
+    let (h, kk) = (cfg.hidden, cfg.top_k);
+    let local = cfg.experts / mask.world();
     for rt in all {
-        for e in 0..cfg.experts {
+        // A masked rank's experts receive nothing, so they never overflow.
+        for e in (0..cfg.experts).filter(|e| !mask.is_masked(e / local)) {
             if rt.ids.iter().filter(|&&x| x == e as i32).count() > cfg.max_tokens {
                 return None;
             }
@@ -71,7 +77,7 @@ fn received(cfg: &ExpertConfig, all: &[Routing], r: usize) -> Option<Vec<Vec<f32
     Some(
         (0..local)
             .map(|l| {
-                let e = (r * local + l) as i32;
+                let e = (mask.layout_rank(r) * local + l) as i32;
                 let mut rows = Vec::new();
                 for rt in all {
                     for (i, _) in rt.ids.iter().enumerate().filter(|(_, &x)| x == e) {
@@ -85,16 +91,23 @@ fn received(cfg: &ExpertConfig, all: &[Routing], r: usize) -> Option<Vec<Vec<f32
     )
 }
 
-/// Rank `r`'s combined tokens where expert `e` multiplies by `scale(e)`: in `k` order, f32.
-fn combined(cfg: &ExpertConfig, rt: &Routing, scale: impl Fn(usize) -> f32) -> Vec<f32> {
+/// Rank `r`'s combined tokens where expert `e` multiplies by `scale(e)`: in `k` order, f32;
+/// `-1` entries and a masked rank's experts contribute nothing.
+fn combined(
+    cfg: &ExpertConfig,
+    mask: RankMask,
+    rt: &Routing,
+    scale: impl Fn(usize) -> f32,
+) -> Vec<f32> {
     let (h, kk) = (cfg.hidden, cfg.top_k);
+    let local = cfg.experts / mask.world();
     let mut out = Vec::with_capacity(rt.n * h);
     for t in 0..rt.n {
         for j in 0..h {
             let mut acc = 0.0f32;
             for q in 0..kk {
                 let id = rt.ids[t * kk + q];
-                if id >= 0 {
+                if id >= 0 && !mask.is_masked(id as usize / local) {
                     acc += rt.weights[t * kk + q] * (rt.tokens[t * h + j] * scale(id as usize));
                 }
             }
@@ -146,9 +159,23 @@ pub fn expert_dispatch_combine<C: Collective>(
     rounds: usize,
     replays: usize,
 ) -> Result<Vec<bool>> {
+    let mask = RankMask::none(comms.first().map_or(0, |c| c.world_size()));
+    expert_dispatch_combine_masked(comms, cfg, mask, rounds, replays)
+}
+
+/// [`expert_dispatch_combine`] over the survivors of a layout with masked ranks (`comms`:
+/// the layout's unmasked ranks, in order): every routing names every expert, the masked
+/// ranks' among them, which receive nothing and contribute nothing.
+pub fn expert_dispatch_combine_masked<C: Collective>(
+    comms: &[Comm<C>],
+    cfg: ExpertConfig,
+    mask: RankMask,
+    rounds: usize,
+    replays: usize,
+) -> Result<Vec<bool>> {
     each_rank(comms, |c| -> Result<bool> {
         let st = c.create_stream()?;
-        let g = match c.expert_group::<f32>(cfg) {
+        let g = match c.expert_group_masked::<f32>(cfg, mask, None) {
             Err(Error::Unsupported { .. }) => return Ok(false),
             other => other?,
         };
@@ -177,7 +204,7 @@ fn eager<C: Collective>(
         let mine = &all[r];
         let tokens = c.upload(&mine.tokens, st)?;
         let ids = c.upload(&mine.ids, st)?;
-        let want = received(&cfg, &all, r);
+        let want = received(&cfg, g.mask(), &all, r);
         let sent = g.dispatch(
             &tokens,
             &ids,
@@ -217,13 +244,13 @@ fn eager<C: Collective>(
         let mut scaled = out.copy_to_host(st)?;
         let rows = cfg.max_tokens * w * cfg.hidden;
         for (i, x) in scaled.iter_mut().enumerate() {
-            *x *= (r * local + i / rows + 1) as f32;
+            *x *= (g.mask().layout_rank(r) * local + i / rows + 1) as f32;
         }
         let expert_out = c.upload(&scaled, st)?;
         let weights = c.upload(&mine.weights, st)?;
         let mut back = c.alloc::<f32>(mine.n * cfg.hidden)?;
         g.combine(&expert_out, &ids, &weights, &mut back, st)?;
-        let want = combined(&cfg, mine, |e| (e + 1) as f32);
+        let want = combined(&cfg, g.mask(), mine, |e| (e + 1) as f32);
         if back.copy_to_host(st)? != want {
             return Err(wrong(r, format!("round {k}: the combine differs")));
         }
@@ -266,7 +293,7 @@ fn replayed<C: Collective>(
     })?;
     for k in rounds {
         let all: Vec<Routing> = (0..w).map(|p| routing(&cfg, k, p, Some(n(p)))).collect();
-        let Some(want) = received(&cfg, &all, r) else {
+        let Some(want) = received(&cfg, g.mask(), &all, r) else {
             continue;
         };
         let mine = &all[r];
@@ -278,7 +305,7 @@ fn replayed<C: Collective>(
             counts: &counts,
         };
         check_received(g, got, &want, st)?;
-        if back.copy_to_host(st)? != combined(&cfg, mine, |_| 1.0) {
+        if back.copy_to_host(st)? != combined(&cfg, g.mask(), mine, |_| 1.0) {
             return Err(wrong(r, format!("replay {k}: the combine differs")));
         }
     }
