@@ -58,7 +58,7 @@ mod workspace;
 pub use comm::{unicomm_error, Communicator};
 pub use fused::FusedNorm;
 pub use layers::{Shard, ShardedEmbedding, TensorParallelColumnLinear, TensorParallelRowLinear};
-pub use moe::{moe_reference, ExpertParallelMoe};
+pub use moe::{moe_reference, moe_reference_masked, ExpertParallelMoe};
 pub use ops::{
     AllGather, AllReduce, AllToAll, Broadcast, Gather, Recv, Reduce, ReduceScatter, Scatter, Send,
 };

@@ -7,7 +7,7 @@
 
 use candle_core::{DType, Device, Result, Tensor, D};
 use parking_lot::Mutex;
-use unicomm::{ExpertConfig, ExpertTokens};
+use unicomm::{ExpertConfig, ExpertTokens, RankMask};
 
 use crate::comm::{wrap, Communicator};
 
@@ -48,6 +48,23 @@ impl Communicator {
         top_k: usize,
         max_tokens: usize,
     ) -> Result<ExpertParallelMoe<'_>> {
+        let mask = RankMask::none(self.world_size());
+        self.expert_parallel_moe_masked(router, experts, top_k, max_tokens, mask)
+    }
+
+    /// [`expert_parallel_moe`](Self::expert_parallel_moe) on the survivors of a layout whose
+    /// masked ranks are gone (this communicator: the layout's unmasked ranks in order, as a
+    /// shrink leaves them): each rank keeps its layout place's experts, and a token's
+    /// experts on a masked rank contribute nothing (the router's weights are not
+    /// renormalised: NCCL EP's and DeepEP's masked combine). Collective.
+    pub fn expert_parallel_moe_masked(
+        &self,
+        router: &Tensor,
+        experts: &[Tensor],
+        top_k: usize,
+        max_tokens: usize,
+        mask: RankMask,
+    ) -> Result<ExpertParallelMoe<'_>> {
         let (e, hidden) = router.dims2()?;
         if experts.len() != e {
             candle_core::bail!(
@@ -63,10 +80,11 @@ impl Communicator {
         };
         let group = self
             .comm()
-            .expert_group::<f32>(config)
+            .expert_group_masked::<f32>(config, mask, None)
             .map_err(|x| wrap(NAME, x))?;
         let local = group.local_experts();
-        let mine = experts[self.rank() * local..(self.rank() + 1) * local].to_vec();
+        let at = mask.layout_rank(self.rank()) * local;
+        let mine = experts[at..at + local].to_vec();
         Ok(ExpertParallelMoe {
             comm: self,
             group: Mutex::new(group),
@@ -126,10 +144,28 @@ pub fn moe_reference(
     experts: &[Tensor],
     top_k: usize,
 ) -> Result<Tensor> {
+    moe_reference_masked(x, router, experts, top_k, RankMask::none(1))
+}
+
+/// [`moe_reference`] where the experts of `mask`'s masked ranks (`experts.len() /
+/// mask.world()` a rank) contribute nothing: what
+/// [`Communicator::expert_parallel_moe_masked`] equals.
+pub fn moe_reference_masked(
+    x: &Tensor,
+    router: &Tensor,
+    experts: &[Tensor],
+    top_k: usize,
+    mask: RankMask,
+) -> Result<Tensor> {
     let (n, hidden) = x.dims2()?;
     let (ids, weights) = route(x, router, top_k)?;
+    let local = (experts.len() / mask.world().max(1)).max(1);
     let mut outs = Vec::with_capacity(n * top_k);
     for (i, &e) in ids.iter().enumerate() {
+        if mask.is_masked(e as usize / local) {
+            outs.push(vec![0f32; hidden]);
+            continue;
+        }
         let row = x.narrow(0, i / top_k, 1)?;
         outs.push(
             row.matmul(&experts[e as usize].t()?)?

@@ -74,3 +74,32 @@ fn large_logits_route_without_overflow() {
         assert_eq!(y.len(), want.len());
     }
 }
+
+/// The layer on the 3 survivors of a layout of 4 whose rank 1 is gone: each keeps its
+/// layout place's experts, and tokens routed to rank 1's experts get nothing from them; the
+/// output equals the unsharded layer's with those experts contributing nothing.
+#[test]
+fn the_layer_on_survivors_equals_the_reference_with_the_masked_experts_silent() {
+    let (hidden, top_k, experts_n) = (8, 3, 8);
+    let mask = unicomm::RankMask::new(4, &[1]).unwrap();
+    let worst = ranks(3, |c| {
+        let router = values(2, experts_n, hidden)?;
+        let experts: Vec<Tensor> = (0..experts_n)
+            .map(|e| values(20 + e, hidden, hidden))
+            .collect::<candle_core::Result<_>>()?;
+        let moe = c.expert_parallel_moe_masked(&router, &experts, top_k, 8, mask)?;
+        let x = values(200 + c.rank(), 6, hidden)?;
+        let got = moe.forward(&x)?;
+        let want = unicomm_candle::moe_reference_masked(&x, &router, &experts, top_k, mask)?;
+        let unmasked = moe_reference(&x, &router, &experts, top_k)?;
+        Ok((max_diff(&got, &want)?, max_diff(&got, &unmasked)?))
+    });
+    for (r, (d, off)) in worst.iter().enumerate() {
+        assert!(*d <= 1e-5, "rank {r}: {d}");
+        // Rank 1's experts are routed to: without them the output differs.
+        assert!(
+            *off > 1e-3,
+            "rank {r}: the masked experts made no difference ({off})"
+        );
+    }
+}
