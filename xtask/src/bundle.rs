@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use cargo_metadata::TargetKind;
 
 use crate::cargo::{cargo, named, root, target_dir};
-use crate::cli::{Opts, Vendor};
+use crate::cli::{BundlePart, Opts, Vendor};
 use crate::gpu::{GpuVendor, SUITE_WORLDS};
 
 /// The CUDA API of cudarc's bindings in a bundle, where `CUDARC_CUDA_VERSION` does not name
@@ -63,9 +63,12 @@ fn unit_tests(pkg: &str, name: &str) -> Result<Vec<(PathBuf, String)>> {
 /// Release binaries (examples, GPU test binaries, the overhead benchmark), `run.sh` and `parts.sh` in
 /// `dist/unicomm-bundle`, for the vendor asked for (`auto`: both GPU vendors). Always a
 /// release build: timings are part of the run.
-pub(crate) fn bundle(o: &Opts) -> Result<()> {
+pub(crate) fn bundle(o: &Opts, only: Option<BundlePart>) -> Result<()> {
     if !o.args.is_empty() {
         bail!("bundle takes no program arguments (got {:?})", o.args);
+    }
+    if only == Some(BundlePart::Kernels) && o.vendor != Vendor::Cuda {
+        bail!("the kernels part is CUDA's: --vendor cuda");
     }
     let vendors: &[GpuVendor] = match o.vendor {
         Vendor::Cuda => &[GpuVendor::Cuda],
@@ -78,6 +81,9 @@ pub(crate) fn bundle(o: &Opts) -> Result<()> {
         std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
     }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    if only == Some(BundlePart::Kernels) {
+        return write_bundle(&out, &kernels_binaries()?);
+    }
     let mut copies = common_binaries(vendors)?;
     for &v in vendors {
         copies.extend(vendor_binaries(v)?);
@@ -215,6 +221,37 @@ fn candle_binaries() -> Result<Vec<(PathBuf, String)>> {
         TargetKind::Example,
         &["llama_tp", "allreduce_cost", "pipeline_tp", "captured_step"],
     )
+}
+
+/// What the kernels part runs: the doctor and `rank_conformance`, the benchmark and the
+/// launcher, the kernel probes.
+fn kernels_binaries() -> Result<Vec<(PathBuf, String)>> {
+    let mut ex = bundle_cargo();
+    ex.args([
+        "build",
+        "--release",
+        "-p",
+        "unicomm",
+        "--features",
+        "nccl,mock",
+    ])
+    .args(["--example", "doctor", "--example", "rank_conformance"]);
+    let mut copies = named(
+        "build the doctor and rank_conformance",
+        ex,
+        TargetKind::Example,
+        &["doctor", "rank_conformance"],
+    )?;
+    let mut b = bundle_cargo();
+    b.args(["build", "--release", "-p", "unicomm-bench", "-p", "xtask"]);
+    copies.extend(named(
+        "build the benchmark and the launcher",
+        b,
+        TargetKind::Bin,
+        &["unicomm-bench", "xtask"],
+    )?);
+    copies.extend(kernel_probes()?);
+    Ok(copies)
 }
 
 /// The kernel probes (`bench/probe/`: where a world-1 launch of the symmetric kernels spends

@@ -22,6 +22,14 @@ pub(crate) enum Vendor {
     Mock,
 }
 
+/// A bundle of one part's binaries only.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
+pub(crate) enum BundlePart {
+    /// The kernels part (`PARTS=kernels`): the stage probes, `rank_conformance`, the
+    /// benchmark and the launcher, small enough to carry to a short device call.
+    Kernels,
+}
+
 #[derive(clap::Args, Clone)]
 pub(crate) struct Opts {
     /// Which vendor's backend.
@@ -89,7 +97,13 @@ pub(crate) enum Cmd {
     Doctor(Opts),
     /// Build release binaries and a run script into dist/unicomm-bundle for a GPU machine
     /// without a Rust toolchain.
-    Bundle(Opts),
+    Bundle {
+        #[command(flatten)]
+        opts: Opts,
+        /// Only one part's binaries (`kernels`), not every part's.
+        #[arg(long, value_enum)]
+        only: Option<BundlePart>,
+    },
     /// Check that the workspace's rust-version is at least every dependency's.
     Msrv,
     /// Install what building candle's CUDA backend needs on a machine without a CUDA

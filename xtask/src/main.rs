@@ -78,7 +78,7 @@ fn xtask(cli: Cli) -> Result<()> {
             step("rendezvous-scale", crate::cargo::rendezvous_command(&args))
         }
         Cmd::Tune { opts, out } => tune(&opts, &out),
-        Cmd::Bundle(o) => bundle::bundle(&o),
+        Cmd::Bundle { opts, only } => bundle::bundle(&opts, only),
         Cmd::Msrv => msrv::msrv(),
         Cmd::CudaKit { compute_cap } => cuda_kit_exports(&compute_cap),
         Cmd::Consumers => consumers::consumers(),
