@@ -118,7 +118,9 @@ impl RankMask {
         if r >= self.world || self.is_masked(r) {
             return None;
         }
-        let below = self.masked & ((1u64 << r) - 1);
+        // Every mask bit is below rank 64 ([`MAX_WORLD`](Self::MAX_WORLD)); a layout
+        // without one may be larger.
+        let below = self.masked & 1u64.checked_shl(r as u32).map_or(u64::MAX, |b| b - 1);
         Some(r - below.count_ones() as usize)
     }
 
@@ -290,6 +292,9 @@ mod tests {
             group,
             [Some(0), None, Some(1), Some(2), None, Some(3), None]
         );
+        // A layout past 64 ranks without a mask (no shift past the word).
+        let big = RankMask::none(100);
+        assert_eq!((big.group_rank(99), big.layout_rank(99)), (Some(99), 99));
     }
 
     /// A rank outside the layout, a layout past the bits, or every rank masked: refused.
