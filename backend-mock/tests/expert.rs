@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use unicomm_core::{each_rank, Comm, DeviceStream, Error, ExpertConfig, ExpertTokens, RankMask};
+use unicomm_core::{
+    each_rank, Buffer, Comm, DeviceStream, Error, ExpertConfig, ExpertGroup, ExpertTokens, RankMask,
+};
 use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
 fn comms(world: usize) -> Vec<Comm<MockComm>> {
@@ -18,6 +20,28 @@ fn comms_by(world: usize, timeout: Duration) -> Vec<Comm<MockComm>> {
         ..MockConfig::default()
     };
     local_comms_with(world, config).unwrap()
+}
+
+/// One dispatch on `g` of `tokens` routed by `ids`, synchronized: the received rows and
+/// what the dispatch returned (its counts are not kept).
+fn dispatch_once(
+    c: &Comm<MockComm>,
+    g: &ExpertGroup<'_, f32, MockComm>,
+    tokens: &[f32],
+    ids: &[i32],
+) -> unicomm_core::Result<(Buffer<f32, MockComm>, unicomm_core::Result<()>)> {
+    let st = c.create_stream()?;
+    let (tokens, ids) = (c.upload(tokens, &st)?, c.upload(ids, &st)?);
+    let mut out = c.alloc::<f32>(g.received_len())?;
+    let mut counts = c.alloc::<i32>(g.local_experts())?;
+    let o = ExpertTokens {
+        tokens: &mut out,
+        counts: &mut counts,
+    };
+    let done = g
+        .dispatch(&tokens, &ids, o, &st)
+        .and_then(|()| st.synchronize());
+    Ok((out, done))
 }
 
 fn config(w: usize, top_k: usize) -> ExpertConfig {
@@ -156,23 +180,15 @@ fn a_rank_that_never_dispatches_ends_the_wait_at_the_deadline() {
         top_k: 1,
     };
     let got = each_rank(&cs, |c| -> unicomm_core::Result<Option<Error>> {
-        let st = c.create_stream()?;
         let g = c.expert_group::<f32>(cfg)?;
         if c.rank() == 1 {
             std::thread::sleep(Duration::from_millis(900));
             return Ok(None);
         }
-        let (tokens, ids) = (c.upload(&[1.0f32; 2], &st)?, c.upload(&[1i32], &st)?);
-        let (mut out, mut counts) = (c.alloc::<f32>(g.received_len())?, c.alloc::<i32>(1)?);
         let t0 = Instant::now();
-        let o = ExpertTokens {
-            tokens: &mut out,
-            counts: &mut counts,
-        };
-        g.dispatch(&tokens, &ids, o, &st)?;
-        let e = st.synchronize().err();
+        let (_, done) = dispatch_once(c, &g, &[1.0; 2], &[1])?;
         assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
-        Ok(e)
+        Ok(done.err())
     })
     .unwrap();
     match &got[0] {
@@ -290,18 +306,9 @@ fn survivors_with_different_masks_are_refused_alike() {
         top_k: 1,
     };
     let got = each_rank(&cs, |c| -> unicomm_core::Result<String> {
-        let st = c.create_stream()?;
         let mask = RankMask::new(3, &[c.rank()]).unwrap();
         let g = c.expert_group_masked::<f32>(cfg, mask, None)?;
-        let (tokens, ids) = (c.upload(&[1.0f32; 2], &st)?, c.upload(&[0i32], &st)?);
-        let (mut out, mut counts) = (c.alloc::<f32>(g.received_len())?, c.alloc::<i32>(1)?);
-        let o = ExpertTokens {
-            tokens: &mut out,
-            counts: &mut counts,
-        };
-        let e = g
-            .dispatch(&tokens, &ids, o, &st)
-            .and_then(|()| st.synchronize());
+        let (_, e) = dispatch_once(c, &g, &[1.0; 2], &[0])?;
         Ok(format!("{e:?}"))
     })
     .unwrap();
@@ -323,60 +330,48 @@ fn survivors_of_a_dead_expert_rank_shrink_mask_it_and_go_on() {
         hidden: 2,
         top_k: 2,
     };
-    let got = each_rank(&cs, |c| -> unicomm_core::Result<Option<Vec<f32>>> {
-        let st = c.create_stream()?;
-        let g = c.expert_group::<f32>(cfg)?;
-        let r = c.rank();
-        if r == 2 {
-            std::thread::sleep(Duration::from_millis(1500));
-            return Ok(None);
-        }
-        // Token 0 to experts 2 (rank 2's) and 3; token 1 to expert 0.
-        let tokens = c.upload(&[1.0f32, 2.0, 3.0, 4.0], &st)?;
-        let ids = c.upload(&[2i32, 3, 0, -1], &st)?;
-        let (mut out, mut counts) = (c.alloc::<f32>(g.received_len())?, c.alloc::<i32>(1)?);
-        let o = ExpertTokens {
-            tokens: &mut out,
-            counts: &mut counts,
-        };
-        let e = g
-            .dispatch(&tokens, &ids, o, &st)
-            .and_then(|()| st.synchronize());
-        match e {
-            Err(Error::Timeout { ref what, .. }) if what.contains("rank 2") => {}
-            Err(Error::Aborted { .. } | Error::Timeout { .. }) => {}
-            other => panic!("rank {r}: {other:?}"),
-        }
-        drop(g);
-        let small = c.shrink(&[2], unicomm_core::ShrinkMode::Abort)?;
-        let st = small.create_stream()?;
-        let g = small.expert_group_masked::<f32>(cfg, RankMask::new(4, &[2])?, None)?;
-        let (tokens, ids) = (
-            small.upload(&[1.0f32, 2.0, 3.0, 4.0], &st)?,
-            small.upload(&[2i32, 3, 0, -1], &st)?,
-        );
-        let (mut out, mut counts) = (
-            small.alloc::<f32>(g.received_len())?,
-            small.alloc::<i32>(1)?,
-        );
-        let o = ExpertTokens {
-            tokens: &mut out,
-            counts: &mut counts,
-        };
-        g.dispatch(&tokens, &ids, o, &st)?;
-        // Each expert returns its rows as they came: the combine sums each token's live
-        // experts' copies by weight 1.
-        let weights = small.upload(&[1.0f32; 4], &st)?;
-        let mut sums = small.alloc::<f32>(4)?;
-        g.combine(&out, &ids, &weights, &mut sums, &st)?;
-        Ok(Some(sums.copy_to_host(&st)?))
-    })
+    // Token 0 to experts 2 (rank 2's) and 3; token 1 to expert 0.
+    let (tokens, ids) = ([1.0f32, 2.0, 3.0, 4.0], [2i32, 3, 0, -1]);
+    let got = each_rank(
+        &cs,
+        |c| -> unicomm_core::Result<Option<(String, Vec<f32>)>> {
+            let g = c.expert_group::<f32>(cfg)?;
+            let r = c.rank();
+            if r == 2 {
+                std::thread::sleep(Duration::from_millis(1500));
+                return Ok(None);
+            }
+            let (_, e) = dispatch_once(c, &g, &tokens, &ids)?;
+            let lost = match e {
+                Err(e @ (Error::Aborted { .. } | Error::Timeout { .. })) => e.to_string(),
+                other => panic!("rank {r}: {other:?}"),
+            };
+            drop(g);
+            let small = c.shrink(&[2], unicomm_core::ShrinkMode::Abort)?;
+            let g = small.expert_group_masked::<f32>(cfg, RankMask::new(4, &[2])?, None)?;
+            let (out, done) = dispatch_once(&small, &g, &tokens, &ids)?;
+            done?;
+            // Each expert returns its rows as they came: the combine sums each token's live
+            // experts' copies by weight 1.
+            let st = small.create_stream()?;
+            let ids = small.upload(&ids, &st)?;
+            let weights = small.upload(&[1.0f32; 4], &st)?;
+            let mut sums = small.alloc::<f32>(4)?;
+            g.combine(&out, &ids, &weights, &mut sums, &st)?;
+            Ok(Some((lost, sums.copy_to_host(&st)?)))
+        },
+    )
     .unwrap();
-    for (r, sums) in got.into_iter().enumerate() {
-        match sums {
+    let mut named = false;
+    for (r, got) in got.into_iter().enumerate() {
+        match got {
             // Token 0: expert 2 masked, expert 3 alive (one copy); token 1: expert 0.
-            Some(s) => assert_eq!(s, vec![1.0, 2.0, 3.0, 4.0], "rank {r}"),
+            Some((lost, s)) => {
+                named |= lost.contains("rank 2");
+                assert_eq!(s, vec![1.0, 2.0, 3.0, 4.0], "rank {r}");
+            }
             None => assert_eq!(r, 2),
         }
     }
+    assert!(named, "no survivor's error named rank 2");
 }

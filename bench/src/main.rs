@@ -345,7 +345,7 @@ fn bench() -> anyhow::Result<()> {
     }
     let vendor: Vendor = args.vendor.parse()?;
     let (vendor, why) = unicomm::resolve(vendor).context("choosing the vendor")?;
-    let comms = communicators(&args, vendor)?;
+    let comms = communicators(args.ranks, vendor)?;
     let w = comms[0].world_size();
     // Only rank 0 reports (one process per rank under a launcher).
     let lead = comms[0].rank() == 0;
@@ -406,13 +406,9 @@ fn bench() -> anyhow::Result<()> {
 }
 
 /// Under a launcher (torchrun, mpirun, srun, `cargo xtask launch`): this process's one rank,
-/// the figures combined across processes; else every rank of a local world.
-fn communicators(args: &Args, vendor: Vendor) -> anyhow::Result<Vec<unicomm::Comm>> {
-    communicators_of(args.ranks, vendor)
-}
-
-/// [`communicators`] of `ranks` local ranks (where no launcher is).
-pub(crate) fn communicators_of(
+/// the figures combined across processes; else every rank of a local world of `ranks`
+/// (`None`: `local_comms`' default).
+pub(crate) fn communicators(
     ranks: Option<usize>,
     vendor: Vendor,
 ) -> anyhow::Result<Vec<unicomm::Comm>> {

@@ -54,7 +54,7 @@ pub fn moe_ep(args: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
     let a = MoeArgs::parse_from(args);
     let (vendor, _) =
         unicomm::resolve(a.vendor.parse::<Vendor>()?).context("choosing the vendor")?;
-    let comms = crate::communicators_of(a.ranks, vendor)?;
+    let comms = crate::communicators(a.ranks, vendor)?;
     let w = comms[0].world_size();
     let cfg = ExpertConfig {
         experts: a.experts,

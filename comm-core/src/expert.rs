@@ -28,6 +28,36 @@ pub struct ExpertTokens<O, N> {
     pub counts: N,
 }
 
+impl<'s, O, N> ExpertTokens<&'s mut O, &'s mut N> {
+    /// An eager dispatch's outputs as views, borrowed mutably for the call.
+    fn into_views<U: Element, C: Collective>(self) -> ExpertTokens<View<'s, U, C>, View<'s, i32, C>>
+    where
+        O: DeviceSliceMut<U, C>,
+        N: DeviceSliceMut<i32, C>,
+    {
+        ExpertTokens {
+            tokens: self.tokens.view_mut().into_view(),
+            counts: self.counts.view_mut().into_view(),
+        }
+    }
+}
+
+impl<'s, O, N> ExpertTokens<&'s O, &'s N> {
+    /// A step's dispatch outputs as views (held for the graph's life).
+    pub(crate) fn views<U: Element, C: Collective>(
+        self,
+    ) -> ExpertTokens<View<'s, U, C>, View<'s, i32, C>>
+    where
+        O: DeviceSliceMut<U, C>,
+        N: DeviceSliceMut<i32, C>,
+    {
+        ExpertTokens {
+            tokens: self.tokens.view(),
+            counts: self.counts.view(),
+        }
+    }
+}
+
 /// An expert-parallel group on a communicator: `experts / world` experts on each rank, the
 /// capacities fixed at creation, its memory symmetric (every rank writes its peers' slots).
 /// It borrows its communicator; dropping it releases its memory.
@@ -117,13 +147,13 @@ impl<C: Collective> Comm<C> {
             back: self.alloc_symmetric::<T>(back)?,
             scales: None,
         };
-        if let Some(per_token) = fp8_scales {
+        if let Some(per_token) = fp8_scales.map(|p| p.max(1)) {
             let slots = (g.recv.len() / config.hidden)
-                .checked_mul(per_token.max(1))
+                .checked_mul(per_token)
                 .ok_or_else(|| {
                     Error::invalid("per_token", format!("{per_token} scales overflow"))
                 })?;
-            g.scales = Some((self.alloc_symmetric::<f32>(slots)?, per_token.max(1)));
+            g.scales = Some((self.alloc_symmetric::<f32>(slots)?, per_token));
         }
         Ok(g)
     }
@@ -176,11 +206,7 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
         out: ExpertTokens<&mut impl DeviceSliceMut<T, C>, &mut impl DeviceSliceMut<i32, C>>,
         stream: &C::Stream,
     ) -> Result<()> {
-        let o = ExpertTokens {
-            tokens: out.tokens.view_mut().into_view(),
-            counts: out.counts.view_mut().into_view(),
-        };
-        let op = self.dispatch_op(tokens.view(), ids.view(), o, None)?;
+        let op = self.dispatch_op(tokens.view(), ids.view(), out.into_views(), None)?;
         self.comm.sole()?.work((&op).into(), stream)
     }
 
@@ -198,12 +224,8 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
         out_scales: &mut impl DeviceSliceMut<f32, C>,
         stream: &C::Stream,
     ) -> Result<()> {
-        let o = ExpertTokens {
-            tokens: out.tokens.view_mut().into_view(),
-            counts: out.counts.view_mut().into_view(),
-        };
         let q = (scales.view(), out_scales.view_mut().into_view());
-        let op = self.dispatch_op(tokens.view(), ids.view(), o, Some(q))?;
+        let op = self.dispatch_op(tokens.view(), ids.view(), out.into_views(), Some(q))?;
         self.comm.sole()?.work((&op).into(), stream)
     }
 

@@ -136,16 +136,20 @@ fn common_binaries(vendors: &[GpuVendor]) -> Result<Vec<(PathBuf, String)>> {
     // The rendezvous's own tests (a squatter, a replayed hello, a stale rank 0 sharing the
     // port, strangers' connections): run on the GPU machine's network stack too.
     copies.extend(unit_tests("unicomm-bootstrap", "bootstrap-unit")?);
+    copies.extend(bench_and_launcher()?);
+    Ok(copies)
+}
+
+/// The benchmark and the launcher (`xtask launch --procs N -- prog`, one rank per process).
+fn bench_and_launcher() -> Result<Vec<(PathBuf, String)>> {
     let mut b = bundle_cargo();
     b.args(["build", "--release", "-p", "unicomm-bench", "-p", "xtask"]);
-    // The launcher (`xtask launch --procs N -- prog`) for one rank per process.
-    copies.extend(named(
+    named(
         "build the benchmark and the launcher",
         b,
         TargetKind::Bin,
         &["unicomm-bench", "xtask"],
-    )?);
-    Ok(copies)
+    )
 }
 
 /// One vendor's benchmarks, loader tests, test runtime and GPU test binaries.
@@ -242,14 +246,7 @@ fn kernels_binaries() -> Result<Vec<(PathBuf, String)>> {
         TargetKind::Example,
         &["doctor", "rank_conformance"],
     )?;
-    let mut b = bundle_cargo();
-    b.args(["build", "--release", "-p", "unicomm-bench", "-p", "xtask"]);
-    copies.extend(named(
-        "build the benchmark and the launcher",
-        b,
-        TargetKind::Bin,
-        &["unicomm-bench", "xtask"],
-    )?);
+    copies.extend(bench_and_launcher()?);
     copies.extend(kernel_probes()?);
     Ok(copies)
 }

@@ -29,16 +29,14 @@ impl Grid {
     /// Barrier `i` (1 to 3) of every block past the first: its arrival in every rank's pad,
     /// then every rank's awaited.
     pub(crate) fn meet(&self, run: &Run, i: u32) -> Result<()> {
-        let (me, w) = (run.ctx.rank, run.world());
+        let me = run.ctx.rank;
         let v = self.call.wrapping_mul(4).wrapping_add(i);
         for b in 1..self.blocks {
-            // Every peer (a rank does not wait for itself).
-            let peers = || (0..w).filter(move |&p| p != me);
-            for p in peers() {
+            for p in run.peers() {
                 run.word(p, pad_block_arrival(b, me))
                     .store(v, Ordering::Release);
             }
-            for p in peers() {
+            for p in run.peers() {
                 let word = run.word(me, pad_block_arrival(b, p));
                 run.wait(
                     p,

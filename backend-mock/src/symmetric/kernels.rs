@@ -363,6 +363,13 @@ impl Run {
         self.rec.bases.len()
     }
 
+    /// Every rank but this one: a rank never waits for itself (the GPU kernels' rule: at
+    /// world 1 a barrier waits on nothing, and Lamport reads a rank's own part from its
+    /// input).
+    pub(crate) fn peers(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.world()).filter(move |&p| p != self.ctx.rank)
+    }
+
     /// Waits on rank `peer` until `ready`, watching the world's poison, the peer's
     /// departure (it released its part: `Mismatch` at once), `diverged` (a peer's call of
     /// another kind: it poisons the world, the ranks' counters being out of step) and the
@@ -427,19 +434,16 @@ impl Run {
     /// it, then every rank's word for this epoch awaited, `diverged(p, e)` watched while
     /// rank `p` is. Its epoch.
     pub(crate) fn barrier(&self, diverged: impl Fn(usize, u32) -> Option<Error>) -> Result<u32> {
-        let (me, w) = (self.ctx.rank, self.world());
+        let me = self.ctx.rank;
         let e = self
             .word(me, PAD_EPOCH)
             .load(Ordering::Relaxed)
             .wrapping_add(1);
         self.word(me, PAD_EPOCH).store(e, Ordering::Relaxed);
-        // A rank does not wait for itself (the GPU kernels' rule: at world 1 a barrier
-        // waits on nothing).
-        let peers = || (0..w).filter(move |&p| p != me);
-        for p in peers() {
+        for p in self.peers() {
             self.word(p, pad_arrival(me)).store(e, Ordering::Release);
         }
-        for p in peers() {
+        for p in self.peers() {
             let word = self.word(me, pad_arrival(p));
             self.wait(
                 p,

@@ -22,14 +22,13 @@ use super::protocol::{in_barrier, Reduce};
 /// workspace of this round; every peer's header awaited and compared; the slots reduced in rank
 /// order; the workspace of the round before cleared; the round advanced.
 pub(crate) fn lamport(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
-    let (me, w, t) = (run.ctx.rank, run.world(), k.ty);
+    let (me, t) = (run.ctx.rank, k.ty);
     let round = run.word(me, PAD_ROUND).load(Ordering::Relaxed);
     let b = (round % 3) as usize;
     let mut sig = run.sig;
     sig[SIGNATURE_ROUND] = round & WORD;
     let typed = run.rec.lamport == Some(t.dtype());
-    let peers = || (0..w).filter(move |&p| p != me);
-    for p in peers() {
+    for p in run.peers() {
         let slot = run.rec.slot(p, b, me)?;
         for i in (0..k.count).filter(|_| typed) {
             slot.store(t, i, own(run, t, i)?)?;
@@ -37,7 +36,7 @@ pub(crate) fn lamport(run: &Run, k: &Reduce) -> Result<Vec<u32>> {
         slot.set_header(&sig);
     }
     let mut verdict = Ok(());
-    for p in peers() {
+    for p in run.peers() {
         let slot = run.rec.slot(me, b, p)?;
         run.wait(
             p, || format!("a Lamport all-reduce of rank {me} (round {round}): rank {p}'s header never came"),

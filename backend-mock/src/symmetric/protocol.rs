@@ -34,7 +34,7 @@ pub(crate) fn agree(run: &Run) -> Result<()> {
             .store(w, Ordering::Relaxed);
     }
     let e = barrier(run)?;
-    for p in (0..run.world()).filter(|&p| p != me) {
+    for p in run.peers() {
         let theirs = run.words(p, pad_signature(e));
         unicomm_core::symmetric::compare(me, &run.sig, p, &theirs)?;
     }

@@ -21,11 +21,7 @@ impl<'a, C: Collective> Step<'a, C> {
         ids: &'a impl DeviceSlice<i32, C>,
         out: ExpertTokens<&'a impl DeviceSliceMut<T, C>, &'a impl DeviceSliceMut<i32, C>>,
     ) -> Result<()> {
-        let out = ExpertTokens {
-            tokens: out.tokens.view(),
-            counts: out.counts.view(),
-        };
-        self.dispatch(group, tokens.view(), ids.view(), out, None)
+        self.dispatch(group, tokens.view(), ids.view(), out.views(), None)
     }
 
     /// [`ExpertGroup::dispatch_fp8`], through the step.
@@ -40,17 +36,8 @@ impl<'a, C: Collective> Step<'a, C> {
     ) -> Result<()> {
         let q = out_scales.view();
         self.used(group.comm(), &q);
-        let out = ExpertTokens {
-            tokens: out.tokens.view(),
-            counts: out.counts.view(),
-        };
-        self.dispatch(
-            group,
-            tokens.view(),
-            ids.view(),
-            out,
-            Some((scales.view(), q)),
-        )
+        let scales = Some((scales.view(), q));
+        self.dispatch(group, tokens.view(), ids.view(), out.views(), scales)
     }
 
     /// A dispatch of either kind: its outputs held for the graph's life, then enqueued.
