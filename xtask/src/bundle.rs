@@ -101,15 +101,6 @@ fn common_binaries(vendors: &[GpuVendor]) -> Result<Vec<(PathBuf, String)>> {
     } else {
         "rccl,mock"
     };
-    let mut ex = bundle_cargo();
-    ex.args([
-        "build",
-        "--release",
-        "-p",
-        "unicomm",
-        "--features",
-        features,
-    ]);
     let examples = [
         "allreduce_ub",
         "alltoall_ub",
@@ -124,20 +115,29 @@ fn common_binaries(vendors: &[GpuVendor]) -> Result<Vec<(PathBuf, String)>> {
         "split_abort",
         "symmetric_decode",
     ];
-    for e in examples {
-        ex.args(["--example", e]);
-    }
-    copies.extend(named(
-        "build release examples",
-        ex,
-        TargetKind::Example,
-        &examples,
-    )?);
+    copies.extend(facade_examples(features, &examples)?);
     // The rendezvous's own tests (a squatter, a replayed hello, a stale rank 0 sharing the
     // port, strangers' connections): run on the GPU machine's network stack too.
     copies.extend(unit_tests("unicomm-bootstrap", "bootstrap-unit")?);
     copies.extend(bench_and_launcher()?);
     Ok(copies)
+}
+
+/// The facade's `examples`, released with `features`.
+fn facade_examples(features: &str, examples: &[&str]) -> Result<Vec<(PathBuf, String)>> {
+    let mut ex = bundle_cargo();
+    ex.args([
+        "build",
+        "--release",
+        "-p",
+        "unicomm",
+        "--features",
+        features,
+    ]);
+    for e in examples {
+        ex.args(["--example", e]);
+    }
+    named("build release examples", ex, TargetKind::Example, examples)
 }
 
 /// The benchmark and the launcher (`xtask launch --procs N -- prog`, one rank per process).
@@ -230,22 +230,7 @@ fn candle_binaries() -> Result<Vec<(PathBuf, String)>> {
 /// What the kernels part runs: the doctor and `rank_conformance`, the benchmark and the
 /// launcher, the kernel probes.
 fn kernels_binaries() -> Result<Vec<(PathBuf, String)>> {
-    let mut ex = bundle_cargo();
-    ex.args([
-        "build",
-        "--release",
-        "-p",
-        "unicomm",
-        "--features",
-        "nccl,mock",
-    ])
-    .args(["--example", "doctor", "--example", "rank_conformance"]);
-    let mut copies = named(
-        "build the doctor and rank_conformance",
-        ex,
-        TargetKind::Example,
-        &["doctor", "rank_conformance"],
-    )?;
+    let mut copies = facade_examples("nccl,mock", &["doctor", "rank_conformance"])?;
     copies.extend(bench_and_launcher()?);
     copies.extend(kernel_probes()?);
     Ok(copies)
