@@ -237,6 +237,10 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
     let dev = unicomm_conformance::device_api_all_reduce::<f32, _>(one, 4099, replays, &reqs);
     reported(comm, &timed("device API kernel", t), dev.map(first))?;
     let t = std::time::Instant::now();
+    let experts = expert_kernels(comm, replays);
+    let ran = ran && matches!(experts, Ok(true));
+    reported(comm, &timed("expert dispatch and combine", t), experts)?;
+    let t = std::time::Instant::now();
     let recorded = unicomm_conformance::every_kind_of_work_is_recorded_once(one, Some(&reqs));
     reported(
         comm,
@@ -246,6 +250,49 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
     if comm.world_size() > 1 {
         disagreements(comm)?;
     }
+    Ok(ran)
+}
+
+/// Expert dispatch and combine: rows of 5 floats (element by element) with top-3 of two
+/// experts a rank, rows of 64 (16-byte vectors) with top-8 of eight a rank, both eager
+/// (routings that overflow a slot among them: refused on every rank, the group going on)
+/// and replayed; a layout one rank larger with its rank 1 masked; FP8 tokens with two
+/// scales each.
+fn expert_kernels(comm: &unicomm::Comm, replays: usize) -> unicomm::Result<bool> {
+    let one = std::slice::from_ref(comm);
+    let w = comm.world_size();
+    let small = unicomm::ExpertConfig {
+        experts: 2 * w,
+        max_tokens: 16,
+        hidden: 5,
+        top_k: 3,
+    };
+    let wide = unicomm::ExpertConfig {
+        experts: 8 * w,
+        max_tokens: 32,
+        hidden: 64,
+        top_k: 8,
+    };
+    let mut ran = first(unicomm_conformance::expert_dispatch_combine(
+        one, small, 8, replays,
+    )?);
+    ran = ran
+        && first(unicomm_conformance::expert_dispatch_combine(
+            one, wide, 8, 20,
+        )?);
+    let mask = unicomm::RankMask::new(w + 1, &[1])?;
+    let layout = unicomm::ExpertConfig {
+        experts: 2 * (w + 1),
+        ..small
+    };
+    ran = ran
+        && first(unicomm_conformance::expert_dispatch_combine_masked(
+            one, layout, mask, 6, 20,
+        )?);
+    ran = ran
+        && first(unicomm_conformance::expert_dispatch_fp8(
+            one, wide, 2, 6, 20,
+        )?);
     Ok(ran)
 }
 

@@ -201,6 +201,9 @@ impl Runtime for CudaRuntime {
         self.with_device(dev, || unsafe { crate::vmm::unmap(addr, size) })
     }
 
+    fn has_kernels(&self) -> bool {
+        true
+    }
     fn alloc_host_mapped(&self, dev: usize, bytes: usize) -> Result<usize> {
         self.host_mapped(dev, bytes)
     }

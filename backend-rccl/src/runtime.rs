@@ -140,6 +140,9 @@ impl Runtime for HipRuntime {
         unsafe { self.unmap_on(dev, addr, size) }
     }
 
+    fn has_kernels(&self) -> bool {
+        true
+    }
     fn alloc_host_mapped(&self, dev: usize, bytes: usize) -> Result<usize> {
         self.host_mapped(dev, bytes)
     }

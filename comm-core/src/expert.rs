@@ -117,7 +117,7 @@ impl<C: Collective> Comm<C> {
         if !caps.device_counts {
             return Err(Error::unsupported(
                 "expert parallelism's dispatch and combine",
-                "unicomm's expert kernels (the mock runs them; not yet built for GPUs)",
+                "unicomm's expert kernels (the mock's, or an NVIDIA GPU of sm90 or newer where unicomm's symmetric kernels load)",
                 format!("{} {}", caps.backend, caps.version),
             ));
         }

@@ -61,11 +61,12 @@
 #define PAD_VERDICT (PAD_DONE + 4)
 #define PAD_HOLD (PAD_VERDICT + 4)
 #define PAD_USED(b) (PAD_HOLD + 4 + 4 * (b))
+#define PAD_GRID PAD_USED(3)
 #define PAD_BLOCKS 256
 #define PAD_BLOCK_ARRIVAL(b, p) (PAD_BLOCKS + 4 * ((b) * MAX_WORLD + (p)))
 #define MAX_BLOCKS 128
 
-enum { ALG_ONE_SHOT = 0, ALG_TWO_SHOT = 1, ALG_LAMPORT = 2, ALG_BARRIER = 3 };
+enum { ALG_ONE_SHOT = 0, ALG_TWO_SHOT = 1, ALG_LAMPORT = 2, ALG_BARRIER = 3, ALG_DISPATCH = 4, ALG_COMBINE = 5 };
 enum { OP_SUM = 0, OP_MAX = 1, OP_MIN = 2 };
 enum {
   FAULT_TIMEOUT = 1,
@@ -75,6 +76,9 @@ enum {
   FAULT_TYPE = 6,
   FAULT_GONE = 7
 };
+// A call every rank refuses alike (the communicator goes on): a dispatch's slot past its
+// capacity, a routing naming an expert out of range.
+enum { REFUSED_CAPACITY = 1, REFUSED_EXPERT = 2 };
 // Within a block: a wait ended by another thread's fault (never in the control block).
 __device__ constexpr uint32_t FAULT_OTHER = 256;
 
@@ -85,9 +89,29 @@ struct Control {
   uint32_t rank;    // the rank it names
   uint32_t epoch;   // the barrier epoch or Lamport round it happened in
   uint64_t detail;  // a mismatch: the word's index << 32 | that rank's word (epoch: ours)
+  uint32_t refused;       // the first refusal's code (0: none), cleared by the host
+  uint32_t refused_rank;  // the source rank it names
+  uint64_t refused_at;    // the expert << 32 | the rank holding it
+  uint64_t refused_count; // the tokens << 32 | the capacity
 };
 
-// nccl-api/src/sys/kernel_args.rs's `KernelParams`, field for field.
+// An expert dispatch's or combine's operands (nccl-api/src/sys/kernel_args/mod.rs's
+// `ExpertArgs`), over the group's layout (comm-core/src/symmetric/expert.rs): `peers` and
+// `pads` are the receive slots' (`[L][W][M]` rows of `row_bytes`), `out` the dispatch's
+// expert-major rows or the combine's tokens, `hidden` the elements of a row.
+struct Expert {
+  uint64_t meta[MAX_WORLD];    // each rank's counts (`L * W` i64), then its slots' origins
+  uint64_t back[MAX_WORLD];    // each rank's landing rows (`[M][K]` rows of the type)
+  uint64_t scales[MAX_WORLD];  // each rank's FP8 scale slots (`[L][W][M][per_token]`), or 0
+  uint64_t tokens;             // the dispatch's tokens (`[n]` rows), the combine's experts' rows
+  uint64_t ids, weights;       // `[n][K]` i32 and f32
+  uint64_t counts;             // the dispatch's `[L]` i32
+  uint64_t in_scales, out_scales;  // an FP8 dispatch's `[n][per]` and `[L][W * M][per]` f32
+  uint64_t masked;             // the layout's masked ranks, rank r at bit r
+  uint32_t experts, max_tokens, top_k, n, per_token, layout_world, row_bytes, unused;
+};
+
+// nccl-api/src/sys/kernel_args/mod.rs's `KernelParams`, field for field.
 struct Params {
   uint64_t peers[MAX_WORLD];
   uint64_t pads[MAX_WORLD];
@@ -106,6 +130,7 @@ struct Params {
   uint32_t workspace;       // the allocation has Lamport workspaces
   uint32_t local;           // every rank on this GPU: fences at GPU scope
   uint32_t blocks;          // the grid the host asked for (the launcher may clamp it)
+  Expert x;                 // an expert dispatch's or combine's operands (else unused)
 };
 
 __device__ __forceinline__ uint64_t now_ns() {
@@ -787,6 +812,262 @@ template <typename T> __device__ bool vectors(const Params& p) {
   return any % 16 == 0 && p.count % n == 0 && (!p.norm || p.hidden % n == 0);
 }
 
+// Expert parallelism's dispatch and combine: the mock's protocol (backend-mock/src/symmetric/
+// expert.rs) over the grid. Dispatch: the signature agreed at the first barrier; warp w of
+// the grid takes experts w, w + warps, ...: it scans the routing in (token, k) order (a
+// ballot per 32 entries), pushes each token routed to its expert into the holder's slot
+// (local expert, this rank) with its origin, then writes the slot's count in the holder's
+// counts; the second barrier; every block reads every rank's counts (the same verdict on
+// every rank: a refusal reported, the output left alone); warp w compacts slot pairs
+// (local expert, source) w, w + warps, ... expert-major. Combine: the signature agreed;
+// each slot pair's rows pushed back to their tokens' ranks at (token, k); the second
+// barrier; each token's rows summed by their weights in k order in f32 (no fused
+// multiply-add: the reference rounds the product), rounded once.
+#define WARPS (BLOCK / 32)
+#define NO_RANK 0xffffffffu
+// A count that says the source's routing named an expert outside 0..experts.
+#define BAD_ID 0xffffffffffffffffull
+
+// The group's rank holding expert `id` (NO_RANK where its layout rank is masked or past it).
+__device__ __forceinline__ uint32_t holder(const Expert& x, uint32_t id) {
+  uint32_t lr = id / (x.experts / x.layout_world);
+  if (lr >= x.layout_world || (lr < 64 && (x.masked >> lr) & 1)) return NO_RANK;
+  uint64_t below = lr >= 64 ? x.masked : x.masked & ((1ull << lr) - 1);
+  return lr - (uint32_t)__popcll(below);
+}
+
+// `bytes` from `src` to `dst` by one warp: 16-byte vectors four in flight where every
+// address and the length allow, else bytes.
+__device__ __forceinline__ void warp_copy(uint64_t src, uint64_t dst, uint64_t bytes, uint32_t lane) {
+  if (((src | dst | bytes) & 15) == 0) {
+    const uint4* s = (const uint4*)src;
+    uint4* d = (uint4*)dst;
+    uint64_t n = bytes / 16, i = lane;
+    for (; i + 96 < n; i += 128) {
+      uint4 a = __ldcg(s + i), b = __ldcg(s + i + 32), c = __ldcg(s + i + 64), e = __ldcg(s + i + 96);
+      __stcg(d + i, a);
+      __stcg(d + i + 32, b);
+      __stcg(d + i + 64, c);
+      __stcg(d + i + 96, e);
+    }
+    for (; i < n; i += 32) __stcg(d + i, __ldcg(s + i));
+  } else {
+    for (uint64_t i = lane; i < bytes; i += 32) ((volatile uint8_t*)dst)[i] = __ldcg((const uint8_t*)src + i);
+  }
+}
+
+// Every block of this rank at grid-wide barrier i (1, 2) of the launch: thread 0 of each
+// adds its arrival to the rank's count (after a fence at the peers' scope: what its block
+// wrote into peers' memory goes first) and waits for i arrivals a block; the wait ends at
+// block 0's verdict, an abort, a peer's poison or the deadline. A block's barrier with the
+// same block of every peer after this one then orders every block of every rank.
+__device__ bool grid_barrier(const Params& p, Launch& l, uint32_t i) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fence_peers(p);
+    uint32_t* count = pad_word(p, p.rank, PAD_GRID);
+    atomicAdd(count, 1u);
+    const uint32_t want = i * gridDim.x;
+    for (uint32_t n = 1; ld_acquire(count) < want; n++) {
+      if ((n & 255) != 0) continue;
+      if (blockIdx.x != 0 && verdict(p, l)) {
+        claim(l, FAULT_MISMATCH);
+        break;
+      }
+      uint32_t f = stop(p, l.start);
+      if (f) {
+        if (claim(l, f)) report(p, f, p.rank, l.epoch, 0);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return l.fault == 0;
+}
+
+// Slot (l, s)'s count word in rank r's counts.
+__device__ __forceinline__ volatile uint64_t* slot_count(const Params& p, uint32_t r, uint32_t l, uint32_t s) {
+  return (volatile uint64_t*)p.x.meta[r] + (uint64_t)l * p.world + s;
+}
+// Index of slot (l, s)'s entry idx among the slots.
+__device__ __forceinline__ uint64_t slot_of(const Params& p, uint32_t l, uint32_t s, uint64_t idx) {
+  return ((uint64_t)l * p.world + s) * p.x.max_tokens + idx;
+}
+
+// Warp w's experts: each routed token pushed into its holder's slot, then the slot's count.
+__device__ void push_tokens(const Params& p, uint32_t warp, uint32_t warps, uint32_t lane) {
+  const Expert& x = p.x;
+  const uint32_t local = x.experts / x.layout_world, k = x.top_k;
+  const uint64_t entries = (uint64_t)x.n * k, rb = x.row_bytes;
+  const int32_t* ids = (const int32_t*)x.ids;
+  for (uint32_t e = warp; e < x.experts; e += warps) {
+    uint32_t r = holder(x, e);
+    if (r == NO_RANK) continue;
+    uint32_t l = e % local;
+    uint64_t next = 0;
+    bool bad = false;
+    for (uint64_t c = 0; c < entries; c += 32) {
+      int32_t id = c + lane < entries ? __ldcg(ids + c + lane) : -1;
+      bad = bad || id >= (int32_t)x.experts;
+      for (uint32_t hit = __ballot_sync(~0u, id == (int32_t)e); hit; hit &= hit - 1) {
+        uint64_t i = c + (__ffs(hit) - 1), idx = next++;
+        if (idx >= x.max_tokens) continue;
+        uint64_t slot = slot_of(p, l, p.rank, idx), t = i / k;
+        warp_copy(x.tokens + t * rb, p.peers[r] + slot * rb, rb, lane);
+        if (x.scales[r]) {
+          const float* from = (const float*)x.in_scales + t * x.per_token;
+          float* to = (float*)x.scales[r] + slot * x.per_token;
+          for (uint32_t j = lane; j < x.per_token; j += 32) ((volatile float*)to)[j] = from[j];
+        }
+        if (lane == 0) ((volatile uint64_t*)x.meta[r])[(uint64_t)local * p.world + slot] = i;
+      }
+    }
+    bad = __any_sync(~0u, bad);
+    if (lane == 0) *slot_count(p, r, l, p.rank) = bad ? BAD_ID : next;
+  }
+}
+
+// Every rank's counts read by every block: the first refusal in (rank, expert, source)
+// order (the same on every rank, which read the same words), reported by block 0; true
+// where there is none.
+__device__ bool counts_fit(const Params& p) {
+  __shared__ uint32_t first;
+  const Expert& x = p.x;
+  const uint32_t local = x.experts / x.layout_world, pairs = local * p.world, all = p.world * pairs;
+  if (threadIdx.x == 0) first = NO_RANK;
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i < all; i += BLOCK) {
+    uint64_t c = *slot_count(p, i / pairs, (i % pairs) / p.world, i % p.world);
+    if (c == BAD_ID || c > x.max_tokens) atomicMin(&first, i);
+  }
+  __syncthreads();
+  uint32_t i = first;
+  if (i == NO_RANK) return true;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    uint32_t r = i / pairs, l = (i % pairs) / p.world, s = i % p.world;
+    uint64_t c = *slot_count(p, r, l, s);
+    uint32_t lr = r;  // the layout's rank of group rank r: the r-th unmasked one
+    for (uint32_t q = 0, seen = 0; q < x.layout_world; q++) {
+      if (q < 64 && (x.masked >> q) & 1) continue;
+      if (seen++ == r) { lr = q; break; }
+    }
+    volatile Control* ctl = (volatile Control*)p.control;
+    if (ctl->refused == 0u) {
+      ctl->refused_rank = s;
+      ctl->refused_at = ((uint64_t)(lr * local + l) << 32) | r;
+      ctl->refused_count = c == BAD_ID ? x.experts : (c << 32) | x.max_tokens;
+      __threadfence_system();
+      ctl->refused = c == BAD_ID ? REFUSED_EXPERT : REFUSED_CAPACITY;
+    }
+  }
+  return false;
+}
+
+// Rank r's tokens counted before source s in local expert l's slots (its place in the
+// expert-major output), and slot (l, s)'s count, each at most the capacity.
+__device__ __forceinline__ uint64_t before(const Params& p, uint32_t r, uint32_t l, uint32_t s, uint64_t* n) {
+  uint64_t off = 0, m = p.x.max_tokens;
+  for (uint32_t q = 0; q < s; q++) off += min(*slot_count(p, r, l, q), m);
+  *n = min(*slot_count(p, r, l, s), m);
+  return off;
+}
+
+// Warp w's slot pairs compacted into the output expert-major; the pair of the last source
+// writes its expert's count.
+__device__ void compact(const Params& p, uint32_t warp, uint32_t warps, uint32_t lane) {
+  const Expert& x = p.x;
+  const uint32_t local = x.experts / x.layout_world;
+  const uint64_t rb = x.row_bytes, wm = (uint64_t)p.world * x.max_tokens;
+  for (uint32_t pr = warp; pr < local * p.world; pr += warps) {
+    uint32_t l = pr / p.world, s = pr % p.world;
+    uint64_t n, off = before(p, p.rank, l, s, &n);
+    for (uint64_t idx = 0; idx < n; idx++) {
+      uint64_t row = l * wm + off + idx, slot = slot_of(p, l, s, idx);
+      warp_copy(p.peers[p.rank] + slot * rb, p.out + row * rb, rb, lane);
+      if (x.scales[p.rank]) {
+        const float* from = (const float*)x.scales[p.rank] + slot * x.per_token;
+        float* to = (float*)x.out_scales + row * x.per_token;
+        for (uint32_t j = lane; j < x.per_token; j += 32) to[j] = ((volatile const float*)from)[j];
+      }
+    }
+    if (s == p.world - 1 && lane == 0) ((int32_t*)x.counts)[l] = (int32_t)(off + n);
+  }
+}
+
+__device__ bool dispatch(const Params& p, Launch& l) {
+  const uint32_t lane = threadIdx.x % 32, warps = gridDim.x * WARPS;
+  const uint32_t warp = blockIdx.x * WARPS + threadIdx.x / 32;
+  // Block 0 compared the signatures before any block writes into a peer's memory.
+  if (!enter(p, l) || !grid_barrier(p, l, 1)) return false;
+  push_tokens(p, warp, warps, lane);
+  if (!grid_barrier(p, l, 2) || !barrier(p, l, 2)) return false;
+  // A refused call leaves the output alone on every rank (the counts past the capacity
+  // are never read as rows).
+  if (counts_fit(p)) compact(p, warp, warps, lane);
+  return true;
+}
+
+// Warp w's slot pairs: each row of the experts' output pushed back to its token's rank,
+// at row (token, k) of its landing rows.
+__device__ void push_back(const Params& p, uint32_t warp, uint32_t warps, uint32_t lane) {
+  const Expert& x = p.x;
+  const uint32_t local = x.experts / x.layout_world;
+  const uint64_t rb = x.row_bytes, wm = (uint64_t)p.world * x.max_tokens;
+  const uint64_t rows = (uint64_t)x.max_tokens * x.top_k;
+  for (uint32_t pr = warp; pr < local * p.world; pr += warps) {
+    uint32_t l = pr / p.world, s = pr % p.world;
+    uint64_t n, off = before(p, p.rank, l, s, &n);
+    for (uint64_t idx = 0; idx < n; idx++) {
+      uint64_t origin = ((volatile uint64_t*)x.meta[p.rank])[(uint64_t)local * p.world + slot_of(p, l, s, idx)];
+      if (origin >= rows) continue;  // never written so (a source's entry is below n * K)
+      warp_copy(x.tokens + (l * wm + off + idx) * rb, x.back[s] + origin * rb, rb, lane);
+    }
+  }
+}
+
+// Each of this rank's tokens: its landing rows weighted and summed in k order, L elements a
+// thread at a time.
+template <typename T, int L> __device__ void sum_back(const Params& p) {
+  const Expert& x = p.x;
+  const uint32_t k = x.top_k;
+  const uint64_t row = p.hidden / L, units = (uint64_t)x.n * row;
+  const int32_t* ids = (const int32_t*)x.ids;
+  const float* w = (const float*)x.weights;
+  for (uint64_t u = (uint64_t)blockIdx.x * BLOCK + threadIdx.x; u < units; u += (uint64_t)gridDim.x * BLOCK) {
+    uint64_t t = u / row, j = u % row;
+    float acc[L];
+#pragma unroll
+    for (int e = 0; e < L; e++) acc[e] = 0.0f;
+    for (uint32_t q = 0; q < k; q++) {
+      int32_t id = __ldcg(ids + t * k + q);
+      if (id < 0 || holder(x, (uint32_t)id) == NO_RANK) continue;
+      float wt = __ldcg(w + t * k + q);
+      Pack<T, L> v = ld_unit<T, L>(x.back[p.rank], (t * k + q) * row + j);
+#pragma unroll
+      for (int e = 0; e < L; e++) acc[e] = __fadd_rn(acc[e], __fmul_rn(wt, Ty<T>::f(v.b[e])));
+    }
+    Pack<T, L> o;
+#pragma unroll
+    for (int e = 0; e < L; e++) o.b[e] = Ty<T>::bits(acc[e]);
+    st_unit<T, L>(p.out, u, o);
+  }
+}
+
+template <typename T> __device__ bool combine(const Params& p, Launch& l) {
+  const uint32_t lane = threadIdx.x % 32, warps = gridDim.x * WARPS;
+  const uint32_t warp = blockIdx.x * WARPS + threadIdx.x / 32;
+  if (!enter(p, l) || !grid_barrier(p, l, 1)) return false;
+  push_back(p, warp, warps, lane);
+  if (!grid_barrier(p, l, 2) || !barrier(p, l, 2)) return false;
+  const uint64_t n = Lanes<T>::N;
+  if ((p.out | p.x.back[p.rank]) % 16 == 0 && p.hidden % n == 0) {
+    sum_back<T, Lanes<T>::N>(p);
+  } else {
+    sum_back<T, 1>(p);
+  }
+  return true;
+}
+
 // The last block of the launch: the launch's number advanced, the Lamport round where no
 // header went missing.
 __device__ __forceinline__ void finish(const Params& p, const Launch& l) {
@@ -802,6 +1083,8 @@ __device__ __forceinline__ void finish(const Params& p, const Launch& l) {
     held = *(volatile uint32_t*)pad_word(p, p.rank, PAD_HOLD) == l.call + 1u;
   }
   if (p.algorithm == ALG_LAMPORT && !held) *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND) = l.round + 1;
+  // Every block passed its grid-wide barriers: the count starts again at the next launch.
+  if (p.algorithm >= ALG_DISPATCH) *(volatile uint32_t*)pad_word(p, p.rank, PAD_GRID) = 0;
   // The next launch on the stream reads them: the kernel's end orders them, no fence.
   *(volatile uint32_t*)pad_word(p, p.rank, PAD_CALL) = l.call + 1;
 }
@@ -812,6 +1095,8 @@ template <typename T, int L> __device__ bool algorithm(const Params& p, Launch& 
     case ALG_ONE_SHOT: return one_shot<T, L>(p, l, row);
     case ALG_TWO_SHOT: return two_shot<T, L>(p, l);
     case ALG_LAMPORT: return lamport<T, L>(p, l, row);
+    case ALG_DISPATCH: dispatch(p, l); return false;
+    case ALG_COMBINE: combine<T>(p, l); return false;
     default: enter(p, l); return false;
   }
 }

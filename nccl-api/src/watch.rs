@@ -31,6 +31,11 @@ pub(crate) trait Watched: Send + Sync {
     fn fault(&self) -> Option<Error> {
         None
     }
+    /// A call its own kernels refused on every rank alike, taken once (asked when the
+    /// stream is idle: the refused call's kernel has ended). Default: none.
+    fn refusal(&self) -> Option<Error> {
+        None
+    }
 }
 
 /// The communicators that enqueued work on one stream (weakly: a stream may outlive them),
@@ -124,6 +129,10 @@ impl Watchers {
             return Err(Box::new((e, self.abort_all(ws))));
         }
         if idle {
+            // Not the communicator's failure: reported, nothing aborted.
+            if let Some(e) = ws.iter().find_map(|(w, _)| w.refusal()) {
+                return Err(Box::new((e, None)));
+            }
             let aborted: Vec<&(Arc<dyn Watched>, bool)> =
                 ws.iter().filter(|(w, _)| w.aborted()).collect();
             if aborted.is_empty() {
@@ -238,6 +247,8 @@ mod tests {
     struct Fake {
         aborted: AtomicBool,
         fault: Option<&'static str>,
+        /// A refusal its kernels reported, taken by the first wait that asks.
+        refusal: std::sync::Mutex<Option<&'static str>>,
     }
 
     /// A communicator with an asynchronous error whose abort never finishes (NCCL 2.28.9's
@@ -320,6 +331,37 @@ mod tests {
                 after: Duration::from_secs(1),
             })
         }
+        fn refusal(&self) -> Option<Error> {
+            let taken = self.refusal.lock().unwrap().take();
+            taken.map(|why| Error::invalid("max_tokens", why))
+        }
+    }
+
+    /// A call every rank's kernel refused alike (a dispatch past its capacity) is the
+    /// call's error, reported once by the idle stream's wait; the communicator goes on (the
+    /// next call of the same group is exact), so nothing is aborted.
+    #[test]
+    fn a_kernels_refusal_is_reported_once_without_an_abort() {
+        let w = Watchers::default();
+        let c = Arc::new(Fake {
+            refusal: std::sync::Mutex::new(Some("expert 3 would receive 9 tokens")),
+            ..Fake::default()
+        });
+        w.add(&c);
+        let r = w.wait("test stream", Duration::from_secs(1), || Ok(true));
+        assert!(
+            matches!(
+                &r,
+                Err(Error::InvalidArgument {
+                    argument: "max_tokens",
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert!(!c.aborted(), "a refusal aborted the communicator");
+        let again = w.wait("test stream", Duration::from_secs(1), || Ok(true));
+        assert!(again.is_ok(), "reported twice: {again:?}");
     }
 
     /// A kernel that gave up ends and leaves its stream idle: the idle stream's wait must

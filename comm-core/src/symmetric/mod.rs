@@ -84,6 +84,11 @@ pub const fn pad_used(b: usize) -> usize {
     PAD_HOLD + 4 + 4 * b
 }
 
+/// Byte offset, in a rank's pad, of the count of this rank's blocks that arrived at the
+/// launch's grid-wide barriers (a kernel whose blocks read what the others wrote: expert
+/// dispatch and combine); back to 0 at the launch's end.
+pub const PAD_GRID: usize = pad_used(3);
+
 /// Byte offset, in a rank's pad, of the blocks' arrival words.
 pub const PAD_BLOCKS: usize = 256;
 
@@ -451,7 +456,7 @@ mod tests {
     fn the_pad_layout_fits_and_the_kernel_argument_is_c_sized() {
         const { assert!(pad_arrival(MAX_SYMMETRIC_WORLD - 1) + 4 <= PAD_ROUND) };
         const { assert!(pad_signature(1) + LAMPORT_HEADER <= PAD_GONE) };
-        const { assert!(pad_used(2) + 4 <= PAD_BLOCKS) };
+        const { assert!(PAD_GRID + 4 <= PAD_BLOCKS) };
         assert_eq!(
             std::mem::size_of::<SymmetricArgs>(),
             16 + 16 * MAX_SYMMETRIC_WORLD

@@ -50,8 +50,9 @@ impl<R: Runtime> Collective for ApiComm<R> {
             native_all_to_all_v: api.fns.all_to_allv.is_some(),
             fp8_reduce: self.base.library.target.fp8_reduce().is_ok(),
             pre_mul_sum: api.pre_mul_sum().is_ok(),
-            // Their GPU kernels are not built yet (the door answers `Unsupported`).
-            device_counts: false,
+            // Unicomm's expert kernels, where its symmetric kernels load.
+            device_counts: self.base.lc.rt.has_kernels()
+                && self.base.library.target.symmetric_kernels().is_ok(),
         }
     }
 

@@ -64,6 +64,10 @@ pub(crate) trait AbortHook: Send + Sync {
     fn fault(&self) -> Option<Error> {
         None
     }
+    /// A call its device work refused on every rank alike, taken once (not aborting).
+    fn refusal(&self) -> Option<Error> {
+        None
+    }
 }
 
 /// What the lock guards while the communicator is not ended: the library's communicator and
@@ -488,5 +492,8 @@ impl<R: Runtime> Watched for LibComm<R> {
     }
     fn fault(&self) -> Option<Error> {
         self.fault_hook.get()?.fault()
+    }
+    fn refusal(&self) -> Option<Error> {
+        self.fault_hook.get()?.refusal()
     }
 }

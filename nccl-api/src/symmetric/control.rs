@@ -16,7 +16,7 @@ use unicomm_core::symmetric::{mismatch, with_word, SIGNATURE_WORDS};
 use unicomm_core::{Error, Result};
 
 use crate::libcomm::AbortHook;
-use crate::sys::kernel_args::{fault, Control};
+use crate::sys::kernel_args::{fault, refused, Control};
 use crate::sys::runtime::Runtime;
 
 /// The control block of one communicator's symmetric kernels.
@@ -126,6 +126,46 @@ impl<R: Runtime> ControlBlock<R> {
     }
 }
 
+impl<R: Runtime> ControlBlock<R> {
+    /// The `u64` at byte `at` of the block (written before the code it goes with).
+    fn word64(&self, at: usize) -> u64 {
+        u64::from(self.word(at).load(Ordering::Relaxed))
+            | (u64::from(self.word(at + 4).load(Ordering::Relaxed)) << 32)
+    }
+
+    /// The call a kernel refused on every rank alike (a dispatch past its capacity), taken:
+    /// its word cleared, so that the next refusal is reported in turn.
+    fn take_refusal(&self) -> Option<Error> {
+        let word = self.word(std::mem::offset_of!(Control, refused));
+        let code = word.load(Ordering::Acquire);
+        if code == 0 {
+            return None;
+        }
+        let source = self
+            .word(std::mem::offset_of!(Control, refused_rank))
+            .load(Ordering::Relaxed);
+        let at = self.word64(std::mem::offset_of!(Control, refused_at));
+        let count = self.word64(std::mem::offset_of!(Control, refused_count));
+        word.store(0, Ordering::Release);
+        Some(match code {
+            refused::EXPERT => Error::invalid(
+                "ids",
+                format!("rank {source}'s routing names an expert outside 0..{count}"),
+            ),
+            _ => Error::invalid(
+                "max_tokens",
+                format!(
+                    "expert {} (rank {}) would receive {} tokens from rank {source}, past max_tokens {}",
+                    at >> 32,
+                    at as u32,
+                    count >> 32,
+                    count as u32
+                ),
+            ),
+        })
+    }
+}
+
 impl<R: Runtime> AbortHook for ControlBlock<R> {
     /// Sets the abort word: every waiting kernel of this communicator ends within a few
     /// microseconds.
@@ -137,6 +177,10 @@ impl<R: Runtime> AbortHook for ControlBlock<R> {
 
     fn fault(&self) -> Option<Error> {
         self.reported()
+    }
+
+    fn refusal(&self) -> Option<Error> {
+        self.take_refusal()
     }
 }
 

@@ -18,6 +18,7 @@
 )]
 
 mod control;
+mod expert;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -239,10 +240,12 @@ impl<R: Runtime> SymmetricMemory<R> {
         base.ready_for_kernel(stream)?;
         let handle = match op {
             SymmetricOp::Barrier { handle } | SymmetricOp::AllReduce { handle, .. } => handle,
-            // The mock runs their protocols; the GPU kernels are not written yet.
-            SymmetricOp::AllToAllV(_) | SymmetricOp::Dispatch(_) | SymmetricOp::Combine(_) => {
+            SymmetricOp::Dispatch(ref d) => d.group.recv,
+            SymmetricOp::Combine(ref c) => c.group.recv,
+            // The mock runs its protocol; the GPU kernel is not written yet.
+            SymmetricOp::AllToAllV(_) => {
                 return Err(Error::unsupported(
-                    format!("{} over symmetric memory", op.what().snake_name()),
+                    "all_to_all_vdev over symmetric memory",
                     "the mock (its GPU kernel is not built yet)",
                     "a GPU backend (NCCL or RCCL)",
                 ))
@@ -258,9 +261,9 @@ impl<R: Runtime> SymmetricMemory<R> {
                 params_of(base, &rec, control, KernelAlgorithm::Barrier),
             ),
             SymmetricOp::AllReduce { .. } => all_reduce_params(base, &rec, control, op)?,
-            SymmetricOp::AllToAllV(_) | SymmetricOp::Dispatch(_) | SymmetricOp::Combine(_) => {
-                return Err(unknown(handle))
-            }
+            SymmetricOp::Dispatch(d) => self.dispatch_params(base, control, &d)?,
+            SymmetricOp::Combine(c) => self.combine_params(base, control, &c)?,
+            SymmetricOp::AllToAllV(_) => return Err(unknown(handle)),
         };
         params.sig = sig;
         stream.watched_by(lc);
@@ -359,6 +362,7 @@ fn params_of<R: Runtime>(
         norm: 0,
         eps: 0.0,
         sig: [0; unicomm_core::symmetric::SIGNATURE_WORDS],
+        x: crate::sys::kernel_args::ExpertArgs::default(),
         typed: 0,
         workspace: u32::from(rec.lamport.is_some()),
         // One GPU holds every rank: GPU-scope fences order what the peers see.

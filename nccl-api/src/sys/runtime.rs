@@ -253,6 +253,12 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         let _ = (dev, bytes);
         Err(no_kernels(Self::NAME))
     }
+    /// Whether this runtime loads and launches unicomm's kernels ([`Runtime::launch`],
+    /// [`Runtime::alloc_host_mapped`]): what a communicator's capabilities say before any
+    /// memory is made.
+    fn has_kernels(&self) -> bool {
+        false
+    }
     /// Frees what `alloc_host_mapped` returned.
     ///
     /// # Safety

@@ -1,7 +1,7 @@
 //! Symmetric memory on a runtime without unicomm's kernels (the host runtime the fake NCCL
 //! runs on, as HIP is today): `Unsupported` naming the kernels, with no device memory left
 //! allocated by the library; the sizes compared first on every rank. An expert group is
-//! refused before any memory is made (its GPU kernels are not built).
+//! refused before any memory is made (its kernels are the runtime's).
 
 use crate::common::{calls, comm, fake, flavors};
 use unicomm_core::{Error, ExpertConfig};

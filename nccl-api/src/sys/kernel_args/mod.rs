@@ -12,7 +12,7 @@ use unicomm_core::symmetric::{MAX_SYMMETRIC_WORLD, SIGNATURE_WORDS};
 /// and the PTX, declared at ISA [`SYMMETRIC_PTX_ISA`], for newer GPUs; so it loads on the
 /// drivers of [`SYMMETRIC_DRIVER_FLOOR`] and newer (nvcc 13's own PTX, ISA 9.0, needed a
 /// CUDA 13 driver, r580). Its table: [`fatbin::images`](super::fatbin::images).
-pub const SYMMETRIC_IMAGE: &[u8] = include_bytes!("../../kernels/symmetric.fatbin");
+pub const SYMMETRIC_IMAGE: &[u8] = include_bytes!("../../../kernels/symmetric.fatbin");
 
 /// The GPU architectures [`SYMMETRIC_IMAGE`] holds SASS for (H100/H200, B200).
 pub const SYMMETRIC_SASS: [u32; 2] = [90, 100];
@@ -77,6 +77,10 @@ pub enum KernelAlgorithm {
     Lamport = 2,
     /// A barrier on the signal pads alone.
     Barrier = 3,
+    /// Expert parallelism's dispatch ([`ExpertArgs`]).
+    Dispatch = 4,
+    /// Expert parallelism's combine ([`ExpertArgs`]).
+    Combine = 5,
 }
 
 /// One launch's argument (`Params`): every rank's data and pad, the operands, the control
@@ -134,6 +138,53 @@ pub struct KernelParams {
     /// The grid asked for ([`symmetric_blocks`]; a launcher clamps it to what its GPU holds
     /// at once).
     pub blocks: u32,
+    /// An expert dispatch's or combine's operands (zero for the other kernels).
+    pub x: ExpertArgs,
+}
+
+/// An expert dispatch's or combine's operands (the source's `Expert`), over the group's
+/// layout (`unicomm_core::symmetric::ExpertGroupParts`): the launch's `peers` and `pads`
+/// are the receive slots', its `out` the dispatch's expert-major rows or the combine's
+/// tokens, its `hidden` the elements of a row.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ExpertArgs {
+    /// Each rank's counts (`L * W` i64), then its slots' origins.
+    pub meta: [u64; MAX_SYMMETRIC_WORLD],
+    /// Each rank's landing rows (`[M][K]` rows of the group's type).
+    pub back: [u64; MAX_SYMMETRIC_WORLD],
+    /// Each rank's FP8 scale slots, or 0 (a dispatch of the group's type).
+    pub scales: [u64; MAX_SYMMETRIC_WORLD],
+    /// The dispatch's tokens (`[n]` rows), the combine's experts' rows (`[L][W * M]`).
+    pub tokens: u64,
+    /// `[n][K]` i32.
+    pub ids: u64,
+    /// `[n][K]` f32 (the combine's).
+    pub weights: u64,
+    /// The dispatch's `[L]` i32.
+    pub counts: u64,
+    /// An FP8 dispatch's `[n][per_token]` f32.
+    pub in_scales: u64,
+    /// An FP8 dispatch's `[L][W * M][per_token]` f32.
+    pub out_scales: u64,
+    /// The layout's masked ranks, rank `r` at bit `r`.
+    pub masked: u64,
+    /// Experts in all.
+    pub experts: u32,
+    /// A slot's capacity.
+    pub max_tokens: u32,
+    /// Experts per token.
+    pub top_k: u32,
+    /// This rank's tokens.
+    pub n: u32,
+    /// An FP8 dispatch's scales a token.
+    pub per_token: u32,
+    /// Ranks of the layout (the group's and its masked ones).
+    pub layout_world: u32,
+    /// Bytes of a row moved (a token of the group's type, or an FP8 token).
+    pub row_bytes: u32,
+    /// Padding (the source's `unused`).
+    pub unused: u32,
 }
 
 /// One launch of one of unicomm's kernels, as a runtime's one launch call
@@ -256,6 +307,15 @@ pub mod fault {
     pub const GONE: u32 = 7;
 }
 
+/// The refusals a kernel reports in [`Control::refused`]: a call every rank refuses alike,
+/// the communicator going on.
+pub mod refused {
+    /// A dispatch's slot would hold more tokens than the group's capacity.
+    pub const CAPACITY: u32 = 1;
+    /// A routing named an expert outside the group's.
+    pub const EXPERT: u32 = 2;
+}
+
 /// The communicator's control block (`Control`), in host memory the device maps.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -271,217 +331,15 @@ pub struct Control {
     pub epoch: u32,
     /// A mismatch: the differing signature word's index `<< 32 |` that rank's word.
     pub detail: u64,
+    /// The first refusal's code ([`refused`]), 0 while none; cleared by the host once read.
+    pub refused: u32,
+    /// The source rank it names.
+    pub refused_rank: u32,
+    /// The expert `<< 32 |` the (group) rank holding it.
+    pub refused_at: u64,
+    /// A capacity refusal: the tokens `<< 32 |` the capacity; an expert's: the experts.
+    pub refused_count: u64,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use unicomm_core::symmetric::{
-        pad_arrival, pad_gone, LAMPORT_HEADER, PAD_EPOCH, PAD_POISON, PAD_ROUND, PAD_SIGNATURE,
-        SIGNATURE_ROUND,
-    };
-
-    const SOURCE: &str = include_str!("../../kernels/symmetric.cu");
-
-    fn define(name: &str) -> String {
-        let line = SOURCE
-            .lines()
-            .find(|l| l.starts_with(&format!("#define {name} ")))
-            .unwrap_or_else(|| panic!("no #define {name} in symmetric.cu"));
-        line[format!("#define {name} ").len()..].trim().to_string()
-    }
-
-    /// The kernel source writes the pad's layout in its own words: they must be comm-core's
-    /// (a kernel and the mock disagreeing on a word is silent corruption).
-    #[test]
-    fn the_kernel_source_keeps_the_contracts_pad_layout() {
-        assert_eq!(define("MAX_WORLD"), MAX_SYMMETRIC_WORLD.to_string());
-        assert_eq!(define("PAD_EPOCH"), PAD_EPOCH.to_string());
-        assert_eq!(define("PAD_ARRIVAL(p)"), "(8 + 4 * (p))");
-        assert_eq!(pad_arrival(3), 8 + 4 * 3);
-        assert_eq!(define("PAD_ROUND"), "(8 + 4 * MAX_WORLD)");
-        assert_eq!(PAD_ROUND, 8 + 4 * MAX_SYMMETRIC_WORLD);
-        assert_eq!(define("PAD_POISON"), "(PAD_ROUND + 4)");
-        assert_eq!(PAD_POISON, PAD_ROUND + 4);
-        assert_eq!(define("PAD_SIGNATURE"), "(PAD_POISON + 4)");
-        assert_eq!(PAD_SIGNATURE, PAD_POISON + 4);
-        assert_eq!(define("SIG_WORDS"), SIGNATURE_WORDS.to_string());
-        assert_eq!(define("LAMPORT_HEADER"), "(4 * SIG_WORDS)");
-        assert_eq!(LAMPORT_HEADER, 4 * SIGNATURE_WORDS);
-        assert_eq!(define("SIG_ROUND"), "(SIG_WORDS - 1)");
-        assert_eq!(
-            define("PAD_GONE(q)"),
-            "(PAD_SIGNATURE + 2 * LAMPORT_HEADER + 4 * (q))"
-        );
-        assert_eq!(pad_gone(2), PAD_SIGNATURE + 2 * LAMPORT_HEADER + 4 * 2);
-        assert_eq!(SIGNATURE_ROUND, SIGNATURE_WORDS - 1);
-        assert_eq!(define("BLOCK"), SYMMETRIC_BLOCK.to_string());
-        use unicomm_core::symmetric::{
-            pad_block_arrival, pad_used, MAX_SYMMETRIC_BLOCKS, PAD_BLOCKS, PAD_CALL, PAD_DONE,
-            PAD_HOLD, PAD_VERDICT,
-        };
-        assert_eq!(define("PAD_CALL"), "PAD_GONE(MAX_WORLD)");
-        assert_eq!(PAD_CALL, pad_gone(MAX_SYMMETRIC_WORLD));
-        assert_eq!(define("PAD_DONE"), "(PAD_CALL + 4)");
-        assert_eq!(PAD_DONE, PAD_CALL + 4);
-        assert_eq!(define("PAD_VERDICT"), "(PAD_DONE + 4)");
-        assert_eq!(PAD_VERDICT, PAD_DONE + 4);
-        assert_eq!(define("PAD_HOLD"), "(PAD_VERDICT + 4)");
-        assert_eq!(PAD_HOLD, PAD_VERDICT + 4);
-        assert_eq!(define("PAD_USED(b)"), "(PAD_HOLD + 4 + 4 * (b))");
-        assert_eq!(pad_used(2), PAD_HOLD + 4 + 4 * 2);
-        assert_eq!(define("PAD_BLOCKS"), PAD_BLOCKS.to_string());
-        assert_eq!(
-            define("PAD_BLOCK_ARRIVAL(b, p)"),
-            "(PAD_BLOCKS + 4 * ((b) * MAX_WORLD + (p)))"
-        );
-        assert_eq!(
-            pad_block_arrival(5, 3),
-            PAD_BLOCKS + 4 * (5 * MAX_SYMMETRIC_WORLD + 3)
-        );
-        assert_eq!(define("MAX_BLOCKS"), MAX_SYMMETRIC_BLOCKS.to_string());
-    }
-
-    /// `NAME = value` of every enumerator of the kernel source's `enum { ... }` blocks.
-    fn enumerators() -> Vec<(String, u32)> {
-        let mut out = Vec::new();
-        for block in SOURCE.split("enum {").skip(1) {
-            let body = block.split('}').next().unwrap_or("");
-            for item in body.split(',') {
-                if let Some((name, value)) = item.split_once('=') {
-                    let value = value
-                        .trim()
-                        .parse()
-                        .unwrap_or_else(|e| panic!("{item}: {e}"));
-                    out.push((name.trim().to_string(), value));
-                }
-            }
-        }
-        out
-    }
-
-    /// The codes a launch passes and a kernel reports are declared once in the source and
-    /// once here: each of the source's algorithm, reduction and fault codes is its Rust
-    /// twin's, and no code of the source is left without one.
-    #[test]
-    fn the_kernel_sources_codes_are_their_rust_twins() {
-        use unicomm_core::ReduceOp;
-        let twins: Vec<(&str, u32)> = vec![
-            ("ALG_ONE_SHOT", KernelAlgorithm::OneShot as u32),
-            ("ALG_TWO_SHOT", KernelAlgorithm::TwoShot as u32),
-            ("ALG_LAMPORT", KernelAlgorithm::Lamport as u32),
-            ("ALG_BARRIER", KernelAlgorithm::Barrier as u32),
-            ("OP_SUM", op_code(ReduceOp::Sum)),
-            ("OP_MAX", op_code(ReduceOp::Max)),
-            ("OP_MIN", op_code(ReduceOp::Min)),
-            ("FAULT_TIMEOUT", fault::TIMEOUT),
-            ("FAULT_ABORTED", fault::ABORTED),
-            ("FAULT_MISMATCH", fault::MISMATCH),
-            ("FAULT_POISONED", fault::POISONED),
-            ("FAULT_TYPE", fault::TYPE),
-            ("FAULT_GONE", fault::GONE),
-        ];
-        let source = enumerators();
-        for (name, value) in &source {
-            let twin = twins.iter().find(|(n, _)| n == name);
-            assert_eq!(twin.map(|t| t.1), Some(*value), "{name} in symmetric.cu");
-        }
-        assert_eq!(source.len(), twins.len(), "{source:?}");
-    }
-
-    /// The PTX holds the three entry points the loaders ask for, for sm_90.
-    #[test]
-    fn the_ptx_has_every_entry_point() {
-        let ptx = include_str!("../../kernels/symmetric.ptx");
-        for name in SYMMETRIC_FUNCTIONS.into_iter().chain([SYMMETRIC_EMPTY]) {
-            assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
-        }
-        assert!(ptx.contains(".target sm_90"));
-    }
-
-    /// The embedded image is the one the constants name, built from the PTX beside the
-    /// source (itself built from the source, as the architecture test checks): SASS for
-    /// each of `SYMMETRIC_SASS`, and that PTX declared at `SYMMETRIC_PTX_ISA`, nothing else;
-    /// so it loads on CUDA 12 drivers (ISA 9.0 PTX alone needed CUDA 13's).
-    #[test]
-    fn the_embedded_image_holds_the_sass_and_ptx_its_constants_name() {
-        use super::super::fatbin::{images, taken_on, FatImage};
-        let all = images(SYMMETRIC_IMAGE).unwrap();
-        let sass: Vec<u32> = all
-            .iter()
-            .filter_map(|(i, _)| match i {
-                FatImage::Sass { arch } => Some(*arch),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(sass, SYMMETRIC_SASS);
-        let ptx: Vec<_> = all
-            .iter()
-            .filter_map(|(i, r)| match i {
-                FatImage::Ptx { arch, isa } => Some((*arch, *isa, r.clone())),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(ptx.len(), 1, "{all:?}");
-        let (arch, isa, range) = ptx[0].clone();
-        assert_eq!((arch, isa), (90, SYMMETRIC_PTX_ISA));
-        assert!(isa < (9, 0), "PTX ISA 9.0 needs a CUDA 13 driver");
-        let text = String::from_utf8_lossy(&SYMMETRIC_IMAGE[range]);
-        let text = text.trim_end_matches('\0');
-        let source = include_str!("../../kernels/symmetric.ptx");
-        let body = source.split_once('\n').map_or("", |(_, b)| b);
-        let declared = format!(".version {}.{}", isa.0, isa.1);
-        // fatbinary keeps the PTX's instructions, not its comments and indentation.
-        let norm = |t: &str| -> Vec<String> {
-            t.lines()
-                // A call's `{ // callseq 0, 0` as well as whole-line comments.
-                .map(|l| l.split("//").next().unwrap_or(""))
-                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-                .filter(|l| !l.is_empty())
-                .map(|l| {
-                    if l.starts_with(".version ") {
-                        declared.clone()
-                    } else {
-                        l
-                    }
-                })
-                .collect()
-        };
-        let (got, want) = (norm(text), norm(body));
-        let first = (0..got.len().max(want.len())).find(|&i| got.get(i) != want.get(i));
-        assert_eq!(
-            first, None,
-            "the fatbin's PTX is not the tree's: cargo xtask kernels"
-        );
-        assert_eq!(
-            taken_on(SYMMETRIC_IMAGE, 90),
-            Some(FatImage::Sass { arch: 90 })
-        );
-        assert!(matches!(
-            taken_on(SYMMETRIC_IMAGE, 120),
-            Some(FatImage::Ptx { .. })
-        ));
-        assert_eq!(taken_on(SYMMETRIC_IMAGE, 80), None);
-    }
-
-    /// The kernel source's `Params` is 43 eight-byte words and eighteen four-byte ones; its
-    /// `Control` four words and a count: the layouts the launch copies byte for byte.
-    #[test]
-    fn the_arguments_have_the_kernel_sources_layout() {
-        assert_eq!(std::mem::size_of::<KernelParams>(), 43 * 8 + 18 * 4);
-        assert_eq!(std::mem::offset_of!(KernelParams, blocks), 43 * 8 + 17 * 4);
-        assert_eq!(std::mem::offset_of!(KernelParams, sig), 43 * 8 + 6 * 4);
-        assert_eq!(
-            std::mem::offset_of!(KernelParams, workspace),
-            43 * 8 + 15 * 4
-        );
-        assert_eq!(std::mem::offset_of!(KernelParams, out8), 35 * 8);
-        assert_eq!(std::mem::offset_of!(KernelParams, scale), 36 * 8);
-        assert_eq!(std::mem::offset_of!(KernelParams, control), 37 * 8);
-        assert_eq!(std::mem::offset_of!(KernelParams, rank), 43 * 8);
-        assert_eq!(std::mem::offset_of!(KernelParams, eps), 43 * 8 + 5 * 4);
-        assert_eq!(std::mem::size_of::<Control>(), 24);
-        assert_eq!(std::mem::offset_of!(Control, detail), 16);
-        assert_eq!(std::mem::size_of::<DeviceKernelArgs>(), 64);
-    }
-}
+mod tests;

@@ -1,0 +1,231 @@
+//! Expert parallelism's dispatch and combine as launches of unicomm's symmetric kernels
+//! (`ALG_DISPATCH`, `ALG_COMBINE` in kernels/symmetric.cu): the group's three allocations
+//! (and an FP8 dispatch's scale slots) checked against its capacities, the operands against
+//! the sizes the kernel moves, everything the kernel reads or writes named in one
+//! [`ExpertArgs`](crate::sys::kernel_args::ExpertArgs). The protocol is the mock's (backend-mock/src/symmetric/expert.rs).
+
+use unicomm_core::symmetric::{Combine, Dispatch, ExpertGroupParts, MAX_SYMMETRIC_BLOCKS};
+use unicomm_core::{DataType, Error, Result, Slice};
+
+use super::{Record, SymmetricMemory};
+use crate::base::Base;
+use crate::memory::ApiMemory;
+use crate::sys::kernel_args::{KernelAlgorithm, KernelParams, SYMMETRIC_BLOCK};
+use crate::sys::runtime::Runtime;
+
+/// The group's sizes, each checked to fit the kernel's 32-bit words.
+struct Shape {
+    local: usize,
+    world: usize,
+    m: usize,
+    h: usize,
+    k: usize,
+}
+
+impl Shape {
+    fn of(g: &ExpertGroupParts, world: usize) -> Result<Shape> {
+        let c = g.config;
+        let local = c.local_experts(g.mask.world())?;
+        if g.mask.survivors() != world {
+            return Err(Error::invalid(
+                "mask",
+                format!(
+                    "{} ranks left of a layout of {}, on a communicator of {world}",
+                    g.mask.survivors(),
+                    g.mask.world()
+                ),
+            ));
+        }
+        let word = |what: &'static str, v: usize| {
+            u32::try_from(v)
+                .map(drop)
+                .map_err(|_| Error::invalid(what, format!("{v}: past the kernels' 32-bit words")))
+        };
+        word("experts", c.experts)?;
+        word("max_tokens", c.max_tokens)?;
+        word("top_k", c.top_k)?;
+        // A row's bytes: the type is at most 4 bytes wide.
+        word("hidden", c.hidden.saturating_mul(4))?;
+        Ok(Shape {
+            local,
+            world,
+            m: c.max_tokens,
+            h: c.hidden,
+            k: c.top_k,
+        })
+    }
+
+    /// Rows of the receive slots and of a dispatch's output: `L * W * M`.
+    fn slots(&self) -> Option<usize> {
+        self.local.checked_mul(self.world)?.checked_mul(self.m)
+    }
+}
+
+fn overflow() -> Error {
+    Error::invalid("expert config", "its sizes overflow")
+}
+
+/// Whether the allocation `rec` (one of the group's) holds `elems` of `size` bytes on every
+/// rank, and is laid out over this communicator's world.
+fn check_part(
+    rec: &Record,
+    world: usize,
+    elems: Option<usize>,
+    size: usize,
+    what: &str,
+) -> Result<()> {
+    let need = elems
+        .and_then(|e| e.checked_mul(size))
+        .ok_or_else(overflow)?;
+    if rec.bytes < need || rec.peers.len() != world {
+        return Err(Error::invalid(
+            "group",
+            format!(
+                "its {what}: {} bytes over {} ranks, where {need} over {world} are due",
+                rec.bytes,
+                rec.peers.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks `s` (this rank's memory) holds `elems` of `dtype`; its address.
+fn operand<R: Runtime>(
+    base: &Base<R>,
+    s: &Slice<'_, ApiMemory<R>>,
+    elems: Option<usize>,
+    dtype: DataType,
+    arg: &'static str,
+) -> Result<u64> {
+    base.check_memory(s.mem)?;
+    s.holds(elems.ok_or_else(overflow)?, dtype, arg)?;
+    Ok(s.address() as u64)
+}
+
+impl<R: Runtime> SymmetricMemory<R> {
+    /// The launch of a dispatch: its parameters and the group's type (the function).
+    pub(super) fn dispatch_params(
+        &self,
+        base: &Base<R>,
+        control: usize,
+        d: &Dispatch<'_, ApiMemory<R>>,
+    ) -> Result<(DataType, KernelParams)> {
+        let (g, n) = (&d.group, d.n);
+        let sh = Shape::of(g, base.lc.world)?;
+        let (mut p, rows) = self.group_params(base, control, g, KernelAlgorithm::Dispatch, n)?;
+        let byte = d.fp8.is_some();
+        let el = if byte { DataType::U8 } else { g.dtype };
+        p.x.tokens = operand(base, &d.tokens, n.checked_mul(sh.h), el, "tokens")?;
+        p.x.ids = operand(base, &d.ids, n.checked_mul(sh.k), DataType::I32, "ids")?;
+        p.out = operand(base, &d.out, rows.checked_mul(sh.h), el, "out")?;
+        p.x.counts = operand(base, &d.counts, Some(sh.local), DataType::I32, "counts")?;
+        p.x.row_bytes = (sh.h * el.size()) as u32;
+        if let Some(q) = &d.fp8 {
+            let per = q.per_token;
+            let slots = self.get(q.slots)?;
+            check_part(&slots, sh.world, rows.checked_mul(per), 4, "scale slots")?;
+            for (r, &at) in slots.peers.iter().enumerate() {
+                p.x.scales[r] = at as u64;
+            }
+            p.x.in_scales = operand(base, &q.scales, n.checked_mul(per), DataType::F32, "scales")?;
+            p.x.out_scales = operand(
+                base,
+                &q.out_scales,
+                rows.checked_mul(per),
+                DataType::F32,
+                "out_scales",
+            )?;
+            p.x.per_token = u32::try_from(per)
+                .map_err(|_| Error::invalid("per_token", format!("{per}: past 32 bits")))?;
+        }
+        Ok((g.dtype, p))
+    }
+
+    /// The launch of a combine: its parameters and the group's type (the function).
+    pub(super) fn combine_params(
+        &self,
+        base: &Base<R>,
+        control: usize,
+        c: &Combine<'_, ApiMemory<R>>,
+    ) -> Result<(DataType, KernelParams)> {
+        let (g, n) = (&c.group, c.n);
+        let sh = Shape::of(g, base.lc.world)?;
+        let (mut p, rows) = self.group_params(base, control, g, KernelAlgorithm::Combine, n)?;
+        let t = g.dtype;
+        p.x.tokens = operand(base, &c.expert_out, rows.checked_mul(sh.h), t, "expert_out")?;
+        p.x.ids = operand(base, &c.ids, n.checked_mul(sh.k), DataType::I32, "ids")?;
+        p.x.weights = operand(
+            base,
+            &c.weights,
+            n.checked_mul(sh.k),
+            DataType::F32,
+            "weights",
+        )?;
+        p.out = operand(base, &c.out, n.checked_mul(sh.h), t, "out")?;
+        p.x.row_bytes = (sh.h * t.size()) as u32;
+        Ok((t, p))
+    }
+
+    /// What a dispatch and a combine share: the group's allocations checked against its
+    /// capacities and named, the layout, the grid; and the rows of the receive slots.
+    fn group_params(
+        &self,
+        base: &Base<R>,
+        control: usize,
+        g: &ExpertGroupParts,
+        algorithm: KernelAlgorithm,
+        n: usize,
+    ) -> Result<(KernelParams, usize)> {
+        crate::sys::kernel_args::function_index(g.dtype, "expert kernels")?;
+        let sh = Shape::of(g, base.lc.world)?;
+        if n > sh.m {
+            return Err(Error::invalid(
+                "tokens",
+                format!("{n} tokens, past max_tokens {}", sh.m),
+            ));
+        }
+        let rows = sh.slots().ok_or_else(overflow)?;
+        let size = g.dtype.size();
+        let recv = self.get(g.recv)?;
+        check_part(
+            &recv,
+            sh.world,
+            rows.checked_mul(sh.h),
+            size,
+            "receive slots",
+        )?;
+        let meta = self.get(g.meta)?;
+        let words = (sh.local * sh.world).checked_add(rows);
+        check_part(&meta, sh.world, words, 8, "counts and origins")?;
+        let back = self.get(g.back)?;
+        let landing = sh.m.checked_mul(sh.k).and_then(|x| x.checked_mul(sh.h));
+        check_part(&back, sh.world, landing, size, "landing rows")?;
+        let mut p = super::params_of(base, &recv, control, algorithm);
+        for r in 0..sh.world {
+            p.x.meta[r] = meta.peers[r] as u64;
+            p.x.back[r] = back.peers[r] as u64;
+        }
+        p.hidden = sh.h as u64;
+        p.x.masked = g.mask.bits();
+        p.x.experts = g.config.experts as u32;
+        p.x.max_tokens = sh.m as u32;
+        p.x.top_k = sh.k as u32;
+        p.x.n = n as u32;
+        p.x.layout_world = g.mask.world() as u32;
+        p.blocks = expert_blocks(g.config.experts, sh.local * sh.world, sh.m * sh.h * size);
+        Ok((p, rows))
+    }
+}
+
+/// The grid of a dispatch or combine: a warp for each expert and for each slot pair, and a
+/// thread for each pair of 16-byte vectors of one source's tokens (the combine's sums), at
+/// most [`MAX_SYMMETRIC_BLOCKS`].
+pub(crate) fn expert_blocks(experts: usize, pairs: usize, bytes: usize) -> u32 {
+    let warps = (SYMMETRIC_BLOCK / 32) as usize;
+    let g = experts
+        .max(pairs)
+        .div_ceil(warps)
+        .max(bytes.div_ceil(32 * SYMMETRIC_BLOCK as usize));
+    g.clamp(1, MAX_SYMMETRIC_BLOCKS) as u32
+}
