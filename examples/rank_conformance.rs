@@ -239,7 +239,11 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
     let t = std::time::Instant::now();
     let experts = expert_kernels(comm, replays);
     let ran = ran && matches!(experts, Ok(true));
-    reported(comm, &timed("expert dispatch and combine", t), experts)?;
+    reported(
+        comm,
+        &timed("expert dispatch and combine, all_to_all_vdev", t),
+        experts,
+    )?;
     let t = std::time::Instant::now();
     let recorded = unicomm_conformance::every_kind_of_work_is_recorded_once(one, Some(&reqs));
     reported(
@@ -257,7 +261,7 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
 /// experts a rank, rows of 64 (16-byte vectors) with top-8 of eight a rank, both eager
 /// (routings that overflow a slot among them: refused on every rank, the group going on)
 /// and replayed; a layout one rank larger with its rank 1 masked; FP8 tokens with two
-/// scales each.
+/// scales each; the all-to-all with counts on the device.
 fn expert_kernels(comm: &unicomm::Comm, replays: usize) -> unicomm::Result<bool> {
     let one = std::slice::from_ref(comm);
     let w = comm.world_size();
@@ -273,27 +277,23 @@ fn expert_kernels(comm: &unicomm::Comm, replays: usize) -> unicomm::Result<bool>
         hidden: 64,
         top_k: 8,
     };
-    let mut ran = first(unicomm_conformance::expert_dispatch_combine(
-        one, small, 8, replays,
-    )?);
-    ran = ran
-        && first(unicomm_conformance::expert_dispatch_combine(
-            one, wide, 8, 20,
-        )?);
     let mask = unicomm::RankMask::new(w + 1, &[1])?;
     let layout = unicomm::ExpertConfig {
         experts: 2 * (w + 1),
         ..small
     };
-    ran = ran
-        && first(unicomm_conformance::expert_dispatch_combine_masked(
-            one, layout, mask, 6, 20,
-        )?);
-    ran = ran
-        && first(unicomm_conformance::expert_dispatch_fp8(
-            one, wide, 2, 6, 20,
-        )?);
-    Ok(ran)
+    use unicomm_conformance as conf;
+    // The all-to-all with counts on the device: 5 elements at most a pair (element by
+    // element), 64 (16-byte vectors).
+    let seen = [
+        conf::expert_dispatch_combine(one, small, 8, replays)?,
+        conf::expert_dispatch_combine(one, wide, 8, 20)?,
+        conf::expert_dispatch_combine_masked(one, layout, mask, 6, 20)?,
+        conf::expert_dispatch_fp8(one, wide, 2, 6, 20)?,
+        conf::symmetric_all_to_all_v(one, 5, replays)?,
+        conf::symmetric_all_to_all_v(one, 64, 20)?,
+    ];
+    Ok(seen.into_iter().all(first))
 }
 
 /// Ranks that disagree: Lamport calls of count 0 among others exact (20 fresh

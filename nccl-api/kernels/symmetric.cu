@@ -66,7 +66,7 @@
 #define PAD_BLOCK_ARRIVAL(b, p) (PAD_BLOCKS + 4 * ((b) * MAX_WORLD + (p)))
 #define MAX_BLOCKS 128
 
-enum { ALG_ONE_SHOT = 0, ALG_TWO_SHOT = 1, ALG_LAMPORT = 2, ALG_BARRIER = 3, ALG_DISPATCH = 4, ALG_COMBINE = 5 };
+enum { ALG_ONE_SHOT = 0, ALG_TWO_SHOT = 1, ALG_LAMPORT = 2, ALG_BARRIER = 3, ALG_DISPATCH = 4, ALG_COMBINE = 5, ALG_ALL_TO_ALL_V = 6 };
 enum { OP_SUM = 0, OP_MAX = 1, OP_MIN = 2 };
 enum {
   FAULT_TIMEOUT = 1,
@@ -77,8 +77,9 @@ enum {
   FAULT_GONE = 7
 };
 // A call every rank refuses alike (the communicator goes on): a dispatch's slot past its
-// capacity, a routing naming an expert out of range.
-enum { REFUSED_CAPACITY = 1, REFUSED_EXPERT = 2 };
+// capacity, a routing naming an expert out of range; an all-to-all's negative split, a
+// rank sending more than its input or receiving more than the bound.
+enum { REFUSED_CAPACITY = 1, REFUSED_EXPERT = 2, REFUSED_SPLIT = 3, REFUSED_SENT = 4, REFUSED_RECEIVED = 5 };
 // Within a block: a wait ended by another thread's fault (never in the control block).
 __device__ constexpr uint32_t FAULT_OTHER = 256;
 
@@ -100,7 +101,8 @@ struct Control {
 // `pads` are the receive slots' (`[L][W][M]` rows of `row_bytes`), `out` the dispatch's
 // expert-major rows or the combine's tokens, `hidden` the elements of a row.
 struct Expert {
-  uint64_t meta[MAX_WORLD];    // each rank's counts (`L * W` i64), then its slots' origins
+  uint64_t meta[MAX_WORLD];    // each rank's counts (`L * W` i64), then its slots' origins; an
+                               // all-to-all's: its splits (`3 x W` i64)
   uint64_t back[MAX_WORLD];    // each rank's landing rows (`[M][K]` rows of the type)
   uint64_t scales[MAX_WORLD];  // each rank's FP8 scale slots (`[L][W][M][per_token]`), or 0
   uint64_t tokens;             // the dispatch's tokens (`[n]` rows), the combine's experts' rows
@@ -812,6 +814,17 @@ template <typename T> __device__ bool vectors(const Params& p) {
   return any % 16 == 0 && p.count % n == 0 && (!p.norm || p.hidden % n == 0);
 }
 
+// The first refusal of this rank's kernels, reported for the host (one thread).
+__device__ void refuse(const Params& p, uint32_t code, uint32_t rank, uint64_t at, uint64_t count) {
+  volatile Control* ctl = (volatile Control*)p.control;
+  if (ctl->refused != 0u) return;
+  ctl->refused_rank = rank;
+  ctl->refused_at = at;
+  ctl->refused_count = count;
+  __threadfence_system();
+  ctl->refused = code;
+}
+
 // Expert parallelism's dispatch and combine: the mock's protocol (backend-mock/src/symmetric/
 // expert.rs) over the grid. Dispatch: the signature agreed at the first barrier; warp w of
 // the grid takes experts w, w + warps, ...: it scans the routing in (token, k) order (a
@@ -951,14 +964,8 @@ __device__ bool counts_fit(const Params& p) {
       if (q < 64 && (x.masked >> q) & 1) continue;
       if (seen++ == r) { lr = q; break; }
     }
-    volatile Control* ctl = (volatile Control*)p.control;
-    if (ctl->refused == 0u) {
-      ctl->refused_rank = s;
-      ctl->refused_at = ((uint64_t)(lr * local + l) << 32) | r;
-      ctl->refused_count = c == BAD_ID ? x.experts : (c << 32) | x.max_tokens;
-      __threadfence_system();
-      ctl->refused = c == BAD_ID ? REFUSED_EXPERT : REFUSED_CAPACITY;
-    }
+    refuse(p, c == BAD_ID ? REFUSED_EXPERT : REFUSED_CAPACITY, s, ((uint64_t)(lr * local + l) << 32) | r,
+           c == BAD_ID ? x.experts : (c << 32) | x.max_tokens);
   }
   return false;
 }
@@ -1068,6 +1075,71 @@ template <typename T> __device__ bool combine(const Params& p, Launch& l) {
   return true;
 }
 
+// The all-to-all with counts on the device (the mock's protocol, backend-mock/src/symmetric/
+// exchange.rs): after the first barrier every block reads every rank's row 0 of the splits
+// (`x.meta`, what rank p sends rank q), so every rank finds the same refusal, in the mock's
+// order; else each rank pulls its part from every rank's input (`peers`, `count` elements of
+// `row_bytes` a rank) packed in rank order over the grid, block 0 writes rows 1 and 2 of its
+// splits; the second barrier (a refused call too), after which the inputs and splits are
+// the ranks' again (a peer's kernel ends only after every block of this rank met it).
+__device__ __forceinline__ int64_t split(const Params& p, uint32_t r, uint32_t q) {
+  return ((volatile const int64_t*)p.x.meta[r])[q];
+}
+__device__ bool splits_fit(const Params& p) {
+  __shared__ uint32_t fit;
+  if (threadIdx.x == 0) {
+    uint32_t code = 0, rank = 0;
+    uint64_t at = p.count, count = 0;
+    for (uint32_t r = 0; r < p.world && !code; r++) {
+      uint64_t sent = 0;
+      for (uint32_t q = 0; q < p.world && !code; q++) {
+        int64_t n = split(p, r, q);
+        if (n < 0) code = REFUSED_SPLIT, rank = r, at = q, count = (uint64_t)n;
+        sent += (uint64_t)n;
+      }
+      if (!code && sent > p.count) code = REFUSED_SENT, rank = r, count = sent;
+    }
+    for (uint32_t q = 0; q < p.world && !code; q++) {
+      uint64_t got = 0;
+      for (uint32_t r = 0; r < p.world; r++) got += (uint64_t)split(p, r, q);
+      if (got > p.count) code = REFUSED_RECEIVED, rank = q, count = got;
+    }
+    fit = code == 0;
+    if (code && blockIdx.x == 0) refuse(p, code, rank, at, count);
+  }
+  __syncthreads();
+  return fit;
+}
+// `bytes` from `src` to `dst` over the grid: 16-byte vectors where every address and the
+// length allow, else bytes.
+__device__ __forceinline__ void grid_copy(uint64_t src, uint64_t dst, uint64_t bytes) {
+  const uint64_t tid = (uint64_t)blockIdx.x * BLOCK + threadIdx.x, stride = (uint64_t)gridDim.x * BLOCK;
+  if (((src | dst | bytes) & 15) == 0) {
+    for (uint64_t i = tid; i < bytes / 16; i += stride) __stcg((uint4*)dst + i, __ldcg((const uint4*)src + i));
+  } else {
+    for (uint64_t i = tid; i < bytes; i += stride) ((uint8_t*)dst)[i] = __ldcg((const uint8_t*)src + i);
+  }
+}
+__device__ bool all_to_all_v(const Params& p, Launch& l) {
+  if (!enter(p, l)) return false;
+  if (splits_fit(p)) {
+    const uint64_t s = p.x.row_bytes;
+    uint64_t at = 0;
+    for (uint32_t q = 0; q < p.world; q++) {
+      uint64_t n = (uint64_t)split(p, q, p.rank), from = 0;
+      for (uint32_t r = 0; r < p.rank; r++) from += (uint64_t)split(p, q, r);
+      grid_copy(p.peers[q] + from * s, p.out + at * s, n * s);
+      if (blockIdx.x == 0 && threadIdx.x == 0) {
+        volatile int64_t* mine = (volatile int64_t*)p.x.meta[p.rank];
+        mine[p.world + q] = (int64_t)n;
+        mine[2 * p.world + q] = (int64_t)at;
+      }
+      at += n;
+    }
+  }
+  return barrier(p, l, 2);
+}
+
 // The last block of the launch: the launch's number advanced, the Lamport round where no
 // header went missing.
 __device__ __forceinline__ void finish(const Params& p, const Launch& l) {
@@ -1084,7 +1156,7 @@ __device__ __forceinline__ void finish(const Params& p, const Launch& l) {
   }
   if (p.algorithm == ALG_LAMPORT && !held) *(volatile uint32_t*)pad_word(p, p.rank, PAD_ROUND) = l.round + 1;
   // Every block passed its grid-wide barriers: the count starts again at the next launch.
-  if (p.algorithm >= ALG_DISPATCH) *(volatile uint32_t*)pad_word(p, p.rank, PAD_GRID) = 0;
+  if (p.algorithm == ALG_DISPATCH || p.algorithm == ALG_COMBINE) *(volatile uint32_t*)pad_word(p, p.rank, PAD_GRID) = 0;
   // The next launch on the stream reads them: the kernel's end orders them, no fence.
   *(volatile uint32_t*)pad_word(p, p.rank, PAD_CALL) = l.call + 1;
 }
@@ -1097,6 +1169,7 @@ template <typename T, int L> __device__ bool algorithm(const Params& p, Launch& 
     case ALG_LAMPORT: return lamport<T, L>(p, l, row);
     case ALG_DISPATCH: dispatch(p, l); return false;
     case ALG_COMBINE: combine<T>(p, l); return false;
+    case ALG_ALL_TO_ALL_V: all_to_all_v(p, l); return false;
     default: enter(p, l); return false;
   }
 }

@@ -152,6 +152,18 @@ impl<R: Runtime> ControlBlock<R> {
                 "ids",
                 format!("rank {source}'s routing names an expert outside 0..{count}"),
             ),
+            refused::SPLIT => Error::invalid(
+                "splits",
+                format!("rank {source} would send {} elements to rank {at}", count as i64),
+            ),
+            refused::SENT => Error::invalid(
+                "splits",
+                format!("rank {source} would send {count} elements from a {at}-element input"),
+            ),
+            refused::RECEIVED => Error::invalid(
+                "splits",
+                format!("rank {source} would receive {count} elements, past the {at}-element bound (the input's size)"),
+            ),
             _ => Error::invalid(
                 "max_tokens",
                 format!(

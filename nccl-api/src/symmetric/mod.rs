@@ -18,6 +18,7 @@
 )]
 
 mod control;
+mod exchange;
 mod expert;
 
 use std::collections::HashMap;
@@ -242,14 +243,7 @@ impl<R: Runtime> SymmetricMemory<R> {
             SymmetricOp::Barrier { handle } | SymmetricOp::AllReduce { handle, .. } => handle,
             SymmetricOp::Dispatch(ref d) => d.group.recv,
             SymmetricOp::Combine(ref c) => c.group.recv,
-            // The mock runs its protocol; the GPU kernel is not written yet.
-            SymmetricOp::AllToAllV(_) => {
-                return Err(Error::unsupported(
-                    "all_to_all_vdev over symmetric memory",
-                    "the mock (its GPU kernel is not built yet)",
-                    "a GPU backend (NCCL or RCCL)",
-                ))
-            }
+            SymmetricOp::AllToAllV(ref a) => a.handle,
         };
         let rec = self.get(handle)?;
         // Made before the first allocation was recorded.
@@ -263,7 +257,10 @@ impl<R: Runtime> SymmetricMemory<R> {
             SymmetricOp::AllReduce { .. } => all_reduce_params(base, &rec, control, op)?,
             SymmetricOp::Dispatch(d) => self.dispatch_params(base, control, &d)?,
             SymmetricOp::Combine(c) => self.combine_params(base, control, &c)?,
-            SymmetricOp::AllToAllV(_) => return Err(unknown(handle)),
+            // Its bytes moved as they are: any function serves.
+            SymmetricOp::AllToAllV(a) => {
+                (DataType::F32, self.all_to_all_v_params(base, control, &a)?)
+            }
         };
         params.sig = sig;
         stream.watched_by(lc);

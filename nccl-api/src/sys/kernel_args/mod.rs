@@ -81,6 +81,8 @@ pub enum KernelAlgorithm {
     Dispatch = 4,
     /// Expert parallelism's combine ([`ExpertArgs`]).
     Combine = 5,
+    /// The all-to-all with counts on the device (its splits in [`ExpertArgs::meta`]).
+    AllToAllV = 6,
 }
 
 /// One launch's argument (`Params`): every rank's data and pad, the operands, the control
@@ -149,7 +151,8 @@ pub struct KernelParams {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ExpertArgs {
-    /// Each rank's counts (`L * W` i64), then its slots' origins.
+    /// Each rank's counts (`L * W` i64), then its slots' origins; an all-to-all's: its
+    /// splits (`3 x W` i64).
     pub meta: [u64; MAX_SYMMETRIC_WORLD],
     /// Each rank's landing rows (`[M][K]` rows of the group's type).
     pub back: [u64; MAX_SYMMETRIC_WORLD],
@@ -314,6 +317,12 @@ pub mod refused {
     pub const CAPACITY: u32 = 1;
     /// A routing named an expert outside the group's.
     pub const EXPERT: u32 = 2;
+    /// An all-to-all's split was negative.
+    pub const SPLIT: u32 = 3;
+    /// A rank would send more than its input holds.
+    pub const SENT: u32 = 4;
+    /// A rank would receive more than the bound (the input's size).
+    pub const RECEIVED: u32 = 5;
 }
 
 /// The communicator's control block (`Control`), in host memory the device maps.
@@ -335,9 +344,11 @@ pub struct Control {
     pub refused: u32,
     /// The source rank it names.
     pub refused_rank: u32,
-    /// The expert `<< 32 |` the (group) rank holding it.
+    /// The expert `<< 32 |` the (group) rank holding it; an all-to-all's: the peer of a
+    /// negative split, else the bound.
     pub refused_at: u64,
-    /// A capacity refusal: the tokens `<< 32 |` the capacity; an expert's: the experts.
+    /// A capacity refusal: the tokens `<< 32 |` the capacity; an expert's: the experts; an
+    /// all-to-all's: the split, or the elements sent or received.
     pub refused_count: u64,
 }
 
