@@ -919,20 +919,30 @@ __device__ void push_tokens(const Params& p, uint32_t warp, uint32_t warps, uint
     uint32_t l = e % local;
     uint64_t next = 0;
     bool bad = false;
-    for (uint64_t c = 0; c < entries; c += 32) {
-      int32_t id = c + lane < entries ? __ldcg(ids + c + lane) : -1;
-      bad = bad || id >= (int32_t)x.experts;
-      for (uint32_t hit = __ballot_sync(~0u, id == (int32_t)e); hit; hit &= hit - 1) {
-        uint64_t i = c + (__ffs(hit) - 1), idx = next++;
-        if (idx >= x.max_tokens) continue;
-        uint64_t slot = slot_of(p, l, p.rank, idx), t = i / k;
-        warp_copy(x.tokens + t * rb, p.peers[r] + slot * rb, rb, lane);
-        if (x.scales[r]) {
-          const float* from = (const float*)x.in_scales + t * x.per_token;
-          float* to = (float*)x.scales[r] + slot * x.per_token;
-          for (uint32_t j = lane; j < x.per_token; j += 32) ((volatile float*)to)[j] = from[j];
+    // 128 entries a step, their four loads in flight before the first ballot.
+    for (uint64_t c0 = 0; c0 < entries; c0 += 128) {
+      int32_t id4[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        uint64_t i = c0 + 32 * u + lane;
+        id4[u] = i < entries ? __ldcg(ids + i) : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const uint64_t c = c0 + 32 * u;
+        bad = bad || id4[u] >= (int32_t)x.experts;
+        for (uint32_t hit = __ballot_sync(~0u, id4[u] == (int32_t)e); hit; hit &= hit - 1) {
+          uint64_t i = c + (__ffs(hit) - 1), idx = next++;
+          if (idx >= x.max_tokens) continue;
+          uint64_t slot = slot_of(p, l, p.rank, idx), t = i / k;
+          warp_copy(x.tokens + t * rb, p.peers[r] + slot * rb, rb, lane);
+          if (x.scales[r]) {
+            const float* from = (const float*)x.in_scales + t * x.per_token;
+            float* to = (float*)x.scales[r] + slot * x.per_token;
+            for (uint32_t j = lane; j < x.per_token; j += 32) ((volatile float*)to)[j] = from[j];
+          }
+          if (lane == 0) ((volatile uint64_t*)x.meta[r])[(uint64_t)local * p.world + slot] = i;
         }
-        if (lane == 0) ((volatile uint64_t*)x.meta[r])[(uint64_t)local * p.world + slot] = i;
       }
     }
     bad = __any_sync(~0u, bad);
