@@ -301,28 +301,30 @@ fn agree_shape<R: Runtime>(base: &Base<R>, bytes: usize, lamport: Option<DataTyp
     Ok(())
 }
 
-/// This rank's part zeroed (data and pad) and its Lamport workspaces filled with the
-/// type's poison (negative zero), before any peer can reach it.
+/// This rank's pad zeroed and its Lamport workspaces filled with the type's poison
+/// (negative zero), before any peer can reach it; its data left as the library gives it
+/// (an expert group's slots of a prefill are gigabytes: never staged through the host).
 fn fill<R: Runtime>(
     base: &Base<R>,
     own: &ApiMemory<R>,
     data: usize,
     lamport: Option<DataType>,
 ) -> Result<()> {
-    let mut bytes = vec![0u8; own.bytes];
+    let mut bytes = vec![0u8; own.bytes - data];
     let poison: &[u8] = match lamport {
         None => &[],
         Some(DataType::F32) => &[0, 0, 0, 0x80],
         Some(_) => &[0, 0x80],
     };
     if !poison.is_empty() {
-        for chunk in bytes[data + PAD_BYTES..].chunks_exact_mut(poison.len()) {
+        for chunk in bytes[PAD_BYTES..].chunks_exact_mut(poison.len()) {
             chunk.copy_from_slice(poison);
         }
     }
     let st = base.lc.create_stream()?;
-    // SAFETY: `own` holds `own.bytes` device bytes of this rank's device, allocated above.
-    unsafe { base.lc.rt.htod(base.lc.dev, own.ptr, &bytes, st.inner()) }
+    // SAFETY: `own` holds `own.bytes` device bytes of this rank's device, allocated above
+    // (`data` of them before the pad).
+    unsafe { base.lc.rt.htod(base.lc.dev, own.ptr + data, &bytes, st.inner()) }
 }
 
 /// A launch's argument without an operation's operands: every rank's data and pad.
