@@ -68,6 +68,20 @@ pub const MAX_RANKS: usize = 1024;
 pub const MAX_TIMEOUT: Duration = unicomm_core::env::MAX_TIMEOUT;
 
 impl MockConfig {
+    /// The defaults, standing for `target` (a library version on a device, as
+    /// [`Target::parse`] reads it: `nccl-2.32.3`, `nccl-2.28.9-sm80`, `rccl-2.22.3`).
+    pub fn standing_for(target: &str) -> Result<Self> {
+        Ok(MockConfig {
+            target: Target::parse(target)?,
+            ..MockConfig::default()
+        })
+    }
+
+    /// The same, every wait ending at `timeout`.
+    pub fn within(self, timeout: Duration) -> Self {
+        MockConfig { timeout, ..self }
+    }
+
     /// The defaults with `UNICOMM_MOCK_TIMEOUT_MS` applied (a whole number of milliseconds
     /// in 1..=86400000) and `UNICOMM_MOCK_TARGET` (`nccl-2.23.4`, `nccl-2.28.9-sm80`,
     /// `rccl-2.22.3`: [`Target::parse`]); anything else is `InvalidArgument` naming the

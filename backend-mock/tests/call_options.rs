@@ -3,14 +3,10 @@
 //! `nccl*Config` for it); one standing for 2.28.9 refuses the options naming 2.32.
 
 use unicomm_core::{Comm, Error};
-use unicomm_mock::{local_comms_with, MockComm, MockConfig, Target};
+use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
 fn comms(world: usize, target: &str) -> Vec<Comm<MockComm>> {
-    let config = MockConfig {
-        target: Target::parse(target).unwrap(),
-        ..MockConfig::default()
-    };
-    local_comms_with(world, config).unwrap()
+    local_comms_with(world, MockConfig::standing_for(target).unwrap()).unwrap()
 }
 
 #[test]

@@ -35,11 +35,9 @@ fn the_suite_of_groups_passes(#[values(1, 2, 3, 4, 5, 8)] n: usize) {
 /// and every other check still runs right.
 #[test]
 fn the_suite_of_groups_passes_where_fp8_is_not_reduced() {
-    let config = MockConfig {
-        timeout: Duration::from_secs(20),
-        target: unicomm_mock::Target::parse("nccl-2.28.9-sm80").unwrap(),
-        ..MockConfig::default()
-    };
+    let config = MockConfig::standing_for("nccl-2.28.9-sm80")
+        .unwrap()
+        .within(Duration::from_secs(20));
     let comms = local_comms_with(3, config).unwrap();
     assert!(!comms[0].capabilities().fp8_reduce);
     let refused = |check: &str| group_check_refused_by_design(check, 3, false);

@@ -5,13 +5,10 @@
 //! target before 2.29.2 refuses naming it; an id is used once.
 
 use unicomm_core::{Comm, DeviceStream, Error, ReduceOp, Result};
-use unicomm_mock::{init_grown, local_comms_with, MockComm, MockConfig, Target};
+use unicomm_mock::{init_grown, local_comms_with, MockComm, MockConfig};
 
 fn config(target: &str) -> MockConfig {
-    MockConfig {
-        target: Target::parse(target).unwrap(),
-        ..MockConfig::default()
-    }
+    MockConfig::standing_for(target).unwrap()
 }
 
 /// The sum of `rank + 1` over `c`'s world, on `c`.

@@ -7,15 +7,11 @@ use std::time::{Duration, Instant};
 
 use unicomm_core::graph::Graph;
 use unicomm_core::{CallOptions, Comm, DeviceStream, Error, LaunchMarker, ReduceOp};
-use unicomm_mock::{local_comms_with, MockComm, MockConfig, Target};
+use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
 fn comms(world: usize) -> Vec<Comm<MockComm>> {
-    let config = MockConfig {
-        target: Target::parse("nccl-2.32.3").unwrap(),
-        timeout: Duration::from_secs(5),
-        ..MockConfig::default()
-    };
-    local_comms_with(world, config).unwrap()
+    let config = MockConfig::standing_for("nccl-2.32.3").unwrap();
+    local_comms_with(world, config.within(Duration::from_secs(5))).unwrap()
 }
 
 fn marked(m: &LaunchMarker) -> CallOptions {

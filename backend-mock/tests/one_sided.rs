@@ -8,15 +8,11 @@
 use std::time::{Duration, Instant};
 
 use unicomm_core::{Comm, DeviceStream, Error, SignalWait};
-use unicomm_mock::{local_comms_with, MockComm, MockConfig, Target};
+use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
 fn comms(world: usize, target: &str) -> Vec<Comm<MockComm>> {
-    let config = MockConfig {
-        target: Target::parse(target).unwrap(),
-        timeout: Duration::from_secs(5),
-        ..MockConfig::default()
-    };
-    local_comms_with(world, config).unwrap()
+    let config = MockConfig::standing_for(target).unwrap();
+    local_comms_with(world, config.within(Duration::from_secs(5))).unwrap()
 }
 
 #[test]

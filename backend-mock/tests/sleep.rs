@@ -4,14 +4,10 @@
 //! the target predates it.
 
 use unicomm_core::{Comm, DeviceStream, Error, ReduceOp, Result};
-use unicomm_mock::{local_comms_with, MockComm, MockConfig, Target};
+use unicomm_mock::{local_comms_with, MockComm, MockConfig};
 
 fn comms(world: usize, target: &str) -> Vec<Comm<MockComm>> {
-    let config = MockConfig {
-        target: Target::parse(target).unwrap(),
-        ..MockConfig::default()
-    };
-    local_comms_with(world, config).unwrap()
+    local_comms_with(world, MockConfig::standing_for(target).unwrap()).unwrap()
 }
 
 /// Every rank's sum of `rank + 1` (an all-reduce on every rank, on threads).

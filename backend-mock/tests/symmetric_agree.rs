@@ -156,11 +156,9 @@ fn the_mock_refuses_the_kernels_where_its_target_would() {
         ("nccl-2.28.9-sm80", true),
         ("nccl-2.28.9", false),
     ] {
-        let config = MockConfig {
-            timeout: Duration::from_secs(20),
-            target: unicomm_mock::Target::parse(target).unwrap(),
-            ..MockConfig::default()
-        };
+        let config = MockConfig::standing_for(target)
+            .unwrap()
+            .within(Duration::from_secs(20));
         let cs = local_comms_with(2, config).unwrap();
         let got = each_rank(&cs, |c| c.alloc_symmetric::<f32>(8).map(drop));
         match got {

@@ -324,7 +324,11 @@ fn fill<R: Runtime>(
     let st = base.lc.create_stream()?;
     // SAFETY: `own` holds `own.bytes` device bytes of this rank's device, allocated above
     // (`data` of them before the pad).
-    unsafe { base.lc.rt.htod(base.lc.dev, own.ptr + data, &bytes, st.inner()) }
+    unsafe {
+        base.lc
+            .rt
+            .htod(base.lc.dev, own.ptr + data, &bytes, st.inner())
+    }
 }
 
 /// A launch's argument without an operation's operands: every rank's data and pad.
