@@ -229,3 +229,91 @@ pub(crate) fn expert_blocks(experts: usize, pairs: usize, bytes: usize) -> u32 {
         .max(bytes.div_ceil(32 * SYMMETRIC_BLOCK as usize));
     g.clamp(1, MAX_SYMMETRIC_BLOCKS) as u32
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use unicomm_core::registry::RawHandle;
+    use unicomm_core::symmetric::{ExpertConfig, RankMask};
+
+    fn group(config: ExpertConfig, mask: RankMask) -> ExpertGroupParts {
+        ExpertGroupParts {
+            recv: RawHandle(1),
+            meta: RawHandle(2),
+            back: RawHandle(3),
+            config,
+            mask,
+            dtype: DataType::Bf16,
+        }
+    }
+
+    const DECODE: ExpertConfig = ExpertConfig {
+        experts: 256,
+        max_tokens: 128,
+        hidden: 7168,
+        top_k: 8,
+    };
+
+    fn part(bytes: usize, world: usize) -> Record {
+        Record {
+            peers: vec![0x1000; world],
+            bytes,
+            data: bytes.next_multiple_of(256),
+            lamport: None,
+            maps: Vec::new(),
+        }
+    }
+
+    /// The kernel writes a peer's slots at offsets the group's capacities give: an
+    /// allocation smaller than they need (a group's parts made by hand through the
+    /// backend's door), or laid out over another world, is refused before any launch.
+    #[test]
+    fn a_part_smaller_than_the_capacities_need_is_refused() {
+        let sh = Shape::of(&group(DECODE, RankMask::none(8)), 8).unwrap();
+        let rows = sh.slots().unwrap();
+        assert_eq!(rows, 32 * 8 * 128);
+        let need = rows * sh.h * 2;
+        assert!(check_part(&part(need, 8), 8, Some(rows * sh.h), 2, "slots").is_ok());
+        assert!(check_part(&part(need - 2, 8), 8, Some(rows * sh.h), 2, "slots").is_err());
+        assert!(check_part(&part(need, 4), 8, Some(rows * sh.h), 2, "slots").is_err());
+        // A size that overflows is refused, not wrapped.
+        assert!(check_part(&part(need, 8), 8, Some(usize::MAX / 2), 4, "slots").is_err());
+        assert!(check_part(&part(need, 8), 8, None, 4, "slots").is_err());
+    }
+
+    /// The kernel reads capacities as 32-bit words and the mask over the communicator's
+    /// world: a capacity past 32 bits, or a mask whose survivors are not the world, is
+    /// refused.
+    #[test]
+    fn capacities_past_the_kernels_words_or_a_mask_off_the_world_are_refused() {
+        let big = ExpertConfig {
+            max_tokens: 1 << 32,
+            ..DECODE
+        };
+        assert!(Shape::of(&group(big, RankMask::none(8)), 8).is_err());
+        let masked = RankMask::new(9, &[4]).unwrap();
+        let cfg = ExpertConfig {
+            experts: 9 * 4,
+            ..DECODE
+        };
+        assert!(Shape::of(&group(cfg, masked), 8).is_ok());
+        assert!(Shape::of(&group(cfg, masked), 9).is_err());
+        // Experts that do not divide over the layout.
+        assert!(Shape::of(&group(DECODE, masked), 8).is_err());
+    }
+
+    /// A warp for each expert and each slot pair, a thread per two vectors of a source's
+    /// tokens, within the grid the pads have arrival words for.
+    #[test]
+    fn the_grid_covers_every_expert_and_stays_within_the_pads() {
+        // DeepSeek-V3's decode at world 1: 256 experts (16 blocks of 16 warps), 1.8 MB of
+        // one source's tokens (112 blocks).
+        assert_eq!(expert_blocks(256, 256, 128 * 7168 * 2), 112);
+        assert_eq!(expert_blocks(4, 4, 16), 1);
+        assert_eq!(expert_blocks(1000, 8, 16), 63);
+        assert_eq!(
+            expert_blocks(1 << 20, 1, 1 << 40),
+            MAX_SYMMETRIC_BLOCKS as u32
+        );
+    }
+}
