@@ -67,6 +67,24 @@ pub fn aborts_wait_while(api_path: &Path, held: &'static std::sync::atomic::Atom
     }
 }
 
+/// How long `release` (the graphs' release of a communicator whose abort `held` holds)
+/// took, with `held` let go `after` from now on another thread.
+pub fn released_after(
+    held: &'static std::sync::atomic::AtomicUsize,
+    after: std::time::Duration,
+    release: impl FnOnce(),
+) -> std::time::Duration {
+    let go = std::thread::spawn(move || {
+        std::thread::sleep(after);
+        held.store(0, std::sync::atomic::Ordering::SeqCst);
+    });
+    let t = std::time::Instant::now();
+    release();
+    let waited = t.elapsed();
+    go.join().unwrap();
+    waited
+}
+
 /// The fake library's all-to-all and all-gather calls so far: unchanged across an operation
 /// means the copy-engine path moved the data, not the library.
 pub fn library_moves(api_path: &Path) -> (c_int, c_int) {

@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::{aborts_wait_while, comm, fake, flavors};
+use crate::common::{aborts_wait_while, comm, fake, flavors, released_after};
 use unicomm_core::{Collective, Error};
 
 /// While 1, the fake's ncclCommAbort waits (at most 20 s).
@@ -36,14 +36,9 @@ isolated! {
         );
         // The graphs gone 400 ms from now: the release returns once the abort has.
         c.set_timeout(Duration::from_secs(5)).unwrap();
-        let go = std::thread::spawn(|| {
-            std::thread::sleep(Duration::from_millis(400));
-            ABORT_HELD.store(0, Ordering::SeqCst);
+        let waited = released_after(&ABORT_HELD, Duration::from_millis(400), || {
+            c.backend().graphs_released()
         });
-        let t = Instant::now();
-        c.backend().graphs_released();
-        let waited = t.elapsed();
-        go.join().unwrap();
         assert!(
             waited >= Duration::from_millis(350) && waited < Duration::from_secs(3),
             "the release did not wait for the abort to return: {waited:?}"

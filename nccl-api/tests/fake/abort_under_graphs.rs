@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::{aborts_wait_while, comm, fake, flavors};
+use crate::common::{aborts_wait_while, comm, fake, flavors, released_after};
 use unicomm_core::{Collective, Error};
 
 /// While 1, the fake's ncclCommAbort waits (at most 20 s).
@@ -32,14 +32,9 @@ isolated! {
             "the abort under live graphs waited {waited:?} (a 1 s grace was due, not the 10 s deadline)"
         );
         // The graphs gone: the release waits for the abort to return, then the abort is done.
-        let go = std::thread::spawn(|| {
-            std::thread::sleep(Duration::from_millis(300));
-            ABORT_HELD.store(0, Ordering::SeqCst);
+        let waited = released_after(&ABORT_HELD, Duration::from_millis(300), || {
+            c.backend().graphs_released()
         });
-        let t = Instant::now();
-        c.backend().graphs_released();
-        let waited = t.elapsed();
-        go.join().unwrap();
         assert!(
             waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
             "the release did not wait for the abort to return: {waited:?}"
