@@ -36,13 +36,7 @@ fn sums(cs: &[Comm<MockComm>]) -> Vec<Result<f32>> {
 #[test]
 fn a_suspended_communicator_refuses_calls_until_it_is_resumed() {
     let cs = comms(2, "nccl-2.32.3");
-    assert_eq!(
-        sums(&cs)
-            .into_iter()
-            .map(Result::unwrap)
-            .collect::<Vec<_>>(),
-        [3.0, 3.0]
-    );
+    assert_eq!(summed(&cs), [3.0, 3.0]);
     for c in &cs {
         c.suspend().unwrap();
         assert!(c.mem_stats().unwrap().suspended);
@@ -67,13 +61,12 @@ fn a_suspended_communicator_refuses_calls_until_it_is_resumed() {
         }
         other => panic!("resuming a live communicator: {other:?}"),
     }
-    assert_eq!(
-        sums(&cs)
-            .into_iter()
-            .map(Result::unwrap)
-            .collect::<Vec<_>>(),
-        [3.0, 3.0]
-    );
+    assert_eq!(summed(&cs), [3.0, 3.0]);
+}
+
+/// Every rank's all-reduce, each expected to succeed.
+fn summed(cs: &[Comm<MockComm>]) -> Vec<f32> {
+    sums(cs).into_iter().map(Result::unwrap).collect()
 }
 
 /// A call on one rank that needs no peer: an allocation.
