@@ -8,7 +8,6 @@ use unicomm_core::{CommConfig, Result};
 
 use super::ApiComm;
 use crate::create::{self, Mode};
-use crate::libcomm::LibComm;
 use crate::split::{self, NO_COLOR, SPLIT_SINCE};
 use crate::sys::calls::OwnedComm;
 use crate::sys::runtime::Runtime;
@@ -45,14 +44,7 @@ impl<R: Runtime> ApiComm<R> {
                 None => return Ok(None),
             },
         };
-        let lc = LibComm::new(
-            lc.api.clone(),
-            lc.rt.clone(),
-            raw,
-            unicomm_core::Place::new(rank, world, lc.dev),
-            mode.nonblocking,
-            mode.timeout,
-        );
+        let lc = lc.derived(raw, rank, world, mode.nonblocking, mode.timeout);
         // The child reaches its peers' memory where the parent does (the copy-engine path).
         let sharing = self.ce.child_sharing(split, color.unwrap_or(0), world);
         // The child's name, the same on its every member: its recorder's and its rejoin's.

@@ -10,7 +10,6 @@ use unicomm_core::{CommConfig, Error, Result};
 use super::ApiComm;
 use crate::copy_engine::Sharing;
 use crate::create;
-use crate::libcomm::LibComm;
 use crate::split::derive_raw;
 use crate::sys::api::{Api, UniqueId};
 use crate::sys::calls::Grower;
@@ -43,14 +42,7 @@ impl<R: Runtime> ApiComm<R> {
         })?
         .ok_or_else(|| Error::invalid("world", "ncclCommGrow made no communicator"))?;
         let (raw, rank, world) = self.adopt_raw(raw, "ncclCommGrow", mode.nonblocking)?;
-        let grown = LibComm::new(
-            lc.api.clone(),
-            lc.rt.clone(),
-            raw,
-            unicomm_core::Place::new(rank, world, lc.dev),
-            mode.nonblocking,
-            mode.timeout,
-        );
+        let grown = lc.derived(raw, rank, world, mode.nonblocking, mode.timeout);
         let flight = FlightRecorder::from_env("grown", rank, world)?;
         // No copy-engine sharing: the non-root ranks never see the id that would key it.
         Self::compose(grown, mode, Sharing::default(), None, flight)

@@ -9,7 +9,7 @@ use unicomm_core::{CommConfig, Error, Rejoin, Result, ShrinkMode};
 
 use super::ApiComm;
 use crate::create::{self, Mode};
-use crate::libcomm::{End, LibComm};
+use crate::libcomm::End;
 use crate::shrink::{self, SHRINK_SINCE};
 use crate::sys::api::UniqueId;
 use crate::sys::runtime::Runtime;
@@ -82,14 +82,7 @@ impl<R: Runtime> ApiComm<R> {
         };
         self.shrinks
             .fetch_max(round + 1, std::sync::atomic::Ordering::Relaxed);
-        let lc = LibComm::new(
-            lc.api.clone(),
-            lc.rt.clone(),
-            raw,
-            unicomm_core::Place::new(rank, world, lc.dev),
-            mode_c.nonblocking,
-            mode_c.timeout,
-        );
+        let lc = lc.derived(raw, rank, world, mode_c.nonblocking, mode_c.timeout);
         let sharing = self.ce.child_sharing(SHRINK_WORLDS + round, 0, world);
         // Its name, the same on every survivor: its recorder's and its rejoin's.
         let step = format!("shrink{round}");

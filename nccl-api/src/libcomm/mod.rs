@@ -10,9 +10,8 @@
 //! - With `UNICOMM_NONBLOCKING=1`, communicators are created non-blocking where the library
 //!   has `ncclCommInitRankConfig` (NCCL >= 2.14, RCCL): a call that returns
 //!   `ncclInProgress` is settled by polling `ncclCommGetAsyncError` until it is done, with
-//!   the communicator's deadline, so creation and connection waits are bounded too. It is
-//!   not the default: on 2x H200 with NCCL 2.28.9 every collective call then costs about
-//!   50 us more on the host, raw NCCL and unicomm alike (docs/reliability.md).
+//!   the communicator's deadline, so creation and connection waits are bounded too. Not
+//!   the default: each call costs about 50 us more on the host (docs/reliability.md).
 //! - `abort` from another thread interrupts a settling call and makes a stream wait return.
 
 #![allow(
@@ -21,6 +20,7 @@
 )]
 
 pub(crate) mod call;
+mod derive;
 mod sleep;
 mod teardown;
 
