@@ -7,7 +7,7 @@ use std::ffi::c_int;
 use unicomm_core::{CommConfig, Result};
 
 use super::ApiComm;
-use crate::create::{self, Mode};
+use crate::create::Mode;
 use crate::split::{self, NO_COLOR, SPLIT_SINCE};
 use crate::sys::calls::OwnedComm;
 use crate::sys::runtime::Runtime;
@@ -130,16 +130,6 @@ impl<R: Runtime> ApiComm<R> {
         let Some((id, members)) = mine else {
             return Ok(None);
         };
-        let rank = members.iter().position(|&r| r == lc.rank).unwrap_or(0);
-        let world = members.len();
-        let raw = create::one_rank(
-            &lc.api,
-            &lc.rt,
-            create::Ids::one(&id),
-            unicomm_core::Place::new(rank, world, lc.dev),
-            mode,
-            config,
-        )?;
-        Ok(Some((raw, rank, world)))
+        lc.among(&id, &members, mode, config).map(Some)
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use unicomm_core::{CommConfig, Error, Rejoin, Result, ShrinkMode};
 
 use super::ApiComm;
-use crate::create::{self, Mode};
+use crate::create::Mode;
 use crate::libcomm::End;
 use crate::shrink::{self, SHRINK_SINCE};
 use crate::sys::api::UniqueId;
@@ -123,18 +123,7 @@ impl<R: Runtime> ApiComm<R> {
             &mut || Ok(api.unique_id()?.to_bytes()),
             lc.timeout(),
         )?;
-        let rank = survivors.iter().position(|&r| r == lc.rank).unwrap_or(0);
-        let world = survivors.len();
-        let id = UniqueId::from_bytes(id);
-        let raw = create::one_rank(
-            &lc.api,
-            &lc.rt,
-            create::Ids::one(&id),
-            unicomm_core::Place::new(rank, world, lc.dev),
-            mode,
-            config,
-        )?;
-        Ok((raw, rank, world))
+        lc.among(&UniqueId::from_bytes(id), survivors, mode, config)
     }
 
     /// `revoke` (see [`unicomm_core::Comm::revoke`]).
