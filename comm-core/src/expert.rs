@@ -78,8 +78,8 @@ impl<C: Collective> Comm<C> {
     /// same configuration, in the same order; capacities whose memory differs are
     /// `Mismatch` on every rank). Tokens of f32, f16 or bf16. Its memory: `experts x
     /// max_tokens` tokens to receive, `max_tokens x top_k` to combine, their counts and
-    /// origins. The mock runs it; on the GPUs its dispatch and combine are `Unsupported`
-    /// until their kernels are written.
+    /// origins. The mock runs it, and NCCL on an sm90 GPU or newer (unicomm's kernels);
+    /// elsewhere it is `Unsupported`.
     pub fn expert_group<T: Element>(&self, config: ExpertConfig) -> Result<ExpertGroup<'_, T, C>> {
         self.expert_group_masked(config, RankMask::none(self.world_size()), None)
     }
@@ -98,17 +98,7 @@ impl<C: Collective> Comm<C> {
         fp8_scales: Option<usize>,
     ) -> Result<ExpertGroup<'_, T, C>> {
         let w = self.world_size();
-        if mask.survivors() != w {
-            return Err(Error::invalid(
-                "mask",
-                format!(
-                    "{} ranks left of a layout of {} ({:?} masked), on a communicator of {w}",
-                    mask.survivors(),
-                    mask.world(),
-                    mask.masked()
-                ),
-            ));
-        }
+        mask.fits(w)?;
         let local = config.local_experts(mask.world())?;
         // Combine sums in f32 and rounds to the tokens' type.
         crate::symmetric::check_symmetric_type(T::DTYPE)?;

@@ -1011,17 +1011,16 @@ __device__ void compact(const Params& p, uint32_t warp, uint32_t warps, uint32_t
   }
 }
 
-__device__ bool dispatch(const Params& p, Launch& l) {
+__device__ void dispatch(const Params& p, Launch& l) {
   const uint32_t lane = threadIdx.x % 32, warps = gridDim.x * WARPS;
   const uint32_t warp = blockIdx.x * WARPS + threadIdx.x / 32;
   // Block 0 compared the signatures before any block writes into a peer's memory.
-  if (!enter(p, l) || !grid_barrier(p, l, 1)) return false;
+  if (!enter(p, l) || !grid_barrier(p, l, 1)) return;
   push_tokens(p, warp, warps, lane);
-  if (!grid_barrier(p, l, 2) || !barrier(p, l, 2)) return false;
+  if (!grid_barrier(p, l, 2) || !barrier(p, l, 2)) return;
   // A refused call leaves the output alone on every rank (the counts past the capacity
   // are never read as rows).
   if (counts_fit(p)) compact(p, warp, warps, lane);
-  return true;
 }
 
 // Warp w's slot pairs: each row of the experts' output pushed back to its token's rank,
@@ -1070,19 +1069,18 @@ template <typename T, int L> __device__ void sum_back(const Params& p) {
   }
 }
 
-template <typename T> __device__ bool combine(const Params& p, Launch& l) {
+template <typename T> __device__ void combine(const Params& p, Launch& l) {
   const uint32_t lane = threadIdx.x % 32, warps = gridDim.x * WARPS;
   const uint32_t warp = blockIdx.x * WARPS + threadIdx.x / 32;
-  if (!enter(p, l) || !grid_barrier(p, l, 1)) return false;
+  if (!enter(p, l) || !grid_barrier(p, l, 1)) return;
   push_back(p, warp, warps, lane);
-  if (!grid_barrier(p, l, 2) || !barrier(p, l, 2)) return false;
+  if (!grid_barrier(p, l, 2) || !barrier(p, l, 2)) return;
   const uint64_t n = Lanes<T>::N;
   if ((p.out | p.x.back[p.rank]) % 16 == 0 && p.hidden % n == 0) {
     sum_back<T, Lanes<T>::N>(p);
   } else {
     sum_back<T, 1>(p);
   }
-  return true;
 }
 
 // The all-to-all with counts on the device (the mock's protocol, backend-mock/src/symmetric/
@@ -1130,8 +1128,8 @@ __device__ __forceinline__ void grid_copy(uint64_t src, uint64_t dst, uint64_t b
     for (uint64_t i = tid; i < bytes; i += stride) ((uint8_t*)dst)[i] = __ldcg((const uint8_t*)src + i);
   }
 }
-__device__ bool all_to_all_v(const Params& p, Launch& l) {
-  if (!enter(p, l)) return false;
+__device__ void all_to_all_v(const Params& p, Launch& l) {
+  if (!enter(p, l)) return;
   if (splits_fit(p)) {
     const uint64_t s = p.x.row_bytes;
     uint64_t at = 0;
@@ -1147,7 +1145,7 @@ __device__ bool all_to_all_v(const Params& p, Launch& l) {
       at += n;
     }
   }
-  return barrier(p, l, 2);
+  barrier(p, l, 2);
 }
 
 // The last block of the launch: the launch's number advanced, the Lamport round where no
@@ -1177,6 +1175,7 @@ template <typename T, int L> __device__ bool algorithm(const Params& p, Launch& 
     case ALG_ONE_SHOT: return one_shot<T, L>(p, l, row);
     case ALG_TWO_SHOT: return two_shot<T, L>(p, l);
     case ALG_LAMPORT: return lamport<T, L>(p, l, row);
+    // Their own ends (no norm after them).
     case ALG_DISPATCH: dispatch(p, l); return false;
     case ALG_COMBINE: combine<T>(p, l); return false;
     case ALG_ALL_TO_ALL_V: all_to_all_v(p, l); return false;

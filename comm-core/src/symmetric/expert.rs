@@ -136,6 +136,23 @@ impl RankMask {
     pub fn bits(&self) -> u64 {
         self.masked
     }
+
+    /// `InvalidArgument` unless its survivors are a communicator of `world` ranks (the one
+    /// a group over them is made on).
+    pub fn fits(&self, world: usize) -> Result<()> {
+        if self.survivors() == world {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            "mask",
+            format!(
+                "{} ranks left of a layout of {} ({:?} masked), on a communicator of {world}",
+                self.survivors(),
+                self.world,
+                self.masked()
+            ),
+        ))
+    }
 }
 
 /// The group as one call's operands name it.

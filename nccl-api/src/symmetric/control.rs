@@ -80,9 +80,7 @@ impl<R: Runtime> ControlBlock<R> {
         let epoch = self
             .word(std::mem::offset_of!(Control, epoch))
             .load(Ordering::Relaxed);
-        let at = std::mem::offset_of!(Control, detail);
-        let detail = u64::from(self.word(at).load(Ordering::Relaxed))
-            | (u64::from(self.word(at + 4).load(Ordering::Relaxed)) << 32);
+        let detail = self.word64(std::mem::offset_of!(Control, detail));
         let me = self.rank;
         Some(match code {
             fault::TIMEOUT => Error::Timeout {

@@ -3,13 +3,13 @@
 //! and the splits' checked against the capacity, the output against it. The protocol is
 //! the mock's (backend-mock/src/symmetric/exchange.rs).
 
-use unicomm_core::symmetric::{AllToAllV, MAX_SYMMETRIC_BLOCKS};
+use unicomm_core::symmetric::AllToAllV;
 use unicomm_core::{Error, Result};
 
 use super::SymmetricMemory;
 use crate::base::Base;
 use crate::memory::ApiMemory;
-use crate::sys::kernel_args::{KernelAlgorithm, KernelParams, SYMMETRIC_BLOCK};
+use crate::sys::kernel_args::{vector_blocks, KernelAlgorithm, KernelParams};
 use crate::sys::runtime::Runtime;
 
 impl<R: Runtime> SymmetricMemory<R> {
@@ -45,8 +45,7 @@ impl<R: Runtime> SymmetricMemory<R> {
         p.out = a.out.address() as u64;
         p.count = a.capacity as u64;
         p.x.row_bytes = size as u32;
-        let g = bytes.div_ceil(16 * 2 * SYMMETRIC_BLOCK as usize);
-        p.blocks = g.clamp(1, MAX_SYMMETRIC_BLOCKS) as u32;
+        p.blocks = vector_blocks(bytes);
         Ok(p)
     }
 }

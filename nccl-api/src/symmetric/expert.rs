@@ -10,7 +10,7 @@ use unicomm_core::{DataType, Error, Result, Slice};
 use super::{Record, SymmetricMemory};
 use crate::base::Base;
 use crate::memory::ApiMemory;
-use crate::sys::kernel_args::{KernelAlgorithm, KernelParams, SYMMETRIC_BLOCK};
+use crate::sys::kernel_args::{vector_blocks, KernelAlgorithm, KernelParams, SYMMETRIC_BLOCK};
 use crate::sys::runtime::Runtime;
 
 /// The group's sizes, each checked to fit the kernel's 32-bit words.
@@ -20,22 +20,15 @@ struct Shape {
     m: usize,
     h: usize,
     k: usize,
+    /// Rows of the receive slots and of a dispatch's output: `L * W * M`.
+    rows: usize,
 }
 
 impl Shape {
     fn of(g: &ExpertGroupParts, world: usize) -> Result<Shape> {
         let c = g.config;
         let local = c.local_experts(g.mask.world())?;
-        if g.mask.survivors() != world {
-            return Err(Error::invalid(
-                "mask",
-                format!(
-                    "{} ranks left of a layout of {}, on a communicator of {world}",
-                    g.mask.survivors(),
-                    g.mask.world()
-                ),
-            ));
-        }
+        g.mask.fits(world)?;
         let word = |what: &'static str, v: usize| {
             u32::try_from(v)
                 .map(drop)
@@ -46,18 +39,18 @@ impl Shape {
         word("top_k", c.top_k)?;
         // A row's bytes: the type is at most 4 bytes wide.
         word("hidden", c.hidden.saturating_mul(4))?;
+        let rows = local
+            .checked_mul(world)
+            .and_then(|x| x.checked_mul(c.max_tokens))
+            .ok_or_else(overflow)?;
         Ok(Shape {
             local,
             world,
             m: c.max_tokens,
             h: c.hidden,
             k: c.top_k,
+            rows,
         })
-    }
-
-    /// Rows of the receive slots and of a dispatch's output: `L * W * M`.
-    fn slots(&self) -> Option<usize> {
-        self.local.checked_mul(self.world)?.checked_mul(self.m)
     }
 }
 
@@ -112,8 +105,8 @@ impl<R: Runtime> SymmetricMemory<R> {
         d: &Dispatch<'_, ApiMemory<R>>,
     ) -> Result<(DataType, KernelParams)> {
         let (g, n) = (&d.group, d.n);
-        let sh = Shape::of(g, base.lc.world)?;
-        let (mut p, rows) = self.group_params(base, control, g, KernelAlgorithm::Dispatch, n)?;
+        let (mut p, sh) = self.group_params(base, control, g, KernelAlgorithm::Dispatch, n)?;
+        let rows = sh.rows;
         let byte = d.fp8.is_some();
         let el = if byte { DataType::U8 } else { g.dtype };
         p.x.tokens = operand(base, &d.tokens, n.checked_mul(sh.h), el, "tokens")?;
@@ -150,10 +143,15 @@ impl<R: Runtime> SymmetricMemory<R> {
         c: &Combine<'_, ApiMemory<R>>,
     ) -> Result<(DataType, KernelParams)> {
         let (g, n) = (&c.group, c.n);
-        let sh = Shape::of(g, base.lc.world)?;
-        let (mut p, rows) = self.group_params(base, control, g, KernelAlgorithm::Combine, n)?;
+        let (mut p, sh) = self.group_params(base, control, g, KernelAlgorithm::Combine, n)?;
         let t = g.dtype;
-        p.x.tokens = operand(base, &c.expert_out, rows.checked_mul(sh.h), t, "expert_out")?;
+        p.x.tokens = operand(
+            base,
+            &c.expert_out,
+            sh.rows.checked_mul(sh.h),
+            t,
+            "expert_out",
+        )?;
         p.x.ids = operand(base, &c.ids, n.checked_mul(sh.k), DataType::I32, "ids")?;
         p.x.weights = operand(
             base,
@@ -168,7 +166,7 @@ impl<R: Runtime> SymmetricMemory<R> {
     }
 
     /// What a dispatch and a combine share: the group's allocations checked against its
-    /// capacities and named, the layout, the grid; and the rows of the receive slots.
+    /// capacities and named, the layout, the grid; and the group's sizes.
     fn group_params(
         &self,
         base: &Base<R>,
@@ -176,7 +174,7 @@ impl<R: Runtime> SymmetricMemory<R> {
         g: &ExpertGroupParts,
         algorithm: KernelAlgorithm,
         n: usize,
-    ) -> Result<(KernelParams, usize)> {
+    ) -> Result<(KernelParams, Shape)> {
         crate::sys::kernel_args::function_index(g.dtype, "expert kernels")?;
         let sh = Shape::of(g, base.lc.world)?;
         if n > sh.m {
@@ -185,8 +183,7 @@ impl<R: Runtime> SymmetricMemory<R> {
                 format!("{n} tokens, past max_tokens {}", sh.m),
             ));
         }
-        let rows = sh.slots().ok_or_else(overflow)?;
-        let size = g.dtype.size();
+        let (rows, size) = (sh.rows, g.dtype.size());
         let recv = self.get(g.recv)?;
         check_part(
             &recv,
@@ -214,20 +211,16 @@ impl<R: Runtime> SymmetricMemory<R> {
         p.x.n = n as u32;
         p.x.layout_world = g.mask.world() as u32;
         p.blocks = expert_blocks(g.config.experts, sh.local * sh.world, sh.m * sh.h * size);
-        Ok((p, rows))
+        Ok((p, sh))
     }
 }
 
 /// The grid of a dispatch or combine: a warp for each expert and for each slot pair, and a
 /// thread for each pair of 16-byte vectors of one source's tokens (the combine's sums), at
 /// most [`MAX_SYMMETRIC_BLOCKS`].
-pub(crate) fn expert_blocks(experts: usize, pairs: usize, bytes: usize) -> u32 {
-    let warps = (SYMMETRIC_BLOCK / 32) as usize;
-    let g = experts
-        .max(pairs)
-        .div_ceil(warps)
-        .max(bytes.div_ceil(32 * SYMMETRIC_BLOCK as usize));
-    g.clamp(1, MAX_SYMMETRIC_BLOCKS) as u32
+fn expert_blocks(experts: usize, pairs: usize, bytes: usize) -> u32 {
+    let warps = experts.max(pairs).div_ceil((SYMMETRIC_BLOCK / 32) as usize);
+    (warps.clamp(1, MAX_SYMMETRIC_BLOCKS) as u32).max(vector_blocks(bytes))
 }
 
 #[cfg(test)]
@@ -270,7 +263,7 @@ mod tests {
     #[test]
     fn a_part_smaller_than_the_capacities_need_is_refused() {
         let sh = Shape::of(&group(DECODE, RankMask::none(8)), 8).unwrap();
-        let rows = sh.slots().unwrap();
+        let rows = sh.rows;
         assert_eq!(rows, 32 * 8 * 128);
         let need = rows * sh.h * 2;
         assert!(check_part(&part(need, 8), 8, Some(rows * sh.h), 2, "slots").is_ok());

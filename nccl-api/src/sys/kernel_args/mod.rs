@@ -232,12 +232,18 @@ pub fn symmetric_blocks(
 ) -> u32 {
     use unicomm_core::symmetric::SymmetricAlgorithm as A;
     let max = unicomm_core::symmetric::MAX_SYMMETRIC_BLOCKS;
-    let g = match (algorithm, hidden) {
+    match (algorithm, hidden) {
         (A::TwoShot, Some(_)) => 1,
-        (_, Some(hidden)) => count / hidden.max(1),
-        (_, None) => (count * dtype.size()).div_ceil(16 * 2 * SYMMETRIC_BLOCK as usize),
-    };
-    g.clamp(1, max) as u32
+        (_, Some(hidden)) => (count / hidden.max(1)).clamp(1, max) as u32,
+        (_, None) => vector_blocks(count * dtype.size()),
+    }
+}
+
+/// The grid for `bytes` moved in 16-byte vectors, two a thread, at most
+/// [`MAX_SYMMETRIC_BLOCKS`](unicomm_core::symmetric::MAX_SYMMETRIC_BLOCKS).
+pub fn vector_blocks(bytes: usize) -> u32 {
+    let g = bytes.div_ceil(16 * 2 * SYMMETRIC_BLOCK as usize);
+    g.clamp(1, unicomm_core::symmetric::MAX_SYMMETRIC_BLOCKS) as u32
 }
 
 /// The release whose device-API headers unicomm's device-API kernel was built against
