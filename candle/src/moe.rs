@@ -2,8 +2,8 @@
 //! ([`ExpertParallelMoe`]): a router's top-k over every expert, this rank's experts (linear,
 //! `y = x W^T`), the tokens sent to the ranks holding their experts and the outputs summed
 //! back by the router's weights. [`moe_reference`] is the same layer unsharded, which the
-//! sharded one equals. f32 tensors on the CPU (the mock); a GPU backend answers
-//! `Unsupported` until unicomm's expert kernels are built for it.
+//! sharded one equals. f32 tensors staged through the host; on the mock, or on NCCL over
+//! unicomm's GPU expert kernels (not yet run on a GPU); elsewhere `Unsupported`.
 
 use candle_core::{DType, Device, Result, Tensor, D};
 use parking_lot::Mutex;
