@@ -245,6 +245,27 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
         experts,
     )?;
     let t = std::time::Instant::now();
+    // NCCL EP where its library is found (`UNICOMM_NCCL_EP_LIBRARY`, or NVIDIA's wheel):
+    // held to the kernels' results; elsewhere the line says why it did not run.
+    let cfg = unicomm::ExpertConfig {
+        experts: 8 * comm.world_size(),
+        max_tokens: 32,
+        hidden: 2048,
+        top_k: 8,
+    };
+    let ep = unicomm_conformance::expert_engine_matches_the_kernels(
+        one,
+        unicomm::ExpertEngine::Library,
+        cfg,
+        8,
+        replays.min(100),
+    );
+    reported(
+        comm,
+        &timed("NCCL EP held to the kernels' results", t),
+        ep.map(first_run),
+    )?;
+    let t = std::time::Instant::now();
     let recorded = unicomm_conformance::every_kind_of_work_is_recorded_once(one, Some(&reqs));
     reported(
         comm,
@@ -367,6 +388,13 @@ fn reported<T: std::fmt::Debug>(
             bail!("rank {r}: {what}: {e}")
         }
     }
+}
+
+/// This rank's engine run ([`first`] of a run that is not `Copy`).
+fn first_run(seen: Vec<unicomm_conformance::EngineRun>) -> unicomm_conformance::EngineRun {
+    seen.into_iter()
+        .next()
+        .unwrap_or(unicomm_conformance::EngineRun::NotHere("no rank".into()))
 }
 
 /// This rank's outcome of a check run over one communicator (the one entry it returns).

@@ -400,6 +400,15 @@ impl Collective for AnyComm {
     fn free_symmetric(&self, handle: RawHandle) -> Result<()> {
         each!(self, AnyComm, c => c.free_symmetric(handle))
     }
+    fn open_expert_engine(
+        &self,
+        group: &unicomm_core::symmetric::ExpertGroupParts,
+    ) -> Result<RawHandle> {
+        each!(self, AnyComm, c => c.open_expert_engine(group))
+    }
+    fn close_expert_engine(&self, handle: RawHandle) -> Result<()> {
+        each!(self, AnyComm, c => c.close_expert_engine(handle))
+    }
     fn properties(&self) -> Result<unicomm_core::Properties> {
         each!(self, AnyComm, c => c.properties())
     }

@@ -6,6 +6,12 @@
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$PWD/logs}; mkdir -p "$OUT"
 cd "$(dirname "$0")"
+# NCCL EP as the bundle fetched it: the library for the driver's CUDA major is found under
+# NCCL_EP_HOME/lib/cuXX, its JIT reads its headers there, NCCL's from NCCL_HOME, nvcc from
+# CUDA_HOME.
+if [ -d nccl-ep/ep ]; then
+  export NCCL_EP_HOME=$PWD/nccl-ep/ep NCCL_HOME=$PWD/nccl-ep/nccl CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+fi
 step() { echo "== [$(date +%T)] $*"; }
 rc=0
 # PARTS=all (default), quick (tests, examples, overhead), conformance, cesync (the

@@ -375,3 +375,29 @@ fn survivors_of_a_dead_expert_rank_shrink_mask_it_and_go_on() {
     }
     assert!(named, "no survivor's error named rank 2");
 }
+
+/// The engine case holds unicomm's kernels (bf16 tokens, each expert's tokens as a set, the
+/// combine bit-exact) at worlds 1-4, eager and replayed; NCCL EP is no engine of the mock's:
+/// every rank says so, naming it, and nothing runs.
+#[test]
+fn the_engine_case_holds_the_kernels_and_the_mock_has_no_nccl_ep() {
+    use unicomm_conformance::{expert_engine_matches_the_kernels as engine_case, EngineRun};
+    use unicomm_core::ExpertEngine;
+    for w in [1, 2, 4] {
+        let cs = comms(w);
+        let cfg = ExpertConfig {
+            experts: 4 * w,
+            max_tokens: 8,
+            hidden: 16,
+            top_k: 4,
+        };
+        let seen = engine_case(&cs, ExpertEngine::Kernels, cfg, 6, 6).unwrap();
+        assert_eq!(seen, vec![EngineRun::Matched; w], "world {w}");
+        for run in engine_case(&cs, ExpertEngine::Library, cfg, 6, 6).unwrap() {
+            let EngineRun::NotHere(why) = run else {
+                panic!("the mock ran NCCL EP");
+            };
+            assert!(why.contains("NCCL EP"), "{why}");
+        }
+    }
+}

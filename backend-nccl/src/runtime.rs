@@ -470,13 +470,18 @@ impl Runtime for CudaRuntime {
         self.capability(dev)
     }
 
-    fn describe(&self) -> String {
+    fn driver_version(&self) -> Option<u32> {
         let mut v = 0;
         // SAFETY: writes one int.
-        let drv = unsafe { sys::cuDriverGetVersion(&mut v) }
-            .result()
-            .map(|_| format!("{}.{}", v / 1000, (v % 1000) / 10))
-            .unwrap_or_else(|_| "unknown".into());
+        let r = unsafe { sys::cuDriverGetVersion(&mut v) }.result();
+        r.ok().and_then(|_| u32::try_from(v).ok())
+    }
+
+    fn describe(&self) -> String {
+        let drv = (self.driver_version()).map_or_else(
+            || "unknown".into(),
+            |v| format!("{}.{}", v / 1000, (v % 1000) / 10),
+        );
         let names: Vec<String> = (0..self.count)
             .map(|d| {
                 self.context(d)

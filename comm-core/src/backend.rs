@@ -263,6 +263,26 @@ pub trait Collective: Send + Sync + Sized + 'static {
         ))
     }
 
+    /// Opens an expert library's group for `group` (collective and host-blocking: every
+    /// rank with the same capacities and engine, which are compared: `Mismatch` on every
+    /// rank where they differ); its handle goes in the dispatches' and combines'
+    /// [`ExpertGroupParts::recv`](crate::symmetric::ExpertGroupParts). Default:
+    /// `Unsupported` naming the engine.
+    fn open_expert_engine(&self, group: &crate::symmetric::ExpertGroupParts) -> Result<RawHandle> {
+        Err(crate::Error::unsupported(
+            format!("expert parallelism on {}", group.engine.name()),
+            "NCCL 2.30.7 or newer with NCCL EP's library (libnccl_ep.so, NVIDIA's nccl-extensions)",
+            self.capabilities().backend,
+        ))
+    }
+
+    /// Releases an expert library's group ([`Collective::open_expert_engine`]): local, the
+    /// library's teardown on a helper thread within the deadline. Default: nothing held.
+    fn close_expert_engine(&self, handle: RawHandle) -> Result<()> {
+        let _ = handle;
+        Ok(())
+    }
+
     /// A captured graph that uses this communicator is launched on `stream`: the stream's
     /// waits watch this communicator from now on (its deadline, its asynchronous errors),
     /// as they do after an eager call. Default: nothing to do.

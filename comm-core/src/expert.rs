@@ -12,8 +12,10 @@ use crate::buffer::{DeviceSlice, DeviceSliceMut, View};
 use crate::comm::Comm;
 use crate::element::Element;
 use crate::fp8::F8E4M3;
+use crate::registry::RawHandle;
 use crate::symmetric::{
-    Combine, Dispatch, ExpertConfig, ExpertGroupParts, Fp8Tokens, RankMask, SymmetricOp,
+    Combine, Dispatch, ExpertConfig, ExpertEngine, ExpertGroupParts, Fp8Tokens, RankMask,
+    SymmetricOp,
 };
 use crate::{Error, Result, Symmetric};
 
@@ -59,18 +61,70 @@ impl<'s, O, N> ExpertTokens<&'s O, &'s N> {
 }
 
 /// An expert-parallel group on a communicator: `experts / world` experts on each rank, the
-/// capacities fixed at creation, its memory symmetric (every rank writes its peers' slots).
-/// It borrows its communicator; dropping it releases its memory.
+/// capacities fixed at creation, its memory symmetric (every rank writes its peers' slots)
+/// or an expert library's. It borrows its communicator; dropping it releases its memory.
 pub struct ExpertGroup<'c, T: Element, C: Collective> {
     comm: &'c Comm<C>,
     config: ExpertConfig,
     mask: RankMask,
     local: usize,
-    recv: Symmetric<'c, T, C>,
-    meta: Symmetric<'c, i64, C>,
-    back: Symmetric<'c, T, C>,
-    /// The FP8 dispatch's scale slots and the scales a token, where the group has them.
-    scales: Option<(Symmetric<'c, f32, C>, usize)>,
+    /// Elements a dispatch writes: `local x world x max_tokens x hidden`.
+    received: usize,
+    memory: GroupMemory<'c, T, C>,
+}
+
+/// What a group's engine keeps.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per group, made once and never moved in a hot path"
+)]
+enum GroupMemory<'c, T: Element, C: Collective> {
+    /// unicomm's kernels: the receive slots, their counts and origins, the combine's
+    /// landing rows, and the FP8 dispatch's scale slots with the scales a token.
+    Kernels {
+        recv: Symmetric<'c, T, C>,
+        meta: Symmetric<'c, i64, C>,
+        back: Symmetric<'c, T, C>,
+        scales: Option<(Symmetric<'c, f32, C>, usize)>,
+    },
+    /// An expert library's group, closed when the group is dropped.
+    Library(LibraryGroup<'c, C>),
+}
+
+/// The backend's handle of an expert library's group.
+struct LibraryGroup<'c, C: Collective> {
+    comm: &'c Comm<C>,
+    handle: RawHandle,
+    engine: ExpertEngine,
+}
+
+impl<C: Collective> Drop for LibraryGroup<'_, C> {
+    fn drop(&mut self) {
+        let closed = self
+            .comm
+            .sole()
+            .and_then(|c| c.close_expert_engine(self.handle));
+        if let Err(e) = closed {
+            tracing::warn!("{}'s expert group not released: {e}", self.engine.name());
+        }
+    }
+}
+
+/// The receive slots' and the landing rows' elements of `config` on `local` experts of a
+/// world of `w`.
+fn group_sizes(config: &ExpertConfig, local: usize, w: usize) -> Result<(usize, usize, usize)> {
+    let too_big = || Error::invalid("expert config", format!("{config:?} overflows"));
+    let (m, h, k) = (config.max_tokens, config.hidden, config.top_k);
+    let slots = local
+        .checked_mul(w)
+        .and_then(|x| x.checked_mul(m))
+        .ok_or_else(too_big)?;
+    let recv = slots.checked_mul(h).ok_or_else(too_big)?;
+    let back = m
+        .checked_mul(k)
+        .and_then(|x| x.checked_mul(h))
+        .ok_or_else(too_big)?;
+    Ok((slots, recv, back))
 }
 
 impl<C: Collective> Comm<C> {
@@ -111,41 +165,73 @@ impl<C: Collective> Comm<C> {
                 format!("{} {}", caps.backend, caps.version),
             ));
         }
-        let ExpertConfig {
-            max_tokens: m,
-            hidden: h,
-            top_k: k,
-            ..
-        } = config;
-        let too_big = || Error::invalid("expert config", format!("{config:?} overflows"));
-        let slots = local
-            .checked_mul(w)
-            .and_then(|x| x.checked_mul(m))
-            .ok_or_else(too_big)?;
-        let recv = slots.checked_mul(h).ok_or_else(too_big)?;
-        let back = m
-            .checked_mul(k)
-            .and_then(|x| x.checked_mul(h))
-            .ok_or_else(too_big)?;
-        let mut g = ExpertGroup {
+        let (slots, received, back) = group_sizes(&config, local, mask.world())?;
+        let scales = match fp8_scales.map(|p| p.max(1)) {
+            None => None,
+            Some(per_token) => {
+                let len = slots.checked_mul(per_token).ok_or_else(|| {
+                    Error::invalid("per_token", format!("{per_token} scales overflow"))
+                })?;
+                Some((per_token, len))
+            }
+        };
+        let memory = GroupMemory::Kernels {
+            recv: self.alloc_symmetric::<T>(received)?,
+            meta: self.alloc_symmetric::<i64>(local * w + slots)?,
+            back: self.alloc_symmetric::<T>(back)?,
+            scales: match scales {
+                Some((per, len)) => Some((self.alloc_symmetric::<f32>(len)?, per)),
+                None => None,
+            },
+        };
+        Ok(ExpertGroup {
             comm: self,
             config,
             mask,
             local,
-            recv: self.alloc_symmetric::<T>(recv)?,
-            meta: self.alloc_symmetric::<i64>(local * w + slots)?,
-            back: self.alloc_symmetric::<T>(back)?,
-            scales: None,
-        };
-        if let Some(per_token) = fp8_scales.map(|p| p.max(1)) {
-            let slots = (g.recv.len() / config.hidden)
-                .checked_mul(per_token)
-                .ok_or_else(|| {
-                    Error::invalid("per_token", format!("{per_token} scales overflow"))
-                })?;
-            g.scales = Some((self.alloc_symmetric::<f32>(slots)?, per_token));
+            received,
+            memory,
+        })
+    }
+
+    /// [`Comm::expert_group`] run by `engine` (collective: every rank with the same
+    /// configuration and engine). [`ExpertEngine::Kernels`] is `expert_group`;
+    /// [`ExpertEngine::Library`] opens NCCL EP's group on this communicator (an NCCL backend
+    /// with the library found, bf16 tokens), `Unsupported` naming what is missing
+    /// elsewhere.
+    pub fn expert_group_on<T: Element>(
+        &self,
+        config: ExpertConfig,
+        engine: ExpertEngine,
+    ) -> Result<ExpertGroup<'_, T, C>> {
+        if engine == ExpertEngine::Kernels {
+            return self.expert_group(config);
         }
-        Ok(g)
+        let w = self.world_size();
+        let local = config.local_experts(w)?;
+        let (_, received, _) = group_sizes(&config, local, w)?;
+        let parts = ExpertGroupParts {
+            recv: RawHandle(0),
+            meta: RawHandle(0),
+            back: RawHandle(0),
+            config,
+            mask: RankMask::none(w),
+            dtype: T::DTYPE,
+            engine,
+        };
+        let handle = self.sole()?.open_expert_engine(&parts)?;
+        Ok(ExpertGroup {
+            comm: self,
+            config,
+            mask: parts.mask,
+            local,
+            received,
+            memory: GroupMemory::Library(LibraryGroup {
+                comm: self,
+                handle,
+                engine,
+            }),
+        })
     }
 
     /// [`Comm::expert_group`] that also dispatches FP8 tokens
@@ -180,7 +266,23 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
 
     /// Elements a dispatch's output holds: `local x world x max_tokens x hidden`.
     pub fn received_len(&self) -> usize {
-        self.recv.len()
+        self.received
+    }
+
+    /// Which code runs the group's dispatch and combine.
+    pub fn engine(&self) -> ExpertEngine {
+        match &self.memory {
+            GroupMemory::Kernels { .. } => ExpertEngine::Kernels,
+            GroupMemory::Library(l) => l.engine,
+        }
+    }
+
+    /// The FP8 dispatch's scale slots and the scales a token, where the group has them.
+    fn scale_slots(&self) -> Option<&(Symmetric<'c, f32, C>, usize)> {
+        match &self.memory {
+            GroupMemory::Kernels { scales, .. } => scales.as_ref(),
+            GroupMemory::Library(_) => None,
+        }
     }
 
     /// Sends each of this rank's `tokens` (`[n][hidden]`) once per entry of its row of
@@ -222,7 +324,7 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
     /// Elements of an FP8 dispatch's `out_scales`: `local x world x max_tokens x per_token`
     /// (0 for a group without scale slots).
     pub fn received_scales_len(&self) -> usize {
-        self.scales.as_ref().map_or(0, |(s, _)| s.len())
+        self.scale_slots().map_or(0, |(s, _)| s.len())
     }
 
     /// Sends the experts' outputs (`expert_out`, in the last dispatch's layout) back to
@@ -243,13 +345,20 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
     }
 
     fn parts(&self) -> ExpertGroupParts {
+        let (recv, meta, back) = match &self.memory {
+            GroupMemory::Kernels {
+                recv, meta, back, ..
+            } => (recv.handle(), meta.handle(), back.handle()),
+            GroupMemory::Library(l) => (l.handle, RawHandle(0), RawHandle(0)),
+        };
         ExpertGroupParts {
-            recv: self.recv.handle(),
-            meta: self.meta.handle(),
-            back: self.back.handle(),
+            recv,
+            meta,
+            back,
             config: self.config,
             mask: self.mask,
             dtype: T::DTYPE,
+            engine: self.engine(),
         }
     }
 
@@ -295,7 +404,7 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
     ) -> Result<SymmetricOp<'v, C::Memory>> {
         let n = self.tokens_of(&ids)?;
         let h = self.config.hidden;
-        let fp8 = match (scales, &self.scales) {
+        let fp8 = match (scales, self.scale_slots()) {
             (None, _) => None,
             (Some((s, o)), Some((slots, per))) => Some(Fp8Tokens {
                 slots: slots.handle(),
@@ -315,7 +424,7 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
             n,
             tokens: self.fit(tokens, n * h, "tokens")?.raw(),
             ids: self.fit(ids, n * self.config.top_k, "ids")?.raw(),
-            out: self.fit(out.tokens, self.recv.len(), "out")?.raw(),
+            out: self.fit(out.tokens, self.received, "out")?.raw(),
             counts: self.fit(out.counts, self.local, "counts")?.raw(),
             fp8,
         }))
@@ -333,7 +442,7 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
         Ok(SymmetricOp::Combine(Combine {
             group: self.parts(),
             n,
-            expert_out: self.fit(expert_out, self.recv.len(), "expert_out")?.raw(),
+            expert_out: self.fit(expert_out, self.received, "expert_out")?.raw(),
             ids: self.fit(ids, n * k, "ids")?.raw(),
             weights: self.fit(weights, n * k, "weights")?.raw(),
             out: self.fit(out, n * h, "out")?.raw(),

@@ -7,7 +7,7 @@ use crate::device_api::DeviceKernelOp;
 use crate::kind::{What, WorkName};
 use crate::one_sided::OneSided;
 use crate::op::Op;
-use crate::symmetric::SymmetricOp;
+use crate::symmetric::{Combine, Dispatch, ExpertEngine, SymmetricOp};
 use crate::Result;
 
 /// One piece of stream-ordered work, as a backend receives it.
@@ -142,13 +142,18 @@ impl DeviceKernelOp {
 }
 
 impl<M> SymmetricOp<'_, M> {
-    /// The path it is recorded under: its algorithm, or the signal pads of a barrier.
+    /// The path it is recorded under: its algorithm, the signal pads of a barrier, or the
+    /// expert library that runs a dispatch or combine.
     pub fn path(&self) -> &'static str {
         match self {
             SymmetricOp::AllReduce { algorithm, .. } => algorithm.name(),
             SymmetricOp::Barrier { .. } => "signal-pads",
             SymmetricOp::AllToAllV(_) => "pull",
-            SymmetricOp::Dispatch(_) | SymmetricOp::Combine(_) => "push",
+            SymmetricOp::Dispatch(Dispatch { group, .. })
+            | SymmetricOp::Combine(Combine { group, .. }) => match group.engine {
+                ExpertEngine::Kernels => "push",
+                ExpertEngine::Library => "expert-library",
+            },
         }
     }
 

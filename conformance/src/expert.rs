@@ -15,11 +15,11 @@ use unicomm_core::{
 };
 
 /// A routing and the tokens of rank `p` in round `k`.
-struct Routing {
-    n: usize,
-    ids: Vec<i32>,
-    weights: Vec<f32>,
-    tokens: Vec<f32>,
+pub(crate) struct Routing {
+    pub(crate) n: usize,
+    pub(crate) ids: Vec<i32>,
+    pub(crate) weights: Vec<f32>,
+    pub(crate) tokens: Vec<f32>,
 }
 
 fn mix(x: u64) -> u64 {
@@ -29,7 +29,7 @@ fn mix(x: u64) -> u64 {
 
 /// Rank `p`'s routing in round `k`, with `n` tokens (or a count of its own drawn where
 /// `n` is `None`).
-fn routing(cfg: &ExpertConfig, k: usize, p: usize, n: Option<usize>) -> Routing {
+pub(crate) fn routing(cfg: &ExpertConfig, k: usize, p: usize, n: Option<usize>) -> Routing {
     let (e, kk, h) = (cfg.experts, cfg.top_k, cfg.hidden);
     let n = n.unwrap_or((p * 5 + k * 3) % (cfg.max_tokens * 3 / 4 + 1));
     let mut ids = Vec::with_capacity(n * kk);
@@ -58,7 +58,7 @@ fn routing(cfg: &ExpertConfig, k: usize, p: usize, n: Option<usize>) -> Routing 
 
 /// What rank `r` must receive: per local expert its rows (source-rank order, each source's
 /// `(token, k)` order); or `None` where a slot exceeds `max_tokens`.
-fn received(
+pub(crate) fn received(
     cfg: &ExpertConfig,
     mask: RankMask,
     all: &[Routing],
@@ -93,7 +93,7 @@ fn received(
 
 /// Rank `r`'s combined tokens where expert `e` multiplies by `scale(e)`: in `k` order, f32;
 /// `-1` entries and a masked rank's experts contribute nothing.
-fn combined(
+pub(crate) fn combined(
     cfg: &ExpertConfig,
     mask: RankMask,
     rt: &Routing,
@@ -117,7 +117,7 @@ fn combined(
     out
 }
 
-fn wrong(r: usize, what: String) -> Error {
+pub(crate) fn wrong(r: usize, what: String) -> Error {
     Error::invalid("expert", format!("rank {r}: {what}"))
 }
 

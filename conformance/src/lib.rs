@@ -23,6 +23,7 @@ mod call_options;
 mod exact;
 mod exchange;
 mod expert;
+mod expert_engine;
 mod expert_fp8;
 mod graphs;
 mod groups;
@@ -41,6 +42,7 @@ mod var;
 pub use call_options::{call_options, portable_options};
 pub use exchange::{all_to_all_v_refused, symmetric_all_to_all_v};
 pub use expert::{expert_dispatch_combine, expert_dispatch_combine_masked};
+pub use expert_engine::{expert_engine_matches_the_kernels, EngineRun};
 pub use expert_fp8::expert_dispatch_fp8;
 pub use graphs::{
     capture_cycles, capture_panic_leaves_the_stream_eager, captured_copy_engine_replays,

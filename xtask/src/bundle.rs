@@ -82,13 +82,33 @@ pub(crate) fn bundle(o: &Opts, only: Option<BundlePart>) -> Result<()> {
     }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     if only == Some(BundlePart::Kernels) {
-        return write_bundle(&out, &kernels_binaries()?);
+        write_bundle(&out, &kernels_binaries()?)?;
+        return with_nccl_ep(&out);
     }
     let mut copies = common_binaries(vendors)?;
     for &v in vendors {
         copies.extend(vendor_binaries(v)?);
     }
-    write_bundle(&out, &copies)
+    write_bundle(&out, &copies)?;
+    match vendors.contains(&GpuVendor::Cuda) {
+        true => with_nccl_ep(&out),
+        false => Ok(()),
+    }
+}
+
+/// NCCL EP (its libraries for CUDA 12 and 13 drivers, the headers its JIT reads, NCCL's
+/// headers) under `out/nccl-ep`, as fetched: run.sh points `NCCL_EP_HOME` and `NCCL_HOME`
+/// at it.
+fn with_nccl_ep(out: &std::path::Path) -> Result<()> {
+    let kit = crate::cuda_kit::nccl_ep()?;
+    let to = out.join("nccl-ep");
+    std::fs::create_dir_all(&to).with_context(|| format!("creating {}", to.display()))?;
+    let mut cp = Command::new("cp");
+    cp.arg("-r")
+        .arg(kit.join("ep"))
+        .arg(kit.join("nccl"))
+        .arg(&to);
+    crate::cargo::step("copy NCCL EP into the bundle", cp)
 }
 
 /// The examples, the benchmark and the launcher, with the features of `vendors`.

@@ -188,3 +188,44 @@ fn stubs(dir: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// NVIDIA's NCCL EP wheel and the NCCL whose headers its JIT compiles against (the release
+/// the GPU bundle carries), pinned. The library is fetched, never committed.
+const NCCL_EP_WHEELS: &[&str] = &["nccl-extensions==0.1.0", "nvidia-nccl-cu13==2.32.3"];
+
+/// NCCL EP for the bundle, unpacked once into `<target>/cuda-kit/nccl-ep`: `ep/` (its
+/// libraries for CUDA 12 and 13 drivers, `lib/cu12` and `lib/cu13`, and its JIT's headers,
+/// `include/`: `NCCL_EP_HOME`) and `nccl/include` (NCCL's headers: `NCCL_HOME`).
+pub(crate) fn nccl_ep() -> Result<PathBuf> {
+    let kit = target_dir("cuda-kit").join("nccl-ep");
+    if kit.join("ep/lib/cu13/libnccl_ep.so").is_file() && kit.join("nccl/include/nccl.h").is_file()
+    {
+        return Ok(kit);
+    }
+    let wheels = kit.join("wheels");
+    std::fs::create_dir_all(&wheels)?;
+    let mut pip = Command::new("python3");
+    // The wheel of this machine's Python: its libraries are the same in each.
+    pip.args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
+        .arg(&wheels)
+        .args(NCCL_EP_WHEELS);
+    crate::cargo::step("download NCCL EP and NCCL's headers (pip)", pip)?;
+    // Only the wheels' `nccl/ep/` and `nvidia/nccl/include/`: NCCL's own library stays out.
+    let script = "import sys, zipfile, pathlib\n\
+        out = pathlib.Path(sys.argv[1])\n\
+        for w in sys.argv[2:]:\n\
+        \x20   z = zipfile.ZipFile(w)\n\
+        \x20   for n in z.namelist():\n\
+        \x20       for pre, to in (('nccl/ep/', 'ep/'), ('nvidia/nccl/include/', 'nccl/include/')):\n\
+        \x20           if n.startswith(pre) and not n.endswith('/'):\n\
+        \x20               p = out / (to + n[len(pre):])\n\
+        \x20               p.parent.mkdir(parents=True, exist_ok=True)\n\
+        \x20               p.write_bytes(z.read(n))\n";
+    let mut unzip = Command::new("python3");
+    unzip.args(["-c", script]).arg(&kit);
+    for w in std::fs::read_dir(&wheels)? {
+        unzip.arg(w?.path());
+    }
+    crate::cargo::step("unpack NCCL EP and NCCL's headers", unzip)?;
+    Ok(kit)
+}

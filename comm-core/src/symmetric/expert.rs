@@ -17,6 +17,32 @@ use crate::{DataType, Error, Result};
 
 use super::signature::{Signature, SignedOp};
 
+/// Which code runs an expert group's dispatch and combine (the same on every rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ExpertEngine {
+    /// unicomm's own kernels over its symmetric memory (the mock's; NCCL's on sm90 or
+    /// newer), with the layout above.
+    #[default]
+    Kernels,
+    /// The backend's expert-parallel library (on NCCL: NVIDIA's NCCL EP, its low-latency
+    /// algorithm and expert-major layout, loaded at run time beside the NCCL the
+    /// communicator runs on; bf16 tokens, no rank mask, no FP8 dispatch). Its dispatch
+    /// orders each expert's tokens as its kernels receive them (not in source-rank order);
+    /// the counts, each expert's tokens as a set and the combine are unicomm's kernels'.
+    Library,
+}
+
+impl ExpertEngine {
+    /// The engine's name, as errors and the flight recorder give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertEngine::Kernels => "unicomm's kernels",
+            ExpertEngine::Library => "the backend's expert library",
+        }
+    }
+}
+
 /// An expert-parallel group's fixed capacities, the same on every rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExpertConfig {
@@ -170,6 +196,9 @@ pub struct ExpertGroupParts {
     pub mask: RankMask,
     /// The tokens' element type.
     pub dtype: DataType,
+    /// Which code runs it; for [`ExpertEngine::Library`], `recv` is the backend's handle
+    /// of the library's group and `meta` and `back` are unused.
+    pub engine: ExpertEngine,
 }
 
 /// A dispatch: each of this rank's `tokens` (`[n][H]`) sent once per entry of its row of

@@ -13,7 +13,9 @@ mod algorithm;
 mod expert;
 mod signature;
 pub use algorithm::{RmsNormOptions, SymmetricAlgorithm, SymmetricOptions};
-pub use expert::{Combine, Dispatch, ExpertConfig, ExpertGroupParts, Fp8Tokens, RankMask};
+pub use expert::{
+    Combine, Dispatch, ExpertConfig, ExpertEngine, ExpertGroupParts, Fp8Tokens, RankMask,
+};
 pub use signature::{
     compare, mismatch, with_word, Signature, SignedOp, LAMPORT_HEADER, SIGNATURE_ROUND,
     SIGNATURE_WORDS,

@@ -267,6 +267,17 @@ impl<R: Runtime> Collective for ApiComm<R> {
         self.sym.free(&self.base, handle)
     }
 
+    fn open_expert_engine(
+        &self,
+        group: &unicomm_core::symmetric::ExpertGroupParts,
+    ) -> Result<RawHandle> {
+        self.sym.engines.open(&self.base, group)
+    }
+
+    fn close_expert_engine(&self, handle: RawHandle) -> Result<()> {
+        self.sym.engines.close(&self.base, handle)
+    }
+
     fn suspend(&self) -> Result<()> {
         self.base.lc.suspend()
     }

@@ -84,7 +84,7 @@ fn check_part(
 }
 
 /// Checks `s` (this rank's memory) holds `elems` of `dtype`; its address.
-fn operand<R: Runtime>(
+pub(super) fn operand<R: Runtime>(
     base: &Base<R>,
     s: &Slice<'_, ApiMemory<R>>,
     elems: Option<usize>,
@@ -237,6 +237,7 @@ mod tests {
             config,
             mask,
             dtype: DataType::Bf16,
+            engine: Default::default(),
         }
     }
 

@@ -18,6 +18,7 @@
 )]
 
 mod control;
+mod engine;
 mod exchange;
 mod expert;
 
@@ -27,8 +28,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use unicomm_core::registry::RawHandle;
 use unicomm_core::symmetric::{
-    check_all_reduce, pad_gone, SymmetricOp, SymmetricParts, LAMPORT_HEADER, MAX_SYMMETRIC_WORLD,
-    PAD_BYTES,
+    check_all_reduce, pad_gone, ExpertEngine, SymmetricOp, SymmetricParts, LAMPORT_HEADER,
+    MAX_SYMMETRIC_WORLD, PAD_BYTES,
 };
 use unicomm_core::{DataType, Error, Result};
 
@@ -60,6 +61,8 @@ pub(crate) struct SymmetricMemory<R: Runtime> {
     next: AtomicUsize,
     live: Mutex<HashMap<RawHandle, Arc<Record>>>,
     control: OnceLock<Arc<ControlBlock<R>>>,
+    /// The expert groups an expert library runs.
+    pub(crate) engines: engine::Engines,
 }
 
 impl<R: Runtime> Default for SymmetricMemory<R> {
@@ -68,6 +71,7 @@ impl<R: Runtime> Default for SymmetricMemory<R> {
             next: AtomicUsize::new(1),
             live: Mutex::new(HashMap::new()),
             control: OnceLock::new(),
+            engines: Default::default(),
         }
     }
 }
@@ -239,6 +243,15 @@ impl<R: Runtime> SymmetricMemory<R> {
     ) -> Result<()> {
         let lc = &base.lc;
         base.ready_for_kernel(stream)?;
+        match op {
+            SymmetricOp::Dispatch(ref d) if d.group.engine != ExpertEngine::Kernels => {
+                return self.engines.dispatch(base, d, stream)
+            }
+            SymmetricOp::Combine(ref c) if c.group.engine != ExpertEngine::Kernels => {
+                return self.engines.combine(base, c, stream)
+            }
+            _ => {}
+        }
         let handle = match op {
             SymmetricOp::Barrier { handle } | SymmetricOp::AllReduce { handle, .. } => handle,
             SymmetricOp::Dispatch(ref d) => d.group.recv,

@@ -21,6 +21,7 @@ pub mod codes;
 pub mod coll_config;
 pub mod config;
 pub mod device_api;
+pub mod ep;
 pub mod fatbin;
 pub mod flavor;
 pub mod kernel_args;

@@ -253,6 +253,12 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         let _ = (dev, bytes);
         Err(no_kernels(Self::NAME))
     }
+    /// The driver's CUDA (or HIP) version as `cuDriverGetVersion` numbers it (`12080` is
+    /// 12.8), where the runtime knows it: which build of a library made per CUDA major
+    /// (NCCL EP's `cu12`, `cu13`) to load.
+    fn driver_version(&self) -> Option<u32> {
+        None
+    }
     /// Whether this runtime loads and launches unicomm's kernels ([`Runtime::launch`],
     /// [`Runtime::alloc_host_mapped`]): what a communicator's capabilities say before any
     /// memory is made.

@@ -36,6 +36,7 @@ mod copy_engine_v;
 mod deadline;
 mod device_comm;
 mod device_comm_end;
+mod expert_library;
 mod group_registration;
 mod groups;
 mod grow;

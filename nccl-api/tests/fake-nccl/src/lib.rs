@@ -965,6 +965,10 @@ pub unsafe extern "C" fn ncclParamGetParameter(key: *const c_char, v: *mut *cons
 #[cfg(feature = "nccl232")]
 mod coll_config;
 
+/// NCCL EP, as if installed beside NCCL 2.30.7 or newer.
+#[cfg(feature = "nccl230")]
+mod ep;
+
 /// NCCL 2.29.2's grow: an id per communicator, one at a time; the grown communicator has
 /// the new size, the existing rank's number or the new rank's.
 #[cfg(feature = "nccl230")]
