@@ -10,7 +10,7 @@
 
 use unicomm_core::graph::Graph;
 use unicomm_core::{
-    each_rank, Buffer, Collective, Comm, DeviceStream, Error, ExpertConfig, ExpertGroup,
+    each_rank, Buffer, Collective, Comm, DeviceStream, Element, Error, ExpertConfig, ExpertGroup,
     ExpertTokens, RankMask, Result,
 };
 
@@ -266,6 +266,65 @@ fn eager<C: Collective>(
     Ok(true)
 }
 
+/// A graph's buffers: a routing's operands and what its dispatch and combine write.
+pub(crate) struct StepBuffers<T: Element, C: Collective> {
+    tokens: Buffer<T, C>,
+    ids: Buffer<i32, C>,
+    weights: Buffer<f32, C>,
+    out: Buffer<T, C>,
+    counts: Buffer<i32, C>,
+    /// The combine's output.
+    pub(crate) back: Buffer<T, C>,
+}
+
+impl<T: Element, C: Collective> StepBuffers<T, C> {
+    /// Buffers for `g` of `first`'s count, holding `first` (its tokens as `tokens`).
+    pub(crate) fn new(
+        g: &ExpertGroup<'_, T, C>,
+        first: &Routing,
+        tokens: &[T],
+        st: &C::Stream,
+    ) -> Result<Self> {
+        let c = g.comm();
+        Ok(StepBuffers {
+            tokens: c.upload(tokens, st)?,
+            ids: c.upload(&first.ids, st)?,
+            weights: c.upload(&first.weights, st)?,
+            out: c.alloc::<T>(g.received_len())?,
+            counts: c.alloc::<i32>(g.local_experts())?,
+            back: c.alloc::<T>(first.n * g.config().hidden)?,
+        })
+    }
+
+    /// A graph of a dispatch and a combine on `g` (the dispatch's output as the experts'
+    /// output).
+    pub(crate) fn capture<'a>(
+        &'a self,
+        g: &'a ExpertGroup<'_, T, C>,
+        st: &'a C::Stream,
+    ) -> Result<Graph<'a, C>> {
+        Graph::capture(st, |s| {
+            s.expert_dispatch(g, &self.tokens, &self.ids, self.received())?;
+            s.expert_combine(g, &self.out, &self.ids, &self.weights, &self.back)
+        })
+    }
+
+    /// `rt` (its tokens as `tokens`, of the first's count) for the next launch.
+    pub(crate) fn write(&self, rt: &Routing, tokens: &[T], st: &C::Stream) -> Result<()> {
+        self.tokens.write_from_host(tokens, st)?;
+        self.ids.write_from_host(&rt.ids, st)?;
+        self.weights.write_from_host(&rt.weights, st)
+    }
+
+    /// The dispatch's output and counts.
+    pub(crate) fn received(&self) -> ExpertTokens<&Buffer<T, C>, &Buffer<i32, C>> {
+        ExpertTokens {
+            tokens: &self.out,
+            counts: &self.counts,
+        }
+    }
+}
+
 /// A graph of dispatch and combine (the dispatch's output as the experts' output),
 /// replayed with a new routing and new tokens of the same count before each.
 fn replayed<C: Collective>(
@@ -277,35 +336,18 @@ fn replayed<C: Collective>(
     let (r, w, cfg) = (c.rank(), c.world_size(), g.config());
     let n = |p: usize| (p * 3 + 1) % (cfg.max_tokens / 2 + 1);
     let first = routing(&cfg, from, r, Some(n(r)));
-    let tokens = c.upload(&first.tokens, st)?;
-    let ids = c.upload(&first.ids, st)?;
-    let weights = c.upload(&first.weights, st)?;
-    let out = c.alloc::<f32>(g.received_len())?;
-    let counts = c.alloc::<i32>(g.local_experts())?;
-    let back = c.alloc::<f32>(first.n * cfg.hidden)?;
-    let graph = Graph::capture(st, |s| {
-        let o = ExpertTokens {
-            tokens: &out,
-            counts: &counts,
-        };
-        s.expert_dispatch(g, &tokens, &ids, o)?;
-        s.expert_combine(g, &out, &ids, &weights, &back)
-    })?;
+    let b = StepBuffers::new(g, &first, &first.tokens, st)?;
+    let graph = b.capture(g, st)?;
     for k in rounds {
         let all: Vec<Routing> = (0..w).map(|p| routing(&cfg, k, p, Some(n(p)))).collect();
         let Some(want) = received(&cfg, g.mask(), &all, r) else {
             continue;
         };
         let mine = &all[r];
-        tokens.write_from_host(&mine.tokens, st)?;
-        ids.write_from_host(&mine.ids, st)?;
+        b.write(mine, &mine.tokens, st)?;
         graph.launch(st)?;
-        let got = ExpertTokens {
-            tokens: &out,
-            counts: &counts,
-        };
-        check_received(g, got, &want, st)?;
-        if back.copy_to_host(st)? != combined(&cfg, g.mask(), mine, |_| 1.0) {
+        check_received(g, b.received(), &want, st)?;
+        if b.back.copy_to_host(st)? != combined(&cfg, g.mask(), mine, |_| 1.0) {
             return Err(wrong(r, format!("replay {k}: the combine differs")));
         }
     }

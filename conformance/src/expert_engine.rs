@@ -8,13 +8,12 @@
 //! once (a library's contract: DeepEP's and NCCL EP's routings are top-k of distinct
 //! experts). Where the engine does not run: `false` with why.
 
-use unicomm_core::graph::Graph;
 use unicomm_core::{
     bf16, each_rank, Buffer, Collective, Comm, DeviceStream, Error, ExpertConfig, ExpertEngine,
     ExpertGroup, ExpertTokens, RankMask, Result,
 };
 
-use crate::expert::{combined, received, routing, wrong, Routing};
+use crate::expert::{combined, received, routing, wrong, Routing, StepBuffers};
 
 /// Rank `p`'s routing in round `k` as the engine takes it: an expert named twice by one
 /// token dropped (`-1`), tokens of 0 to 7.
@@ -37,37 +36,46 @@ fn bits(v: &[f32]) -> Vec<u16> {
     v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()
 }
 
-/// Each local expert's received rows as a sorted set against `want`'s, and its count.
-fn check_set<C: Collective>(
-    c: &Comm<C>,
-    cfg: &ExpertConfig,
+/// One round's outputs against the references: each local expert's count and its rows as
+/// a set, then the combine (expert `e` having scaled its rows by `scale(e)`) bit for bit.
+fn check_round<C: Collective>(
+    g: &ExpertGroup<'_, bf16, C>,
     got: ExpertTokens<&Buffer<bf16, C>, &Buffer<i32, C>>,
-    want: &[Vec<f32>],
+    back: &Buffer<bf16, C>,
+    all: &[Routing],
+    scale: &dyn Fn(usize) -> f32,
+    round: &str,
     st: &C::Stream,
 ) -> Result<()> {
-    let (r, w, h) = (c.rank(), c.world_size(), cfg.hidden);
+    let c = g.comm();
+    let (r, w, cfg) = (c.rank(), c.world_size(), g.config());
+    let none = RankMask::none(w);
+    let h = cfg.hidden;
+    let bad = |what: String| Err(wrong(r, format!("{round}: {}'s {what}", g.engine().name())));
+    let Some(want) = received(&cfg, none, all, r) else {
+        return bad("routing of distinct experts overflowed".into());
+    };
     let (rows, n) = (got.tokens.copy_to_host(st)?, got.counts.copy_to_host(st)?);
     for (l, due) in want.iter().enumerate() {
         let from = l * w * cfg.max_tokens * h;
         let count = (n[l].max(0) as usize).min(w * cfg.max_tokens);
-        let got = &rows[from..from + count * h];
-        let mut got: Vec<Vec<u16>> = got
-            .chunks(h)
+        let mut got: Vec<Vec<u16>> = (rows[from..from + count * h].chunks(h))
             .map(|x| x.iter().map(|y| y.to_bits()).collect())
             .collect();
         let mut due: Vec<Vec<u16>> = bits(due).chunks(h).map(<[u16]>::to_vec).collect();
         got.sort();
         due.sort();
         if n[l] as usize != due.len() || got != due {
-            return Err(wrong(
-                r,
-                format!(
-                    "local expert {l}: {} tokens, {} were due, or other rows",
-                    n[l],
-                    due.len()
-                ),
+            return bad(format!(
+                "local expert {l}: {} tokens, {} due, or other rows",
+                n[l],
+                due.len()
             ));
         }
+    }
+    let got: Vec<u16> = back.copy_to_host(st)?.iter().map(|x| x.to_bits()).collect();
+    if got != bits(&combined(&cfg, none, &all[r], scale)) {
+        return bad("combine differs".into());
     }
     Ok(())
 }
@@ -110,14 +118,13 @@ pub fn expert_engine_matches_the_kernels<C: Collective>(
 fn eager<C: Collective>(g: &ExpertGroup<'_, bf16, C>, rounds: usize, st: &C::Stream) -> Result<()> {
     let c = g.comm();
     let (r, w, cfg) = (c.rank(), c.world_size(), g.config());
-    let none = RankMask::none(w);
     let mut out = c.alloc::<bf16>(g.received_len())?;
     let mut counts = c.alloc::<i32>(g.local_experts())?;
+    // The experts: expert `e` multiplies its tokens by `e + 1`.
+    let scale = |e: usize| (e + 1) as f32;
     for k in 0..rounds {
         let all: Vec<Routing> = (0..w).map(|p| engine_routing(&cfg, k, p, None)).collect();
         let mine = &all[r];
-        let want = received(&cfg, none, &all, r)
-            .ok_or_else(|| wrong(r, "a routing of distinct experts overflowed".into()))?;
         let tokens = c.upload(&to_bf16(&mine.tokens), st)?;
         let ids = c.upload(&mine.ids, st)?;
         let o = ExpertTokens {
@@ -125,34 +132,19 @@ fn eager<C: Collective>(g: &ExpertGroup<'_, bf16, C>, rounds: usize, st: &C::Str
             counts: &mut counts,
         };
         g.dispatch(&tokens, &ids, o, st)?;
-        check_set(
-            c,
-            &cfg,
-            ExpertTokens {
-                tokens: &out,
-                counts: &counts,
-            },
-            &want,
-            st,
-        )?;
-        // The experts: expert `e` multiplies its tokens by `e + 1`.
-        let rows = cfg.max_tokens * w * cfg.hidden;
-        let local = g.local_experts();
+        let (rows, local) = (cfg.max_tokens * w * cfg.hidden, g.local_experts());
         let scaled: Vec<bf16> = (out.copy_to_host(st)?.iter().enumerate())
-            .map(|(i, x)| bf16::from_f32(x.to_f32() * (r * local + i / rows + 1) as f32))
+            .map(|(i, x)| bf16::from_f32(x.to_f32() * scale(r * local + i / rows)))
             .collect();
         let expert_out = c.upload(&scaled, st)?;
         let weights = c.upload(&mine.weights, st)?;
         let mut back = c.alloc::<bf16>(mine.n * cfg.hidden)?;
         g.combine(&expert_out, &ids, &weights, &mut back, st)?;
-        let due = bits(&combined(&cfg, none, mine, |e| (e + 1) as f32));
-        let got: Vec<u16> = back.copy_to_host(st)?.iter().map(|x| x.to_bits()).collect();
-        if got != due {
-            return Err(wrong(
-                r,
-                format!("round {k}: {}'s combine differs", g.engine().name()),
-            ));
-        }
+        let got = ExpertTokens {
+            tokens: &out,
+            counts: &counts,
+        };
+        check_round(g, got, &back, &all, &scale, &format!("round {k}"), st)?;
     }
     Ok(())
 }
@@ -170,51 +162,19 @@ fn replayed<C: Collective>(
 ) -> Result<()> {
     let (c, from) = (g.comm(), rounds.start);
     let (r, w, cfg) = (c.rank(), c.world_size(), g.config());
-    let none = RankMask::none(w);
     let n = |p: usize| (p * 3 + 1) % (cfg.max_tokens / 2 + 1) + 1;
     let first = engine_routing(&cfg, from, r, Some(n(r)));
-    let tokens = c.upload(&to_bf16(&first.tokens), st)?;
-    let ids = c.upload(&first.ids, st)?;
-    let weights = c.upload(&first.weights, st)?;
-    let out = c.alloc::<bf16>(g.received_len())?;
-    let counts = c.alloc::<i32>(g.local_experts())?;
-    let back = c.alloc::<bf16>(first.n * cfg.hidden)?;
-    let graph = Graph::capture(st, |s| {
-        let o = ExpertTokens {
-            tokens: &out,
-            counts: &counts,
-        };
-        s.expert_dispatch(g, &tokens, &ids, o)?;
-        s.expert_combine(g, &out, &ids, &weights, &back)
-    })?;
+    let b = StepBuffers::new(g, &first, &to_bf16(&first.tokens), st)?;
+    let graph = b.capture(g, st)?;
     for k in rounds {
         let all: Vec<Routing> = (0..w)
             .map(|p| engine_routing(&cfg, k, p, Some(n(p))))
             .collect();
         let mine = &all[r];
-        let want = received(&cfg, none, &all, r)
-            .ok_or_else(|| wrong(r, "a routing of distinct experts overflowed".into()))?;
-        tokens.write_from_host(&to_bf16(&mine.tokens), st)?;
-        ids.write_from_host(&mine.ids, st)?;
-        weights.write_from_host(&mine.weights, st)?;
+        b.write(mine, &to_bf16(&mine.tokens), st)?;
         graph.launch(st)?;
-        check_set(
-            c,
-            &cfg,
-            ExpertTokens {
-                tokens: &out,
-                counts: &counts,
-            },
-            &want,
-            st,
-        )?;
-        let got: Vec<u16> = back.copy_to_host(st)?.iter().map(|x| x.to_bits()).collect();
-        if got != bits(&combined(&cfg, none, mine, |_| 1.0)) {
-            return Err(wrong(
-                r,
-                format!("replay {k}: {}'s combine differs", g.engine().name()),
-            ));
-        }
+        let what = format!("replay {k}");
+        check_round(g, b.received(), &b.back, &all, &|_| 1.0, &what, st)?;
     }
     Ok(())
 }
