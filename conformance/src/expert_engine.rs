@@ -123,7 +123,11 @@ fn eager<C: Collective>(g: &ExpertGroup<'_, bf16, C>, rounds: usize, st: &C::Str
     // The experts: expert `e` multiplies its tokens by `e + 1`.
     let scale = |e: usize| (e + 1) as f32;
     for k in 0..rounds {
-        let all: Vec<Routing> = (0..w).map(|p| engine_routing(&cfg, k, p, None)).collect();
+        // At least one token a rank: an empty dispatch is not this case's question.
+        let n = |p: usize| 1 + (p * 5 + k * 3) % cfg.max_tokens;
+        let all: Vec<Routing> = (0..w)
+            .map(|p| engine_routing(&cfg, k, p, Some(n(p))))
+            .collect();
         let mine = &all[r];
         let tokens = c.upload(&to_bf16(&mine.tokens), st)?;
         let ids = c.upload(&mine.ids, st)?;
