@@ -165,7 +165,7 @@ impl<C: Collective> Comm<C> {
                 format!("{} {}", caps.backend, caps.version),
             ));
         }
-        let (slots, received, back) = group_sizes(&config, local, mask.world())?;
+        let (slots, received, back) = group_sizes(&config, local, w)?;
         let scales = match fp8_scales.map(|p| p.max(1)) {
             None => None,
             Some(per_token) => {
