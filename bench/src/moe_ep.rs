@@ -3,11 +3,13 @@
 //! experts, bf16; `--tokens 4096` for a prefill), eagerly and in a graph (`-G`), the
 //! combine's result checked against a fixed-order f32 reference (identity experts: each
 //! token's weighted sum of itself). Device events, back-to-back steps, us per step (a
-//! dispatch and a combine). A backend without expert parallelism's kernels says so.
+//! dispatch and a combine). `--engine library` times the backend's expert library (NCCL EP)
+//! on the same routing, for a ratio in one run. A backend that does not run the engine
+//! says why (and `--engine library` then fails: it was asked for by name).
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use unicomm::{bf16, ExpertConfig, ExpertTokens, Graph, Vendor};
+use unicomm::{bf16, ExpertConfig, ExpertEngine, ExpertTokens, Graph, Vendor};
 
 /// `unicomm-bench moe-ep` arguments.
 #[derive(Parser, Debug)]
@@ -40,6 +42,19 @@ struct MoeArgs {
     /// Launches of a graph of `iters` steps (0: no graph).
     #[arg(short = 'G', long, default_value_t = 0)]
     graphs: usize,
+    /// Who runs the dispatch and combine: `kernels` (unicomm's) or `library` (the
+    /// backend's expert library: NCCL EP on NCCL, where its library is found).
+    #[arg(long, default_value = "kernels", value_parser = ["kernels", "library"])]
+    engine: String,
+}
+
+impl MoeArgs {
+    fn engine(&self) -> ExpertEngine {
+        match self.engine.as_str() {
+            "library" => ExpertEngine::Library,
+            _ => ExpertEngine::Kernels,
+        }
+    }
 }
 
 /// One rank's figures: us per step eagerly and in a graph, elements that differ.
@@ -65,18 +80,15 @@ pub fn moe_ep(args: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
     let got = unicomm::each_rank(&comms, |c| rank(c, &a, cfg)).map_err(anyhow::Error::from)?;
     if comms[0].rank() == 0 {
         println!(
-            "# unicomm-bench moe-ep: {} ranks ({}), {} tokens a rank, hidden {}, top-{} of {} experts, bf16, {} steps",
-            w, comms[0].capabilities().backend, a.tokens, a.hidden, a.top_k, a.experts, a.iters
+            "# unicomm-bench moe-ep: {} ranks ({}, {}), {} tokens a rank, hidden {}, top-{} of {} experts, bf16, {} steps",
+            w, comms[0].capabilities().backend, a.engine().name(), a.tokens, a.hidden, a.top_k, a.experts, a.iters
         );
         println!("# rank  eager (us/step)  graph (us/step)  #wrong");
     }
     for (c, f) in comms.iter().zip(&got) {
         match f {
-            None => println!(
-                "  {:>4}  expert parallelism is not run by this backend yet",
-                c.rank()
-            ),
-            Some(f) => println!(
+            Err(why) => println!("  {:>4}  not run here: {why}", c.rank()),
+            Ok(f) => println!(
                 "  {:>4}  {:>15.2}  {:>15}  {:>6}",
                 c.rank(),
                 f.eager_us,
@@ -86,6 +98,9 @@ pub fn moe_ep(args: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
         }
     }
     let wrong: usize = got.iter().flatten().map(|f| f.wrong).sum();
+    if got.iter().all(Result::is_err) && a.engine() == ExpertEngine::Library {
+        bail!("{} did not run", a.engine().name());
+    }
     if wrong > 0 {
         bail!("{wrong} wrong elements");
     }
@@ -128,10 +143,17 @@ fn reference(ids: &[i32], weights: &[f32], tokens: &[bf16], a: &MoeArgs) -> Vec<
         .collect()
 }
 
-fn rank(c: &unicomm::Comm, a: &MoeArgs, cfg: ExpertConfig) -> unicomm::Result<Option<Figures>> {
+/// Rank `c`'s figures, or why its backend does not run the engine.
+fn rank(
+    c: &unicomm::Comm,
+    a: &MoeArgs,
+    cfg: ExpertConfig,
+) -> unicomm::Result<Result<Figures, String>> {
     let st = c.create_stream()?;
-    let g = match c.expert_group::<bf16>(cfg) {
-        Err(unicomm::Error::Unsupported { .. }) => return Ok(None),
+    let g = match c.expert_group_on::<bf16>(cfg, a.engine()) {
+        Err(e @ (unicomm::Error::Unsupported { .. } | unicomm::Error::LibraryNotFound { .. })) => {
+            return Ok(Err(e.to_string()))
+        }
         other => other?,
     };
     let (ids, weights, tokens) = routing(c.rank(), a);
@@ -153,7 +175,7 @@ fn rank(c: &unicomm::Comm, a: &MoeArgs, cfg: ExpertConfig) -> unicomm::Result<Op
     };
     for _ in 0..a.warmup.max(1) {
         match step(&mut out, &mut back) {
-            Err(unicomm::Error::Unsupported { .. }) => return Ok(None),
+            Err(e @ unicomm::Error::Unsupported { .. }) => return Ok(Err(e.to_string())),
             other => other?,
         }
     }
@@ -193,7 +215,7 @@ fn rank(c: &unicomm::Comm, a: &MoeArgs, cfg: ExpertConfig) -> unicomm::Result<Op
     } else {
         None
     };
-    Ok(Some(Figures {
+    Ok(Ok(Figures {
         eager_us,
         graph_us,
         wrong,

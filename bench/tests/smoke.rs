@@ -554,3 +554,18 @@ fn the_moe_ep_command_times_dispatch_and_combine_checked() {
         );
     }
 }
+
+/// `--engine library` on a backend without an expert library fails naming why on every
+/// rank, never a row of figures.
+#[test]
+fn the_moe_ep_command_fails_where_the_library_engine_does_not_run() {
+    let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
+        .args(["moe-ep", "--vendor", "mock", "--ranks", "2", "--tokens", "4"])
+        .args(["--hidden", "8", "--experts", "4", "--top-k", "2", "--engine", "library"])
+        .output()
+        .expect("run unicomm-bench moe-ep");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert_eq!(stdout.matches("not run here").count(), 2, "{stdout}");
+    assert!(stdout.contains("NCCL EP"), "{stdout}");
+}
