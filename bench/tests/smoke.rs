@@ -76,6 +76,11 @@ struct Run {
 
 /// Runs unicomm-bench on the mock with `args`, `-J` and, if `plot`, `--plot`; it must
 /// succeed.
+/// A command line's arguments, written as one line.
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 fn bench(tag: &str, args: &[&str], plot: bool) -> Run {
     let dir = std::env::temp_dir().join(format!("unicomm-bench-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -131,23 +136,7 @@ fn cells(doc: &serde_json::Value) -> Vec<String> {
 fn one_thread_drives_every_rank() {
     let doc = bench_json(
         "single",
-        &[
-            "--ranks",
-            "3",
-            "--single-thread",
-            "--modes",
-            "plain,registered,window,auto",
-            "-b",
-            "8",
-            "-e",
-            "64K",
-            "-f",
-            "8",
-            "-w",
-            "1",
-            "-n",
-            "2",
-        ],
+        &words("--ranks 3 --single-thread --modes plain,registered,window,auto -b 8 -e 64K -f 8 -w 1 -n 2"),
     );
     let rows = cells(&doc);
     assert!(rows.len() > 50, "{} rows", rows.len());
@@ -196,19 +185,9 @@ fn both_orders_measure_the_same_cells() {
 #[test]
 fn graphs_of_several_ranks_on_one_thread_are_refused_on_the_mock() {
     let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
-        .args([
-            "--vendor",
-            "mock",
-            "--ranks",
-            "2",
-            "--single-thread",
-            "-G",
-            "3",
-            "-b",
-            "8",
-            "-e",
-            "8",
-        ])
+        .args(words(
+            "--vendor mock --ranks 2 --single-thread -G 3 -b 8 -e 8",
+        ))
         .output()
         .expect("run unicomm-bench");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -278,24 +257,7 @@ fn the_report_names_auto_s_path_by_the_policy_and_lists_its_misses() {
 fn gather_scatter_and_all_to_all_v_are_measured_and_checked() {
     let doc = bench_json(
         "vcolls",
-        &[
-            "--ranks",
-            "3",
-            "--coll",
-            "gather,scatter,all_to_all_v",
-            "-b",
-            "96",
-            "-e",
-            "96K",
-            "-f",
-            "32",
-            "-w",
-            "1",
-            "-n",
-            "2",
-            "--modes",
-            "plain,registered,window",
-        ],
+        &words("--ranks 3 --coll gather,scatter,all_to_all_v -b 96 -e 96K -f 32 -w 1 -n 2 --modes plain,registered,window"),
     );
     let c = cells(&doc);
     for coll in ["gather", "scatter", "all_to_all_v"] {
@@ -365,24 +327,7 @@ fn the_decode_preset_times_a_decode_steps_all_reduces() {
 fn graph_mode_captures_and_replays_on_the_mock() {
     let doc = bench_json(
         "graphs",
-        &[
-            "--ranks",
-            "3",
-            "-b",
-            "64",
-            "-e",
-            "4K",
-            "-f",
-            "8",
-            "-w",
-            "1",
-            "-n",
-            "2",
-            "-G",
-            "2",
-            "--modes",
-            "plain,registered,window,auto",
-        ],
+        &words("--ranks 3 -b 64 -e 4K -f 8 -w 1 -n 2 -G 2 --modes plain,registered,window,auto"),
     );
     let all = cells(&doc);
     for coll in [
@@ -412,26 +357,9 @@ fn graph_mode_captures_and_replays_on_the_mock() {
 #[test]
 fn the_symmetric_modes_run_checked_all_reduces_eager_and_in_graphs() {
     for graphs in [None, Some("2")] {
-        let mut args = vec![
-            "--ranks",
-            "3",
-            "--modes",
-            "one-shot,two-shot,lamport",
-            "-d",
-            "bf16",
-            "-b",
-            "8",
-            "-e",
-            "4K",
-            "-f",
-            "8",
-            "-w",
-            "1",
-            "-n",
-            "2",
-            "-c",
-            "1",
-        ];
+        let mut args = words(
+            "--ranks 3 --modes one-shot,two-shot,lamport -d bf16 -b 8 -e 4K -f 8 -w 1 -n 2 -c 1",
+        );
         if let Some(g) = graphs {
             args.extend(["-G", g]);
         }
@@ -459,20 +387,7 @@ fn the_symmetric_modes_run_checked_all_reduces_eager_and_in_graphs() {
 #[test]
 fn the_fused_modes_time_the_decode_shapes_with_the_residual_checked() {
     for graphs in [None, Some("1")] {
-        let mut args = vec![
-            "--ranks",
-            "2",
-            "--preset",
-            "decode",
-            "-w",
-            "1",
-            "-n",
-            "1",
-            "-c",
-            "1",
-            "--modes",
-            "fused,fused-fp8",
-        ];
+        let mut args = words("--ranks 2 --preset decode -w 1 -n 1 -c 1 --modes fused,fused-fp8");
         if let Some(g) = graphs {
             args.extend(["-G", g]);
         }
@@ -489,20 +404,7 @@ fn the_fused_modes_time_the_decode_shapes_with_the_residual_checked() {
     }
     let sweep = bench_json(
         "fused-sweep",
-        &[
-            "--ranks",
-            "2",
-            "-b",
-            "8",
-            "-e",
-            "64",
-            "-w",
-            "1",
-            "-n",
-            "1",
-            "--modes",
-            "plain,fused",
-        ],
+        &words("--ranks 2 -b 8 -e 64 -w 1 -n 1 --modes plain,fused"),
     );
     let rows = sweep["results"].as_array().expect("results");
     assert!(rows.iter().all(|r| r["mode"] == "plain"), "{rows:?}");
@@ -513,27 +415,7 @@ fn the_fused_modes_time_the_decode_shapes_with_the_residual_checked() {
 #[test]
 fn the_moe_ep_command_times_dispatch_and_combine_checked() {
     let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
-        .args([
-            "moe-ep",
-            "--vendor",
-            "mock",
-            "--ranks",
-            "4",
-            "--tokens",
-            "16",
-            "--hidden",
-            "24",
-            "--experts",
-            "16",
-            "--top-k",
-            "4",
-            "-n",
-            "3",
-            "-w",
-            "1",
-            "-G",
-            "2",
-        ])
+        .args(words("moe-ep --vendor mock --ranks 4 --tokens 16 --hidden 24 --experts 16 --top-k 4 -n 3 -w 1 -G 2"))
         .output()
         .expect("run unicomm-bench moe-ep");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -560,8 +442,19 @@ fn the_moe_ep_command_times_dispatch_and_combine_checked() {
 #[test]
 fn the_moe_ep_command_fails_where_the_library_engine_does_not_run() {
     let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
-        .args(["moe-ep", "--vendor", "mock", "--ranks", "2", "--tokens", "4"])
-        .args(["--hidden", "8", "--experts", "4", "--top-k", "2", "--engine", "library"])
+        .args([
+            "moe-ep", "--vendor", "mock", "--ranks", "2", "--tokens", "4",
+        ])
+        .args([
+            "--hidden",
+            "8",
+            "--experts",
+            "4",
+            "--top-k",
+            "2",
+            "--engine",
+            "library",
+        ])
         .output()
         .expect("run unicomm-bench moe-ep");
     let stdout = String::from_utf8_lossy(&out.stdout);
