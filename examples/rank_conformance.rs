@@ -245,6 +245,20 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
         experts,
     )?;
     let t = std::time::Instant::now();
+    // The high-throughput mode: `false` where the backend's kernel of it is not built.
+    let cfg = unicomm::ExpertConfig {
+        experts: 2 * comm.world_size(),
+        max_tokens: 16,
+        hidden: 5,
+        top_k: 3,
+    };
+    let packed = unicomm_conformance::expert_dispatch_combine_packed(one, cfg, 28, 8, replays);
+    reported(
+        comm,
+        &timed("high-throughput dispatch and combine", t),
+        packed.map(first),
+    )?;
+    let t = std::time::Instant::now();
     // NCCL EP where its library is found (`UNICOMM_NCCL_EP_LIBRARY`, or NVIDIA's wheel):
     // held to the kernels' results; elsewhere the line says why it did not run.
     let cfg = unicomm::ExpertConfig {

@@ -92,9 +92,9 @@ pub use unicomm_core::symmetric::{
 pub use unicomm_core::{
     backend, bf16, f16, packed_displs, Algorithm, Algorithms, CallOptions, Capabilities,
     CommConfig, Counts, CtaPolicy, DataType, DeviceInfo, DeviceSlice, DeviceSliceMut, DeviceStream,
-    Element, Error, ExpertConfig, ExpertEngine, ExpertTokens, Fp8Buffers, LaunchMarker, Marker, Op,
-    Place, RankMask, RawHandle, ReduceOp, Result, Scalar, ShrinkMode, SignalWait, Version, F8E4M3,
-    F8E5M2,
+    Element, Error, ExpertConfig, ExpertEngine, ExpertMode, ExpertOptions, ExpertTokens,
+    Fp8Buffers, LaunchMarker, Marker, Op, Place, RankMask, RawHandle, ReduceOp, Result, Scalar,
+    ShrinkMode, SignalWait, Version, F8E4M3, F8E5M2,
 };
 pub use unicomm_core::{DeviceCommLayout, DeviceCommRequirements, Team};
 

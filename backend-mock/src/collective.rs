@@ -61,6 +61,7 @@ impl Collective for MockComm {
             fp8_reduce: t.fp8_reduce().is_ok(),
             pre_mul_sum: t.pre_mul_sum().is_ok(),
             device_counts: t.symmetric_kernels().is_ok(),
+            packed_dispatch: t.symmetric_kernels().is_ok(),
         }
     }
 

@@ -401,3 +401,24 @@ fn the_engine_case_holds_the_kernels_and_the_mock_has_no_nccl_ep() {
         }
     }
 }
+
+/// The high-throughput mode at worlds 1-8 (threads): each rank's rows packed expert-major
+/// bit-exact with each expert's count and first row, the combine exact, eager and
+/// replayed; a `max_recv` some rounds pass refused alike on every rank, the ranks in step.
+#[test]
+fn the_packed_dispatch_and_combine_are_exact_at_worlds_1_to_8() {
+    for w in [1, 2, 3, 4, 8] {
+        let cs = comms(w);
+        assert!(cs[0].capabilities().packed_dispatch);
+        for (top_k, max_recv) in [(1, 10), (3, 28)] {
+            let seen = unicomm_conformance::expert_dispatch_combine_packed(
+                &cs,
+                config(w, top_k),
+                max_recv,
+                8,
+                10,
+            );
+            assert_eq!(seen.unwrap(), vec![true; w], "world {w}, top-{top_k}");
+        }
+    }
+}

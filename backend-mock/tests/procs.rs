@@ -201,6 +201,9 @@ fn rank() {
             };
             let seen = unicomm_conformance::expert_dispatch_combine(one, cfg, 6, 6);
             assert_eq!(seen.unwrap(), vec![true], "rank {r}");
+            // High throughput: packed rows, some rounds past max_recv refused on both.
+            let seen = unicomm_conformance::expert_dispatch_combine_packed(one, cfg, 28, 6, 6);
+            assert_eq!(seen.unwrap(), vec![true], "rank {r}");
             // The processes as the survivors of a layout one rank larger, its rank 1 masked.
             let w = c.world_size();
             let mask = unicomm_core::RankMask::new(w + 1, &[1]).unwrap();

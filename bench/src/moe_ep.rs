@@ -9,7 +9,7 @@
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use unicomm::{bf16, ExpertConfig, ExpertEngine, ExpertTokens, Graph, Vendor};
+use unicomm::{bf16, ExpertConfig, ExpertEngine, ExpertOptions, ExpertTokens, Graph, Vendor};
 
 /// `unicomm-bench moe-ep` arguments.
 #[derive(Parser, Debug)]
@@ -143,6 +143,51 @@ fn reference(ids: &[i32], weights: &[f32], tokens: &[bf16], a: &MoeArgs) -> Vec<
         .collect()
 }
 
+/// One step's device operands and outputs.
+struct Operands<'b> {
+    tokens: &'b unicomm::Buffer<bf16>,
+    ids: &'b unicomm::Buffer<i32>,
+    weights: &'b unicomm::Buffer<f32>,
+    out: &'b unicomm::Buffer<bf16>,
+    counts: &'b unicomm::Buffer<i32>,
+    back: &'b unicomm::Buffer<bf16>,
+}
+
+/// us per step of `a.graphs` launches of a graph of `a.iters` steps.
+fn graphed(
+    g: &unicomm::ExpertGroup<'_, bf16>,
+    a: &MoeArgs,
+    b: Operands<'_>,
+    st: &unicomm::Stream,
+) -> unicomm::Result<f64> {
+    let Operands {
+        tokens,
+        ids,
+        weights,
+        out,
+        counts,
+        back,
+    } = b;
+    let graph = Graph::capture(st, |s| {
+        (0..a.iters).try_for_each(|_| {
+            let o = ExpertTokens {
+                tokens: out,
+                counts,
+            };
+            s.expert_dispatch(g, tokens, ids, o)?;
+            s.expert_combine(g, out, ids, weights, back)
+        })
+    })?;
+    graph.launch(st)?;
+    let begin = st.record()?;
+    for _ in 0..a.graphs {
+        graph.launch(st)?;
+    }
+    let end = st.record()?;
+    st.synchronize()?;
+    Ok(begin.elapsed_ms(&end)? * 1e3 / (a.graphs * a.iters.max(1)) as f64)
+}
+
 /// Rank `c`'s figures, or why its backend does not run the engine.
 fn rank(
     c: &unicomm::Comm,
@@ -150,7 +195,13 @@ fn rank(
     cfg: ExpertConfig,
 ) -> unicomm::Result<Result<Figures, String>> {
     let st = c.create_stream()?;
-    let g = match c.expert_group_on::<bf16>(cfg, a.engine()) {
+    let g = match c.expert_group_with::<bf16>(
+        cfg,
+        ExpertOptions {
+            engine: a.engine(),
+            ..Default::default()
+        },
+    ) {
         Err(e @ (unicomm::Error::Unsupported { .. } | unicomm::Error::LibraryNotFound { .. })) => {
             return Ok(Err(e.to_string()))
         }
@@ -192,28 +243,19 @@ fn rank(
         .zip(&want)
         .filter(|(x, y)| x.to_bits() != y.to_bits())
         .count();
-    let graph_us = if a.graphs > 0 {
-        let (out, back) = (&out, &back);
-        let graph = Graph::capture(&st, |s| {
-            (0..a.iters).try_for_each(|_| {
-                let o = ExpertTokens {
-                    tokens: out,
-                    counts: &counts,
-                };
-                s.expert_dispatch(&g, &tokens_d, &ids_d, o)?;
-                s.expert_combine(&g, out, &ids_d, &weights_d, back)
-            })
-        })?;
-        graph.launch(&st)?;
-        let begin = st.record()?;
-        for _ in 0..a.graphs {
-            graph.launch(&st)?;
+    let graph_us = match a.graphs {
+        0 => None,
+        _ => {
+            let b = Operands {
+                tokens: &tokens_d,
+                ids: &ids_d,
+                weights: &weights_d,
+                out: &out,
+                counts: &counts,
+                back: &back,
+            };
+            Some(graphed(&g, a, b, &st)?)
         }
-        let end = st.record()?;
-        st.synchronize()?;
-        Some(begin.elapsed_ms(&end)? * 1e3 / (a.graphs * a.iters.max(1)) as f64)
-    } else {
-        None
     };
     Ok(Ok(Figures {
         eager_us,

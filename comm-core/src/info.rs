@@ -70,6 +70,9 @@ pub struct Capabilities {
     /// unicomm's work with counts on the device: `all_to_all_vdev` and expert
     /// parallelism's dispatch and combine (the mock; the GPUs once their kernels are built).
     pub device_counts: bool,
+    /// Expert parallelism's high-throughput dispatch (`ExpertMode::HighThroughput`: packed
+    /// rows, the counts exchanged first): the mock; the GPUs once its kernel is built.
+    pub packed_dispatch: bool,
 }
 
 /// The device a rank drives, as a benchmark reports it (nccl-tests' `device`,

@@ -103,5 +103,5 @@ pub use ranks::{each_rank, Place};
 pub use registration::{AutoRegistered, RegisterError, Registered, Registration, Window};
 pub use shrink::{Rejoin, ShrinkMode};
 pub use state::{MemStats, Properties};
-pub use symmetric::{ExpertConfig, ExpertEngine, RankMask};
+pub use symmetric::{ExpertConfig, ExpertEngine, ExpertMode, ExpertOptions, RankMask};
 pub use work::{Work, DEVICE_PATH};

@@ -64,7 +64,6 @@ pub(crate) fn received(
     all: &[Routing],
     r: usize,
 ) -> Option<Vec<Vec<f32>>> {
-    let (h, kk) = (cfg.hidden, cfg.top_k);
     let local = cfg.experts / mask.world();
     for rt in all {
         // A masked rank's experts receive nothing, so they never overflow.
@@ -74,21 +73,31 @@ pub(crate) fn received(
             }
         }
     }
-    Some(
-        (0..local)
-            .map(|l| {
-                let e = (mask.layout_rank(r) * local + l) as i32;
-                let mut rows = Vec::new();
-                for rt in all {
-                    for (i, _) in rt.ids.iter().enumerate().filter(|(_, &x)| x == e) {
-                        let t = i / kk;
-                        rows.extend_from_slice(&rt.tokens[t * h..(t + 1) * h]);
-                    }
+    Some(rows_for(cfg, mask, all, r))
+}
+
+/// Rank `r`'s rows per local expert, whatever the capacities.
+pub(crate) fn rows_for(
+    cfg: &ExpertConfig,
+    mask: RankMask,
+    all: &[Routing],
+    r: usize,
+) -> Vec<Vec<f32>> {
+    let (h, kk) = (cfg.hidden, cfg.top_k);
+    let local = cfg.experts / mask.world();
+    (0..local)
+        .map(|l| {
+            let e = (mask.layout_rank(r) * local + l) as i32;
+            let mut rows = Vec::new();
+            for rt in all {
+                for (i, _) in rt.ids.iter().enumerate().filter(|(_, &x)| x == e) {
+                    let t = i / kk;
+                    rows.extend_from_slice(&rt.tokens[t * h..(t + 1) * h]);
                 }
-                rows
-            })
-            .collect(),
-    )
+            }
+            rows
+        })
+        .collect()
 }
 
 /// Rank `r`'s combined tokens where expert `e` multiplies by `scale(e)`: in `k` order, f32;
@@ -291,7 +300,7 @@ impl<T: Element, C: Collective> StepBuffers<T, C> {
             ids: c.upload(&first.ids, st)?,
             weights: c.upload(&first.weights, st)?,
             out: c.alloc::<T>(g.received_len())?,
-            counts: c.alloc::<i32>(g.local_experts())?,
+            counts: c.alloc::<i32>(g.counts_len())?,
             back: c.alloc::<T>(first.n * g.config().hidden)?,
         })
     }

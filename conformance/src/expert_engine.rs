@@ -10,7 +10,7 @@
 
 use unicomm_core::{
     bf16, each_rank, Buffer, Collective, Comm, DeviceStream, Error, ExpertConfig, ExpertEngine,
-    ExpertGroup, ExpertTokens, RankMask, Result,
+    ExpertGroup, ExpertOptions, ExpertTokens, RankMask, Result,
 };
 
 use crate::expert::{combined, received, routing, wrong, Routing, StepBuffers};
@@ -100,7 +100,13 @@ pub fn expert_engine_matches_the_kernels<C: Collective>(
 ) -> Result<Vec<EngineRun>> {
     each_rank(comms, |c| -> Result<EngineRun> {
         let st = c.create_stream()?;
-        let g = match c.expert_group_on::<bf16>(cfg, engine) {
+        let g = match c.expert_group_with::<bf16>(
+            cfg,
+            ExpertOptions {
+                engine,
+                ..Default::default()
+            },
+        ) {
             Err(e @ (Error::Unsupported { .. } | Error::LibraryNotFound { .. })) => {
                 return Ok(EngineRun::NotHere(e.to_string()));
             }

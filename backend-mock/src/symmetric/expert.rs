@@ -14,7 +14,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use unicomm_core::symmetric::{ExpertConfig, ExpertGroupParts, RankMask};
+use unicomm_core::symmetric::{ExpertConfig, ExpertGroupParts, ExpertMode, RankMask};
 use unicomm_core::{Error, Result};
 
 use super::kernels::{read, read_u8, write, write_bytes, Local, Run, Ty};
@@ -22,7 +22,7 @@ use super::protocol;
 use super::table::Record;
 
 /// A count that says the source's routing named an expert outside `0..experts`.
-const BAD_ID: u64 = u64::MAX;
+pub(super) const BAD_ID: u64 = u64::MAX;
 
 /// The group's memory on this rank and its capacities.
 pub(crate) struct Group {
@@ -33,6 +33,7 @@ pub(crate) struct Group {
     pub mask: RankMask,
     pub ty: Ty,
     pub world: usize,
+    pub mode: ExpertMode,
 }
 
 /// One dispatch's operands on this rank.
@@ -56,13 +57,13 @@ pub(crate) struct Fp8Job {
 
 /// An element a dispatch moves: one of the group's type, or an FP8 byte.
 #[derive(Clone, Copy)]
-enum Elem {
+pub(super) enum Elem {
     Ty(Ty),
     Byte,
 }
 
 impl Elem {
-    fn of(g: &Group, d: &DispatchJob) -> Elem {
+    pub(super) fn of(g: &Group, d: &DispatchJob) -> Elem {
         if d.fp8.is_some() {
             Elem::Byte
         } else {
@@ -71,28 +72,34 @@ impl Elem {
     }
 
     /// Element `i` of `l` (read-locked by the caller), as bits.
-    fn read(self, l: &Local, i: usize) -> u32 {
+    pub(super) fn read(self, l: &Local, i: usize) -> u32 {
         match self {
             Elem::Ty(t) => read(l, t, i),
             Elem::Byte => u32::from(read_u8(l, i)),
         }
     }
 
-    fn set(self, rec: &Record, p: usize, i: usize, x: u32) -> Result<()> {
+    pub(super) fn set(self, rec: &Record, p: usize, i: usize, x: u32) -> Result<()> {
         match self {
             Elem::Ty(t) => rec.set(t, p, i, x),
             Elem::Byte => rec.set_byte(p, i, x as u8),
         }
     }
 
-    fn data(self, rec: &Record, p: usize, i: usize) -> Result<u32> {
+    pub(super) fn data(self, rec: &Record, p: usize, i: usize) -> Result<u32> {
         match self {
             Elem::Ty(t) => rec.data(t, p, i),
             Elem::Byte => rec.byte(p, i).map(u32::from),
         }
     }
 
-    fn write(self, l: &Local, at: usize, bits: &[u32], t: std::time::Duration) -> Result<()> {
+    pub(super) fn write(
+        self,
+        l: &Local,
+        at: usize,
+        bits: &[u32],
+        t: std::time::Duration,
+    ) -> Result<()> {
         match self {
             Elem::Ty(ty) => write(&shifted(l, at * ty.size()), ty, bits, t),
             Elem::Byte => {
@@ -104,7 +111,7 @@ impl Elem {
 }
 
 /// `l` moved on by `bytes`.
-fn shifted(l: &Local, bytes: usize) -> Local {
+pub(super) fn shifted(l: &Local, bytes: usize) -> Local {
     Local {
         alloc: l.alloc.clone(),
         offset: l.offset + bytes,
@@ -134,20 +141,26 @@ impl Group {
             config: g.config,
             mask: g.mask,
             ty: Ty::of(g.dtype)?,
+            mode: g.mode,
         })
     }
 
-    fn local(&self) -> usize {
+    pub(super) fn local(&self) -> usize {
         self.config.experts / self.mask.world()
     }
 
     /// The group's rank holding expert `id` (`None` where its layout rank is masked).
-    fn holder(&self, id: usize) -> Option<usize> {
+    pub(super) fn holder(&self, id: usize) -> Option<usize> {
         self.mask.group_rank(id / self.local())
     }
 
     /// Slot `(l, s)`'s count word in rank `p`'s metadata.
-    fn count(&self, p: usize, l: usize, s: usize) -> Result<&std::sync::atomic::AtomicU64> {
+    pub(super) fn count(
+        &self,
+        p: usize,
+        l: usize,
+        s: usize,
+    ) -> Result<&std::sync::atomic::AtomicU64> {
         self.meta.count(p, l * self.world + s)
     }
 
@@ -158,7 +171,7 @@ impl Group {
 }
 
 /// `n` i32 (as u32 bits) from `l`, under its read lock.
-fn words(l: &Local, n: usize, timeout: std::time::Duration) -> Result<Vec<u32>> {
+pub(super) fn words(l: &Local, n: usize, timeout: std::time::Duration) -> Result<Vec<u32>> {
     let _g = l.alloc.read_lock(timeout)?;
     Ok((0..n).map(|i| read(l, Ty::F32, i)).collect())
 }
@@ -329,7 +342,7 @@ pub(crate) fn combine(run: &Run, g: &Group, c: &CombineJob) -> Result<()> {
 }
 
 /// Each of this rank's tokens: its rows weighted and summed in `k` order (f32), rounded.
-fn sum_back(run: &Run, g: &Group, c: &CombineJob) -> Result<()> {
+pub(super) fn sum_back(run: &Run, g: &Group, c: &CombineJob) -> Result<()> {
     let (me, t) = (run.ctx.rank, run.ctx.timeout);
     let (h, k) = (g.config.hidden, g.config.top_k);
     let ids = words(&c.ids, c.n * k, t)?;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use unicomm_core::registry::RawHandle;
 use unicomm_core::symmetric::{
-    SymmetricAlgorithm, SymmetricOp, SymmetricParts, LAMPORT_HEADER, PAD_BYTES,
+    ExpertMode, SymmetricAlgorithm, SymmetricOp, SymmetricParts, LAMPORT_HEADER, PAD_BYTES,
 };
 use unicomm_core::{Collective, DataType, DeviceMemory, Error, ReduceOp, Result};
 
@@ -30,6 +30,7 @@ use table::{unknown, Record};
 
 mod exchange;
 mod expert;
+mod expert_packed;
 mod grid;
 pub(crate) mod kernels;
 mod lamport;
@@ -273,7 +274,12 @@ impl MockComm {
                     counts: local(&d.counts),
                     fp8,
                 };
-                self.push_expert(g, sig, stream, move |run, g| expert::dispatch(run, g, &job))
+                self.push_expert(g, sig, stream, move |run, g| match g.mode {
+                    ExpertMode::HighThroughput { max_recv } => {
+                        expert_packed::dispatch(run, g, &job, max_recv)
+                    }
+                    _ => expert::dispatch(run, g, &job),
+                })
             }
             SymmetricOp::Combine(c) => {
                 let g = expert::Group::new(|h| self.symmetric.get(h), &c.group)?;
@@ -287,7 +293,10 @@ impl MockComm {
                     weights: local(&c.weights),
                     out: local(&c.out),
                 };
-                self.push_expert(g, sig, stream, move |run, g| expert::combine(run, g, &job))
+                self.push_expert(g, sig, stream, move |run, g| match g.mode {
+                    ExpertMode::HighThroughput { .. } => expert_packed::combine(run, g, &job),
+                    _ => expert::combine(run, g, &job),
+                })
             }
             _ => Err(Error::invalid("op", "not an expert operation")),
         }

@@ -43,6 +43,38 @@ impl ExpertEngine {
     }
 }
 
+/// How a group lays out what a dispatch receives (the same on every rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ExpertMode {
+    /// Decode's: a slot range of `max_tokens` per local expert and source rank
+    /// (`[L][W * M][H]` out, each expert's rows from 0), written as they are routed.
+    #[default]
+    LowLatency,
+    /// Prefill's: at most `max_recv` token copies a rank, packed expert-major
+    /// (`[max_recv][H]` out; the counts buffer holds each local expert's count, then its
+    /// first row), the ranks' counts exchanged before the rows move.
+    HighThroughput {
+        /// The most token copies one rank receives in one dispatch.
+        max_recv: usize,
+    },
+}
+
+/// How an expert group is made, beside its capacities: who runs it, its layout, the
+/// survivors' mask, the FP8 dispatch's scales. `Default`: unicomm's kernels, low latency,
+/// no mask, no FP8.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExpertOptions {
+    /// Who runs the dispatch and combine.
+    pub engine: ExpertEngine,
+    /// The received tokens' layout.
+    pub mode: ExpertMode,
+    /// The layout's masked ranks (the group over a shrink's survivors), or none.
+    pub mask: Option<RankMask>,
+    /// The f32 scales a token of an FP8 dispatch, where the group dispatches FP8.
+    pub fp8_scales: Option<usize>,
+}
+
 /// An expert-parallel group's fixed capacities, the same on every rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExpertConfig {
@@ -199,6 +231,9 @@ pub struct ExpertGroupParts {
     /// Which code runs it; for [`ExpertEngine::Library`], `recv` is the backend's handle
     /// of the library's group and `meta` and `back` are unused.
     pub engine: ExpertEngine,
+    /// The received tokens' layout: for [`ExpertMode::HighThroughput`], `recv` is
+    /// `[max_recv][H]` and `meta` the `L * W` counts then `max_recv` origins.
+    pub mode: ExpertMode,
 }
 
 /// A dispatch: each of this rank's `tokens` (`[n][H]`) sent once per entry of its row of

@@ -14,7 +14,8 @@ mod expert;
 mod signature;
 pub use algorithm::{RmsNormOptions, SymmetricAlgorithm, SymmetricOptions};
 pub use expert::{
-    Combine, Dispatch, ExpertConfig, ExpertEngine, ExpertGroupParts, Fp8Tokens, RankMask,
+    Combine, Dispatch, ExpertConfig, ExpertEngine, ExpertGroupParts, ExpertMode, ExpertOptions,
+    Fp8Tokens, RankMask,
 };
 pub use signature::{
     compare, mismatch, with_word, Signature, SignedOp, LAMPORT_HEADER, SIGNATURE_ROUND,

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use unicomm_core::registry::RawHandle;
-use unicomm_core::symmetric::{Combine, Dispatch, ExpertEngine, ExpertGroupParts};
+use unicomm_core::symmetric::{Combine, Dispatch, ExpertEngine, ExpertGroupParts, ExpertMode};
 use unicomm_core::{DataType, Error, Result};
 
 use crate::base::Base;
@@ -80,7 +80,7 @@ impl Engines {
         g: &ExpertGroupParts,
     ) -> Result<RawHandle> {
         let lc = &base.lc;
-        base.not_in_group("expert_group_on")?;
+        base.not_in_group("expert_group_with")?;
         lc.not_suspended()?;
         if g.engine != ExpertEngine::Library {
             return Err(Error::unsupported(
@@ -89,11 +89,17 @@ impl Engines {
                 "an NCCL communicator's expert library",
             ));
         }
-        if g.dtype != DataType::Bf16 || g.mask.survivors() != g.mask.world() {
+        let plain = g.mask.survivors() == g.mask.world() && g.mode == ExpertMode::LowLatency;
+        if g.dtype != DataType::Bf16 || !plain {
             return Err(Error::unsupported(
                 "NCCL EP's dispatch and combine",
-                "bf16 tokens and no masked rank (its low-latency algorithm's contract here)",
-                format!("{:?} tokens, masked ranks {:?}", g.dtype, g.mask.masked()),
+                "bf16 tokens, low latency and no masked rank (its low-latency algorithm's contract here)",
+                format!(
+                    "{:?} tokens, {:?}, masked ranks {:?}",
+                    g.dtype,
+                    g.mode,
+                    g.mask.masked()
+                ),
             ));
         }
         let words = agreed_words(g);

@@ -4,7 +4,9 @@
 //! the sizes the kernel moves, everything the kernel reads or writes named in one
 //! [`ExpertArgs`](crate::sys::kernel_args::ExpertArgs). The protocol is the mock's (backend-mock/src/symmetric/expert.rs).
 
-use unicomm_core::symmetric::{Combine, Dispatch, ExpertGroupParts, MAX_SYMMETRIC_BLOCKS};
+use unicomm_core::symmetric::{
+    Combine, Dispatch, ExpertGroupParts, ExpertMode, MAX_SYMMETRIC_BLOCKS,
+};
 use unicomm_core::{DataType, Error, Result, Slice};
 
 use super::{Record, SymmetricMemory};
@@ -176,6 +178,14 @@ impl<R: Runtime> SymmetricMemory<R> {
         n: usize,
     ) -> Result<(KernelParams, Shape)> {
         crate::sys::kernel_args::function_index(g.dtype, "expert kernels")?;
+        if g.mode != ExpertMode::LowLatency {
+            // The capabilities say so before a group is made; an op built by hand is refused.
+            return Err(Error::unsupported(
+                "expert parallelism's high-throughput dispatch",
+                "unicomm's packed dispatch kernel (the mock's; the GPUs' is not built yet)",
+                "NCCL",
+            ));
+        }
         let sh = Shape::of(g, base.lc.world)?;
         if n > sh.m {
             return Err(Error::invalid(
@@ -238,6 +248,7 @@ mod tests {
             mask,
             dtype: DataType::Bf16,
             engine: Default::default(),
+            mode: Default::default(),
         }
     }
 

@@ -7,7 +7,7 @@
 //! fake's counters, the variable).
 
 use crate::common::{calls, comm, fake, flavors};
-use unicomm_core::{bf16, Error, ExpertConfig, ExpertEngine, ExpertTokens};
+use unicomm_core::{bf16, Error, ExpertConfig, ExpertEngine, ExpertOptions, ExpertTokens};
 
 const CFG: ExpertConfig = ExpertConfig {
     experts: 4,
@@ -41,7 +41,7 @@ isolated! {
         std::env::set_var("UNICOMM_NCCL_EP_LIBRARY", &path);
         let c = comm(flavors(false, false), &path);
         let st = c.create_stream().unwrap();
-        let g = c.expert_group_on::<bf16>(CFG, ExpertEngine::Library).unwrap();
+        let g = c.expert_group_with::<bf16>(CFG, ExpertOptions { engine: ExpertEngine::Library, ..Default::default() }).unwrap();
         assert_eq!(g.engine(), ExpertEngine::Library);
         // The V2 structure, the capacities, a token's bytes of bf16.
         assert_eq!(ep_config(&path), [112, 2, 4, 3, 16, 2]);
@@ -99,7 +99,7 @@ isolated! {
         let path = fake("nccl228");
         std::env::set_var("UNICOMM_NCCL_EP_LIBRARY", &path);
         let c = comm(flavors(false, false), &path);
-        match c.expert_group_on::<bf16>(CFG, ExpertEngine::Library) {
+        match c.expert_group_with::<bf16>(CFG, ExpertOptions { engine: ExpertEngine::Library, ..Default::default() }) {
             Err(Error::Unsupported { needs, found, .. }) => {
                 assert!(needs.contains("2.30.7") && found.contains("2.28"), "{needs} / {found}")
             }
@@ -112,15 +112,24 @@ isolated! {
         let path = fake("nccl232");
         std::env::set_var("UNICOMM_NCCL_EP_LIBRARY", "/nonexistent/libnccl_ep.so");
         let c = comm(flavors(false, false), &path);
-        match c.expert_group_on::<f32>(CFG, ExpertEngine::Library) {
+        match c.expert_group_with::<f32>(CFG, ExpertOptions { engine: ExpertEngine::Library, ..Default::default() }) {
             Err(Error::Unsupported { needs, .. }) => assert!(needs.contains("bf16"), "{needs}"),
             other => panic!("{:?}", other.map(|_| ())),
         };
-        match c.expert_group_on::<bf16>(CFG, ExpertEngine::Library) {
+        match c.expert_group_with::<bf16>(CFG, ExpertOptions { engine: ExpertEngine::Library, ..Default::default() }) {
             Err(Error::LibraryNotFound { library, tried }) => {
                 assert_eq!(library, "NCCL EP");
                 assert!(tried[0].contains("UNICOMM_NCCL_EP_LIBRARY"), "{tried:?}");
             }
+            other => panic!("{:?}", other.map(|_| ())),
+        };
+        let packed = ExpertOptions {
+            engine: ExpertEngine::Library,
+            mode: unicomm_core::ExpertMode::HighThroughput { max_recv: 64 },
+            ..Default::default()
+        };
+        match c.expert_group_with::<bf16>(CFG, packed) {
+            Err(Error::Unsupported { needs, .. }) => assert!(needs.contains("low latency"), "{needs}"),
             other => panic!("{:?}", other.map(|_| ())),
         };
         assert_eq!(calls(&path, "ncclEpCreateGroup"), 0);

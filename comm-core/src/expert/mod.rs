@@ -14,9 +14,11 @@ use crate::element::Element;
 use crate::fp8::F8E4M3;
 use crate::registry::RawHandle;
 use crate::symmetric::{
-    Combine, Dispatch, ExpertConfig, ExpertEngine, ExpertGroupParts, Fp8Tokens, RankMask,
-    SymmetricOp,
+    Combine, Dispatch, ExpertConfig, ExpertEngine, ExpertGroupParts, ExpertMode, Fp8Tokens,
+    RankMask, SymmetricOp,
 };
+
+mod make;
 use crate::{Error, Result, Symmetric};
 
 /// Where a dispatch writes: each local expert's tokens (`[local][world * max_tokens]
@@ -67,8 +69,10 @@ pub struct ExpertGroup<'c, T: Element, C: Collective> {
     comm: &'c Comm<C>,
     config: ExpertConfig,
     mask: RankMask,
+    mode: ExpertMode,
     local: usize,
-    /// Elements a dispatch writes: `local x world x max_tokens x hidden`.
+    /// Elements a dispatch writes: `local x world x max_tokens x hidden` (low latency),
+    /// `max_recv x hidden` (high throughput).
     received: usize,
     memory: GroupMemory<'c, T, C>,
 }
@@ -110,142 +114,6 @@ impl<C: Collective> Drop for LibraryGroup<'_, C> {
     }
 }
 
-/// The receive slots' and the landing rows' elements of `config` on `local` experts of a
-/// world of `w`.
-fn group_sizes(config: &ExpertConfig, local: usize, w: usize) -> Result<(usize, usize, usize)> {
-    let too_big = || Error::invalid("expert config", format!("{config:?} overflows"));
-    let (m, h, k) = (config.max_tokens, config.hidden, config.top_k);
-    let slots = local
-        .checked_mul(w)
-        .and_then(|x| x.checked_mul(m))
-        .ok_or_else(too_big)?;
-    let recv = slots.checked_mul(h).ok_or_else(too_big)?;
-    let back = m
-        .checked_mul(k)
-        .and_then(|x| x.checked_mul(h))
-        .ok_or_else(too_big)?;
-    Ok((slots, recv, back))
-}
-
-impl<C: Collective> Comm<C> {
-    /// An expert-parallel group (collective and host-blocking: every rank calls it with the
-    /// same configuration, in the same order; capacities whose memory differs are
-    /// `Mismatch` on every rank). Tokens of f32, f16 or bf16. Its memory: `experts x
-    /// max_tokens` tokens to receive, `max_tokens x top_k` to combine, their counts and
-    /// origins. The mock runs it, and NCCL on an sm90 GPU or newer (unicomm's kernels);
-    /// elsewhere it is `Unsupported`.
-    pub fn expert_group<T: Element>(&self, config: ExpertConfig) -> Result<ExpertGroup<'_, T, C>> {
-        self.expert_group_masked(config, RankMask::none(self.world_size()), None)
-    }
-
-    /// [`Comm::expert_group`] over the survivors of an expert layout whose masked ranks are
-    /// gone (`mask`: this communicator is the layout's unmasked ranks, in order, as
-    /// [`Comm::shrink`] leaves them): experts keep the layout's places (`experts /
-    /// mask.world()` on each layout rank), and an entry of a routing that names a masked
-    /// rank's expert is not sent and contributes nothing at combine, as a `-1` entry.
-    /// `fp8_scales`: the scales a token of an FP8 dispatch ([`Comm::expert_group_fp8`]).
-    /// Collective over the survivors, with the same mask on each.
-    pub fn expert_group_masked<T: Element>(
-        &self,
-        config: ExpertConfig,
-        mask: RankMask,
-        fp8_scales: Option<usize>,
-    ) -> Result<ExpertGroup<'_, T, C>> {
-        let w = self.world_size();
-        mask.fits(w)?;
-        let local = config.local_experts(mask.world())?;
-        // Combine sums in f32 and rounds to the tokens' type.
-        crate::symmetric::check_symmetric_type(T::DTYPE)?;
-        // Refused before any memory is made where the kernels are not there.
-        let caps = self.capabilities();
-        if !caps.device_counts {
-            return Err(Error::unsupported(
-                "expert parallelism's dispatch and combine",
-                "unicomm's expert kernels (the mock's, or an NVIDIA GPU of sm90 or newer where unicomm's symmetric kernels load)",
-                format!("{} {}", caps.backend, caps.version),
-            ));
-        }
-        let (slots, received, back) = group_sizes(&config, local, w)?;
-        let scales = match fp8_scales.map(|p| p.max(1)) {
-            None => None,
-            Some(per_token) => {
-                let len = slots.checked_mul(per_token).ok_or_else(|| {
-                    Error::invalid("per_token", format!("{per_token} scales overflow"))
-                })?;
-                Some((per_token, len))
-            }
-        };
-        let memory = GroupMemory::Kernels {
-            recv: self.alloc_symmetric::<T>(received)?,
-            meta: self.alloc_symmetric::<i64>(local * w + slots)?,
-            back: self.alloc_symmetric::<T>(back)?,
-            scales: match scales {
-                Some((per, len)) => Some((self.alloc_symmetric::<f32>(len)?, per)),
-                None => None,
-            },
-        };
-        Ok(ExpertGroup {
-            comm: self,
-            config,
-            mask,
-            local,
-            received,
-            memory,
-        })
-    }
-
-    /// [`Comm::expert_group`] run by `engine` (collective: every rank with the same
-    /// configuration and engine). [`ExpertEngine::Kernels`] is `expert_group`;
-    /// [`ExpertEngine::Library`] opens NCCL EP's group on this communicator (an NCCL backend
-    /// with the library found, bf16 tokens), `Unsupported` naming what is missing
-    /// elsewhere.
-    pub fn expert_group_on<T: Element>(
-        &self,
-        config: ExpertConfig,
-        engine: ExpertEngine,
-    ) -> Result<ExpertGroup<'_, T, C>> {
-        if engine == ExpertEngine::Kernels {
-            return self.expert_group(config);
-        }
-        let w = self.world_size();
-        let local = config.local_experts(w)?;
-        let (_, received, _) = group_sizes(&config, local, w)?;
-        let parts = ExpertGroupParts {
-            recv: RawHandle(0),
-            meta: RawHandle(0),
-            back: RawHandle(0),
-            config,
-            mask: RankMask::none(w),
-            dtype: T::DTYPE,
-            engine,
-        };
-        let handle = self.sole()?.open_expert_engine(&parts)?;
-        Ok(ExpertGroup {
-            comm: self,
-            config,
-            mask: parts.mask,
-            local,
-            received,
-            memory: GroupMemory::Library(LibraryGroup {
-                comm: self,
-                handle,
-                engine,
-            }),
-        })
-    }
-
-    /// [`Comm::expert_group`] that also dispatches FP8 tokens
-    /// ([`ExpertGroup::dispatch_fp8`]) with `per_token` f32 scales each (DeepEP's one per
-    /// 128 channels: `hidden / 128`), its scale slots allocated with it. Collective.
-    pub fn expert_group_fp8<T: Element>(
-        &self,
-        config: ExpertConfig,
-        per_token: usize,
-    ) -> Result<ExpertGroup<'_, T, C>> {
-        self.expert_group_masked(config, RankMask::none(self.world_size()), Some(per_token))
-    }
-}
-
 impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
     /// The capacities.
     pub fn config(&self) -> ExpertConfig {
@@ -267,6 +135,20 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
     /// Elements a dispatch's output holds: `local x world x max_tokens x hidden`.
     pub fn received_len(&self) -> usize {
         self.received
+    }
+
+    /// The received tokens' layout.
+    pub fn mode(&self) -> ExpertMode {
+        self.mode
+    }
+
+    /// i32 words of a dispatch's `counts`: each local expert's count, then (high
+    /// throughput) each one's first row in the packed output.
+    pub fn counts_len(&self) -> usize {
+        match self.mode {
+            ExpertMode::LowLatency => self.local,
+            _ => 2 * self.local,
+        }
     }
 
     /// Which code runs the group's dispatch and combine.
@@ -359,6 +241,7 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
             mask: self.mask,
             dtype: T::DTYPE,
             engine: self.engine(),
+            mode: self.mode,
         }
     }
 
@@ -425,7 +308,7 @@ impl<'c, T: Element, C: Collective> ExpertGroup<'c, T, C> {
             tokens: self.fit(tokens, n * h, "tokens")?.raw(),
             ids: self.fit(ids, n * self.config.top_k, "ids")?.raw(),
             out: self.fit(out.tokens, self.received, "out")?.raw(),
-            counts: self.fit(out.counts, self.local, "counts")?.raw(),
+            counts: self.fit(out.counts, self.counts_len(), "counts")?.raw(),
             fp8,
         }))
     }
