@@ -422,3 +422,24 @@ fn the_packed_dispatch_and_combine_are_exact_at_worlds_1_to_8() {
         }
     }
 }
+
+/// An FP8 dispatch is the low-latency mode's: a high-throughput group with FP8 scales is
+/// refused when it is made, naming both.
+#[test]
+fn an_fp8_dispatch_in_the_high_throughput_mode_is_refused() {
+    let cs = comms(1);
+    let options = unicomm_core::ExpertOptions {
+        mode: unicomm_core::ExpertMode::HighThroughput { max_recv: 8 },
+        fp8_scales: Some(2),
+        ..Default::default()
+    };
+    match cs[0].expert_group_with::<f32>(config(1, 1), options) {
+        Err(Error::Unsupported { what, needs, .. }) => {
+            assert!(
+                what.contains("FP8") && needs.contains("low-latency"),
+                "{what} / {needs}"
+            )
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    };
+}

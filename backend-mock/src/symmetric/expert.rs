@@ -111,7 +111,7 @@ impl Elem {
 }
 
 /// `l` moved on by `bytes`.
-pub(super) fn shifted(l: &Local, bytes: usize) -> Local {
+fn shifted(l: &Local, bytes: usize) -> Local {
     Local {
         alloc: l.alloc.clone(),
         offset: l.offset + bytes,
