@@ -245,20 +245,6 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
         experts,
     )?;
     let t = std::time::Instant::now();
-    // The high-throughput mode: `false` where the backend's kernel of it is not built.
-    let cfg = unicomm::ExpertConfig {
-        experts: 2 * comm.world_size(),
-        max_tokens: 16,
-        hidden: 5,
-        top_k: 3,
-    };
-    let packed = unicomm_conformance::expert_dispatch_combine_packed(one, cfg, 28, 8, replays);
-    reported(
-        comm,
-        &timed("high-throughput dispatch and combine", t),
-        packed.map(first),
-    )?;
-    let t = std::time::Instant::now();
     // NCCL EP where its library is found (`UNICOMM_NCCL_EP_LIBRARY`, or NVIDIA's wheel):
     // held to the kernels' results; elsewhere the line says why it did not run.
     let cfg = unicomm::ExpertConfig {
@@ -289,6 +275,33 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
     if comm.world_size() > 1 {
         disagreements(comm)?;
     }
+    // The high-throughput mode last (its GPU kernel is the newest): `false` where the
+    // backend has no kernel of it.
+    let t = std::time::Instant::now();
+    let cfg = unicomm::ExpertConfig {
+        experts: 2 * comm.world_size(),
+        max_tokens: 16,
+        hidden: 5,
+        top_k: 3,
+    };
+    let packed = unicomm_conformance::expert_dispatch_combine_packed(one, cfg, 28, 8, replays);
+    reported(
+        comm,
+        &timed("high-throughput dispatch and combine", t),
+        packed.map(first),
+    )?;
+    let wide = unicomm::ExpertConfig {
+        experts: 8 * comm.world_size(),
+        max_tokens: 32,
+        hidden: 64,
+        top_k: 8,
+    };
+    let packed = unicomm_conformance::expert_dispatch_combine_packed(one, wide, 160, 8, 20);
+    reported(
+        comm,
+        &timed("high-throughput, rows of 16-byte vectors", t),
+        packed.map(first),
+    )?;
     Ok(ran)
 }
 

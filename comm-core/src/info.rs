@@ -71,7 +71,7 @@ pub struct Capabilities {
     /// parallelism's dispatch and combine (the mock; the GPUs once their kernels are built).
     pub device_counts: bool,
     /// Expert parallelism's high-throughput dispatch (`ExpertMode::HighThroughput`: packed
-    /// rows, the counts exchanged first): the mock; the GPUs once its kernel is built.
+    /// rows, the counts exchanged first): the mock, and NCCL where unicomm's kernels load.
     pub packed_dispatch: bool,
 }
 

@@ -79,7 +79,7 @@ enum {
 // A call every rank refuses alike (the communicator goes on): a dispatch's slot past its
 // capacity, a routing naming an expert out of range; an all-to-all's negative split, a
 // rank sending more than its input or receiving more than the bound.
-enum { REFUSED_CAPACITY = 1, REFUSED_EXPERT = 2, REFUSED_SPLIT = 3, REFUSED_SENT = 4, REFUSED_RECEIVED = 5 };
+enum { REFUSED_CAPACITY = 1, REFUSED_EXPERT = 2, REFUSED_SPLIT = 3, REFUSED_SENT = 4, REFUSED_RECEIVED = 5, REFUSED_PACKED = 6 };
 // Within a block: a wait ended by another thread's fault (never in the control block).
 __device__ constexpr uint32_t FAULT_OTHER = 256;
 
@@ -110,7 +110,8 @@ struct Expert {
   uint64_t counts;             // the dispatch's `[L]` i32
   uint64_t in_scales, out_scales;  // an FP8 dispatch's `[n][per]` and `[L][W * M][per]` f32
   uint64_t masked;             // the layout's masked ranks, rank r at bit r
-  uint32_t experts, max_tokens, top_k, n, per_token, layout_world, row_bytes, unused;
+  uint32_t experts, max_tokens, top_k, n, per_token, layout_world, row_bytes;
+  uint32_t max_recv;           // the high-throughput layout's packed rows a rank (0: low latency)
 };
 
 // nccl-api/src/sys/kernel_args/mod.rs's `KernelParams`, field for field.
@@ -1011,7 +1012,10 @@ __device__ void compact(const Params& p, uint32_t warp, uint32_t warps, uint32_t
   }
 }
 
+__device__ void dispatch_packed(const Params& p, Launch& l);
+
 __device__ void dispatch(const Params& p, Launch& l) {
+  if (p.x.max_recv) return dispatch_packed(p, l);
   const uint32_t lane = threadIdx.x % 32, warps = gridDim.x * WARPS;
   const uint32_t warp = blockIdx.x * WARPS + threadIdx.x / 32;
   // Block 0 compared the signatures before any block writes into a peer's memory.
@@ -1069,17 +1073,166 @@ template <typename T, int L> __device__ void sum_back(const Params& p) {
   }
 }
 
+__device__ void push_back_packed(const Params& p, uint32_t warp, uint32_t warps, uint32_t lane);
+
 template <typename T> __device__ void combine(const Params& p, Launch& l) {
   const uint32_t lane = threadIdx.x % 32, warps = gridDim.x * WARPS;
   const uint32_t warp = blockIdx.x * WARPS + threadIdx.x / 32;
   if (!enter(p, l) || !grid_barrier(p, l, 1)) return;
-  push_back(p, warp, warps, lane);
+  if (p.x.max_recv) {
+    push_back_packed(p, warp, warps, lane);
+  } else {
+    push_back(p, warp, warps, lane);
+  }
   if (!grid_barrier(p, l, 2) || !barrier(p, l, 2)) return;
   const uint64_t n = Lanes<T>::N;
   if ((p.out | p.x.back[p.rank]) % 16 == 0 && p.hidden % n == 0) {
     sum_back<T, Lanes<T>::N>(p);
   } else {
     sum_back<T, 1>(p);
+  }
+}
+
+// The high-throughput layout (`x.max_recv` packed rows a rank; the mock's protocol,
+// backend-mock/src/symmetric/expert_packed.rs): after the signatures, warp w counts its
+// experts' tokens (a ballot per 32 entries) into their holders' counts; the second barrier;
+// every block reads every rank's counts (a rank's total past max_recv, or an expert id out of
+// range, refused alike on every rank); warp w pushes its experts' tokens into the holders'
+// packed rows at the rows their counts give, with their origins; the third barrier; this
+// rank's packed rows copied out, block 0 writing each local expert's count and first row.
+// Combine: each row pushed back to its token's landing row, as at low latency.
+
+// Holder r's first packed row of slot range (l, s): its rows of local experts before l,
+// then of l's sources before s.
+__device__ __forceinline__ uint64_t first_row(const Params& p, uint32_t r, uint32_t l, uint32_t s) {
+  uint64_t at = 0;
+  for (uint32_t l2 = 0; l2 <= l; l2++) {
+    const uint32_t sources = l2 == l ? s : p.world;
+    for (uint32_t q = 0; q < sources; q++) at += *slot_count(p, r, l2, q);
+  }
+  return at;
+}
+
+// Warp w's experts: each one's tokens counted into its holder's counts (BAD_ID where the
+// routing names an expert out of range).
+__device__ void count_tokens(const Params& p, uint32_t warp, uint32_t warps, uint32_t lane) {
+  const Expert& x = p.x;
+  const uint32_t local = x.experts / x.layout_world;
+  const uint64_t entries = (uint64_t)x.n * x.top_k;
+  const int32_t* ids = (const int32_t*)x.ids;
+  for (uint32_t e = warp; e < x.experts; e += warps) {
+    uint32_t r = holder(x, e);
+    if (r == NO_RANK) continue;
+    uint64_t n = 0;
+    bool bad = false;
+    for (uint64_t c = 0; c < entries; c += 32) {
+      int32_t id = c + lane < entries ? __ldcg(ids + c + lane) : -1;
+      bad = bad || id >= (int32_t)x.experts;
+      n += __popc(__ballot_sync(~0u, id == (int32_t)e));
+    }
+    bad = __any_sync(~0u, bad);
+    if (lane == 0) *slot_count(p, r, e % local, p.rank) = bad ? BAD_ID : n;
+  }
+}
+
+// Every rank's counts read by every block: the first refusal in rank order (an expert id
+// out of range, else a total past max_recv), reported by block 0; true where there is none.
+__device__ bool packed_fit(const Params& p) {
+  __shared__ uint32_t first;
+  __shared__ unsigned long long totals[MAX_WORLD];
+  const Expert& x = p.x;
+  const uint32_t local = x.experts / x.layout_world, pairs = local * p.world;
+  if (threadIdx.x == 0) first = NO_RANK;
+  if (threadIdx.x < p.world) totals[threadIdx.x] = 0;
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i < p.world * pairs; i += BLOCK) {
+    uint64_t c = *slot_count(p, i / pairs, (i % pairs) / p.world, i % p.world);
+    if (c == BAD_ID) atomicMin(&first, i);
+    else atomicAdd(&totals[i / pairs], (unsigned long long)c);
+  }
+  __syncthreads();
+  const bool report = blockIdx.x == 0 && threadIdx.x == 0;
+  if (first != NO_RANK) {
+    if (report) refuse(p, REFUSED_EXPERT, first % p.world, 0, x.experts);
+    return false;
+  }
+  for (uint32_t r = 0; r < p.world; r++) {
+    if (totals[r] > x.max_recv) {
+      if (report) refuse(p, REFUSED_PACKED, r, x.max_recv, totals[r]);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Warp w's experts: each routed token pushed into its holder's packed rows (the rows its
+// slot range starts at, then in (token, k) order), with its origin.
+__device__ void push_packed(const Params& p, uint32_t warp, uint32_t warps, uint32_t lane) {
+  const Expert& x = p.x;
+  const uint32_t local = x.experts / x.layout_world, k = x.top_k;
+  const uint64_t entries = (uint64_t)x.n * k, rb = x.row_bytes;
+  const int32_t* ids = (const int32_t*)x.ids;
+  for (uint32_t e = warp; e < x.experts; e += warps) {
+    uint32_t r = holder(x, e);
+    if (r == NO_RANK) continue;
+    uint64_t row = first_row(p, r, e % local, p.rank);
+    for (uint64_t c = 0; c < entries; c += 32) {
+      int32_t id = c + lane < entries ? __ldcg(ids + c + lane) : -1;
+      for (uint32_t hit = __ballot_sync(~0u, id == (int32_t)e); hit; hit &= hit - 1) {
+        uint64_t i = c + (__ffs(hit) - 1);
+        warp_copy(x.tokens + (i / k) * rb, p.peers[r] + row * rb, rb, lane);
+        if (lane == 0) ((volatile uint64_t*)x.meta[r])[(uint64_t)local * p.world + row] = i;
+        row++;
+      }
+    }
+  }
+}
+
+// This rank's packed rows into the output (a warp a row), each local expert's count and
+// first row by block 0.
+__device__ void unpack(const Params& p, uint32_t warp, uint32_t warps, uint32_t lane) {
+  const Expert& x = p.x;
+  const uint32_t local = x.experts / x.layout_world;
+  const uint64_t rb = x.row_bytes, total = first_row(p, p.rank, local - 1, p.world);
+  for (uint64_t row = warp; row < total; row += warps) {
+    warp_copy(p.peers[p.rank] + row * rb, p.out + row * rb, rb, lane);
+  }
+  if (blockIdx.x == 0) {
+    for (uint32_t l = threadIdx.x; l < local; l += BLOCK) {
+      uint64_t at = first_row(p, p.rank, l, 0), next = first_row(p, p.rank, l, p.world);
+      ((int32_t*)x.counts)[l] = (int32_t)(next - at);
+      ((int32_t*)x.counts)[local + l] = (int32_t)at;
+    }
+  }
+}
+
+__device__ void dispatch_packed(const Params& p, Launch& l) {
+  const uint32_t lane = threadIdx.x % 32, warps = gridDim.x * WARPS;
+  const uint32_t warp = blockIdx.x * WARPS + threadIdx.x / 32;
+  if (!enter(p, l) || !grid_barrier(p, l, 1)) return;
+  count_tokens(p, warp, warps, lane);
+  if (!grid_barrier(p, l, 2) || !barrier(p, l, 2)) return;
+  // A refused call moves nothing on every rank (all read the same counts).
+  if (!packed_fit(p)) return;
+  push_packed(p, warp, warps, lane);
+  if (!grid_barrier(p, l, 3) || !barrier(p, l, 3)) return;
+  unpack(p, warp, warps, lane);
+}
+
+// Warp w's slot pairs: each packed row of the experts' output pushed back to its token's
+// rank, at row (token, k) of its landing rows.
+__device__ void push_back_packed(const Params& p, uint32_t warp, uint32_t warps, uint32_t lane) {
+  const Expert& x = p.x;
+  const uint32_t local = x.experts / x.layout_world;
+  const uint64_t rb = x.row_bytes, rows = (uint64_t)x.max_tokens * x.top_k;
+  for (uint32_t pr = warp; pr < local * p.world; pr += warps) {
+    uint32_t l = pr / p.world, s = pr % p.world;
+    uint64_t at = first_row(p, p.rank, l, s), n = *slot_count(p, p.rank, l, s);
+    for (uint64_t idx = 0; idx < n; idx++) {
+      uint64_t origin = ((volatile uint64_t*)x.meta[p.rank])[(uint64_t)local * p.world + at + idx];
+      if (origin >= rows) continue;  // never written so (a source's entry is below n * K)
+      warp_copy(x.tokens + (at + idx) * rb, x.back[s] + origin * rb, rb, lane);
+    }
   }
 }
 

@@ -176,7 +176,7 @@ impl<C: Collective> Comm<C> {
         if mode != ExpertMode::LowLatency && !caps.packed_dispatch {
             return Err(Error::unsupported(
                 "expert parallelism's high-throughput dispatch",
-                "unicomm's packed dispatch kernel (the mock's; the GPUs' is not built yet)",
+                "unicomm's packed dispatch (the mock's, or NCCL's where unicomm's kernels load)",
                 format!("{} {}", caps.backend, caps.version),
             ));
         }

@@ -53,8 +53,9 @@ impl<R: Runtime> Collective for ApiComm<R> {
             // Unicomm's expert kernels, where its symmetric kernels load.
             device_counts: self.base.lc.rt.has_kernels()
                 && self.base.library.target.symmetric_kernels().is_ok(),
-            // Its CUDA kernel is not built yet.
-            packed_dispatch: false,
+            // The same kernels' high-throughput layout.
+            packed_dispatch: self.base.lc.rt.has_kernels()
+                && self.base.library.target.symmetric_kernels().is_ok(),
         }
     }
 

@@ -158,6 +158,10 @@ impl<R: Runtime> ControlBlock<R> {
                 "splits",
                 format!("rank {source} would send {count} elements from a {at}-element input"),
             ),
+            refused::PACKED => Error::invalid(
+                "max_recv",
+                format!("rank {source} would receive {count} token copies, past max_recv {at}"),
+            ),
             refused::RECEIVED => Error::invalid(
                 "splits",
                 format!("rank {source} would receive {count} elements, past the {at}-element bound (the input's size)"),

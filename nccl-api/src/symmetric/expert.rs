@@ -22,8 +22,11 @@ struct Shape {
     m: usize,
     h: usize,
     k: usize,
-    /// Rows of the receive slots and of a dispatch's output: `L * W * M`.
+    /// Rows of the receive slots and of a dispatch's output: `L * W * M`, or the
+    /// high-throughput layout's `max_recv`.
     rows: usize,
+    /// The high-throughput layout's `max_recv` (0: low latency).
+    packed: u32,
 }
 
 impl Shape {
@@ -41,10 +44,18 @@ impl Shape {
         word("top_k", c.top_k)?;
         // A row's bytes: the type is at most 4 bytes wide.
         word("hidden", c.hidden.saturating_mul(4))?;
-        let rows = local
-            .checked_mul(world)
-            .and_then(|x| x.checked_mul(c.max_tokens))
-            .ok_or_else(overflow)?;
+        let (rows, packed) = match g.mode {
+            ExpertMode::HighThroughput { max_recv } => {
+                word("max_recv", max_recv)?;
+                (max_recv, max_recv as u32)
+            }
+            _ => {
+                let rows = local
+                    .checked_mul(world)
+                    .and_then(|x| x.checked_mul(c.max_tokens));
+                (rows.ok_or_else(overflow)?, 0)
+            }
+        };
         Ok(Shape {
             local,
             world,
@@ -52,6 +63,7 @@ impl Shape {
             h: c.hidden,
             k: c.top_k,
             rows,
+            packed,
         })
     }
 }
@@ -110,11 +122,25 @@ impl<R: Runtime> SymmetricMemory<R> {
         let (mut p, sh) = self.group_params(base, control, g, KernelAlgorithm::Dispatch, n)?;
         let rows = sh.rows;
         let byte = d.fp8.is_some();
+        if byte && sh.packed > 0 {
+            // The group refuses it when made; an op built by hand is refused here.
+            return Err(Error::unsupported(
+                "an FP8 dispatch in the high-throughput mode",
+                "the low-latency mode",
+                "NCCL",
+            ));
+        }
         let el = if byte { DataType::U8 } else { g.dtype };
         p.x.tokens = operand(base, &d.tokens, n.checked_mul(sh.h), el, "tokens")?;
         p.x.ids = operand(base, &d.ids, n.checked_mul(sh.k), DataType::I32, "ids")?;
         p.out = operand(base, &d.out, rows.checked_mul(sh.h), el, "out")?;
-        p.x.counts = operand(base, &d.counts, Some(sh.local), DataType::I32, "counts")?;
+        // The high-throughput layout's counts, then each expert's first row.
+        let words = if sh.packed > 0 {
+            2 * sh.local
+        } else {
+            sh.local
+        };
+        p.x.counts = operand(base, &d.counts, Some(words), DataType::I32, "counts")?;
         p.x.row_bytes = (sh.h * el.size()) as u32;
         if let Some(q) = &d.fp8 {
             let per = q.per_token;
@@ -178,14 +204,6 @@ impl<R: Runtime> SymmetricMemory<R> {
         n: usize,
     ) -> Result<(KernelParams, Shape)> {
         crate::sys::kernel_args::function_index(g.dtype, "expert kernels")?;
-        if g.mode != ExpertMode::LowLatency {
-            // The capabilities say so before a group is made; an op built by hand is refused.
-            return Err(Error::unsupported(
-                "expert parallelism's high-throughput dispatch",
-                "unicomm's packed dispatch kernel (the mock's; the GPUs' is not built yet)",
-                "NCCL",
-            ));
-        }
         let sh = Shape::of(g, base.lc.world)?;
         if n > sh.m {
             return Err(Error::invalid(
@@ -220,6 +238,7 @@ impl<R: Runtime> SymmetricMemory<R> {
         p.x.top_k = sh.k as u32;
         p.x.n = n as u32;
         p.x.layout_world = g.mask.world() as u32;
+        p.x.max_recv = sh.packed;
         p.blocks = expert_blocks(g.config.experts, sh.local * sh.world, sh.m * sh.h * size);
         Ok((p, sh))
     }
@@ -305,6 +324,22 @@ mod tests {
         assert!(Shape::of(&group(cfg, masked), 9).is_err());
         // Experts that do not divide over the layout.
         assert!(Shape::of(&group(DECODE, masked), 8).is_err());
+    }
+
+    /// The high-throughput layout: its rows are `max_recv` (the receive slots, the output,
+    /// the experts' output the combine reads), the launch's `max_recv` word says so (0 at
+    /// low latency), and a `max_recv` past the kernels' 32-bit words is refused.
+    #[test]
+    fn a_high_throughput_group_is_sized_by_max_recv() {
+        let mut g = group(DECODE, RankMask::none(8));
+        let low = Shape::of(&g, 8).unwrap();
+        assert_eq!((low.rows, low.packed), (32 * 8 * 128, 0));
+        g.mode = ExpertMode::HighThroughput { max_recv: 5000 };
+        let high = Shape::of(&g, 8).unwrap();
+        assert_eq!((high.rows, high.packed), (5000, 5000));
+        g.mode = ExpertMode::HighThroughput { max_recv: 1 << 32 };
+        let e = Shape::of(&g, 8).err().expect("past 32 bits").to_string();
+        assert!(e.contains("max_recv"), "{e}");
     }
 
     /// A warp for each expert and each slot pair, a thread per two vectors of a source's

@@ -31,7 +31,7 @@ isolated! {
         let path = fake("nccl232");
         let c = comm(flavors(false, false), &path);
         assert!(!c.capabilities().device_counts);
-        // The high-throughput dispatch's CUDA kernel is not built: refused on NCCL too.
+        // Nor its high-throughput layout (the same kernels').
         assert!(!c.capabilities().packed_dispatch);
         let allocs = calls(&path, "ncclMemAlloc");
         let cfg = ExpertConfig {

@@ -186,8 +186,8 @@ pub struct ExpertArgs {
     pub layout_world: u32,
     /// Bytes of a row moved (a token of the group's type, or an FP8 token).
     pub row_bytes: u32,
-    /// Padding (the source's `unused`).
-    pub unused: u32,
+    /// The high-throughput layout's packed rows a rank (0: the low-latency layout).
+    pub max_recv: u32,
 }
 
 /// One launch of one of unicomm's kernels, as a runtime's one launch call
@@ -329,6 +329,8 @@ pub mod refused {
     pub const SENT: u32 = 4;
     /// A rank would receive more than the bound (the input's size).
     pub const RECEIVED: u32 = 5;
+    /// A rank would receive more token copies than the high-throughput group's `max_recv`.
+    pub const PACKED: u32 = 6;
 }
 
 /// The communicator's control block (`Control`), in host memory the device maps.

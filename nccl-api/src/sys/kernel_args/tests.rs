@@ -105,6 +105,7 @@ fn the_kernel_sources_codes_are_their_rust_twins() {
         ("REFUSED_SPLIT", refused::SPLIT),
         ("REFUSED_SENT", refused::SENT),
         ("REFUSED_RECEIVED", refused::RECEIVED),
+        ("REFUSED_PACKED", refused::PACKED),
         ("ALG_ALL_TO_ALL_V", KernelAlgorithm::AllToAllV as u32),
         ("OP_SUM", op_code(ReduceOp::Sum)),
         ("OP_MAX", op_code(ReduceOp::Max)),
