@@ -1228,7 +1228,10 @@ __device__ void push_back_packed(const Params& p, uint32_t warp, uint32_t warps,
   for (uint32_t pr = warp; pr < local * p.world; pr += warps) {
     uint32_t l = pr / p.world, s = pr % p.world;
     uint64_t at = first_row(p, p.rank, l, s), n = *slot_count(p, p.rank, l, s);
-    for (uint64_t idx = 0; idx < n; idx++) {
+    // After a refused dispatch the counts may pass max_recv (or be BAD_ID): every row read
+    // stays inside the packed rows.
+    if (n == BAD_ID) continue;
+    for (uint64_t idx = 0; idx < n && at + idx < x.max_recv; idx++) {
       uint64_t origin = ((volatile uint64_t*)x.meta[p.rank])[(uint64_t)local * p.world + at + idx];
       if (origin >= rows) continue;  // never written so (a source's entry is below n * K)
       warp_copy(x.tokens + (at + idx) * rb, x.back[s] + origin * rb, rb, lane);
