@@ -3,13 +3,16 @@
 //! experts, bf16; `--tokens 4096` for a prefill), eagerly and in a graph (`-G`), the
 //! combine's result checked against a fixed-order f32 reference (identity experts: each
 //! token's weighted sum of itself). Device events, back-to-back steps, us per step (a
-//! dispatch and a combine). `--engine library` times the backend's expert library (NCCL EP)
+//! dispatch and a combine). `--max-recv N` times the high-throughput mode (a prefill's
+//! packed rows). `--engine library` times the backend's expert library (NCCL EP)
 //! on the same routing, for a ratio in one run. A backend that does not run the engine
 //! says why (and `--engine library` then fails: it was asked for by name).
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use unicomm::{bf16, ExpertConfig, ExpertEngine, ExpertOptions, ExpertTokens, Graph, Vendor};
+use unicomm::{
+    bf16, ExpertConfig, ExpertEngine, ExpertMode, ExpertOptions, ExpertTokens, Graph, Vendor,
+};
 
 /// `unicomm-bench moe-ep` arguments.
 #[derive(Parser, Debug)]
@@ -46,9 +49,25 @@ struct MoeArgs {
     /// backend's expert library: NCCL EP on NCCL, where its library is found).
     #[arg(long, default_value = "kernels", value_parser = ["kernels", "library"])]
     engine: String,
+    /// The high-throughput mode with at most this many token copies a rank (prefill's:
+    /// rows packed expert-major); unset: the low-latency mode.
+    #[arg(long)]
+    max_recv: Option<usize>,
 }
 
 impl MoeArgs {
+    /// The group's options.
+    fn options(&self) -> ExpertOptions {
+        ExpertOptions {
+            engine: self.engine(),
+            mode: match self.max_recv {
+                Some(max_recv) => ExpertMode::HighThroughput { max_recv },
+                None => ExpertMode::LowLatency,
+            },
+            ..ExpertOptions::default()
+        }
+    }
+
     fn engine(&self) -> ExpertEngine {
         match self.engine.as_str() {
             "library" => ExpertEngine::Library,
@@ -80,8 +99,8 @@ pub fn moe_ep(args: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
     let got = unicomm::each_rank(&comms, |c| rank(c, &a, cfg)).map_err(anyhow::Error::from)?;
     if comms[0].rank() == 0 {
         println!(
-            "# unicomm-bench moe-ep: {} ranks ({}, {}), {} tokens a rank, hidden {}, top-{} of {} experts, bf16, {} steps",
-            w, comms[0].capabilities().backend, a.engine().name(), a.tokens, a.hidden, a.top_k, a.experts, a.iters
+            "# unicomm-bench moe-ep: {} ranks ({}, {}, {:?}), {} tokens a rank, hidden {}, top-{} of {} experts, bf16, {} steps",
+            w, comms[0].capabilities().backend, a.engine().name(), a.options().mode, a.tokens, a.hidden, a.top_k, a.experts, a.iters
         );
         println!("# rank  eager (us/step)  graph (us/step)  #wrong");
     }
@@ -195,13 +214,7 @@ fn rank(
     cfg: ExpertConfig,
 ) -> unicomm::Result<Result<Figures, String>> {
     let st = c.create_stream()?;
-    let g = match c.expert_group_with::<bf16>(
-        cfg,
-        ExpertOptions {
-            engine: a.engine(),
-            ..Default::default()
-        },
-    ) {
+    let g = match c.expert_group_with::<bf16>(cfg, a.options()) {
         Err(e @ (unicomm::Error::Unsupported { .. } | unicomm::Error::LibraryNotFound { .. })) => {
             return Ok(Err(e.to_string()))
         }
@@ -213,7 +226,7 @@ fn rank(
     let tokens_d = c.upload(&tokens, &st)?;
     let (mut out, mut counts) = (
         c.alloc::<bf16>(g.received_len())?,
-        c.alloc::<i32>(g.local_experts())?,
+        c.alloc::<i32>(g.counts_len())?,
     );
     let mut back = c.alloc::<bf16>(a.tokens * a.hidden)?;
     let mut step = |out: &mut unicomm::Buffer<bf16>, back: &mut unicomm::Buffer<bf16>| {

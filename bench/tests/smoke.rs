@@ -437,6 +437,32 @@ fn the_moe_ep_command_times_dispatch_and_combine_checked() {
     }
 }
 
+/// The high-throughput mode (`--max-recv`): every rank's figures, its combine exact.
+#[test]
+fn the_moe_ep_command_times_the_high_throughput_mode_checked() {
+    let out = Command::new(env!("CARGO_BIN_EXE_unicomm-bench"))
+        .args(words(
+            "moe-ep --vendor mock --ranks 3 --tokens 8 --hidden 16",
+        ))
+        .args(words("--experts 6 --top-k 2 -n 2 -w 1 -G 1 --max-recv 24"))
+        .output()
+        .expect("run unicomm-bench moe-ep");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("HighThroughput"), "{stdout}");
+    let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    assert!(
+        rows.iter()
+            .all(|r| r.split_whitespace().nth(3) == Some("0")),
+        "{stdout}"
+    );
+}
+
 /// `--engine library` on a backend without an expert library fails naming why on every
 /// rank, never a row of figures.
 #[test]
