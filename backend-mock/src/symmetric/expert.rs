@@ -315,19 +315,40 @@ fn compact(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
 
 /// The combine on this rank (see the module doc).
 pub(crate) fn combine(run: &Run, g: &Group, c: &CombineJob) -> Result<()> {
+    let (w, m) = (g.world, g.config.max_tokens);
+    push_back_and_sum(
+        run,
+        g,
+        c,
+        |l, _| l * w * m,
+        |l, s, idx, _| g.slot(l, s, idx),
+    )
+}
+
+/// A combine on this rank: the signature agreed; each row of the experts' output (local
+/// expert `l`'s rows from `first(l, next)`, `next` the row after the last expert's; the
+/// source's `idx`-th at row `pos` has its origin at metadata entry `origin(l, s, idx, pos)`)
+/// pushed back to its token's rank at `(token, k)`; a barrier; the weighted sum.
+pub(super) fn push_back_and_sum(
+    run: &Run,
+    g: &Group,
+    c: &CombineJob,
+    first: impl Fn(usize, usize) -> usize,
+    origin: impl Fn(usize, usize, usize, usize) -> usize,
+) -> Result<()> {
     protocol::agree(run)?;
-    let (me, w, t) = (run.ctx.rank, g.world, run.ctx.timeout);
-    let (m, h) = (g.config.max_tokens, g.config.hidden);
+    let (me, w, t, h) = (run.ctx.rank, g.world, run.ctx.timeout, g.config.hidden);
     let local = g.local();
     {
         let _r = c.expert_out.alloc.read_lock(t)?;
+        let mut pos = 0;
         for l in 0..local {
-            let mut pos = l * w * m;
+            pos = first(l, pos);
             for s in 0..w {
                 let n = g.count(me, l, s)?.load(Ordering::Relaxed) as usize;
                 for idx in 0..n {
-                    let origin = g.meta.count(me, local * w + g.slot(l, s, idx))?;
-                    let row = origin.load(Ordering::Relaxed) as usize;
+                    let at = g.meta.count(me, local * w + origin(l, s, idx, pos))?;
+                    let row = at.load(Ordering::Relaxed) as usize;
                     for j in 0..h {
                         let x = read(&c.expert_out, g.ty, pos * h + j);
                         g.back.set(g.ty, s, row * h + j, x)?;
@@ -342,7 +363,7 @@ pub(crate) fn combine(run: &Run, g: &Group, c: &CombineJob) -> Result<()> {
 }
 
 /// Each of this rank's tokens: its rows weighted and summed in `k` order (f32), rounded.
-pub(super) fn sum_back(run: &Run, g: &Group, c: &CombineJob) -> Result<()> {
+fn sum_back(run: &Run, g: &Group, c: &CombineJob) -> Result<()> {
     let (me, t) = (run.ctx.rank, run.ctx.timeout);
     let (h, k) = (g.config.hidden, g.config.top_k);
     let ids = words(&c.ids, c.n * k, t)?;

@@ -13,8 +13,8 @@ use std::sync::atomic::Ordering;
 
 use unicomm_core::{Error, Result};
 
-use super::expert::{sum_back, words, CombineJob, DispatchJob, Elem, Group, BAD_ID};
-use super::kernels::{read, write, Run, Ty};
+use super::expert::{push_back_and_sum, words, CombineJob, DispatchJob, Elem, Group, BAD_ID};
+use super::kernels::{write, Run, Ty};
 use super::protocol;
 
 /// Holder `p`'s first packed row of slot range `(l, s)`: the rows of its local experts
@@ -144,29 +144,7 @@ fn unpack(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
     write(&d.counts, Ty::F32, &counts, t)
 }
 
-/// The high-throughput combine on this rank (see the module doc).
+/// The high-throughput combine on this rank (see the module doc): the packed rows in order.
 pub(crate) fn combine(run: &Run, g: &Group, c: &CombineJob) -> Result<()> {
-    protocol::agree(run)?;
-    let (me, w, t, h) = (run.ctx.rank, g.world, run.ctx.timeout, g.config.hidden);
-    let local = g.local();
-    {
-        let _r = c.expert_out.alloc.read_lock(t)?;
-        let mut row = 0;
-        for l in 0..local {
-            for s in 0..w {
-                let n = g.count(me, l, s)?.load(Ordering::Relaxed) as usize;
-                for _ in 0..n {
-                    let origin = g.meta.count(me, local * w + row)?;
-                    let at = origin.load(Ordering::Relaxed) as usize;
-                    for j in 0..h {
-                        let x = read(&c.expert_out, g.ty, row * h + j);
-                        g.back.set(g.ty, s, at * h + j, x)?;
-                    }
-                    row += 1;
-                }
-            }
-        }
-    }
-    protocol::barrier(run)?;
-    sum_back(run, g, c)
+    push_back_and_sum(run, g, c, |_, next| next, |_, _, _, pos| pos)
 }
