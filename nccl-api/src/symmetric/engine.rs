@@ -125,7 +125,12 @@ impl Engines {
         };
         let comm = lc.raw();
         if comm.is_null() {
+            // Ended, or its lock held past twice the deadline: the error says which.
             lc.live_now()?;
+            return Err(Error::Timeout {
+                what: "the communicator's lock, to open NCCL EP's group".into(),
+                after: 2 * lc.timeout(),
+            });
         }
         // SAFETY: `comm` is this communicator's live handle (checked just above), of the
         // NCCL the library was loaded beside.
