@@ -7,7 +7,7 @@
 
 use candle_core::{DType, Device, Result, Tensor, D};
 use parking_lot::Mutex;
-use unicomm::{ExpertConfig, ExpertTokens, RankMask};
+use unicomm::{ExpertConfig, ExpertMode, ExpertOptions, ExpertTokens, RankMask};
 
 use crate::comm::{wrap, Communicator};
 
@@ -65,6 +65,26 @@ impl Communicator {
         max_tokens: usize,
         mask: RankMask,
     ) -> Result<ExpertParallelMoe<'_>> {
+        let options = ExpertOptions {
+            mask: Some(mask),
+            ..ExpertOptions::default()
+        };
+        self.expert_parallel_moe_with(router, experts, top_k, max_tokens, options)
+    }
+
+    /// [`expert_parallel_moe`](Self::expert_parallel_moe) with its group made as `options`
+    /// say: a prefill's high-throughput mode (`ExpertMode::HighThroughput { max_recv }`:
+    /// the received tokens packed, at most `max_recv` a rank), the survivors' mask.
+    /// Collective.
+    pub fn expert_parallel_moe_with(
+        &self,
+        router: &Tensor,
+        experts: &[Tensor],
+        top_k: usize,
+        max_tokens: usize,
+        options: ExpertOptions,
+    ) -> Result<ExpertParallelMoe<'_>> {
+        let mask = options.mask.unwrap_or(RankMask::none(self.world_size()));
         let (e, hidden) = router.dims2()?;
         if experts.len() != e {
             candle_core::bail!(
@@ -80,7 +100,7 @@ impl Communicator {
         };
         let group = self
             .comm()
-            .expert_group_masked::<f32>(config, mask, None)
+            .expert_group_with::<f32>(config, options)
             .map_err(|x| wrap(NAME, x))?;
         let local = group.local_experts();
         let at = mask.layout_rank(self.rank()) * local;
@@ -200,7 +220,7 @@ impl ExpertParallelMoe<'_> {
             c.upload(&weights, st).map_err(e)?,
         );
         let mut got = c.alloc::<f32>(g.received_len()).map_err(e)?;
-        let mut counts = c.alloc::<i32>(g.local_experts()).map_err(e)?;
+        let mut counts = c.alloc::<i32>(g.counts_len()).map_err(e)?;
         let o = ExpertTokens {
             tokens: &mut got,
             counts: &mut counts,
@@ -211,13 +231,21 @@ impl ExpertParallelMoe<'_> {
             counts.copy_to_host(st).map_err(e)?,
             got.copy_to_host(st).map_err(e)?,
         );
-        let per = g.received_len() / g.local_experts().max(1);
+        // Local expert l's rows: from l's share of the slots (low latency), or from the row
+        // the packed layout's counts give.
+        let (local, per) = (
+            g.local_experts(),
+            g.received_len() / g.local_experts().max(1),
+        );
         for (l, w) in self.experts.iter().enumerate() {
             let m = counts[l] as usize;
             if m == 0 {
                 continue;
             }
-            let at = l * per;
+            let at = match g.mode() {
+                ExpertMode::LowLatency => l * per,
+                _ => counts[local + l] as usize * hidden,
+            };
             let mine = Tensor::from_slice(&rows[at..at + m * hidden], (m, hidden), &Device::Cpu)?;
             let y = mine.matmul(&w.t()?)?.flatten_all()?.to_vec1::<f32>()?;
             rows[at..at + m * hidden].copy_from_slice(&y);

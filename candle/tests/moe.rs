@@ -103,3 +103,41 @@ fn the_layer_on_survivors_equals_the_reference_with_the_masked_experts_silent() 
         );
     }
 }
+
+/// A prefill's layer in the high-throughput mode (the received tokens packed, at most
+/// `max_recv` a rank: here every token's copies fit) equals the unsharded layer at worlds
+/// 1-4, as the low-latency one does.
+#[test]
+fn the_prefill_layer_with_packed_tokens_equals_the_unsharded_one() {
+    let (hidden, top_k) = (16, 3);
+    for w in [1, 2, 4] {
+        let experts_n = 4 * w;
+        let worst = ranks(w, |c| {
+            let router = values(1, experts_n, hidden)?;
+            let experts: Vec<Tensor> = (0..experts_n)
+                .map(|e| values(10 + e, hidden, hidden))
+                .collect::<candle_core::Result<_>>()?;
+            let options = unicomm::ExpertOptions {
+                mode: unicomm::ExpertMode::HighThroughput {
+                    max_recv: 12 * top_k * w,
+                },
+                ..Default::default()
+            };
+            let moe = c.expert_parallel_moe_with(&router, &experts, top_k, 12, options)?;
+            let mut worst = 0f32;
+            for step in 0..3 {
+                let n = 1 + (c.rank() * 5 + step * 3) % 12;
+                let x = values(100 + 7 * c.rank() + step, n, hidden)?;
+                let got = moe.forward(&x)?;
+                worst = worst.max(max_diff(
+                    &got,
+                    &moe_reference(&x, &router, &experts, top_k)?,
+                )?);
+            }
+            Ok(worst)
+        });
+        for (r, d) in worst.iter().enumerate() {
+            assert!(*d <= 1e-5, "world {w} rank {r}: {d}");
+        }
+    }
+}
