@@ -286,14 +286,6 @@ impl EpGroup {
         };
         nccl.check("ncclEpCombine", r, None)
     }
-
-    /// `ncclEpGetAsyncError`: whether the library's device wait ran out (a peer masked).
-    pub fn timed_out(&self) -> bool {
-        let mut e: c_int = 0;
-        // SAFETY: the group is live; the call reads a host flag.
-        let r = unsafe { (self.lib.fns.get_async_error)(self.group as *mut c_void, &mut e) };
-        r == 0 && e != 0
-    }
 }
 
 impl Drop for EpGroup {

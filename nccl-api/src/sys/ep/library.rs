@@ -54,7 +54,6 @@ pub(crate) struct Fns {
         *const c_void,
         RawStream,
     ) -> NcclResult,
-    pub(crate) get_async_error: unsafe extern "C" fn(Group, *mut c_int) -> NcclResult,
 }
 
 /// One loaded NCCL EP library.
@@ -159,7 +158,6 @@ impl EpLibrary {
             handle_destroy: sym!("ncclEpHandleDestroy"),
             dispatch: sym!("ncclEpDispatch"),
             combine: sym!("ncclEpCombine"),
-            get_async_error: sym!("ncclEpGetAsyncError"),
         };
         let mut code: c_int = 0;
         // SAFETY: ncclEpGetVersion writes one int.

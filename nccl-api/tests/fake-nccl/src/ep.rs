@@ -270,9 +270,3 @@ pub unsafe extern "C" fn ncclEpCombine(
     }
     OK
 }
-
-#[no_mangle]
-pub unsafe extern "C" fn ncclEpGetAsyncError(_g: *mut Group, e: *mut c_int) -> R {
-    *e = 0;
-    OK
-}
