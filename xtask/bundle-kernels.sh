@@ -5,7 +5,8 @@
 # the all-reduce sweep with the floors (an empty kernel node, a device-to-device copy of each
 # size), timed as nccl-tests times; the decode shapes with the fused norm; the same launched
 # as programmatic dependents; and two ranks at once under a private MPS daemon (started and
-# stopped here; no device setting changed) against NCCL's own symmetric kernels. The JSON of
+# stopped here; no device setting changed) against NCCL's own symmetric kernels; a MoE step
+# (`moe-ep`) for unicomm's kernels and NCCL EP, and a prefill in both modes. The JSON of
 # each timed run is kept under $OUT (kernels-*.json) for docs/performance.md's tables
 # (`unicomm-bench report --floors` / `--times`). Timings: one GPU, world 1, or two ranks
 # sharing one HBM: the kernels' own costs, never a two-GPU figure.
@@ -28,6 +29,13 @@ SWEEP="--vendor cuda --coll all_reduce --modes plain,one-shot,two-shot,lamport -
 krun "the sweep with the floors" timeout 300 ./unicomm-bench $SWEEP --floor -J "$OUT/kernels-floors.json"
 ./unicomm-bench report "$OUT/kernels-floors.json" --floors 2>&1 | tee -a "$L"
 krun "decode shapes, fused" timeout 300 ./unicomm-bench --vendor cuda --preset decode --modes one-shot,lamport,fused,fused-fp8 -G 20 -J "$OUT/kernels-decode.json"
+# Expert parallelism: a decode step for unicomm's kernels and for NCCL EP (run.sh points
+# NCCL_EP_HOME at the bundle's nccl-ep/; where it is not found the line says why and fails),
+# and a prefill in both modes (the high-throughput one packs the rows).
+krun "moe-ep decode, unicomm's kernels" timeout 120 ./unicomm-bench moe-ep --vendor cuda -G 20
+krun "moe-ep decode, NCCL EP" timeout 300 ./unicomm-bench moe-ep --vendor cuda -G 20 --engine library
+krun "moe-ep prefill, low latency" timeout 120 ./unicomm-bench moe-ep --vendor cuda --tokens 4096 -n 5 -G 2
+krun "moe-ep prefill, high throughput" timeout 120 ./unicomm-bench moe-ep --vendor cuda --tokens 4096 -n 5 -G 2 --max-recv 40000
 krun "world 1 as programmatic dependents, 300 replays" env UNICOMM_KERNEL_PDL=1 UNICOMM_GPU_WORLD=1 $W1 -- ./rank_conformance --vendor cuda --symmetric-only --replays 300
 krun "the sweep as programmatic dependents" env UNICOMM_KERNEL_PDL=1 timeout 300 ./unicomm-bench $SWEEP -J "$OUT/kernels-pdl.json"
 MPS=$(command -v nvidia-cuda-mps-control)
