@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::{calls, comm, fake, flavors, Host, HANG};
-use unicomm_core::{Comm, Error, ReduceOp};
-use unicomm_nccl_api::{Api, ApiComm};
+use unicomm_core::{Buffer, Comm, Error, ReduceOp};
+use unicomm_nccl_api::{Api, ApiComm, ApiStream};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -58,15 +58,27 @@ fn control(f: &Fake, c: &Comm<ApiComm<Host>>, symbol: &[u8]) {
     }
 }
 
+/// A communicator of the fake, a stream and four floats: where most tests here start.
+struct Fixture {
+    c: Comm<ApiComm<Host>>,
+    st: ApiStream<Host>,
+    b: Buffer<f32, ApiComm<Host>>,
+}
+
+fn fixture(f: &Fake) -> Fixture {
+    let c = comm(flavors(false, false), &f.0);
+    let st = c.create_stream().unwrap();
+    let b = c.alloc::<f32>(4).unwrap();
+    Fixture { c, st, b }
+}
+
 fn stick(f: &Fake, c: &Comm<ApiComm<Host>>) {
     control(f, c, b"unicommFakeStickInProgress\0");
 }
 
 fn stuck_stream() {
     let f = loaded();
-    let c = comm(flavors(false, false), &f.0);
-    let st = c.create_stream().unwrap();
-    let mut b = c.alloc::<f32>(4).unwrap();
+    let Fixture { c, st, mut b } = fixture(&f);
     c.set_timeout(Duration::from_millis(300)).unwrap();
     let aborts = calls(&f.0, "ncclCommAbort");
     let _u = Unhang;
@@ -208,9 +220,7 @@ isolated! {
     fn an_asynchronous_error_ends_the_wait_early() {
         let _s = serial();
         let f = loaded();
-        let c = comm(flavors(false, false), &f.0);
-        let st = c.create_stream().unwrap();
-        let mut b = c.alloc::<f32>(4).unwrap();
+        let Fixture { c, st, mut b } = fixture(&f);
         c.poll_async_error().unwrap();
         c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
         let _u = Unhang;
@@ -232,9 +242,7 @@ isolated! {
     fn abort_from_another_thread_ends_a_blocked_wait() {
         let _s = serial();
         let f = loaded();
-        let c = comm(flavors(false, false), &f.0);
-        let st = c.create_stream().unwrap();
-        let mut b = c.alloc::<f32>(4).unwrap();
+        let Fixture { c, st, mut b } = fixture(&f);
         c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
         let _u = Unhang;
         HANG.store(true, Ordering::SeqCst);
@@ -256,9 +264,7 @@ isolated! {
     fn abort_from_another_thread_ends_a_stuck_wait() {
         let _s = serial();
         let f = loaded();
-        let c = comm(flavors(false, false), &f.0);
-        let st = c.create_stream().unwrap();
-        let mut b = c.alloc::<f32>(4).unwrap();
+        let Fixture { c, st, mut b } = fixture(&f);
         c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st).unwrap();
         let _u = Unhang;
         HANG.store(true, Ordering::SeqCst);
@@ -280,9 +286,7 @@ isolated! {
     fn a_call_stuck_in_progress_times_out_or_is_aborted() {
         let _s = serial();
         let f = loaded();
-        let c = comm(flavors(false, false), &f.0);
-        let st = c.create_stream().unwrap();
-        let mut b = c.alloc::<f32>(4).unwrap();
+        let Fixture { c, st, mut b } = fixture(&f);
         c.set_timeout(Duration::from_millis(200)).unwrap();
         stick(&f, &c);
         let t = Instant::now();
@@ -292,9 +296,7 @@ isolated! {
         let r = c.all_reduce_in_place(&mut b, ReduceOp::Sum, &st);
         assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
 
-        let c = comm(flavors(false, false), &f.0);
-        let st = c.create_stream().unwrap();
-        let mut b = c.alloc::<f32>(4).unwrap();
+        let Fixture { c, st, mut b } = fixture(&f);
         c.set_timeout(Duration::from_secs(60)).unwrap();
         stick(&f, &c);
         let t = Instant::now();
