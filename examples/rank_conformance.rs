@@ -302,6 +302,15 @@ fn own_kernels(comm: &unicomm::Comm, replays: u64) -> anyhow::Result<bool> {
         &timed("high-throughput, rows of 16-byte vectors", t),
         packed.map(first),
     )?;
+    let mode = unicomm::ExpertMode::HighThroughput {
+        max_recv: (wide.max_tokens + wide.top_k) * comm.world_size(),
+    };
+    let fp8 = unicomm_conformance::expert_dispatch_fp8_in(one, wide, 2, mode, 6, 20);
+    reported(
+        comm,
+        &timed("high-throughput FP8 dispatch", t),
+        fp8.map(first),
+    )?;
     Ok(ran)
 }
 

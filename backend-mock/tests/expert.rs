@@ -423,23 +423,22 @@ fn the_packed_dispatch_and_combine_are_exact_at_worlds_1_to_8() {
     }
 }
 
-/// An FP8 dispatch is the low-latency mode's: a high-throughput group with FP8 scales is
-/// refused when it is made, naming both.
+/// FP8 tokens with their scales in the high-throughput mode: packed with their rows,
+/// byte- and bit-exact, at worlds 1-8.
 #[test]
-fn an_fp8_dispatch_in_the_high_throughput_mode_is_refused() {
-    let cs = comms(1);
-    let options = unicomm_core::ExpertOptions {
-        mode: unicomm_core::ExpertMode::HighThroughput { max_recv: 8 },
-        fp8_scales: Some(2),
-        ..Default::default()
-    };
-    match cs[0].expert_group_with::<f32>(config(1, 1), options) {
-        Err(Error::Unsupported { what, needs, .. }) => {
-            assert!(
-                what.contains("FP8") && needs.contains("low-latency"),
-                "{what} / {needs}"
-            )
-        }
-        other => panic!("{:?}", other.map(|_| ())),
-    };
+fn an_fp8_dispatch_packs_every_byte_and_scale_at_worlds_1_to_8() {
+    for w in [1, 2, 3, 4, 8] {
+        let cs = comms(w);
+        let cfg = ExpertConfig {
+            experts: 2 * w,
+            max_tokens: 24,
+            hidden: 7,
+            top_k: 3,
+        };
+        let mode = unicomm_core::ExpertMode::HighThroughput {
+            max_recv: (cfg.max_tokens + cfg.top_k) * w,
+        };
+        let seen = unicomm_conformance::expert_dispatch_fp8_in(&cs, cfg, 3, mode, 6, 10);
+        assert_eq!(seen.unwrap(), vec![true; w], "world {w}");
+    }
 }

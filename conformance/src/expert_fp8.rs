@@ -6,7 +6,7 @@
 
 use unicomm_core::graph::Graph;
 use unicomm_core::{each_rank, Buffer, Collective, Comm, Error, ExpertConfig, ExpertGroup};
-use unicomm_core::{ExpertTokens, Result, F8E4M3};
+use unicomm_core::{ExpertMode, ExpertOptions, ExpertTokens, Result, F8E4M3};
 
 /// One rank's routing, its tokens' bytes and their scales.
 type Routing = (Vec<i32>, Vec<u8>, Vec<f32>);
@@ -49,7 +49,8 @@ fn check<C: Collective>(
     let (r, w) = (c.rank(), c.world_size());
     let got = out.tokens.copy_to_host(st)?;
     let (got_s, n) = (out.scales.copy_to_host(st)?, out.counts.copy_to_host(st)?);
-    for (l, &got_n) in n.iter().enumerate() {
+    let local = g.local_experts();
+    for (l, &got_n) in n.iter().enumerate().take(local) {
         let e = (r * g.local_experts() + l) as i32;
         let (mut want, mut want_s) = (Vec::new(), Vec::new());
         for (p_ids, p_bytes, p_scales) in all {
@@ -59,7 +60,11 @@ fn check<C: Collective>(
                 want_s.extend_from_slice(&p_scales[t * per..(t + 1) * per]);
             }
         }
-        let slots = l * w * cfg.max_tokens;
+        // Expert l's first row: its share of the slots, or where the packed counts put it.
+        let slots = match g.mode() {
+            ExpertMode::LowLatency => l * w * cfg.max_tokens,
+            _ => n[local + l] as usize,
+        };
         let (at, at_s) = (slots * cfg.hidden, slots * per);
         let bytes: Vec<u8> = got[at..at + want.len()]
             .iter()
@@ -95,16 +100,34 @@ pub fn expert_dispatch_fp8<C: Collective>(
     rounds: usize,
     replays: usize,
 ) -> Result<Vec<bool>> {
+    expert_dispatch_fp8_in(comms, cfg, per, ExpertMode::LowLatency, rounds, replays)
+}
+
+/// [`expert_dispatch_fp8`] on a group of `mode` (the high-throughput one's `max_recv` must
+/// hold every routing here: `(max_tokens + top_k) x world` does).
+pub fn expert_dispatch_fp8_in<C: Collective>(
+    comms: &[Comm<C>],
+    cfg: ExpertConfig,
+    per: usize,
+    mode: ExpertMode,
+    rounds: usize,
+    replays: usize,
+) -> Result<Vec<bool>> {
     each_rank(comms, |c| -> Result<bool> {
         let (r, w, st) = (c.rank(), c.world_size(), c.create_stream()?);
-        let g = match c.expert_group_fp8::<f32>(cfg, per) {
+        let options = ExpertOptions {
+            mode,
+            fp8_scales: Some(per),
+            ..ExpertOptions::default()
+        };
+        let g = match c.expert_group_with::<f32>(cfg, options) {
             Err(Error::Unsupported { .. }) => return Ok(false),
             other => other?,
         };
         let mut out = Out {
             tokens: c.alloc::<F8E4M3>(g.received_len())?,
             scales: c.alloc::<f32>(g.received_scales_len())?,
-            counts: c.alloc::<i32>(g.local_experts())?,
+            counts: c.alloc::<i32>(g.counts_len())?,
         };
         for k in 0..rounds {
             let all: Vec<Routing> = (0..w).map(|p| routing(&cfg, per, k, p, None)).collect();

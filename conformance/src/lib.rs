@@ -44,7 +44,7 @@ pub use call_options::{call_options, portable_options};
 pub use exchange::{all_to_all_v_refused, symmetric_all_to_all_v};
 pub use expert::{expert_dispatch_combine, expert_dispatch_combine_masked};
 pub use expert_engine::{expert_engine_matches_the_kernels, EngineRun};
-pub use expert_fp8::expert_dispatch_fp8;
+pub use expert_fp8::{expert_dispatch_fp8, expert_dispatch_fp8_in};
 pub use expert_packed::expert_dispatch_combine_packed;
 pub use graphs::{
     capture_cycles, capture_panic_leaves_the_stream_eager, captured_copy_engine_replays,

@@ -1166,7 +1166,8 @@ __device__ bool packed_fit(const Params& p) {
 }
 
 // Warp w's experts: each routed token pushed into its holder's packed rows (the rows its
-// slot range starts at, then in (token, k) order), with its origin.
+// slot range starts at, then in (token, k) order), with its origin (and an FP8 dispatch's
+// scales into the same rows of the holder's scale slots).
 __device__ void push_packed(const Params& p, uint32_t warp, uint32_t warps, uint32_t lane) {
   const Expert& x = p.x;
   const uint32_t local = x.experts / x.layout_world, k = x.top_k;
@@ -1181,6 +1182,11 @@ __device__ void push_packed(const Params& p, uint32_t warp, uint32_t warps, uint
       for (uint32_t hit = __ballot_sync(~0u, id == (int32_t)e); hit; hit &= hit - 1) {
         uint64_t i = c + (__ffs(hit) - 1);
         warp_copy(x.tokens + (i / k) * rb, p.peers[r] + row * rb, rb, lane);
+        if (x.scales[r]) {
+          const float* from = (const float*)x.in_scales + (i / k) * x.per_token;
+          float* to = (float*)x.scales[r] + row * x.per_token;
+          for (uint32_t j = lane; j < x.per_token; j += 32) ((volatile float*)to)[j] = from[j];
+        }
         if (lane == 0) ((volatile uint64_t*)x.meta[r])[(uint64_t)local * p.world + row] = i;
         row++;
       }
@@ -1188,14 +1194,19 @@ __device__ void push_packed(const Params& p, uint32_t warp, uint32_t warps, uint
   }
 }
 
-// This rank's packed rows into the output (a warp a row), each local expert's count and
-// first row by block 0.
+// This rank's packed rows (and an FP8 dispatch's scales) into the output (a warp a row),
+// each local expert's count and first row by block 0.
 __device__ void unpack(const Params& p, uint32_t warp, uint32_t warps, uint32_t lane) {
   const Expert& x = p.x;
   const uint32_t local = x.experts / x.layout_world;
   const uint64_t rb = x.row_bytes, total = first_row(p, p.rank, local - 1, p.world);
   for (uint64_t row = warp; row < total; row += warps) {
     warp_copy(p.peers[p.rank] + row * rb, p.out + row * rb, rb, lane);
+    if (x.scales[p.rank]) {
+      const float* from = (const float*)x.scales[p.rank] + row * x.per_token;
+      float* to = (float*)x.out_scales + row * x.per_token;
+      for (uint32_t j = lane; j < x.per_token; j += 32) to[j] = ((volatile const float*)from)[j];
+    }
   }
   if (blockIdx.x == 0) {
     for (uint32_t l = threadIdx.x; l < local; l += BLOCK) {

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use unicomm_core::{Error, Result};
 
 use super::expert::{push_back_and_sum, words, CombineJob, DispatchJob, Elem, Group, BAD_ID};
-use super::kernels::{write, Run, Ty};
+use super::kernels::{read, write, Run, Ty};
 use super::protocol;
 
 /// Holder `p`'s first packed row of slot range `(l, s)`: the rows of its local experts
@@ -63,14 +63,6 @@ fn verdict(g: &Group, max_recv: usize) -> Result<()> {
 
 /// The high-throughput dispatch on this rank (see the module doc).
 pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob, max_recv: usize) -> Result<()> {
-    if d.fp8.is_some() {
-        // Refused when the group is made; an op built by hand is refused here alike.
-        return Err(Error::unsupported(
-            "an FP8 dispatch in the high-throughput mode",
-            "the low-latency mode",
-            "the mock",
-        ));
-    }
     protocol::agree(run)?;
     let (me, w, t) = (run.ctx.rank, g.world, run.ctx.timeout);
     let (e, h, k, local) = (g.config.experts, g.config.hidden, g.config.top_k, g.local());
@@ -95,6 +87,10 @@ pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob, max_recv: usize) -
     let mut next = vec![0usize; e];
     {
         let _r = d.tokens.alloc.read_lock(t)?;
+        let _s = match &d.fp8 {
+            Some(q) => Some(q.scales.alloc.read_lock(t)?),
+            None => None,
+        };
         for (i, &id) in ids.iter().enumerate() {
             let id = id as i32;
             let Some(r) = (id >= 0).then(|| g.holder(id as usize)).flatten() else {
@@ -106,6 +102,12 @@ pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob, max_recv: usize) -
             for j in 0..h {
                 el.set(&g.recv, r, row * h + j, el.read(&d.tokens, (i / k) * h + j))?;
             }
+            if let Some(q) = &d.fp8 {
+                for s in 0..q.per {
+                    let x = read(&q.scales, Ty::F32, (i / k) * q.per + s);
+                    q.slots.set(Ty::F32, r, row * q.per + s, x)?;
+                }
+            }
             g.meta
                 .count(r, local * w + row)?
                 .store(i as u64, Ordering::Relaxed);
@@ -115,8 +117,8 @@ pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob, max_recv: usize) -
     unpack(run, g, d)
 }
 
-/// This rank's packed rows into the output, each local expert's count, then its first
-/// row.
+/// This rank's packed rows (and an FP8 dispatch's scales) into the output, each local
+/// expert's count, then its first row.
 fn unpack(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
     let (me, t, h, el) = (
         run.ctx.rank,
@@ -141,6 +143,12 @@ fn unpack(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
         .map(|i| el.data(&g.recv, me, i))
         .collect::<Result<_>>()?;
     el.write(&d.out, 0, &rows, t)?;
+    if let Some(q) = &d.fp8 {
+        let scales: Vec<u32> = (0..total * q.per)
+            .map(|i| q.slots.data(Ty::F32, me, i))
+            .collect::<Result<_>>()?;
+        write(&q.out_scales, Ty::F32, &scales, t)?;
+    }
     write(&d.counts, Ty::F32, &counts, t)
 }
 

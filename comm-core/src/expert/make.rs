@@ -166,13 +166,6 @@ impl<C: Collective> Comm<C> {
                 format!("{} {}", caps.backend, caps.version),
             ));
         }
-        if mode != ExpertMode::LowLatency && fp8_scales.is_some() {
-            return Err(Error::unsupported(
-                "an FP8 dispatch in the high-throughput mode",
-                "the low-latency mode",
-                "ExpertMode::HighThroughput",
-            ));
-        }
         if mode != ExpertMode::LowLatency && !caps.packed_dispatch {
             return Err(Error::unsupported(
                 "expert parallelism's high-throughput dispatch",

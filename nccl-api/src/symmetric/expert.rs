@@ -122,14 +122,7 @@ impl<R: Runtime> SymmetricMemory<R> {
         let (mut p, sh) = self.group_params(base, control, g, KernelAlgorithm::Dispatch, n)?;
         let rows = sh.rows;
         let byte = d.fp8.is_some();
-        if byte && sh.packed > 0 {
-            // The group refuses it when made; an op built by hand is refused here.
-            return Err(Error::unsupported(
-                "an FP8 dispatch in the high-throughput mode",
-                "the low-latency mode",
-                "NCCL",
-            ));
-        }
+
         let el = if byte { DataType::U8 } else { g.dtype };
         p.x.tokens = operand(base, &d.tokens, n.checked_mul(sh.h), el, "tokens")?;
         p.x.ids = operand(base, &d.ids, n.checked_mul(sh.k), DataType::I32, "ids")?;
