@@ -164,6 +164,36 @@ impl Group {
         self.meta.count(p, l * self.world + s)
     }
 
+    /// Entry `i` of a dispatch's routing (its token's row, an FP8 dispatch's scales, its
+    /// origin) into holder `r`'s slot `slot`.
+    pub(super) fn place(
+        &self,
+        el: Elem,
+        d: &DispatchJob,
+        i: usize,
+        r: usize,
+        slot: usize,
+    ) -> Result<()> {
+        let (h, k) = (self.config.hidden, self.config.top_k);
+        for j in 0..h {
+            el.set(
+                &self.recv,
+                r,
+                slot * h + j,
+                el.read(&d.tokens, (i / k) * h + j),
+            )?;
+        }
+        if let Some(q) = &d.fp8 {
+            for s in 0..q.per {
+                let x = read(&q.scales, Ty::F32, (i / k) * q.per + s);
+                q.slots.set(Ty::F32, r, slot * q.per + s, x)?;
+            }
+        }
+        let origin = self.meta.count(r, self.local() * self.world + slot)?;
+        origin.store(i as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Index of slot `(l, s)`'s entry `idx` among the slots.
     fn slot(&self, l: usize, s: usize, idx: usize) -> usize {
         (l * self.world + s) * self.config.max_tokens + idx
@@ -179,12 +209,12 @@ pub(super) fn words(l: &Local, n: usize, timeout: std::time::Duration) -> Result
 /// The dispatch on this rank (see the module doc).
 pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
     protocol::agree(run)?;
-    let (me, w, t) = (run.ctx.rank, g.world, run.ctx.timeout);
+    let (me, t) = (run.ctx.rank, run.ctx.timeout);
     let ExpertConfig {
         experts: e,
         max_tokens: m,
-        hidden: h,
         top_k: k,
+        ..
     } = g.config;
     let local = g.local();
     let ids = words(&d.ids, d.n * k, t)?;
@@ -213,24 +243,7 @@ pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob) -> Result<()> {
             if idx >= m {
                 continue;
             }
-            let slot = g.slot(l, me, idx);
-            for j in 0..h {
-                el.set(
-                    &g.recv,
-                    r,
-                    slot * h + j,
-                    el.read(&d.tokens, (i / k) * h + j),
-                )?;
-            }
-            if let Some(q) = &d.fp8 {
-                for s in 0..q.per {
-                    let x = read(&q.scales, Ty::F32, (i / k) * q.per + s);
-                    q.slots.set(Ty::F32, r, slot * q.per + s, x)?;
-                }
-            }
-            g.meta
-                .count(r, local * w + slot)?
-                .store(i as u64, Ordering::Relaxed);
+            g.place(el, d, i, r, g.slot(l, me, idx))?;
         }
     }
     for (id, &c) in next.iter().enumerate() {

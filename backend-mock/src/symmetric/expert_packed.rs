@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use unicomm_core::{Error, Result};
 
 use super::expert::{push_back_and_sum, words, CombineJob, DispatchJob, Elem, Group, BAD_ID};
-use super::kernels::{read, write, Run, Ty};
+use super::kernels::{write, Run, Ty};
 use super::protocol;
 
 /// Holder `p`'s first packed row of slot range `(l, s)`: the rows of its local experts
@@ -64,8 +64,8 @@ fn verdict(g: &Group, max_recv: usize) -> Result<()> {
 /// The high-throughput dispatch on this rank (see the module doc).
 pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob, max_recv: usize) -> Result<()> {
     protocol::agree(run)?;
-    let (me, w, t) = (run.ctx.rank, g.world, run.ctx.timeout);
-    let (e, h, k, local) = (g.config.experts, g.config.hidden, g.config.top_k, g.local());
+    let (me, t) = (run.ctx.rank, run.ctx.timeout);
+    let (e, k, local) = (g.config.experts, g.config.top_k, g.local());
     let ids = words(&d.ids, d.n * k, t)?;
     let mut per = vec![0u64; e];
     let mut bad = false;
@@ -99,18 +99,7 @@ pub(crate) fn dispatch(run: &Run, g: &Group, d: &DispatchJob, max_recv: usize) -
             let id = id as usize;
             let row = first_row(g, r, id % local, me)? + next[id];
             next[id] += 1;
-            for j in 0..h {
-                el.set(&g.recv, r, row * h + j, el.read(&d.tokens, (i / k) * h + j))?;
-            }
-            if let Some(q) = &d.fp8 {
-                for s in 0..q.per {
-                    let x = read(&q.scales, Ty::F32, (i / k) * q.per + s);
-                    q.slots.set(Ty::F32, r, row * q.per + s, x)?;
-                }
-            }
-            g.meta
-                .count(r, local * w + row)?
-                .store(i as u64, Ordering::Relaxed);
+            g.place(el, d, i, r, row)?;
         }
     }
     protocol::barrier(run)?;
